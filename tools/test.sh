@@ -1,0 +1,25 @@
+#!/bin/sh
+# The README's test command: set-up, a clean build, every test (ctest), then a
+# sanitizer build of the host code (address,undefined) running the unit and
+# integration tests again. GPU tests report "no GPU" and are not counted as passed.
+set -e
+cd "$(dirname "$0")/.."
+./tools/setup.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs" -LE gpu
+# GPU tests: run them where a GPU is, and say so where none is.
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    ctest --test-dir build --output-on-failure -L gpu
+else
+    echo "test.sh: no GPU found: gpu-labelled tests NOT run (not counted as passed)"
+fi
+if [ "${LOOM_SKIP_SANITIZE:-0}" != 1 ]; then
+    cmake -S . -B build-asan -DLOOM_CUDA=OFF -DLOOM_SANITIZE=address,undefined \
+        -DCMAKE_BUILD_TYPE=Debug
+    cmake --build build-asan -j "$jobs"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        ctest --test-dir build-asan --output-on-failure -j "$jobs" -L sanitize
+fi
+echo "test.sh: all tests passed"
