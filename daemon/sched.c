@@ -1,0 +1,348 @@
+/* Gang scheduler (pure function). See sched.h for the rules.
+ *
+ * Devices are tracked as one 64-bit mask per node. A job of world W and tensor
+ * parallel size T needs W/T "groups"; a group is an aligned block of T
+ * adjacent devices on one node. A node's capacity for a job is the number of
+ * such blocks free on it (capped by max_per_node/T). Fewest nodes: take the
+ * largest capacities; the last node is chosen best-fit. */
+#include "daemon/sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct order_item {
+    int idx;
+    const struct sched_job *job;
+};
+
+static int order_cmp(const void *a, const void *b) {
+    const struct sched_job *x = ((const struct order_item *)a)->job;
+    const struct sched_job *y = ((const struct order_item *)b)->job;
+    if (x->priority != y->priority) return x->priority > y->priority ? -1 : 1;
+    if (x->submit_ms != y->submit_ms) return x->submit_ms < y->submit_ms ? -1 : 1;
+    int s = strcmp(x->id ? x->id : "", y->id ? y->id : "");
+    if (s) return s;
+    return ((const struct order_item *)a)->idx - ((const struct order_item *)b)->idx;
+}
+
+static uint64_t dev_mask(int ndev) {
+    if (ndev >= 64) return ~(uint64_t)0;
+    if (ndev <= 0) return 0;
+    return ((uint64_t)1 << ndev) - 1;
+}
+
+static uint64_t block_mask(int start, int tp) {
+    return dev_mask(tp) << start;
+}
+
+static int eligible(const struct sched_node *n, const struct sched_job *j) {
+    if (n->state != SCHED_NODE_READY) return 0;
+    const char *nk = n->kind ? n->kind : "cuda", *jk = j->kind ? j->kind : "cuda";
+    return strcmp(nk, jk) == 0;
+}
+
+/* Number of aligned tp-blocks of `avail` on a node with ndev devices. */
+static int node_blocks(uint64_t avail, int ndev, int tp) {
+    int cnt = 0;
+    for (int s = 0; s + tp <= ndev; s += tp)
+        if ((avail & block_mask(s, tp)) == block_mask(s, tp)) cnt++;
+    return cnt;
+}
+
+static int popcount64(uint64_t v) {
+    return __builtin_popcountll(v);
+}
+
+struct cand {
+    int node;
+    int cap;  /* groups it can hold */
+    int pref; /* devices free now (tie-break for reservations) */
+};
+
+static int cand_cmp(const void *a, const void *b) {
+    const struct cand *x = a, *y = b;
+    if (x->cap != y->cap) return y->cap - x->cap;
+    if (x->pref != y->pref) return y->pref - x->pref;
+    return x->node - y->node;
+}
+
+/* Place job `j` on the devices in avail[] (per node). `pref` (may be NULL)
+ * holds devices free right now; blocks inside it are preferred. On success
+ * writes world entries into `ranks` and returns 0; returns -1 when it does not
+ * fit, -2 when out of memory. */
+static int place_one(const struct sched_cluster *c, const struct sched_job *j,
+                     const uint64_t *avail, const uint64_t *pref, struct sched_rank *ranks) {
+    int tp = j->tp > 0 ? j->tp : 1;
+    int groups = j->world / tp;
+    struct cand *cands = calloc((size_t)(c->nnodes > 0 ? c->nnodes : 1), sizeof *cands);
+    if (!cands) return -2;
+    int nc = 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        const struct sched_node *n = &c->nodes[i];
+        if (!eligible(n, j)) continue;
+        int cap = node_blocks(avail[i], n->ndev, tp);
+        if (j->max_per_node > 0 && cap > j->max_per_node / tp) cap = j->max_per_node / tp;
+        if (cap <= 0) continue;
+        cands[nc].node = i;
+        cands[nc].cap = cap;
+        cands[nc].pref = pref ? popcount64(pref[i] & avail[i]) : 0;
+        nc++;
+    }
+    qsort(cands, (size_t)nc, sizeof *cands, cand_cmp);
+    int sum = 0, k = 0;
+    while (k < nc && sum < groups)
+        sum += cands[k++].cap;
+    if (sum < groups) {
+        free(cands);
+        return -1;
+    }
+    /* Top k-1 nodes are used fully; the last one best-fit among the rest. */
+    int before = sum - cands[k - 1].cap, rem = groups - before;
+    int best = k - 1;
+    for (int i = k - 1; i < nc; i++)
+        if (cands[i].cap >= rem && cands[i].cap < cands[best].cap) best = i;
+    int rank = 0;
+    for (int ci = 0; ci < k; ci++) {
+        const struct cand *cd = ci == k - 1 ? &cands[best] : &cands[ci];
+        const struct sched_node *n = &c->nodes[cd->node];
+        int want = ci == k - 1 ? rem : cd->cap;
+        uint64_t av = avail[cd->node];
+        uint64_t pf = pref ? pref[cd->node] : av;
+        /* Two passes: blocks free now first, then the rest. */
+        for (int pass = 0; pass < 2 && want > 0; pass++) {
+            for (int s = 0; s + tp <= n->ndev && want > 0; s += tp) {
+                uint64_t bm = block_mask(s, tp);
+                if ((av & bm) != bm) continue;
+                if (pass == 0 && (pf & bm) != bm) continue;
+                for (int t = 0; t < tp; t++) {
+                    ranks[rank].node = cd->node;
+                    ranks[rank].device = s + t;
+                    rank++;
+                }
+                av &= ~bm;
+                want--;
+            }
+        }
+    }
+    free(cands);
+    return 0;
+}
+
+static const char *dev_word(const struct sched_job *j) {
+    return j->kind && !strcmp(j->kind, "cpu") ? "CPU devices" : "GPUs";
+}
+
+/* Largest run of adjacent free devices over eligible nodes. */
+static void largest_block(const struct sched_cluster *c, const struct sched_job *j,
+                          const uint64_t *avail, int *len, int *node) {
+    *len = 0;
+    *node = -1;
+    for (int i = 0; i < c->nnodes; i++) {
+        if (!eligible(&c->nodes[i], j)) continue;
+        int run = 0;
+        for (int d = 0; d < c->nodes[i].ndev; d++) {
+            run = (avail[i] >> d) & 1 ? run + 1 : 0;
+            if (run > *len) {
+                *len = run;
+                *node = i;
+            }
+        }
+    }
+}
+
+static void reason_unfit_now(const struct sched_cluster *c, const struct sched_job *j,
+                             const uint64_t *avail, char *buf, size_t len) {
+    int tp = j->tp > 0 ? j->tp : 1;
+    int total = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        if (eligible(&c->nodes[i], j)) total += popcount64(avail[i]);
+    if (tp > 1) {
+        int bl, bn;
+        largest_block(c, j, avail, &bl, &bn);
+        if (bn >= 0)
+            snprintf(buf, len,
+                     "needs %d %s with tp=%d on one node (blocks of %d adjacent); largest free "
+                     "block is %d on %s (%d free in total)",
+                     j->world, dev_word(j), tp, tp, bl, c->nodes[bn].name, total);
+        else
+            snprintf(buf, len, "needs %d %s with tp=%d on one node; none are free", j->world,
+                     dev_word(j), tp);
+        return;
+    }
+    int off = snprintf(buf, len, "needs %d %s; %d free", j->world, dev_word(j), total);
+    int listed = 0;
+    for (int i = 0; i < c->nnodes && off > 0 && (size_t)off < len; i++) {
+        if (!eligible(&c->nodes[i], j)) continue;
+        int f = popcount64(avail[i]);
+        if (!f) continue;
+        if (listed == 4) {
+            off += snprintf(buf + off, len - (size_t)off, ", ...");
+            break;
+        }
+        off += snprintf(buf + off, len - (size_t)off, "%s%s: %d", listed ? ", " : " (",
+                        c->nodes[i].name, f);
+        listed++;
+    }
+    if (listed && off > 0 && (size_t)off < len) snprintf(buf + off, len - (size_t)off, ")");
+}
+
+static void reason_never_fits(const struct sched_cluster *c, const struct sched_job *j, char *buf,
+                              size_t len) {
+    int tp = j->tp > 0 ? j->tp : 1;
+    int ready = 0, drained = 0, lost = 0, other_kind = 0, total = 0, biggest = 0, bnode = -1;
+    for (int i = 0; i < c->nnodes; i++) {
+        const struct sched_node *n = &c->nodes[i];
+        const char *nk = n->kind ? n->kind : "cuda", *jk = j->kind ? j->kind : "cuda";
+        if (strcmp(nk, jk)) {
+            other_kind++;
+            continue;
+        }
+        if (n->state == SCHED_NODE_DRAINED) drained++;
+        if (n->state == SCHED_NODE_LOST) lost++;
+        if (n->state != SCHED_NODE_READY) continue;
+        ready++;
+        total += n->ndev;
+        if (n->ndev > biggest) {
+            biggest = n->ndev;
+            bnode = i;
+        }
+    }
+    if (!ready) {
+        snprintf(buf, len,
+                 "no ready node offers %s (%d drained, %d lost, %d of another device kind)",
+                 dev_word(j), drained, lost, other_kind);
+    } else if (tp > biggest) {
+        snprintf(buf, len, "needs %d %s with tp=%d on one node; largest node has %d (%s)", j->world,
+                 dev_word(j), tp, biggest, c->nodes[bnode].name);
+    } else if (j->world > total) {
+        snprintf(buf, len, "needs %d %s; the %d ready nodes have %d in total (%d drained, %d lost)",
+                 j->world, dev_word(j), ready, total, drained, lost);
+    } else {
+        snprintf(buf, len,
+                 "needs %d %s in blocks of tp=%d adjacent devices%s; ready nodes cannot hold "
+                 "that layout even when idle",
+                 j->world, dev_word(j), tp, j->max_per_node > 0 ? " under gpus_per_node" : "");
+    }
+}
+
+static struct sched_quota *find_quota(struct sched_quota *q, int n, const char *tenant) {
+    for (int i = 0; i < n; i++)
+        if (q[i].tenant && tenant && !strcmp(q[i].tenant, tenant)) return &q[i];
+    return NULL;
+}
+
+int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int njobs,
+                struct sched_decision *out) {
+    int placed = 0, rc = -1;
+    int nn = c->nnodes > 0 ? c->nnodes : 1;
+    struct order_item *order = calloc((size_t)(njobs > 0 ? njobs : 1), sizeof *order);
+    uint64_t *avail = calloc((size_t)nn, sizeof *avail);
+    uint64_t *idle = calloc((size_t)nn, sizeof *idle);
+    uint64_t *reserved = calloc((size_t)nn, sizeof *reserved);
+    struct sched_quota *quotas = calloc((size_t)(c->nquotas > 0 ? c->nquotas : 1), sizeof *quotas);
+    const struct sched_job *head = NULL;
+    if (!order || !avail || !idle || !reserved || !quotas) goto out;
+    memset(out, 0, sizeof *out * (size_t)njobs);
+    if (c->nquotas > 0) memcpy(quotas, c->quotas, sizeof *quotas * (size_t)c->nquotas);
+    for (int i = 0; i < c->nnodes; i++) {
+        uint64_t all = dev_mask(c->nodes[i].ndev);
+        avail[i] = all & ~c->nodes[i].busy;
+        idle[i] = all;
+    }
+    for (int i = 0; i < njobs; i++) {
+        order[i].idx = i;
+        order[i].job = &jobs[i];
+    }
+    qsort(order, (size_t)njobs, sizeof *order, order_cmp);
+
+    for (int oi = 0; oi < njobs; oi++) {
+        const struct sched_job *j = order[oi].job;
+        struct sched_decision *d = &out[order[oi].idx];
+        int tp = j->tp > 0 ? j->tp : 1;
+        if (j->world <= 0 || j->world % tp) {
+            snprintf(d->reason, sizeof d->reason,
+                     "invalid shape: world=%d is not a multiple of tp=%d", j->world, tp);
+            continue;
+        }
+        struct sched_quota *q = find_quota(quotas, c->nquotas, j->tenant);
+        if (q && q->max_gpus > 0 && q->used_gpus + j->world > q->max_gpus) {
+            snprintf(d->reason, sizeof d->reason,
+                     "tenant %s quota: holds %d of %d GPUs, job needs %d more", j->tenant,
+                     q->used_gpus, q->max_gpus, j->world);
+            continue;
+        }
+        d->ranks = calloc((size_t)j->world, sizeof *d->ranks);
+        if (!d->ranks) goto out;
+        int fit = place_one(c, j, avail, NULL, d->ranks);
+        if (fit == -2) goto out;
+        if (fit == 0) {
+            d->placed = 1;
+            placed++;
+            for (int r = 0; r < j->world; r++)
+                avail[d->ranks[r].node] &= ~((uint64_t)1 << d->ranks[r].device);
+            if (q) q->used_gpus += j->world;
+            continue;
+        }
+        /* Not now. Would it fit without the reservation, or on an idle cluster? */
+        int never = place_one(c, j, idle, NULL, d->ranks);
+        if (never == -2) goto out;
+        if (never != 0) {
+            reason_never_fits(c, j, d->reason, sizeof d->reason);
+        } else if (head) {
+            uint64_t *unres = calloc((size_t)nn, sizeof *unres);
+            if (!unres) goto out;
+            for (int i = 0; i < c->nnodes; i++)
+                unres[i] = avail[i] | (reserved[i] & ~c->nodes[i].busy);
+            int f2 = place_one(c, j, unres, NULL, d->ranks);
+            free(unres);
+            if (f2 == -2) goto out;
+            if (f2 == 0)
+                snprintf(d->reason, sizeof d->reason,
+                         "fits now, but the free devices are held for job %s (priority %d, "
+                         "queued earlier; needs %d)",
+                         head->id, head->priority, head->world);
+            else
+                reason_unfit_now(c, j, avail, d->reason, sizeof d->reason);
+        } else {
+            /* This is the head: reserve its placement on the idle cluster,
+             * preferring devices that are free right now. */
+            reason_unfit_now(c, j, avail, d->reason, sizeof d->reason);
+            uint64_t *usable = calloc((size_t)nn, sizeof *usable);
+            if (!usable) goto out;
+            for (int i = 0; i < c->nnodes; i++)
+                usable[i] = idle[i];
+            int f3 = place_one(c, j, usable, avail, d->ranks);
+            free(usable);
+            if (f3 == -2) goto out;
+            if (f3 == 0) {
+                for (int r = 0; r < j->world; r++) {
+                    uint64_t bit = (uint64_t)1 << d->ranks[r].device;
+                    reserved[d->ranks[r].node] |= bit;
+                    avail[d->ranks[r].node] &= ~bit;
+                }
+                head = j;
+                d->reserved = 1;
+            }
+        }
+        free(d->ranks);
+        d->ranks = NULL;
+    }
+    rc = placed;
+out:
+    if (rc < 0) sched_decisions_free(out, njobs);
+    free(order);
+    free(avail);
+    free(idle);
+    free(reserved);
+    free(quotas);
+    return rc;
+}
+
+void sched_decisions_free(struct sched_decision *d, int n) {
+    if (!d) return;
+    for (int i = 0; i < n; i++) {
+        free(d[i].ranks);
+        d[i].ranks = NULL;
+    }
+}

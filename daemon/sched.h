@@ -1,0 +1,84 @@
+/* Gang scheduler: a pure function from cluster state and queue to placements.
+ *
+ * sched_place() takes a snapshot (nodes with their busy devices, per-tenant
+ * GPU quotas and usage) and the queued jobs, and decides which jobs start now
+ * and on which devices. It keeps no state, does no I/O and allocates only the
+ * rank arrays it returns, so loomd's scheduler loop calls it with a fresh
+ * snapshot each round and the unit tests call it with tables.
+ *
+ * Rules (see docs/internals/agent.md):
+ * - gang: every rank of a job is placed, or none;
+ * - tensor-parallel groups (tp consecutive ranks, tp fastest) sit on one node
+ *   on an aligned block of tp adjacent devices (devices tp*k .. tp*k+tp-1);
+ * - pack onto the fewest nodes; among equally few, best fit (the fullest node
+ *   that still holds the remainder) so large blocks stay free;
+ * - order: priority (higher first), then submit time, then id;
+ * - per-tenant quota on concurrently held devices (max_gpus <= 0: no limit);
+ * - backfill: the first job (in order) that does not fit now but would fit once
+ *   running work ends is the head; it gets a reservation (the devices of its
+ *   placement on the cluster with every running attempt gone). Later jobs may
+ *   start only on devices outside that reservation, so they never delay it.
+ * - every job left queued gets a pending reason a person can act on.
+ * Nodes that are drained or lost take no new work. */
+#ifndef LOOM_DAEMON_SCHED_H
+#define LOOM_DAEMON_SCHED_H
+
+#include <stdint.h>
+
+#define SCHED_MAX_NODE_DEVICES 64
+#define SCHED_REASON_LEN       256
+
+enum sched_node_state { SCHED_NODE_READY = 0, SCHED_NODE_DRAINED = 1, SCHED_NODE_LOST = 2 };
+
+struct sched_node {
+    const char *name; /* borrowed; shown in pending reasons */
+    const char *kind; /* device kind offered: "cuda" or "cpu" */
+    int ndev;         /* devices 0..ndev-1, at most SCHED_MAX_NODE_DEVICES */
+    uint64_t busy;    /* bit d set: device d is held by a running attempt */
+    enum sched_node_state state;
+};
+
+struct sched_quota {
+    const char *tenant; /* borrowed */
+    int max_gpus;       /* <= 0: unlimited */
+    int used_gpus;      /* devices held now by the tenant's running attempts */
+};
+
+struct sched_cluster {
+    const struct sched_node *nodes;
+    int nnodes;
+    const struct sched_quota *quotas; /* tenants not listed have no limit */
+    int nquotas;
+};
+
+struct sched_job {
+    const char *id;     /* borrowed */
+    const char *tenant; /* borrowed */
+    const char *kind;   /* "cuda" or "cpu": only nodes of that kind qualify */
+    int priority;       /* higher runs first */
+    int64_t submit_ms;  /* earlier runs first at equal priority */
+    int world;          /* ranks = devices needed (dp*tp*pp) */
+    int tp;             /* tensor-parallel group size; divides world */
+    int max_per_node;   /* cap on ranks per node (0: none) */
+};
+
+struct sched_rank {
+    int node;   /* index into sched_cluster.nodes */
+    int device; /* device index on that node */
+};
+
+struct sched_decision {
+    int placed;                    /* 1: start now on `ranks` */
+    struct sched_rank *ranks;      /* world entries (rank order) when placed; owned */
+    int reserved;                  /* 1: this job is the backfill head holding a reservation */
+    char reason[SCHED_REASON_LEN]; /* pending reason when not placed */
+};
+
+/* Decide placements for `jobs` (any order). `out` has njobs entries, filled in
+ * the same order as `jobs`. Returns the number of jobs placed, or -1 when out
+ * of memory. Free with sched_decisions_free. Any thread; no shared state. */
+int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int njobs,
+                struct sched_decision *out);
+void sched_decisions_free(struct sched_decision *d, int n); /* accepts NULL */
+
+#endif
