@@ -1,0 +1,227 @@
+/* Backend: the compute interface of the training engine.
+ *
+ * The model code (worker/model.c) drives every layer through a struct of
+ * function pointers plus an opaque context, so the same forward/backward/
+ * optimizer sequence runs on the CPU backend (worker/cpu/, fp32 reference)
+ * and the CUDA backend (worker/cuda/, bf16). docs/internals/engine.md
+ * describes the contract in prose; the comments here are the reference.
+ *
+ * Element types
+ * - "compute" dtype (b->dtype, b->elt_size bytes): parameters, gradients and
+ *   activations. CPU: fp32 (4). CUDA: bf16 (2). Model code never assumes an
+ *   element size: it offsets device pointers with backend_at().
+ * - fp32 always: master weights, AdamW moments, LayerNorm/RMSNorm statistics
+ *   (mean, rstd), attention log-sum-exp, per-token losses, norm accumulators.
+ * - int32 always: token ids and targets.
+ * When b->dtype is fp32 the engine may pass the parameter buffer as its own
+ * master (master == param in adamw); the backend must handle that alias.
+ *
+ * Layouts (all row-major, N = B*T rows, row r is batch r / T, position r % T)
+ * - activations [N, C]; linear weights W [OC, IC] (out = in @ W^T + b, the
+ *   nn.Linear / llm.c order); biases [OC]; norm weights [C].
+ * - qkv [N, (NH + 2*NKV) * HD]: per row the NH query heads, then NKV key heads,
+ *   then NKV value heads, each head HD contiguous values (GPT-2 c_attn and
+ *   Llama q_proj|k_proj|v_proj stacked in that order).
+ * - attention output [N, NH * HD] (head-major within a row).
+ * - SwiGLU input [N, 2F]: per row gate (F values) then up (F values); output
+ *   [N, F] = silu(gate) * up.
+ * - RoPE: Hugging Face "rotate_half" convention: within a head, element d is
+ *   paired with d + HD/2 (d < HD/2), angle pos * theta^(-2d/HD).
+ *
+ * Gradients: every *_bwd ACCUMULATES (+=) into every gradient output it is
+ * given (input gradients and parameter gradients alike); the caller zeroes a
+ * buffer before its first use. The only exception is rope_bwd, which
+ * transforms the gradient in place. Forward outputs are OVERWRITTEN. A
+ * gradient output passed as NULL is not computed (e.g. dbias for a layer
+ * without bias). Outputs never alias inputs unless stated.
+ *
+ * Threads: one thread (the engine thread that created the backend) makes
+ * every call. Backends may use threads internally (OpenMP on the CPU) and may
+ * run calls asynchronously in issue order (a CUDA stream); download() and
+ * sync() return only when all earlier work is done. upload() returns when its
+ * host source may be reused. Results must be deterministic run to run for the
+ * same shapes and inputs (fixed reduction order).
+ *
+ * Errors: device code fails fast (prints file:line and exits) as STYLE.md
+ * says for the worker; functions returning int return 0 or negative. */
+#ifndef LOOM_WORKER_BACKEND_H
+#define LOOM_WORKER_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum backend_dtype { BACKEND_F32 = 0, BACKEND_BF16 = 1 };
+
+/* Largest shapes the engine will use; passed once to reserve() so a backend
+ * sizes its workspaces (attention scratch, classifier chunk) at start-up
+ * instead of allocating during a step. */
+struct backend_limits {
+    int B;       /* micro-batch sequences */
+    int T;       /* sequence length */
+    int C;       /* d_model */
+    int NH;      /* query heads (this tp rank) */
+    int NKV;     /* key/value heads (this tp rank) */
+    int HD;      /* head dim */
+    int F;       /* MLP hidden width (this tp rank) */
+    int Vp;      /* padded vocabulary rows held by this rank */
+    int threads; /* CPU: OpenMP threads (0: library default); CUDA: ignored */
+};
+
+/* Arguments of one AdamW update over a contiguous range of n elements. All
+ * pointers already point at the range start. Update (t = step >= 1):
+ *   g  = grad * grad_scale                  (grad_scale: clipping and averaging)
+ *   m  = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
+ *   mh = m / (1-beta1^t);        vh = v / (1-beta2^t)
+ *   w  = master;  w -= lr * (mh / (sqrt(vh) + eps) + weight_decay * w)
+ *   master = w;   param = (compute dtype) w
+ * i.e. decoupled weight decay (torch.optim.AdamW). master may equal param when
+ * dtype is fp32. Computed in fp32. */
+struct backend_adamw {
+    void *param;      /* compute dtype [n] (written) */
+    float *master;    /* fp32 [n] (read/written); == param allowed on fp32 */
+    const void *grad; /* compute dtype [n] */
+    float *m, *v;     /* fp32 [n] moments (read/written) */
+    size_t n;
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int step; /* 1-based, for bias correction */
+};
+
+struct backend {
+    const char *name;         /* "cpu" or "cuda" */
+    enum backend_dtype dtype; /* compute dtype of params, grads, activations */
+    size_t elt_size;          /* bytes per compute element */
+    void *ctx;                /* opaque; passed as the first argument below */
+
+    /* ---- life cycle and memory ---- */
+    /* Size internal workspaces for the largest shapes; call once before any
+     * layer call. Returns 0 or negative (out of memory). */
+    int (*reserve)(void *ctx, const struct backend_limits *lim);
+    /* Allocate `bytes` of device memory (64-byte aligned, uninitialised);
+     * NULL on failure. The engine allocates its arenas (flat params, grads,
+     * master, moments, activations) at start-up and frees them at exit. */
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p); /* accepts NULL */
+    void (*zero)(void *ctx, void *p, size_t bytes);
+    /* Host <-> device raw byte copies; download waits for earlier work. */
+    void (*upload)(void *ctx, void *dst_dev, const void *src_host, size_t bytes);
+    void (*download)(void *ctx, void *dst_host, const void *src_dev, size_t bytes);
+    void (*copy)(void *ctx, void *dst_dev, const void *src_dev, size_t bytes);
+    /* fp32 device values -> compute dtype (round to nearest even for bf16),
+     * and back; dst and src may not alias unless dtype is fp32 (then a copy
+     * or no-op when dst == src). */
+    void (*from_f32)(void *ctx, void *dst, const float *src, size_t n);
+    void (*to_f32)(void *ctx, float *dst, const void *src, size_t n);
+    /* Wait for all issued work. */
+    void (*sync)(void *ctx);
+    /* Release the backend and its workspaces (not the engine's allocations,
+     * which the engine frees first). Accepts NULL ctx. */
+    void (*destroy)(void *ctx);
+
+    /* ---- layers (shapes in elements; pointers in compute dtype unless
+     * stated) ---- */
+
+    /* out[r,:] = wte[tokens[r],:] + (wpe ? wpe[r % T,:] : 0).
+     * tokens int32 [B*T]; wte [Vp, C]; wpe [>=T, C] or NULL. */
+    void (*embedding_fwd)(void *ctx, void *out, const int32_t *tokens, const void *wte,
+                          const void *wpe, int B, int T, int C);
+    /* dwte[tokens[r],:] += dout[r,:]; dwpe[r % T,:] += dout[r,:] (dwpe may be
+     * NULL). Deterministic: each row of dwte summed in increasing r order
+     * (or an order fixed for the shape). */
+    void (*embedding_bwd)(void *ctx, void *dwte, void *dwpe, const void *dout,
+                          const int32_t *tokens, int B, int T, int C);
+
+    /* LayerNorm over the last dim: out = (x - mean) * rstd * w + b.
+     * mean, rstd fp32 [N] (written, kept for backward); b may be NULL. */
+    void (*layernorm_fwd)(void *ctx, void *out, float *mean, float *rstd, const void *inp,
+                          const void *w, const void *b, int N, int C, float eps);
+    /* dinp, dw, db accumulate; db may be NULL. */
+    void (*layernorm_bwd)(void *ctx, void *dinp, void *dw, void *db, const void *dout,
+                          const void *inp, const void *w, const float *mean, const float *rstd,
+                          int N, int C);
+    /* RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); rstd fp32 [N]. */
+    void (*rmsnorm_fwd)(void *ctx, void *out, float *rstd, const void *inp, const void *w, int N,
+                        int C, float eps);
+    void (*rmsnorm_bwd)(void *ctx, void *dinp, void *dw, const void *dout, const void *inp,
+                        const void *w, const float *rstd, int N, int C);
+
+    /* out [N, OC] = inp [N, IC] @ W[OC, IC]^T + bias[OC] (bias may be NULL). */
+    void (*matmul_fwd)(void *ctx, void *out, const void *inp, const void *W, const void *bias,
+                       int N, int IC, int OC);
+    /* dinp [N, IC] += dout @ W; dW [OC, IC] += dout^T @ inp; dbias += sum_r
+     * dout[r,:]. Any of dinp, dW, dbias may be NULL. */
+    void (*matmul_bwd)(void *ctx, void *dinp, void *dW, void *dbias, const void *dout,
+                       const void *inp, const void *W, int N, int IC, int OC);
+
+    /* GELU, tanh approximation (GPT-2): out = 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))). */
+    void (*gelu_fwd)(void *ctx, void *out, const void *inp, size_t n);
+    void (*gelu_bwd)(void *ctx, void *dinp, const void *inp, const void *dout, size_t n);
+    /* SwiGLU: inp [N, 2F] (gate | up), out [N, F] = gate * sigmoid(gate) * up. */
+    void (*swiglu_fwd)(void *ctx, void *out, const void *inp, int N, int F);
+    void (*swiglu_bwd)(void *ctx, void *dinp, const void *inp, const void *dout, int N, int F);
+
+    /* RoPE in place on the first n_heads heads of each row of x [N, stride]
+     * (stride in elements; heads of HD values start at column 0), position
+     * of row r = r % T. Forward rotates by +angle; backward rotates a
+     * gradient in place by -angle (the transpose), so dx overwrites dy. */
+    void (*rope_fwd)(void *ctx, void *x, int N, int T, int stride, int n_heads, int HD,
+                     float theta);
+    void (*rope_bwd)(void *ctx, void *dx, int N, int T, int stride, int n_heads, int HD,
+                     float theta);
+
+    /* Causal self-attention with grouped-query heads (query head h uses
+     * kv head h / (NH / NKV)), scale 1/sqrt(HD). qkv [B*T, (NH+2*NKV)*HD]
+     * (layout above), out [B*T, NH*HD] (overwritten), lse fp32 [B, NH, T]
+     * (written: log-sum-exp of each scaled score row, kept for backward).
+     * No T x T buffer is part of the interface; a backend may use its reserved
+     * workspace. */
+    void (*attention_fwd)(void *ctx, void *out, float *lse, const void *qkv, int B, int T, int NH,
+                          int NKV, int HD);
+    /* dqkv [B*T, (NH+2*NKV)*HD] accumulates; needs the forward's qkv, out
+     * and lse. */
+    void (*attention_bwd)(void *ctx, void *dqkv, const void *dout, const void *qkv, const void *out,
+                          const float *lse, int B, int T, int NH, int NKV, int HD);
+
+    /* out = a + b (n elements; out may alias a or b). */
+    void (*residual_fwd)(void *ctx, void *out, const void *a, const void *b, size_t n);
+    /* dst += src (residual backward and general accumulation). */
+    void (*accumulate)(void *ctx, void *dst, const void *src, size_t n);
+
+    /* Fused classifier + softmax + cross-entropy over the padded vocabulary,
+     * computed in row chunks so neither the full logits nor the probability
+     * tensor is kept:
+     *   logits[r,:] = inp[r,:] @ W^T   (W [Vp, C], the tied wte or lm_head)
+     *   losses[r]   = logsumexp(logits[r, 0:V]) - logits[r, targets[r]]
+     * columns V..Vp-1 (padding) are excluded from the softmax and get zero
+     * gradient; a row with targets[r] < 0 is ignored (loss 0, no gradient).
+     * losses fp32 [N] (overwritten). When dinp or dW is non-NULL the gradient
+     * of  grad_scale * sum_r losses[r]  is ACCUMULATED into them
+     * (dlogits = grad_scale * (softmax - onehot)). targets int32 [N]. */
+    void (*classifier)(void *ctx, float *losses, void *dinp, void *dW, const void *inp,
+                       const void *W, const int32_t *targets, int N, int C, int V, int Vp,
+                       float grad_scale);
+
+    /* ---- optimizer ---- */
+    void (*adamw)(void *ctx, const struct backend_adamw *a);
+    /* *acc (fp32, device) += sum of squares of grad[0..n), fp32 accumulation
+     * in a fixed order. Call once per range; download acc once per step. */
+    void (*sumsq)(void *ctx, float *acc, const void *grad, size_t n);
+    /* x[0..n) *= s (compute dtype; e.g. scaling gradients). */
+    void (*scale)(void *ctx, void *x, size_t n, float s);
+};
+
+/* Pointer `elems` compute elements past `base` (device pointers are plain
+ * addresses on every backend, so this is host arithmetic). */
+static inline void *backend_at(const struct backend *b, const void *base, size_t elems) {
+    return (char *)base + elems * b->elt_size;
+}
+
+/* Constructors. The caller owns the result; backend_free releases it.
+ * threads: OpenMP threads for the CPU backend (0: OMP default). Returns NULL
+ * with a message logged on failure. */
+struct backend *backend_cpu_new(int threads);
+/* Implemented in worker/cuda/ (only built with CUDA; LOOM_HAVE_CUDA defined).
+ * device: CUDA ordinal within CUDA_VISIBLE_DEVICES. */
+struct backend *backend_cuda_new(int device);
+void backend_free(struct backend *b); /* calls b->destroy(b->ctx), frees b; NULL ok */
+
+#endif
