@@ -1,0 +1,120 @@
+/* Engine context: one per worker process. Holds the rank's place in the
+ * parallel layout (rank, world, tp/dp/pp indices and the comm layer's group
+ * handles), the backend, the model layout and the flat device buffers that
+ * parameters, gradients and optimizer state live in, and the hooks the comm
+ * layer fills for data parallelism and ZeRO.
+ *
+ * Rank order is Megatron's: tp fastest, then dp, then pp:
+ *   rank = pp_idx*dp*tp + dp_idx*tp + tp_idx.
+ *
+ * Flat buffers are laid out by api/model.h's table for this tp rank
+ * (model_tensor.rank_offset, in elements). With world = 1 every hook keeps its
+ * default behaviour (below) and the step is plain single-process training.
+ *
+ * The step (worker/train.c) is:
+ *   for each micro-step: [hooks.layer_pre_forward] forward, backward
+ *       (on the last micro-step hooks.layer_grads_ready(layer) fires as each
+ *        layer's parameter gradients are complete, last layer first)
+ *   hooks.grad_sync          -> grads[shard range] hold the SUM over dp ranks
+ *   grad norm over the shard -> hooks.allreduce_sum (dp group) -> clip factor
+ *   AdamW on [shard_off, shard_off + shard_n)
+ *   hooks.param_sync         -> params complete on every rank again
+ * Only the engine thread calls any of this. */
+#ifndef LOOM_WORKER_ENGINE_H
+#define LOOM_WORKER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/model.h"
+#include "worker/backend.h"
+
+struct engine;
+
+/* Hooks for the comm layer. Every pointer may be NULL: NULL means the
+ * world = 1 behaviour written next to it. `user` is passed back unchanged. */
+struct engine_hooks {
+    void *user;
+    /* After the last micro-step's backward. Must leave grads[shard_off ..
+     * shard_off + shard_n) holding the sum over the dp group of every rank's
+     * accumulated gradient (the engine divides by the token count through the
+     * loss scale already, so a plain sum gives the global mean). NULL: no-op. */
+    int (*grad_sync)(struct engine *e, void *user);
+    /* After the optimizer updated params[shard range] (and master). Must leave
+     * the whole params buffer current on every rank (ZeRO-1/2 all-gather).
+     * NULL: no-op. */
+    int (*param_sync)(struct engine *e, void *user);
+    /* Sum n host doubles across the dp group in place (loss, token counts,
+     * squared grad norm of each shard). NULL: identity. */
+    int (*allreduce_sum)(struct engine *e, void *user, double *v, int n);
+    /* Optional overlap points. layer in [0, n_layer) for blocks, -1 for the
+     * embeddings / head tensors. layer_grads_ready fires only on the last
+     * micro-step of a step; layer_pre_forward before each layer's forward. */
+    void (*layer_grads_ready)(struct engine *e, void *user, int layer);
+    void (*layer_pre_forward)(struct engine *e, void *user, int layer);
+};
+
+/* Bytes of device memory by category, for the "mem" field of step lines. */
+struct engine_mem {
+    size_t params, grads, optimizer, activations, comm;
+};
+
+struct engine {
+    /* place in the layout */
+    int rank, world, local_rank;
+    int tp, dp, pp;
+    int tp_idx, dp_idx, pp_idx;
+    void *tp_group, *dp_group, *pp_group; /* comm layer handles; NULL at world 1 */
+
+    struct backend *be; /* owned by the engine (backend_free in engine_free) */
+    struct model_config cfg;
+    struct model_layout layout; /* for this tp degree */
+
+    /* flat device buffers, all indexed like layout.t[i].rank_offset */
+    size_t n_params;    /* layout.rank_numel */
+    void *params;       /* compute dtype [n_params] */
+    void *grads;        /* compute dtype [n_params] */
+    size_t shard_off;   /* this rank's optimizer range (world 1: 0) */
+    size_t shard_n;     /* (world 1: n_params) */
+    float *master;      /* fp32 [shard_n]; == params + shard_off on fp32 backends */
+    float *opt_m;       /* fp32 [shard_n] AdamW first moment */
+    float *opt_v;       /* fp32 [shard_n] AdamW second moment */
+    int master_aliased; /* 1 when master points into params */
+
+    struct engine_hooks hooks;
+    struct engine_mem mem;
+};
+
+/* Place in the layout, filled from flags or the LOOM_* env contract. */
+struct engine_place {
+    int rank, world, local_rank;
+    int tp, dp, pp;
+};
+
+/* Check a place: world == tp*dp*pp and 0 <= rank < world. Returns 0, or -1
+ * with a message naming the numbers in err. engine_new derives the indices. */
+int engine_place_check(const struct engine_place *p, char *err, size_t errlen);
+
+/* Create the engine: takes ownership of `be`, builds the layout for `cfg`
+ * and p->tp, allocates params, grads, master and moments (whole buffer:
+ * shard = everything; the comm layer may call engine_set_shard before the
+ * first step). Returns NULL on failure (message logged; `be` freed). */
+struct engine *engine_new(const struct model_config *cfg, const struct engine_place *p,
+                          struct backend *be);
+void engine_free(struct engine *e); /* NULL ok */
+
+/* Restrict the optimizer to [off, off+n) of the flat buffer: reallocates the
+ * moments and master for that range (contents reset to zero / copied from
+ * params). Returns 0 or -1. */
+int engine_set_shard(struct engine *e, size_t off, size_t n);
+
+/* Tensor i's parameter / gradient pointer (device, compute dtype). */
+void *engine_param(const struct engine *e, int i);
+void *engine_grad(const struct engine *e, int i);
+/* Index of the tensor named `name` (Hugging Face name), or -1. */
+int engine_tensor_find(const struct engine *e, const char *name);
+
+/* Record `bytes` allocated for a category in e->mem (helper for model.c). */
+void *engine_alloc(struct engine *e, size_t bytes, size_t *category);
+
+#endif
