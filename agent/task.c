@@ -1,0 +1,487 @@
+/* Worker supervision: start (fork + execve), stop (process-group signals),
+ * reap, re-adopt after an agent restart, and read the per-rank log files.
+ * See task.h for the on-disk layout. */
+#define _GNU_SOURCE
+#include "agent/task.h"
+
+#include "common/log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+void task_dir_path(const char *work_dir, const char *job, int attempt, int rank, char *out,
+                   size_t len) {
+    snprintf(out, len, "%s/tasks/%s.%d.%d", work_dir, job, attempt, rank);
+}
+
+/* Kernel start time (clock ticks since boot) of pid, or -1; *zombie set when
+ * the process is a zombie. */
+static long long proc_starttime(pid_t pid, int *zombie) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return -1;
+    char state = 0;
+    long long st = -1;
+    /* after ") ": state(3) ppid pgrp session tty tpgid flags minflt cminflt
+     * majflt cmajflt utime stime cutime cstime priority nice threads
+     * itrealvalue starttime(22) */
+    int field = 2;
+    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
+        field++;
+        if (field == 3) state = tok[0];
+        if (field == 22) {
+            st = atoll(tok);
+            break;
+        }
+    }
+    if (zombie) *zombie = state == 'Z';
+    return st;
+}
+
+static int write_file(const char *path, const char *data, size_t n) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = write(fd, data + off, n - off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            close(fd);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    close(fd);
+    return rename(tmp, path);
+}
+
+static char *read_small(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char *buf = calloc(1, 4096);
+    if (buf && fread(buf, 1, 4095, f) == 0 && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+static void write_exit_file(struct task *t) {
+    char path[1100], line[256];
+    snprintf(path, sizeof path, "%s/exit", t->dir);
+    int n = snprintf(line, sizeof line, "%d %s\n", t->exit_code, t->exit_reason);
+    if (write_file(path, line, (size_t)n) != 0)
+        log_warn("task %s: cannot write %s: %s", t->key, path, strerror(errno));
+}
+
+static int mkdir_p(const char *path) {
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static struct task *task_alloc(const char *work_dir, const char *job, int attempt, int rank) {
+    struct task *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    snprintf(t->job, sizeof t->job, "%s", job);
+    t->attempt = attempt;
+    t->rank = rank;
+    snprintf(t->key, sizeof t->key, "%s.%d.%d", job, attempt, rank);
+    task_dir_path(work_dir, job, attempt, rank, t->dir, sizeof t->dir);
+    t->last_step = -1;
+    t->exit_code = -1;
+    return t;
+}
+
+static int is_contract_var(const char *e) {
+    static const char *const names[] = {
+        "LOOM_JOB=",         "LOOM_ATTEMPT=",    "LOOM_RANK=",       "LOOM_WORLD=",
+        "LOOM_LOCAL_RANK=",  "LOOM_RDZV=",       "LOOM_RDZV_TOKEN=", "CUDA_VISIBLE_DEVICES=",
+        "NCCL_NVLS_ENABLE=", "LOOM_JOIN_TOKEN=", "LOOM_TOKEN=",      "LOOM_ADMIN_TOKEN="};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strncmp(e, names[i], strlen(names[i]))) return 1;
+    return 0;
+}
+
+struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t now_ms) {
+    struct task *t = NULL;
+    char **envp = NULL;
+    char *vars[10] = {0};
+    int outfd = -1, errfd = -1, nullfd = -1;
+    char path[1100], spec_path[1100], tasks[1100];
+
+    t = task_alloc(work_dir, s->job, s->attempt, s->rank);
+    if (!t) goto fail;
+    t->world = s->world;
+    t->local_rank = s->local_rank;
+    t->device = s->device;
+    snprintf(tasks, sizeof tasks, "%s/tasks", work_dir);
+    if (mkdir_p(tasks) != 0) {
+        log_error("task %s: cannot create %s: %s", t->key, tasks, strerror(errno));
+        goto fail;
+    }
+    if (mkdir(t->dir, 0755) != 0) {
+        log_error("task %s: %s: %s (never started twice)", t->key, t->dir, strerror(errno));
+        goto fail;
+    }
+    snprintf(spec_path, sizeof spec_path, "%s/spec.json", t->dir);
+    if (write_file(spec_path, s->spec_json, strlen(s->spec_json)) != 0) {
+        log_error("task %s: cannot write %s", t->key, spec_path);
+        goto fail;
+    }
+    char meta[256];
+    int mn = snprintf(meta, sizeof meta, "%d %d %d\n", s->world, s->local_rank, s->device);
+    snprintf(path, sizeof path, "%s/meta", t->dir);
+    write_file(path, meta, (size_t)mn);
+    snprintf(path, sizeof path, "%s/stdout.log", t->dir);
+    outfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    snprintf(path, sizeof path, "%s/stderr.log", t->dir);
+    errfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (outfd < 0 || errfd < 0 || nullfd < 0) {
+        log_error("task %s: cannot open log files in %s", t->key, t->dir);
+        goto fail;
+    }
+
+    /* Everything the child needs is built before fork: the agent has other
+     * threads, so the child may only call async-signal-safe functions. */
+    int ne = 0;
+    while (environ[ne])
+        ne++;
+    envp = calloc((size_t)ne + 12, sizeof *envp);
+    if (!envp) goto fail;
+    int k = 0;
+    for (int i = 0; i < ne; i++)
+        if (!is_contract_var(environ[i])) envp[k++] = environ[i];
+    int cpu = s->device_kind && !strcmp(s->device_kind, "cpu");
+    if (asprintf(&vars[0], "LOOM_JOB=%s", s->job) < 0 ||
+        asprintf(&vars[1], "LOOM_ATTEMPT=%d", s->attempt) < 0 ||
+        asprintf(&vars[2], "LOOM_RANK=%d", s->rank) < 0 ||
+        asprintf(&vars[3], "LOOM_WORLD=%d", s->world) < 0 ||
+        asprintf(&vars[4], "LOOM_LOCAL_RANK=%d", s->local_rank) < 0 ||
+        asprintf(&vars[5], "LOOM_RDZV=%s", s->rdzv ? s->rdzv : "") < 0 ||
+        asprintf(&vars[6], "LOOM_RDZV_TOKEN=%s", s->rdzv_token ? s->rdzv_token : "") < 0 ||
+        asprintf(&vars[7], "CUDA_VISIBLE_DEVICES=%s",
+                 cpu ? "" : (s->device_uuid && *s->device_uuid ? s->device_uuid : "0")) < 0 ||
+        asprintf(&vars[8], "NCCL_NVLS_ENABLE=0") < 0) {
+        memset(vars, 0, sizeof vars);
+        goto fail;
+    }
+    for (int i = 0; i < 9; i++)
+        envp[k++] = vars[i];
+    envp[k] = NULL;
+    const char *argv[10];
+    int a = 0;
+    argv[a++] = s->worker;
+    argv[a++] = "--spec";
+    argv[a++] = spec_path;
+    argv[a++] = "--device";
+    argv[a++] = cpu ? "cpu" : "cuda";
+    if (s->out_dir && *s->out_dir) {
+        argv[a++] = "--out";
+        argv[a++] = s->out_dir;
+    }
+    argv[a] = NULL;
+    sigset_t empty;
+    sigemptyset(&empty);
+
+    pid_t pid = fork();
+    if (pid < 0) {
+        log_error("task %s: fork: %s", t->key, strerror(errno));
+        goto fail;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGPIPE, &dfl, NULL);
+        sigaction(SIGTERM, &dfl, NULL);
+        sigaction(SIGINT, &dfl, NULL);
+        sigaction(SIGCHLD, &dfl, NULL);
+        sigaction(SIGHUP, &dfl, NULL);
+        sigprocmask(SIG_SETMASK, &empty, NULL);
+        dup2(nullfd, 0);
+        dup2(outfd, 1);
+        dup2(errfd, 2);
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+        if (chdir(t->dir) != 0) _exit(126);
+        execve(s->worker, (char *const *)argv, envp);
+        static const char msg[] = "loom-agent: execve of the worker failed\n";
+        ssize_t ignored = write(2, msg, sizeof msg - 1);
+        (void)ignored;
+        _exit(127);
+    }
+    setpgid(pid, pid); /* both sides set it: no race with an early killpg */
+    t->pid = pid;
+    t->starttime = proc_starttime(pid, NULL);
+    t->started_ms = now_ms;
+    t->state = TASK_RUNNING;
+    char pidline[64];
+    int pn = snprintf(pidline, sizeof pidline, "%d %lld\n", (int)pid, t->starttime);
+    snprintf(path, sizeof path, "%s/pid", t->dir);
+    if (write_file(path, pidline, (size_t)pn) != 0)
+        log_warn("task %s: cannot write pid file", t->key);
+    log_info("task %s: started pid %d (%s, device %d)", t->key, (int)pid, s->worker, s->device);
+    goto out;
+fail:
+    task_free(t);
+    t = NULL;
+out:
+    for (int i = 0; i < 9; i++)
+        free(vars[i]);
+    free(envp);
+    if (outfd >= 0) close(outfd);
+    if (errfd >= 0) close(errfd);
+    if (nullfd >= 0) close(nullfd);
+    return t;
+}
+
+void task_free(struct task *t) {
+    free(t);
+}
+
+void task_stop(struct task *t, int64_t now_ms, int grace_ms, const char *reason) {
+    if (t->state != TASK_RUNNING) return;
+    log_info("task %s: stopping pid %d (%s)", t->key, (int)t->pid, reason);
+    if (killpg(t->pid, SIGTERM) != 0 && errno != ESRCH)
+        log_warn("task %s: killpg: %s", t->key, strerror(errno));
+    t->state = TASK_STOPPING;
+    t->stop_deadline_ms = now_ms + grace_ms;
+    snprintf(t->exit_reason, sizeof t->exit_reason, "stopped: %s", reason);
+}
+
+static void finish(struct task *t, int64_t now_ms, int code, const char *why) {
+    /* The leader is gone; anything left in its group is an orphan: kill it.
+     * The group id cannot be reused while members remain. */
+    killpg(t->pid, SIGKILL);
+    t->exit_code = code;
+    if (t->state == TASK_STOPPING) {
+        size_t n = strlen(t->exit_reason);
+        snprintf(t->exit_reason + n, sizeof t->exit_reason - n, " (%s)", why);
+    } else {
+        snprintf(t->exit_reason, sizeof t->exit_reason, "%s", why);
+    }
+    t->state = TASK_EXITED;
+    t->exited_ms = now_ms;
+    write_exit_file(t);
+    log_info("task %s: pid %d %s", t->key, (int)t->pid, t->exit_reason);
+}
+
+int task_poll(struct task *t, int64_t now_ms) {
+    if (t->state == TASK_EXITED) return 0;
+    char why[96];
+    if (!t->adopted) {
+        int st = 0;
+        pid_t r = waitpid(t->pid, &st, WNOHANG);
+        if (r == t->pid) {
+            int code;
+            if (WIFEXITED(st)) {
+                code = WEXITSTATUS(st);
+                snprintf(why, sizeof why, "exited with code %d", code);
+            } else {
+                code = 128 + WTERMSIG(st);
+                snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st),
+                         strsignal(WTERMSIG(st)));
+            }
+            finish(t, now_ms, code, why);
+            return 1;
+        }
+        if (r < 0 && errno == ECHILD) {
+            finish(t, now_ms, -1, "exit status lost");
+            return 1;
+        }
+    } else {
+        int zombie = 0;
+        long long st = proc_starttime(t->pid, &zombie);
+        if (st < 0 || st != t->starttime || zombie) {
+            /* Not our child: the exit status is not ours to read. A worker
+             * that printed its summary line finished its work. */
+            if (t->summary_seen)
+                finish(t, now_ms, 0, "adopted worker exited after its summary");
+            else
+                finish(t, now_ms, -1, "adopted worker exited; status unknown");
+            return 1;
+        }
+    }
+    if (t->state == TASK_STOPPING && now_ms >= t->stop_deadline_ms) {
+        log_warn("task %s: pid %d ignored SIGTERM; sending SIGKILL", t->key, (int)t->pid);
+        killpg(t->pid, SIGKILL);
+        t->stop_deadline_ms = INT64_MAX;
+    }
+    return 0;
+}
+
+void task_scan_stdout(struct task *t, int64_t now_ms,
+                      void (*cb)(struct task *, void *ud, void *obj), void *ud) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/stdout.log", t->dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    enum { CHUNK = 256 * 1024 };
+    char *buf = malloc(CHUNK + 1);
+    if (!buf) {
+        close(fd);
+        return;
+    }
+    ssize_t n = pread(fd, buf, CHUNK, t->parse_off);
+    close(fd);
+    if (n <= 0) {
+        free(buf);
+        return;
+    }
+    buf[n] = 0;
+    char *p = buf, *end = buf + n;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (!nl) {
+            /* A line longer than the chunk is skipped rather than stalling. */
+            if (p == buf && n == CHUNK) t->parse_off += n;
+            break;
+        }
+        *nl = 0;
+        json_t *o = json_loads(p, 0, NULL);
+        if (json_is_object(o)) {
+            const char *type = json_string_value(json_object_get(o, "type"));
+            if (type && !strcmp(type, "step")) {
+                json_int_t step = json_integer_value(json_object_get(o, "step"));
+                if (step > t->last_step) {
+                    t->last_step = (long)step;
+                    t->last_step_ms = now_ms;
+                }
+            } else if (type && !strcmp(type, "summary")) {
+                t->summary_seen = 1;
+            }
+            if (cb) cb(t, ud, o);
+        }
+        json_decref(o);
+        t->parse_off += (long)(nl - p) + 1;
+        p = nl + 1;
+    }
+    free(buf);
+}
+
+char *task_read_log(struct task *t, int stream, long max, long *n) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/%s", t->dir, stream == 0 ? "stdout.log" : "stderr.log");
+    *n = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    char *buf = malloc((size_t)max);
+    ssize_t r = buf ? pread(fd, buf, (size_t)max, t->ship_off[stream]) : -1;
+    close(fd);
+    if (r <= 0) {
+        free(buf);
+        return NULL;
+    }
+    *n = r;
+    return buf;
+}
+
+struct task *task_scan_dir(const char *work_dir, int adopt, int64_t now_ms) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tasks", work_dir);
+    DIR *d = opendir(path);
+    if (!d) return NULL;
+    struct task *list = NULL;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char name[256];
+        snprintf(name, sizeof name, "%s", e->d_name);
+        char *r = strrchr(name, '.');
+        if (!r) continue;
+        *r = 0;
+        char *a = strrchr(name, '.');
+        if (!a) continue;
+        *a = 0;
+        struct task *t = task_alloc(work_dir, name, atoi(a + 1), atoi(r + 1));
+        if (!t) break;
+        char fpath[1200];
+        snprintf(fpath, sizeof fpath, "%s/meta", t->dir);
+        char *meta = read_small(fpath);
+        if (meta) sscanf(meta, "%d %d %d", &t->world, &t->local_rank, &t->device);
+        free(meta);
+        snprintf(fpath, sizeof fpath, "%s/exit", t->dir);
+        char *ex = read_small(fpath);
+        if (ex) {
+            int off = 0;
+            if (sscanf(ex, "%d %n", &t->exit_code, &off) >= 1) {
+                char *nl = strchr(ex + off, '\n');
+                if (nl) *nl = 0;
+                snprintf(t->exit_reason, sizeof t->exit_reason, "%s", ex + off);
+            }
+            free(ex);
+            t->state = TASK_EXITED;
+            t->exited_ms = now_ms;
+            t->next = list;
+            list = t;
+            continue;
+        }
+        snprintf(fpath, sizeof fpath, "%s/pid", t->dir);
+        char *pl = read_small(fpath);
+        int pid = 0;
+        long long st = -1;
+        if (pl) sscanf(pl, "%d %lld", &pid, &st);
+        free(pl);
+        int zombie = 0;
+        long long now_st = pid > 0 ? proc_starttime(pid, &zombie) : -1;
+        t->pid = pid;
+        t->starttime = st;
+        t->adopted = 1;
+        t->started_ms = now_ms;
+        task_scan_stdout(t, now_ms, NULL, NULL); /* learn last_step, summary */
+        t->parse_off = 0;                        /* metrics are re-shipped (deduplicated) */
+        if (pid <= 0 || now_st < 0 || now_st != st || zombie) {
+            t->state = TASK_RUNNING;
+            finish(t, now_ms, t->summary_seen ? 0 : -1,
+                   t->summary_seen ? "worker exited while the agent was down, after its summary"
+                                   : "worker exited while the agent was down; status unknown");
+        } else if (adopt) {
+            t->state = TASK_RUNNING;
+            log_info("task %s: re-adopted running worker pid %d", t->key, pid);
+        } else {
+            t->state = TASK_RUNNING;
+            killpg(pid, SIGKILL);
+            for (int i = 0; i < 100; i++) {
+                long long s2 = proc_starttime(pid, &zombie);
+                if (s2 < 0 || s2 != st || zombie) break;
+                usleep(20000);
+            }
+            finish(t, now_ms, 137, "killed: agent restarted without --adopt");
+        }
+        t->next = list;
+        list = t;
+    }
+    closedir(d);
+    return list;
+}
