@@ -1,0 +1,68 @@
+/* CPU backend internals shared by the worker/cpu sources (not for other folders).
+ *
+ * fp32 everywhere, OpenMP threads. Determinism rule: every output element is
+ * computed by exactly one thread with a loop order fixed by the shapes (never
+ * by the thread count), so 1 and 2 threads give the same bits. */
+#ifndef LOOM_WORKER_CPU_CPU_H
+#define LOOM_WORKER_CPU_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/backend.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+static inline int cpu_thread_id(void) {
+    return omp_get_thread_num();
+}
+#else
+static inline int cpu_thread_id(void) {
+    return 0;
+}
+#endif
+
+struct cpu_ctx {
+    int nt; /* threads for every parallel region */
+    struct backend_limits lim;
+    float *attn_scratch; /* [nt, T] softmax row per thread */
+    float *logits;       /* [CLS_CHUNK, Vp] classifier chunk */
+    int cls_chunk;       /* rows per classifier chunk */
+    float *rope_tab;     /* [T, HD/2] cos then [T, HD/2] sin */
+    int rope_T, rope_HD;
+    float rope_theta;
+    double *partials; /* sumsq chunk partials */
+    size_t partials_n;
+};
+
+/* Layer kernels (worker/cpu/cpu_nn.c); signatures as in struct backend. */
+void cpu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,
+                       const void *wpe, int B, int T, int C);
+void cpu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout, const int32_t *tokens,
+                       int B, int T, int C);
+void cpu_layernorm_fwd(void *ctx, void *out, float *mean, float *rstd, const void *inp,
+                       const void *w, const void *b, int N, int C, float eps);
+void cpu_layernorm_bwd(void *ctx, void *dinp, void *dw, void *db, const void *dout, const void *inp,
+                       const void *w, const float *mean, const float *rstd, int N, int C);
+void cpu_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *inp, const void *w, int N,
+                     int C, float eps);
+void cpu_rmsnorm_bwd(void *ctx, void *dinp, void *dw, const void *dout, const void *inp,
+                     const void *w, const float *rstd, int N, int C);
+void cpu_matmul_fwd(void *ctx, void *out, const void *inp, const void *W, const void *bias, int N,
+                    int IC, int OC);
+void cpu_matmul_bwd(void *ctx, void *dinp, void *dW, void *dbias, const void *dout, const void *inp,
+                    const void *W, int N, int IC, int OC);
+void cpu_gelu_fwd(void *ctx, void *out, const void *inp, size_t n);
+void cpu_gelu_bwd(void *ctx, void *dinp, const void *inp, const void *dout, size_t n);
+void cpu_swiglu_fwd(void *ctx, void *out, const void *inp, int N, int F);
+void cpu_swiglu_bwd(void *ctx, void *dinp, const void *inp, const void *dout, int N, int F);
+void cpu_rope_fwd(void *ctx, void *x, int N, int T, int stride, int n_heads, int HD, float theta);
+void cpu_rope_bwd(void *ctx, void *dx, int N, int T, int stride, int n_heads, int HD, float theta);
+void cpu_attention_fwd(void *ctx, void *out, float *lse, const void *qkv, int B, int T, int NH,
+                       int NKV, int HD);
+void cpu_attention_bwd(void *ctx, void *dqkv, const void *dout, const void *qkv, const void *out,
+                       const float *lse, int B, int T, int NH, int NKV, int HD);
+void cpu_classifier(void *ctx, float *losses, void *dinp, void *dW, const void *inp, const void *W,
+                    const int32_t *targets, int N, int C, int V, int Vp, float grad_scale);
+
+#endif
