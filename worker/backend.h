@@ -91,6 +91,8 @@ struct backend {
     enum backend_dtype dtype; /* compute dtype of params, grads, activations */
     size_t elt_size;          /* bytes per compute element */
     void *ctx;                /* opaque; passed as the first argument below */
+    double peak_flops;        /* dense peak FLOP/s of one device in the compute dtype, for
+                                 MFU (H200 bf16: 989e12); 0 when unknown (MFU reported null) */
 
     /* ---- life cycle and memory ---- */
     /* Size internal workspaces for the largest shapes; call once before any
