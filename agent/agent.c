@@ -1,0 +1,483 @@
+/* loom-agent core: registration, heartbeats with telemetry and task states,
+ * long-poll for the node's desired task set, reconciliation (start what is
+ * assigned and not yet started, stop what is no longer assigned), metrics
+ * and log shipping. loomd being down never stops the workers: every request
+ * is retried with capped backoff and the agent re-registers when loomd
+ * answers "unknown node". */
+#define _GNU_SOURCE
+#include "agent/agent.h"
+
+#include "agent/gpu.h"
+#include "agent/task.h"
+#include "api/client.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOG_CHUNK      (64 * 1024)
+#define METRICS_MAX    20000
+#define SHIP_PERIOD_MS 300
+
+struct agent_desired {
+    pthread_mutex_t mu;
+    json_t *tasks; /* array from the last assignments reply; NULL before the first */
+    char version[128];
+    int generation; /* bumped on every new reply */
+    int need_register;
+    int registered;
+    volatile sig_atomic_t *stop;
+};
+
+struct agent {
+    const struct agent_config *cfg;
+    struct gpu_inv *inv;
+    struct client *cl; /* main thread */
+    struct task *tasks;
+    json_t *metrics; /* queued metric items */
+    struct agent_desired d;
+    int seen_generation;
+    json_t *desired; /* main thread's copy */
+    int64_t next_hb_ms, next_ship_ms, next_register_ms;
+    long backoff_ms;
+    int hb_now;
+};
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static const char *state_name(enum task_state s) {
+    return s == TASK_RUNNING ? "running" : s == TASK_STOPPING ? "stopping" : "exited";
+}
+
+static json_t *task_json(const struct task *t, int64_t now) {
+    json_t *o =
+        json_pack("{s:s, s:i, s:i, s:s, s:i, s:b, s:I}", "job", t->job, "attempt", t->attempt,
+                  "rank", t->rank, "state", state_name(t->state), "pid", (int)t->pid, "adopted",
+                  t->adopted, "last_step", (json_int_t)t->last_step);
+    if (t->last_step_ms > 0)
+        json_object_set_new(o, "step_age_ms", json_integer((json_int_t)(now - t->last_step_ms)));
+    if (t->state == TASK_EXITED) {
+        json_object_set_new(o, "exit_code", json_integer(t->exit_code));
+        json_object_set_new(o, "reason", json_string(t->exit_reason));
+        json_object_set_new(o, "summary", json_boolean(t->summary_seen));
+    }
+    return o;
+}
+
+static json_t *tasks_json(struct agent *a) {
+    json_t *arr = json_array();
+    int64_t now = now_ms();
+    for (struct task *t = a->tasks; t; t = t->next)
+        json_array_append_new(arr, task_json(t, now));
+    return arr;
+}
+
+/* ---- registration and heartbeat (main thread) ---- */
+
+static int do_register(struct agent *a) {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    json_t *body = json_pack("{s:s, s:s, s:s, s:o, s:o, s:s}", "node", a->cfg->name, "hostname",
+                             host, "kind", gpu_inv_kind(a->inv), "devices",
+                             gpu_inv_telemetry(a->inv), "tasks", tasks_json(a), "version", "0.1");
+    long status = 0;
+    json_t *reply = NULL;
+    char err[512];
+    int rc = client_request(a->cl, "POST", "/v1/agent/register", body, &status, &reply, NULL, err,
+                            sizeof err);
+    json_decref(body);
+    if (rc != 0 || status != 200) {
+        if (rc != 0)
+            log_warn("register: %s", err);
+        else
+            log_warn("register: HTTP %ld %s", status,
+                     client_error_message(reply) ? client_error_message(reply) : "");
+        json_decref(reply);
+        return -1;
+    }
+    log_info("registered as node %s with %d %s device(s)", a->cfg->name, gpu_inv_count(a->inv),
+             gpu_inv_kind(a->inv));
+    /* Exits the new loomd has just been told about count as reported. */
+    for (struct task *t = a->tasks; t; t = t->next)
+        if (t->state == TASK_EXITED) t->final_reported = 1;
+    json_decref(reply);
+    return 0;
+}
+
+static void do_heartbeat(struct agent *a) {
+    json_t *body = json_pack("{s:s, s:o, s:o}", "node", a->cfg->name, "devices",
+                             gpu_inv_telemetry(a->inv), "tasks", tasks_json(a));
+    long status = 0;
+    json_t *reply = NULL;
+    char err[512];
+    int rc = client_request(a->cl, "POST", "/v1/agent/heartbeat", body, &status, &reply, NULL, err,
+                            sizeof err);
+    json_decref(body);
+    if (rc != 0) {
+        log_debug("heartbeat: %s", err);
+    } else if (status == 404) {
+        log_warn("heartbeat: loomd does not know node %s; re-registering", a->cfg->name);
+        pthread_mutex_lock(&a->d.mu);
+        a->d.registered = 0;
+        pthread_mutex_unlock(&a->d.mu);
+    } else if (status == 200) {
+        for (struct task *t = a->tasks; t; t = t->next)
+            if (t->state == TASK_EXITED) t->final_reported = 1;
+    } else {
+        log_warn("heartbeat: HTTP %ld", status);
+    }
+    json_decref(reply);
+}
+
+/* ---- long-poll thread ---- */
+
+struct poll_ctx {
+    struct agent *a;
+};
+
+static void *poll_main(void *arg) {
+    struct agent *a = arg;
+    struct client *c = client_new(a->cfg->coordinator, a->cfg->join_token);
+    if (!c) return NULL;
+    client_set_timeout_ms(c, a->cfg->poll_wait_ms + 10000);
+    long backoff = 200;
+    while (!*a->d.stop) {
+        pthread_mutex_lock(&a->d.mu);
+        int reg = a->d.registered;
+        char version[128];
+        snprintf(version, sizeof version, "%s", a->d.version);
+        pthread_mutex_unlock(&a->d.mu);
+        if (!reg) {
+            sleep_ms(50);
+            continue;
+        }
+        char path[512];
+        snprintf(path, sizeof path, "/v1/agent/assignments?node=%s&version=%s&wait_ms=%ld",
+                 a->cfg->name, version, a->cfg->poll_wait_ms);
+        long status = 0;
+        json_t *reply = NULL;
+        char err[512];
+        int rc = client_request(c, "GET", path, NULL, &status, &reply, NULL, err, sizeof err);
+        if (rc == 0 && status == 200 && json_is_array(json_object_get(reply, "tasks"))) {
+            pthread_mutex_lock(&a->d.mu);
+            json_decref(a->d.tasks);
+            a->d.tasks = json_incref(json_object_get(reply, "tasks"));
+            snprintf(a->d.version, sizeof a->d.version, "%s",
+                     json_string_value(json_object_get(reply, "version"))
+                         ? json_string_value(json_object_get(reply, "version"))
+                         : "");
+            a->d.generation++;
+            pthread_mutex_unlock(&a->d.mu);
+            backoff = 200;
+        } else {
+            if (rc == 0 && status == 404) {
+                pthread_mutex_lock(&a->d.mu);
+                a->d.registered = 0;
+                pthread_mutex_unlock(&a->d.mu);
+            } else if (rc != 0) {
+                log_debug("assignments: %s", err);
+            } else {
+                log_warn("assignments: HTTP %ld", status);
+            }
+            sleep_ms(backoff);
+            backoff = backoff * 2 > a->cfg->retry_max_ms ? a->cfg->retry_max_ms : backoff * 2;
+        }
+        json_decref(reply);
+    }
+    client_free(c);
+    return NULL;
+}
+
+/* ---- reconciliation ---- */
+
+static struct task *find_task(struct agent *a, const char *job, int attempt, int rank) {
+    for (struct task *t = a->tasks; t; t = t->next)
+        if (t->attempt == attempt && t->rank == rank && !strcmp(t->job, job)) return t;
+    return NULL;
+}
+
+static int desired_has(json_t *desired, const struct task *t) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(desired, i, v) {
+        const char *job = json_string_value(json_object_get(v, "job"));
+        if (job && !strcmp(job, t->job) &&
+            json_integer_value(json_object_get(v, "attempt")) == t->attempt &&
+            json_integer_value(json_object_get(v, "rank")) == t->rank)
+            return 1;
+    }
+    return 0;
+}
+
+static void start_one(struct agent *a, json_t *v, int64_t now) {
+    const char *job = json_string_value(json_object_get(v, "job"));
+    int attempt = (int)json_integer_value(json_object_get(v, "attempt"));
+    int rank = (int)json_integer_value(json_object_get(v, "rank"));
+    if (!job || find_task(a, job, attempt, rank)) return;
+    char dir[1024];
+    struct stat st;
+    task_dir_path(a->cfg->work_dir, job, attempt, rank, dir, sizeof dir);
+    if (stat(dir, &st) == 0) return; /* started before (and forgotten): never twice */
+    int device = (int)json_integer_value(json_object_get(v, "device"));
+    char *spec = json_dumps(json_object_get(v, "spec"), JSON_COMPACT);
+    struct task_spec s = {
+        .job = job,
+        .attempt = attempt,
+        .rank = rank,
+        .world = (int)json_integer_value(json_object_get(v, "world")),
+        .local_rank = (int)json_integer_value(json_object_get(v, "local_rank")),
+        .device = device,
+        .device_kind = gpu_inv_kind(a->inv),
+        .device_uuid = gpu_inv_uuid(a->inv, device),
+        .spec_json = spec ? spec : "{}",
+        .out_dir = json_string_value(json_object_get(v, "out_dir")),
+        .rdzv = json_string_value(json_object_get(v, "rdzv")),
+        .rdzv_token = json_string_value(json_object_get(v, "rdzv_token")),
+        .worker = a->cfg->worker,
+    };
+    if (s.out_dir && *s.out_dir) {
+        char tmp[1024];
+        snprintf(tmp, sizeof tmp, "%s", s.out_dir);
+        for (char *p = tmp + 1; *p; p++)
+            if (*p == '/') {
+                *p = 0;
+                mkdir(tmp, 0755);
+                *p = '/';
+            }
+        mkdir(tmp, 0755);
+    }
+    struct task *t = task_start(a->cfg->work_dir, &s, now);
+    free(spec);
+    if (!t) {
+        /* Report the failure as an exited task so loomd fails the attempt
+         * instead of waiting for a rank that will never come. */
+        t = calloc(1, sizeof *t);
+        if (!t) return;
+        snprintf(t->job, sizeof t->job, "%s", job);
+        t->attempt = attempt;
+        t->rank = rank;
+        snprintf(t->key, sizeof t->key, "%s.%d.%d", job, attempt, rank);
+        task_dir_path(a->cfg->work_dir, job, attempt, rank, t->dir, sizeof t->dir);
+        t->state = TASK_EXITED;
+        t->exit_code = -1;
+        t->last_step = -1;
+        snprintf(t->exit_reason, sizeof t->exit_reason, "agent could not start the worker (%s)",
+                 a->cfg->worker);
+    }
+    t->next = a->tasks;
+    a->tasks = t;
+    a->hb_now = 1;
+}
+
+static void reconcile(struct agent *a, int64_t now) {
+    pthread_mutex_lock(&a->d.mu);
+    if (a->d.generation != a->seen_generation && a->d.tasks) {
+        json_decref(a->desired);
+        a->desired = json_deep_copy(a->d.tasks);
+        a->seen_generation = a->d.generation;
+    }
+    pthread_mutex_unlock(&a->d.mu);
+    if (!a->desired) return; /* nothing known yet: touch nothing */
+    size_t i;
+    json_t *v;
+    json_array_foreach(a->desired, i, v) start_one(a, v, now);
+    struct task **pp = &a->tasks;
+    while (*pp) {
+        struct task *t = *pp;
+        int want = desired_has(a->desired, t);
+        if (!want && t->state == TASK_RUNNING)
+            task_stop(t, now, (int)a->cfg->stop_grace_ms, "no longer assigned by loomd");
+        if (!want && t->state == TASK_EXITED && t->final_reported && t->ship_off[0] >= 0 &&
+            now - t->exited_ms > 10000) {
+            *pp = t->next; /* the directory stays: logs, and the never-twice marker */
+            task_free(t);
+            continue;
+        }
+        pp = &t->next;
+    }
+}
+
+/* ---- shipping ---- */
+
+static void on_line(struct task *t, void *ud, void *obj) {
+    struct agent *a = ud;
+    json_t *o = obj;
+    const char *type = json_string_value(json_object_get(o, "type"));
+    if (!type || json_array_size(a->metrics) >= METRICS_MAX) return;
+    json_array_append_new(a->metrics, json_pack("{s:s, s:i, s:i, s:O}", "job", t->job, "attempt",
+                                                t->attempt, "rank", t->rank, "record", o));
+}
+
+/* Replace bytes that are not valid UTF-8 with '?', keeping the length, so
+ * the text can travel in JSON and offsets still count raw bytes. */
+static void utf8_sanitize(unsigned char *p, long n) {
+    long i = 0;
+    while (i < n) {
+        int len = p[i] < 0x80         ? 1
+                  : (p[i] >> 5) == 6  ? 2
+                  : (p[i] >> 4) == 14 ? 3
+                  : (p[i] >> 3) == 30 ? 4
+                                      : 0;
+        int ok = len > 0 && i + len <= n;
+        for (int k = 1; ok && k < len; k++)
+            if ((p[i + k] & 0xC0) != 0x80) ok = 0;
+        if (!ok || (len == 1 && p[i] == 0)) {
+            p[i++] = '?';
+            continue;
+        }
+        i += len;
+    }
+}
+
+static int ship(struct agent *a) {
+    long status = 0;
+    json_t *reply = NULL;
+    char err[512];
+    if (json_array_size(a->metrics) > 0) {
+        json_t *body = json_pack("{s:s, s:O}", "node", a->cfg->name, "items", a->metrics);
+        int rc = client_request(a->cl, "POST", "/v1/agent/metrics", body, &status, &reply, NULL,
+                                err, sizeof err);
+        json_decref(body);
+        json_decref(reply);
+        reply = NULL;
+        if (rc != 0) return -1;
+        if (status == 200) json_array_clear(a->metrics);
+    }
+    for (struct task *t = a->tasks; t; t = t->next) {
+        for (int s = 0; s < 2; s++) {
+            long n = 0;
+            char *buf = task_read_log(t, s, LOG_CHUNK, &n);
+            if (!buf) continue;
+            utf8_sanitize((unsigned char *)buf, n);
+            json_t *body = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:s%}", "node", a->cfg->name,
+                                     "job", t->job, "attempt", t->attempt, "rank", t->rank,
+                                     "stream", s == 0 ? "stdout" : "stderr", "offset",
+                                     (json_int_t)t->ship_off[s], "data", buf, (size_t)n);
+            free(buf);
+            int rc = client_request(a->cl, "POST", "/v1/agent/logs", body, &status, &reply, NULL,
+                                    err, sizeof err);
+            json_decref(body);
+            if (rc != 0) {
+                json_decref(reply);
+                return -1;
+            }
+            if (status == 200) {
+                json_int_t size = json_integer_value(json_object_get(reply, "size"));
+                t->ship_off[s] = (long)size; /* loomd's length: resync after restarts */
+            }
+            json_decref(reply);
+            reply = NULL;
+        }
+    }
+    return 0;
+}
+
+/* ---- main loop ---- */
+
+int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
+    struct agent a;
+    memset(&a, 0, sizeof a);
+    a.cfg = cfg;
+    pthread_mutex_init(&a.d.mu, NULL);
+    a.d.stop = stop;
+    int rc = -1;
+    pthread_t poller;
+    int have_poller = 0;
+
+    char tasks_dir[1100];
+    snprintf(tasks_dir, sizeof tasks_dir, "%s/tasks", cfg->work_dir);
+    if ((mkdir(cfg->work_dir, 0755) != 0 && errno != EEXIST) ||
+        (mkdir(tasks_dir, 0755) != 0 && errno != EEXIST)) {
+        log_error("cannot create work dir %s: %s", cfg->work_dir, strerror(errno));
+        goto out;
+    }
+    a.inv = gpu_inv_new((int)cfg->cpu_devices);
+    a.cl = client_new(cfg->coordinator, cfg->join_token);
+    a.metrics = json_array();
+    if (!a.inv || !a.cl || !a.metrics) goto out;
+    client_set_timeout_ms(a.cl, 5000);
+    if (access(cfg->worker, X_OK) != 0)
+        log_warn("worker binary %s is not executable: tasks will fail to start", cfg->worker);
+    a.tasks = task_scan_dir(cfg->work_dir, cfg->adopt, now_ms());
+    for (struct task *t = a.tasks; t; t = t->next) {
+        t->ship_off[0] = t->ship_off[1] = 0; /* loomd tells us its length */
+        if (t->state != TASK_EXITED)
+            log_info("task %s: found running after restart (pid %d)", t->key, (int)t->pid);
+    }
+    if (pthread_create(&poller, NULL, poll_main, &a) != 0) goto out;
+    have_poller = 1;
+    a.backoff_ms = 200;
+
+    while (!*stop) {
+        int64_t now = now_ms();
+        pthread_mutex_lock(&a.d.mu);
+        int reg = a.d.registered;
+        pthread_mutex_unlock(&a.d.mu);
+        if (!reg && now >= a.next_register_ms) {
+            if (do_register(&a) == 0) {
+                pthread_mutex_lock(&a.d.mu);
+                a.d.registered = 1;
+                a.d.version[0] = 0; /* fetch the desired set at once */
+                pthread_mutex_unlock(&a.d.mu);
+                a.backoff_ms = 200;
+                a.next_hb_ms = now + cfg->heartbeat_ms;
+                reg = 1;
+            } else {
+                a.next_register_ms = now + a.backoff_ms;
+                a.backoff_ms =
+                    a.backoff_ms * 2 > cfg->retry_max_ms ? cfg->retry_max_ms : a.backoff_ms * 2;
+            }
+        }
+        for (struct task *t = a.tasks; t; t = t->next) {
+            task_scan_stdout(t, now, on_line, &a);
+            if (task_poll(t, now)) {
+                task_scan_stdout(t, now, on_line, &a);
+                a.hb_now = 1;
+            }
+        }
+        reconcile(&a, now);
+        if (reg && now >= a.next_ship_ms) {
+            if (ship(&a) != 0) log_debug("shipping metrics/logs failed; will retry");
+            a.next_ship_ms = now + SHIP_PERIOD_MS;
+        }
+        if (reg && (a.hb_now || now >= a.next_hb_ms)) {
+            do_heartbeat(&a);
+            a.hb_now = 0;
+            a.next_hb_ms = now + cfg->heartbeat_ms;
+        }
+        sleep_ms(50);
+    }
+    log_info("agent stopping; %s", "workers keep running and are re-adopted on restart");
+    rc = 0;
+out:
+    if (have_poller) pthread_join(poller, NULL);
+    while (a.tasks) {
+        struct task *n = a.tasks->next;
+        task_free(a.tasks);
+        a.tasks = n;
+    }
+    json_decref(a.metrics);
+    json_decref(a.desired);
+    json_decref(a.d.tasks);
+    client_free(a.cl);
+    gpu_inv_free(a.inv);
+    pthread_mutex_destroy(&a.d.mu);
+    return rc;
+}

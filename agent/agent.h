@@ -1,0 +1,33 @@
+/* loom-agent core: the node's side of the agent <-> loomd protocol (see
+ * docs/internals/agent.md) and the supervision loop.
+ *
+ * Threads: the main thread runs agent_run (reaping, reconciling, shipping,
+ * heartbeats); one poll thread long-polls loomd for the node's desired task
+ * set. They share only `struct agent_desired` under a mutex. */
+#ifndef LOOM_AGENT_AGENT_H
+#define LOOM_AGENT_AGENT_H
+
+#include <signal.h>
+
+struct agent_config {
+    char *coordinator;
+    char *join_token;
+    char *name;
+    char *work_dir;
+    long cpu_devices;
+    char *worker;
+    long heartbeat_ms;
+    long stop_grace_ms;
+    long poll_wait_ms;
+    long retry_max_ms;
+    int adopt;
+    char *log_level;
+    char *config;
+};
+
+/* Run until *stop becomes non-zero (signal handler). Workers are left
+ * running on return (a restarted agent re-adopts them). Returns 0, or -1 when
+ * start-up failed (message logged). */
+int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop);
+
+#endif
