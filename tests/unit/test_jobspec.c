@@ -1,0 +1,460 @@
+/* Unit tests of api/jobspec: a table of good and bad specs with the expected
+ * status, code, field and a fragment of the message; canonical round trips;
+ * defaults and derived numbers; data-path confinement on a temporary tree
+ * with symlinks pointing outside. Specs are written with single quotes for
+ * readability and turned into JSON before parsing. */
+#include "api/jobspec.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define G2  "'model':{'family':'gpt2','preset':'124m'}"
+#define DT  "'data':{'train':'/data/fw/train_*.bin'}"
+#define MIN G2 "," DT
+
+struct tcase {
+    const char *what;
+    const char *spec; /* single-quoted JSON */
+    unsigned flags;
+    int status;        /* 0: valid */
+    const char *code;  /* expected code */
+    const char *field; /* expected field path */
+    const char *msg;   /* substring the message must contain (may be NULL) */
+};
+
+static const struct tcase cases[] = {
+    /* ---- valid ---- */
+    {"minimal", "{" MIN "}", 0, 0, NULL, NULL, NULL},
+    {"architecture example",
+     "{'name':'gpt2-small','labels':{'team':'nlp'}," G2 ","
+     "'data':{'train':'/data/fineweb/train_*.bin','val':'/data/fineweb/val_000.bin'},"
+     "'parallel':{'dp':2,'tp':1,'pp':1,'zero_stage':1},"
+     "'train':{'steps':1000,'global_batch_tokens':524288,'micro_batch':16,'lr':6e-4,"
+     "'min_lr':6e-5,'warmup_steps':100,'schedule':'cosine','weight_decay':0.1,'grad_clip':1.0,"
+     "'seed':42,'precision':'bf16','recompute':'none','offload_optimizer':false},"
+     "'checkpoint':{'every_steps':200,'keep':3},'resources':{'device':'cuda','gpus_per_node':8},"
+     "'priority':50,'max_retries':3}",
+     0, 0, NULL, NULL, NULL},
+    {"llama 70b tp8 pp4 dp2",
+     "{'model':{'family':'llama','preset':'70b'}," DT ",'parallel':{'dp':2,'tp':8,'pp':4},"
+     "'train':{'micro_batch':1,'global_batch_tokens':262144,'offload_optimizer':true}}",
+     0, 0, NULL, NULL, NULL},
+    {"explicit sizes",
+     "{'model':{'family':'llama','n_layer':4,'n_head':8,'n_kv_head':2,'d_model':256,"
+     "'vocab_size':1000,'seq_len':128,'rope_theta':500000}," DT "}",
+     0, 0, NULL, NULL, NULL},
+    {"cpu tiny defaults to fp32",
+     "{'model':{'family':'gpt2','preset':'tiny'}," DT ",'resources':{'device':'cpu'},"
+     "'parallel':{'dp':2,'tp':2,'pp':2},'train':{'global_batch_tokens':2048,'micro_batch':4}}",
+     0, 0, NULL, NULL, NULL},
+    {"plan needs no data", "{" G2 "}", JOBSPEC_FOR_PLAN, 0, NULL, NULL, NULL},
+    {"preset with overrides",
+     "{'model':{'family':'gpt2','preset':'124m','n_layer':8,'seq_len':512}," DT
+     ",'parallel':{'pp':4},'train':{'micro_batch':2,'global_batch_tokens':4096}}",
+     0, 0, NULL, NULL, NULL},
+    {"labels and eval",
+     "{" G2 ",'data':{'train':'/d/t.bin','val':'/d/v.bin'},'labels':{'b':'2','a':'1',"
+     "'team/x.y-z':''},'train':{'eval_every':50,'eval_batches':5}}",
+     0, 0, NULL, NULL, NULL},
+    /* ---- shape and type ---- */
+    {"not an object", "['x']", 0, 400, "INVALID_JSON", "", "array"},
+    {"unknown top field", "{" MIN ",'nmae':'x'}", 0, 422, "UNKNOWN_FIELD", "nmae", "nmae"},
+    {"unknown train field", "{" MIN ",'train':{'lrr':1}}", 0, 422, "UNKNOWN_FIELD", "train.lrr",
+     NULL},
+    {"unknown model field", "{'model':{'family':'gpt2','layers':3}," DT "}", 0, 422,
+     "UNKNOWN_FIELD", "model.layers", NULL},
+    {"lr as string", "{" MIN ",'train':{'lr':'0.1'}}", 0, 422, "WRONG_TYPE", "train.lr", "string"},
+    {"steps with fraction", "{" MIN ",'train':{'steps':10.5}}", 0, 422, "WRONG_TYPE", "train.steps",
+     "integer"},
+    {"bool as string", "{" MIN ",'train':{'offload_optimizer':'yes'}}", 0, 422, "WRONG_TYPE",
+     "train.offload_optimizer", NULL},
+    {"train not an object", "{" MIN ",'train':[1]}", 0, 422, "WRONG_TYPE", "train", "array"},
+    {"null value", "{" G2 ",'data':{'train':'/a.bin','val':null}}", 0, 422, "WRONG_TYPE",
+     "data.val", "null"},
+    {"labels as array", "{" MIN ",'labels':['a']}", 0, 422, "WRONG_TYPE", "labels", NULL},
+    {"label value number", "{" MIN ",'labels':{'team':3}}", 0, 422, "WRONG_TYPE", "labels.team",
+     NULL},
+    /* ---- ranges and enums ---- */
+    {"zero steps", "{" MIN ",'train':{'steps':0}}", 0, 422, "OUT_OF_RANGE", "train.steps",
+     "steps=0"},
+    {"negative micro_batch", "{" MIN ",'train':{'micro_batch':-4}}", 0, 422, "OUT_OF_RANGE",
+     "train.micro_batch", "-4"},
+    {"zero lr", "{" MIN ",'train':{'lr':0}}", 0, 422, "OUT_OF_RANGE", "train.lr", NULL},
+    {"zero_stage 4", "{" MIN ",'parallel':{'zero_stage':4}}", 0, 422, "OUT_OF_RANGE",
+     "parallel.zero_stage", NULL},
+    {"dp 0", "{" MIN ",'parallel':{'dp':0}}", 0, 422, "OUT_OF_RANGE", "parallel.dp", NULL},
+    {"priority 101", "{" MIN ",'priority':101}", 0, 422, "OUT_OF_RANGE", "priority", "101"},
+    {"gpus_per_node 0", "{" MIN ",'resources':{'gpus_per_node':0}}", 0, 422, "OUT_OF_RANGE",
+     "resources.gpus_per_node", NULL},
+    {"negative seed", "{" MIN ",'train':{'seed':-1}}", 0, 422, "OUT_OF_RANGE", "train.seed", NULL},
+    {"huge steps", "{" MIN ",'train':{'steps':1000000000000}}", 0, 422, "OUT_OF_RANGE",
+     "train.steps", NULL},
+    {"seq_len 0", "{'model':{'family':'gpt2','preset':'124m','seq_len':0}," DT "}", 0, 422,
+     "OUT_OF_RANGE", "model.seq_len", NULL},
+    {"negative n_head",
+     "{'model':{'family':'gpt2','n_layer':2,'n_head':-1,'d_model':64,'vocab_size':10,"
+     "'seq_len':8}," DT "}",
+     0, 422, "OUT_OF_RANGE", "model.n_head", NULL},
+    {"schedule step", "{" MIN ",'train':{'schedule':'step'}}", 0, 422, "INVALID_VALUE",
+     "train.schedule", "cosine|linear|constant"},
+    {"device tpu", "{" MIN ",'resources':{'device':'tpu'}}", 0, 422, "INVALID_VALUE",
+     "resources.device", "tpu"},
+    {"family bert", "{'model':{'family':'bert'}," DT "}", 0, 422, "INVALID_VALUE", "model.family",
+     NULL},
+    {"name too long",
+     "{" MIN ",'name':'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'}", 0,
+     422, "OUT_OF_RANGE", "name", "at most 63"},
+    {"control char in name", "{" MIN ",'name':'a\\u0001b'}", 0, 422, "INVALID_VALUE", "name",
+     "control"},
+    {"NUL in data path", "{" G2 ",'data':{'train':'/a\\u0000/etc/passwd'}}", 0, 400, "INVALID_JSON",
+     "", NULL},
+    {"rope_theta on gpt2", "{'model':{'family':'gpt2','preset':'124m','rope_theta':1e4}," DT "}", 0,
+     422, "INVALID_VALUE", "model.rope_theta", NULL},
+    /* ---- required ---- */
+    {"missing model", "{" DT "}", 0, 422, "MISSING_FIELD", "model", NULL},
+    {"missing family", "{'model':{'preset':'124m'}," DT "}", 0, 422, "MISSING_FIELD",
+     "model.family", NULL},
+    {"missing data.train", "{" G2 "}", 0, 422, "MISSING_FIELD", "data.train", NULL},
+    {"no preset, no n_head",
+     "{'model':{'family':'gpt2','n_layer':2,'d_model':64,'vocab_size':10,'seq_len':8}," DT "}", 0,
+     422, "MISSING_FIELD", "model.n_head", NULL},
+    {"unknown preset", "{'model':{'family':'gpt2','preset':'125m'}," DT "}", 0, 422,
+     "UNKNOWN_PRESET", "model.preset", "124m"},
+    {"llama preset under gpt2", "{'model':{'family':'gpt2','preset':'70b'}," DT "}", 0, 422,
+     "UNKNOWN_PRESET", "model.preset", NULL},
+    /* ---- model rules ---- */
+    {"heads do not divide d_model",
+     "{'model':{'family':'gpt2','n_layer':2,'n_head':5,'d_model':64,'vocab_size':10,"
+     "'seq_len':8}," DT "}",
+     0, 422, "INVALID_MODEL", "model.n_head", "n_head=5"},
+    {"kv heads do not divide heads",
+     "{'model':{'family':'llama','preset':'7b','n_kv_head':5}," DT "}", 0, 422, "INVALID_MODEL",
+     "model.n_kv_head", "n_kv_head=5"},
+    {"gqa on gpt2", "{'model':{'family':'gpt2','preset':'124m','n_kv_head':4}," DT "}", 0, 422,
+     "INVALID_MODEL", "model.n_kv_head", NULL},
+    /* ---- layout rules ---- */
+    {"tp does not divide heads", "{" MIN ",'parallel':{'tp':5}}", 0, 422, "TP_HEADS", "parallel.tp",
+     "tp=5 does not divide n_head=12"},
+    {"tp does not divide kv heads",
+     "{'model':{'family':'llama','preset':'70b'}," DT ",'parallel':{'tp':16},"
+     "'resources':{'gpus_per_node':16}}",
+     0, 422, "TP_KV_HEADS", "parallel.tp", "n_kv_head=8"},
+    {"tp does not divide d_ff",
+     "{'model':{'family':'gpt2','preset':'350m','d_ff':3004}," DT ",'parallel':{'tp':8}}", 0, 422,
+     "TP_FFN", "parallel.tp", "d_ff=3004"},
+    {"tp crosses node", "{'model':{'family':'gpt2','preset':'350m'}," DT ",'parallel':{'tp':16}}",
+     0, 422, "TP_CROSSES_NODE", "parallel.tp", "gpus_per_node=8"},
+    {"pp does not divide layers", "{" MIN ",'parallel':{'pp':5}}", 0, 422, "PP_LAYERS",
+     "parallel.pp", "pp=5 does not divide n_layer=12"},
+    {"world too large", "{" MIN ",'parallel':{'dp':16384,'tp':2}}", 0, 422, "WORLD_TOO_LARGE",
+     "parallel", "32768"},
+    {"zero 3 with pp",
+     "{" MIN ",'parallel':{'pp':2,'zero_stage':3},'train':{'micro_batch':1,"
+     "'global_batch_tokens':4096}}",
+     0, 422, "ZERO_WITH_PP", "parallel.zero_stage", NULL},
+    /* ---- batch and optimizer rules ---- */
+    {"batch not divisible",
+     "{" MIN ",'parallel':{'dp':2},'train':{'micro_batch':16,'global_batch_tokens':1000}}", 0, 422,
+     "BATCH_NOT_DIVISIBLE", "train.global_batch_tokens", "16*1024*2 = 32768"},
+    {"1F1B needs micro-batches",
+     "{" MIN ",'parallel':{'pp':4},'train':{'micro_batch':1,'global_batch_tokens':2048}}", 0, 422,
+     "PP_TOO_FEW_MICROBATCHES", "train.global_batch_tokens", "pp=4"},
+    {"min_lr above lr", "{" MIN ",'train':{'lr':1e-4,'min_lr':1e-3}}", 0, 422, "LR_ORDER",
+     "train.min_lr", NULL},
+    {"warmup longer than run", "{" MIN ",'train':{'steps':10,'warmup_steps':11}}", 0, 422,
+     "WARMUP_TOO_LONG", "train.warmup_steps", "warmup_steps=11"},
+    {"bf16 on cpu", "{" MIN ",'resources':{'device':'cpu'},'train':{'precision':'bf16'}}", 0, 422,
+     "PRECISION_DEVICE", "train.precision", NULL},
+    {"offload on cpu", "{" MIN ",'resources':{'device':'cpu'},'train':{'offload_optimizer':true}}",
+     0, 422, "OFFLOAD_DEVICE", "train.offload_optimizer", NULL},
+    {"eval without val", "{" MIN ",'train':{'eval_every':10}}", 0, 422, "EVAL_WITHOUT_VAL",
+     "train.eval_every", NULL},
+    /* ---- data paths (lexical) ---- */
+    {"relative path", "{" G2 ",'data':{'train':'data/t.bin'}}", 0, 422, "DATA_PATH_INVALID",
+     "data.train", "absolute"},
+    {"dot-dot escape", "{" G2 ",'data':{'train':'/data/../etc/passwd'}}", 0, 422,
+     "DATA_PATH_INVALID", "data.train", "'..'"},
+    {"glob in directory", "{" G2 ",'data':{'train':'/data/*/t.bin'}}", 0, 422, "DATA_PATH_INVALID",
+     "data.train", "glob"},
+    {"directory as val", "{" G2 ",'data':{'train':'/d/t.bin','val':'/d/'}}", 0, 422,
+     "DATA_PATH_INVALID", "data.val", NULL},
+    {"relative path in plan too", "{" G2 ",'data':{'train':'x.bin'}}", JOBSPEC_FOR_PLAN, 422,
+     "DATA_PATH_INVALID", "data.train", NULL},
+    /* ---- name and labels ---- */
+    {"name with space", "{" MIN ",'name':'my job'}", 0, 422, "INVALID_NAME", "name", NULL},
+    {"empty name", "{" MIN ",'name':''}", 0, 422, "INVALID_NAME", "name", NULL},
+    {"bad label key", "{" MIN ",'labels':{'te am':'x'}}", 0, 422, "INVALID_LABEL", "labels.te am",
+     NULL},
+    {"sql-looking name", "{" MIN ",'name':'x\\u0027; DROP TABLE jobs;--'}", 0, 422, "INVALID_NAME",
+     "name", NULL},
+};
+
+static char *dequote(const char *s) {
+    char *o = strdup(s);
+    for (char *p = o; *p; p++)
+        if (*p == '\'') *p = '"';
+    return o;
+}
+
+static int run_case(const struct tcase *c, struct loom_spec *s) {
+    char *text = dequote(c->spec);
+    struct loom_error e;
+    memset(&e, 0, sizeof e);
+    int rc = jobspec_parse_text(s, text, strlen(text), c->flags, &e);
+    int ok;
+    if (c->status == 0) {
+        ok = rc == 0;
+        if (!ok)
+            fprintf(stderr, "case '%s': expected valid, got %d %s at '%s': %s\n", c->what, e.status,
+                    e.code, e.field, e.message);
+    } else {
+        ok = rc == -1 && e.status == c->status && strcmp(e.code, c->code) == 0 &&
+             strcmp(e.field, c->field) == 0 && e.message[0] &&
+             (!c->msg || strstr(e.message, c->msg));
+        if (!ok)
+            fprintf(stderr,
+                    "case '%s': expected %d %s at '%s' (msg ~ '%s'), got rc=%d %d %s at "
+                    "'%s': %s\n",
+                    c->what, c->status, c->code, c->field, c->msg ? c->msg : "", rc, e.status,
+                    e.code, e.field, e.message);
+    }
+    free(text);
+    return ok;
+}
+
+static void test_table(void) {
+    size_t n = sizeof cases / sizeof *cases;
+    CHECK(n >= 40);
+    size_t good = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct loom_spec s;
+        int ok = run_case(&cases[i], &s);
+        CHECK(ok);
+        if (!ok) continue;
+        if (cases[i].status)
+            bad++;
+        else
+            good++;
+        if (cases[i].status != 0) continue;
+        /* canonical round trip: dump, parse again, dump again: identical */
+        char *a = jobspec_dumps(&s);
+        struct loom_spec s2;
+        struct loom_error e;
+        CHECK(a && jobspec_parse_text(&s2, a, strlen(a), cases[i].flags, &e) == 0);
+        char *b = jobspec_dumps(&s2);
+        CHECK(a && b && strcmp(a, b) == 0);
+        if (a && b && strcmp(a, b) != 0)
+            fprintf(stderr, "round trip '%s':\n%s\n%s\n", cases[i].what, a, b);
+        CHECK(memcmp(&s.model, &s2.model, sizeof s.model) == 0);
+        CHECK(s.train.lr == s2.train.lr && s.train.seed == s2.train.seed &&
+              s.n_labels == s2.n_labels);
+        free(a);
+        free(b);
+    }
+    printf("jobspec table: %zu valid, %zu invalid cases\n", good, bad);
+}
+
+static void test_defaults_and_derived(void) {
+    struct loom_spec s;
+    struct loom_error e;
+    char *t = dequote("{" MIN "}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    CHECK(strcmp(s.name, "gpt2-124m") == 0);
+    CHECK(s.train.precision == JOBSPEC_PREC_BF16 && s.resources.device == JOBSPEC_DEV_CUDA);
+    CHECK(s.train.min_lr == s.train.lr / 10);
+    CHECK(s.train.global_batch_tokens == 4 * 1024);
+    CHECK(s.model.seq_len == 1024 && s.model.padded_vocab == 50304);
+    CHECK(s.parallel.dp == 1 && s.parallel.zero_stage == 0 && s.priority == 50);
+
+    t = dequote("{" MIN ",'parallel':{'dp':2},'train':{'micro_batch':16,"
+                "'global_batch_tokens':524288,'steps':1000}}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    struct jobspec_derived d;
+    jobspec_derive(&s, &d);
+    CHECK(d.world == 2 && d.nodes == 1 && d.grad_accum == 16 && d.tokens_per_micro == 16384);
+    CHECK(d.sequences_per_step == 512 && d.tokens_total == 524288000LL);
+    CHECK(d.n_params == model_n_params(&s.model) && d.flops_per_token > 6.0 * 1.2e8);
+    json_t *dj = jobspec_derived_to_json(&d);
+    CHECK(dj && json_integer_value(json_object_get(dj, "grad_accum")) == 16);
+    json_decref(dj);
+
+    /* 24 ranks with 8 per node need 3 nodes */
+    t = dequote(
+        "{'model':{'family':'llama','preset':'70b'}," DT
+        ",'parallel':{'dp':3,'tp':8},'train':{'micro_batch':1,'global_batch_tokens':12288}}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    jobspec_derive(&s, &d);
+    CHECK(d.world == 24 && d.nodes == 3 && d.grad_accum == 1);
+
+    /* labels sorted, canonical JSON carries every section */
+    t = dequote("{" MIN ",'labels':{'z':'1','a':'2'}}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    CHECK(s.n_labels == 2 && strcmp(s.labels[0].key, "a") == 0);
+    json_t *j = jobspec_to_json(&s);
+    const char *sections[] = {"name",  "labels",     "model",     "data",     "parallel",
+                              "train", "checkpoint", "resources", "priority", "max_retries"};
+    for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
+        CHECK(json_object_get(j, sections[i]) != NULL);
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "model"), "n_layer")) == 12);
+    json_decref(j);
+
+    /* malformed text and duplicate keys are 400 */
+    const char *bad[] = {"{\"model\":", "{\"a\":1,\"a\":2}", "", "{\"x\":\"\xff\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&e, 0, sizeof e);
+        CHECK(jobspec_parse_text(&s, bad[i], strlen(bad[i]), 0, &e) == -1);
+        CHECK(e.status == 400 && strcmp(e.code, "INVALID_JSON") == 0);
+    }
+    json_t *ej = loom_error_to_json(&e);
+    CHECK(ej && strcmp(json_string_value(json_object_get(json_object_get(ej, "error"), "code")),
+                       "INVALID_JSON") == 0);
+    json_decref(ej);
+
+    /* a NUL inside a string (a caller that loaded with JSON_ALLOW_NUL) */
+    json_t *nul = json_pack("{s:{s:s,s:s},s:{s:s%}}", "model", "family", "gpt2", "preset", "124m",
+                            "data", "train", "/a\0/etc/passwd", (size_t)14);
+    CHECK(nul && jobspec_parse(&s, nul, 0, &e) == -1 && strcmp(e.code, "INVALID_VALUE") == 0 &&
+          strcmp(e.field, "data.train") == 0);
+    json_decref(nul);
+
+    /* too many labels */
+    json_t *big = json_pack("{s:{s:s,s:s},s:{s:s},s:{}}", "model", "family", "gpt2", "preset",
+                            "124m", "data", "train", "/a.bin", "labels");
+    for (int i = 0; i < JOBSPEC_LABELS_MAX + 1; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        json_object_set_new(json_object_get(big, "labels"), k, json_string("v"));
+    }
+    CHECK(jobspec_parse(&s, big, 0, &e) == -1 && strcmp(e.code, "OUT_OF_RANGE") == 0 &&
+          strcmp(e.field, "labels") == 0);
+    json_decref(big);
+}
+
+struct pcase {
+    const char *what;
+    const char *rel; /* path relative to the temp dir */
+    unsigned flags;
+    const char *code; /* NULL: allowed */
+};
+
+static const struct pcase pcases[] = {
+    {"glob inside root", "root/data/a_*.bin", JOBSPEC_PATH_MUST_EXIST, NULL},
+    {"single file", "root/data/a_1.bin", JOBSPEC_PATH_MUST_EXIST, NULL},
+    {"no match, must exist", "root/data/zz_*.bin", JOBSPEC_PATH_MUST_EXIST, "DATA_PATH_NOT_FOUND"},
+    {"no match, lenient", "root/data/zz_*.bin", 0, NULL},
+    {"outside", "outside/secret.bin", 0, "DATA_PATH_FORBIDDEN"},
+    {"file symlink out", "root/data/evil.bin", 0, "DATA_PATH_FORBIDDEN"},
+    {"glob catches symlink out", "root/data/*.bin", 0, "DATA_PATH_FORBIDDEN"},
+    {"dir symlink out", "root/link/secret.bin", 0, "DATA_PATH_FORBIDDEN"},
+    {"missing dir under symlink out", "root/link/none/x.bin", 0, "DATA_PATH_FORBIDDEN"},
+    {"missing dir inside root", "root/newdir/x.bin", 0, NULL},
+    {"missing dir, must exist", "root/newdir/x.bin", JOBSPEC_PATH_MUST_EXIST,
+     "DATA_PATH_NOT_FOUND"},
+    {"dot-dot", "root/../outside/secret.bin", 0, "DATA_PATH_INVALID"},
+    {"sibling with root as prefix", "root2/a.bin", 0, "DATA_PATH_FORBIDDEN"},
+    {"symlink inside root to inside", "root/data/good.bin", JOBSPEC_PATH_MUST_EXIST, NULL},
+};
+
+static void touch(const char *path) {
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+}
+
+static void test_paths(void) {
+    char tmpl[] = "/tmp/loom_jobspec_XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    CHECK(dir != NULL);
+    if (!dir) return;
+    char p[PATH_MAX], q[PATH_MAX];
+#define P(...) (snprintf(p, sizeof p, __VA_ARGS__), p)
+#define Q(...) (snprintf(q, sizeof q, __VA_ARGS__), q)
+    mkdir(P("%s/root", dir), 0755);
+    mkdir(P("%s/root/data", dir), 0755);
+    mkdir(P("%s/outside", dir), 0755);
+    mkdir(P("%s/root2", dir), 0755);
+    touch(P("%s/root/data/a_1.bin", dir));
+    touch(P("%s/root/data/a_2.bin", dir));
+    touch(P("%s/outside/secret.bin", dir));
+    touch(P("%s/root2/a.bin", dir));
+    CHECK(symlink(Q("%s/outside/secret.bin", dir), P("%s/root/data/evil.bin", dir)) == 0);
+    CHECK(symlink(Q("%s/outside", dir), P("%s/root/link", dir)) == 0);
+    CHECK(symlink("a_1.bin", P("%s/root/data/good.bin", dir)) == 0);
+
+    char root[PATH_MAX], root_slash[PATH_MAX];
+    snprintf(root, sizeof root, "%s/root", dir);
+    snprintf(root_slash, sizeof root_slash, "%s/root/", dir);
+    const char *roots[] = {"/nonexistent/elsewhere", root};
+    for (size_t i = 0; i < sizeof pcases / sizeof *pcases; i++) {
+        struct loom_error e;
+        memset(&e, 0, sizeof e);
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, pcases[i].rel);
+        int rc = jobspec_path_confined(path, roots, 2, pcases[i].flags, "data.train", &e);
+        int ok = pcases[i].code ? (rc == -1 && strcmp(e.code, pcases[i].code) == 0 &&
+                                   strcmp(e.field, "data.train") == 0)
+                                : rc == 0;
+        if (!ok)
+            fprintf(stderr, "path case '%s': rc=%d %s %s\n", pcases[i].what, rc, e.code, e.message);
+        CHECK(ok);
+    }
+    /* a root written with a trailing slash works; no roots refuses */
+    struct loom_error e;
+    const char *r2[] = {root_slash};
+    CHECK(jobspec_path_confined(P("%s/root/data/a_1.bin", dir), r2, 1, JOBSPEC_PATH_MUST_EXIST,
+                                "data.val", &e) == 0);
+    CHECK(jobspec_path_confined(P("%s/root/data/a_1.bin", dir), r2, 0, 0, "data.val", &e) == -1 &&
+          strcmp(e.code, "DATA_PATH_FORBIDDEN") == 0 && strcmp(e.field, "data.val") == 0);
+
+    /* jobspec_check_paths on a parsed spec checks both train and val */
+    struct loom_spec s;
+    jobspec_init(&s);
+    snprintf(s.data.train, sizeof s.data.train, "%s/root/data/a_*.bin", dir);
+    snprintf(s.data.val, sizeof s.data.val, "%s/outside/secret.bin", dir);
+    CHECK(jobspec_check_paths(&s, roots, 2, 0, &e) == -1 && strcmp(e.field, "data.val") == 0);
+    s.data.val[0] = '\0';
+    CHECK(jobspec_check_paths(&s, roots, 2, JOBSPEC_PATH_MUST_EXIST, &e) == 0);
+
+    unlink(P("%s/root/data/good.bin", dir));
+    unlink(P("%s/root/data/evil.bin", dir));
+    unlink(P("%s/root/link", dir));
+    unlink(P("%s/root/data/a_1.bin", dir));
+    unlink(P("%s/root/data/a_2.bin", dir));
+    unlink(P("%s/outside/secret.bin", dir));
+    unlink(P("%s/root2/a.bin", dir));
+    rmdir(P("%s/root/data", dir));
+    rmdir(P("%s/root", dir));
+    rmdir(P("%s/outside", dir));
+    rmdir(P("%s/root2", dir));
+    rmdir(dir);
+#undef P
+#undef Q
+}
+
+int main(void) {
+    test_table();
+    test_defaults_and_derived();
+    test_paths();
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("test_jobspec: all checks passed\n");
+    return 0;
+}
