@@ -9,3 +9,10 @@ target_link_libraries(test_data PRIVATE loom_common PkgConfig::JANSSON)
 loom_warnings(test_data)
 add_test(NAME unit.data COMMAND test_data)
 set_tests_properties(unit.data PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+
+add_executable(test_checkpoint ${CMAKE_CURRENT_LIST_DIR}/unit/test_checkpoint.c ${LOOM_CKPT_SRC})
+target_link_libraries(test_checkpoint PRIVATE loom_common PkgConfig::JANSSON PkgConfig::CRYPTO
+                      Threads::Threads)
+loom_warnings(test_checkpoint)
+add_test(NAME unit.checkpoint COMMAND test_checkpoint)
+set_tests_properties(unit.checkpoint PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)

@@ -104,6 +104,19 @@ const json_t *st_metadata(const struct st_file *f);
 int st_read(const struct st_file *f, const char *name, enum st_dtype dtype, void *dst,
             size_t dst_bytes, char *err, size_t errlen);
 
+/* Export a model's full (tp = 1) fp32 parameters, laid out by `layout`
+ * (api/model.h; its names are the Hugging Face ones), to `path` as F32 or
+ * BF16 for other tools: GPT-2 linear weights are written transposed to HF's
+ * Conv1D [in, out]; embedding and lm_head rows are cut from padded_vocab to
+ * vocab_size; a tied GPT-2 head is not written (HF ties lm_head to wte);
+ * "__metadata__" is {"format": "pt"} (transformers requires it) plus
+ * `metadata`'s string entries (may be NULL). */
+struct model_config;
+struct model_layout;
+int st_export_model(const char *path, const struct model_config *c,
+                    const struct model_layout *layout, const float *params, enum st_dtype dtype,
+                    const json_t *metadata, char *err, size_t errlen);
+
 /* SHA-256 of a whole file as 64 lower-case hex digits plus NUL in hex[65];
  * also its size. Returns 0 or ST_EIO. */
 int st_sha256_file(const char *path, char hex[65], uint64_t *bytes, char *err, size_t errlen);
