@@ -80,6 +80,7 @@ struct engine {
     float *opt_m;       /* fp32 [shard_n] AdamW first moment */
     float *opt_v;       /* fp32 [shard_n] AdamW second moment */
     int master_aliased; /* 1 when master points into params */
+    float *scalar;      /* fp32 [4] device scratch for reductions (grad norm) */
 
     struct engine_hooks hooks;
     struct engine_mem mem;
@@ -113,6 +114,11 @@ void *engine_param(const struct engine *e, int i);
 void *engine_grad(const struct engine *e, int i);
 /* Index of the tensor named `name` (Hugging Face name), or -1. */
 int engine_tensor_find(const struct engine *e, const char *name);
+
+/* Copy host fp32 values into params[off, off+n) (converted to the compute
+ * dtype) and into master where that range meets the shard, so a bf16 backend
+ * keeps the unrounded fp32 master. Returns 0 or -1 (out of memory). */
+int engine_params_from_host(struct engine *e, size_t off, const float *src, size_t n);
 
 /* Record `bytes` allocated for a category in e->mem (helper for model.c). */
 void *engine_alloc(struct engine *e, size_t bytes, size_t *category);

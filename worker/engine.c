@@ -1,0 +1,171 @@
+/* Engine context: place in the parallel layout, backend, model layout and the
+ * flat device buffers (params, grads, fp32 master, AdamW moments). See
+ * engine.h for the step and the hooks the comm layer fills. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/engine.h"
+
+int engine_place_check(const struct engine_place *p, char *err, size_t errlen) {
+    if (p->tp < 1 || p->dp < 1 || p->pp < 1) {
+        snprintf(err, errlen, "tp=%d dp=%d pp=%d must all be >= 1", p->tp, p->dp, p->pp);
+        return -1;
+    }
+    if ((long)p->tp * p->dp * p->pp != p->world) {
+        snprintf(err, errlen, "world=%d but dp*tp*pp = %d*%d*%d = %ld", p->world, p->dp, p->tp,
+                 p->pp, (long)p->tp * p->dp * p->pp);
+        return -1;
+    }
+    if (p->rank < 0 || p->rank >= p->world) {
+        snprintf(err, errlen, "rank=%d is outside [0, world=%d)", p->rank, p->world);
+        return -1;
+    }
+    return 0;
+}
+
+static void *ealloc(struct engine *e, size_t bytes, size_t *cat) {
+    void *p = e->be->alloc(e->be->ctx, bytes);
+    if (p && cat) *cat += bytes;
+    return p;
+}
+
+void *engine_alloc(struct engine *e, size_t bytes, size_t *category) {
+    return ealloc(e, bytes, category);
+}
+
+static void free_opt(struct engine *e) {
+    struct backend *b = e->be;
+    if (!e->master_aliased) b->free(b->ctx, e->master);
+    b->free(b->ctx, e->opt_m);
+    b->free(b->ctx, e->opt_v);
+    e->master = e->opt_m = e->opt_v = NULL;
+}
+
+int engine_set_shard(struct engine *e, size_t off, size_t n) {
+    struct backend *b = e->be;
+    if (off + n > e->n_params) {
+        log_error("engine: shard [%zu, %zu) exceeds %zu parameters", off, off + n, e->n_params);
+        return -1;
+    }
+    free_opt(e);
+    e->mem.optimizer = e->scalar ? 4 * sizeof(float) : 0;
+    e->shard_off = off;
+    e->shard_n = n;
+    size_t bytes = (n ? n : 1) * sizeof(float);
+    e->opt_m = ealloc(e, bytes, &e->mem.optimizer);
+    e->opt_v = ealloc(e, bytes, &e->mem.optimizer);
+    if (b->dtype == BACKEND_F32) {
+        e->master = (float *)backend_at(b, e->params, off);
+        e->master_aliased = 1;
+    } else {
+        e->master = ealloc(e, bytes, &e->mem.optimizer);
+        e->master_aliased = 0;
+        if (e->master) b->to_f32(b->ctx, e->master, backend_at(b, e->params, off), n);
+    }
+    if (!e->opt_m || !e->opt_v || !e->master) {
+        log_error("engine: out of memory for optimizer state (%zu elements)", n);
+        return -1;
+    }
+    b->zero(b->ctx, e->opt_m, bytes);
+    b->zero(b->ctx, e->opt_v, bytes);
+    return 0;
+}
+
+struct engine *engine_new(const struct model_config *cfg, const struct engine_place *p,
+                          struct backend *be) {
+    char err[256];
+    struct engine *e = NULL;
+    if (engine_place_check(p, err, sizeof err) != 0) {
+        log_error("engine: %s", err);
+        goto fail;
+    }
+    e = calloc(1, sizeof *e);
+    if (!e) goto fail;
+    e->be = be;
+    e->cfg = *cfg;
+    e->rank = p->rank;
+    e->world = p->world;
+    e->local_rank = p->local_rank;
+    e->tp = p->tp;
+    e->dp = p->dp;
+    e->pp = p->pp;
+    e->tp_idx = p->rank % p->tp;
+    e->dp_idx = (p->rank / p->tp) % p->dp;
+    e->pp_idx = p->rank / (p->tp * p->dp);
+    if (model_layout_init(&e->layout, cfg, p->tp) != 0) {
+        log_error("engine: cannot build the parameter layout (tp=%d)", p->tp);
+        goto fail;
+    }
+    e->n_params = (size_t)e->layout.rank_numel;
+    size_t bytes = e->n_params * be->elt_size;
+    e->params = ealloc(e, bytes, &e->mem.params);
+    e->grads = ealloc(e, bytes, &e->mem.grads);
+    if (!e->params || !e->grads) {
+        log_error("engine: out of memory for %zu parameters", e->n_params);
+        goto fail;
+    }
+    e->scalar = ealloc(e, 4 * sizeof(float), &e->mem.optimizer);
+    if (!e->scalar) goto fail;
+    be->zero(be->ctx, e->params, bytes);
+    be->zero(be->ctx, e->grads, bytes);
+    if (engine_set_shard(e, 0, e->n_params) != 0) goto fail;
+    return e;
+fail:
+    if (e) {
+        engine_free(e);
+    } else {
+        backend_free(be);
+    }
+    return NULL;
+}
+
+void engine_free(struct engine *e) {
+    if (!e) return;
+    struct backend *b = e->be;
+    if (b) {
+        free_opt(e);
+        b->free(b->ctx, e->params);
+        b->free(b->ctx, e->grads);
+        b->free(b->ctx, e->scalar);
+        backend_free(b);
+    }
+    model_layout_free(&e->layout);
+    free(e);
+}
+
+void *engine_param(const struct engine *e, int i) {
+    return backend_at(e->be, e->params, (size_t)e->layout.t[i].rank_offset);
+}
+
+void *engine_grad(const struct engine *e, int i) {
+    return backend_at(e->be, e->grads, (size_t)e->layout.t[i].rank_offset);
+}
+
+int engine_tensor_find(const struct engine *e, const char *name) {
+    for (int i = 0; i < e->layout.n; i++)
+        if (strcmp(e->layout.t[i].name, name) == 0) return i;
+    return -1;
+}
+
+int engine_params_from_host(struct engine *e, size_t off, const float *src, size_t n) {
+    struct backend *b = e->be;
+    if (n == 0) return 0;
+    if (b->dtype == BACKEND_F32) {
+        b->upload(b->ctx, backend_at(b, e->params, off), src, n * sizeof(float));
+        return 0;
+    }
+    float *stage = b->alloc(b->ctx, n * sizeof(float));
+    if (!stage) return -1;
+    b->upload(b->ctx, stage, src, n * sizeof(float));
+    b->from_f32(b->ctx, backend_at(b, e->params, off), stage, n);
+    size_t lo = off > e->shard_off ? off : e->shard_off;
+    size_t hi = off + n < e->shard_off + e->shard_n ? off + n : e->shard_off + e->shard_n;
+    if (!e->master_aliased && lo < hi)
+        b->copy(b->ctx, e->master + (lo - e->shard_off), stage + (lo - off),
+                (hi - lo) * sizeof(float));
+    b->sync(b->ctx);
+    b->free(b->ctx, stage);
+    return 0;
+}

@@ -1,0 +1,439 @@
+/* Model: forward and backward of the GPT-2 / Llama transformer through the
+ * backend interface, over the engine's flat parameter and gradient buffers.
+ *
+ * Activation gradients use three reusable buffers: dres (the residual
+ * stream's gradient, accumulated into by both norms' backward) and two
+ * scratch buffers wide enough for any layer's input or output, so backward
+ * memory does not grow with depth. See model.h for the contract. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/model.h"
+
+struct layer_acts {
+    void *n1, *qkv, *atty, *r1, *n2, *fch, *fca, *r2;
+    float *n1_mean, *n1_rstd, *n2_mean, *n2_rstd, *lse;
+};
+
+struct model_acts {
+    void *enc, *nf, *s1, *s2, *dres, *dnf;
+    float *nf_mean, *nf_rstd;
+    struct layer_acts *l; /* [L] */
+};
+
+/* ---- helpers ---- */
+
+static void *act_alloc(struct model *m, size_t elems) {
+    struct engine *e = m->e;
+    return engine_alloc(e, (elems ? elems : 1) * e->be->elt_size, &e->mem.activations);
+}
+
+static float *f32_alloc(struct model *m, size_t elems) {
+    struct engine *e = m->e;
+    return engine_alloc(e, (elems ? elems : 1) * sizeof(float), &e->mem.activations);
+}
+
+/* Tensor index by name; `fmt` holds one %d for the layer, or layer < 0 for a
+ * plain name. */
+static int find(struct engine *e, const char *fmt, int layer, int required) {
+    char name[MODEL_TENSOR_MAX];
+    if (layer < 0)
+        snprintf(name, sizeof name, "%s", fmt);
+    else
+        snprintf(name, sizeof name, fmt, layer);
+    int i = engine_tensor_find(e, name);
+    if (i < 0 && required) log_error("model: tensor %s missing from the layout", name);
+    return i;
+}
+
+/* Two tensors whose rows must be stacked in the flat buffer (q|k|v, gate|up). */
+static int adjacent(struct engine *e, int a, int b) {
+    const struct model_tensor *ta = &e->layout.t[a], *tb = &e->layout.t[b];
+    return ta->rank_offset + ta->rank_numel == tb->rank_offset;
+}
+
+static int resolve(struct model *m) {
+    struct engine *e = m->e;
+    int gpt2 = e->cfg.family == MODEL_GPT2, bias = e->cfg.bias;
+    if (gpt2) {
+        m->wte = find(e, "transformer.wte.weight", -1, 1);
+        m->wpe = e->cfg.pos == MODEL_POS_LEARNED ? find(e, "transformer.wpe.weight", -1, 1) : -1;
+        m->nfw = find(e, "transformer.ln_f.weight", -1, 1);
+        m->nfb = bias ? find(e, "transformer.ln_f.bias", -1, 1) : -1;
+    } else {
+        m->wte = find(e, "model.embed_tokens.weight", -1, 1);
+        m->wpe = -1;
+        m->nfw = find(e, "model.norm.weight", -1, 1);
+        m->nfb = -1;
+    }
+    m->head = e->cfg.tied_embeddings ? m->wte : find(e, "lm_head.weight", -1, 1);
+    if (m->wte < 0 || m->nfw < 0 || m->head < 0 || (gpt2 && m->wpe < 0 && e->cfg.pos == 0))
+        return -1;
+    for (int l = 0; l < m->L; l++) {
+        struct model_block_idx *k = &m->blk[l];
+        if (gpt2) {
+            k->n1w = find(e, "transformer.h.%d.ln_1.weight", l, 1);
+            k->n1b = bias ? find(e, "transformer.h.%d.ln_1.bias", l, 1) : -1;
+            k->qkvw = find(e, "transformer.h.%d.attn.c_attn.weight", l, 1);
+            k->qkvb = bias ? find(e, "transformer.h.%d.attn.c_attn.bias", l, 1) : -1;
+            k->aow = find(e, "transformer.h.%d.attn.c_proj.weight", l, 1);
+            k->aob = bias ? find(e, "transformer.h.%d.attn.c_proj.bias", l, 1) : -1;
+            k->n2w = find(e, "transformer.h.%d.ln_2.weight", l, 1);
+            k->n2b = bias ? find(e, "transformer.h.%d.ln_2.bias", l, 1) : -1;
+            k->fcw = find(e, "transformer.h.%d.mlp.c_fc.weight", l, 1);
+            k->fcb = bias ? find(e, "transformer.h.%d.mlp.c_fc.bias", l, 1) : -1;
+            k->mpw = find(e, "transformer.h.%d.mlp.c_proj.weight", l, 1);
+            k->mpb = bias ? find(e, "transformer.h.%d.mlp.c_proj.bias", l, 1) : -1;
+            if (k->n1w < 0 || k->qkvw < 0 || k->aow < 0 || k->n2w < 0 || k->fcw < 0 || k->mpw < 0 ||
+                (bias && (k->n1b < 0 || k->qkvb < 0 || k->aob < 0 || k->n2b < 0 || k->fcb < 0 ||
+                          k->mpb < 0)))
+                return -1;
+        } else {
+            k->n1w = find(e, "model.layers.%d.input_layernorm.weight", l, 1);
+            k->qkvw = find(e, "model.layers.%d.self_attn.q_proj.weight", l, 1);
+            int kw = find(e, "model.layers.%d.self_attn.k_proj.weight", l, 1);
+            int vw = find(e, "model.layers.%d.self_attn.v_proj.weight", l, 1);
+            k->aow = find(e, "model.layers.%d.self_attn.o_proj.weight", l, 1);
+            k->n2w = find(e, "model.layers.%d.post_attention_layernorm.weight", l, 1);
+            k->fcw = find(e, "model.layers.%d.mlp.gate_proj.weight", l, 1);
+            int up = find(e, "model.layers.%d.mlp.up_proj.weight", l, 1);
+            k->mpw = find(e, "model.layers.%d.mlp.down_proj.weight", l, 1);
+            k->n1b = k->qkvb = k->aob = k->n2b = k->fcb = k->mpb = -1;
+            if (k->n1w < 0 || k->qkvw < 0 || kw < 0 || vw < 0 || k->aow < 0 || k->n2w < 0 ||
+                k->fcw < 0 || up < 0 || k->mpw < 0)
+                return -1;
+            if (!adjacent(e, k->qkvw, kw) || !adjacent(e, kw, vw) || !adjacent(e, k->fcw, up)) {
+                log_error("model: layer %d: q|k|v or gate|up are not adjacent in the layout", l);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static void *P(struct model *m, int i) {
+    return i < 0 ? NULL : engine_param(m->e, i);
+}
+
+static void *G(struct model *m, int i) {
+    return i < 0 ? NULL : engine_grad(m->e, i);
+}
+
+/* ---- life cycle ---- */
+
+struct model *model_new(struct engine *e, int B, int T, int threads) {
+    const struct model_config *c = &e->cfg;
+    if (e->tp != 1 || e->pp != 1) {
+        log_error("model: tensor/pipeline parallelism (tp=%d pp=%d) is not implemented in this "
+                  "engine yet",
+                  e->tp, e->pp);
+        return NULL;
+    }
+    if (B < 1 || T < 1 || T > c->seq_len) {
+        log_error("model: micro-batch B=%d T=%d invalid (seq_len=%d)", B, T, c->seq_len);
+        return NULL;
+    }
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->e = e;
+    m->B = B;
+    m->T = T;
+    m->C = c->d_model;
+    m->NH = c->n_head;
+    m->NKV = c->n_kv_head;
+    m->HD = model_head_dim(c);
+    m->F = c->d_ff;
+    m->QKV = (m->NH + 2 * m->NKV) * m->HD;
+    m->V = c->vocab_size;
+    m->Vp = c->padded_vocab;
+    m->L = c->n_layer;
+    m->blk = calloc((size_t)m->L, sizeof *m->blk);
+    m->acts = calloc(1, sizeof *m->acts);
+    if (!m->blk || !m->acts) goto fail;
+    m->acts->l = calloc((size_t)m->L, sizeof *m->acts->l);
+    if (!m->acts->l) goto fail;
+    if (resolve(m) != 0) goto fail;
+
+    struct backend *b = e->be;
+    struct backend_limits lim = {0};
+    lim.B = B;
+    lim.T = T;
+    lim.C = m->C;
+    lim.NH = m->NH;
+    lim.NKV = m->NKV;
+    lim.HD = m->HD;
+    lim.F = m->F;
+    lim.Vp = m->Vp;
+    lim.threads = threads;
+    if (b->reserve(b->ctx, &lim) != 0) goto fail;
+
+    size_t N = (size_t)B * T, C = (size_t)m->C;
+    int swiglu = c->act == MODEL_ACT_SWIGLU;
+    size_t fcw = (size_t)m->F * (swiglu ? 2 : 1);
+    size_t wide = C;
+    if ((size_t)m->QKV > wide) wide = (size_t)m->QKV;
+    if (fcw > wide) wide = fcw;
+    if ((size_t)(m->NH * m->HD) > wide) wide = (size_t)(m->NH * m->HD);
+    struct model_acts *a = m->acts;
+    a->enc = act_alloc(m, N * C);
+    a->nf = act_alloc(m, N * C);
+    a->s1 = act_alloc(m, N * wide);
+    a->s2 = act_alloc(m, N * wide);
+    a->dres = act_alloc(m, N * C);
+    a->dnf = act_alloc(m, N * C);
+    a->nf_mean = f32_alloc(m, N);
+    a->nf_rstd = f32_alloc(m, N);
+    if (!a->enc || !a->nf || !a->s1 || !a->s2 || !a->dres || !a->dnf || !a->nf_mean || !a->nf_rstd)
+        goto oom;
+    for (int l = 0; l < m->L; l++) {
+        struct layer_acts *x = &a->l[l];
+        x->n1 = act_alloc(m, N * C);
+        x->qkv = act_alloc(m, N * m->QKV);
+        x->atty = act_alloc(m, N * m->NH * m->HD);
+        x->r1 = act_alloc(m, N * C);
+        x->n2 = act_alloc(m, N * C);
+        x->fch = act_alloc(m, N * fcw);
+        x->fca = act_alloc(m, N * m->F);
+        x->r2 = act_alloc(m, N * C);
+        x->n1_mean = f32_alloc(m, N);
+        x->n1_rstd = f32_alloc(m, N);
+        x->n2_mean = f32_alloc(m, N);
+        x->n2_rstd = f32_alloc(m, N);
+        x->lse = f32_alloc(m, (size_t)B * m->NH * T);
+        if (!x->n1 || !x->qkv || !x->atty || !x->r1 || !x->n2 || !x->fch || !x->fca || !x->r2 ||
+            !x->n1_mean || !x->n1_rstd || !x->n2_mean || !x->n2_rstd || !x->lse)
+            goto oom;
+    }
+    m->tokens = engine_alloc(e, N * sizeof(int32_t), &e->mem.activations);
+    m->targets = engine_alloc(e, N * sizeof(int32_t), &e->mem.activations);
+    m->losses = f32_alloc(m, N);
+    m->host_losses = malloc(N * sizeof(float));
+    if (!m->tokens || !m->targets || !m->losses || !m->host_losses) goto oom;
+    return m;
+oom:
+    log_error("model: out of memory for activations (B=%d T=%d)", B, T);
+fail:
+    model_free(m);
+    return NULL;
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    struct backend *b = m->e->be;
+    struct model_acts *a = m->acts;
+    if (a) {
+        void *bufs[] = {a->enc, a->nf, a->s1, a->s2, a->dres, a->dnf, a->nf_mean, a->nf_rstd};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            b->free(b->ctx, bufs[i]);
+        for (int l = 0; a->l && l < m->L; l++) {
+            struct layer_acts *x = &a->l[l];
+            void *lb[] = {x->n1, x->qkv,     x->atty,    x->r1,      x->n2,      x->fch, x->fca,
+                          x->r2, x->n1_mean, x->n1_rstd, x->n2_mean, x->n2_rstd, x->lse};
+            for (size_t i = 0; i < sizeof lb / sizeof *lb; i++)
+                b->free(b->ctx, lb[i]);
+        }
+        free(a->l);
+        free(a);
+    }
+    b->free(b->ctx, m->tokens);
+    b->free(b->ctx, m->targets);
+    b->free(b->ctx, m->losses);
+    free(m->host_losses);
+    free(m->blk);
+    free(m);
+}
+
+/* ---- initialisation ---- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double unit(uint64_t *s) {
+    return ((splitmix(s) >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+int model_init_params(struct model *m, uint64_t seed) {
+    struct engine *e = m->e;
+    int64_t maxn = 0;
+    for (int i = 0; i < e->layout.n; i++)
+        if (e->layout.t[i].rank_numel > maxn) maxn = e->layout.t[i].rank_numel;
+    float *h = malloc((size_t)maxn * sizeof *h);
+    if (!h) return -1;
+    double resid_std = 0.02 / sqrt(2.0 * m->L);
+    for (int i = 0; i < e->layout.n; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        uint64_t s = seed ^ 0x6c6f6f6d2d696e69ull; /* "loom-ini" */
+        for (const char *p = t->name; *p; p++)
+            s = (s ^ (unsigned char)*p) * 0x100000001b3ull;
+        size_t n = (size_t)t->numel;
+        if (t->kind == MODEL_T_NORM_W) {
+            for (size_t j = 0; j < n; j++)
+                h[j] = 1.0f;
+        } else if (t->kind == MODEL_T_NORM_B || t->kind == MODEL_T_LINEAR_B) {
+            memset(h, 0, n * sizeof *h);
+        } else {
+            double std = 0.02;
+            if (ends_with(t->name, "attn.c_proj.weight") ||
+                ends_with(t->name, "mlp.c_proj.weight") || ends_with(t->name, "o_proj.weight") ||
+                ends_with(t->name, "down_proj.weight"))
+                std = resid_std;
+            for (size_t j = 0; j < n; j += 2) {
+                double u1 = unit(&s), u2 = unit(&s), r = sqrt(-2.0 * log(u1));
+                h[j] = (float)(std * r * cos(2 * M_PI * u2));
+                if (j + 1 < n) h[j + 1] = (float)(std * r * sin(2 * M_PI * u2));
+            }
+            if (t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD)
+                memset(h + (size_t)m->V * t->shape[1], 0,
+                       (size_t)(t->shape[0] - m->V) * t->shape[1] * sizeof *h);
+        }
+        if (engine_params_from_host(e, (size_t)t->rank_offset, h, n) != 0) {
+            free(h);
+            return -1;
+        }
+    }
+    free(h);
+    return 0;
+}
+
+/* ---- forward / backward ---- */
+
+static void norm_fwd(struct model *m, void *out, float *mean, float *rstd, const void *inp, int w,
+                     int bias) {
+    struct backend *b = m->e->be;
+    int N = m->B * m->T;
+    if (m->e->cfg.norm == MODEL_NORM_LAYERNORM)
+        b->layernorm_fwd(b->ctx, out, mean, rstd, inp, P(m, w), P(m, bias), N, m->C,
+                         (float)m->e->cfg.norm_eps);
+    else
+        b->rmsnorm_fwd(b->ctx, out, rstd, inp, P(m, w), N, m->C, (float)m->e->cfg.norm_eps);
+}
+
+static void norm_bwd(struct model *m, void *dinp, const void *dout, const void *inp, int w,
+                     int bias, const float *mean, const float *rstd) {
+    struct backend *b = m->e->be;
+    int N = m->B * m->T;
+    if (m->e->cfg.norm == MODEL_NORM_LAYERNORM)
+        b->layernorm_bwd(b->ctx, dinp, G(m, w), G(m, bias), dout, inp, P(m, w), mean, rstd, N,
+                         m->C);
+    else
+        b->rmsnorm_bwd(b->ctx, dinp, G(m, w), dout, inp, P(m, w), rstd, N, m->C);
+}
+
+double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
+                     float grad_scale, int64_t *count) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    struct model_acts *a = m->acts;
+    int B = m->B, T = m->T, N = B * T, C = m->C;
+    int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, rope = e->cfg.pos == MODEL_POS_ROPE;
+    int fcw = m->F * (swiglu ? 2 : 1);
+    b->upload(b->ctx, m->tokens, inputs, (size_t)N * sizeof(int32_t));
+    b->upload(b->ctx, m->targets, targets, (size_t)N * sizeof(int32_t));
+
+    if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, -1);
+    b->embedding_fwd(b->ctx, a->enc, m->tokens, P(m, m->wte), P(m, m->wpe), B, T, C);
+    const void *x = a->enc;
+    for (int l = 0; l < m->L; l++) {
+        const struct model_block_idx *k = &m->blk[l];
+        struct layer_acts *s = &a->l[l];
+        if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, l);
+        norm_fwd(m, s->n1, s->n1_mean, s->n1_rstd, x, k->n1w, k->n1b);
+        b->matmul_fwd(b->ctx, s->qkv, s->n1, P(m, k->qkvw), P(m, k->qkvb), N, C, m->QKV);
+        if (rope)
+            b->rope_fwd(b->ctx, s->qkv, N, T, m->QKV, m->NH + m->NKV, m->HD,
+                        (float)e->cfg.rope_theta);
+        b->attention_fwd(b->ctx, s->atty, s->lse, s->qkv, B, T, m->NH, m->NKV, m->HD);
+        b->matmul_fwd(b->ctx, a->s1, s->atty, P(m, k->aow), P(m, k->aob), N, m->NH * m->HD, C);
+        b->residual_fwd(b->ctx, s->r1, x, a->s1, (size_t)N * C);
+        norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);
+        b->matmul_fwd(b->ctx, s->fch, s->n2, P(m, k->fcw), P(m, k->fcb), N, C, fcw);
+        if (swiglu)
+            b->swiglu_fwd(b->ctx, s->fca, s->fch, N, m->F);
+        else
+            b->gelu_fwd(b->ctx, s->fca, s->fch, (size_t)N * m->F);
+        b->matmul_fwd(b->ctx, a->s1, s->fca, P(m, k->mpw), P(m, k->mpb), N, m->F, C);
+        b->residual_fwd(b->ctx, s->r2, s->r1, a->s1, (size_t)N * C);
+        x = s->r2;
+    }
+    norm_fwd(m, a->nf, a->nf_mean, a->nf_rstd, x, m->nfw, m->nfb);
+    m->has_grad = grad_scale > 0;
+    if (m->has_grad) {
+        b->zero(b->ctx, a->dnf, (size_t)N * C * b->elt_size);
+        b->classifier(b->ctx, m->losses, a->dnf, G(m, m->head), a->nf, P(m, m->head), m->targets, N,
+                      C, m->V, m->Vp, grad_scale);
+    } else {
+        b->classifier(b->ctx, m->losses, NULL, NULL, a->nf, P(m, m->head), m->targets, N, C, m->V,
+                      m->Vp, 0.0f);
+    }
+    b->download(b->ctx, m->host_losses, m->losses, (size_t)N * sizeof(float));
+    double sum = 0;
+    int64_t cnt = 0;
+    for (int r = 0; r < N; r++)
+        if (targets[r] >= 0) {
+            sum += m->host_losses[r];
+            cnt++;
+        }
+    if (count) *count = cnt;
+    return sum;
+}
+
+void model_backward(struct model *m, void (*on_layer)(int layer, void *user), void *user) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    struct model_acts *a = m->acts;
+    int B = m->B, T = m->T, N = B * T, C = m->C;
+    int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, rope = e->cfg.pos == MODEL_POS_ROPE;
+    int fcw = m->F * (swiglu ? 2 : 1), AC = m->NH * m->HD;
+    size_t es = b->elt_size;
+    if (!m->has_grad) die("model_backward without a forward that computed gradients");
+
+    const void *xlast = m->L > 0 ? a->l[m->L - 1].r2 : a->enc;
+    b->zero(b->ctx, a->dres, (size_t)N * C * es);
+    norm_bwd(m, a->dres, a->dnf, xlast, m->nfw, m->nfb, a->nf_mean, a->nf_rstd);
+    for (int l = m->L - 1; l >= 0; l--) {
+        const struct model_block_idx *k = &m->blk[l];
+        struct layer_acts *s = &a->l[l];
+        const void *x = l > 0 ? a->l[l - 1].r2 : a->enc;
+        /* MLP: r2 = r1 + proj(act(fc(norm2(r1)))) */
+        b->zero(b->ctx, a->s1, (size_t)N * m->F * es);
+        b->matmul_bwd(b->ctx, a->s1, G(m, k->mpw), G(m, k->mpb), a->dres, s->fca, P(m, k->mpw), N,
+                      m->F, C);
+        b->zero(b->ctx, a->s2, (size_t)N * fcw * es);
+        if (swiglu)
+            b->swiglu_bwd(b->ctx, a->s2, s->fch, a->s1, N, m->F);
+        else
+            b->gelu_bwd(b->ctx, a->s2, s->fch, a->s1, (size_t)N * m->F);
+        b->zero(b->ctx, a->s1, (size_t)N * C * es);
+        b->matmul_bwd(b->ctx, a->s1, G(m, k->fcw), G(m, k->fcb), a->s2, s->n2, P(m, k->fcw), N, C,
+                      fcw);
+        norm_bwd(m, a->dres, a->s1, s->r1, k->n2w, k->n2b, s->n2_mean, s->n2_rstd);
+        /* attention: r1 = x + proj(attn(qkv(norm1(x)))) */
+        b->zero(b->ctx, a->s1, (size_t)N * AC * es);
+        b->matmul_bwd(b->ctx, a->s1, G(m, k->aow), G(m, k->aob), a->dres, s->atty, P(m, k->aow), N,
+                      AC, C);
+        b->zero(b->ctx, a->s2, (size_t)N * m->QKV * es);
+        b->attention_bwd(b->ctx, a->s2, a->s1, s->qkv, s->atty, s->lse, B, T, m->NH, m->NKV, m->HD);
+        if (rope)
+            b->rope_bwd(b->ctx, a->s2, N, T, m->QKV, m->NH + m->NKV, m->HD,
+                        (float)e->cfg.rope_theta);
+        b->zero(b->ctx, a->s1, (size_t)N * C * es);
+        b->matmul_bwd(b->ctx, a->s1, G(m, k->qkvw), G(m, k->qkvb), a->s2, s->n1, P(m, k->qkvw), N,
+                      C, m->QKV);
+        norm_bwd(m, a->dres, a->s1, x, k->n1w, k->n1b, s->n1_mean, s->n1_rstd);
+        if (on_layer) on_layer(l, user);
+    }
+    b->embedding_bwd(b->ctx, G(m, m->wte), G(m, m->wpe), a->dres, m->tokens, B, T, C);
+    if (on_layer) on_layer(-1, user);
+}

@@ -1,0 +1,186 @@
+/* Train loop: micro-steps, hooks, clipping, AdamW, evaluation, checkpoint
+ * callbacks and JSON-lines reporting (format in train.h). */
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "worker/train.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int hook(struct engine *e, int (*fn)(struct engine *, void *), double *ms) {
+    if (!fn) return 0;
+    double t0 = now_ms();
+    int rc = fn(e, e->hooks.user);
+    *ms += now_ms() - t0;
+    return rc;
+}
+
+struct layer_cb {
+    struct engine *e;
+};
+
+static void on_layer(int layer, void *user) {
+    struct engine *e = ((struct layer_cb *)user)->e;
+    e->hooks.layer_grads_ready(e, e->hooks.user, layer);
+}
+
+int train_step(struct model *m, const struct train_opts *o, int64_t step,
+               struct train_step_info *info, int32_t *inputs, int32_t *targets, char *err,
+               size_t errlen) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    double t0 = now_ms(), comm = 0;
+    float gs = (float)(1.0 / (double)o->global_batch_tokens);
+    double sums[2] = {0, 0};
+    b->zero(b->ctx, e->grads, e->n_params * b->elt_size);
+    for (int micro = 0; micro < o->grad_accum; micro++) {
+        if (o->train.batch(o->train.user, step, micro, inputs, targets, err, errlen) != 0)
+            return -2;
+        int64_t cnt = 0;
+        sums[0] += model_forward(m, inputs, targets, gs, &cnt);
+        sums[1] += (double)cnt;
+        struct layer_cb cb = {e};
+        int last = micro == o->grad_accum - 1;
+        model_backward(m, last && e->hooks.layer_grads_ready ? on_layer : NULL, &cb);
+    }
+    if (hook(e, e->hooks.grad_sync, &comm) != 0) {
+        snprintf(err, errlen, "gradient synchronisation failed at step %lld", (long long)step);
+        return -1;
+    }
+    double norm = sqrt(optim_grad_norm_sq(e));
+    double lr = optim_lr(&o->optim, step);
+    double clip = optim_clip_scale(norm, o->optim.grad_clip);
+    optim_step(e, &o->optim, lr, clip, step + 1);
+    if (hook(e, e->hooks.param_sync, &comm) != 0) {
+        snprintf(err, errlen, "parameter synchronisation failed at step %lld", (long long)step);
+        return -1;
+    }
+    if (e->hooks.allreduce_sum) {
+        double t1 = now_ms();
+        e->hooks.allreduce_sum(e, e->hooks.user, sums, 2);
+        comm += now_ms() - t1;
+    }
+    b->sync(b->ctx);
+    double t_end = now_ms();
+    info->loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
+    info->lr = lr;
+    info->grad_norm = norm;
+    info->tokens = o->global_batch_tokens;
+    info->ms_step = t_end - t0;
+    info->ms_comm = comm;
+    info->ms_compute = info->ms_step - comm;
+    return 0;
+}
+
+double train_eval(struct model *m, const struct train_opts *o, int32_t *inputs, int32_t *targets,
+                  int64_t *tokens, char *err, size_t errlen, int *rc) {
+    struct engine *e = m->e;
+    double sums[2] = {0, 0};
+    *rc = 0;
+    for (int64_t i = 0; i < o->eval_batches; i++) {
+        if (o->val.batch(o->val.user, i, 0, inputs, targets, err, errlen) != 0) {
+            *rc = -2;
+            return 0;
+        }
+        int64_t cnt = 0;
+        sums[0] += model_forward(m, inputs, targets, 0.0f, &cnt);
+        sums[1] += (double)cnt;
+    }
+    if (e->hooks.allreduce_sum) e->hooks.allreduce_sum(e, e->hooks.user, sums, 2);
+    if (tokens) *tokens = (int64_t)sums[1];
+    return sums[1] > 0 ? sums[0] / sums[1] : 0;
+}
+
+static double gib(size_t bytes) {
+    return (double)bytes / (1024.0 * 1024.0 * 1024.0);
+}
+
+static void emit(FILE *out, json_t *j) {
+    if (out) {
+        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        if (s) {
+            fprintf(out, "%s\n", s);
+            fflush(out);
+            free(s);
+        }
+    }
+    json_decref(j);
+}
+
+static void emit_step(const struct model *m, const struct train_opts *o, int64_t done,
+                      const struct train_step_info *in) {
+    const struct engine *e = m->e;
+    const struct engine_mem *mm = &e->mem;
+    double tps = in->ms_step > 0 ? (double)in->tokens / (in->ms_step / 1e3) : 0;
+    /* MFU per device: this rank's share of the step's FLOPs over its peak. */
+    json_t *mfu = json_null();
+    if (e->be->peak_flops > 0 && o->flops_per_token > 0)
+        mfu = json_real(tps * o->flops_per_token / e->world / e->be->peak_flops);
+    size_t total = mm->params + mm->grads + mm->optimizer + mm->activations + mm->comm;
+    json_t *j = json_pack(
+        "{s:s, s:I, s:f, s:f, s:f, s:I, s:f, s:o, s:{s:f, s:f, s:f}, s:f, s:{s:f, s:f, s:f, s:f, "
+        "s:f}}",
+        "type", "step", "step", (json_int_t)done, "loss", in->loss, "lr", in->lr, "grad_norm",
+        in->grad_norm, "tokens", (json_int_t)in->tokens, "tokens_per_s", tps, "mfu", mfu, "ms",
+        "compute", in->ms_compute, "comm_exposed", in->ms_comm, "step", in->ms_step, "mem_gib",
+        gib(total), "mem", "params", gib(mm->params), "grads", gib(mm->grads), "optimizer",
+        gib(mm->optimizer), "activations", gib(mm->activations), "comm", gib(mm->comm));
+    emit(o->out, j);
+}
+
+int train_run(struct model *m, const struct train_opts *o, int64_t start,
+              struct train_step_info *last, char *err, size_t errlen) {
+    size_t n = (size_t)m->B * m->T;
+    int32_t *inputs = malloc(n * sizeof *inputs), *targets = malloc(n * sizeof *targets);
+    int rc = 0;
+    struct train_step_info info;
+    memset(&info, 0, sizeof info);
+    if (!inputs || !targets) {
+        snprintf(err, errlen, "out of memory for batch buffers");
+        rc = -1;
+        goto out;
+    }
+    for (int64_t step = start; step < o->steps; step++) {
+        rc = train_step(m, o, step, &info, inputs, targets, err, errlen);
+        if (rc != 0) goto out;
+        int64_t done = step + 1;
+        emit_step(m, o, done, &info);
+        if (o->val.batch && o->eval_every > 0 && (done % o->eval_every == 0 || done == o->steps)) {
+            int64_t vt = 0;
+            int erc = 0;
+            double vl = train_eval(m, o, inputs, targets, &vt, err, errlen, &erc);
+            if (erc != 0) {
+                rc = erc;
+                goto out;
+            }
+            emit(o->out, json_pack("{s:s, s:I, s:f, s:I}", "type", "eval", "step", (json_int_t)done,
+                                   "val_loss", vl, "tokens", (json_int_t)vt));
+        }
+        int stopping = o->stop && *o->stop;
+        if (o->save &&
+            (done == o->steps || stopping || (o->save_every > 0 && done % o->save_every == 0))) {
+            if (o->save(o->save_user, done) != 0) {
+                snprintf(err, errlen, "checkpoint at step %lld failed", (long long)done);
+                rc = -1;
+                goto out;
+            }
+        }
+        if (stopping && done < o->steps) {
+            rc = 1;
+            goto out;
+        }
+    }
+out:
+    if (last) *last = info;
+    free(inputs);
+    free(targets);
+    return rc;
+}

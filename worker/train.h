@@ -1,0 +1,79 @@
+/* Train loop: optimizer steps with gradient accumulation, the comm hooks,
+ * evaluation, checkpoint callbacks and JSON-lines reporting.
+ *
+ * One step (see engine.h): zero grads; for each of grad_accum micro-steps
+ * fetch a batch, forward (classifier gradient scaled by 1/global tokens) and
+ * backward; grad_sync hook; global grad norm; clip; AdamW at the scheduled
+ * lr; param_sync hook. Losses are summed per token in double on the host and
+ * over dp with the allreduce_sum hook.
+ *
+ * Output (one JSON object per line on opts.out; sizes in GiB, times in ms):
+ *   {"type":"step","step":N,"loss":..,"lr":..,"grad_norm":..,"tokens":..,
+ *    "tokens_per_s":..,"mfu":..|null,"ms":{"compute":..,"comm_exposed":..,
+ *    "step":..},"mem_gib":..,"mem":{"params":..,"grads":..,"optimizer":..,
+ *    "activations":..,"comm":..}}
+ *   {"type":"eval","step":N,"val_loss":..,"tokens":..}
+ * "step" counts completed optimizer steps (1 after the first). Only rank 0
+ * writes lines when world > 1 (the caller passes out = NULL elsewhere).
+ * Only the engine thread runs this. */
+#ifndef LOOM_WORKER_TRAIN_H
+#define LOOM_WORKER_TRAIN_H
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "worker/model.h"
+#include "worker/optim.h"
+
+/* Batch source: fill inputs/targets [B*T] for (step, micro_step) of this
+ * rank. Returns 0, or non-zero with a message in err (a data error: the
+ * worker exits 2). */
+struct train_source {
+    int (*batch)(void *user, int64_t step, int micro, int32_t *inputs, int32_t *targets, char *err,
+                 size_t errlen);
+    void *user;
+};
+
+struct train_opts {
+    int64_t steps; /* total optimizer steps of the run */
+    int grad_accum;
+    int64_t global_batch_tokens; /* tokens per optimizer step over all dp ranks */
+    struct optim_cfg optim;
+    struct train_source train;
+    struct train_source val; /* batch NULL: no evaluation */
+    int64_t eval_every;      /* 0: no periodic evaluation */
+    int64_t eval_batches;
+    /* Called after step `done` (completed steps) when done % save_every == 0
+     * or done == steps or a stop was requested; returns 0 or non-zero. */
+    int (*save)(void *user, int64_t done);
+    void *save_user;
+    int64_t save_every;
+    volatile sig_atomic_t *stop; /* set by a signal handler; NULL: none */
+    FILE *out;                   /* JSON lines; NULL: silent */
+    double flops_per_token;      /* for MFU (model_flops_per_token) */
+};
+
+struct train_step_info {
+    double loss, lr, grad_norm;
+    int64_t tokens;
+    double ms_compute, ms_comm, ms_step;
+};
+
+/* One optimizer step with 0-based index `step`. Returns 0, -2 on a data error
+ * (message in err), -1 on a hook failure. */
+int train_step(struct model *m, const struct train_opts *o, int64_t step,
+               struct train_step_info *info, int32_t *inputs, int32_t *targets, char *err,
+               size_t errlen);
+
+/* Mean validation loss over o->eval_batches micro-batches (dp-averaged). */
+double train_eval(struct model *m, const struct train_opts *o, int32_t *inputs, int32_t *targets,
+                  int64_t *tokens, char *err, size_t errlen, int *rc);
+
+/* Run steps [start, o->steps). Returns 0 when finished, 1 when stopped by
+ * *o->stop (after saving), -2 on a data error, -1 on another failure; the
+ * message is in err. Final stats in *last (may be NULL). */
+int train_run(struct model *m, const struct train_opts *o, int64_t start,
+              struct train_step_info *last, char *err, size_t errlen);
+
+#endif
