@@ -28,3 +28,7 @@ add_test(NAME unit.safetensors_python
          COMMAND sh -c "command -v python3 >/dev/null || { echo 'SKIP: python3 not found'; exit 77; }; exec python3 \"$1\" \"$2\""
                  sh ${CMAKE_CURRENT_LIST_DIR}/unit/check_safetensors.py $<TARGET_FILE:test_safetensors>)
 set_tests_properties(unit.safetensors_python PROPERTIES LABELS unit SKIP_RETURN_CODE 77 TIMEOUT 60)
+
+add_test(NAME unit.data_prepare
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/data_prepare_test.sh $<TARGET_FILE:loom-data>)
+set_tests_properties(unit.data_prepare PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)

@@ -1,0 +1,385 @@
+/* loom-data: prepare and check token shards for loom-worker.
+ *
+ *   loom-data prepare --in FILES|DIR[,...] --out DIR [--val-fraction F]
+ *   loom-data check PATTERN [--vocab-size N]
+ *
+ * prepare tokenizes text with the byte-level tokenizer (vocab 256: a token is
+ * a byte; token 0, NUL, starts every document) into .bin shards (version 1,
+ * uint16) DIR/train_NNN.bin and DIR/val_NNN.bin, plus DIR/meta.json. The
+ * token stream (all documents in input order, directories expanded to their
+ * regular files in name order, duplicates such as symlinks read once) is cut
+ * into blocks of --block-size tokens; blocks are assigned to val evenly (block
+ * i goes to val when floor((i+1)*F) > floor(i*F)), so the split is
+ * deterministic and spread over the whole corpus. Files holding NUL bytes are
+ * skipped (not text). The summary is one JSON line on stdout.
+ *
+ * check validates every shard matching PATTERN (header, size and, with
+ * --vocab-size, every token) and prints one JSON line; exit 2 on bad data. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "worker/data.h"
+
+struct opts {
+    char *in;
+    char *out;
+    double val_fraction;
+    long block_size;
+    long shard_tokens;
+    long vocab_size;
+};
+
+static const struct config_entry table[] = {
+    {"in", CONFIG_STR, offsetof(struct opts, in), NULL, 1, 0,
+     "prepare: input text files or directories, comma-separated (also as arguments)"},
+    {"out", CONFIG_STR, offsetof(struct opts, out), NULL, 1, 0, "prepare: output directory"},
+    {"val-fraction", CONFIG_DOUBLE, offsetof(struct opts, val_fraction), "0.1", 0, 0.5,
+     "prepare: fraction of the tokens held out for validation"},
+    {"block-size", CONFIG_INT, offsetof(struct opts, block_size), "4096", 2, 1 << 30,
+     "prepare: tokens per split block (the unit assigned to train or val)"},
+    {"shard-tokens", CONFIG_INT, offsetof(struct opts, shard_tokens), "100000000", 1024, INT32_MAX,
+     "prepare: maximum tokens per shard file"},
+    {"vocab-size", CONFIG_INT, offsetof(struct opts, vocab_size), "0", 0, UINT32_MAX,
+     "check: reject tokens >= this (0: header and size checks only)"},
+};
+#define NTABLE (sizeof table / sizeof *table)
+static const char usage[] = "prepare --in FILES|DIR --out DIR [--val-fraction F]\n"
+                            "       loom-data check PATTERN [--vocab-size N]";
+
+/* ---- inputs ---------------------------------------------------------------- */
+
+struct strv {
+    char **v;
+    size_t n, cap;
+};
+
+static int strv_push(struct strv *s, const char *p) {
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? s->cap * 2 : 32;
+        char **nv = realloc(s->v, nc * sizeof *nv);
+        if (!nv) return -1;
+        s->v = nv;
+        s->cap = nc;
+    }
+    if (!(s->v[s->n] = strdup(p))) return -1;
+    s->n++;
+    return 0;
+}
+
+static void strv_free(struct strv *s) {
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Add `path` (a file, or a directory's regular files in name order) to files,
+ * by real path, once. */
+static int add_input(struct strv *files, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        log_error("%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct strv here = {0};
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (!d) {
+            log_error("%s: %s", path, strerror(errno));
+            return -1;
+        }
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] == '.') continue;
+            char *p = NULL;
+            struct stat fst;
+            if (asprintf(&p, "%s/%s", path, e->d_name) < 0) break;
+            if (stat(p, &fst) == 0 && S_ISREG(fst.st_mode)) strv_push(&here, p);
+            free(p);
+        }
+        closedir(d);
+        qsort(here.v, here.n, sizeof *here.v, cmp_str);
+    } else {
+        strv_push(&here, path);
+    }
+    for (size_t i = 0; i < here.n; i++) {
+        char real[PATH_MAX];
+        if (!realpath(here.v[i], real)) continue;
+        int dup = 0;
+        for (size_t j = 0; j < files->n && !dup; j++)
+            dup = strcmp(files->v[j], real) == 0;
+        if (!dup) strv_push(files, real);
+    }
+    strv_free(&here);
+    return 0;
+}
+
+/* ---- split writer ---------------------------------------------------------- */
+
+struct split {
+    const char *name; /* "train" / "val" */
+    uint32_t *buf;
+    size_t n, cap; /* cap = shard_tokens */
+    int shards;
+    uint64_t total;
+};
+
+static int split_flush(struct split *s, const char *out) {
+    if (s->n == 0) return 0;
+    char path[PATH_MAX], err[512];
+    snprintf(path, sizeof path, "%s/%s_%03d.bin", out, s->name, s->shards);
+    if (data_shard_write(path, 1, s->buf, s->n, err, sizeof err) != 0) {
+        log_error("%s", err);
+        return -1;
+    }
+    s->shards++;
+    s->total += s->n;
+    s->n = 0;
+    return 0;
+}
+
+static int split_add(struct split *s, const uint32_t *t, size_t n, const char *out) {
+    while (n) {
+        size_t m = s->cap - s->n < n ? s->cap - s->n : n;
+        memcpy(s->buf + s->n, t, m * sizeof *t);
+        s->n += m;
+        t += m;
+        n -= m;
+        if (s->n == s->cap && split_flush(s, out) != 0) return -1;
+    }
+    return 0;
+}
+
+struct prep {
+    const struct opts *o;
+    struct split train, val;
+    uint32_t *block;
+    size_t nblock;
+    uint64_t iblock, val_blocks;
+};
+
+static int block_done(struct prep *p, int last) {
+    if (p->nblock == 0) return 0;
+    double f = p->o->val_fraction;
+    int to_val = (uint64_t)((double)(p->iblock + 1) * f) > (uint64_t)((double)p->iblock * f);
+    /* A small corpus still gets a validation set: its last block. */
+    if (last && f > 0 && p->val_blocks == 0 && p->iblock > 0) to_val = 1;
+    p->val_blocks += (uint64_t)to_val;
+    int rc = split_add(to_val ? &p->val : &p->train, p->block, p->nblock, p->o->out);
+    p->iblock++;
+    p->nblock = 0;
+    return rc;
+}
+
+static int push_token(struct prep *p, uint32_t t) {
+    p->block[p->nblock++] = t;
+    return p->nblock == (size_t)p->o->block_size ? block_done(p, 0) : 0;
+}
+
+/* Read a whole file; NULL on error. */
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *b = malloc(cap);
+    for (;;) {
+        if (!b) break;
+        if (n == cap) {
+            unsigned char *nb = realloc(b, cap *= 2);
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (b && ferror(f)) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *len = n;
+    return b;
+}
+
+static int cmd_prepare(struct opts *o, char **pos, int npos) {
+    int rc = 1;
+    struct strv files = {0};
+    struct prep p = {.o = o};
+    json_t *sources = json_array();
+    if (!o->out) {
+        log_error("prepare: --out DIR is required");
+        return 2;
+    }
+    char *save = NULL;
+    for (char *tok = o->in ? strtok_r(o->in, ",", &save) : NULL; tok;
+         tok = strtok_r(NULL, ",", &save))
+        if (add_input(&files, tok) != 0) goto out;
+    for (int i = 1; i < npos; i++)
+        if (add_input(&files, pos[i]) != 0) goto out;
+    if (files.n == 0) {
+        log_error("prepare: no input files (--in FILES|DIR)");
+        rc = 2;
+        goto out;
+    }
+    if (mkdir(o->out, 0755) != 0 && errno != EEXIST) {
+        log_error("prepare: cannot create %s: %s", o->out, strerror(errno));
+        goto out;
+    }
+    p.train = (struct split){.name = "train", .cap = (size_t)o->shard_tokens};
+    p.val = (struct split){.name = "val", .cap = (size_t)o->shard_tokens};
+    p.train.buf = malloc(p.train.cap * sizeof(uint32_t));
+    p.val.buf = malloc(p.val.cap * sizeof(uint32_t));
+    p.block = malloc((size_t)o->block_size * sizeof(uint32_t));
+    if (!p.train.buf || !p.val.buf || !p.block) {
+        log_error("prepare: out of memory");
+        goto out;
+    }
+    uint64_t docs = 0, bytes = 0;
+    for (size_t i = 0; i < files.n; i++) {
+        size_t len = 0;
+        unsigned char *text = slurp(files.v[i], &len);
+        if (!text) {
+            log_error("%s: cannot read: %s", files.v[i], strerror(errno));
+            goto out;
+        }
+        if (len == 0 || memchr(text, 0, len)) {
+            log_warn("%s: skipped (%s)", files.v[i], len ? "holds NUL bytes, not text" : "empty");
+            free(text);
+            continue;
+        }
+        int err = push_token(&p, 0); /* document start */
+        for (size_t k = 0; k < len && !err; k++)
+            err = push_token(&p, text[k]);
+        free(text);
+        if (err) goto out;
+        docs++;
+        bytes += len;
+        json_array_append_new(sources, json_string(files.v[i]));
+    }
+    if (block_done(&p, 1) != 0 || split_flush(&p.train, o->out) != 0 ||
+        split_flush(&p.val, o->out) != 0)
+        goto out;
+    if (p.train.total == 0) {
+        log_error("prepare: no training tokens produced");
+        rc = 2;
+        goto out;
+    }
+    json_t *meta =
+        json_pack("{s:s,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:i,s:i,s:O}", "tokenizer", "byte",
+                  "vocab_size", 256, "bos_token", 0, "val_fraction", o->val_fraction, "block_size",
+                  (json_int_t)o->block_size, "documents", (json_int_t)docs, "train_tokens",
+                  (json_int_t)p.train.total, "val_tokens", (json_int_t)p.val.total, "train_shards",
+                  p.train.shards, "val_shards", p.val.shards, "sources", sources);
+    char mpath[PATH_MAX];
+    snprintf(mpath, sizeof mpath, "%s/meta.json", o->out);
+    if (json_dump_file(meta, mpath,
+                       JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) != 0) {
+        log_error("prepare: cannot write %s", mpath);
+        json_decref(meta);
+        goto out;
+    }
+    json_object_del(meta, "sources");
+    json_object_set_new(meta, "type", json_string("prepare"));
+    json_object_set_new(meta, "out", json_string(o->out));
+    json_object_set_new(meta, "bytes", json_integer((json_int_t)bytes));
+    char *line = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    printf("%s\n", line);
+    free(line);
+    json_decref(meta);
+    rc = 0;
+out:
+    json_decref(sources);
+    free(p.train.buf);
+    free(p.val.buf);
+    free(p.block);
+    strv_free(&files);
+    return rc;
+}
+
+static int cmd_check(const struct opts *o, char **pos, int npos) {
+    if (npos != 2) {
+        log_error("check: expected one PATTERN");
+        return 2;
+    }
+    char err[1024] = "";
+    char **paths = NULL;
+    size_t n = 0;
+    if (data_glob(pos[1], &paths, &n, err, sizeof err) != 0) {
+        log_error("%s", err);
+        return 2;
+    }
+    uint64_t tokens = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int version = 0;
+        uint64_t t = 0;
+        if (data_shard_check(paths[i], &version, &t, err, sizeof err) != 0) {
+            log_error("%s", err);
+            rc = 2;
+        }
+        tokens += t;
+    }
+    if (rc == 0 && o->vocab_size > 0) {
+        struct data_loader_opts lo = {.pattern = pos[1],
+                                      .vocab_size = (uint32_t)o->vocab_size,
+                                      .B = 1,
+                                      .T = 1,
+                                      .dp_size = 1,
+                                      .grad_accum = 1,
+                                      .scan_tokens = 1};
+        struct data_loader *dl = NULL;
+        if (data_loader_open(&lo, &dl, err, sizeof err) != 0 && !strstr(err, "hold no sequence")) {
+            log_error("%s", err);
+            rc = 2;
+        }
+        data_loader_free(dl);
+    }
+    if (rc == 0)
+        printf("{\"type\":\"check\",\"files\":%zu,\"tokens\":%" PRIu64 ",\"ok\":true}\n", n,
+               tokens);
+    data_paths_free(paths);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    struct opts o;
+    memset(&o, 0, sizeof o);
+    char *pos[256];
+    int npos = 256;
+    log_init("loom-data", LOG_INFO);
+    int rc = config_load(table, NTABLE, &o, "loom-data", usage, argc, argv, pos, &npos);
+    if (rc != 0) {
+        config_free(table, NTABLE, &o);
+        return rc > 0 ? 0 : 2;
+    }
+    if (npos >= 1 && strcmp(pos[0], "prepare") == 0) {
+        rc = cmd_prepare(&o, pos, npos);
+    } else if (npos >= 1 && strcmp(pos[0], "check") == 0) {
+        rc = cmd_check(&o, pos, npos);
+    } else {
+        config_print_help(table, NTABLE, "loom-data", usage, stderr);
+        rc = 2;
+    }
+    config_free(table, NTABLE, &o);
+    return rc;
+}
