@@ -32,3 +32,9 @@ set_tests_properties(unit.safetensors_python PROPERTIES LABELS unit SKIP_RETURN_
 add_test(NAME unit.data_prepare
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/data_prepare_test.sh $<TARGET_FILE:loom-data>)
 set_tests_properties(unit.data_prepare PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+
+# Benchmark (not a test): build-*/bin/bench_data [DIR]; numbers in docs/perf.md.
+add_executable(bench_data ${CMAKE_CURRENT_LIST_DIR}/bench/bench_data.c ${LOOM_DATA_SRC}
+               ${LOOM_CKPT_SRC})
+target_link_libraries(bench_data PRIVATE loom_common PkgConfig::JANSSON PkgConfig::CRYPTO)
+loom_warnings(bench_data)
