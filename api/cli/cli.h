@@ -1,0 +1,39 @@
+/* loomctl internals shared by the command files: the client context and
+ * small output helpers. Each command group lives in its own cmd_*.c file and
+ * is listed, one row per command, in api/cli/commands.def. */
+#ifndef LOOM_CLI_CLI_H
+#define LOOM_CLI_CLI_H
+
+#include <jansson.h>
+
+#include "api/client.h"
+
+struct cli {
+    struct client *c;
+    const char *url;   /* LOOM_URL or --url, default http://127.0.0.1:8420 */
+    const char *token; /* LOOM_TOKEN or --token */
+    int json;          /* --json: print the server's JSON instead of tables */
+};
+
+/* A command: argv[0] is the command name; returns the process exit code. */
+typedef int (*cli_fn)(struct cli *cli, int argc, char **argv);
+
+/* Sends a request; on a transport error or an HTTP status >= 400 prints
+ * "loomctl: STATUS CODE: message" to stderr and returns -1 (out is NULL).
+ * Else returns 0 with *out the parsed reply (caller owns; may be NULL). */
+int cli_call(struct cli *cli, const char *method, const char *path, json_t *body, json_t **out);
+/* Prints `j` as indented JSON on stdout. */
+void cli_print_json(json_t *j);
+/* Reads a JSON file ("-" = stdin); prints the parse error and returns NULL. */
+json_t *cli_read_json_file(const char *path);
+/* String field or "-" for null/missing (for tables). */
+const char *cli_str(json_t *obj, const char *key);
+/* URL-encodes s into out (percent-encoding of everything but unreserved). */
+void cli_urlencode(const char *s, char *out, size_t len);
+
+/* Prototypes of every command, from commands.def. */
+#define CLI_COMMAND(name, fn, usage, help) int fn(struct cli *cli, int argc, char **argv);
+#include "api/cli/commands.def"
+#undef CLI_COMMAND
+
+#endif

@@ -1,0 +1,385 @@
+/* Tenant job routes: submit (validated by api/jobspec, Idempotency-Key),
+ * list (filters, cursor pagination), get, cancel, events, and plan (validate
+ * without storing). A tenant only ever sees its own jobs: every read is
+ * scoped by tenant id, so another tenant's job answers 404. */
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/jobspec.h"
+#include "daemon/handlers.h"
+#include "daemon/loomd.h"
+#include "daemon/store.h"
+
+#define LIST_DEFAULT 50
+#define LIST_MAX     1000
+#define IDEM_KEY_MAX 255
+
+static int reply_store_error(struct http_req *req, int rc, const char *id) {
+    if (rc == STORE_NOT_FOUND) return http_error(req, 404, "JOB_NOT_FOUND", "no job '%s'", id);
+    return http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+}
+
+static int reply_spec_error(struct http_req *req, const struct loom_error *e) {
+    return http_error_field(req, e->status ? e->status : 422, e->code[0] ? e->code : "INVALID_SPEC",
+                            e->field[0] ? e->field : NULL, "%s", e->message);
+}
+
+/* ---------------- data roots ---------------- */
+
+struct roots {
+    char *buf; /* backing storage */
+    const char *v[32];
+    size_t n;
+};
+
+static void roots_from_csv(struct roots *r, const char *csv) {
+    r->buf = strdup(csv ? csv : "");
+    r->n = 0;
+    for (char *save = NULL, *t = strtok_r(r->buf, ",", &save); t && r->n < 32;
+         t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ')
+            t++;
+        if (*t) r->v[r->n++] = t;
+    }
+}
+
+struct tenant_roots {
+    const char *tenant_id;
+    json_t *tenant;
+};
+
+static int tenant_cb(struct store_tx *tx, void *arg) {
+    struct tenant_roots *t = arg;
+    return store_tenant_get(tx, t->tenant_id, &t->tenant);
+}
+
+/* The tenant's own data_roots if it has any, else loomd's --data-roots,
+ * else "/" (no restriction beyond the lexical rules). */
+static int load_roots(struct http_req *req, struct roots *r) {
+    struct tenant_roots t = {.tenant_id = req->tenant_id};
+    if (store_read(req->ld->store, tenant_cb, &t) != STORE_OK) return -1;
+    json_t *arr = json_object_get(t.tenant, "data_roots");
+    if (json_array_size(arr) > 0) {
+        size_t len = 0, i;
+        json_t *v;
+        json_array_foreach(arr, i, v) len += strlen(json_string_value(v)) + 1;
+        r->buf = malloc(len + 1);
+        r->n = 0;
+        char *p = r->buf;
+        json_array_foreach(arr, i, v) {
+            if (r->n >= 32) break;
+            size_t l = strlen(json_string_value(v));
+            memcpy(p, json_string_value(v), l + 1);
+            r->v[r->n++] = p;
+            p += l + 1;
+        }
+    } else {
+        roots_from_csv(r, req->ld->cfg.data_roots);
+        if (r->n == 0) r->v[r->n++] = "/";
+    }
+    json_decref(t.tenant);
+    return 0;
+}
+
+/* ---------------- submit ---------------- */
+
+struct submit_op {
+    const char *tenant_id;
+    const char *idem_key;
+    unsigned char hash[32];
+    struct store_job_new nj;
+    struct store_job job;
+    int replayed;
+};
+
+static int submit_cb(struct store_tx *tx, void *arg) {
+    struct submit_op *op = arg;
+    if (op->idem_key) {
+        char id[32];
+        int same = 0;
+        int rc = store_idem_lookup(tx, op->tenant_id, op->idem_key, op->hash, id, sizeof id, &same);
+        if (rc == STORE_OK) {
+            if (!same) return STORE_CONFLICT;
+            op->replayed = 1;
+            return store_job_get(tx, op->tenant_id, id, &op->job);
+        }
+        if (rc != STORE_NOT_FOUND) return rc;
+    }
+    int rc = store_job_insert(tx, &op->nj, &op->job);
+    if (rc) return rc;
+    if (op->idem_key) rc = store_idem_insert(tx, op->tenant_id, op->idem_key, op->hash, op->job.id);
+    return rc;
+}
+
+int api_jobs_submit(struct http_req *req) {
+    struct loom_spec *spec = malloc(sizeof *spec);
+    struct loom_error err;
+    struct roots roots = {0};
+    char *canon = NULL;
+    json_t *labels = NULL;
+    struct submit_op op;
+    memset(&op, 0, sizeof op);
+    memset(&err, 0, sizeof err);
+    if (!spec) return http_error(req, 500, "INTERNAL", "out of memory");
+    const char *key = http_header(req, "Idempotency-Key");
+    if (key && (!*key || strlen(key) > IDEM_KEY_MAX)) {
+        http_error(req, 400, "INVALID_IDEMPOTENCY_KEY", "Idempotency-Key must be 1-%d characters",
+                   IDEM_KEY_MAX);
+        goto out;
+    }
+    if (jobspec_parse(spec, req->json, 0, &err) != 0) {
+        reply_spec_error(req, &err);
+        goto out;
+    }
+    if (load_roots(req, &roots) != 0) {
+        http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+        goto out;
+    }
+    if (jobspec_check_paths(spec, roots.v, roots.n, 0, &err) != 0) {
+        reply_spec_error(req, &err);
+        goto out;
+    }
+    canon = jobspec_dumps(spec);
+    if (!canon) {
+        http_error(req, 500, "INTERNAL", "out of memory");
+        goto out;
+    }
+    struct jobspec_derived d;
+    jobspec_derive(spec, &d);
+    labels = json_object();
+    for (int i = 0; i < spec->n_labels; i++)
+        json_object_set_new(labels, spec->labels[i].key, json_string(spec->labels[i].value));
+    op.tenant_id = req->tenant_id;
+    op.idem_key = key;
+    if (key) {
+        /* Same key + same body means the same request: hash the body in a
+         * canonical form (sorted keys) so key order and spacing do not matter. */
+        char *body = json_dumps(req->json, JSON_COMPACT | JSON_SORT_KEYS);
+        unsigned int n = 32;
+        EVP_Digest(body ? body : "", body ? strlen(body) : 0, op.hash, &n, EVP_sha256(), NULL);
+        free(body);
+    }
+    op.nj.tenant_id = req->tenant_id;
+    op.nj.name = spec->name;
+    op.nj.spec_json = canon;
+    op.nj.labels = labels;
+    op.nj.priority = spec->priority;
+    op.nj.max_retries = spec->max_retries;
+    op.nj.world_size = d.world;
+    op.nj.out_dir_root = req->ld->cfg.jobs_dir;
+    int rc = store_write(req->ld->store, submit_cb, &op);
+    if (rc == STORE_CONFLICT) {
+        http_error(req, 409, "IDEMPOTENCY_CONFLICT",
+                   "Idempotency-Key '%s' was used with a different body", key);
+        goto out;
+    }
+    if (rc != STORE_OK) {
+        reply_store_error(req, rc, "");
+        goto out;
+    }
+    if (!op.replayed) http_notify_signal(&req->ld->jobs_changed);
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/jobs/%s", op.job.id);
+    http_add_header(req, "Location", loc);
+    if (op.replayed) http_add_header(req, "Idempotent-Replayed", "true");
+    http_reply_json(req, 201, store_job_to_json(&op.job));
+out:
+    store_job_clear(&op.job);
+    json_decref(labels);
+    free(canon);
+    free(roots.buf);
+    free(spec);
+    return 0;
+}
+
+/* ---------------- list ---------------- */
+
+struct list_op {
+    struct store_job_filter f;
+    json_t *items;
+    int64_t last_seq;
+    int count;
+};
+
+static int list_item_cb(const struct store_job *j, void *arg) {
+    struct list_op *op = arg;
+    if (op->count == op->f.limit - 1) {
+        /* The extra row only tells that another page exists. */
+        op->count++;
+        return 0;
+    }
+    json_t *o = store_job_to_json(j);
+    json_object_del(o, "spec"); /* lists stay small; GET /v1/jobs/{id} has it */
+    json_array_append_new(op->items, o);
+    op->last_seq = j->seq;
+    op->count++;
+    return 0;
+}
+
+static int list_cb(struct store_tx *tx, void *arg) {
+    struct list_op *op = arg;
+    int rc = store_job_foreach(tx, &op->f, list_item_cb, op);
+    return rc < 0 ? rc : STORE_OK;
+}
+
+static int parse_long(const char *s, long long lo, long long hi, long long *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int api_jobs_list(struct http_req *req) {
+    struct list_op op;
+    memset(&op, 0, sizeof op);
+    op.f.tenant_id = req->tenant_id;
+    long long limit = LIST_DEFAULT;
+    const char *q;
+    if ((q = http_query(req, "limit")) && parse_long(q, 1, LIST_MAX, &limit) != 0)
+        return http_error(req, 400, "INVALID_QUERY", "limit=%s is not an integer in [1, %d]", q,
+                          LIST_MAX);
+    op.f.limit = (int)limit + 1;
+    char states[128];
+    if ((q = http_query(req, "state")) && *q) {
+        snprintf(states, sizeof states, "%s", q);
+        for (char *save = NULL, *t = strtok_r(states, ",", &save); t;
+             t = strtok_r(NULL, ",", &save)) {
+            int s = job_state_parse(t);
+            if (s < 0)
+                return http_error(req, 400, "INVALID_QUERY",
+                                  "state=%s is not one of queued, starting, running, cancelling, "
+                                  "succeeded, failed, cancelled",
+                                  t);
+            op.f.state_mask |= JOB_MASK(s);
+        }
+    }
+    if ((q = http_query(req, "name")) && *q) op.f.name = q;
+    char label[512];
+    if ((q = http_query(req, "label")) && *q) {
+        snprintf(label, sizeof label, "%s", q);
+        char *eq = strchr(label, '=');
+        if (!eq || eq == label)
+            return http_error(req, 400, "INVALID_QUERY", "label=%s is not KEY=VALUE", q);
+        *eq = 0;
+        op.f.label_key = label;
+        op.f.label_value = eq + 1;
+    }
+    if ((q = http_query(req, "cursor")) && *q) {
+        long long c;
+        if (q[0] != 'c' || parse_long(q + 1, 1, INT64_MAX, &c) != 0)
+            return http_error(req, 400, "INVALID_CURSOR", "cursor '%s' was not issued by loomd", q);
+        op.f.before_seq = c;
+    }
+    op.items = json_array();
+    int rc = store_read(req->ld->store, list_cb, &op);
+    if (rc != STORE_OK) {
+        json_decref(op.items);
+        return reply_store_error(req, STORE_ERR, "");
+    }
+    json_t *next = json_null();
+    if (op.count == op.f.limit) {
+        char c[32];
+        snprintf(c, sizeof c, "c%lld", (long long)op.last_seq);
+        json_decref(next);
+        next = json_string(c);
+    }
+    return http_reply_json(req, 200,
+                           json_pack("{s:o, s:o}", "items", op.items, "next_cursor", next));
+}
+
+/* ---------------- get / cancel / events ---------------- */
+
+struct job_op {
+    const char *tenant_id;
+    const char *id;
+    struct store_job job;
+    json_t *events;
+    int changed;
+};
+
+static int get_cb(struct store_tx *tx, void *arg) {
+    struct job_op *op = arg;
+    return store_job_get(tx, op->tenant_id, op->id, &op->job);
+}
+
+int api_jobs_get(struct http_req *req) {
+    struct job_op op = {.tenant_id = req->tenant_id, .id = http_param(req, "id")};
+    int rc = store_read(req->ld->store, get_cb, &op);
+    if (rc != STORE_OK) return reply_store_error(req, rc, op.id);
+    http_reply_json(req, 200, store_job_to_json(&op.job));
+    store_job_clear(&op.job);
+    return 0;
+}
+
+static int cancel_cb(struct store_tx *tx, void *arg) {
+    struct job_op *op = arg;
+    int rc = store_job_get(tx, op->tenant_id, op->id, &op->job);
+    if (rc) return rc;
+    enum job_state to;
+    if (op->job.state == JOB_QUEUED)
+        to = JOB_CANCELLED; /* nothing runs yet: done at once */
+    else if (op->job.state == JOB_STARTING || op->job.state == JOB_RUNNING)
+        to = JOB_CANCELLING; /* ranks are stopped by the attempt supervisor */
+    else
+        return STORE_OK; /* cancelling or finished: cancel is idempotent */
+    struct job_change ch = {.reason = "cancelled by tenant", .expect_attempt = -1};
+    store_job_clear(&op->job);
+    rc = store_job_transition(tx, op->id,
+                              JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
+                              to, &ch, &op->job);
+    if (rc == STORE_OK) op->changed = 1;
+    return rc;
+}
+
+int api_jobs_cancel(struct http_req *req) {
+    struct job_op op = {.tenant_id = req->tenant_id, .id = http_param(req, "id")};
+    int rc = store_write(req->ld->store, cancel_cb, &op);
+    if (rc != STORE_OK) {
+        store_job_clear(&op.job);
+        return reply_store_error(req, rc, op.id);
+    }
+    if (op.changed) http_notify_signal(&req->ld->jobs_changed);
+    http_reply_json(req, 200, store_job_to_json(&op.job));
+    store_job_clear(&op.job);
+    return 0;
+}
+
+static int events_cb(struct store_tx *tx, void *arg) {
+    struct job_op *op = arg;
+    int rc = store_job_get(tx, op->tenant_id, op->id, &op->job);
+    if (rc) return rc;
+    return store_job_events(tx, op->job.seq, &op->events);
+}
+
+int api_jobs_events(struct http_req *req) {
+    struct job_op op = {.tenant_id = req->tenant_id, .id = http_param(req, "id")};
+    int rc = store_read(req->ld->store, events_cb, &op);
+    store_job_clear(&op.job);
+    if (rc != STORE_OK) return reply_store_error(req, rc, op.id);
+    return http_reply_json(req, 200, json_pack("{s:s, s:o}", "job_id", op.id, "items", op.events));
+}
+
+/* ---------------- plan ---------------- */
+
+int api_jobs_plan(struct http_req *req) {
+    struct loom_spec *spec = malloc(sizeof *spec);
+    struct loom_error err;
+    memset(&err, 0, sizeof err);
+    if (!spec) return http_error(req, 500, "INTERNAL", "out of memory");
+    if (jobspec_parse(spec, req->json, JOBSPEC_FOR_PLAN, &err) != 0) {
+        reply_spec_error(req, &err);
+    } else {
+        struct jobspec_derived d;
+        jobspec_derive(spec, &d);
+        http_reply_json(req, 200,
+                        json_pack("{s:b, s:o, s:o}", "valid", 1, "spec", jobspec_to_json(spec),
+                                  "derived", jobspec_derived_to_json(&d)));
+    }
+    free(spec);
+    return 0;
+}

@@ -1,0 +1,141 @@
+/* Admin routes: create and list tenants, issue and revoke their API tokens.
+ * A token's text is returned once, at issue; only its SHA-256 is stored. */
+#include <ctype.h>
+#include <string.h>
+
+#include "daemon/auth.h"
+#include "daemon/handlers.h"
+#include "daemon/loomd.h"
+#include "daemon/store.h"
+
+struct tenant_op {
+    const char *name;
+    const char *roots;
+    const char *tenant_id;
+    const char *token_id;
+    unsigned char hash[32];
+    char id[32];
+    json_t *out;
+};
+
+static int create_cb(struct store_tx *tx, void *arg) {
+    struct tenant_op *op = arg;
+    int rc = store_tenant_create(tx, op->name, op->roots, op->id, sizeof op->id);
+    if (rc) return rc;
+    return store_tenant_get(tx, op->id, &op->out);
+}
+
+static int valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 63) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '-' && s[i] != '_' && s[i] != '.') return 0;
+    return 1;
+}
+
+int api_tenants_create(struct http_req *req) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(req->json, k, v) {
+        if (strcmp(k, "name") && strcmp(k, "data_roots"))
+            return http_error_field(req, 422, "UNKNOWN_FIELD", k, "unknown field '%s'", k);
+    }
+    json_t *name = json_object_get(req->json, "name");
+    if (!json_is_string(name))
+        return http_error_field(req, 422, "INVALID_FIELD", "name", "'name' must be a string");
+    if (!valid_name(json_string_value(name)))
+        return http_error_field(req, 422, "INVALID_NAME", "name",
+                                "tenant name must be 1-63 characters of [A-Za-z0-9._-]");
+    json_t *roots = json_object_get(req->json, "data_roots");
+    char *roots_text = NULL;
+    if (roots) {
+        size_t i;
+        json_t *r;
+        if (!json_is_array(roots))
+            return http_error_field(req, 422, "INVALID_FIELD", "data_roots",
+                                    "'data_roots' must be an array of absolute paths");
+        json_array_foreach(roots, i, r) {
+            if (!json_is_string(r) || json_string_value(r)[0] != '/' ||
+                strlen(json_string_value(r)) >= 1024)
+                return http_error_field(req, 422, "INVALID_FIELD", "data_roots",
+                                        "data_roots[%zu] must be an absolute path", i);
+        }
+        roots_text = json_dumps(roots, JSON_COMPACT);
+    }
+    struct tenant_op op = {.name = json_string_value(name), .roots = roots_text};
+    int rc = store_write(req->ld->store, create_cb, &op);
+    free(roots_text);
+    if (rc == STORE_CONFLICT)
+        return http_error_field(req, 409, "TENANT_EXISTS", "name", "a tenant named '%s' exists",
+                                op.name);
+    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not store tenant");
+    return http_reply_json(req, 201, op.out);
+}
+
+static int list_cb(struct store_tx *tx, void *arg) {
+    return store_tenant_list(tx, arg);
+}
+
+int api_tenants_list(struct http_req *req) {
+    json_t *arr = NULL;
+    if (store_read(req->ld->store, list_cb, &arr) != STORE_OK)
+        return http_error(req, 503, "STORE_UNAVAILABLE", "could not read tenants");
+    return http_reply_json(req, 200, json_pack("{s:o}", "items", arr));
+}
+
+static int get_cb(struct store_tx *tx, void *arg) {
+    struct tenant_op *op = arg;
+    return store_tenant_get(tx, op->tenant_id, &op->out);
+}
+
+int api_tenants_get(struct http_req *req) {
+    struct tenant_op op = {.tenant_id = http_param(req, "id")};
+    int rc = store_read(req->ld->store, get_cb, &op);
+    if (rc == STORE_NOT_FOUND)
+        return http_error(req, 404, "TENANT_NOT_FOUND", "no tenant '%s'", op.tenant_id);
+    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not read tenant");
+    return http_reply_json(req, 200, op.out);
+}
+
+static int token_cb(struct store_tx *tx, void *arg) {
+    struct tenant_op *op = arg;
+    json_t *t = NULL;
+    int rc = store_tenant_get(tx, op->tenant_id, &t);
+    json_decref(t);
+    if (rc) return rc;
+    return store_token_insert(tx, op->tenant_id, op->hash, op->id, sizeof op->id);
+}
+
+int api_tenants_token_create(struct http_req *req) {
+    if (req->json && json_object_size(req->json) > 0)
+        return http_error(req, 422, "UNKNOWN_FIELD", "this route takes no fields");
+    char token[80];
+    if (auth_new_token(token, sizeof token) != 0)
+        return http_error(req, 500, "INTERNAL", "no randomness available");
+    struct tenant_op op = {.tenant_id = http_param(req, "id")};
+    auth_hash(token, op.hash);
+    int rc = store_write(req->ld->store, token_cb, &op);
+    if (rc == STORE_NOT_FOUND)
+        return http_error(req, 404, "TENANT_NOT_FOUND", "no tenant '%s'", op.tenant_id);
+    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not store token");
+    return http_reply_json(
+        req, 201,
+        json_pack("{s:s, s:s, s:s}", "id", op.id, "tenant_id", op.tenant_id, "token", token));
+}
+
+static int revoke_cb(struct store_tx *tx, void *arg) {
+    struct tenant_op *op = arg;
+    return store_token_revoke(tx, op->tenant_id, op->token_id);
+}
+
+int api_tenants_token_revoke(struct http_req *req) {
+    struct tenant_op op = {.tenant_id = http_param(req, "id"), .token_id = http_param(req, "tid")};
+    int rc = store_write(req->ld->store, revoke_cb, &op);
+    if (rc == STORE_NOT_FOUND)
+        return http_error(req, 404, "TOKEN_NOT_FOUND", "tenant '%s' has no token '%s'",
+                          op.tenant_id, op.token_id);
+    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not revoke");
+    return http_reply_json(
+        req, 200,
+        json_pack("{s:s, s:s, s:b}", "id", op.token_id, "tenant_id", op.tenant_id, "revoked", 1));
+}

@@ -1,0 +1,20 @@
+# Script mode: writes OUT, a C file with every SCHEMA_DIR/NNN_name.sql as a
+# string literal, sorted by number. Run by embed_schema.cmake.
+file(GLOB files ${SCHEMA_DIR}/[0-9][0-9][0-9]_*.sql)
+list(SORT files)
+set(body "/* Generated from schema/NNN_name.sql by daemon/embed_schema_gen.cmake. Do not edit. */\n")
+string(APPEND body "#include \"daemon/store.h\"\n\nconst struct store_migration store_migrations[] = {\n")
+set(count 0)
+foreach(f ${files})
+    get_filename_component(name ${f} NAME_WE)
+    string(SUBSTRING ${name} 0 3 num)
+    math(EXPR ver "${num}")
+    file(READ ${f} sql HEX)
+    # Emit as a byte array: no escaping issues, any content is safe.
+    string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${sql}")
+    string(APPEND body "    {${ver}, \"${name}\", (const char[]){${bytes}0x00}},\n")
+    math(EXPR count "${count}+1")
+endforeach()
+string(APPEND body "};\nconst int store_migrations_count = ${count};\n")
+file(WRITE ${OUT}.tmp "${body}")
+execute_process(COMMAND ${CMAKE_COMMAND} -E copy_if_different ${OUT}.tmp ${OUT})

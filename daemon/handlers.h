@@ -1,0 +1,27 @@
+/* Handlers of loomd's own routes (tenants, jobs, plan, health, metrics).
+ * Each answers one row of the route table in daemon/routes.c. */
+#ifndef LOOM_DAEMON_HANDLERS_H
+#define LOOM_DAEMON_HANDLERS_H
+
+#include "daemon/http.h"
+
+/* daemon/api_tenants.c (admin) */
+int api_tenants_create(struct http_req *req);
+int api_tenants_list(struct http_req *req);
+int api_tenants_get(struct http_req *req);
+int api_tenants_token_create(struct http_req *req);
+int api_tenants_token_revoke(struct http_req *req);
+
+/* daemon/api_jobs.c (tenant) */
+int api_jobs_submit(struct http_req *req);
+int api_jobs_list(struct http_req *req);
+int api_jobs_get(struct http_req *req);
+int api_jobs_cancel(struct http_req *req);
+int api_jobs_events(struct http_req *req);
+int api_jobs_plan(struct http_req *req);
+
+/* daemon/api_system.c (anyone) */
+int api_system_healthz(struct http_req *req);
+int api_system_metrics(struct http_req *req);
+
+#endif

@@ -1,0 +1,663 @@
+/* HTTP layer of loomd on libmicrohttpd (thread per connection): request
+ * accumulation with a body cap, routing by table, authentication, rate
+ * limiting, JSON parsing, reply helpers, streaming and long-poll waits,
+ * graceful stop. See http.h for the contract and why threads per connection. */
+#include "daemon/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "daemon/auth.h"
+#include "daemon/loomd.h"
+#include "daemon/metrics.h"
+#include "daemon/ratelimit.h"
+
+#define MAX_EXTRA_HEADERS 6
+
+struct http_server {
+    struct loomd *ld;
+    struct MHD_Daemon *mhd;
+    int listen_fd;
+    int port;
+    long max_body;
+    _Atomic int stopping;
+    _Atomic int inflight;
+};
+
+/* Per-request state, allocated on the first handler call. */
+struct http_conn {
+    struct http_req req;
+    struct MHD_Connection *mc;
+    struct http_server *srv;
+    double t0;
+    size_t route_idx; /* http_routes_count = unmatched */
+    char *buf;
+    size_t len, cap;
+    int too_large;
+    int replied; /* a response was queued */
+    int status;
+    struct MHD_Response *resp;
+    int nhdr;
+    char *hdr_name[MAX_EXTRA_HEADERS];
+    char *hdr_value[MAX_EXTRA_HEADERS];
+};
+
+struct stream_ctx {
+    struct http_server *srv;
+    http_stream_read read;
+    void *ctx;
+    void (*free_ctx)(void *);
+};
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---------------- matching ---------------- */
+
+int http_match(const char *pattern, const char *path, char **names, char **values, int max,
+               int *n) {
+    *n = 0;
+    const char *p = pattern, *u = path;
+    while (*p && *u) {
+        if (*p != '/' || *u != '/') return 0;
+        p++;
+        u++;
+        const char *pe = strchr(p, '/'), *ue = strchr(u, '/');
+        size_t pl = pe ? (size_t)(pe - p) : strlen(p), ul = ue ? (size_t)(ue - u) : strlen(u);
+        if (pl >= 2 && p[0] == '{' && p[pl - 1] == '}') {
+            if (ul == 0) goto fail;
+            if (names && *n < max) {
+                names[*n] = strndup(p + 1, pl - 2);
+                values[*n] = strndup(u, ul);
+                (*n)++;
+            }
+        } else if (pl != ul || strncmp(p, u, pl) != 0) {
+            goto fail;
+        }
+        p += pl;
+        u += ul;
+    }
+    if (*p || *u) goto fail;
+    return 1;
+fail:
+    for (int i = 0; names && i < *n; i++) {
+        free(names[i]);
+        free(values[i]);
+    }
+    *n = 0;
+    return 0;
+}
+
+/* ---------------- request accessors ---------------- */
+
+const char *http_param(struct http_req *req, const char *name) {
+    for (int i = 0; i < req->nparams; i++)
+        if (strcmp(req->param_name[i], name) == 0) return req->param_value[i];
+    return NULL;
+}
+
+const char *http_query(struct http_req *req, const char *name) {
+    return MHD_lookup_connection_value(req->conn->mc, MHD_GET_ARGUMENT_KIND, name);
+}
+
+const char *http_header(struct http_req *req, const char *name) {
+    return MHD_lookup_connection_value(req->conn->mc, MHD_HEADER_KIND, name);
+}
+
+/* ---------------- replies ---------------- */
+
+static void finish_response(struct http_conn *c, int status, struct MHD_Response *r,
+                            const char *ctype) {
+    if (!r) {
+        /* Allocation failure: nothing sensible can be sent; MHD closes. */
+        return;
+    }
+    if (ctype) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    for (int i = 0; i < c->nhdr; i++)
+        MHD_add_response_header(r, c->hdr_name[i], c->hdr_value[i]);
+    if (c->resp) MHD_destroy_response(c->resp);
+    c->resp = r;
+    c->status = status;
+}
+
+void http_add_header(struct http_req *req, const char *name, const char *value) {
+    struct http_conn *c = req->conn;
+    if (c->nhdr >= MAX_EXTRA_HEADERS) return;
+    c->hdr_name[c->nhdr] = strdup(name);
+    c->hdr_value[c->nhdr] = strdup(value);
+    c->nhdr++;
+}
+
+int http_reply_text(struct http_req *req, int status, const char *content_type, const char *text,
+                    size_t len) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
+    finish_response(req->conn, status, r, content_type);
+    return 0;
+}
+
+int http_reply_json(struct http_req *req, int status, json_t *body) {
+    if (!body) return http_reply_text(req, status, NULL, "", 0);
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!s) return http_reply_text(req, 500, "application/json", "{}", 2);
+    size_t n = strlen(s);
+    /* Newline-terminated so curl output ends cleanly in a shell. */
+    char *t = realloc(s, n + 2);
+    if (t) {
+        s = t;
+        s[n++] = '\n';
+        s[n] = 0;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, s, MHD_RESPMEM_MUST_FREE);
+    if (!r) free(s);
+    finish_response(req->conn, status, r, "application/json");
+    return 0;
+}
+
+static int verror(struct http_req *req, int status, const char *code, const char *field,
+                  const char *fmt, va_list ap) {
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    json_t *e = json_pack("{s:s, s:s}", "code", code, "message", msg);
+    if (field) json_object_set_new(e, "field", json_string(field));
+    return http_reply_json(req, status, json_pack("{s:o}", "error", e));
+}
+
+int http_error(struct http_req *req, int status, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = verror(req, status, code, NULL, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int http_error_field(struct http_req *req, int status, const char *code, const char *field,
+                     const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = verror(req, status, code, field, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct stream_ctx *s = cls;
+    if (atomic_load(&s->srv->stopping)) return MHD_CONTENT_READER_END_OF_STREAM;
+    ssize_t n = s->read(s->ctx, buf, max);
+    if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    return n;
+}
+
+static void stream_free(void *cls) {
+    struct stream_ctx *s = cls;
+    if (s->free_ctx) s->free_ctx(s->ctx);
+    free(s);
+}
+
+int http_reply_stream(struct http_req *req, int status, const char *content_type,
+                      http_stream_read read, void *ctx, void (*free_ctx)(void *)) {
+    struct stream_ctx *s = calloc(1, sizeof *s);
+    if (!s) {
+        if (free_ctx) free_ctx(ctx);
+        return http_error(req, 500, "INTERNAL", "out of memory");
+    }
+    s->srv = req->conn->srv;
+    s->read = read;
+    s->ctx = ctx;
+    s->free_ctx = free_ctx;
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, s, stream_free);
+    if (!r) {
+        stream_free(s);
+        return http_error(req, 500, "INTERNAL", "out of memory");
+    }
+    finish_response(req->conn, status, r, content_type);
+    return 0;
+}
+
+/* ---------------- notify / long-poll ---------------- */
+
+void http_notify_init(struct http_notify *n) {
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&n->cv, &a);
+    pthread_condattr_destroy(&a);
+    n->gen = 0;
+}
+
+void http_notify_destroy(struct http_notify *n) {
+    pthread_mutex_destroy(&n->mu);
+    pthread_cond_destroy(&n->cv);
+}
+
+void http_notify_signal(struct http_notify *n) {
+    pthread_mutex_lock(&n->mu);
+    n->gen++;
+    pthread_cond_broadcast(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+}
+
+uint64_t http_notify_gen(struct http_notify *n) {
+    pthread_mutex_lock(&n->mu);
+    uint64_t g = n->gen;
+    pthread_mutex_unlock(&n->mu);
+    return g;
+}
+
+int http_stopping(struct http_server *srv) {
+    return srv ? atomic_load(&srv->stopping) : 0;
+}
+
+int http_wait(struct http_server *srv, struct http_notify *n, uint64_t *gen, int timeout_ms) {
+    struct timespec now, end;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    end = now;
+    end.tv_sec += timeout_ms / 1000;
+    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
+    int ret = 0;
+    pthread_mutex_lock(&n->mu);
+    for (;;) {
+        if (n->gen != *gen) {
+            *gen = n->gen;
+            ret = 1;
+            break;
+        }
+        if (http_stopping(srv)) {
+            ret = -1;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
+            break;
+        /* Wake at least every 200 ms to notice shutdown. */
+        struct timespec slice = now;
+        slice.tv_nsec += 200000000L;
+        if (slice.tv_nsec >= 1000000000L) {
+            slice.tv_sec++;
+            slice.tv_nsec -= 1000000000L;
+        }
+        if (slice.tv_sec > end.tv_sec ||
+            (slice.tv_sec == end.tv_sec && slice.tv_nsec > end.tv_nsec))
+            slice = end;
+        pthread_cond_timedwait(&n->cv, &n->mu, &slice);
+    }
+    pthread_mutex_unlock(&n->mu);
+    return ret;
+}
+
+/* ---------------- request processing ---------------- */
+
+static const char *bearer_token(struct MHD_Connection *mc) {
+    const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return *h ? h : NULL;
+}
+
+/* Authenticates per the route; on failure replies and returns -1. */
+static int authenticate(struct http_conn *c) {
+    struct http_req *req = &c->req;
+    struct loomd *ld = c->srv->ld;
+    enum http_auth need = req->route->auth;
+    if (need == HTTP_AUTH_ANYONE) return 0;
+    const char *tok = bearer_token(c->mc);
+    if (!tok) {
+        http_add_header(req, "WWW-Authenticate", "Bearer");
+        http_error(req, 401, "UNAUTHORIZED", "missing 'Authorization: Bearer TOKEN' header");
+        return -1;
+    }
+    req->bearer = tok;
+    if (need == HTTP_AUTH_BEARER) return 0;
+    if (need == HTTP_AUTH_JOIN) {
+        if (auth_is_join(ld->auth, tok)) return 0;
+        http_error(req, 401, "UNAUTHORIZED", "invalid join token");
+        return -1;
+    }
+    if (auth_is_admin(ld->auth, tok)) {
+        req->is_admin = 1;
+        if (need == HTTP_AUTH_ADMIN || need == HTTP_AUTH_ANY_TOKEN) return 0;
+        http_error(req, 403, "FORBIDDEN", "this route takes a tenant token, not the admin token");
+        return -1;
+    }
+    int rc = auth_tenant(ld->store, tok, req->tenant_id, sizeof req->tenant_id);
+    if (rc == -2) {
+        http_error(req, 503, "STORE_UNAVAILABLE", "the store could not be read; retry");
+        return -1;
+    }
+    if (rc != 0) {
+        http_add_header(req, "WWW-Authenticate", "Bearer");
+        http_error(req, 401, "UNAUTHORIZED", "unknown or revoked token");
+        return -1;
+    }
+    if (need == HTTP_AUTH_ADMIN) {
+        http_error(req, 403, "FORBIDDEN", "this route needs the admin token");
+        return -1;
+    }
+    if (need == HTTP_AUTH_JOIN) return -1;
+    double retry = 0;
+    if (ld->rl && !ratelimit_allow(ld->rl, req->tenant_id, &retry)) {
+        char ra[32];
+        snprintf(ra, sizeof ra, "%d", (int)(retry + 0.999));
+        http_add_header(req, "Retry-After", ra);
+        http_error(req, 429, "RATE_LIMITED", "tenant %s is over %ld requests/s (burst %ld)",
+                   req->tenant_id, ld->cfg.rate_limit, ld->cfg.rate_burst);
+        return -1;
+    }
+    return 0;
+}
+
+static int is_json_type(const char *ct) {
+    if (!ct) return 0;
+    while (*ct == ' ')
+        ct++;
+    size_t n = strlen("application/json");
+    return strncasecmp(ct, "application/json", n) == 0 &&
+           (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
+}
+
+static int has_body(struct MHD_Connection *mc) {
+    const char *cl =
+        MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoll(cl, NULL, 10) > 0) return 1;
+    const char *te =
+        MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    return te != NULL;
+}
+
+/* First call: route, auth, content checks. Returns 0 to continue, -1 when a
+ * reply has been prepared. */
+static int begin_request(struct http_conn *c, const char *url, const char *method) {
+    struct http_req *req = &c->req;
+    c->route_idx = http_routes_count;
+    int path_matched = 0;
+    char allow[128] = "";
+    for (size_t i = 0; i < http_routes_count; i++) {
+        const struct http_route *r = &http_routes[i];
+        int n = 0;
+        if (strcmp(r->method, method) != 0) {
+            if (http_match(r->pattern, url, NULL, NULL, 0, &n)) {
+                path_matched = 1;
+                size_t l = strlen(allow);
+                snprintf(allow + l, sizeof allow - l, "%s%s", l ? ", " : "", r->method);
+            }
+            continue;
+        }
+        if (http_match(r->pattern, url, req->param_name, req->param_value, HTTP_MAX_PARAMS, &n)) {
+            req->nparams = n;
+            req->route = r;
+            c->route_idx = i;
+            break;
+        }
+    }
+    if (!req->route) {
+        if (path_matched) {
+            http_add_header(req, "Allow", allow);
+            http_error(req, 405, "METHOD_NOT_ALLOWED", "%s is not allowed on %s (allowed: %s)",
+                       method, url, allow);
+        } else {
+            http_error(req, 404, "NOT_FOUND", "no route for %s %s", method, url);
+        }
+        return -1;
+    }
+    if (authenticate(c) != 0) return -1;
+    enum http_body b = req->route->body;
+    if ((b == HTTP_BODY_JSON || b == HTTP_BODY_JSON_OPT) && has_body(c->mc) &&
+        !is_json_type(
+            MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        http_error(req, 415, "UNSUPPORTED_MEDIA_TYPE",
+                   "send the body with 'Content-Type: application/json'");
+        return -1;
+    }
+    const char *cl =
+        MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoll(cl, NULL, 10) > c->srv->max_body) {
+        http_error(req, 413, "PAYLOAD_TOO_LARGE", "body of %s bytes is over the %ld byte limit", cl,
+                   c->srv->max_body);
+        return -1;
+    }
+    return 0;
+}
+
+static int append_body(struct http_conn *c, const char *data, size_t n) {
+    if (c->too_large) return 0;
+    if (c->len + n > (size_t)c->srv->max_body) {
+        c->too_large = 1;
+        free(c->buf);
+        c->buf = NULL;
+        c->len = c->cap = 0;
+        return 0;
+    }
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap : 4096;
+        while (cap < c->len + n + 1)
+            cap *= 2;
+        char *b = realloc(c->buf, cap);
+        if (!b) return -1;
+        c->buf = b;
+        c->cap = cap;
+    }
+    memcpy(c->buf + c->len, data, n);
+    c->len += n;
+    c->buf[c->len] = 0;
+    return 0;
+}
+
+/* Last call: body checks and the handler. */
+static void run_handler(struct http_conn *c) {
+    struct http_req *req = &c->req;
+    if (c->too_large) {
+        http_error(req, 413, "PAYLOAD_TOO_LARGE", "body is over the %ld byte limit",
+                   c->srv->max_body);
+        return;
+    }
+    req->body = c->len ? c->buf : NULL;
+    req->body_len = c->len;
+    enum http_body b = req->route->body;
+    if (b == HTTP_BODY_JSON || (b == HTTP_BODY_JSON_OPT && c->len)) {
+        if (!c->len) {
+            http_error(req, 400, "BAD_JSON", "a JSON object body is required");
+            return;
+        }
+        json_error_t err;
+        req->json = json_loadb(c->buf, c->len, JSON_REJECT_DUPLICATES, &err);
+        if (!req->json) {
+            http_error(req, 400, "BAD_JSON", "malformed JSON at line %d column %d: %s", err.line,
+                       err.column, err.text);
+            return;
+        }
+        if (!json_is_object(req->json)) {
+            http_error(req, 400, "BAD_JSON", "the body must be a JSON object");
+            return;
+        }
+    }
+    req->route->handler(req);
+    if (!c->resp) http_error(req, 500, "INTERNAL", "the handler sent no reply");
+}
+
+static enum MHD_Result queue(struct http_conn *c) {
+    c->replied = 1;
+    if (!c->resp) return MHD_NO;
+    enum MHD_Result r = MHD_queue_response(c->mc, (unsigned)c->status, c->resp);
+    MHD_destroy_response(c->resp);
+    c->resp = NULL;
+    return r;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls) {
+    struct http_server *srv = cls;
+    struct http_conn *c = *con_cls;
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c) return MHD_NO;
+        *con_cls = c;
+        atomic_fetch_add(&srv->inflight, 1);
+        c->t0 = mono_s();
+        c->srv = srv;
+        c->mc = mc;
+        c->req.conn = c;
+        c->req.ld = srv->ld;
+        c->req.method = method;
+        c->req.path = url;
+        if (atomic_load(&srv->stopping)) {
+            http_add_header(&c->req, "Connection", "close");
+            http_error(&c->req, 503, "SHUTTING_DOWN", "loomd is shutting down");
+            return queue(c);
+        }
+        if (begin_request(c, url, method) != 0) return queue(c);
+        return MHD_YES;
+    }
+    if (c->replied) {
+        *upload_data_size = 0; /* discard what arrives after an early reply */
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (append_body(c, upload_data, *upload_data_size) != 0) return MHD_NO;
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    run_handler(c);
+    return queue(c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    struct http_server *srv = cls;
+    struct http_conn *c = *con_cls;
+    if (!c) return;
+    struct loomd *ld = srv->ld;
+    if (ld->metrics)
+        metrics_observe(ld->metrics, c->route_idx, c->status ? c->status : 499, mono_s() - c->t0);
+    for (int i = 0; i < c->req.nparams; i++) {
+        free(c->req.param_name[i]);
+        free(c->req.param_value[i]);
+    }
+    for (int i = 0; i < c->nhdr; i++) {
+        free(c->hdr_name[i]);
+        free(c->hdr_value[i]);
+    }
+    if (c->resp) MHD_destroy_response(c->resp);
+    json_decref(c->req.json);
+    free(c->buf);
+    free(c);
+    *con_cls = NULL;
+    atomic_fetch_sub(&srv->inflight, 1);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = 0;
+    log_debug("http: %s", msg);
+}
+
+/* ---------------- lifecycle ---------------- */
+
+static int open_listener(const char *addr, int *port_out) {
+    char host[256];
+    const char *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host) {
+        log_error("http: --listen '%s' is not HOST:PORT", addr);
+        return -1;
+    }
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port < 0 || port > 65535) {
+        log_error("http: --listen '%s': bad port", addr);
+        return -1;
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (strcmp(host, "localhost") == 0) snprintf(host, sizeof host, "127.0.0.1");
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        log_error("http: --listen '%s': host must be an IPv4 address", addr);
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0) {
+        log_error("http: cannot listen on %s: %s", addr, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    *port_out = ntohs(sa.sin_port);
+    return fd;
+}
+
+struct http_server *http_start(struct loomd *ld, const struct http_options *o) {
+    struct http_server *srv = calloc(1, sizeof *srv);
+    if (!srv) return NULL;
+    srv->ld = ld;
+    srv->max_body = o->max_body;
+    srv->listen_fd = open_listener(o->listen, &srv->port);
+    if (srv->listen_fd < 0) {
+        free(srv);
+        return NULL;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET,
+                                srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
+                                (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                                (unsigned)o->conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+                                on_completed, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
+                                MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_END);
+    if (!srv->mhd) {
+        log_error("http: libmicrohttpd failed to start on %s", o->listen);
+        close(srv->listen_fd);
+        free(srv);
+        return NULL;
+    }
+    return srv;
+}
+
+int http_port(struct http_server *srv) {
+    return srv->port;
+}
+
+void http_stop(struct http_server *srv, int grace_ms) {
+    if (!srv) return;
+    atomic_store(&srv->stopping, 1);
+    MHD_socket fd = MHD_quiesce_daemon(srv->mhd); /* stop accepting */
+    double end = mono_s() + grace_ms / 1000.0;
+    while (atomic_load(&srv->inflight) > 0 && mono_s() < end)
+        usleep(10000);
+    if (atomic_load(&srv->inflight) > 0)
+        log_warn("http: %d requests still in flight after %d ms; closing them",
+                 atomic_load(&srv->inflight), grace_ms);
+    MHD_stop_daemon(srv->mhd);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+    free(srv);
+}

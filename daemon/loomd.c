@@ -1,0 +1,186 @@
+/* The loomd context: configuration table, start-up in dependency order
+ * (data dir, store, auth, modules, HTTP) and the graceful stop in reverse. */
+#include "daemon/loomd.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "daemon/auth.h"
+#include "daemon/http.h"
+#include "daemon/metrics.h"
+#include "daemon/ratelimit.h"
+#include "daemon/store.h"
+
+#define OFF(f)    offsetof(struct loomd_config, f)
+#define UNBOUNDED 1, 0
+
+const struct config_entry loomd_config_table[] = {
+    {"listen", CONFIG_STR, OFF(listen), "127.0.0.1:8420", UNBOUNDED,
+     "HOST:PORT to serve HTTP on (port 0: any free port, written to <data-dir>/loomd.addr)"},
+    {"data-dir", CONFIG_STR, OFF(data_dir), "./loom-data", UNBOUNDED,
+     "state directory: loom.db, admin.token, join.token"},
+    {"config", CONFIG_STR, OFF(config), NULL, UNBOUNDED, "config file of 'name = value' lines"},
+    {"log-level", CONFIG_STR, OFF(log_level), "info", UNBOUNDED, "debug, info, warn or error"},
+    {"jobs-dir", CONFIG_STR, OFF(jobs_dir), NULL, UNBOUNDED,
+     "root of job output dirs (checkpoints); default <data-dir>/jobs"},
+    {"data-roots", CONFIG_STR, OFF(data_roots), "", UNBOUNDED,
+     "comma-separated directories job data paths must resolve under (empty: no restriction);"
+     " a tenant's own data_roots override"},
+    {"max-body", CONFIG_INT, OFF(max_body), "1048576", 1024, 1073741824,
+     "largest request body in bytes (413 above)"},
+    {"conn-limit", CONFIG_INT, OFF(conn_limit), "512", 4, 65536,
+     "most concurrent HTTP connections (one thread each)"},
+    {"conn-timeout", CONFIG_INT, OFF(conn_timeout), "120", 1, 86400,
+     "seconds an idle connection is kept open"},
+    {"rate-limit", CONFIG_INT, OFF(rate_limit), "1000", 0, 1000000,
+     "requests per second per tenant (0: unlimited); 429 above"},
+    {"rate-burst", CONFIG_INT, OFF(rate_burst), "2000", 1, 10000000,
+     "requests a tenant may burst above the rate"},
+    {"shutdown-grace", CONFIG_INT, OFF(shutdown_grace), "10", 0, 600,
+     "seconds to let in-flight requests finish on SIGTERM"},
+    {"store-sync-full", CONFIG_BOOL, OFF(store_sync_full), "true", UNBOUNDED,
+     "fsync every commit (synchronous=FULL); false: NORMAL (survives kill -9, not power loss)"},
+    {"store-batch", CONFIG_INT, OFF(store_batch), "256", 1, 100000,
+     "most writes batched into one commit"},
+    {"price-per-gpu-hour", CONFIG_DOUBLE, OFF(price_gpu_hour), "2.0", 0, 1e6,
+     "price of one GPU-hour for usage and cost reports"},
+    {"node-timeout", CONFIG_INT, OFF(node_timeout), "15", 1, 3600,
+     "seconds without heartbeat before a node is lost"},
+    {"heartbeat", CONFIG_INT, OFF(heartbeat), "2", 1, 600, "seconds between agent heartbeats"},
+    {"longpoll-timeout", CONFIG_INT, OFF(longpoll_timeout), "25", 1, 600,
+     "seconds a long-poll waits at most"},
+    {"hang-timeout", CONFIG_INT, OFF(hang_timeout), "600", 5, 86400,
+     "seconds without a training step before an attempt counts as hung"},
+};
+const size_t loomd_config_count = sizeof loomd_config_table / sizeof *loomd_config_table;
+
+/* Modules with their own state: one row each, started in order after the
+ * store is open, stopped in reverse before it closes. */
+struct loomd_module {
+    const char *name;
+    int (*start)(struct loomd *ld);
+    void (*stop)(struct loomd *ld);
+};
+static const struct loomd_module modules[] = {
+    {"none", NULL, NULL}, /* keeps the table non-empty */
+};
+#define NMODULES (sizeof modules / sizeof *modules)
+
+int loomd_config_load(struct loomd *ld, int argc, char **argv) {
+    memset(&ld->cfg, 0, sizeof ld->cfg);
+    int rc = config_load(loomd_config_table, loomd_config_count, &ld->cfg, "loomd",
+                         "loomd [--listen 127.0.0.1:8420] [--data-dir ./loom-data] "
+                         "[--config FILE] [options]",
+                         argc, argv, NULL, NULL);
+    if (rc != 0) return rc;
+    int lvl = log_level_parse(ld->cfg.log_level);
+    if (lvl < 0) {
+        fprintf(stderr, "loomd: --log-level '%s' is not debug|info|warn|error\n",
+                ld->cfg.log_level);
+        return -1;
+    }
+    log_init("loomd", (enum log_level)lvl);
+    return 0;
+}
+
+static int mkdir_p(const char *path) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static void write_addr_file(struct loomd *ld) {
+    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s/loomd.addr", ld->cfg.data_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char host[256];
+    snprintf(host, sizeof host, "%s", ld->cfg.listen);
+    char *colon = strrchr(host, ':');
+    if (colon) *colon = 0;
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f, "http://%s:%d\n", host, ld->port);
+    fclose(f);
+    rename(tmp, path);
+}
+
+int loomd_start(struct loomd *ld) {
+    char path[PATH_MAX];
+    http_notify_init(&ld->jobs_changed);
+    if (mkdir_p(ld->cfg.data_dir) != 0) {
+        log_error("loomd: cannot create data dir %s: %s", ld->cfg.data_dir, strerror(errno));
+        return -1;
+    }
+    /* Absolute paths: agents and workers get the jobs dir in assignments. */
+    char *abs = realpath(ld->cfg.data_dir, NULL);
+    if (abs) {
+        free(ld->cfg.data_dir);
+        ld->cfg.data_dir = abs;
+    }
+    if (!ld->cfg.jobs_dir || !*ld->cfg.jobs_dir) {
+        free(ld->cfg.jobs_dir);
+        snprintf(path, sizeof path, "%s/jobs", ld->cfg.data_dir);
+        ld->cfg.jobs_dir = strdup(path);
+    }
+    if (mkdir_p(ld->cfg.jobs_dir) != 0) {
+        log_error("loomd: cannot create jobs dir %s: %s", ld->cfg.jobs_dir, strerror(errno));
+        return -1;
+    }
+    ld->auth = auth_new(ld->cfg.data_dir);
+    if (!ld->auth) return -1;
+    snprintf(path, sizeof path, "%s/loom.db", ld->cfg.data_dir);
+    struct store_options so = {.sync_full = ld->cfg.store_sync_full,
+                               .max_batch = (int)ld->cfg.store_batch};
+    ld->store = store_open(path, &so);
+    if (!ld->store) return -1;
+    ld->metrics = metrics_new(http_routes_count);
+    ld->rl = ratelimit_new((double)ld->cfg.rate_limit, (double)ld->cfg.rate_burst);
+    if (!ld->metrics || !ld->rl) return -1;
+    for (size_t i = 0; i < NMODULES; i++) {
+        if (modules[i].start && modules[i].start(ld) != 0) {
+            log_error("loomd: module %s failed to start", modules[i].name);
+            return -1;
+        }
+    }
+    struct http_options ho = {.listen = ld->cfg.listen,
+                              .max_body = ld->cfg.max_body,
+                              .conn_limit = ld->cfg.conn_limit,
+                              .conn_timeout_s = ld->cfg.conn_timeout};
+    ld->http = http_start(ld, &ho);
+    if (!ld->http) return -1;
+    ld->port = http_port(ld->http);
+    write_addr_file(ld);
+    log_info("loomd: listening on %.*s:%d, data in %s", (int)strcspn(ld->cfg.listen, ":"),
+             ld->cfg.listen, ld->port, ld->cfg.data_dir);
+    return 0;
+}
+
+void loomd_stop(struct loomd *ld) {
+    http_stop(ld->http, (int)ld->cfg.shutdown_grace * 1000);
+    ld->http = NULL;
+    for (size_t i = NMODULES; i-- > 0;)
+        if (modules[i].stop) modules[i].stop(ld);
+    store_close(ld->store);
+    ld->store = NULL;
+    ratelimit_free(ld->rl);
+    metrics_free(ld->metrics);
+    auth_free(ld->auth);
+    ld->rl = NULL;
+    ld->metrics = NULL;
+    ld->auth = NULL;
+    http_notify_destroy(&ld->jobs_changed);
+    config_free(loomd_config_table, loomd_config_count, &ld->cfg);
+}

@@ -1,0 +1,75 @@
+/* The loomd context: one struct holding the configuration and every module's
+ * state, created by main and passed explicitly (no mutable globals).
+ *
+ * Configuration: loomd_config_table[] (daemon/loomd.c) lists every setting
+ * with type, default, range and help; `loomd --help` prints it. Values come
+ * from defaults < --config FILE < LOOM_<NAME> env < flags.
+ *
+ * Modules with state of their own (scheduler, agent registry, rendezvous...)
+ * add a pointer field below and one row to the module table in loomd.c:
+ * {"sched", sched_start, sched_stop}. Start functions run in table order after
+ * the store is open and before HTTP serves; stop functions run in reverse order
+ * after HTTP has stopped and before the store closes. */
+#ifndef LOOM_DAEMON_LOOMD_H
+#define LOOM_DAEMON_LOOMD_H
+
+#include <stddef.h>
+
+#include "common/config.h"
+#include "daemon/http.h"
+
+struct loomd_config {
+    char *listen;
+    char *data_dir;
+    char *config;
+    char *log_level;
+    char *jobs_dir;      /* default <data-dir>/jobs */
+    char *data_roots;    /* comma-separated allowed data roots ("" = anywhere) */
+    long max_body;       /* request body cap, bytes */
+    long conn_limit;     /* concurrent HTTP connections */
+    long conn_timeout;   /* idle connection timeout, s */
+    long rate_limit;     /* per-tenant requests/s (0 = off) */
+    long rate_burst;     /* per-tenant burst */
+    long shutdown_grace; /* s to finish in-flight requests on SIGTERM */
+    int store_sync_full; /* synchronous=FULL */
+    long store_batch;    /* max writes per group commit */
+    double price_gpu_hour;
+    long node_timeout;     /* s without heartbeat before a node is lost */
+    long heartbeat;        /* s between agent heartbeats (told to agents) */
+    long longpoll_timeout; /* s a long-poll waits at most */
+    long hang_timeout;     /* s without a step before an attempt counts as hung */
+};
+
+extern const struct config_entry loomd_config_table[];
+extern const size_t loomd_config_count;
+
+struct store;
+struct http_server;
+struct metrics;
+struct ratelimit;
+struct auth;
+struct cluster;
+
+struct loomd {
+    struct loomd_config cfg;
+    struct store *store;
+    struct http_server *http;
+    struct metrics *metrics;
+    struct ratelimit *rl;
+    struct auth *auth;
+    struct cluster *cluster; /* nodes, attempts, scheduler loop (daemon/attempts.h) */
+    int port;                /* bound port */
+    /* Signalled after a job is submitted or cancelled (the scheduler and the
+     * attempt supervisor wait on it with http_wait). */
+    struct http_notify jobs_changed;
+    /* Other modules add their state pointers here (one line each). */
+};
+
+/* Loads configuration from argv (see config.h for the return values). */
+int loomd_config_load(struct loomd *ld, int argc, char **argv);
+/* Opens the data dir, store, auth, modules and starts HTTP. 0 or -1 (logged). */
+int loomd_start(struct loomd *ld);
+/* Graceful stop: HTTP (finishing in-flight requests), modules, store. */
+void loomd_stop(struct loomd *ld);
+
+#endif

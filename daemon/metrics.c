@@ -1,0 +1,140 @@
+/* Metrics: request counters per route and status, request latency histograms
+ * per route (lock-free atomics), and the Prometheus text exposition. Gauges
+ * that live in the store (jobs by tenant and state) are read at scrape time. */
+#include "daemon/metrics.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "daemon/http.h"
+#include "daemon/loomd.h"
+#include "daemon/store.h"
+
+/* Other modules: one row each, e.g. {sched_metrics_write}. */
+static const metrics_collector collectors[] = {
+    NULL, /* keeps the table non-empty; skipped */
+};
+
+static const int statuses[] = {200, 201, 202, 204, 400, 401, 403, 404, 405,
+                               409, 413, 415, 422, 429, 499, 500, 503};
+#define NSTATUS (sizeof statuses / sizeof *statuses)
+static const double lat_buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                     0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+#define NLAT (sizeof lat_buckets / sizeof *lat_buckets)
+
+struct route_stats {
+    _Atomic uint64_t by_status[NSTATUS + 1]; /* last: other statuses */
+    _Atomic uint64_t lat[NLAT + 1];
+    _Atomic uint64_t lat_sum_us;
+};
+
+struct metrics {
+    size_t nroutes;
+    struct route_stats *r; /* nroutes + 1 (unmatched) */
+};
+
+struct metrics *metrics_new(size_t nroutes) {
+    struct metrics *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->nroutes = nroutes;
+    m->r = calloc(nroutes + 1, sizeof *m->r);
+    if (!m->r) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void metrics_free(struct metrics *m) {
+    if (!m) return;
+    free(m->r);
+    free(m);
+}
+
+void metrics_observe(struct metrics *m, size_t route, int status, double seconds) {
+    if (route > m->nroutes) route = m->nroutes;
+    struct route_stats *r = &m->r[route];
+    size_t s = 0;
+    while (s < NSTATUS && statuses[s] != status)
+        s++;
+    atomic_fetch_add(&r->by_status[s], 1);
+    size_t b = 0;
+    while (b < NLAT && seconds > lat_buckets[b])
+        b++;
+    atomic_fetch_add(&r->lat[b], 1);
+    atomic_fetch_add(&r->lat_sum_us, (uint64_t)(seconds * 1e6));
+}
+
+static void route_label(const struct metrics *m, size_t i, char *buf, size_t len) {
+    if (i >= m->nroutes)
+        snprintf(buf, len, "method=\"other\",route=\"unmatched\"");
+    else
+        snprintf(buf, len, "method=\"%s\",route=\"%s\"", http_routes[i].method,
+                 http_routes[i].pattern);
+}
+
+static int counts_cb(struct store_tx *tx, void *arg) {
+    return store_job_counts(tx, arg);
+}
+
+static void write_jobs(struct loomd *ld, FILE *f) {
+    json_t *counts = NULL;
+    fprintf(f, "# HELP loom_jobs Jobs by tenant and state.\n# TYPE loom_jobs gauge\n");
+    if (store_read(ld->store, counts_cb, &counts) != STORE_OK || !counts) return;
+    const char *tenant;
+    json_t *per;
+    json_object_foreach(counts, tenant, per) {
+        for (int s = 0; s < JOB_STATE_COUNT; s++) {
+            json_t *v = json_object_get(per, job_state_name(s));
+            fprintf(f, "loom_jobs{tenant=\"%s\",state=\"%s\"} %lld\n", tenant, job_state_name(s),
+                    v ? (long long)json_integer_value(v) : 0LL);
+        }
+    }
+    json_decref(counts);
+}
+
+void metrics_write(struct loomd *ld, FILE *f) {
+    struct metrics *m = ld->metrics;
+    char lbl[256];
+    fprintf(f, "# HELP loom_http_requests_total HTTP requests by route and status.\n"
+               "# TYPE loom_http_requests_total counter\n");
+    for (size_t i = 0; i <= m->nroutes; i++) {
+        route_label(m, i, lbl, sizeof lbl);
+        for (size_t s = 0; s <= NSTATUS; s++) {
+            uint64_t v = atomic_load(&m->r[i].by_status[s]);
+            if (!v) continue;
+            if (s < NSTATUS)
+                fprintf(f, "loom_http_requests_total{%s,status=\"%d\"} %llu\n", lbl, statuses[s],
+                        (unsigned long long)v);
+            else
+                fprintf(f, "loom_http_requests_total{%s,status=\"other\"} %llu\n", lbl,
+                        (unsigned long long)v);
+        }
+    }
+    fprintf(f, "# HELP loom_http_request_duration_seconds Request latency by route.\n"
+               "# TYPE loom_http_request_duration_seconds histogram\n");
+    for (size_t i = 0; i <= m->nroutes; i++) {
+        uint64_t total = 0;
+        for (size_t b = 0; b <= NLAT; b++)
+            total += atomic_load(&m->r[i].lat[b]);
+        if (!total) continue;
+        route_label(m, i, lbl, sizeof lbl);
+        uint64_t cum = 0;
+        for (size_t b = 0; b < NLAT; b++) {
+            cum += atomic_load(&m->r[i].lat[b]);
+            fprintf(f, "loom_http_request_duration_seconds_bucket{%s,le=\"%g\"} %llu\n", lbl,
+                    lat_buckets[b], (unsigned long long)cum);
+        }
+        fprintf(f, "loom_http_request_duration_seconds_bucket{%s,le=\"+Inf\"} %llu\n", lbl,
+                (unsigned long long)total);
+        fprintf(f, "loom_http_request_duration_seconds_sum{%s} %.6f\n", lbl,
+                atomic_load(&m->r[i].lat_sum_us) / 1e6);
+        fprintf(f, "loom_http_request_duration_seconds_count{%s} %llu\n", lbl,
+                (unsigned long long)total);
+    }
+    store_metrics_write(ld->store, f);
+    write_jobs(ld, f);
+    for (size_t i = 0; i < sizeof collectors / sizeof *collectors; i++)
+        if (collectors[i]) collectors[i](ld, f);
+}

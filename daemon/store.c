@@ -1,0 +1,433 @@
+/* Store engine: SQLite connections, migrations, the writer thread with group
+ * commit, the read-connection pool and the per-connection statement cache.
+ * See store.h for the contract. Assumes SQLite is built thread-safe (the
+ * Debian build is serialized); each connection is still used by one thread
+ * at a time. */
+#include "daemon/store.h"
+
+#include <errno.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+
+#define STMT_CACHE 64
+
+struct stmt_slot {
+    char *sql; /* key: our own copy of the SQL text */
+    uint64_t hash;
+    sqlite3_stmt *st;
+};
+
+struct store_tx {
+    sqlite3 *db;
+    struct stmt_slot cache[STMT_CACHE];
+    int ncache;
+    struct store_tx *next_free; /* read pool link */
+};
+
+struct write_op {
+    store_fn fn;
+    void *arg;
+    int rc;
+    int done;
+    struct write_op *next;
+};
+
+/* Commit latency buckets in milliseconds (Prometheus histogram). */
+static const double commit_buckets[] = {0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000};
+#define NBUCKETS (sizeof commit_buckets / sizeof *commit_buckets)
+
+struct store {
+    char *path;
+    struct store_options opt;
+    struct store_tx *writer;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* writer waits for ops */
+    pthread_cond_t done_cv; /* callers wait for their batch */
+    struct write_op *head, *tail;
+    int queued;
+    int stopping;
+    pthread_mutex_t pool_mu;
+    struct store_tx *pool;
+    int schema_version;
+    /* metrics (updated by the writer thread, read by scrapes) */
+    _Atomic uint64_t commit_count, commit_ops, commit_fail;
+    _Atomic uint64_t commit_bucket[NBUCKETS + 1];
+    _Atomic uint64_t commit_sum_us;
+};
+
+int64_t store_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void store_new_id(const char *prefix, char *out, size_t outlen) {
+    unsigned char r[6];
+    if (RAND_bytes(r, sizeof r) != 1) {
+        /* Fall back to a time-based value; uniqueness is still enforced by the schema. */
+        uint64_t t = (uint64_t)store_now_ms() ^ ((uint64_t)rand() << 20);
+        memcpy(r, &t, sizeof r);
+    }
+    snprintf(out, outlen, "%s%02x%02x%02x%02x%02x%02x", prefix, r[0], r[1], r[2], r[3], r[4], r[5]);
+}
+
+sqlite3 *store_tx_db(struct store_tx *tx) {
+    return tx->db;
+}
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+sqlite3_stmt *store_stmt(struct store_tx *tx, const char *sql) {
+    uint64_t h = fnv1a(sql);
+    for (int i = 0; i < tx->ncache; i++) {
+        if (tx->cache[i].hash == h && strcmp(tx->cache[i].sql, sql) == 0) {
+            sqlite3_stmt *st = tx->cache[i].st;
+            sqlite3_reset(st);
+            sqlite3_clear_bindings(st);
+            return st;
+        }
+    }
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v3(tx->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK) {
+        log_error("store: prepare failed: %s", sqlite3_errmsg(tx->db));
+        return NULL;
+    }
+    char *key = strdup(sql);
+    if (!key) {
+        sqlite3_finalize(st);
+        return NULL;
+    }
+    if (tx->ncache == STMT_CACHE) {
+        /* Cache full: evict the oldest entry (rare: loomd has few statement shapes). */
+        sqlite3_finalize(tx->cache[0].st);
+        free(tx->cache[0].sql);
+        memmove(&tx->cache[0], &tx->cache[1], sizeof tx->cache[0] * (STMT_CACHE - 1));
+        tx->ncache--;
+    }
+    tx->cache[tx->ncache].sql = key;
+    tx->cache[tx->ncache].hash = h;
+    tx->cache[tx->ncache].st = st;
+    tx->ncache++;
+    return st;
+}
+
+int store_exec(struct store_tx *tx, const char *sql) {
+    char *err = NULL;
+    if (sqlite3_exec(tx->db, sql, NULL, NULL, &err) != SQLITE_OK) {
+        log_error("store: %s: %s", sql, err ? err : sqlite3_errmsg(tx->db));
+        sqlite3_free(err);
+        return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
+static void conn_close(struct store_tx *tx) {
+    if (!tx) return;
+    for (int i = 0; i < tx->ncache; i++) {
+        sqlite3_finalize(tx->cache[i].st);
+        free(tx->cache[i].sql);
+    }
+    sqlite3_close(tx->db);
+    free(tx);
+}
+
+static struct store_tx *conn_open(struct store *s, int readonly) {
+    struct store_tx *tx = calloc(1, sizeof *tx);
+    if (!tx) return NULL;
+    int flags = readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+    flags |= SQLITE_OPEN_NOMUTEX; /* one thread at a time per connection */
+    if (sqlite3_open_v2(s->path, &tx->db, flags, NULL) != SQLITE_OK) {
+        log_error("store: cannot open %s: %s", s->path, tx->db ? sqlite3_errmsg(tx->db) : "?");
+        conn_close(tx);
+        return NULL;
+    }
+    sqlite3_busy_timeout(tx->db, 5000);
+    sqlite3_extended_result_codes(tx->db, 1);
+    if (!readonly) {
+        if (store_exec(tx, "PRAGMA journal_mode=WAL") ||
+            store_exec(tx, s->opt.sync_full ? "PRAGMA synchronous=FULL"
+                                            : "PRAGMA synchronous=NORMAL") ||
+            store_exec(tx, "PRAGMA foreign_keys=ON")) {
+            conn_close(tx);
+            return NULL;
+        }
+    } else {
+        store_exec(tx, "PRAGMA query_only=1");
+    }
+    return tx;
+}
+
+static int migrate(struct store *s) {
+    struct store_tx *tx = s->writer;
+    if (store_exec(tx, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
+                       " name TEXT NOT NULL, applied_at INTEGER NOT NULL)"))
+        return -1;
+    int current = 0;
+    sqlite3_stmt *st = store_stmt(tx, "SELECT COALESCE(MAX(version),0) FROM schema_version");
+    if (!st || sqlite3_step(st) != SQLITE_ROW) return -1;
+    current = sqlite3_column_int(st, 0);
+    sqlite3_reset(st);
+    int prev = 0;
+    for (int i = 0; i < store_migrations_count; i++) {
+        const struct store_migration *m = &store_migrations[i];
+        if (m->version == prev) {
+            log_error("store: two migrations numbered %03d (%s)", m->version, m->name);
+            return -1;
+        }
+        prev = m->version;
+        if (m->version <= current) continue;
+        if (store_exec(tx, "BEGIN IMMEDIATE")) return -1;
+        if (store_exec(tx, m->sql)) {
+            log_error("store: migration %s failed", m->name);
+            store_exec(tx, "ROLLBACK");
+            return -1;
+        }
+        sqlite3_stmt *ins =
+            store_stmt(tx, "INSERT INTO schema_version(version, name, applied_at) VALUES (?,?,?)");
+        if (!ins) {
+            store_exec(tx, "ROLLBACK");
+            return -1;
+        }
+        sqlite3_bind_int(ins, 1, m->version);
+        sqlite3_bind_text(ins, 2, m->name, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(ins, 3, store_now_ms());
+        int rc = sqlite3_step(ins);
+        sqlite3_reset(ins);
+        if (rc != SQLITE_DONE || store_exec(tx, "COMMIT")) {
+            store_exec(tx, "ROLLBACK");
+            return -1;
+        }
+        log_info("store: applied migration %s", m->name);
+        current = m->version;
+    }
+    s->schema_version = current;
+    return 0;
+}
+
+int store_schema_version(struct store *s) {
+    return s->schema_version;
+}
+
+/* Runs one batch: BEGIN, each op in a savepoint, COMMIT; marks ops done. */
+static void run_batch(struct store *s, struct write_op *batch) {
+    struct store_tx *tx = s->writer;
+    double t0 = mono_ms();
+    int nops = 0;
+    int ok = store_exec(tx, "BEGIN IMMEDIATE") == STORE_OK;
+    for (struct write_op *op = batch; op; op = op->next) {
+        nops++;
+        if (!ok) {
+            op->rc = STORE_ERR;
+            continue;
+        }
+        if (store_exec(tx, "SAVEPOINT op")) {
+            op->rc = STORE_ERR;
+            continue;
+        }
+        op->rc = op->fn(tx, op->arg);
+        if (sqlite3_get_autocommit(tx->db)) {
+            /* SQLite aborted the whole transaction (I/O error, full disk):
+             * every op of this batch so far is lost; fail them all. */
+            for (struct write_op *o = batch; o != op->next; o = o->next)
+                o->rc = STORE_ERR;
+            ok = 0;
+            continue;
+        }
+        if (op->rc < 0) store_exec(tx, "ROLLBACK TO op");
+        store_exec(tx, "RELEASE op");
+    }
+    if (ok && store_exec(tx, "COMMIT") != STORE_OK) {
+        store_exec(tx, "ROLLBACK");
+        ok = 0;
+    }
+    if (!ok) {
+        if (!sqlite3_get_autocommit(tx->db)) store_exec(tx, "ROLLBACK");
+        for (struct write_op *op = batch; op; op = op->next)
+            op->rc = STORE_ERR;
+        atomic_fetch_add(&s->commit_fail, 1);
+    }
+    double ms = mono_ms() - t0;
+    size_t b = 0;
+    while (b < NBUCKETS && ms > commit_buckets[b])
+        b++;
+    atomic_fetch_add(&s->commit_bucket[b], 1);
+    atomic_fetch_add(&s->commit_sum_us, (uint64_t)(ms * 1000));
+    atomic_fetch_add(&s->commit_count, 1);
+    atomic_fetch_add(&s->commit_ops, (uint64_t)nops);
+}
+
+static void *writer_main(void *arg) {
+    struct store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stopping)
+            pthread_cond_wait(&s->work_cv, &s->mu);
+        if (!s->head && s->stopping) break;
+        /* Take up to max_batch ops. */
+        struct write_op *batch = s->head, *last = s->head;
+        int n = 1;
+        while (last->next && n < s->opt.max_batch) {
+            last = last->next;
+            n++;
+        }
+        s->head = last->next;
+        if (!s->head) s->tail = NULL;
+        last->next = NULL;
+        s->queued -= n;
+        pthread_mutex_unlock(&s->mu);
+        run_batch(s, batch);
+        pthread_mutex_lock(&s->mu);
+        for (struct write_op *op = batch; op;) {
+            struct write_op *next = op->next; /* op may vanish once done is seen */
+            op->done = 1;
+            op = next;
+        }
+        pthread_cond_broadcast(&s->done_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int store_write(struct store *s, store_fn fn, void *arg) {
+    struct write_op op = {.fn = fn, .arg = arg, .rc = STORE_ERR};
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        return STORE_ERR;
+    }
+    if (s->tail)
+        s->tail->next = &op;
+    else
+        s->head = &op;
+    s->tail = &op;
+    s->queued++;
+    pthread_cond_signal(&s->work_cv);
+    while (!op.done)
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return op.rc;
+}
+
+int store_read(struct store *s, store_fn fn, void *arg) {
+    pthread_mutex_lock(&s->pool_mu);
+    struct store_tx *tx = s->pool;
+    if (tx) s->pool = tx->next_free;
+    pthread_mutex_unlock(&s->pool_mu);
+    if (!tx) {
+        tx = conn_open(s, 1);
+        if (!tx) return STORE_ERR;
+    }
+    int rc;
+    if (store_exec(tx, "BEGIN") != STORE_OK) {
+        rc = STORE_ERR;
+    } else {
+        rc = fn(tx, arg);
+        if (!sqlite3_get_autocommit(tx->db)) store_exec(tx, "COMMIT");
+    }
+    pthread_mutex_lock(&s->pool_mu);
+    tx->next_free = s->pool;
+    s->pool = tx;
+    pthread_mutex_unlock(&s->pool_mu);
+    return rc;
+}
+
+struct store *store_open(const char *path, const struct store_options *opts) {
+    struct store *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->path = strdup(path);
+    s->opt.sync_full = opts ? opts->sync_full : 1;
+    s->opt.max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 256;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+    pthread_cond_init(&s->done_cv, NULL);
+    s->writer = conn_open(s, 0);
+    if (!s->writer || migrate(s) != 0) goto fail;
+    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+        log_error("store: cannot start writer thread: %s", strerror(errno));
+        goto fail;
+    }
+    s->thread_started = 1;
+    log_info("store: %s open (schema version %d)", path, s->schema_version);
+    return s;
+fail:
+    store_close(s);
+    return NULL;
+}
+
+void store_close(struct store *s) {
+    if (!s) return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = 1;
+        pthread_cond_broadcast(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    while (s->pool) {
+        struct store_tx *tx = s->pool;
+        s->pool = tx->next_free;
+        conn_close(tx);
+    }
+    if (s->writer) {
+        store_exec(s->writer, "PRAGMA wal_checkpoint(TRUNCATE)");
+        conn_close(s->writer);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->pool_mu);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_cond_destroy(&s->done_cv);
+    free(s->path);
+    free(s);
+}
+
+void store_metrics_write(struct store *s, FILE *f) {
+    fprintf(f, "# HELP loom_store_commit_seconds Duration of one group commit (BEGIN..COMMIT).\n"
+               "# TYPE loom_store_commit_seconds histogram\n");
+    uint64_t cum = 0;
+    for (size_t b = 0; b < NBUCKETS; b++) {
+        cum += atomic_load(&s->commit_bucket[b]);
+        fprintf(f, "loom_store_commit_seconds_bucket{le=\"%g\"} %llu\n", commit_buckets[b] / 1000,
+                (unsigned long long)cum);
+    }
+    cum += atomic_load(&s->commit_bucket[NBUCKETS]);
+    fprintf(f, "loom_store_commit_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    fprintf(f, "loom_store_commit_seconds_sum %.6f\n", atomic_load(&s->commit_sum_us) / 1e6);
+    fprintf(f, "loom_store_commit_seconds_count %llu\n",
+            (unsigned long long)atomic_load(&s->commit_count));
+    fprintf(f,
+            "# HELP loom_store_commit_ops_total Write callbacks committed (batched).\n"
+            "# TYPE loom_store_commit_ops_total counter\nloom_store_commit_ops_total %llu\n",
+            (unsigned long long)atomic_load(&s->commit_ops));
+    fprintf(f,
+            "# HELP loom_store_commit_failures_total Group commits that failed.\n"
+            "# TYPE loom_store_commit_failures_total counter\nloom_store_commit_failures_total "
+            "%llu\n",
+            (unsigned long long)atomic_load(&s->commit_fail));
+    pthread_mutex_lock(&s->mu);
+    int q = s->queued;
+    pthread_mutex_unlock(&s->mu);
+    fprintf(f,
+            "# HELP loom_store_write_queue Write callbacks waiting for the writer.\n"
+            "# TYPE loom_store_write_queue gauge\nloom_store_write_queue %d\n",
+            q);
+}

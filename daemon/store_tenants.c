@@ -1,0 +1,120 @@
+/* Tenants and their API tokens in the store. Tokens are kept only as SHA-256
+ * hashes; the text is shown once when issued (daemon/auth.c makes it). */
+#include <openssl/crypto.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/store.h"
+
+static const char *col_text(sqlite3_stmt *st, int i) {
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? (const char *)t : "";
+}
+
+int store_tenant_create(struct store_tx *tx, const char *name, const char *data_roots, char *id,
+                        size_t idlen) {
+    sqlite3_stmt *st =
+        store_stmt(tx, "INSERT INTO tenants(id, name, data_roots, created_at) VALUES (?,?,?,?)");
+    if (!st) return STORE_ERR;
+    store_new_id("t-", id, idlen);
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, data_roots ? data_roots : "[]", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, store_now_ms());
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc == SQLITE_CONSTRAINT_UNIQUE) return STORE_CONFLICT;
+    if (rc != SQLITE_DONE) {
+        log_error("store: tenant insert: %s", sqlite3_errmsg(store_tx_db(tx)));
+        return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
+static json_t *tenant_row(sqlite3_stmt *st) {
+    json_t *roots = json_loads(col_text(st, 2), 0, NULL);
+    return json_pack("{s:s, s:s, s:o, s:I, s:I}", "id", col_text(st, 0), "name", col_text(st, 1),
+                     "data_roots", roots ? roots : json_array(), "gpu_quota",
+                     (json_int_t)sqlite3_column_int64(st, 3), "created_at_ms",
+                     (json_int_t)sqlite3_column_int64(st, 4));
+}
+
+int store_tenant_get(struct store_tx *tx, const char *id, json_t **out) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, name, data_roots, gpu_quota, created_at FROM tenants WHERE id = ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *out = tenant_row(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? STORE_OK : rc == SQLITE_DONE ? STORE_NOT_FOUND : STORE_ERR;
+}
+
+int store_tenant_list(struct store_tx *tx, json_t **out) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, name, data_roots, gpu_quota, created_at FROM tenants ORDER BY created_at");
+    if (!st) return STORE_ERR;
+    json_t *arr = json_array();
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        json_array_append_new(arr, tenant_row(st));
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) {
+        json_decref(arr);
+        return STORE_ERR;
+    }
+    *out = arr;
+    return STORE_OK;
+}
+
+int store_token_insert(struct store_tx *tx, const char *tenant_id, const unsigned char hash[32],
+                       char *id, size_t idlen) {
+    sqlite3_stmt *st =
+        store_stmt(tx, "INSERT INTO tokens(id, tenant_id, hash, created_at) VALUES (?,?,?,?)");
+    if (!st) return STORE_ERR;
+    store_new_id("k-", id, idlen);
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, tenant_id, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 3, hash, 32, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, store_now_ms());
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc == SQLITE_CONSTRAINT_FOREIGNKEY) return STORE_NOT_FOUND;
+    if (rc == SQLITE_CONSTRAINT_UNIQUE || rc == SQLITE_CONSTRAINT_PRIMARYKEY) return STORE_CONFLICT;
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+int store_token_revoke(struct store_tx *tx, const char *tenant_id, const char *token_id) {
+    sqlite3_stmt *st = store_stmt(tx, "UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) "
+                                      "WHERE id = ? AND tenant_id = ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, store_now_ms());
+    sqlite3_bind_text(st, 2, token_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, tenant_id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return STORE_ERR;
+    return sqlite3_changes(store_tx_db(tx)) ? STORE_OK : STORE_NOT_FOUND;
+}
+
+int store_token_lookup(struct store_tx *tx, const unsigned char hash[32], char *tenant_id,
+                       size_t len) {
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT tenant_id, hash FROM tokens WHERE hash = ? AND revoked_at IS NULL");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_blob(st, 1, hash, 32, SQLITE_STATIC);
+    int rc = sqlite3_step(st), out = STORE_NOT_FOUND;
+    if (rc == SQLITE_ROW) {
+        const void *h = sqlite3_column_blob(st, 1);
+        /* The index lookup already matched; the constant-time compare keeps the
+         * final decision free of early-exit timing on the stored value. */
+        if (h && sqlite3_column_bytes(st, 1) == 32 && CRYPTO_memcmp(h, hash, 32) == 0) {
+            snprintf(tenant_id, len, "%s", col_text(st, 0));
+            out = STORE_OK;
+        }
+    } else if (rc != SQLITE_DONE) {
+        out = STORE_ERR;
+    }
+    sqlite3_reset(st);
+    return out;
+}
