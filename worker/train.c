@@ -152,6 +152,7 @@ int train_run(struct model *m, const struct train_opts *o, int64_t start,
         rc = train_step(m, o, step, &info, inputs, targets, err, errlen);
         if (rc != 0) goto out;
         int64_t done = step + 1;
+        info.step = done;
         emit_step(m, o, done, &info);
         if (o->val.batch && o->eval_every > 0 && (done % o->eval_every == 0 || done == o->steps)) {
             int64_t vt = 0;

@@ -55,6 +55,7 @@ struct train_opts {
 };
 
 struct train_step_info {
+    int64_t step; /* completed optimizer steps after this one (train_run) */
     double loss, lr, grad_norm;
     int64_t tokens;
     double ms_compute, ms_comm, ms_step;

@@ -1,0 +1,457 @@
+/* loom-worker: trains one rank of a job.
+ *
+ *   loom-worker --spec FILE [--device cpu|cuda] [--out DIR] [--threads N]
+ *               [--rank R --world N --rdzv file:DIR] [--export FILE]
+ *
+ * Reads and validates the job spec (api/jobspec.h), opens the token shards
+ * (worker/data.h), builds the engine and model, resumes from the newest
+ * complete checkpoint under OUT/checkpoints (worker/checkpoint.h) or
+ * initialises from the seed, and runs the train loop (worker/train.h),
+ * writing JSON lines on stdout and free text on stderr. Under an agent the
+ * LOOM_RANK / LOOM_WORLD / LOOM_LOCAL_RANK / LOOM_RDZV variables fill the
+ * flags of the same names (common/config.h maps LOOM_<NAME>).
+ *
+ * Exit codes: 0 success; 2 bad spec, bad data, or an unsupported request
+ * (e.g. --device cuda on a build without CUDA); 143 stopped by SIGTERM or
+ * SIGINT after saving a checkpoint; 1 any other failure.
+ *
+ * The only global is the signal flag, which a handler must reach. */
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/jobspec.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "worker/checkpoint.h"
+#include "worker/data.h"
+#include "worker/safetensors.h"
+#include "worker/train.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+struct opts {
+    char *spec, *device, *out, *rdzv, *export_path, *log_level;
+    long rank, world, local_rank, threads, nproc, steps;
+};
+
+static const struct config_entry table[] = {
+    {"spec", CONFIG_STR, offsetof(struct opts, spec), NULL, 1, 0, "job spec JSON file (required)"},
+    {"device", CONFIG_STR, offsetof(struct opts, device), "", 1, 0,
+     "cpu or cuda (default: the spec's resources.device)"},
+    {"out", CONFIG_STR, offsetof(struct opts, out), "./loom-run", 1, 0,
+     "output dir: checkpoints under OUT/checkpoints, shared by every attempt"},
+    {"rank", CONFIG_INT, offsetof(struct opts, rank), "0", 0, 1e6, "global rank (LOOM_RANK)"},
+    {"world", CONFIG_INT, offsetof(struct opts, world), "1", 1, 1e6, "world size (LOOM_WORLD)"},
+    {"local-rank", CONFIG_INT, offsetof(struct opts, local_rank), "0", 0, 1e4,
+     "rank on this node (LOOM_LOCAL_RANK)"},
+    {"rdzv", CONFIG_STR, offsetof(struct opts, rdzv), NULL, 1, 0,
+     "rendezvous: file:DIR or the attempt's URL (LOOM_RDZV)"},
+    {"nproc", CONFIG_INT, offsetof(struct opts, nproc), "1", 1, 1024,
+     "ranks to launch locally (standalone multi-process; needs the comm layer)"},
+    {"threads", CONFIG_INT, offsetof(struct opts, threads), "0", 0, 1024,
+     "CPU backend threads (0: OpenMP default)"},
+    {"steps", CONFIG_INT, offsetof(struct opts, steps), "0", 0, 1e12,
+     "stop after this many steps (0: the spec's train.steps; the schedule still uses the spec)"},
+    {"export", CONFIG_STR, offsetof(struct opts, export_path), NULL, 1, 0,
+     "write the final model as Hugging Face safetensors to this file"},
+    {"log-level", CONFIG_STR, offsetof(struct opts, log_level), "info", 1, 0,
+     "debug|info|warn|error"},
+};
+#define NTABLE (sizeof table / sizeof *table)
+
+/* One {"type":"error"} line on stdout and the same text on stderr. */
+static void report_error(const char *code, const char *msg) {
+    json_t *j = json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message", msg);
+    char *s = json_dumps(j, JSON_COMPACT);
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    json_decref(j);
+    log_error("%s: %s", code, msg);
+}
+
+static void emit(json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    json_decref(j);
+}
+
+static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open spec %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (n < cap) break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb) free(buf);
+        buf = nb;
+    }
+    fclose(f);
+    if (!buf) {
+        snprintf(err, errlen, "out of memory reading %s", path);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* ---- data and checkpoint adapters ---- */
+
+struct data_src {
+    struct data_loader *dl;
+    int dp_rank;
+};
+
+static int data_batch(void *user, int64_t step, int micro, int32_t *in, int32_t *tg, char *err,
+                      size_t errlen) {
+    struct data_src *d = user;
+    return data_loader_batch(d->dl, step, micro, d->dp_rank, in, tg, err, errlen);
+}
+
+struct worker {
+    struct opts o;
+    struct loom_spec spec;
+    struct jobspec_derived der;
+    struct engine *e;
+    struct model *m;
+    struct data_loader *train_dl, *val_dl;
+    char ckpt_path[1024];
+    char err[1024];
+};
+
+static int barrier_none(void *ctx) {
+    (void)ctx;
+    return 0;
+}
+
+static int save_checkpoint(void *user, int64_t done) {
+    struct worker *w = user;
+    struct engine *e = w->e;
+    struct backend *b = e->be;
+    struct ckpt_writer *cw = NULL;
+    int rc = -1;
+    size_t n = e->shard_n;
+    float *master = malloc((n ? n : 1) * sizeof(float));
+    float *mom_m = malloc((n ? n : 1) * sizeof(float));
+    float *mom_v = malloc((n ? n : 1) * sizeof(float));
+    json_t *man = NULL;
+    if (!master || !mom_m || !mom_v) goto out;
+    b->download(b->ctx, master, e->master, n * sizeof(float));
+    b->download(b->ctx, mom_m, e->opt_m, n * sizeof(float));
+    b->download(b->ctx, mom_v, e->opt_v, n * sizeof(float));
+    struct ckpt_opts co = {.out_dir = w->o.out,
+                           .rank = e->rank,
+                           .world = e->world,
+                           .barrier = barrier_none,
+                           .keep = w->spec.checkpoint.keep};
+    if (ckpt_begin(&co, done, &cw, w->err, sizeof w->err) != 0) goto out;
+    if (ckpt_add_f32(cw, "params", master, n) != 0 || ckpt_add_f32(cw, "adam_m", mom_m, n) != 0 ||
+        ckpt_add_f32(cw, "adam_v", mom_v, n) != 0) {
+        ckpt_abort(cw);
+        goto out;
+    }
+    ckpt_set_rank_meta(cw, json_pack("{s:i, s:i, s:i, s:I, s:I}", "dp", e->dp_idx, "tp", e->tp_idx,
+                                     "pp", e->pp_idx, "offset", (json_int_t)e->shard_off, "count",
+                                     (json_int_t)e->shard_n));
+    struct data_position pos;
+    data_loader_position(w->train_dl, done, &pos);
+    man = json_pack("{s:o, s:o, s:{s:s}, s:{s:i, s:i, s:i, s:i}, s:{s:I}}", "spec",
+                    jobspec_to_json(&w->spec), "data", data_position_to_json(&pos), "rng", "seed",
+                    "derived from train.seed; no stochastic layers", "layout", "dp", e->dp, "tp",
+                    e->tp, "pp", e->pp, "zero_stage", w->spec.parallel.zero_stage, "train", "step",
+                    (json_int_t)done);
+    rc = ckpt_commit(cw, man, w->ckpt_path, sizeof w->ckpt_path, w->err, sizeof w->err);
+    if (rc == 0)
+        emit(json_pack("{s:s, s:I, s:s}", "type", "checkpoint", "step", (json_int_t)done, "path",
+                       w->ckpt_path));
+    else
+        log_error("checkpoint at step %lld: %s", (long long)done, w->err);
+out:
+    json_decref(man);
+    free(master);
+    free(mom_m);
+    free(mom_v);
+    return rc;
+}
+
+/* Load the newest complete checkpoint; returns the step to start at (0 when
+ * none), or -1 on failure (message in w->err). */
+static int64_t resume(struct worker *w) {
+    struct engine *e = w->e;
+    char path[1024];
+    int64_t step = 0;
+    int found = ckpt_find_latest(w->o.out, e->world, path, sizeof path, &step);
+    if (found <= 0) return found < 0 ? -1 : 0;
+    struct ckpt_reader *r = NULL;
+    size_t n = e->shard_n;
+    float *master = malloc((n ? n : 1) * sizeof(float));
+    int64_t ret = -1;
+    if (!master || ckpt_open(path, e->rank, &r, w->err, sizeof w->err) != 0) goto out;
+    const json_t *data = json_object_get(ckpt_manifest(r), "data");
+    struct data_position pos;
+    if (data && data_position_from_json(data, &pos, w->err, sizeof w->err) == 0 &&
+        data_loader_check_position(w->train_dl, &pos, w->err, sizeof w->err) != 0)
+        log_warn("resuming from %s although the data changed: %s", path, w->err);
+    struct backend *b = e->be;
+    if (ckpt_read_f32(r, "params", master, n, w->err, sizeof w->err) != 0) goto out;
+    if (engine_params_from_host(e, e->shard_off, master, n) != 0) goto out;
+    if (ckpt_read_f32(r, "adam_m", master, n, w->err, sizeof w->err) != 0) goto out;
+    b->upload(b->ctx, e->opt_m, master, n * sizeof(float));
+    if (ckpt_read_f32(r, "adam_v", master, n, w->err, sizeof w->err) != 0) goto out;
+    b->upload(b->ctx, e->opt_v, master, n * sizeof(float));
+    log_info("resumed from %s (step %lld)", path, (long long)step);
+    ret = step;
+out:
+    ckpt_close(r);
+    free(master);
+    return ret;
+}
+
+/* ---- main ---- */
+
+static int run(struct worker *w) {
+    struct opts *o = &w->o;
+    char *text = NULL;
+    size_t len = 0;
+    struct loom_error le;
+    int code = 2;
+
+    text = read_file(o->spec, &len, w->err, sizeof w->err);
+    if (!text) {
+        report_error("SPEC_UNREADABLE", w->err);
+        return 2;
+    }
+    if (jobspec_parse_text(&w->spec, text, len, 0, &le) != 0) {
+        free(text);
+        report_error(le.code, le.message);
+        return 2;
+    }
+    free(text);
+    jobspec_derive(&w->spec, &w->der);
+    const struct loom_spec *s = &w->spec;
+
+    const char *device =
+        o->device && *o->device ? o->device : jobspec_device_name(s->resources.device);
+    if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
+        snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", device);
+        report_error("INVALID_DEVICE", w->err);
+        return 2;
+    }
+    if (w->der.world != o->world) {
+        snprintf(w->err, sizeof w->err,
+                 "the spec's layout dp=%d x tp=%d x pp=%d needs world=%d but this worker has "
+                 "world=%ld (pass --world/--rank or LOOM_WORLD/LOOM_RANK)",
+                 s->parallel.dp, s->parallel.tp, s->parallel.pp, w->der.world, o->world);
+        report_error("WORLD_MISMATCH", w->err);
+        return 2;
+    }
+    if (o->nproc > 1 || o->world > 1) {
+        report_error("UNSUPPORTED",
+                     "world > 1 needs the comm layer, which this build of the engine does not "
+                     "wire in yet");
+        return 2;
+    }
+
+    struct backend *be = NULL;
+    if (strcmp(device, "cuda") == 0) {
+#ifdef LOOM_HAVE_CUDA
+        /* the agent sets CUDA_VISIBLE_DEVICES to this rank's GPU: ordinal 0 */
+        be = backend_cuda_new(0);
+        if (!be) {
+            report_error("DEVICE_UNAVAILABLE", "the CUDA backend could not start (see stderr)");
+            return 1;
+        }
+#else
+        report_error("CUDA_NOT_BUILT", "--device cuda requested but this loom-worker was built "
+                                       "without CUDA; use --device cpu or rebuild with CUDA");
+        return 2;
+#endif
+    } else {
+        be = backend_cpu_new((int)o->threads);
+        if (!be) return 1;
+    }
+
+    /* data */
+    int B = s->train.micro_batch, T = s->model.seq_len;
+    struct data_loader_opts dlo = {.pattern = s->data.train,
+                                   .vocab_size = (uint32_t)s->model.vocab_size,
+                                   .B = B,
+                                   .T = T,
+                                   .dp_size = s->parallel.dp,
+                                   .grad_accum = (int)w->der.grad_accum,
+                                   .seed = s->train.seed,
+                                   .shuffle = 1};
+    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
+        backend_free(be);
+        report_error("DATA_INVALID", w->err);
+        return 2;
+    }
+    struct data_src train_src = {w->train_dl, 0}, val_src = {NULL, 0};
+    if (s->data.val[0]) {
+        struct data_loader_opts vo = dlo;
+        vo.pattern = s->data.val;
+        vo.grad_accum = 1;
+        vo.shuffle = 0;
+        if (data_loader_open(&vo, &w->val_dl, w->err, sizeof w->err) != 0) {
+            backend_free(be);
+            report_error("DATA_INVALID", w->err);
+            return 2;
+        }
+        val_src.dl = w->val_dl;
+    }
+
+    /* engine and model */
+    struct engine_place p = {.rank = (int)o->rank,
+                             .world = (int)o->world,
+                             .local_rank = (int)o->local_rank,
+                             .tp = s->parallel.tp,
+                             .dp = s->parallel.dp,
+                             .pp = s->parallel.pp};
+    w->e = engine_new(&s->model, &p, be);
+    if (!w->e) return 1;
+    train_src.dp_rank = val_src.dp_rank = w->e->dp_idx;
+    w->m = model_new(w->e, B, T, (int)o->threads);
+    if (!w->m) {
+        report_error("UNSUPPORTED", "the model could not be built for this layout (see stderr)");
+        return 2;
+    }
+    if (model_init_params(w->m, s->train.seed) != 0) return 1;
+    int64_t start = resume(w);
+    if (start < 0) {
+        report_error("CHECKPOINT_INVALID", w->err);
+        return 1;
+    }
+
+    struct train_opts to;
+    memset(&to, 0, sizeof to);
+    to.steps = s->train.steps;
+    to.grad_accum = (int)w->der.grad_accum;
+    to.global_batch_tokens = s->train.global_batch_tokens;
+    to.optim = (struct optim_cfg){.lr = s->train.lr,
+                                  .min_lr = s->train.min_lr,
+                                  .warmup = s->train.warmup_steps,
+                                  .steps = s->train.steps,
+                                  .schedule =
+                                      s->train.schedule == JOBSPEC_SCHED_LINEAR     ? OPTIM_LINEAR
+                                      : s->train.schedule == JOBSPEC_SCHED_CONSTANT ? OPTIM_CONSTANT
+                                                                                    : OPTIM_COSINE,
+                                  .beta1 = s->train.beta1,
+                                  .beta2 = s->train.beta2,
+                                  .eps = s->train.eps,
+                                  .weight_decay = s->train.weight_decay,
+                                  .grad_clip = s->train.grad_clip};
+    to.train = (struct train_source){data_batch, &train_src};
+    if (w->val_dl && s->train.eval_every > 0) {
+        to.val = (struct train_source){data_batch, &val_src};
+        to.eval_every = s->train.eval_every;
+        int64_t avail = data_loader_steps_per_epoch(w->val_dl);
+        to.eval_batches = s->train.eval_batches < avail ? s->train.eval_batches : avail;
+        if (to.eval_batches < 1) to.eval_batches = 1;
+    }
+    to.save = save_checkpoint;
+    to.save_user = w;
+    to.save_every = s->checkpoint.every_steps;
+    to.stop = &g_stop;
+    to.out = w->e->rank == 0 ? stdout : NULL;
+    to.flops_per_token = w->der.flops_per_token;
+    int64_t end = o->steps > 0 && o->steps < to.steps ? o->steps : to.steps;
+
+    emit(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s}", "type",
+                   "start", "job", s->name, "device", be->name, "rank", w->e->rank, "world",
+                   w->e->world, "params", (json_int_t)w->der.n_params, "steps",
+                   (json_int_t)to.steps, "start_step", (json_int_t)start, "grad_accum",
+                   (json_int_t)to.grad_accum, "tokens_per_step", (json_int_t)to.global_batch_tokens,
+                   "micro_batch", (json_int_t)B, "family", model_family_name(s->model.family),
+                   "out", o->out));
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct train_step_info last;
+    memset(&last, 0, sizeof last);
+    int64_t run_steps = to.steps;
+    to.steps = end; /* stop early for --steps; the schedule keeps the spec's length */
+    int rc = start < end ? train_run(w->m, &to, start, &last, w->err, sizeof w->err) : 0;
+    to.steps = run_steps;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (rc == -2) {
+        report_error("DATA_INVALID", w->err);
+        return 2;
+    }
+    if (rc < 0) {
+        report_error("TRAIN_FAILED", w->err);
+        return 1;
+    }
+    if (rc == 0 && o->export_path && w->e->rank == 0) {
+        size_t n = w->e->n_params;
+        float *h = malloc(n * sizeof *h);
+        if (!h) return 1;
+        w->e->be->download(w->e->be->ctx, h, w->e->master, n * sizeof(float));
+        int erc = st_export_model(o->export_path, &s->model, &w->e->layout, h, ST_F32, NULL, w->err,
+                                  sizeof w->err);
+        free(h);
+        if (erc != 0) {
+            report_error("EXPORT_FAILED", w->err);
+            return 1;
+        }
+        log_info("exported the model to %s", o->export_path);
+    }
+    int64_t done = start < end ? last.step : start;
+    double tokens = (double)(end > start ? end - start : 0) * (double)to.global_batch_tokens;
+    emit(json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:b, s:s}", "type", "summary", "step",
+                   (json_int_t)done, "final_loss", last.loss, "seconds", secs, "tokens", tokens,
+                   "tokens_per_s", secs > 0 ? tokens / secs : 0.0, "stopped", rc == 1, "checkpoint",
+                   w->ckpt_path));
+    code = rc == 1 ? 143 : 0;
+    return code;
+}
+
+int main(int argc, char **argv) {
+    struct worker w;
+    memset(&w, 0, sizeof w);
+    log_init("loom-worker", LOG_INFO);
+    int rc = config_load(table, NTABLE, &w.o, "loom-worker", "--spec FILE [options]", argc, argv,
+                         NULL, NULL);
+    if (rc != 0) {
+        config_free(table, NTABLE, &w.o);
+        return rc == 1 ? 0 : 2;
+    }
+    int lvl = log_level_parse(w.o.log_level);
+    if (lvl >= 0) log_init("loom-worker", (enum log_level)lvl);
+    if (!w.o.spec) {
+        report_error("USAGE", "--spec FILE is required");
+        config_free(table, NTABLE, &w.o);
+        return 2;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    rc = run(&w);
+    model_free(w.m);
+    engine_free(w.e);
+    data_loader_free(w.train_dl);
+    data_loader_free(w.val_dl);
+    config_free(table, NTABLE, &w.o);
+    return rc;
+}
