@@ -153,6 +153,8 @@ struct ckpt_writer {
     char **names;
     size_t n, cap;
     json_t *meta;
+    char sha[65];     /* SHA-256 of this rank's shard once written */
+    char save_id[64]; /* unique id of this save, chosen by rank 0 in begin */
 };
 
 static void writer_free(struct ckpt_writer *w) {
@@ -211,15 +213,39 @@ int ckpt_begin(const struct ckpt_opts *opts, int64_t step, struct ckpt_writer **
             rc = CKPT_EIO;
         }
     }
+    if (rc == 0 && opts->rank == 0) {
+        /* A unique id lets every rank tell this save's manifest from an older
+         * one of the same step. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        char id[64], p[PATH_MAX];
+        snprintf(id, sizeof id, "%llx-%lx-%x", (unsigned long long)ts.tv_sec,
+                 (unsigned long)ts.tv_nsec, (unsigned)getpid());
+        json_t *j = json_pack("{s:s}", "save_id", id);
+        join(p, sizeof p, w->tmp, "save_id.json");
+        if (!j || write_json(p, j) != 0) {
+            seterr(err, errlen, "checkpoint: cannot write %s: %s", p, strerror(errno));
+            rc = CKPT_EIO;
+        }
+        json_decref(j);
+    }
     int brc = barrier(&w->o); /* also when rank 0 failed: nobody waits forever */
     if (brc) {
         seterr(err, errlen, "checkpoint step %" PRId64 ": barrier failed", step);
         rc = brc;
     }
-    struct stat st;
-    if (rc == 0 && (stat(w->tmp, &st) != 0 || !S_ISDIR(st.st_mode))) {
-        seterr(err, errlen, "checkpoint: %s was not created by rank 0", w->tmp);
-        rc = CKPT_EPEER;
+    if (rc == 0) {
+        char p[PATH_MAX];
+        join(p, sizeof p, w->tmp, "save_id.json");
+        json_t *j = json_load_file(p, 0, NULL);
+        const char *id = json_string_value(json_object_get(j, "save_id"));
+        if (id)
+            snprintf(w->save_id, sizeof w->save_id, "%s", id);
+        else {
+            seterr(err, errlen, "checkpoint: %s was not created by rank 0", w->tmp);
+            rc = CKPT_EPEER;
+        }
+        json_decref(j);
     }
     if (rc) {
         writer_free(w);
@@ -298,6 +324,7 @@ static int write_shard(struct ckpt_writer *w, char *err, size_t errlen) {
     }
     char hex[65];
     st_hex(sha, hex);
+    memcpy(w->sha, hex, sizeof hex);
     json_t *tensors = json_array();
     for (size_t i = 0; i < w->n; i++) {
         json_t *shape = json_array();
@@ -317,8 +344,8 @@ static int write_shard(struct ckpt_writer *w, char *err, size_t errlen) {
 }
 
 static int is_reserved(const char *k) {
-    static const char *const keys[] = {"format", "version",    "step",
-                                       "world",  "created_at", "shards"};
+    static const char *const keys[] = {"format",     "version", "step",   "world",
+                                       "created_at", "shards",  "save_id"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         if (strcmp(k, keys[i]) == 0) return 1;
     return 0;
@@ -347,8 +374,9 @@ static int finish(struct ckpt_writer *w, const json_t *extra, char *err, size_t 
     char when[32];
     gmtime_r(&now, &tm);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    man = json_pack("{s:s,s:i,s:I,s:i,s:s}", "format", CKPT_FORMAT, "version", CKPT_VERSION, "step",
-                    (json_int_t)w->step, "world", w->o.world, "created_at", when);
+    man = json_pack("{s:s,s:i,s:I,s:i,s:s,s:s}", "format", CKPT_FORMAT, "version", CKPT_VERSION,
+                    "step", (json_int_t)w->step, "world", w->o.world, "created_at", when, "save_id",
+                    w->save_id);
     if (json_is_object(extra)) {
         const char *k;
         json_t *v;
@@ -367,6 +395,8 @@ static int finish(struct ckpt_writer *w, const json_t *extra, char *err, size_t 
         join(path, sizeof path, w->tmp, name);
         unlink(path);
     }
+    join(path, sizeof path, w->tmp, "save_id.json");
+    unlink(path);
     if (fsync_dir(w->tmp) != 0) {
         seterr(err, errlen, "checkpoint: fsync %s: %s", w->tmp, strerror(errno));
         goto out;
@@ -416,12 +446,21 @@ int ckpt_commit(struct ckpt_writer *w, const json_t *manifest, char *path_out, s
         writer_free(w);
         return CKPT_EBARRIER;
     }
+    /* Complete only if the final manifest lists this rank's shard as written now
+     * (an older save of the same step may still be there when rank 0 failed). */
     char man[PATH_MAX];
     join(man, sizeof man, w->fin, "manifest.json");
-    if (rc == 0 && access(man, F_OK) != 0) {
-        seterr(err, errlen, "checkpoint step %" PRId64 " was not completed by rank 0 (%s missing)",
-               w->step, man);
-        rc = CKPT_EPEER;
+    if (rc == 0) {
+        json_t *m = json_load_file(man, 0, NULL);
+        json_t *s = json_array_get(json_object_get(m, "shards"), (size_t)w->o.rank);
+        const char *h = json_string_value(json_object_get(s, "sha256"));
+        const char *id = json_string_value(json_object_get(m, "save_id"));
+        if (!h || strcmp(h, w->sha) != 0 || !id || strcmp(id, w->save_id) != 0) {
+            seterr(err, errlen, "checkpoint step %" PRId64 " was not completed by rank 0 (%s %s)",
+                   w->step, man, m ? "is not this save's" : "missing");
+            rc = CKPT_EPEER;
+        }
+        json_decref(m);
     }
     if (rc == 0 && path_out) pathf(path_out, pathlen, "%s", w->fin);
     writer_free(w);
@@ -695,7 +734,8 @@ int ckpt_world(const struct ckpt_reader *r) {
 
 const json_t *ckpt_rank_meta(const struct ckpt_reader *r) {
     json_t *s = json_array_get(json_object_get(r->manifest, "shards"), (size_t)r->rank);
-    return json_object_get(s, "meta");
+    json_t *m = json_object_get(s, "meta");
+    return json_is_null(m) ? NULL : m;
 }
 
 const struct st_info *ckpt_find(const struct ckpt_reader *r, const char *name) {

@@ -17,7 +17,7 @@
  * optional per-rank JSON "meta" (its dp/tp/pp coordinates, shard ranges, RNG).
  * manifest.json (written by rank 0 after all shards exist):
  *   {"format": "loom-checkpoint", "version": 1, "step": 200, "world": 2,
- *    "created_at": "2026-11-30T08:00:00Z",
+ *    "created_at": "2026-11-30T08:00:00Z", "save_id": "<unique per save>",
  *    ...every key of the caller's manifest object, by convention
  *    "spec" (job spec), "data" (data_position_to_json), "rng", "layout"
  *    ({"dp","tp","pp","zero_stage"}), "train" (e.g. optimizer step count)...,
@@ -32,9 +32,11 @@
  *
  * Collectives: ckpt_begin and ckpt_commit must be called by every rank of the
  * world in the same order; they synchronise through the caller's barrier
- * (required when world > 1). The directory must be on storage every rank sees.
- * Errors: 0 or a negative CKPT_E* code with a message in `err` (may be NULL).
- * Not thread-safe per object; one save at a time per process. */
+ * (required when world > 1). All ranks return 0 only when the final manifest
+ * is this save's (same save_id) and lists their shard's checksum; a rank that
+ * fails still enters every barrier, so the others get an error, not a hang. The directory must be
+ * on storage every rank sees. Errors: 0 or a negative CKPT_E* code with a message in `err` (may be
+ * NULL). Not thread-safe per object; one save at a time per process. */
 #ifndef LOOM_WORKER_CHECKPOINT_H
 #define LOOM_WORKER_CHECKPOINT_H
 

@@ -398,7 +398,14 @@ static void test_multi_rank(void) {
     CHECK(strstr(a[1].err, "NULL data") != NULL);
     CHECK(strstr(a[2].err, "was not completed by rank 0") != NULL);
     CHECK(ckpt_find_latest(out, WORLD, path, sizeof path, &step) == 1 && step == 100);
-    /* The next good save cleans the leftover temp directory. */
+    /* Re-saving an existing step with a failing rank: the old save stays, and
+     * no rank mistakes it for the new one. */
+    run_ranks(out, 100, 1, a);
+    for (int r = 0; r < WORLD; r++)
+        CHECK(a[r].rc != 0);
+    CHECK(strstr(a[2].err, "is not this save's") != NULL);
+    CHECK(ckpt_find_latest(out, WORLD, path, sizeof path, &step) == 1 && step == 100);
+    /* The next good save cleans the leftover temp directories. */
     run_ranks(out, 300, -1, a);
     for (int r = 0; r < WORLD; r++)
         CHECK(a[r].rc == 0);
