@@ -1,0 +1,18 @@
+# Tests of the comm area: worker/comm (interface, rendezvous, local backend),
+# worker/gloo (cpu collectives), DP/ZeRO equivalence and the all-reduce
+# benchmark. Owner: comm. Multi-process tests fork their ranks (2-4) from the
+# test binary with a file: rendezvous in a fresh temp dir; without Gloo they
+# report skipped (77), never passed.
+if(TARGET loom_engine)
+    add_executable(test_comm ${CMAKE_CURRENT_LIST_DIR}/unit/test_comm.c)
+    target_link_libraries(test_comm PRIVATE loom_engine PkgConfig::MHD PkgConfig::JANSSON)
+    loom_warnings(test_comm)
+    add_test(NAME unit.comm.basic COMMAND test_comm basic)
+    set_tests_properties(unit.comm.basic PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+    foreach(part collectives failure http)
+        add_test(NAME unit.comm.${part} COMMAND test_comm ${part})
+        set_tests_properties(unit.comm.${part} PROPERTIES LABELS "unit;sanitize" TIMEOUT 120
+                             SKIP_RETURN_CODE 77)
+    endforeach()
+
+endif()

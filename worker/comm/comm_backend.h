@@ -1,0 +1,82 @@
+/* The contract between the comm layer (worker/comm/comm.c) and a backend
+ * (local in comm.c, gloo in worker/gloo/, nccl in worker/nccl/). Engine code
+ * uses comm.h, never this file.
+ *
+ * A backend supplies synchronous operations; comm.c adds ordering, the
+ * background thread for asynchronous calls, error latching and logging.
+ * Every function returns 0 or -1 with a message in err. Calls on one comm
+ * come from one thread at a time, except the p2p functions, which may run on
+ * the caller's thread while a collective of the same comm runs on the comm's
+ * thread (backends keep p2p on their own tags / streams). */
+#ifndef LOOM_WORKER_COMM_BACKEND_H
+#define LOOM_WORKER_COMM_BACKEND_H
+
+#include <stddef.h>
+
+#include "worker/comm/comm.h"
+#include "worker/comm/rdzv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a backend sees of a world and of a comm. */
+struct comm_backend_world {
+    int rank, size;
+    int timeout_ms;
+    int cuda_device;
+    int rdzv_is_file; /* 1 when all ranks share a directory (likely one host) */
+    struct rdzv *rdzv;
+};
+
+struct comm_backend_comm {
+    const struct comm_backend_world *world;
+    void *world_impl;      /* from world_init */
+    const char *name;      /* unique in the attempt; prefixes rendezvous keys */
+    int rank, size;        /* within the comm */
+    const int *world_rank; /* world rank of each comm rank */
+};
+
+struct comm_backend_ops {
+    const char *name;
+    /* Per-process state shared by all comms (e.g. Gloo's TCP device). */
+    void *(*world_init)(const struct comm_backend_world *w, char *err, size_t errlen);
+    void (*world_fini)(void *world_impl);
+    /* Connect the members of one comm (collective over them). */
+    void *(*comm_init)(const struct comm_backend_comm *c, char *err, size_t errlen);
+    void (*comm_fini)(void *impl);
+
+    int (*allreduce)(void *impl, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+                     char *err, size_t errlen);
+    /* recv gets shard comm_shard_range(total, size, rank). */
+    int (*reduce_scatter)(void *impl, const void *send, void *recv, size_t total,
+                          enum comm_dtype dt, enum comm_op op, char *err, size_t errlen);
+    /* send holds this rank's shard; may alias its slice of recv. */
+    int (*all_gather)(void *impl, const void *send, void *recv, size_t total, enum comm_dtype dt,
+                      char *err, size_t errlen);
+    int (*broadcast)(void *impl, void *buf, size_t n, enum comm_dtype dt, int root, char *err,
+                     size_t errlen);
+    int (*barrier)(void *impl, char *err, size_t errlen);
+
+    /* Point-to-point: post returns a handle that p2p_wait completes (and
+     * frees). bytes > 0. */
+    int (*isend)(void *impl, const void *buf, size_t bytes, int peer, void **h, char *err,
+                 size_t errlen);
+    int (*irecv)(void *impl, void *buf, size_t bytes, int peer, void **h, char *err, size_t errlen);
+    int (*p2p_wait)(void *impl, void *h, char *err, size_t errlen);
+};
+
+/* Backends compiled into this build (NULL when absent). */
+const struct comm_backend_ops *comm_backend_local(void);
+#ifdef LOOM_HAVE_GLOO
+const struct comm_backend_ops *comm_backend_gloo(void);
+#endif
+#ifdef LOOM_HAVE_NCCL
+const struct comm_backend_ops *comm_backend_nccl(void);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
