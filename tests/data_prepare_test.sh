@@ -52,4 +52,13 @@ head -c 1500 "$dir/out/train_000.bin" > "$dir/trunc.bin"
 [ $? = 2 ] && grep -q "truncated" "$dir/err" || fail "truncated shard not reported"
 "$bin" prepare --out "$dir/none" 2> /dev/null
 [ $? = 2 ] || fail "prepare without inputs should exit 2"
+# The quick-start corpus (docs/data.md): Debian's licence texts, when present.
+if [ -d /usr/share/common-licenses ]; then
+    out=$("$bin" prepare --in /usr/share/common-licenses --out "$dir/quick") || fail "quick-start prepare"
+    [ "$(num train_tokens)" -gt 100000 ] && [ "$(num val_tokens)" -gt 4000 ] ||
+        fail "quick-start corpus too small: $out"
+    "$bin" check "$dir/quick/*.bin" --vocab-size 256 > /dev/null || fail "quick-start check"
+else
+    echo "note: /usr/share/common-licenses missing, quick-start corpus not checked"
+fi
 echo "ok"
