@@ -346,7 +346,7 @@ static int cmd_check(const struct opts *o, char **pos, int npos) {
                                       .T = 1,
                                       .dp_size = 1,
                                       .grad_accum = 1,
-                                      .scan_tokens = 1};
+                                      .token_check = DATA_CHECK_OPEN};
         struct data_loader *dl = NULL;
         if (data_loader_open(&lo, &dl, err, sizeof err) != 0 && !strstr(err, "hold no sequence")) {
             log_error("%s", err);

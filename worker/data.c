@@ -40,6 +40,7 @@ struct data_loader {
     int64_t G;       /* samples per optimizer step */
     uint64_t tokens; /* total tokens of all shards */
     uint64_t fingerprint;
+    int scanned; /* every token was checked against vocab_size at open */
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -429,11 +430,17 @@ int data_loader_open(const struct data_loader_opts *opts, struct data_loader **o
     if (!dl->shards || !dl->first) goto oom;
     dl->fingerprint = 0xcbf29ce484222325ULL;
     for (size_t i = 0; i < npaths; i++) {
-        struct data_shard *s = &dl->shards[i];
-        rc = shard_open(paths[i], s, err, errlen);
+        rc = shard_open(paths[i], &dl->shards[i], err, errlen);
         if (rc) goto out;
         dl->nshards++;
-        if (opts->vocab_size && opts->scan_tokens) {
+        dl->tokens += dl->shards[i].ntok;
+    }
+    dl->scanned =
+        opts->vocab_size && (opts->token_check == DATA_CHECK_OPEN ||
+                             (opts->token_check == DATA_CHECK_AUTO && dl->tokens <= DATA_SCAN_MAX));
+    for (size_t i = 0; i < npaths; i++) {
+        struct data_shard *s = &dl->shards[i];
+        if (dl->scanned) {
             int64_t bad = find_bad_token(s, 0, s->ntok, opts->vocab_size);
             if (bad >= 0) {
                 seterr(err, errlen,
@@ -446,7 +453,6 @@ int data_loader_open(const struct data_loader_opts *opts, struct data_loader **o
         }
         s->nsamples = s->ntok > (uint64_t)opts->T ? (int64_t)((s->ntok - 1) / opts->T) : 0;
         dl->first[i + 1] = dl->first[i] + s->nsamples;
-        dl->tokens += s->ntok;
         const char *base = strrchr(s->path, '/');
         base = base ? base + 1 : s->path;
         dl->fingerprint = fnv1a(dl->fingerprint, base, strlen(base) + 1);
@@ -535,7 +541,7 @@ int data_loader_window(const struct data_loader *dl, int64_t step, int micro_ste
         int32_t *w = window + (size_t)b * (T + 1);
         for (int t = 0; t <= T; t++)
             w[t] = (int32_t)shard_token(s, from + t);
-        if (dl->o.vocab_size && !dl->o.scan_tokens) {
+        if (dl->o.vocab_size && !dl->scanned) {
             int64_t bad = find_bad_token(s, from, (uint64_t)T + 1, dl->o.vocab_size);
             if (bad >= 0) {
                 seterr(err, errlen,

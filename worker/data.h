@@ -81,6 +81,11 @@ void data_paths_free(char **paths);
 
 /* ---- loader ---------------------------------------------------------------- */
 
+enum { DATA_CHECK_AUTO = 0, DATA_CHECK_OPEN = 1, DATA_CHECK_READ = 2 };
+/* Above this many tokens AUTO defers the vocab check to read time (a full scan
+ * runs at about 1 G tokens/s; see docs/perf.md). */
+#define DATA_SCAN_MAX (1ULL << 30)
+
 struct data_loader_opts {
     const char *pattern; /* shard glob (see data_glob) */
     uint32_t vocab_size; /* tokens must be < vocab_size (the model's unpadded
@@ -91,9 +96,11 @@ struct data_loader_opts {
     int grad_accum;      /* micro-steps per optimizer step */
     uint64_t seed;       /* train.seed */
     int shuffle;         /* 1: permuted per epoch (train), 0: sequential (val) */
-    int scan_tokens;     /* 1: check every token against vocab_size at open
-                            (reads all shards once); 0: check only the
-                            windows that are read, in data_loader_batch */
+    int token_check;     /* when tokens are checked against vocab_size:
+                            DATA_CHECK_AUTO (0, default): all at open when the
+                            data has at most DATA_SCAN_MAX tokens, else as
+                            windows are read; DATA_CHECK_OPEN: all at open;
+                            DATA_CHECK_READ: only windows as they are read */
 };
 
 struct data_loader;
@@ -109,7 +116,7 @@ void data_loader_free(struct data_loader *dl); /* accepts NULL */
 /* The B x (T+1) token windows of (step, micro_step, dp_rank): window b goes to
  * window[b * (T+1) ... b * (T+1) + T]. Returns 0, or DATA_EVOCAB naming the
  * file and token offset when a token is out of range (only possible with
- * scan_tokens = 0), or DATA_EINVAL for out-of-range arguments. Thread-safe. */
+ * tokens not scanned at open), or DATA_EINVAL for out-of-range arguments. Thread-safe. */
 int data_loader_window(const struct data_loader *dl, int64_t step, int micro_step, int dp_rank,
                        int32_t *window, char *err, size_t errlen);
 

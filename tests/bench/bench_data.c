@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
                                  .grad_accum = 1,
                                  .seed = 1,
                                  .shuffle = 1,
-                                 .scan_tokens = 1};
+                                 .token_check = DATA_CHECK_OPEN};
     struct data_loader *dl = NULL;
     t0 = now();
     if (data_loader_open(&o, &dl, err, sizeof err) != 0) return fprintf(stderr, "%s\n", err), 1;

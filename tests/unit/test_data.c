@@ -390,12 +390,14 @@ static void test_val_and_vocab(void) {
                                  .T = 10,
                                  .dp_size = 1,
                                  .grad_accum = 1,
-                                 .scan_tokens = 1};
+                                 .token_check = DATA_CHECK_OPEN};
     struct data_loader *dl = NULL;
     CHECK(data_loader_open(&o, &dl, err, sizeof err) == DATA_EVOCAB);
     CHECK(strstr(err, "vocab.bin") && strstr(err, "token 300 at index 150") &&
           strstr(err, "vocab_size 256"));
-    o.scan_tokens = 0;
+    o.token_check = DATA_CHECK_AUTO; /* small data: scanned at open too */
+    CHECK(data_loader_open(&o, &dl, err, sizeof err) == DATA_EVOCAB);
+    o.token_check = DATA_CHECK_READ;
     CHECK(data_loader_open(&o, &dl, err, sizeof err) == 0);
     if (dl) {
         int32_t in[10], tg[10];
@@ -405,7 +407,7 @@ static void test_val_and_vocab(void) {
         data_loader_free(dl);
     }
     o.vocab_size = 301;
-    o.scan_tokens = 1;
+    o.token_check = DATA_CHECK_OPEN;
     CHECK(data_loader_open(&o, &dl, err, sizeof err) == 0);
     data_loader_free(dl);
 
