@@ -1,0 +1,955 @@
+/* Planner arithmetic (see planner.h for the contract and docs/planner.md
+ * for the formulas). Three layers:
+ *   1. per-tp facts from the layout table (parameters per layer, embedding,
+ *      head; FLOPs per layer), computed once per tp degree;
+ *   2. eval(): one layout -> memory by category for the worst stage,
+ *      communication per group, time, MFU, cost, fit;
+ *   3. enumeration for recommendations and the submit-time fit check.
+ * Pure: no I/O, no globals written; any thread. */
+#include "api/planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MIB (1024.0 * 1024.0)
+
+/* Dense peaks from the vendors' data sheets (no sparsity). */
+static const struct planner_gpu_type gpu_types[] = {
+    {"A100-40GB", 40, 312, 19.5, 1.555}, {"A100-80GB", 80, 312, 19.5, 2.039},
+    {"H100-80GB", 80, 989, 67, 3.35},    {"H100-PCIe", 80, 756, 51, 2.0},
+    {"H200", 141, 989, 67, 4.8},         {"B200", 180, 2250, 80, 8.0},
+    {"L40S", 48, 362, 91.6, 0.864},      {"A10", 24, 125, 31.2, 0.6},
+    {"RTX4090", 24, 165, 82.6, 1.008},   {"cpu", 64, 0.2, 0.2, 0.05},
+};
+
+static const struct planner_link_type link_types[] = {
+    {"pcie3", 16, 0.8},     {"pcie4", 32, 0.8},     {"pcie5", 64, 0.8},      {"nvlink2", 300, 0.45},
+    {"nvlink3", 600, 0.45}, {"nvlink4", 900, 0.45}, {"nvlink5", 1800, 0.45}, {"roce100", 12.5, 0.9},
+    {"roce200", 25, 0.9},   {"roce400", 50, 0.9},   {"ib100", 12.5, 0.9},    {"ib200", 25, 0.9},
+    {"ib400", 50, 0.9},     {"eth10", 1.25, 0.9},   {"eth25", 3.125, 0.9},   {"shm", 10, 1.0},
+};
+
+const struct planner_gpu_type *planner_gpu_types(size_t *n) {
+    *n = sizeof gpu_types / sizeof *gpu_types;
+    return gpu_types;
+}
+
+const struct planner_gpu_type *planner_gpu_find(const char *name) {
+    for (size_t i = 0; i < sizeof gpu_types / sizeof *gpu_types; i++)
+        if (strcasecmp(gpu_types[i].name, name) == 0) return &gpu_types[i];
+    return NULL;
+}
+
+const struct planner_link_type *planner_link_types(size_t *n) {
+    *n = sizeof link_types / sizeof *link_types;
+    return link_types;
+}
+
+const struct planner_link_type *planner_link_find(const char *name) {
+    for (size_t i = 0; i < sizeof link_types / sizeof *link_types; i++)
+        if (strcasecmp(link_types[i].name, name) == 0) return &link_types[i];
+    return NULL;
+}
+
+void planner_options_default(struct planner_options *o) {
+    o->compute_efficiency = 0.5;
+    o->overlap = 0.8;
+    o->comm_warn = 0.20;
+    o->bucket_mib = 25;
+    o->latency_us_intra = 5;
+    o->latency_us_inter = 15;
+    o->max_alternatives = 10;
+}
+
+void planner_cluster_default(struct planner_cluster *c) {
+    memset(c, 0, sizeof *c);
+    c->nodes = 1;
+    c->gpus_per_node = 8;
+}
+
+int planner_cluster_resolve(struct planner_cluster *c, enum jobspec_device dev,
+                            struct loom_error *e) {
+    if (c->nodes < 1 || c->nodes > 100000)
+        return loom_error_set(e, 422, "OUT_OF_RANGE", "cluster.nodes",
+                              "cluster.nodes=%d is out of range [1, 100000]", c->nodes);
+    if (c->gpus_per_node < 1 || c->gpus_per_node > 64)
+        return loom_error_set(e, 422, "OUT_OF_RANGE", "cluster.gpus_per_node",
+                              "cluster.gpus_per_node=%d is out of range [1, 64]", c->gpus_per_node);
+    if (!c->gpu[0])
+        snprintf(c->gpu, sizeof c->gpu, "%s", dev == JOBSPEC_DEV_CPU ? "cpu" : "H100-80GB");
+    const struct planner_gpu_type *t = planner_gpu_find(c->gpu);
+    if (!t && (c->gpu_mem_gib <= 0 || c->peak_tflops <= 0)) {
+        char names[256] = "";
+        for (size_t i = 0; i < sizeof gpu_types / sizeof *gpu_types; i++) {
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s%s", i ? " " : "", gpu_types[i].name);
+        }
+        return loom_error_set(e, 422, "UNKNOWN_GPU", "cluster.gpu",
+                              "unknown GPU type \"%s\" (known: %s; or give gpu_mem_gib and "
+                              "peak_tflops)",
+                              c->gpu, names);
+    }
+    if (t) {
+        snprintf(c->gpu, sizeof c->gpu, "%s", t->name);
+        if (c->gpu_mem_gib <= 0) c->gpu_mem_gib = t->mem_gib;
+        if (c->hbm_tbps <= 0) c->hbm_tbps = t->hbm_tbps;
+    }
+    if (c->hbm_tbps <= 0) c->hbm_tbps = 1.0;
+    if (!c->intra_link[0])
+        snprintf(c->intra_link, sizeof c->intra_link, "%s",
+                 dev == JOBSPEC_DEV_CPU ? "shm" : "nvlink4");
+    if (!c->inter_link[0]) snprintf(c->inter_link, sizeof c->inter_link, "roce100");
+    const struct planner_link_type *li = planner_link_find(c->intra_link);
+    const struct planner_link_type *lx = planner_link_find(c->inter_link);
+    if (!li || !lx)
+        return loom_error_set(e, 422, "UNKNOWN_LINK",
+                              li ? "cluster.inter_link" : "cluster.intra_link",
+                              "unknown link \"%s\" (known: pcie3-5, nvlink2-5, roce100/200/400, "
+                              "ib100/200/400, eth10, eth25, shm)",
+                              li ? c->inter_link : c->intra_link);
+    if (c->nics_per_node <= 0) c->nics_per_node = 1;
+    if (c->intra_gbps <= 0) c->intra_gbps = li->nominal_gbps * li->efficiency;
+    if (c->inter_gbps <= 0) c->inter_gbps = lx->nominal_gbps * lx->efficiency * c->nics_per_node;
+    if (c->host_mem_gib <= 0) c->host_mem_gib = 2048;
+    if (c->host_mem_gbps <= 0) c->host_mem_gbps = 100;
+    if (c->pcie_gbps <= 0) c->pcie_gbps = 25;
+    if (c->price_per_gpu_hour <= 0) c->price_per_gpu_hour = 2.5;
+    return 0;
+}
+
+/* ---- cluster JSON ---- */
+
+enum cf_type { CF_INT, CF_DBL, CF_STR };
+struct cfield {
+    const char *name;
+    enum cf_type type;
+    size_t off;
+    double min, max;
+};
+#define COFF(m) offsetof(struct planner_cluster, m)
+static const struct cfield cluster_fields[] = {
+    {"nodes", CF_INT, COFF(nodes), 1, 100000},
+    {"gpus_per_node", CF_INT, COFF(gpus_per_node), 1, 64},
+    {"gpu", CF_STR, COFF(gpu), 0, 0},
+    {"gpu_mem_gib", CF_DBL, COFF(gpu_mem_gib), 0.001, 1e6},
+    {"peak_tflops", CF_DBL, COFF(peak_tflops), 1e-6, 1e7},
+    {"hbm_tbps", CF_DBL, COFF(hbm_tbps), 1e-6, 1e4},
+    {"intra_link", CF_STR, COFF(intra_link), 0, 0},
+    {"inter_link", CF_STR, COFF(inter_link), 0, 0},
+    {"nics_per_node", CF_INT, COFF(nics_per_node), 1, 64},
+    {"intra_gbps", CF_DBL, COFF(intra_gbps), 1e-6, 1e6},
+    {"inter_gbps", CF_DBL, COFF(inter_gbps), 1e-6, 1e6},
+    {"host_mem_gib", CF_DBL, COFF(host_mem_gib), 0.001, 1e7},
+    {"host_mem_gbps", CF_DBL, COFF(host_mem_gbps), 1e-6, 1e6},
+    {"pcie_gbps", CF_DBL, COFF(pcie_gbps), 1e-6, 1e6},
+    {"price_per_gpu_hour", CF_DBL, COFF(price_per_gpu_hour), 0, 1e6},
+};
+
+int planner_cluster_from_json(const json_t *j, struct planner_cluster *c, struct loom_error *e) {
+    if (!json_is_object(j))
+        return loom_error_set(e, 422, "WRONG_TYPE", "cluster", "cluster must be an object");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)j, key, v) {
+        char path[96];
+        snprintf(path, sizeof path, "cluster.%.60s", key);
+        const struct cfield *f = NULL;
+        for (size_t i = 0; i < sizeof cluster_fields / sizeof *cluster_fields; i++)
+            if (strcmp(cluster_fields[i].name, key) == 0) f = &cluster_fields[i];
+        if (!f) return loom_error_set(e, 422, "UNKNOWN_FIELD", path, "unknown field %s", path);
+        char *p = (char *)c + f->off;
+        if (f->type == CF_STR) {
+            if (!json_is_string(v))
+                return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string", path);
+            if (json_string_length(v) >= PLANNER_NAME_MAX)
+                return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s is too long", path);
+            snprintf(p, PLANNER_NAME_MAX, "%s", json_string_value(v));
+        } else if (f->type == CF_INT) {
+            if (!json_is_integer(v))
+                return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be an integer", path);
+            json_int_t x = json_integer_value(v);
+            if (x < f->min || x > f->max)
+                return loom_error_set(e, 422, "OUT_OF_RANGE", path,
+                                      "%s=%lld is out of range [%.0f, %.0f]", path, (long long)x,
+                                      f->min, f->max);
+            *(int *)p = (int)x;
+        } else {
+            if (!json_is_number(v))
+                return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a number", path);
+            double x = json_number_value(v);
+            if (!(x >= f->min && x <= f->max))
+                return loom_error_set(e, 422, "OUT_OF_RANGE", path,
+                                      "%s=%g is out of range [%g, %g]", path, x, f->min, f->max);
+            *(double *)p = x;
+        }
+    }
+    return 0;
+}
+
+json_t *planner_cluster_to_json(const struct planner_cluster *c) {
+    json_t *j = json_object();
+    for (size_t i = 0; i < sizeof cluster_fields / sizeof *cluster_fields; i++) {
+        const struct cfield *f = &cluster_fields[i];
+        const char *p = (const char *)c + f->off;
+        if (f->type == CF_STR)
+            json_object_set_new(j, f->name, json_string(p));
+        else if (f->type == CF_INT)
+            json_object_set_new(j, f->name, json_integer(*(const int *)p));
+        else
+            json_object_set_new(j, f->name, json_real(*(const double *)p));
+    }
+    return j;
+}
+
+/* ---- per-tp facts ---- */
+
+struct tp_facts {
+    int tp, ok;
+    double layer_p;  /* parameters of one block held by one tp rank */
+    double embed_p;  /* token (+ position) embedding, one tp rank */
+    double tok_p;    /* token embedding alone (the tied copy on the last stage) */
+    double head_p;   /* final norm + untied lm_head, one tp rank */
+    double total_p;  /* layout.rank_numel */
+    double layer_mm; /* matmul parameters of one block (full, not per rank) */
+};
+
+static void tp_facts_init(struct tp_facts *f, const struct model_config *m, int tp) {
+    memset(f, 0, sizeof *f);
+    f->tp = tp;
+    struct model_layout l;
+    if (model_layout_init(&l, m, tp) != 0) return;
+    for (int i = 0; i < l.n; i++) {
+        const struct model_tensor *t = &l.t[i];
+        if (t->layer == 0) {
+            f->layer_p += (double)t->rank_numel;
+            if (t->kind == MODEL_T_LINEAR_W) f->layer_mm += (double)t->numel;
+        } else if (t->layer < 0) {
+            if (t->kind == MODEL_T_EMBED || t->kind == MODEL_T_POS)
+                f->embed_p += (double)t->rank_numel;
+            else
+                f->head_p += (double)t->rank_numel;
+            if (t->kind == MODEL_T_EMBED) f->tok_p = (double)t->rank_numel;
+        }
+    }
+    f->total_p = (double)l.rank_numel;
+    f->ok = 1;
+    model_layout_free(&l);
+}
+
+/* ---- one layout ---- */
+
+struct ctx {
+    const struct loom_spec *s;
+    const struct planner_cluster *c; /* resolved */
+    const struct planner_options *o;
+    double e;    /* compute element bytes */
+    double peak; /* FLOP/s per GPU */
+    int cuda;
+};
+
+struct lay {
+    int dp, tp, pp, zero, offload, mb;
+    enum jobspec_recompute rc;
+};
+
+/* Time of one collective call: ring within a node; hierarchical across
+ * nodes, the node's network shared by every group on it. k = 2 for
+ * all-reduce, 1 for reduce-scatter / all-gather. */
+static double coll_time(const struct ctx *x, double k, int n, int per_node, int groups_per_node,
+                        double bytes, double *gbps, int *cross) {
+    const struct planner_cluster *c = x->c;
+    if (n <= 1) {
+        *gbps = c->intra_gbps;
+        *cross = 0;
+        return 0;
+    }
+    double ai = x->o->latency_us_intra * 1e-6, ax = x->o->latency_us_inter * 1e-6;
+    if (per_node >= n) {
+        *gbps = c->intra_gbps;
+        *cross = 0;
+        return k * (n - 1) / n * bytes / (c->intra_gbps * 1e9) + k * (n - 1) * ai;
+    }
+    int m = per_node < 1 ? 1 : per_node;
+    int nd = (n + m - 1) / m;
+    double intra = m > 1 ? k * (m - 1) / m * bytes / (c->intra_gbps * 1e9) + k * (m - 1) * ai : 0;
+    double inter = k * (nd - 1) / (double)nd * bytes * groups_per_node / (c->inter_gbps * 1e9) +
+                   k * (nd - 1) * ax;
+    *cross = 1;
+    /* effective per-rank bandwidth, for display */
+    double t = intra + inter;
+    *gbps = t > 0 ? k * (n - 1) / n * bytes / t / 1e9 : c->inter_gbps;
+    return t;
+}
+
+static void add_comm(struct planner_estimate *est, const char *group, const char *op, int ranks,
+                     int cross, double bytes, double count, double gbps, double per_call,
+                     double exposed) {
+    if (est->n_comm >= PLANNER_MAX_COMM || count <= 0 || ranks <= 1) return;
+    struct planner_comm *p = &est->comm[est->n_comm++];
+    snprintf(p->group, sizeof p->group, "%s", group);
+    snprintf(p->op, sizeof p->op, "%s", op);
+    p->ranks = ranks;
+    p->cross_node = cross;
+    p->bytes = bytes;
+    p->count = count;
+    p->gbps = gbps;
+    p->seconds = per_call * count;
+    p->exposed = exposed;
+}
+
+static void note(struct planner_estimate *est, const char *fmt, double v) {
+    if (est->n_notes >= 4) return;
+    snprintf(est->notes[est->n_notes++], sizeof est->notes[0], fmt, v);
+}
+
+/* Memory of stage `st` (bytes per GPU). */
+static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struct lay *L,
+                      int64_t ga, int st, struct planner_mem *m) {
+    const struct model_config *mc = &x->s->model;
+    double e = x->e;
+    int tp = L->tp, pp = L->pp, dp = L->dp;
+    int layers = mc->n_layer / pp;
+    int first = st == 0, last = st == pp - 1;
+    double P = layers * f->layer_p + (first ? f->embed_p : 0) + (last ? f->head_p : 0) +
+               (last && pp > 1 && mc->tied_embeddings ? f->tok_p : 0);
+    memset(m, 0, sizeof *m);
+    m->worst_stage = st;
+    m->params = P * e / (L->zero >= 3 ? dp : 1);
+    m->grads = P * e / (L->zero >= 2 ? dp : 1);
+    double shard = P / (L->zero >= 1 ? dp : 1);
+    double master = e < 4 ? 4 : 0; /* fp32 master aliases the params on fp32 */
+    double opt_bytes = shard * (master + 8);
+    if (L->offload) {
+        int per_node = x->c->gpus_per_node;
+        int world = dp * tp * pp;
+        if (world < per_node) per_node = world;
+        m->host_per_node = per_node * shard * (master + 8 + 4); /* + fp32 grad staging */
+    } else {
+        m->optimizer = opt_bytes;
+    }
+
+    /* activations: the engine's per-layer buffers (worker/model.c) */
+    double N = (double)L->mb * mc->seq_len;
+    double C = mc->d_model, hd = (double)mc->d_model / mc->n_head;
+    double QKV = (mc->n_head + 2.0 * mc->n_kv_head) * hd;
+    double F = mc->d_ff, fcw = mc->act == MODEL_ACT_SWIGLU ? 2 * F : F;
+    double NH = mc->n_head;
+    double attn = N * (e * (QKV + C) / tp + 4 * NH / tp); /* qkv, attention out, lse */
+    double mlp = N * e * (fcw + F) / tp;                  /* fc pre-activation, activation */
+    double normres = N * (e * 4 * C + 16);                /* n1, r1, n2, r2 + fp32 stats */
+    double attn_s = attn, mlp_s = mlp, normres_s = normres;
+    if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE) {
+        attn_s = N * e * QKV / tp; /* core attention recomputed from qkv */
+        mlp_s = N * e * fcw / tp;  /* activation recomputed from its input */
+    } else if (L->rc == JOBSPEC_RECOMPUTE_FULL) {
+        attn_s = mlp_s = 0;
+        normres_s = N * e * C; /* the block input only */
+    }
+    int inflight = pp == 1 ? 1 : (int)((pp - st) < ga ? (pp - st) : ga);
+    m->inflight = inflight;
+    double k = (double)inflight * layers;
+    m->act_attention = k * attn_s + (L->rc == JOBSPEC_RECOMPUTE_FULL ? attn : 0);
+    m->act_mlp = k * mlp_s + (L->rc == JOBSPEC_RECOMPUTE_FULL ? mlp : 0);
+    m->act_norm_residual = k * normres_s + (L->rc == JOBSPEC_RECOMPUTE_FULL ? normres : 0);
+    double wide = C;
+    if (QKV / tp > wide) wide = QKV / tp;
+    if (fcw / tp > wide) wide = fcw / tp;
+    /* enc, nf, dres, dnf, two scratch buffers; fp32 norm stats, losses, int32 tokens+targets */
+    m->act_other = inflight * N * (e * (4 * C + 2 * wide) + 20);
+    m->activations = m->act_attention + m->act_mlp + m->act_norm_residual + m->act_other;
+
+    /* communication buffers */
+    double bucket = x->o->bucket_mib * MIB;
+    if (dp > 1) {
+        double pb = P * e;
+        m->comm += 2 * (pb < bucket ? pb : bucket);
+        if (L->zero >= 3)
+            m->comm += 2 * f->layer_p * e; /* gathered current + prefetched next layer */
+    }
+    if (tp > 1) m->comm += N * C * e;
+    if (pp > 1) m->comm += 2 * N * C * e;
+    /* workspace: classifier chunk (256 rows of logits and their gradient) */
+    if (last) m->workspace += 256.0 * mc->padded_vocab / tp * 4 * 2;
+    if (x->cuda) {
+        m->workspace += 32 * MIB; /* cuBLAS */
+        m->reserved = 1 * GIB;    /* CUDA context and allocator slack */
+    }
+    m->total =
+        m->params + m->grads + m->optimizer + m->activations + m->comm + m->workspace + m->reserved;
+    m->gpu_bytes = x->c->gpu_mem_gib * GIB;
+    m->host_bytes = x->c->host_mem_gib * GIB;
+}
+
+static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay *L,
+                 struct planner_estimate *est) {
+    const struct loom_spec *s = x->s;
+    const struct model_config *mc = &s->model;
+    const struct planner_cluster *c = x->c;
+    const struct planner_options *o = x->o;
+    memset(est, 0, sizeof *est);
+    int dp = L->dp, tp = L->tp, pp = L->pp;
+    int world = dp * tp * pp;
+    int G = c->gpus_per_node;
+    if (s->resources.gpus_per_node < G) G = s->resources.gpus_per_node;
+    if (G < tp) G = tp;
+    double T = mc->seq_len, N = (double)L->mb * T, e = x->e, C = mc->d_model;
+    int64_t ga = s->train.global_batch_tokens / ((int64_t)L->mb * mc->seq_len * dp);
+    est->dp = dp;
+    est->tp = tp;
+    est->pp = pp;
+    est->zero_stage = L->zero;
+    est->offload = L->offload;
+    est->micro_batch = L->mb;
+    est->recompute = L->rc;
+    est->world = world;
+    est->nodes = (world + G - 1) / G;
+    est->grad_accum = ga;
+
+    /* memory: first and last stage bound every other one */
+    struct planner_mem m0, m1;
+    stage_mem(x, f, L, ga, 0, &m0);
+    est->mem = m0;
+    if (pp > 1) {
+        stage_mem(x, f, L, ga, pp - 1, &m1);
+        if (m1.total > m0.total) est->mem = m1;
+    }
+
+    /* compute */
+    int layers = mc->n_layer / pp;
+    double fl_layer = 6 * f->layer_mm + 12 * C * T; /* per token, fwd + bwd */
+    double fl_head = 6.0 * mc->padded_vocab * C;
+    double extra = 0;
+    if (L->rc == JOBSPEC_RECOMPUTE_FULL)
+        extra = fl_layer / 3;
+    else if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE)
+        extra = 4 * C * T;
+    /* the last stage carries the head matmul, so it is the slowest stage */
+    double stage_fl = layers * (fl_layer + extra) + fl_head;
+    double t_mb = stage_fl * N / tp / (x->peak * o->compute_efficiency);
+    double t_bwd = t_mb * 2 / 3;
+    est->flops_per_token = model_flops_per_token(mc, mc->seq_len);
+    est->compute_s = ga * t_mb;
+    est->bubble_s = (pp - 1) * t_mb;
+
+    /* communication */
+    double exposed = 0, total = 0, gb, t;
+    int cross;
+    if (tp > 1) {
+        double bytes = N * C * e;
+        double count = (double)ga * (layers * (L->rc == JOBSPEC_RECOMPUTE_FULL ? 6 : 4) + 2);
+        t = coll_time(x, 2, tp, tp, 1, bytes, &gb, &cross);
+        add_comm(est, "tp", "all_reduce", tp, cross, bytes, count, gb, t, t * count);
+        exposed += t * count;
+        total += t * count;
+    }
+    if (pp > 1) {
+        double bytes = N * C * e;
+        double count = 2.0 * ga;
+        int senders = dp * tp < G ? dp * tp : G;
+        int xnode = world > G;
+        double bw = xnode ? c->inter_gbps / senders : c->intra_gbps;
+        double a = (xnode ? o->latency_us_inter : o->latency_us_intra) * 1e-6;
+        t = bytes / (bw * 1e9) + a;
+        add_comm(est, "pp", "send_recv", pp, xnode, bytes, count, bw, t, t * count);
+        exposed += t * count;
+        total += t * count;
+        if (mc->tied_embeddings) {
+            double eb = f->tok_p * e;
+            double te = eb / (bw * 1e9) + a;
+            add_comm(est, "embed", "all_reduce", 2, xnode, eb, 1, bw, te, te);
+            exposed += te;
+            total += te;
+        }
+    }
+    if (dp > 1) {
+        double P = est->mem.params * (L->zero >= 3 ? dp : 1) / e; /* stage params per rank */
+        double bytes = P * e;
+        int per_node = G / tp;
+        if (per_node < 1) per_node = 1;
+        if (per_node > dp) per_node = dp;
+        int groups = G / per_node;
+        if (L->zero == 0) {
+            t = coll_time(x, 2, dp, per_node, groups, bytes, &gb, &cross);
+            double ex = t - fmin(t, o->overlap * t_bwd);
+            add_comm(est, "dp", "all_reduce", dp, cross, bytes, 1, gb, t, ex);
+            exposed += ex;
+            total += t;
+        } else {
+            double trs = coll_time(x, 1, dp, per_node, groups, bytes, &gb, &cross);
+            double tag = coll_time(x, 1, dp, per_node, groups, bytes, &gb, &cross);
+            if (L->zero <= 2) {
+                double n_rs = L->zero == 2 ? (double)ga : 1;
+                double ex_rs = n_rs * (trs - fmin(trs, o->overlap * t_bwd));
+                add_comm(est, "dp", "reduce_scatter", dp, cross, bytes, n_rs, gb, trs, ex_rs);
+                add_comm(est, "dp", "all_gather", dp, cross, bytes, 1, gb, tag, tag);
+                exposed += ex_rs + tag;
+                total += n_rs * trs + tag;
+            } else {
+                double per_ms = 2 * tag + trs;
+                double ex = ga * (per_ms - fmin(per_ms, o->overlap * t_mb));
+                add_comm(est, "dp", "all_gather", dp, cross, bytes, 2.0 * ga, gb, tag,
+                         ex * 2 * tag / per_ms);
+                add_comm(est, "dp", "reduce_scatter", dp, cross, bytes, (double)ga, gb, trs,
+                         ex * trs / per_ms);
+                exposed += ex;
+                total += ga * per_ms;
+            }
+        }
+    }
+    est->comm_s = total;
+    est->comm_exposed_s = exposed;
+
+    /* optimizer */
+    double P = est->mem.params * (L->zero >= 3 ? dp : 1) / e;
+    double shard = P / (L->zero >= 1 ? dp : 1);
+    if (L->offload) {
+        int per_node = world < c->gpus_per_node ? world : c->gpus_per_node;
+        est->optimizer_s =
+            2 * shard * e / (c->pcie_gbps * 1e9) + shard * 32 * per_node / (c->host_mem_gbps * 1e9);
+    } else {
+        est->optimizer_s = shard * 28 / (c->hbm_tbps * 1e12);
+    }
+
+    est->step_s = est->compute_s + est->bubble_s + exposed + est->optimizer_s;
+    double tokens = (double)s->train.global_batch_tokens;
+    est->tokens_per_s = tokens / est->step_s;
+    est->mfu = est->flops_per_token * est->tokens_per_s / (world * x->peak);
+    est->comm_fraction = exposed / est->step_s;
+    est->bubble_fraction = est->bubble_s / est->step_s;
+    est->run_hours = s->train.steps * est->step_s / 3600;
+    est->gpu_hours = est->run_hours * world;
+    est->cost = est->gpu_hours * c->price_per_gpu_hour;
+
+    /* fit */
+    est->fits = 1;
+    if (est->mem.total > est->mem.gpu_bytes) {
+        est->fits = 0;
+        snprintf(est->reason, sizeof est->reason, "does not fit: %.1f GiB/GPU > %.0f GiB",
+                 est->mem.total / GIB, est->mem.gpu_bytes / GIB);
+    } else if (L->offload && est->mem.host_per_node > 0.9 * est->mem.host_bytes) {
+        est->fits = 0;
+        snprintf(est->reason, sizeof est->reason,
+                 "does not fit: offloaded optimizer needs %.0f GiB host memory per node > 90%% of "
+                 "%.0f GiB",
+                 est->mem.host_per_node / GIB, est->mem.host_bytes / GIB);
+    }
+    if (est->comm_fraction > o->comm_warn)
+        note(est, "communication %.0f%% of step", 100 * est->comm_fraction);
+    if (est->bubble_fraction > 0.10)
+        note(est, "pipeline bubble %.0f%% of step", 100 * est->bubble_fraction);
+    if (L->offload) note(est, "optimizer offloaded to host: %.2f s/step", est->optimizer_s);
+    if (L->rc == JOBSPEC_RECOMPUTE_FULL) note(est, "full recompute: +%.0f%% compute", 100.0 / 3);
+}
+
+static int ctx_init(struct ctx *x, const struct loom_spec *s, const struct planner_cluster *c,
+                    const struct planner_options *o) {
+    x->s = s;
+    x->c = c;
+    x->o = o;
+    x->cuda = s->resources.device == JOBSPEC_DEV_CUDA;
+    x->e = (!x->cuda || s->train.precision == JOBSPEC_PREC_FP32) ? 4 : 2;
+    const struct planner_gpu_type *t = planner_gpu_find(c->gpu);
+    double tf = c->peak_tflops;
+    if (tf <= 0 && t) tf = x->e == 4 ? t->fp32_tflops : t->bf16_tflops;
+    if (tf <= 0) tf = 1;
+    x->peak = tf * 1e12;
+    return 0;
+}
+
+int planner_estimate(const struct loom_spec *s, const struct planner_cluster *cin,
+                     const struct planner_options *oin, struct planner_estimate *out,
+                     struct loom_error *e) {
+    struct planner_options o;
+    if (oin)
+        o = *oin;
+    else
+        planner_options_default(&o);
+    struct planner_cluster c;
+    if (cin)
+        c = *cin;
+    else
+        planner_cluster_default(&c);
+    if (planner_cluster_resolve(&c, s->resources.device, e) != 0) return -1;
+    if (jobspec_validate(s, JOBSPEC_FOR_PLAN, e) != 0) return -1;
+    int world = s->parallel.dp * s->parallel.tp * s->parallel.pp;
+    if (world > c.nodes * c.gpus_per_node)
+        return loom_error_set(e, 422, "LAYOUT_EXCEEDS_CLUSTER", "parallel",
+                              "dp*tp*pp = %d*%d*%d = %d ranks but the cluster has %d x %d = %d "
+                              "GPUs",
+                              s->parallel.dp, s->parallel.tp, s->parallel.pp, world, c.nodes,
+                              c.gpus_per_node, c.nodes * c.gpus_per_node);
+    if (s->parallel.tp > c.gpus_per_node)
+        return loom_error_set(e, 422, "TP_CROSSES_NODE", "parallel.tp",
+                              "tp=%d exceeds the cluster's gpus_per_node=%d", s->parallel.tp,
+                              c.gpus_per_node);
+    struct ctx x;
+    ctx_init(&x, s, &c, &o);
+    struct tp_facts f;
+    tp_facts_init(&f, &s->model, s->parallel.tp);
+    if (!f.ok)
+        return loom_error_set(e, 422, "TP_HEADS", "parallel.tp", "tp=%d does not split the model",
+                              s->parallel.tp);
+    struct lay L = {s->parallel.dp,
+                    s->parallel.tp,
+                    s->parallel.pp,
+                    s->parallel.zero_stage,
+                    s->train.offload_optimizer,
+                    s->train.micro_batch,
+                    s->train.recompute};
+    eval(&x, &f, &L, out);
+    return 0;
+}
+
+/* ---- recommendation ---- */
+
+static double complexity(const struct planner_estimate *est) {
+    return est->offload * 4 + (est->pp > 1) * 2 + (est->tp > 1) + est->zero_stage * 0.5 +
+           (double)est->recompute;
+}
+
+static int cand_cmp(const void *a, const void *b) {
+    const struct planner_candidate *x = a, *y = b;
+    if (x->est.fits != y->est.fits) return y->est.fits - x->est.fits;
+    double kx = x->est.fits ? x->score : x->est.mem.total;
+    double ky = y->est.fits ? y->score : y->est.mem.total;
+    return kx < ky ? -1 : kx > ky ? 1 : 0;
+}
+
+static void describe(struct planner_candidate *p) {
+    const struct planner_estimate *est = &p->est;
+    if (!est->fits) {
+        snprintf(p->why, sizeof p->why, "%s", est->reason);
+        return;
+    }
+    int n = snprintf(p->why, sizeof p->why, "fits: %.1f GiB/GPU, %.3g s/step, %.0f%% MFU",
+                     est->mem.total / GIB, est->step_s, 100 * est->mfu);
+    for (int i = 0; i < est->n_notes && n > 0 && (size_t)n < sizeof p->why; i++)
+        n += snprintf(p->why + n, sizeof p->why - n, "; %s", est->notes[i]);
+}
+
+int planner_recommend(const struct loom_spec *s, const struct planner_cluster *cin,
+                      const struct planner_options *oin, struct planner_candidate **out, int *nout,
+                      struct loom_error *e) {
+    *out = NULL;
+    *nout = 0;
+    struct planner_options o;
+    if (oin)
+        o = *oin;
+    else
+        planner_options_default(&o);
+    struct planner_cluster c;
+    if (cin)
+        c = *cin;
+    else
+        planner_cluster_default(&c);
+    if (planner_cluster_resolve(&c, s->resources.device, e) != 0) return -1;
+    const struct model_config *mc = &s->model;
+    char err[256];
+    if (model_config_check(mc, err, sizeof err, NULL) != 0)
+        return loom_error_set(e, 422, "INVALID_MODEL", "model", "%s", err);
+    struct loom_spec sp = *s;
+    sp.resources.gpus_per_node = c.gpus_per_node;
+    struct ctx x;
+    ctx_init(&x, &sp, &c, &o);
+    int G = c.gpus_per_node;
+
+    /* world sizes: 1, 2, 4, .. < G, G, then 2G, 4G, .. < nodes*G, nodes*G */
+    int worlds[64], nw = 0;
+    for (int w = 1; w < G && nw < 32; w *= 2)
+        worlds[nw++] = w;
+    worlds[nw++] = G;
+    for (int n = 2; n < c.nodes && nw < 60; n *= 2)
+        worlds[nw++] = n * G;
+    if (c.nodes > 1) worlds[nw++] = c.nodes * G;
+
+    struct tp_facts facts[65];
+    memset(facts, 0, sizeof facts);
+    int cap = 256, n = 0;
+    struct planner_candidate *list = malloc((size_t)cap * sizeof *list);
+    if (!list) return loom_error_set(e, 500, "INTERNAL", "", "out of memory");
+    int max_mb = sp.train.micro_batch;
+    int cuda = sp.resources.device == JOBSPEC_DEV_CUDA;
+    for (int wi = 0; wi < nw; wi++) {
+        int w = worlds[wi];
+        for (int tp = 1; tp <= G && tp <= w; tp++) {
+            if (G % tp || w % tp || mc->n_head % tp || mc->n_kv_head % tp || mc->d_ff % tp)
+                continue;
+            if (!facts[tp].tp) tp_facts_init(&facts[tp], mc, tp);
+            if (!facts[tp].ok) continue;
+            for (int pp = 1; pp <= w / tp; pp++) {
+                if ((w / tp) % pp || mc->n_layer % pp) continue;
+                int dp = w / tp / pp;
+                for (int z = 0; z <= 3; z++) {
+                    if ((z > 0 && dp == 1) || (z >= 2 && pp > 1)) continue;
+                    for (int off = 0; off <= cuda; off++) {
+                        struct planner_candidate best;
+                        int have = 0;
+                        for (int rc = 0; rc <= 2; rc++)
+                            for (int mb = max_mb; mb >= 1; mb /= 2) {
+                                int64_t unit = (int64_t)mb * mc->seq_len * dp;
+                                if (sp.train.global_batch_tokens % unit) continue;
+                                int64_t ga = sp.train.global_batch_tokens / unit;
+                                if (pp > 1 && ga < pp) continue;
+                                struct lay L = {dp, tp, pp, z, off, mb, (enum jobspec_recompute)rc};
+                                struct planner_candidate cd;
+                                memset(&cd, 0, sizeof cd);
+                                eval(&x, &facts[tp], &L, &cd.est);
+                                cd.score = cd.est.step_s * (1 + 0.01 * complexity(&cd.est));
+                                int better =
+                                    !have || (cd.est.fits && !best.est.fits) ||
+                                    (cd.est.fits == best.est.fits &&
+                                     (cd.est.fits ? cd.score < best.score
+                                                  : cd.est.mem.total < best.est.mem.total));
+                                if (better) {
+                                    best = cd;
+                                    have = 1;
+                                }
+                            }
+                        if (!have) continue;
+                        if (n == cap) {
+                            cap *= 2;
+                            struct planner_candidate *nl = realloc(list, (size_t)cap * sizeof *nl);
+                            if (!nl) {
+                                free(list);
+                                return loom_error_set(e, 500, "INTERNAL", "", "out of memory");
+                            }
+                            list = nl;
+                        }
+                        list[n++] = best;
+                    }
+                }
+            }
+        }
+    }
+    /* scaling: a layout on w GPUs must beat the best on the next smaller GPU
+     * count by 1.2x, else its extra GPUs are wasted */
+    for (int i = 0; i < n; i++) {
+        list[i].scaling_ok = 1;
+        describe(&list[i]);
+        if (!list[i].est.fits) continue;
+        int w = list[i].est.world, prev = 0;
+        for (int k = 0; k < nw; k++)
+            if (worlds[k] < w && worlds[k] > prev) prev = worlds[k];
+        if (!prev) continue;
+        double best_prev = 0;
+        for (int k = 0; k < n; k++)
+            if (list[k].est.fits && list[k].est.world == prev &&
+                (best_prev == 0 || list[k].est.step_s < best_prev))
+                best_prev = list[k].est.step_s;
+        if (best_prev > 0 && best_prev / list[i].est.step_s < 1.2) {
+            list[i].scaling_ok = 0;
+            size_t l = strlen(list[i].why);
+            snprintf(list[i].why + l, sizeof list[i].why - l,
+                     "; only %.2fx faster than the best on %d GPUs", best_prev / list[i].est.step_s,
+                     prev);
+        }
+    }
+    qsort(list, (size_t)n, sizeof *list, cand_cmp);
+    *out = list;
+    *nout = n;
+    return 0;
+}
+
+int planner_pick(const struct planner_candidate *list, int n) {
+    for (int i = 0; i < n; i++)
+        if (list[i].est.fits && list[i].scaling_ok) return i;
+    for (int i = 0; i < n; i++)
+        if (list[i].est.fits) return i;
+    return -1;
+}
+
+static int layout_str(char *buf, size_t n, const struct planner_estimate *est) {
+    return snprintf(buf, n,
+                    "dp=%d tp=%d pp=%d zero_stage=%d offload_optimizer=%s recompute=%s "
+                    "micro_batch=%d",
+                    est->dp, est->tp, est->pp, est->zero_stage, est->offload ? "true" : "false",
+                    jobspec_recompute_name(est->recompute), est->micro_batch);
+}
+
+int planner_check_fit(const struct loom_spec *s, const struct planner_cluster *c,
+                      const struct planner_options *o, struct loom_error *e) {
+    struct planner_estimate est;
+    if (planner_estimate(s, c, o, &est, e) != 0) return -1;
+    if (est.fits) return 0;
+    struct planner_candidate *list = NULL;
+    int n = 0;
+    char alt[320] = "no layout of this model fits the cluster";
+    if (planner_recommend(s, c, o, &list, &n, e) == 0) {
+        int pick = -1;
+        for (int i = 0; i < n && pick < 0; i++)
+            if (list[i].est.fits && list[i].est.world == est.world) pick = i;
+        if (pick < 0) pick = planner_pick(list, n);
+        if (pick >= 0) {
+            char ls[200];
+            layout_str(ls, sizeof ls, &list[pick].est);
+            snprintf(alt, sizeof alt, "best feasible on %d GPUs: %s (%.1f GiB/GPU, %.3g s/step)",
+                     list[pick].est.world, ls, list[pick].est.mem.total / GIB,
+                     list[pick].est.step_s);
+        }
+    }
+    free(list);
+    const struct planner_mem *m = &est.mem;
+    return loom_error_set(e, 422, "DOES_NOT_FIT", "parallel",
+                          "%s (params %.1f, grads %.1f, optimizer %.1f, activations %.1f, comm "
+                          "%.1f, workspace %.1f, reserved %.1f GiB); %s",
+                          est.reason, m->params / GIB, m->grads / GIB, m->optimizer / GIB,
+                          m->activations / GIB, m->comm / GIB, m->workspace / GIB,
+                          m->reserved / GIB, alt);
+}
+
+/* ---- JSON ---- */
+
+static json_t *gib(double bytes) {
+    return json_real(round(bytes / GIB * 1000) / 1000);
+}
+
+json_t *planner_estimate_to_json(const struct planner_estimate *est) {
+    const struct planner_mem *m = &est->mem;
+    json_t *mem = json_object();
+    json_object_set_new(mem, "params", gib(m->params));
+    json_object_set_new(mem, "grads", gib(m->grads));
+    json_object_set_new(mem, "optimizer", gib(m->optimizer));
+    json_object_set_new(mem, "activations", gib(m->activations));
+    json_object_set_new(mem, "comm", gib(m->comm));
+    json_object_set_new(mem, "workspace", gib(m->workspace));
+    json_object_set_new(mem, "reserved", gib(m->reserved));
+    json_object_set_new(mem, "total", gib(m->total));
+    json_object_set_new(mem, "gpu", gib(m->gpu_bytes));
+    json_object_set_new(mem, "host_offload_per_node", gib(m->host_per_node));
+    json_object_set_new(mem, "stage", json_integer(m->worst_stage));
+    json_object_set_new(mem, "inflight_micro_batches", json_integer(m->inflight));
+    json_t *act = json_object();
+    json_object_set_new(act, "attention", gib(m->act_attention));
+    json_object_set_new(act, "mlp", gib(m->act_mlp));
+    json_object_set_new(act, "norm_residual", gib(m->act_norm_residual));
+    json_object_set_new(act, "other", gib(m->act_other));
+    json_object_set_new(mem, "activations_by_layer_type", act);
+
+    json_t *comm = json_array();
+    for (int i = 0; i < est->n_comm; i++) {
+        const struct planner_comm *p = &est->comm[i];
+        json_array_append_new(comm, json_pack("{s:s, s:s, s:i, s:b, s:f, s:f, s:f, s:f, s:f}",
+                                              "group", p->group, "op", p->op, "ranks", p->ranks,
+                                              "cross_node", p->cross_node, "bytes", p->bytes,
+                                              "count", p->count, "gbps", p->gbps, "seconds",
+                                              p->seconds, "exposed_seconds", p->exposed));
+    }
+    json_t *time =
+        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute_s", est->compute_s,
+                  "bubble_s", est->bubble_s, "comm_s", est->comm_s, "comm_exposed_s",
+                  est->comm_exposed_s, "optimizer_s", est->optimizer_s, "step_s", est->step_s,
+                  "tokens_per_s", est->tokens_per_s, "mfu", est->mfu, "comm_fraction",
+                  est->comm_fraction, "bubble_fraction", est->bubble_fraction);
+    json_t *run = json_pack("{s:f, s:f, s:f}", "hours", est->run_hours, "gpu_hours", est->gpu_hours,
+                            "cost", est->cost);
+    json_t *layout = json_pack(
+        "{s:i, s:i, s:i, s:i, s:b, s:s, s:i, s:I, s:i, s:i}", "dp", est->dp, "tp", est->tp, "pp",
+        est->pp, "zero_stage", est->zero_stage, "offload_optimizer", est->offload, "recompute",
+        jobspec_recompute_name(est->recompute), "micro_batch", est->micro_batch, "grad_accum",
+        (json_int_t)est->grad_accum, "gpus", est->world, "nodes", est->nodes);
+    json_t *notes = json_array();
+    if (est->reason[0]) json_array_append_new(notes, json_string(est->reason));
+    for (int i = 0; i < est->n_notes; i++)
+        json_array_append_new(notes, json_string(est->notes[i]));
+    return json_pack("{s:o, s:b, s:o, s:o, s:o, s:o, s:f, s:o}", "layout", layout, "fits",
+                     est->fits, "memory_gib", mem, "communication", comm, "time", time, "run", run,
+                     "flops_per_token", est->flops_per_token, "reasons", notes);
+}
+
+static int parse_options(const json_t *j, struct planner_options *o, struct loom_error *e) {
+    if (!json_is_object(j))
+        return loom_error_set(e, 422, "WRONG_TYPE", "options", "options must be an object");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)j, key, v) {
+        char path[96];
+        snprintf(path, sizeof path, "options.%.60s", key);
+        if (strcmp(key, "max_alternatives") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000)
+                return loom_error_set(e, 422, "OUT_OF_RANGE", path,
+                                      "%s must be an integer in [0, 1000]", path);
+            o->max_alternatives = (int)json_integer_value(v);
+            continue;
+        }
+        double *dst = strcmp(key, "compute_efficiency") == 0 ? &o->compute_efficiency
+                      : strcmp(key, "overlap") == 0          ? &o->overlap
+                      : strcmp(key, "comm_warn") == 0        ? &o->comm_warn
+                                                             : NULL;
+        if (!dst) return loom_error_set(e, 422, "UNKNOWN_FIELD", path, "unknown field %s", path);
+        if (!json_is_number(v) || json_number_value(v) <= 0 || json_number_value(v) > 1)
+            return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s must be a number in (0, 1]",
+                                  path);
+        *dst = json_number_value(v);
+    }
+    return 0;
+}
+
+int planner_plan_json(const json_t *body, const struct planner_cluster *dflt, json_t **out,
+                      struct loom_error *e) {
+    *out = NULL;
+    if (!json_is_object(body))
+        return loom_error_set(e, 400, "INVALID_JSON", "", "the plan request must be a JSON object");
+    int rc = -1;
+    json_t *specj = json_copy((json_t *)body);
+    struct planner_candidate *list = NULL;
+    int n = 0;
+    struct planner_cluster c;
+    struct planner_options o;
+    struct loom_spec s;
+    if (!specj) return loom_error_set(e, 500, "INTERNAL", "", "out of memory");
+    if (dflt)
+        c = *dflt;
+    else
+        planner_cluster_default(&c);
+    planner_options_default(&o);
+    json_t *cj = json_object_get(body, "cluster");
+    json_t *oj = json_object_get(body, "options");
+    json_object_del(specj, "cluster");
+    json_object_del(specj, "options");
+    if (cj && planner_cluster_from_json(cj, &c, e) != 0) goto out;
+    if (oj && parse_options(oj, &o, e) != 0) goto out;
+    if (jobspec_parse(&s, specj, JOBSPEC_FOR_PLAN, e) != 0) goto out;
+    if (planner_cluster_resolve(&c, s.resources.device, e) != 0) goto out;
+    struct planner_estimate est;
+    if (planner_estimate(&s, &c, &o, &est, e) != 0) goto out;
+    if (planner_recommend(&s, &c, &o, &list, &n, e) != 0) goto out;
+    struct jobspec_derived d;
+    jobspec_derive(&s, &d);
+    json_t *alts = json_array();
+    for (int i = 0; i < n && i < o.max_alternatives; i++) {
+        json_t *a = planner_estimate_to_json(&list[i].est);
+        json_object_set_new(a, "rank", json_integer(i + 1));
+        json_object_set_new(a, "why", json_string(list[i].why));
+        json_array_append_new(alts, a);
+    }
+    int pick = planner_pick(list, n);
+    json_t *rec = json_null();
+    if (pick >= 0) {
+        json_decref(rec);
+        rec = planner_estimate_to_json(&list[pick].est);
+        json_object_set_new(rec, "rank", json_integer(pick + 1));
+        json_object_set_new(rec, "why", json_string(list[pick].why));
+    }
+    json_t *reasons = json_array();
+    if (!est.fits) json_array_append_new(reasons, json_string(est.reason));
+    for (int i = 0; i < est.n_notes; i++)
+        json_array_append_new(reasons, json_string(est.notes[i]));
+    *out = json_pack("{s:b, s:o, s:o, s:o, s:o, s:b, s:o, s:o, s:o, s:i}", "valid", 1, "spec",
+                     jobspec_to_json(&s), "derived", jobspec_derived_to_json(&d), "cluster",
+                     planner_cluster_to_json(&c), "estimate", planner_estimate_to_json(&est),
+                     "fits", est.fits, "reasons", reasons, "recommended", rec, "alternatives", alts,
+                     "layouts_considered", n);
+    if (!*out) {
+        loom_error_set(e, 500, "INTERNAL", "", "out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(list);
+    json_decref(specj);
+    return rc;
+}

@@ -1,0 +1,194 @@
+/* Planner: memory, communication, time and cost of a job before it runs, and
+ * the best parallel layout for a cluster. A pure library (no I/O, no
+ * globals): loomd answers POST /v1/plan and checks fit at submit with it,
+ * loomctl prints it, the worker logs its estimate next to the measured peak.
+ *
+ * Memory is counted from api/model.h's layout table (the one the engine
+ * allocates from) and the engine's activation buffers (worker/model.c), so
+ * estimate and reality cannot drift apart silently. Communication uses ring
+ * collectives over the link bandwidths, hierarchical across nodes; compute
+ * uses FLOPs at a stated efficiency; the 1F1B bubble and the overlap the
+ * engine can do (gradient reduction under backward, ZeRO-3 prefetch under
+ * compute) are modelled; everything else is exposed. docs/planner.md gives
+ * the formulas and their sources. */
+#ifndef LOOM_API_PLANNER_H
+#define LOOM_API_PLANNER_H
+
+#include <jansson.h>
+
+#include "api/jobspec.h"
+#include "api/model.h"
+
+#define PLANNER_NAME_MAX 32
+
+/* Known accelerator types (read-only table). Memory in GiB, dense peak
+ * TFLOPS for bf16 and fp32 (no sparsity), HBM bandwidth in TB/s. */
+struct planner_gpu_type {
+    const char *name;
+    double mem_gib;
+    double bf16_tflops;
+    double fp32_tflops;
+    double hbm_tbps;
+};
+const struct planner_gpu_type *planner_gpu_types(size_t *n);
+const struct planner_gpu_type *planner_gpu_find(const char *name); /* case-insensitive */
+
+/* Known links: nominal GB/s as usually quoted and the fraction collectives
+ * reach (NVLink figures count both directions). */
+struct planner_link_type {
+    const char *name;
+    double nominal_gbps;
+    double efficiency;
+};
+const struct planner_link_type *planner_link_types(size_t *n);
+const struct planner_link_type *planner_link_find(const char *name);
+
+/* A cluster description. Zero / empty fields take defaults from the named
+ * types when planner_cluster_resolve runs. */
+struct planner_cluster {
+    int nodes;
+    int gpus_per_node;
+    char gpu[PLANNER_NAME_MAX];        /* type name, e.g. "H100-80GB"; "cpu" for cpu jobs */
+    double gpu_mem_gib;                /* 0: from type */
+    double peak_tflops;                /* 0: from type and the spec's precision */
+    double hbm_tbps;                   /* 0: from type */
+    char intra_link[PLANNER_NAME_MAX]; /* default "nvlink4" ("shm" for cpu) */
+    char inter_link[PLANNER_NAME_MAX]; /* default "roce100" */
+    int nics_per_node;                 /* default 1 */
+    double intra_gbps;    /* effective per-GPU GB/s inside a node (measured overrides; 0: link) */
+    double inter_gbps;    /* effective per-node GB/s between nodes (0: link x nics) */
+    double host_mem_gib;  /* per node, for optimizer offload (default 1024) */
+    double host_mem_gbps; /* host memory bandwidth for the CPU optimizer (default 100) */
+    double pcie_gbps;     /* GPU <-> host copies (default 25) */
+    double price_per_gpu_hour; /* default 2.50 */
+};
+
+/* Tunables, with the defaults planner_options_default sets. */
+struct planner_options {
+    double compute_efficiency; /* fraction of peak the matmuls reach (0.5) */
+    double overlap;            /* fraction of a compute window comm can hide under (0.8) */
+    double comm_warn;          /* exposed-communication fraction flagged (0.20) */
+    double bucket_mib;         /* dp gradient bucket (25 MiB) */
+    double latency_us_intra;   /* per collective hop (5) */
+    double latency_us_inter;   /* (15) */
+    int max_alternatives;      /* entries in the "alternatives" answer (10) */
+};
+void planner_options_default(struct planner_options *o);
+
+/* One node of 8 x H100-80GB, NVLink 4, 100 Gb RoCE, 2 TiB host memory. */
+void planner_cluster_default(struct planner_cluster *c);
+/* Fill defaults from the named types. Errors: UNKNOWN_GPU, UNKNOWN_LINK,
+ * OUT_OF_RANGE (field paths under "cluster."). */
+int planner_cluster_resolve(struct planner_cluster *c, enum jobspec_device dev,
+                            struct loom_error *e);
+/* Parse {"nodes","gpus_per_node","gpu","gpu_mem_gib","peak_tflops","hbm_tbps","intra_link",
+ * "inter_link","nics_per_node","intra_gbps","inter_gbps","host_mem_gib","host_mem_gbps",
+ * "pcie_gbps","price_per_gpu_hour"} strictly over `base` (fields absent keep base's value).
+ * Does not resolve. */
+int planner_cluster_from_json(const json_t *j, struct planner_cluster *c, struct loom_error *e);
+json_t *planner_cluster_to_json(const struct planner_cluster *c);
+
+/* ---- estimate ---- */
+
+/* Bytes per GPU by category, for the most loaded pipeline stage. */
+struct planner_mem {
+    double params, grads, optimizer, activations, comm, workspace, reserved, total;
+    double act_attention, act_mlp, act_norm_residual, act_other; /* split of activations */
+    int inflight;         /* micro-batches whose activations the stage holds (1F1B) */
+    int worst_stage;      /* stage these numbers are for */
+    double gpu_bytes;     /* the GPU's memory */
+    double host_per_node; /* offloaded optimizer state + staging per node */
+    double host_bytes;    /* the node's host memory */
+};
+
+#define PLANNER_MAX_COMM 8
+struct planner_comm {
+    char group[8]; /* "tp", "dp", "pp", "embed" */
+    char op[24];   /* "all_reduce", "reduce_scatter", "all_gather", "send_recv" */
+    int ranks;     /* group size */
+    int cross_node;
+    double bytes;   /* per call, per rank */
+    double count;   /* calls per step */
+    double gbps;    /* effective bandwidth used */
+    double seconds; /* per step, all calls */
+    double exposed; /* seconds not hidden under compute */
+};
+
+struct planner_estimate {
+    /* layout evaluated */
+    int dp, tp, pp, zero_stage, offload, micro_batch, world, nodes;
+    enum jobspec_recompute recompute;
+    int64_t grad_accum;
+
+    struct planner_mem mem;
+    int n_comm;
+    struct planner_comm comm[PLANNER_MAX_COMM];
+
+    double flops_per_token; /* model FLOPs (the MFU numerator), no recompute */
+    double compute_s;       /* GA micro-steps on the slowest stage, with recompute */
+    double bubble_s;        /* 1F1B: (pp - 1) micro-steps */
+    double comm_s;          /* all communication */
+    double comm_exposed_s;  /* what overlap cannot hide */
+    double optimizer_s;     /* AdamW on GPU, or offload copies + CPU step */
+    double step_s;
+    double tokens_per_s, mfu, comm_fraction, bubble_fraction;
+    double run_hours, gpu_hours, cost;
+
+    int fits;           /* memory fits the GPU (and host memory when offloading) */
+    char reason[256];   /* "does not fit: 96.3 GiB/GPU > 80 GiB", or "" */
+    char notes[4][128]; /* warnings: communication share, bubble, offload, ... */
+    int n_notes;
+};
+
+/* Estimate the spec's own layout on cluster `c` (resolved or not; resolved
+ * internally on a copy). Errors: 422 LAYOUT_EXCEEDS_CLUSTER (dp*tp*pp more
+ * than nodes x gpus_per_node), the cluster codes above, and the spec's
+ * rules (the spec is validated again). */
+int planner_estimate(const struct loom_spec *s, const struct planner_cluster *c,
+                     const struct planner_options *o, struct planner_estimate *out,
+                     struct loom_error *e);
+
+/* ---- recommendation ---- */
+
+struct planner_candidate {
+    struct planner_estimate est;
+    char why[320];  /* why it wins, or why it fails */
+    int scaling_ok; /* 0: less than 1.2x faster than the best on the next smaller GPU count */
+    double score;   /* sort key: step time with a small complexity penalty */
+};
+
+/* Enumerate layouts of the spec's model and global batch on the cluster:
+ * GPU counts (1, 2, 4, .. up to a node, then 1, 2, 4, .. nodes and all of
+ * them), tp dividing the heads and a node, pp dividing the layers, ZeRO 0-3,
+ * offload, recompute, micro-batch halvings that keep global_batch_tokens.
+ * For each (GPUs, dp, tp, pp, zero, offload) the best recompute and
+ * micro-batch is kept. Feasible ones come first by score; then infeasible
+ * ones by memory. *out is malloc'ed (caller frees), *n entries. */
+int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c,
+                      const struct planner_options *o, struct planner_candidate **out, int *n,
+                      struct loom_error *e);
+/* Index of the recommended candidate in a planner_recommend list: the first
+ * feasible one whose GPUs are not wasted (scaling_ok), or -1. */
+int planner_pick(const struct planner_candidate *list, int n);
+
+/* Submit-time check: 0 when the spec's layout fits cluster `c`'s GPUs, else
+ * -1 with 422 DOES_NOT_FIT naming the estimate per category and the best
+ * feasible alternative on the same number of GPUs (or any, if none). */
+int planner_check_fit(const struct loom_spec *s, const struct planner_cluster *c,
+                      const struct planner_options *o, struct loom_error *e);
+
+/* ---- JSON ---- */
+
+json_t *planner_estimate_to_json(const struct planner_estimate *est);
+
+/* The whole POST /v1/plan answer. `body` is a job spec (data optional) that
+ * may also carry "cluster" (see planner_cluster_from_json) and "options"
+ * ({"compute_efficiency","overlap","max_alternatives"}) objects; `dflt` is the
+ * cluster used when the body has none (NULL: planner_cluster_default).
+ * Returns 0 with *out = {"valid":true,"spec","derived","cluster","estimate",
+ * "fits","reasons","recommended","alternatives"} (caller owns), or -1 with
+ * `e` filled (400/422: answer with loom_error_to_json). */
+int planner_plan_json(const json_t *body, const struct planner_cluster *dflt, json_t **out,
+                      struct loom_error *e);
+
+#endif

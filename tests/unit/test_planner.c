@@ -1,0 +1,456 @@
+/* Unit tests of api/planner: the 70B arithmetic the field quotes, the
+ * decision-table bands on an 8 x 80 GB NVLink node and clusters of them, a
+ * communication-bound case where more GPUs stop helping, the submit-time fit
+ * check, the POST /v1/plan answer, bad inputs, and consistency with the
+ * layout table (stage parameters) and between categories. */
+#include "api/planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define GB  1e9
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static char *dequote(const char *s) {
+    char *o = strdup(s);
+    for (char *p = o; *p; p++)
+        if (*p == '\'') *p = '"';
+    return o;
+}
+
+/* Parse a single-quoted spec for planning; the cluster (may be NULL) too. */
+static int load(const char *spec, const char *cluster, struct loom_spec *s,
+                struct planner_cluster *c) {
+    struct loom_error e;
+    char *t = dequote(spec);
+    int rc = jobspec_parse_text(s, t, strlen(t), JOBSPEC_FOR_PLAN, &e);
+    if (rc) fprintf(stderr, "spec %s: %s %s\n", spec, e.code, e.message);
+    free(t);
+    planner_cluster_default(c);
+    if (cluster) {
+        t = dequote(cluster);
+        json_t *j = json_loads(t, 0, NULL);
+        free(t);
+        if (!j || planner_cluster_from_json(j, c, &e) != 0) {
+            fprintf(stderr, "cluster %s: bad\n", cluster);
+            rc = -1;
+        }
+        json_decref(j);
+    }
+    return rc;
+}
+
+/* ---- 70B arithmetic ---- */
+static void test_70b_arithmetic(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    CHECK(load("{'model':{'family':'llama','preset':'70b'},'train':{'micro_batch':1,"
+               "'global_batch_tokens':1048576}}",
+               NULL, &s, &c) == 0);
+    struct planner_estimate est;
+    struct loom_error e;
+    /* one GPU, no sharding: bf16 weights, bf16 grads, 12 B/param AdamW state */
+    c.nodes = 1;
+    CHECK(planner_estimate(&s, &c, NULL, &est, &e) == 0);
+    double w = est.mem.params, g = est.mem.grads, o = est.mem.optimizer;
+    CHECK(fabs(w / GB - 140) / 140 < 0.02);
+    CHECK(fabs(g / GB - 140) / 140 < 0.02);
+    CHECK(fabs(o / GB - 840) / 840 < 0.02);
+    CHECK(fabs((w + g + o) / 1e12 - 1.12) / 1.12 < 0.02);
+    CHECK(o == 6 * w); /* 12 bytes vs 2 bytes per parameter */
+    CHECK(!est.fits && strstr(est.reason, "does not fit") && strstr(est.reason, "> 80 GiB"));
+    printf("70b static: weights %.1f GB, grads %.1f GB, optimizer %.1f GB, total %.3f TB\n", w / GB,
+           g / GB, o / GB, (w + g + o) / 1e12);
+
+    /* no 8 x 80 GB node holds it without sharding and offload: every layout
+     * on one node without offload fails; with ZeRO-3 + offload one fits */
+    struct planner_candidate *list;
+    int n;
+    CHECK(planner_recommend(&s, &c, NULL, &list, &n, &e) == 0);
+    int fits_no_offload = 0, fits_offload = 0;
+    for (int i = 0; i < n; i++) {
+        if (list[i].est.fits && !list[i].est.offload) fits_no_offload++;
+        if (list[i].est.fits && list[i].est.offload) fits_offload++;
+    }
+    CHECK(n > 20 && fits_no_offload == 0 && fits_offload > 0);
+    free(list);
+}
+
+/* ---- decision-table bands ---- */
+struct band {
+    const char *what;
+    const char *spec;
+    const char *cluster;
+    int want_dp_only; /* tp == 1 && pp == 1 */
+    int min_zero, max_zero;
+    int offload;       /* -1 any, 0 no, 1 yes */
+    int want_tp_pp_dp; /* tp > 1 && pp > 1 && dp > 1 */
+    int want_gpus;     /* 0: any */
+};
+
+#define NODE1  "{'nodes':1,'gpus_per_node':8,'gpu':'H100-80GB','intra_link':'nvlink4'}"
+#define NODE8  "{'nodes':8,'gpus_per_node':8,'gpu':'H100-80GB','inter_link':'roce100'}"
+#define NODE16 "{'nodes':16,'gpus_per_node':8,'gpu':'A100-80GB','intra_link':'nvlink3'}"
+
+static const struct band bands[] = {
+    {"<7B gpt2 124m: DDP / ZeRO-1",
+     "{'model':{'family':'gpt2','preset':'124m'},'train':{'micro_batch':16,"
+     "'global_batch_tokens':524288}}",
+     NODE1, 1, 0, 1, 0, 0, 8},
+    {"<7B llama 1b: DDP / ZeRO-1",
+     "{'model':{'family':'llama','preset':'1b'},'train':{'micro_batch':4,"
+     "'global_batch_tokens':1048576}}",
+     NODE1, 1, 0, 1, 0, 0, 8},
+    {"<7B gpt2 1558m: DDP / ZeRO-1",
+     "{'model':{'family':'gpt2','preset':'1558m'},'train':{'micro_batch':8,"
+     "'global_batch_tokens':524288}}",
+     NODE1, 1, 0, 1, 0, 0, 8},
+    {"7-13B llama 7b: sharded optimizer, no offload",
+     "{'model':{'family':'llama','preset':'7b'},'train':{'micro_batch':4,"
+     "'global_batch_tokens':1048576}}",
+     NODE1, 0, 1, 3, 0, 0, 8},
+    {"7-13B llama 13b: sharded optimizer, no offload",
+     "{'model':{'family':'llama','preset':'13b'},'train':{'micro_batch':2,"
+     "'global_batch_tokens':1048576}}",
+     NODE1, 0, 1, 3, 0, 0, 8},
+    {"30-70B llama 34b on one node: ZeRO-3 + CPU offload",
+     "{'model':{'family':'llama','preset':'34b'},'train':{'micro_batch':1,"
+     "'global_batch_tokens':1048576}}",
+     NODE1, 0, 3, 3, 1, 0, 8},
+    {"30-70B llama 70b on one node: ZeRO-3 + CPU offload",
+     "{'model':{'family':'llama','preset':'70b'},'train':{'micro_batch':1,"
+     "'global_batch_tokens':1048576}}",
+     NODE1, 0, 3, 3, 1, 0, 8},
+    {"70B+ llama 70b on 8 nodes over 100G RoCE: TP + PP + DP",
+     "{'model':{'family':'llama','preset':'70b'},'train':{'micro_batch':1,"
+     "'global_batch_tokens':4194304}}",
+     NODE8, 0, 0, 1, -1, 1, 64},
+    {"70B+ 120B-class on 16 A100 nodes: TP + PP + DP",
+     "{'model':{'family':'llama','n_layer':96,'n_head':80,'n_kv_head':8,'d_model':10240,"
+     "'d_ff':32768,'vocab_size':32000,'seq_len':4096},'train':{'micro_batch':1,"
+     "'global_batch_tokens':4194304}}",
+     NODE16, 0, 0, 1, -1, 1, 128},
+};
+
+static void test_bands(void) {
+    for (size_t i = 0; i < sizeof bands / sizeof *bands; i++) {
+        const struct band *b = &bands[i];
+        struct loom_spec s;
+        struct planner_cluster c;
+        struct loom_error e;
+        CHECK(load(b->spec, b->cluster, &s, &c) == 0);
+        struct planner_candidate *list = NULL;
+        int n = 0;
+        CHECK(planner_recommend(&s, &c, NULL, &list, &n, &e) == 0);
+        int k = planner_pick(list, n);
+        CHECK(k >= 0);
+        if (k < 0) {
+            free(list);
+            continue;
+        }
+        const struct planner_estimate *x = &list[k].est;
+        int ok = 1;
+        if (b->want_dp_only) ok &= x->tp == 1 && x->pp == 1;
+        if (b->want_tp_pp_dp) ok &= x->tp > 1 && x->pp > 1 && x->dp > 1;
+        ok &= x->zero_stage >= b->min_zero && x->zero_stage <= b->max_zero;
+        if (b->offload >= 0) ok &= x->offload == b->offload;
+        if (b->want_gpus) ok &= x->world == b->want_gpus;
+        ok &= x->fits && list[k].why[0] != '\0' && strstr(list[k].why, "fits") != NULL;
+        printf("band %-55s -> dp=%d tp=%d pp=%d zero=%d offload=%d (%s)\n", b->what, x->dp, x->tp,
+               x->pp, x->zero_stage, x->offload, list[k].why);
+        if (!ok) fprintf(stderr, "band '%s': unexpected pick\n", b->what);
+        CHECK(ok);
+        /* every infeasible candidate says why, with the numbers */
+        for (int j = 0; j < n; j++)
+            if (!list[j].est.fits) CHECK(strstr(list[j].why, "does not fit") != NULL);
+        /* the list is ordered: feasible first, by score */
+        for (int j = 1; j < n; j++) {
+            CHECK(list[j - 1].est.fits >= list[j].est.fits);
+            if (list[j - 1].est.fits && list[j].est.fits) CHECK(list[j - 1].score <= list[j].score);
+        }
+        free(list);
+    }
+    /* 7b without ZeRO on the node does not fit (dp=8, zero 0, no offload) */
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate est;
+    struct loom_error e;
+    CHECK(load("{'model':{'family':'llama','preset':'7b'},'parallel':{'dp':8},"
+               "'train':{'micro_batch':4,'global_batch_tokens':1048576}}",
+               NODE1, &s, &c) == 0);
+    CHECK(planner_estimate(&s, &c, NULL, &est, &e) == 0 && !est.fits);
+}
+
+/* ---- communication-bound: more GPUs stop helping ---- */
+static void test_comm_bound(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct loom_error e;
+    CHECK(load("{'model':{'family':'gpt2','preset':'124m'},'train':{'micro_batch':16,"
+               "'global_batch_tokens':524288}}",
+               "{'nodes':16,'gpus_per_node':8,'inter_link':'roce100'}", &s, &c) == 0);
+    struct planner_candidate *list = NULL;
+    int n = 0;
+    CHECK(planner_recommend(&s, &c, NULL, &list, &n, &e) == 0);
+    int k = planner_pick(list, n);
+    CHECK(k >= 0);
+    double best128 = 0, best_pick = k >= 0 ? list[k].est.step_s : 0;
+    int n128 = 0;
+    for (int i = 0; i < n; i++) {
+        if (!list[i].est.fits || list[i].est.world != 128 || list[i].est.offload) continue;
+        n128++;
+        CHECK(list[i].est.comm_fraction > 0.20);
+        CHECK(!list[i].scaling_ok && strstr(list[i].why, "only"));
+        CHECK(strstr(list[i].why, "communication") != NULL);
+        if (best128 == 0 || list[i].est.step_s < best128) best128 = list[i].est.step_s;
+    }
+    CHECK(n128 > 0);
+    CHECK(k >= 0 && list[k].est.world < 128);
+    CHECK(best128 > 0.9 * best_pick); /* 4x+ the GPUs, not even 1.11x faster */
+    printf("comm-bound 124m: pick %d GPUs %.4f s/step; best on 128 GPUs %.4f s/step\n",
+           k >= 0 ? list[k].est.world : 0, best_pick, best128);
+    /* the same job on one NVLink node is compute-bound */
+    for (int i = 0; i < n; i++)
+        if (list[i].est.fits && list[i].est.world == 8 && list[i].est.tp == 1)
+            CHECK(list[i].est.comm_fraction < 0.20);
+    free(list);
+}
+
+/* ---- consistency with the layout table and between categories ---- */
+static void test_consistency(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct loom_error e;
+    struct planner_estimate a, b;
+    /* pipeline stage parameters equal the layout table's stage sums */
+    CHECK(load("{'model':{'family':'llama','preset':'7b'},'parallel':{'tp':2,'pp':4,'dp':1},"
+               "'train':{'micro_batch':1,'global_batch_tokens':32768}}",
+               NULL, &s, &c) == 0);
+    CHECK(planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    struct model_layout l;
+    CHECK(model_layout_init(&l, &s.model, 2) == 0);
+    int64_t st = model_layout_stage_numel(&l, &s.model, 4, a.mem.worst_stage);
+    CHECK(fabs(a.mem.params - 2.0 * (double)st) < 1);
+    CHECK(a.mem.worst_stage == 3 || a.mem.worst_stage == 0);
+    CHECK(a.mem.inflight == (a.mem.worst_stage == 0 ? 4 : 1));
+    model_layout_free(&l);
+    CHECK(a.n_comm >= 2); /* tp all-reduce and pp send/recv */
+    int has_tp = 0, has_pp = 0;
+    for (int i = 0; i < a.n_comm; i++) {
+        has_tp |= strcmp(a.comm[i].group, "tp") == 0 && !a.comm[i].cross_node;
+        has_pp |= strcmp(a.comm[i].group, "pp") == 0;
+    }
+    CHECK(has_tp && has_pp);
+    CHECK(a.bubble_s > 0 && fabs(a.bubble_s / a.compute_s - 3.0 / 8) < 1e-9); /* (pp-1)/ga */
+
+    /* ZeRO stages shrink memory monotonically; full recompute shrinks activations */
+    static const char *z[] = {
+        "{'model':{'family':'llama','preset':'1b'},'parallel':{'dp':8,'zero_stage':%d},"
+        "'train':{'micro_batch':2,'global_batch_tokens':131072,'recompute':'%s'}}"};
+    double prev = 1e30;
+    for (int zs = 0; zs <= 3; zs++) {
+        char buf[512];
+        snprintf(buf, sizeof buf, z[0], zs, "none");
+        CHECK(load(buf, NULL, &s, &c) == 0);
+        CHECK(planner_estimate(&s, &c, NULL, &a, &e) == 0);
+        double stat = a.mem.params + a.mem.grads + a.mem.optimizer;
+        CHECK(stat < prev);
+        prev = stat;
+        CHECK(a.mfu > 0 && a.mfu <= 0.5 + 1e-9);
+        CHECK(fabs(a.gpu_hours - a.run_hours * 8) < 1e-9 * a.gpu_hours + 1e-12);
+        CHECK(fabs(a.cost - a.gpu_hours * 2.5) < 1e-6 * a.cost + 1e-12);
+        CHECK(fabs(a.mem.total - (a.mem.params + a.mem.grads + a.mem.optimizer + a.mem.activations +
+                                  a.mem.comm + a.mem.workspace + a.mem.reserved)) < 1);
+    }
+    const char *rcs[] = {"none", "selective", "full"};
+    double act_prev = 1e30, compute_prev = 0;
+    for (int r = 0; r < 3; r++) {
+        char buf[512];
+        snprintf(buf, sizeof buf, z[0], 1, rcs[r]);
+        CHECK(load(buf, NULL, &s, &c) == 0);
+        CHECK(planner_estimate(&s, &c, NULL, &b, &e) == 0);
+        CHECK(b.mem.activations < act_prev && b.compute_s > compute_prev);
+        act_prev = b.mem.activations;
+        compute_prev = b.compute_s;
+    }
+    /* more tp: fewer parameters per GPU */
+    CHECK(load("{'model':{'family':'llama','preset':'13b'},'parallel':{'tp':8},"
+               "'train':{'micro_batch':1,'global_batch_tokens':4096}}",
+               NULL, &s, &c) == 0);
+    CHECK(planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    CHECK(load("{'model':{'family':'llama','preset':'13b'},'parallel':{'tp':2},"
+               "'train':{'micro_batch':1,'global_batch_tokens':4096}}",
+               NULL, &s, &c) == 0);
+    CHECK(planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    CHECK(b.mem.params < a.mem.params / 3.5);
+    /* offload moves the optimizer to host memory and costs CPU time */
+    CHECK(load("{'model':{'family':'llama','preset':'7b'},'parallel':{'dp':8,'zero_stage':1},"
+               "'train':{'micro_batch':1,'global_batch_tokens':32768,'offload_optimizer':true}}",
+               NULL, &s, &c) == 0);
+    CHECK(planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    CHECK(a.mem.optimizer == 0 && a.mem.host_per_node > 50 * GIB && a.optimizer_s > 0.1);
+}
+
+/* ---- submit-time fit check ---- */
+static void test_check_fit(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct loom_error e;
+    CHECK(load("{'model':{'family':'llama','preset':'70b'},'parallel':{'dp':8},"
+               "'train':{'micro_batch':1,'global_batch_tokens':1048576}}",
+               NODE1, &s, &c) == 0);
+    memset(&e, 0, sizeof e);
+    CHECK(planner_check_fit(&s, &c, NULL, &e) == -1);
+    CHECK(e.status == 422 && strcmp(e.code, "DOES_NOT_FIT") == 0);
+    CHECK(strstr(e.message, "GiB/GPU > 80 GiB") && strstr(e.message, "optimizer"));
+    CHECK(strstr(e.message, "best feasible on 8 GPUs") && strstr(e.message, "zero_stage=3") &&
+          strstr(e.message, "offload_optimizer=true"));
+    printf("check_fit: %s\n", e.message);
+    CHECK(load("{'model':{'family':'gpt2','preset':'124m'},'parallel':{'dp':8},"
+               "'train':{'micro_batch':16,'global_batch_tokens':524288}}",
+               NODE1, &s, &c) == 0);
+    CHECK(planner_check_fit(&s, &c, NULL, &e) == 0);
+    /* a GPU with less memory turns the same job away */
+    c.gpu_mem_gib = 4;
+    CHECK(planner_check_fit(&s, &c, NULL, &e) == -1 && strstr(e.message, "> 4 GiB"));
+}
+
+/* ---- POST /v1/plan ---- */
+static void test_plan_json(void) {
+    char *t = dequote("{'model':{'family':'llama','preset':'7b'},'parallel':{'dp':8,"
+                      "'zero_stage':1},'train':{'micro_batch':2,'global_batch_tokens':1048576,"
+                      "'steps':1000},'cluster':{'nodes':2,'gpus_per_node':8,'gpu':'A100-80GB',"
+                      "'price_per_gpu_hour':3.0},'options':{'max_alternatives':5}}");
+    json_t *body = json_loads(t, 0, NULL);
+    free(t);
+    json_t *out = NULL;
+    struct loom_error e;
+    CHECK(body && planner_plan_json(body, NULL, &out, &e) == 0 && out);
+    if (out) {
+        const char *keys[] = {"valid", "spec",    "derived",     "cluster",     "estimate",
+                              "fits",  "reasons", "recommended", "alternatives"};
+        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+            CHECK(json_object_get(out, keys[i]) != NULL);
+        json_t *est = json_object_get(out, "estimate");
+        json_t *mem = json_object_get(est, "memory_gib");
+        CHECK(json_number_value(json_object_get(mem, "gpu")) == 80);
+        CHECK(json_number_value(json_object_get(mem, "total")) > 0);
+        CHECK(json_is_array(json_object_get(est, "communication")) &&
+              json_array_size(json_object_get(est, "communication")) >= 2);
+        json_t *run = json_object_get(est, "run");
+        double gh = json_number_value(json_object_get(run, "gpu_hours"));
+        CHECK(fabs(json_number_value(json_object_get(run, "cost")) - 3.0 * gh) < 1e-6 * gh);
+        CHECK(json_array_size(json_object_get(out, "alternatives")) == 5);
+        CHECK(json_object_get(json_object_get(out, "recommended"), "why") != NULL);
+        CHECK(strcmp(json_string_value(json_object_get(json_object_get(out, "cluster"), "gpu")),
+                     "A100-80GB") == 0);
+        CHECK(json_integer_value(json_object_get(json_object_get(out, "derived"), "world")) == 8);
+    }
+    json_decref(out);
+    json_decref(body);
+}
+
+/* ---- bad inputs ---- */
+struct bad {
+    const char *what;
+    const char *body;
+    int status;
+    const char *code, *field;
+};
+static const struct bad bads[] = {
+    {"zero layers", "{'model':{'family':'gpt2','preset':'124m','n_layer':0}}", 422, "OUT_OF_RANGE",
+     "model.n_layer"},
+    {"negative d_model",
+     "{'model':{'family':'gpt2','n_layer':2,'n_head':2,'d_model':-64,'vocab_size':10,"
+     "'seq_len':8}}",
+     422, "OUT_OF_RANGE", "model.d_model"},
+    {"zero micro_batch", "{'model':{'family':'gpt2','preset':'124m'},'train':{'micro_batch':0}}",
+     422, "OUT_OF_RANGE", "train.micro_batch"},
+    {"zero nodes", "{'model':{'family':'gpt2','preset':'124m'},'cluster':{'nodes':0}}", 422,
+     "OUT_OF_RANGE", "cluster.nodes"},
+    {"negative GPUs per node",
+     "{'model':{'family':'gpt2','preset':'124m'},'cluster':{'gpus_per_node':-8}}", 422,
+     "OUT_OF_RANGE", "cluster.gpus_per_node"},
+    {"unknown GPU", "{'model':{'family':'gpt2','preset':'124m'},'cluster':{'gpu':'Z100'}}", 422,
+     "UNKNOWN_GPU", "cluster.gpu"},
+    {"unknown link",
+     "{'model':{'family':'gpt2','preset':'124m'},'cluster':{'inter_link':'carrier-pigeon'}}", 422,
+     "UNKNOWN_LINK", "cluster.inter_link"},
+    {"unknown cluster field", "{'model':{'family':'gpt2','preset':'124m'},'cluster':{'gpuz':1}}",
+     422, "UNKNOWN_FIELD", "cluster.gpuz"},
+    {"layout larger than the cluster",
+     "{'model':{'family':'gpt2','preset':'124m'},'parallel':{'dp':4,'tp':4},"
+     "'cluster':{'nodes':1,'gpus_per_node':8}}",
+     422, "LAYOUT_EXCEEDS_CLUSTER", "parallel"},
+    {"layout product mismatched to the GPUs",
+     "{'model':{'family':'gpt2','preset':'124m'},'parallel':{'dp':3,'pp':3},"
+     "'train':{'micro_batch':1,'global_batch_tokens':9216},'cluster':{'nodes':1,"
+     "'gpus_per_node':8}}",
+     422, "LAYOUT_EXCEEDS_CLUSTER", "parallel"},
+    {"tp wider than the cluster's nodes",
+     "{'model':{'family':'gpt2','preset':'350m'},'parallel':{'tp':8},"
+     "'cluster':{'nodes':2,'gpus_per_node':4}}",
+     422, "TP_CROSSES_NODE", "parallel.tp"},
+    {"bad option", "{'model':{'family':'gpt2','preset':'124m'},'options':{'overlap':2}}", 422,
+     "OUT_OF_RANGE", "options.overlap"},
+    {"tp not dividing heads", "{'model':{'family':'gpt2','preset':'124m'},'parallel':{'tp':5}}",
+     422, "TP_HEADS", "parallel.tp"},
+    {"not an object", "[1,2]", 400, "INVALID_JSON", ""},
+};
+
+static void test_bad_inputs(void) {
+    for (size_t i = 0; i < sizeof bads / sizeof *bads; i++) {
+        char *t = dequote(bads[i].body);
+        json_t *j = json_loads(t, 0, NULL);
+        free(t);
+        CHECK(j != NULL);
+        json_t *out = NULL;
+        struct loom_error e;
+        memset(&e, 0, sizeof e);
+        int rc = planner_plan_json(j, NULL, &out, &e);
+        int ok = rc == -1 && out == NULL && e.status == bads[i].status &&
+                 strcmp(e.code, bads[i].code) == 0 && strcmp(e.field, bads[i].field) == 0 &&
+                 e.message[0];
+        if (!ok)
+            fprintf(stderr, "bad '%s': rc=%d %d %s '%s': %s\n", bads[i].what, rc, e.status, e.code,
+                    e.field, e.message);
+        CHECK(ok);
+        json_decref(out);
+        json_decref(j);
+    }
+    /* an explicit GPU description (unknown name with memory and peak) is accepted */
+    struct planner_cluster c;
+    planner_cluster_default(&c);
+    snprintf(c.gpu, sizeof c.gpu, "MyAccel");
+    c.gpu_mem_gib = 32;
+    c.peak_tflops = 100;
+    struct loom_error e;
+    CHECK(planner_cluster_resolve(&c, JOBSPEC_DEV_CUDA, &e) == 0 && c.intra_gbps > 0);
+}
+
+int main(void) {
+    test_70b_arithmetic();
+    test_bands();
+    test_comm_bound();
+    test_consistency();
+    test_check_fit();
+    test_plan_json();
+    test_bad_inputs();
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("test_planner: all checks passed\n");
+    return 0;
+}
