@@ -597,9 +597,10 @@ static int load_manifest(const char *dir, int world, json_t **out, char *err, si
     return 0;
 }
 
-/* Check shard i's size and checksum; on success optionally open it. */
-static int check_shard(const char *dir, const json_t *man, int i, struct st_file **stf, char *err,
-                       size_t errlen) {
+/* Check shard i's size and, with hash, its checksum and format; on success
+ * optionally open it. */
+static int check_shard(const char *dir, const json_t *man, int i, int hash, struct st_file **stf,
+                       char *err, size_t errlen) {
     json_t *s = json_array_get(json_object_get(man, "shards"), (size_t)i);
     const char *file = json_string_value(json_object_get(s, "file"));
     uint64_t want = (uint64_t)json_integer_value(json_object_get(s, "bytes")), got = 0;
@@ -617,6 +618,7 @@ static int check_shard(const char *dir, const json_t *man, int i, struct st_file
                want);
         return CKPT_ECORRUPT;
     }
+    if (!hash) return 0;
     if (st_sha256_file(path, hex, &got, serr, sizeof serr) != 0) {
         seterr(err, errlen, "%s", serr);
         return CKPT_EIO;
@@ -644,9 +646,56 @@ int ckpt_verify(const char *dir, int world, char *err, size_t errlen) {
     if (rc) return rc;
     int n = (int)json_array_size(json_object_get(m, "shards"));
     for (int i = 0; i < n && rc == 0; i++)
-        rc = check_shard(dir, m, i, NULL, err, errlen);
+        rc = check_shard(dir, m, i, 1, NULL, err, errlen);
     json_decref(m);
     return rc;
+}
+
+int ckpt_verify_rank(const char *dir, int world, int rank, char *err, size_t errlen) {
+    json_t *m = NULL;
+    int rc = load_manifest(dir, world, &m, err, errlen);
+    if (rc) return rc;
+    int n = (int)json_array_size(json_object_get(m, "shards"));
+    if (rank < 0 || rank >= n) {
+        seterr(err, errlen, "%s: no shard for rank %d (world %d)", dir, rank, n);
+        rc = CKPT_ENOTFOUND;
+    }
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = check_shard(dir, m, i, i == rank, NULL, err, errlen);
+    json_decref(m);
+    return rc;
+}
+
+int ckpt_find_latest_shared(const char *out_dir, int world, int rank, ckpt_agree_fn agree,
+                            void *ctx, char *path, size_t pathlen, int64_t *step) {
+    int64_t *steps = NULL;
+    size_t n = 0;
+    char root[PATH_MAX], dir[PATH_MAX + 32], err[1024];
+    if (!agree) return CKPT_EINVAL;
+    int rc = ckpt_list(out_dir, &steps, &n);
+    if (rc) return rc;
+    ckpt_root(root, sizeof root, out_dir);
+    int found = 0;
+    for (size_t i = n; i-- > 0;) {
+        pathf(dir, sizeof dir, "%s/step_%08" PRId64, root, steps[i]);
+        err[0] = '\0';
+        int mine = ckpt_verify_rank(dir, world, rank, err, sizeof err) == 0, all = mine;
+        if (agree(ctx, &all) != 0) {
+            found = CKPT_EBARRIER;
+            break;
+        }
+        if (!all) {
+            log_warn("skipping checkpoint %s: %s", dir,
+                     mine ? "another rank's shard failed verification" : err);
+            continue;
+        }
+        if (path) pathf(path, pathlen, "%s", dir);
+        if (step) *step = steps[i];
+        found = 1;
+        break;
+    }
+    free(steps);
+    return found;
 }
 
 int ckpt_find_latest(const char *out_dir, int world, char *path, size_t pathlen, int64_t *step) {
@@ -692,7 +741,7 @@ int ckpt_open(const char *dir, int rank, struct ckpt_reader **out, char *err, si
         return CKPT_ENOTFOUND;
     }
     struct st_file *f = NULL;
-    rc = check_shard(dir, m, rank, &f, err, errlen);
+    rc = check_shard(dir, m, rank, 1, &f, err, errlen);
     struct ckpt_reader *r = rc ? NULL : calloc(1, sizeof *r);
     if (!rc && (!r || !(r->dir = strdup(dir)))) {
         free(r);

@@ -126,6 +126,24 @@ int ckpt_verify(const char *dir, int world, char *err, size_t errlen);
  * calls it and broadcasts the step. */
 int ckpt_find_latest(const char *out_dir, int world, char *path, size_t pathlen, int64_t *step);
 
+/* Cheaper verification for many ranks: the manifest, every shard's size, and
+ * the SHA-256 and format of `rank`'s shard only. Returns like ckpt_verify. */
+int ckpt_verify_rank(const char *dir, int world, int rank, char *err, size_t errlen);
+
+/* Logical AND across all ranks: on return *ok is 1 on every rank iff it was 1
+ * on every rank (e.g. an all-reduce MIN, or a SUM compared with world).
+ * Returns 0, non-zero on failure. */
+typedef int (*ckpt_agree_fn)(void *ctx, int *ok);
+
+/* Collective ckpt_find_latest: every rank hashes only its own shard
+ * (ckpt_verify_rank) and the ranks agree through `agree` once per candidate,
+ * newest first, so the checksum work is spread over the ranks and all of them
+ * pick the same checkpoint. Call on every rank at start-up (no save running);
+ * skipped candidates are logged. Returns 1 (path/step filled), 0 or < 0
+ * (CKPT_EBARRIER when agree failed). */
+int ckpt_find_latest_shared(const char *out_dir, int world, int rank, ckpt_agree_fn agree,
+                            void *ctx, char *path, size_t pathlen, int64_t *step);
+
 struct ckpt_reader;
 
 /* Open a checkpoint directory for `rank`: parse and check the manifest and

@@ -364,6 +364,55 @@ static void run_ranks(const char *out, int64_t step, int failing_rank, struct ra
     pthread_barrier_destroy(&bar);
 }
 
+/* ckpt_find_latest_shared on WORLD threads; the agreement is an AND over a
+ * shared array between two barriers. */
+struct agree_ctx {
+    pthread_barrier_t *bar;
+    int *slots;
+    int rank;
+    const char *out;
+    int found;
+    int64_t step;
+};
+
+static int thread_agree(void *p, int *ok) {
+    struct agree_ctx *c = p;
+    c->slots[c->rank] = *ok;
+    pthread_barrier_wait(c->bar);
+    int all = 1;
+    for (int r = 0; r < WORLD; r++)
+        all &= c->slots[r];
+    pthread_barrier_wait(c->bar);
+    *ok = all;
+    return 0;
+}
+
+static void *find_main(void *p) {
+    struct agree_ctx *c = p;
+    char path[1024];
+    c->found = ckpt_find_latest_shared(c->out, WORLD, c->rank, thread_agree, c, path, sizeof path,
+                                       &c->step);
+    return NULL;
+}
+
+static void find_shared(const char *out, int *found, int64_t *steps) {
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, WORLD);
+    int slots[WORLD];
+    struct agree_ctx c[WORLD];
+    pthread_t th[WORLD];
+    for (int r = 0; r < WORLD; r++) {
+        c[r] = (struct agree_ctx){.bar = &bar, .slots = slots, .rank = r, .out = out, .step = -1};
+        pthread_create(&th[r], NULL, find_main, &c[r]);
+    }
+    for (int r = 0; r < WORLD; r++) {
+        pthread_join(th[r], NULL);
+        found[r] = c[r].found;
+        steps[r] = c[r].step;
+    }
+    pthread_barrier_destroy(&bar);
+}
+
 static void test_multi_rank(void) {
     char out[512], path[1024], err[512];
     snprintf(out, sizeof out, "%s/multi", root);
@@ -415,6 +464,28 @@ static void test_multi_rank(void) {
              "'step_00000100 step_00000300 '",
              out);
     CHECK(system(cmd) == 0);
+
+    /* Shared verification: all ranks agree on 300; after a flipped byte in rank
+     * 2's shard (only rank 2 hashes it) all agree on 100. */
+    int found[WORLD];
+    int64_t steps[WORLD];
+    find_shared(out, found, steps);
+    for (int r = 0; r < WORLD; r++)
+        CHECK(found[r] == 1 && steps[r] == 300);
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000300/rank_00002.safetensors", out);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, -7, SEEK_END);
+    int byte = fgetc(f);
+    fseek(f, -7, SEEK_END);
+    fputc(byte ^ 0x5a, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000300", out);
+    CHECK(ckpt_verify_rank(path, WORLD, 0, err, sizeof err) == 0);
+    CHECK(ckpt_verify_rank(path, WORLD, 2, err, sizeof err) == CKPT_ECORRUPT);
+    CHECK(strstr(err, "rank_00002.safetensors: SHA-256 mismatch") != NULL);
+    find_shared(out, found, steps);
+    for (int r = 0; r < WORLD; r++)
+        CHECK(found[r] == 1 && steps[r] == 100);
 }
 
 int main(void) {
