@@ -558,6 +558,26 @@ int comm_recv(struct comm *c, void *buf, size_t n, enum comm_dtype dt, int peer,
 
 int comm_sendrecv(struct comm *c, const void *sendbuf, size_t sn, int dst, void *recvbuf, size_t rn,
                   int src, enum comm_dtype dt) {
+    if (c->ops->sendrecv && sn > 0 && rn > 0) {
+        struct comm_req t = {.kind = OP_SEND, .sbuf = sendbuf, .buf = recvbuf, .n = sn, .dt = dt};
+        if (dst < 0 || dst >= c->size || dst == c->rank || src < 0 || src >= c->size ||
+            src == c->rank) {
+            comm_fail(c, &t, "peer out of range (or self)");
+            return -1;
+        }
+        size_t es = comm_dtype_size(dt);
+        char err[512] = "";
+        pthread_mutex_lock(&c->mu);
+        int broken = c->broken;
+        pthread_mutex_unlock(&c->mu);
+        if (broken) return -1;
+        if (c->ops->sendrecv(c->impl, sendbuf, sn * es, dst, recvbuf, rn * es, src, err,
+                             sizeof(err)) != 0) {
+            comm_fail(c, &t, err[0] ? err : "backend failed");
+            return -1;
+        }
+        return 0;
+    }
     struct comm_req *s = NULL, *r = NULL;
     int rc = comm_recv(c, recvbuf, rn, dt, src, &r);
     if (rc == 0) rc = comm_send(c, sendbuf, sn, dt, dst, &s);

@@ -64,6 +64,10 @@ struct comm_backend_ops {
                  size_t errlen);
     int (*irecv)(void *impl, void *buf, size_t bytes, int peer, void **h, char *err, size_t errlen);
     int (*p2p_wait)(void *impl, void *h, char *err, size_t errlen);
+    /* Optional: a paired exchange as one operation (NCCL needs send and recv
+     * in one group to avoid a cross-wait). NULL: comm.c posts both. */
+    int (*sendrecv)(void *impl, const void *sendbuf, size_t sbytes, int dst, void *recvbuf,
+                    size_t rbytes, int src, char *err, size_t errlen);
 };
 
 /* Backends compiled into this build (NULL when absent). */

@@ -424,9 +424,12 @@ int p2p_wait(void *impl, void *h, char *err, size_t errlen) {
     });
 }
 
-const struct comm_backend_ops gloo_ops = {
-    "gloo",     world_init, world_fini, comm_init, comm_fini, allreduce, reduce_scatter,
-    all_gather, broadcast,  barrier,    isend,     irecv,     p2p_wait,
+const struct comm_backend_ops gloo_ops =
+    {
+        "gloo",    world_init,     world_fini, comm_init, comm_fini,
+        allreduce, reduce_scatter, all_gather, broadcast, barrier,
+        isend,     irecv,          p2p_wait,   nullptr, /* sendrecv: posting both unbound buffers
+                                                           cannot cross-wait */
 };
 
 } // namespace

@@ -1,0 +1,381 @@
+/* The cuda comm backend: NCCL behind the C backend interface of
+ * worker/comm/comm_backend.h. Buffers are device memory of the rank's GPU.
+ *
+ * - Set-up: comm rank 0 makes the unique id and publishes it in the attempt's
+ *   rendezvous under "nccl/<comm key>/id"; the others wait for it there (the
+ *   same store and timeout as the cpu backend). Communicators are created
+ *   non-blocking (config.blocking = 0) so that set-up and every operation can
+ *   be abandoned at the deadline: on a timeout or an asynchronous error the
+ *   comm is aborted (ncclCommAbort) and the call fails with a message naming
+ *   the cause, instead of spinning forever on a dead peer.
+ * - Semantics match the other backends: an operation is complete when the
+ *   call returns (it is enqueued on the comm's stream, then the stream is
+ *   polled to completion). The caller must have finished the work producing
+ *   the input (synchronised its compute stream) before the call. Overlap with
+ *   compute comes from comm.c running the call on the comm's own thread.
+ * - Uneven shards (total not divisible by the group size): reduce-scatter is
+ *   a group of ncclReduce calls (one per shard, rooted at its owner) and
+ *   all-gather a group of ncclBroadcast calls; the divisible case uses
+ *   ncclReduceScatter / ncclAllGather directly.
+ * - NCCL_NVLS_ENABLE=0 comes from the agent's environment contract.
+ * Compiled wherever CUDA is; exercised by the GPU tests of the CUDA issues. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "worker/comm/comm_backend.h"
+
+struct nccl_world {
+    const struct comm_backend_world *w;
+    int device;
+};
+
+struct nccl_comm {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int rank, size, device, timeout_ms;
+    float *scratch; /* one float for the barrier */
+    int aborted;
+};
+
+struct nccl_p2p {
+    cudaEvent_t done;
+};
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_us(long us) {
+    struct timespec ts = {0, us * 1000L};
+    nanosleep(&ts, NULL);
+}
+
+static ncclDataType_t nccl_type(enum comm_dtype dt) {
+    switch (dt) {
+    case COMM_F32:
+        return ncclFloat32;
+    case COMM_F64:
+        return ncclFloat64;
+    case COMM_BF16:
+        return ncclBfloat16;
+    case COMM_F16:
+        return ncclFloat16;
+    case COMM_I32:
+        return ncclInt32;
+    case COMM_I64:
+        return ncclInt64;
+    case COMM_U8:
+        return ncclUint8;
+    }
+    return ncclFloat32;
+}
+
+static ncclRedOp_t nccl_op(enum comm_op op) {
+    return op == COMM_MAX ? ncclMax : op == COMM_MIN ? ncclMin : ncclSum;
+}
+
+/* Wait for a non-blocking call to leave ncclInProgress. */
+static int settle(struct nccl_comm *nc, ncclResult_t r, const char *what, long long deadline,
+                  char *err, size_t errlen) {
+    while (r == ncclInProgress) {
+        if (now_ms() > deadline) {
+            snprintf(err, errlen, "nccl %s: timed out after %d ms", what, nc->timeout_ms);
+            return -1;
+        }
+        sleep_us(100);
+        if (ncclCommGetAsyncError(nc->comm, &r) != ncclSuccess) break;
+    }
+    if (r != ncclSuccess) {
+        snprintf(err, errlen, "nccl %s: %s (%s)", what, ncclGetErrorString(r),
+                 ncclGetLastError(nc->comm));
+        return -1;
+    }
+    return 0;
+}
+
+/* Poll the stream (or an event) until done, a comm error or the deadline. */
+static int finish(struct nccl_comm *nc, cudaEvent_t ev, const char *what, char *err,
+                  size_t errlen) {
+    long long deadline = now_ms() + nc->timeout_ms;
+    for (;;) {
+        cudaError_t ce = ev ? cudaEventQuery(ev) : cudaStreamQuery(nc->stream);
+        if (ce == cudaSuccess) return 0;
+        if (ce != cudaErrorNotReady) {
+            snprintf(err, errlen, "nccl %s: cuda: %s", what, cudaGetErrorString(ce));
+            return -1;
+        }
+        ncclResult_t ar = ncclSuccess;
+        ncclCommGetAsyncError(nc->comm, &ar);
+        if (ar != ncclSuccess && ar != ncclInProgress) {
+            snprintf(err, errlen, "nccl %s: %s (%s); a peer likely failed", what,
+                     ncclGetErrorString(ar), ncclGetLastError(nc->comm));
+            ncclCommAbort(nc->comm);
+            nc->aborted = 1;
+            return -1;
+        }
+        if (now_ms() > deadline) {
+            snprintf(err, errlen,
+                     "nccl %s: not complete after %d ms (a peer is gone or hung); comm aborted",
+                     what, nc->timeout_ms);
+            ncclCommAbort(nc->comm);
+            nc->aborted = 1;
+            return -1;
+        }
+        sleep_us(50);
+    }
+}
+
+static void *world_init(const struct comm_backend_world *w, char *err, size_t errlen) {
+    cudaError_t ce = cudaSetDevice(w->cuda_device);
+    if (ce != cudaSuccess) {
+        snprintf(err, errlen, "nccl: cudaSetDevice(%d): %s", w->cuda_device,
+                 cudaGetErrorString(ce));
+        return NULL;
+    }
+    struct nccl_world *nw = calloc(1, sizeof(*nw));
+    if (!nw) {
+        snprintf(err, errlen, "nccl: out of memory");
+        return NULL;
+    }
+    nw->w = w;
+    nw->device = w->cuda_device;
+    return nw;
+}
+
+static void world_fini(void *impl) {
+    free(impl);
+}
+
+static void *comm_init(const struct comm_backend_comm *c, char *err, size_t errlen) {
+    struct nccl_world *nw = c->world_impl;
+    struct nccl_comm *nc = calloc(1, sizeof(*nc));
+    ncclUniqueId id;
+    char key[256];
+    void *val = NULL;
+    size_t len = 0;
+    if (!nc) {
+        snprintf(err, errlen, "nccl: out of memory");
+        return NULL;
+    }
+    nc->rank = c->rank;
+    nc->size = c->size;
+    nc->device = nw->device;
+    nc->timeout_ms = c->world->timeout_ms;
+    cudaSetDevice(nc->device);
+    snprintf(key, sizeof(key), "nccl/%s/id", c->name);
+    if (c->rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) {
+            snprintf(err, errlen, "nccl: ncclGetUniqueId: %s", ncclGetErrorString(r));
+            goto fail;
+        }
+        if (c->size > 1 && rdzv_set(c->world->rdzv, key, &id, sizeof(id), err, errlen) != 0)
+            goto fail;
+    } else {
+        int rc = rdzv_get(c->world->rdzv, key, &val, &len, c->world->timeout_ms, err, errlen);
+        if (rc != 0 || len != sizeof(id)) {
+            if (rc == 0) snprintf(err, errlen, "nccl: unique id has %zu bytes", len);
+            free(val);
+            goto fail;
+        }
+        memcpy(&id, val, sizeof(id));
+        free(val);
+    }
+    if (cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc((void **)&nc->scratch, sizeof(float)) != cudaSuccess) {
+        snprintf(err, errlen, "nccl: cannot create the comm stream / scratch");
+        goto fail;
+    }
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.commName = c->name;
+    ncclResult_t r = ncclCommInitRankConfig(&nc->comm, c->size, id, c->rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(err, errlen, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+        goto fail;
+    }
+    if (settle(nc, r, "init", now_ms() + nc->timeout_ms, err, errlen) != 0) {
+        ncclCommAbort(nc->comm);
+        nc->comm = NULL;
+        goto fail;
+    }
+    return nc;
+fail:
+    if (nc->stream) cudaStreamDestroy(nc->stream);
+    if (nc->scratch) cudaFree(nc->scratch);
+    free(nc);
+    return NULL;
+}
+
+static void comm_fini(void *impl) {
+    struct nccl_comm *nc = impl;
+    if (!nc) return;
+    cudaSetDevice(nc->device);
+    if (nc->comm && !nc->aborted) {
+        char err[256];
+        ncclResult_t r = ncclCommFinalize(nc->comm);
+        if (settle(nc, r, "finalize", now_ms() + nc->timeout_ms, err, sizeof(err)) == 0)
+            ncclCommDestroy(nc->comm);
+        else
+            ncclCommAbort(nc->comm);
+    }
+    cudaStreamDestroy(nc->stream);
+    cudaFree(nc->scratch);
+    free(nc);
+}
+
+/* Enqueue with `r` the result of the NCCL call (or of ncclGroupEnd), then run
+ * the stream to completion. */
+static int complete(struct nccl_comm *nc, ncclResult_t r, const char *what, char *err,
+                    size_t errlen) {
+    if (settle(nc, r, what, now_ms() + nc->timeout_ms, err, errlen) != 0) return -1;
+    return finish(nc, NULL, what, err, errlen);
+}
+
+static int allreduce(void *impl, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+                     char *err, size_t errlen) {
+    struct nccl_comm *nc = impl;
+    cudaSetDevice(nc->device);
+    ncclResult_t r = ncclAllReduce(buf, buf, n, nccl_type(dt), nccl_op(op), nc->comm, nc->stream);
+    return complete(nc, r, "allreduce", err, errlen);
+}
+
+static int reduce_scatter(void *impl, const void *send, void *recv, size_t total,
+                          enum comm_dtype dt, enum comm_op op, char *err, size_t errlen) {
+    struct nccl_comm *nc = impl;
+    size_t es = comm_dtype_size(dt);
+    cudaSetDevice(nc->device);
+    if (total % (size_t)nc->size == 0) {
+        ncclResult_t r = ncclReduceScatter(send, recv, total / (size_t)nc->size, nccl_type(dt),
+                                           nccl_op(op), nc->comm, nc->stream);
+        return complete(nc, r, "reduce_scatter", err, errlen);
+    }
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < nc->size && r == ncclSuccess; i++) {
+        size_t off, cnt;
+        comm_shard_range(total, nc->size, i, &off, &cnt);
+        if (cnt == 0) continue;
+        r = ncclReduce((const char *)send + off * es, recv, cnt, nccl_type(dt), nccl_op(op), i,
+                       nc->comm, nc->stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    return complete(nc, r != ncclSuccess ? r : e, "reduce_scatter (uneven)", err, errlen);
+}
+
+static int all_gather(void *impl, const void *send, void *recv, size_t total, enum comm_dtype dt,
+                      char *err, size_t errlen) {
+    struct nccl_comm *nc = impl;
+    size_t es = comm_dtype_size(dt);
+    cudaSetDevice(nc->device);
+    if (total % (size_t)nc->size == 0) {
+        ncclResult_t r = ncclAllGather(send, recv, total / (size_t)nc->size, nccl_type(dt),
+                                       nc->comm, nc->stream);
+        return complete(nc, r, "all_gather", err, errlen);
+    }
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < nc->size && r == ncclSuccess; i++) {
+        size_t off, cnt;
+        comm_shard_range(total, nc->size, i, &off, &cnt);
+        if (cnt == 0) continue;
+        r = ncclBroadcast(i == nc->rank ? send : NULL, (char *)recv + off * es, cnt, nccl_type(dt),
+                          i, nc->comm, nc->stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    return complete(nc, r != ncclSuccess ? r : e, "all_gather (uneven)", err, errlen);
+}
+
+static int broadcast(void *impl, void *buf, size_t n, enum comm_dtype dt, int root, char *err,
+                     size_t errlen) {
+    struct nccl_comm *nc = impl;
+    cudaSetDevice(nc->device);
+    ncclResult_t r = ncclBroadcast(buf, buf, n, nccl_type(dt), root, nc->comm, nc->stream);
+    return complete(nc, r, "broadcast", err, errlen);
+}
+
+static int barrier(void *impl, char *err, size_t errlen) {
+    struct nccl_comm *nc = impl;
+    cudaSetDevice(nc->device);
+    ncclResult_t r =
+        ncclAllReduce(nc->scratch, nc->scratch, 1, ncclFloat32, ncclSum, nc->comm, nc->stream);
+    return complete(nc, r, "barrier", err, errlen);
+}
+
+static int post_p2p(struct nccl_comm *nc, const void *sbuf, void *rbuf, size_t bytes, int peer,
+                    void **h, char *err, size_t errlen) {
+    struct nccl_p2p *p = calloc(1, sizeof(*p));
+    if (!p || cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming) != cudaSuccess) {
+        free(p);
+        snprintf(err, errlen, "nccl p2p: cannot create an event");
+        return -1;
+    }
+    cudaSetDevice(nc->device);
+    ncclResult_t r = sbuf ? ncclSend(sbuf, bytes, ncclUint8, peer, nc->comm, nc->stream)
+                          : ncclRecv(rbuf, bytes, ncclUint8, peer, nc->comm, nc->stream);
+    if (settle(nc, r, sbuf ? "send" : "recv", now_ms() + nc->timeout_ms, err, errlen) != 0) {
+        cudaEventDestroy(p->done);
+        free(p);
+        return -1;
+    }
+    cudaEventRecord(p->done, nc->stream);
+    *h = p;
+    return 0;
+}
+
+static int isend(void *impl, const void *buf, size_t bytes, int peer, void **h, char *err,
+                 size_t errlen) {
+    return post_p2p(impl, buf, NULL, bytes, peer, h, err, errlen);
+}
+
+static int irecv(void *impl, void *buf, size_t bytes, int peer, void **h, char *err,
+                 size_t errlen) {
+    return post_p2p(impl, NULL, buf, bytes, peer, h, err, errlen);
+}
+
+static int p2p_wait(void *impl, void *h, char *err, size_t errlen) {
+    struct nccl_comm *nc = impl;
+    struct nccl_p2p *p = h;
+    int rc = finish(nc, p->done, "p2p", err, errlen);
+    cudaEventDestroy(p->done);
+    free(p);
+    return rc;
+}
+
+static int sendrecv(void *impl, const void *sendbuf, size_t sbytes, int dst, void *recvbuf,
+                    size_t rbytes, int src, char *err, size_t errlen) {
+    struct nccl_comm *nc = impl;
+    cudaSetDevice(nc->device);
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess) r = ncclSend(sendbuf, sbytes, ncclUint8, dst, nc->comm, nc->stream);
+    if (r == ncclSuccess) r = ncclRecv(recvbuf, rbytes, ncclUint8, src, nc->comm, nc->stream);
+    ncclResult_t e = ncclGroupEnd();
+    return complete(nc, r != ncclSuccess ? r : e, "sendrecv", err, errlen);
+}
+
+static const struct comm_backend_ops nccl_ops = {
+    .name = "nccl",
+    .world_init = world_init,
+    .world_fini = world_fini,
+    .comm_init = comm_init,
+    .comm_fini = comm_fini,
+    .allreduce = allreduce,
+    .reduce_scatter = reduce_scatter,
+    .all_gather = all_gather,
+    .broadcast = broadcast,
+    .barrier = barrier,
+    .isend = isend,
+    .irecv = irecv,
+    .p2p_wait = p2p_wait,
+    .sendrecv = sendrecv,
+};
+
+const struct comm_backend_ops *comm_backend_nccl(void) {
+    return &nccl_ops;
+}
