@@ -1,0 +1,279 @@
+/* loom-gpu-bench: training-step throughput of the engine on the CUDA
+ * backend, for comparison with ../shared/peers/gpt2_torch_bench.py.
+ *
+ * Runs the engine's own model and train_step (the code loom-worker runs)
+ * on uniform random tokens, as the peer does, after `warmup` steps; reports
+ * the median step time, tokens/s, MFU with the peer's formula
+ * (6 * (N - wpe) + 12 * L * C * T FLOPs per token against 989 TFLOP/s), peak
+ * device memory, and a breakdown of GPU time per operation class measured
+ * with CUDA events around every backend call over `profile` extra steps.
+ * Output: human lines on stderr, one "RESULT {json}" line on stdout.
+ * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
+ *        [--steps 30] [--warmup 8] [--profile 3] */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_util.h"
+#include "worker/train.h"
+
+enum cat { C_MATMUL, C_ATTN, C_CLS, C_NORM, C_ELEM, C_OPTIM, C_MEM, C_N };
+static const char *cat_name[C_N] = {"matmul",      "attention", "classifier", "norm",
+                                    "elementwise", "optimizer", "memcpy/zero"};
+
+#define MAX_EV 8192
+/* Profiling state: the bench wraps the backend's function pointers, and the
+ * wrappers only receive the backend's ctx, so this one context is global. */
+static struct prof {
+    struct backend orig;
+    cudaStream_t s;
+    cudaEvent_t ev[MAX_EV];
+    int cat[MAX_EV / 2];
+    int n;
+    int on;
+    double ms[C_N];
+} P;
+
+static void pbeg(void) {
+    if (P.on && P.n + 2 <= MAX_EV) cudaEventRecord(P.ev[P.n], P.s);
+}
+static void pend(int c) {
+    if (P.on && P.n + 2 <= MAX_EV) {
+        cudaEventRecord(P.ev[P.n + 1], P.s);
+        P.cat[P.n / 2] = c;
+        P.n += 2;
+    }
+}
+static void pcollect(void) {
+    cudaStreamSynchronize(P.s);
+    for (int i = 0; i < P.n; i += 2) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, P.ev[i], P.ev[i + 1]);
+        P.ms[P.cat[i / 2]] += ms;
+    }
+    P.n = 0;
+}
+
+#define W0(name, c, params, args)                                                                  \
+    static void w_##name params {                                                                  \
+        pbeg();                                                                                    \
+        P.orig.name args;                                                                          \
+        pend(c);                                                                                   \
+    }
+W0(matmul_fwd, C_MATMUL,
+   (void *x, void *o, const void *i, const void *w, const void *b, int N, int IC, int OC),
+   (x, o, i, w, b, N, IC, OC))
+W0(matmul_bwd, C_MATMUL,
+   (void *x, void *di, void *dw, void *db, const void *d, const void *i, const void *w, int N,
+    int IC, int OC),
+   (x, di, dw, db, d, i, w, N, IC, OC))
+W0(attention_fwd, C_ATTN,
+   (void *x, void *o, float *l, const void *q, int B, int T, int H, int K, int D),
+   (x, o, l, q, B, T, H, K, D))
+W0(attention_bwd, C_ATTN,
+   (void *x, void *dq, const void *d, const void *q, const void *o, const float *l, int B, int T,
+    int H, int K, int D),
+   (x, dq, d, q, o, l, B, T, H, K, D))
+W0(classifier, C_CLS,
+   (void *x, float *l, void *di, void *dw, const void *i, const void *w, const int32_t *t, int N,
+    int C, int V, int Vp, float g),
+   (x, l, di, dw, i, w, t, N, C, V, Vp, g))
+W0(layernorm_fwd, C_NORM,
+   (void *x, void *o, float *m, float *r, const void *i, const void *w, const void *b, int N, int C,
+    float e),
+   (x, o, m, r, i, w, b, N, C, e))
+W0(layernorm_bwd, C_NORM,
+   (void *x, void *di, void *dw, void *db, const void *d, const void *i, const void *w,
+    const float *m, const float *r, int N, int C),
+   (x, di, dw, db, d, i, w, m, r, N, C))
+W0(gelu_fwd, C_ELEM, (void *x, void *o, const void *i, size_t n), (x, o, i, n))
+W0(gelu_bwd, C_ELEM, (void *x, void *di, const void *i, const void *d, size_t n), (x, di, i, d, n))
+W0(residual_fwd, C_ELEM, (void *x, void *o, const void *a, const void *b, size_t n),
+   (x, o, a, b, n))
+W0(accumulate, C_ELEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
+W0(embedding_fwd, C_ELEM,
+   (void *x, void *o, const int32_t *t, const void *a, const void *b, int B, int T, int C),
+   (x, o, t, a, b, B, T, C))
+W0(embedding_bwd, C_ELEM,
+   (void *x, void *a, void *b, const void *d, const int32_t *t, int B, int T, int C),
+   (x, a, b, d, t, B, T, C))
+W0(adamw, C_OPTIM, (void *x, const struct backend_adamw *a), (x, a))
+W0(sumsq, C_OPTIM, (void *x, float *a, const void *g, size_t n), (x, a, g, n))
+W0(scale, C_OPTIM, (void *x, void *p, size_t n, float s), (x, p, n, s))
+W0(zero, C_MEM, (void *x, void *p, size_t n), (x, p, n))
+W0(copy, C_MEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
+
+static void prof_install(struct backend *b) {
+    P.orig = *b;
+    P.s = (cudaStream_t)backend_cuda_stream(b);
+    for (int i = 0; i < MAX_EV; i++)
+        CUDA_CHECK(cudaEventCreate(&P.ev[i]));
+#define SETW(name) b->name = w_##name
+    SETW(matmul_fwd), SETW(matmul_bwd), SETW(attention_fwd), SETW(attention_bwd);
+    SETW(classifier), SETW(layernorm_fwd), SETW(layernorm_bwd), SETW(gelu_fwd), SETW(gelu_bwd);
+    SETW(residual_fwd), SETW(accumulate), SETW(embedding_fwd), SETW(embedding_bwd), SETW(adamw);
+    SETW(sumsq), SETW(scale), SETW(zero), SETW(copy);
+#undef SETW
+}
+
+struct rnd {
+    uint64_t s;
+    int B, T, V;
+};
+static int rnd_batch(void *user, int64_t step, int micro, int32_t *in, int32_t *tg, char *err,
+                     size_t errlen) {
+    struct rnd *r = user;
+    for (int b = 0; b < r->B; b++) {
+        int32_t prev = 0;
+        for (int t = 0; t <= r->T; t++) {
+            r->s ^= r->s << 13, r->s ^= r->s >> 7, r->s ^= r->s << 17;
+            int32_t tok = (int32_t)(r->s % (uint64_t)r->V);
+            if (t > 0) {
+                in[b * r->T + t - 1] = prev;
+                tg[b * r->T + t - 1] = tok;
+            }
+            prev = tok;
+        }
+    }
+    return 0;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+    const char *preset = "124m", *family = "gpt2";
+    int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model"))
+            preset = argv[i + 1];
+        else if (!strcmp(argv[i], "--family"))
+            family = argv[i + 1];
+        else if (!strcmp(argv[i], "--mbs"))
+            mbs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--T"))
+            T = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--steps"))
+            nsteps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--warmup"))
+            warmup = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--profile"))
+            nprof = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    int rc = lcuda_probe();
+    if (rc) return rc;
+    int fam = model_family_parse(family);
+    const struct model_preset *mp = fam < 0 ? NULL : model_preset_find(fam, preset);
+    if (!mp) {
+        fprintf(stderr, "unknown model %s %s\n", family, preset);
+        return 2;
+    }
+    struct model_config cfg = mp->config;
+    if (T > cfg.seq_len) cfg.seq_len = T;
+    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
+    struct engine *e = engine_new(&cfg, &pl, backend_cuda_new(0));
+    if (!e) return 1;
+    struct model *m = model_new(e, mbs, T, 0);
+    if (!m || model_init_params(m, 42)) return 1;
+    struct rnd src = {.s = 1234, .B = mbs, .T = T, .V = cfg.vocab_size};
+    int64_t total = warmup + nsteps + nprof;
+    struct train_opts o;
+    memset(&o, 0, sizeof o);
+    o.steps = total;
+    o.grad_accum = 1;
+    o.global_batch_tokens = (int64_t)mbs * T;
+    o.optim = (struct optim_cfg){.lr = 3e-4,
+                                 .min_lr = 3e-5,
+                                 .warmup = 2,
+                                 .steps = total,
+                                 .schedule = OPTIM_COSINE,
+                                 .beta1 = 0.9,
+                                 .beta2 = 0.95,
+                                 .eps = 1e-8,
+                                 .weight_decay = 0.1,
+                                 .grad_clip = 1.0};
+    o.train.batch = rnd_batch;
+    o.train.user = &src;
+    int32_t *in = malloc(sizeof(int32_t) * mbs * T), *tg = malloc(sizeof(int32_t) * mbs * T);
+    double *ms = malloc(sizeof(double) * (nsteps > 0 ? nsteps : 1));
+    char err[256];
+    struct train_step_info info = {0};
+    for (int64_t i = 0; i < warmup + nsteps; i++) {
+        e->be->sync(e->be->ctx);
+        double t0 = now_ms();
+        if (train_step(m, &o, i, &info, in, tg, err, sizeof err)) {
+            fprintf(stderr, "train_step: %s\n", err);
+            return 1;
+        }
+        e->be->sync(e->be->ctx);
+        if (i >= warmup) ms[i - warmup] = now_ms() - t0;
+        if (i < 3 || i == warmup + nsteps - 1)
+            fprintf(stderr, "step %lld loss %.4f grad_norm %.3f\n", (long long)i, info.loss,
+                    info.grad_norm);
+    }
+    qsort(ms, nsteps, sizeof *ms, cmp_d);
+    double med = ms[nsteps / 2];
+    /* the peer's FLOP count: 6 * (params - wpe) + 12 * L * C * T */
+    int64_t nparam = model_n_params(&cfg);
+    int64_t nwpe = cfg.pos == MODEL_POS_LEARNED ? (int64_t)cfg.seq_len * cfg.d_model : 0;
+    double fpt = 6.0 * (double)(nparam - nwpe) + 12.0 * cfg.n_layer * cfg.d_model * (double)T;
+    double tok = (double)mbs * T;
+    double tflops = tok * fpt / (med / 1e3) / 1e12;
+    struct cuda_mem_report mr;
+    backend_cuda_mem(e->be, &mr);
+    size_t fr = 0, totm = 0;
+    cudaMemGetInfo(&fr, &totm);
+
+    if (nprof > 0) {
+        prof_install(e->be);
+        for (int i = 0; i < nprof; i++) {
+            P.on = 1;
+            if (train_step(m, &o, warmup + nsteps + i, &info, in, tg, err, sizeof err)) return 1;
+            P.on = 0;
+            pcollect();
+        }
+        double sum = 0;
+        for (int c = 0; c < C_N; c++)
+            sum += P.ms[c] / nprof;
+        fprintf(stderr,
+                "GPU time per step by class (%d profiled steps, events around each call):\n",
+                nprof);
+        for (int c = 0; c < C_N; c++)
+            fprintf(stderr, "  %-12s %8.2f ms  %5.1f%%\n", cat_name[c], P.ms[c] / nprof,
+                    100 * P.ms[c] / nprof / med);
+        fprintf(stderr, "  %-12s %8.2f ms of %.2f ms step (rest: launch gaps, host sync)\n", "sum",
+                sum, med);
+    }
+    printf("RESULT {\"impl\":\"loom-cuda\",\"model\":\"%s\",\"params\":%lld,\"mbs\":%d,\"T\":%d,"
+           "\"step_ms_median\":%.2f,\"step_ms_min\":%.2f,\"tokens_per_s\":%.0f,"
+           "\"tflops_per_gpu\":%.1f,\"mfu_vs_989\":%.3f,\"max_mem_gib\":%.2f,"
+           "\"engine_gib\":%.2f,\"workspace_gib\":%.2f,\"loss\":%.3f",
+           preset, (long long)nparam, mbs, T, med, ms[0], tok / (med / 1e3), tflops, tflops / 989.0,
+           (double)(totm - fr) / 1073741824.0, mr.engine_peak / 1073741824.0,
+           mr.workspace_bytes / 1073741824.0, info.loss);
+    if (nprof > 0) {
+        printf(",\"breakdown_ms\":{");
+        for (int c = 0; c < C_N; c++)
+            printf("%s\"%s\":%.2f", c ? "," : "", cat_name[c], P.ms[c] / nprof);
+        printf("}");
+    }
+    printf("}\n");
+    free(in), free(tg), free(ms);
+    model_free(m);
+    engine_free(e);
+    return 0;
+}

@@ -1,0 +1,27 @@
+# GPU tests (label gpu): kernels against fp32 cpu references, a short GPT
+# training run against the cpu curve, resume bit-exactness. Each exits 77
+# ("no GPU") where no device is found; ctest then reports it as skipped.
+if(LOOM_HAVE_CUDA)
+    # Until loom_engine exists, worker/ does not add worker/cuda: build it here.
+    if(NOT TARGET loom_cuda)
+        add_subdirectory(${CMAKE_SOURCE_DIR}/worker/cuda ${CMAKE_BINARY_DIR}/worker/cuda-standalone)
+    endif()
+    add_executable(test_gpu_kernels ${CMAKE_CURRENT_LIST_DIR}/gpu/test_kernels.c)
+    target_link_libraries(test_gpu_kernels PRIVATE loom_engine loom_cuda m)
+    loom_warnings(test_gpu_kernels)
+    add_test(NAME gpu.kernels COMMAND test_gpu_kernels)
+    set_tests_properties(gpu.kernels PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
+endif()
+if(LOOM_HAVE_CUDA AND TARGET loom_engine)
+    add_executable(test_gpu_train ${CMAKE_CURRENT_LIST_DIR}/gpu/test_gpu_train.c)
+    target_link_libraries(test_gpu_train PRIVATE loom_engine m)
+    loom_warnings(test_gpu_train)
+    add_test(NAME gpu.train COMMAND test_gpu_train)
+    set_tests_properties(gpu.train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
+endif()
+# The benchmark driver used by tests/bench/gpu_bench.sh (not a test).
+if(LOOM_HAVE_CUDA AND TARGET loom_engine)
+    add_executable(loom-gpu-bench ${CMAKE_SOURCE_DIR}/tests/bench/bench_step.c)
+    target_link_libraries(loom-gpu-bench PRIVATE loom_engine m)
+    loom_warnings(loom-gpu-bench)
+endif()

@@ -1,0 +1,511 @@
+/* GPU test: every CUDA backend operation against the cpu fp32 reference
+ * backend on fresh random inputs of several shapes.
+ *
+ * Inputs are drawn at random (seed printed; LOOM_TEST_SEED repeats a run),
+ * rounded to bf16, and given to both backends, so differences come from the
+ * CUDA side's bf16 outputs and its summation order only. Forward outputs on
+ * the GPU are poisoned with NaN first, so an unwritten element fails.
+ * Gradient outputs accumulate (backend.h), so they start from random values
+ * and the test compares the increments (an unwritten element shows as a
+ * relative error near 1). Metric: ||gpu - cpu|| / ||cpu|| over the tensor;
+ * each bound is stated next to its check. Exits 77 when no GPU is found. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/backend.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/kernels.h"
+
+/* Relative-error bounds (bf16 storage has 2^-8 relative precision). */
+#define TOL_ELEM  6e-3 /* one bf16 rounding of an fp32 result */
+#define TOL_MM    8e-3 /* matmul / norm: one rounding + fp32 order */
+#define TOL_ATTN  2e-2 /* attention forward: P rounded to bf16 before P.V */
+#define TOL_ATTNB 3e-2 /* attention backward: several bf16 roundings chained */
+#define TOL_CLS   2e-2 /* classifier gradients: bf16 logits and dlogits */
+#define TOL_F32   1e-5 /* fp32 outputs computed from identical inputs */
+
+static uint64_t rng_state;
+static double urand(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+static float nrand(void) {
+    return (float)(sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand()));
+}
+
+static struct backend *cpu, *gpu;
+static int failures, checks;
+
+/* A tensor held by both backends: h = host fp32 truth (bf16-rounded when
+ * the GPU stores bf16), c = cpu copy (fp32), g = gpu copy (bf16 or fp32). */
+struct tens {
+    size_t n;
+    int f32; /* gpu storage fp32 (stats, losses, master, moments) */
+    float *h, *init;
+    void *c, *g;
+};
+
+static void t_alloc(struct tens *t, size_t n, int f32) {
+    memset(t, 0, sizeof *t);
+    t->n = n;
+    t->f32 = f32;
+    t->h = calloc(n, sizeof(float));
+    t->init = calloc(n, sizeof(float));
+    t->c = cpu->alloc(cpu->ctx, n * sizeof(float));
+    t->g = gpu->alloc(gpu->ctx, n * (f32 ? 4 : 2));
+}
+
+static void t_upload(struct tens *t) {
+    memcpy(t->c, t->h, t->n * sizeof(float));
+    if (t->f32) {
+        gpu->upload(gpu->ctx, t->g, t->h, t->n * 4);
+    } else {
+        uint16_t *b = malloc(t->n * 2);
+        for (size_t i = 0; i < t->n; i++)
+            b[i] = lcuda_f2bf(t->h[i]);
+        gpu->upload(gpu->ctx, t->g, b, t->n * 2);
+        free(b);
+    }
+    memcpy(t->init, t->h, t->n * sizeof(float));
+}
+
+/* Random normal * scale (+ offset), rounded to the GPU's storage. */
+static void t_rand(struct tens *t, size_t n, int f32, float scale, float offset) {
+    t_alloc(t, n, f32);
+    for (size_t i = 0; i < n; i++) {
+        float v = nrand() * scale + offset;
+        t->h[i] = f32 ? v : lcuda_bf2f(lcuda_f2bf(v));
+    }
+    t_upload(t);
+}
+
+/* An output: poisoned with NaN on the GPU (and the CPU). */
+static void t_out(struct tens *t, size_t n, int f32) {
+    t_alloc(t, n, f32);
+    for (size_t i = 0; i < n; i++)
+        t->h[i] = NAN;
+    t_upload(t);
+    memset(t->init, 0, n * sizeof(float));
+}
+
+static void t_free(struct tens *t) {
+    cpu->free(cpu->ctx, t->c);
+    gpu->free(gpu->ctx, t->g);
+    free(t->h);
+    free(t->init);
+}
+
+/* Compare; delta=1 compares increments over t->init (accumulating outputs). */
+static void t_check(struct tens *t, const char *what, const char *shape, double tol, int delta) {
+    float *gv = malloc(t->n * sizeof(float));
+    if (t->f32) {
+        gpu->download(gpu->ctx, gv, t->g, t->n * 4);
+    } else {
+        uint16_t *b = malloc(t->n * 2);
+        gpu->download(gpu->ctx, b, t->g, t->n * 2);
+        for (size_t i = 0; i < t->n; i++)
+            gv[i] = lcuda_bf2f(b[i]);
+        free(b);
+    }
+    const float *cv = t->c;
+    double num = 0, den = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        double base = delta ? t->init[i] : 0;
+        double a = gv[i] - base, r = cv[i] - base;
+        if (!isfinite(gv[i])) bad++;
+        num += (a - r) * (a - r);
+        den += r * r;
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    int ok = bad == 0 && rel <= tol;
+    checks++;
+    if (!ok) failures++;
+    printf("%-4s %-22s %-26s rel=%.2e bound=%.0e%s\n", ok ? "ok" : "FAIL", what, shape, rel, tol,
+           bad ? " (non-finite values)" : "");
+    free(gv);
+}
+
+static void reserve_both(int B, int T, int C, int NH, int NKV, int HD, int F, int Vp) {
+    struct backend_limits lim = {B, T, C, NH, NKV, HD, F, Vp, 0};
+    if (cpu->reserve(cpu->ctx, &lim) || gpu->reserve(gpu->ctx, &lim)) {
+        fprintf(stderr, "reserve failed\n");
+        exit(1);
+    }
+}
+
+/* ---- cases ---- */
+
+static void test_matmul(int N, int IC, int OC, int bias) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d IC%d OC%d%s", N, IC, OC, bias ? " +b" : "");
+    struct tens x, w, b, y, dy, dx, dw, db;
+    t_rand(&x, (size_t)N * IC, 0, 1, 0);
+    t_rand(&w, (size_t)OC * IC, 0, 0.1f, 0);
+    t_rand(&b, OC, 0, 0.5f, 0);
+    t_out(&y, (size_t)N * OC, 0);
+    cpu->matmul_fwd(cpu->ctx, y.c, x.c, w.c, bias ? b.c : NULL, N, IC, OC);
+    gpu->matmul_fwd(gpu->ctx, y.g, x.g, w.g, bias ? b.g : NULL, N, IC, OC);
+    t_check(&y, "matmul_fwd", shape, TOL_MM, 0);
+    t_rand(&dy, (size_t)N * OC, 0, 1, 0);
+    t_rand(&dx, (size_t)N * IC, 0, 1, 0);
+    t_rand(&dw, (size_t)OC * IC, 0, 4, 0);
+    t_rand(&db, OC, 0, 4, 0);
+    cpu->matmul_bwd(cpu->ctx, dx.c, dw.c, bias ? db.c : NULL, dy.c, x.c, w.c, N, IC, OC);
+    gpu->matmul_bwd(gpu->ctx, dx.g, dw.g, bias ? db.g : NULL, dy.g, x.g, w.g, N, IC, OC);
+    t_check(&dx, "matmul_bwd dinp", shape, TOL_MM, 1);
+    t_check(&dw, "matmul_bwd dW", shape, TOL_MM, 1);
+    if (bias) t_check(&db, "matmul_bwd dbias", shape, TOL_MM, 1);
+    t_free(&x), t_free(&w), t_free(&b), t_free(&y), t_free(&dy), t_free(&dx), t_free(&dw);
+    t_free(&db);
+}
+
+static void test_norm(int N, int C, int rms) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d C%d", N, C);
+    const char *nm = rms ? "rmsnorm" : "layernorm";
+    char what[40];
+    struct tens x, w, b, y, mean, rstd, dy, dx, dw, db;
+    t_rand(&x, (size_t)N * C, 0, 2, 0.5f);
+    t_rand(&w, C, 0, 0.3f, 1);
+    t_rand(&b, C, 0, 0.3f, 0);
+    t_out(&y, (size_t)N * C, 0);
+    t_out(&mean, N, 1);
+    t_out(&rstd, N, 1);
+    if (rms) {
+        cpu->rmsnorm_fwd(cpu->ctx, y.c, rstd.c, x.c, w.c, N, C, 1e-5f);
+        gpu->rmsnorm_fwd(gpu->ctx, y.g, rstd.g, x.g, w.g, N, C, 1e-5f);
+    } else {
+        cpu->layernorm_fwd(cpu->ctx, y.c, mean.c, rstd.c, x.c, w.c, b.c, N, C, 1e-5f);
+        gpu->layernorm_fwd(gpu->ctx, y.g, mean.g, rstd.g, x.g, w.g, b.g, N, C, 1e-5f);
+    }
+    snprintf(what, sizeof what, "%s_fwd", nm);
+    t_check(&y, what, shape, TOL_MM, 0);
+    snprintf(what, sizeof what, "%s rstd", nm);
+    t_check(&rstd, what, shape, 1e-4, 0);
+    if (!rms) t_check(&mean, "layernorm mean", shape, 1e-4, 0);
+    t_rand(&dy, (size_t)N * C, 0, 1, 0);
+    t_rand(&dx, (size_t)N * C, 0, 1, 0);
+    t_rand(&dw, C, 0, 8, 0);
+    t_rand(&db, C, 0, 8, 0);
+    if (rms) {
+        cpu->rmsnorm_bwd(cpu->ctx, dx.c, dw.c, dy.c, x.c, w.c, rstd.c, N, C);
+        gpu->rmsnorm_bwd(gpu->ctx, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, N, C);
+    } else {
+        cpu->layernorm_bwd(cpu->ctx, dx.c, dw.c, db.c, dy.c, x.c, w.c, mean.c, rstd.c, N, C);
+        gpu->layernorm_bwd(gpu->ctx, dx.g, dw.g, db.g, dy.g, x.g, w.g, mean.g, rstd.g, N, C);
+    }
+    snprintf(what, sizeof what, "%s_bwd dinp", nm);
+    t_check(&dx, what, shape, TOL_MM, 1);
+    snprintf(what, sizeof what, "%s_bwd dw", nm);
+    t_check(&dw, what, shape, TOL_MM, 1);
+    if (!rms) t_check(&db, "layernorm_bwd db", shape, TOL_MM, 1);
+    t_free(&x), t_free(&w), t_free(&b), t_free(&y), t_free(&mean), t_free(&rstd), t_free(&dy);
+    t_free(&dx), t_free(&dw), t_free(&db);
+}
+
+static void test_act(int N, int F) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d F%d", N, F);
+    size_t n = (size_t)N * F;
+    struct tens x, y, dy, dx, x2, y2, dx2;
+    t_rand(&x, n, 0, 2, 0);
+    t_out(&y, n, 0);
+    cpu->gelu_fwd(cpu->ctx, y.c, x.c, n);
+    gpu->gelu_fwd(gpu->ctx, y.g, x.g, n);
+    t_check(&y, "gelu_fwd", shape, TOL_ELEM, 0);
+    t_rand(&dy, n, 0, 1, 0);
+    t_rand(&dx, n, 0, 1, 0);
+    cpu->gelu_bwd(cpu->ctx, dx.c, x.c, dy.c, n);
+    gpu->gelu_bwd(gpu->ctx, dx.g, x.g, dy.g, n);
+    t_check(&dx, "gelu_bwd", shape, TOL_ELEM, 1);
+    t_rand(&x2, 2 * n, 0, 2, 0);
+    t_out(&y2, n, 0);
+    cpu->swiglu_fwd(cpu->ctx, y2.c, x2.c, N, F);
+    gpu->swiglu_fwd(gpu->ctx, y2.g, x2.g, N, F);
+    t_check(&y2, "swiglu_fwd", shape, TOL_ELEM, 0);
+    t_rand(&dx2, 2 * n, 0, 1, 0);
+    cpu->swiglu_bwd(cpu->ctx, dx2.c, x2.c, dy.c, N, F);
+    gpu->swiglu_bwd(gpu->ctx, dx2.g, x2.g, dy.g, N, F);
+    t_check(&dx2, "swiglu_bwd", shape, TOL_ELEM, 1);
+    /* residual / accumulate / scale on the same sizes */
+    struct tens r;
+    t_out(&r, n, 0);
+    cpu->residual_fwd(cpu->ctx, r.c, x.c, dy.c, n);
+    gpu->residual_fwd(gpu->ctx, r.g, x.g, dy.g, n);
+    t_check(&r, "residual_fwd", shape, TOL_ELEM, 0);
+    cpu->accumulate(cpu->ctx, dx.c, x.c, n);
+    gpu->accumulate(gpu->ctx, dx.g, x.g, n);
+    t_check(&dx, "accumulate", shape, TOL_ELEM, 1);
+    memcpy(x.init, x.c, n * sizeof(float));
+    cpu->scale(cpu->ctx, x.c, n, 0.37f);
+    gpu->scale(gpu->ctx, x.g, n, 0.37f);
+    memset(x.init, 0, n * sizeof(float));
+    t_check(&x, "scale", shape, TOL_ELEM, 0);
+    t_free(&x), t_free(&y), t_free(&dy), t_free(&dx), t_free(&x2), t_free(&y2), t_free(&dx2);
+    t_free(&r);
+}
+
+static void test_rope(int B, int T, int NH, int NKV, int HD) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d", B, T, NH, NKV, HD);
+    int N = B * T, stride = (NH + 2 * NKV) * HD;
+    struct tens x;
+    t_rand(&x, (size_t)N * stride, 0, 1, 0);
+    memset(x.init, 0, x.n * sizeof(float));
+    cpu->rope_fwd(cpu->ctx, x.c, N, T, stride, NH + NKV, HD, 10000.f);
+    gpu->rope_fwd(gpu->ctx, x.g, N, T, stride, NH + NKV, HD, 10000.f);
+    t_check(&x, "rope_fwd", shape, TOL_ELEM, 0);
+    cpu->rope_bwd(cpu->ctx, x.c, N, T, stride, NH + NKV, HD, 10000.f);
+    gpu->rope_bwd(gpu->ctx, x.g, N, T, stride, NH + NKV, HD, 10000.f);
+    t_check(&x, "rope_bwd", shape, TOL_ELEM * 2, 0);
+    t_free(&x);
+}
+
+static void test_attention(int B, int T, int NH, int NKV, int HD) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d", B, T, NH, NKV, HD);
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
+    int N = B * T, W = (NH + 2 * NKV) * HD;
+    struct tens qkv, out, lse, dout, dqkv;
+    t_rand(&qkv, (size_t)N * W, 0, 1.5f, 0);
+    t_out(&out, (size_t)N * NH * HD, 0);
+    t_out(&lse, (size_t)B * NH * T, 1);
+    cpu->attention_fwd(cpu->ctx, out.c, lse.c, qkv.c, B, T, NH, NKV, HD);
+    gpu->attention_fwd(gpu->ctx, out.g, lse.g, qkv.g, B, T, NH, NKV, HD);
+    t_check(&out, "attention_fwd out", shape, TOL_ATTN, 0);
+    t_check(&lse, "attention_fwd lse", shape, 1e-3, 0);
+    /* backward from the cpu's own forward results on both sides, so only
+     * the backward kernels differ */
+    memcpy(out.h, out.c, out.n * sizeof(float));
+    for (size_t i = 0; i < out.n; i++)
+        out.h[i] = lcuda_bf2f(lcuda_f2bf(out.h[i]));
+    t_upload(&out);
+    memcpy(lse.h, lse.c, lse.n * sizeof(float));
+    t_upload(&lse);
+    t_rand(&dout, out.n, 0, 1, 0);
+    t_rand(&dqkv, qkv.n, 0, 0.05f, 0);
+    cpu->attention_bwd(cpu->ctx, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NKV, HD);
+    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+    t_check(&dqkv, "attention_bwd dqkv", shape, TOL_ATTNB, 1);
+    t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
+}
+
+static void test_embed(int B, int T, int C, int Vp) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d C%d V%d", B, T, C, Vp);
+    reserve_both(B, T, C, 1, 1, C, C, Vp);
+    int N = B * T;
+    int32_t *tok = malloc(N * sizeof *tok);
+    for (int i = 0; i < N; i++)
+        tok[i] = (int)(urand() * (Vp / 4)); /* repeats, to exercise the buckets */
+    int32_t *tc = cpu->alloc(cpu->ctx, N * 4), *tg = gpu->alloc(gpu->ctx, N * 4);
+    memcpy(tc, tok, N * 4);
+    gpu->upload(gpu->ctx, tg, tok, N * 4);
+    struct tens wte, wpe, out, dout, dwte, dwpe;
+    t_rand(&wte, (size_t)Vp * C, 0, 1, 0);
+    t_rand(&wpe, (size_t)T * C, 0, 1, 0);
+    t_out(&out, (size_t)N * C, 0);
+    cpu->embedding_fwd(cpu->ctx, out.c, tc, wte.c, wpe.c, B, T, C);
+    gpu->embedding_fwd(gpu->ctx, out.g, tg, wte.g, wpe.g, B, T, C);
+    t_check(&out, "embedding_fwd", shape, TOL_ELEM, 0);
+    t_rand(&dout, (size_t)N * C, 0, 1, 0);
+    t_rand(&dwte, wte.n, 0, 1, 0);
+    t_rand(&dwpe, wpe.n, 0, 1, 0);
+    cpu->embedding_bwd(cpu->ctx, dwte.c, dwpe.c, dout.c, tc, B, T, C);
+    gpu->embedding_bwd(gpu->ctx, dwte.g, dwpe.g, dout.g, tg, B, T, C);
+    t_check(&dwte, "embedding_bwd dwte", shape, TOL_MM, 1);
+    t_check(&dwpe, "embedding_bwd dwpe", shape, TOL_MM, 1);
+    cpu->free(cpu->ctx, tc), gpu->free(gpu->ctx, tg), free(tok);
+    t_free(&wte), t_free(&wpe), t_free(&out), t_free(&dout), t_free(&dwte), t_free(&dwpe);
+}
+
+static void test_classifier(int N, int C, int V, int Vp) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d C%d V%d/%d", N, C, V, Vp);
+    reserve_both(1, N, C, 1, 1, C, C, Vp);
+    int32_t *tgt = malloc(N * sizeof *tgt);
+    for (int i = 0; i < N; i++)
+        tgt[i] = (i % 17 == 5) ? -1 : (int)(urand() * V);
+    int32_t *tc = cpu->alloc(cpu->ctx, N * 4), *tg = gpu->alloc(gpu->ctx, N * 4);
+    memcpy(tc, tgt, N * 4);
+    gpu->upload(gpu->ctx, tg, tgt, N * 4);
+    struct tens x, w, loss, dx, dw;
+    t_rand(&x, (size_t)N * C, 0, 1, 0);
+    t_rand(&w, (size_t)Vp * C, 0, 0.1f, 0);
+    t_out(&loss, N, 1);
+    t_rand(&dx, x.n, 0, 0.01f, 0);
+    t_rand(&dw, w.n, 0, 0.01f, 0);
+    float gs = 1.0f / N;
+    cpu->classifier(cpu->ctx, loss.c, dx.c, dw.c, x.c, w.c, tc, N, C, V, Vp, gs);
+    gpu->classifier(gpu->ctx, loss.g, dx.g, dw.g, x.g, w.g, tg, N, C, V, Vp, gs);
+    t_check(&loss, "classifier losses", shape, 3e-3, 0);
+    t_check(&dx, "classifier dinp", shape, TOL_CLS, 1);
+    t_check(&dw, "classifier dW", shape, TOL_CLS, 1);
+    cpu->free(cpu->ctx, tc), gpu->free(gpu->ctx, tg), free(tgt);
+    t_free(&x), t_free(&w), t_free(&loss), t_free(&dx), t_free(&dw);
+}
+
+static void test_optim(size_t n) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "n%zu", n);
+    struct tens p, master, g, m, v, acc;
+    t_rand(&master, n, 1, 1, 0);
+    t_alloc(&p, n, 0);
+    for (size_t i = 0; i < n; i++)
+        p.h[i] = lcuda_bf2f(lcuda_f2bf(master.h[i]));
+    t_upload(&p);
+    t_rand(&g, n, 0, 0.01f, 0);
+    t_rand(&m, n, 1, 0.001f, 0);
+    t_alloc(&v, n, 1);
+    for (size_t i = 0; i < n; i++)
+        v.h[i] = (float)(urand() * 1e-4);
+    t_upload(&v);
+    for (int step = 1; step <= 3; step++) {
+        struct backend_adamw a = {p.c,  master.c, g.c,   m.c,  v.c,  n,   6e-4f,
+                                  0.9f, 0.95f,    1e-8f, 0.1f, 0.7f, step};
+        cpu->adamw(cpu->ctx, &a);
+        a.param = p.g, a.master = master.g, a.grad = g.g, a.m = m.g, a.v = v.g;
+        gpu->adamw(gpu->ctx, &a);
+    }
+    memset(master.init, 0, n * 4), memset(p.init, 0, n * 4), memset(m.init, 0, n * 4);
+    memset(v.init, 0, n * 4);
+    t_check(&master, "adamw master", shape, TOL_F32, 0);
+    t_check(&m, "adamw m", shape, TOL_F32, 0);
+    t_check(&v, "adamw v", shape, TOL_F32, 0);
+    t_check(&p, "adamw param (bf16)", shape, TOL_ELEM, 0);
+    t_alloc(&acc, 1, 1);
+    acc.h[0] = 0.25f;
+    t_upload(&acc);
+    cpu->sumsq(cpu->ctx, acc.c, g.c, n);
+    cpu->sumsq(cpu->ctx, acc.c, g.c, n / 2);
+    gpu->sumsq(gpu->ctx, acc.g, g.g, n);
+    gpu->sumsq(gpu->ctx, acc.g, g.g, n / 2);
+    t_check(&acc, "sumsq (accumulating)", shape, 1e-5, 1);
+    t_free(&p), t_free(&master), t_free(&g), t_free(&m), t_free(&v), t_free(&acc);
+}
+
+/* Fused paths of kernels.h that struct backend does not expose (GELU and
+ * residual epilogues, GELU-gradient epilogue, residual + LayerNorm), against
+ * the cpu backend's unfused sequence. */
+static void test_fused(int N, int IC, int OC) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d IC%d OC%d", N, IC, OC);
+    lcuda_stream st = (lcuda_stream)backend_cuda_stream(gpu);
+    struct lcuda_arena ar;
+    lcuda_arena_init(&ar, "test-blas", 80u << 20);
+    struct lk_blas *bl = lk_blas_new(st, &ar);
+    struct tens x, w, b, acc, pre, y, t, dout, dx, lw, lb, res, ln, mean, rstd;
+    t_rand(&x, (size_t)N * IC, 0, 1, 0);
+    t_rand(&w, (size_t)OC * IC, 0, 0.1f, 0);
+    t_rand(&b, OC, 0, 0.5f, 0);
+    t_rand(&acc, (size_t)N * OC, 0, 1, 0);
+    t_out(&pre, (size_t)N * OC, 0);
+    t_out(&y, (size_t)N * OC, 0);
+    cpu->matmul_fwd(cpu->ctx, pre.c, x.c, w.c, b.c, N, IC, OC);
+    cpu->gelu_fwd(cpu->ctx, y.c, pre.c, y.n);
+    lk_linear_fwd(bl, y.g, pre.g, x.g, w.g, b.g, NULL, N, IC, OC, 1);
+    t_check(&pre, "linear+gelu pre", shape, TOL_MM, 0);
+    t_check(&y, "linear+gelu out", shape, TOL_MM, 0);
+    t_out(&t, (size_t)N * OC, 0);
+    cpu->matmul_fwd(cpu->ctx, t.c, x.c, w.c, b.c, N, IC, OC);
+    cpu->residual_fwd(cpu->ctx, t.c, t.c, acc.c, t.n);
+    lk_linear_fwd(bl, t.g, NULL, x.g, w.g, b.g, acc.g, N, IC, OC, 0);
+    t_check(&t, "linear+residual", shape, TOL_MM, 0);
+    /* dx = (dout . W^T-shaped) * gelu'(pre) with the [N][OC] layer as input */
+    t_rand(&dout, (size_t)N * IC, 0, 1, 0);
+    t_out(&dx, (size_t)N * OC, 0);
+    struct tens tmp;
+    t_alloc(&tmp, (size_t)N * OC, 0);
+    memset(tmp.c, 0, tmp.n * 4);
+    memset(dx.c, 0, dx.n * 4);
+    /* the layer here maps OC -> IC with weight [IC][OC]: reuse w's memory */
+    cpu->matmul_bwd(cpu->ctx, tmp.c, NULL, NULL, dout.c, NULL, w.c, N, OC, IC);
+    cpu->gelu_bwd(cpu->ctx, dx.c, pre.c, tmp.c, dx.n);
+    lk_linear_bwd_data(bl, dx.g, dout.g, w.g, pre.g, N, OC, IC, 0);
+    t_check(&dx, "linear bwd + dgelu", shape, TOL_MM, 0);
+    t_rand(&lw, OC, 0, 0.3f, 1);
+    t_rand(&lb, OC, 0, 0.3f, 0);
+    t_out(&res, (size_t)N * OC, 0);
+    t_out(&ln, (size_t)N * OC, 0);
+    t_out(&mean, N, 1);
+    t_out(&rstd, N, 1);
+    cpu->residual_fwd(cpu->ctx, res.c, acc.c, y.c, res.n);
+    for (size_t i = 0; i < res.n; i++) /* the GPU normalises the bf16-rounded sum */
+        ((float *)res.c)[i] = lcuda_bf2f(lcuda_f2bf(((float *)res.c)[i]));
+    cpu->layernorm_fwd(cpu->ctx, ln.c, mean.c, rstd.c, res.c, lw.c, lb.c, N, OC, 1e-5f);
+    /* same GPU inputs: y.g holds the GPU's gelu output, so feed the CPU's */
+    struct tens yc;
+    t_alloc(&yc, y.n, 0);
+    memcpy(yc.h, y.c, y.n * 4);
+    for (size_t i = 0; i < y.n; i++)
+        yc.h[i] = lcuda_bf2f(lcuda_f2bf(yc.h[i]));
+    t_upload(&yc);
+    cpu->residual_fwd(cpu->ctx, res.c, acc.c, yc.c, res.n);
+    for (size_t i = 0; i < res.n; i++)
+        ((float *)res.c)[i] = lcuda_bf2f(lcuda_f2bf(((float *)res.c)[i]));
+    cpu->layernorm_fwd(cpu->ctx, ln.c, mean.c, rstd.c, res.c, lw.c, lb.c, N, OC, 1e-5f);
+    lk_residual_norm_fwd(res.g, ln.g, mean.g, rstd.g, acc.g, yc.g, lw.g, lb.g, N, OC, 1e-5f, 0, st);
+    t_check(&res, "residual+norm res", shape, TOL_ELEM, 0);
+    t_check(&ln, "residual+norm out", shape, TOL_MM, 0);
+    gpu->sync(gpu->ctx);
+    lk_blas_free(bl);
+    lcuda_arena_free(&ar);
+    t_free(&x), t_free(&w), t_free(&b), t_free(&acc), t_free(&pre), t_free(&y), t_free(&t);
+    t_free(&dout), t_free(&dx), t_free(&tmp), t_free(&lw), t_free(&lb), t_free(&res), t_free(&ln);
+    t_free(&mean), t_free(&rstd), t_free(&yc);
+}
+
+int main(void) {
+    int rc = lcuda_probe();
+    if (rc) return rc;
+    const char *s = getenv("LOOM_TEST_SEED");
+    rng_state = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) * 2654435761u + 1;
+    printf("seed %llu (LOOM_TEST_SEED repeats it)\n", (unsigned long long)rng_state);
+    cpu = backend_cpu_new(0);
+    gpu = backend_cuda_new(0);
+    if (!cpu || !gpu) return 1;
+    /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
+     * shapes of every table only. */
+    int quick = getenv("LOOM_TEST_QUICK") != NULL;
+    reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
+
+    static const int mm[][4] = {
+        {64, 64, 192, 1}, {512, 256, 40, 0}, {256, 768, 2304, 1}, {128, 1024, 768, 1}};
+    for (size_t i = 0; i < (quick ? 2 : sizeof mm / sizeof mm[0]); i++)
+        test_matmul(mm[i][0], mm[i][1], mm[i][2], mm[i][3]);
+    static const int nm[][2] = {{64, 64}, {33, 1600}, {300, 768}};
+    for (size_t i = 0; i < (quick ? 2 : sizeof nm / sizeof nm[0]); i++) {
+        test_norm(nm[i][0], nm[i][1], 0);
+        test_norm(nm[i][0], nm[i][1], 1);
+    }
+    test_act(64, 256);
+    if (!quick) test_act(37, 3072);
+    test_rope(2, 64, 4, 2, 64);
+    test_rope(1, 128, 2, 2, 128);
+    static const int at[][5] = {{1, 64, 1, 1, 64},
+                                {2, 128, 2, 1, 32},
+                                {1, 192, 2, 2, 128},
+                                {2, 128, 4, 4, 64},
+                                {1, 256, 4, 2, 64}};
+    for (size_t i = 0; i < (quick ? 3 : sizeof at / sizeof at[0]); i++)
+        test_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4]);
+    test_embed(2, 64, 64, 256);
+    if (!quick) test_embed(4, 128, 768, 1024);
+    test_classifier(64, 64, 250, 256);
+    if (!quick) test_classifier(300, 128, 1000, 1024);
+    test_optim(1000);
+    if (!quick) test_optim(1 << 20);
+    test_fused(64, 128, 256);
+    if (!quick) test_fused(256, 768, 3072);
+
+    backend_free(gpu);
+    backend_free(cpu);
+    printf("%d of %d checks passed\n", checks - failures, checks);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,416 @@
+/* The CUDA implementation of struct backend (worker/backend.h): bf16
+ * parameters, gradients and activations, fp32 master weights, moments and
+ * statistics, all work issued in order on one non-blocking stream.
+ *
+ * Each table entry maps onto a kernel in kernels.h. Workspaces (cuBLASLt,
+ * attention, norm and bias partials, the classifier's logits chunk, token
+ * buckets) come from one arena made by reserve(); the engine's own buffers
+ * come from alloc() at start-up. Nothing is allocated during a step.
+ *
+ * The one host round trip inside a step is embedding_bwd: it downloads the
+ * token ids (N int32) to sort rows by token, which makes the embedding
+ * gradient deterministic without float atomics. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/backend.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/kernels.h"
+
+#define MAX_ALLOCS     1024
+#define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk */
+#define CUDA_PEAK_BF16 989e12
+
+struct cuda_alloc {
+    void *p;
+    size_t bytes;
+};
+
+struct cuda_ctx {
+    int device;
+    cudaStream_t s;
+    struct lcuda_arena ws;
+    struct lk_blas *blas;
+    struct backend_limits lim;
+    int reserved;
+    float *attn_scratch, *norm_scratch, *bias_scratch, *sum_scratch;
+    lbf16 *logits;
+    int cls_chunk;
+    int32_t *d_order, *d_starts, *d_uniq; /* token buckets (device) */
+    int32_t *h_tok, *h_buf;               /* pinned host: tokens; order|starts|uniq */
+    struct cuda_alloc allocs[MAX_ALLOCS];
+    size_t alloc_bytes, alloc_peak;
+};
+
+#define CX ((struct cuda_ctx *)ctx)
+#define ST ((lcuda_stream)CX->s)
+
+static void cu_require(struct cuda_ctx *c, const char *what) {
+    if (!c->reserved) {
+        fprintf(stderr, "cuda backend: %s called before reserve()\n", what);
+        exit(1);
+    }
+}
+
+static int cu_reserve(void *ctx, const struct backend_limits *lim) {
+    struct cuda_ctx *c = CX;
+    if (c->reserved) {
+        lk_blas_free(c->blas);
+        lcuda_arena_free(&c->ws);
+        cudaFreeHost(c->h_tok);
+        cudaFreeHost(c->h_buf);
+        c->blas = NULL;
+    }
+    c->lim = *lim;
+    int N = lim->B * lim->T;
+    int C = lim->C, Vp = lim->Vp > 0 ? lim->Vp : 8;
+    int qkv = (lim->NH + 2 * lim->NKV) * lim->HD;
+    int maxoc = C;
+    if (qkv > maxoc) maxoc = qkv;
+    if (2 * lim->F > maxoc) maxoc = 2 * lim->F;
+    if (Vp > maxoc) maxoc = Vp;
+    size_t rows = LOGITS_CAP / ((size_t)Vp * 2);
+    c->cls_chunk = rows >= (size_t)N ? N : (int)(rows / 64 * 64);
+    if (c->cls_chunk < 1) c->cls_chunk = 1;
+    size_t b_attn = lk_attn_scratch_bytes(lim->B, lim->T, lim->NH, lim->NKV, lim->HD);
+    size_t b_norm = lk_norm_scratch_bytes(N, C);
+    size_t b_bias = lk_bias_scratch_bytes(N, maxoc);
+    size_t b_sum = lk_sum_scratch_bytes(0);
+    size_t b_logits = (size_t)c->cls_chunk * Vp * 2;
+    size_t b_tok = (size_t)(3 * N + 1) * sizeof(int32_t);
+    size_t total = b_attn + b_norm + b_bias + b_sum + b_logits + b_tok + (64u << 20) + (8 << 10);
+    lcuda_arena_init(&c->ws, "workspace", total);
+    c->blas = lk_blas_new((lcuda_stream)c->s, &c->ws);
+    c->attn_scratch = lcuda_arena_alloc(&c->ws, b_attn);
+    c->norm_scratch = lcuda_arena_alloc(&c->ws, b_norm);
+    c->bias_scratch = lcuda_arena_alloc(&c->ws, b_bias);
+    c->sum_scratch = lcuda_arena_alloc(&c->ws, b_sum);
+    c->logits = lcuda_arena_alloc(&c->ws, b_logits);
+    c->d_order = lcuda_arena_alloc(&c->ws, b_tok);
+    c->d_starts = c->d_order + N;
+    c->d_uniq = c->d_starts + N + 1;
+    if (cudaMallocHost((void **)&c->h_tok, (size_t)N * sizeof(int32_t)) != cudaSuccess ||
+        cudaMallocHost((void **)&c->h_buf, b_tok) != cudaSuccess) {
+        log_error("cuda backend: cannot pin %zu bytes of host memory", b_tok);
+        return -1;
+    }
+    c->reserved = 1;
+    return 0;
+}
+
+static void *cu_alloc(void *ctx, size_t bytes) {
+    struct cuda_ctx *c = CX;
+    void *p = NULL;
+    size_t want = bytes ? bytes : 64;
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        log_error("cuda backend: out of device memory: asked %zu bytes (%.2f GiB), %zu free "
+                  "(%.2f GiB) of %zu",
+                  want, want / 1073741824.0, fr, fr / 1073741824.0, tot);
+        return NULL;
+    }
+    int i = 0;
+    while (i < MAX_ALLOCS && c->allocs[i].p)
+        i++;
+    if (i < MAX_ALLOCS) c->allocs[i] = (struct cuda_alloc){p, want};
+    c->alloc_bytes += want;
+    if (c->alloc_bytes > c->alloc_peak) c->alloc_peak = c->alloc_bytes;
+    return p;
+}
+
+static void cu_free(void *ctx, void *p) {
+    struct cuda_ctx *c = CX;
+    if (!p) return;
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        if (c->allocs[i].p == p) {
+            c->alloc_bytes -= c->allocs[i].bytes;
+            c->allocs[i].p = NULL;
+            break;
+        }
+    }
+    cudaStreamSynchronize(c->s);
+    cudaFree(p);
+}
+
+static void cu_zero(void *ctx, void *p, size_t bytes) {
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, CX->s));
+}
+
+static void cu_upload(void *ctx, void *dst, const void *src, size_t bytes) {
+    /* Synchronous w.r.t. the host buffer: pageable sources may be reused on return. */
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, CX->s));
+    CUDA_CHECK(cudaStreamSynchronize(CX->s));
+}
+
+static void cu_download(void *ctx, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, CX->s));
+    CUDA_CHECK(cudaStreamSynchronize(CX->s));
+}
+
+static void cu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    if (dst == src || !bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, CX->s));
+}
+
+static void cu_from_f32(void *ctx, void *dst, const float *src, size_t n) {
+    lk_f32_to_bf16(dst, src, n, ST);
+}
+
+static void cu_to_f32(void *ctx, float *dst, const void *src, size_t n) {
+    lk_bf16_to_f32(dst, src, n, ST);
+}
+
+static void cu_sync(void *ctx) {
+    CUDA_CHECK(cudaStreamSynchronize(CX->s));
+}
+
+static void cu_destroy(void *ctx) {
+    struct cuda_ctx *c = CX;
+    if (!c) return;
+    cudaStreamSynchronize(c->s);
+    lk_blas_free(c->blas);
+    lcuda_arena_free(&c->ws);
+    if (c->h_tok) cudaFreeHost(c->h_tok);
+    if (c->h_buf) cudaFreeHost(c->h_buf);
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (c->allocs[i].p) cudaFree(c->allocs[i].p);
+    cudaStreamDestroy(c->s);
+    free(c);
+}
+
+static void cu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,
+                             const void *wpe, int B, int T, int C) {
+    lk_embed_fwd(out, tokens, wte, wpe, B * T, T, C, ST);
+}
+
+static void cu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout,
+                             const int32_t *tokens, int B, int T, int C) {
+    struct cuda_ctx *c = CX;
+    cu_require(c, "embedding_bwd");
+    int N = B * T;
+    if (N > c->lim.B * c->lim.T) {
+        fprintf(stderr, "cuda backend: embedding_bwd N=%d over reserved %d\n", N,
+                c->lim.B * c->lim.T);
+        exit(1);
+    }
+    if (dwte) {
+        CUDA_CHECK(cudaMemcpyAsync(c->h_tok, tokens, (size_t)N * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, c->s));
+        CUDA_CHECK(cudaStreamSynchronize(c->s));
+        int32_t *order = c->h_buf, *starts = order + N, *uniq = starts + N + 1;
+        int nu = lk_embed_buckets(c->h_tok, N, order, starts, uniq);
+        CUDA_CHECK(cudaMemcpyAsync(c->d_order, c->h_buf, (size_t)(3 * N + 1) * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, c->s));
+        lk_embed_bwd(dwte, NULL, dout, c->d_order, c->d_starts, c->d_uniq, nu, N, T, C, ST);
+    }
+    if (dwpe) lk_embed_bwd(NULL, dwpe, dout, NULL, NULL, NULL, 0, N, T, C, ST);
+}
+
+static void cu_layernorm_fwd(void *ctx, void *out, float *mean, float *rstd, const void *inp,
+                             const void *w, const void *b, int N, int C, float eps) {
+    lk_norm_fwd(out, mean, rstd, inp, w, b, N, C, eps, 0, ST);
+}
+
+static void cu_layernorm_bwd(void *ctx, void *dinp, void *dw, void *db, const void *dout,
+                             const void *inp, const void *w, const float *mean, const float *rstd,
+                             int N, int C) {
+    cu_require(CX, "layernorm_bwd");
+    lk_norm_bwd(dinp, dw, db, CX->norm_scratch, dout, inp, w, mean, rstd, N, C, 0, ST);
+}
+
+static void cu_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *inp, const void *w, int N,
+                           int C, float eps) {
+    lk_norm_fwd(out, NULL, rstd, inp, w, NULL, N, C, eps, 1, ST);
+}
+
+static void cu_rmsnorm_bwd(void *ctx, void *dinp, void *dw, const void *dout, const void *inp,
+                           const void *w, const float *rstd, int N, int C) {
+    cu_require(CX, "rmsnorm_bwd");
+    lk_norm_bwd(dinp, dw, NULL, CX->norm_scratch, dout, inp, w, NULL, rstd, N, C, 1, ST);
+}
+
+static void cu_matmul_fwd(void *ctx, void *out, const void *inp, const void *W, const void *bias,
+                          int N, int IC, int OC) {
+    cu_require(CX, "matmul_fwd");
+    lk_linear_fwd(CX->blas, out, NULL, inp, W, bias, NULL, N, IC, OC, 0);
+}
+
+static void cu_matmul_bwd(void *ctx, void *dinp, void *dW, void *dbias, const void *dout,
+                          const void *inp, const void *W, int N, int IC, int OC) {
+    cu_require(CX, "matmul_bwd");
+    if (dinp) lk_linear_bwd_data(CX->blas, dinp, dout, W, NULL, N, IC, OC, 1);
+    if (dW || dbias)
+        lk_linear_bwd_weight(CX->blas, dW, dbias, CX->bias_scratch, dout, inp, N, IC, OC);
+}
+
+static void cu_gelu_fwd(void *ctx, void *out, const void *inp, size_t n) {
+    lk_gelu_fwd(out, inp, n, ST);
+}
+
+static void cu_gelu_bwd(void *ctx, void *dinp, const void *inp, const void *dout, size_t n) {
+    lk_gelu_bwd(dinp, inp, dout, n, 1, ST);
+}
+
+static void cu_swiglu_fwd(void *ctx, void *out, const void *inp, int N, int F) {
+    const lbf16 *in = inp;
+    lk_swiglu_fwd(out, in, in + F, N, F, 2 * F, ST);
+}
+
+static void cu_swiglu_bwd(void *ctx, void *dinp, const void *inp, const void *dout, int N, int F) {
+    const lbf16 *in = inp;
+    lbf16 *d = dinp;
+    lk_swiglu_bwd(d, d + F, dout, in, in + F, N, F, 2 * F, 1, ST);
+}
+
+static void cu_rope_fwd(void *ctx, void *x, int N, int T, int stride, int n_heads, int HD,
+                        float theta) {
+    lk_rope(x, N, T, n_heads, HD, stride, theta, 0, ST);
+}
+
+static void cu_rope_bwd(void *ctx, void *dx, int N, int T, int stride, int n_heads, int HD,
+                        float theta) {
+    lk_rope(dx, N, T, n_heads, HD, stride, theta, 1, ST);
+}
+
+static void cu_attention_fwd(void *ctx, void *out, float *lse, const void *qkv, int B, int T,
+                             int NH, int NKV, int HD) {
+    const lbf16 *q = qkv;
+    int ld = (NH + 2 * NKV) * HD;
+    lk_attn_fwd(out, lse, q, q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD,
+                ST);
+}
+
+static void cu_attention_bwd(void *ctx, void *dqkv, const void *dout, const void *qkv,
+                             const void *out, const float *lse, int B, int T, int NH, int NKV,
+                             int HD) {
+    cu_require(CX, "attention_bwd");
+    const lbf16 *q = qkv;
+    lbf16 *dq = dqkv;
+    int ld = (NH + 2 * NKV) * HD;
+    lk_attn_bwd(dq, dq + NH * HD, dq + (NH + NKV) * HD, CX->attn_scratch, dout, out, lse, q,
+                q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD, 1, ST);
+}
+
+static void cu_residual_fwd(void *ctx, void *out, const void *a, const void *b, size_t n) {
+    lk_add(out, a, b, n, ST);
+}
+
+static void cu_accumulate(void *ctx, void *dst, const void *src, size_t n) {
+    lk_accumulate(dst, src, n, ST);
+}
+
+static void cu_classifier(void *ctx, float *losses, void *dinp, void *dW, const void *inp,
+                          const void *W, const int32_t *targets, int N, int C, int V, int Vp,
+                          float grad_scale) {
+    struct cuda_ctx *c = CX;
+    cu_require(c, "classifier");
+    const lbf16 *x = inp;
+    lbf16 *dx = dinp;
+    for (int r0 = 0; r0 < N; r0 += c->cls_chunk) {
+        int rows = N - r0 < c->cls_chunk ? N - r0 : c->cls_chunk;
+        lk_linear_fwd(c->blas, c->logits, NULL, x + (size_t)r0 * C, W, NULL, NULL, rows, C, Vp, 0);
+        lk_xent_fwd_bwd(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale, ST);
+        if (dx)
+            lk_linear_bwd_data(c->blas, dx + (size_t)r0 * C, c->logits, W, NULL, rows, C, Vp, 1);
+        if (dW)
+            lk_linear_bwd_weight(c->blas, dW, NULL, NULL, c->logits, x + (size_t)r0 * C, rows, C,
+                                 Vp);
+    }
+}
+
+static void cu_adamw(void *ctx, const struct backend_adamw *a) {
+    lk_adamw(a->param, a->master, a->grad, a->m, a->v, a->n, a->lr, a->beta1, a->beta2, a->eps,
+             a->weight_decay, a->grad_scale, a->step, ST);
+}
+
+static void cu_sumsq(void *ctx, float *acc, const void *grad, size_t n) {
+    cu_require(CX, "sumsq");
+    lk_sumsq_acc(acc, grad, n, CX->sum_scratch, ST);
+}
+
+static void cu_scale(void *ctx, void *x, size_t n, float s) {
+    lk_scale(x, n, s, ST);
+}
+
+struct backend *backend_cuda_new(int device) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
+        cudaGetLastError();
+        log_error("cuda backend: device %d not available (%d CUDA devices)", device, n);
+        return NULL;
+    }
+    CUDA_CHECK(cudaSetDevice(device));
+    struct backend *b = calloc(1, sizeof *b);
+    struct cuda_ctx *c = calloc(1, sizeof *c);
+    if (!b || !c) {
+        free(b);
+        free(c);
+        log_error("cuda backend: out of host memory");
+        return NULL;
+    }
+    c->device = device;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking));
+    b->name = "cuda";
+    b->dtype = BACKEND_BF16;
+    b->elt_size = 2;
+    b->ctx = c;
+    b->peak_flops = CUDA_PEAK_BF16;
+    b->reserve = cu_reserve;
+    b->alloc = cu_alloc;
+    b->free = cu_free;
+    b->zero = cu_zero;
+    b->upload = cu_upload;
+    b->download = cu_download;
+    b->copy = cu_copy;
+    b->from_f32 = cu_from_f32;
+    b->to_f32 = cu_to_f32;
+    b->sync = cu_sync;
+    b->destroy = cu_destroy;
+    b->embedding_fwd = cu_embedding_fwd;
+    b->embedding_bwd = cu_embedding_bwd;
+    b->layernorm_fwd = cu_layernorm_fwd;
+    b->layernorm_bwd = cu_layernorm_bwd;
+    b->rmsnorm_fwd = cu_rmsnorm_fwd;
+    b->rmsnorm_bwd = cu_rmsnorm_bwd;
+    b->matmul_fwd = cu_matmul_fwd;
+    b->matmul_bwd = cu_matmul_bwd;
+    b->gelu_fwd = cu_gelu_fwd;
+    b->gelu_bwd = cu_gelu_bwd;
+    b->swiglu_fwd = cu_swiglu_fwd;
+    b->swiglu_bwd = cu_swiglu_bwd;
+    b->rope_fwd = cu_rope_fwd;
+    b->rope_bwd = cu_rope_bwd;
+    b->attention_fwd = cu_attention_fwd;
+    b->attention_bwd = cu_attention_bwd;
+    b->residual_fwd = cu_residual_fwd;
+    b->accumulate = cu_accumulate;
+    b->classifier = cu_classifier;
+    b->adamw = cu_adamw;
+    b->sumsq = cu_sumsq;
+    b->scale = cu_scale;
+    return b;
+}
+
+int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r) {
+    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return -1;
+    const struct cuda_ctx *c = b->ctx;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    r->engine_bytes = c->alloc_bytes;
+    r->engine_peak = c->alloc_peak;
+    r->workspace_bytes = c->ws.size;
+    r->logits_bytes = (size_t)c->cls_chunk * (size_t)(c->lim.Vp > 0 ? c->lim.Vp : 8) * 2;
+    r->device_used = tot - fr;
+    return 0;
+}
+
+void *backend_cuda_stream(const struct backend *b) {
+    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return NULL;
+    return ((const struct cuda_ctx *)b->ctx)->s;
+}

@@ -1,0 +1,28 @@
+/* CUDA backend extras beyond struct backend (worker/backend.h): memory
+ * figures for the worker's step report. The table itself comes from
+ * backend_cuda_new(device). */
+#ifndef LOOM_CUDA_BACKEND_H
+#define LOOM_CUDA_BACKEND_H
+
+#include <stddef.h>
+
+struct backend;
+
+/* Bytes held now and at most so far by the backend on the device: the
+ * engine's alloc() arenas plus the backend's own workspaces. */
+struct cuda_mem_report {
+    size_t engine_bytes;    /* alloc() total now */
+    size_t engine_peak;     /* alloc() high-water mark */
+    size_t workspace_bytes; /* reserve() workspaces (cuBLASLt, attention, logits chunk) */
+    size_t logits_bytes;    /* of which the classifier chunk */
+    size_t device_used;     /* cudaMemGetInfo: total - free (all processes) */
+};
+/* Fill *r for a backend made by backend_cuda_new; returns 0, or -1 when b is
+ * not a CUDA backend. */
+int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r);
+
+/* The backend's CUDA stream (a cudaStream_t) for timing with events; NULL
+ * when b is not a CUDA backend. */
+void *backend_cuda_stream(const struct backend *b);
+
+#endif

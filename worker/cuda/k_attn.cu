@@ -1,0 +1,427 @@
+/* Causal flash attention (FlashAttention-2 scheme) on bf16 tensor cores
+ * (mma.sync m16n8k16, fp32 accumulation), forward and backward, for head
+ * dims 32, 64 and 128 and any T that is a multiple of 64.
+ *
+ * Tiles: 64 queries x 64 keys per step; a CTA is 4 warps, each owning 16
+ * rows. Scores stay in registers (the accumulator layout of one mma is the
+ * operand layout of the next), so no T x T matrix ever reaches memory; the
+ * forward pass saves only the per-row log-sum-exp.
+ *
+ * Backward without float atomics (bit-reproducible): one kernel per key
+ * block computes dK and dV, looping over the query blocks (and over the query
+ * heads of a grouped kv head); a second kernel per query block recomputes the
+ * probabilities and computes dQ. That costs two extra small matmuls against
+ * FA2's atomic dQ, and buys determinism.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): with g = lane/4 and
+ * t = lane%4, A regs {0,1,2,3} hold (row g, k 2t..2t+1), (g+8, 2t), (g, 2t+8),
+ * (g+8, 2t+8); B regs {0,1} hold (k 2t..2t+1, n g), (k 2t+8.., n g); C holds
+ * (g, 2t..2t+1) and (g+8, 2t..2t+1). Shared tiles are padded by 8 elements a
+ * row so that these 32-bit fragment reads are free of bank conflicts. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "worker/cuda/kernels.h"
+
+typedef __nv_bfloat16 bf;
+
+#define BQ       64 /* queries per CTA / tile */
+#define BK       64 /* keys per tile */
+#define NTHREADS 128
+#define TP       (BK + 8) /* stride of a transposed tile [HD][64] */
+#define LOG2E    1.4426950408889634f
+#define LN2      0.6931471805599453f
+
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t ld32(const bf *p) {
+    return *(const uint32_t *)p;
+}
+
+/* Copy a [64][HD] tile from global rows (stride ld) into shared memory:
+ * row-major `rm` (stride HD+8) and/or transposed `tr` ([HD][TP]). */
+template <int HD> __device__ __forceinline__ void load_tile(bf *rm, bf *tr, const bf *src, int ld) {
+    constexpr int CH = HD / 8; /* 16-byte chunks per row */
+    for (int c = threadIdx.x; c < 64 * CH; c += NTHREADS) {
+        int r = c / CH, col = (c % CH) * 8;
+        uint4 v = *(const uint4 *)(src + (size_t)r * ld + col);
+        if (rm) *(uint4 *)(rm + r * (HD + 8) + col) = v;
+        if (tr) {
+            const bf *e = (const bf *)&v;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                tr[(col + i) * TP + r] = e[i];
+        }
+    }
+}
+
+/* A fragments of a 16-row slab (rows r0.., stride ld) of a global matrix. */
+template <int HD>
+__device__ __forceinline__ void load_afrag(uint32_t (*f)[4], const bf *src, int ld, int g, int t) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        f[kk][0] = ld32(src + (size_t)g * ld + kk * 16 + 2 * t);
+        f[kk][1] = ld32(src + (size_t)(g + 8) * ld + kk * 16 + 2 * t);
+        f[kk][2] = ld32(src + (size_t)g * ld + kk * 16 + 8 + 2 * t);
+        f[kk][3] = ld32(src + (size_t)(g + 8) * ld + kk * 16 + 8 + 2 * t);
+    }
+}
+
+/* acc[8][4] (16 x 64) = A (16 x HD, fragments) . R^T where R is a row-major
+ * shared tile [64][HD+8] (the B operand "col" layout is R's rows). */
+template <int HD>
+__device__ __forceinline__ void mma_rows(float (*acc)[4], const uint32_t (*a)[4], const bf *R,
+                                         int g, int t) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t b[2];
+            b[0] = ld32(R + (j * 8 + g) * (HD + 8) + kk * 16 + 2 * t);
+            b[1] = ld32(R + (j * 8 + g) * (HD + 8) + kk * 16 + 8 + 2 * t);
+            mma16816(acc[j], a[kk], b);
+        }
+    }
+}
+
+/* out[HD/8][4] (16 x HD) += P (16 x 64, accumulator layout) . M where M is
+ * [64][HD] given transposed in shared memory as Mt [HD][TP]. */
+template <int HD>
+__device__ __forceinline__ void mma_acc_t(float (*out)[4], const float (*p)[4], const bf *Mt, int g,
+                                          int t) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        a[0] = pack2(p[2 * kk][0], p[2 * kk][1]);
+        a[1] = pack2(p[2 * kk][2], p[2 * kk][3]);
+        a[2] = pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        a[3] = pack2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+        for (int jd = 0; jd < HD / 8; jd++) {
+            uint32_t b[2];
+            b[0] = ld32(Mt + (jd * 8 + g) * TP + kk * 16 + 2 * t);
+            b[1] = ld32(Mt + (jd * 8 + g) * TP + kk * 16 + 8 + 2 * t);
+            mma16816(out[jd], a, b);
+        }
+    }
+}
+
+/* Write (add = 0) or add into (add = 1) rows g and g+8 of a 16-row slab. */
+template <int HD>
+__device__ __forceinline__ void store_rows(bf *dst, int ld, const float (*acc)[4], float s0,
+                                           float s1, int g, int t, int add) {
+#pragma unroll
+    for (int jd = 0; jd < HD / 8; jd++) {
+        bf *p0 = dst + (size_t)g * ld + jd * 8 + 2 * t, *p1 = p0 + (size_t)8 * ld;
+        float x0 = acc[jd][0] * s0, x1 = acc[jd][1] * s0;
+        float y0 = acc[jd][2] * s1, y1 = acc[jd][3] * s1;
+        if (add) {
+            float2 e0 = __bfloat1622float2(*(const __nv_bfloat162 *)p0);
+            float2 e1 = __bfloat1622float2(*(const __nv_bfloat162 *)p1);
+            x0 += e0.x, x1 += e0.y, y0 += e1.x, y1 += e1.y;
+        }
+        *(uint32_t *)p0 = pack2(x0, x1);
+        *(uint32_t *)p1 = pack2(y0, y1);
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS)
+    attn_fwd_kernel(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
+                    int ldo, int T, int H, int Hkv, float sl2) {
+    __shared__ __align__(16) bf Ks[BK * (HD + 8)];
+    __shared__ __align__(16) bf Vt[HD * TP];
+    int nqb = T / BQ;
+    int qb = nqb - 1 - blockIdx.x;
+    int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
+    int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int q0 = qb * BQ + w * 16;
+    uint32_t qf[HD / 16][4];
+    load_afrag<HD>(qf, q + ((size_t)b * T + q0) * ldq + h * HD, ldq, g, t);
+    float o[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
+    const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
+    for (int kb = 0; kb <= qb; kb++) {
+        __syncthreads();
+        load_tile<HD>(Ks, NULL, kbase + (size_t)kb * BK * ldkv, ldkv);
+        load_tile<HD>(NULL, Vt, vbase + (size_t)kb * BK * ldkv, ldkv);
+        __syncthreads();
+        float s[8][4];
+        mma_rows<HD>(s, qf, Ks, g, t);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[j][e] * sl2;
+                if (kb == qb) {
+                    int key = j * 8 + 2 * t + (e & 1), qr = w * 16 + g + (e >= 2 ? 8 : 0);
+                    if (key > qr) x = -INFINITY;
+                }
+                s[j][e] = x;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        float r0 = 0.f, r1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s[j][0] = exp2f(s[j][0] - n0);
+            s[j][1] = exp2f(s[j][1] - n0);
+            s[j][2] = exp2f(s[j][2] - n1);
+            s[j][3] = exp2f(s[j][3] - n1);
+            r0 += s[j][0] + s[j][1];
+            r1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * a0 + r0;
+        l1 = l1 * a1 + r1;
+#pragma unroll
+        for (int jd = 0; jd < HD / 8; jd++) {
+            o[jd][0] *= a0;
+            o[jd][1] *= a0;
+            o[jd][2] *= a1;
+            o[jd][3] *= a1;
+        }
+        mma_acc_t<HD>(o, s, Vt, g, t);
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    store_rows<HD>(out + ((size_t)b * T + q0) * ldo + h * HD, ldo, o, 1.f / l0, 1.f / l1, g, t, 0);
+    if (t == 0) {
+        lse[(size_t)bh * T + q0 + g] = (m0 + log2f(l0)) * LN2;
+        lse[(size_t)bh * T + q0 + g + 8] = (m1 + log2f(l1)) * LN2;
+    }
+}
+
+/* di[bh][t] = sum_d dout * out (one warp per row and head). */
+__global__ void attn_bwd_pre_kernel(float *di, const bf *dout, const bf *out, int ldo, int N, int T,
+                                    int H, int hd) {
+    int wid = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (wid >= N * H) return;
+    int row = wid / H, h = wid % H;
+    const bf *a = dout + (size_t)row * ldo + h * hd, *c = out + (size_t)row * ldo + h * hd;
+    float s = 0.f;
+    for (int i = lane * 2; i < hd; i += 64) {
+        float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)(a + i));
+        float2 y = __bfloat1622float2(*(const __nv_bfloat162 *)(c + i));
+        s += x.x * y.x + x.y * y.y;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    int b = row / T, tt = row % T;
+    if (lane == 0) di[((size_t)b * H + h) * T + tt] = s;
+}
+
+/* dK, dV for one key block of one kv head: loops over the query heads of
+ * the group and the query blocks at or after the key block. */
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS)
+    attn_bwd_kv_kernel(bf *dk, bf *dv, const bf *dout, const float *lse, const float *di,
+                       const bf *q, const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T,
+                       int H, int Hkv, float sl2, float scale, int add) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf *Qs = (bf *)smem;                     /* [64][HD+8] */
+    bf *dOs = Qs + BQ * (HD + 8);            /* [64][HD+8] */
+    bf *Qt = dOs + BQ * (HD + 8);            /* [HD][TP] */
+    bf *dOt = Qt + HD * TP;                  /* [HD][TP] */
+    float *lse_s = (float *)(dOt + HD * TP); /* [64], pre-multiplied by log2 e */
+    float *di_s = lse_s + BQ;                /* [64] */
+    int nqb = T / BQ;
+    int kb = blockIdx.x;
+    int bhk = blockIdx.y, b = bhk / Hkv, hk = bhk % Hkv, grp = H / Hkv;
+    int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int k0 = kb * BK + w * 16;
+    uint32_t kf[HD / 16][4], vf[HD / 16][4];
+    load_afrag<HD>(kf, k + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, g, t);
+    load_afrag<HD>(vf, v + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, g, t);
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dka[j][e] = dva[j][e] = 0.f;
+    for (int h = hk * grp; h < (hk + 1) * grp; h++) {
+        size_t bh = (size_t)b * H + h;
+        for (int qb = kb; qb < nqb; qb++) {
+            __syncthreads();
+            const bf *qsrc = q + ((size_t)b * T + qb * BQ) * ldq + h * HD;
+            const bf *dsrc = dout + ((size_t)b * T + qb * BQ) * ldo + h * HD;
+            load_tile<HD>(Qs, Qt, qsrc, ldq);
+            load_tile<HD>(dOs, dOt, dsrc, ldo);
+            if (threadIdx.x < BQ) {
+                lse_s[threadIdx.x] = lse[bh * T + qb * BQ + threadIdx.x] * LOG2E;
+                di_s[threadIdx.x] = di[bh * T + qb * BQ + threadIdx.x];
+            }
+            __syncthreads();
+            float p[8][4], dp[8][4];
+            mma_rows<HD>(p, kf, Qs, g, t); /* S^T: keys x queries */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int qi = j * 8 + 2 * t + (e & 1);
+                    int key = w * 16 + g + (e >= 2 ? 8 : 0);
+                    float x = exp2f(p[j][e] * sl2 - lse_s[qi]);
+                    p[j][e] = (qb == kb && key > qi) ? 0.f : x;
+                }
+            mma_acc_t<HD>(dva, p, dOt, g, t); /* dV += P^T dO */
+            mma_rows<HD>(dp, vf, dOs, g, t);  /* dP^T = V dO^T */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dp[j][e] = p[j][e] * (dp[j][e] - di_s[j * 8 + 2 * t + (e & 1)]);
+            mma_acc_t<HD>(dka, dp, Qt, g, t); /* dK += dS^T Q */
+        }
+    }
+    store_rows<HD>(dk + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, dka, scale, scale, g, t, add);
+    store_rows<HD>(dv + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, dva, 1.f, 1.f, g, t, add);
+}
+
+/* dQ for one query block of one head: recomputes P and dP per key block. */
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS)
+    attn_bwd_q_kernel(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q,
+                      const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
+                      float sl2, float scale, int add) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf *Ks = (bf *)smem;         /* [64][HD+8] */
+    bf *Vs = Ks + BK * (HD + 8); /* [64][HD+8] */
+    bf *Kt = Vs + BK * (HD + 8); /* [HD][TP] */
+    int nqb = T / BQ;
+    int qb = nqb - 1 - blockIdx.x;
+    int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
+    int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int q0 = qb * BQ + w * 16;
+    uint32_t qf[HD / 16][4], of[HD / 16][4];
+    load_afrag<HD>(qf, q + ((size_t)b * T + q0) * ldq + h * HD, ldq, g, t);
+    load_afrag<HD>(of, dout + ((size_t)b * T + q0) * ldo + h * HD, ldo, g, t);
+    float ls0 = lse[(size_t)bh * T + q0 + g] * LOG2E,
+          ls1 = lse[(size_t)bh * T + q0 + g + 8] * LOG2E;
+    float d0 = di[(size_t)bh * T + q0 + g], d1 = di[(size_t)bh * T + q0 + g + 8];
+    float dqa[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+        dqa[j][0] = dqa[j][1] = dqa[j][2] = dqa[j][3] = 0.f;
+    const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
+    const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
+    for (int kb = 0; kb <= qb; kb++) {
+        __syncthreads();
+        load_tile<HD>(Ks, Kt, kbase + (size_t)kb * BK * ldkv, ldkv);
+        load_tile<HD>(Vs, NULL, vbase + (size_t)kb * BK * ldkv, ldkv);
+        __syncthreads();
+        float p[8][4], dp[8][4];
+        mma_rows<HD>(p, qf, Ks, g, t);
+        mma_rows<HD>(dp, of, Vs, g, t);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = j * 8 + 2 * t + (e & 1), qr = w * 16 + g + (e >= 2 ? 8 : 0);
+                float x = exp2f(p[j][e] * sl2 - (e >= 2 ? ls1 : ls0));
+                if (kb == qb && key > qr) x = 0.f;
+                p[j][e] = x * (dp[j][e] - (e >= 2 ? d1 : d0));
+            }
+        mma_acc_t<HD>(dqa, p, Kt, g, t);
+    }
+    store_rows<HD>(dq + ((size_t)b * T + q0) * ldq + h * HD, ldq, dqa, scale, scale, g, t, add);
+}
+
+static void check_shape(int T, int H, int Hkv, int hd) {
+    if (T % 64 || Hkv <= 0 || H % Hkv || (hd != 32 && hd != 64 && hd != 128))
+        lcuda_fail(__FILE__, __LINE__, "attention",
+                   "needs T % 64 == 0, H % Hkv == 0 and hd in {32, 64, 128}");
+}
+
+template <int HD>
+static void fwd_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
+                       int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st) {
+    float sl2 = LOG2E / sqrtf((float)HD);
+    dim3 grid(T / BQ, B * H);
+    attn_fwd_kernel<HD><<<grid, NTHREADS, 0, st>>>((bf *)out, lse, (const bf *)q, (const bf *)k,
+                                                   (const bf *)v, ldq, ldkv, ldo, T, H, Hkv, sl2);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lk_attn_fwd(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
+                            int ld_q, int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd,
+                            lcuda_stream s) {
+    check_shape(T, H, Hkv, hd);
+    cudaStream_t st = (cudaStream_t)s;
+    if (hd == 32) fwd_launch<32>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+    if (hd == 64) fwd_launch<64>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+    if (hd == 128) fwd_launch<128>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+}
+
+extern "C" size_t lk_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd) {
+    (void)Hkv;
+    (void)hd;
+    return (size_t)B * H * T * sizeof(float);
+}
+
+template <int HD>
+static void bwd_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, const float *di, const lbf16 *dout,
+                       const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ldq,
+                       int ldkv, int ldo, int B, int T, int H, int Hkv, int add, cudaStream_t st) {
+    float scale = 1.f / sqrtf((float)HD), sl2 = LOG2E * scale;
+    size_t smem_kv = 2 * BQ * (HD + 8) * sizeof(bf) + 2 * HD * TP * sizeof(bf) + 2 * BQ * 4;
+    size_t smem_q = 2 * BK * (HD + 8) * sizeof(bf) + HD * TP * sizeof(bf);
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_kv_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_q_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    attn_bwd_kv_kernel<HD><<<dim3(T / BK, B * Hkv), NTHREADS, smem_kv, st>>>(
+        (bf *)dk, (bf *)dv, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v,
+        ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
+    CUDA_CHECK_LAUNCH();
+    attn_bwd_q_kernel<HD><<<dim3(T / BQ, B * H), NTHREADS, smem_q, st>>>(
+        (bf *)dq, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv,
+        ldo, T, H, Hkv, sl2, scale, add);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
+                            const lbf16 *out, const float *lse, const lbf16 *q, const lbf16 *k,
+                            const lbf16 *v, int ld_q, int ld_kv, int ld_o, int B, int T, int H,
+                            int Hkv, int hd, int accumulate, lcuda_stream s) {
+    check_shape(T, H, Hkv, hd);
+    cudaStream_t st = (cudaStream_t)s;
+    int N = B * T;
+    attn_bwd_pre_kernel<<<(N * H + 7) / 8, 256, 0, st>>>(scratch, (const bf *)dout, (const bf *)out,
+                                                         ld_o, N, T, H, hd);
+    CUDA_CHECK_LAUNCH();
+    if (hd == 32)
+        bwd_launch<32>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                       accumulate, st);
+    if (hd == 64)
+        bwd_launch<64>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                       accumulate, st);
+    if (hd == 128)
+        bwd_launch<128>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                        accumulate, st);
+}

@@ -1,0 +1,255 @@
+/* Elementwise kernels: GELU (tanh form), SwiGLU, rotary embeddings, adds,
+ * the token/position embedding forward and its deterministic backward, and
+ * precision conversions. All are memory-bound; each thread handles a few
+ * elements and the launch covers the tensor with a grid-stride loop. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/cuda/kernels.h"
+
+typedef __nv_bfloat16 bf;
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static int grid_for(size_t n, int threads) {
+    size_t g = (n + threads - 1) / threads;
+    return (int)(g > 65535 * 8 ? 65535 * 8 : (g ? g : 1));
+}
+
+__device__ __forceinline__ float gelu_f(float x) {
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    float t = tanhf(u);
+    float du = GELU_K * (1.f + 3.f * 0.044715f * x * x);
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+}
+
+__global__ void gelu_fwd_kernel(bf *out, const bf *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(gelu_f(__bfloat162float(inp[i])));
+}
+__global__ void gelu_bwd_kernel(bf *dinp, const bf *inp, const bf *dout, size_t n, int acc) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float d = gelu_grad(__bfloat162float(inp[i])) * __bfloat162float(dout[i]);
+        if (acc) d += __bfloat162float(dinp[i]);
+        dinp[i] = __float2bfloat16(d);
+    }
+}
+
+extern "C" void lk_gelu_fwd(lbf16 *out, const lbf16 *inp, size_t n, lcuda_stream s) {
+    gelu_fwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)out, (const bf *)inp, n);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lk_gelu_bwd(lbf16 *dinp, const lbf16 *inp, const lbf16 *dout, size_t n,
+                            int accumulate, lcuda_stream s) {
+    gelu_bwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)dinp, (const bf *)inp,
+                                                                   (const bf *)dout, n, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void swiglu_fwd_kernel(bf *out, const bf *gate, const bf *up, int N, int F, int ld) {
+    size_t n = (size_t)N * F;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / F, c = i % F;
+        float g = __bfloat162float(gate[r * ld + c]), u = __bfloat162float(up[r * ld + c]);
+        out[i] = __float2bfloat16(g / (1.f + __expf(-g)) * u);
+    }
+}
+__global__ void swiglu_bwd_kernel(bf *dgate, bf *dup, const bf *dout, const bf *gate, const bf *up,
+                                  int N, int F, int ld, int acc) {
+    size_t n = (size_t)N * F;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / F, c = i % F;
+        float g = __bfloat162float(gate[r * ld + c]), u = __bfloat162float(up[r * ld + c]);
+        float d = __bfloat162float(dout[i]);
+        float sg = 1.f / (1.f + __expf(-g));
+        float silu = g * sg;
+        float du = d * silu, dg = d * u * sg * (1.f + g * (1.f - sg));
+        if (acc) {
+            du += __bfloat162float(dup[r * ld + c]);
+            dg += __bfloat162float(dgate[r * ld + c]);
+        }
+        dup[r * ld + c] = __float2bfloat16(du);
+        dgate[r * ld + c] = __float2bfloat16(dg);
+    }
+}
+
+extern "C" void lk_swiglu_fwd(lbf16 *out, const lbf16 *gate, const lbf16 *up, int N, int F,
+                              int ld_in, lcuda_stream s) {
+    swiglu_fwd_kernel<<<grid_for((size_t)N * F, 256), 256, 0, (cudaStream_t)s>>>(
+        (bf *)out, (const bf *)gate, (const bf *)up, N, F, ld_in);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lk_swiglu_bwd(lbf16 *dgate, lbf16 *dup, const lbf16 *dout, const lbf16 *gate,
+                              const lbf16 *up, int N, int F, int ld_in, int accumulate,
+                              lcuda_stream s) {
+    swiglu_bwd_kernel<<<grid_for((size_t)N * F, 256), 256, 0, (cudaStream_t)s>>>(
+        (bf *)dgate, (bf *)dup, (const bf *)dout, (const bf *)gate, (const bf *)up, N, F, ld_in,
+        accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* One thread per (row, head, pair i < hd/2). */
+__global__ void rope_kernel(bf *x, int N, int T, int H, int hd, int ld, float theta, float sign) {
+    int half = hd / 2;
+    size_t n = (size_t)N * H * half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(idx % half);
+        size_t rh = idx / half;
+        int h = (int)(rh % H);
+        size_t row = rh / H;
+        int pos = (int)(row % T);
+        float freq = powf(theta, -2.0f * i / hd);
+        float sn, cs;
+        sincosf(pos * freq, &sn, &cs);
+        sn *= sign;
+        bf *p = x + row * ld + (size_t)h * hd;
+        float a = __bfloat162float(p[i]), b = __bfloat162float(p[i + half]);
+        p[i] = __float2bfloat16(a * cs - b * sn);
+        p[i + half] = __float2bfloat16(b * cs + a * sn);
+    }
+}
+
+extern "C" void lk_rope(lbf16 *x, int N, int T, int n_heads, int hd, int ld, float theta,
+                        int inverse, lcuda_stream s) {
+    size_t n = (size_t)N * n_heads * (hd / 2);
+    rope_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)x, N, T, n_heads, hd, ld,
+                                                               theta, inverse ? -1.f : 1.f);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void add_kernel(bf *out, const bf *a, const bf *b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+extern "C" void lk_add(lbf16 *out, const lbf16 *a, const lbf16 *b, size_t n, lcuda_stream s) {
+    add_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)out, (const bf *)a,
+                                                              (const bf *)b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void scale_kernel(bf *x, size_t n, float sc) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16(__bfloat162float(x[i]) * sc);
+}
+extern "C" void lk_scale(lbf16 *x, size_t n, float sc, lcuda_stream s) {
+    scale_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)x, n, sc);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void embed_fwd_kernel(bf *out, const int32_t *tok, const bf *wte, const bf *wpe, int N,
+                                 int T, int C) {
+    size_t n = (size_t)N * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / C;
+        int c = (int)(i % C);
+        float v = __bfloat162float(wte[(size_t)tok[r] * C + c]);
+        if (wpe) v += __bfloat162float(wpe[(size_t)(r % T) * C + c]);
+        out[i] = __float2bfloat16(v);
+    }
+}
+extern "C" void lk_embed_fwd(lbf16 *out, const int32_t *tokens, const lbf16 *wte, const lbf16 *wpe,
+                             int N, int T, int C, lcuda_stream s) {
+    embed_fwd_kernel<<<grid_for((size_t)N * C, 256), 256, 0, (cudaStream_t)s>>>(
+        (bf *)out, tokens, (const bf *)wte, (const bf *)wpe, N, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* One block per distinct token: its rows summed in index order. */
+__global__ void embed_bwd_wte_kernel(bf *dwte, const bf *dout, const int32_t *order,
+                                     const int32_t *starts, const int32_t *uniq, int C) {
+    int u = blockIdx.x;
+    int b0 = starts[u], b1 = starts[u + 1];
+    bf *dst = dwte + (size_t)uniq[u] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.f;
+        for (int j = b0; j < b1; j++)
+            s += __bfloat162float(dout[(size_t)order[j] * C + c]);
+        dst[c] = __float2bfloat16(__bfloat162float(dst[c]) + s);
+    }
+}
+/* dwpe[t][c] += sum over sequences b of dout[b*T+t][c]. */
+__global__ void embed_bwd_wpe_kernel(bf *dwpe, const bf *dout, int N, int T, int C) {
+    size_t n = (size_t)T * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (size_t r = i / C; r < (size_t)N; r += T)
+            s += __bfloat162float(dout[r * C + i % C]);
+        dwpe[i] = __float2bfloat16(__bfloat162float(dwpe[i]) + s);
+    }
+}
+
+extern "C" void lk_embed_bwd(lbf16 *dwte, lbf16 *dwpe, const lbf16 *dout, const int32_t *order,
+                             const int32_t *starts, const int32_t *uniq, int n_uniq, int N, int T,
+                             int C, lcuda_stream s) {
+    cudaStream_t st = (cudaStream_t)s;
+    if (n_uniq > 0) {
+        embed_bwd_wte_kernel<<<n_uniq, 256, 0, st>>>((bf *)dwte, (const bf *)dout, order, starts,
+                                                     uniq, C);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (dwpe) {
+        embed_bwd_wpe_kernel<<<grid_for((size_t)T * C, 256), 256, 0, st>>>(
+            (bf *)dwpe, (const bf *)dout, N, T, C);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* Counting sort by token keeps equal tokens in row order (stable). */
+extern "C" int lk_embed_buckets(const int32_t *tokens, int N, int32_t *order, int32_t *starts,
+                                int32_t *uniq) {
+    int maxtok = 0;
+    for (int i = 0; i < N; i++)
+        if (tokens[i] > maxtok) maxtok = tokens[i];
+    int32_t *cnt = (int32_t *)calloc((size_t)maxtok + 2, sizeof *cnt);
+    if (!cnt) lcuda_fail(__FILE__, __LINE__, "calloc", "out of host memory");
+    for (int i = 0; i < N; i++)
+        cnt[tokens[i] + 1]++;
+    int nu = 0;
+    for (int t = 0; t <= maxtok; t++) {
+        if (cnt[t + 1]) {
+            uniq[nu] = t;
+            starts[nu] = cnt[t];
+            nu++;
+        }
+        cnt[t + 1] += cnt[t];
+    }
+    starts[nu] = N;
+    for (int i = 0; i < N; i++)
+        order[cnt[tokens[i]]++] = i;
+    free(cnt);
+    return nu;
+}
+
+__global__ void f2b_kernel(bf *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+__global__ void b2f_kernel(float *dst, const bf *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+extern "C" void lk_f32_to_bf16(lbf16 *dst, const float *src, size_t n, lcuda_stream s) {
+    f2b_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)dst, src, n);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lk_bf16_to_f32(float *dst, const lbf16 *src, size_t n, lcuda_stream s) {
+    b2f_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>(dst, (const bf *)src, n);
+    CUDA_CHECK_LAUNCH();
+}

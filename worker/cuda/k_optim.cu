@@ -1,0 +1,200 @@
+/* Fused classifier loss (softmax cross-entropy that turns bf16 logits into
+ * their gradient in place), deterministic sums, the gradient norm and the
+ * fused AdamW update (clipping folded into its gradient scale). Block reductions run in a fixed
+ * tree order and sums over blocks go through a partial array summed by one
+ * block, so results repeat bit for bit. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "worker/cuda/kernels.h"
+
+typedef __nv_bfloat16 bf;
+
+#define SUM_BLOCKS  512
+#define SUM_THREADS 256
+
+/* Block-wide sum (all threads get it); blockDim.x a multiple of 32, <= 1024. */
+__device__ float block_sum(float v, float *sh) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x / 32, l = threadIdx.x & 31, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = l < nw ? sh[l] : 0.f;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ float block_max(float v, float *sh) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int w = threadIdx.x / 32, l = threadIdx.x & 31, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = l < nw ? sh[l] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+struct __align__(16) bf8 {
+    __nv_bfloat162 h[4];
+};
+
+/* One block per row. Pass 1: online max / sum of exp over the V real
+ * columns (16-byte loads); pass 2: write the gradient over all Vp columns. */
+__global__ void __launch_bounds__(512)
+    xent_kernel(bf *logits, float *losses, const int32_t *targets, int V, int Vp, float dscale) {
+    __shared__ float sh[32];
+    int row = blockIdx.x;
+    bf *x = logits + (size_t)row * Vp;
+    int tgt = targets[row];
+    float m = -INFINITY, s = 0.f;
+    for (int i = threadIdx.x * 8; i < Vp; i += blockDim.x * 8) {
+        bf8 v = *(const bf8 *)(x + i);
+        float f[8];
+        float lm = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 t = __bfloat1622float2(v.h[j]);
+            f[2 * j] = (i + 2 * j < V) ? t.x : -INFINITY;
+            f[2 * j + 1] = (i + 2 * j + 1 < V) ? t.y : -INFINITY;
+            lm = fmaxf(lm, fmaxf(f[2 * j], f[2 * j + 1]));
+        }
+        if (lm == -INFINITY) continue;
+        float nm = fmaxf(m, lm);
+        s *= __expf(m - nm);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            s += __expf(f[j] - nm);
+        m = nm;
+    }
+    float gm = block_max(m, sh);
+    s = (m == -INFINITY) ? 0.f : s * __expf(m - gm);
+    float gs = block_sum(s, sh);
+    float lse = gm + logf(gs);
+    float xt = tgt >= 0 ? __bfloat162float(x[tgt]) : 0.f;
+    __syncthreads(); /* everyone read x[tgt] before it is overwritten */
+    float scale = tgt >= 0 ? dscale : 0.f;
+    for (int i = threadIdx.x * 8; i < Vp; i += blockDim.x * 8) {
+        bf8 v = *(const bf8 *)(x + i);
+        bf8 o;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 t = __bfloat1622float2(v.h[j]);
+            int c0 = i + 2 * j, c1 = c0 + 1;
+            float g0 = c0 < V ? (__expf(t.x - lse) - (c0 == tgt)) * scale : 0.f;
+            float g1 = c1 < V ? (__expf(t.y - lse) - (c1 == tgt)) * scale : 0.f;
+            o.h[j] = __floats2bfloat162_rn(g0, g1);
+        }
+        *(bf8 *)(x + i) = o;
+    }
+    if (threadIdx.x == 0) losses[row] = tgt >= 0 ? lse - xt : 0.f;
+}
+
+extern "C" void lk_xent_fwd_bwd(lbf16 *logits, float *losses, const int32_t *targets, int N, int V,
+                                int Vp, float dscale, lcuda_stream s) {
+    if (Vp % 8) lcuda_fail(__FILE__, __LINE__, "lk_xent_fwd_bwd", "Vp must be a multiple of 8");
+    xent_kernel<<<N, 512, 0, (cudaStream_t)s>>>((bf *)logits, losses, targets, V, Vp, dscale);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Partial sums over a grid-stride range; T is float or bf16, SQ squares. */
+template <typename T, int SQ> __global__ void sum_part_kernel(float *part, const T *x, size_t n) {
+    __shared__ float sh[32];
+    float acc = 0.f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = (float)x[i];
+        acc += SQ ? v * v : v;
+    }
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+/* *out = (acc ? *out : 0) + sum of part[0..np). */
+__global__ void sum_final_kernel(float *out, const float *part, int np, int acc) {
+    __shared__ float sh[32];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < np; i += blockDim.x)
+        s += part[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) *out = acc ? *out + s : s;
+}
+
+extern "C" size_t lk_sum_scratch_bytes(size_t n) {
+    (void)n;
+    return SUM_BLOCKS * sizeof(float);
+}
+
+static int sum_blocks(size_t n) {
+    size_t nb = (n + SUM_THREADS - 1) / SUM_THREADS;
+    return nb > SUM_BLOCKS ? SUM_BLOCKS : (nb ? (int)nb : 1);
+}
+
+extern "C" void lk_sum(float *out, const float *x, size_t n, float *scratch, lcuda_stream s) {
+    cudaStream_t st = (cudaStream_t)s;
+    int blocks = sum_blocks(n);
+    sum_part_kernel<float, 0><<<blocks, SUM_THREADS, 0, st>>>(scratch, x, n);
+    CUDA_CHECK_LAUNCH();
+    sum_final_kernel<<<1, 512, 0, st>>>(out, scratch, blocks, 0);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lk_sumsq_acc(float *acc, const lbf16 *g, size_t n, float *scratch, lcuda_stream s) {
+    cudaStream_t st = (cudaStream_t)s;
+    int blocks = sum_blocks(n);
+    sum_part_kernel<bf, 1><<<blocks, SUM_THREADS, 0, st>>>(scratch, (const bf *)g, n);
+    CUDA_CHECK_LAUNCH();
+    sum_final_kernel<<<1, 512, 0, st>>>(acc, scratch, blocks, 1);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* AdamW as torch.optim.AdamW (decoupled decay, bias correction):
+ * w -= lr * (mh / (sqrt(vh) + eps) + wd * w), g = grad * grad_scale. */
+__global__ void adamw_kernel(bf *param, float *master, const bf *grad, float *m, float *v, size_t n,
+                             float lr, float b1, float b2, float eps, float wd, float gscale,
+                             float bc1, float bc2) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = __bfloat162float(grad[i]) * gscale;
+        float mi = b1 * m[i] + (1.f - b1) * g;
+        float vi = b2 * v[i] + (1.f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float w = master[i];
+        w -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * w);
+        master[i] = w;
+        param[i] = __float2bfloat16(w);
+    }
+}
+
+extern "C" void lk_adamw(lbf16 *param, float *master, const lbf16 *grad, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float grad_scale, int step, lcuda_stream s) {
+    if (n == 0) return;
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    size_t nb = (n + 255) / 256;
+    int blocks = nb > 132 * 16 ? 132 * 16 : (int)nb;
+    adamw_kernel<<<blocks, 256, 0, (cudaStream_t)s>>>((bf *)param, master, (const bf *)grad, m, v,
+                                                      n, lr, beta1, beta2, eps, weight_decay,
+                                                      grad_scale, bc1, bc2);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void accumulate_kernel(bf *dst, const bf *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(__bfloat162float(dst[i]) + __bfloat162float(src[i]));
+}
+
+extern "C" void lk_accumulate(lbf16 *dst, const lbf16 *src, size_t n, lcuda_stream s) {
+    if (n == 0) return;
+    size_t nb = (n + 255) / 256;
+    int blocks = nb > 132 * 32 ? 132 * 32 : (int)nb;
+    accumulate_kernel<<<blocks, 256, 0, (cudaStream_t)s>>>((bf *)dst, (const bf *)src, n);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,152 @@
+/* CUDA kernels of the training step, callable from C.
+ *
+ * Storage conventions (shared with the cpu reference backend):
+ * - Activations and weights are bf16 (passed as `lbf16`, the raw 16-bit
+ *   pattern); every reduction and matmul accumulates in fp32.
+ * - Gradients (of activations and of parameters) are bf16 and are
+ *   accumulated (+=) unless said otherwise; master weights and AdamW moments
+ *   are fp32 (worker/backend.h's contract).
+ * - Row-major tensors; linear weights are [out, in] (api/model.h), so a
+ *   linear layer computes out[N][OC] = inp[N][IC] . W[OC][IC]^T + bias[OC].
+ * - Attention works in place on the fused qkv layout: q, k and v are rows of
+ *   a [B*T][row_stride] array, head h at columns h*hd (kv head h/(H/Hkv)).
+ * All functions enqueue work on `s` and return at once; pointers are device
+ * pointers unless said otherwise. Every kernel is deterministic (fixed
+ * reduction order, no float atomics), so a resumed run repeats bit for bit.
+ * Scratch buffers are sized by the *_scratch_bytes helpers. */
+#ifndef LOOM_CUDA_KERNELS_H
+#define LOOM_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/cuda/cuda_util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t lbf16;
+
+/* cuBLASLt handle + workspace, bound to one stream. Created at start-up. */
+struct lk_blas;
+struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena);
+void lk_blas_free(struct lk_blas *b); /* accepts NULL */
+
+/* ---- linear layers (cuBLASLt) ---- */
+/* out = inp . W^T (+ bias). With gelu=1: pre_gelu (may not be NULL) receives
+ * inp . W^T + bias and out = gelu_tanh(pre_gelu) (fused epilogue). `acc`,
+ * when not NULL, is added (out = acc + inp . W^T + bias; acc may equal out):
+ * the residual add fused into the matmul. */
+void lk_linear_fwd(struct lk_blas *b, lbf16 *out, lbf16 *pre_gelu, const lbf16 *inp, const lbf16 *w,
+                   const lbf16 *bias, const lbf16 *acc, int N, int IC, int OC, int gelu);
+/* dinp (+)= dout . W (accumulate=1 adds into dinp). When pre_gelu is not
+ * NULL (the layer's input was gelu(pre_gelu)), the product is multiplied by
+ * gelu'(pre_gelu), the gradient w.r.t. pre_gelu (not with accumulate). */
+void lk_linear_bwd_data(struct lk_blas *b, lbf16 *dinp, const lbf16 *dout, const lbf16 *w,
+                        const lbf16 *pre_gelu, int N, int IC, int OC, int accumulate);
+/* dw (may be NULL) += dout^T . inp; dbias (may be NULL) += column sums of
+ * dout (fp32 sums, one bf16 rounding). `scratch` holds
+ * lk_bias_scratch_bytes(N, OC) bytes. */
+void lk_linear_bwd_weight(struct lk_blas *b, lbf16 *dw, lbf16 *dbias, float *scratch,
+                          const lbf16 *dout, const lbf16 *inp, int N, int IC, int OC);
+size_t lk_bias_scratch_bytes(int N, int OC);
+
+/* ---- normalisation ---- */
+/* rms=0: LayerNorm (w, bias); rms=1: RMSNorm (w only, bias NULL).
+ * out = norm(x); mean (LayerNorm only) and rstd are saved, fp32 [N]. */
+void lk_norm_fwd(lbf16 *out, float *mean, float *rstd, const lbf16 *x, const lbf16 *w,
+                 const lbf16 *bias, int N, int C, float eps, int rms, lcuda_stream s);
+/* Fused residual + norm: res = a + b (written), out = norm(res). */
+void lk_residual_norm_fwd(lbf16 *res, lbf16 *out, float *mean, float *rstd, const lbf16 *a,
+                          const lbf16 *b, const lbf16 *w, const lbf16 *bias, int N, int C,
+                          float eps, int rms, lcuda_stream s);
+/* dx += dnorm/dx . dout; dw, dbias += (any may be NULL; dbias NULL for rms).
+ * scratch: lk_norm_scratch_bytes(N, C). */
+void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, const lbf16 *dout,
+                 const lbf16 *x, const lbf16 *w, const float *mean, const float *rstd, int N, int C,
+                 int rms, lcuda_stream s);
+size_t lk_norm_scratch_bytes(int N, int C);
+
+/* ---- elementwise ---- */
+void lk_gelu_fwd(lbf16 *out, const lbf16 *inp, size_t n, lcuda_stream s);
+/* dinp (+)= gelu'(inp) * dout (accumulate=1 adds). */
+void lk_gelu_bwd(lbf16 *dinp, const lbf16 *inp, const lbf16 *dout, size_t n, int accumulate,
+                 lcuda_stream s);
+/* out = silu(gate) * up, elementwise; rows of F, gate and up with their own
+ * row strides (elements) so a fused [N][2F] projection can be used in place. */
+void lk_swiglu_fwd(lbf16 *out, const lbf16 *gate, const lbf16 *up, int N, int F, int ld_in,
+                   lcuda_stream s);
+void lk_swiglu_bwd(lbf16 *dgate, lbf16 *dup, const lbf16 *dout, const lbf16 *gate, const lbf16 *up,
+                   int N, int F, int ld_in, int accumulate, lcuda_stream s);
+/* Rotary embedding in place (rotate-half convention of Llama / Hugging Face:
+ * pairs (i, i + hd/2), angle pos * theta^(-2i/hd), pos = row % T). x rows of
+ * `ld` elements, n_heads heads of hd at columns h*hd. inverse=1 rotates by
+ * -angle (the backward pass). */
+void lk_rope(lbf16 *x, int N, int T, int n_heads, int hd, int ld, float theta, int inverse,
+             lcuda_stream s);
+void lk_add(lbf16 *out, const lbf16 *a, const lbf16 *b, size_t n, lcuda_stream s);
+/* dst += src; x *= sc. */
+void lk_accumulate(lbf16 *dst, const lbf16 *src, size_t n, lcuda_stream s);
+void lk_scale(lbf16 *x, size_t n, float sc, lcuda_stream s);
+
+/* ---- embeddings ---- */
+/* out[b*T+t] = wte[tok] + (wpe ? wpe[t] : 0). */
+void lk_embed_fwd(lbf16 *out, const int32_t *tokens, const lbf16 *wte, const lbf16 *wpe, int N,
+                  int T, int C, lcuda_stream s);
+/* Deterministic embedding backward. `order` holds the N row indices sorted by
+ * token (stable), `starts` the n_uniq+1 bucket starts into order and `uniq`
+ * the token of each bucket (built on the host by lk_embed_buckets). dwte and
+ * dwpe (dwpe may be NULL) +=; each dwte row is summed in increasing row order. */
+void lk_embed_bwd(lbf16 *dwte, lbf16 *dwpe, const lbf16 *dout, const int32_t *order,
+                  const int32_t *starts, const int32_t *uniq, int n_uniq, int N, int T, int C,
+                  lcuda_stream s);
+/* Host helper: fill order[N], starts[N+1], uniq[N] from host tokens[N];
+ * returns n_uniq. */
+int lk_embed_buckets(const int32_t *tokens, int N, int32_t *order, int32_t *starts, int32_t *uniq);
+
+/* ---- attention (flash-style, causal, never materialises T x T) ---- */
+/* out[N][ld_o] (head h at h*hd) = softmax(q k^T / sqrt(hd), causal) v;
+ * lse[B][H][T] fp32 saves the log-sum-exp for the backward pass.
+ * hd in {32, 64, 128}; T a multiple of 64. */
+void lk_attn_fwd(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ld_q,
+                 int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd, lcuda_stream s);
+/* Gradients dq, dk, dv in the layouts of q, k, v (accumulate=1 adds into
+ * them, 0 overwrites). dk/dv of a kv head sum over its query heads in a fixed
+ * order. scratch: lk_attn_scratch_bytes(B, T, H, Hkv, hd). */
+void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
+                 const lbf16 *out, const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
+                 int ld_q, int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd,
+                 int accumulate, lcuda_stream s);
+size_t lk_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd);
+
+/* ---- classifier + cross-entropy (fused) ---- */
+/* logits [N][Vp] bf16 are replaced, row by row, by d loss / d logits =
+ * (softmax - onehot(target)) * dscale (padding columns >= V set to 0);
+ * losses[N] (fp32) = logsumexp - logit[target]. Rows whose target is < 0 get
+ * loss 0 and zero gradient. No fp32 logits are written. */
+void lk_xent_fwd_bwd(lbf16 *logits, float *losses, const int32_t *targets, int N, int V, int Vp,
+                     float dscale, lcuda_stream s);
+/* *out = sum of x[0..n) (fp32, fixed order). scratch: lk_sum_scratch_bytes. */
+void lk_sum(float *out, const float *x, size_t n, float *scratch, lcuda_stream s);
+size_t lk_sum_scratch_bytes(size_t n);
+
+/* ---- optimiser ---- */
+/* *acc += sum of squares of g[0..n) (fp32, fixed order). scratch:
+ * lk_sum_scratch_bytes. */
+void lk_sumsq_acc(float *acc, const lbf16 *g, size_t n, float *scratch, lcuda_stream s);
+/* Fused AdamW over one contiguous range (torch.optim.AdamW math, see
+ * worker/backend.h): g = grad * grad_scale; moments and fp32 master updated,
+ * bf16 param written. step is 1-based. */
+void lk_adamw(lbf16 *param, float *master, const lbf16 *grad, float *m, float *v, size_t n,
+              float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+              int step, lcuda_stream s);
+/* pbf = bf16(p), n elements. */
+void lk_f32_to_bf16(lbf16 *dst, const float *src, size_t n, lcuda_stream s);
+void lk_bf16_to_f32(float *dst, const lbf16 *src, size_t n, lcuda_stream s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
