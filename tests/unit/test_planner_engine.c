@@ -1,0 +1,94 @@
+/* The planner's per-rank memory estimate against what the engine really
+ * allocates on the CPU backend (worker/engine.c, worker/model.c), category by
+ * category, for several models, micro-batch shapes and ZeRO-1 shards (the
+ * shard a dp rank keeps, set with engine_set_shard as the comm layer does).
+ * Tolerance: +-10% per category (the issue's bar); the parameter and gradient
+ * buffers must match exactly since both come from the same layout table. */
+#include "api/planner.h"
+#include "worker/backend.h"
+#include "worker/engine.h"
+#include "worker/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+struct lcase {
+    const char *family, *preset;
+    int B, T, dp, zero;
+};
+
+static const struct lcase cases[] = {
+    {"gpt2", "tiny", 2, 64, 1, 0},   {"gpt2", "tiny", 4, 32, 2, 1},  {"gpt2", "mini", 2, 128, 1, 0},
+    {"gpt2", "mini", 1, 128, 4, 1},  {"llama", "tiny", 2, 64, 1, 0}, {"llama", "tiny", 3, 64, 2, 1},
+    {"llama", "mini", 2, 128, 1, 0}, {"llama", "mini", 4, 64, 4, 1},
+};
+
+static int within(double est, double real, double tol) {
+    if (real == 0) return est == 0;
+    return fabs(est - real) / real <= tol;
+}
+
+int main(void) {
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const struct lcase *k = &cases[i];
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"model\":{\"family\":\"%s\",\"preset\":\"%s\",\"seq_len\":%d},"
+                 "\"parallel\":{\"dp\":%d,\"zero_stage\":%d},\"resources\":{\"device\":\"cpu\"},"
+                 "\"train\":{\"micro_batch\":%d}}",
+                 k->family, k->preset, k->T, k->dp, k->zero, k->B);
+        struct loom_spec s;
+        struct loom_error err;
+        if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0) {
+            fprintf(stderr, "case %zu: %s %s\n", i, err.code, err.message);
+            failures++;
+            continue;
+        }
+        struct planner_estimate est;
+        CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
+
+        struct engine_place p = {0, k->dp, 0, 1, k->dp, 1};
+        struct backend *be = backend_cpu_new(1);
+        CHECK(be != NULL);
+        if (!be) continue;
+        struct engine *e = engine_new(&s.model, &p, be);
+        CHECK(e != NULL);
+        if (!e) continue;
+        size_t n = e->n_params, per = (n + k->dp - 1) / k->dp;
+        if (k->zero >= 1) CHECK(engine_set_shard(e, 0, per) == 0);
+        struct model *m = model_new(e, k->B, k->T, 1);
+        CHECK(m != NULL);
+        const struct engine_mem *r = &e->mem;
+        int ok = est.mem.params == (double)r->params && est.mem.grads == (double)r->grads &&
+                 within(est.mem.optimizer, (double)r->optimizer, 0.10) &&
+                 within(est.mem.activations, (double)r->activations, 0.10);
+        double est_sum = est.mem.params + est.mem.grads + est.mem.optimizer + est.mem.activations;
+        double real_sum = (double)(r->params + r->grads + r->optimizer + r->activations);
+        ok &= within(est_sum, real_sum, 0.10);
+        printf("%-5s %-4s B=%d T=%3d dp=%d zero=%d: params %zu/%.0f grads %zu/%.0f optimizer "
+               "%zu/%.0f activations %zu/%.0f (real/estimate, bytes; total off by %+.2f%%)\n",
+               k->family, k->preset, k->B, k->T, k->dp, k->zero, r->params, est.mem.params,
+               r->grads, est.mem.grads, r->optimizer, est.mem.optimizer, r->activations,
+               est.mem.activations, 100 * (est_sum - real_sum) / real_sum);
+        CHECK(ok);
+        model_free(m);
+        engine_free(e);
+    }
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("test_planner_engine: all checks passed\n");
+    return 0;
+}
