@@ -263,6 +263,16 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
             }
         mkdir(tmp, 0755);
     }
+    /* loomd sends the rendezvous path; workers reach loomd the way we do. */
+    char rdzv_url[1024];
+    if (s.rdzv && s.rdzv[0] == '/') {
+        snprintf(rdzv_url, sizeof rdzv_url, "%s%s", a->cfg->coordinator, s.rdzv);
+        size_t cl = strlen(a->cfg->coordinator);
+        if (cl > 0 && a->cfg->coordinator[cl - 1] == '/')
+            snprintf(rdzv_url, sizeof rdzv_url, "%.*s%s", (int)(cl - 1), a->cfg->coordinator,
+                     s.rdzv);
+        s.rdzv = rdzv_url;
+    }
     struct task *t = task_start(a->cfg->work_dir, &s, now);
     free(spec);
     if (!t) {
@@ -455,6 +465,12 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
         reconcile(&a, now);
         if (reg && now >= a.next_ship_ms) {
             if (ship(&a) != 0) log_debug("shipping metrics/logs failed; will retry");
+            a.next_ship_ms = now + SHIP_PERIOD_MS;
+        }
+        if (reg && a.hb_now) {
+            /* A task just exited: ship its last metrics and log bytes before
+             * the heartbeat that reports the exit (and may finish the job). */
+            ship(&a);
             a.next_ship_ms = now + SHIP_PERIOD_MS;
         }
         if (reg && (a.hb_now || now >= a.next_hb_ms)) {

@@ -79,6 +79,14 @@ int main(int argc, char **argv) {
         }
         if (!cfg.worker) cfg.worker = strdup("loom-worker");
     }
+    if (cfg.worker[0] != '/') {
+        /* Workers run in their task directory: make the path absolute. */
+        char abs[PATH_MAX];
+        if (realpath(cfg.worker, abs)) {
+            free(cfg.worker);
+            cfg.worker = strdup(abs);
+        }
+    }
     if (!cfg.join_token) log_warn("no join token (--join-token or LOOM_JOIN_TOKEN)");
 
     struct sigaction sa;

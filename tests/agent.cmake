@@ -12,3 +12,17 @@ set_tests_properties(unit.sched PROPERTIES LABELS "unit;sanitize")
 add_executable(fake_worker ${CMAKE_CURRENT_LIST_DIR}/fake_worker.c)
 target_link_libraries(fake_worker PRIVATE loom_api PkgConfig::JANSSON)
 loom_warnings(fake_worker)
+
+# Cluster integration tests: real loomd + 2 agents (--cpu-devices 2) on
+# loopback with fake_worker; one ctest per scenario so they run in parallel.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
+    foreach(sc happy crash crash_no_retry hang node_lost loomd_restart agent_restart cancel rdzv
+               sched)
+        add_test(NAME integration.cluster.${sc}
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_cluster.py
+                         ${CMAKE_BINARY_DIR}/bin ${sc})
+        set_tests_properties(integration.cluster.${sc} PROPERTIES LABELS "integration;sanitize"
+                             SKIP_RETURN_CODE 77 TIMEOUT 120)
+    endforeach()
+endif()

@@ -14,8 +14,10 @@
  *   fake_exit_code    exit code at the end (default 0)
  *   fake_ignore_term  "1": ignore SIGTERM (tests the SIGKILL escalation)
  *   fake_child        "1": fork a child that sleeps in the same process group
- * FAKE_PID_DIR (environment): each process writes an empty file named by its
- * pid there, so tests can check that no worker process is left behind.
+ * FAKE_PID_DIR (environment): each process writes a file named by its pid
+ * there holding "JOB ATTEMPT RANK RDZV_TOKEN", so tests can check that no
+ * worker process is left behind, none was started twice, and probe the
+ * rendezvous with a real attempt token.
  * With --out DIR it checkpoints (DIR/fake-ckpt.RANK holds the step) every
  * checkpoint.every_steps and resumes from it, like the real worker.
  * With world > 1 and an http LOOM_RDZV, rank 0 publishes a value and the
@@ -50,7 +52,12 @@ static void note_pid(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/%d", dir, (int)getpid());
     FILE *f = fopen(path, "w");
-    if (f) fclose(f);
+    if (!f) return;
+    const char *tok = getenv("LOOM_RDZV_TOKEN");
+    fprintf(f, "%s %s %s %s\n", getenv("LOOM_JOB") ? getenv("LOOM_JOB") : "-",
+            getenv("LOOM_ATTEMPT") ? getenv("LOOM_ATTEMPT") : "-",
+            getenv("LOOM_RANK") ? getenv("LOOM_RANK") : "-", tok && *tok ? tok : "-");
+    fclose(f);
 }
 
 static void sleep_ms(long ms) {
@@ -60,7 +67,11 @@ static void sleep_ms(long ms) {
 }
 
 static int rendezvous(const char *rdzv, const char *token, int rank, int world) {
-    if (world <= 1 || !rdzv || strncmp(rdzv, "http", 4)) return 0;
+    if (world <= 1 || !rdzv || !*rdzv) return 0;
+    if (strncmp(rdzv, "http://", 7) && strncmp(rdzv, "https://", 8)) {
+        fprintf(stderr, "fake_worker: LOOM_RDZV=%s is not an http URL\n", rdzv);
+        return -1;
+    }
     client_global_init();
     struct client *c = client_new(rdzv, token);
     if (!c) return -1;
@@ -96,7 +107,10 @@ static int rendezvous(const char *rdzv, const char *token, int rank, int world) 
             if (rc == -2) break;
         }
     }
-    if (rc != 0) fprintf(stderr, "fake_worker: rendezvous failed (status %ld)\n", status);
+    if (rc != 0)
+        fprintf(stderr, "fake_worker: rendezvous failed (status %ld)\n", status);
+    else
+        fprintf(stderr, "fake_worker: rendezvous ok\n");
     client_free(c);
     return rc;
 }

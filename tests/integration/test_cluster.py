@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""Cluster integration tests: a real loomd and two or three loom-agents with
+--cpu-devices as separate "nodes" on loopback, running tests/fake_worker (or
+the real loom-worker for the happy path when asked).
+
+Usage: test_cluster.py BIN_DIR SCENARIO [WORKER]
+Each scenario starts its own cluster on a free port in a fresh temp dir and
+asserts on the job states, events, processes, logs, metrics and usage.
+Exit 0 pass, 1 fail, 77 skip (cannot run here)."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+BIN = os.path.abspath(sys.argv[1])
+SCENARIO = sys.argv[2]
+WORKER = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else os.path.join(BIN, "fake_worker")
+ADMIN = "admin-token-for-tests"
+JOIN = "join-token-for-tests"
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def pid_alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Cluster:
+    def __init__(self, nodes=2, devices=2, node_timeout=3, hang_timeout=5):
+        self.tmp = tempfile.mkdtemp(prefix="loom-cluster-")
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.pids_dir = os.path.join(self.tmp, "pids")
+        os.makedirs(self.pids_dir)
+        self.data = os.path.join(self.tmp, "data")
+        os.makedirs(self.data)
+        with open(os.path.join(self.data, "train_000.bin"), "wb") as f:
+            f.write(b"\0" * 4096)
+        self.node_timeout = node_timeout
+        self.hang_timeout = hang_timeout
+        self.loomd = None
+        self.agents = {}
+        self.env = dict(os.environ, LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN,
+                        FAKE_PID_DIR=self.pids_dir)
+        for k in ("LOOM_URL", "LOOM_TOKEN", "LOOM_CONFIG"):
+            self.env.pop(k, None)
+        self.start_loomd()
+        for i in range(nodes):
+            self.start_agent("node-%d" % (i + 1), devices)
+        self.wait(lambda: len([n for n in self.nodes() if n["state"] == "ready"]) == nodes,
+                  10, "agents registered")
+        self.tenant, self.token = self.new_tenant("acme")
+
+    def log(self, name):
+        return open(os.path.join(self.tmp, name + ".log"), "ab")
+
+    def start_loomd(self):
+        self.loomd = subprocess.Popen(
+            [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
+             os.path.join(self.tmp, "loomd"), "--node-timeout", str(self.node_timeout),
+             "--hang-timeout", str(self.hang_timeout), "--heartbeat", "1",
+             "--store-sync-full", "false"],
+            env=self.env, stdout=self.log("loomd"), stderr=subprocess.STDOUT)
+        self.wait(lambda: self.get("/healthz", token=None)[0] == 200, 10, "loomd up")
+
+    def start_agent(self, name, devices):
+        p = subprocess.Popen(
+            [os.path.join(BIN, "loom-agent"), "--coordinator", self.url, "--name", name,
+             "--work-dir", os.path.join(self.tmp, name), "--cpu-devices", str(devices),
+             "--worker", WORKER, "--heartbeat-ms", "500", "--stop-grace-ms", "1000",
+             "--retry-max-ms", "500"],
+            env=self.env, stdout=self.log(name), stderr=subprocess.STDOUT)
+        self.agents[name] = p
+        return p
+
+    def request(self, method, path, body=None, token="tenant"):
+        if token == "tenant":
+            token = self.token
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if token:
+            req.add_header("Authorization", "Bearer " + token)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                raw = r.read()
+                if "json" in (r.headers.get("Content-Type") or ""):
+                    return r.status, json.loads(raw)
+                return r.status, raw.decode()
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw)
+            except ValueError:
+                return e.code, raw.decode()
+        except (urllib.error.URLError, ConnectionError, socket.timeout):
+            return 0, None
+
+    def get(self, path, token="tenant"):
+        return self.request("GET", path, token=token)
+
+    def new_tenant(self, name):
+        st, t = self.request("POST", "/v1/tenants", {"name": name}, token=ADMIN)
+        check(st in (200, 201), "create tenant: %s %s" % (st, t))
+        st, k = self.request("POST", "/v1/tenants/%s/tokens" % t["id"], {}, token=ADMIN)
+        check(st in (200, 201), "create token: %s %s" % (st, k))
+        return t["id"], k["token"]
+
+    def nodes(self):
+        st, r = self.get("/v1/nodes", token=ADMIN)
+        return r["nodes"] if st == 200 else []
+
+    def submit(self, world=4, steps=10, step_ms=100, labels=None, token="tenant", ckpt=0,
+               max_retries=1, priority=50, name="t"):
+        lab = {"fake_step_ms": str(step_ms)}
+        lab.update(labels or {})
+        spec = {
+            "name": name,
+            "model": {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "d_ff": 256,
+                      "vocab_size": 256, "seq_len": 32},
+            "data": {"train": os.path.join(self.data, "train_000.bin")},
+            "parallel": {"dp": world, "tp": 1, "pp": 1},
+            "train": {"steps": steps, "global_batch_tokens": 128 * world, "micro_batch": 4,
+                      "precision": "fp32"},
+            "resources": {"device": "cpu", "gpus_per_node": 2},
+            "labels": lab,
+            "priority": priority,
+            "max_retries": max_retries,
+        }
+        if ckpt:
+            spec["checkpoint"] = {"every_steps": ckpt, "keep": 2}
+        st, j = self.request("POST", "/v1/jobs", spec, token=token)
+        check(st == 201, "submit: %s %s" % (st, j))
+        return j["id"]
+
+    def job(self, jid, token="tenant"):
+        st, j = self.get("/v1/jobs/" + jid, token=token)
+        check(st == 200, "get job %s: %s %s" % (jid, st, j))
+        return j
+
+    def events(self, jid):
+        st, e = self.get("/v1/jobs/%s/events" % jid)
+        check(st == 200, "events: %s" % st)
+        return e["items"]
+
+    def wait(self, cond, timeout, what):
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                if cond():
+                    return
+            except Fail:
+                pass
+            time.sleep(0.05)
+        raise Fail("timed out after %ss waiting for %s" % (timeout, what))
+
+    def wait_state(self, jid, states, timeout):
+        states = (states,) if isinstance(states, str) else states
+        last = {}
+
+        def ok():
+            last["j"] = self.job(jid)
+            return last["j"]["state"] in states
+
+        try:
+            self.wait(ok, timeout, "job %s to reach %s" % (jid, states))
+        except Fail:
+            raise Fail("job %s is %s (wanted %s); events: %s" % (
+                jid, last.get("j", {}).get("state"), states, json.dumps(self.events(jid))))
+        return last["j"]
+
+    def workers(self, jid=None):
+        """[(pid, job, attempt, rank, token)] of every worker process ever started."""
+        out = []
+        for name in os.listdir(self.pids_dir):
+            with open(os.path.join(self.pids_dir, name)) as f:
+                parts = f.read().split()
+            if len(parts) == 4 and (jid is None or parts[0] == jid):
+                out.append((int(name), parts[0], int(parts[1]), int(parts[2]), parts[3]))
+        return out
+
+    def alive_workers(self, jid=None):
+        return [w for w in self.workers(jid) if pid_alive(w[0])]
+
+    def close(self, ok):
+        for w in self.workers():
+            try:
+                os.kill(w[0], signal.SIGKILL)
+            except OSError:
+                pass
+        for p in list(self.agents.values()) + [self.loomd]:
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+        if ok and not os.environ.get("LOOM_KEEP_TEST_DIR"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            print("cluster files kept in", self.tmp)
+
+
+def event_reasons(c, jid):
+    return [(e["from"], e["to"], e["attempt"], e["reason"]) for e in c.events(jid)]
+
+
+# ---------------- scenarios ----------------
+
+
+def sc_happy(c):
+    t0 = time.time()
+    jid = c.submit(world=4, steps=10, step_ms=100)
+    j = c.wait_state(jid, "running", 10)
+    started = time.time() - t0
+    nodes = sorted(set(p["node"] for p in j["placement"]))
+    check(nodes == ["node-1", "node-2"], "4 ranks on two 2-device nodes: %s" % j["placement"])
+    c.wait_state(jid, "succeeded", 20)
+    ws = c.workers(jid)
+    check(sorted(w[3] for w in ws) == [0, 1, 2, 3], "one worker per rank: %s" % ws)
+    c.wait(lambda: not c.alive_workers(jid), 5, "workers gone")
+    # logs of rank 2 (stderr text), metrics series of rank 0, usage rows
+    def logs_ok():
+        st, text = c.get("/v1/jobs/%s/logs?rank=2" % jid)
+        return (st == 200 and "step 10 loss" in text and "rank 2/4" in text
+                and "rendezvous ok" in text)
+    c.wait(logs_ok, 5, "rank 2 logs shipped")
+    st, m = c.get("/v1/jobs/%s/metrics" % jid)
+    check(st == 200 and [p["step"] for p in m["series"]] == list(range(1, 11)),
+          "metrics steps 1..10: %s" % (m if st != 200 else [p["step"] for p in m["series"]]))
+    check(abs(m["series"][-1]["loss"] - 10.0 / 11) < 1e-4, "loss of step 10")
+    st, u = c.get("/v1/usage?group_by=job")
+    check(st == 200 and len(u["rows"]) == 1 and u["rows"][0]["key"] == jid,
+          "usage by job: %s" % u)
+    check(u["rows"][0]["rows"] == 2 and u["total"]["gpu_seconds"] > 3.0,
+          "usage: 2 node rows, >= 4 ranks x ~1 s: %s" % u)
+    # another tenant sees neither the job nor its usage
+    _, tok2 = c.new_tenant("other")
+    check(c.get("/v1/jobs/%s/logs" % jid, token=tok2)[0] == 404, "other tenant: logs 404")
+    st, u2 = c.get("/v1/usage", token=tok2)
+    check(st == 200 and u2["rows"] == [], "other tenant: no usage")
+    print("happy: submit -> running %.0f ms" % (started * 1000))
+
+
+def sc_crash(c):
+    """Rank 1 crashes at step 5 in attempt 0: every rank of the attempt stops
+    within 5 s, attempt 1 resumes from the step-4 checkpoint and succeeds."""
+    jid = c.submit(world=4, steps=12, step_ms=150, ckpt=2, max_retries=2,
+                   labels={"fake_crash_step": "5", "fake_crash_rank": "1",
+                           "fake_crash_attempt": "0"})
+    c.wait(lambda: c.job(jid)["attempt"] == 1, 15, "retry to attempt 1")
+    t_fail = time.time()
+    c.wait(lambda: not [w for w in c.alive_workers(jid) if w[2] == 0], 5,
+           "every attempt-0 rank stopped within 5 s")
+    stop_s = time.time() - t_fail
+    j = c.wait_state(jid, "succeeded", 30)
+    check(j["attempt"] == 1, "succeeded on attempt 1: %s" % j["attempt"])
+    ev = event_reasons(c, jid)
+    fails = [e for e in ev if e[1] == "queued" and e[0] in ("running", "starting")]
+    check(len(fails) == 1 and "rank 1" in fails[0][3] and "code 3" in fails[0][3],
+          "retry event names rank 1 and its exit code: %s" % ev)
+    # resumed from the checkpoint: attempt 1 starts past step 0
+    st, text = c.get("/v1/jobs/%s/logs?rank=0&stream=stdout&attempt=1" % jid)
+    start = json.loads(text.splitlines()[0])
+    check(start["resume_step"] >= 2, "attempt 1 resumed from a checkpoint: %s" % start)
+    print("crash: attempt 0 stopped everywhere %.2f s after the retry was visible" % stop_s)
+
+
+def sc_crash_no_retry(c):
+    jid = c.submit(world=2, steps=10, step_ms=50, max_retries=0,
+                   labels={"fake_crash_step": "2", "fake_crash_code": "7"})
+    j = c.wait_state(jid, "failed", 15)
+    check("no retries left" in c.events(jid)[-1]["reason"], "failure reason")
+    c.wait(lambda: not c.alive_workers(jid), 5, "workers gone")
+    jid2 = c.submit(world=1, steps=5, step_ms=20, max_retries=3,
+                    labels={"fake_crash_step": "1", "fake_crash_code": "2"})
+    c.wait_state(jid2, "failed", 15)
+    check(c.job(jid2)["attempt"] == 0, "exit code 2 (bad spec/data) is not retried")
+    check("not retried" in c.events(jid2)[-1]["reason"], "reason says not retried")
+
+
+def sc_hang(c):
+    """Rank 0 stops making progress at step 3 in attempt 0: the hang timeout
+    fails the attempt, which is retried and succeeds."""
+    jid = c.submit(world=2, steps=6, step_ms=100, max_retries=1,
+                   labels={"fake_hang_step": "3", "fake_hang_rank": "0",
+                           "fake_hang_attempt": "0"})
+    c.wait_state(jid, "running", 10)
+    t0 = time.time()
+    c.wait(lambda: c.job(jid)["attempt"] == 1, c.hang_timeout + 10, "hang detected")
+    took = time.time() - t0
+    c.wait(lambda: not [w for w in c.alive_workers(jid) if w[2] == 0], 5, "hung ranks killed")
+    c.wait_state(jid, "succeeded", 20)
+    check(any("hang" in e[3] for e in event_reasons(c, jid)), "hang named in events")
+    print("hang: detected %.1f s after running (timeout %d s)" % (took, c.hang_timeout))
+
+
+def kill_node(c, name):
+    """kill -9 the agent and every worker it started: the node is gone."""
+    c.agents[name].kill()
+    c.agents[name].wait()
+    wd = os.path.join(c.tmp, name, "tasks")
+    for d in os.listdir(wd) if os.path.isdir(wd) else []:
+        try:
+            pid = int(open(os.path.join(wd, d, "pid")).read().split()[0])
+            os.killpg(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def sc_node_lost(c):
+    jid = c.submit(world=2, steps=30, step_ms=100, max_retries=2)
+    j = c.wait_state(jid, "running", 10)
+    node = j["placement"][0]["node"]
+    check(all(p["node"] == node for p in j["placement"]), "2 ranks packed on one node")
+    t0 = time.time()
+    kill_node(c, node)
+    c.wait(lambda: c.job(jid)["attempt"] == 1, c.node_timeout + 10, "job re-queued")
+    requeue = time.time() - t0
+    check(requeue <= 20, "re-queued within 20 s (took %.1f)" % requeue)
+    j = c.wait_state(jid, ("running", "succeeded"), 10)
+    check(all(p["node"] != node for p in j["placement"]), "re-placed on the other node")
+    c.wait_state(jid, "succeeded", 30)
+    lost = [n for n in c.nodes() if n["name"] == node]
+    check(lost and lost[0]["state"] == "lost", "node shows lost: %s" % lost)
+    print("node lost: re-queued %.1f s after kill -9 (node timeout %d s)" % (requeue,
+                                                                            c.node_timeout))
+
+
+def sc_loomd_restart(c):
+    jid = c.submit(world=4, steps=40, step_ms=100)
+    c.wait_state(jid, "running", 10)
+    c.loomd.kill()
+    c.loomd.wait()
+    time.sleep(1.0)
+    c.start_loomd()
+    j = c.wait_state(jid, "succeeded", 30)
+    check(j["attempt"] == 0, "no retry after a loomd restart: attempt %d" % j["attempt"])
+    ws = c.workers(jid)
+    check(len(ws) == 4 and sorted(w[3] for w in ws) == [0, 1, 2, 3],
+          "each rank started exactly once: %s" % ws)
+    st, m = c.get("/v1/jobs/%s/metrics" % jid)
+    check(st == 200 and len(m["series"]) == 40, "all 40 steps recorded: %d" % len(m["series"]))
+
+
+def sc_agent_restart(c):
+    jid = c.submit(world=2, steps=30, step_ms=100)
+    j = c.wait_state(jid, "running", 10)
+    node = j["placement"][0]["node"]
+    c.agents[node].kill()
+    c.agents[node].wait()
+    time.sleep(0.5)
+    c.start_agent(node, 2)
+    j = c.wait_state(jid, "succeeded", 30)
+    check(j["attempt"] == 0, "workers were re-adopted, no retry")
+    check(len(c.workers(jid)) == 2, "no duplicate workers: %s" % c.workers(jid))
+    with open(os.path.join(c.tmp, node + ".log")) as f:
+        check("re-adopted" in f.read(), "agent log says re-adopted")
+
+
+def sc_cancel(c):
+    # fake_child: every worker forks a child in its process group;
+    # fake_ignore_term: SIGTERM is ignored, so the SIGKILL escalation is needed.
+    jid = c.submit(world=4, steps=100, step_ms=100,
+                   labels={"fake_child": "1", "fake_ignore_term": "1"})
+    c.wait_state(jid, "running", 10)
+    c.wait(lambda: len(c.alive_workers(jid)) == 8, 5, "4 workers + 4 children alive")
+    t0 = time.time()
+    st, _ = c.request("POST", "/v1/jobs/%s/cancel" % jid, {})
+    check(st in (200, 202), "cancel: %s" % st)
+    c.wait_state(jid, "cancelled", 10)
+    c.wait(lambda: not c.alive_workers(jid), 5, "no process left")
+    print("cancel: every process gone %.2f s after cancel (SIGTERM ignored)" % (time.time() - t0))
+
+
+def sc_rdzv(c):
+    jid = c.submit(world=2, steps=100, step_ms=100)
+    jid2 = c.submit(world=2, steps=100, step_ms=100)
+    c.wait_state(jid, "running", 10)
+    c.wait_state(jid2, "running", 10)
+    tok = c.workers(jid)[0][4]
+    tok2 = c.workers(jid2)[0][4]
+    path = "/v1/rdzv/%s/0/fake-addr" % jid
+    st, v = c.get(path + "?wait_ms=5000", token=tok)
+    check(st == 200 and v["value"] == "ZmFrZQ==", "own attempt's key readable: %s %s" % (st, v))
+    check(c.get(path, token=tok2)[0] == 403, "another attempt's token: 403")
+    check(c.get(path, token=c.token)[0] == 403, "a tenant API token: 403")
+    check(c.get(path, token=ADMIN)[0] == 403, "the admin token: 403")
+    check(c.get(path, token=None)[0] == 401, "no token: 401")
+    check(c.get("/v1/rdzv/%s/1/fake-addr" % jid, token=tok)[0] == 403, "attempt 1 path: 403")
+    st, _ = c.request("PUT", "/v1/rdzv/%s/0/k1" % jid, {"value": "YQ=="}, token=tok)
+    check(st == 200, "put: %s" % st)
+    st, _ = c.request("PUT", "/v1/rdzv/%s/0/k1" % jid, {"value": "Yg=="}, token=tok)
+    check(st == 409, "a key is written once: %s" % st)
+    t0 = time.time()
+    st, _ = c.get("/v1/rdzv/%s/0/missing?wait_ms=500" % jid, token=tok)
+    check(st == 404 and time.time() - t0 >= 0.45, "long-poll waits then 404")
+    for j in (jid, jid2):
+        c.request("POST", "/v1/jobs/%s/cancel" % j, {})
+    c.wait_state(jid, "cancelled", 10)
+    check(c.get(path, token=tok)[0] == 403, "token dead once the attempt ended")
+
+
+def sc_sched(c):
+    """Drain, pending reasons, gang all-or-nothing, priority."""
+    st, _ = c.request("POST", "/v1/nodes/node-1/drain", {}, token=ADMIN)
+    check(st == 200, "drain: %s" % st)
+    check(c.request("POST", "/v1/nodes/node-1/drain", {})[0] == 403, "tenant cannot drain")
+    jid = c.submit(world=2, steps=5, step_ms=50)
+    j = c.wait_state(jid, "running", 10)
+    check(all(p["node"] == "node-2" for p in j["placement"]), "drained node takes no work")
+    big = c.submit(world=4, steps=5, step_ms=50, name="big")
+
+    def reason():
+        r = c.job(big).get("pending_reason") or ""
+        return "needs 4" in r
+    c.wait(reason, 5, "pending reason for the 4-rank job")
+    print("pending:", c.job(big)["pending_reason"])
+    c.wait_state(jid, "succeeded", 15)
+    j = c.job(big)
+    check(j["state"] == "queued", "gang: 4 ranks never start on 2 free devices")
+    c.request("POST", "/v1/nodes/node-1/undrain", {}, token=ADMIN)
+    c.wait_state(big, "succeeded", 20)
+    too_big = c.submit(world=6, steps=1, step_ms=10, name="toobig")
+    c.wait(lambda: "in total" in (c.job(too_big).get("pending_reason") or ""), 5,
+           "never-fits reason")
+    print("pending:", c.job(too_big)["pending_reason"])
+    c.request("POST", "/v1/jobs/%s/cancel" % too_big, {})
+    c.wait_state(too_big, "cancelled", 5)
+    st, n = c.get("/v1/nodes/node-1")
+    check(st == 200 and n["state"] == "ready" and n["devices_total"] == 2, "node get: %s" % n)
+    st, text = c.get("/metrics", token=None)
+    check(st == 200 and 'loom_nodes{state="ready"} 2' in text, "metrics: nodes by state")
+    check("loom_queue_wait_seconds_bucket" in text, "metrics: queue wait histogram")
+
+
+SCENARIOS = {
+    "happy": (sc_happy, {}),
+    "crash": (sc_crash, {}),
+    "crash_no_retry": (sc_crash_no_retry, {}),
+    "hang": (sc_hang, {}),
+    "node_lost": (sc_node_lost, {}),
+    "loomd_restart": (sc_loomd_restart, {"node_timeout": 10}),
+    "agent_restart": (sc_agent_restart, {"node_timeout": 10}),
+    "cancel": (sc_cancel, {}),
+    "rdzv": (sc_rdzv, {}),
+    "sched": (sc_sched, {}),
+}
+
+
+def main():
+    for b in ("loomd", "loom-agent"):
+        if not os.access(os.path.join(BIN, b), os.X_OK):
+            print("SKIP: %s not built" % b)
+            return 77
+    if not os.access(WORKER, os.X_OK):
+        print("SKIP: worker %s not built" % WORKER)
+        return 77
+    fn, kw = SCENARIOS[SCENARIO]
+    c = Cluster(**kw)
+    ok = False
+    try:
+        fn(c)
+        ok = True
+        print("PASS", SCENARIO)
+        return 0
+    except Fail as e:
+        print("FAIL %s: %s" % (SCENARIO, e))
+        return 1
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        print("FAIL %s: exception" % SCENARIO)
+        return 1
+    finally:
+        c.close(ok)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
