@@ -15,4 +15,12 @@ if(TARGET loom_engine)
                              SKIP_RETURN_CODE 77)
     endforeach()
 
+    # The all-reduce benchmark (docs/perf.md); its smoke run checks results.
+    add_executable(bench_allreduce ${CMAKE_CURRENT_LIST_DIR}/bench/bench_allreduce.c)
+    target_link_libraries(bench_allreduce PRIVATE loom_engine)
+    loom_warnings(bench_allreduce)
+    add_test(NAME unit.comm.bench_smoke
+             COMMAND bench_allreduce --ranks 2,3 --min-mb 0.25 --max-mb 1 --iters 2)
+    set_tests_properties(unit.comm.bench_smoke PROPERTIES LABELS unit TIMEOUT 60
+                         SKIP_RETURN_CODE 77)
 endif()
