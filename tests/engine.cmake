@@ -8,3 +8,13 @@ if(TARGET loom_engine)
         set_tests_properties(unit.engine.${t} PROPERTIES LABELS "unit;sanitize" TIMEOUT 120)
     endforeach()
 endif()
+
+# loom-worker end to end: training, determinism, resume, SIGTERM, exit codes.
+if(TARGET loom-worker)
+    add_executable(test_worker ${CMAKE_CURRENT_LIST_DIR}/integration/test_worker.c)
+    target_link_libraries(test_worker PRIVATE loom_engine)
+    loom_warnings(test_worker)
+    add_test(NAME integration.engine.worker COMMAND test_worker $<TARGET_FILE:loom-worker>)
+    set_tests_properties(integration.engine.worker PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 300)
+endif()

@@ -388,6 +388,8 @@ static int run_case(const struct gc_case *k, struct backend *b1, struct backend 
 }
 
 int main(void) {
+    /* every parallel region threaded, so 1 vs 2 threads is a real comparison */
+    setenv("LOOM_CPU_PAR_MIN", "0", 1);
     struct backend *b1 = backend_cpu_new(1), *b2 = backend_cpu_new(2);
     if (!b1 || !b2) return 1;
     struct backend_limits lim;

@@ -22,8 +22,17 @@ static inline int cpu_thread_id(void) {
 }
 #endif
 
+/* Parallel regions run on one thread below par_min work (roughly flops; on
+ * a busy 2-core machine a barrier costs more than a small kernel). The split
+ * never changes results: each element is computed by one iteration. The
+ * environment variable LOOM_CPU_PAR_MIN overrides the default (tests set 0
+ * to run every region threaded). */
+#define CPU_PAR_MIN_DEFAULT (1u << 18)
+#define CPU_PAR(c, work)    ((size_t)(work) >= (c)->par_min)
+
 struct cpu_ctx {
-    int nt; /* threads for every parallel region */
+    int nt;         /* threads for every parallel region */
+    size_t par_min; /* least work for a threaded region */
     struct backend_limits lim;
     float *attn_scratch; /* [nt, T] softmax row per thread */
     float *logits;       /* [CLS_CHUNK, Vp] classifier chunk */

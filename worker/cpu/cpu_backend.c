@@ -69,7 +69,7 @@ static int cpu_reserve(void *ctx, const struct backend_limits *lim) {
 static void cpu_residual_fwd(void *ctx, void *out_, const void *a_, const void *b_, size_t n) {
     float *out = out_;
     const float *a = a_, *b = b_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, n)) schedule(static)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
 }
@@ -77,7 +77,7 @@ static void cpu_residual_fwd(void *ctx, void *out_, const void *a_, const void *
 static void cpu_accumulate(void *ctx, void *dst_, const void *src_, size_t n) {
     float *dst = dst_;
     const float *src = src_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, n)) schedule(static)
     for (size_t i = 0; i < n; i++)
         dst[i] += src[i];
 }
@@ -89,7 +89,7 @@ static void cpu_adamw(void *ctx, const struct backend_adamw *a) {
     float c1 = 1.0f - powf(b1, (float)a->step), c2 = 1.0f - powf(b2, (float)a->step);
     float lr = a->lr, eps = a->eps, wd = a->weight_decay, gs = a->grad_scale;
     size_t n = a->n;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, n * 8)) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = grad[i] * gs;
         float mi = b1 * m[i] + (1.0f - b1) * g;
@@ -115,7 +115,7 @@ static void cpu_sumsq(void *ctx, float *acc, const void *grad_, size_t n) {
         cx->partials_n = nc;
     }
     double *part = cx->partials;
-#pragma omp parallel for num_threads(cx->nt) schedule(static)
+#pragma omp parallel for num_threads(cx->nt) if (CPU_PAR(cx, n)) schedule(static)
     for (size_t c = 0; c < nc; c++) {
         size_t i0 = c * SUMSQ_CHUNK, i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
         double s = 0;
@@ -131,7 +131,7 @@ static void cpu_sumsq(void *ctx, float *acc, const void *grad_, size_t n) {
 
 static void cpu_scale(void *ctx, void *x_, size_t n, float s) {
     float *x = x_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, n)) schedule(static)
     for (size_t i = 0; i < n; i++)
         x[i] *= s;
 }
@@ -163,6 +163,8 @@ struct backend *backend_cpu_new(int threads) {
         log_error("cpu backend: out of memory");
         return NULL;
     }
+    const char *pm = getenv("LOOM_CPU_PAR_MIN");
+    cx->par_min = pm && *pm ? (size_t)strtoull(pm, NULL, 10) : CPU_PAR_MIN_DEFAULT;
 #ifdef _OPENMP
     cx->nt = threads > 0 ? threads : omp_get_max_threads();
 #else

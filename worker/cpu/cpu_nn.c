@@ -38,7 +38,7 @@ void cpu_embedding_fwd(void *ctx, void *out_, const int32_t *tokens, const void 
     float *out = out_;
     const float *wte = wte_, *wpe = wpe_;
     int N = B * T;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
     for (int r = 0; r < N; r++) {
         const float *e = wte + (size_t)tokens[r] * C;
         float *o = out + (size_t)r * C;
@@ -58,7 +58,7 @@ void cpu_embedding_bwd(void *ctx, void *dwte_, void *dwpe_, const void *dout_,
     const float *dout = dout_;
     int N = B * T;
     /* Parallel over columns: each element sums its rows in increasing r. */
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
     for (int c0 = 0; c0 < C; c0 += 16) {
         int c1 = c0 + 16 < C ? c0 + 16 : C;
         for (int r = 0; r < N; r++) {
@@ -81,7 +81,7 @@ void cpu_layernorm_fwd(void *ctx, void *out_, float *mean, float *rstd, const vo
                        const void *w_, const void *b_, int N, int C, float eps) {
     float *out = out_;
     const float *inp = inp_, *w = w_, *b = b_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
     for (int r = 0; r < N; r++) {
         const float *x = inp + (size_t)r * C;
         float s = 0;
@@ -106,7 +106,7 @@ void cpu_layernorm_bwd(void *ctx, void *dinp_, void *dw_, void *db_, const void 
     float *dinp = dinp_, *dw = dw_, *db = db_;
     const float *dout = dout_, *inp = inp_, *w = w_;
     if (dinp) {
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
         for (int r = 0; r < N; r++) {
             const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
             float m = mean[r], rs = rstd[r];
@@ -126,7 +126,7 @@ void cpu_layernorm_bwd(void *ctx, void *dinp_, void *dw_, void *db_, const void 
         }
     }
     if (dw || db) {
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
         for (int c0 = 0; c0 < C; c0 += 16) {
             int c1 = c0 + 16 < C ? c0 + 16 : C;
             for (int r = 0; r < N; r++) {
@@ -144,7 +144,7 @@ void cpu_rmsnorm_fwd(void *ctx, void *out_, float *rstd, const void *inp_, const
                      int C, float eps) {
     float *out = out_;
     const float *inp = inp_, *w = w_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
     for (int r = 0; r < N; r++) {
         const float *x = inp + (size_t)r * C;
         float s = dot(x, x, C);
@@ -161,7 +161,7 @@ void cpu_rmsnorm_bwd(void *ctx, void *dinp_, void *dw_, const void *dout_, const
     float *dinp = dinp_, *dw = dw_;
     const float *dout = dout_, *inp = inp_, *w = w_;
     if (dinp) {
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
         for (int r = 0; r < N; r++) {
             const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
             float rs = rstd[r];
@@ -175,7 +175,7 @@ void cpu_rmsnorm_bwd(void *ctx, void *dinp_, void *dw_, const void *dout_, const
         }
     }
     if (dw) {
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * C)) schedule(static)
         for (int c0 = 0; c0 < C; c0 += 16) {
             int c1 = c0 + 16 < C ? c0 + 16 : C;
             for (int r = 0; r < N; r++) {
@@ -195,7 +195,7 @@ void cpu_matmul_fwd(void *ctx, void *out_, const void *inp_, const void *W_, con
     const float *inp = inp_, *W = W_, *bias = bias_;
     /* Blocks of 4 rows reuse each weight row from cache four times. */
     int nb = (N + 3) / 4;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * IC * OC)) schedule(static)
     for (int blk = 0; blk < nb; blk++) {
         int r0 = blk * 4, r1 = r0 + 4 < N ? r0 + 4 : N;
         for (int o = 0; o < OC; o++) {
@@ -213,7 +213,7 @@ void cpu_matmul_bwd(void *ctx, void *dinp_, void *dW_, void *dbias_, const void 
     const float *dout = dout_, *inp = inp_, *W = W_;
     if (dinp) {
         /* dinp[r,:] += sum_o dout[r,o] W[o,:], o increasing. */
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * IC * OC)) schedule(static)
         for (int r = 0; r < N; r++) {
             float *dx = dinp + (size_t)r * IC;
             const float *dy = dout + (size_t)r * OC;
@@ -225,7 +225,7 @@ void cpu_matmul_bwd(void *ctx, void *dinp_, void *dW_, void *dbias_, const void 
         /* dW[o,:] += sum_r dout[r,o] inp[r,:], r increasing; blocks of 8
          * output rows share each input row. */
         int ob = (OC + 7) / 8;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * IC * OC)) schedule(static)
         for (int blk = 0; blk < ob; blk++) {
             int o0 = blk * 8, o1 = o0 + 8 < OC ? o0 + 8 : OC;
             for (int r = 0; r < N; r++) {
@@ -246,7 +246,7 @@ void cpu_matmul_bwd(void *ctx, void *dinp_, void *dW_, void *dbias_, const void 
 void cpu_gelu_fwd(void *ctx, void *out_, const void *inp_, size_t n) {
     float *out = out_;
     const float *x = inp_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, n * 16)) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float u = GELU_S * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
         out[i] = 0.5f * x[i] * (1.0f + tanhf(u));
@@ -256,7 +256,7 @@ void cpu_gelu_fwd(void *ctx, void *out_, const void *inp_, size_t n) {
 void cpu_gelu_bwd(void *ctx, void *dinp_, const void *inp_, const void *dout_, size_t n) {
     float *dinp = dinp_;
     const float *x = inp_, *dy = dout_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, n * 16)) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float xi = x[i];
         float u = GELU_S * (xi + 0.044715f * xi * xi * xi);
@@ -270,7 +270,7 @@ void cpu_gelu_bwd(void *ctx, void *dinp_, const void *inp_, const void *dout_, s
 void cpu_swiglu_fwd(void *ctx, void *out_, const void *inp_, int N, int F) {
     float *out = out_;
     const float *inp = inp_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * F * 16)) schedule(static)
     for (int r = 0; r < N; r++) {
         const float *g = inp + (size_t)r * 2 * F, *u = g + F;
         float *o = out + (size_t)r * F;
@@ -284,7 +284,7 @@ void cpu_swiglu_fwd(void *ctx, void *out_, const void *inp_, int N, int F) {
 void cpu_swiglu_bwd(void *ctx, void *dinp_, const void *inp_, const void *dout_, int N, int F) {
     float *dinp = dinp_;
     const float *inp = inp_, *dout = dout_;
-#pragma omp parallel for num_threads(CX->nt) schedule(static)
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * F * 16)) schedule(static)
     for (int r = 0; r < N; r++) {
         const float *g = inp + (size_t)r * 2 * F, *u = g + F, *dy = dout + (size_t)r * F;
         float *dg = dinp + (size_t)r * 2 * F, *du = dg + F;
@@ -322,7 +322,8 @@ static void rope_apply(struct cpu_ctx *cx, float *x, int N, int T, int stride, i
                        float theta, float sign) {
     const float *tab = rope_table(cx, T, HD, theta);
     int h = HD / 2;
-#pragma omp parallel for num_threads(cx->nt) schedule(static)
+#pragma omp parallel for num_threads(cx->nt) if (CPU_PAR(cx, (size_t)N * n_heads * HD))            \
+    schedule(static)
     for (int r = 0; r < N; r++) {
         int t = r % T;
         const float *cs = tab + (size_t)t * h, *sn = tab + (size_t)T * h + (size_t)t * h;
@@ -355,7 +356,7 @@ void cpu_attention_fwd(void *ctx, void *out_, float *lse, const void *qkv_, int 
     int S = (NH + 2 * NKV) * HD, grp = NH / NKV;
     float scale = 1.0f / sqrtf((float)HD);
     long total = (long)B * NH * T;
-#pragma omp parallel num_threads(cx->nt)
+#pragma omp parallel num_threads(cx->nt) if (CPU_PAR(cx, (size_t)total * T * HD))
     {
         float *p = cx->attn_scratch + (size_t)cpu_thread_id() * cx->lim.T;
 #pragma omp for schedule(static)
@@ -396,7 +397,7 @@ void cpu_attention_bwd(void *ctx, void *dqkv_, const void *dout_, const void *qk
     int tasks = B * NKV;
     /* One task per (batch, kv head): it owns dk and dv of that head and dq of
      * the query heads in its group, so no two threads write one element. */
-#pragma omp parallel num_threads(cx->nt)
+#pragma omp parallel num_threads(cx->nt) if (CPU_PAR(cx, (size_t)tasks * T * T * HD))
     {
         float *p = cx->attn_scratch + (size_t)cpu_thread_id() * cx->lim.T;
 #pragma omp for schedule(static)
@@ -444,7 +445,7 @@ void cpu_classifier(void *ctx, float *losses, void *dinp_, void *dW, const void 
         int n = N - r0 < cx->cls_chunk ? N - r0 : cx->cls_chunk;
         float *lg = cx->logits;
         cpu_matmul_fwd(ctx, lg, inp + (size_t)r0 * C, W, NULL, n, C, Vp);
-#pragma omp parallel for num_threads(cx->nt) schedule(static)
+#pragma omp parallel for num_threads(cx->nt) if (CPU_PAR(cx, (size_t)n * Vp * 4)) schedule(static)
         for (int i = 0; i < n; i++) {
             float *l = lg + (size_t)i * Vp;
             int tg = targets[r0 + i];
