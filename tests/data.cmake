@@ -38,3 +38,11 @@ add_executable(bench_data ${CMAKE_CURRENT_LIST_DIR}/bench/bench_data.c ${LOOM_DA
                ${LOOM_CKPT_SRC})
 target_link_libraries(bench_data PRIVATE loom_common PkgConfig::JANSSON PkgConfig::CRYPTO)
 loom_warnings(bench_data)
+
+# Mutation fuzzing of the safetensors and .bin parsers (deterministic, ~1 s).
+add_executable(fuzz_data ${CMAKE_CURRENT_LIST_DIR}/fuzz/fuzz_data.c ${LOOM_DATA_SRC}
+               ${CMAKE_SOURCE_DIR}/worker/safetensors.c)
+target_link_libraries(fuzz_data PRIVATE loom_common PkgConfig::JANSSON PkgConfig::CRYPTO)
+loom_warnings(fuzz_data)
+add_test(NAME unit.fuzz_data COMMAND fuzz_data 2000)
+set_tests_properties(unit.fuzz_data PROPERTIES LABELS "unit;sanitize" TIMEOUT 120)
