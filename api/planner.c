@@ -19,11 +19,11 @@
 
 /* Dense peaks from the vendors' data sheets (no sparsity). */
 static const struct planner_gpu_type gpu_types[] = {
-    {"A100-40GB", 40, 312, 19.5, 1.555}, {"A100-80GB", 80, 312, 19.5, 2.039},
-    {"H100-80GB", 80, 989, 67, 3.35},    {"H100-PCIe", 80, 756, 51, 2.0},
-    {"H200", 141, 989, 67, 4.8},         {"B200", 180, 2250, 80, 8.0},
-    {"L40S", 48, 362, 91.6, 0.864},      {"A10", 24, 125, 31.2, 0.6},
-    {"RTX4090", 24, 165, 82.6, 1.008},   {"cpu", 64, 0.2, 0.2, 0.05},
+    {"A100-40GB", 40, 312, 19.5, 1.555, "nvlink3"}, {"A100-80GB", 80, 312, 19.5, 2.039, "nvlink3"},
+    {"H100-80GB", 80, 989, 67, 3.35, "nvlink4"},    {"H100-PCIe", 80, 756, 51, 2.0, "pcie5"},
+    {"H200", 141, 989, 67, 4.8, "nvlink4"},         {"B200", 180, 2250, 80, 8.0, "nvlink5"},
+    {"L40S", 48, 362, 91.6, 0.864, "pcie4"},        {"A10", 24, 125, 31.2, 0.6, "pcie4"},
+    {"RTX4090", 24, 165, 82.6, 1.008, "pcie4"},     {"cpu", 64, 0.2, 0.2, 0.05, "shm"},
 };
 
 static const struct planner_link_type link_types[] = {
@@ -101,7 +101,9 @@ int planner_cluster_resolve(struct planner_cluster *c, enum jobspec_device dev,
     if (c->hbm_tbps <= 0) c->hbm_tbps = 1.0;
     if (!c->intra_link[0])
         snprintf(c->intra_link, sizeof c->intra_link, "%s",
-                 dev == JOBSPEC_DEV_CPU ? "shm" : "nvlink4");
+                 t                        ? t->intra_link
+                 : dev == JOBSPEC_DEV_CPU ? "shm"
+                                          : "pcie4");
     if (!c->inter_link[0]) snprintf(c->inter_link, sizeof c->inter_link, "roce100");
     const struct planner_link_type *li = planner_link_find(c->intra_link);
     const struct planner_link_type *lx = planner_link_find(c->inter_link);

@@ -29,6 +29,7 @@ struct planner_gpu_type {
     double bf16_tflops;
     double fp32_tflops;
     double hbm_tbps;
+    const char *intra_link; /* usual GPU-to-GPU link inside a node */
 };
 const struct planner_gpu_type *planner_gpu_types(size_t *n);
 const struct planner_gpu_type *planner_gpu_find(const char *name); /* case-insensitive */
@@ -52,7 +53,7 @@ struct planner_cluster {
     double gpu_mem_gib;                /* 0: from type */
     double peak_tflops;                /* 0: from type and the spec's precision */
     double hbm_tbps;                   /* 0: from type */
-    char intra_link[PLANNER_NAME_MAX]; /* default "nvlink4" ("shm" for cpu) */
+    char intra_link[PLANNER_NAME_MAX]; /* default: the GPU type's ("shm" for cpu) */
     char inter_link[PLANNER_NAME_MAX]; /* default "roce100" */
     int nics_per_node;                 /* default 1 */
     double intra_gbps;    /* effective per-GPU GB/s inside a node (measured overrides; 0: link) */
