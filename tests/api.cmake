@@ -14,3 +14,9 @@ if(TARGET loom_engine)
     add_test(NAME unit.api.planner_engine COMMAND test_planner_engine)
     set_tests_properties(unit.api.planner_engine PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
 endif()
+# loomctl plan --local prints the tables and a recommendation without a server.
+if(TARGET loomctl)
+    add_test(NAME unit.api.loomctl_plan_local
+             COMMAND sh -c "echo '{\"model\":{\"family\":\"llama\",\"preset\":\"70b\"},\"train\":{\"micro_batch\":1,\"global_batch_tokens\":1048576}}' | $<TARGET_FILE:loomctl> plan - --local --nodes 1 --gpu H100-80GB > plan.out && grep -q '^fits       NO' plan.out && grep -q 'GiB/GPU > 80 GiB' plan.out && grep -q '^recommend  dp=.*zero_stage=3 offload_optimizer=true' plan.out")
+    set_tests_properties(unit.api.loomctl_plan_local PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+endif()
