@@ -6,6 +6,7 @@
 #include "api/jobspec.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -447,8 +448,70 @@ static void test_paths(void) {
 #undef Q
 }
 
+/* Deterministic mutations of a full spec (byte flips, truncation, numbers
+ * made huge or negative, keys renamed): the parser must answer every one with
+ * success or a coded error, never crash (run under ASan in the sanitizer
+ * build). */
+static void test_mutations(void) {
+    char *base = dequote(cases[1].spec);
+    size_t len = strlen(base);
+    char *buf = malloc(len + 32);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int ok = 0, err = 0;
+    static const char repl[] = "\"{}[]:,0-9e.aZ\\\x01\xff";
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, base, len + 1);
+        size_t n = len;
+        int edits = 1 + it % 4;
+        for (int k = 0; k < edits; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            size_t pos = (size_t)(x % n);
+            switch ((x >> 32) % 4) {
+            case 0:
+                buf[pos] = repl[(x >> 40) % (sizeof repl - 1)];
+                break;
+            case 1:
+                n = pos; /* truncate */
+                buf[n] = '\0';
+                break;
+            case 2:
+                if (buf[pos] >= '0' && buf[pos] <= '9' && n + 12 < len + 32) {
+                    memmove(buf + pos + 12, buf + pos, n - pos + 1);
+                    memcpy(buf + pos, "999999999999", 12);
+                    n += 12;
+                }
+                break;
+            default:
+                if (buf[pos] >= 'a' && buf[pos] <= 'z') buf[pos] = (char)('a' + (x >> 48) % 26);
+                break;
+            }
+            if (n == 0) break;
+        }
+        struct loom_spec s;
+        struct loom_error e;
+        memset(&e, 0, sizeof e);
+        int rc = jobspec_parse_text(&s, buf, n, 0, &e);
+        if (rc == 0) {
+            ok++;
+            char *d = jobspec_dumps(&s);
+            CHECK(d != NULL);
+            free(d);
+        } else {
+            err++;
+            CHECK((e.status == 400 || e.status == 422) && e.code[0] && e.message[0]);
+        }
+    }
+    CHECK(err > 1000);
+    printf("mutations: %d accepted, %d rejected with a code\n", ok, err);
+    free(buf);
+    free(base);
+}
+
 int main(void) {
     test_table();
+    test_mutations();
     test_defaults_and_derived();
     test_paths();
     if (failures) {
