@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/jobspec.h"
+#include "daemon/auth.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -45,22 +46,13 @@ static void roots_from_csv(struct roots *r, const char *csv) {
     }
 }
 
-struct tenant_roots {
-    const char *tenant_id;
-    json_t *tenant;
-};
-
-static int tenant_cb(struct store_tx *tx, void *arg) {
-    struct tenant_roots *t = arg;
-    return store_tenant_get(tx, t->tenant_id, &t->tenant);
-}
-
 /* The tenant's own data_roots if it has any, else loomd's --data-roots,
  * else "/" (no restriction beyond the lexical rules). */
 static int load_roots(struct http_req *req, struct roots *r) {
-    struct tenant_roots t = {.tenant_id = req->tenant_id};
-    if (store_read(req->ld->store, tenant_cb, &t) != STORE_OK) return -1;
-    json_t *arr = json_object_get(t.tenant, "data_roots");
+    char text[8192];
+    if (auth_tenant_roots(req->ld->auth, req->ld->store, req->tenant_id, text, sizeof text) != 0)
+        return -1;
+    json_t *arr = json_loads(text, 0, NULL);
     if (json_array_size(arr) > 0) {
         size_t len = 0, i;
         json_t *v;
@@ -79,7 +71,18 @@ static int load_roots(struct http_req *req, struct roots *r) {
         roots_from_csv(r, req->ld->cfg.data_roots);
         if (r->n == 0) r->v[r->n++] = "/";
     }
-    json_decref(t.tenant);
+    json_decref(arr);
+    return 0;
+}
+
+/* Replies with the job as JSON. The stored spec text is spliced in as is:
+ * it is canonical JSON already, and re-parsing and re-printing it (reals)
+ * was most of the cost of a GET. */
+static int reply_job(struct http_req *req, int status, const struct store_job *j) {
+    char *text = store_job_dumps(j, 1);
+    if (!text) return http_error(req, 500, "INTERNAL", "out of memory");
+    http_reply_text(req, status, "application/json", text, strlen(text));
+    free(text);
     return 0;
 }
 
@@ -184,7 +187,7 @@ int api_jobs_submit(struct http_req *req) {
     snprintf(loc, sizeof loc, "/v1/jobs/%s", op.job.id);
     http_add_header(req, "Location", loc);
     if (op.replayed) http_add_header(req, "Idempotent-Replayed", "true");
-    http_reply_json(req, 201, store_job_to_json(&op.job));
+    reply_job(req, 201, &op.job);
 out:
     store_job_clear(&op.job);
     json_decref(labels);
@@ -311,7 +314,7 @@ int api_jobs_get(struct http_req *req) {
     struct job_op op = {.tenant_id = req->tenant_id, .id = http_param(req, "id")};
     int rc = store_read(req->ld->store, get_cb, &op);
     if (rc != STORE_OK) return reply_store_error(req, rc, op.id);
-    http_reply_json(req, 200, store_job_to_json(&op.job));
+    reply_job(req, 200, &op.job);
     store_job_clear(&op.job);
     return 0;
 }
@@ -344,7 +347,7 @@ int api_jobs_cancel(struct http_req *req) {
         return reply_store_error(req, rc, op.id);
     }
     if (op.changed) http_notify_signal(&req->ld->jobs_changed);
-    http_reply_json(req, 200, store_job_to_json(&op.job));
+    reply_job(req, 200, &op.job);
     store_job_clear(&op.job);
     return 0;
 }

@@ -131,6 +131,7 @@ static int revoke_cb(struct store_tx *tx, void *arg) {
 int api_tenants_token_revoke(struct http_req *req) {
     struct tenant_op op = {.tenant_id = http_param(req, "id"), .token_id = http_param(req, "tid")};
     int rc = store_write(req->ld->store, revoke_cb, &op);
+    if (rc == STORE_OK) auth_forget(req->ld->auth);
     if (rc == STORE_NOT_FOUND)
         return http_error(req, 404, "TOKEN_NOT_FOUND", "tenant '%s' has no token '%s'",
                           op.tenant_id, op.token_id);

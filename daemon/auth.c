@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -17,9 +19,28 @@
 #include "common/log.h"
 #include "daemon/store.h"
 
+#define CACHE_SLOTS 1024 /* direct-mapped by hash; a collision just evicts */
+#define ROOTS_SLOTS 256
+
+struct cached_token {
+    int used;
+    unsigned char hash[32];
+    char tenant[32];
+};
+
+struct cached_roots {
+    int used;
+    char tenant[32];
+    char *roots;
+};
+
 struct auth {
     unsigned char admin[32];
     unsigned char join[32];
+    pthread_mutex_t mu;
+    struct cached_token tokens[CACHE_SLOTS];
+    struct cached_roots roots[ROOTS_SLOTS];
+    unsigned long gen; /* bumped by auth_forget */
 };
 
 void auth_hash(const char *token, unsigned char out[32]) {
@@ -83,6 +104,7 @@ static int load_token(const char *data_dir, const char *var, const char *file,
 struct auth *auth_new(const char *data_dir) {
     struct auth *a = calloc(1, sizeof *a);
     if (!a) return NULL;
+    pthread_mutex_init(&a->mu, NULL);
     if (load_token(data_dir, "LOOM_ADMIN_TOKEN", "admin.token", a->admin) != 0 ||
         load_token(data_dir, "LOOM_JOIN_TOKEN", "join.token", a->join) != 0) {
         free(a);
@@ -92,7 +114,17 @@ struct auth *auth_new(const char *data_dir) {
 }
 
 void auth_free(struct auth *a) {
+    if (!a) return;
+    for (int i = 0; i < ROOTS_SLOTS; i++) free(a->roots[i].roots);
+    pthread_mutex_destroy(&a->mu);
     free(a);
+}
+
+void auth_forget(struct auth *a) {
+    pthread_mutex_lock(&a->mu);
+    memset(a->tokens, 0, sizeof a->tokens);
+    a->gen++;
+    pthread_mutex_unlock(&a->mu);
 }
 
 int auth_is_admin(const struct auth *a, const char *token) {
@@ -118,9 +150,73 @@ static int lookup_cb(struct store_tx *tx, void *arg) {
     return store_token_lookup(tx, l->hash, l->tenant, l->len);
 }
 
-int auth_tenant(struct store *s, const char *token, char *tenant_id, size_t len) {
+static unsigned slot_of(const unsigned char *h, unsigned n) {
+    return ((unsigned)h[0] | (unsigned)h[1] << 8 | (unsigned)h[2] << 16) % n;
+}
+
+int auth_tenant(struct auth *a, struct store *s, const char *token, char *tenant_id, size_t len) {
     struct lookup l = {.tenant = tenant_id, .len = len};
     auth_hash(token, l.hash);
+    struct cached_token *c = &a->tokens[slot_of(l.hash, CACHE_SLOTS)];
+    pthread_mutex_lock(&a->mu);
+    if (c->used && CRYPTO_memcmp(c->hash, l.hash, 32) == 0) {
+        snprintf(tenant_id, len, "%s", c->tenant);
+        pthread_mutex_unlock(&a->mu);
+        return 0;
+    }
+    unsigned long gen = a->gen;
+    pthread_mutex_unlock(&a->mu);
     int rc = store_read(s, lookup_cb, &l);
-    return rc == STORE_OK ? 0 : rc == STORE_NOT_FOUND ? -1 : -2;
+    if (rc != STORE_OK) return rc == STORE_NOT_FOUND ? -1 : -2;
+    /* Cache only if no revocation finished meanwhile: a read that began
+     * before a revocation committed may have seen the token live, and
+     * auth_forget (after that commit) bumps gen, so it is not cached. */
+    pthread_mutex_lock(&a->mu);
+    if (a->gen == gen) {
+        c->used = 1;
+        memcpy(c->hash, l.hash, 32);
+        snprintf(c->tenant, sizeof c->tenant, "%s", tenant_id);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
+struct roots_lookup {
+    const char *tenant;
+    json_t *t;
+};
+
+static int roots_cb(struct store_tx *tx, void *arg) {
+    struct roots_lookup *r = arg;
+    return store_tenant_get(tx, r->tenant, &r->t);
+}
+
+int auth_tenant_roots(struct auth *a, struct store *s, const char *tenant_id, char *out,
+                      size_t len) {
+    unsigned h = 5381;
+    for (const char *p = tenant_id; *p; p++)
+        h = h * 33 + (unsigned char)*p;
+    h %= ROOTS_SLOTS;
+    struct cached_roots *c = &a->roots[h];
+    pthread_mutex_lock(&a->mu);
+    if (c->used && strcmp(c->tenant, tenant_id) == 0) {
+        snprintf(out, len, "%s", c->roots);
+        pthread_mutex_unlock(&a->mu);
+        return 0;
+    }
+    pthread_mutex_unlock(&a->mu);
+    struct roots_lookup r = {.tenant = tenant_id};
+    int rc = store_read(s, roots_cb, &r);
+    if (rc != STORE_OK) return rc == STORE_NOT_FOUND ? -1 : -2;
+    char *text = json_dumps(json_object_get(r.t, "data_roots"), JSON_COMPACT);
+    json_decref(r.t);
+    if (!text) return -2;
+    snprintf(out, len, "%s", text);
+    pthread_mutex_lock(&a->mu);
+    free(c->roots);
+    c->roots = text;
+    c->used = 1;
+    snprintf(c->tenant, sizeof c->tenant, "%s", tenant_id);
+    pthread_mutex_unlock(&a->mu);
+    return 0;
 }

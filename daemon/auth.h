@@ -22,8 +22,15 @@ int auth_new_token(char *buf, size_t len);
 
 int auth_is_admin(const struct auth *a, const char *token);
 int auth_is_join(const struct auth *a, const char *token);
-/* Looks up a tenant token in the store: 0 and tenant id, or -1 (unknown or
- * revoked), -2 store error. */
-int auth_tenant(struct store *s, const char *token, char *tenant_id, size_t len);
+/* Looks up a tenant token: 0 and tenant id, or -1 (unknown or revoked), -2
+ * store error. Valid tokens are cached in memory (hash -> tenant) so the hot
+ * path needs no store read; auth_forget() drops the cache (call after any
+ * revocation, before replying). */
+int auth_tenant(struct auth *a, struct store *s, const char *token, char *tenant_id, size_t len);
+void auth_forget(struct auth *a);
+/* The tenant's data_roots as JSON array text into out (cached; tenants'
+ * roots do not change). 0, -1 unknown tenant, -2 store error. */
+int auth_tenant_roots(struct auth *a, struct store *s, const char *tenant_id, char *out,
+                      size_t len);
 
 #endif

@@ -343,7 +343,7 @@ static int authenticate(struct http_conn *c) {
         http_error(req, 403, "FORBIDDEN", "this route takes a tenant token, not the admin token");
         return -1;
     }
-    int rc = auth_tenant(ld->store, tok, req->tenant_id, sizeof req->tenant_id);
+    int rc = auth_tenant(ld->auth, ld->store, tok, req->tenant_id, sizeof req->tenant_id);
     if (rc == -2) {
         http_error(req, 503, "STORE_UNAVAILABLE", "the store could not be read; retry");
         return -1;
@@ -479,18 +479,18 @@ static void run_handler(struct http_conn *c) {
     enum http_body b = req->route->body;
     if (b == HTTP_BODY_JSON || (b == HTTP_BODY_JSON_OPT && c->len)) {
         if (!c->len) {
-            http_error(req, 400, "BAD_JSON", "a JSON object body is required");
+            http_error(req, 400, "INVALID_JSON", "a JSON object body is required");
             return;
         }
         json_error_t err;
         req->json = json_loadb(c->buf, c->len, JSON_REJECT_DUPLICATES, &err);
         if (!req->json) {
-            http_error(req, 400, "BAD_JSON", "malformed JSON at line %d column %d: %s", err.line,
-                       err.column, err.text);
+            http_error(req, 400, "INVALID_JSON", "malformed JSON at line %d column %d: %s",
+                       err.line, err.column, err.text);
             return;
         }
         if (!json_is_object(req->json)) {
-            http_error(req, 400, "BAD_JSON", "the body must be a JSON object");
+            http_error(req, 400, "INVALID_JSON", "the body must be a JSON object");
             return;
         }
     }

@@ -140,6 +140,20 @@ int store_exec(struct store_tx *tx, const char *sql) {
     return STORE_OK;
 }
 
+/* Runs a cached control statement (BEGIN, COMMIT, SAVEPOINT...): no parse
+ * per call on the hot path. */
+static int run_cached(struct store_tx *tx, const char *sql) {
+    sqlite3_stmt *st = store_stmt(tx, sql);
+    if (!st) return STORE_ERR;
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
+        log_error("store: %s: %s", sql, sqlite3_errmsg(tx->db));
+        return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
 static void conn_close(struct store_tx *tx) {
     if (!tx) return;
     for (int i = 0; i < tx->ncache; i++) {
@@ -232,14 +246,14 @@ static void run_batch(struct store *s, struct write_op *batch) {
     struct store_tx *tx = s->writer;
     double t0 = mono_ms();
     int nops = 0;
-    int ok = store_exec(tx, "BEGIN IMMEDIATE") == STORE_OK;
+    int ok = run_cached(tx, "BEGIN IMMEDIATE") == STORE_OK;
     for (struct write_op *op = batch; op; op = op->next) {
         nops++;
         if (!ok) {
             op->rc = STORE_ERR;
             continue;
         }
-        if (store_exec(tx, "SAVEPOINT op")) {
+        if (run_cached(tx, "SAVEPOINT op")) {
             op->rc = STORE_ERR;
             continue;
         }
@@ -252,10 +266,10 @@ static void run_batch(struct store *s, struct write_op *batch) {
             ok = 0;
             continue;
         }
-        if (op->rc < 0) store_exec(tx, "ROLLBACK TO op");
-        store_exec(tx, "RELEASE op");
+        if (op->rc < 0) run_cached(tx, "ROLLBACK TO op");
+        run_cached(tx, "RELEASE op");
     }
-    if (ok && store_exec(tx, "COMMIT") != STORE_OK) {
+    if (ok && run_cached(tx, "COMMIT") != STORE_OK) {
         store_exec(tx, "ROLLBACK");
         ok = 0;
     }
@@ -337,11 +351,11 @@ int store_read(struct store *s, store_fn fn, void *arg) {
         if (!tx) return STORE_ERR;
     }
     int rc;
-    if (store_exec(tx, "BEGIN") != STORE_OK) {
+    if (run_cached(tx, "BEGIN") != STORE_OK) {
         rc = STORE_ERR;
     } else {
         rc = fn(tx, arg);
-        if (!sqlite3_get_autocommit(tx->db)) store_exec(tx, "COMMIT");
+        if (!sqlite3_get_autocommit(tx->db)) run_cached(tx, "COMMIT");
     }
     pthread_mutex_lock(&s->pool_mu);
     tx->next_free = s->pool;

@@ -156,6 +156,10 @@ void store_job_clear(struct store_job *j);
  * placement, created_at/updated_at/started_at/finished_at as RFC 3339 strings
  * (null when unset). */
 json_t *store_job_to_json(const struct store_job *j);
+/* The same as compact JSON text with a trailing newline (caller frees);
+ * with_spec 0 leaves "spec" out (list items). The stored spec text is
+ * spliced in without re-parsing. */
+char *store_job_dumps(const struct store_job *j, int with_spec);
 
 /* What to insert (write callback). spec_json is the canonical spec text. */
 struct store_job_new {

@@ -128,6 +128,37 @@ json_t *store_job_to_json(const struct store_job *j) {
     return o;
 }
 
+char *store_job_dumps(const struct store_job *j, int with_spec) {
+    struct store_job tmp = *j;
+    tmp.spec = NULL;
+    json_t *o = store_job_to_json(&tmp);
+    json_object_del(o, "spec");
+    char *head = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!head) return NULL;
+    const char *spec = with_spec && j->spec && j->spec[0] ? j->spec : NULL;
+    size_t hl = strlen(head), sl = spec ? strlen(spec) : 0;
+    char *out = malloc(hl + sl + 16);
+    if (!out) {
+        free(head);
+        return NULL;
+    }
+    /* head ends with '}' */
+    memcpy(out, head, hl - 1);
+    size_t n = hl - 1;
+    if (spec) {
+        memcpy(out + n, ",\"spec\":", 8);
+        n += 8;
+        memcpy(out + n, spec, sl);
+        n += sl;
+    }
+    out[n++] = '}';
+    out[n++] = '\n';
+    out[n] = 0;
+    free(head);
+    return out;
+}
+
 static int insert_event(struct store_tx *tx, int64_t seq, int64_t at, const char *from,
                         const char *to, int attempt, const char *reason) {
     sqlite3_stmt *st = store_stmt(tx, "INSERT INTO job_events(job_seq, at, from_state, to_state, "

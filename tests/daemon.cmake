@@ -8,3 +8,33 @@ if(TARGET loom_daemon)
     add_test(NAME unit.store COMMAND test_store)
     set_tests_properties(unit.store PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
 endif()
+
+# Integration: the real loomd driven with libcurl.
+if(TARGET loomd)
+    add_library(loom_daemon_harness STATIC ${CMAKE_CURRENT_LIST_DIR}/integration/daemon_harness.c)
+    target_include_directories(loom_daemon_harness PUBLIC ${CMAKE_CURRENT_LIST_DIR}/integration)
+    target_link_libraries(loom_daemon_harness PUBLIC PkgConfig::CURL PkgConfig::JANSSON)
+    loom_warnings(loom_daemon_harness)
+
+    add_executable(test_daemon_api ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_api.c)
+    target_link_libraries(test_daemon_api PRIVATE loom_daemon_harness)
+    loom_warnings(test_daemon_api)
+    add_test(NAME integration.daemon_api COMMAND test_daemon_api $<TARGET_FILE:loomd>)
+    set_tests_properties(integration.daemon_api PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 120)
+endif()
+if(TARGET loomd)
+    add_executable(test_daemon_crash ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_crash.c)
+    target_link_libraries(test_daemon_crash PRIVATE loom_daemon_harness PkgConfig::SQLITE
+                          Threads::Threads)
+    loom_warnings(test_daemon_crash)
+    add_test(NAME integration.daemon_crash COMMAND test_daemon_crash $<TARGET_FILE:loomd>)
+    set_tests_properties(integration.daemon_crash PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 120)
+endif()
+# Benchmark (not a test): build/bin/bench_daemon build/bin/loomd [--jobs N] [--seconds S]
+if(TARGET loomd)
+    add_executable(bench_daemon ${CMAKE_CURRENT_LIST_DIR}/bench/bench_daemon.c)
+    target_link_libraries(bench_daemon PRIVATE loom_daemon_harness Threads::Threads)
+    loom_warnings(bench_daemon)
+endif()

@@ -1,0 +1,609 @@
+/* Integration test of loomd's REST API with libcurl against the real binary
+ * on an ephemeral loopback port: full job lifecycle, cursor pagination (also
+ * with inserts between pages), idempotency, tenant isolation, every error
+ * status (400 401 403 404 405 409 413 415 422 429), a table of hostile
+ * bodies each answered with its code while the store stays unchanged, and a
+ * graceful SIGTERM. Usage: test_daemon_api LOOMD_BINARY */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon_harness.h"
+
+static int failures;
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+#define CHECK_RESP(r, st, code)                                                                    \
+    do {                                                                                           \
+        if ((r)->status != (st) || strcmp(hresp_code(r), (code)) != 0) {                           \
+            fprintf(stderr, "%s:%d: want %d %s, got %ld %s\n", __FILE__, __LINE__, (st), (code),   \
+                    (r)->status, (r)->body ? (r)->body : "");                                      \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static const char *ADMIN = "admin-secret-for-tests";
+static char tmp[256], url[128], data_root[512];
+static char tenant_a[32], token_a[128], tenant_b[32], token_b[128];
+
+static char *spec_text(const char *name, const char *extra) {
+    char *s = malloc(4096);
+    snprintf(s, 4096,
+             "{\"name\":\"%s\",\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\"},"
+             "\"data\":{\"train\":\"%s/train_*.bin\"},\"resources\":{\"device\":\"cpu\"},"
+             "\"labels\":{\"team\":\"nlp\"}%s%s}",
+             name, data_root, extra ? "," : "", extra ? extra : "");
+    return s;
+}
+
+static int submit(const char *token, const char *body, const char *idem, struct hresp *r) {
+    char hdr[300];
+    if (idem) snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", idem);
+    return hreq(url, "POST", "/v1/jobs", token, NULL, body, strlen(body), idem ? hdr : NULL, r);
+}
+
+static const char *jstr(json_t *o, const char *k) {
+    json_t *v = json_object_get(o, k);
+    return json_is_string(v) ? json_string_value(v) : "";
+}
+
+/* Number of jobs of tenant A, by paging through the whole list. */
+static int count_jobs(const char *token) {
+    int n = 0;
+    char cursor[64] = "", path[256];
+    for (;;) {
+        snprintf(path, sizeof path, "/v1/jobs?limit=1000%s%s", cursor[0] ? "&cursor=" : "", cursor);
+        struct hresp r;
+        if (hreq(url, "GET", path, token, NULL, NULL, 0, NULL, &r) || r.status != 200) {
+            hresp_free(&r);
+            return -1;
+        }
+        n += (int)json_array_size(json_object_get(r.json, "items"));
+        json_t *next = json_object_get(r.json, "next_cursor");
+        int more = json_is_string(next);
+        if (more) snprintf(cursor, sizeof cursor, "%s", json_string_value(next));
+        hresp_free(&r);
+        if (!more) return n;
+    }
+}
+
+static void test_lifecycle(void) {
+    struct hresp r;
+    char *spec = spec_text("life", NULL);
+    submit(token_a, spec, NULL, &r);
+    CHECK(r.status == 201);
+    CHECK(!strcmp(jstr(r.json, "state"), "queued"));
+    CHECK(strstr(r.hdrs, "Location: /v1/jobs/j-") != NULL);
+    char id[32], path[128];
+    snprintf(id, sizeof id, "%s", jstr(r.json, "id"));
+    CHECK(strncmp(id, "j-", 2) == 0);
+    /* the stored spec is the canonical form: defaults filled in */
+    json_t *sp = json_object_get(r.json, "spec");
+    CHECK(json_integer_value(json_object_get(json_object_get(sp, "model"), "n_layer")) == 12);
+    CHECK(json_is_string(json_object_get(r.json, "pending_reason")));
+    CHECK(json_is_null(json_object_get(r.json, "started_at")));
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    hreq(url, "GET", path, token_a, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && !strcmp(jstr(r.json, "id"), id));
+    CHECK(json_integer_value(json_object_get(r.json, "attempt")) == 0);
+    CHECK(!strcmp(jstr(json_object_get(r.json, "labels"), "team"), "nlp"));
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
+    hreq(url, "POST", path, token_a, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && !strcmp(jstr(r.json, "state"), "cancelled"));
+    CHECK(json_is_string(json_object_get(r.json, "finished_at")));
+    hresp_free(&r);
+    hreq(url, "POST", path, token_a, NULL, NULL, 0, NULL, &r); /* idempotent */
+    CHECK(r.status == 200 && !strcmp(jstr(r.json, "state"), "cancelled"));
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+    hreq(url, "GET", path, token_a, NULL, NULL, 0, NULL, &r);
+    json_t *items = json_object_get(r.json, "items");
+    CHECK(r.status == 200 && json_array_size(items) == 2); /* cancel twice: one event */
+    CHECK(!strcmp(jstr(json_array_get(items, 1), "to"), "cancelled"));
+    CHECK(!strcmp(jstr(json_array_get(items, 1), "from"), "queued"));
+    hresp_free(&r);
+    /* filters */
+    hreq(url, "GET", "/v1/jobs?state=cancelled&name=life&label=team%3Dnlp", token_a, NULL, NULL, 0,
+         NULL, &r);
+    CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 1);
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs?state=running", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 0);
+    hresp_free(&r);
+    /* plan validates without storing */
+    int before = count_jobs(token_a);
+    hreq(url, "POST", "/v1/plan", token_a, NULL, spec, strlen(spec), NULL, &r);
+    CHECK(r.status == 200 && json_is_true(json_object_get(r.json, "valid")));
+    hresp_free(&r);
+    CHECK(count_jobs(token_a) == before);
+    free(spec);
+}
+
+static void test_pagination(void) {
+    char name[32];
+    for (int i = 0; i < 23; i++) {
+        snprintf(name, sizeof name, "page%d", i);
+        char *s = spec_text(name, NULL);
+        struct hresp r;
+        submit(token_a, s, NULL, &r);
+        CHECK(r.status == 201);
+        hresp_free(&r);
+        free(s);
+    }
+    /* Walk pages of 5 for label page jobs (name filter can't, so all jobs),
+     * inserting 3 new jobs after the first page: no job is seen twice,
+     * none of the jobs that existed at the start is skipped, and the new
+     * ones (newer than the cursor) do not appear on later pages. */
+    int total_before = count_jobs(token_a);
+    char seen[400][16];
+    int nseen = 0, pages = 0, inserted = 0;
+    char cursor[64] = "", path[256];
+    for (;;) {
+        snprintf(path, sizeof path, "/v1/jobs?limit=5%s%s", cursor[0] ? "&cursor=" : "", cursor);
+        struct hresp r;
+        hreq(url, "GET", path, token_a, NULL, NULL, 0, NULL, &r);
+        CHECK(r.status == 200);
+        json_t *items = json_object_get(r.json, "items");
+        CHECK(json_array_size(items) <= 5);
+        size_t i;
+        json_t *it;
+        json_array_foreach(items, i, it) {
+            for (int k = 0; k < nseen; k++)
+                CHECK(strcmp(seen[k], jstr(it, "id")) != 0);
+            if (nseen < 400) snprintf(seen[nseen++], 16, "%s", jstr(it, "id"));
+            CHECK(json_object_get(it, "spec") == NULL); /* lists are summaries */
+        }
+        pages++;
+        json_t *next = json_object_get(r.json, "next_cursor");
+        int more = json_is_string(next);
+        if (more) snprintf(cursor, sizeof cursor, "%s", json_string_value(next));
+        hresp_free(&r);
+        if (!inserted) {
+            for (int k = 0; k < 3; k++) {
+                char *s = spec_text("late", NULL);
+                submit(token_a, s, NULL, &r);
+                hresp_free(&r);
+                free(s);
+            }
+            inserted = 1;
+        }
+        if (!more) break;
+    }
+    CHECK(nseen == total_before);
+    CHECK(pages == (total_before + 4) / 5);
+    CHECK(count_jobs(token_a) == total_before + 3);
+    struct hresp r;
+    hreq(url, "GET", "/v1/jobs?cursor=zzz", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 400, "INVALID_CURSOR");
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs?limit=0", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 400, "INVALID_QUERY");
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs?limit=5000", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 400, "INVALID_QUERY");
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs?state=flying", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 400, "INVALID_QUERY");
+    hresp_free(&r);
+}
+
+static void test_idempotency(void) {
+    char *s1 = spec_text("idem", NULL);
+    /* same content, other key order and spacing: still "the same body" */
+    char *s1b = malloc(4096);
+    snprintf(s1b, 4096,
+             "{ \"labels\":{\"team\":\"nlp\"}, \"resources\":{\"device\":\"cpu\"},"
+             "\"data\":{\"train\":\"%s/train_*.bin\"},"
+             "\"model\":{\"preset\":\"124m\",\"family\":\"gpt2\"}, \"name\":\"idem\"}",
+             data_root);
+    char *s2 = spec_text("idem-other", NULL);
+    struct hresp r1, r2, r3, r4, r5;
+    int before = count_jobs(token_a);
+    submit(token_a, s1, "key-1", &r1);
+    submit(token_a, s1b, "key-1", &r2);
+    submit(token_a, s2, "key-1", &r3);
+    submit(token_a, s1, "key-2", &r4);
+    submit(token_b, s1, "key-1", &r5); /* keys are per tenant */
+    CHECK(r1.status == 201 && r2.status == 201);
+    CHECK(!strcmp(jstr(r1.json, "id"), jstr(r2.json, "id")));
+    CHECK(strstr(r2.hdrs, "Idempotent-Replayed: true") != NULL);
+    CHECK_RESP(&r3, 409, "IDEMPOTENCY_CONFLICT");
+    CHECK(r4.status == 201 && strcmp(jstr(r1.json, "id"), jstr(r4.json, "id")) != 0);
+    CHECK(r5.status == 201 && strcmp(jstr(r1.json, "id"), jstr(r5.json, "id")) != 0);
+    CHECK(count_jobs(token_a) == before + 2);
+    hresp_free(&r1);
+    hresp_free(&r2);
+    hresp_free(&r3);
+    hresp_free(&r4);
+    hresp_free(&r5);
+    char big[400];
+    memset(big, 'k', 300);
+    big[300] = 0;
+    submit(token_a, s1, big, &r1);
+    CHECK_RESP(&r1, 400, "INVALID_IDEMPOTENCY_KEY");
+    hresp_free(&r1);
+    free(s1);
+    free(s1b);
+    free(s2);
+}
+
+static void test_isolation(void) {
+    char *s = spec_text("secret", NULL);
+    struct hresp r;
+    submit(token_a, s, NULL, &r);
+    char id[32], path[128];
+    snprintf(id, sizeof id, "%s", jstr(r.json, "id"));
+    hresp_free(&r);
+    const char *suffixes[] = {"", "/events"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "/v1/jobs/%s%s", id, suffixes[i]);
+        hreq(url, "GET", path, token_b, NULL, NULL, 0, NULL, &r);
+        CHECK_RESP(&r, 404, "JOB_NOT_FOUND");
+        hresp_free(&r);
+    }
+    snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
+    hreq(url, "POST", path, token_b, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 404, "JOB_NOT_FOUND");
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    hreq(url, "GET", path, token_a, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && !strcmp(jstr(r.json, "state"), "queued")); /* B's cancel did nothing */
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs?limit=1000&name=secret", token_b, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 0);
+    hresp_free(&r);
+    free(s);
+}
+
+static void test_auth_errors(void) {
+    struct hresp r;
+    hreq(url, "GET", "/v1/jobs", NULL, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 401, "UNAUTHORIZED");
+    CHECK(strstr(r.hdrs, "WWW-Authenticate: Bearer") != NULL);
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs", "loom_not_a_token", NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 401, "UNAUTHORIZED");
+    hresp_free(&r);
+    hreq(url, "POST", "/v1/tenants", token_a, NULL, "{\"name\":\"evil\"}", 15, NULL, &r);
+    CHECK_RESP(&r, 403, "FORBIDDEN");
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs", ADMIN, NULL, NULL, 0, NULL, &r); /* admin is not a tenant */
+    CHECK_RESP(&r, 403, "FORBIDDEN");
+    hresp_free(&r);
+    hreq(url, "POST", "/v1/agent/nothing", "join-test", NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 404 || r.status == 401);
+    hresp_free(&r);
+    hreq(url, "GET", "/v2/jobs", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 404, "NOT_FOUND");
+    hresp_free(&r);
+    hreq(url, "DELETE", "/v1/jobs", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 405, "METHOD_NOT_ALLOWED");
+    CHECK(strstr(r.hdrs, "Allow: ") != NULL);
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs/j-000000000000", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 404, "JOB_NOT_FOUND");
+    hresp_free(&r);
+    /* revoke: a revoked token stops working at once */
+    char tid[32], tok[128], path[160];
+    CHECK(make_tenant(url, ADMIN, "revokee", tid, sizeof tid, tok, sizeof tok) == 0);
+    snprintf(path, sizeof path, "/v1/tenants/%s/tokens", tid);
+    hreq(url, "POST", path, ADMIN, NULL, NULL, 0, NULL, &r);
+    char kid[32], tok2[128];
+    snprintf(kid, sizeof kid, "%s", jstr(r.json, "id"));
+    snprintf(tok2, sizeof tok2, "%s", jstr(r.json, "token"));
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs", tok2, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200);
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/tenants/%s/tokens/%s", tid, kid);
+    hreq(url, "DELETE", path, ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200);
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs", tok2, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 401, "UNAUTHORIZED");
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs", tok, NULL, NULL, 0, NULL, &r); /* the other token still works */
+    CHECK(r.status == 200);
+    hresp_free(&r);
+    hreq(url, "POST", "/v1/tenants", ADMIN, NULL, "{\"name\":\"revokee\"}", 18, NULL, &r);
+    CHECK_RESP(&r, 409, "TENANT_EXISTS");
+    hresp_free(&r);
+    hreq(url, "POST", "/v1/tenants/t-nope/tokens", ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 404, "TENANT_NOT_FOUND");
+    hresp_free(&r);
+}
+
+/* ---- the hostile table ---- */
+struct hostile {
+    const char *what;
+    const char *ctype; /* NULL: application/json */
+    const char *body;  /* NULL: generated by gen() */
+    char *(*gen)(size_t *len);
+    int status;
+    const char *code;
+};
+
+static char *gen_deep(size_t *len) {
+    int depth = 100000;
+    char *s = malloc((size_t)depth * 2 + 16);
+    size_t n = 0;
+    for (int i = 0; i < depth; i++)
+        s[n++] = '[';
+    for (int i = 0; i < depth; i++)
+        s[n++] = ']';
+    s[n] = 0;
+    *len = n;
+    return s;
+}
+static char *gen_deep_obj(size_t *len) {
+    int depth = 5000;
+    char *s = malloc((size_t)depth * 8 + 16);
+    size_t n = 0;
+    for (int i = 0; i < depth; i++)
+        n += (size_t)sprintf(s + n, "{\"a\":");
+    s[n++] = '1';
+    for (int i = 0; i < depth; i++)
+        s[n++] = '}';
+    s[n] = 0;
+    *len = n;
+    return s;
+}
+static char *gen_10mb(size_t *len) {
+    size_t n = 10u << 20;
+    char *s = malloc(n + 1);
+    memset(s, ' ', n);
+    s[0] = '{';
+    s[n - 1] = '}';
+    s[n] = 0;
+    *len = n;
+    return s;
+}
+static char *gen_bad_utf8(size_t *len) {
+    char *s = strdup("{\"name\":\"\xff\xfe\xc3\x28\",\"model\":{\"family\":\"gpt2\"}}");
+    *len = strlen(s);
+    return s;
+}
+static char *gen_nul(size_t *len) {
+    static const char b[] = "{\"name\":\"a\0b\"}";
+    char *s = malloc(sizeof b);
+    memcpy(s, b, sizeof b);
+    *len = sizeof b - 1;
+    return s;
+}
+static char *gen_many_labels(size_t *len) {
+    char *s = malloc(100000), *p = s;
+    p += sprintf(p, "{\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\"},\"labels\":{");
+    for (int i = 0; i < 100; i++)
+        p += sprintf(p, "%s\"k%d\":\"v\"", i ? "," : "", i);
+    p += sprintf(p, "}}");
+    *len = (size_t)(p - s);
+    return s;
+}
+static char *gen_long_name(size_t *len) {
+    char *s = malloc(20000);
+    int n = sprintf(s, "{\"name\":\"");
+    memset(s + n, 'a', 10000);
+    n += 10000;
+    n += sprintf(s + n, "\",\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\"}}");
+    *len = (size_t)n;
+    return s;
+}
+
+#define M   "\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\"}"
+#define D   "\"data\":{\"train\":\"/srv/data/train_*.bin\"}"
+#define CPU "\"resources\":{\"device\":\"cpu\"}"
+
+static const struct hostile hostile[] = {
+    {"empty body", NULL, "", NULL, 400, "INVALID_JSON"},
+    {"truncated object", NULL, "{\"name\":\"x\",\"model\":{\"fam", NULL, 400, "INVALID_JSON"},
+    {"truncated string", NULL, "{\"name\":\"abc", NULL, 400, "INVALID_JSON"},
+    {"trailing garbage", NULL, "{\"name\":\"x\"} xyz", NULL, 400, "INVALID_JSON"},
+    {"not json", NULL, "hello", NULL, 400, "INVALID_JSON"},
+    {"array body", NULL, "[1,2,3]", NULL, 400, "INVALID_JSON"},
+    {"string body", NULL, "\"job\"", NULL, 400, "INVALID_JSON"},
+    {"null body", NULL, "null", NULL, 400, "INVALID_JSON"},
+    {"duplicate keys", NULL, "{\"name\":\"a\",\"name\":\"b\"}", NULL, 400, "INVALID_JSON"},
+    {"deep array nesting", NULL, NULL, gen_deep, 400, "INVALID_JSON"},
+    {"deep object nesting", NULL, NULL, gen_deep_obj, 400, "INVALID_JSON"},
+    {"huge integer", NULL, "{" M ",\"train\":{\"steps\":123456789012345678901234567890}}", NULL,
+     400, "INVALID_JSON"},
+    {"real overflow", NULL, "{" M ",\"train\":{\"lr\":1e999}}", NULL, 400, "INVALID_JSON"},
+    {"invalid utf-8", NULL, NULL, gen_bad_utf8, 400, "INVALID_JSON"},
+    {"NUL inside string", NULL, NULL, gen_nul, 400, "INVALID_JSON"},
+    {"10 MB body", NULL, NULL, gen_10mb, 413, "PAYLOAD_TOO_LARGE"},
+    {"text/plain", "text/plain", "{\"name\":\"x\"}", NULL, 415, "UNSUPPORTED_MEDIA_TYPE"},
+    {"form encoded", "application/x-www-form-urlencoded", "name=x", NULL, 415,
+     "UNSUPPORTED_MEDIA_TYPE"},
+    {"empty object", NULL, "{}", NULL, 422, "MISSING_FIELD"},
+    {"unknown top field", NULL, "{" M "," D "," CPU ",\"gpus\":8}", NULL, 422, "UNKNOWN_FIELD"},
+    {"unknown nested field", NULL, "{" M "," D "," CPU ",\"train\":{\"lrr\":0.1}}", NULL, 422,
+     "UNKNOWN_FIELD"},
+    {"steps as string", NULL, "{" M "," D "," CPU ",\"train\":{\"steps\":\"100\"}}", NULL, 422,
+     "WRONG_TYPE"},
+    {"steps as real", NULL, "{" M "," D "," CPU ",\"train\":{\"steps\":1e30}}", NULL, 422,
+     "WRONG_TYPE"},
+    {"dp as bool", NULL, "{" M "," D "," CPU ",\"parallel\":{\"dp\":true}}", NULL, 422,
+     "WRONG_TYPE"},
+    {"model as array", NULL, "{\"model\":[1]," D "}", NULL, 422, "WRONG_TYPE"},
+    {"negative steps", NULL, "{" M "," D "," CPU ",\"train\":{\"steps\":-5}}", NULL, 422,
+     "OUT_OF_RANGE"},
+    {"int64 max steps", NULL, "{" M "," D "," CPU ",\"train\":{\"steps\":9223372036854775807}}",
+     NULL, 422, "OUT_OF_RANGE"},
+    {"priority 1000", NULL, "{" M "," D "," CPU ",\"priority\":1000}", NULL, 422, "OUT_OF_RANGE"},
+    {"tp=5 vs 12 heads", NULL, "{" M "," D "," CPU ",\"parallel\":{\"tp\":5}}", NULL, 422,
+     "TP_HEADS"},
+    {"pp=5 vs 12 layers", NULL, "{" M "," D "," CPU ",\"parallel\":{\"pp\":5}}", NULL, 422,
+     "PP_LAYERS"},
+    {"unknown preset", NULL, "{\"model\":{\"family\":\"gpt2\",\"preset\":\"9t\"}," D "}", NULL, 422,
+     "UNKNOWN_PRESET"},
+    {"unknown family", NULL, "{\"model\":{\"family\":\"bert\",\"preset\":\"124m\"}," D "}", NULL,
+     422, "INVALID_VALUE"},
+    {"SQL in name", NULL, "{\"name\":\"x'); DROP TABLE jobs;--\"," M "," D "," CPU "}", NULL, 422,
+     "INVALID_NAME"},
+    {"SQL in label", NULL, "{\"labels\":{\"a' OR '1'='1\":\"v\"}," M "," D "," CPU "}", NULL, 422,
+     "INVALID_LABEL"},
+    {"path traversal", NULL, "{" M ",\"data\":{\"train\":\"/srv/data/../../etc/passwd\"}," CPU "}",
+     NULL, 422, "DATA_PATH_INVALID"},
+    {"relative path", NULL, "{" M ",\"data\":{\"train\":\"../secrets/*.bin\"}," CPU "}", NULL, 422,
+     "DATA_PATH_INVALID"},
+    {"outside roots", NULL, "{" M ",\"data\":{\"train\":\"/etc/passwd\"}," CPU "}", NULL, 422,
+     "DATA_PATH_FORBIDDEN"},
+    {"glob in directory", NULL, "{" M ",\"data\":{\"train\":\"/srv/*/train.bin\"}," CPU "}", NULL,
+     422, "DATA_PATH_INVALID"},
+    {"100 labels", NULL, NULL, gen_many_labels, 422, "OUT_OF_RANGE"},
+    {"10k-char name", NULL, NULL, gen_long_name, 422, "OUT_OF_RANGE"},
+    {"bf16 on cpu", NULL, "{" M "," D "," CPU ",\"train\":{\"precision\":\"bf16\"}}", NULL, 422,
+     "PRECISION_DEVICE"},
+};
+
+static void test_hostile(void) {
+    int before = count_jobs(token_a);
+    size_t n = sizeof hostile / sizeof *hostile;
+    CHECK(n >= 30);
+    for (size_t i = 0; i < n; i++) {
+        const struct hostile *h = &hostile[i];
+        size_t len = 0;
+        char *gen = NULL;
+        const char *body = h->body;
+        if (!body) {
+            gen = h->gen(&len);
+            body = gen;
+        } else {
+            len = strlen(body);
+        }
+        /* Every /srv/data path must be judged against the test's roots, so
+         * rewrite them onto data_root's parent-relative equivalent. */
+        char *fixed = NULL;
+        const char *srv = "/srv/data";
+        if (!gen && strstr(body, srv)) {
+            fixed = malloc(len + 1024);
+            const char *p = strstr(body, srv);
+            int k = sprintf(fixed, "%.*s%s%s", (int)(p - body), body, data_root, p + strlen(srv));
+            body = fixed;
+            len = (size_t)k;
+        }
+        struct hresp r;
+        hreq(url, "POST", "/v1/jobs", token_a, h->ctype ? h->ctype : "application/json", body, len,
+             NULL, &r);
+        if (r.status != h->status || strcmp(hresp_code(&r), h->code) != 0) {
+            fprintf(stderr, "hostile '%s': want %d %s, got %ld %.300s\n", h->what, h->status,
+                    h->code, r.status, r.body ? r.body : "");
+            failures++;
+        }
+        /* every error names a message */
+        json_t *msg = json_object_get(json_object_get(r.json, "error"), "message");
+        CHECK(json_is_string(msg) && json_string_length(msg) > 0);
+        hresp_free(&r);
+        free(gen);
+        free(fixed);
+    }
+    CHECK(count_jobs(token_a) == before); /* nothing stored */
+    struct hresp r;
+    hreq(url, "GET", "/healthz", NULL, NULL, NULL, 0, NULL, &r); /* still alive */
+    CHECK(r.status == 200);
+    hresp_free(&r);
+    printf("hostile bodies: %zu cases\n", n);
+}
+
+static void test_metrics(void) {
+    struct hresp r;
+    hreq(url, "GET", "/metrics", NULL, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && strstr(r.hdrs, "text/plain") != NULL);
+    CHECK(r.body && strstr(r.body, "loom_http_requests_total{method=\"POST\",route=\"/v1/jobs\","
+                                   "status=\"201\"}") != NULL);
+    CHECK(r.body && strstr(r.body, "loom_http_request_duration_seconds_bucket") != NULL);
+    CHECK(r.body && strstr(r.body, "loom_store_commit_seconds_count") != NULL);
+    char want[128];
+    snprintf(want, sizeof want, "loom_jobs{tenant=\"%s\",state=\"cancelled\"} 1", tenant_a);
+    CHECK(r.body && strstr(r.body, want) != NULL);
+    hresp_free(&r);
+}
+
+/* A second loomd with a tiny rate limit: the 6th quick request is 429. */
+static void test_rate_limit(const char *bin) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/rl", tmp);
+    mkdir(dir, 0700);
+    const char *args[] = {"--rate-limit", "1", "--rate-burst", "5", NULL};
+    struct loomd_proc p;
+    if (loomd_spawn(&p, bin, dir, ADMIN, args) != 0) {
+        failures++;
+        return;
+    }
+    char tid[32], tok[128];
+    CHECK(make_tenant(p.url, ADMIN, "limited", tid, sizeof tid, tok, sizeof tok) == 0);
+    int ok = 0, limited = 0;
+    for (int i = 0; i < 8; i++) {
+        struct hresp r;
+        hreq(p.url, "GET", "/v1/jobs", tok, NULL, NULL, 0, NULL, &r);
+        if (r.status == 200) ok++;
+        if (r.status == 429) {
+            limited++;
+            CHECK(!strcmp(hresp_code(&r), "RATE_LIMITED"));
+            CHECK(strstr(r.hdrs, "Retry-After: ") != NULL);
+        }
+        hresp_free(&r);
+    }
+    CHECK(ok >= 5 && ok <= 6 && limited >= 2);
+    int st = loomd_signal_wait(&p, SIGTERM);
+    CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s LOOMD\n", argv[0]);
+        return 2;
+    }
+    const char *bin = argv[1];
+    snprintf(tmp, sizeof tmp, "/tmp/loom-test-api-XXXXXX");
+    if (!mkdtemp(tmp)) return 1;
+    snprintf(data_root, sizeof data_root, "%s/data", tmp);
+    mkdir(data_root, 0700);
+    char dd[512], roots[600];
+    snprintf(dd, sizeof dd, "%s/loomd", tmp);
+    snprintf(roots, sizeof roots, "%s", data_root);
+    const char *args[] = {"--data-roots", roots, NULL};
+    struct loomd_proc p;
+    if (loomd_spawn(&p, bin, dd, ADMIN, args) != 0) return 1;
+    snprintf(url, sizeof url, "%s", p.url);
+    if (make_tenant(url, ADMIN, "team-a", tenant_a, sizeof tenant_a, token_a, sizeof token_a) ||
+        make_tenant(url, ADMIN, "team-b", tenant_b, sizeof tenant_b, token_b, sizeof token_b)) {
+        loomd_signal_wait(&p, SIGKILL);
+        return 1;
+    }
+    test_lifecycle();
+    test_pagination();
+    test_idempotency();
+    test_isolation();
+    test_auth_errors();
+    test_hostile();
+    test_metrics();
+    test_rate_limit(bin);
+    /* graceful stop: exit 0, and the admin token file was not written (env) */
+    int st = loomd_signal_wait(&p, SIGTERM);
+    CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char f[600];
+    snprintf(f, sizeof f, "%s/admin.token", dd);
+    CHECK(access(f, F_OK) != 0);
+    hreq_thread_done();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (!failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    if (failures) {
+        fprintf(stderr, "test_daemon_api: %d failures (data in %s)\n", failures, tmp);
+        return 1;
+    }
+    printf("test_daemon_api: all passed\n");
+    return 0;
+}
