@@ -115,7 +115,8 @@ struct auth *auth_new(const char *data_dir) {
 
 void auth_free(struct auth *a) {
     if (!a) return;
-    for (int i = 0; i < ROOTS_SLOTS; i++) free(a->roots[i].roots);
+    for (int i = 0; i < ROOTS_SLOTS; i++)
+        free(a->roots[i].roots);
     pthread_mutex_destroy(&a->mu);
     free(a);
 }
