@@ -384,6 +384,39 @@ static int collectives_child(int rank, int world, const char *rdzv, void *arg) {
             bad += out[i] != rnd_f32(seed + 3, left, i);
         CHECK(bad == 0, "sendrecv n=%zu: %zu wrong", n, bad);
     }
+    /* Variable slices, some empty, in place (the ZeRO per-layer pattern). */
+    for (int pat = 0; pat < 3; pat++) {
+        size_t counts[8], total = 0, myoff = 0;
+        for (int r = 0; r < world; r++) {
+            counts[r] = pat == 0   ? (size_t)(r == 0 ? 0 : 100 * r + 1)
+                        : pat == 1 ? (size_t)(r == world - 1 ? 5000 : 0)
+                                   : (size_t)(r * 7 % 3) * 333;
+            if (r < rank) myoff += counts[r];
+            total += counts[r];
+        }
+        if (total == 0) continue;
+        for (size_t i = 0; i < total; i++)
+            buf[i] = rnd_f32(50 + pat, rank, i);
+        CHECK(comm_reduce_scatterv(c, buf, buf + myoff, counts, COMM_F32, COMM_SUM, NULL) == 0,
+              "rsv: %s", comm_error(c));
+        double maxerr = 0;
+        for (size_t i = 0; i < counts[rank]; i++) {
+            double want = 0;
+            for (int r = 0; r < world; r++)
+                want += rnd_f32(50 + pat, r, myoff + i);
+            double e = fabs(buf[myoff + i] - want);
+            maxerr = e > maxerr ? e : maxerr;
+        }
+        CHECK(maxerr < 1e-5 * world, "reduce_scatterv pattern %d err %g", pat, maxerr);
+        for (size_t i = 0; i < total; i++)
+            buf[i] = i >= myoff && i < myoff + counts[rank] ? (float)i : -1.0f;
+        CHECK(comm_all_gatherv(c, buf + myoff, buf, counts, COMM_F32, NULL) == 0, "agv: %s",
+              comm_error(c));
+        size_t bad = 0;
+        for (size_t i = 0; i < total; i++)
+            bad += buf[i] != (float)i;
+        CHECK(bad == 0, "all_gatherv pattern %d: %zu wrong", pat, bad);
+    }
     /* i64 sum and bf16 sum. */
     int64_t iv[5], iref[5];
     for (int i = 0; i < 5; i++) {

@@ -210,7 +210,8 @@ struct comm_req {
     size_t n;
     enum comm_dtype dt;
     enum comm_op op;
-    int root; /* broadcast root, p2p peer */
+    int root;       /* broadcast root, p2p peer */
+    size_t *counts; /* reduce_scatter / all_gather slices (owned) */
     void *p2p;
     int status, done;
     struct comm_req *next;
@@ -255,10 +256,11 @@ static int run_op(struct comm *c, struct comm_req *r) {
         rc = c->ops->allreduce(c->impl, r->buf, r->n, r->dt, r->op, err, sizeof(err));
         break;
     case OP_REDUCE_SCATTER:
-        rc = c->ops->reduce_scatter(c->impl, r->sbuf, r->buf, r->n, r->dt, r->op, err, sizeof(err));
+        rc = c->ops->reduce_scatter(c->impl, r->sbuf, r->buf, r->n, r->counts, r->dt, r->op, err,
+                                    sizeof(err));
         break;
     case OP_ALL_GATHER:
-        rc = c->ops->all_gather(c->impl, r->sbuf, r->buf, r->n, r->dt, err, sizeof(err));
+        rc = c->ops->all_gather(c->impl, r->sbuf, r->buf, r->n, r->counts, r->dt, err, sizeof(err));
         break;
     case OP_BROADCAST:
         rc = c->ops->broadcast(c->impl, r->buf, r->n, r->dt, r->root, err, sizeof(err));
@@ -401,16 +403,20 @@ static int submit(struct comm *c, struct comm_req *tmpl, struct comm_req **out) 
     if (c->broken) {
         pthread_mutex_unlock(&c->mu);
         if (out) *out = NULL;
+        free(tmpl->counts);
         return -1;
     }
     if (!out && c->pending == 0) {
         pthread_mutex_unlock(&c->mu);
-        return run_op(c, tmpl);
+        int rc = run_op(c, tmpl);
+        free(tmpl->counts);
+        return rc;
     }
     struct comm_req *r = malloc(sizeof(*r));
     if (!r) {
         pthread_mutex_unlock(&c->mu);
         comm_fail(c, tmpl, "out of memory");
+        free(tmpl->counts);
         return -1;
     }
     *r = *tmpl;
@@ -420,6 +426,7 @@ static int submit(struct comm *c, struct comm_req *tmpl, struct comm_req **out) 
             pthread_mutex_unlock(&c->mu);
             free(r);
             comm_fail(c, tmpl, "cannot start the comm thread");
+            free(tmpl->counts);
             return -1;
         }
         c->thread_started = 1;
@@ -455,6 +462,7 @@ int comm_wait(struct comm_req *r) {
         rc = r->status;
         pthread_mutex_unlock(&c->mu);
     }
+    free(r->counts);
     free(r);
     return rc;
 }
@@ -480,19 +488,57 @@ int comm_allreduce(struct comm *c, void *buf, size_t n, enum comm_dtype dt, enum
     return submit(c, &r, req);
 }
 
+/* counts for the balanced split of total, or a copy of the caller's. */
+static size_t *make_counts(const struct comm *c, size_t total, const size_t *given) {
+    size_t *cnt = malloc(sizeof(size_t) * (size_t)c->size);
+    if (!cnt) return NULL;
+    for (int i = 0; i < c->size; i++) {
+        size_t off;
+        if (given)
+            cnt[i] = given[i];
+        else
+            comm_shard_range(total, c->size, i, &off, &cnt[i]);
+    }
+    return cnt;
+}
+
+static int sharded(struct comm *c, enum op_kind kind, const void *send, void *recv, size_t total,
+                   const size_t *given, enum comm_dtype dt, enum comm_op op,
+                   struct comm_req **req) {
+    struct comm_req r = {.kind = kind, .sbuf = send, .buf = recv, .n = total, .dt = dt, .op = op};
+    if (given) {
+        total = 0;
+        for (int i = 0; i < c->size; i++)
+            total += given[i];
+        r.n = total;
+    }
+    if (total == 0) return nothing_to_do(req);
+    r.counts = make_counts(c, total, given);
+    if (!r.counts) {
+        comm_fail(c, &r, "out of memory");
+        return -1;
+    }
+    return submit(c, &r, req);
+}
+
 int comm_reduce_scatter(struct comm *c, const void *send, void *recv, size_t total,
                         enum comm_dtype dt, enum comm_op op, struct comm_req **req) {
-    if (total == 0) return nothing_to_do(req);
-    struct comm_req r = {
-        .kind = OP_REDUCE_SCATTER, .sbuf = send, .buf = recv, .n = total, .dt = dt, .op = op};
-    return submit(c, &r, req);
+    return sharded(c, OP_REDUCE_SCATTER, send, recv, total, NULL, dt, op, req);
+}
+
+int comm_reduce_scatterv(struct comm *c, const void *send, void *recv, const size_t *counts,
+                         enum comm_dtype dt, enum comm_op op, struct comm_req **req) {
+    return sharded(c, OP_REDUCE_SCATTER, send, recv, 0, counts, dt, op, req);
 }
 
 int comm_all_gather(struct comm *c, const void *send, void *recv, size_t total, enum comm_dtype dt,
                     struct comm_req **req) {
-    if (total == 0) return nothing_to_do(req);
-    struct comm_req r = {.kind = OP_ALL_GATHER, .sbuf = send, .buf = recv, .n = total, .dt = dt};
-    return submit(c, &r, req);
+    return sharded(c, OP_ALL_GATHER, send, recv, total, NULL, dt, COMM_SUM, req);
+}
+
+int comm_all_gatherv(struct comm *c, const void *send, void *recv, const size_t *counts,
+                     enum comm_dtype dt, struct comm_req **req) {
+    return sharded(c, OP_ALL_GATHER, send, recv, 0, counts, dt, COMM_SUM, req);
 }
 
 int comm_broadcast(struct comm *c, void *buf, size_t n, enum comm_dtype dt, int root,
@@ -653,12 +699,13 @@ static int local_allreduce(void *impl, void *buf, size_t n, enum comm_dtype dt, 
     return 0;
 }
 static int local_reduce_scatter(void *impl, const void *send, void *recv, size_t total,
-                                enum comm_dtype dt, enum comm_op op, char *err, size_t errlen) {
+                                const size_t *counts, enum comm_dtype dt, enum comm_op op,
+                                char *err, size_t errlen) {
     if (send != recv) memmove(recv, send, total * comm_dtype_size(dt));
     return 0;
 }
 static int local_all_gather(void *impl, const void *send, void *recv, size_t total,
-                            enum comm_dtype dt, char *err, size_t errlen) {
+                            const size_t *counts, enum comm_dtype dt, char *err, size_t errlen) {
     if (send != recv) memmove(recv, send, total * comm_dtype_size(dt));
     return 0;
 }

@@ -129,7 +129,8 @@ void comm_shard_range(size_t total, int n, int idx, size_t *off, size_t *cnt);
 int comm_allreduce(struct comm *c, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
                    struct comm_req **req);
 /* send holds `total` elements on every member; recv (comm_shard_range(total,
- * size, rank) elements) receives this rank's shard of the reduction. */
+ * size, rank) elements) receives this rank's shard of the reduction. recv may
+ * be send + this rank's shard offset (in place). */
 int comm_reduce_scatter(struct comm *c, const void *send, void *recv, size_t total,
                         enum comm_dtype dt, enum comm_op op, struct comm_req **req);
 /* send holds this rank's shard (comm_shard_range) of `total` elements; recv
@@ -137,6 +138,17 @@ int comm_reduce_scatter(struct comm *c, const void *send, void *recv, size_t tot
  * this rank's slice of recv (in place). */
 int comm_all_gather(struct comm *c, const void *send, void *recv, size_t total, enum comm_dtype dt,
                     struct comm_req **req);
+/* Variable shards: counts[i] (one per member) elements for member i, laid
+ * out in rank order, total = sum(counts). reduce_scatterv: send holds total
+ * elements, recv (counts[rank]) gets the reduction of this rank's slice;
+ * all_gatherv: send holds this rank's counts[rank] elements, recv (total)
+ * gets every slice. Zero counts are fine. In place: recv == send + this
+ * rank's offset (reduce_scatterv), send == recv + offset (all_gatherv).
+ * counts is copied; it need not outlive the call. */
+int comm_reduce_scatterv(struct comm *c, const void *send, void *recv, const size_t *counts,
+                         enum comm_dtype dt, enum comm_op op, struct comm_req **req);
+int comm_all_gatherv(struct comm *c, const void *send, void *recv, const size_t *counts,
+                     enum comm_dtype dt, struct comm_req **req);
 /* buf (n elements) of `root` (a comm rank) is copied to every member. */
 int comm_broadcast(struct comm *c, void *buf, size_t n, enum comm_dtype dt, int root,
                    struct comm_req **req);

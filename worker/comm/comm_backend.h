@@ -48,12 +48,15 @@ struct comm_backend_ops {
 
     int (*allreduce)(void *impl, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
                      char *err, size_t errlen);
-    /* recv gets shard comm_shard_range(total, size, rank). */
+    /* counts[i]: elements of member i's slice (rank order, sum = total; never
+     * NULL). recv gets this rank's slice of the reduction; recv may be send +
+     * this rank's offset (in place). */
     int (*reduce_scatter)(void *impl, const void *send, void *recv, size_t total,
-                          enum comm_dtype dt, enum comm_op op, char *err, size_t errlen);
-    /* send holds this rank's shard; may alias its slice of recv. */
-    int (*all_gather)(void *impl, const void *send, void *recv, size_t total, enum comm_dtype dt,
-                      char *err, size_t errlen);
+                          const size_t *counts, enum comm_dtype dt, enum comm_op op, char *err,
+                          size_t errlen);
+    /* send holds this rank's slice; may alias its place in recv. */
+    int (*all_gather)(void *impl, const void *send, void *recv, size_t total, const size_t *counts,
+                      enum comm_dtype dt, char *err, size_t errlen);
     int (*broadcast)(void *impl, void *buf, size_t n, enum comm_dtype dt, int root, char *err,
                      size_t errlen);
     int (*barrier)(void *impl, char *err, size_t errlen);

@@ -284,16 +284,15 @@ int allreduce(void *impl, void *buf, size_t n, enum comm_dtype dt, enum comm_op 
     });
 }
 
-int all_gather(void *impl, const void *send, void *recv, size_t total, enum comm_dtype dt,
-               char *err, size_t errlen) {
+int all_gather(void *impl, const void *send, void *recv, size_t total, const size_t *cnts,
+               enum comm_dtype dt, char *err, size_t errlen) {
     Comm *gc = static_cast<Comm *>(impl);
     size_t es = comm_dtype_size(dt);
     return guarded(err, errlen, [&] {
-        std::vector<size_t> counts(gc->size);
-        size_t off = 0, cnt = 0;
-        for (int i = 0; i < gc->size; i++)
-            comm_shard_range(total, gc->size, i, &off, &counts[i]);
-        comm_shard_range(total, gc->size, gc->rank, &off, &cnt);
+        std::vector<size_t> counts(cnts, cnts + gc->size);
+        size_t off = 0, cnt = counts[gc->rank];
+        for (int i = 0; i < gc->rank; i++)
+            off += counts[i];
         char *mine = (char *)recv + off * es;
         if (send != mine && cnt) memmove(mine, send, cnt * es);
         /* Output only: allgatherv then takes this rank's slice in place. */
@@ -346,8 +345,8 @@ int barrier(void *impl, char *err, size_t errlen) {
  * (r-1-k) mod P, add this rank's own part of that shard, pass it on to the
  * right; after P-1 steps the partial is shard r, complete. The sum of shard j
  * is ((x_{j+1} + x_{j+2}) + ...) + x_j, the same on every run. */
-int reduce_scatter(void *impl, const void *send, void *recv, size_t total, enum comm_dtype dt,
-                   enum comm_op op, char *err, size_t errlen) {
+int reduce_scatter(void *impl, const void *send, void *recv, size_t total, const size_t *counts,
+                   enum comm_dtype dt, enum comm_op op, char *err, size_t errlen) {
     Comm *gc = static_cast<Comm *>(impl);
     auto fn = reduce_fn(dt, op);
     if (!fn) {
@@ -358,10 +357,11 @@ int reduce_scatter(void *impl, const void *send, void *recv, size_t total, enum 
     const size_t es = comm_dtype_size(dt);
     const char *in = (const char *)send;
     return guarded(err, errlen, [&] {
-        std::vector<size_t> off(P), cnt(P);
-        size_t maxcnt = 0;
+        std::vector<size_t> off(P), cnt(counts, counts + P);
+        size_t maxcnt = 0, o = 0;
         for (int i = 0; i < P; i++) {
-            comm_shard_range(total, P, i, &off[i], &cnt[i]);
+            off[i] = o;
+            o += cnt[i];
             if (cnt[i] > maxcnt) maxcnt = cnt[i];
         }
         if (gc->scratch.size() < 2 * maxcnt * es) gc->scratch.resize(2 * maxcnt * es);
@@ -371,7 +371,7 @@ int reduce_scatter(void *impl, const void *send, void *recv, size_t total, enum 
         const int right = (r + 1) % P, left = (r - 1 + P) % P;
         const uint32_t tag = gc->tag++;
         int seg = (r - 1 + P) % P; /* shard held in a */
-        memcpy(a, in + off[seg] * es, cnt[seg] * es);
+        if (cnt[seg]) memcpy(a, in + off[seg] * es, cnt[seg] * es);
         for (int k = 1; k < P; k++) {
             const int rseg = ((r - 1 - k) % P + P) % P;
             auto slot = gloo::Slot::build(kReduceScatterSlot, tag) + (uint8_t)(k & 0xff);
@@ -379,12 +379,12 @@ int reduce_scatter(void *impl, const void *send, void *recv, size_t total, enum 
             if (cnt[seg]) ua->send(right, slot, 0, cnt[seg] * es);
             if (cnt[seg]) ua->waitSend(gc->timeout);
             if (cnt[rseg]) ub->waitRecv(gc->timeout);
-            fn(b, b, in + off[rseg] * es, cnt[rseg]);
+            if (cnt[rseg]) fn(b, b, in + off[rseg] * es, cnt[rseg]);
             std::swap(a, b);
             std::swap(ua, ub);
             seg = rseg;
         }
-        memcpy(recv, a, cnt[r] * es);
+        if (cnt[r]) memcpy(recv, a, cnt[r] * es);
     });
 }
 

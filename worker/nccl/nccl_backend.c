@@ -13,7 +13,7 @@
  *   polled to completion). The caller must have finished the work producing
  *   the input (synchronised its compute stream) before the call. Overlap with
  *   compute comes from comm.c running the call on the comm's own thread.
- * - Uneven shards (total not divisible by the group size): reduce-scatter is
+ * - Uneven slices (total not divisible by the group size, or the v-variants): reduce-scatter is
  *   a group of ncclReduce calls (one per shard, rooted at its owner) and
  *   all-gather a group of ncclBroadcast calls; the divisible case uses
  *   ncclReduceScatter / ncclAllGather directly.
@@ -248,20 +248,28 @@ static int allreduce(void *impl, void *buf, size_t n, enum comm_dtype dt, enum c
     return complete(nc, r, "allreduce", err, errlen);
 }
 
+/* 1 when every slice has the same size (the plain NCCL collectives apply). */
+static int even(const struct nccl_comm *nc, const size_t *counts) {
+    for (int i = 1; i < nc->size; i++)
+        if (counts[i] != counts[0]) return 0;
+    return 1;
+}
+
 static int reduce_scatter(void *impl, const void *send, void *recv, size_t total,
-                          enum comm_dtype dt, enum comm_op op, char *err, size_t errlen) {
+                          const size_t *counts, enum comm_dtype dt, enum comm_op op, char *err,
+                          size_t errlen) {
     struct nccl_comm *nc = impl;
     size_t es = comm_dtype_size(dt);
     cudaSetDevice(nc->device);
-    if (total % (size_t)nc->size == 0) {
+    if (even(nc, counts)) {
         ncclResult_t r = ncclReduceScatter(send, recv, total / (size_t)nc->size, nccl_type(dt),
                                            nccl_op(op), nc->comm, nc->stream);
         return complete(nc, r, "reduce_scatter", err, errlen);
     }
     ncclResult_t r = ncclGroupStart();
-    for (int i = 0; i < nc->size && r == ncclSuccess; i++) {
-        size_t off, cnt;
-        comm_shard_range(total, nc->size, i, &off, &cnt);
+    size_t off = 0;
+    for (int i = 0; i < nc->size && r == ncclSuccess; off += counts[i], i++) {
+        size_t cnt = counts[i];
         if (cnt == 0) continue;
         r = ncclReduce((const char *)send + off * es, recv, cnt, nccl_type(dt), nccl_op(op), i,
                        nc->comm, nc->stream);
@@ -270,20 +278,20 @@ static int reduce_scatter(void *impl, const void *send, void *recv, size_t total
     return complete(nc, r != ncclSuccess ? r : e, "reduce_scatter (uneven)", err, errlen);
 }
 
-static int all_gather(void *impl, const void *send, void *recv, size_t total, enum comm_dtype dt,
-                      char *err, size_t errlen) {
+static int all_gather(void *impl, const void *send, void *recv, size_t total, const size_t *counts,
+                      enum comm_dtype dt, char *err, size_t errlen) {
     struct nccl_comm *nc = impl;
     size_t es = comm_dtype_size(dt);
     cudaSetDevice(nc->device);
-    if (total % (size_t)nc->size == 0) {
+    if (even(nc, counts)) {
         ncclResult_t r = ncclAllGather(send, recv, total / (size_t)nc->size, nccl_type(dt),
                                        nc->comm, nc->stream);
         return complete(nc, r, "all_gather", err, errlen);
     }
     ncclResult_t r = ncclGroupStart();
-    for (int i = 0; i < nc->size && r == ncclSuccess; i++) {
-        size_t off, cnt;
-        comm_shard_range(total, nc->size, i, &off, &cnt);
+    size_t off = 0;
+    for (int i = 0; i < nc->size && r == ncclSuccess; off += counts[i], i++) {
+        size_t cnt = counts[i];
         if (cnt == 0) continue;
         r = ncclBroadcast(i == nc->rank ? send : NULL, (char *)recv + off * es, cnt, nccl_type(dt),
                           i, nc->comm, nc->stream);
