@@ -20,3 +20,7 @@ if(TARGET loomctl)
              COMMAND sh -c "echo '{\"model\":{\"family\":\"llama\",\"preset\":\"70b\"},\"train\":{\"micro_batch\":1,\"global_batch_tokens\":1048576}}' | $<TARGET_FILE:loomctl> plan - --local --nodes 1 --gpu H100-80GB > plan.out && grep -q '^fits       NO' plan.out && grep -q 'GiB/GPU > 80 GiB' plan.out && grep -q '^recommend  dp=.*zero_stage=3 offload_optimizer=true' plan.out")
     set_tests_properties(unit.api.loomctl_plan_local PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
 endif()
+# Benchmark (not a test): build-*/bin/bench_api [iterations]
+add_executable(bench_api ${CMAKE_CURRENT_LIST_DIR}/bench/bench_api.c)
+target_link_libraries(bench_api PRIVATE loom_api loom_common m)
+loom_warnings(bench_api)

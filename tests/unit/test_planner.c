@@ -284,6 +284,19 @@ static void test_consistency(void) {
         act_prev = b.mem.activations;
         compute_prev = b.compute_s;
     }
+    /* whole-model numbers agree with api/model.h for every preset */
+    size_t np;
+    const struct model_preset *pr = model_presets(&np);
+    for (size_t i = 0; i < np; i++) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "{'model':{'family':'%s','preset':'%s'}}",
+                 model_family_name(pr[i].config.family), pr[i].name);
+        CHECK(load(buf, NULL, &s, &c) == 0);
+        CHECK(planner_estimate(&s, &c, NULL, &a, &e) == 0);
+        CHECK(a.mem.params == 2.0 * (double)model_n_params(&s.model));
+        CHECK(fabs(a.flops_per_token - model_flops_per_token(&s.model, s.model.seq_len)) <
+              1e-9 * a.flops_per_token);
+    }
     /* more tp: fewer parameters per GPU */
     CHECK(load("{'model':{'family':'llama','preset':'13b'},'parallel':{'tp':8},"
                "'train':{'micro_batch':1,'global_batch_tokens':4096}}",
