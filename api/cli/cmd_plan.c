@@ -236,9 +236,12 @@ int cmd_plan(struct cli *cli, int argc, char **argv) {
             rc = 1;
             goto out;
         }
-    } else if (cli_call(cli, "POST", "/v1/plan", body, &out) != 0) {
-        rc = 1;
-        goto out;
+    } else {
+        int crc = cli_call(cli, "POST", "/v1/plan", body, &out);
+        if (crc != 0) {
+            rc = crc == -3 ? 3 : 1; /* 3: loomd unreachable, as the other commands */
+            goto out;
+        }
     }
     if (cli->json)
         cli_print_json(out);
