@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/jobspec.h"
+#include "api/planner.h"
 #include "daemon/auth.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
@@ -86,6 +87,31 @@ static int reply_job(struct http_req *req, int status, const struct store_job *j
     return 0;
 }
 
+/* The cluster loomd plans against: the planner's default node type (8 x
+ * H100-80GB) unless configured otherwise. The nodes module may refine this
+ * from registered nodes (GPU name, memory, links). */
+static void known_cluster(struct loomd *ld, struct planner_cluster *c) {
+    planner_cluster_default(c);
+    c->price_per_gpu_hour = ld->cfg.price_gpu_hour;
+}
+
+/* Submit-time fit: the planner's per-GPU memory estimate must fit the GPUs.
+ * Only the per-GPU memory is judged here, so the cluster is taken as large
+ * as the job (a job bigger than today's cluster waits for nodes, with a
+ * pending_reason, rather than being refused). cpu jobs are not checked. */
+static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom_error *err) {
+    if (spec->resources.device != JOBSPEC_DEV_CUDA) return 0;
+    struct planner_cluster c;
+    known_cluster(ld, &c);
+    struct jobspec_derived d;
+    jobspec_derive(spec, &d);
+    if (c.gpus_per_node < spec->resources.gpus_per_node)
+        c.gpus_per_node = spec->resources.gpus_per_node;
+    int need = (d.world + c.gpus_per_node - 1) / c.gpus_per_node;
+    if (c.nodes < need) c.nodes = need;
+    return planner_check_fit(spec, &c, NULL, err);
+}
+
 /* ---------------- submit ---------------- */
 
 struct submit_op {
@@ -141,6 +167,10 @@ int api_jobs_submit(struct http_req *req) {
         goto out;
     }
     if (jobspec_check_paths(spec, roots.v, roots.n, 0, &err) != 0) {
+        reply_spec_error(req, &err);
+        goto out;
+    }
+    if (check_fit(req->ld, spec, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
     }
@@ -370,19 +400,11 @@ int api_jobs_events(struct http_req *req) {
 /* ---------------- plan ---------------- */
 
 int api_jobs_plan(struct http_req *req) {
-    struct loom_spec *spec = malloc(sizeof *spec);
+    struct planner_cluster c;
+    known_cluster(req->ld, &c);
     struct loom_error err;
     memset(&err, 0, sizeof err);
-    if (!spec) return http_error(req, 500, "INTERNAL", "out of memory");
-    if (jobspec_parse(spec, req->json, JOBSPEC_FOR_PLAN, &err) != 0) {
-        reply_spec_error(req, &err);
-    } else {
-        struct jobspec_derived d;
-        jobspec_derive(spec, &d);
-        http_reply_json(req, 200,
-                        json_pack("{s:b, s:o, s:o}", "valid", 1, "spec", jobspec_to_json(spec),
-                                  "derived", jobspec_derived_to_json(&d)));
-    }
-    free(spec);
-    return 0;
+    json_t *out = NULL;
+    if (planner_plan_json(req->json, &c, &out, &err) != 0) return reply_spec_error(req, &err);
+    return http_reply_json(req, 200, out);
 }

@@ -125,8 +125,23 @@ static void test_lifecycle(void) {
     int before = count_jobs(token_a);
     hreq(url, "POST", "/v1/plan", token_a, NULL, spec, strlen(spec), NULL, &r);
     CHECK(r.status == 200 && json_is_true(json_object_get(r.json, "valid")));
+    CHECK(json_is_object(json_object_get(r.json, "estimate")));
+    hresp_free(&r);
+    const char *nosize = "{\"model\":{\"family\":\"gpt2\"}}";
+    hreq(url, "POST", "/v1/plan", ADMIN, NULL, nosize, strlen(nosize), NULL, &r);
+    CHECK_RESP(&r, 422, "MISSING_FIELD"); /* sizes needed without a preset */
     hresp_free(&r);
     CHECK(count_jobs(token_a) == before);
+    /* a cuda job that fits the GPUs is accepted (the fit check passes) */
+    char *cuda = spec_text("cuda-fits", "\"parallel\":{\"dp\":2}");
+    char *p = strstr(cuda, "\"resources\":{\"device\":\"cpu\"},");
+    if (p)
+        memmove(p, p + strlen("\"resources\":{\"device\":\"cpu\"},"),
+                strlen(p + strlen("\"resources\":{\"device\":\"cpu\"},")) + 1);
+    submit(token_a, cuda, NULL, &r);
+    CHECK(r.status == 201 && json_integer_value(json_object_get(r.json, "world_size")) == 2);
+    hresp_free(&r);
+    free(cuda);
     free(spec);
 }
 
@@ -463,6 +478,9 @@ static const struct hostile hostile[] = {
      422, "DATA_PATH_INVALID"},
     {"100 labels", NULL, NULL, gen_many_labels, 422, "OUT_OF_RANGE"},
     {"10k-char name", NULL, NULL, gen_long_name, 422, "OUT_OF_RANGE"},
+    {"70b on one GPU", NULL,
+     "{\"model\":{\"family\":\"llama\",\"preset\":\"70b\"}," D ",\"train\":{\"micro_batch\":1}}",
+     NULL, 422, "DOES_NOT_FIT"},
     {"bf16 on cpu", NULL, "{" M "," D "," CPU ",\"train\":{\"precision\":\"bf16\"}}", NULL, 422,
      "PRECISION_DEVICE"},
 };
