@@ -359,26 +359,41 @@ int64_t model_layout_stage_numel(const struct model_layout *l, const struct mode
     return n;
 }
 
-int64_t model_n_params(const struct model_config *c) {
+/* Totals from a one-block layout (every block has the same tensors), so the
+ * cost does not grow with depth; test_model checks them against the full
+ * table. */
+static int count_params(const struct model_config *c, int64_t *total, int64_t *matmul) {
+    struct model_config one = *c;
+    one.n_layer = 1;
     struct model_layout l;
-    if (model_layout_init(&l, c, 1) != 0) return -1;
-    int64_t n = l.numel;
+    if (c->n_layer <= 0 || model_layout_init(&l, &one, 1) != 0) return -1;
+    int64_t outer = 0, block = 0, mm_outer = 0, mm_block = 0;
+    for (int i = 0; i < l.n; i++) {
+        const struct model_tensor *t = &l.t[i];
+        int mm = t->kind == MODEL_T_LINEAR_W || t->kind == MODEL_T_LM_HEAD ||
+                 (t->kind == MODEL_T_EMBED && c->tied_embeddings);
+        if (t->layer == 0) {
+            block += t->numel;
+            mm_block += mm ? t->numel : 0;
+        } else {
+            outer += t->numel;
+            mm_outer += mm ? t->numel : 0;
+        }
+    }
     model_layout_free(&l);
-    return n;
+    *total = outer + (int64_t)c->n_layer * block;
+    *matmul = mm_outer + (int64_t)c->n_layer * mm_block;
+    return 0;
+}
+
+int64_t model_n_params(const struct model_config *c) {
+    int64_t n, mm;
+    return count_params(c, &n, &mm) == 0 ? n : -1;
 }
 
 int64_t model_n_matmul_params(const struct model_config *c) {
-    struct model_layout l;
-    if (model_layout_init(&l, c, 1) != 0) return -1;
-    int64_t n = 0;
-    for (int i = 0; i < l.n; i++) {
-        const struct model_tensor *t = &l.t[i];
-        if (t->kind == MODEL_T_LINEAR_W || t->kind == MODEL_T_LM_HEAD ||
-            (t->kind == MODEL_T_EMBED && c->tied_embeddings))
-            n += t->numel;
-    }
-    model_layout_free(&l);
-    return n;
+    int64_t n, mm;
+    return count_params(c, &n, &mm) == 0 ? mm : -1;
 }
 
 double model_flops_per_token(const struct model_config *c, int T) {

@@ -101,6 +101,7 @@ static void test_gpt2_layout(void) {
         off += l.t[i].numel;
     }
     CHECK(off == l.numel && l.rank_numel == l.numel);
+    CHECK(model_n_params(&p->config) == l.numel); /* one-block shortcut == full table */
     model_layout_free(&l);
 
     /* tp = 4: column, row, vocab and replicated shapes */
@@ -145,6 +146,7 @@ static void test_llama_layout(void) {
     /* all split tensors divide exactly at tp=8, only replicated norms remain whole */
     int64_t norms = (2 * 80 + 1) * 8192LL;
     CHECK(l.rank_numel == (l.numel - norms) / 8 + norms);
+    CHECK(model_n_params(&p->config) == l.numel);
 
     /* pipeline stages: pp=4 cuts 20 layers each; embeddings first, head last */
     int64_t total = 0;
