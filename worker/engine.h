@@ -52,6 +52,10 @@ struct engine_hooks {
      * micro-step of a step; layer_pre_forward before each layer's forward. */
     void (*layer_grads_ready)(struct engine *e, void *user, int layer);
     void (*layer_pre_forward)(struct engine *e, void *user, int layer);
+    /* Before each block's backward (layer L-1 down to 0), and with -1 before
+     * the embedding backward; fires on every micro-step (ZeRO-3 re-gathers a
+     * layer's parameters here and releases the one done before). */
+    void (*layer_pre_backward)(struct engine *e, void *user, int layer);
 };
 
 /* Bytes of device memory by category, for the "mem" field of step lines. */
@@ -81,6 +85,10 @@ struct engine {
     float *opt_v;       /* fp32 [shard_n] AdamW second moment */
     int master_aliased; /* 1 when master points into params */
     float *scalar;      /* fp32 [4] device scratch for reductions (grad norm) */
+
+    /* 1 when every dp rank holds the same optimizer range (DP without ZeRO):
+     * the shard's squared grad norm is then not summed over dp. */
+    int shard_replicated;
 
     struct engine_hooks hooks;
     struct engine_mem mem;

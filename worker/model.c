@@ -406,6 +406,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         const struct model_block_idx *k = &m->blk[l];
         struct layer_acts *s = &a->l[l];
         const void *x = l > 0 ? a->l[l - 1].r2 : a->enc;
+        if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, l);
         /* MLP: r2 = r1 + proj(act(fc(norm2(r1)))) */
         b->zero(b->ctx, a->s1, (size_t)N * m->F * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->mpw), G(m, k->mpb), a->dres, s->fca, P(m, k->mpw), N,
@@ -434,6 +435,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         norm_bwd(m, a->dres, a->s1, x, k->n1w, k->n1b, s->n1_mean, s->n1_rstd);
         if (on_layer) on_layer(l, user);
     }
+    if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, -1);
     b->embedding_bwd(b->ctx, G(m, m->wte), G(m, m->wpe), a->dres, m->tokens, B, T, C);
     if (on_layer) on_layer(-1, user);
 }

@@ -28,7 +28,8 @@ double optim_grad_norm_sq(struct engine *e) {
     b->sumsq(b->ctx, acc, backend_at(b, e->grads, e->shard_off), e->shard_n);
     b->download(b->ctx, &h, acc, sizeof(float));
     double v = h;
-    if (e->hooks.allreduce_sum) e->hooks.allreduce_sum(e, e->hooks.user, &v, 1);
+    if (e->hooks.allreduce_sum && !e->shard_replicated)
+        e->hooks.allreduce_sum(e, e->hooks.user, &v, 1);
     return v;
 }
 
