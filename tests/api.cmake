@@ -24,3 +24,9 @@ endif()
 add_executable(bench_api ${CMAKE_CURRENT_LIST_DIR}/bench/bench_api.c)
 target_link_libraries(bench_api PRIVATE loom_api loom_common m)
 loom_warnings(bench_api)
+# The same comparison on the CUDA backend (bf16); skipped (77) without a GPU.
+if(LOOM_HAVE_CUDA AND TARGET test_planner_engine)
+    add_test(NAME gpu.api.planner_engine COMMAND test_planner_engine cuda)
+    set_tests_properties(gpu.api.planner_engine PROPERTIES LABELS gpu SKIP_RETURN_CODE 77
+                                                           TIMEOUT 120)
+endif()

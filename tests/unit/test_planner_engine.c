@@ -3,11 +3,17 @@
  * category, for several models, micro-batch shapes and ZeRO-1 shards (the
  * shard a dp rank keeps, set with engine_set_shard as the comm layer does).
  * Tolerance: +-10% per category (the issue's bar); the parameter and gradient
- * buffers must match exactly since both come from the same layout table. */
+ * buffers must match exactly since both come from the same layout table.
+ * With the argument "cuda" the same table runs on the CUDA backend (bf16;
+ * exits 77 when built without CUDA or no GPU is found). */
 #include "api/planner.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/model.h"
+
+#ifdef LOOM_HAVE_CUDA
+#include "worker/cuda/cuda_util.h"
+#endif
 
 #include <math.h>
 #include <stdio.h>
@@ -39,15 +45,25 @@ static int within(double est, double real, double tol) {
     return fabs(est - real) / real <= tol;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int cuda = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    if (cuda) {
+#ifdef LOOM_HAVE_CUDA
+        int rc = lcuda_probe();
+        if (rc) return rc;
+#else
+        fprintf(stderr, "no GPU: built without CUDA\n");
+        return 77;
+#endif
+    }
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const struct lcase *k = &cases[i];
         char text[512];
         snprintf(text, sizeof text,
                  "{\"model\":{\"family\":\"%s\",\"preset\":\"%s\",\"seq_len\":%d},"
-                 "\"parallel\":{\"dp\":%d,\"zero_stage\":%d},\"resources\":{\"device\":\"cpu\"},"
+                 "\"parallel\":{\"dp\":%d,\"zero_stage\":%d},\"resources\":{\"device\":\"%s\"},"
                  "\"train\":{\"micro_batch\":%d}}",
-                 k->family, k->preset, k->T, k->dp, k->zero, k->B);
+                 k->family, k->preset, k->T, k->dp, k->zero, cuda ? "cuda" : "cpu", k->B);
         struct loom_spec s;
         struct loom_error err;
         if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0) {
@@ -59,7 +75,11 @@ int main(void) {
         CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
 
         struct engine_place p = {0, k->dp, 0, 1, k->dp, 1};
-        struct backend *be = backend_cpu_new(1);
+        struct backend *be = NULL;
+#ifdef LOOM_HAVE_CUDA
+        if (cuda) be = backend_cuda_new(0);
+#endif
+        if (!cuda) be = backend_cpu_new(1);
         CHECK(be != NULL);
         if (!be) continue;
         struct engine *e = engine_new(&s.model, &p, be);
@@ -76,11 +96,11 @@ int main(void) {
         double est_sum = est.mem.params + est.mem.grads + est.mem.optimizer + est.mem.activations;
         double real_sum = (double)(r->params + r->grads + r->optimizer + r->activations);
         ok &= within(est_sum, real_sum, 0.10);
-        printf("%-5s %-4s B=%d T=%3d dp=%d zero=%d: params %zu/%.0f grads %zu/%.0f optimizer "
+        printf("%s %-5s %-4s B=%d T=%3d dp=%d zero=%d: params %zu/%.0f grads %zu/%.0f optimizer "
                "%zu/%.0f activations %zu/%.0f (real/estimate, bytes; total off by %+.2f%%)\n",
-               k->family, k->preset, k->B, k->T, k->dp, k->zero, r->params, est.mem.params,
-               r->grads, est.mem.grads, r->optimizer, est.mem.optimizer, r->activations,
-               est.mem.activations, 100 * (est_sum - real_sum) / real_sum);
+               cuda ? "cuda" : "cpu", k->family, k->preset, k->B, k->T, k->dp, k->zero, r->params,
+               est.mem.params, r->grads, est.mem.grads, r->optimizer, est.mem.optimizer,
+               r->activations, est.mem.activations, 100 * (est_sum - real_sum) / real_sum);
         CHECK(ok);
         model_free(m);
         engine_free(e);
