@@ -613,6 +613,23 @@ int planner_estimate(const struct loom_spec *s, const struct planner_cluster *ci
     return 0;
 }
 
+int planner_estimate_job(const struct loom_spec *s, const char *gpu, double gpu_mem_gib,
+                         struct planner_estimate *est, struct loom_error *e) {
+    struct planner_cluster c;
+    planner_cluster_default(&c);
+    int g = s->resources.gpus_per_node > 0 ? s->resources.gpus_per_node : 1;
+    int world = s->parallel.dp * s->parallel.tp * s->parallel.pp;
+    c.gpus_per_node = g;
+    c.nodes = (world + g - 1) / g;
+    if (gpu) snprintf(c.gpu, sizeof c.gpu, "%s", gpu);
+    if (gpu_mem_gib > 0) {
+        c.gpu_mem_gib = gpu_mem_gib;
+        if (gpu && !planner_gpu_find(gpu))
+            c.peak_tflops = s->resources.device == JOBSPEC_DEV_CPU ? 0.2 : 100; /* nominal */
+    }
+    return planner_estimate(s, &c, NULL, est, e);
+}
+
 /* ---- recommendation ---- */
 
 static double complexity(const struct planner_estimate *est) {

@@ -149,6 +149,15 @@ int planner_estimate(const struct loom_spec *s, const struct planner_cluster *c,
                      const struct planner_options *o, struct planner_estimate *out,
                      struct loom_error *e);
 
+/* The estimate a worker logs at start (next to engine.mem): the cluster is
+ * sized to the job (the spec's gpus_per_node, enough nodes for dp*tp*pp),
+ * the GPU named by `gpu` (NULL: "H100-80GB" on cuda, "cpu" on cpu) and, when
+ * gpu_mem_gib > 0, that much memory (e.g. from cudaMemGetInfo). Compare
+ * est->mem.{params,grads,optimizer,activations,comm} (bytes) with
+ * engine.mem. */
+int planner_estimate_job(const struct loom_spec *s, const char *gpu, double gpu_mem_gib,
+                         struct planner_estimate *est, struct loom_error *e);
+
 /* ---- recommendation ---- */
 
 struct planner_candidate {

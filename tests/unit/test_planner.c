@@ -315,6 +315,27 @@ static void test_consistency(void) {
     CHECK(a.mem.optimizer == 0 && a.mem.host_per_node > 50 * GIB && a.optimizer_s > 0.1);
 }
 
+/* ---- the worker's start-up estimate ---- */
+static void test_estimate_job(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate a;
+    struct loom_error e;
+    /* 64 ranks: the helper sizes the cluster to the job (8 nodes of 8) */
+    CHECK(load("{'model':{'family':'llama','preset':'70b'},'parallel':{'dp':8,'tp':8},"
+               "'train':{'micro_batch':1,'global_batch_tokens':32768}}",
+               NULL, &s, &c) == 0);
+    CHECK(planner_estimate_job(&s, NULL, 0, &a, &e) == 0 && a.world == 64 && a.nodes == 8);
+    CHECK(a.mem.gpu_bytes == 80 * GIB);
+    CHECK(planner_estimate_job(&s, "H200", 0, &a, &e) == 0 && a.mem.gpu_bytes == 141 * GIB);
+    CHECK(planner_estimate_job(&s, "MyGPU", 40, &a, &e) == 0 && a.mem.gpu_bytes == 40 * GIB);
+    CHECK(planner_estimate_job(&s, "MyGPU", 0, &a, &e) == -1 && strcmp(e.code, "UNKNOWN_GPU") == 0);
+    /* a cpu job gets the nominal cpu device */
+    CHECK(load("{'model':{'family':'gpt2','preset':'tiny'},'resources':{'device':'cpu'}}", NULL, &s,
+               &c) == 0);
+    CHECK(planner_estimate_job(&s, NULL, 0, &a, &e) == 0 && a.fits);
+}
+
 /* ---- submit-time fit check ---- */
 static void test_check_fit(void) {
     struct loom_spec s;
@@ -457,6 +478,7 @@ int main(void) {
     test_bands();
     test_comm_bound();
     test_consistency();
+    test_estimate_job();
     test_check_fit();
     test_plan_json();
     test_bad_inputs();
