@@ -79,6 +79,9 @@ int store_exec(struct store_tx *tx, const char *sql);
 
 /* Milliseconds since the Unix epoch. */
 int64_t store_now_ms(void);
+/* RFC 3339 UTC string ("2026-11-30T07:10:01.751Z") for ms, or JSON null
+ * when ms <= 0. New reference. */
+json_t *store_time_json(int64_t ms);
 /* Writes `prefix` + 12 random hex digits into out (size >= strlen(prefix)+13). */
 void store_new_id(const char *prefix, char *out, size_t outlen);
 /* Schema version after migrations (highest applied). */

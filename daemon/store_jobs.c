@@ -86,7 +86,7 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j) {
     j->finished_at = sqlite3_column_int64(st, 17);
 }
 
-static json_t *time_json(int64_t ms) {
+json_t *store_time_json(int64_t ms) {
     if (ms <= 0) return json_null();
     time_t sec = (time_t)(ms / 1000);
     struct tm tm;
@@ -120,10 +120,10 @@ json_t *store_job_to_json(const struct store_job *j) {
                         j->pending_reason ? json_string(j->pending_reason) : json_null());
     json_object_set_new(o, "placement", json_or(j->placement, json_null()));
     json_object_set_new(o, "out_dir", json_string(j->out_dir ? j->out_dir : ""));
-    json_object_set_new(o, "created_at", time_json(j->created_at));
-    json_object_set_new(o, "updated_at", time_json(j->updated_at));
-    json_object_set_new(o, "started_at", time_json(j->started_at));
-    json_object_set_new(o, "finished_at", time_json(j->finished_at));
+    json_object_set_new(o, "created_at", store_time_json(j->created_at));
+    json_object_set_new(o, "updated_at", store_time_json(j->updated_at));
+    json_object_set_new(o, "started_at", store_time_json(j->started_at));
+    json_object_set_new(o, "finished_at", store_time_json(j->finished_at));
     json_object_set_new(o, "spec", json_or(j->spec, json_object()));
     return o;
 }
@@ -407,7 +407,7 @@ int store_job_events(struct store_tx *tx, int64_t job_seq, json_t **out) {
         const unsigned char *from = sqlite3_column_text(st, 2);
         json_array_append_new(arr, json_pack("{s:I, s:o, s:o, s:s, s:i, s:s}", "id",
                                              (json_int_t)sqlite3_column_int64(st, 0), "at",
-                                             time_json(sqlite3_column_int64(st, 1)), "from",
+                                             store_time_json(sqlite3_column_int64(st, 1)), "from",
                                              from ? json_string((const char *)from) : json_null(),
                                              "to", (const char *)sqlite3_column_text(st, 3),
                                              "attempt", sqlite3_column_int(st, 4), "reason",

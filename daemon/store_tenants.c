@@ -33,10 +33,10 @@ int store_tenant_create(struct store_tx *tx, const char *name, const char *data_
 
 static json_t *tenant_row(sqlite3_stmt *st) {
     json_t *roots = json_loads(col_text(st, 2), 0, NULL);
-    return json_pack("{s:s, s:s, s:o, s:I, s:I}", "id", col_text(st, 0), "name", col_text(st, 1),
+    return json_pack("{s:s, s:s, s:o, s:I, s:o}", "id", col_text(st, 0), "name", col_text(st, 1),
                      "data_roots", roots ? roots : json_array(), "gpu_quota",
-                     (json_int_t)sqlite3_column_int64(st, 3), "created_at_ms",
-                     (json_int_t)sqlite3_column_int64(st, 4));
+                     (json_int_t)sqlite3_column_int64(st, 3), "created_at",
+                     store_time_json(sqlite3_column_int64(st, 4)));
 }
 
 int store_tenant_get(struct store_tx *tx, const char *id, json_t **out) {

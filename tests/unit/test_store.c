@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "daemon/store.h"
 
 static int failures;
@@ -406,6 +407,7 @@ static void test_job_json(void) {
 }
 
 int main(void) {
+    log_init("test_store", LOG_WARN);
     snprintf(dir, sizeof dir, "/tmp/loom-test-store-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_migrations();
