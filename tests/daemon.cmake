@@ -46,3 +46,10 @@ if(TARGET loom_daemon)
              COMMAND test_daemon_openapi ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
     set_tests_properties(unit.openapi_routes PROPERTIES LABELS "unit;sanitize")
 endif()
+if(TARGET loomd AND TARGET loomctl)
+    add_test(NAME integration.daemon_curl
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_curl.sh
+                     $<TARGET_FILE:loomd> $<TARGET_FILE:loomctl>)
+    set_tests_properties(integration.daemon_curl PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 60 SKIP_RETURN_CODE 77)
+endif()
