@@ -620,6 +620,15 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
     return 0;
 }
 
+/* Keep reals to 15 significant digits, so the canonical text is short
+ * ("0.0006", not "0.00059999999999999995") and parses back to the same
+ * double. */
+static double snap15(double v) {
+    char b[40];
+    snprintf(b, sizeof b, "%.15g", v);
+    return strtod(b, NULL);
+}
+
 int jobspec_parse(struct loom_spec *s, const json_t *j, unsigned flags, struct loom_error *e) {
     jobspec_init(s);
     if (!json_is_object(j))
@@ -641,6 +650,11 @@ int jobspec_parse(struct loom_spec *s, const json_t *j, unsigned flags, struct l
     if (!SEEN(S_NAME))
         snprintf(s->name, sizeof s->name, "%s-%s", model_family_name(s->model.family),
                  s->model.preset[0] ? s->model.preset : "custom");
+    double *reals[] = {&s->train.lr,        &s->train.min_lr,     &s->train.weight_decay,
+                       &s->train.grad_clip, &s->train.beta1,      &s->train.beta2,
+                       &s->train.eps,       &s->model.rope_theta, &s->model.norm_eps};
+    for (size_t i = 0; i < sizeof reals / sizeof *reals; i++)
+        *reals[i] = snap15(*reals[i]);
     return jobspec_validate(s, flags, e);
 }
 
@@ -700,7 +714,7 @@ json_t *jobspec_to_json(const struct loom_spec *s) {
 char *jobspec_dumps(const struct loom_spec *s) {
     json_t *j = jobspec_to_json(s);
     if (!j) return NULL;
-    char *out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    char *out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
     json_decref(j);
     return out;
 }

@@ -142,7 +142,9 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
 
 /* Canonical JSON (every field, model sizes explicit). New reference. */
 json_t *jobspec_to_json(const struct loom_spec *s);
-/* Canonical text: compact, keys sorted. Caller frees with free(). */
+/* Canonical text: compact, keys sorted, reals with 15 significant digits
+ * (the parser keeps reals to 15 digits, so this is exact). Caller frees with
+ * free(). */
 char *jobspec_dumps(const struct loom_spec *s);
 
 void jobspec_derive(const struct loom_spec *s, struct jobspec_derived *d);

@@ -6,6 +6,7 @@
 #include "api/jobspec.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,7 +277,10 @@ static void test_defaults_and_derived(void) {
     free(t);
     CHECK(strcmp(s.name, "gpt2-124m") == 0);
     CHECK(s.train.precision == JOBSPEC_PREC_BF16 && s.resources.device == JOBSPEC_DEV_CUDA);
-    CHECK(s.train.min_lr == s.train.lr / 10);
+    CHECK(fabs(s.train.min_lr - s.train.lr / 10) < 1e-18);
+    char *canon = jobspec_dumps(&s);
+    CHECK(canon && strstr(canon, "\"lr\":0.0006,") && strstr(canon, "\"min_lr\":6e-5,"));
+    free(canon);
     CHECK(s.train.global_batch_tokens == 4 * 1024);
     CHECK(s.model.seq_len == 1024 && s.model.padded_vocab == 50304);
     CHECK(s.parallel.dp == 1 && s.parallel.zero_stage == 0 && s.priority == 50);
