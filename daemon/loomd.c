@@ -1,5 +1,6 @@
 /* The loomd context: configuration table, start-up in dependency order
  * (data dir, store, auth, modules, HTTP) and the graceful stop in reverse. */
+#include "daemon/attempts.h"
 #include "daemon/loomd.h"
 
 #include <errno.h>
@@ -69,6 +70,8 @@ struct loomd_module {
 };
 static const struct loomd_module modules[] = {
     {"none", NULL, NULL}, /* keeps the table non-empty */
+    /* nodes, attempts, scheduler loop: daemon/attempts.h */
+    {"cluster", cluster_start, cluster_stop},
 };
 #define NMODULES (sizeof modules / sizeof *modules)
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "daemon/attempts.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -14,6 +15,8 @@
 /* Other modules: one row each, e.g. {sched_metrics_write}. */
 static const metrics_collector collectors[] = {
     NULL, /* keeps the table non-empty; skipped */
+    /* nodes, devices, queue wait, scheduling latency: daemon/nodes.c */
+    cluster_metrics_write,
 };
 
 static const int statuses[] = {200, 201, 202, 204, 400, 401, 403, 404, 405,

@@ -2,8 +2,13 @@
  * call it, body kind, handler). Other modules add their rows here and
  * declare their handlers in their own headers. api/openapi.yaml lists the
  * same set of paths (a test checks it). */
+#include "daemon/agent_api.h"
 #include "daemon/handlers.h"
 #include "daemon/http.h"
+#include "daemon/joblogs.h"
+#include "daemon/nodes.h"
+#include "daemon/rdzv.h"
+#include "daemon/usage.h"
 
 const struct http_route http_routes[] = {
     /* system */
@@ -24,5 +29,20 @@ const struct http_route http_routes[] = {
     {"POST", "/v1/jobs/{id}/cancel", HTTP_AUTH_TENANT, HTTP_BODY_JSON_OPT, api_jobs_cancel},
     {"GET", "/v1/jobs/{id}/events", HTTP_AUTH_TENANT, HTTP_BODY_NONE, api_jobs_events},
     {"POST", "/v1/plan", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_JSON, api_jobs_plan},
+    /* cluster: nodes, logs, metrics, usage, agents, rendezvous (docs/internals/agent.md) */
+    {"GET", "/v1/jobs/{id}/logs", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, joblogs_logs},
+    {"GET", "/v1/jobs/{id}/metrics", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, joblogs_metrics},
+    {"GET", "/v1/nodes", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodes_list},
+    {"GET", "/v1/nodes/{id}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodes_get},
+    {"POST", "/v1/nodes/{id}/drain", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_drain},
+    {"POST", "/v1/nodes/{id}/undrain", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_undrain},
+    {"GET", "/v1/usage", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, usage_get},
+    {"POST", "/v1/agent/register", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_register},
+    {"POST", "/v1/agent/heartbeat", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_heartbeat},
+    {"GET", "/v1/agent/assignments", HTTP_AUTH_JOIN, HTTP_BODY_NONE, agent_api_assignments},
+    {"POST", "/v1/agent/metrics", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_metrics},
+    {"POST", "/v1/agent/logs", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_logs},
+    {"PUT", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_JSON, rdzv_put},
+    {"GET", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, rdzv_get_key},
 };
 const size_t http_routes_count = sizeof http_routes / sizeof *http_routes;

@@ -1,0 +1,308 @@
+/* Agent protocol handlers: registration, heartbeats, the long-poll for the
+ * desired task set, metrics batches and log chunks. Every handler answers
+ * quickly except assignments, which waits on the cluster's `assign` notify. */
+#define _GNU_SOURCE
+#include "daemon/agent_api.h"
+
+#include "common/log.h"
+#include "daemon/attempts.h"
+#include "daemon/http.h"
+#include "daemon/loomd.h"
+#include "daemon/store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static int safe_name(const char *s) {
+    if (!s || !*s || strlen(s) > 63) return 0;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '-' || *p == '_' || *p == '.'))
+            return 0;
+    return strcmp(s, ".") && strcmp(s, "..");
+}
+
+void agent_api_log_path(const char *logs_dir, const char *job, int attempt, int rank,
+                        const char *stream, char *out, size_t len) {
+    snprintf(out, len, "%s/%s/%d.%d.%s.log", logs_dir, job, attempt, rank, stream);
+}
+
+struct node_row {
+    const char *name, *kind, *hostname;
+    char *devices;
+    int64_t now;
+};
+
+static int upsert_node(struct store_tx *tx, void *arg) {
+    struct node_row *r = arg;
+    sqlite3_stmt *st = store_stmt(
+        tx, "INSERT INTO nodes (name, kind, devices, hostname, registered_at, last_seen) VALUES "
+            "(?1, ?2, ?3, ?4, ?5, ?5) ON CONFLICT(name) DO UPDATE SET kind = ?2, devices = ?3, "
+            "hostname = ?4, last_seen = ?5");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, r->name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, r->kind, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, r->devices ? r->devices : "[]", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, r->hostname, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 5, r->now);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+    sqlite3_reset(st);
+    return rc;
+}
+
+static void record_tasks(struct cluster *c, int ni, json_t *tasks, int64_t now) {
+    struct cl_node *n = &c->nodes[ni];
+    json_decref(n->tasks);
+    n->tasks = json_is_array(tasks) ? json_incref(tasks) : json_array();
+    size_t i;
+    json_t *t;
+    json_array_foreach(n->tasks, i, t) cluster_task_report(c, ni, t, now);
+}
+
+int agent_api_register(struct http_req *req) {
+    struct cluster *c = req->ld->cluster;
+    const char *name = json_string_value(json_object_get(req->json, "node"));
+    const char *kind = json_string_value(json_object_get(req->json, "kind"));
+    const char *host = json_string_value(json_object_get(req->json, "hostname"));
+    json_t *devices = json_object_get(req->json, "devices");
+    if (!safe_name(name))
+        return http_error(req, 400, "BAD_NODE_NAME",
+                          "node name must be 1-63 characters of [A-Za-z0-9._-]");
+    if (!kind || (strcmp(kind, "cuda") && strcmp(kind, "cpu")))
+        return http_error(req, 400, "BAD_DEVICE_KIND", "kind must be \"cuda\" or \"cpu\"");
+    if (!json_is_array(devices) || json_array_size(devices) > 64)
+        return http_error(req, 400, "BAD_DEVICES", "devices must be an array of at most 64");
+    int64_t now = store_now_ms();
+    struct node_row row = {name, kind, host ? host : "", json_dumps(devices, JSON_COMPACT), now};
+    int rc = store_write(req->ld->store, upsert_node, &row);
+    free(row.devices);
+    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not record node");
+
+    pthread_mutex_lock(&c->mu);
+    int ni = cluster_node_find(c, name);
+    if (ni < 0 && c->nnodes < CL_MAX_NODES) {
+        ni = c->nnodes++;
+        memset(&c->nodes[ni], 0, sizeof c->nodes[ni]);
+        snprintf(c->nodes[ni].name, sizeof c->nodes[ni].name, "%s", name);
+        c->nodes[ni].registered_at = now;
+        c->nodes[ni].tasks = json_array();
+    }
+    if (ni < 0) {
+        pthread_mutex_unlock(&c->mu);
+        return http_error(req, 503, "TOO_MANY_NODES", "the cluster holds at most %d nodes",
+                          CL_MAX_NODES);
+    }
+    struct cl_node *n = &c->nodes[ni];
+    int was_lost = n->lost;
+    snprintf(n->kind, sizeof n->kind, "%s", kind);
+    snprintf(n->hostname, sizeof n->hostname, "%s", host ? host : "");
+    json_decref(n->devices);
+    n->devices = json_incref(devices);
+    n->ndev = (int)json_array_size(devices);
+    const char *model = json_string_value(json_object_get(json_array_get(devices, 0), "name"));
+    snprintf(n->gpu_model, sizeof n->gpu_model, "%s", model ? model : kind);
+    n->lost = 0;
+    n->seen = 1;
+    n->last_hb_ms = now;
+    record_tasks(c, ni, json_object_get(req->json, "tasks"), now);
+    cluster_changed(c);
+    char epoch[20];
+    snprintf(epoch, sizeof epoch, "%s", c->epoch);
+    pthread_mutex_unlock(&c->mu);
+    http_notify_signal(&c->assign);
+    cluster_kick(req->ld);
+    log_info("cluster: node %s registered (%s, %d device(s))%s", name, kind,
+             (int)json_array_size(devices), was_lost ? " after being lost" : "");
+    return http_reply_json(req, 200,
+                           json_pack("{s:s, s:I, s:s, s:I}", "node", name, "heartbeat_ms",
+                                     (json_int_t)req->ld->cfg.heartbeat * 1000, "epoch", epoch,
+                                     "node_timeout_ms",
+                                     (json_int_t)req->ld->cfg.node_timeout * 1000));
+}
+
+int agent_api_heartbeat(struct http_req *req) {
+    struct cluster *c = req->ld->cluster;
+    const char *name = json_string_value(json_object_get(req->json, "node"));
+    if (!name) return http_error(req, 400, "BAD_NODE_NAME", "node is required");
+    int64_t now = store_now_ms();
+    pthread_mutex_lock(&c->mu);
+    int ni = cluster_node_find(c, name);
+    if (ni < 0 || !c->nodes[ni].seen) {
+        pthread_mutex_unlock(&c->mu);
+        return http_error(req, 404, "UNKNOWN_NODE", "node %s is not registered", name);
+    }
+    struct cl_node *n = &c->nodes[ni];
+    if (n->lost) {
+        log_info("cluster: node %s is back", n->name);
+        n->lost = 0;
+        cluster_changed(c);
+    }
+    n->last_hb_ms = now;
+    json_t *devices = json_object_get(req->json, "devices");
+    if (json_is_array(devices)) {
+        json_decref(n->devices);
+        n->devices = json_incref(devices);
+    }
+    record_tasks(c, ni, json_object_get(req->json, "tasks"), now);
+    pthread_mutex_unlock(&c->mu);
+    cluster_kick(req->ld);
+    return http_reply_json(req, 200, json_pack("{s:b}", "ok", 1));
+}
+
+int agent_api_assignments(struct http_req *req) {
+    struct cluster *c = req->ld->cluster;
+    const char *name = http_query(req, "node");
+    const char *version = http_query(req, "version");
+    const char *w = http_query(req, "wait_ms");
+    long wait_ms = w ? strtol(w, NULL, 10) : 0;
+    long cap = req->ld->cfg.longpoll_timeout * 1000;
+    if (wait_ms < 0) wait_ms = 0;
+    if (wait_ms > cap) wait_ms = cap;
+    if (!name) return http_error(req, 400, "BAD_NODE_NAME", "node is required");
+    uint64_t gen = http_notify_gen(&c->assign);
+    char cur[64];
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        int ni = cluster_node_find(c, name);
+        if (ni < 0 || !c->nodes[ni].seen) {
+            pthread_mutex_unlock(&c->mu);
+            return http_error(req, 404, "UNKNOWN_NODE", "node %s is not registered", name);
+        }
+        cluster_version(c, cur, sizeof cur);
+        if (!version || strcmp(version, cur) || wait_ms <= 0) {
+            json_t *tasks = cluster_desired(c, ni);
+            pthread_mutex_unlock(&c->mu);
+            return http_reply_json(req, 200,
+                                   json_pack("{s:s, s:o}", "version", cur, "tasks", tasks));
+        }
+        pthread_mutex_unlock(&c->mu);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int r = http_wait(req->ld->http, &c->assign, &gen, (int)wait_ms);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        wait_ms -= (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+        if (r < 0) wait_ms = 0; /* shutting down: answer now */
+        if (r == 0) wait_ms = 0;
+    }
+}
+
+struct metric_rows {
+    json_t *items; /* borrowed */
+    int64_t now;
+};
+
+static int insert_metrics(struct store_tx *tx, void *arg) {
+    struct metric_rows *m = arg;
+    sqlite3_stmt *st = store_stmt(tx, "INSERT OR IGNORE INTO job_metrics (job_id, attempt, rank, "
+                                      "step, at, record) VALUES (?, ?, ?, ?, ?, ?)");
+    if (!st) return STORE_ERR;
+    size_t i;
+    json_t *it;
+    json_array_foreach(m->items, i, it) {
+        json_t *rec = json_object_get(it, "record");
+        const char *type = json_string_value(json_object_get(rec, "type"));
+        const char *job = json_string_value(json_object_get(it, "job"));
+        if (!job || !type || (strcmp(type, "step") && strcmp(type, "eval"))) continue;
+        char *text = json_dumps(rec, JSON_COMPACT);
+        if (!text) continue;
+        /* eval records share the step's key space shifted so they never collide */
+        json_int_t step = json_integer_value(json_object_get(rec, "step"));
+        if (!strcmp(type, "eval")) step = -1 - step;
+        sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, json_integer_value(json_object_get(it, "attempt")));
+        sqlite3_bind_int64(st, 3, json_integer_value(json_object_get(it, "rank")));
+        sqlite3_bind_int64(st, 4, step);
+        sqlite3_bind_int64(st, 5, m->now);
+        sqlite3_bind_text(st, 6, text, -1, SQLITE_TRANSIENT);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+        free(text);
+        if (rc != SQLITE_DONE) return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
+int agent_api_metrics(struct http_req *req) {
+    struct cluster *c = req->ld->cluster;
+    const char *name = json_string_value(json_object_get(req->json, "node"));
+    json_t *items = json_object_get(req->json, "items");
+    if (!json_is_array(items)) return http_error(req, 400, "BAD_METRICS", "items must be an array");
+    int64_t now = store_now_ms();
+    pthread_mutex_lock(&c->mu);
+    int ni = name ? cluster_node_find(c, name) : -1;
+    size_t i;
+    json_t *it;
+    json_array_foreach(items, i, it) {
+        json_t *rec = json_object_get(it, "record");
+        const char *type = json_string_value(json_object_get(rec, "type"));
+        const char *job = json_string_value(json_object_get(it, "job"));
+        if (!job || !type || strcmp(type, "step")) continue;
+        struct cl_attempt *a =
+            cluster_attempt_find(c, job, (int)json_integer_value(json_object_get(it, "attempt")));
+        int r = (int)json_integer_value(json_object_get(it, "rank"));
+        if (!a || r < 0 || r >= a->world) continue;
+        json_int_t step = json_integer_value(json_object_get(rec, "step"));
+        if (step > a->ranks[r].last_step) {
+            a->ranks[r].last_step = (long)step;
+            a->last_progress_ms = now;
+        }
+        /* Attach the device's utilization as seen by the agent right now. */
+        if (ni >= 0 && a->ranks[r].node == ni) {
+            json_t *dev = json_array_get(c->nodes[ni].devices, (size_t)a->ranks[r].device);
+            json_t *util = json_object_get(dev, "util_pct");
+            if (util) json_object_set(rec, "util_pct", util);
+        }
+        if (r == 0) {
+            json_decref(a->last_step);
+            a->last_step = json_incref(rec);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    struct metric_rows m = {items, now};
+    if (store_write(req->ld->store, insert_metrics, &m) != STORE_OK)
+        return http_error(req, 503, "STORE_UNAVAILABLE", "could not store metrics");
+    cluster_kick(req->ld);
+    return http_reply_json(req, 200, json_pack("{s:b}", "ok", 1));
+}
+
+int agent_api_logs(struct http_req *req) {
+    struct cluster *c = req->ld->cluster;
+    const char *job = json_string_value(json_object_get(req->json, "job"));
+    const char *stream = json_string_value(json_object_get(req->json, "stream"));
+    json_t *jdata = json_object_get(req->json, "data");
+    const char *data = json_string_value(jdata);
+    size_t len = json_string_length(jdata);
+    json_int_t attempt = json_integer_value(json_object_get(req->json, "attempt"));
+    json_int_t rank = json_integer_value(json_object_get(req->json, "rank"));
+    json_int_t offset = json_integer_value(json_object_get(req->json, "offset"));
+    if (!safe_name(job) || !stream || (strcmp(stream, "stdout") && strcmp(stream, "stderr")) ||
+        !data || attempt < 0 || rank < 0 || offset < 0)
+        return http_error(req, 400, "BAD_LOG_CHUNK",
+                          "need job, attempt, rank, stream (stdout|stderr), offset and data");
+    char dir[1200], path[1400];
+    snprintf(dir, sizeof dir, "%s/%s", c->logs_dir, job);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return http_error(req, 500, "LOG_WRITE_FAILED", "cannot create the job's log folder");
+    agent_api_log_path(c->logs_dir, job, (int)attempt, (int)rank, stream, path, sizeof path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return http_error(req, 500, "LOG_WRITE_FAILED", "cannot open the log file");
+    struct stat st;
+    fstat(fd, &st);
+    json_int_t size = st.st_size;
+    /* Idempotent append: only the bytes beyond what we already hold. */
+    if (offset <= size && offset + (json_int_t)len > size) {
+        size_t skip = (size_t)(size - offset);
+        ssize_t w = write(fd, data + skip, len - skip);
+        if (w > 0) size += w;
+    }
+    close(fd);
+    http_notify_signal(&c->logs);
+    return http_reply_json(req, 200, json_pack("{s:I}", "size", size));
+}

@@ -1,0 +1,137 @@
+/* The cluster module of loomd: nodes, attempts and the scheduler loop.
+ *
+ * State lives in memory under one mutex (struct cluster, reached through
+ * ld->cluster) and is mirrored in the store (tables nodes, attempts; see
+ * schema/020_cluster.sql) so that a restarted loomd rebuilds it: running
+ * attempts continue, agents re-register, nothing is started twice.
+ *
+ * An attempt is one try of a job: a placement (node + device per rank), an
+ * attempt-scoped rendezvous token, and per-rank states reported by the agents.
+ * The scheduler loop (one thread) is the only place that changes job states
+ * for scheduling and failures: it places queued jobs (sched_place), turns
+ * starting into running when every rank runs, fails an attempt when a rank
+ * exits non-zero, its node is lost or it makes no step progress for the hang
+ * timeout, retries (queued, attempt + 1) until max_retries, finishes
+ * succeeded / cancelled jobs, and writes usage rows when an attempt's ranks
+ * have all stopped. HTTP handlers only record reports and wake the loop.
+ *
+ * Agents learn their work as a desired task set per node (long-poll on
+ * `assign`): a rank is in the set while its attempt is active and the rank has
+ * not exited; removal is the kill signal. See docs/internals/agent.md. */
+#ifndef LOOM_DAEMON_ATTEMPTS_H
+#define LOOM_DAEMON_ATTEMPTS_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "daemon/http.h"
+
+struct loomd;
+
+#define CL_MAX_NODES 256
+
+enum rank_state { RANK_PENDING = 0, RANK_RUNNING = 1, RANK_EXITED = 2 };
+
+struct cl_rank {
+    int node;       /* index into cluster.nodes */
+    int device;     /* device index on the node */
+    int local_rank; /* index among the attempt's ranks on that node */
+    enum rank_state state;
+    int exit_code;
+    char reason[160];
+    long last_step;
+    int released; /* its device is free again (stopped, exited or node lost) */
+};
+
+enum attempt_phase { ATTEMPT_ACTIVE = 0, ATTEMPT_STOPPING = 1 };
+
+struct cl_attempt {
+    char job_id[24];
+    char tenant_id[24];
+    int attempt;
+    int world;
+    char token[72];
+    char *spec;    /* canonical spec JSON text (owned) */
+    char *out_dir; /* owned */
+    enum attempt_phase phase;
+    int outcome; /* job state to reach when stopping ends (enum job_state), -1: none */
+    int running; /* job moved to running */
+    int64_t started_ms, stop_ms, last_progress_ms, running_ms;
+    char stop_reason[256];
+    struct cl_rank *ranks; /* world entries */
+    json_t *rdzv;          /* key -> value (rendezvous) */
+    json_t *last_step;     /* rank 0's latest step record (for /metrics) */
+    struct cl_attempt *next;
+};
+
+struct cl_node {
+    char name[64];
+    char kind[8];
+    char hostname[128];
+    char gpu_model[96];
+    int ndev;
+    json_t *devices; /* latest telemetry array */
+    json_t *tasks;   /* latest reported task array */
+    int drained;
+    int lost;
+    int seen;           /* registered or heard from since loomd started */
+    int64_t last_hb_ms; /* wall ms of the last register/heartbeat */
+    int64_t registered_at;
+};
+
+/* Histogram with fixed buckets (seconds), for /metrics. */
+#define CL_HIST_BUCKETS 12
+struct cl_hist {
+    uint64_t counts[CL_HIST_BUCKETS + 1];
+    double sum;
+    uint64_t n;
+};
+
+struct cluster {
+    struct loomd *ld;
+    pthread_mutex_t mu;
+    struct http_notify assign; /* desired task sets changed */
+    struct http_notify rdzv;   /* a rendezvous key was written */
+    struct http_notify logs;   /* log bytes arrived */
+    struct http_notify wake;   /* wake the scheduler loop */
+    char epoch[20];            /* random per loomd process: versions never repeat */
+    uint64_t gen;              /* bumped whenever any desired set changes */
+    struct cl_node nodes[CL_MAX_NODES];
+    int nnodes;
+    struct cl_attempt *attempts;
+    pthread_t loop;
+    int loop_started;
+    volatile int stopping;
+    char logs_dir[1024];
+    struct cl_hist queue_wait; /* submit -> placed, seconds */
+    struct cl_hist sched_lat;  /* one scheduling pass, seconds */
+    struct cl_hist start_lat;  /* placed -> all ranks running, seconds */
+};
+
+/* Module hooks (one row in loomd.c's module table). */
+int cluster_start(struct loomd *ld);
+void cluster_stop(struct loomd *ld);
+
+/* Wake the scheduler loop (after a submit, cancel or report). Any thread. */
+void cluster_kick(struct loomd *ld);
+
+/* Helpers for the other cluster files; caller holds c->mu. */
+int cluster_node_find(struct cluster *c, const char *name); /* index or -1 */
+struct cl_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt);
+/* Bumps the desired-set generation; caller signals c->assign after unlocking. */
+void cluster_changed(struct cluster *c);
+/* Records one task object reported by node `ni` (heartbeat/register). */
+void cluster_task_report(struct cluster *c, int ni, json_t *task, int64_t now_ms);
+/* Desired task set of node `ni` as a JSON array (caller owns). */
+json_t *cluster_desired(struct cluster *c, int ni);
+/* Version string of the desired sets ("EPOCH:GEN") into buf. */
+void cluster_version(struct cluster *c, char *buf, size_t len);
+
+/* Prometheus families (nodes by state, devices free/used, per-device
+ * utilization and memory, queue wait and scheduling latency, per-job
+ * tokens/s and MFU). Row in metrics.c's collector table. */
+void cluster_metrics_write(struct loomd *ld, FILE *f);
+
+#endif

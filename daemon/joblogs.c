@@ -1,0 +1,205 @@
+/* Job logs (files under <data-dir>/logs written by agent_api_logs) and the
+ * step-metrics series (table job_metrics). See joblogs.h. */
+#include "daemon/joblogs.h"
+
+#include "daemon/agent_api.h"
+#include "daemon/attempts.h"
+#include "daemon/http.h"
+#include "daemon/loomd.h"
+#include "daemon/store.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOG_MAX_REPLY (8L * 1024 * 1024)
+
+struct job_lookup {
+    const char *tenant; /* NULL for admin */
+    const char *id;
+    int found, attempt;
+    enum job_state state;
+};
+
+static int lookup_job(struct store_tx *tx, void *arg) {
+    struct job_lookup *l = arg;
+    struct store_job j;
+    memset(&j, 0, sizeof j);
+    int rc = store_job_get(tx, l->tenant, l->id, &j);
+    if (rc == STORE_OK) {
+        l->found = 1;
+        l->attempt = j.attempt;
+        l->state = j.state;
+    }
+    store_job_clear(&j);
+    return rc == STORE_NOT_FOUND ? STORE_OK : rc;
+}
+
+static int find_job(struct http_req *req, struct job_lookup *l) {
+    l->tenant = req->is_admin ? NULL : req->tenant_id;
+    l->id = http_param(req, "id");
+    if (!l->id) return http_error(req, 404, "JOB_NOT_FOUND", "no job id"), -1;
+    if (store_read(req->ld->store, lookup_job, l) != STORE_OK)
+        return http_error(req, 503, "STORE_UNAVAILABLE", "could not read the job"), -1;
+    if (!l->found) return http_error(req, 404, "JOB_NOT_FOUND", "no job %s", l->id), -1;
+    return 0;
+}
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct follow {
+    struct loomd *ld;
+    char path[1400];
+    char job[64];
+    int attempt;
+    off_t off;
+    int64_t gone_since;
+    uint64_t gen;
+};
+
+static int attempt_active(struct cluster *c, const char *job, int attempt) {
+    pthread_mutex_lock(&c->mu);
+    struct cl_attempt *a = cluster_attempt_find(c, job, attempt);
+    int on = a != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return on;
+}
+
+static ssize_t follow_read(void *ctx, char *buf, size_t max) {
+    struct follow *f = ctx;
+    struct cluster *c = f->ld->cluster;
+    for (int tries = 0; tries < 2; tries++) {
+        int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = pread(fd, buf, max, f->off);
+            close(fd);
+            if (n > 0) {
+                f->off += n;
+                f->gone_since = 0;
+                return n;
+            }
+        }
+        if (http_stopping(f->ld->http)) return -1;
+        if (!attempt_active(c, f->job, f->attempt)) {
+            int64_t now = mono_ms();
+            if (!f->gone_since) f->gone_since = now;
+            /* Agents ship the last bytes shortly after the exit report. */
+            if (now - f->gone_since > 2500) return -1;
+        }
+        http_wait(f->ld->http, &c->logs, &f->gen, 500);
+    }
+    return 0;
+}
+
+static void follow_free(void *ctx) {
+    free(ctx);
+}
+
+int joblogs_logs(struct http_req *req) {
+    struct job_lookup l = {0};
+    if (find_job(req, &l) != 0) return 0;
+    const char *rs = http_query(req, "rank"), *as = http_query(req, "attempt");
+    const char *stream = http_query(req, "stream"), *fl = http_query(req, "follow");
+    int rank = rs ? atoi(rs) : 0;
+    if (!stream) stream = "stderr";
+    if (strcmp(stream, "stderr") && strcmp(stream, "stdout"))
+        return http_error(req, 400, "BAD_STREAM", "stream=%s; use stderr or stdout", stream);
+    if (rank < 0) return http_error(req, 400, "BAD_RANK", "rank=%d", rank);
+    struct cluster *c = req->ld->cluster;
+    char path[1400];
+    int attempt = as ? atoi(as) : l.attempt;
+    struct stat st;
+    agent_api_log_path(c->logs_dir, l.id, attempt, rank, stream, path, sizeof path);
+    if (!as) {
+        /* The newest attempt that wrote logs (a queued retry has none yet). */
+        while (attempt > 0 && stat(path, &st) != 0) {
+            attempt--;
+            agent_api_log_path(c->logs_dir, l.id, attempt, rank, stream, path, sizeof path);
+        }
+    }
+    int follow = fl && (!strcmp(fl, "1") || !strcmp(fl, "true"));
+    char hdr[32];
+    snprintf(hdr, sizeof hdr, "%d", attempt);
+    http_add_header(req, "X-Loom-Attempt", hdr);
+    if (follow) {
+        struct follow *f = calloc(1, sizeof *f);
+        if (!f) return http_error(req, 500, "OUT_OF_MEMORY", "cannot follow");
+        f->ld = req->ld;
+        snprintf(f->path, sizeof f->path, "%s", path);
+        snprintf(f->job, sizeof f->job, "%s", l.id);
+        f->attempt = attempt;
+        f->gen = http_notify_gen(&c->logs);
+        return http_reply_stream(req, 200, "text/plain; charset=utf-8", follow_read, f,
+                                 follow_free);
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return http_reply_text(req, 200, "text/plain; charset=utf-8", "", 0);
+    fstat(fd, &st);
+    off_t start = st.st_size > LOG_MAX_REPLY ? st.st_size - LOG_MAX_REPLY : 0;
+    size_t len = (size_t)(st.st_size - start);
+    char *buf = malloc(len + 1);
+    ssize_t n = buf ? pread(fd, buf, len, start) : -1;
+    close(fd);
+    if (n < 0) {
+        free(buf);
+        return http_error(req, 500, "LOG_READ_FAILED", "cannot read the log");
+    }
+    int rc = http_reply_text(req, 200, "text/plain; charset=utf-8", buf, (size_t)n);
+    free(buf);
+    return rc;
+}
+
+struct series_q {
+    const char *job;
+    int rank;
+    json_t *series, *evals;
+};
+
+static int series_read(struct store_tx *tx, void *arg) {
+    struct series_q *q = arg;
+    sqlite3_stmt *st = store_stmt(tx, "SELECT attempt, step, record FROM job_metrics WHERE "
+                                      "job_id = ? AND rank = ? ORDER BY step, attempt");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, q->job, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, q->rank);
+    int rc;
+    json_int_t last_step = INT64_MIN;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        json_t *rec = json_loads((const char *)sqlite3_column_text(st, 2), 0, NULL);
+        if (!rec) continue;
+        json_int_t step = sqlite3_column_int64(st, 1);
+        json_object_set_new(rec, "attempt", json_integer(sqlite3_column_int(st, 0)));
+        json_object_del(rec, "type");
+        json_t *arr = step < 0 ? q->evals : q->series;
+        if (step >= 0 && step == last_step && json_array_size(arr) > 0)
+            json_array_set_new(arr, json_array_size(arr) - 1, rec); /* newer attempt wins */
+        else
+            json_array_append_new(arr, rec);
+        last_step = step;
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+int joblogs_metrics(struct http_req *req) {
+    struct job_lookup l = {0};
+    if (find_job(req, &l) != 0) return 0;
+    const char *rs = http_query(req, "rank");
+    struct series_q q = {l.id, rs ? atoi(rs) : 0, json_array(), json_array()};
+    if (store_read(req->ld->store, series_read, &q) != STORE_OK) {
+        json_decref(q.series);
+        json_decref(q.evals);
+        return http_error(req, 503, "STORE_UNAVAILABLE", "could not read metrics");
+    }
+    return http_reply_json(req, 200,
+                           json_pack("{s:s, s:i, s:o, s:o}", "job", l.id, "rank", q.rank, "series",
+                                     q.series, "evals", q.evals));
+}

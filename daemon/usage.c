@@ -1,0 +1,109 @@
+/* Usage ledger queries (see usage.h). The GROUP BY column comes from a fixed
+ * table, never from the request text. */
+#define _GNU_SOURCE
+#include "daemon/usage.h"
+
+#include "daemon/http.h"
+#include "daemon/loomd.h"
+#include "daemon/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int usage_parse_time(const char *s, int64_t *ms) {
+    if (!s || !*s) return -1;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (end && !*end) {
+        *ms = v;
+        return 0;
+    }
+    struct tm tm;
+    memset(&tm, 0, sizeof tm);
+    const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (!p) {
+        memset(&tm, 0, sizeof tm);
+        p = strptime(s, "%Y-%m-%d", &tm);
+    }
+    if (!p || (*p && strcmp(p, "Z") && strcmp(p, "+00:00"))) return -1;
+    *ms = (int64_t)timegm(&tm) * 1000;
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    const char *expr;
+} groups[] = {
+    {"tenant", "tenant_id"},
+    {"job", "job_id"},
+    {"month", "strftime('%Y-%m', start_ms / 1000, 'unixepoch')"},
+    {"node", "node"},
+    {"gpu_model", "gpu_model"},
+};
+
+struct usage_q {
+    const char *expr;
+    const char *tenant; /* NULL: all */
+    int64_t from, to;
+    json_t *rows;
+    double gpu_seconds, cost;
+};
+
+static int usage_read(struct store_tx *tx, void *arg) {
+    struct usage_q *q = arg;
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT %s AS k, SUM(gpu_seconds), SUM(cost), COUNT(*), MIN(tenant_id) FROM usage "
+             "WHERE start_ms >= ?1 AND start_ms < ?2 AND (?3 IS NULL OR tenant_id = ?3) "
+             "GROUP BY k ORDER BY k",
+             q->expr);
+    sqlite3_stmt *st = store_stmt(tx, sql);
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, q->from);
+    sqlite3_bind_int64(st, 2, q->to);
+    if (q->tenant) sqlite3_bind_text(st, 3, q->tenant, -1, SQLITE_STATIC);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        double secs = sqlite3_column_double(st, 1), cost = sqlite3_column_double(st, 2);
+        json_array_append_new(q->rows, json_pack("{s:s, s:f, s:f, s:f, s:i}", "key",
+                                                 (const char *)sqlite3_column_text(st, 0),
+                                                 "gpu_seconds", secs, "gpu_hours", secs / 3600.0,
+                                                 "cost", cost, "rows", sqlite3_column_int(st, 3)));
+        q->gpu_seconds += secs;
+        q->cost += cost;
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+int usage_get(struct http_req *req) {
+    const char *from = http_query(req, "from"), *to = http_query(req, "to");
+    const char *group = http_query(req, "group_by");
+    struct usage_q q = {0};
+    q.from = 0;
+    q.to = INT64_MAX;
+    if (from && usage_parse_time(from, &q.from) != 0)
+        return http_error(req, 400, "BAD_TIME", "from=%s is not RFC 3339, YYYY-MM-DD or ms", from);
+    if (to && usage_parse_time(to, &q.to) != 0)
+        return http_error(req, 400, "BAD_TIME", "to=%s is not RFC 3339, YYYY-MM-DD or ms", to);
+    if (!group) group = "tenant";
+    for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
+        if (!strcmp(groups[i].name, group)) q.expr = groups[i].expr;
+    if (!q.expr)
+        return http_error(req, 400, "BAD_GROUP_BY",
+                          "group_by=%s; use tenant, job, month, node or gpu_model", group);
+    q.tenant = req->is_admin ? http_query(req, "tenant") : req->tenant_id;
+    q.rows = json_array();
+    if (store_read(req->ld->store, usage_read, &q) != STORE_OK) {
+        json_decref(q.rows);
+        return http_error(req, 503, "STORE_UNAVAILABLE", "could not read the usage ledger");
+    }
+    json_t *reply =
+        json_pack("{s:s, s:f, s:o, s:{s:f, s:f, s:f}}", "group_by", group, "price_per_gpu_hour",
+                  req->ld->cfg.price_gpu_hour, "rows", q.rows, "total", "gpu_seconds",
+                  q.gpu_seconds, "gpu_hours", q.gpu_seconds / 3600.0, "cost", q.cost);
+    if (q.tenant) json_object_set_new(reply, "tenant", json_string(q.tenant));
+    return http_reply_json(req, 200, reply);
+}
