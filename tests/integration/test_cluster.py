@@ -239,7 +239,24 @@ def sc_happy(c):
     started = time.time() - t0
     nodes = sorted(set(p["node"] for p in j["placement"]))
     check(nodes == ["node-1", "node-2"], "4 ranks on two 2-device nodes: %s" % j["placement"])
+    # loomctl logs -f streams while the job runs and ends after it finished
+    env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
+    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", jid, "--rank", "3", "-f"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     c.wait_state(jid, "succeeded", 20)
+    try:
+        fout, ferr = follower.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        raise Fail("loomctl logs -f did not end after the job finished")
+    check(follower.returncode == 0 and b"step 10 loss" in fout and b"done" in fout,
+          "logs -f output: rc %s, %r %r" % (follower.returncode, fout[-200:], ferr))
+    for args, want in ((["nodes"], "node-2"), (["metrics", jid], "10"),
+                       (["usage", "--group-by", "job"], jid)):
+        r = subprocess.run([os.path.join(BIN, "loomctl")] + args, env=env, capture_output=True,
+                           timeout=10)
+        check(r.returncode == 0 and want in r.stdout.decode(),
+              "loomctl %s: %s %s" % (args, r.stdout.decode(), r.stderr.decode()))
     ws = c.workers(jid)
     check(sorted(w[3] for w in ws) == [0, 1, 2, 3], "one worker per rank: %s" % ws)
     c.wait(lambda: not c.alive_workers(jid), 5, "workers gone")

@@ -1,0 +1,47 @@
+/* loomctl usage: GPU-hours and cost from GET /v1/usage. */
+#include "api/cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int cmd_usage(struct cli *cli, int argc, char **argv) {
+    char q[1024] = "", enc[256];
+    size_t n = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *opt = argv[i];
+        if (i + 1 >= argc || (strcmp(opt, "--from") && strcmp(opt, "--to") &&
+                              strcmp(opt, "--group-by") && strcmp(opt, "--tenant"))) {
+            fprintf(stderr, "usage: loomctl usage [--from T] [--to T] "
+                            "[--group-by tenant|job|month|node|gpu_model] [--tenant ID]\n");
+            return 2;
+        }
+        cli_urlencode(argv[++i], enc, sizeof enc);
+        n += (size_t)snprintf(q + n, sizeof q - n, "%s%s=%s", n ? "&" : "?",
+                              !strcmp(opt, "--group-by") ? "group_by" : opt + 2, enc);
+    }
+    char path[1200];
+    snprintf(path, sizeof path, "/v1/usage%s", q);
+    json_t *out = NULL;
+    if (cli_call(cli, "GET", path, NULL, &out)) return 1;
+    if (cli->json) {
+        cli_print_json(out);
+        json_decref(out);
+        return 0;
+    }
+    printf("%-24s %12s %12s %6s\n", cli_str(out, "group_by"), "GPU-HOURS", "COST", "ROWS");
+    size_t i;
+    json_t *r;
+    json_array_foreach(json_object_get(out, "rows"), i, r) {
+        printf("%-24s %12.4f %12.4f %6lld\n", cli_str(r, "key"),
+               json_number_value(json_object_get(r, "gpu_hours")),
+               json_number_value(json_object_get(r, "cost")),
+               (long long)json_integer_value(json_object_get(r, "rows")));
+    }
+    json_t *t = json_object_get(out, "total");
+    printf("%-24s %12.4f %12.4f   (price %.2f per GPU-hour)\n", "total",
+           json_number_value(json_object_get(t, "gpu_hours")),
+           json_number_value(json_object_get(t, "cost")),
+           json_number_value(json_object_get(out, "price_per_gpu_hour")));
+    json_decref(out);
+    return 0;
+}
