@@ -706,7 +706,8 @@ int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c
                 continue;
             if (!facts[tp].tp) tp_facts_init(&facts[tp], mc, tp);
             if (!facts[tp].ok) continue;
-            for (int pp = 1; pp <= w / tp; pp++) {
+            /* pp runs over the divisors of n_layer (<= 1024), not of the GPU count */
+            for (int pp = 1; pp <= mc->n_layer && pp <= w / tp; pp++) {
                 if ((w / tp) % pp || mc->n_layer % pp) continue;
                 int dp = w / tp / pp;
                 for (int z = 0; z <= 3; z++) {
