@@ -15,6 +15,20 @@ if(TARGET loom_engine)
                              SKIP_RETURN_CODE 77)
     endforeach()
 
+    # DP/ZeRO equivalence of the real loom-worker (--nproc) against the
+    # single-process run; memory formulas; reshard and bit-exact resume.
+    if(TARGET loom-worker)
+        add_executable(test_dp_equiv ${CMAKE_CURRENT_LIST_DIR}/integration/test_dp_equiv.c)
+        target_link_libraries(test_dp_equiv PRIVATE loom_engine PkgConfig::JANSSON m)
+        loom_warnings(test_dp_equiv)
+        foreach(part dp2 dp4 reshard)
+            add_test(NAME integration.comm.dp_${part}
+                     COMMAND test_dp_equiv $<TARGET_FILE:loom-worker> ${part})
+            set_tests_properties(integration.comm.dp_${part} PROPERTIES LABELS integration
+                                 TIMEOUT 300 SKIP_RETURN_CODE 77)
+        endforeach()
+    endif()
+
     # The all-reduce benchmark (docs/perf.md); its smoke run checks results.
     add_executable(bench_allreduce ${CMAKE_CURRENT_LIST_DIR}/bench/bench_allreduce.c)
     target_link_libraries(bench_allreduce PRIVATE loom_engine)

@@ -29,8 +29,10 @@
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/data.h"
+#include "worker/launch.h"
 #include "worker/safetensors.h"
 #include "worker/train.h"
+#include "worker/zero.h"
 
 static volatile sig_atomic_t g_stop;
 
@@ -133,6 +135,7 @@ struct worker {
     struct engine *e;
     struct model *m;
     struct data_loader *train_dl, *val_dl;
+    struct zero *z; /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
     char ckpt_path[1024];
     char err[1024];
 };
@@ -160,7 +163,8 @@ static int save_checkpoint(void *user, int64_t done) {
     struct ckpt_opts co = {.out_dir = w->o.out,
                            .rank = e->rank,
                            .world = e->world,
-                           .barrier = barrier_none,
+                           .barrier = w->z ? zero_barrier : barrier_none,
+                           .barrier_ctx = w->z,
                            .keep = w->spec.checkpoint.keep};
     if (ckpt_begin(&co, done, &cw, w->err, sizeof w->err) != 0) goto out;
     if (ckpt_add_f32(cw, "params", master, n) != 0 || ckpt_add_f32(cw, "adam_m", mom_m, n) != 0 ||
@@ -193,36 +197,25 @@ out:
 }
 
 /* Load the newest complete checkpoint; returns the step to start at (0 when
- * none), or -1 on failure (message in w->err). */
+ * none), or -1 on failure (message in w->err). Any world size and ZeRO stage
+ * may have written it: zero_load_checkpoint reshards (worker/zero.h). */
 static int64_t resume(struct worker *w) {
     struct engine *e = w->e;
     char path[1024];
     int64_t step = 0;
-    int found = ckpt_find_latest(w->o.out, e->world, path, sizeof path, &step);
+    int found = ckpt_find_latest(w->o.out, 0, path, sizeof path, &step);
     if (found <= 0) return found < 0 ? -1 : 0;
     struct ckpt_reader *r = NULL;
-    size_t n = e->shard_n;
-    float *master = malloc((n ? n : 1) * sizeof(float));
-    int64_t ret = -1;
-    if (!master || ckpt_open(path, e->rank, &r, w->err, sizeof w->err) != 0) goto out;
+    if (ckpt_open(path, 0, &r, w->err, sizeof w->err) != 0) return -1;
     const json_t *data = json_object_get(ckpt_manifest(r), "data");
     struct data_position pos;
     if (data && data_position_from_json(data, &pos, w->err, sizeof w->err) == 0 &&
         data_loader_check_position(w->train_dl, &pos, w->err, sizeof w->err) != 0)
         log_warn("resuming from %s although the data changed: %s", path, w->err);
-    struct backend *b = e->be;
-    if (ckpt_read_f32(r, "params", master, n, w->err, sizeof w->err) != 0) goto out;
-    if (engine_params_from_host(e, e->shard_off, master, n) != 0) goto out;
-    if (ckpt_read_f32(r, "adam_m", master, n, w->err, sizeof w->err) != 0) goto out;
-    b->upload(b->ctx, e->opt_m, master, n * sizeof(float));
-    if (ckpt_read_f32(r, "adam_v", master, n, w->err, sizeof w->err) != 0) goto out;
-    b->upload(b->ctx, e->opt_v, master, n * sizeof(float));
-    log_info("resumed from %s (step %lld)", path, (long long)step);
-    ret = step;
-out:
     ckpt_close(r);
-    free(master);
-    return ret;
+    if (zero_load_checkpoint(e, path, w->err, sizeof w->err) != 0) return -1;
+    log_info("resumed from %s (step %lld)", path, (long long)step);
+    return step;
 }
 
 /* ---- main ---- */
@@ -263,12 +256,8 @@ static int run(struct worker *w) {
         report_error("WORLD_MISMATCH", w->err);
         return 2;
     }
-    if (o->nproc > 1 || o->world > 1) {
-        report_error("UNSUPPORTED",
-                     "world > 1 needs the comm layer, which this build of the engine does not "
-                     "wire in yet");
-        return 2;
-    }
+    if (s->parallel.zero_stage > 0 && s->parallel.dp == 1)
+        log_info("zero_stage %d with dp=1: nothing to shard", s->parallel.zero_stage);
 
     struct backend *be = NULL;
     if (strcmp(device, "cuda") == 0) {
@@ -334,6 +323,22 @@ static int run(struct worker *w) {
         return 2;
     }
     if (model_init_params(w->m, s->train.seed) != 0) return 1;
+    if (o->world > 1) {
+        struct zero_setup_opts zo = {.rank = (int)o->rank,
+                                     .world = (int)o->world,
+                                     .tp = s->parallel.tp,
+                                     .dp = s->parallel.dp,
+                                     .pp = s->parallel.pp,
+                                     .zero_stage = s->parallel.zero_stage,
+                                     .device = device,
+                                     .rdzv = o->rdzv,
+                                     .token = getenv("LOOM_RDZV_TOKEN")};
+        w->z = zero_setup(w->e, &zo, w->err, sizeof w->err);
+        if (!w->z) {
+            report_error("COMM_FAILED", w->err);
+            return 1;
+        }
+    }
     int64_t start = resume(w);
     if (start < 0) {
         report_error("CHECKPOINT_INVALID", w->err);
@@ -400,19 +405,28 @@ static int run(struct worker *w) {
         report_error("TRAIN_FAILED", w->err);
         return 1;
     }
-    if (rc == 0 && o->export_path && w->e->rank == 0) {
+    if (rc == 0 && o->export_path && (w->e->rank == 0 || w->z)) {
         size_t n = w->e->n_params;
         float *h = malloc(n * sizeof *h);
         if (!h) return 1;
-        w->e->be->download(w->e->be->ctx, h, w->e->master, n * sizeof(float));
-        int erc = st_export_model(o->export_path, &s->model, &w->e->layout, h, ST_F32, NULL, w->err,
-                                  sizeof w->err);
+        if (w->z) { /* every rank takes part in gathering the shards */
+            if (zero_gather_master(w->z, h) != 0) {
+                free(h);
+                report_error("EXPORT_FAILED", "gathering the weights failed");
+                return 1;
+            }
+        } else {
+            w->e->be->download(w->e->be->ctx, h, w->e->master, n * sizeof(float));
+        }
+        int erc = w->e->rank != 0 ? 0
+                                  : st_export_model(o->export_path, &s->model, &w->e->layout, h,
+                                                    ST_F32, NULL, w->err, sizeof w->err);
         free(h);
         if (erc != 0) {
             report_error("EXPORT_FAILED", w->err);
             return 1;
         }
-        log_info("exported the model to %s", o->export_path);
+        if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
     }
     int64_t done = start < end ? last.step : start;
     double tokens = (double)(end > start ? end - start : 0) * (double)to.global_batch_tokens;
@@ -447,7 +461,13 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
+    if (w.o.nproc > 1) { /* local launcher: N ranks of this command (worker/launch.h) */
+        rc = launch_local(argc, argv, (int)w.o.nproc);
+        config_free(table, NTABLE, &w.o);
+        return rc;
+    }
     rc = run(&w);
+    zero_free(w.z);
     model_free(w.m);
     engine_free(w.e);
     data_loader_free(w.train_dl);

@@ -1,0 +1,100 @@
+/* Data parallelism and ZeRO stages 0-3 for the engine (worker/engine.h), on
+ * the comm layer (worker/comm/comm.h).
+ *
+ * Sharding: the flat parameter buffer (n_params elements, tensor order of
+ * api/model.h) is cut into dp contiguous shards with comm_shard_range, so
+ * shards differ by at most one element and any parameter count works. Rank
+ * dp_idx owns shard dp_idx: its optimizer state (stage >= 1), its reduced
+ * gradients (stage >= 2) and its parameters (stage 3).
+ *
+ * Per stage (hooks installed on the engine):
+ *   0  grad_sync: all-reduce of all gradients; every rank runs AdamW on the
+ *      whole buffer (e->shard_replicated = 1, so the norm is not re-summed).
+ *   1  grad_sync: reduce-scatter of all gradients into the owned shard;
+ *      AdamW on the shard; param_sync: all-gather of the parameters.
+ *   2  gradients are reduce-scattered per layer as soon as the layer's
+ *      backward is done on the last micro-step (layer_grads_ready, async, in
+ *      the order the layers finish); grad_sync waits for them; param_sync as 1.
+ *   3  as 2, and parameters outside the owned shard are released (zeroed)
+ *      after use: each layer is all-gathered just before its forward
+ *      (layer_pre_forward) and again before its backward
+ *      (layer_pre_backward), and released when the next layer takes over.
+ *      The embedding/head group (layer -1) stays gathered through the forward
+ *      (the head runs last) and is released before the first block backward.
+ * Gradient accumulation: hooks communicate only after the last micro-step
+ * (stages 0-2); stage 3 gathers parameters on every micro-step, as it must.
+ * Clipping uses the global norm: sum over dp of each shard's squared norm.
+ *
+ * Memory report (e->mem, the "mem" of step lines), per rank, with P the
+ * parameter count, e the element size, S = ceil(P/dp):
+ *   params     P*e (stage 0-2);  S*e + gathered working set (stage 3: the
+ *              layer -1 group plus the largest block, all held at once at peak)
+ *   grads      P*e (stage 0-1);  S*e (stage 2-3)
+ *   optimizer  as allocated by engine_set_shard: moments (and a separate
+ *              master on bf16) for P elements (stage 0) or S (stage >= 1)
+ *   comm       0 (stage 0, in place); 2*S*e (stage >= 1: the reduce-scatter
+ *              ring's two staging buffers)
+ * Caveat (cpu engine today): params and grads stay allocated as full flat
+ * buffers (the gather and accumulation targets), so for stages 2-3 these
+ * figures are the ZeRO resident set, not this process's allocation; see
+ * docs/internals/comm.md.
+ *
+ * Threads: only the engine thread calls these; comm work runs on the dp
+ * comm's own thread. */
+#ifndef LOOM_WORKER_ZERO_H
+#define LOOM_WORKER_ZERO_H
+
+#include <stddef.h>
+
+#include "worker/comm/comm.h"
+#include "worker/engine.h"
+
+struct zero;
+
+/* Everything a rank needs to join its attempt and set up DP/ZeRO. */
+struct zero_setup_opts {
+    int rank, world;
+    int tp, dp, pp;
+    int zero_stage;     /* 0..3 */
+    const char *device; /* "cpu" or "cuda" */
+    const char *rdzv;   /* file:DIR or http://.../v1/rdzv/JOB/ATTEMPT */
+    const char *token;  /* LOOM_RDZV_TOKEN; may be NULL */
+    int timeout_ms;     /* 0: LOOM_COMM_TIMEOUT_MS or the comm default */
+    int cuda_device;
+};
+
+/* Join the world, build the tp/dp/pp communicators and install ZeRO on `e`
+ * (after model_init_params, before resuming). Owns the comm objects. NULL on
+ * failure with a message in err. */
+struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char *err,
+                        size_t errlen);
+/* Install DP/ZeRO stage `stage` over the dp communicator `dp` (not owned) on
+ * `e`: sets the shard (engine_set_shard), the hooks (e->hooks.user = the
+ * result) and e->mem. For tests and callers that own their comms. */
+struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, size_t errlen);
+void zero_free(struct zero *z); /* NULL ok; frees the comms zero_setup made */
+
+int zero_stage(const struct zero *z);
+struct comm *zero_world_comm(struct zero *z); /* NULL unless made by zero_setup */
+/* Barrier over the whole world (ckpt_barrier_fn; ctx = struct zero *). */
+int zero_barrier(void *ctx);
+/* Logical AND over the world (ckpt_agree_fn; ctx = struct zero *). */
+int zero_agree(void *ctx, int *ok);
+
+/* The per-rank memory by category that stage `stage` at `dp` ranks keeps
+ * for engine e (formulas above); activations are copied from e->mem. */
+void zero_mem_model(const struct engine *e, int stage, int dp, struct engine_mem *out);
+
+/* Every rank: the full fp32 master weights into host h[n_params] (for export
+ * and tests). Collective over dp. Host-memory backends only (cpu). */
+int zero_gather_master(struct zero *z, float *h);
+
+/* Load checkpoint directory `dir` into e whatever dp size and ZeRO stage
+ * wrote it (reshard on load): parameters for the whole buffer and the AdamW
+ * moments of e's current shard, assembled from the shards of every rank of
+ * the checkpoint (their manifest meta "offset"/"count"). tp and pp must match
+ * (only dp and zero_stage may change). Each rank reads the files itself; no
+ * communication. 0, or -1 with a message in err. */
+int zero_load_checkpoint(struct engine *e, const char *dir, char *err, size_t errlen);
+
+#endif
