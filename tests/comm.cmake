@@ -21,7 +21,7 @@ if(TARGET loom_engine)
         add_executable(test_dp_equiv ${CMAKE_CURRENT_LIST_DIR}/integration/test_dp_equiv.c)
         target_link_libraries(test_dp_equiv PRIVATE loom_engine PkgConfig::JANSSON m)
         loom_warnings(test_dp_equiv)
-        foreach(part dp2 dp4 reshard)
+        foreach(part dp2 dp4 reshard launcher)
             add_test(NAME integration.comm.dp_${part}
                      COMMAND test_dp_equiv $<TARGET_FILE:loom-worker> ${part})
             set_tests_properties(integration.comm.dp_${part} PROPERTIES LABELS integration

@@ -149,6 +149,7 @@ int launch_local(int argc, char **argv, int nproc) {
 
     int left = started, first_bad = -1, code = started == nproc ? 0 : 1;
     double stop_at = 0; /* when the grace period for SIGTERM ends */
+    int forwarded = 0;  /* a signal to the launcher was passed on */
     while (left > 0) {
         int st;
         pid_t p = waitpid(-1, &st, WNOHANG);
@@ -161,8 +162,11 @@ int launch_local(int argc, char **argv, int nproc) {
                 if (status[r] != 0 && first_bad < 0) {
                     first_bad = r;
                     code = status[r];
-                    log_error("launch: rank %d exited with %d; stopping the other ranks", r,
-                              status[r]);
+                    if (forwarded)
+                        log_info("launch: rank %d stopped (exit %d)", r, status[r]);
+                    else
+                        log_error("launch: rank %d exited with %d; stopping the other ranks", r,
+                                  status[r]);
                 }
             }
             continue;
@@ -171,6 +175,7 @@ int launch_local(int argc, char **argv, int nproc) {
         int fwd = g_forward;
         if ((first_bad >= 0 || fwd) && stop_at == 0) {
             g_forward = 0;
+            forwarded = fwd != 0;
             for (int r = 0; r < nproc; r++)
                 if (pids[r] > 0) kill(pids[r], fwd ? fwd : SIGTERM);
             stop_at = now_s() + LAUNCH_GRACE_S;

@@ -166,6 +166,12 @@ int train_run(struct model *m, const struct train_opts *o, int64_t start,
                                    "val_loss", vl, "tokens", (json_int_t)vt));
         }
         int stopping = o->stop && *o->stop;
+        /* The save below is collective: with dp ranks, any rank's stop request
+         * stops all of them at this same step (one tiny all-reduce). */
+        if (o->stop && m->e->hooks.allreduce_sum) {
+            double f = stopping;
+            if (m->e->hooks.allreduce_sum(m->e, m->e->hooks.user, &f, 1) == 0) stopping = f > 0;
+        }
         if (o->save &&
             (done == o->steps || stopping || (o->save_every > 0 && done % o->save_every == 0))) {
             if (o->save(o->save_user, done) != 0) {

@@ -62,7 +62,10 @@ static size_t range_counts(const struct zero *z, size_t lo, size_t hi, size_t *c
 }
 
 static void fail(struct zero *z, const char *what, int layer) {
-    if (!z->failed) log_error("zero: %s of layer %d failed: %s", what, layer, comm_error(z->dp));
+    if (!z->failed && layer >= -1)
+        log_error("zero: %s of layer %d failed: %s", what, layer, comm_error(z->dp));
+    else if (!z->failed)
+        log_error("zero: %s failed: %s", what, comm_error(z->dp));
     z->failed = 1;
 }
 

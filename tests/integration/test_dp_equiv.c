@@ -11,13 +11,21 @@
  * checkpoint written at dp=4 zero=3 resumes at dp=2 zero=1 on the
  * single-process curve (reshard on load).
  *
- * Usage: test_dp_equiv LOOM_WORKER dp2|dp4|reshard */
+ * The launcher (--nproc): SIGTERM to it stops every rank at the same step
+ * with a checkpoint (exit 143), and a rank killed outright makes the launcher
+ * stop the others and fail within the comm timeout, leaving no process.
+ *
+ * Usage: test_dp_equiv LOOM_WORKER dp2|dp4|reshard|launcher */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -332,6 +340,136 @@ static void reshard(void) {
     fprintf(stderr, "resume dp2 z2    bit-exact: %s\n", same ? "yes" : "NO");
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Start loom-worker --nproc 2 in the background (stdout to outfile). */
+static pid_t start_bg(const char *spec, const char *out, const char *outfile) {
+    pid_t p = fork();
+    if (p == 0) {
+        if (!freopen(outfile, "w", stdout)) _exit(126);
+        setenv("LOOM_COMM_TIMEOUT_MS", "4000", 1);
+        execl(worker, worker, "--spec", spec, "--out", out, "--threads", "1", "--nproc", "2",
+              "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    return p;
+}
+
+/* Wait until outfile holds a step line with step >= min_step (or timeout). */
+static int wait_step(const char *outfile, int min_step, double timeout_s) {
+    double t0 = now_s();
+    while (now_s() - t0 < timeout_s) {
+        FILE *f = fopen(outfile, "r");
+        char line[8192];
+        int best = 0;
+        while (f && fgets(line, sizeof(line), f)) {
+            const char *p = strstr(line, "\"type\":\"step\",\"step\":");
+            if (p) best = atoi(p + 21) > best ? atoi(p + 21) : best;
+        }
+        if (f) fclose(f);
+        if (best >= min_step) return best;
+        usleep(20000);
+    }
+    return 0;
+}
+
+/* Children of `parent` (from /proc), up to max. */
+static int children(pid_t parent, pid_t *out, int max) {
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d)) && n < max) {
+        int pid = atoi(de->d_name);
+        if (pid <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        const char *rp = strrchr(buf, ')');
+        int ppid = 0;
+        char state;
+        if (rp && sscanf(rp + 2, "%c %d", &state, &ppid) == 2 && ppid == parent && state != 'Z')
+            out[n++] = pid;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static int wait_exit(pid_t p, double timeout_s, double *took) {
+    double t0 = now_s();
+    int st = 0;
+    while (now_s() - t0 < timeout_s) {
+        if (waitpid(p, &st, WNOHANG) == p) {
+            *took = now_s() - t0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(20000);
+    }
+    kill(p, SIGKILL);
+    waitpid(p, &st, 0);
+    *took = now_s() - t0;
+    return -1;
+}
+
+static void launcher(void) {
+    char spec[512], out[512], of[512], ck[600];
+    snprintf(spec, sizeof(spec), "%s/long.json", dir);
+    snprintf(out, sizeof(out), "%s/long.out", dir);
+    snprintf(of, sizeof(of), "%s/long.jsonl", dir);
+    FILE *f;
+    write_spec(spec, 2, 1, 2);
+    /* a long run: rewrite steps to 100000 */
+    if ((f = fopen(spec, "r+"))) {
+        char buf[4096];
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        buf[n] = 0;
+        char *p = strstr(buf, "\"steps\":20,");
+        if (p) {
+            char rest[4096];
+            snprintf(rest, sizeof(rest), "%s", p + strlen("\"steps\":20,"));
+            snprintf(p, sizeof(buf) - (size_t)(p - buf), "\"steps\":100000,%s", rest);
+        }
+        rewind(f);
+        fputs(buf, f);
+        fclose(f);
+    }
+    /* SIGTERM: both ranks stop at the same step, save, exit 143 */
+    pid_t p = start_bg(spec, out, of);
+    int s = wait_step(of, 3, 60);
+    CHECK(s >= 3, "launcher: no training progress");
+    kill(p, SIGTERM);
+    double took;
+    int rc = wait_exit(p, 60, &took);
+    CHECK(rc == 143, "launcher: SIGTERM gave exit %d, want 143", rc);
+    int last = wait_step(of, 1, 1);
+    snprintf(ck, sizeof(ck), "%s/checkpoints/step_%08d/manifest.json", out, last);
+    struct stat st;
+    CHECK(stat(ck, &st) == 0, "launcher: no checkpoint of the last step %d (%s)", last, ck);
+    fprintf(stderr, "launcher: SIGTERM -> exit %d after %.2f s, checkpoint at step %d\n", rc, took,
+            last);
+    /* a rank killed outright: the launcher stops the other and fails */
+    p = start_bg(spec, out, of);
+    s = wait_step(of, last + 2, 60);
+    CHECK(s > last, "launcher: resumed run made no progress");
+    pid_t kids[8];
+    int nk = children(p, kids, 8);
+    CHECK(nk == 2, "launcher: %d rank processes, want 2", nk);
+    if (nk > 0) kill(kids[nk - 1], SIGKILL);
+    rc = wait_exit(p, 30, &took);
+    CHECK(rc != 0 && rc != -1, "launcher: exit %d after a rank was killed", rc);
+    CHECK(took < 4 + 10 + 5, "launcher: took %.1f s to stop", took);
+    for (int i = 0; i < nk; i++)
+        CHECK(kill(kids[i], 0) != 0, "launcher: rank process %d still alive", (int)kids[i]);
+    fprintf(stderr, "launcher: killed rank -> exit %d after %.2f s, no rank left\n", rc, took);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: test_dp_equiv LOOM_WORKER dp2|dp4|reshard\n");
@@ -351,6 +489,8 @@ int main(int argc, char **argv) {
         equivalence(4);
     else if (strcmp(argv[2], "reshard") == 0)
         reshard();
+    else if (strcmp(argv[2], "launcher") == 0)
+        launcher();
     else
         return 2;
     if (!failures) {
