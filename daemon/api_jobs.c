@@ -243,9 +243,8 @@ static int list_item_cb(const struct store_job *j, void *arg) {
         op->count++;
         return 0;
     }
-    json_t *o = store_job_to_json(j);
-    json_object_del(o, "spec"); /* lists stay small; GET /v1/jobs/{id} has it */
-    json_array_append_new(op->items, o);
+    /* lists stay small: no spec (GET /v1/jobs/{id} has it) */
+    json_array_append_new(op->items, store_job_to_json(j));
     op->last_seq = j->seq;
     op->count++;
     return 0;
@@ -271,6 +270,7 @@ int api_jobs_list(struct http_req *req) {
     struct list_op op;
     memset(&op, 0, sizeof op);
     op.f.tenant_id = req->tenant_id;
+    op.f.skip_spec = 1;
     long long limit = LIST_DEFAULT;
     const char *q;
     if ((q = http_query(req, "limit")) && parse_long(q, 1, LIST_MAX, &limit) != 0)

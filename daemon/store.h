@@ -191,6 +191,7 @@ struct store_job_filter {
     int64_t after_seq;  /* > 0: only seq > after_seq (ascending order) */
     int ascending;      /* 1: oldest first (the scheduler's FIFO), 0: newest first */
     int limit;          /* rows at most (> 0) */
+    int skip_spec;      /* 1: leave j->spec NULL (lists; saves copying it) */
 };
 /* Calls cb for each matching job in order; stops early when cb returns != 0
  * (that value is returned). Returns the count visited otherwise (>= 0). */

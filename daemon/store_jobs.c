@@ -63,6 +63,10 @@ void store_job_clear(struct store_job *j) {
     "seq, id, tenant_id, name, state, attempt, priority, max_retries, world_size, spec, labels, "  \
     "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at"
 
+#define JOB_COLS_NO_SPEC                                                                           \
+    "seq, id, tenant_id, name, state, attempt, priority, max_retries, world_size, NULL, labels, "  \
+    "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at"
+
 static void job_from_row(sqlite3_stmt *st, struct store_job *j) {
     memset(j, 0, sizeof *j);
     j->seq = sqlite3_column_int64(st, 0);
@@ -124,7 +128,7 @@ json_t *store_job_to_json(const struct store_job *j) {
     json_object_set_new(o, "updated_at", store_time_json(j->updated_at));
     json_object_set_new(o, "started_at", store_time_json(j->started_at));
     json_object_set_new(o, "finished_at", store_time_json(j->finished_at));
-    json_object_set_new(o, "spec", json_or(j->spec, json_object()));
+    if (j->spec) json_object_set_new(o, "spec", json_or(j->spec, json_object()));
     return o;
 }
 
@@ -277,9 +281,18 @@ int store_job_foreach(struct store_tx *tx, const struct store_job_filter *f,
     /* The SQL varies with the filter, so it is built here and cached by text
      * (a handful of shapes). Every value is bound, never formatted in. */
     char sql[1024];
-    int n = snprintf(sql, sizeof sql, "SELECT " JOB_COLS " FROM jobs WHERE 1");
+    int n = snprintf(sql, sizeof sql, "SELECT %s FROM jobs WHERE 1",
+                     f->skip_spec ? JOB_COLS_NO_SPEC : JOB_COLS);
     if (f->tenant_id) n += snprintf(sql + n, sizeof sql - n, " AND tenant_id = ?1");
-    if (f->state_mask) {
+    int nstates = 0;
+    for (int s = 0; s < JOB_STATE_COUNT; s++)
+        nstates += (f->state_mask & JOB_MASK(s)) != 0;
+    if (nstates == 1) {
+        /* '=' lets SQLite walk the (tenant_id, state, seq) index in order. */
+        for (int s = 0; s < JOB_STATE_COUNT; s++)
+            if (f->state_mask & JOB_MASK(s))
+                n += snprintf(sql + n, sizeof sql - n, " AND state = '%s'", state_names[s]);
+    } else if (f->state_mask) {
         n += snprintf(sql + n, sizeof sql - n, " AND state IN (");
         int first = 1;
         for (int s = 0; s < JOB_STATE_COUNT; s++) {

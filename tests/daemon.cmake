@@ -53,3 +53,7 @@ if(TARGET loomd AND TARGET loomctl)
     set_tests_properties(integration.daemon_curl PROPERTIES LABELS "integration;sanitize"
                          TIMEOUT 60 SKIP_RETURN_CODE 77)
 endif()
+add_test(NAME unit.openapi_yaml
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/check_daemon_openapi_yaml.sh
+                 ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
+set_tests_properties(unit.openapi_yaml PROPERTIES LABELS unit SKIP_RETURN_CODE 77)
