@@ -31,6 +31,7 @@ static int failures;
 #define MAX_ACK 20000
 
 static const char *ADMIN = "crash-admin";
+static const char *const noratelimit[] = {"--rate-limit", "0", NULL};
 static char url[128], token[128], spec[1024];
 static atomic_int stop;
 
@@ -119,7 +120,7 @@ int main(int argc, char **argv) {
              "\"data\":{\"train\":\"%s/train_*.bin\"},\"resources\":{\"device\":\"cpu\"}}",
              tmp);
     struct loomd_proc p;
-    if (loomd_spawn(&p, bin, dd, ADMIN, NULL) != 0) return 1;
+    if (loomd_spawn(&p, bin, dd, ADMIN, noratelimit) != 0) return 1;
     snprintf(url, sizeof url, "%s", p.url);
     char tid[32];
     if (make_tenant(url, ADMIN, "burst", tid, sizeof tid, token, sizeof token) != 0) return 1;
@@ -133,7 +134,7 @@ int main(int argc, char **argv) {
     CHECK(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
     printf("kill -9 after %d acknowledged submissions\n", acked);
     CHECK(acked > 50); /* the burst really ran */
-    if (loomd_spawn(&p, bin, dd, ADMIN, NULL) != 0) return 1;
+    if (loomd_spawn(&p, bin, dd, ADMIN, noratelimit) != 0) return 1;
     snprintf(url, sizeof url, "%s", p.url);
     int missing = verify_all(cl);
     CHECK(missing == 0);
@@ -160,7 +161,7 @@ int main(int argc, char **argv) {
     snprintf(wal, sizeof wal, "%s-wal", db);
     struct stat sb;
     CHECK(stat(wal, &sb) != 0 || sb.st_size == 0); /* checkpointed on clean close */
-    if (loomd_spawn(&p, bin, dd, ADMIN, NULL) != 0) return 1;
+    if (loomd_spawn(&p, bin, dd, ADMIN, noratelimit) != 0) return 1;
     snprintf(url, sizeof url, "%s", p.url);
     missing = verify_all(cl);
     CHECK(missing == 0);
