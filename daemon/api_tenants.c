@@ -9,6 +9,7 @@
 #include "daemon/store.h"
 
 struct tenant_op {
+    long gpu_quota;
     const char *name;
     const char *roots;
     const char *tenant_id;
@@ -20,7 +21,7 @@ struct tenant_op {
 
 static int create_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
-    int rc = store_tenant_create(tx, op->name, op->roots, op->id, sizeof op->id);
+    int rc = store_tenant_create(tx, op->name, op->roots, op->gpu_quota, op->id, sizeof op->id);
     if (rc) return rc;
     return store_tenant_get(tx, op->id, &op->out);
 }
@@ -37,7 +38,7 @@ int api_tenants_create(struct http_req *req) {
     const char *k;
     json_t *v;
     json_object_foreach(req->json, k, v) {
-        if (strcmp(k, "name") && strcmp(k, "data_roots"))
+        if (strcmp(k, "name") && strcmp(k, "data_roots") && strcmp(k, "gpu_quota"))
             return http_error_field(req, 422, "UNKNOWN_FIELD", k, "unknown field '%s'", k);
     }
     json_t *name = json_object_get(req->json, "name");
@@ -62,7 +63,16 @@ int api_tenants_create(struct http_req *req) {
         }
         roots_text = json_dumps(roots, JSON_COMPACT);
     }
-    struct tenant_op op = {.name = json_string_value(name), .roots = roots_text};
+    json_t *quota = json_object_get(req->json, "gpu_quota");
+    if (quota && (!json_is_integer(quota) || json_integer_value(quota) < 0 ||
+                  json_integer_value(quota) > 1000000)) {
+        free(roots_text);
+        return http_error_field(req, 422, "INVALID_FIELD", "gpu_quota",
+                                "'gpu_quota' must be an integer in [0, 1000000] (0 = unlimited)");
+    }
+    struct tenant_op op = {.name = json_string_value(name),
+                           .roots = roots_text,
+                           .gpu_quota = quota ? (long)json_integer_value(quota) : 0};
     int rc = store_write(req->ld->store, create_cb, &op);
     free(roots_text);
     if (rc == STORE_CONFLICT)

@@ -94,9 +94,10 @@ void store_metrics_write(struct store *s, FILE *f);
 /* ---------------- tenants and tokens (daemon/store_tenants.c) ---------------- */
 
 /* Creates a tenant; id gets "t-..." (idlen >= 16). STORE_CONFLICT if the name
- * is taken. data_roots: JSON array text or NULL for "[]". Write callback use. */
-int store_tenant_create(struct store_tx *tx, const char *name, const char *data_roots, char *id,
-                        size_t idlen);
+ * is taken. data_roots: JSON array text or NULL for "[]"; gpu_quota: most GPUs
+ * its running jobs may hold (0 = unlimited). Write callback use. */
+int store_tenant_create(struct store_tx *tx, const char *name, const char *data_roots,
+                        long gpu_quota, char *id, size_t idlen);
 /* Fills a JSON object {id,name,data_roots,gpu_quota,created_at} (caller owns)
  * or returns STORE_NOT_FOUND. */
 int store_tenant_get(struct store_tx *tx, const char *id, json_t **out);

@@ -11,16 +11,17 @@ static const char *col_text(sqlite3_stmt *st, int i) {
     return t ? (const char *)t : "";
 }
 
-int store_tenant_create(struct store_tx *tx, const char *name, const char *data_roots, char *id,
-                        size_t idlen) {
-    sqlite3_stmt *st =
-        store_stmt(tx, "INSERT INTO tenants(id, name, data_roots, created_at) VALUES (?,?,?,?)");
+int store_tenant_create(struct store_tx *tx, const char *name, const char *data_roots,
+                        long gpu_quota, char *id, size_t idlen) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "INSERT INTO tenants(id, name, data_roots, created_at, gpu_quota) VALUES (?,?,?,?,?)");
     if (!st) return STORE_ERR;
     store_new_id("t-", id, idlen);
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 3, data_roots ? data_roots : "[]", -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 4, store_now_ms());
+    sqlite3_bind_int64(st, 5, gpu_quota);
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
     if (rc == SQLITE_CONSTRAINT_UNIQUE) return STORE_CONFLICT;

@@ -1,5 +1,6 @@
 /* loomctl admin commands (tenants, tokens) and health. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/cli/cli.h"
@@ -27,13 +28,23 @@ static void tenant_table(json_t *out) {
 
 int cmd_tenants_create(struct cli *cli, int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: loomctl tenant-create NAME [--data-root DIR]...\n");
+        fprintf(stderr, "usage: loomctl tenant-create NAME [--data-root DIR]... [--gpu-quota N]\n");
         return 2;
     }
     json_t *body = json_pack("{s:s}", "name", argv[1]);
     json_t *roots = json_array();
-    for (int i = 2; i + 1 < argc; i += 2)
-        if (!strcmp(argv[i], "--data-root")) json_array_append_new(roots, json_string(argv[i + 1]));
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--data-root")) {
+            json_array_append_new(roots, json_string(argv[i + 1]));
+        } else if (!strcmp(argv[i], "--gpu-quota")) {
+            json_object_set_new(body, "gpu_quota", json_integer(atoll(argv[i + 1])));
+        } else {
+            fprintf(stderr, "loomctl: unknown option %s\n", argv[i]);
+            json_decref(body);
+            json_decref(roots);
+            return 2;
+        }
+    }
     if (json_array_size(roots)) json_object_set(body, "data_roots", roots);
     json_decref(roots);
     json_t *out = NULL;

@@ -334,6 +334,22 @@ static void test_auth_errors(void) {
     hreq(url, "POST", "/v1/tenants", ADMIN, NULL, "{\"name\":\"revokee\"}", 18, NULL, &r);
     CHECK_RESP(&r, 409, "TENANT_EXISTS");
     hresp_free(&r);
+    const char *quota = "{\"name\":\"quota\",\"gpu_quota\":8,\"data_roots\":[\"/data\"]}";
+    hreq(url, "POST", "/v1/tenants", ADMIN, NULL, quota, strlen(quota), NULL, &r);
+    CHECK(r.status == 201 && json_integer_value(json_object_get(r.json, "gpu_quota")) == 8);
+    CHECK(!strcmp(json_string_value(json_array_get(json_object_get(r.json, "data_roots"), 0)),
+                  "/data"));
+    hresp_free(&r);
+    static const char *const bad_tenants[] = {
+        "{\"name\":\"q2\",\"gpu_quota\":-1}",         "{\"name\":\"q3\",\"gpu_quota\":\"8\"}",
+        "{\"name\":\"q4\",\"data_roots\":[\"rel\"]}", "{\"name\":\"bad name\"}",
+        "{\"name\":\"q5\",\"color\":\"red\"}",        "{\"name\":7}"};
+    for (size_t i = 0; i < sizeof bad_tenants / sizeof *bad_tenants; i++) {
+        hreq(url, "POST", "/v1/tenants", ADMIN, NULL, bad_tenants[i], strlen(bad_tenants[i]), NULL,
+             &r);
+        CHECK(r.status == 422);
+        hresp_free(&r);
+    }
     hreq(url, "POST", "/v1/tenants/t-nope/tokens", ADMIN, NULL, NULL, 0, NULL, &r);
     CHECK_RESP(&r, 404, "TENANT_NOT_FOUND");
     hresp_free(&r);

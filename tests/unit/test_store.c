@@ -43,7 +43,7 @@ struct ctx {
 
 static int mk_tenant(struct store_tx *tx, void *arg) {
     struct ctx *c = arg;
-    return store_tenant_create(tx, "acme", NULL, c->tenant, sizeof c->tenant);
+    return store_tenant_create(tx, "acme", NULL, 0, c->tenant, sizeof c->tenant);
 }
 
 static int mk_job(struct store_tx *tx, void *arg) {
