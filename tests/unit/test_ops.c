@@ -34,6 +34,8 @@ enum {
     QKV = (NH + 2 * NKV) * HD,
     V = 11,
     VP = 16,
+    IC2 = 37, /* wider matmul: covers the 16-column vector tiles and their tails */
+    OC2 = 21,
 };
 #define EPS 1e-5f
 #define GS  0.37f
@@ -108,6 +110,15 @@ static void ref_matmul(double **in, double *out) {
             for (int i = 0; i < C; i++)
                 s += in[0][r * C + i] * in[1][o * C + i];
             out[r * OC + o] = s;
+        }
+}
+static void ref_matmul2(double **in, double *out) {
+    for (int r = 0; r < N; r++)
+        for (int o = 0; o < OC2; o++) {
+            double s = in[2][o];
+            for (int i = 0; i < IC2; i++)
+                s += in[0][r * IC2 + i] * in[1][o * IC2 + i];
+            out[r * OC2 + o] = s;
         }
 }
 static void ref_gelu(double **in, double *out) {
@@ -209,6 +220,12 @@ static void be_matmul_f(struct backend *b, float **in, float *out) {
 static void be_matmul_b(struct backend *b, float **in, const float *dout, float **din) {
     b->matmul_bwd(b->ctx, din[0], din[1], din[2], dout, in[0], in[1], N, C, OC);
 }
+static void be_matmul2_f(struct backend *b, float **in, float *out) {
+    b->matmul_fwd(b->ctx, out, in[0], in[1], in[2], N, IC2, OC2);
+}
+static void be_matmul2_b(struct backend *b, float **in, const float *dout, float **din) {
+    b->matmul_bwd(b->ctx, din[0], din[1], din[2], dout, in[0], in[1], N, IC2, OC2);
+}
 static void be_gelu_f(struct backend *b, float **in, float *out) {
     b->gelu_fwd(b->ctx, out, in[0], N * C);
 }
@@ -273,6 +290,16 @@ static const struct gc_case cases[] = {
      0},
     {"rmsnorm", 2, {N * C, C}, {1, 1}, N *C, ref_rmsnorm, be_rmsnorm_f, be_rmsnorm_b, 0, 0},
     {"matmul", 3, {N * C, OC *C, OC}, {1, 1, 1}, N *OC, ref_matmul, be_matmul_f, be_matmul_b, 0, 0},
+    {"matmul2",
+     3,
+     {N * IC2, OC2 *IC2, OC2},
+     {1, 1, 1},
+     N *OC2,
+     ref_matmul2,
+     be_matmul2_f,
+     be_matmul2_b,
+     0,
+     0},
     {"gelu", 1, {N * C}, {1}, N *C, ref_gelu, be_gelu_f, be_gelu_b, 0, 0},
     {"swiglu", 1, {N * 2 * F}, {1}, N *F, ref_swiglu, be_swiglu_f, be_swiglu_b, 0, 0},
     {"rope", 1, {N * QKV}, {1}, N *QKV, ref_rope, be_rope_f, be_rope_b, 0, 1},

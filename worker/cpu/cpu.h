@@ -44,6 +44,16 @@ struct cpu_ctx {
     size_t partials_n;
 };
 
+/* Matrix-multiply micro-kernels (worker/cpu/cpu_gemm.c).
+ * cpu_mm_nt: out[r, o] = dot(X[r, :], W[o, :]) + bias[o] for rows [r0, r1),
+ *   all OC columns (X [.., IC], W [OC, IC], out [.., OC]; bias may be NULL).
+ * cpu_mm_acc: C[m, j] += sum_k A[m*sam + k*sak] * B[k*ldb + j] for rows
+ *   [m0, m1) and columns [0, J), k in [0, K) in increasing order. */
+void cpu_mm_nt(float *out, const float *X, const float *W, const float *bias, int r0, int r1,
+               int IC, int OC);
+void cpu_mm_acc(float *C, size_t ldc, const float *A, size_t sam, size_t sak, const float *B,
+                size_t ldb, int m0, int m1, int J, int K);
+
 /* Layer kernels (worker/cpu/cpu_nn.c); signatures as in struct backend. */
 void cpu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,
                        const void *wpe, int B, int T, int C);

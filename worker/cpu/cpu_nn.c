@@ -27,6 +27,7 @@ static inline float dot(const float *a, const float *b, int n) {
 
 /* y += a * x */
 static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
+#pragma omp simd
     for (int i = 0; i < n; i++)
         y[i] += a * x[i];
 }
@@ -193,17 +194,12 @@ void cpu_matmul_fwd(void *ctx, void *out_, const void *inp_, const void *W_, con
                     int N, int IC, int OC) {
     float *out = out_;
     const float *inp = inp_, *W = W_, *bias = bias_;
-    /* Blocks of 4 rows reuse each weight row from cache four times. */
+    /* Blocks of 4 rows (the micro-kernel's tile) reuse each weight row. */
     int nb = (N + 3) / 4;
 #pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * IC * OC)) schedule(static)
     for (int blk = 0; blk < nb; blk++) {
         int r0 = blk * 4, r1 = r0 + 4 < N ? r0 + 4 : N;
-        for (int o = 0; o < OC; o++) {
-            const float *w = W + (size_t)o * IC;
-            float bo = bias ? bias[o] : 0.0f;
-            for (int r = r0; r < r1; r++)
-                out[(size_t)r * OC + o] = dot(inp + (size_t)r * IC, w, IC) + bo;
-        }
+        cpu_mm_nt(out, inp, W, bias, r0, r1, IC, OC);
     }
 }
 
@@ -211,30 +207,32 @@ void cpu_matmul_bwd(void *ctx, void *dinp_, void *dW_, void *dbias_, const void 
                     const void *inp_, const void *W_, int N, int IC, int OC) {
     float *dinp = dinp_, *dW = dW_, *dbias = dbias_;
     const float *dout = dout_, *inp = inp_, *W = W_;
+    size_t work = (size_t)N * IC * OC;
     if (dinp) {
-        /* dinp[r,:] += sum_o dout[r,o] W[o,:], o increasing. */
-#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * IC * OC)) schedule(static)
-        for (int r = 0; r < N; r++) {
-            float *dx = dinp + (size_t)r * IC;
-            const float *dy = dout + (size_t)r * OC;
-            for (int o = 0; o < OC; o++)
-                axpy(dx, dy[o], W + (size_t)o * IC, IC);
+        /* dinp[r,:] += sum_o dout[r,o] W[o,:] */
+        int nb = (N + 3) / 4;
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, work)) schedule(static)
+        for (int blk = 0; blk < nb; blk++) {
+            int r0 = blk * 4, r1 = r0 + 4 < N ? r0 + 4 : N;
+            cpu_mm_acc(dinp, (size_t)IC, dout, (size_t)OC, 1, W, (size_t)IC, r0, r1, IC, OC);
         }
     }
-    if (dW || dbias) {
-        /* dW[o,:] += sum_r dout[r,o] inp[r,:], r increasing; blocks of 8
-         * output rows share each input row. */
-        int ob = (OC + 7) / 8;
-#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * IC * OC)) schedule(static)
-        for (int blk = 0; blk < ob; blk++) {
-            int o0 = blk * 8, o1 = o0 + 8 < OC ? o0 + 8 : OC;
-            for (int r = 0; r < N; r++) {
-                const float *x = inp + (size_t)r * IC, *dy = dout + (size_t)r * OC;
-                for (int o = o0; o < o1; o++) {
-                    if (dW) axpy(dW + (size_t)o * IC, dy[o], x, IC);
-                    if (dbias) dbias[o] += dy[o];
-                }
-            }
+    if (dW) {
+        /* dW[o,:] += sum_r dout[r,o] inp[r,:] */
+        int nb = (OC + 3) / 4;
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, work)) schedule(static)
+        for (int blk = 0; blk < nb; blk++) {
+            int o0 = blk * 4, o1 = o0 + 4 < OC ? o0 + 4 : OC;
+            cpu_mm_acc(dW, (size_t)IC, dout, 1, (size_t)OC, inp, (size_t)IC, o0, o1, IC, N);
+        }
+    }
+    if (dbias) {
+#pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * OC)) schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0;
+            for (int r = 0; r < N; r++)
+                s += dout[(size_t)r * OC + o];
+            dbias[o] += s;
         }
     }
 }
