@@ -25,8 +25,9 @@ struct zrange {
 struct zgroup {
     struct zrange r[ZERO_MAX_RANGES];
     int n;
-    int gathered; /* stage 3: params of the whole group are current */
-    int reduced;  /* stage 2/3: this step's reduce-scatter was issued */
+    int gathered;                               /* stage 3: params of the whole group are current */
+    struct comm_req *prefetch[ZERO_MAX_RANGES]; /* stage 3: gathers in flight */
+    int reduced;                                /* this step's gradient reduction was issued */
 };
 
 struct zero {
@@ -71,7 +72,18 @@ static void fail(struct zero *z, const char *what, int layer) {
 
 /* ---- stage 3: gather / release parameters of a group */
 
-static void gather(struct zero *z, int layer) {
+/* Complete the group's prefetched gathers, if any. */
+static void finish_prefetch(struct zero *z, struct zgroup *g, int layer) {
+    for (int k = 0; k < g->n; k++) {
+        if (g->prefetch[k] && comm_wait(g->prefetch[k]) != 0)
+            fail(z, "parameter all-gather", layer);
+        g->prefetch[k] = NULL;
+    }
+}
+
+/* Start gathering the group's parameters; async (prefetch) or blocking. */
+static void gather_start(struct zero *z, int layer, int async) {
+    if (layer < -1 || layer >= z->L) return;
     struct zgroup *g = &z->g[layer + 1];
     struct engine *e = z->e;
     if (g->gathered) return;
@@ -81,10 +93,17 @@ static void gather(struct zero *z, int layer) {
         size_t mine = range_counts(z, lo, hi, z->counts);
         if (comm_all_gatherv(z->dp, backend_at(e->be, e->params, mine),
                              backend_at(e->be, e->params, lo), z->counts, compute_dtype(e),
-                             NULL) != 0)
+                             async ? &g->prefetch[k] : NULL) != 0)
             fail(z, "parameter all-gather", layer);
     }
-    g->gathered = 1;
+    g->gathered = 1; /* current once the prefetch (if any) completes */
+}
+
+/* Make the group's parameters usable now. */
+static void gather(struct zero *z, int layer) {
+    struct zgroup *g = &z->g[layer + 1];
+    gather_start(z, layer, 0);
+    finish_prefetch(z, g, layer);
 }
 
 static void zero_range(struct engine *e, size_t lo, size_t hi) {
@@ -97,6 +116,7 @@ static void release(struct zero *z, int layer) {
     if (layer < -1 || layer >= z->L) return;
     struct zgroup *g = &z->g[layer + 1];
     if (!g->gathered) return;
+    finish_prefetch(z, g, layer); /* never zero under a gather in flight */
     size_t s0 = z->off[z->rank], s1 = s0 + z->cnt[z->rank];
     for (int k = 0; k < g->n; k++) {
         size_t lo = g->r[k].lo, hi = g->r[k].hi;
@@ -111,10 +131,12 @@ static void release_all(struct zero *z) {
         release(z, l);
 }
 
+/* Forward: layer l is needed now, l+1 next (prefetched while l computes). */
 static void hook_pre_forward(struct engine *e, void *user, int layer) {
     struct zero *z = user;
     if (layer >= 1) release(z, layer - 1);
     gather(z, layer);
+    gather_start(z, layer + 1, 1);
 }
 
 static void hook_pre_backward(struct engine *e, void *user, int layer) {
@@ -126,6 +148,7 @@ static void hook_pre_backward(struct engine *e, void *user, int layer) {
         return; /* the embedding backward reads no parameters */
     }
     gather(z, layer);
+    if (layer >= 1) gather_start(z, layer - 1, 1); /* backward goes down: prefetch l-1 */
 }
 
 /* ---- stage 2/3: per-layer reduce-scatter of gradients */
@@ -143,6 +166,9 @@ static int push_req(struct zero *z, struct comm_req *r) {
     return 0;
 }
 
+/* Start reducing one layer's gradients over dp (async, in the order the
+ * backward finishes layers): all-reduce for stage 0, reduce-scatter into the
+ * owners' shards for stages >= 1. */
 static void reduce_group(struct zero *z, int layer) {
     struct zgroup *g = &z->g[layer + 1];
     struct engine *e = z->e;
@@ -151,13 +177,18 @@ static void reduce_group(struct zero *z, int layer) {
     e->be->sync(e->be->ctx); /* the layer's gradients are final on the device */
     for (int k = 0; k < g->n; k++) {
         size_t lo = g->r[k].lo, hi = g->r[k].hi;
-        size_t mine = range_counts(z, lo, hi, z->counts);
         struct comm_req *r = NULL;
-        if (comm_reduce_scatterv(z->dp, backend_at(e->be, e->grads, lo),
-                                 backend_at(e->be, e->grads, mine), z->counts, compute_dtype(e),
-                                 COMM_SUM, &r) != 0 ||
-            push_req(z, r) != 0)
-            fail(z, "gradient reduce-scatter", layer);
+        int rc;
+        if (z->stage == 0) {
+            rc = comm_allreduce(z->dp, backend_at(e->be, e->grads, lo), hi - lo, compute_dtype(e),
+                                COMM_SUM, &r);
+        } else {
+            size_t mine = range_counts(z, lo, hi, z->counts);
+            rc = comm_reduce_scatterv(z->dp, backend_at(e->be, e->grads, lo),
+                                      backend_at(e->be, e->grads, mine), z->counts,
+                                      compute_dtype(e), COMM_SUM, &r);
+        }
+        if (rc != 0 || push_req(z, r) != 0) fail(z, "gradient reduction", layer);
     }
 }
 
@@ -167,26 +198,19 @@ static void hook_grads_ready(struct engine *e, void *user, int layer) {
 
 /* ---- step hooks */
 
+/* After the last micro-step: every layer's reduction was started by
+ * layer_grads_ready during the backward (any the backward did not announce is
+ * started now); wait for all of them. */
 static int hook_grad_sync(struct engine *e, void *user) {
     struct zero *z = user;
     int rc = 0;
-    if (z->stage == 0) {
-        e->be->sync(e->be->ctx);
-        rc = comm_allreduce(z->dp, e->grads, e->n_params, compute_dtype(e), COMM_SUM, NULL);
-    } else if (z->stage == 1) {
-        e->be->sync(e->be->ctx);
-        rc = comm_reduce_scatter(z->dp, e->grads, backend_at(e->be, e->grads, e->shard_off),
-                                 e->n_params, compute_dtype(e), COMM_SUM, NULL);
-    } else {
-        /* Any group the backward did not announce is reduced now. */
-        for (int l = z->L - 1; l >= -1; l--)
-            reduce_group(z, l);
-        for (int i = 0; i < z->nreqs; i++)
-            if (comm_wait(z->reqs[i]) != 0) rc = -1;
-        z->nreqs = 0;
-        for (int l = -1; l < z->L; l++)
-            z->g[l + 1].reduced = 0;
-    }
+    for (int l = z->L - 1; l >= -1; l--)
+        reduce_group(z, l);
+    for (int i = 0; i < z->nreqs; i++)
+        if (comm_wait(z->reqs[i]) != 0) rc = -1;
+    z->nreqs = 0;
+    for (int l = -1; l < z->L; l++)
+        z->g[l + 1].reduced = 0;
     if (rc != 0) fail(z, "gradient sync", -2);
     return z->failed ? -1 : 0;
 }
@@ -295,7 +319,7 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
                              .grad_sync = hook_grad_sync,
                              .param_sync = hook_param_sync,
                              .allreduce_sum = hook_allreduce_sum};
-    if (stage >= 2) h.layer_grads_ready = hook_grads_ready;
+    h.layer_grads_ready = hook_grads_ready;
     if (stage == 3) {
         h.layer_pre_forward = hook_pre_forward;
         h.layer_pre_backward = hook_pre_backward;
@@ -321,6 +345,9 @@ void zero_free(struct zero *z) {
     if (!z) return;
     for (int i = 0; i < z->nreqs; i++)
         comm_wait(z->reqs[i]);
+    for (int l = -1; z->g && l < z->L; l++)
+        for (int k = 0; k < z->g[l + 1].n; k++)
+            comm_wait(z->g[l + 1].prefetch[k]);
     free(z->reqs);
     free(z->off);
     free(z->cnt);

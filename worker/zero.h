@@ -7,20 +7,23 @@
  * dp_idx owns shard dp_idx: its optimizer state (stage >= 1), its reduced
  * gradients (stage >= 2) and its parameters (stage 3).
  *
- * Per stage (hooks installed on the engine):
- *   0  grad_sync: all-reduce of all gradients; every rank runs AdamW on the
+ * Per stage (hooks installed on the engine). Every stage reduces gradients
+ * per layer as soon as the layer's backward is done on the last micro-step
+ * (layer_grads_ready, async on the dp comm's thread, overlapping the rest of
+ * the backward); grad_sync waits for those reductions.
+ *   0  all-reduce of each layer's gradients; every rank runs AdamW on the
  *      whole buffer (e->shard_replicated = 1, so the norm is not re-summed).
- *   1  grad_sync: reduce-scatter of all gradients into the owned shard;
+ *   1  reduce-scatter of each layer's gradients into the owners' shards;
  *      AdamW on the shard; param_sync: all-gather of the parameters.
- *   2  gradients are reduce-scattered per layer as soon as the layer's
- *      backward is done on the last micro-step (layer_grads_ready, async, in
- *      the order the layers finish); grad_sync waits for them; param_sync as 1.
+ *   2  as 1; gradients outside the shard are dead after the reduction (and
+ *      counted as sharded in the memory report); param_sync as 1.
  *   3  as 2, and parameters outside the owned shard are released (zeroed)
  *      after use: each layer is all-gathered just before its forward
  *      (layer_pre_forward) and again before its backward
- *      (layer_pre_backward), and released when the next layer takes over.
- *      The embedding/head group (layer -1) stays gathered through the forward
- *      (the head runs last) and is released before the first block backward.
+ *      (layer_pre_backward), the next layer's gather prefetched meanwhile,
+ *      and released when the next layer takes over. The embedding/head group
+ *      (layer -1) stays gathered through the forward (the head runs last) and
+ *      is released before the first block backward.
  * Gradient accumulation: hooks communicate only after the last micro-step
  * (stages 0-2); stage 3 gathers parameters on every micro-step, as it must.
  * Clipping uses the global norm: sum over dp of each shard's squared norm.
