@@ -8,6 +8,7 @@
 #include "daemon/joblogs.h"
 #include "daemon/nodes.h"
 #include "daemon/rdzv.h"
+#include "daemon/ui.h"
 #include "daemon/usage.h"
 
 const struct http_route http_routes[] = {
@@ -44,5 +45,8 @@ const struct http_route http_routes[] = {
     {"POST", "/v1/agent/logs", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_logs},
     {"PUT", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_JSON, rdzv_put},
     {"GET", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, rdzv_get_key},
+    /* web view: static files embedded in the binary (daemon/ui.h) */
+    {"GET", "/ui", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_index},
+    {"GET", "/ui/{file}", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_get},
 };
 const size_t http_routes_count = sizeof http_routes / sizeof *http_routes;

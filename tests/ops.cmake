@@ -1,0 +1,25 @@
+# Tests of the operations area (owner: ops): the embedded web view (daemon/ui),
+# its headless-Chromium test, deploy/ (Grafana dashboard vs. loomd's metrics,
+# example configs vs. --help).
+if(TARGET loom_daemon)
+    add_executable(test_ui ${CMAKE_CURRENT_LIST_DIR}/unit/test_ui.c)
+    target_link_libraries(test_ui PRIVATE loom_daemon)
+    loom_warnings(test_ui)
+    add_test(NAME unit.ui_embed COMMAND test_ui ${CMAKE_SOURCE_DIR}/daemon/ui)
+    set_tests_properties(unit.ui_embed PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+endif()
+
+# The web view in headless Chromium (label ui, not unit: it needs Debian's
+# chromium and `npm ci` in tests/ui; it installs nothing and exits 77 =
+# skipped when either is missing). LOOM_UI_SCREENSHOTS=docs refreshes the
+# screenshots under docs/.
+if(TARGET loomd AND TARGET loom-agent AND TARGET loom-worker)
+    find_program(LOOM_NODE node)
+    if(LOOM_NODE)
+        add_test(NAME ui.web_view COMMAND ${LOOM_NODE} ${CMAKE_CURRENT_LIST_DIR}/ui/ui_test.mjs
+                                          ${CMAKE_BINARY_DIR}/bin)
+    else()
+        add_test(NAME ui.web_view COMMAND sh -c "echo 'SKIP: node (nodejs) not found'; exit 77")
+    endif()
+    set_tests_properties(ui.web_view PROPERTIES LABELS "ui" SKIP_RETURN_CODE 77 TIMEOUT 150)
+endif()
