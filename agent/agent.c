@@ -29,7 +29,8 @@
 
 struct agent_desired {
     pthread_mutex_t mu;
-    json_t *tasks; /* array from the last assignments reply; NULL before the first */
+    pthread_cond_t cv; /* signalled when a new desired set arrives */
+    json_t *tasks;     /* array from the last assignments reply; NULL before the first */
     char version[128];
     int generation; /* bumped on every new reply */
     int need_register;
@@ -184,6 +185,7 @@ static void *poll_main(void *arg) {
                          ? json_string_value(json_object_get(reply, "version"))
                          : "");
             a->d.generation++;
+            pthread_cond_signal(&a->d.cv);
             pthread_mutex_unlock(&a->d.mu);
             backoff = 200;
         } else {
@@ -296,6 +298,18 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
     a->hb_now = 1;
 }
 
+/* Every byte of both log files has reached loomd. */
+static int logs_shipped(const struct task *t) {
+    static const char *const names[2] = {"stdout.log", "stderr.log"};
+    for (int s = 0; s < 2; s++) {
+        char path[1100];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", t->dir, names[s]);
+        if (stat(path, &st) == 0 && st.st_size > t->ship_off[s]) return 0;
+    }
+    return 1;
+}
+
 static void reconcile(struct agent *a, int64_t now) {
     pthread_mutex_lock(&a->d.mu);
     if (a->d.generation != a->seen_generation && a->d.tasks) {
@@ -314,7 +328,7 @@ static void reconcile(struct agent *a, int64_t now) {
         int want = desired_has(a->desired, t);
         if (!want && t->state == TASK_RUNNING)
             task_stop(t, now, (int)a->cfg->stop_grace_ms, "no longer assigned by loomd");
-        if (!want && t->state == TASK_EXITED && t->final_reported && t->ship_off[0] >= 0 &&
+        if (!want && t->state == TASK_EXITED && t->final_reported && logs_shipped(t) &&
             now - t->exited_ms > 10000) {
             *pp = t->next; /* the directory stays: logs, and the never-twice marker */
             task_free(t);
@@ -406,6 +420,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     memset(&a, 0, sizeof a);
     a.cfg = cfg;
     pthread_mutex_init(&a.d.mu, NULL);
+    pthread_cond_init(&a.d.cv, NULL);
     a.d.stop = stop;
     int rc = -1;
     pthread_t poller;
@@ -478,7 +493,20 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
             a.hb_now = 0;
             a.next_hb_ms = now + cfg->heartbeat_ms;
         }
-        sleep_ms(50);
+        /* Sleep up to 50 ms, but wake at once for a new desired set: the
+         * submit-to-start latency depends on it. */
+        pthread_mutex_lock(&a.d.mu);
+        if (a.d.generation == a.seen_generation) {
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_nsec += 50 * 1000000L;
+            if (dl.tv_nsec >= 1000000000L) {
+                dl.tv_sec++;
+                dl.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&a.d.cv, &a.d.mu, &dl);
+        }
+        pthread_mutex_unlock(&a.d.mu);
     }
     log_info("agent stopping; %s", "workers keep running and are re-adopted on restart");
     rc = 0;
@@ -494,6 +522,7 @@ out:
     json_decref(a.d.tasks);
     client_free(a.cl);
     gpu_inv_free(a.inv);
+    pthread_cond_destroy(&a.d.cv);
     pthread_mutex_destroy(&a.d.mu);
     return rc;
 }

@@ -783,6 +783,17 @@ static void *loop_main(void *arg) {
     return NULL;
 }
 
+/* Submits and cancels signal ld->jobs_changed; forward them to the loop's
+ * own wake-up so a new job is placed at once, not at the next 100 ms tick. */
+static void *forward_main(void *arg) {
+    struct loomd *ld = arg;
+    struct cluster *c = ld->cluster;
+    uint64_t gen = http_notify_gen(&ld->jobs_changed);
+    while (!c->stopping)
+        if (http_wait(NULL, &ld->jobs_changed, &gen, 200) > 0) http_notify_signal(&c->wake);
+    return NULL;
+}
+
 /* ---- start-up: rebuild from the store ---- */
 
 static int load_state(struct store_tx *tx, void *arg) {
@@ -907,6 +918,11 @@ int cluster_start(struct loomd *ld) {
         return -1;
     }
     c->loop_started = 1;
+    if (pthread_create(&c->forward, NULL, forward_main, ld) != 0) {
+        log_error("cluster: cannot start the submit forwarder");
+        return -1;
+    }
+    c->forward_started = 1;
     return 0;
 }
 
@@ -916,6 +932,7 @@ void cluster_stop(struct loomd *ld) {
     c->stopping = 1;
     http_notify_signal(&c->wake);
     if (c->loop_started) pthread_join(c->loop, NULL);
+    if (c->forward_started) pthread_join(c->forward, NULL);
     while (c->attempts) {
         struct cl_attempt *n = c->attempts->next;
         attempt_free(c->attempts);

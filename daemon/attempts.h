@@ -101,8 +101,8 @@ struct cluster {
     struct cl_node nodes[CL_MAX_NODES];
     int nnodes;
     struct cl_attempt *attempts;
-    pthread_t loop;
-    int loop_started;
+    pthread_t loop, forward;
+    int loop_started, forward_started;
     volatile int stopping;
     char logs_dir[1024];
     struct cl_hist queue_wait; /* submit -> placed, seconds */

@@ -52,7 +52,8 @@ def pid_alive(pid):
 
 
 class Cluster:
-    def __init__(self, nodes=2, devices=2, node_timeout=3, hang_timeout=5):
+    def __init__(self, nodes=2, devices=2, node_timeout=3, hang_timeout=5, worker=None):
+        self.worker = worker or WORKER
         self.tmp = tempfile.mkdtemp(prefix="loom-cluster-")
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
@@ -93,7 +94,7 @@ class Cluster:
         p = subprocess.Popen(
             [os.path.join(BIN, "loom-agent"), "--coordinator", self.url, "--name", name,
              "--work-dir", os.path.join(self.tmp, name), "--cpu-devices", str(devices),
-             "--worker", WORKER, "--heartbeat-ms", "500", "--stop-grace-ms", "1000",
+             "--worker", self.worker, "--heartbeat-ms", "500", "--stop-grace-ms", "1000",
              "--retry-max-ms", "500"],
             env=self.env, stdout=self.log(name), stderr=subprocess.STDOUT)
         self.agents[name] = p
@@ -359,6 +360,8 @@ def sc_node_lost(c):
     c.wait(lambda: c.job(jid)["attempt"] == 1, c.node_timeout + 10, "job re-queued")
     requeue = time.time() - t0
     check(requeue <= 20, "re-queued within 20 s (took %.1f)" % requeue)
+    why = [e[3] for e in event_reasons(c, jid) if e[1] == "queued" and e[2] == 1]
+    check(why and "node %s lost" % node in why[0], "retry names the lost node: %s" % why)
     j = c.wait_state(jid, ("running", "succeeded"), 10)
     check(all(p["node"] != node for p in j["placement"]), "re-placed on the other node")
     c.wait_state(jid, "succeeded", 30)
@@ -475,6 +478,39 @@ def sc_sched(c):
     check("loom_queue_wait_seconds_bucket" in text, "metrics: queue wait histogram")
 
 
+def sc_real_worker(c):
+    """The real loom-worker (cpu backend, tiny GPT-2) under an agent."""
+    shards = os.path.join(c.tmp, "shards")
+    corpus = os.path.join(c.tmp, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write(" ".join("loom trains tiny models on cpu devices %d" % i for i in range(4000)))
+    r = subprocess.run([os.path.join(BIN, "loom-data"), "prepare", "--in", corpus, "--out", shards],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "loom-data prepare: %s" % r.stderr.decode()[-300:])
+    spec = {
+        "name": "real",
+        "model": {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 32, "d_ff": 128,
+                  "vocab_size": 256, "seq_len": 16},
+        "data": {"train": os.path.join(shards, "train_*.bin")},
+        "parallel": {"dp": 1, "tp": 1, "pp": 1},
+        "train": {"steps": 4, "global_batch_tokens": 64, "micro_batch": 4, "precision": "fp32",
+                  "lr": 0.001, "warmup_steps": 1},
+        "checkpoint": {"every_steps": 2, "keep": 1},
+        "resources": {"device": "cpu", "gpus_per_node": 2},
+    }
+    st, j = c.request("POST", "/v1/jobs", spec)
+    check(st == 201, "submit: %s %s" % (st, j))
+    jid = j["id"]
+    j = c.wait_state(jid, ("succeeded", "failed"), 60)
+    check(j["state"] == "succeeded", "real worker job: %s" % event_reasons(c, jid))
+    st, m = c.get("/v1/jobs/%s/metrics" % jid)
+    check(st == 200 and [p["step"] for p in m["series"]] == [1, 2, 3, 4],
+          "4 real steps recorded: %s" % m)
+    check(all(p["loss"] > 0 for p in m["series"]), "losses are positive")
+    ck = os.path.join(j["out_dir"], "checkpoints")
+    check(os.path.isdir(ck) and os.listdir(ck), "checkpoint written under the job's out_dir")
+
+
 SCENARIOS = {
     "happy": (sc_happy, {}),
     "crash": (sc_crash, {}),
@@ -486,6 +522,7 @@ SCENARIOS = {
     "cancel": (sc_cancel, {}),
     "rdzv": (sc_rdzv, {}),
     "sched": (sc_sched, {}),
+    "real_worker": (sc_real_worker, {"worker": os.path.join(BIN, "loom-worker")}),
 }
 
 
@@ -494,10 +531,14 @@ def main():
         if not os.access(os.path.join(BIN, b), os.X_OK):
             print("SKIP: %s not built" % b)
             return 77
-    if not os.access(WORKER, os.X_OK):
-        print("SKIP: worker %s not built" % WORKER)
-        return 77
     fn, kw = SCENARIOS[SCENARIO]
+    needed = [kw.get("worker", WORKER)]
+    if SCENARIO == "real_worker":
+        needed.append(os.path.join(BIN, "loom-data"))
+    for w in needed:
+        if not os.access(w, os.X_OK):
+            print("SKIP: %s not built" % w)
+            return 77
     c = Cluster(**kw)
     ok = False
     try:

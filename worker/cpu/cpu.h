@@ -54,6 +54,15 @@ void cpu_mm_nt(float *out, const float *X, const float *W, const float *bias, in
 void cpu_mm_acc(float *C, size_t ldc, const float *A, size_t sam, size_t sak, const float *B,
                 size_t ldb, int m0, int m1, int J, int K);
 
+/* One causal attention row (query t of one head): k, v point at row 0 of
+ * the kv head, rows S apart; p is scratch of t+1 floats. The backward row
+ * accumulates into dq [HD] and into dk, dv rows 0..t (same stride S). */
+void cpu_attn_fwd_row(float *o, float *lse, const float *q, const float *k, const float *v,
+                      size_t S, int t, int HD, float scale, float *p);
+void cpu_attn_bwd_row(float *dq, float *dk, float *dv, const float *q, const float *k,
+                      const float *v, const float *dy, const float *o, float lse, size_t S, int t,
+                      int HD, float scale, float *p);
+
 /* Layer kernels (worker/cpu/cpu_nn.c); signatures as in struct backend. */
 void cpu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,
                        const void *wpe, int B, int T, int C);

@@ -1,7 +1,7 @@
-/* CPU backend: the two matrix-multiply micro-kernels behind matmul forward,
- * backward and the classifier.
+/* CPU backend: the micro-kernels behind matmul forward/backward, the
+ * classifier and attention.
  *
- * Both are register-tiled with 8-wide vectors (GCC vector extensions) and
+ * The matmul kernels are register-tiled with 8-wide vectors (GCC vector extensions) and
  * compiled twice (AVX2 and baseline x86-64, picked at load time through
  * target_clones). Neither clone can fuse multiply-add (no FMA target), so the
  * two produce the same bits and results do not depend on the machine. Every
@@ -9,6 +9,7 @@
  *  - cpu_mm_nt:  out = dot(x, w) with lane k summing i = k mod 8 in increasing
  *    i, lanes added in a fixed tree, then the IC % 8 tail in order;
  *  - cpu_mm_acc: C += (sum over k in increasing order, starting from 0). */
+#include <math.h>
 #include <string.h>
 
 #include "worker/cpu/cpu.h"
@@ -156,4 +157,60 @@ cpu_mm_acc(float *C, size_t ldc, const float *A, size_t sam, size_t sak, const f
             }
         }
     }
+}
+
+/* ---- attention rows ---- */
+
+/* Dot product with the lane order of cpu_mm_nt. */
+static inline float vdot(const float *a, const float *b, int n) {
+    int n8 = n & ~7;
+    v8 acc = {0};
+    for (int i = 0; i < n8; i += 8)
+        acc += ld(a + i) * ld(b + i);
+    return dot_tail(hsum(acc), a, b, n8, n);
+}
+
+static inline void vaxpy(float *restrict y, float a, const float *restrict x, int n) {
+    int n8 = n & ~7;
+    for (int i = 0; i < n8; i += 8)
+        st(y + i, ld(y + i) + a * ld(x + i));
+    for (int i = n8; i < n; i++)
+        y[i] += a * x[i];
+}
+
+__attribute__((target_clones("avx2", "default"))) void
+cpu_attn_fwd_row(float *o, float *lse, const float *q, const float *k, const float *v, size_t S,
+                 int t, int HD, float scale, float *p) {
+    float m = -INFINITY;
+    for (int j = 0; j <= t; j++) {
+        p[j] = vdot(q, k + (size_t)j * S, HD) * scale;
+        if (p[j] > m) m = p[j];
+    }
+    float sum = 0;
+    for (int j = 0; j <= t; j++) {
+        p[j] = expf(p[j] - m);
+        sum += p[j];
+    }
+    float inv = 1.0f / sum;
+    memset(o, 0, (size_t)HD * sizeof *o);
+    for (int j = 0; j <= t; j++)
+        vaxpy(o, p[j] * inv, v + (size_t)j * S, HD);
+    *lse = m + logf(sum);
+}
+
+__attribute__((target_clones("avx2", "default"))) void
+cpu_attn_bwd_row(float *dq, float *dk, float *dv, const float *q, const float *k, const float *v,
+                 const float *dy, const float *o, float lse, size_t S, int t, int HD, float scale,
+                 float *p) {
+    float D = vdot(dy, o, HD);
+    for (int j = 0; j <= t; j++) {
+        size_t off = (size_t)j * S;
+        float pj = expf(vdot(q, k + off, HD) * scale - lse);
+        float ds = pj * (vdot(dy, v + off, HD) - D) * scale;
+        p[j] = ds;
+        vaxpy(dk + off, ds, q, HD);
+        vaxpy(dv + off, pj, dy, HD);
+    }
+    for (int j = 0; j <= t; j++)
+        vaxpy(dq, p[j], k + (size_t)j * S, HD);
 }

@@ -361,26 +361,11 @@ void cpu_attention_fwd(void *ctx, void *out_, float *lse, const void *qkv_, int 
         for (long idx = 0; idx < total; idx++) {
             int t = (int)(idx % T), h = (int)((idx / T) % NH), b = (int)(idx / ((long)T * NH));
             int kvh = h / grp;
-            const float *q = qkv + ((size_t)b * T + t) * S + (size_t)h * HD;
-            float m = -INFINITY;
-            for (int j = 0; j <= t; j++) {
-                const float *k = qkv + ((size_t)b * T + j) * S + (size_t)(NH + kvh) * HD;
-                p[j] = dot(q, k, HD) * scale;
-                if (p[j] > m) m = p[j];
-            }
-            float sum = 0;
-            for (int j = 0; j <= t; j++) {
-                p[j] = expf(p[j] - m);
-                sum += p[j];
-            }
-            float inv = 1.0f / sum;
-            float *o = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-            memset(o, 0, (size_t)HD * sizeof *o);
-            for (int j = 0; j <= t; j++) {
-                const float *v = qkv + ((size_t)b * T + j) * S + (size_t)(NH + NKV + kvh) * HD;
-                axpy(o, p[j] * inv, v, HD);
-            }
-            lse[((size_t)b * NH + h) * T + t] = m + logf(sum);
+            const float *base = qkv + (size_t)b * T * S;
+            cpu_attn_fwd_row(out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD,
+                             lse + ((size_t)b * NH + h) * T + t, base + (size_t)t * S + h * HD,
+                             base + (size_t)(NH + kvh) * HD, base + (size_t)(NH + NKV + kvh) * HD,
+                             (size_t)S, t, HD, scale, p);
         }
     }
 }
@@ -403,27 +388,14 @@ void cpu_attention_bwd(void *ctx, void *dqkv_, const void *dout_, const void *qk
             int b = task / NKV, kvh = task % NKV;
             for (int h = kvh * grp; h < (kvh + 1) * grp; h++) {
                 for (int t = 0; t < T; t++) {
-                    size_t row = (size_t)b * T + t;
-                    const float *q = qkv + row * S + (size_t)h * HD;
-                    const float *dy = dout + row * NH * HD + (size_t)h * HD;
-                    const float *o = out + row * NH * HD + (size_t)h * HD;
-                    float l = lse[((size_t)b * NH + h) * T + t];
-                    float D = dot(dy, o, HD);
-                    float *dq = dqkv + row * S + (size_t)h * HD;
-                    for (int j = 0; j <= t; j++) {
-                        size_t rj = (size_t)b * T + j;
-                        const float *k = qkv + rj * S + (size_t)(NH + kvh) * HD;
-                        const float *v = qkv + rj * S + (size_t)(NH + NKV + kvh) * HD;
-                        float pj = expf(dot(q, k, HD) * scale - l);
-                        float ds = pj * (dot(dy, v, HD) - D) * scale;
-                        p[j] = ds;
-                        axpy(dqkv + rj * S + (size_t)(NH + kvh) * HD, ds, q, HD);
-                        axpy(dqkv + rj * S + (size_t)(NH + NKV + kvh) * HD, pj, dy, HD);
-                    }
-                    for (int j = 0; j <= t; j++) {
-                        const float *k = qkv + ((size_t)b * T + j) * S + (size_t)(NH + kvh) * HD;
-                        axpy(dq, p[j], k, HD);
-                    }
+                    size_t row = (size_t)b * T + t, kb = (size_t)b * T * S;
+                    cpu_attn_bwd_row(
+                        dqkv + row * S + (size_t)h * HD, dqkv + kb + (size_t)(NH + kvh) * HD,
+                        dqkv + kb + (size_t)(NH + NKV + kvh) * HD, qkv + row * S + (size_t)h * HD,
+                        qkv + kb + (size_t)(NH + kvh) * HD,
+                        qkv + kb + (size_t)(NH + NKV + kvh) * HD,
+                        dout + row * NH * HD + (size_t)h * HD, out + row * NH * HD + (size_t)h * HD,
+                        lse[((size_t)b * NH + h) * T + t], (size_t)S, t, HD, scale, p);
                 }
             }
         }
