@@ -423,8 +423,15 @@ int zero_gather_master(struct zero *z, float *h) {
         b->download(b->ctx, h, e->master, e->n_params * sizeof(float));
         return 0;
     }
-    b->download(b->ctx, h + e->shard_off, e->master, e->shard_n * sizeof(float));
-    return comm_all_gather(z->dp, h + e->shard_off, h, e->n_params, COMM_F32, NULL) == 0 ? 0 : -1;
+    /* Gather in backend memory (device memory for nccl), then download. */
+    float *d = b->alloc(b->ctx, e->n_params * sizeof(float));
+    if (!d) return -1;
+    b->copy(b->ctx, d + e->shard_off, e->master, e->shard_n * sizeof(float));
+    b->sync(b->ctx);
+    int rc = comm_all_gather(z->dp, d + e->shard_off, d, e->n_params, COMM_F32, NULL);
+    if (rc == 0) b->download(b->ctx, h, d, e->n_params * sizeof(float));
+    b->free(b->ctx, d);
+    return rc == 0 ? 0 : -1;
 }
 
 /* ---- checkpoint resharding */

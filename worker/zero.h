@@ -89,7 +89,8 @@ int zero_agree(void *ctx, int *ok);
 void zero_mem_model(const struct engine *e, int stage, int dp, struct engine_mem *out);
 
 /* Every rank: the full fp32 master weights into host h[n_params] (for export
- * and tests). Collective over dp. Host-memory backends only (cpu). */
+ * and tests). Collective over dp; gathers in backend memory (a temporary
+ * n_params fp32 buffer), so it works on device backends too. */
 int zero_gather_master(struct zero *z, float *h);
 
 /* Load checkpoint directory `dir` into e whatever dp size and ZeRO stage
