@@ -520,7 +520,7 @@ static int fault_child(int rank, int world, const char *rdzv, void *arg) {
     CHECK(comm_allreduce(c, buf, 4096, COMM_F32, COMM_SUM, NULL) == 0, "warm-up");
     if (rank == 2) {
         if (fa->fault == FAULT_KILL) raise(SIGKILL);
-        sleep((unsigned)(fa->timeout_ms / 1000 + 4)); /* hang well past the timeout */
+        sleep((unsigned)(fa->timeout_ms / 1000 + 1)); /* hang past the timeout */
         _exit(1);
     }
     t0 = now_s();

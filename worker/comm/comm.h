@@ -48,7 +48,9 @@ struct comm_world;
 struct comm;
 struct comm_req;
 
-#define COMM_DEFAULT_TIMEOUT_MS 60000
+/* 5 min: a dead peer fails the others at once (its sockets close); the
+ * timeout bounds hangs and absent peers (LOOM_COMM_TIMEOUT_MS overrides). */
+#define COMM_DEFAULT_TIMEOUT_MS 300000
 
 struct comm_world_opts {
     /* "auto" (NULL too): "local" when world == 1, else "gloo" for device cpu
