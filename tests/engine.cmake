@@ -24,3 +24,12 @@ if(TARGET loom-worker)
     set_tests_properties(integration.engine.worker PROPERTIES LABELS "integration;sanitize"
                          TIMEOUT 300)
 endif()
+
+# Quick-start corpus: a small model lowers the validation loss (skipped without the corpus).
+if(TARGET loom-worker AND TARGET loom-data)
+    add_test(NAME integration.engine.quickstart
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/engine_quickstart.sh
+                     $<TARGET_FILE:loom-data> $<TARGET_FILE:loom-worker>)
+    set_tests_properties(integration.engine.quickstart PROPERTIES LABELS "integration"
+                         SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
