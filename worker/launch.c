@@ -134,8 +134,12 @@ int launch_local(int argc, char **argv, int nproc) {
             sigaction(SIGINT, &old_int, NULL);
             setenv("LOOM_NPROC", "1", 1);
             char dev[64];
-            if (visible && nth_entry(visible, r, dev, sizeof(dev)) == 0)
+            if (visible && nth_entry(visible, r, dev, sizeof(dev)) == 0) {
                 setenv("CUDA_VISIBLE_DEVICES", dev, 1);
+            } else if (!visible) { /* all GPUs visible: rank r takes GPU r */
+                snprintf(dev, sizeof(dev), "%d", r);
+                setenv("CUDA_VISIBLE_DEVICES", dev, 1);
+            }
             if (r > 0 && dup2(STDERR_FILENO, STDOUT_FILENO) < 0) _exit(126);
             execv("/proc/self/exe", cargv);
             execvp(argv[0], cargv);

@@ -4,8 +4,9 @@
  * Each child is this executable (/proc/self/exe) with the caller's arguments
  * minus --nproc/--rank/--world/--rdzv/--local-rank, plus --rank R --world N
  * --local-rank R --rdzv file:DIR, where DIR is a fresh temporary directory
- * (removed afterwards). Environment: LOOM_NPROC=1 (no recursion) and, when
- * CUDA_VISIBLE_DEVICES lists devices, the R-th of them for rank R.
+ * (removed afterwards). Environment: LOOM_NPROC=1 (no recursion) and
+ * CUDA_VISIBLE_DEVICES = the R-th entry of the caller's list, or R when the
+ * caller set none (one GPU per rank; the worker then uses its device 0).
  * Rank 0's stdout is the launcher's stdout (the job's JSON lines); the other
  * ranks' stdout goes to the launcher's stderr, so consumers see one stream.
  * If any rank exits non-zero or dies, the others get SIGTERM, then SIGKILL
