@@ -174,6 +174,7 @@ int main(int argc, char **argv) {
             attempt, rank, world, start);
     if (rendezvous(getenv("LOOM_RDZV"), getenv("LOOM_RDZV_TOKEN"), rank, world) != 0) {
         printf("{\"type\":\"error\",\"message\":\"rendezvous failed\"}\n");
+        json_decref(spec);
         return 1;
     }
     for (long s = start + 1; s <= steps; s++) {
@@ -182,6 +183,7 @@ int main(int argc, char **argv) {
             (crash_attempt < 0 || crash_attempt == attempt)) {
             fprintf(stderr, "fake_worker: injected crash at step %ld (code %ld)\n", s, crash_code);
             printf("{\"type\":\"error\",\"message\":\"injected crash at step %ld\"}\n", s);
+            json_decref(spec);
             return (int)crash_code;
         }
         if (s == hang_step && (hang_rank < 0 || hang_rank == rank) &&
@@ -207,6 +209,7 @@ int main(int argc, char **argv) {
     }
     printf("{\"type\":\"summary\",\"steps\":%ld,\"resumed_from\":%ld}\n", steps, start);
     fprintf(stderr, "fake_worker: done\n");
-    json_decref(spec);
-    return (int)opt("fake_exit_code", 0);
+    int code = (int)opt("fake_exit_code", 0);
+    json_decref(spec); /* after the last opt(): labels point into spec */
+    return code;
 }

@@ -422,6 +422,7 @@ def sc_rdzv(c):
     jid2 = c.submit(world=2, steps=100, step_ms=100)
     c.wait_state(jid, "running", 10)
     c.wait_state(jid2, "running", 10)
+    c.wait(lambda: len(c.workers(jid)) == 2 and len(c.workers(jid2)) == 2, 10, "workers up")
     tok = c.workers(jid)[0][4]
     tok2 = c.workers(jid2)[0][4]
     path = "/v1/rdzv/%s/0/fake-addr" % jid
