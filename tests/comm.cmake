@@ -37,4 +37,13 @@ if(TARGET loom_engine)
              COMMAND bench_allreduce --ranks 2,3 --min-mb 0.25 --max-mb 1 --iters 2)
     set_tests_properties(unit.comm.bench_smoke PROPERTIES LABELS unit TIMEOUT 60
                          SKIP_RETURN_CODE 77)
+
+    # The nccl backend on 2-4 GPUs (label gpu; exit 77 without 2 GPUs).
+    if(TARGET loom_nccl)
+        add_executable(test_comm_nccl ${CMAKE_CURRENT_LIST_DIR}/gpu/test_comm_nccl.c)
+        target_link_libraries(test_comm_nccl PRIVATE loom_engine CUDA::cudart_static m)
+        loom_warnings(test_comm_nccl)
+        add_test(NAME gpu.comm.nccl COMMAND test_comm_nccl)
+        set_tests_properties(gpu.comm.nccl PROPERTIES LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
+    endif()
 endif()

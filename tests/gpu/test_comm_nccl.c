@@ -1,0 +1,250 @@
+/* GPU test of the nccl comm backend (worker/nccl) through the comm layer:
+ * every collective on device buffers against a host reference (sizes
+ * divisible and not by the group size, variable slices with empty ones, bf16,
+ * p2p ring, barrier), one rank per GPU (2-4 GPUs, forked ranks, file:
+ * rendezvous), and a killed peer making the others fail within the timeout.
+ * Needs at least 2 GPUs: exits 77 (skipped, never passed) otherwise.
+ * Note: written and compiled with the comm layer; first run on the GPU
+ * machine belongs to the CUDA issues. */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "common/log.h"
+#include "worker/comm/comm.h"
+
+static int failures;
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "[pid %d] %s:%d: CHECK(%s) failed: ", (int)getpid(), __FILE__,         \
+                    __LINE__, #cond);                                                              \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static float val(uint64_t seed, int r, size_t i) {
+    uint64_t x = seed * 1000003ull + (uint64_t)r * 7919ull + i * 0x100000001b3ull;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (float)((x >> 40) / (double)(1 << 24) * 2.0 - 1.0);
+}
+
+/* GPU count from a child process, so this process never initialises CUDA
+ * before forking the ranks. */
+static int gpu_count(void) {
+    pid_t p = fork();
+    if (p == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+        _exit(n > 8 ? 8 : n);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
+
+static struct comm *join(int rank, int world, const char *rdzv, int timeout_ms,
+                         struct comm_world **wout) {
+    struct comm_world_opts o = {.backend = "nccl",
+                                .device = "cuda",
+                                .rank = rank,
+                                .world = world,
+                                .rdzv = rdzv,
+                                .timeout_ms = timeout_ms,
+                                .cuda_device = rank};
+    char err[512];
+    struct comm_world *w = comm_world_new(&o, err, sizeof(err));
+    if (!w) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        return NULL;
+    }
+    int ranks[8];
+    for (int i = 0; i < world; i++)
+        ranks[i] = i;
+    struct comm *c = comm_new(w, "world", ranks, world, err, sizeof(err));
+    if (!c) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        comm_world_free(w);
+        return NULL;
+    }
+    *wout = w;
+    return c;
+}
+
+static int collectives(int rank, int world, const char *rdzv) {
+    struct comm_world *w = NULL;
+    struct comm *c = join(rank, world, rdzv, 60000, &w);
+    if (!c) return 1;
+    static const size_t sizes[] = {1, 7, 1000, 65537, 1 << 20};
+    size_t maxn = 1 << 20;
+    float *h = malloc(maxn * sizeof(float)), *o = malloc(maxn * sizeof(float)), *d = NULL,
+          *d2 = NULL;
+    cudaMalloc((void **)&d, maxn * sizeof(float));
+    cudaMalloc((void **)&d2, maxn * sizeof(float));
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        size_t n = sizes[k];
+        /* allreduce */
+        for (size_t i = 0; i < n; i++)
+            h[i] = val(k, rank, i);
+        cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+        CHECK(comm_allreduce(c, d, n, COMM_F32, COMM_SUM, NULL) == 0, "%s", comm_error(c));
+        cudaMemcpy(o, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+        double worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            double ref = 0;
+            for (int r = 0; r < world; r++)
+                ref += val(k, r, i);
+            worst = fmax(worst, fabs(o[i] - ref));
+        }
+        CHECK(worst < 1e-5 * world, "allreduce n=%zu err %g", n, worst);
+        /* reduce-scatter (in place) and all-gather (in place) */
+        size_t off, cnt;
+        comm_shard_range(n, world, rank, &off, &cnt);
+        cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+        CHECK(comm_reduce_scatter(c, d, d + off, n, COMM_F32, COMM_SUM, NULL) == 0, "%s",
+              comm_error(c));
+        cudaMemcpy(o, d + off, cnt * sizeof(float), cudaMemcpyDeviceToHost);
+        worst = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            double ref = 0;
+            for (int r = 0; r < world; r++)
+                ref += val(k, r, off + i);
+            worst = fmax(worst, fabs(o[i] - ref));
+        }
+        CHECK(worst < 1e-5 * world, "reduce_scatter n=%zu err %g", n, worst);
+        for (size_t i = 0; i < n; i++)
+            h[i] = (float)i;
+        cudaMemcpy(d + off, h + off, cnt * sizeof(float), cudaMemcpyHostToDevice);
+        CHECK(comm_all_gather(c, d + off, d, n, COMM_F32, NULL) == 0, "%s", comm_error(c));
+        cudaMemcpy(o, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += o[i] != (float)i;
+        CHECK(bad == 0, "all_gather n=%zu: %zu wrong", n, bad);
+        /* broadcast from the last rank */
+        for (size_t i = 0; i < n; i++)
+            h[i] = rank == world - 1 ? val(k + 9, 0, i) : 0;
+        cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+        CHECK(comm_broadcast(c, d, n, COMM_F32, world - 1, NULL) == 0, "%s", comm_error(c));
+        cudaMemcpy(o, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += o[i] != val(k + 9, 0, i);
+        CHECK(bad == 0, "broadcast n=%zu: %zu wrong", n, bad);
+        /* p2p ring */
+        for (size_t i = 0; i < n; i++)
+            h[i] = val(k + 5, rank, i);
+        cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+        int right = (rank + 1) % world, left = (rank + world - 1) % world;
+        CHECK(comm_sendrecv(c, d, n, right, d2, n, left, COMM_F32) == 0, "%s", comm_error(c));
+        cudaMemcpy(o, d2, n * sizeof(float), cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += o[i] != val(k + 5, left, i);
+        CHECK(bad == 0, "sendrecv n=%zu: %zu wrong", n, bad);
+    }
+    /* variable slices with an empty one */
+    size_t counts[8], total = 0, myoff = 0;
+    for (int r = 0; r < world; r++) {
+        counts[r] = r == 0 ? 0 : (size_t)(1000 * r + 3);
+        if (r < rank) myoff += counts[r];
+        total += counts[r];
+    }
+    for (size_t i = 0; i < total; i++)
+        h[i] = val(77, rank, i);
+    cudaMemcpy(d, h, total * sizeof(float), cudaMemcpyHostToDevice);
+    CHECK(comm_reduce_scatterv(c, d, d + myoff, counts, COMM_F32, COMM_SUM, NULL) == 0, "%s",
+          comm_error(c));
+    cudaMemcpy(o, d + myoff, counts[rank] * sizeof(float), cudaMemcpyDeviceToHost);
+    double worst = 0;
+    for (size_t i = 0; i < counts[rank]; i++) {
+        double ref = 0;
+        for (int r = 0; r < world; r++)
+            ref += val(77, r, myoff + i);
+        worst = fmax(worst, fabs(o[i] - ref));
+    }
+    CHECK(worst < 1e-5 * world, "reduce_scatterv err %g", worst);
+    CHECK(comm_all_gatherv(c, d + myoff, d, counts, COMM_F32, NULL) == 0, "%s", comm_error(c));
+    CHECK(comm_barrier(c, NULL) == 0, "barrier: %s", comm_error(c));
+    cudaFree(d);
+    cudaFree(d2);
+    free(h);
+    free(o);
+    comm_free(c);
+    comm_world_free(w);
+    return failures ? 1 : 0;
+}
+
+static int killed_peer(int rank, int world, const char *rdzv) {
+    struct comm_world *w = NULL;
+    struct comm *c = join(rank, world, rdzv, 5000, &w);
+    if (!c) return 1;
+    float *d = NULL;
+    cudaMalloc((void **)&d, 4096 * sizeof(float));
+    CHECK(comm_allreduce(c, d, 4096, COMM_F32, COMM_SUM, NULL) == 0, "warm-up");
+    if (rank == world - 1) raise(SIGKILL);
+    double t0 = now_s();
+    int rc = 0;
+    for (int k = 0; k < 1000 && rc == 0; k++)
+        rc = comm_allreduce(c, d, 4096, COMM_F32, COMM_SUM, NULL);
+    double dt = now_s() - t0;
+    fprintf(stderr, "rank %d: after the kill: rc %d after %.2f s: %s\n", rank, rc, dt,
+            comm_error(c));
+    _exit(rc < 0 && dt < 5 + 10 ? 3 : 1);
+}
+
+static unsigned run(int world, int (*fn)(int, int, const char *), int *st) {
+    char dir[] = "/tmp/loom-test-nccl-XXXXXX", spec[64];
+    if (!mkdtemp(dir)) return ~0u;
+    snprintf(spec, sizeof(spec), "file:%s", dir);
+    pid_t pids[8];
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(fn(r, world, spec));
+    }
+    unsigned bad = 0;
+    for (int r = 0; r < world; r++) {
+        waitpid(pids[r], &st[r], 0);
+        if (!WIFEXITED(st[r]) || WEXITSTATUS(st[r]) != 0) bad |= 1u << r;
+    }
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return bad;
+}
+
+int main(void) {
+    log_init("test_comm_nccl", LOG_WARN);
+    int n = gpu_count();
+    if (n < 2) {
+        printf("SKIP: %d GPU(s); the nccl comm test needs at least 2\n", n);
+        return 77;
+    }
+    int world = n < 4 ? n : 4, st[8];
+    unsigned bad = run(world, collectives, st);
+    CHECK(bad == 0, "collectives on %d GPUs: ranks failed (mask %#x)", world, bad);
+    bad = run(world, killed_peer, st);
+    for (int r = 0; r + 1 < world; r++)
+        CHECK(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 3, "killed peer: rank %d status %#x", r,
+              st[r]);
+    printf("test_comm_nccl (%d GPUs): %s\n", world, failures ? "FAIL" : "ok");
+    return failures ? 1 : 0;
+}
