@@ -27,6 +27,9 @@ if(TARGET loom_engine)
             set_tests_properties(integration.comm.dp_${part} PROPERTIES LABELS integration
                                  TIMEOUT 300 SKIP_RETURN_CODE 77)
         endforeach()
+        # quick enough for the sanitizer build too
+        set_tests_properties(integration.comm.dp_reshard integration.comm.dp_launcher
+                             PROPERTIES LABELS "integration;sanitize")
     endif()
 
     # The all-reduce benchmark (docs/perf.md); its smoke run checks results.
