@@ -7,8 +7,6 @@ if(TARGET loom_engine)
         add_test(NAME unit.engine.${t} COMMAND test_${t})
         set_tests_properties(unit.engine.${t} PROPERTIES LABELS "unit;sanitize" TIMEOUT 120)
     endforeach()
-    # test_train runs hundreds of forward passes: too slow for the sanitizer build.
-    set_tests_properties(unit.engine.train PROPERTIES LABELS "unit")
     # Benchmark (not a test): build/bin/bench_cpu; numbers in docs/perf.md.
     add_executable(bench_cpu ${CMAKE_CURRENT_LIST_DIR}/bench/bench_cpu.c)
     target_link_libraries(bench_cpu PRIVATE loom_engine)

@@ -34,7 +34,7 @@ struct cpu_ctx {
     int nt;         /* threads for every parallel region */
     size_t par_min; /* least work for a threaded region */
     struct backend_limits lim;
-    float *attn_scratch; /* [nt, T] softmax row per thread */
+    float *attn_scratch; /* [nt, 2T] softmax rows per thread */
     float *logits;       /* [CLS_CHUNK, Vp] classifier chunk */
     int cls_chunk;       /* rows per classifier chunk */
     float *rope_tab;     /* [T, HD/2] cos then [T, HD/2] sin */
@@ -56,12 +56,18 @@ void cpu_mm_acc(float *C, size_t ldc, const float *A, size_t sam, size_t sak, co
 
 /* One causal attention row (query t of one head): k, v point at row 0 of
  * the kv head, rows S apart; p is scratch of t+1 floats. The backward row
- * accumulates into dq [HD] and into dk, dv rows 0..t (same stride S). */
+ * accumulates into dq [HD] and into dk, dv rows 0..t (same stride S); its
+ * scratch p needs 2*(t+1) floats. */
 void cpu_attn_fwd_row(float *o, float *lse, const float *q, const float *k, const float *v,
                       size_t S, int t, int HD, float scale, float *p);
 void cpu_attn_bwd_row(float *dq, float *dk, float *dv, const float *q, const float *k,
                       const float *v, const float *dy, const float *o, float lse, size_t S, int t,
                       int HD, float scale, float *p);
+
+/* Softmax cross-entropy of one logits row l[0..Vp): returns the loss
+ * logsumexp(l[0..V)) - l[target]; with grads, l becomes
+ * grad_scale * (softmax - onehot) on [0, V) and 0 on the padding [V, Vp). */
+float cpu_xent_row(float *l, int V, int Vp, int target, float grad_scale, int grads);
 
 /* Layer kernels (worker/cpu/cpu_nn.c); signatures as in struct backend. */
 void cpu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,

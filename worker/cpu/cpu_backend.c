@@ -57,7 +57,7 @@ static int cpu_reserve(void *ctx, const struct backend_limits *lim) {
     if (lim->threads > 0) cx->nt = lim->threads;
     int rows = lim->B * lim->T;
     cx->cls_chunk = CLS_CHUNK;
-    cx->attn_scratch = malloc((size_t)cx->nt * (lim->T > 0 ? lim->T : 1) * sizeof(float));
+    cx->attn_scratch = malloc((size_t)cx->nt * 2 * (lim->T > 0 ? lim->T : 1) * sizeof(float));
     cx->logits = malloc((size_t)CLS_CHUNK * (lim->Vp > 0 ? lim->Vp : 1) * sizeof(float));
     if (!cx->attn_scratch || !cx->logits) {
         log_error("cpu backend: out of memory reserving workspaces (rows=%d Vp=%d)", rows, lim->Vp);

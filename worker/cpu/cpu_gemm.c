@@ -10,29 +10,35 @@
  *    i, lanes added in a fixed tree, then the IC % 8 tail in order;
  *  - cpu_mm_acc: C += (sum over k in increasing order, starting from 0). */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "worker/cpu/cpu.h"
 
-/* The 32-byte vector helpers are static and inlined: no ABI is crossed. */
+/* The 32-byte vector helpers are always inlined, so each clone compiles them
+ * for its own target and no vector crosses a call (an out-of-line helper
+ * built for the baseline would return its vector in memory while an AVX2
+ * caller expects a register: that breaks -O0 builds). */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
 
-static inline v8 ld(const float *p) {
+static inline __attribute__((always_inline)) v8 ld(const float *p) {
     return *(const v8u *)p;
 }
 
-static inline void st(float *p, v8 v) {
+static inline __attribute__((always_inline)) void st(float *p, v8 v) {
     *(v8u *)p = v;
 }
 
-static inline float hsum(v8 v) {
+static inline __attribute__((always_inline)) float hsum(v8 v) {
     return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-static inline float dot_tail(float s, const float *a, const float *b, int i0, int n) {
+static inline __attribute__((always_inline)) float dot_tail(float s, const float *a, const float *b,
+                                                            int i0, int n) {
     for (int i = i0; i < n; i++)
         s += a[i] * b[i];
     return s;
@@ -159,10 +165,102 @@ cpu_mm_acc(float *C, size_t ldc, const float *A, size_t sam, size_t sak, const f
     }
 }
 
+/* ---- exp ---- */
+
+static inline __attribute__((always_inline)) v8 vsel(v8i m, v8 a, v8 b) { /* m ? a : b, lane-wise */
+    return (v8)(((v8i)a & m) | ((v8i)b & ~m));
+}
+
+static inline __attribute__((always_inline)) v8 splat(float f) {
+    return (v8){f, f, f, f, f, f, f, f};
+}
+
+/* exp(x) for 8 lanes: Cephes' expf (range reduction by ln 2 in two parts, a
+ * degree-6 polynomial, 2^k by exponent bits), about 1 ulp on [-87, 88];
+ * below -87.3 it returns 0, above 88.7 the value at 88.7. Every lane runs the
+ * same operations, so a value's result does not depend on its lane. */
+static inline __attribute__((always_inline)) v8 vexp(v8 x) {
+    v8 lo = splat(-87.3f), hi = splat(88.7f);
+    v8i under = x < lo;
+    x = vsel(x > hi, hi, x);
+    x = vsel(under, lo, x);
+    v8 t = x * splat(1.44269504088896341f) + splat(0.5f);
+    v8 k = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
+    k += __builtin_convertvector(k > t, v8); /* truncation -> floor: -1 where k > t */
+    v8 r = x - k * splat(0.693359375f) + k * splat(2.12194440e-4f);
+    v8 y = splat(1.9875691500e-4f);
+    y = y * r + splat(1.3981999507e-3f);
+    y = y * r + splat(8.3334519073e-3f);
+    y = y * r + splat(4.1665795894e-2f);
+    y = y * r + splat(1.6666665459e-1f);
+    y = y * r + splat(5.0000001201e-1f);
+    y = y * r * r + r + splat(1.0f);
+    v8i e = (__builtin_convertvector(k, v8i) + 127) << 23;
+    y = y * (v8)e;
+    return vsel(under, splat(0.0f), y);
+}
+
+/* p[i] = exp(p[i] - shift) for i < n; returns the sum of the results (lanes
+ * summed in a fixed tree, then the partial tail lane block). */
+static inline __attribute__((always_inline)) float vexp_shift_sum(float *p, int n, float shift) {
+    int n8 = n & ~7;
+    v8 acc = {0}, sh = splat(shift);
+    for (int i = 0; i < n8; i += 8) {
+        v8 y = vexp(ld(p + i) - sh);
+        st(p + i, y);
+        acc += y;
+    }
+    float s = hsum(acc);
+    if (n8 < n) {
+        float tmp[8] = {0};
+        memcpy(tmp, p + n8, (size_t)(n - n8) * sizeof(float));
+        v8 y = vexp(ld(tmp) - sh);
+        st(tmp, y);
+        for (int i = 0; i < n - n8; i++) {
+            p[n8 + i] = tmp[i];
+            s += tmp[i];
+        }
+    }
+    return s;
+}
+
+__attribute__((target_clones("avx2", "default"))) float
+cpu_xent_row(float *l, int V, int Vp, int target, float grad_scale, int grads) {
+    float m = -INFINITY;
+    for (int v = 0; v < V; v++)
+        if (l[v] > m) m = l[v];
+    float tl = l[target];
+    if (!grads) {
+        /* the sum only: exponentiate a copy in blocks */
+        float tmp[64], s = 0;
+        for (int v0 = 0; v0 < V; v0 += 64) {
+            int n = V - v0 < 64 ? V - v0 : 64;
+            memcpy(tmp, l + v0, (size_t)n * sizeof(float));
+            s += vexp_shift_sum(tmp, n, m);
+        }
+        return m + logf(s) - tl;
+    }
+    float s = 0;
+    for (int v0 = 0; v0 < V; v0 += 64) {
+        int n = V - v0 < 64 ? V - v0 : 64;
+        s += vexp_shift_sum(l + v0, n, m);
+    }
+    float lz = m + logf(s), inv = grad_scale / s;
+    int V8 = V & ~7;
+    for (int v = 0; v < V8; v += 8)
+        st(l + v, ld(l + v) * splat(inv));
+    for (int v = V8; v < V; v++)
+        l[v] *= inv;
+    l[target] -= grad_scale;
+    for (int v = V; v < Vp; v++)
+        l[v] = 0;
+    return lz - tl;
+}
+
 /* ---- attention rows ---- */
 
 /* Dot product with the lane order of cpu_mm_nt. */
-static inline float vdot(const float *a, const float *b, int n) {
+static inline __attribute__((always_inline)) float vdot(const float *a, const float *b, int n) {
     int n8 = n & ~7;
     v8 acc = {0};
     for (int i = 0; i < n8; i += 8)
@@ -170,7 +268,8 @@ static inline float vdot(const float *a, const float *b, int n) {
     return dot_tail(hsum(acc), a, b, n8, n);
 }
 
-static inline void vaxpy(float *restrict y, float a, const float *restrict x, int n) {
+static inline __attribute__((always_inline)) void vaxpy(float *restrict y, float a,
+                                                        const float *restrict x, int n) {
     int n8 = n & ~7;
     for (int i = 0; i < n8; i += 8)
         st(y + i, ld(y + i) + a * ld(x + i));
@@ -186,11 +285,7 @@ cpu_attn_fwd_row(float *o, float *lse, const float *q, const float *k, const flo
         p[j] = vdot(q, k + (size_t)j * S, HD) * scale;
         if (p[j] > m) m = p[j];
     }
-    float sum = 0;
-    for (int j = 0; j <= t; j++) {
-        p[j] = expf(p[j] - m);
-        sum += p[j];
-    }
+    float sum = vexp_shift_sum(p, t + 1, m);
     float inv = 1.0f / sum;
     memset(o, 0, (size_t)HD * sizeof *o);
     for (int j = 0; j <= t; j++)
@@ -203,9 +298,13 @@ cpu_attn_bwd_row(float *dq, float *dk, float *dv, const float *q, const float *k
                  const float *dy, const float *o, float lse, size_t S, int t, int HD, float scale,
                  float *p) {
     float D = vdot(dy, o, HD);
+    float *pe = p + t + 1; /* probabilities; p holds the score gradients */
+    for (int j = 0; j <= t; j++)
+        pe[j] = vdot(q, k + (size_t)j * S, HD) * scale;
+    vexp_shift_sum(pe, t + 1, lse);
     for (int j = 0; j <= t; j++) {
         size_t off = (size_t)j * S;
-        float pj = expf(vdot(q, k + off, HD) * scale - lse);
+        float pj = pe[j];
         float ds = pj * (vdot(dy, v + off, HD) - D) * scale;
         p[j] = ds;
         vaxpy(dk + off, ds, q, HD);

@@ -356,7 +356,7 @@ void cpu_attention_fwd(void *ctx, void *out_, float *lse, const void *qkv_, int 
     long total = (long)B * NH * T;
 #pragma omp parallel num_threads(cx->nt) if (CPU_PAR(cx, (size_t)total * T * HD))
     {
-        float *p = cx->attn_scratch + (size_t)cpu_thread_id() * cx->lim.T;
+        float *p = cx->attn_scratch + (size_t)cpu_thread_id() * 2 * cx->lim.T;
 #pragma omp for schedule(static)
         for (long idx = 0; idx < total; idx++) {
             int t = (int)(idx % T), h = (int)((idx / T) % NH), b = (int)(idx / ((long)T * NH));
@@ -382,7 +382,7 @@ void cpu_attention_bwd(void *ctx, void *dqkv_, const void *dout_, const void *qk
      * the query heads in its group, so no two threads write one element. */
 #pragma omp parallel num_threads(cx->nt) if (CPU_PAR(cx, (size_t)tasks * T * T * HD))
     {
-        float *p = cx->attn_scratch + (size_t)cpu_thread_id() * cx->lim.T;
+        float *p = cx->attn_scratch + (size_t)cpu_thread_id() * 2 * cx->lim.T;
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; task++) {
             int b = task / NKV, kvh = task % NKV;
@@ -424,20 +424,7 @@ void cpu_classifier(void *ctx, float *losses, void *dinp_, void *dW, const void 
                 if (grads) memset(l, 0, (size_t)Vp * sizeof *l);
                 continue;
             }
-            float m = -INFINITY;
-            for (int v = 0; v < V; v++)
-                if (l[v] > m) m = l[v];
-            float s = 0;
-            for (int v = 0; v < V; v++)
-                s += expf(l[v] - m);
-            float lz = m + logf(s);
-            losses[r0 + i] = lz - l[tg];
-            if (grads) {
-                for (int v = 0; v < V; v++)
-                    l[v] = grad_scale * (expf(l[v] - lz) - (v == tg ? 1.0f : 0.0f));
-                for (int v = V; v < Vp; v++)
-                    l[v] = 0;
-            }
+            losses[r0 + i] = cpu_xent_row(l, V, Vp, tg, grad_scale, grads);
         }
         if (grads)
             cpu_matmul_bwd(ctx, dinp ? dinp + (size_t)r0 * C : NULL, dW, NULL, lg,
