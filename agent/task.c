@@ -198,9 +198,13 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
     for (int i = 0; i < 9; i++)
         envp[k++] = vars[i];
     envp[k] = NULL;
+    /* The child changes into the task directory: resolve a relative path. */
+    char worker_abs[4096];
+    const char *worker = s->worker;
+    if (worker[0] != '/' && realpath(worker, worker_abs)) worker = worker_abs;
     const char *argv[10];
     int a = 0;
-    argv[a++] = s->worker;
+    argv[a++] = worker;
     argv[a++] = "--spec";
     argv[a++] = spec_path;
     argv[a++] = "--device";
@@ -235,7 +239,7 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
         for (int fd = 3; fd < 1024; fd++)
             close(fd);
         if (chdir(t->dir) != 0) _exit(126);
-        execve(s->worker, (char *const *)argv, envp);
+        execve(worker, (char *const *)argv, envp);
         static const char msg[] = "loom-agent: execve of the worker failed\n";
         ssize_t ignored = write(2, msg, sizeof msg - 1);
         (void)ignored;

@@ -18,7 +18,7 @@ loom_warnings(fake_worker)
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
     foreach(sc happy crash crash_no_retry hang node_lost loomd_restart agent_restart cancel rdzv
-               sched)
+               sched quota_priority)
         add_test(NAME integration.cluster.${sc}
                  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_cluster.py
                          ${CMAKE_BINARY_DIR}/bin ${sc})
@@ -33,3 +33,10 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
     set_tests_properties(integration.cluster.real_worker PROPERTIES LABELS integration
                          SKIP_RETURN_CODE 77 TIMEOUT 120)
 endif()
+
+# Supervision and inventory of loom-agent, with fake_worker as the worker.
+add_executable(test_agent_task ${CMAKE_CURRENT_LIST_DIR}/unit/test_agent_task.c)
+target_link_libraries(test_agent_task PRIVATE loom_agent_lib)
+loom_warnings(test_agent_task)
+add_test(NAME unit.agent_task COMMAND test_agent_task $<TARGET_FILE:fake_worker>)
+set_tests_properties(unit.agent_task PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)

@@ -166,8 +166,8 @@ class Cluster:
         check(st == 200, "get job %s: %s %s" % (jid, st, j))
         return j
 
-    def events(self, jid):
-        st, e = self.get("/v1/jobs/%s/events" % jid)
+    def events(self, jid, token="tenant"):
+        st, e = self.get("/v1/jobs/%s/events" % jid, token=token)
         check(st == 200, "events: %s" % st)
         return e["items"]
 
@@ -182,19 +182,19 @@ class Cluster:
             time.sleep(0.05)
         raise Fail("timed out after %ss waiting for %s" % (timeout, what))
 
-    def wait_state(self, jid, states, timeout):
+    def wait_state(self, jid, states, timeout, token="tenant"):
         states = (states,) if isinstance(states, str) else states
         last = {}
 
         def ok():
-            last["j"] = self.job(jid)
+            last["j"] = self.job(jid, token=token)
             return last["j"]["state"] in states
 
         try:
             self.wait(ok, timeout, "job %s to reach %s" % (jid, states))
         except Fail:
             raise Fail("job %s is %s (wanted %s); events: %s" % (
-                jid, last.get("j", {}).get("state"), states, json.dumps(self.events(jid))))
+                jid, last.get("j", {}).get("state"), states, json.dumps(self.events(jid, token))))
         return last["j"]
 
     def workers(self, jid=None):
@@ -479,6 +479,37 @@ def sc_sched(c):
     check("loom_queue_wait_seconds_bucket" in text, "metrics: queue wait histogram")
 
 
+def sc_quota_priority(c):
+    """Per-tenant GPU quota and priority order on the real loop."""
+    st, t = c.request("POST", "/v1/tenants", {"name": "small", "gpu_quota": 2}, token=ADMIN)
+    check(st in (200, 201), "tenant with quota: %s %s" % (st, t))
+    st, k = c.request("POST", "/v1/tenants/%s/tokens" % t["id"], {}, token=ADMIN)
+    qtok = k["token"]
+    a = c.submit(world=2, steps=100, step_ms=100, token=qtok, name="qa")
+    c.wait_state(a, "running", 10, token=qtok)
+    b = c.submit(world=2, steps=100, step_ms=100, token=qtok, name="qb")
+    c.wait(lambda: "quota" in (c.job(b, token=qtok).get("pending_reason") or ""), 5,
+           "quota pending reason")
+    print("pending:", c.job(b, token=qtok)["pending_reason"])
+    check(c.job(b, token=qtok)["state"] == "queued", "quota holds the second job")
+    # Priority: with the cluster full, a later high-priority job starts first.
+    fill = c.submit(world=2, steps=100, step_ms=100, name="fill")
+    c.wait_state(fill, "running", 10)
+    low = c.submit(world=2, steps=5, step_ms=50, priority=10, name="low")
+    high = c.submit(world=2, steps=5, step_ms=50, priority=90, name="high")
+    time.sleep(0.5)
+    check(c.job(low)["state"] == "queued" and c.job(high)["state"] == "queued", "cluster full")
+    c.request("POST", "/v1/jobs/%s/cancel" % fill, {})
+    j = c.wait_state(high, ("starting", "running", "succeeded"), 10)
+    check(c.job(low)["state"] == "queued", "low priority still waits while high runs")
+    c.wait_state(high, "succeeded", 20)
+    c.wait_state(low, "succeeded", 20)
+    c.request("POST", "/v1/jobs/%s/cancel" % a, {}, token=qtok)
+    c.wait_state(b, "running", 10, token=qtok)  # quota freed
+    c.request("POST", "/v1/jobs/%s/cancel" % b, {}, token=qtok)
+    c.wait_state(b, "cancelled", 10, token=qtok)
+
+
 def sc_real_worker(c):
     """The real loom-worker (cpu backend, tiny GPT-2) under an agent."""
     shards = os.path.join(c.tmp, "shards")
@@ -523,6 +554,7 @@ SCENARIOS = {
     "cancel": (sc_cancel, {}),
     "rdzv": (sc_rdzv, {}),
     "sched": (sc_sched, {}),
+    "quota_priority": (sc_quota_priority, {}),
     "real_worker": (sc_real_worker, {"worker": os.path.join(BIN, "loom-worker")}),
 }
 

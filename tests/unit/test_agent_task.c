@@ -1,0 +1,220 @@
+/* Unit tests of loom-agent's supervision (agent/task.c) and inventory
+ * (agent/gpu.c), with tests/fake_worker as the worker (path in argv[1]):
+ * start with the env contract, JSON-line parsing, stop escalating to
+ * SIGKILL for a worker that ignores SIGTERM, no zombie and no orphan left in
+ * the process group, pid-file re-adoption and kill-on-restart, the
+ * never-start-twice marker, and the cpu / no-driver inventory. */
+#include "agent/gpu.h"
+#include "agent/task.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Polls until the task exits or timeout; returns elapsed ms or -1. */
+static long run_until_exit(struct task *t, long timeout_ms) {
+    int64_t t0 = now_ms();
+    while (now_ms() - t0 < timeout_ms) {
+        if (task_poll(t, now_ms())) return (long)(now_ms() - t0);
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+static int steps_seen;
+static void on_line(struct task *t, void *ud, void *obj) {
+    const char *type = json_string_value(json_object_get((json_t *)obj, "type"));
+    if (type && !strcmp(type, "step")) steps_seen++;
+}
+
+/* Number of live (non-zombie) processes listed in the pid dir. */
+static int alive_in(const char *pid_dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s", pid_dir);
+    FILE *p = popen(cmd, "r");
+    int alive = 0;
+    char line[64];
+    while (p && fgets(line, sizeof line, p)) {
+        int pid = atoi(line);
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        char *r = strrchr(buf, ')');
+        if (r && r[2] != 'Z') alive++;
+    }
+    if (p) pclose(p);
+    return alive;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_agent_task FAKE_WORKER\n");
+        return 2;
+    }
+    const char *worker = argv[1];
+    char base[] = "/tmp/loom-agent-test-XXXXXX";
+    if (!mkdtemp(base)) return 2;
+    char pid_dir[256], work[256];
+    snprintf(pid_dir, sizeof pid_dir, "%s/pids", base);
+    snprintf(work, sizeof work, "%s/work", base);
+    mkdir(pid_dir, 0755);
+    mkdir(work, 0755);
+    setenv("FAKE_PID_DIR", pid_dir, 1);
+    setenv("LOOM_JOIN_TOKEN", "secret", 1); /* must not reach the worker */
+
+    /* 1. A normal run: env contract, JSON lines, exit 0. */
+    struct task_spec s = {.job = "j-ok",
+                          .attempt = 0,
+                          .rank = 1,
+                          .world = 1,
+                          .local_rank = 0,
+                          .device = 0,
+                          .device_kind = "cpu",
+                          .device_uuid = "cpu-0",
+                          .spec_json = "{\"train\":{\"steps\":3},\"labels\":{\"fake_step_ms\":"
+                                       "\"10\"}}",
+                          .out_dir = NULL,
+                          .rdzv = "",
+                          .rdzv_token = "tok",
+                          .worker = worker};
+    struct task *t = task_start(work, &s, now_ms());
+    CHECK(t != NULL);
+    if (t) {
+        CHECK(run_until_exit(t, 10000) >= 0);
+        CHECK(t->state == TASK_EXITED && t->exit_code == 0);
+        task_scan_stdout(t, now_ms(), on_line, NULL);
+        CHECK(steps_seen == 3 && t->last_step == 3 && t->summary_seen);
+        char path[1200];
+        snprintf(path, sizeof path, "%s/exit", t->dir);
+        CHECK(access(path, F_OK) == 0);
+        /* never twice: the directory exists */
+        struct task *again = task_start(work, &s, now_ms());
+        CHECK(again == NULL);
+        task_free(again);
+        long n = 0;
+        char *log = task_read_log(t, 1, 1 << 16, &n);
+        CHECK(log && n > 0 && strstr(log, "rank 1/1"));
+        free(log);
+        task_free(t);
+    }
+    CHECK(waitpid(-1, NULL, WNOHANG) == -1 && errno == ECHILD); /* reaped: no zombie */
+
+    /* 2. Non-zero exit code and a signal are reported as such. */
+    s.job = "j-crash";
+    s.spec_json = "{\"labels\":{\"fake_crash_step\":\"1\",\"fake_crash_code\":\"5\","
+                  "\"fake_step_ms\":\"1\"}}";
+    t = task_start(work, &s, now_ms());
+    CHECK(t && run_until_exit(t, 10000) >= 0 && t->exit_code == 5);
+    task_free(t);
+
+    /* 3. Stop: the worker ignores SIGTERM and has a child in its group. */
+    s.job = "j-stubborn";
+    s.spec_json = "{\"labels\":{\"fake_steps\":\"100000\",\"fake_ignore_term\":\"1\","
+                  "\"fake_child\":\"1\",\"fake_step_ms\":\"50\"}}";
+    t = task_start(work, &s, now_ms());
+    CHECK(t != NULL);
+    if (t) {
+        for (int i = 0; i < 200 && alive_in(pid_dir) < 2; i++)
+            sleep_ms(10);
+        CHECK(alive_in(pid_dir) == 2);
+        int64_t t0 = now_ms();
+        task_stop(t, t0, 300, "test");
+        long took = run_until_exit(t, 5000);
+        CHECK(took >= 250 && took < 3000); /* waited the grace, then SIGKILL */
+        CHECK(t->exit_code == 128 + SIGKILL);
+        CHECK(strstr(t->exit_reason, "stopped: test") != NULL);
+        for (int i = 0; i < 100 && alive_in(pid_dir) > 0; i++)
+            sleep_ms(10);
+        CHECK(alive_in(pid_dir) == 0); /* the child was killed with the group */
+        task_free(t);
+    }
+
+    /* 4. Restart: a running worker is found through its pid file and
+     *    re-adopted; with adopt=0 it is killed and recorded as exited. */
+    for (int adopt = 1; adopt >= 0; adopt--) {
+        char job[32];
+        snprintf(job, sizeof job, "j-adopt%d", adopt);
+        s.job = job;
+        s.spec_json = "{\"labels\":{\"fake_steps\":\"100000\",\"fake_step_ms\":\"20\"}}";
+        t = task_start(work, &s, now_ms());
+        CHECK(t != NULL);
+        if (!t) continue;
+        pid_t pid = t->pid;
+        sleep_ms(100);
+        struct task *list = task_scan_dir(work, adopt, now_ms());
+        struct task *found = NULL;
+        for (struct task *x = list; x; x = x->next)
+            if (!strcmp(x->job, job)) found = x;
+        CHECK(found && found->pid == pid && found->adopted);
+        if (found && adopt) {
+            CHECK(found->state == TASK_RUNNING);
+            task_stop(found, now_ms(), 1000, "test adopt");
+            /* not our child in a real restart; here it still is: reap it */
+            CHECK(run_until_exit(found, 5000) >= 0);
+            waitpid(pid, NULL, 0);
+        } else if (found) {
+            CHECK(found->state == TASK_EXITED && found->exit_code == 137);
+            waitpid(pid, NULL, 0);
+        }
+        while (list) {
+            struct task *n = list->next;
+            task_free(list);
+            list = n;
+        }
+        task_free(t);
+    }
+    CHECK(alive_in(pid_dir) == 0);
+
+    /* 5. Inventory: cpu devices, and NVML absent or present never crashes. */
+    struct gpu_inv *g = gpu_inv_new(3);
+    CHECK(g && gpu_inv_count(g) == 3 && !strcmp(gpu_inv_kind(g), "cpu"));
+    json_t *tel = g ? gpu_inv_telemetry(g) : NULL;
+    CHECK(json_array_size(tel) == 3);
+    CHECK(json_integer_value(json_object_get(json_array_get(tel, 0), "mem_total_mib")) > 0);
+    json_decref(tel);
+    gpu_inv_free(g);
+    g = gpu_inv_new(0);
+    CHECK(g && !strcmp(gpu_inv_kind(g), "cuda") && gpu_inv_count(g) >= 0);
+    gpu_inv_free(g);
+
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base);
+    if (failures) {
+        fprintf(stderr, "test_agent_task: %d failures\n", failures);
+        return 1;
+    }
+    printf("test_agent_task: ok\n");
+    return 0;
+}
