@@ -49,4 +49,15 @@ if(TARGET loom_engine)
         add_test(NAME gpu.comm.nccl COMMAND test_comm_nccl)
         set_tests_properties(gpu.comm.nccl PROPERTIES LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
     endif()
+
+    # DP through loomd's HTTP rendezvous with real agents (reuses the cluster harness).
+    find_package(Python3 COMPONENTS Interpreter)
+    if(LOOM_HAVE_GLOO AND Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loom-worker
+       AND TARGET loom-data)
+        add_test(NAME integration.comm.dp_cluster
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_dp_cluster.py
+                         ${CMAKE_BINARY_DIR}/bin)
+        set_tests_properties(integration.comm.dp_cluster PROPERTIES LABELS integration TIMEOUT 240
+                             SKIP_RETURN_CODE 77)
+    endif()
 endif()
