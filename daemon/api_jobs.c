@@ -201,6 +201,9 @@ int api_jobs_submit(struct http_req *req) {
     op.nj.priority = spec->priority;
     op.nj.max_retries = spec->max_retries;
     op.nj.world_size = d.world;
+    op.nj.tp = spec->parallel.tp;
+    op.nj.device = jobspec_device_name(spec->resources.device);
+    op.nj.gpus_per_node = spec->resources.gpus_per_node;
     op.nj.out_dir_root = req->ld->cfg.jobs_dir;
     int rc = store_write(req->ld->store, submit_cb, &op);
     if (rc == STORE_CONFLICT) {

@@ -195,12 +195,10 @@ static int migrate(struct store *s) {
     if (store_exec(tx, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
                        " name TEXT NOT NULL, applied_at INTEGER NOT NULL)"))
         return -1;
-    int current = 0;
-    sqlite3_stmt *st = store_stmt(tx, "SELECT COALESCE(MAX(version),0) FROM schema_version");
-    if (!st || sqlite3_step(st) != SQLITE_ROW) return -1;
-    current = sqlite3_column_int(st, 0);
-    sqlite3_reset(st);
-    int prev = 0;
+    /* Each migration is applied once, by number: areas own separate ranges
+     * (001-019, 020-039, ...), so a lower number can arrive after a higher
+     * one was applied and must still run. */
+    int prev = 0, highest = 0;
     for (int i = 0; i < store_migrations_count; i++) {
         const struct store_migration *m = &store_migrations[i];
         if (m->version == prev) {
@@ -208,7 +206,15 @@ static int migrate(struct store *s) {
             return -1;
         }
         prev = m->version;
-        if (m->version <= current) continue;
+        sqlite3_stmt *q = store_stmt(tx, "SELECT 1 FROM schema_version WHERE version = ?");
+        if (!q) return -1;
+        sqlite3_bind_int(q, 1, m->version);
+        int have = sqlite3_step(q) == SQLITE_ROW;
+        sqlite3_reset(q);
+        if (have) {
+            if (m->version > highest) highest = m->version;
+            continue;
+        }
         if (store_exec(tx, "BEGIN IMMEDIATE")) return -1;
         if (store_exec(tx, m->sql)) {
             log_error("store: migration %s failed", m->name);
@@ -231,9 +237,15 @@ static int migrate(struct store *s) {
             return -1;
         }
         log_info("store: applied migration %s", m->name);
-        current = m->version;
+        if (m->version > highest) highest = m->version;
     }
-    s->schema_version = current;
+    /* Report the highest number recorded (a newer binary's migrations may be
+     * in the table when an older one runs). */
+    sqlite3_stmt *mx = store_stmt(tx, "SELECT COALESCE(MAX(version), 0) FROM schema_version");
+    if (mx && sqlite3_step(mx) == SQLITE_ROW && sqlite3_column_int(mx, 0) > highest)
+        highest = sqlite3_column_int(mx, 0);
+    if (mx) sqlite3_reset(mx);
+    s->schema_version = highest;
     return 0;
 }
 

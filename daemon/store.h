@@ -147,6 +147,9 @@ struct store_job {
     int priority;
     int max_retries;
     int world_size;
+    int tp;               /* parallel.tp (tensor-parallel group size) */
+    char device[8];       /* resources.device: "cuda" or "cpu" */
+    int gpus_per_node;    /* resources.gpus_per_node */
     char *spec;           /* canonical spec JSON text */
     char *labels;         /* JSON object text */
     char *out_dir;        /* checkpoint/output dir, same for every attempt */
@@ -172,6 +175,8 @@ struct store_job_new {
     const char *spec_json;
     json_t *labels; /* object of string values, may be NULL; borrowed */
     int priority, max_retries, world_size;
+    int tp, gpus_per_node;    /* from the spec (0 = 1 / 0) */
+    const char *device;       /* "cuda" or "cpu" (NULL = "cuda") */
     const char *out_dir_root; /* job out_dir = out_dir_root/<id> */
     const char *pending_reason;
 };

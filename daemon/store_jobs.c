@@ -61,11 +61,13 @@ void store_job_clear(struct store_job *j) {
 
 #define JOB_COLS                                                                                   \
     "seq, id, tenant_id, name, state, attempt, priority, max_retries, world_size, spec, labels, "  \
-    "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at"
+    "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at, tp, "    \
+    "device, gpus_per_node"
 
 #define JOB_COLS_NO_SPEC                                                                           \
     "seq, id, tenant_id, name, state, attempt, priority, max_retries, world_size, NULL, labels, "  \
-    "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at"
+    "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at, tp, "    \
+    "device, gpus_per_node"
 
 static void job_from_row(sqlite3_stmt *st, struct store_job *j) {
     memset(j, 0, sizeof *j);
@@ -88,6 +90,10 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j) {
     j->updated_at = sqlite3_column_int64(st, 15);
     j->started_at = sqlite3_column_int64(st, 16);
     j->finished_at = sqlite3_column_int64(st, 17);
+    j->tp = sqlite3_column_int(st, 18);
+    const unsigned char *dev = sqlite3_column_text(st, 19);
+    snprintf(j->device, sizeof j->device, "%s", dev ? (const char *)dev : "cuda");
+    j->gpus_per_node = sqlite3_column_int(st, 20);
 }
 
 json_t *store_time_json(int64_t ms) {
@@ -196,9 +202,10 @@ int store_job_insert(struct store_tx *tx, const struct store_job_new *nj, struct
     int64_t now = store_now_ms();
     int ret = STORE_ERR;
     sqlite3_stmt *st = store_stmt(
-        tx, "INSERT INTO jobs(id, tenant_id, name, state, attempt, priority, max_retries, "
-            "world_size, spec, labels, out_dir, pending_reason, created_at, updated_at) "
-            "VALUES (?,?,?,'queued',0,?,?,?,?,?,?,?,?,?)");
+        tx,
+        "INSERT INTO jobs(id, tenant_id, name, state, attempt, priority, max_retries, "
+        "world_size, spec, labels, out_dir, pending_reason, created_at, updated_at, tp, device, "
+        "gpus_per_node) VALUES (?,?,?,'queued',0,?,?,?,?,?,?,?,?,?,?,?,?)");
     if (!st) goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, nj->tenant_id, -1, SQLITE_STATIC);
@@ -212,6 +219,9 @@ int store_job_insert(struct store_tx *tx, const struct store_job_new *nj, struct
     sqlite3_bind_text(st, 10, pending, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 11, now);
     sqlite3_bind_int64(st, 12, now);
+    sqlite3_bind_int(st, 13, nj->tp > 0 ? nj->tp : 1);
+    sqlite3_bind_text(st, 14, nj->device ? nj->device : "cuda", -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 15, nj->gpus_per_node);
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
     if (rc != SQLITE_DONE) {
@@ -250,6 +260,9 @@ int store_job_insert(struct store_tx *tx, const struct store_job_new *nj, struct
         out->priority = nj->priority;
         out->max_retries = nj->max_retries;
         out->world_size = nj->world_size;
+        out->tp = nj->tp > 0 ? nj->tp : 1;
+        snprintf(out->device, sizeof out->device, "%s", nj->device ? nj->device : "cuda");
+        out->gpus_per_node = nj->gpus_per_node;
         out->spec = strdup(nj->spec_json);
         out->labels = strdup(labels ? labels : "{}");
         out->out_dir = strdup(out_dir);
