@@ -23,3 +23,34 @@ if(TARGET loomd AND TARGET loom-agent AND TARGET loom-worker)
     endif()
     set_tests_properties(ui.web_view PROPERTIES LABELS "ui" SKIP_RETURN_CODE 77 TIMEOUT 150)
 endif()
+
+# deploy/: the Grafana dashboard queries only metrics and labels loomd exports
+# (real loomd + agent + fake_worker, a few seconds); the example configs are
+# what gen_conf_examples.sh makes from --help and both binaries accept them;
+# the systemd units verify and stay hardened.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET fake_worker)
+    add_test(NAME unit.ops_dashboard_metrics
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/ops_dashboard_metrics.py
+                     ${CMAKE_BINARY_DIR}/bin ${CMAKE_SOURCE_DIR})
+    set_tests_properties(unit.ops_dashboard_metrics PROPERTIES LABELS "unit" TIMEOUT 60
+                         SKIP_RETURN_CODE 77)
+endif()
+if(TARGET loomd AND TARGET loom-agent)
+    add_test(NAME unit.ops_conf_examples
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/ops_conf_examples.sh
+                     ${CMAKE_BINARY_DIR}/bin ${CMAKE_SOURCE_DIR})
+    set_tests_properties(unit.ops_conf_examples PROPERTIES LABELS "unit" TIMEOUT 60)
+    add_test(NAME unit.ops_systemd_units
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/ops_systemd_units.sh
+                     ${CMAKE_BINARY_DIR}/bin ${CMAKE_SOURCE_DIR})
+    set_tests_properties(unit.ops_systemd_units PROPERTIES LABELS "unit" TIMEOUT 60
+                         SKIP_RETURN_CODE 77)
+endif()
+if(TARGET loomd)
+    add_test(NAME integration.ops_backup
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/ops_backup.sh ${CMAKE_BINARY_DIR}/bin
+                     ${CMAKE_SOURCE_DIR})
+    set_tests_properties(integration.ops_backup PROPERTIES LABELS "integration" TIMEOUT 90
+                         SKIP_RETURN_CODE 77)
+endif()
