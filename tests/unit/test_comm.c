@@ -663,10 +663,7 @@ static void kv_done(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
-struct http_arg {
-    int dummy;
-};
-
+#ifdef LOOM_HAVE_GLOO
 static int http_child(int rank, int world, const char *rdzv, void *arg) {
     struct comm_world_opts o = {.backend = "gloo",
                                 .rank = rank,
@@ -689,6 +686,8 @@ static int http_child(int rank, int world, const char *rdzv, void *arg) {
     comm_world_free(w);
     return 0;
 }
+
+#endif
 
 static void test_http(void) {
     static struct kvstore kv;
@@ -730,8 +729,12 @@ static void test_http(void) {
               "bad token must fail clearly: %s", err);
         rdzv_free(bad);
     }
+#ifdef LOOM_HAVE_GLOO
     unsigned failed = run_ranks(3, spec, http_child, NULL, 0, 60, NULL);
     CHECK(failed == 0, "http rendezvous world: ranks failed (mask %#x)", failed);
+#else
+    printf("note: built without Gloo; the 3-rank world over HTTP was not run\n");
+#endif
     MHD_stop_daemon(d);
     for (int i = 0; i < kv.n; i++)
         free(kv.items[i].val);
@@ -745,6 +748,9 @@ int main(int argc, char **argv) {
         test_shards();
         test_rdzv_file();
         test_local();
+    } else if (strcmp(what, "http") == 0) {
+        client_global_init();
+        test_http();
     } else {
 #ifndef LOOM_HAVE_GLOO
         printf("SKIP: built without Gloo; multi-process comm tests need it\n");
@@ -754,9 +760,6 @@ int main(int argc, char **argv) {
             test_collectives();
         } else if (strcmp(what, "failure") == 0) {
             test_failure();
-        } else if (strcmp(what, "http") == 0) {
-            client_global_init();
-            test_http();
         } else {
             fprintf(stderr, "usage: test_comm basic|collectives|failure|http\n");
             return 2;
