@@ -59,7 +59,7 @@ static const struct config_entry table[] = {
     {"rdzv", CONFIG_STR, offsetof(struct opts, rdzv), NULL, 1, 0,
      "rendezvous: file:DIR or the attempt's URL (LOOM_RDZV)"},
     {"nproc", CONFIG_INT, offsetof(struct opts, nproc), "1", 1, 1024,
-     "ranks to launch locally (standalone multi-process; needs the comm layer)"},
+     "ranks to launch locally (standalone multi-process, worker/launch.h)"},
     {"threads", CONFIG_INT, offsetof(struct opts, threads), "0", 0, 1024,
      "CPU backend threads (0: OpenMP default)"},
     {"steps", CONFIG_INT, offsetof(struct opts, steps), "0", 0, 1e12,
