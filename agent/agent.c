@@ -95,9 +95,17 @@ static json_t *tasks_json(struct agent *a) {
 static int do_register(struct agent *a) {
     char host[256] = "";
     gethostname(host, sizeof host - 1);
-    json_t *body = json_pack("{s:s, s:s, s:s, s:o, s:o, s:s}", "node", a->cfg->name, "hostname",
-                             host, "kind", gpu_inv_kind(a->inv), "devices",
-                             gpu_inv_telemetry(a->inv), "tasks", tasks_json(a), "version", "0.1");
+    long long mem_kib = 0;
+    FILE *mf = fopen("/proc/meminfo", "r");
+    if (mf) {
+        if (fscanf(mf, "MemTotal: %lld", &mem_kib) != 1) mem_kib = 0;
+        fclose(mf);
+    }
+    json_t *body = json_pack(
+        "{s:s, s:s, s:s, s:o, s:o, s:s, s:{s:I, s:I, s:s}}", "node", a->cfg->name, "hostname", host,
+        "kind", gpu_inv_kind(a->inv), "devices", gpu_inv_telemetry(a->inv), "tasks", tasks_json(a),
+        "version", "0.1", "host", "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN),
+        "mem_total_mib", (json_int_t)(mem_kib / 1024), "interconnect", a->cfg->interconnect);
     long status = 0;
     json_t *reply = NULL;
     char err[512];

@@ -16,6 +16,7 @@ struct agent_config {
     char *work_dir;
     long cpu_devices;
     char *worker;
+    char *interconnect; /* reported to loomd: "nvlink", "pcie", "none", ... */
     long heartbeat_ms;
     long stop_grace_ms;
     long poll_wait_ms;

@@ -34,6 +34,8 @@ static const struct config_entry table[] = {
      "offer N cpu devices instead of GPUs (cpu backend, tests)"},
     {"worker", CONFIG_STR, C(worker), NULL, 1, 0,
      "worker binary (default: loom-worker beside loom-agent)"},
+    {"interconnect", CONFIG_STR, C(interconnect), "unknown", 1, 0,
+     "intra-node GPU interconnect reported to loomd (nvlink, pcie, none)"},
     {"heartbeat-ms", CONFIG_INT, C(heartbeat_ms), "2000", 100, 60000, "heartbeat period"},
     {"stop-grace-ms", CONFIG_INT, C(stop_grace_ms), "3000", 0, 600000,
      "SIGTERM to SIGKILL grace when stopping a worker"},

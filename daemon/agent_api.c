@@ -107,6 +107,9 @@ int agent_api_register(struct http_req *req) {
     n->ndev = (int)json_array_size(devices);
     const char *model = json_string_value(json_object_get(json_array_get(devices, 0), "name"));
     snprintf(n->gpu_model, sizeof n->gpu_model, "%s", model ? model : kind);
+    json_t *hostinfo = json_object_get(req->json, "host");
+    json_decref(n->host);
+    n->host = json_is_object(hostinfo) ? json_deep_copy(hostinfo) : json_object();
     n->lost = 0;
     n->seen = 1;
     n->last_hb_ms = now;

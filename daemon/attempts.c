@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- snapshot of the jobs the loop cares about ---- */
 
@@ -148,6 +149,7 @@ struct change {
     int64_t t0, t1;
     char node[64], model[96];
     int gpus;
+    double price; /* per GPU-hour for this row's model */
     int result;
 };
 
@@ -282,7 +284,7 @@ static int apply_changes(struct store_tx *tx, void *arg) {
             sqlite3_bind_int64(st, 7, c->t0);
             sqlite3_bind_int64(st, 8, c->t1);
             sqlite3_bind_double(st, 9, secs);
-            sqlite3_bind_double(st, 10, secs / 3600.0 * cs->price);
+            sqlite3_bind_double(st, 10, secs / 3600.0 * c->price);
             c->result = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
             sqlite3_reset(st);
             break;
@@ -457,6 +459,8 @@ static void finalize_attempt(struct cluster *c, struct changes *cs, struct cl_at
         snprintf(u->node, sizeof u->node, "%s", c->nodes[ni].name);
         snprintf(u->model, sizeof u->model, "%s", c->nodes[ni].gpu_model);
         u->gpus = gpus;
+        json_t *p = json_object_get(c->prices, c->nodes[ni].gpu_model);
+        u->price = json_is_number(p) ? json_number_value(p) : cs->price;
         u->t0 = a->started_ms;
         u->t1 = now;
     }
@@ -908,6 +912,21 @@ int cluster_start(struct loomd *ld) {
         free(c);
         return -1;
     }
+    /* Optional per-model prices; models not listed use --price-per-gpu-hour. */
+    char ppath[1100];
+    snprintf(ppath, sizeof ppath, "%s/gpu_prices.json", ld->cfg.data_dir);
+    if (access(ppath, R_OK) == 0) {
+        json_error_t jerr;
+        c->prices = json_load_file(ppath, 0, &jerr);
+        if (!json_is_object(c->prices)) {
+            log_error("cluster: %s: expected {\"GPU model\": price per GPU-hour}: %s", ppath,
+                      jerr.text);
+            json_decref(c->prices);
+            free(c);
+            return -1;
+        }
+        log_info("cluster: %zu GPU model price(s) from %s", json_object_size(c->prices), ppath);
+    }
     ld->cluster = c;
     if (store_read(ld->store, load_state, c) != STORE_OK) {
         log_error("cluster: cannot load nodes and attempts from the store");
@@ -941,7 +960,9 @@ void cluster_stop(struct loomd *ld) {
     for (int i = 0; i < c->nnodes; i++) {
         json_decref(c->nodes[i].devices);
         json_decref(c->nodes[i].tasks);
+        json_decref(c->nodes[i].host);
     }
+    json_decref(c->prices);
     http_notify_destroy(&c->assign);
     http_notify_destroy(&c->rdzv);
     http_notify_destroy(&c->logs);

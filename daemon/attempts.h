@@ -74,6 +74,7 @@ struct cl_node {
     int ndev;
     json_t *devices; /* latest telemetry array */
     json_t *tasks;   /* latest reported task array */
+    json_t *host;    /* {cpus, mem_total_mib, interconnect} from registration */
     int drained;
     int lost;
     int seen;           /* registered or heard from since loomd started */
@@ -105,6 +106,7 @@ struct cluster {
     int loop_started, forward_started;
     volatile int stopping;
     char logs_dir[1024];
+    json_t *prices;            /* <data-dir>/gpu_prices.json: {"GPU model": price per GPU-hour} */
     struct cl_hist queue_wait; /* submit -> placed, seconds */
     struct cl_hist sched_lat;  /* one scheduling pass, seconds */
     struct cl_hist start_lat;  /* placed -> all ranks running, seconds */

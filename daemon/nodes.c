@@ -44,12 +44,14 @@ static json_t *node_json(struct cluster *c, int ni) {
     char seen[32], reg[32];
     iso_time(n->last_hb_ms, seen, sizeof seen);
     iso_time(n->registered_at, reg, sizeof reg);
-    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:o, s:O, s:s, s:s, s:b}", "id",
-                     n->name, "name", n->name, "state", node_state(n), "kind", n->kind, "gpu_model",
-                     n->gpu_model, "devices_total", n->ndev, "devices_used", used, "devices_free",
-                     n->lost || n->drained ? 0 : n->ndev - used, "devices", devs, "tasks",
-                     n->tasks ? n->tasks : json_array(), "last_heartbeat", seen, "registered_at",
-                     reg, "drained", n->drained);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:o, s:o, s:s, s:s, s:b}", "id",
+                          n->name, "name", n->name, "state", node_state(n), "kind", n->kind,
+                          "gpu_model", n->gpu_model, "devices_total", n->ndev, "devices_used", used,
+                          "devices_free", n->lost || n->drained ? 0 : n->ndev - used, "devices",
+                          devs, "tasks", n->tasks ? json_incref(n->tasks) : json_array(),
+                          "last_heartbeat", seen, "registered_at", reg, "drained", n->drained);
+    if (o && n->host) json_object_set(o, "host", n->host);
+    return o;
 }
 
 int nodes_list(struct http_req *req) {

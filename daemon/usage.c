@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "daemon/usage.h"
 
+#include "daemon/attempts.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -105,5 +106,7 @@ int usage_get(struct http_req *req) {
                   req->ld->cfg.price_gpu_hour, "rows", q.rows, "total", "gpu_seconds",
                   q.gpu_seconds, "gpu_hours", q.gpu_seconds / 3600.0, "cost", q.cost);
     if (q.tenant) json_object_set_new(reply, "tenant", json_string(q.tenant));
+    if (req->ld->cluster && req->ld->cluster->prices)
+        json_object_set(reply, "gpu_prices", req->ld->cluster->prices); /* read-only after start */
     return http_reply_json(req, 200, reply);
 }

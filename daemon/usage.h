@@ -2,7 +2,8 @@
  *
  * The scheduler loop writes one ledger row per node when an attempt's ranks
  * have all stopped (tenant, job, attempt, node, GPU model, GPUs, start, end,
- * GPU-seconds, cost at loomd's price-per-gpu-hour). This handler sums rows
+ * GPU-seconds, cost at the node's GPU model price from <data-dir>/gpu_prices.json,
+ * else loomd's --price-per-gpu-hour). This handler sums rows
  * whose start lies in [from, to) (RFC 3339, YYYY-MM-DD, or ms since the
  * epoch; default: everything). Tenants see only their own rows; the admin
  * sees all, or one tenant with ?tenant=. Attempts still running are not yet

@@ -82,6 +82,9 @@ class Cluster:
         return open(os.path.join(self.tmp, name + ".log"), "ab")
 
     def start_loomd(self):
+        os.makedirs(os.path.join(self.tmp, "loomd"), exist_ok=True)
+        with open(os.path.join(self.tmp, "loomd", "gpu_prices.json"), "w") as f:
+            json.dump({"cpu": 0.5}, f)  # cpu "devices" cost 0.5 per hour; default is 2.0
         self.loomd = subprocess.Popen(
             [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
              os.path.join(self.tmp, "loomd"), "--node-timeout", str(self.node_timeout),
@@ -90,12 +93,12 @@ class Cluster:
             env=self.env, stdout=self.log("loomd"), stderr=subprocess.STDOUT)
         self.wait(lambda: self.get("/healthz", token=None)[0] == 200, 10, "loomd up")
 
-    def start_agent(self, name, devices):
+    def start_agent(self, name, devices, extra=()):
         p = subprocess.Popen(
             [os.path.join(BIN, "loom-agent"), "--coordinator", self.url, "--name", name,
              "--work-dir", os.path.join(self.tmp, name), "--cpu-devices", str(devices),
              "--worker", self.worker, "--heartbeat-ms", "500", "--stop-grace-ms", "1000",
-             "--retry-max-ms", "500"],
+             "--retry-max-ms", "500"] + list(extra),
             env=self.env, stdout=self.log(name), stderr=subprocess.STDOUT)
         self.agents[name] = p
         return p
@@ -276,6 +279,8 @@ def sc_happy(c):
           "usage by job: %s" % u)
     check(u["rows"][0]["rows"] == 2 and u["total"]["gpu_seconds"] > 3.0,
           "usage: 2 node rows, >= 4 ranks x ~1 s: %s" % u)
+    check(abs(u["total"]["cost"] - u["total"]["gpu_hours"] * 0.5) < 1e-9,
+          "cost at the cpu model's price from gpu_prices.json: %s" % u["total"])
     # another tenant sees neither the job nor its usage
     _, tok2 = c.new_tenant("other")
     check(c.get("/v1/jobs/%s/logs" % jid, token=tok2)[0] == 404, "other tenant: logs 404")
@@ -402,6 +407,28 @@ def sc_agent_restart(c):
         check("re-adopted" in f.read(), "agent log says re-adopted")
 
 
+def sc_agent_restart_kill(c):
+    """An agent restarted with --adopt false kills the workers it finds and
+    reports them; the attempt fails and is retried."""
+    jid = c.submit(world=2, steps=30, step_ms=100, max_retries=1)
+    j = c.wait_state(jid, "running", 10)
+    node = j["placement"][0]["node"]
+    c.wait(lambda: len(c.alive_workers(jid)) == 2, 5, "workers up")
+    old = [w[0] for w in c.alive_workers(jid)]
+    c.agents[node].kill()
+    c.agents[node].wait()
+    c.start_agent(node, 2, ["--adopt", "false"])
+    c.wait(lambda: not [p for p in old if tc_alive(p)], 5, "old workers killed on restart")
+    c.wait(lambda: c.job(jid)["attempt"] == 1, 10, "attempt failed and retried")
+    why = [e[3] for e in event_reasons(c, jid) if e[1] == "queued" and e[2] == 1]
+    check(why and "agent restarted" in why[0], "reason names the restart: %s" % why)
+    c.wait_state(jid, "succeeded", 30)
+
+
+def tc_alive(pid):
+    return pid_alive(pid)
+
+
 def sc_cancel(c):
     # fake_child: every worker forks a child in its process group;
     # fake_ignore_term: SIGTERM is ignored, so the SIGKILL escalation is needed.
@@ -474,6 +501,7 @@ def sc_sched(c):
     c.wait_state(too_big, "cancelled", 5)
     st, n = c.get("/v1/nodes/node-1")
     check(st == 200 and n["state"] == "ready" and n["devices_total"] == 2, "node get: %s" % n)
+    check(n["host"]["cpus"] >= 1 and n["host"]["mem_total_mib"] > 0, "host info: %s" % n)
     st, text = c.get("/metrics", token=None)
     check(st == 200 and 'loom_nodes{state="ready"} 2' in text, "metrics: nodes by state")
     check("loom_queue_wait_seconds_bucket" in text, "metrics: queue wait histogram")
@@ -551,6 +579,7 @@ SCENARIOS = {
     "node_lost": (sc_node_lost, {}),
     "loomd_restart": (sc_loomd_restart, {"node_timeout": 10}),
     "agent_restart": (sc_agent_restart, {"node_timeout": 10}),
+    "agent_restart_kill": (sc_agent_restart_kill, {"node_timeout": 10}),
     "cancel": (sc_cancel, {}),
     "rdzv": (sc_rdzv, {}),
     "sched": (sc_sched, {}),
