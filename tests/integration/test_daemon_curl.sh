@@ -77,9 +77,50 @@ LOOM_URL=http://127.0.0.1:1 "$LOOMCTL" list >/dev/null 2>&1
 [ $? = 3 ]; check "loomctl unreachable: exit 3" $?
 LOOM_TOKEN=curl-admin "$LOOMCTL" tenant-list | grep -q curl-team; check "loomctl tenant-list" $?
 
+head -c 10485760 /dev/zero | tr '\0' ' ' >"$T/big.json"
+code=$(curl -s -o "$T/e.out" -w '%{http_code}' -H "$AUTH" -H "$JSON" --data-binary @"$T/big.json" \
+    "$URL/v1/jobs")
+[ "$code" = 413 ] && grep -q PAYLOAD_TOO_LARGE "$T/e.out"; check "10 MB body with curl: 413" $?
+
 kill -TERM $PID
 wait $PID
 check "SIGTERM exit 0" $?
+
+# --help prints the config table; exit 0
+"$LOOMD" --help >"$T/help.out" 2>&1
+[ $? = 0 ] && grep -q "max-body" "$T/help.out" && grep -q "rate-limit" "$T/help.out"
+check "loomd --help" $?
+
+# Bootstrap tokens without env: generated once into 0600 files, stable across restarts;
+# a config file sets values (max-body = 2048 -> a 3000-byte body is refused).
+printf 'max-body = 2048\nlog-level = warn\n' >"$T/loomd.conf"
+start_plain() {
+    rm -f "$T/d2/loomd.addr"
+    env -u LOOM_ADMIN_TOKEN -u LOOM_JOIN_TOKEN "$LOOMD" --listen 127.0.0.1:0 --data-dir "$T/d2" \
+        --config "$T/loomd.conf" >>"$T/loomd2.log" 2>&1 &
+    PID=$!
+    i=0
+    while [ ! -s "$T/d2/loomd.addr" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i + 1)); done
+    URL=$(cat "$T/d2/loomd.addr")
+}
+start_plain
+A1=$(cat "$T/d2/admin.token")
+[ "$(stat -c %a "$T/d2/admin.token")" = 600 ] && [ "$(stat -c %a "$T/d2/join.token")" = 600 ]
+check "admin.token and join.token are mode 0600" $?
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $A1" "$URL/v1/tenants")
+[ "$code" = 200 ]; check "generated admin token works" $?
+head -c 3000 /dev/zero | tr '\0' ' ' >"$T/mid.json"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $A1" -H "$JSON" \
+    --data-binary @"$T/mid.json" "$URL/v1/tenants")
+[ "$code" = 413 ]; check "config file max-body = 2048 applies" $?
+kill -TERM $PID
+wait $PID
+start_plain
+[ "$(cat "$T/d2/admin.token")" = "$A1" ]; check "admin token stable across restarts" $?
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $A1" "$URL/v1/tenants")
+[ "$code" = 200 ]; check "same token after restart" $?
+kill -TERM $PID
+wait $PID
 if [ $fail = 0 ]; then rm -rf "$T"; echo "test_daemon_curl: all passed"; else
     echo "test_daemon_curl: FAILED (data in $T)"; cat "$T/loomd.log"; fi
 exit $fail
