@@ -170,12 +170,40 @@ int http_reply_json(struct http_req *req, int status, json_t *body) {
     return 0;
 }
 
+/* Messages quote client input (paths, ids, query values); JSON strings must
+ * be valid UTF-8, so invalid bytes become '?' (and a cut multi-byte tail). */
+static void utf8_sanitize(char *s) {
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80             ? 1
+                : (*p & 0xE0) == 0xC0 ? 2
+                : (*p & 0xF0) == 0xE0 ? 3
+                : (*p & 0xF8) == 0xF0 ? 4
+                                      : 0;
+        int ok = n > 0;
+        for (int i = 1; ok && i < n; i++)
+            ok = (p[i] & 0xC0) == 0x80;
+        if (ok && n == 2 && *p < 0xC2) ok = 0; /* overlong */
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+}
+
 static int verror(struct http_req *req, int status, const char *code, const char *field,
                   const char *fmt, va_list ap) {
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
+    utf8_sanitize(msg);
     json_t *e = json_pack("{s:s, s:s}", "code", code, "message", msg);
-    if (field) json_object_set_new(e, "field", json_string(field));
+    if (field) {
+        char f[256];
+        snprintf(f, sizeof f, "%s", field);
+        utf8_sanitize(f);
+        json_object_set_new(e, "field", json_string(f));
+    }
     return http_reply_json(req, status, json_pack("{s:o}", "error", e));
 }
 

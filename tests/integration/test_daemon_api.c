@@ -302,6 +302,16 @@ static void test_auth_errors(void) {
     hreq(url, "GET", "/v2/jobs", token_a, NULL, NULL, 0, NULL, &r);
     CHECK_RESP(&r, 404, "NOT_FOUND");
     hresp_free(&r);
+    /* client bytes quoted in messages stay valid JSON (invalid UTF-8 replaced) */
+    hreq(url, "GET", "/v2/%FF%FE", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 404, "NOT_FOUND");
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs/j-%C3%28%FF", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 404, "JOB_NOT_FOUND");
+    hresp_free(&r);
+    hreq(url, "GET", "/v1/jobs?state=%FF", token_a, NULL, NULL, 0, NULL, &r);
+    CHECK_RESP(&r, 400, "INVALID_QUERY");
+    hresp_free(&r);
     hreq(url, "DELETE", "/v1/jobs", token_a, NULL, NULL, 0, NULL, &r);
     CHECK_RESP(&r, 405, "METHOD_NOT_ALLOWED");
     CHECK(strstr(r.hdrs, "Allow: ") != NULL);
