@@ -2,6 +2,7 @@
  * then waits in the main thread for SIGTERM/SIGINT and stops gracefully
  * (in-flight requests finish, the store closes cleanly). */
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,6 +22,13 @@ int main(int argc, char **argv) {
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* One descriptor per connection (and per SQLite connection): raise the
+     * soft limit to the hard one so --conn-limit is reachable. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     if (loomd_start(&ld) != 0) {
         log_error("loomd: start-up failed");
         loomd_stop(&ld);
