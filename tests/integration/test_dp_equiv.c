@@ -39,9 +39,9 @@
     5e-5 /* max |a - b| / (1 + |b|) over all weights (Adam amplifies tiny grad differences) */
 
 /* tiny GPT-2: tied embeddings, biases, LayerNorm, GELU */
-#define N_LAYER 2
+#define N_LAYER 3
 #define D_MODEL 16
-#define D_FF    32
+#define D_FF    33 /* odd sizes: 11155 parameters, not divisible by 2 or 4 (uneven shards) */
 #define VOCAB   256
 #define SEQ     16
 #define MICRO   2
@@ -229,6 +229,8 @@ static void check_memory(const char *tag, const struct run *a, const struct run 
     double block = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + C * F + F + F * C + C;
     CHECK(fabs(head + N_LAYER * block - P) < 0.5, "%s: model has %.0f params, formula %.0f", tag, P,
           head + N_LAYER * block);
+    CHECK(fmod(P, dp) != 0, "%s: %.0f params divide evenly by dp=%d: uneven shards untested", tag,
+          P, dp);
     double want[5] = {
         (zero == 3 ? S + head + block : P) * 4,
         (zero >= 2 ? S : P) * 4,
