@@ -43,6 +43,8 @@ struct http_conn {
     struct http_server *srv;
     double t0;
     size_t route_idx; /* http_routes_count = unmatched */
+    char *path_copy;  /* req->path points here: valid until completion */
+    char method_copy[16];
     char *buf;
     size_t len, cap;
     int too_large;
@@ -550,8 +552,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->mc = mc;
         c->req.conn = c;
         c->req.ld = srv->ld;
-        c->req.method = method;
-        c->req.path = url;
+        snprintf(c->method_copy, sizeof c->method_copy, "%s", method);
+        c->path_copy = strdup(url);
+        c->req.method = c->method_copy;
+        c->req.path = c->path_copy ? c->path_copy : "";
         if (atomic_load(&srv->stopping)) {
             http_add_header(&c->req, "Connection", "close");
             http_error(&c->req, 503, "SHUTTING_DOWN", "loomd is shutting down");
@@ -579,8 +583,11 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     struct http_conn *c = *con_cls;
     if (!c) return;
     struct loomd *ld = srv->ld;
-    if (ld->metrics)
-        metrics_observe(ld->metrics, c->route_idx, c->status ? c->status : 499, mono_s() - c->t0);
+    double secs = mono_s() - c->t0;
+    log_debug("http: %s %s %d %.2f ms%s", c->req.method ? c->req.method : "?",
+              c->req.path ? c->req.path : "?", c->status ? c->status : 499, secs * 1e3,
+              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (not completed)");
+    if (ld->metrics) metrics_observe(ld->metrics, c->route_idx, c->status ? c->status : 499, secs);
     for (int i = 0; i < c->req.nparams; i++) {
         free(c->req.param_name[i]);
         free(c->req.param_value[i]);
@@ -592,6 +599,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (c->resp) MHD_destroy_response(c->resp);
     json_decref(c->req.json);
     free(c->buf);
+    free(c->path_copy);
     free(c);
     *con_cls = NULL;
     atomic_fetch_sub(&srv->inflight, 1);
@@ -656,12 +664,12 @@ struct http_server *http_start(struct loomd *ld, const struct http_options *o) {
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
-    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET,
-                                srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
-                                (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                                (unsigned)o->conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-                                on_completed, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
-                                MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_END);
+    srv->mhd =
+        MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                         srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
+                         (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)o->conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                         srv, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_END);
     if (!srv->mhd) {
         log_error("http: libmicrohttpd failed to start on %s", o->listen);
         close(srv->listen_fd);

@@ -187,6 +187,10 @@ static struct store_tx *conn_open(struct store *s, int readonly) {
     } else {
         store_exec(tx, "PRAGMA query_only=1");
     }
+    /* Reads of a large store come from the OS page cache through mmap
+     * rather than copies into each connection's small page cache. */
+    store_exec(tx, "PRAGMA mmap_size=268435456");
+    store_exec(tx, "PRAGMA cache_size=-8192");
     return tx;
 }
 
