@@ -25,6 +25,7 @@
 
 #define LOG_CHUNK      (64 * 1024)
 #define METRICS_MAX    20000
+#define METRICS_BATCH  500
 #define SHIP_PERIOD_MS 300
 
 struct agent_desired {
@@ -382,15 +383,25 @@ static int ship(struct agent *a) {
     long status = 0;
     json_t *reply = NULL;
     char err[512];
-    if (json_array_size(a->metrics) > 0) {
-        json_t *body = json_pack("{s:s, s:O}", "node", a->cfg->name, "items", a->metrics);
+    /* Metrics in batches small enough for loomd's body limit (a step record
+     * is a few hundred bytes). */
+    while (json_array_size(a->metrics) > 0) {
+        size_t take = json_array_size(a->metrics) < METRICS_BATCH ? json_array_size(a->metrics)
+                                                                  : METRICS_BATCH;
+        json_t *items = json_array();
+        for (size_t i = 0; i < take; i++)
+            json_array_append(items, json_array_get(a->metrics, i));
+        json_t *body = json_pack("{s:s, s:o}", "node", a->cfg->name, "items", items);
         int rc = client_request(a->cl, "POST", "/v1/agent/metrics", body, &status, &reply, NULL,
                                 err, sizeof err);
         json_decref(body);
         json_decref(reply);
         reply = NULL;
-        if (rc != 0) return -1;
-        if (status == 200) json_array_clear(a->metrics);
+        if (rc != 0 || status >= 500) return -1;
+        if (status != 200) /* Rejected for good (not a transient failure): drop, don't loop. */
+            log_warn("metrics batch of %zu rejected (HTTP %ld); dropped", take, status);
+        for (size_t i = 0; i < take; i++)
+            json_array_remove(a->metrics, 0);
     }
     for (struct task *t = a->tasks; t; t = t->next) {
         for (int s = 0; s < 2; s++) {
@@ -413,6 +424,9 @@ static int ship(struct agent *a) {
             if (status == 200) {
                 json_int_t size = json_integer_value(json_object_get(reply, "size"));
                 t->ship_off[s] = (long)size; /* loomd's length: resync after restarts */
+            } else if (status >= 400 && status < 500) {
+                log_warn("task %s: log chunk rejected (HTTP %ld); skipped", t->key, status);
+                t->ship_off[s] += n;
             }
             json_decref(reply);
             reply = NULL;
