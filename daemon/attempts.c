@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
+#include "daemon/nodecheck.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
 
@@ -33,6 +34,7 @@ struct jobinfo {
     int tp, per_node;
     char kind[8];
     int64_t created_at;
+    int64_t queued_since; /* submit, or the retry's transition back to queued */
     char *spec, *out_dir, *pending;
 };
 
@@ -75,6 +77,7 @@ static int snap_job(const struct store_job *j, void *arg) {
     ji->max_retries = j->max_retries;
     ji->world = j->world_size;
     ji->created_at = j->created_at;
+    ji->queued_since = j->attempt > 0 && j->updated_at > 0 ? j->updated_at : j->created_at;
     ji->spec = strdup(j->spec ? j->spec : "{}");
     ji->out_dir = strdup(j->out_dir ? j->out_dir : "");
     ji->pending = j->pending_reason ? strdup(j->pending_reason) : NULL;
@@ -641,9 +644,9 @@ static void loop_pass(struct loomd *ld) {
             sn[i].name = n->name;
             sn[i].kind = n->kind;
             sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
-            sn[i].state = n->lost || !n->seen ? SCHED_NODE_LOST
-                          : n->drained        ? SCHED_NODE_DRAINED
-                                              : SCHED_NODE_READY;
+            sn[i].state = n->lost || !n->seen                             ? SCHED_NODE_LOST
+                          : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
+                                                                          : SCHED_NODE_READY;
         }
         for (struct cl_attempt *a = c->attempts; a; a = a->next)
             for (int r = 0; r < a->world; r++) {
@@ -725,7 +728,7 @@ static void loop_pass(struct loomd *ld) {
                 }
                 a->next = c->attempts;
                 c->attempts = a;
-                hist_observe(&c->queue_wait, (now - j->created_at) / 1000.0);
+                hist_observe(&c->queue_wait, (now - j->queued_since) / 1000.0);
                 cluster_changed(c);
             }
             sched_decisions_free(sd, nq);
