@@ -539,7 +539,8 @@ def sc_quota_priority(c):
 
 
 def sc_real_worker(c):
-    """The real loom-worker (cpu backend, tiny GPT-2) under an agent."""
+    """The real loom-worker (cpu backend, tiny GPT-2): dp=4 across the two
+    agents, ranks meeting through loomd's rendezvous."""
     shards = os.path.join(c.tmp, "shards")
     corpus = os.path.join(c.tmp, "corpus.txt")
     with open(corpus, "w") as f:
@@ -552,8 +553,8 @@ def sc_real_worker(c):
         "model": {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 32, "d_ff": 128,
                   "vocab_size": 256, "seq_len": 16},
         "data": {"train": os.path.join(shards, "train_*.bin")},
-        "parallel": {"dp": 1, "tp": 1, "pp": 1},
-        "train": {"steps": 4, "global_batch_tokens": 64, "micro_batch": 4, "precision": "fp32",
+        "parallel": {"dp": 4, "tp": 1, "pp": 1},
+        "train": {"steps": 4, "global_batch_tokens": 256, "micro_batch": 4, "precision": "fp32",
                   "lr": 0.001, "warmup_steps": 1},
         "checkpoint": {"every_steps": 2, "keep": 1},
         "resources": {"device": "cpu", "gpus_per_node": 2},
@@ -567,6 +568,12 @@ def sc_real_worker(c):
     check(st == 200 and [p["step"] for p in m["series"]] == [1, 2, 3, 4],
           "4 real steps recorded: %s" % m)
     check(all(p["loss"] > 0 for p in m["series"]), "losses are positive")
+    check(sorted(set(p["node"] for p in j["placement"])) == ["node-1", "node-2"],
+          "4 ranks over both nodes: %s" % j["placement"])
+    # Only rank 0 prints step lines; every rank ends with its summary line.
+    st, out3 = c.get("/v1/jobs/%s/logs?rank=3&stream=stdout" % jid)
+    check(st == 200 and '"type":"summary"' in out3 and '"world":4' in out3,
+          "rank 3 ran to its summary: %s" % out3[-300:])
     ck = os.path.join(j["out_dir"], "checkpoints")
     check(os.path.isdir(ck) and os.listdir(ck), "checkpoint written under the job's out_dir")
 
