@@ -230,6 +230,14 @@ out:
     return 0;
 }
 
+/* Whose jobs a request may see: its own tenant's; the admin token (on
+ * routes that accept it) sees every tenant's, or one with ?tenant=. */
+static const char *scope(struct http_req *req) {
+    if (!req->is_admin) return req->tenant_id;
+    const char *t = http_query(req, "tenant");
+    return t && *t ? t : NULL;
+}
+
 /* ---------------- list ---------------- */
 
 struct list_op {
@@ -272,7 +280,7 @@ static int parse_long(const char *s, long long lo, long long hi, long long *out)
 int api_jobs_list(struct http_req *req) {
     struct list_op op;
     memset(&op, 0, sizeof op);
-    op.f.tenant_id = req->tenant_id;
+    op.f.tenant_id = scope(req);
     op.f.skip_spec = 1;
     long long limit = LIST_DEFAULT;
     const char *q;
@@ -344,7 +352,8 @@ static int get_cb(struct store_tx *tx, void *arg) {
 }
 
 int api_jobs_get(struct http_req *req) {
-    struct job_op op = {.tenant_id = req->tenant_id, .id = http_param(req, "id")};
+    struct job_op op = {.tenant_id = req->is_admin ? NULL : req->tenant_id,
+                        .id = http_param(req, "id")};
     int rc = store_read(req->ld->store, get_cb, &op);
     if (rc != STORE_OK) return reply_store_error(req, rc, op.id);
     reply_job(req, 200, &op.job);
@@ -363,7 +372,8 @@ static int cancel_cb(struct store_tx *tx, void *arg) {
         to = JOB_CANCELLING; /* ranks are stopped by the attempt supervisor */
     else
         return STORE_OK; /* cancelling or finished: cancel is idempotent */
-    struct job_change ch = {.reason = "cancelled by tenant", .expect_attempt = -1};
+    struct job_change ch = {.reason = op->tenant_id ? "cancelled by tenant" : "cancelled by admin",
+                            .expect_attempt = -1};
     store_job_clear(&op->job);
     rc = store_job_transition(tx, op->id,
                               JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
@@ -373,7 +383,8 @@ static int cancel_cb(struct store_tx *tx, void *arg) {
 }
 
 int api_jobs_cancel(struct http_req *req) {
-    struct job_op op = {.tenant_id = req->tenant_id, .id = http_param(req, "id")};
+    struct job_op op = {.tenant_id = req->is_admin ? NULL : req->tenant_id,
+                        .id = http_param(req, "id")};
     int rc = store_write(req->ld->store, cancel_cb, &op);
     if (rc != STORE_OK) {
         store_job_clear(&op.job);
@@ -393,7 +404,8 @@ static int events_cb(struct store_tx *tx, void *arg) {
 }
 
 int api_jobs_events(struct http_req *req) {
-    struct job_op op = {.tenant_id = req->tenant_id, .id = http_param(req, "id")};
+    struct job_op op = {.tenant_id = req->is_admin ? NULL : req->tenant_id,
+                        .id = http_param(req, "id")};
     int rc = store_read(req->ld->store, events_cb, &op);
     store_job_clear(&op.job);
     if (rc != STORE_OK) return reply_store_error(req, rc, op.id);

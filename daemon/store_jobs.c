@@ -119,6 +119,7 @@ static json_t *json_or(const char *text, json_t *dflt) {
 json_t *store_job_to_json(const struct store_job *j) {
     json_t *o = json_object();
     json_object_set_new(o, "id", json_string(j->id));
+    json_object_set_new(o, "tenant_id", json_string(j->tenant_id));
     json_object_set_new(o, "name", json_string(j->name ? j->name : ""));
     json_object_set_new(o, "state", json_string(job_state_name(j->state)));
     json_object_set_new(o, "attempt", json_integer(j->attempt));
