@@ -23,11 +23,10 @@ if [ "$what" != bench ]; then
     timeout 240 "$BIN/test_gpu_kernels" >"$OUT/kernels.log" 2>&1
     rc=$?
     grep -E "^FAIL|checks passed|seed" "$OUT/kernels.log"
-    grep -E "^ok .*attention|^ok .*classifier" "$OUT/kernels.log" | head -20
     summary="$summary kernels=$rc"
     timeout 300 "$BIN/test_gpu_train" >"$OUT/train.log" 2>&1
     rc=$?
-    cat "$OUT/train.log" | tail -25
+    grep -E "^(ok|FAIL)|passed|FAILED" "$OUT/train.log"
     summary="$summary train=$rc"
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [ -n "$cs" ]; then
@@ -42,7 +41,30 @@ if [ "$what" != bench ]; then
         summary="$summary sanitizer=not-found"
     fi
 fi
-if [ "$what" != tests ]; then
+if [ "$what" = all ] || [ "$what" = tune ]; then
+    # attention kernel variants (speed knobs only): GPU ms per step by class
+    for v in "0 1" "0 0" "1 1"; do
+        set -- $v
+        LOOM_ATTN_FWD_VARIANT=$1 LOOM_ATTN_BWD_VARIANT=$2 "$BIN/loom-gpu-bench" --steps 12 \
+            --warmup 4 --profile 2 >"$OUT/var_$1$2.out" 2>&1
+        echo "variant fwd=$1 bwd=$2: $(grep -o '"step_ms_median":[0-9.]*' "$OUT/var_$1$2.out") \
+$(grep -o '"attention":[0-9.]*' "$OUT/var_$1$2.out")"
+    done
+    nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    if [ -n "$nc" ] && [ "${NCU:-0}" = 1 ]; then
+        timeout 180 "$nc" --clock-control none -k regex:'attn|xent|norm|gelu|adamw' \
+            --launch-skip 40 --launch-count 12 --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section LaunchStats \
+            "$BIN/loom-gpu-bench" --steps 1 --warmup 1 --profile 0 >"$OUT/ncu.txt" 2>&1
+        grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per" \
+            "$OUT/ncu.txt" | head -60
+    fi
+fi
+if [ "$what" != tests ] && [ "$what" != tune ]; then
     tests/bench/gpu_bench.sh 124m 16 1024 2>&1 | tee "$OUT/bench.log" | tail -30
+    if [ "${BIG:-0}" = 1 ]; then
+        timeout 300 tests/bench/gpu_bench.sh 1558m 8 1024 >"$OUT/bench1558.log" 2>&1
+        grep -E "GPU time|^  |RESULT|ratio|rc=|^loom |^torch " "$OUT/bench1558.log" | tail -16
+    fi
 fi
 echo "SUMMARY:$summary"

@@ -7,9 +7,23 @@
  * buckets) come from one arena made by reserve(); the engine's own buffers
  * come from alloc() at start-up. Nothing is allocated during a step.
  *
- * The one host round trip inside a step is embedding_bwd: it downloads the
- * token ids (N int32) to sort rows by token, which makes the embedding
- * gradient deterministic without float atomics. */
+ * The embedding gradient is made deterministic without float atomics by
+ * sorting rows by token on the host: embedding_fwd copies the token ids to
+ * pinned memory asynchronously, so embedding_bwd normally finds them there
+ * without waiting for the device (it falls back to a synchronous download
+ * when the ids were rewritten in between).
+ *
+ * Deferred zeroing: the engine zeroes a gradient buffer and then has one
+ * operation accumulate into it. zero() therefore only records the range;
+ * when the next call's gradient output is exactly that range, the kernel
+ * overwrites instead of adding (no memset, no read of zeros). Every call
+ * first issues the memsets of all other recorded ranges, so any other use
+ * sees zeros as the contract says.
+ *
+ * Two more calls are held back one call: matmul_fwd, so that a gelu_fwd of
+ * its output runs as the matmul's GELU epilogue (both outputs still written),
+ * and adamw, so that the engine's adjacent per-decay-group ranges run as one
+ * launch. Every other entry point issues held work first, in call order. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,10 +35,16 @@
 #include "worker/cuda/kernels.h"
 
 #define MAX_ALLOCS     1024
+#define MAX_PENDING    16
 #define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk */
 #define CUDA_PEAK_BF16 989e12
 
 struct cuda_alloc {
+    void *p;
+    size_t bytes;
+};
+
+struct cuda_range {
     void *p;
     size_t bytes;
 };
@@ -41,12 +61,79 @@ struct cuda_ctx {
     int cls_chunk;
     int32_t *d_order, *d_starts, *d_uniq; /* token buckets (device) */
     int32_t *h_tok, *h_buf;               /* pinned host: tokens; order|starts|uniq */
+    /* token ids copied to h_tok during embedding_fwd (so embedding_bwd need
+     * not wait for the device); valid until something writes tok_ptr */
+    const int32_t *tok_ptr;
+    int tok_n, tok_valid;
+    cudaEvent_t tok_ev, buf_ev; /* tokens landed in h_tok; h_buf free again */
     struct cuda_alloc allocs[MAX_ALLOCS];
     size_t alloc_bytes, alloc_peak;
+    struct cuda_range pending[MAX_PENDING]; /* zero() ranges not yet written */
+    int npending;
+    /* a matmul_fwd held back one call, to fuse a following gelu_fwd */
+    struct {
+        int on;
+        void *out;
+        const void *inp, *W, *bias;
+        int N, IC, OC;
+    } mm;
+    /* adamw calls over adjacent ranges, launched together */
+    struct {
+        int on;
+        struct backend_adamw a; /* first range; a.n = total so far */
+        struct lk_adamw_segs segs;
+    } aw;
 };
 
 #define CX ((struct cuda_ctx *)ctx)
 #define ST ((lcuda_stream)CX->s)
+
+/* Launch the held-back matmul (no fusion). */
+static void mm_flush(struct cuda_ctx *c) {
+    if (!c->mm.on) return;
+    c->mm.on = 0;
+    lk_linear_fwd(c->blas, c->mm.out, NULL, c->mm.inp, c->mm.W, c->mm.bias, NULL, c->mm.N, c->mm.IC,
+                  c->mm.OC, 0);
+}
+
+/* Launch the batched AdamW ranges. */
+static void aw_flush(struct cuda_ctx *c) {
+    if (!c->aw.on) return;
+    c->aw.on = 0;
+    const struct backend_adamw *a = &c->aw.a;
+    lk_adamw_multi(a->param, a->master, a->grad, a->m, a->v, &c->aw.segs, a->lr, a->beta1, a->beta2,
+                   a->eps, a->grad_scale, a->step, (lcuda_stream)c->s);
+}
+
+/* Issue all deferred work: the held matmul or AdamW (cu_zero issues those
+ * before recording a range, so they precede every recorded zero), then the
+ * memsets. */
+static void pz_flush(struct cuda_ctx *c) {
+    mm_flush(c);
+    aw_flush(c);
+    for (int i = 0; i < c->npending; i++)
+        CUDA_CHECK(cudaMemsetAsync(c->pending[i].p, 0, c->pending[i].bytes, c->s));
+    c->npending = 0;
+}
+
+/* 1 when [p, p+bytes) is exactly a recorded zero range: it is dropped (the
+ * caller overwrites it); all other ranges are flushed either way. */
+static int pz_take(struct cuda_ctx *c, void *p, size_t bytes) {
+    int hit = 0;
+    mm_flush(c);
+    aw_flush(c);
+    for (int i = 0; i < c->npending; i++) {
+        if (c->pending[i].p == p && c->pending[i].bytes == bytes) {
+            c->pending[i] = c->pending[--c->npending];
+            hit = 1;
+            break;
+        }
+    }
+    pz_flush(c);
+    return hit;
+}
+
+#define FLUSH() pz_flush(CX)
 
 static void cu_require(struct cuda_ctx *c, const char *what) {
     if (!c->reserved) {
@@ -57,6 +144,7 @@ static void cu_require(struct cuda_ctx *c, const char *what) {
 
 static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     struct cuda_ctx *c = CX;
+    if (c->reserved) pz_flush(c);
     if (c->reserved) {
         lk_blas_free(c->blas);
         lcuda_arena_free(&c->ws);
@@ -97,6 +185,10 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
         log_error("cuda backend: cannot pin %zu bytes of host memory", b_tok);
         return -1;
     }
+    if (!c->tok_ev) CUDA_CHECK(cudaEventCreateWithFlags(&c->tok_ev, cudaEventDisableTiming));
+    if (!c->buf_ev) CUDA_CHECK(cudaEventCreateWithFlags(&c->buf_ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(c->buf_ev, c->s));
+    c->tok_valid = 0;
     c->reserved = 1;
     return 0;
 }
@@ -127,6 +219,7 @@ static void *cu_alloc(void *ctx, size_t bytes) {
 static void cu_free(void *ctx, void *p) {
     struct cuda_ctx *c = CX;
     if (!p) return;
+    pz_flush(c);
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (c->allocs[i].p == p) {
             c->alloc_bytes -= c->allocs[i].bytes;
@@ -138,46 +231,72 @@ static void cu_free(void *ctx, void *p) {
     cudaFree(p);
 }
 
+/* A write to [p, p+bytes) that overlaps the token ids copied at the last
+ * embedding_fwd makes that copy stale. */
+static void tok_touch(struct cuda_ctx *c, const void *p, size_t bytes) {
+    const char *a = p, *t = (const char *)c->tok_ptr;
+    if (c->tok_valid && a < t + (size_t)c->tok_n * 4 && t < a + bytes) c->tok_valid = 0;
+}
+
 static void cu_zero(void *ctx, void *p, size_t bytes) {
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, CX->s));
+    struct cuda_ctx *c = CX;
+    if (!bytes) return;
+    tok_touch(c, p, bytes);
+    /* held work was called earlier: issue it before this range is recorded,
+     * so recorded zeros always come after everything already issued */
+    mm_flush(c);
+    aw_flush(c);
+    if (c->npending == MAX_PENDING) pz_flush(c);
+    c->pending[c->npending++] = (struct cuda_range){p, bytes};
 }
 
 static void cu_upload(void *ctx, void *dst, const void *src, size_t bytes) {
+    tok_touch(CX, dst, bytes);
+    FLUSH();
     /* Synchronous w.r.t. the host buffer: pageable sources may be reused on return. */
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, CX->s));
     CUDA_CHECK(cudaStreamSynchronize(CX->s));
 }
 
 static void cu_download(void *ctx, void *dst, const void *src, size_t bytes) {
+    FLUSH();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, CX->s));
     CUDA_CHECK(cudaStreamSynchronize(CX->s));
 }
 
 static void cu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    tok_touch(CX, dst, bytes);
+    FLUSH();
     if (dst == src || !bytes) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, CX->s));
 }
 
 static void cu_from_f32(void *ctx, void *dst, const float *src, size_t n) {
+    FLUSH();
     lk_f32_to_bf16(dst, src, n, ST);
 }
 
 static void cu_to_f32(void *ctx, float *dst, const void *src, size_t n) {
+    FLUSH();
     lk_bf16_to_f32(dst, src, n, ST);
 }
 
 static void cu_sync(void *ctx) {
+    FLUSH();
     CUDA_CHECK(cudaStreamSynchronize(CX->s));
 }
 
 static void cu_destroy(void *ctx) {
     struct cuda_ctx *c = CX;
     if (!c) return;
+    if (c->blas) pz_flush(c);
     cudaStreamSynchronize(c->s);
     lk_blas_free(c->blas);
     lcuda_arena_free(&c->ws);
     if (c->h_tok) cudaFreeHost(c->h_tok);
     if (c->h_buf) cudaFreeHost(c->h_buf);
+    if (c->tok_ev) cudaEventDestroy(c->tok_ev);
+    if (c->buf_ev) cudaEventDestroy(c->buf_ev);
     for (int i = 0; i < MAX_ALLOCS; i++)
         if (c->allocs[i].p) cudaFree(c->allocs[i].p);
     cudaStreamDestroy(c->s);
@@ -186,11 +305,24 @@ static void cu_destroy(void *ctx) {
 
 static void cu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,
                              const void *wpe, int B, int T, int C) {
+    struct cuda_ctx *c = CX;
+    FLUSH();
     lk_embed_fwd(out, tokens, wte, wpe, B * T, T, C, ST);
+    if (c->reserved && B * T <= c->lim.B * c->lim.T) {
+        /* no host reader is left: embedding_bwd is done with h_tok when it
+         * returns */
+        CUDA_CHECK(cudaMemcpyAsync(c->h_tok, tokens, (size_t)B * T * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, c->s));
+        CUDA_CHECK(cudaEventRecord(c->tok_ev, c->s));
+        c->tok_ptr = tokens;
+        c->tok_n = B * T;
+        c->tok_valid = 1;
+    }
 }
 
 static void cu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout,
                              const int32_t *tokens, int B, int T, int C) {
+    FLUSH();
     struct cuda_ctx *c = CX;
     cu_require(c, "embedding_bwd");
     int N = B * T;
@@ -200,13 +332,21 @@ static void cu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout
         exit(1);
     }
     if (dwte) {
-        CUDA_CHECK(cudaMemcpyAsync(c->h_tok, tokens, (size_t)N * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, c->s));
-        CUDA_CHECK(cudaStreamSynchronize(c->s));
+        if (c->tok_valid && c->tok_ptr == tokens && c->tok_n == N) {
+            /* copied during the forward: normally long done */
+            CUDA_CHECK(cudaEventSynchronize(c->tok_ev));
+        } else {
+            CUDA_CHECK(cudaMemcpyAsync(c->h_tok, tokens, (size_t)N * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, c->s));
+            CUDA_CHECK(cudaStreamSynchronize(c->s));
+        }
+        c->tok_valid = 0;                            /* h_tok is reused by the next forward */
+        CUDA_CHECK(cudaEventSynchronize(c->buf_ev)); /* last bucket upload has read h_buf */
         int32_t *order = c->h_buf, *starts = order + N, *uniq = starts + N + 1;
         int nu = lk_embed_buckets(c->h_tok, N, order, starts, uniq);
         CUDA_CHECK(cudaMemcpyAsync(c->d_order, c->h_buf, (size_t)(3 * N + 1) * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, c->s));
+        CUDA_CHECK(cudaEventRecord(c->buf_ev, c->s));
         lk_embed_bwd(dwte, NULL, dout, c->d_order, c->d_starts, c->d_uniq, nu, N, T, C, ST);
     }
     if (dwpe) lk_embed_bwd(NULL, dwpe, dout, NULL, NULL, NULL, 0, N, T, C, ST);
@@ -214,50 +354,74 @@ static void cu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout
 
 static void cu_layernorm_fwd(void *ctx, void *out, float *mean, float *rstd, const void *inp,
                              const void *w, const void *b, int N, int C, float eps) {
+    FLUSH();
     lk_norm_fwd(out, mean, rstd, inp, w, b, N, C, eps, 0, ST);
 }
 
 static void cu_layernorm_bwd(void *ctx, void *dinp, void *dw, void *db, const void *dout,
                              const void *inp, const void *w, const float *mean, const float *rstd,
                              int N, int C) {
+    FLUSH();
     cu_require(CX, "layernorm_bwd");
     lk_norm_bwd(dinp, dw, db, CX->norm_scratch, dout, inp, w, mean, rstd, N, C, 0, ST);
 }
 
 static void cu_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *inp, const void *w, int N,
                            int C, float eps) {
+    FLUSH();
     lk_norm_fwd(out, NULL, rstd, inp, w, NULL, N, C, eps, 1, ST);
 }
 
 static void cu_rmsnorm_bwd(void *ctx, void *dinp, void *dw, const void *dout, const void *inp,
                            const void *w, const float *rstd, int N, int C) {
+    FLUSH();
     cu_require(CX, "rmsnorm_bwd");
     lk_norm_bwd(dinp, dw, NULL, CX->norm_scratch, dout, inp, w, NULL, rstd, N, C, 1, ST);
 }
 
 static void cu_matmul_fwd(void *ctx, void *out, const void *inp, const void *W, const void *bias,
                           int N, int IC, int OC) {
-    cu_require(CX, "matmul_fwd");
-    lk_linear_fwd(CX->blas, out, NULL, inp, W, bias, NULL, N, IC, OC, 0);
+    struct cuda_ctx *c = CX;
+    FLUSH();
+    cu_require(c, "matmul_fwd");
+    c->mm.on = 1;
+    c->mm.out = out, c->mm.inp = inp, c->mm.W = W, c->mm.bias = bias;
+    c->mm.N = N, c->mm.IC = IC, c->mm.OC = OC;
 }
 
 static void cu_matmul_bwd(void *ctx, void *dinp, void *dW, void *dbias, const void *dout,
                           const void *inp, const void *W, int N, int IC, int OC) {
     cu_require(CX, "matmul_bwd");
-    if (dinp) lk_linear_bwd_data(CX->blas, dinp, dout, W, NULL, N, IC, OC, 1);
+    int fresh = dinp && pz_take(CX, dinp, (size_t)N * IC * 2);
+    if (!dinp) FLUSH();
+    if (dinp) lk_linear_bwd_data(CX->blas, dinp, dout, W, NULL, N, IC, OC, !fresh);
     if (dW || dbias)
         lk_linear_bwd_weight(CX->blas, dW, dbias, CX->bias_scratch, dout, inp, N, IC, OC);
 }
 
 static void cu_gelu_fwd(void *ctx, void *out, const void *inp, size_t n) {
+    struct cuda_ctx *c = CX;
+    if (c->mm.on && c->mm.out == inp && n == (size_t)c->mm.N * c->mm.OC && out != inp &&
+        c->mm.OC % 8 == 0) {
+        /* matmul + GELU in one cuBLASLt call: inp (the matmul's output) is
+         * written as the epilogue's pre-activation, out as gelu(inp) */
+        c->mm.on = 0;
+        pz_flush(c);
+        lk_linear_fwd(c->blas, out, (void *)inp, c->mm.inp, c->mm.W, c->mm.bias, NULL, c->mm.N,
+                      c->mm.IC, c->mm.OC, 1);
+        return;
+    }
+    FLUSH();
     lk_gelu_fwd(out, inp, n, ST);
 }
 
 static void cu_gelu_bwd(void *ctx, void *dinp, const void *inp, const void *dout, size_t n) {
-    lk_gelu_bwd(dinp, inp, dout, n, 1, ST);
+    int fresh = pz_take(CX, dinp, n * 2);
+    lk_gelu_bwd(dinp, inp, dout, n, !fresh, ST);
 }
 
 static void cu_swiglu_fwd(void *ctx, void *out, const void *inp, int N, int F) {
+    FLUSH();
     const lbf16 *in = inp;
     lk_swiglu_fwd(out, in, in + F, N, F, 2 * F, ST);
 }
@@ -265,21 +429,25 @@ static void cu_swiglu_fwd(void *ctx, void *out, const void *inp, int N, int F) {
 static void cu_swiglu_bwd(void *ctx, void *dinp, const void *inp, const void *dout, int N, int F) {
     const lbf16 *in = inp;
     lbf16 *d = dinp;
-    lk_swiglu_bwd(d, d + F, dout, in, in + F, N, F, 2 * F, 1, ST);
+    int fresh = pz_take(CX, dinp, (size_t)N * 2 * F * 2);
+    lk_swiglu_bwd(d, d + F, dout, in, in + F, N, F, 2 * F, !fresh, ST);
 }
 
 static void cu_rope_fwd(void *ctx, void *x, int N, int T, int stride, int n_heads, int HD,
                         float theta) {
+    FLUSH();
     lk_rope(x, N, T, n_heads, HD, stride, theta, 0, ST);
 }
 
 static void cu_rope_bwd(void *ctx, void *dx, int N, int T, int stride, int n_heads, int HD,
                         float theta) {
+    FLUSH();
     lk_rope(dx, N, T, n_heads, HD, stride, theta, 1, ST);
 }
 
 static void cu_attention_fwd(void *ctx, void *out, float *lse, const void *qkv, int B, int T,
                              int NH, int NKV, int HD) {
+    FLUSH();
     const lbf16 *q = qkv;
     int ld = (NH + 2 * NKV) * HD;
     lk_attn_fwd(out, lse, q, q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD,
@@ -293,15 +461,18 @@ static void cu_attention_bwd(void *ctx, void *dqkv, const void *dout, const void
     const lbf16 *q = qkv;
     lbf16 *dq = dqkv;
     int ld = (NH + 2 * NKV) * HD;
+    int fresh = pz_take(CX, dqkv, (size_t)B * T * ld * 2);
     lk_attn_bwd(dq, dq + NH * HD, dq + (NH + NKV) * HD, CX->attn_scratch, dout, out, lse, q,
-                q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD, 1, ST);
+                q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD, !fresh, ST);
 }
 
 static void cu_residual_fwd(void *ctx, void *out, const void *a, const void *b, size_t n) {
+    FLUSH();
     lk_add(out, a, b, n, ST);
 }
 
 static void cu_accumulate(void *ctx, void *dst, const void *src, size_t n) {
+    FLUSH();
     lk_accumulate(dst, src, n, ST);
 }
 
@@ -312,29 +483,58 @@ static void cu_classifier(void *ctx, float *losses, void *dinp, void *dW, const 
     cu_require(c, "classifier");
     const lbf16 *x = inp;
     lbf16 *dx = dinp;
+    int fresh = dx && pz_take(c, dx, (size_t)N * C * 2);
+    if (!dx) pz_flush(c);
     for (int r0 = 0; r0 < N; r0 += c->cls_chunk) {
         int rows = N - r0 < c->cls_chunk ? N - r0 : c->cls_chunk;
         lk_linear_fwd(c->blas, c->logits, NULL, x + (size_t)r0 * C, W, NULL, NULL, rows, C, Vp, 0);
         lk_xent_fwd_bwd(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale, ST);
         if (dx)
-            lk_linear_bwd_data(c->blas, dx + (size_t)r0 * C, c->logits, W, NULL, rows, C, Vp, 1);
+            lk_linear_bwd_data(c->blas, dx + (size_t)r0 * C, c->logits, W, NULL, rows, C, Vp,
+                               !fresh);
         if (dW)
             lk_linear_bwd_weight(c->blas, dW, NULL, NULL, c->logits, x + (size_t)r0 * C, rows, C,
                                  Vp);
     }
 }
 
+/* Ranges arrive one run of tensors at a time; adjacent ones with the same
+ * hyper-parameters (weight decay aside) are merged into one launch. */
 static void cu_adamw(void *ctx, const struct backend_adamw *a) {
-    lk_adamw(a->param, a->master, a->grad, a->m, a->v, a->n, a->lr, a->beta1, a->beta2, a->eps,
-             a->weight_decay, a->grad_scale, a->step, ST);
+    struct cuda_ctx *c = CX;
+    if (!a->n) return;
+    if (c->aw.on) {
+        const struct backend_adamw *p = &c->aw.a;
+        size_t off = p->n;
+        int adj = (char *)a->param == (char *)p->param + off * 2 && a->master == p->master + off &&
+                  (const char *)a->grad == (const char *)p->grad + off * 2 && a->m == p->m + off &&
+                  a->v == p->v + off && a->lr == p->lr && a->beta1 == p->beta1 &&
+                  a->beta2 == p->beta2 && a->eps == p->eps && a->grad_scale == p->grad_scale &&
+                  a->step == p->step && c->aw.segs.n < LK_ADAMW_MAXSEG;
+        if (adj) {
+            c->aw.a.n += a->n;
+            c->aw.segs.end[c->aw.segs.n] = (int64_t)c->aw.a.n;
+            c->aw.segs.wd[c->aw.segs.n] = a->weight_decay;
+            c->aw.segs.n++;
+            return;
+        }
+    }
+    FLUSH();
+    c->aw.on = 1;
+    c->aw.a = *a;
+    c->aw.segs.n = 1;
+    c->aw.segs.end[0] = (int64_t)a->n;
+    c->aw.segs.wd[0] = a->weight_decay;
 }
 
 static void cu_sumsq(void *ctx, float *acc, const void *grad, size_t n) {
+    FLUSH();
     cu_require(CX, "sumsq");
     lk_sumsq_acc(acc, grad, n, CX->sum_scratch, ST);
 }
 
 static void cu_scale(void *ctx, void *x, size_t n, float s) {
+    FLUSH();
     lk_scale(x, n, s, ST);
 }
 
@@ -413,4 +613,17 @@ int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r) {
 void *backend_cuda_stream(const struct backend *b) {
     if (!b || !b->name || strcmp(b->name, "cuda") != 0) return NULL;
     return ((const struct cuda_ctx *)b->ctx)->s;
+}
+
+int backend_cuda_held(const struct backend *b, int what) {
+    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return 0;
+    const struct cuda_ctx *c = b->ctx;
+    return what == 1 ? c->mm.on : what == 2 ? c->aw.on : 0;
+}
+
+void backend_cuda_issue_held(const struct backend *b, int what) {
+    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return;
+    struct cuda_ctx *c = b->ctx;
+    if (what == 1) mm_flush(c);
+    if (what == 2) aw_flush(c);
 }

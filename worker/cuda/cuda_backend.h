@@ -25,4 +25,10 @@ int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r);
  * when b is not a CUDA backend. */
 void *backend_cuda_stream(const struct backend *b);
 
+/* Held-back work (see cuda_backend.c): 1 when a matmul_fwd (what = 1) or
+ * an AdamW batch (what = 2) is held. backend_cuda_issue_held issues it now.
+ * For profiling tools that time each call; training never needs them. */
+int backend_cuda_held(const struct backend *b, int what);
+void backend_cuda_issue_held(const struct backend *b, int what);
+
 #endif

@@ -16,11 +16,14 @@
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): with g = lane/4 and
  * t = lane%4, A regs {0,1,2,3} hold (row g, k 2t..2t+1), (g+8, 2t), (g, 2t+8),
  * (g+8, 2t+8); B regs {0,1} hold (k 2t..2t+1, n g), (k 2t+8.., n g); C holds
- * (g, 2t..2t+1) and (g+8, 2t..2t+1). Shared tiles are padded by 8 elements a
- * row so that these 32-bit fragment reads are free of bank conflicts. */
+ * (g, 2t..2t+1) and (g+8, 2t..2t+1). All shared tiles are row-major [64][HD]
+ * padded by 8 elements a row (ldmatrix rows then fall in distinct banks); B
+ * operands come from ldmatrix (.trans where the tile is the k-major side),
+ * and the next tile streams in by cp.async while the current one is used. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "worker/cuda/kernels.h"
 
@@ -29,7 +32,6 @@ typedef __nv_bfloat16 bf;
 #define BQ       64 /* queries per CTA / tile */
 #define BK       64 /* keys per tile */
 #define NTHREADS 128
-#define TP       (BK + 8) /* stride of a transposed tile [HD][64] */
 #define LOG2E    1.4426950408889634f
 #define LN2      0.6931471805599453f
 
@@ -48,20 +50,36 @@ __device__ __forceinline__ uint32_t ld32(const bf *p) {
     return *(const uint32_t *)p;
 }
 
-/* Copy a [64][HD] tile from global rows (stride ld) into shared memory:
- * row-major `rm` (stride HD+8) and/or transposed `tr` ([HD][TP]). */
-template <int HD> __device__ __forceinline__ void load_tile(bf *rm, bf *tr, const bf *src, int ld) {
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, const bf *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const bf *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* Start copying a [64][HD] tile from global rows (stride ld) into a
+ * row-major shared tile (stride HD+8) with 16-byte cp.async. */
+template <int HD> __device__ __forceinline__ void tile_async(bf *dst, const bf *src, int ld) {
     constexpr int CH = HD / 8; /* 16-byte chunks per row */
     for (int c = threadIdx.x; c < 64 * CH; c += NTHREADS) {
         int r = c / CH, col = (c % CH) * 8;
-        uint4 v = *(const uint4 *)(src + (size_t)r * ld + col);
-        if (rm) *(uint4 *)(rm + r * (HD + 8) + col) = v;
-        if (tr) {
-            const bf *e = (const bf *)&v;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                tr[(col + i) * TP + r] = e[i];
-        }
+        cp_async16(dst + r * (HD + 8) + col, src + (size_t)r * ld + col);
     }
 }
 
@@ -78,28 +96,30 @@ __device__ __forceinline__ void load_afrag(uint32_t (*f)[4], const bf *src, int 
 }
 
 /* acc[8][4] (16 x 64) = A (16 x HD, fragments) . R^T where R is a row-major
- * shared tile [64][HD+8] (the B operand "col" layout is R's rows). */
+ * shared tile [64][HD+8]: R's rows are the B operand's columns, read with
+ * ldmatrix (four 8x8 matrices = two k-steps of one n-tile per load). */
 template <int HD>
 __device__ __forceinline__ void mma_rows(float (*acc)[4], const uint32_t (*a)[4], const bf *R,
-                                         int g, int t) {
+                                         int lane) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t b[2];
-            b[0] = ld32(R + (j * 8 + g) * (HD + 8) + kk * 16 + 2 * t);
-            b[1] = ld32(R + (j * 8 + g) * (HD + 8) + kk * 16 + 8 + 2 * t);
-            mma16816(acc[j], a[kk], b);
+        for (int k2 = 0; k2 < HD / 32; k2++) {
+            uint32_t b[4];
+            ldsm_x4(b, R + (j * 8 + (lane & 7)) * (HD + 8) + k2 * 32 + (lane >> 3) * 8);
+            mma16816(acc[j], a[2 * k2], b);
+            mma16816(acc[j], a[2 * k2 + 1], b + 2);
         }
     }
 }
 
-/* out[HD/8][4] (16 x HD) += P (16 x 64, accumulator layout) . M where M is
- * [64][HD] given transposed in shared memory as Mt [HD][TP]. */
+/* out[HD/8][4] (16 x HD) += P (16 x 64, accumulator layout) . M where M is a
+ * row-major shared tile [64][HD+8] (read transposed with ldmatrix.trans). */
 template <int HD>
-__device__ __forceinline__ void mma_acc_t(float (*out)[4], const float (*p)[4], const bf *Mt, int g,
-                                          int t) {
+__device__ __forceinline__ void mma_acc_t(float (*out)[4], const float (*p)[4], const bf *M,
+                                          int lane) {
+    int mi = lane >> 3, r = lane & 7;
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         uint32_t a[4];
@@ -108,11 +128,11 @@ __device__ __forceinline__ void mma_acc_t(float (*out)[4], const float (*p)[4], 
         a[2] = pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
         a[3] = pack2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
-        for (int jd = 0; jd < HD / 8; jd++) {
-            uint32_t b[2];
-            b[0] = ld32(Mt + (jd * 8 + g) * TP + kk * 16 + 2 * t);
-            b[1] = ld32(Mt + (jd * 8 + g) * TP + kk * 16 + 8 + 2 * t);
-            mma16816(out[jd], a, b);
+        for (int j2 = 0; j2 < HD / 16; j2++) {
+            uint32_t b[4];
+            ldsm_x4_t(b, M + (kk * 16 + (mi & 1) * 8 + r) * (HD + 8) + (j2 * 2 + (mi >> 1)) * 8);
+            mma16816(out[2 * j2], a, b);
+            mma16816(out[2 * j2 + 1], a, b + 2);
         }
     }
 }
@@ -136,17 +156,25 @@ __device__ __forceinline__ void store_rows(bf *dst, int ld, const float (*acc)[4
     }
 }
 
+#define TS(HD) (64 * ((HD) + 8)) /* elements of one padded [64][HD] tile */
+
 template <int HD>
-__global__ void __launch_bounds__(NTHREADS)
-    attn_fwd_kernel(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
-                    int ldo, int T, int H, int Hkv, float sl2) {
-    __shared__ __align__(16) bf Ks[BK * (HD + 8)];
-    __shared__ __align__(16) bf Vt[HD * TP];
+__device__ __forceinline__ void attn_fwd_body(bf *out, float *lse, const bf *q, const bf *k,
+                                              const bf *v, int ldq, int ldkv, int ldo, int T, int H,
+                                              int Hkv, float sl2) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf *Ks = (bf *)smem;      /* [2][64][HD+8] */
+    bf *Vs = Ks + 2 * TS(HD); /* [2][64][HD+8] */
     int nqb = T / BQ;
     int qb = nqb - 1 - blockIdx.x;
     int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qb * BQ + w * 16;
+    const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
+    const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
+    tile_async<HD>(Ks, kbase, ldkv);
+    tile_async<HD>(Vs, vbase, ldkv);
+    cp_commit();
     uint32_t qf[HD / 16][4];
     load_afrag<HD>(qf, q + ((size_t)b * T + q0) * ldq + h * HD, ldq, g, t);
     float o[HD / 8][4];
@@ -154,15 +182,20 @@ __global__ void __launch_bounds__(NTHREADS)
     for (int j = 0; j < HD / 8; j++)
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
-    const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
     for (int kb = 0; kb <= qb; kb++) {
+        if (kb < qb) {
+            int nb = (kb + 1) & 1;
+            tile_async<HD>(Ks + nb * TS(HD), kbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
+            tile_async<HD>(Vs + nb * TS(HD), vbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        load_tile<HD>(Ks, NULL, kbase + (size_t)kb * BK * ldkv, ldkv);
-        load_tile<HD>(NULL, Vt, vbase + (size_t)kb * BK * ldkv, ldkv);
-        __syncthreads();
+        const bf *Kc = Ks + (kb & 1) * TS(HD), *Vc = Vs + (kb & 1) * TS(HD);
         float s[8][4];
-        mma_rows<HD>(s, qf, Ks, g, t);
+        mma_rows<HD>(s, qf, Kc, lane);
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -205,7 +238,8 @@ __global__ void __launch_bounds__(NTHREADS)
             o[jd][2] *= a1;
             o[jd][3] *= a1;
         }
-        mma_acc_t<HD>(o, s, Vt, g, t);
+        mma_acc_t<HD>(o, s, Vc, lane);
+        __syncthreads(); /* the buffer is refilled two iterations on */
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -238,24 +272,39 @@ __global__ void attn_bwd_pre_kernel(float *di, const bf *dout, const bf *out, in
 }
 
 /* dK, dV for one key block of one kv head: loops over the query heads of
- * the group and the query blocks at or after the key block. */
+ * the group and the query blocks at or after the key block (Q, dO tiles
+ * double-buffered through cp.async). */
 template <int HD>
-__global__ void __launch_bounds__(NTHREADS)
-    attn_bwd_kv_kernel(bf *dk, bf *dv, const bf *dout, const float *lse, const float *di,
-                       const bf *q, const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T,
-                       int H, int Hkv, float sl2, float scale, int add) {
+__device__ __forceinline__ void attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout, const float *lse,
+                                                 const float *di, const bf *q, const bf *k,
+                                                 const bf *v, int ldq, int ldkv, int ldo, int T,
+                                                 int H, int Hkv, float sl2, float scale, int add) {
     extern __shared__ __align__(16) unsigned char smem[];
-    bf *Qs = (bf *)smem;                     /* [64][HD+8] */
-    bf *dOs = Qs + BQ * (HD + 8);            /* [64][HD+8] */
-    bf *Qt = dOs + BQ * (HD + 8);            /* [HD][TP] */
-    bf *dOt = Qt + HD * TP;                  /* [HD][TP] */
-    float *lse_s = (float *)(dOt + HD * TP); /* [64], pre-multiplied by log2 e */
-    float *di_s = lse_s + BQ;                /* [64] */
+    bf *Qs = (bf *)smem;                        /* [2][64][HD+8] */
+    bf *dOs = Qs + 2 * TS(HD);                  /* [2][64][HD+8] */
+    float *lse_s = (float *)(dOs + 2 * TS(HD)); /* [2][64], times log2 e */
+    float *di_s = lse_s + 2 * BQ;               /* [2][64] */
     int nqb = T / BQ;
     int kb = blockIdx.x;
     int bhk = blockIdx.y, b = bhk / Hkv, hk = bhk % Hkv, grp = H / Hkv;
     int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int k0 = kb * BK + w * 16;
+    int nq = nqb - kb, niter = nq * grp;
+    /* iteration it: query head hk*grp + it / nq, query block kb + it % nq */
+#define KV_ISSUE(it)                                                                               \
+    do {                                                                                           \
+        int h_ = hk * grp + (it) / nq, qb_ = kb + (it) % nq, buf_ = (it)&1;                        \
+        size_t bh_ = (size_t)b * H + h_;                                                           \
+        tile_async<HD>(Qs + buf_ * TS(HD), q + ((size_t)b * T + qb_ * BQ) * ldq + h_ * HD, ldq);   \
+        tile_async<HD>(dOs + buf_ * TS(HD), dout + ((size_t)b * T + qb_ * BQ) * ldo + h_ * HD,     \
+                       ldo);                                                                       \
+        cp_commit();                                                                               \
+        if (threadIdx.x < BQ) {                                                                    \
+            lse_s[buf_ * BQ + threadIdx.x] = lse[bh_ * T + qb_ * BQ + threadIdx.x] * LOG2E;        \
+            di_s[buf_ * BQ + threadIdx.x] = di[bh_ * T + qb_ * BQ + threadIdx.x];                  \
+        }                                                                                          \
+    } while (0)
+    KV_ISSUE(0);
     uint32_t kf[HD / 16][4], vf[HD / 16][4];
     load_afrag<HD>(kf, k + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, g, t);
     load_afrag<HD>(vf, v + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, g, t);
@@ -265,59 +314,62 @@ __global__ void __launch_bounds__(NTHREADS)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             dka[j][e] = dva[j][e] = 0.f;
-    for (int h = hk * grp; h < (hk + 1) * grp; h++) {
-        size_t bh = (size_t)b * H + h;
-        for (int qb = kb; qb < nqb; qb++) {
-            __syncthreads();
-            const bf *qsrc = q + ((size_t)b * T + qb * BQ) * ldq + h * HD;
-            const bf *dsrc = dout + ((size_t)b * T + qb * BQ) * ldo + h * HD;
-            load_tile<HD>(Qs, Qt, qsrc, ldq);
-            load_tile<HD>(dOs, dOt, dsrc, ldo);
-            if (threadIdx.x < BQ) {
-                lse_s[threadIdx.x] = lse[bh * T + qb * BQ + threadIdx.x] * LOG2E;
-                di_s[threadIdx.x] = di[bh * T + qb * BQ + threadIdx.x];
-            }
-            __syncthreads();
-            float p[8][4], dp[8][4];
-            mma_rows<HD>(p, kf, Qs, g, t); /* S^T: keys x queries */
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int qi = j * 8 + 2 * t + (e & 1);
-                    int key = w * 16 + g + (e >= 2 ? 8 : 0);
-                    float x = exp2f(p[j][e] * sl2 - lse_s[qi]);
-                    p[j][e] = (qb == kb && key > qi) ? 0.f : x;
-                }
-            mma_acc_t<HD>(dva, p, dOt, g, t); /* dV += P^T dO */
-            mma_rows<HD>(dp, vf, dOs, g, t);  /* dP^T = V dO^T */
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    dp[j][e] = p[j][e] * (dp[j][e] - di_s[j * 8 + 2 * t + (e & 1)]);
-            mma_acc_t<HD>(dka, dp, Qt, g, t); /* dK += dS^T Q */
+    for (int it = 0; it < niter; it++) {
+        if (it + 1 < niter) {
+            KV_ISSUE(it + 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
         }
+        __syncthreads();
+        int qb = kb + it % nq, buf = it & 1;
+        const bf *Qc = Qs + buf * TS(HD), *dOc = dOs + buf * TS(HD);
+        const float *ls = lse_s + buf * BQ, *ds = di_s + buf * BQ;
+        float p[8][4], dp[8][4];
+        mma_rows<HD>(p, kf, Qc, lane); /* S^T: keys x queries */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int qi = j * 8 + 2 * t + (e & 1);
+                int key = w * 16 + g + (e >= 2 ? 8 : 0);
+                float x = exp2f(p[j][e] * sl2 - ls[qi]);
+                p[j][e] = (qb == kb && key > qi) ? 0.f : x;
+            }
+        mma_acc_t<HD>(dva, p, dOc, lane); /* dV += P^T dO */
+        mma_rows<HD>(dp, vf, dOc, lane);  /* dP^T = V dO^T */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[j][e] = p[j][e] * (dp[j][e] - ds[j * 8 + 2 * t + (e & 1)]);
+        mma_acc_t<HD>(dka, dp, Qc, lane); /* dK += dS^T Q */
+        __syncthreads();
     }
+#undef KV_ISSUE
     store_rows<HD>(dk + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, dka, scale, scale, g, t, add);
     store_rows<HD>(dv + ((size_t)b * T + k0) * ldkv + hk * HD, ldkv, dva, 1.f, 1.f, g, t, add);
 }
 
 /* dQ for one query block of one head: recomputes P and dP per key block. */
 template <int HD>
-__global__ void __launch_bounds__(NTHREADS)
-    attn_bwd_q_kernel(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q,
-                      const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
-                      float sl2, float scale, int add) {
+__device__ __forceinline__ void attn_bwd_q_body(bf *dq, const bf *dout, const float *lse,
+                                                const float *di, const bf *q, const bf *k,
+                                                const bf *v, int ldq, int ldkv, int ldo, int T,
+                                                int H, int Hkv, float sl2, float scale, int add) {
     extern __shared__ __align__(16) unsigned char smem[];
-    bf *Ks = (bf *)smem;         /* [64][HD+8] */
-    bf *Vs = Ks + BK * (HD + 8); /* [64][HD+8] */
-    bf *Kt = Vs + BK * (HD + 8); /* [HD][TP] */
+    bf *Ks = (bf *)smem;      /* [2][64][HD+8] */
+    bf *Vs = Ks + 2 * TS(HD); /* [2][64][HD+8] */
     int nqb = T / BQ;
     int qb = nqb - 1 - blockIdx.x;
     int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qb * BQ + w * 16;
+    const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
+    const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
+    tile_async<HD>(Ks, kbase, ldkv);
+    tile_async<HD>(Vs, vbase, ldkv);
+    cp_commit();
     uint32_t qf[HD / 16][4], of[HD / 16][4];
     load_afrag<HD>(qf, q + ((size_t)b * T + q0) * ldq + h * HD, ldq, g, t);
     load_afrag<HD>(of, dout + ((size_t)b * T + q0) * ldo + h * HD, ldo, g, t);
@@ -328,16 +380,21 @@ __global__ void __launch_bounds__(NTHREADS)
 #pragma unroll
     for (int j = 0; j < HD / 8; j++)
         dqa[j][0] = dqa[j][1] = dqa[j][2] = dqa[j][3] = 0.f;
-    const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
-    const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
     for (int kb = 0; kb <= qb; kb++) {
+        if (kb < qb) {
+            int nb = (kb + 1) & 1;
+            tile_async<HD>(Ks + nb * TS(HD), kbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
+            tile_async<HD>(Vs + nb * TS(HD), vbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        load_tile<HD>(Ks, Kt, kbase + (size_t)kb * BK * ldkv, ldkv);
-        load_tile<HD>(Vs, NULL, vbase + (size_t)kb * BK * ldkv, ldkv);
-        __syncthreads();
+        const bf *Kc = Ks + (kb & 1) * TS(HD), *Vc = Vs + (kb & 1) * TS(HD);
         float p[8][4], dp[8][4];
-        mma_rows<HD>(p, qf, Ks, g, t);
-        mma_rows<HD>(dp, of, Vs, g, t);
+        mma_rows<HD>(p, qf, Kc, lane);
+        mma_rows<HD>(dp, of, Vc, lane);
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -347,9 +404,62 @@ __global__ void __launch_bounds__(NTHREADS)
                 if (kb == qb && key > qr) x = 0.f;
                 p[j][e] = x * (dp[j][e] - (e >= 2 ? d1 : d0));
             }
-        mma_acc_t<HD>(dqa, p, Kt, g, t);
+        mma_acc_t<HD>(dqa, p, Kc, lane); /* dQ += dS K */
+        __syncthreads();
     }
     store_rows<HD>(dq + ((size_t)b * T + q0) * ldq + h * HD, ldq, dqa, scale, scale, g, t, add);
+}
+
+/* Two register budgets per kernel (variant b aims at more resident blocks
+ * per SM for hd 64); the choice changes speed only, never results. */
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS)
+    attn_fwd_kernel_a(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
+                      int ldo, int T, int H, int Hkv, float sl2) {
+    attn_fwd_body<HD>(out, lse, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2);
+}
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS, 4)
+    attn_fwd_kernel_b(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
+                      int ldo, int T, int H, int Hkv, float sl2) {
+    attn_fwd_body<HD>(out, lse, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2);
+}
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS)
+    attn_bwd_kv_kernel_a(bf *dk, bf *dv, const bf *dout, const float *lse, const float *di,
+                         const bf *q, const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T,
+                         int H, int Hkv, float sl2, float scale, int add) {
+    attn_bwd_kv_body<HD>(dk, dv, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale,
+                         add);
+}
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS, 3)
+    attn_bwd_kv_kernel_b(bf *dk, bf *dv, const bf *dout, const float *lse, const float *di,
+                         const bf *q, const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T,
+                         int H, int Hkv, float sl2, float scale, int add) {
+    attn_bwd_kv_body<HD>(dk, dv, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale,
+                         add);
+}
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS)
+    attn_bwd_q_kernel_a(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q,
+                        const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
+                        float sl2, float scale, int add) {
+    attn_bwd_q_body<HD>(dq, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
+}
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS, 3)
+    attn_bwd_q_kernel_b(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q,
+                        const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
+                        float sl2, float scale, int add) {
+    attn_bwd_q_body<HD>(dq, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
+}
+
+/* Kernel variant for hd 64 (0: a, 1: b): a tuning knob read from the
+ * environment for benchmarks; results do not depend on it. */
+static int tuned_variant(const char *env, int dflt) {
+    const char *s = getenv(env);
+    return s && *s ? atoi(s) : dflt;
 }
 
 static void check_shape(int T, int H, int Hkv, int hd) {
@@ -358,13 +468,17 @@ static void check_shape(int T, int H, int Hkv, int hd) {
                    "needs T % 64 == 0, H % Hkv == 0 and hd in {32, 64, 128}");
 }
 
-template <int HD>
+template <int HD, int MINB>
 static void fwd_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
                        int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st) {
     float sl2 = LOG2E / sqrtf((float)HD);
     dim3 grid(T / BQ, B * H);
-    attn_fwd_kernel<HD><<<grid, NTHREADS, 0, st>>>((bf *)out, lse, (const bf *)q, (const bf *)k,
-                                                   (const bf *)v, ldq, ldkv, ldo, T, H, Hkv, sl2);
+    size_t smem = 4 * TS(HD) * sizeof(bf);
+    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_fwd_kernel_b<HD> : attn_fwd_kernel_a<HD>),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    (MINB ? attn_fwd_kernel_b<HD> : attn_fwd_kernel_a<HD>)<<<grid, NTHREADS, smem, st>>>(
+        (bf *)out, lse, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv, ldo, T, H, Hkv,
+        sl2);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -373,9 +487,14 @@ extern "C" void lk_attn_fwd(lbf16 *out, float *lse, const lbf16 *q, const lbf16 
                             lcuda_stream s) {
     check_shape(T, H, Hkv, hd);
     cudaStream_t st = (cudaStream_t)s;
-    if (hd == 32) fwd_launch<32>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
-    if (hd == 64) fwd_launch<64>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
-    if (hd == 128) fwd_launch<128>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+    if (hd == 32) fwd_launch<32, 0>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+    if (hd == 64) {
+        if (tuned_variant("LOOM_ATTN_FWD_VARIANT", 0))
+            fwd_launch<64, 1>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+        else
+            fwd_launch<64, 0>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+    }
+    if (hd == 128) fwd_launch<128, 0>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
 }
 
 extern "C" size_t lk_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd) {
@@ -384,22 +503,24 @@ extern "C" size_t lk_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd) {
     return (size_t)B * H * T * sizeof(float);
 }
 
-template <int HD>
+template <int HD, int MINB>
 static void bwd_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, const float *di, const lbf16 *dout,
                        const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ldq,
                        int ldkv, int ldo, int B, int T, int H, int Hkv, int add, cudaStream_t st) {
     float scale = 1.f / sqrtf((float)HD), sl2 = LOG2E * scale;
-    size_t smem_kv = 2 * BQ * (HD + 8) * sizeof(bf) + 2 * HD * TP * sizeof(bf) + 2 * BQ * 4;
-    size_t smem_q = 2 * BK * (HD + 8) * sizeof(bf) + HD * TP * sizeof(bf);
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_kv_kernel<HD>,
+    size_t smem_kv = 4 * TS(HD) * sizeof(bf) + 4 * BQ * sizeof(float);
+    size_t smem_q = 4 * TS(HD) * sizeof(bf);
+    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_kv_kernel_b<HD> : attn_bwd_kv_kernel_a<HD>),
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_q_kernel<HD>,
+    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_q_kernel_b<HD> : attn_bwd_q_kernel_a<HD>),
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    attn_bwd_kv_kernel<HD><<<dim3(T / BK, B * Hkv), NTHREADS, smem_kv, st>>>(
+    (MINB ? attn_bwd_kv_kernel_b<HD>
+          : attn_bwd_kv_kernel_a<HD>)<<<dim3(T / BK, B * Hkv), NTHREADS, smem_kv, st>>>(
         (bf *)dk, (bf *)dv, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v,
         ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
     CUDA_CHECK_LAUNCH();
-    attn_bwd_q_kernel<HD><<<dim3(T / BQ, B * H), NTHREADS, smem_q, st>>>(
+    (MINB ? attn_bwd_q_kernel_b<HD>
+          : attn_bwd_q_kernel_a<HD>)<<<dim3(T / BQ, B * H), NTHREADS, smem_q, st>>>(
         (bf *)dq, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv,
         ldo, T, H, Hkv, sl2, scale, add);
     CUDA_CHECK_LAUNCH();
@@ -416,12 +537,15 @@ extern "C" void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, con
                                                          ld_o, N, T, H, hd);
     CUDA_CHECK_LAUNCH();
     if (hd == 32)
-        bwd_launch<32>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
-                       accumulate, st);
-    if (hd == 64)
-        bwd_launch<64>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
-                       accumulate, st);
+        bwd_launch<32, 0>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                          accumulate, st);
+    if (hd == 64 && !tuned_variant("LOOM_ATTN_BWD_VARIANT", 1))
+        bwd_launch<64, 0>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                          accumulate, st);
+    else if (hd == 64)
+        bwd_launch<64, 1>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                          accumulate, st);
     if (hd == 128)
-        bwd_launch<128>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
-                        accumulate, st);
+        bwd_launch<128, 0>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                           accumulate, st);
 }

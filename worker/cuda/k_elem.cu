@@ -4,6 +4,7 @@
  * elements and the launch covers the tensor with a grid-stride loop. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,14 +30,63 @@ __device__ __forceinline__ float gelu_grad(float x) {
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
 }
 
-__global__ void gelu_fwd_kernel(bf *out, const bf *inp, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(gelu_f(__bfloat162float(inp[i])));
+/* 16-byte vectors of 8 bf16: the elementwise kernels move whole vectors when
+ * every pointer is 16-byte aligned, and finish a ragged tail one by one. */
+struct __align__(16) bf8 {
+    __nv_bfloat162 h[4];
+};
+__device__ __forceinline__ void ld8(float *f, const bf *p) {
+    bf8 v = *(const bf8 *)p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(v.h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
 }
-__global__ void gelu_bwd_kernel(bf *dinp, const bf *inp, const bf *dout, size_t n, int acc) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+__device__ __forceinline__ void st8(bf *p, const float *f) {
+    bf8 v;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *(bf8 *)p = v;
+}
+static int aligned16(const void *a, const void *b, const void *c) {
+    return !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15);
+}
+/* Grid-stride over whole vectors (when vec), then the tail one by one:
+ *   EW_VEC(n) { ...8 elements at i... } EW_TAIL(n) { ...element i... } */
+#define EW_VEC(n)                                                                                  \
+    size_t stride_ = (size_t)gridDim.x * blockDim.x;                                               \
+    size_t tid_ = blockIdx.x * (size_t)blockDim.x + threadIdx.x;                                   \
+    size_t n8_ = vec ? (n) / 8 : 0;                                                                \
+    for (size_t v_ = tid_, i = v_ * 8; v_ < n8_; v_ += stride_, i = v_ * 8)
+#define EW_TAIL(n) for (size_t i = n8_ * 8 + tid_; i < (n); i += stride_)
+
+__global__ void gelu_fwd_kernel(bf *out, const bf *inp, size_t n, int vec) {
+    EW_VEC(n) {
+        float f[8];
+        ld8(f, inp + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            f[j] = gelu_f(f[j]);
+        st8(out + i, f);
+    }
+    EW_TAIL(n) out[i] = __float2bfloat16(gelu_f(__bfloat162float(inp[i])));
+}
+__global__ void gelu_bwd_kernel(bf *dinp, const bf *inp, const bf *dout, size_t n, int acc,
+                                int vec) {
+    EW_VEC(n) {
+        float x[8], d[8], o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        ld8(x, inp + i);
+        ld8(d, dout + i);
+        if (acc) ld8(o, dinp + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] += gelu_grad(x[j]) * d[j];
+        st8(dinp + i, o);
+    }
+    EW_TAIL(n) {
         float d = gelu_grad(__bfloat162float(inp[i])) * __bfloat162float(dout[i]);
         if (acc) d += __bfloat162float(dinp[i]);
         dinp[i] = __float2bfloat16(d);
@@ -44,13 +94,16 @@ __global__ void gelu_bwd_kernel(bf *dinp, const bf *inp, const bf *dout, size_t 
 }
 
 extern "C" void lk_gelu_fwd(lbf16 *out, const lbf16 *inp, size_t n, lcuda_stream s) {
-    gelu_fwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)out, (const bf *)inp, n);
+    int vec = aligned16(out, inp, inp);
+    gelu_fwd_kernel<<<grid_for(vec ? n / 8 + 1 : n, 256), 256, 0, (cudaStream_t)s>>>(
+        (bf *)out, (const bf *)inp, n, vec);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lk_gelu_bwd(lbf16 *dinp, const lbf16 *inp, const lbf16 *dout, size_t n,
                             int accumulate, lcuda_stream s) {
-    gelu_bwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)dinp, (const bf *)inp,
-                                                                   (const bf *)dout, n, accumulate);
+    int vec = aligned16(dinp, inp, dout);
+    gelu_bwd_kernel<<<grid_for(vec ? n / 8 + 1 : n, 256), 256, 0, (cudaStream_t)s>>>(
+        (bf *)dinp, (const bf *)inp, (const bf *)dout, n, accumulate, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -128,24 +181,49 @@ extern "C" void lk_rope(lbf16 *x, int N, int T, int n_heads, int hd, int ld, flo
     CUDA_CHECK_LAUNCH();
 }
 
-__global__ void add_kernel(bf *out, const bf *a, const bf *b, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+/* out = a + b (acc = 0) or out += a (b unused, acc = 1); out may alias a. */
+__global__ void add_kernel(bf *out, const bf *a, const bf *b, size_t n, int acc, int vec) {
+    EW_VEC(n) {
+        float x[8], y[8];
+        ld8(x, a + i);
+        ld8(y, acc ? out + i : b + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x[j] += y[j];
+        st8(out + i, x);
+    }
+    EW_TAIL(n) {
+        out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(acc ? out[i] : b[i]));
+    }
 }
 extern "C" void lk_add(lbf16 *out, const lbf16 *a, const lbf16 *b, size_t n, lcuda_stream s) {
-    add_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)out, (const bf *)a,
-                                                              (const bf *)b, n);
+    int vec = aligned16(out, a, b);
+    add_kernel<<<grid_for(vec ? n / 8 + 1 : n, 256), 256, 0, (cudaStream_t)s>>>(
+        (bf *)out, (const bf *)a, (const bf *)b, n, 0, vec);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lk_accumulate(lbf16 *dst, const lbf16 *src, size_t n, lcuda_stream s) {
+    int vec = aligned16(dst, src, src);
+    add_kernel<<<grid_for(vec ? n / 8 + 1 : n, 256), 256, 0, (cudaStream_t)s>>>(
+        (bf *)dst, (const bf *)src, NULL, n, 1, vec);
     CUDA_CHECK_LAUNCH();
 }
 
-__global__ void scale_kernel(bf *x, size_t n, float sc) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __float2bfloat16(__bfloat162float(x[i]) * sc);
+__global__ void scale_kernel(bf *x, size_t n, float sc, int vec) {
+    EW_VEC(n) {
+        float f[8];
+        ld8(f, x + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            f[j] *= sc;
+        st8(x + i, f);
+    }
+    EW_TAIL(n) x[i] = __float2bfloat16(__bfloat162float(x[i]) * sc);
 }
 extern "C" void lk_scale(lbf16 *x, size_t n, float sc, lcuda_stream s) {
-    scale_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)x, n, sc);
+    int vec = aligned16(x, x, x);
+    scale_kernel<<<grid_for(vec ? n / 8 + 1 : n, 256), 256, 0, (cudaStream_t)s>>>((bf *)x, n, sc,
+                                                                                  vec);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -141,6 +141,17 @@ void lk_sumsq_acc(float *acc, const lbf16 *g, size_t n, float *scratch, lcuda_st
 void lk_adamw(lbf16 *param, float *master, const lbf16 *grad, float *m, float *v, size_t n,
               float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
               int step, lcuda_stream s);
+/* Adjacent ranges updated in one launch: segment s covers
+ * [end[s-1], end[s]) (end[-1] = 0) of the arrays and decays with wd[s]. */
+#define LK_ADAMW_MAXSEG 256
+struct lk_adamw_segs {
+    int n;
+    int64_t end[LK_ADAMW_MAXSEG];
+    float wd[LK_ADAMW_MAXSEG];
+};
+void lk_adamw_multi(lbf16 *param, float *master, const lbf16 *grad, float *m, float *v,
+                    const struct lk_adamw_segs *segs, float lr, float beta1, float beta2, float eps,
+                    float grad_scale, int step, lcuda_stream s);
 /* pbf = bf16(p), n elements. */
 void lk_f32_to_bf16(lbf16 *dst, const float *src, size_t n, lcuda_stream s);
 void lk_bf16_to_f32(float *dst, const lbf16 *src, size_t n, lcuda_stream s);
