@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -297,6 +298,9 @@ static void finish(struct task *t, int64_t now_ms, int code, const char *why) {
     }
     t->state = TASK_EXITED;
     t->exited_ms = now_ms;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    t->exited_wall_ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000;
     write_exit_file(t);
     log_info("task %s: pid %d %s", t->key, (int)t->pid, t->exit_reason);
 }

@@ -32,6 +32,7 @@ struct task {
     int exit_code; /* exit status, 128+signal, or -1 unknown */
     char exit_reason[160];
     int64_t started_ms, stop_deadline_ms, exited_ms;
+    int64_t exited_wall_ms; /* wall clock of the exit (ordering failures across ranks) */
     long last_step;
     int64_t last_step_ms;
     int summary_seen;

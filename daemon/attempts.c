@@ -368,6 +368,8 @@ void cluster_task_report(struct cluster *c, int ni, json_t *task, int64_t now) {
     if (!strcmp(state, "exited")) {
         rk->state = RANK_EXITED;
         rk->exit_code = (int)json_integer_value(json_object_get(task, "exit_code"));
+        rk->exited_at = json_integer_value(json_object_get(task, "exited_at_ms"));
+        if (rk->exited_at <= 0) rk->exited_at = now;
         const char *why = json_string_value(json_object_get(task, "reason"));
         snprintf(rk->reason, sizeof rk->reason, "%s", why ? why : "");
     } else if (rk->state == RANK_PENDING) {
@@ -529,14 +531,31 @@ static void loop_pass(struct loomd *ld) {
         if (j->state == JOB_QUEUED) continue; /* placement write still pending */
         char why[300] = "";
         int running = 0, ok = 0, no_retry = 0;
+        /* The rank that failed first is the cause; ranks that exit a moment
+         * later usually only noticed their peer was gone. Agents see exits
+         * at their 50 ms polls, so a rank killed by a signal counts as 250 ms
+         * earlier: its peers' "connection lost" exits are the consequence. */
+        int first = -1;
+        int64_t first_key = 0;
+        for (int r = 0; r < a->world; r++) {
+            struct cl_rank *rk = &a->ranks[r];
+            if (rk->state != RANK_EXITED || rk->exit_code == 0) continue;
+            int64_t key = rk->exited_at - (rk->exit_code > 128 ? 250 : 0);
+            if (first < 0 || key < first_key) {
+                first = r;
+                first_key = key;
+            }
+        }
+        if (first >= 0) {
+            struct cl_rank *rk = &a->ranks[first];
+            snprintf(why, sizeof why, "rank %d on node %s %s", first, c->nodes[rk->node].name,
+                     rk->reason[0] ? rk->reason : "exited non-zero");
+            if (rk->exit_code == 2) no_retry = 1; /* bad spec or data */
+        }
         for (int r = 0; r < a->world && !why[0]; r++) {
             struct cl_rank *rk = &a->ranks[r];
             struct cl_node *n = &c->nodes[rk->node];
-            if (rk->state == RANK_EXITED && rk->exit_code != 0) {
-                snprintf(why, sizeof why, "rank %d on node %s %s", r, n->name,
-                         rk->reason[0] ? rk->reason : "exited non-zero");
-                if (rk->exit_code == 2) no_retry = 1; /* bad spec or data */
-            } else if (rk->state == RANK_EXITED) {
+            if (rk->state == RANK_EXITED) {
                 ok++;
             } else if (n->lost) {
                 snprintf(why, sizeof why,

@@ -40,6 +40,7 @@ struct cl_rank {
     int local_rank; /* index among the attempt's ranks on that node */
     enum rank_state state;
     int exit_code;
+    int64_t exited_at; /* agent's wall clock of the exit (0: unknown) */
     char reason[160];
     long last_step;
     int released; /* its device is free again (stopped, exited or node lost) */

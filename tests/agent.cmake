@@ -25,13 +25,15 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
         set_tests_properties(integration.cluster.${sc} PROPERTIES LABELS "integration;sanitize"
                              SKIP_RETURN_CODE 77 TIMEOUT 120)
     endforeach()
-    # The real loom-worker (tiny GPT-2 on the cpu backend) under an agent. Not
+    # The real loom-worker (tiny GPT-2 on the cpu backend) under agents. Not
     # in the sanitizer run: the engine's own tests cover its sanitizer state.
-    add_test(NAME integration.cluster.real_worker
-             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_cluster.py
-                     ${CMAKE_BINARY_DIR}/bin real_worker)
-    set_tests_properties(integration.cluster.real_worker PROPERTIES LABELS integration
-                         SKIP_RETURN_CODE 77 TIMEOUT 120)
+    foreach(sc real_worker real_worker_retry)
+        add_test(NAME integration.cluster.${sc}
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_cluster.py
+                         ${CMAKE_BINARY_DIR}/bin ${sc})
+        set_tests_properties(integration.cluster.${sc} PROPERTIES LABELS integration
+                             SKIP_RETURN_CODE 77 TIMEOUT 120)
+    endforeach()
 endif()
 
 # Supervision and inventory of loom-agent, with fake_worker as the worker.

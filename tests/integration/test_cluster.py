@@ -538,6 +538,61 @@ def sc_quota_priority(c):
     c.wait_state(b, "cancelled", 10, token=qtok)
 
 
+def real_spec(c, dp, steps, every):
+    shards = os.path.join(c.tmp, "shards")
+    if not os.path.isdir(shards):
+        corpus = os.path.join(c.tmp, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write(" ".join("loom trains tiny models on cpu devices %d" % i for i in range(4000)))
+        r = subprocess.run([os.path.join(BIN, "loom-data"), "prepare", "--in", corpus, "--out",
+                            shards], capture_output=True, timeout=60)
+        check(r.returncode == 0, "loom-data prepare: %s" % r.stderr.decode()[-300:])
+    return {
+        "name": "real",
+        "model": {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 32, "d_ff": 128,
+                  "vocab_size": 256, "seq_len": 16},
+        "data": {"train": os.path.join(shards, "train_*.bin")},
+        "parallel": {"dp": dp, "tp": 1, "pp": 1},
+        "train": {"steps": steps, "global_batch_tokens": 64 * dp, "micro_batch": 4,
+                  "precision": "fp32", "lr": 0.001, "warmup_steps": 1},
+        "checkpoint": {"every_steps": every, "keep": 2},
+        "resources": {"device": "cpu", "gpus_per_node": 2},
+        "max_retries": 1,
+    }
+
+
+def sc_real_worker_retry(c):
+    """SIGKILL one real worker rank after a checkpoint: the attempt is stopped
+    everywhere, retried, and the new attempt resumes from the checkpoint."""
+    st, j = c.request("POST", "/v1/jobs", real_spec(c, 2, 400, 5))
+    check(st == 201, "submit: %s %s" % (st, j))
+    jid = j["id"]
+    j = c.wait_state(jid, "running", 20)
+
+    def has_ckpt():
+        st, out = c.get("/v1/jobs/%s/logs?rank=0&stream=stdout" % jid)
+        return st == 200 and '"type":"checkpoint"' in out
+    c.wait(has_ckpt, 60, "a first checkpoint")
+    node = j["placement"][1]["node"]
+    pidfile = os.path.join(c.tmp, node, "tasks", "%s.0.1" % jid, "pid")
+    pid = int(open(pidfile).read().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    c.wait(lambda: c.job(jid)["attempt"] == 1, 15, "retry after the killed rank")
+    why = [e[3] for e in event_reasons(c, jid) if e[1] == "queued" and e[2] == 1]
+    check(why and "rank 1" in why[0] and "signal 9" in why[0], "reason: %s" % why)
+    c.wait_state(jid, "running", 20)
+
+    def resumed():
+        st, out = c.get("/v1/jobs/%s/logs?rank=0&stream=stdout&attempt=1" % jid)
+        if st != 200 or not out.strip():
+            return False
+        start = json.loads(out.splitlines()[0])
+        return start.get("type") == "start" and start.get("start_step", 0) >= 5
+    c.wait(resumed, 20, "attempt 1 to resume from a checkpoint (start_step >= 5)")
+    c.request("POST", "/v1/jobs/%s/cancel" % jid, {})
+    c.wait_state(jid, "cancelled", 15)
+
+
 def sc_real_worker(c):
     """The real loom-worker (cpu backend, tiny GPT-2): dp=4 across the two
     agents, ranks meeting through loomd's rendezvous."""
@@ -592,6 +647,7 @@ SCENARIOS = {
     "sched": (sc_sched, {}),
     "quota_priority": (sc_quota_priority, {}),
     "real_worker": (sc_real_worker, {"worker": os.path.join(BIN, "loom-worker")}),
+    "real_worker_retry": (sc_real_worker_retry, {"worker": os.path.join(BIN, "loom-worker")}),
 }
 
 
@@ -602,7 +658,7 @@ def main():
             return 77
     fn, kw = SCENARIOS[SCENARIO]
     needed = [kw.get("worker", WORKER)]
-    if SCENARIO == "real_worker":
+    if SCENARIO.startswith("real_worker"):
         needed.append(os.path.join(BIN, "loom-data"))
     for w in needed:
         if not os.access(w, os.X_OK):
