@@ -92,7 +92,17 @@ static ssize_t follow_read(void *ctx, char *buf, size_t max) {
             int64_t now = mono_ms();
             if (!f->gone_since) f->gone_since = now;
             /* Agents ship the last bytes shortly after the exit report. */
-            if (now - f->gone_since > 2500) return -1;
+            if (now - f->gone_since > 2500) {
+                /* Still waiting to be placed (this attempt has not started
+                 * yet)? Keep following; else the attempt is over. */
+                struct job_lookup l = {.tenant = NULL, .id = f->job};
+                if (store_read(f->ld->store, lookup_job, &l) == STORE_OK && l.found &&
+                    l.attempt == f->attempt && l.state == JOB_QUEUED) {
+                    f->gone_since = now;
+                } else {
+                    return -1;
+                }
+            }
         }
         http_wait(f->ld->http, &c->logs, &f->gen, 500);
     }

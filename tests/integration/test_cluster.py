@@ -525,13 +525,24 @@ def sc_quota_priority(c):
     c.wait_state(fill, "running", 10)
     low = c.submit(world=2, steps=5, step_ms=50, priority=10, name="low")
     high = c.submit(world=2, steps=5, step_ms=50, priority=90, name="high")
-    time.sleep(0.5)
+    # Following a queued job's log waits for it to start, then streams it.
+    env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
+    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", low, "-f"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(3.5)
+    check(follower.poll() is None, "logs -f of a queued job keeps waiting")
     check(c.job(low)["state"] == "queued" and c.job(high)["state"] == "queued", "cluster full")
     c.request("POST", "/v1/jobs/%s/cancel" % fill, {})
     j = c.wait_state(high, ("starting", "running", "succeeded"), 10)
     check(c.job(low)["state"] == "queued", "low priority still waits while high runs")
     c.wait_state(high, "succeeded", 20)
     c.wait_state(low, "succeeded", 20)
+    try:
+        fout, _ = follower.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        raise Fail("logs -f did not end after the job finished")
+    check(b"fake_worker: done" in fout, "follower saw the whole log: %r" % fout[-200:])
     c.request("POST", "/v1/jobs/%s/cancel" % a, {}, token=qtok)
     c.wait_state(b, "running", 10, token=qtok)  # quota freed
     c.request("POST", "/v1/jobs/%s/cancel" % b, {}, token=qtok)
