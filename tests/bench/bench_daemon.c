@@ -19,6 +19,26 @@
 #include "daemon_harness.h"
 
 static const char *ADMIN = "bench-admin";
+static pid_t loomd_pid;
+
+/* CPU seconds (user + system) loomd has used so far: a load-independent
+ * cost measure on a shared machine. */
+static double loomd_cpu_s(void) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)loomd_pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    unsigned long ut = 0, st = 0;
+    /* fields after ')': state(3) ... utime(14) stime(15) */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
 static char url[128], token[128], spec[1024];
 
 static double now_s(void) {
@@ -92,6 +112,7 @@ static double run(const char *label, int mode, int nthreads, double secs, long t
     pthread_t th[16];
     struct worker w[16];
     _Atomic long count = 0;
+    double cpu0 = loomd_cpu_s();
     double t0 = now_s();
     for (int i = 0; i < nthreads; i++) {
         memset(&w[i], 0, sizeof w[i]);
@@ -123,10 +144,12 @@ static double run(const char *label, int mode, int nthreads, double secs, long t
     }
     qsort(all, (size_t)nlat, sizeof *all, cmp_double);
     double rate = done / el;
+    double cpu_us = done ? (loomd_cpu_s() - cpu0) / (double)done * 1e6 : 0;
     *p50 = pct(all, nlat, 0.50);
     *p99 = pct(all, nlat, 0.99);
-    printf("%-34s clients=%d requests=%ld errors=%ld %.0f req/s p50=%.2f ms p99=%.2f ms\n", label,
-           nthreads, done, errors, rate, *p50, *p99);
+    printf("%-34s clients=%d requests=%ld errors=%ld %.0f req/s p50=%.2f ms p99=%.2f ms "
+           "loomd_cpu=%.0f us/req\n",
+           label, nthreads, done, errors, rate, *p50, *p99, cpu_us);
     fflush(stdout);
     free(all);
     return rate;
@@ -168,6 +191,7 @@ int main(int argc, char **argv) {
     struct loomd_proc p;
     if (loomd_spawn(&p, bin, dd, ADMIN, args) != 0) return 1;
     snprintf(url, sizeof url, "%s", p.url);
+    loomd_pid = p.pid;
     char tid[32];
     if (make_tenant(url, ADMIN, "bench", tid, sizeof tid, token, sizeof token) != 0) return 1;
     snprintf(spec, sizeof spec,
