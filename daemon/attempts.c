@@ -35,7 +35,7 @@ struct jobinfo {
     char kind[8];
     int64_t created_at;
     int64_t queued_since; /* submit, or the retry's transition back to queued */
-    char *spec, *out_dir, *pending;
+    char *out_dir, *pending;
 };
 
 struct snapshot {
@@ -48,7 +48,6 @@ struct snapshot {
 
 static void snapshot_free(struct snapshot *s) {
     for (int i = 0; i < s->n; i++) {
-        free(s->jobs[i].spec);
         free(s->jobs[i].out_dir);
         free(s->jobs[i].pending);
     }
@@ -78,25 +77,15 @@ static int snap_job(const struct store_job *j, void *arg) {
     ji->world = j->world_size;
     ji->created_at = j->created_at;
     ji->queued_since = j->attempt > 0 && j->updated_at > 0 ? j->updated_at : j->created_at;
-    ji->spec = strdup(j->spec ? j->spec : "{}");
+    /* Placement inputs come from columns (migration 002): no spec parsing
+     * per pass. The spec itself is read only for the jobs placed. */
     ji->out_dir = strdup(j->out_dir ? j->out_dir : "");
     ji->pending = j->pending_reason ? strdup(j->pending_reason) : NULL;
-    ji->tp = 1;
-    snprintf(ji->kind, sizeof ji->kind, "cuda");
-    json_t *spec = json_loads(ji->spec ? ji->spec : "{}", 0, NULL);
-    if (spec) {
-        json_int_t tp =
-            json_integer_value(json_object_get(json_object_get(spec, "parallel"), "tp"));
-        if (tp > 0) ji->tp = (int)tp;
-        json_t *res = json_object_get(spec, "resources");
-        const char *dev = json_string_value(json_object_get(res, "device"));
-        if (dev) snprintf(ji->kind, sizeof ji->kind, "%s", dev);
-        json_int_t gpn = json_integer_value(json_object_get(res, "gpus_per_node"));
-        /* gpus_per_node sizes the planner's node; for placement it caps the
-         * ranks per node only when the job asks for fewer than a node has. */
-        ji->per_node = gpn > 0 ? (int)gpn : 0;
-        json_decref(spec);
-    }
+    ji->tp = j->tp > 0 ? j->tp : 1;
+    snprintf(ji->kind, sizeof ji->kind, "%s", j->device[0] ? j->device : "cuda");
+    /* gpus_per_node sizes the planner's node; for placement it caps the
+     * ranks per node. */
+    ji->per_node = j->gpus_per_node > 0 ? j->gpus_per_node : 0;
     s->n++;
     return 0;
 }
@@ -108,6 +97,7 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
                    JOB_MASK(JOB_CANCELLING);
     f.ascending = 1;
     f.limit = 100000;
+    f.skip_spec = 1;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota FROM tenants WHERE gpu_quota > 0");
     if (!st) return STORE_ERR;
@@ -133,6 +123,21 @@ static struct jobinfo *snap_find(struct snapshot *s, const char *id) {
     for (int i = 0; i < s->n; i++)
         if (!strcmp(s->jobs[i].id, id)) return &s->jobs[i];
     return NULL;
+}
+
+struct spec_read {
+    const char *id;
+    char *spec; /* out, malloc'ed */
+};
+
+static int read_spec(struct store_tx *tx, void *arg) {
+    struct spec_read *r = arg;
+    struct store_job j;
+    memset(&j, 0, sizeof j);
+    int rc = store_job_get(tx, NULL, r->id, &j);
+    if (rc == STORE_OK && j.spec) r->spec = strdup(j.spec);
+    store_job_clear(&j);
+    return rc;
 }
 
 /* ---- store changes decided under the mutex, applied after ---- */
@@ -705,7 +710,9 @@ static void loop_pass(struct loomd *ld) {
                 a->attempt = j->attempt;
                 a->world = j->world;
                 a->ranks = ranks;
-                a->spec = strdup(j->spec);
+                struct spec_read sr = {j->id, NULL};
+                store_read(ld->store, read_spec, &sr);
+                a->spec = sr.spec ? sr.spec : strdup("{}");
                 a->out_dir = strdup(j->out_dir);
                 a->outcome = -1;
                 a->started_ms = now;
