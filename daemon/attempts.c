@@ -43,6 +43,7 @@ struct snapshot {
     int n, cap;
     struct sched_quota *quotas;
     char (*quota_tenants)[24];
+    char (*quota_names)[64];
     int nq;
 };
 
@@ -54,6 +55,7 @@ static void snapshot_free(struct snapshot *s) {
     free(s->jobs);
     free(s->quotas);
     free(s->quota_tenants);
+    free(s->quota_names);
     memset(s, 0, sizeof *s);
 }
 
@@ -99,7 +101,8 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     f.limit = 100000;
     f.skip_spec = 1;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
-    sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota FROM tenants WHERE gpu_quota > 0");
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT id, gpu_quota, name FROM tenants WHERE gpu_quota > 0");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int n = s->nq + 1;
@@ -107,15 +110,20 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
         if (q) s->quotas = q;
         char(*t)[24] = realloc(s->quota_tenants, sizeof *t * (size_t)n);
         if (t) s->quota_tenants = t;
-        if (!q || !t) break;
+        char(*nm)[64] = realloc(s->quota_names, sizeof *nm * (size_t)n);
+        if (nm) s->quota_names = nm;
+        if (!q || !t || !nm) break;
         snprintf(s->quota_tenants[s->nq], 24, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(s->quota_names[s->nq], 64, "%s", (const char *)sqlite3_column_text(st, 2));
         s->quotas[s->nq].max_gpus = sqlite3_column_int(st, 1);
         s->quotas[s->nq].used_gpus = 0;
         s->nq++;
     }
     sqlite3_reset(st);
-    for (int i = 0; i < s->nq; i++)
+    for (int i = 0; i < s->nq; i++) {
         s->quotas[i].tenant = s->quota_tenants[i];
+        s->quotas[i].name = s->quota_names[i];
+    }
     return STORE_OK;
 }
 

@@ -268,8 +268,8 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
         struct sched_quota *q = find_quota(quotas, c->nquotas, j->tenant);
         if (q && q->max_gpus > 0 && q->used_gpus + j->world > q->max_gpus) {
             snprintf(d->reason, sizeof d->reason,
-                     "tenant %s quota: holds %d of %d GPUs, job needs %d more", j->tenant,
-                     q->used_gpus, q->max_gpus, j->world);
+                     "tenant %s quota: holds %d of %d GPUs, job needs %d more",
+                     q->name ? q->name : j->tenant, q->used_gpus, q->max_gpus, j->world);
             continue;
         }
         d->ranks = calloc((size_t)j->world, sizeof *d->ranks);

@@ -39,9 +39,10 @@ struct sched_node {
 };
 
 struct sched_quota {
-    const char *tenant; /* borrowed */
+    const char *tenant; /* borrowed; matched against sched_job.tenant */
     int max_gpus;       /* <= 0: unlimited */
     int used_gpus;      /* devices held now by the tenant's running attempts */
+    const char *name;   /* shown in pending reasons (NULL: the tenant id) */
 };
 
 struct sched_cluster {
