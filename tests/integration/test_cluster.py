@@ -281,6 +281,15 @@ def sc_happy(c):
           "usage: 2 node rows, >= 4 ranks x ~1 s: %s" % u)
     check(abs(u["total"]["cost"] - u["total"]["gpu_hours"] * 0.5) < 1e-9,
           "cost at the cpu model's price from gpu_prices.json: %s" % u["total"])
+    month = time.strftime("%Y-%m", time.gmtime())
+    st, um = c.get("/v1/usage?group_by=month")
+    check(st == 200 and [r["key"] for r in um["rows"]] == [month], "usage by month: %s" % um)
+    tomorrow = time.strftime("%Y-%m-%d", time.gmtime(time.time() + 86400))
+    st, uf = c.get("/v1/usage?from=" + tomorrow)
+    check(st == 200 and uf["rows"] == [], "usage from tomorrow is empty: %s" % uf)
+    check(c.get("/v1/usage?from=yesterday")[0] == 400, "bad time: 400")
+    st, ua = c.get("/v1/usage?group_by=tenant", token=ADMIN)
+    check(st == 200 and [r["key"] for r in ua["rows"]] == [c.tenant], "admin sees all: %s" % ua)
     # another tenant sees neither the job nor its usage
     _, tok2 = c.new_tenant("other")
     check(c.get("/v1/jobs/%s/logs" % jid, token=tok2)[0] == 404, "other tenant: logs 404")
