@@ -52,7 +52,7 @@ def pid_alive(pid):
 
 
 class Cluster:
-    def __init__(self, nodes=2, devices=2, node_timeout=3, hang_timeout=5, worker=None):
+    def __init__(self, nodes=2, devices=2, node_timeout=5, hang_timeout=5, worker=None):
         self.worker = worker or WORKER
         self.tmp = tempfile.mkdtemp(prefix="loom-cluster-")
         self.port = free_port()
