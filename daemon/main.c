@@ -13,7 +13,10 @@ int main(int argc, char **argv) {
     struct loomd ld;
     memset(&ld, 0, sizeof ld);
     int rc = loomd_config_load(&ld, argc, argv);
-    if (rc != 0) return rc > 0 ? 0 : 2;
+    if (rc != 0) {
+        config_free(loomd_config_table, loomd_config_count, &ld.cfg);
+        return rc > 0 ? 0 : 2;
+    }
     /* Block the stop signals before any thread starts so that only sigwait
      * below receives them; ignore SIGPIPE (clients that hang up). */
     sigset_t set;
