@@ -8,6 +8,7 @@
 #include "agent/agent.h"
 
 #include "agent/gpu.h"
+#include "agent/nodecheck.h"
 #include "agent/task.h"
 #include "api/client.h"
 #include "common/log.h"
@@ -447,6 +448,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     int rc = -1;
     pthread_t poller;
     int have_poller = 0;
+    struct nodecheck_agent *checks = NULL; /* node checks (agent/nodecheck.h) */
 
     char tasks_dir[1100];
     snprintf(tasks_dir, sizeof tasks_dir, "%s/tasks", cfg->work_dir);
@@ -470,6 +472,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     }
     if (pthread_create(&poller, NULL, poll_main, &a) != 0) goto out;
     have_poller = 1;
+    checks = nodecheck_agent_start(cfg, a.inv, stop);
     a.backoff_ms = 200;
 
     while (!*stop) {
@@ -534,6 +537,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     rc = 0;
 out:
     if (have_poller) pthread_join(poller, NULL);
+    nodecheck_agent_stop(checks);
     while (a.tasks) {
         struct task *n = a.tasks->next;
         task_free(a.tasks);

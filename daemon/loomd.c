@@ -1,6 +1,7 @@
 /* The loomd context: configuration table, start-up in dependency order
  * (data dir, store, auth, modules, HTTP) and the graceful stop in reverse. */
 #include "daemon/attempts.h"
+#include "daemon/nodecheck.h"
 #include "daemon/loomd.h"
 
 #include <errno.h>
@@ -70,6 +71,8 @@ struct loomd_module {
 };
 static const struct loomd_module modules[] = {
     {"none", NULL, NULL}, /* keeps the table non-empty */
+    /* node checks (before cluster: its scheduler loop asks nodecheck_avoid) */
+    {"nodecheck", nodecheck_start, nodecheck_stop},
     /* nodes, attempts, scheduler loop: daemon/attempts.h */
     {"cluster", cluster_start, cluster_stop},
 };

@@ -57,8 +57,9 @@ struct loomd {
     struct metrics *metrics;
     struct ratelimit *rl;
     struct auth *auth;
-    struct cluster *cluster; /* nodes, attempts, scheduler loop (daemon/attempts.h) */
-    int port;                /* bound port */
+    struct cluster *cluster;     /* nodes, attempts, scheduler loop (daemon/attempts.h) */
+    struct nodecheck *nodecheck; /* node checks and degraded marks (daemon/nodecheck.h) */
+    int port;                    /* bound port */
     /* Signalled after a job is submitted or cancelled (the scheduler and the
      * attempt supervisor wait on it with http_wait). */
     struct http_notify jobs_changed;

@@ -5,6 +5,7 @@
 #include "daemon/attempts.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
+#include "daemon/nodecheck.h"
 #include "daemon/store.h"
 
 #include <stdlib.h>
@@ -51,6 +52,7 @@ static json_t *node_json(struct cluster *c, int ni) {
                           devs, "tasks", n->tasks ? json_incref(n->tasks) : json_array(),
                           "last_heartbeat", seen, "registered_at", reg, "drained", n->drained);
     if (o && n->host) json_object_set(o, "host", n->host);
+    nodecheck_annotate(c->ld, n->name, o); /* health, "degraded" (daemon/nodecheck.h) */
     return o;
 }
 

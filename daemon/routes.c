@@ -6,6 +6,7 @@
 #include "daemon/handlers.h"
 #include "daemon/http.h"
 #include "daemon/joblogs.h"
+#include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
 #include "daemon/rdzv.h"
 #include "daemon/ui.h"
@@ -45,6 +46,15 @@ const struct http_route http_routes[] = {
     {"POST", "/v1/agent/logs", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_logs},
     {"PUT", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_JSON, rdzv_put},
     {"GET", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, rdzv_get_key},
+    /* node checks (daemon/nodecheck.h) */
+    {"POST", "/v1/nodes/{id}/check", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodecheck_api_create},
+    {"DELETE", "/v1/nodes/{id}/degraded", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, nodecheck_api_clear},
+    {"GET", "/v1/nodechecks", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodecheck_api_list},
+    {"GET", "/v1/nodechecks/{id}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodecheck_api_get},
+    {"GET", "/v1/agent/checks", HTTP_AUTH_JOIN, HTTP_BODY_NONE, nodecheck_agent_poll},
+    {"POST", "/v1/agent/checks/{id}", HTTP_AUTH_JOIN, HTTP_BODY_JSON, nodecheck_agent_report},
+    {"PUT", "/v1/nodechecks/{id}/rdzv/{key}", HTTP_AUTH_BEARER, HTTP_BODY_JSON, nodecheck_rdzv_put},
+    {"GET", "/v1/nodechecks/{id}/rdzv/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, nodecheck_rdzv_get},
     /* web view: static files embedded in the binary (daemon/ui.h) */
     {"GET", "/ui", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_index},
     {"GET", "/ui/{file}", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_get},

@@ -54,3 +54,21 @@ if(TARGET loomd)
     set_tests_properties(integration.ops_backup PROPERTIES LABELS "integration" TIMEOUT 90
                          SKIP_RETURN_CODE 77)
 endif()
+
+# Node checks: the expectation table (unit) and the whole path (loomd + two
+# agents with cpu devices + loom-nodecheck over Gloo, loomctl node check).
+if(TARGET loom_daemon)
+    add_executable(test_nodecheck ${CMAKE_CURRENT_LIST_DIR}/unit/test_nodecheck.c)
+    target_link_libraries(test_nodecheck PRIVATE loom_daemon)
+    loom_warnings(test_nodecheck)
+    add_test(NAME unit.nodecheck_expected COMMAND test_nodecheck)
+    set_tests_properties(unit.nodecheck_expected PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+endif()
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl
+   AND TARGET loom-nodecheck AND TARGET fake_worker)
+    add_test(NAME integration.ops_nodecheck
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/ops_nodecheck.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.ops_nodecheck PROPERTIES LABELS "integration"
+                         TIMEOUT 120 SKIP_RETURN_CODE 77)
+endif()

@@ -30,6 +30,8 @@ int cmd_nodes(struct cli *cli, int argc, char **argv) {
 }
 
 int cmd_node(struct cli *cli, int argc, char **argv) {
+    /* `loomctl node check ...`: node checks (api/cli/cmd_nodecheck.c) */
+    if (argc >= 2 && !strcmp(argv[1], "check")) return cmd_node_check(cli, argc - 1, argv + 1);
     if (argc != 2) {
         fprintf(stderr, "usage: loomctl node NODE\n");
         return 2;

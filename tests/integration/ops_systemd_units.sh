@@ -31,7 +31,15 @@ trap 'rm -rf "$tmp"' EXIT
 for u in loomd loom-agent; do
     sed "s|/usr/local/bin/|$bin/|" "$src/deploy/systemd/$u.service" > "$tmp/$u.service"
 done
-if ! systemd-analyze verify "$tmp/loomd.service" "$tmp/loom-agent.service"; then
+# The timers' oneshot services, with their tools pointed at real files.
+for u in loom-backup loom-nodecheck; do
+    sed -e "s|/usr/local/bin/loom-backup|$(cd "$src" && pwd)/deploy/loom-backup.sh|" \
+        -e "s|/usr/local/bin/loomctl|$bin/loomctl|" "$src/deploy/systemd/$u.service" > "$tmp/$u.service"
+    cp "$src/deploy/systemd/$u.timer" "$tmp/$u.timer"
+done
+if ! systemd-analyze verify "$tmp/loomd.service" "$tmp/loom-agent.service" \
+    "$tmp/loom-backup.service" "$tmp/loom-backup.timer" "$tmp/loom-nodecheck.service" \
+    "$tmp/loom-nodecheck.timer"; then
     echo "FAIL: systemd-analyze verify"
     rc=1
 fi

@@ -1,0 +1,15 @@
+# loom-nodecheck: the all-reduce bandwidth probe that loom-agent runs for node
+# checks (agent/nodecheck/probe.c, see agent/nodecheck.h). It links the
+# worker's comm layer (loom_engine: Gloo for cpu devices, NCCL for cuda), so
+# it measures exactly the path training uses. Included from agent/CMakeLists.txt.
+if(EXISTS ${CMAKE_SOURCE_DIR}/worker/comm/comm.h)
+    add_executable(loom-nodecheck ${CMAKE_CURRENT_LIST_DIR}/nodecheck/probe.c)
+    target_link_libraries(loom-nodecheck PRIVATE loom_engine)
+    if(LOOM_HAVE_CUDA)
+        find_package(CUDAToolkit)
+        if(TARGET CUDA::cudart)
+            target_link_libraries(loom-nodecheck PRIVATE CUDA::cudart)
+        endif()
+    endif()
+    loom_warnings(loom-nodecheck)
+endif()
