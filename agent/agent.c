@@ -80,6 +80,8 @@ static json_t *task_json(const struct task *t, int64_t now) {
         json_object_set_new(o, "exit_code", json_integer(t->exit_code));
         json_object_set_new(o, "reason", json_string(t->exit_reason));
         json_object_set_new(o, "summary", json_boolean(t->summary_seen));
+        if (t->exited_wall_ms > 0)
+            json_object_set_new(o, "exited_at_ms", json_integer((json_int_t)t->exited_wall_ms));
     }
     return o;
 }
