@@ -209,6 +209,22 @@ struct backend {
     void (*sumsq)(void *ctx, float *acc, const void *grad, size_t n);
     /* x[0..n) *= s (compute dtype; e.g. scaling gradients). */
     void (*scale)(void *ctx, void *x, size_t n, float s);
+
+    /* ---- tensor parallelism (worker/tp.c); optional: NULL on a backend
+     * without it, and the model then refuses tp > 1 ---- */
+    /* Vocabulary-parallel classifier over this rank's Vr rows of W [Vr, C],
+     * of which the first Vv are real vocabulary (the rest padding, excluded).
+     * targets int32 [N] are local row indices (< 0: the target is elsewhere or
+     * the row is ignored). Chunked like classifier (no full logits kept).
+     * lse_in == NULL: writes lse[r] = logsumexp(logits[r, 0:Vv]) (-inf when
+     * Vv == 0) and tl[r] = logits[r, targets[r]] (0 when targets[r] < 0),
+     * fp32 [N]. lse_in != NULL (fp32 [N], the log-sum-exp over the whole
+     * vocabulary, +inf for an ignored row): ACCUMULATES the gradient
+     * dlogits = grad_scale * (exp(logits - lse_in[r]) - onehot(targets[r]))
+     * into dinp [N, C] and dW [Vr, C] (either may be NULL). */
+    void (*classifier_vp)(void *ctx, float *lse, float *tl, void *dinp, void *dW, const void *inp,
+                          const void *W, const int32_t *targets, const float *lse_in, int N, int C,
+                          int Vv, int Vr, float grad_scale);
 };
 
 /* Pointer `elems` compute elements past `base` (device pointers are plain

@@ -317,7 +317,14 @@ static int run(struct worker *w) {
     w->e = engine_new(&s->model, &p, be);
     if (!w->e) return 1;
     train_src.dp_rank = val_src.dp_rank = w->e->dp_idx;
-    w->m = model_new(w->e, B, T, (int)o->threads);
+    struct model_opts mo = {
+        .B = B,
+        .T = T,
+        .threads = (int)o->threads,
+        .recompute = s->train.recompute == JOBSPEC_RECOMPUTE_FULL        ? MODEL_RECOMPUTE_FULL
+                     : s->train.recompute == JOBSPEC_RECOMPUTE_SELECTIVE ? MODEL_RECOMPUTE_SELECTIVE
+                                                                         : MODEL_RECOMPUTE_NONE};
+    w->m = model_new_ex(w->e, &mo);
     if (!w->m) {
         report_error("UNSUPPORTED", "the model could not be built for this layout (see stderr)");
         return 2;

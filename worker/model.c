@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "worker/model.h"
+#include "worker/tp.h"
 
 struct layer_acts {
     void *n1, *qkv, *atty, *r1, *n2, *fch, *fca, *r2;
@@ -21,7 +22,10 @@ struct layer_acts {
 struct model_acts {
     void *enc, *nf, *s1, *s2, *dres, *dnf;
     float *nf_mean, *nf_rstd;
-    struct layer_acts *l; /* [L] */
+    struct layer_acts *l; /* [L]; only this stage's blocks [l0, l1) are allocated */
+    /* recompute: buffers shared by every block (selective: n1 = n2 and fca;
+     * full: everything of a block but r2) */
+    struct layer_acts rc;
 };
 
 /* ---- helpers ---- */
@@ -125,11 +129,22 @@ static void *G(struct model *m, int i) {
 /* ---- life cycle ---- */
 
 struct model *model_new(struct engine *e, int B, int T, int threads) {
+    struct model_opts o = {.B = B, .T = T, .threads = threads};
+    return model_new_ex(e, &o);
+}
+
+struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     const struct model_config *c = &e->cfg;
-    if (e->tp != 1 || e->pp != 1) {
-        log_error("model: tensor/pipeline parallelism (tp=%d pp=%d) is not implemented in this "
-                  "engine yet",
-                  e->tp, e->pp);
+    int B = o->B, T = o->T, threads = o->threads;
+    if (e->pp < 1 || c->n_layer % e->pp != 0 || e->tp < 1 || c->n_head % e->tp != 0 ||
+        c->n_kv_head % e->tp != 0 || c->d_ff % e->tp != 0) {
+        log_error("model: layout tp=%d pp=%d does not fit n_layer=%d n_head=%d n_kv_head=%d "
+                  "d_ff=%d",
+                  e->tp, e->pp, c->n_layer, c->n_head, c->n_kv_head, c->d_ff);
+        return NULL;
+    }
+    if (o->recompute < MODEL_RECOMPUTE_NONE || o->recompute > MODEL_RECOMPUTE_FULL) {
+        log_error("model: unknown recompute mode %d", o->recompute);
         return NULL;
     }
     if (B < 1 || T < 1 || T > c->seq_len) {
@@ -142,20 +157,26 @@ struct model *model_new(struct engine *e, int B, int T, int threads) {
     m->B = B;
     m->T = T;
     m->C = c->d_model;
-    m->NH = c->n_head;
-    m->NKV = c->n_kv_head;
+    m->NH = c->n_head / e->tp;
+    m->NKV = c->n_kv_head / e->tp;
     m->HD = model_head_dim(c);
-    m->F = c->d_ff;
+    m->F = c->d_ff / e->tp;
     m->QKV = (m->NH + 2 * m->NKV) * m->HD;
     m->V = c->vocab_size;
     m->Vp = c->padded_vocab;
     m->L = c->n_layer;
+    m->recompute = o->recompute;
+    m->l0 = e->pp_idx * (m->L / e->pp);
+    m->l1 = m->l0 + m->L / e->pp;
+    m->first = e->pp_idx == 0;
+    m->last = e->pp_idx == e->pp - 1;
     m->blk = calloc((size_t)m->L, sizeof *m->blk);
     m->acts = calloc(1, sizeof *m->acts);
     if (!m->blk || !m->acts) goto fail;
     m->acts->l = calloc((size_t)m->L, sizeof *m->acts->l);
     if (!m->acts->l) goto fail;
     if (resolve(m) != 0) goto fail;
+    m->Vp = (int)e->layout.t[m->wte].rank_shape[0]; /* vocabulary rows of this tp rank */
 
     struct backend *b = e->be;
     struct backend_limits lim = {0};
@@ -178,6 +199,29 @@ struct model *model_new(struct engine *e, int B, int T, int threads) {
     if (fcw > wide) wide = fcw;
     if ((size_t)(m->NH * m->HD) > wide) wide = (size_t)(m->NH * m->HD);
     struct model_acts *a = m->acts;
+    int sel = m->recompute == MODEL_RECOMPUTE_SELECTIVE,
+        full = m->recompute == MODEL_RECOMPUTE_FULL;
+    if (sel || full) {
+        struct layer_acts *x = &a->rc;
+        x->n1 = act_alloc(m, N * C);
+        x->fca = act_alloc(m, N * m->F);
+        x->n2 = full ? act_alloc(m, N * C) : x->n1;
+        if (!x->n1 || !x->n2 || !x->fca) goto oom;
+        if (full) {
+            x->qkv = act_alloc(m, N * m->QKV);
+            x->atty = act_alloc(m, N * m->NH * m->HD);
+            x->r1 = act_alloc(m, N * C);
+            x->fch = act_alloc(m, N * fcw);
+            x->n1_mean = f32_alloc(m, N);
+            x->n1_rstd = f32_alloc(m, N);
+            x->n2_mean = f32_alloc(m, N);
+            x->n2_rstd = f32_alloc(m, N);
+            x->lse = f32_alloc(m, (size_t)B * m->NH * T);
+            if (!x->qkv || !x->atty || !x->r1 || !x->fch || !x->n1_mean || !x->n1_rstd ||
+                !x->n2_mean || !x->n2_rstd || !x->lse)
+                goto oom;
+        }
+    }
     a->enc = act_alloc(m, N * C);
     a->nf = act_alloc(m, N * C);
     a->s1 = act_alloc(m, N * wide);
@@ -188,15 +232,21 @@ struct model *model_new(struct engine *e, int B, int T, int threads) {
     a->nf_rstd = f32_alloc(m, N);
     if (!a->enc || !a->nf || !a->s1 || !a->s2 || !a->dres || !a->dnf || !a->nf_mean || !a->nf_rstd)
         goto oom;
-    for (int l = 0; l < m->L; l++) {
+    for (int l = m->l0; l < m->l1; l++) {
         struct layer_acts *x = &a->l[l];
-        x->n1 = act_alloc(m, N * C);
+        if (full) { /* only the block's output is its own */
+            *x = a->rc;
+            x->r2 = act_alloc(m, N * C);
+            if (!x->r2) goto oom;
+            continue;
+        }
+        x->n1 = sel ? a->rc.n1 : act_alloc(m, N * C);
         x->qkv = act_alloc(m, N * m->QKV);
         x->atty = act_alloc(m, N * m->NH * m->HD);
         x->r1 = act_alloc(m, N * C);
-        x->n2 = act_alloc(m, N * C);
+        x->n2 = sel ? a->rc.n2 : act_alloc(m, N * C);
         x->fch = act_alloc(m, N * fcw);
-        x->fca = act_alloc(m, N * m->F);
+        x->fca = sel ? a->rc.fca : act_alloc(m, N * m->F);
         x->r2 = act_alloc(m, N * C);
         x->n1_mean = f32_alloc(m, N);
         x->n1_rstd = f32_alloc(m, N);
@@ -212,6 +262,7 @@ struct model *model_new(struct engine *e, int B, int T, int threads) {
     m->losses = f32_alloc(m, N);
     m->host_losses = malloc(N * sizeof(float));
     if (!m->tokens || !m->targets || !m->losses || !m->host_losses) goto oom;
+    if (e->tp > 1 && !(m->tp = tp_state_new(m))) goto fail;
     return m;
 oom:
     log_error("model: out of memory for activations (B=%d T=%d)", B, T);
@@ -228,16 +279,31 @@ void model_free(struct model *m) {
         void *bufs[] = {a->enc, a->nf, a->s1, a->s2, a->dres, a->dnf, a->nf_mean, a->nf_rstd};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             b->free(b->ctx, bufs[i]);
+        struct layer_acts *rc = &a->rc;
+        void *shared[] = {rc->n1,  rc->qkv,     rc->atty,    rc->r1,      rc->n2,      rc->fch,
+                          rc->fca, rc->n1_mean, rc->n1_rstd, rc->n2_mean, rc->n2_rstd, rc->lse};
+        size_t ns = sizeof shared / sizeof *shared;
         for (int l = 0; a->l && l < m->L; l++) {
             struct layer_acts *x = &a->l[l];
             void *lb[] = {x->n1, x->qkv,     x->atty,    x->r1,      x->n2,      x->fch, x->fca,
                           x->r2, x->n1_mean, x->n1_rstd, x->n2_mean, x->n2_rstd, x->lse};
-            for (size_t i = 0; i < sizeof lb / sizeof *lb; i++)
-                b->free(b->ctx, lb[i]);
+            for (size_t i = 0; i < sizeof lb / sizeof *lb; i++) {
+                int own = 1;
+                for (size_t k = 0; k < ns; k++)
+                    own &= !lb[i] || lb[i] != shared[k];
+                if (own) b->free(b->ctx, lb[i]);
+            }
+        }
+        for (size_t k = 0; k < ns; k++) { /* n1 == n2 with selective: free once */
+            int dup = 0;
+            for (size_t j = 0; j < k; j++)
+                dup |= shared[j] == shared[k];
+            if (!dup) b->free(b->ctx, shared[k]);
         }
         free(a->l);
         free(a);
     }
+    tp_state_free(m, m->tp);
     b->free(b->ctx, m->tokens);
     b->free(b->ctx, m->targets);
     b->free(b->ctx, m->losses);
@@ -268,9 +334,14 @@ int model_init_params(struct model *m, uint64_t seed) {
     struct engine *e = m->e;
     int64_t maxn = 0;
     for (int i = 0; i < e->layout.n; i++)
-        if (e->layout.t[i].rank_numel > maxn) maxn = e->layout.t[i].rank_numel;
+        if (e->layout.t[i].numel > maxn) maxn = e->layout.t[i].numel;
     float *h = malloc((size_t)maxn * sizeof *h);
-    if (!h) return -1;
+    float *part = e->tp > 1 ? malloc((size_t)maxn * sizeof *part) : NULL;
+    if (!h || (e->tp > 1 && !part)) {
+        free(h);
+        free(part);
+        return -1;
+    }
     double resid_std = 0.02 / sqrt(2.0 * m->L);
     for (int i = 0; i < e->layout.n; i++) {
         const struct model_tensor *t = &e->layout.t[i];
@@ -298,12 +369,17 @@ int model_init_params(struct model *m, uint64_t seed) {
                 memset(h + (size_t)m->V * t->shape[1], 0,
                        (size_t)(t->shape[0] - m->V) * t->shape[1] * sizeof *h);
         }
-        if (engine_params_from_host(e, (size_t)t->rank_offset, h, n) != 0) {
+        if (e->tp > 1) /* this rank's share of the full tensor (same values at any tp) */
+            tp_slice(t, e->tp, e->tp_idx, h, part);
+        if (engine_params_from_host(e, (size_t)t->rank_offset, e->tp > 1 ? part : h,
+                                    (size_t)t->rank_numel) != 0) {
             free(h);
+            free(part);
             return -1;
         }
     }
     free(h);
+    free(part);
     return 0;
 }
 
@@ -331,52 +407,101 @@ static void norm_bwd(struct model *m, void *dinp, const void *dout, const void *
         b->rmsnorm_bwd(b->ctx, dinp, G(m, w), dout, inp, P(m, w), rstd, N, m->C);
 }
 
+/* MLP activation: fca = act(fch). */
+static void act_fwd(struct model *m, struct layer_acts *s) {
+    struct backend *b = m->e->be;
+    int N = m->B * m->T;
+    if (m->e->cfg.act == MODEL_ACT_SWIGLU)
+        b->swiglu_fwd(b->ctx, s->fca, s->fch, N, m->F);
+    else
+        b->gelu_fwd(b->ctx, s->fca, s->fch, (size_t)N * m->F);
+}
+
+/* Bias of a row-parallel projection: added by tp rank 0 only (before the
+ * all-reduce that sums the ranks' partial outputs). */
+static void *row_bias(struct model *m, int i) {
+    return m->e->tp_idx == 0 ? P(m, i) : NULL;
+}
+
+/* Block l's forward from its input x into a->l[l] (a->s1 as scratch). */
+static void block_fwd(struct model *m, int l, const void *x) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    struct model_acts *a = m->acts;
+    const struct model_block_idx *k = &m->blk[l];
+    struct layer_acts *s = &a->l[l];
+    int B = m->B, T = m->T, N = B * T, C = m->C;
+    int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, rope = e->cfg.pos == MODEL_POS_ROPE;
+    int fcw = m->F * (swiglu ? 2 : 1);
+    norm_fwd(m, s->n1, s->n1_mean, s->n1_rstd, x, k->n1w, k->n1b);
+    b->matmul_fwd(b->ctx, s->qkv, s->n1, P(m, k->qkvw), P(m, k->qkvb), N, C, m->QKV);
+    if (rope)
+        b->rope_fwd(b->ctx, s->qkv, N, T, m->QKV, m->NH + m->NKV, m->HD, (float)e->cfg.rope_theta);
+    b->attention_fwd(b->ctx, s->atty, s->lse, s->qkv, B, T, m->NH, m->NKV, m->HD);
+    b->matmul_fwd(b->ctx, a->s1, s->atty, P(m, k->aow), row_bias(m, k->aob), N, m->NH * m->HD, C);
+    tp_allreduce(e, a->s1, (size_t)N * C);
+    b->residual_fwd(b->ctx, s->r1, x, a->s1, (size_t)N * C);
+    norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);
+    b->matmul_fwd(b->ctx, s->fch, s->n2, P(m, k->fcw), P(m, k->fcb), N, C, fcw);
+    act_fwd(m, s);
+    b->matmul_fwd(b->ctx, a->s1, s->fca, P(m, k->mpw), row_bias(m, k->mpb), N, m->F, C);
+    tp_allreduce(e, a->s1, (size_t)N * C);
+    b->residual_fwd(b->ctx, s->r2, s->r1, a->s1, (size_t)N * C);
+}
+
+void *model_stage_input(struct model *m) {
+    return m->acts->enc;
+}
+
+const void *model_stage_output(struct model *m) {
+    return m->l1 > m->l0 ? m->acts->l[m->l1 - 1].r2 : m->acts->enc;
+}
+
+void *model_stage_dout(struct model *m) {
+    return m->acts->dres;
+}
+
+const void *model_stage_dinput(struct model *m) {
+    return m->acts->dres;
+}
+
 double model_forward(struct model *m, const int32_t *inputs, const int32_t *targets,
                      float grad_scale, int64_t *count) {
     struct engine *e = m->e;
     struct backend *b = e->be;
     struct model_acts *a = m->acts;
     int B = m->B, T = m->T, N = B * T, C = m->C;
-    int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, rope = e->cfg.pos == MODEL_POS_ROPE;
-    int fcw = m->F * (swiglu ? 2 : 1);
-    b->upload(b->ctx, m->tokens, inputs, (size_t)N * sizeof(int32_t));
-    b->upload(b->ctx, m->targets, targets, (size_t)N * sizeof(int32_t));
+    if (m->first) b->upload(b->ctx, m->tokens, inputs, (size_t)N * sizeof(int32_t));
+    if (m->last) b->upload(b->ctx, m->targets, targets, (size_t)N * sizeof(int32_t));
 
-    if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, -1);
-    b->embedding_fwd(b->ctx, a->enc, m->tokens, P(m, m->wte), P(m, m->wpe), B, T, C);
-    const void *x = a->enc;
-    for (int l = 0; l < m->L; l++) {
-        const struct model_block_idx *k = &m->blk[l];
-        struct layer_acts *s = &a->l[l];
-        if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, l);
-        norm_fwd(m, s->n1, s->n1_mean, s->n1_rstd, x, k->n1w, k->n1b);
-        b->matmul_fwd(b->ctx, s->qkv, s->n1, P(m, k->qkvw), P(m, k->qkvb), N, C, m->QKV);
-        if (rope)
-            b->rope_fwd(b->ctx, s->qkv, N, T, m->QKV, m->NH + m->NKV, m->HD,
-                        (float)e->cfg.rope_theta);
-        b->attention_fwd(b->ctx, s->atty, s->lse, s->qkv, B, T, m->NH, m->NKV, m->HD);
-        b->matmul_fwd(b->ctx, a->s1, s->atty, P(m, k->aow), P(m, k->aob), N, m->NH * m->HD, C);
-        b->residual_fwd(b->ctx, s->r1, x, a->s1, (size_t)N * C);
-        norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);
-        b->matmul_fwd(b->ctx, s->fch, s->n2, P(m, k->fcw), P(m, k->fcb), N, C, fcw);
-        if (swiglu)
-            b->swiglu_fwd(b->ctx, s->fca, s->fch, N, m->F);
+    if (m->first) {
+        if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, -1);
+        if (m->tp)
+            tp_embedding_fwd(m, a->enc, inputs, P(m, m->wte), P(m, m->wpe));
         else
-            b->gelu_fwd(b->ctx, s->fca, s->fch, (size_t)N * m->F);
-        b->matmul_fwd(b->ctx, a->s1, s->fca, P(m, k->mpw), P(m, k->mpb), N, m->F, C);
-        b->residual_fwd(b->ctx, s->r2, s->r1, a->s1, (size_t)N * C);
-        x = s->r2;
+            b->embedding_fwd(b->ctx, a->enc, m->tokens, P(m, m->wte), P(m, m->wpe), B, T, C);
     }
-    norm_fwd(m, a->nf, a->nf_mean, a->nf_rstd, x, m->nfw, m->nfb);
+    const void *x = a->enc;
+    for (int l = m->l0; l < m->l1; l++) {
+        if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, l);
+        block_fwd(m, l, x);
+        x = a->l[l].r2;
+    }
     m->has_grad = grad_scale > 0;
-    if (m->has_grad) {
-        b->zero(b->ctx, a->dnf, (size_t)N * C * b->elt_size);
+    if (count) *count = 0;
+    if (!m->last) return 0;
+    if (!m->first && e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, -1);
+    norm_fwd(m, a->nf, a->nf_mean, a->nf_rstd, x, m->nfw, m->nfb);
+    if (m->has_grad) b->zero(b->ctx, a->dnf, (size_t)N * C * b->elt_size);
+    if (m->tp)
+        tp_classifier(m, m->losses, m->has_grad ? a->dnf : NULL, m->has_grad ? G(m, m->head) : NULL,
+                      a->nf, P(m, m->head), targets, m->has_grad ? grad_scale : 0.0f);
+    else if (m->has_grad)
         b->classifier(b->ctx, m->losses, a->dnf, G(m, m->head), a->nf, P(m, m->head), m->targets, N,
                       C, m->V, m->Vp, grad_scale);
-    } else {
+    else
         b->classifier(b->ctx, m->losses, NULL, NULL, a->nf, P(m, m->head), m->targets, N, C, m->V,
                       m->Vp, 0.0f);
-    }
     b->download(b->ctx, m->host_losses, m->losses, (size_t)N * sizeof(float));
     double sum = 0;
     int64_t cnt = 0;
@@ -399,14 +524,23 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
     size_t es = b->elt_size;
     if (!m->has_grad) die("model_backward without a forward that computed gradients");
 
-    const void *xlast = m->L > 0 ? a->l[m->L - 1].r2 : a->enc;
-    b->zero(b->ctx, a->dres, (size_t)N * C * es);
-    norm_bwd(m, a->dres, a->dnf, xlast, m->nfw, m->nfb, a->nf_mean, a->nf_rstd);
-    for (int l = m->L - 1; l >= 0; l--) {
+    if (m->last) {
+        const void *xlast = m->l1 > m->l0 ? a->l[m->l1 - 1].r2 : a->enc;
+        b->zero(b->ctx, a->dres, (size_t)N * C * es);
+        norm_bwd(m, a->dres, a->dnf, xlast, m->nfw, m->nfb, a->nf_mean, a->nf_rstd);
+    } /* else: the next stage's gradient was written into dres */
+    for (int l = m->l1 - 1; l >= m->l0; l--) {
         const struct model_block_idx *k = &m->blk[l];
         struct layer_acts *s = &a->l[l];
-        const void *x = l > 0 ? a->l[l - 1].r2 : a->enc;
+        const void *x = l > m->l0 ? a->l[l - 1].r2 : a->enc;
         if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, l);
+        /* Recompute what was not kept (same kernels, same inputs: same bits). */
+        if (m->recompute == MODEL_RECOMPUTE_FULL) {
+            block_fwd(m, l, x);
+        } else if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {
+            norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);
+            act_fwd(m, s);
+        }
         /* MLP: r2 = r1 + proj(act(fc(norm2(r1)))) */
         b->zero(b->ctx, a->s1, (size_t)N * m->F * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->mpw), G(m, k->mpb), a->dres, s->fca, P(m, k->mpw), N,
@@ -419,7 +553,10 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         b->zero(b->ctx, a->s1, (size_t)N * C * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->fcw), G(m, k->fcb), a->s2, s->n2, P(m, k->fcw), N, C,
                       fcw);
+        tp_allreduce(e, a->s1, (size_t)N * C);
         norm_bwd(m, a->dres, a->s1, s->r1, k->n2w, k->n2b, s->n2_mean, s->n2_rstd);
+        if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) /* n1 shares n2's buffer */
+            norm_fwd(m, s->n1, s->n1_mean, s->n1_rstd, x, k->n1w, k->n1b);
         /* attention: r1 = x + proj(attn(qkv(norm1(x)))) */
         b->zero(b->ctx, a->s1, (size_t)N * AC * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->aow), G(m, k->aob), a->dres, s->atty, P(m, k->aow), N,
@@ -432,10 +569,15 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         b->zero(b->ctx, a->s1, (size_t)N * C * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->qkvw), G(m, k->qkvb), a->s2, s->n1, P(m, k->qkvw), N,
                       C, m->QKV);
+        tp_allreduce(e, a->s1, (size_t)N * C);
         norm_bwd(m, a->dres, a->s1, x, k->n1w, k->n1b, s->n1_mean, s->n1_rstd);
         if (on_layer) on_layer(l, user);
     }
+    if (!m->first) return; /* dres holds the gradient of this stage's input */
     if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, -1);
-    b->embedding_bwd(b->ctx, G(m, m->wte), G(m, m->wpe), a->dres, m->tokens, B, T, C);
+    if (m->tp)
+        tp_embedding_bwd(m, G(m, m->wte), G(m, m->wpe), a->dres);
+    else
+        b->embedding_bwd(b->ctx, G(m, m->wte), G(m, m->wpe), a->dres, m->tokens, B, T, C);
     if (on_layer) on_layer(-1, user);
 }

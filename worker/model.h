@@ -27,6 +27,26 @@ struct model_block_idx {
 };
 
 struct model_acts; /* per-layer saved activations (model.c) */
+struct tp_state;   /* tensor-parallel embedding / loss buffers (worker/tp.h) */
+
+/* Activation recompute (spec train.recompute; docs/parallelism.md):
+ * NONE: every block keeps all its activations.
+ * SELECTIVE: the norm outputs (n1, n2) and the MLP activation output
+ *   (GELU / SwiGLU) are shared by all blocks and recomputed in backward from
+ *   the kept inputs: cheap elementwise work for C + C + d_ff values per token
+ *   per block. Attention keeps only its log-sum-exp already (no score matrix),
+ *   so there is nothing quadratic to drop.
+ * FULL: each block keeps only its output (the next block's input); backward
+ *   re-runs the block's forward first (one extra forward, incl. its tp
+ *   all-reduces). Recomputation runs the same kernels on the same inputs, so
+ *   losses and gradients are bit-identical to NONE. */
+enum model_recompute { MODEL_RECOMPUTE_NONE = 0, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL };
+
+struct model_opts {
+    int B, T;      /* micro-batch shape */
+    int threads;   /* CPU backend threads (0: default) */
+    int recompute; /* enum model_recompute */
+};
 
 struct model {
     struct engine *e; /* not owned */
@@ -39,14 +59,24 @@ struct model {
     float *losses;             /* device fp32 [B*T] */
     float *host_losses;        /* host fp32 [B*T] */
     int has_grad;              /* last forward computed classifier gradients */
+    /* Parallel place (from the engine). Blocks [l0, l1) are this pipeline
+     * stage's; `first` runs the embeddings, `last` the final norm and head.
+     * With tp > 1, NH, NKV, F, QKV and Vp above are this rank's share (V
+     * stays the whole vocabulary). */
+    int l0, l1, first, last;
+    int recompute;       /* enum model_recompute */
+    struct tp_state *tp; /* NULL when tp == 1 */
 };
 
 /* Build the model over engine `e` for micro-batches of B sequences of T
  * tokens (T <= cfg.seq_len): resolves tensor indices, reserves backend
  * workspaces and allocates activations (counted in e->mem.activations).
- * Only tp = pp = 1 is implemented here; other values are refused with a
- * message. Returns NULL on failure (logged). */
+ * Any tp / pp place of the engine works: the model covers this rank's
+ * pipeline stage and tp share (tp > 1 needs backend.classifier_vp).
+ * Returns NULL on failure (logged). */
 struct model *model_new(struct engine *e, int B, int T, int threads);
+/* As model_new, with options (recompute). */
+struct model *model_new_ex(struct engine *e, const struct model_opts *o);
 void model_free(struct model *m); /* NULL ok */
 
 /* Deterministic initialisation from `seed` (GPT-2 scheme: N(0, 0.02),
@@ -67,5 +97,18 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
  * NULL) fires when a block's gradients are final (last block first, then -1
  * for the embeddings). */
 void model_backward(struct model *m, void (*on_layer)(int layer, void *user), void *user);
+
+/* Pipeline stages (worker/pp.c). A stage that is not first takes its input
+ * from model_stage_input (written before model_forward; `inputs` may be NULL
+ * there); a stage that is not last leaves its output in model_stage_output
+ * (model_forward then returns 0 with *count 0; `targets` may be NULL) and
+ * takes the output's gradient in model_stage_dout (written before
+ * model_backward). After model_backward a stage that is not first holds its
+ * input's gradient in model_stage_dinput. [B*T, C] compute-dtype device
+ * buffers owned by the model. */
+void *model_stage_input(struct model *m);
+const void *model_stage_output(struct model *m);
+void *model_stage_dout(struct model *m);
+const void *model_stage_dinput(struct model *m);
 
 #endif

@@ -98,5 +98,9 @@ void cpu_attention_bwd(void *ctx, void *dqkv, const void *dout, const void *qkv,
                        const float *lse, int B, int T, int NH, int NKV, int HD);
 void cpu_classifier(void *ctx, float *losses, void *dinp, void *dW, const void *inp, const void *W,
                     const int32_t *targets, int N, int C, int V, int Vp, float grad_scale);
+/* Vocabulary-parallel classifier (worker/cpu/cpu_vocab.c; struct backend). */
+void cpu_classifier_vp(void *ctx, float *lse, float *tl, void *dinp, void *dW, const void *inp,
+                       const void *W, const int32_t *targets, const float *lse_in, int N, int C,
+                       int Vv, int Vr, float grad_scale);
 
 #endif

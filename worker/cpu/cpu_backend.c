@@ -208,6 +208,7 @@ struct backend *backend_cpu_new(int threads) {
         .adamw = cpu_adamw,
         .sumsq = cpu_sumsq,
         .scale = cpu_scale,
+        .classifier_vp = cpu_classifier_vp,
     };
     return b;
 }

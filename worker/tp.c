@@ -1,0 +1,248 @@
+/* Tensor parallelism: tp all-reduce, vocabulary-parallel embedding and
+ * cross-entropy, and slicing of full tensors into tp shares (see tp.h). */
+#include "worker/tp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/comm/comm.h"
+
+struct tp_state {
+    int N, T, C, Vr, Vlo, Vv;
+    int32_t *ltok_h, *ltg_h;   /* host [N]: local token / target rows */
+    unsigned char *out_h;      /* host [N]: 1 when the token is not in this slice */
+    int32_t *ltok, *ltg, *pos; /* device int32 [N] */
+    float *lse, *tl, *aux;     /* device fp32 [N] */
+    float *hf, *hg;            /* host fp32 [N] */
+    double *hz;                /* host [N]: global log-sum-exp */
+    void *scratch;             /* device [N, C] compute dtype */
+};
+
+static enum comm_dtype cdt(const struct engine *e) {
+    return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
+}
+
+static void allreduce(struct engine *e, void *buf, size_t n, enum comm_dtype dt, enum comm_op op) {
+    if (e->tp <= 1 || n == 0) return;
+    struct comm *c = e->tp_group;
+    if (!c) die("tp=%d but the tp communicator is not set up", e->tp);
+    e->be->sync(e->be->ctx);
+    if (comm_allreduce(c, buf, n, dt, op, NULL) != 0)
+        die("tensor-parallel all-reduce failed: %s", comm_error(c));
+}
+
+void tp_allreduce(struct engine *e, void *buf, size_t n) {
+    allreduce(e, buf, n, cdt(e), COMM_SUM);
+}
+
+struct tp_state *tp_state_new(struct model *m) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    if (!b->classifier_vp) {
+        log_error("tp: the %s backend has no vocabulary-parallel classifier; tp=%d unsupported",
+                  b->name, e->tp);
+        return NULL;
+    }
+    struct tp_state *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    int N = m->B * m->T;
+    s->N = N;
+    s->T = m->T;
+    s->C = m->C;
+    s->Vr = m->Vp;
+    s->Vlo = e->tp_idx * m->Vp;
+    s->Vv = m->V - s->Vlo;
+    if (s->Vv < 0) s->Vv = 0;
+    if (s->Vv > s->Vr) s->Vv = s->Vr;
+    s->ltok_h = malloc((size_t)N * sizeof(int32_t));
+    s->ltg_h = malloc((size_t)N * sizeof(int32_t));
+    s->out_h = malloc((size_t)N);
+    s->hf = malloc((size_t)N * sizeof(float));
+    s->hg = malloc((size_t)N * sizeof(float));
+    s->hz = malloc((size_t)N * sizeof(double));
+    size_t *acts = &e->mem.activations;
+    s->ltok = engine_alloc(e, (size_t)N * sizeof(int32_t), acts);
+    s->ltg = engine_alloc(e, (size_t)N * sizeof(int32_t), acts);
+    s->pos = engine_alloc(e, (size_t)N * sizeof(int32_t), acts);
+    s->lse = engine_alloc(e, (size_t)N * sizeof(float), acts);
+    s->tl = engine_alloc(e, (size_t)N * sizeof(float), acts);
+    s->aux = engine_alloc(e, (size_t)N * sizeof(float), acts);
+    s->scratch = engine_alloc(e, (size_t)N * m->C * b->elt_size, acts);
+    if (!s->ltok_h || !s->ltg_h || !s->out_h || !s->hf || !s->hg || !s->hz || !s->ltok || !s->ltg ||
+        !s->pos || !s->lse || !s->tl || !s->aux || !s->scratch) {
+        log_error("tp: out of memory");
+        tp_state_free(m, s);
+        return NULL;
+    }
+    for (int r = 0; r < N; r++)
+        s->ltok_h[r] = r % m->T;
+    b->upload(b->ctx, s->pos, s->ltok_h, (size_t)N * sizeof(int32_t));
+    return s;
+}
+
+void tp_state_free(struct model *m, struct tp_state *s) {
+    if (!s) return;
+    struct backend *b = m->e->be;
+    void *dev[] = {s->ltok, s->ltg, s->pos, s->lse, s->tl, s->aux, s->scratch};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        b->free(b->ctx, dev[i]);
+    free(s->ltok_h);
+    free(s->ltg_h);
+    free(s->out_h);
+    free(s->hf);
+    free(s->hg);
+    free(s->hz);
+    free(s);
+}
+
+/* Zero the rows of x [N, C] whose token lies outside this rank's slice. */
+static void zero_outside(struct model *m, void *x) {
+    struct tp_state *s = m->tp;
+    struct backend *b = m->e->be;
+    size_t row = (size_t)s->C * b->elt_size;
+    for (int r = 0; r < s->N;) {
+        if (!s->out_h[r]) {
+            r++;
+            continue;
+        }
+        int r1 = r;
+        while (r1 < s->N && s->out_h[r1])
+            r1++;
+        b->zero(b->ctx, backend_at(b, x, (size_t)r * s->C), (size_t)(r1 - r) * row);
+        r = r1;
+    }
+}
+
+void tp_embedding_fwd(struct model *m, void *out, const int32_t *tokens_host, const void *wte,
+                      const void *wpe) {
+    struct tp_state *s = m->tp;
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    for (int r = 0; r < s->N; r++) {
+        int t = tokens_host[r], in = t >= s->Vlo && t < s->Vlo + s->Vr;
+        s->ltok_h[r] = in ? t - s->Vlo : 0;
+        s->out_h[r] = !in;
+    }
+    b->upload(b->ctx, s->ltok, s->ltok_h, (size_t)s->N * sizeof(int32_t));
+    b->embedding_fwd(b->ctx, out, s->ltok, wte, NULL, m->B, m->T, s->C);
+    zero_outside(m, out);
+    tp_allreduce(e, out, (size_t)s->N * s->C);
+    if (wpe) { /* positions: wpe looked up as a table by position */
+        b->embedding_fwd(b->ctx, s->scratch, s->pos, wpe, NULL, m->B, m->T, s->C);
+        b->residual_fwd(b->ctx, out, out, s->scratch, (size_t)s->N * s->C);
+    }
+}
+
+void tp_embedding_bwd(struct model *m, void *dwte, void *dwpe, const void *dout) {
+    struct tp_state *s = m->tp;
+    struct backend *b = m->e->be;
+    /* rows outside the slice add zero to local row 0: exact, and keeps the
+     * per-row accumulation order of the single-process run */
+    b->copy(b->ctx, s->scratch, dout, (size_t)s->N * s->C * b->elt_size);
+    zero_outside(m, s->scratch);
+    b->embedding_bwd(b->ctx, dwte, NULL, s->scratch, s->ltok, m->B, m->T, s->C);
+    if (dwpe) b->embedding_bwd(b->ctx, dwpe, NULL, dout, s->pos, m->B, m->T, s->C);
+}
+
+void tp_classifier(struct model *m, float *losses, void *dinp, void *dW, const void *inp,
+                   const void *W, const int32_t *targets_host, float grad_scale) {
+    struct tp_state *s = m->tp;
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    int N = s->N;
+    size_t fb = (size_t)N * sizeof(float);
+    for (int r = 0; r < N; r++) {
+        int t = targets_host[r];
+        s->ltg_h[r] = t >= s->Vlo && t < s->Vlo + s->Vv ? t - s->Vlo : -1;
+    }
+    b->upload(b->ctx, s->ltg, s->ltg_h, (size_t)N * sizeof(int32_t));
+    b->classifier_vp(b->ctx, s->lse, s->tl, NULL, NULL, inp, W, s->ltg, NULL, N, s->C, s->Vv, s->Vr,
+                     0.0f);
+    /* global log-sum-exp: max over tp, then the sum of exp(lse_r - max) */
+    b->copy(b->ctx, s->aux, s->lse, fb);
+    allreduce(e, s->aux, (size_t)N, COMM_F32, COMM_MAX);
+    b->download(b->ctx, s->hf, s->aux, fb);
+    b->download(b->ctx, s->hg, s->lse, fb);
+    for (int r = 0; r < N; r++)
+        s->hg[r] = isinf(s->hg[r]) ? 0.0f : (float)exp((double)s->hg[r] - s->hf[r]);
+    b->upload(b->ctx, s->aux, s->hg, fb);
+    allreduce(e, s->aux, (size_t)N, COMM_F32, COMM_SUM);
+    b->download(b->ctx, s->hg, s->aux, fb);
+    for (int r = 0; r < N; r++)
+        s->hz[r] = (double)s->hf[r] + log((double)s->hg[r]);
+    /* the target's logit from the rank that holds it */
+    allreduce(e, s->tl, (size_t)N, COMM_F32, COMM_SUM);
+    b->download(b->ctx, s->hg, s->tl, fb);
+    for (int r = 0; r < N; r++)
+        s->hf[r] = targets_host[r] < 0 ? 0.0f : (float)(s->hz[r] - s->hg[r]);
+    b->upload(b->ctx, losses, s->hf, fb);
+    if (!dinp && !dW) return;
+    for (int r = 0; r < N; r++)
+        s->hf[r] = targets_host[r] < 0 ? INFINITY : (float)s->hz[r];
+    b->upload(b->ctx, s->aux, s->hf, fb);
+    b->classifier_vp(b->ctx, NULL, NULL, dinp, dW, inp, W, s->ltg, s->aux, N, s->C, s->Vv, s->Vr,
+                     grad_scale);
+    if (dinp) tp_allreduce(e, dinp, (size_t)N * s->C);
+}
+
+/* ---- slicing ---- */
+
+static void slice_copy(const struct model_tensor *t, int tp, int idx, float *full, float *part,
+                       int to_part) {
+    int64_t d0 = t->shape[0], d1 = t->shape[1];
+    int64_t r0 = t->rank_shape[0], r1 = t->rank_shape[1];
+    switch (t->split) {
+    case MODEL_SPLIT_COLUMN: {
+        int64_t blk = d0 / t->parts, per = blk / tp;
+        for (int k = 0; k < t->parts; k++)
+            for (int64_t i = 0; i < per; i++) {
+                float *f = full + (k * blk + idx * per + i) * d1, *p = part + (k * per + i) * d1;
+                if (to_part)
+                    memcpy(p, f, (size_t)d1 * sizeof *f);
+                else
+                    memcpy(f, p, (size_t)d1 * sizeof *f);
+            }
+        break;
+    }
+    case MODEL_SPLIT_ROW:
+        for (int64_t i = 0; i < d0; i++) {
+            float *f = full + i * d1 + idx * r1, *p = part + i * r1;
+            if (to_part)
+                memcpy(p, f, (size_t)r1 * sizeof *f);
+            else
+                memcpy(f, p, (size_t)r1 * sizeof *f);
+        }
+        break;
+    case MODEL_SPLIT_VOCAB:
+        for (int64_t i = 0; i < r0; i++) {
+            int64_t g = idx * r0 + i;
+            float *p = part + i * d1;
+            if (g >= d0) {
+                if (to_part) memset(p, 0, (size_t)d1 * sizeof *p);
+                continue;
+            }
+            if (to_part)
+                memcpy(p, full + g * d1, (size_t)d1 * sizeof *p);
+            else
+                memcpy(full + g * d1, p, (size_t)d1 * sizeof *p);
+        }
+        break;
+    default:
+        if (to_part)
+            memcpy(part, full, (size_t)t->numel * sizeof *full);
+        else
+            memcpy(full, part, (size_t)t->numel * sizeof *full);
+        break;
+    }
+    (void)r1;
+}
+
+void tp_slice(const struct model_tensor *t, int tp, int idx, const float *full, float *out) {
+    slice_copy(t, tp, idx, (float *)full, out, 1);
+}
+
+void tp_unslice(const struct model_tensor *t, int tp, int idx, const float *part, float *full) {
+    slice_copy(t, tp, idx, full, (float *)part, 0);
+}
