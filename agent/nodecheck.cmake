@@ -13,3 +13,10 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/worker/comm/comm.h)
     endif()
     loom_warnings(loom-nodecheck)
 endif()
+
+# loom-stage: stages a job's data into the node-local cache, then execs the
+# worker (agent/stage.h, agent/stage/main.c). Lives here to keep
+# agent/CMakeLists.txt to one include line for the ops tools.
+add_executable(loom-stage ${CMAKE_CURRENT_LIST_DIR}/stage/main.c)
+target_link_libraries(loom-stage PRIVATE loom_agent_lib PkgConfig::CRYPTO)
+loom_warnings(loom-stage)

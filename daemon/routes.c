@@ -9,6 +9,7 @@
 #include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
 #include "daemon/rdzv.h"
+#include "daemon/staging.h"
 #include "daemon/ui.h"
 #include "daemon/usage.h"
 
@@ -55,6 +56,8 @@ const struct http_route http_routes[] = {
     {"POST", "/v1/agent/checks/{id}", HTTP_AUTH_JOIN, HTTP_BODY_JSON, nodecheck_agent_report},
     {"PUT", "/v1/nodechecks/{id}/rdzv/{key}", HTTP_AUTH_BEARER, HTTP_BODY_JSON, nodecheck_rdzv_put},
     {"GET", "/v1/nodechecks/{id}/rdzv/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, nodecheck_rdzv_get},
+    /* data staging reports from loom-stage (daemon/staging.h) */
+    {"POST", "/v1/jobs/{id}/staging", HTTP_AUTH_BEARER, HTTP_BODY_JSON, staging_report},
     /* web view: static files embedded in the binary (daemon/ui.h) */
     {"GET", "/ui", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_index},
     {"GET", "/ui/{file}", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_get},

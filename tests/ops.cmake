@@ -72,3 +72,21 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl
     set_tests_properties(integration.ops_nodecheck PROPERTIES LABELS "integration"
                          TIMEOUT 120 SKIP_RETURN_CODE 77)
 endif()
+
+# Data staging: the cache (unit) and loom-stage in front of the real worker
+# under a real agent, with the staging event in the job's history.
+if(TARGET loom_agent_lib)
+    add_executable(test_stage ${CMAKE_CURRENT_LIST_DIR}/unit/test_stage.c)
+    target_link_libraries(test_stage PRIVATE loom_agent_lib PkgConfig::CRYPTO)
+    loom_warnings(test_stage)
+    add_test(NAME unit.stage COMMAND test_stage)
+    set_tests_properties(unit.stage PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+endif()
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loom-worker
+   AND TARGET loom-stage)
+    add_test(NAME integration.ops_staging
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/ops_staging.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.ops_staging PROPERTIES LABELS "integration" TIMEOUT 120
+                         SKIP_RETURN_CODE 77)
+endif()

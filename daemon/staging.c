@@ -1,0 +1,105 @@
+/* POST /v1/jobs/{id}/staging: a staging report becomes a job event (see
+ * daemon/staging.h). The event keeps the job's state (from = to = current)
+ * and the reporting attempt; nothing else changes. */
+#include "daemon/staging.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/attempts.h"
+#include "daemon/http.h"
+#include "daemon/loomd.h"
+#include "daemon/store.h"
+
+struct event_op {
+    const char *job;
+    int attempt;
+    const char *reason;
+};
+
+static int add_event(struct store_tx *tx, void *arg) {
+    struct event_op *op = arg;
+    sqlite3_stmt *q = store_stmt(tx, "SELECT seq, state FROM jobs WHERE id = ?");
+    if (!q) return STORE_ERR;
+    sqlite3_bind_text(q, 1, op->job, -1, SQLITE_STATIC);
+    if (sqlite3_step(q) != SQLITE_ROW) {
+        sqlite3_reset(q);
+        return STORE_NOT_FOUND;
+    }
+    sqlite3_int64 seq = sqlite3_column_int64(q, 0);
+    char state[32];
+    snprintf(state, sizeof state, "%s", (const char *)sqlite3_column_text(q, 1));
+    sqlite3_reset(q);
+    sqlite3_stmt *st = store_stmt(tx, "INSERT INTO job_events(job_seq, at, from_state, to_state, "
+                                      "attempt, reason) VALUES (?,?,?,?,?,?)");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, seq);
+    sqlite3_bind_int64(st, 2, store_now_ms());
+    sqlite3_bind_text(st, 3, state, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 4, state, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(st, 5, op->attempt);
+    sqlite3_bind_text(st, 6, op->reason, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+static void human(double b, char *out, size_t len) {
+    static const char *const units[] = {"B", "KB", "MB", "GB", "TB"};
+    int u = 0;
+    while (b >= 1000 && u < 4) {
+        b /= 1000;
+        u++;
+    }
+    snprintf(out, len, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+}
+
+int staging_report(struct http_req *req) {
+    const char *job = http_param(req, "id");
+    json_t *b = req->json;
+    json_t *ja = json_object_get(b, "attempt");
+    if (!json_is_integer(ja))
+        return http_error_field(req, 422, "INVALID_FIELD", "attempt", "attempt is required");
+    int attempt = (int)json_integer_value(ja);
+    /* The attempt's rendezvous token, compared in constant time. */
+    struct cluster *c = req->ld->cluster;
+    int ok = 0;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        struct cl_attempt *a = cluster_attempt_find(c, job, attempt);
+        if (a && req->bearer) {
+            size_t n = strlen(a->token);
+            unsigned diff = strlen(req->bearer) != n;
+            for (size_t i = 0; i < n && req->bearer[i]; i++)
+                diff |= (unsigned)(req->bearer[i] ^ a->token[i]);
+            ok = !diff;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (!ok)
+        return http_error(req, 403, "STAGING_FORBIDDEN",
+                          "not the token of attempt %d of job '%s' (or it is not active)", attempt,
+                          job);
+    const char *host = json_string_value(json_object_get(b, "host"));
+    const char *err = json_string_value(json_object_get(b, "error"));
+    char reason[700], bytes[32], copied[32];
+    human((double)json_integer_value(json_object_get(b, "bytes")), bytes, sizeof bytes);
+    human((double)json_integer_value(json_object_get(b, "copied_bytes")), copied, sizeof copied);
+    if (err)
+        snprintf(reason, sizeof reason,
+                 "data staging on %.100s failed (%.400s); reading the source", host ? host : "?",
+                 err);
+    else
+        snprintf(
+            reason, sizeof reason,
+            "data staged on %.100s: %lld files, %s (%lld from the cache, %s copied) in %.2f s%s",
+            host ? host : "?", (long long)json_integer_value(json_object_get(b, "files")), bytes,
+            (long long)json_integer_value(json_object_get(b, "cache_hits")), copied,
+            json_number_value(json_object_get(b, "seconds")),
+            json_integer_value(json_object_get(b, "evicted")) ? ", evicted old files" : "");
+    struct event_op op = {job, attempt, reason};
+    int rc = store_write(req->ld->store, add_event, &op);
+    if (rc == STORE_NOT_FOUND) return http_error(req, 404, "JOB_NOT_FOUND", "no job '%s'", job);
+    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not record");
+    return http_reply_json(req, 200, json_pack("{s:s}", "event", reason));
+}
