@@ -222,8 +222,23 @@ extern "C" void lk_adamw(lbf16 *param, float *master, const lbf16 *grad, float *
 }
 
 /* Several adjacent AdamW ranges sharing every hyper-parameter but the weight
- * decay, in one launch: the segment table goes to shared memory and each
- * element finds its segment by binary search over the segment ends. */
+ * decay, in one launch: the segment table goes to shared memory. A thread's
+ * elements only move forward (grid-stride loop), so it finds its first
+ * segment by one binary search and then advances a running segment index;
+ * a binary search per element cost twice the memory floor (1.9 vs 0.9 ms on
+ * GPT-2 124M). */
+__device__ __forceinline__ int adamw_seg_find(const int64_t *send, int ns, int64_t i) {
+    int lo = 0, hi = ns - 1; /* first segment whose end > i */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (send[mid] > i)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 __global__ void adamw_multi_kernel(bf *param, float *master, const bf *grad, float *m, float *v,
                                    struct lk_adamw_segs segs, float lr, float b1, float b2,
                                    float eps, float gscale, float bc1, float bc2, int vec) {
@@ -239,20 +254,15 @@ __global__ void adamw_multi_kernel(bf *param, float *master, const bf *grad, flo
     size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t n4 = vec ? n / 4 : 0;
+    int seg = tid < n4 ? adamw_seg_find(send, ns, (int64_t)(tid * 4)) : 0;
     for (size_t q = tid; q < n4; q += stride) {
         float wd4[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int64_t i = (int64_t)(q * 4 + j);
-            int lo = 0, hi = ns - 1; /* first segment whose end > i */
-            while (lo < hi) {
-                int mid = (lo + hi) / 2;
-                if (send[mid] > i)
-                    hi = mid;
-                else
-                    lo = mid + 1;
-            }
-            wd4[j] = swd[lo];
+            while (send[seg] <= i)
+                seg++;
+            wd4[j] = swd[seg];
         }
         float4 w = ((const float4 *)master)[q], mm = ((const float4 *)m)[q],
                vv = ((const float4 *)v)[q];
@@ -272,17 +282,13 @@ __global__ void adamw_multi_kernel(bf *param, float *master, const bf *grad, flo
         praw.y = *(uint32_t *)&p23;
         ((uint2 *)param)[q] = praw;
     }
-    for (size_t i = n4 * 4 + tid; i < n; i += stride) {
-        int lo = 0, hi = ns - 1;
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (send[mid] > (int64_t)i)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
+    size_t t0 = n4 * 4 + tid;
+    if (t0 < n) seg = adamw_seg_find(send, ns, (int64_t)t0);
+    for (size_t i = t0; i < n; i += stride) {
+        while (send[seg] <= (int64_t)i)
+            seg++;
         float w = adamw_one(__bfloat162float(grad[i]) * gscale, &m[i], &v[i], master[i], lr, b1, b2,
-                            eps, swd[lo], bc1, bc2);
+                            eps, swd[seg], bc1, bc2);
         master[i] = w;
         param[i] = __float2bfloat16(w);
     }
