@@ -184,6 +184,18 @@ static int collectives(int rank, int world, const char *rdzv) {
     CHECK(worst < 1e-5 * world, "reduce_scatterv err %g", worst);
     CHECK(comm_all_gatherv(c, d + myoff, d, counts, COMM_F32, NULL) == 0, "%s", comm_error(c));
     CHECK(comm_barrier(c, NULL) == 0, "barrier: %s", comm_error(c));
+    /* host buffers (the engine's loss / grad-norm sums and stop agreement):
+     * staged through device memory by the backend */
+    double hs[2] = {rank + 1.0, 0.5 * rank};
+    CHECK(comm_allreduce(c, hs, 2, COMM_F64, COMM_SUM, NULL) == 0, "%s", comm_error(c));
+    CHECK(hs[0] == world * (world + 1) / 2.0 && hs[1] == 0.25 * world * (world - 1),
+          "host f64 allreduce: %g %g", hs[0], hs[1]);
+    int32_t hi = rank == 1 ? 0 : 1;
+    CHECK(comm_allreduce(c, &hi, 1, COMM_I32, COMM_MIN, NULL) == 0, "%s", comm_error(c));
+    CHECK(hi == 0, "host i32 min allreduce: %d", (int)hi);
+    int32_t hb = rank == 0 ? 1234 : -1;
+    CHECK(comm_broadcast(c, &hb, 1, COMM_I32, 0, NULL) == 0, "%s", comm_error(c));
+    CHECK(hb == 1234, "host broadcast: %d", (int)hb);
     cudaFree(d);
     cudaFree(d2);
     free(h);

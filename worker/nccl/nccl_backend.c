@@ -17,6 +17,10 @@
  *   a group of ncclReduce calls (one per shard, rooted at its owner) and
  *   all-gather a group of ncclBroadcast calls; the divisible case uses
  *   ncclReduceScatter / ncclAllGather directly.
+ * - Host buffers: the engine all-reduces a few host scalars (loss and grad-norm
+ *   sums as f64, the stop agreement as i32). allreduce and broadcast detect a
+ *   host pointer and stage it through a device buffer of the comm (grown on
+ *   demand, a few bytes in practice); the other collectives need device memory.
  * - NCCL_NVLS_ENABLE=0 comes from the agent's environment contract.
  * Compiled wherever CUDA is; exercised by the GPU tests of the CUDA issues. */
 #include <stdint.h>
@@ -40,6 +44,8 @@ struct nccl_comm {
     cudaStream_t stream;
     int rank, size, device, timeout_ms;
     float *scratch; /* one float for the barrier */
+    void *stage;    /* device staging for host buffers */
+    size_t stage_bytes;
     int aborted;
 };
 
@@ -229,7 +235,52 @@ static void comm_fini(void *impl) {
     }
     cudaStreamDestroy(nc->stream);
     cudaFree(nc->scratch);
+    cudaFree(nc->stage);
     free(nc);
+}
+
+/* 1 when p is host memory (pageable or pinned) rather than device memory. */
+static int is_host(const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* clear: an unknown pointer is plain host memory */
+        return 1;
+    }
+    return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
+/* Device copy of a host buffer on the comm's stream; NULL on failure. */
+static void *stage_in(struct nccl_comm *nc, const void *host, size_t bytes, char *err,
+                      size_t errlen) {
+    if (bytes > nc->stage_bytes) {
+        size_t want = bytes < 4096 ? 4096 : bytes;
+        cudaFree(nc->stage);
+        nc->stage = NULL;
+        nc->stage_bytes = 0;
+        if (cudaMalloc(&nc->stage, want) != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(err, errlen, "nccl: cannot allocate %zu bytes to stage a host buffer", want);
+            return NULL;
+        }
+        nc->stage_bytes = want;
+    }
+    if (cudaMemcpyAsync(nc->stage, host, bytes, cudaMemcpyHostToDevice, nc->stream) !=
+        cudaSuccess) {
+        snprintf(err, errlen, "nccl: staging %zu host bytes failed", bytes);
+        return NULL;
+    }
+    return nc->stage;
+}
+
+/* Copy the staged result back to the host buffer and wait for it. */
+static int stage_out(struct nccl_comm *nc, void *host, size_t bytes, const char *what, char *err,
+                     size_t errlen) {
+    if (cudaMemcpyAsync(host, nc->stage, bytes, cudaMemcpyDeviceToHost, nc->stream) !=
+        cudaSuccess) {
+        snprintf(err, errlen, "nccl %s: copying %zu staged bytes back failed", what, bytes);
+        return -1;
+    }
+    return finish(nc, NULL, what, err, errlen);
 }
 
 /* Enqueue with `r` the result of the NCCL call (or of ncclGroupEnd), then run
@@ -244,6 +295,14 @@ static int allreduce(void *impl, void *buf, size_t n, enum comm_dtype dt, enum c
                      char *err, size_t errlen) {
     struct nccl_comm *nc = impl;
     cudaSetDevice(nc->device);
+    if (n > 0 && is_host(buf)) {
+        size_t bytes = n * comm_dtype_size(dt);
+        void *d = stage_in(nc, buf, bytes, err, errlen);
+        if (!d) return -1;
+        ncclResult_t r = ncclAllReduce(d, d, n, nccl_type(dt), nccl_op(op), nc->comm, nc->stream);
+        if (complete(nc, r, "allreduce (host)", err, errlen) != 0) return -1;
+        return stage_out(nc, buf, bytes, "allreduce (host)", err, errlen);
+    }
     ncclResult_t r = ncclAllReduce(buf, buf, n, nccl_type(dt), nccl_op(op), nc->comm, nc->stream);
     return complete(nc, r, "allreduce", err, errlen);
 }
@@ -304,6 +363,14 @@ static int broadcast(void *impl, void *buf, size_t n, enum comm_dtype dt, int ro
                      size_t errlen) {
     struct nccl_comm *nc = impl;
     cudaSetDevice(nc->device);
+    if (n > 0 && is_host(buf)) {
+        size_t bytes = n * comm_dtype_size(dt);
+        void *d = stage_in(nc, buf, bytes, err, errlen);
+        if (!d) return -1;
+        ncclResult_t r = ncclBroadcast(d, d, n, nccl_type(dt), root, nc->comm, nc->stream);
+        if (complete(nc, r, "broadcast (host)", err, errlen) != 0) return -1;
+        return stage_out(nc, buf, bytes, "broadcast (host)", err, errlen);
+    }
     ncclResult_t r = ncclBroadcast(buf, buf, n, nccl_type(dt), root, nc->comm, nc->stream);
     return complete(nc, r, "broadcast", err, errlen);
 }
