@@ -31,3 +31,10 @@ if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     target_link_libraries(loom-gpu-bench PRIVATE loom_engine m)
     loom_warnings(loom-gpu-bench)
 endif()
+# All-reduce bus bandwidth through the comm layer on NCCL (not a test; run by
+# tests/gpu/device_run.sh dist beside tests/gpu/torch_allreduce.py).
+if(LOOM_HAVE_CUDA AND TARGET loom_nccl)
+    add_executable(bench_nccl_allreduce ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_nccl_allreduce.c)
+    target_link_libraries(bench_nccl_allreduce PRIVATE loom_engine CUDA::cudart_static m)
+    loom_warnings(bench_nccl_allreduce)
+endif()
