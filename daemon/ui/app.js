@@ -596,7 +596,11 @@ function nodeCard(n) {
     h('h2', {}, n.name + ' ', badge(n.state), ' ',
       h('span', { class: 'muted', text: (n.gpu_model || n.kind) + ' · ' + n.devices_used + '/' +
         n.devices_total + ' used · heartbeat ' + ago(n.last_heartbeat) })),
-    n.reason ? h('p', { class: 'error', text: n.reason }) : null,
+    ((n.health && n.health.reasons) || []).map((r) => h('p', { class: 'error', text:
+      'degraded: ' + r })),
+    n.health && n.health.checking ? h('p', { class: 'muted', text: 'node check running' }) : null,
+    n.health && n.health.last_check ? h('p', { class: 'muted', text: 'last node check ' +
+      n.health.last_check.state + ' ' + ago(n.health.last_check.finished_at) }) : null,
     h('table', {}, h('thead', {}, h('tr', {}, ['#', 'device', 'utilization', 'memory', 'temp',
       'power', 'task'].map((c) => h('th', { text: c })))), h('tbody', {}, rows)));
 }

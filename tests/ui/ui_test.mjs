@@ -262,11 +262,29 @@ async function main() {
     await page.waitForFunction(() => document.getElementById('logs').textContent
       .includes('"type":"step"'), null, { timeout: 5000 });
 
-    // 4. nodes with their devices.
+    // 4. nodes with their devices; a node check that finds node-1 slow shows up
+    // as "degraded" with its reason (skipped when loom-nodecheck is not built).
+    let degraded = false;
+    if (fs.existsSync(path.join(BIN, 'loom-nodecheck'))) {
+      const ck = await call('POST', '/v1/nodes/node-1/check',
+        { expect_busbw_gbps: 100000, max_bytes: 65536 }, ADMIN);
+      check(ck.status === 202, 'node check: ' + JSON.stringify(ck));
+      await waitFor(async () => {
+        const r = await call('GET', '/v1/nodechecks/' + ck.json.id, null, ADMIN);
+        return r.json.state === 'degraded';
+      }, 30000, 'node check marks node-1 degraded');
+      degraded = true;
+    }
     await page.click('#nav a[data-view=nodes]');
     await page.waitForSelector('#nodes [data-node="node-1"]', { timeout: 8000 });
     const devRows = await page.$$eval('#nodes [data-node="node-1"] tbody tr', (r) => r.length);
     check(devRows === 2, 'node-1 shows 2 devices, got ' + devRows);
+    if (degraded) {
+      await page.waitForSelector('#nodes [data-node="node-1"] .badge[data-state="degraded"]',
+        { timeout: 8000 });
+      const card = await page.textContent('#nodes [data-node="node-1"]');
+      check(/degraded: all-reduce bus bandwidth/.test(card), 'degraded reason shown: ' + card);
+    }
     await shot(page, 'ui-nodes.png');
 
     // 5. a token revoked while the page is open: back to sign-in with a message.
