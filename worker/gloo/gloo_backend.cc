@@ -24,6 +24,7 @@
  *   that never arrives trips the rendezvous timeout. Every gloo exception is
  *   turned into -1 and a message; nothing escapes into C.
  * - bf16 sums are done in fp32 per element and rounded to nearest even. */
+#include <netdb.h>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -188,6 +189,16 @@ gloo::AllreduceOptions::Func reduce_fn(enum comm_dtype dt, enum comm_op op) {
 
 /* ---- world and comm set-up */
 
+static bool host_resolves(const char *name) {
+    struct addrinfo hints, *res = nullptr;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(name, nullptr, &hints, &res) != 0) return false;
+    freeaddrinfo(res);
+    return true;
+}
+
 void *world_init(const struct comm_backend_world *w, char *err, size_t errlen) {
     World *gw = nullptr;
     int rc = guarded(err, errlen, [&] {
@@ -204,6 +215,17 @@ void *world_init(const struct comm_backend_world *w, char *err, size_t errlen) {
             attr.hostname = host;
         } else {
             if (!w->rdzv_is_file && gethostname(hn, sizeof(hn)) != 0) strcpy(hn, "127.0.0.1");
+            /* A host name that does not resolve (a fresh VM or container
+             * without an /etc/hosts entry) would make Gloo fail; fall back to
+             * loopback, which serves every rank on this host. Multi-node cpu
+             * runs set LOOM_COMM_IFACE or LOOM_COMM_HOST. */
+            if (!host_resolves(hn)) {
+                fprintf(stderr,
+                        "comm: host name '%s' does not resolve; listening on 127.0.0.1 "
+                        "(set LOOM_COMM_HOST or LOOM_COMM_IFACE for multi-node runs)\n",
+                        hn);
+                strcpy(hn, "127.0.0.1");
+            }
             attr.hostname = hn;
         }
         gw = new World;
