@@ -3,7 +3,7 @@
 # Idempotent: packages already present are left alone. CUDA is not installed here:
 # the CUDA parts build only where the toolkit already is (/usr/local/cuda).
 set -e
-pkgs="build-essential cmake pkg-config git ca-certificates curl python3 clang-format \
+pkgs="build-essential cmake pkg-config git ca-certificates curl python3 python3-yaml clang-format \
 libmicrohttpd-dev libjansson-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev libgloo-dev \
 libomp-dev"
 missing=""
