@@ -56,6 +56,11 @@ struct engine_hooks {
      * the embedding backward; fires on every micro-step (ZeRO-3 re-gathers a
      * layer's parameters here and releases the one done before). */
     void (*layer_pre_backward)(struct engine *e, void *user, int layer);
+    /* The squared global gradient norm (every parameter of the model once:
+     * tp-replicated tensors counted on one tp rank, each pipeline stage's
+     * own tensors). NULL: sumsq over the shard, summed with allreduce_sum
+     * unless shard_replicated. Set by worker/par.c when tp or pp > 1. */
+    double (*grad_norm_sq)(struct engine *e, void *user);
 };
 
 /* Bytes of device memory by category, for the "mem" field of step lines. */

@@ -30,6 +30,7 @@
 #include "worker/checkpoint.h"
 #include "worker/data.h"
 #include "worker/launch.h"
+#include "worker/par.h"
 #include "worker/safetensors.h"
 #include "worker/train.h"
 #include "worker/zero.h"
@@ -42,7 +43,7 @@ static void on_signal(int sig) {
 }
 
 struct opts {
-    char *spec, *device, *out, *rdzv, *export_path, *log_level;
+    char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule;
     long rank, world, local_rank, threads, nproc, steps;
 };
 
@@ -68,6 +69,8 @@ static const struct config_entry table[] = {
      "write the final model as Hugging Face safetensors to this file"},
     {"log-level", CONFIG_STR, offsetof(struct opts, log_level), "info", 1, 0,
      "debug|info|warn|error"},
+    {"pp-schedule", CONFIG_STR, offsetof(struct opts, pp_schedule), "1f1b", 1, 0,
+     "pipeline schedule with pp > 1: 1f1b or gpipe (LOOM_PP_SCHEDULE)"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 
@@ -135,7 +138,8 @@ struct worker {
     struct engine *e;
     struct model *m;
     struct data_loader *train_dl, *val_dl;
-    struct zero *z; /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
+    struct zero *z;  /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
+    struct par *par; /* tp / pp > 1 (worker/par.h) */
     char ckpt_path[1024];
     char err[1024];
 };
@@ -345,6 +349,13 @@ static int run(struct worker *w) {
             report_error("COMM_FAILED", w->err);
             return 1;
         }
+        if (s->parallel.tp > 1 || s->parallel.pp > 1) {
+            w->par = par_setup(w->e, w->z, w->m, &mo, o->pp_schedule, w->err, sizeof w->err);
+            if (!w->par) {
+                report_error("UNSUPPORTED", w->err);
+                return 2;
+            }
+        }
     }
     int64_t start = resume(w);
     if (start < 0) {
@@ -371,7 +382,11 @@ static int run(struct worker *w) {
                                   .weight_decay = s->train.weight_decay,
                                   .grad_clip = s->train.grad_clip};
     to.train = (struct train_source){data_batch, &train_src};
-    if (w->val_dl && s->train.eval_every > 0) {
+    if (w->par) par_train_opts(w->par, &to);
+    if (w->val_dl && s->train.eval_every > 0 && s->parallel.pp > 1)
+        log_warn("evaluation is not run with pp=%d (pipelined evaluation is not built yet)",
+                 s->parallel.pp);
+    else if (w->val_dl && s->train.eval_every > 0) {
         to.val = (struct train_source){data_batch, &val_src};
         to.eval_every = s->train.eval_every;
         int64_t avail = data_loader_steps_per_epoch(w->val_dl);
@@ -410,6 +425,11 @@ static int run(struct worker *w) {
     }
     if (rc < 0) {
         report_error("TRAIN_FAILED", w->err);
+        return 1;
+    }
+    if (rc == 0 && o->export_path && (s->parallel.tp > 1 || s->parallel.pp > 1)) {
+        report_error("EXPORT_FAILED", "--export with tp or pp > 1 is not built yet; resume the "
+                                      "checkpoint in one process and export there");
         return 1;
     }
     if (rc == 0 && o->export_path && (w->e->rank == 0 || w->z)) {
@@ -474,6 +494,7 @@ int main(int argc, char **argv) {
         return rc;
     }
     rc = run(&w);
+    par_free(w.par);
     zero_free(w.z);
     model_free(w.m);
     engine_free(w.e);

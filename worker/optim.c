@@ -22,6 +22,7 @@ double optim_clip_scale(double norm, double clip) {
 }
 
 double optim_grad_norm_sq(struct engine *e) {
+    if (e->hooks.grad_norm_sq) return e->hooks.grad_norm_sq(e, e->hooks.user);
     struct backend *b = e->be;
     float *acc = e->scalar, h = 0;
     b->zero(b->ctx, acc, sizeof(float));

@@ -41,7 +41,11 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     float gs = (float)(1.0 / (double)o->global_batch_tokens);
     double sums[2] = {0, 0};
     b->zero(b->ctx, e->grads, e->n_params * b->elt_size);
-    for (int micro = 0; micro < o->grad_accum; micro++) {
+    if (o->micro_steps) {
+        int rc = o->micro_steps(o->micro_user, m, o, step, inputs, targets, sums, err, errlen);
+        if (rc != 0) return rc;
+    }
+    for (int micro = 0; !o->micro_steps && micro < o->grad_accum; micro++) {
         if (o->train.batch(o->train.user, step, micro, inputs, targets, err, errlen) != 0)
             return -2;
         int64_t cnt = 0;
@@ -133,6 +137,9 @@ static void emit_step(const struct model *m, const struct train_opts *o, int64_t
         "compute", in->ms_compute, "comm_exposed", in->ms_comm, "step", in->ms_step, "mem_gib",
         gib(total), "mem", "params", gib(mm->params), "grads", gib(mm->grads), "optimizer",
         gib(mm->optimizer), "activations", gib(mm->activations), "comm", gib(mm->comm));
+    json_t *extra = o->step_extra ? o->step_extra(o->step_extra_user) : NULL;
+    if (extra) json_object_update(j, extra);
+    json_decref(extra);
     emit(o->out, j);
 }
 

@@ -19,6 +19,7 @@
 #ifndef LOOM_WORKER_TRAIN_H
 #define LOOM_WORKER_TRAIN_H
 
+#include <jansson.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,6 +53,18 @@ struct train_opts {
     volatile sig_atomic_t *stop; /* set by a signal handler; NULL: none */
     FILE *out;                   /* JSON lines; NULL: silent */
     double flops_per_token;      /* for MFU (model_flops_per_token) */
+    /* Optional replacement of the micro-step loop (pipeline schedules,
+     * worker/pp.h): runs all grad_accum micro-steps of `step` on this rank
+     * (batches, forward, backward, point-to-point) and ADDS the loss sum and
+     * token count of this rank into sums[0], sums[1]. Returns 0, -2 on a data
+     * error, -1 otherwise (message in err). NULL: forward/backward per micro. */
+    int (*micro_steps)(void *user, struct model *m, const struct train_opts *o, int64_t step,
+                       int32_t *inputs, int32_t *targets, double *sums, char *err, size_t errlen);
+    void *micro_user;
+    /* Optional extra keys merged into each step line (e.g. the pipeline
+     * bubble); returns a new object or NULL. Called on the rank with out. */
+    json_t *(*step_extra)(void *user);
+    void *step_extra_user;
 };
 
 struct train_step_info {

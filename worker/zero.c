@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "worker/checkpoint.h"
+#include "worker/pp.h"
 
 #define ZERO_MAX_RANGES 8
 
@@ -34,7 +35,8 @@ struct zero {
     struct engine *e;
     struct comm *dp;
     int stage, P, rank;
-    size_t *off, *cnt; /* shard of each dp rank */
+    size_t lo, hi;     /* the flat range this rank's pipeline stage owns (pp.h) */
+    size_t *off, *cnt; /* shard of each dp rank, inside [lo, hi) */
     size_t *counts;    /* scratch [P] */
     int L;
     struct zgroup *g; /* [L + 1]: index layer + 1 */
@@ -219,8 +221,9 @@ static int hook_param_sync(struct engine *e, void *user) {
     struct zero *z = user;
     if (z->stage == 1 || z->stage == 2) {
         e->be->sync(e->be->ctx);
-        if (comm_all_gather(z->dp, backend_at(e->be, e->params, e->shard_off), e->params,
-                            e->n_params, compute_dtype(e), NULL) != 0)
+        if (comm_all_gather(z->dp, backend_at(e->be, e->params, e->shard_off),
+                            backend_at(e->be, e->params, z->lo), z->hi - z->lo, compute_dtype(e),
+                            NULL) != 0)
             fail(z, "parameter all-gather", -2);
     } else if (z->stage == 3) {
         release_all(z); /* gathered copies are stale now; the next use gathers */
@@ -249,6 +252,7 @@ static int build_groups(struct zero *z) {
         if (t->layer < -1 || t->layer >= z->L) return -1;
         struct zgroup *g = &z->g[t->layer + 1];
         size_t lo = (size_t)t->rank_offset, hi = lo + (size_t)t->rank_numel;
+        if (lo < z->lo || hi > z->hi) continue; /* another pipeline stage's tensor */
         if (g->n > 0 && g->r[g->n - 1].hi == lo) {
             g->r[g->n - 1].hi = hi;
         } else {
@@ -262,7 +266,9 @@ static int build_groups(struct zero *z) {
 }
 
 void zero_mem_model(const struct engine *e, int stage, int dp, struct engine_mem *out) {
-    size_t es = e->be->elt_size, P = e->n_params, S = (P + (size_t)dp - 1) / (size_t)dp;
+    size_t slo, shi;
+    pp_stage_range(e, &slo, &shi);
+    size_t es = e->be->elt_size, P = shi - slo, S = (P + (size_t)dp - 1) / (size_t)dp;
     size_t per = 2 * sizeof(float) + (e->be->dtype == BACKEND_F32 ? 0 : sizeof(float));
     out->activations = e->mem.activations;
     out->grads = (stage >= 2 ? S : P) * es;
@@ -274,7 +280,9 @@ void zero_mem_model(const struct engine *e, int stage, int dp, struct engine_mem
         size_t head = 0, block = 0;
         int L = e->cfg.n_layer;
         for (int i = 0; i < e->layout.n; i++)
-            if (e->layout.t[i].layer < 0) head += (size_t)e->layout.t[i].rank_numel;
+            if (e->layout.t[i].layer < 0 && (size_t)e->layout.t[i].rank_offset >= slo &&
+                (size_t)e->layout.t[i].rank_offset < shi)
+                head += (size_t)e->layout.t[i].rank_numel;
         for (int l = 0; l < L; l++) {
             size_t n = 0;
             for (int i = 0; i < e->layout.n; i++)
@@ -302,14 +310,20 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
     z->cnt = calloc((size_t)z->P, sizeof(size_t));
     z->counts = calloc((size_t)z->P, sizeof(size_t));
     if (!z->off || !z->cnt || !z->counts) goto nomem;
-    for (int i = 0; i < z->P; i++)
-        comm_shard_range(e->n_params, z->P, i, &z->off[i], &z->cnt[i]);
+    pp_stage_range(e, &z->lo, &z->hi);
+    for (int i = 0; i < z->P; i++) {
+        comm_shard_range(z->hi - z->lo, z->P, i, &z->off[i], &z->cnt[i]);
+        z->off[i] += z->lo;
+    }
     if (build_groups(z) != 0) {
         snprintf(err, errlen, "zero: cannot group the %d tensors by layer", e->layout.n);
         zero_free(z);
         return NULL;
     }
-    if (stage >= 1 && engine_set_shard(e, z->off[z->rank], z->cnt[z->rank]) != 0) {
+    int staged = z->lo != 0 || z->hi != e->n_params; /* pp > 1: optimizer on the stage only */
+    if ((stage >= 1 || staged) &&
+        engine_set_shard(e, stage >= 1 ? z->off[z->rank] : z->lo,
+                         stage >= 1 ? z->cnt[z->rank] : z->hi - z->lo) != 0) {
         snprintf(err, errlen, "zero: cannot allocate the optimizer shard");
         zero_free(z);
         return NULL;
@@ -473,6 +487,12 @@ int zero_load_checkpoint(struct engine *e, const char *dir, char *err, size_t er
     for (int k = 0; k < world; k++) {
         if (ckpt_open(dir, k, &r, err, errlen) != 0) goto out;
         const json_t *meta = ckpt_rank_meta(r);
+        const json_t *mtp = json_object_get(meta, "tp");
+        if (mtp && (int)json_integer_value(mtp) != e->tp_idx) { /* another tp rank's layout */
+            ckpt_close(r);
+            r = NULL;
+            continue;
+        }
         size_t off = (size_t)json_integer_value(json_object_get(meta, "offset"));
         size_t cnt = (size_t)json_integer_value(json_object_get(meta, "count"));
         if (!json_object_get(meta, "count")) { /* unsharded writer: the whole buffer */

@@ -1,0 +1,277 @@
+/* Pipeline parallelism: schedules, stage ranges and the micro-step runner
+ * (see pp.h). */
+#include "worker/pp.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "worker/comm/comm.h"
+
+int pp_schedule_parse(const char *s) {
+    if (!s || !*s || !strcmp(s, "1f1b")) return PP_1F1B;
+    if (!strcmp(s, "gpipe")) return PP_GPIPE;
+    return -1;
+}
+
+const char *pp_schedule_name(enum pp_schedule s) {
+    return s == PP_GPIPE ? "gpipe" : "1f1b";
+}
+
+int pp_schedule_actions(enum pp_schedule s, int pp, int stage, int M, struct pp_action *out) {
+    int n = 0;
+    if (s == PP_GPIPE) {
+        for (int i = 0; i < M; i++)
+            out[n++] = (struct pp_action){1, i};
+        for (int i = 0; i < M; i++)
+            out[n++] = (struct pp_action){0, i};
+        return n;
+    }
+    int warm = pp - stage - 1;
+    if (warm > M) warm = M;
+    int f = 0, b = 0;
+    for (; f < warm; f++)
+        out[n++] = (struct pp_action){1, f};
+    for (; f < M; f++, b++) {
+        out[n++] = (struct pp_action){1, f};
+        out[n++] = (struct pp_action){0, b};
+    }
+    for (; b < M; b++)
+        out[n++] = (struct pp_action){0, b};
+    return n;
+}
+
+int pp_schedule_slots(enum pp_schedule s, int pp, int stage, int M) {
+    if (s == PP_GPIPE) return M;
+    return pp - stage < M ? pp - stage : M;
+}
+
+double pp_bubble_ideal(int pp, int M) {
+    return (double)(pp - 1) / (double)(M + pp - 1);
+}
+
+/* The tied embedding's copy on the last stage is used, not owned. */
+static int owned(const struct engine *e, const struct model_tensor *t) {
+    if (!model_tensor_on_stage(&e->cfg, t, e->pp, e->pp_idx)) return 0;
+    return !(t->kind == MODEL_T_EMBED && e->pp_idx != 0);
+}
+
+void pp_stage_range(const struct engine *e, size_t *lo, size_t *hi) {
+    if (e->pp <= 1) {
+        *lo = 0;
+        *hi = e->n_params;
+        return;
+    }
+    size_t a = e->n_params, z = 0, sum = 0;
+    for (int i = 0; i < e->layout.n; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        if (!owned(e, t)) continue;
+        size_t o = (size_t)t->rank_offset, n = (size_t)t->rank_numel;
+        if (o < a) a = o;
+        if (o + n > z) z = o + n;
+        sum += n;
+    }
+    if (sum != z - a) die("pp: stage %d's tensors are not contiguous in the layout", e->pp_idx);
+    *lo = a;
+    *hi = z;
+}
+
+/* ---- runner ---- */
+
+struct pp {
+    struct engine *e;
+    struct comm *c; /* e->pp_group */
+    enum pp_schedule sched;
+    struct model **slot; /* [nslots]; slot[0] is the caller's model */
+    int nslots, M;
+    struct comm_req **fwd_req, **bwd_req; /* pending sends per slot */
+    struct pp_action *act;
+    size_t act_bytes;
+    double *stats;       /* [3*pp]: bubble ms, busy ms, in-flight max per stage */
+    double last_step_ms; /* of the last step, this stage */
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+struct pp *pp_new(struct model *m, const struct model_opts *mo, enum pp_schedule s, char *err,
+                  size_t errlen) {
+    struct engine *e = m->e;
+    struct pp *p = calloc(1, sizeof *p);
+    if (!p) goto nomem;
+    p->e = e;
+    p->c = e->pp_group;
+    p->sched = s;
+    if (!p->c) {
+        snprintf(err, errlen, "pp=%d but no pipeline communicator", e->pp);
+        pp_free(p);
+        return NULL;
+    }
+    p->stats = calloc(3 * (size_t)e->pp, sizeof *p->stats);
+    if (!p->stats) goto nomem;
+    p->slot = calloc(1, sizeof *p->slot);
+    if (!p->slot) goto nomem;
+    p->slot[0] = m;
+    p->nslots = 1;
+    size_t before = e->mem.activations;
+    p->act_bytes = before; /* slot 0 was counted when the caller made it */
+    (void)mo;
+    return p;
+nomem:
+    snprintf(err, errlen, "pp: out of memory");
+    pp_free(p);
+    return NULL;
+}
+
+/* Grow to n slots (micro-batches in flight) with the options of slot 0. */
+static int ensure_slots(struct pp *p, int n) {
+    if (n <= p->nslots && p->fwd_req) return 0;
+    struct model *m0 = p->slot[0];
+    struct model **ns = realloc(p->slot, (size_t)n * sizeof *ns);
+    if (!ns) return -1;
+    p->slot = ns;
+    for (int i = p->nslots; i < n; i++) {
+        struct model_opts mo = {.B = m0->B, .T = m0->T, .threads = 0, .recompute = m0->recompute};
+        p->slot[i] = model_new_ex(p->e, &mo);
+        if (!p->slot[i]) return -1;
+        p->nslots = i + 1;
+    }
+    free(p->fwd_req);
+    free(p->bwd_req);
+    p->fwd_req = calloc((size_t)p->nslots, sizeof *p->fwd_req);
+    p->bwd_req = calloc((size_t)p->nslots, sizeof *p->bwd_req);
+    return p->fwd_req && p->bwd_req ? 0 : -1;
+}
+
+void pp_free(struct pp *p) {
+    if (!p) return;
+    for (int i = 0; p->fwd_req && i < p->nslots; i++) {
+        comm_wait(p->fwd_req[i]);
+        comm_wait(p->bwd_req[i]);
+    }
+    for (int i = 1; p->slot && i < p->nslots; i++)
+        model_free(p->slot[i]);
+    free(p->slot);
+    free(p->fwd_req);
+    free(p->bwd_req);
+    free(p->act);
+    free(p->stats);
+    free(p);
+}
+
+size_t pp_activation_bytes(const struct pp *p) {
+    return p->e->mem.activations;
+}
+
+static enum comm_dtype cdt(const struct engine *e) {
+    return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
+}
+
+int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int64_t step,
+                   int32_t *inputs, int32_t *targets, double *sums, char *err, size_t errlen) {
+    struct pp *p = user;
+    struct engine *e = p->e;
+    struct backend *b = e->be;
+    int M = o->grad_accum, P = e->pp, s = e->pp_idx;
+    int first = s == 0, last = s == P - 1;
+    int need = pp_schedule_slots(p->sched, P, s, M);
+    (void)m;
+    if (M != p->M || !p->act) {
+        free(p->act);
+        p->act = malloc(2 * (size_t)M * sizeof *p->act);
+        if (!p->act || ensure_slots(p, need) != 0) {
+            snprintf(err, errlen, "pp: out of memory for %d micro-batch slots", need);
+            return -1;
+        }
+        p->M = M;
+    }
+    size_t n = (size_t)m->B * m->T * m->C;
+    float gs = (float)(1.0 / (double)o->global_batch_tokens);
+    int na = pp_schedule_actions(p->sched, P, s, M, p->act);
+    double t0 = now_ms(), idle = 0;
+    int inflight = 0, most = 0, rc = 0;
+    for (int k = 0; k < na && rc == 0; k++) {
+        int i = p->act[k].micro, si = i % p->nslots;
+        struct model *x = p->slot[si];
+        if (p->act[k].fwd) {
+            if (first || last) {
+                if (o->train.batch(o->train.user, step, i, inputs, targets, err, errlen) != 0)
+                    return -2;
+            }
+            double w0 = now_ms();
+            if (comm_wait(p->fwd_req[si]) != 0) rc = -1; /* the slot's output was sent */
+            p->fwd_req[si] = NULL;
+            if (!first && rc == 0 &&
+                comm_recv(p->c, model_stage_input(x), n, cdt(e), s - 1, NULL) != 0)
+                rc = -1;
+            idle += now_ms() - w0;
+            if (rc) break;
+            int64_t cnt = 0;
+            sums[0] += model_forward(x, first ? inputs : NULL, last ? targets : NULL, gs, &cnt);
+            sums[1] += (double)cnt;
+            if (!last) {
+                b->sync(b->ctx);
+                if (comm_send(p->c, model_stage_output(x), n, cdt(e), s + 1, &p->fwd_req[si]) != 0)
+                    rc = -1;
+            }
+            if (++inflight > most) most = inflight;
+        } else {
+            double w0 = now_ms();
+            if (comm_wait(p->bwd_req[si]) != 0) rc = -1; /* dres of the slot was sent */
+            p->bwd_req[si] = NULL;
+            if (!last && rc == 0 &&
+                comm_recv(p->c, model_stage_dout(x), n, cdt(e), s + 1, NULL) != 0)
+                rc = -1;
+            idle += now_ms() - w0;
+            if (rc) break;
+            model_backward(x, NULL, NULL);
+            if (!first) {
+                b->sync(b->ctx);
+                if (comm_send(p->c, model_stage_dinput(x), n, cdt(e), s - 1, &p->bwd_req[si]) != 0)
+                    rc = -1;
+            }
+            inflight--;
+        }
+    }
+    double w0 = now_ms();
+    for (int i = 0; i < p->nslots; i++) {
+        if (comm_wait(p->fwd_req[i]) != 0 || comm_wait(p->bwd_req[i]) != 0) rc = -1;
+        p->fwd_req[i] = p->bwd_req[i] = NULL;
+    }
+    idle += now_ms() - w0;
+    if (rc != 0) {
+        snprintf(err, errlen, "pipeline send/recv failed at step %lld: %s", (long long)step,
+                 comm_error(p->c));
+        return -1;
+    }
+    double total = now_ms() - t0;
+    /* every stage's figures to every stage (all p2p of the step is done) */
+    memset(p->stats, 0, 3 * (size_t)P * sizeof *p->stats);
+    p->stats[s] = idle;
+    p->stats[P + s] = total;
+    p->stats[2 * P + s] = most;
+    if (comm_allreduce(p->c, p->stats, 3 * (size_t)P, COMM_F64, COMM_SUM, NULL) != 0) {
+        snprintf(err, errlen, "pipeline statistics all-reduce failed: %s", comm_error(p->c));
+        return -1;
+    }
+    return 0;
+}
+
+json_t *pp_step_extra(void *user) {
+    struct pp *p = user;
+    int P = p->e->pp;
+    json_t *ms = json_array(), *frac = json_array(), *inf = json_array();
+    for (int s = 0; s < P; s++) {
+        json_array_append_new(ms, json_real(p->stats[s]));
+        double tot = p->stats[P + s];
+        json_array_append_new(frac, json_real(tot > 0 ? p->stats[s] / tot : 0));
+        json_array_append_new(inf, json_integer((json_int_t)p->stats[2 * P + s]));
+    }
+    return json_pack("{s:{s:s, s:i, s:o, s:o, s:f, s:o}}", "pp", "schedule",
+                     pp_schedule_name(p->sched), "micro", p->M, "bubble_ms", ms, "bubble_frac",
+                     frac, "bubble_ideal", pp_bubble_ideal(P, p->M), "inflight", inf);
+}
