@@ -484,8 +484,10 @@ def sc_rdzv(c):
 
 def sc_sched(c):
     """Drain, pending reasons, gang all-or-nothing, priority."""
-    st, _ = c.request("POST", "/v1/nodes/node-1/drain", {}, token=ADMIN)
-    check(st == 200, "drain: %s" % st)
+    r = subprocess.run([os.path.join(BIN, "loomctl"), "drain", "node-1"], capture_output=True,
+                       env=dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=ADMIN), timeout=10)
+    check(r.returncode == 0 and b"drained" in r.stdout, "loomctl drain: %r %r" % (r.stdout,
+                                                                                 r.stderr))
     check(c.request("POST", "/v1/nodes/node-1/drain", {})[0] == 403, "tenant cannot drain")
     jid = c.submit(world=2, steps=5, step_ms=50)
     j = c.wait_state(jid, "running", 10)
@@ -500,7 +502,9 @@ def sc_sched(c):
     c.wait_state(jid, "succeeded", 15)
     j = c.job(big)
     check(j["state"] == "queued", "gang: 4 ranks never start on 2 free devices")
-    c.request("POST", "/v1/nodes/node-1/undrain", {}, token=ADMIN)
+    r = subprocess.run([os.path.join(BIN, "loomctl"), "undrain", "node-1"], capture_output=True,
+                       env=dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=ADMIN), timeout=10)
+    check(r.returncode == 0 and b"ready" in r.stdout, "loomctl undrain: %r" % r.stdout)
     c.wait_state(big, "succeeded", 20)
     too_big = c.submit(world=6, steps=1, step_ms=10, name="toobig")
     c.wait(lambda: "in total" in (c.job(too_big).get("pending_reason") or ""), 5,
