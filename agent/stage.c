@@ -188,7 +188,7 @@ static void evict(const char *dir, long long max_bytes, char (*keep)[65], int nk
     struct dirent *e;
     while ((e = readdir(d))) {
         if (strlen(e->d_name) != 64) continue;
-        char p[PATH_MAX + 80];
+        char p[PATH_MAX + 300];
         snprintf(p, sizeof p, "%s/%s", bdir, e->d_name);
         struct stat st;
         if (stat(p, &st) != 0) continue;
@@ -198,7 +198,8 @@ static void evict(const char *dir, long long max_bytes, char (*keep)[65], int nk
             if (!ne) break;
             ents = ne;
         }
-        snprintf(ents[n].name, sizeof ents[n].name, "%s", e->d_name);
+        memcpy(ents[n].name, e->d_name, 64); /* length checked above */
+        ents[n].name[64] = 0;
         ents[n].size = (long long)st.st_size;
         ents[n].used = st.st_mtime;
         total += ents[n].size;
@@ -212,7 +213,7 @@ static void evict(const char *dir, long long max_bytes, char (*keep)[65], int nk
             if (!strcmp(keep[k], ents[i].name)) kept = 1;
         if (kept) continue;
         char p[PATH_MAX + 80];
-        snprintf(p, sizeof p, "%s/%s", bdir, ents[i].name);
+        snprintf(p, sizeof p, "%.4000s/%.64s", bdir, ents[i].name);
         if (unlink(p) == 0) {
             total -= ents[i].size;
             r->evicted++;

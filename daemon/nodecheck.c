@@ -181,6 +181,7 @@ struct row_op {
     const struct nc_check *k;
     json_t *doc; /* check_json */
     int mark;    /* 1 set marks, 0 clear marks, -1 leave */
+    int create;  /* the queued row: never overwrites a newer one */
     const char *clear_node;
 };
 
@@ -188,10 +189,16 @@ static int write_check(struct store_tx *tx, void *arg) {
     struct row_op *op = arg;
     const struct nc_check *k = op->k;
     char *doc = json_dumps(op->doc, JSON_COMPACT);
-    sqlite3_stmt *st = store_stmt(
-        tx, "INSERT INTO node_checks(id, kind, nodes, state, created_at, finished_at, doc) "
-            "VALUES (?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET state = excluded.state, "
-            "finished_at = excluded.finished_at, doc = excluded.doc");
+    /* The creating request may commit after a fast check already stored its
+     * result: its insert then does nothing. */
+    sqlite3_stmt *st =
+        op->create
+            ? store_stmt(tx, "INSERT OR IGNORE INTO node_checks(id, kind, nodes, state, "
+                             "created_at, finished_at, doc) VALUES (?,?,?,?,?,?,?)")
+            : store_stmt(tx, "INSERT INTO node_checks(id, kind, nodes, state, created_at, "
+                             "finished_at, doc) VALUES (?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE "
+                             "SET state = excluded.state, finished_at = excluded.finished_at, "
+                             "doc = excluded.doc");
     if (!st || !doc) {
         free(doc);
         return STORE_ERR;
@@ -581,7 +588,7 @@ int nodecheck_api_create(struct http_req *req) {
         k->world = fa.ndev;
         k->parts[0].nranks = fa.ndev;
     }
-    struct row_op op = {.k = k, .mark = -1};
+    struct row_op op = {.k = k, .mark = -1, .create = 1};
     pthread_mutex_lock(&nc->mu);
     k->next = nc->checks;
     nc->checks = k;
