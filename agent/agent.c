@@ -161,10 +161,6 @@ static void do_heartbeat(struct agent *a) {
 
 /* ---- long-poll thread ---- */
 
-struct poll_ctx {
-    struct agent *a;
-};
-
 static void *poll_main(void *arg) {
     struct agent *a = arg;
     struct client *c = client_new(a->cfg->coordinator, a->cfg->join_token);
