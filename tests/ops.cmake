@@ -69,7 +69,7 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl
     add_test(NAME integration.ops_nodecheck
              COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/ops_nodecheck.py
                      ${CMAKE_BINARY_DIR}/bin)
-    set_tests_properties(integration.ops_nodecheck PROPERTIES LABELS "integration"
+    set_tests_properties(integration.ops_nodecheck PROPERTIES LABELS "integration;sanitize"
                          TIMEOUT 120 SKIP_RETURN_CODE 77)
 endif()
 

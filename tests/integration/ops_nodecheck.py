@@ -119,20 +119,26 @@ class Cluster:
         return p.returncode, p.stdout + p.stderr
 
     def close(self, keep):
+        """Stops everything; returns the names that did not exit 0 on SIGTERM
+        (a sanitizer build aborts on a leak or UB at exit)."""
+        bad = []
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
+        for name, p in self.procs.items():
             try:
-                p.wait(5)
+                if p.wait(15) != 0:
+                    bad.append("%s exited %d" % (name, p.returncode))
             except subprocess.TimeoutExpired:
                 p.kill()
+                bad.append(name + " did not stop")
         if keep:
             print("kept " + self.tmp)
             self.log.flush()
             print(open(os.path.join(self.tmp, "log"), errors="replace").read()[-4000:])
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
+        return bad
 
 
 def main():
@@ -228,14 +234,16 @@ def main():
         rc, out = c.loomctl("node", "check", "--history")
         check(rc == 0 and len([x for x in out.splitlines() if x.startswith("c-")]) >= 7,
               "history lists every check")
-        print("PASS: node checks (peak busbw %.3f GB/s on node-a)" % bw)
         ok = True
-        return 0
     except Fail as e:
         print("FAIL: %s" % e)
+    bad = c.close(keep=not ok)
+    if ok and bad:
+        print("FAIL: unclean exit: %s" % ", ".join(bad))
         return 1
-    finally:
-        c.close(keep=not ok)
+    if ok:
+        print("PASS: node checks (peak busbw %.3f GB/s on node-a)" % bw)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
