@@ -4,13 +4,9 @@
 # it measures exactly the path training uses. Included from agent/CMakeLists.txt.
 if(EXISTS ${CMAKE_SOURCE_DIR}/worker/comm/comm.h)
     add_executable(loom-nodecheck ${CMAKE_CURRENT_LIST_DIR}/nodecheck/probe.c)
+    # With CUDA, loom_engine brings loom_cuda (cudart, headers, LOOM_HAVE_CUDA)
+    # and loom_nccl; the probe then allocates device buffers for NCCL.
     target_link_libraries(loom-nodecheck PRIVATE loom_engine)
-    if(LOOM_HAVE_CUDA)
-        find_package(CUDAToolkit)
-        if(TARGET CUDA::cudart)
-            target_link_libraries(loom-nodecheck PRIVATE CUDA::cudart)
-        endif()
-    endif()
     loom_warnings(loom-nodecheck)
 endif()
 
