@@ -11,3 +11,16 @@ if(TARGET loom_engine)
         set_tests_properties(unit.par.${part} PROPERTIES LABELS "unit;sanitize" TIMEOUT 120)
     endforeach()
 endif()
+
+# TP / PP equivalence of the real loom-worker (--nproc, <= 4 ranks) against
+# the single-process curve; pipeline and memory figures; checkpoint reshard.
+if(TARGET loom_engine AND TARGET loom-worker)
+    add_executable(test_par_equiv ${CMAKE_CURRENT_LIST_DIR}/integration/test_par_equiv.c)
+    target_link_libraries(test_par_equiv PRIVATE loom_engine PkgConfig::JANSSON m)
+    loom_warnings(test_par_equiv)
+    foreach(part tp pp mix)
+        add_test(NAME integration.par.${part} COMMAND test_par_equiv $<TARGET_FILE:loom-worker> ${part})
+        set_tests_properties(integration.par.${part} PROPERTIES LABELS integration TIMEOUT 300
+                             SKIP_RETURN_CODE 77)
+    endforeach()
+endif()

@@ -1,0 +1,384 @@
+/* Tensor / pipeline parallel equivalence of the real loom-worker on the cpu
+ * backend (Gloo), launched with --nproc (worker/launch.c).
+ *
+ * The oracle is the single-process run with the same global batch: for each
+ * layout of the table (family, dp, tp, pp, zero stage, schedule, micro-steps)
+ * the per-step loss and global grad norm must match it within REL_TOL
+ * relative over all STEPS steps (grad_clip low enough that clipping is
+ * active, so the global norm over tp shares, stages and shards matters).
+ * Also checked on the step lines (table-driven, docs/parallelism.md):
+ * - pipeline: "pp.inflight" per stage = the schedule's bound (GPipe M, 1F1B
+ *   min(pp - stage, M)), "pp.bubble_ideal" = (pp-1)/(M+pp-1), a measured
+ *   bubble per stage; GPipe's stage-0 activation memory = M/min(pp, M) times
+ *   1F1B's (one activation slot per micro-batch in flight);
+ * - memory: rank 0's params/grads/optimizer = its stage's tp share of the
+ *   parameters (api/model.h layout) as the ZeRO formulas say.
+ * Checkpoints: a tp2 x pp2 run stopped at step STEPS/2 resumes in one process
+ * and at dp2 (reshard across tp, pp and dp) and continues on the curve.
+ *
+ * Models: GPT-2 (tied embeddings, biases, LayerNorm, GELU) and Llama
+ * (grouped-query attention 8/4 heads, RMSNorm, SwiGLU, RoPE, untied head),
+ * 4 layers, tiny widths so each run takes a few seconds.
+ *
+ * Usage: test_par_equiv LOOM_WORKER tp|pp|mix|ckpt */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "api/model.h"
+#include "worker/data.h"
+
+#define STEPS   20
+#define REL_TOL 1e-5
+#define SEQ     16
+#define MICRO   2
+#define MAXPP   4
+
+static const char *worker;
+static char dir[256];
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+struct layout {
+    const char *tag;
+    int llama;
+    int dp, tp, pp, zero;
+    const char *sched; /* "1f1b" / "gpipe" */
+    int micro_total;   /* micro-batches per step over all dp ranks */
+};
+
+struct run {
+    int ok, steps_seen;
+    double loss[STEPS + 1], norm[STEPS + 1];
+    double mem[5]; /* params, grads, optimizer, activations, comm (GiB), last step */
+    int have_pp, pp_micro, inflight[MAXPP], nbubble;
+    double bubble_ideal, bubble_ms[MAXPP];
+};
+
+static void model_cfg(int llama, struct model_config *c) {
+    memset(c, 0, sizeof *c);
+    model_config_family_defaults(c, llama ? MODEL_LLAMA : MODEL_GPT2);
+    c->n_layer = 4;
+    c->n_head = llama ? 8 : 4;
+    c->n_kv_head = llama ? 4 : 4;
+    c->d_model = llama ? 32 : 16;
+    c->d_ff = llama ? 48 : 32;
+    c->vocab_size = 256;
+    c->seq_len = SEQ;
+    model_config_finalize(c);
+}
+
+static void write_spec(const char *path, const struct layout *l) {
+    struct model_config c;
+    model_cfg(l->llama, &c);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f,
+            "{\"name\":\"par-equiv\",\"model\":{\"family\":\"%s\",\"n_layer\":%d,\"n_head\":%d,"
+            "\"n_kv_head\":%d,\"d_model\":%d,\"d_ff\":%d,\"vocab_size\":%d,\"seq_len\":%d},"
+            "\"data\":{\"train\":\"%s/train_*.bin\"},"
+            "\"parallel\":{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d},"
+            "\"train\":{\"steps\":%d,\"global_batch_tokens\":%d,\"micro_batch\":%d,"
+            "\"lr\":0.003,\"min_lr\":0.0003,\"warmup_steps\":3,\"weight_decay\":0.1,"
+            "\"grad_clip\":0.5,\"seed\":7},"
+            "\"checkpoint\":{\"every_steps\":%d,\"keep\":5},"
+            "\"resources\":{\"device\":\"cpu\"}}",
+            l->llama ? "llama" : "gpt2", c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff,
+            c.vocab_size, SEQ, dir, l->dp, l->tp, l->pp, l->zero, STEPS,
+            l->micro_total * MICRO * SEQ, MICRO, STEPS / 2);
+    fclose(f);
+}
+
+static void parse(const char *path, struct run *r) {
+    memset(r, 0, sizeof(*r));
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[8192];
+    while (fgets(line, sizeof(line), f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        const char *type = json_string_value(json_object_get(j, "type"));
+        if (type && strcmp(type, "step") == 0) {
+            int s = (int)json_integer_value(json_object_get(j, "step"));
+            if (s >= 1 && s <= STEPS) {
+                r->loss[s] = json_real_value(json_object_get(j, "loss"));
+                r->norm[s] = json_real_value(json_object_get(j, "grad_norm"));
+                r->steps_seen++;
+                json_t *m = json_object_get(j, "mem");
+                static const char *keys[] = {"params", "grads", "optimizer", "activations", "comm"};
+                for (int k = 0; k < 5; k++)
+                    r->mem[k] = json_real_value(json_object_get(m, keys[k]));
+                json_t *pp = json_object_get(j, "pp");
+                if (pp) {
+                    r->have_pp = 1;
+                    r->pp_micro = (int)json_integer_value(json_object_get(pp, "micro"));
+                    r->bubble_ideal = json_real_value(json_object_get(pp, "bubble_ideal"));
+                    json_t *inf = json_object_get(pp, "inflight"),
+                           *ms = json_object_get(pp, "bubble_ms");
+                    r->nbubble = (int)json_array_size(ms);
+                    for (size_t k = 0; k < json_array_size(inf) && k < MAXPP; k++)
+                        r->inflight[k] = (int)json_integer_value(json_array_get(inf, k));
+                    for (size_t k = 0; k < json_array_size(ms) && k < MAXPP; k++)
+                        r->bubble_ms[k] = json_real_value(json_array_get(ms, k));
+                }
+            }
+        }
+        json_decref(j);
+    }
+    fclose(f);
+}
+
+/* Run loom-worker; stdout to outfile. Returns the exit code. */
+static int run_worker(const char *spec, const char *out, const char *outfile, int nproc,
+                      const char *sched, int steps) {
+    pid_t p = fork();
+    if (p == 0) {
+        FILE *o = freopen(outfile, "w", stdout);
+        if (!o) _exit(126);
+        char np[16], st[16];
+        snprintf(np, sizeof(np), "%d", nproc);
+        snprintf(st, sizeof(st), "%d", steps);
+        const char *argv[20] = {worker, "--spec",  spec, "--out",       out,   "--threads",
+                                "1",    "--nproc", np,   "--log-level", "warn"};
+        int n = 11;
+        argv[n++] = "--pp-schedule";
+        argv[n++] = sched ? sched : "1f1b";
+        if (steps > 0) {
+            argv[n++] = "--steps";
+            argv[n++] = st;
+        }
+        argv[n] = NULL;
+        setenv("LOOM_COMM_TIMEOUT_MS", "30000", 1);
+        execv(worker, (char **)argv);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void train(const struct layout *l, struct run *r, const char *out_dir, int steps) {
+    char spec[512], out[512], of[512];
+    snprintf(spec, sizeof(spec), "%s/%s.json", dir, l->tag);
+    snprintf(out, sizeof(out), "%s/%s", dir, out_dir ? out_dir : l->tag);
+    snprintf(of, sizeof(of), "%s/%s.%d.jsonl", dir, l->tag, steps);
+    write_spec(spec, l);
+    int rc = run_worker(spec, out, of, l->dp * l->tp * l->pp, l->sched, steps);
+    CHECK(rc == 0, "%s: loom-worker exited %d (see stderr)", l->tag, rc);
+    parse(of, r);
+    r->ok = rc == 0;
+}
+
+static double rel(double a, double b) {
+    return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12);
+}
+
+static void compare(const char *tag, const struct run *a, const struct run *ref, int from, int to) {
+    double worst = 0, worst_norm = 0;
+    for (int s = from; s <= to; s++) {
+        double d = rel(a->loss[s], ref->loss[s]), dn = rel(a->norm[s], ref->norm[s]);
+        worst = d > worst ? d : worst;
+        worst_norm = dn > worst_norm ? dn : worst_norm;
+    }
+    CHECK(worst <= REL_TOL, "%s: loss differs from the single-process run by %.3g relative", tag,
+          worst);
+    CHECK(worst_norm <= REL_TOL, "%s: grad norm differs by %.3g relative", tag, worst_norm);
+    fprintf(stderr, "%-22s loss rel diff max %.2e, grad-norm %.2e (steps %d..%d)\n", tag, worst,
+            worst_norm, from, to);
+}
+
+/* The pipeline figures of rank 0's step lines against the schedule's formulas. */
+static void check_pipeline(const struct layout *l, const struct run *r) {
+    if (l->pp == 1) {
+        CHECK(!r->have_pp, "%s: pp figures without a pipeline", l->tag);
+        return;
+    }
+    int M = l->micro_total / l->dp, gpipe = strcmp(l->sched, "gpipe") == 0;
+    CHECK(r->have_pp && r->pp_micro == M, "%s: pp.micro %d, want %d", l->tag, r->pp_micro, M);
+    CHECK(fabs(r->bubble_ideal - (double)(l->pp - 1) / (M + l->pp - 1)) < 1e-12,
+          "%s: bubble_ideal %g, want (pp-1)/(M+pp-1)", l->tag, r->bubble_ideal);
+    CHECK(r->nbubble == l->pp, "%s: %d bubble figures for %d stages", l->tag, r->nbubble, l->pp);
+    for (int s = 0; s < l->pp && s < MAXPP; s++) {
+        int want = gpipe ? M : (l->pp - s < M ? l->pp - s : M);
+        CHECK(r->inflight[s] == want, "%s: stage %d held %d micro-batches, schedule bound %d",
+              l->tag, s, r->inflight[s], want);
+        CHECK(r->bubble_ms[s] >= 0, "%s: stage %d bubble %g ms", l->tag, s, r->bubble_ms[s]);
+    }
+}
+
+/* Rank 0 (stage 0, tp rank 0, dp rank 0) reports its stage's tp share. */
+static void check_memory(const struct layout *l, const struct run *r) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    struct model_config c;
+    model_cfg(l->llama, &c);
+    struct model_layout lay;
+    if (model_layout_init(&lay, &c, l->tp) != 0) {
+        CHECK(0, "%s: layout", l->tag);
+        return;
+    }
+    double P = (double)model_layout_stage_numel(&lay, &c, l->pp, 0);
+    model_layout_free(&lay);
+    double S = ceil(P / l->dp);
+    double want[3] = {P * 4, (l->zero >= 2 ? S : P) * 4, 8 * (l->zero >= 1 ? S : P) + 16};
+    if (l->zero == 3) want[0] = -1; /* working-set formula: covered by the dp tests */
+    static const char *names[] = {"params", "grads", "optimizer"};
+    for (int k = 0; k < 3; k++)
+        if (want[k] >= 0)
+            CHECK(fabs(r->mem[k] * GiB - want[k]) <= 0.5, "%s: mem.%s = %.0f bytes, formula %.0f",
+                  l->tag, names[k], r->mem[k] * GiB, want[k]);
+}
+
+static void make_data(void) {
+    uint32_t *tok = malloc(40000 * sizeof(*tok));
+    const char *words[] = {"the ", "loom ", "weaves ",  "threads ", "into ", "cloth ",
+                           "and ", "a ",    "shuttle ", "moves ",   "warp ", "weft "};
+    size_t n = 0;
+    for (uint32_t s = 3; n < 40000; s = s * 1103515245u + 12345u)
+        for (const char *c = words[(s >> 16) % 12]; *c && n < 40000; c++)
+            tok[n++] = (unsigned char)*c;
+    char p[512], err[256];
+    snprintf(p, sizeof(p), "%s/train_000.bin", dir);
+    CHECK(data_shard_write(p, 1, tok, n, err, sizeof(err)) == 0, "%s", err);
+    free(tok);
+}
+
+/* The layouts of each part; every layout is run for both families. */
+static const struct layout tp_part[] = {
+    {"tp2", 0, 1, 2, 1, 0, "1f1b", 4},
+    {"tp4", 0, 1, 4, 1, 0, "1f1b", 4},
+    {"dp2xtp2.z1", 0, 2, 2, 1, 1, "1f1b", 4},
+    {"dp2xtp2.z3", 0, 2, 2, 1, 3, "1f1b", 4},
+};
+static const struct layout pp_part[] = {
+    {"pp2.1f1b", 0, 1, 1, 2, 0, "1f1b", 4},   {"pp2.gpipe", 0, 1, 1, 2, 0, "gpipe", 4},
+    {"pp4.1f1b", 0, 1, 1, 4, 0, "1f1b", 4},   {"pp4.gpipe", 0, 1, 1, 4, 0, "gpipe", 4},
+    {"pp2.accum8", 0, 1, 1, 2, 0, "1f1b", 8},
+};
+static const struct layout mix_part[] = {
+    {"tp2xpp2", 0, 1, 2, 2, 0, "1f1b", 4},
+    {"dp2xpp2", 0, 2, 1, 2, 0, "1f1b", 4},
+    {"dp2xpp2.z1", 0, 2, 1, 2, 1, "gpipe", 4},
+};
+
+static void equivalence(const struct layout *tab, int n) {
+    for (int fam = 0; fam < 2; fam++) {
+        struct run ref[2]; /* single process: 4 and 8 micro-batches per step */
+        for (int k = 0; k < 2; k++) {
+            struct layout one = {k ? "ref8" : "ref4", fam, 1, 1, 1, 0, "1f1b", k ? 8 : 4};
+            char tag[32];
+            snprintf(tag, sizeof tag, "%s.%s", fam ? "llama" : "gpt2", one.tag);
+            one.tag = tag;
+            train(&one, &ref[k], NULL, 0);
+            CHECK(ref[k].steps_seen == STEPS, "%s: %d steps", tag, ref[k].steps_seen);
+        }
+        for (int i = 0; i < n; i++) {
+            struct layout l = tab[i];
+            l.llama = fam;
+            char tag[48];
+            snprintf(tag, sizeof tag, "%s.%s", fam ? "llama" : "gpt2", tab[i].tag);
+            l.tag = tag;
+            struct run r;
+            train(&l, &r, NULL, 0);
+            CHECK(r.steps_seen == STEPS, "%s: %d step lines, want %d", tag, r.steps_seen, STEPS);
+            if (r.steps_seen != STEPS) continue;
+            compare(tag, &r, &ref[l.micro_total == 8], 1, STEPS);
+            check_pipeline(&l, &r);
+            check_memory(&l, &r);
+        }
+    }
+}
+
+/* GPipe keeps every micro-batch's activations, 1F1B at most pp - stage. */
+static void activation_ratio(void) {
+    struct layout a = {"gpt2.act.1f1b", 0, 1, 1, 2, 0, "1f1b", 4};
+    struct layout b = {"gpt2.act.gpipe", 0, 1, 1, 2, 0, "gpipe", 4};
+    struct run ra, rb;
+    train(&a, &ra, NULL, 2);
+    train(&b, &rb, NULL, 2);
+    double ratio = rb.mem[3] / ra.mem[3];
+    CHECK(fabs(ratio - 2.0) < 1e-9, "stage-0 activations gpipe/1f1b = %.6f, want 4/2", ratio);
+    fprintf(stderr, "activations stage 0: 1f1b %.0f bytes, gpipe %.0f bytes (ratio %.3f)\n",
+            ra.mem[3] * 1073741824.0, rb.mem[3] * 1073741824.0, ratio);
+}
+
+/* tp2 x pp2 stopped at STEPS/2, resumed in one process and at dp2. */
+static void checkpoints(void) {
+    for (int fam = 0; fam < 2; fam++) {
+        const char *fn = fam ? "llama" : "gpt2";
+        char t0[32], t1[32], t2[32], t3[32];
+        snprintf(t0, sizeof t0, "%s.ref4", fn);
+        snprintf(t1, sizeof t1, "%s.tp2xpp2.half", fn);
+        snprintf(t2, sizeof t2, "%s.resume.dp1", fn);
+        snprintf(t3, sizeof t3, "%s.resume.dp2", fn);
+        struct layout ref = {t0, fam, 1, 1, 1, 0, "1f1b", 4};
+        struct layout half = {t1, fam, 1, 2, 2, 0, "1f1b", 4};
+        struct layout one = {t2, fam, 1, 1, 1, 0, "1f1b", 4};
+        struct layout two = {t3, fam, 2, 1, 1, 1, "1f1b", 4};
+        struct run rr, rh, r1, r2;
+        train(&ref, &rr, NULL, 0);
+        train(&half, &rh, NULL, STEPS / 2);
+        CHECK(rh.steps_seen == STEPS / 2, "%s: %d steps", t1, rh.steps_seen);
+        /* copy the checkpoint dir for the second resume */
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "cp -r %s/%s %s/%s.copy", dir, t1, dir, t1);
+        CHECK(system(cmd) == 0, "copy");
+        char copy[64];
+        snprintf(copy, sizeof copy, "%s.copy", t1);
+        train(&one, &r1, t1, 0);
+        train(&two, &r2, copy, 0);
+        CHECK(r1.steps_seen == STEPS / 2 && r2.steps_seen == STEPS / 2,
+              "resumed runs did %d and %d steps, want %d", r1.steps_seen, r2.steps_seen, STEPS / 2);
+        compare(t1, &rh, &rr, 1, STEPS / 2);
+        compare(t2, &r1, &rr, STEPS / 2 + 1, STEPS);
+        compare(t3, &r2, &rr, STEPS / 2 + 1, STEPS);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: test_par_equiv LOOM_WORKER tp|pp|mix|ckpt\n");
+        return 2;
+    }
+#ifndef LOOM_HAVE_GLOO
+    printf("SKIP: built without Gloo; tp/pp > 1 on cpu needs it\n");
+    return 77;
+#endif
+    worker = argv[1];
+    snprintf(dir, sizeof(dir), "/tmp/loom-test-par-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    make_data();
+    if (strcmp(argv[2], "tp") == 0)
+        equivalence(tp_part, sizeof tp_part / sizeof *tp_part);
+    else if (strcmp(argv[2], "pp") == 0) {
+        equivalence(pp_part, sizeof pp_part / sizeof *pp_part);
+        activation_ratio();
+    } else if (strcmp(argv[2], "mix") == 0)
+        equivalence(mix_part, sizeof mix_part / sizeof *mix_part);
+    else if (strcmp(argv[2], "ckpt") == 0)
+        checkpoints();
+    else
+        return 2;
+    if (!failures) {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    } else {
+        fprintf(stderr, "test_par_equiv %s: %d failure(s); files kept in %s\n", argv[2], failures,
+                dir);
+    }
+    return failures ? 1 : 0;
+}
