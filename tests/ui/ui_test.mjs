@@ -8,7 +8,8 @@
 //   3. the finished job's page draws its loss curve on <canvas> (as many points
 //      as the API's series, and pixels in the loss colour), shows events and logs;
 //   4. the nodes view lists the node and its 2 devices;
-//   5. a token revoked while the page is open sends the user back to sign-in
+//   5. the admin token sees the nodes and is told why the jobs view is empty;
+//   6. a token revoked while the page is open sends the user back to sign-in
 //      with a message naming the refusal.
 // Screenshots go to $LOOM_UI_SCREENSHOTS (e.g. docs/) when set.
 //
@@ -191,7 +192,9 @@ async function main() {
     page.on('pageerror', (e) => consoleErrors.push(String(e)));
     const failed = []; // responses >= 400 other than the expected 401s
     page.on('response', (r) => {
-      if (r.status() >= 400 && r.status() !== 401) failed.push(r.status() + ' ' + r.url());
+      // expected refusals: 401 (bad/revoked token), 403 on /v1/jobs for the admin token
+      const okRefusal = r.status() === 401 || (r.status() === 403 && /\/v1\/jobs/.test(r.url()));
+      if (r.status() >= 400 && !okRefusal) failed.push(r.status() + ' ' + r.url());
     });
 
     // 1. loads, asks for a token; a bad token gets a clear message.
@@ -287,7 +290,20 @@ async function main() {
     }
     await shot(page, 'ui-nodes.png');
 
-    // 5. a token revoked while the page is open: back to sign-in with a message.
+    // 5. the admin token sees nodes; the jobs view explains why it shows no jobs.
+    await page.click('#signout');
+    await page.waitForSelector('#login-form', { timeout: 5000 });
+    await page.fill('#token', ADMIN);
+    await page.click('#login-form button[type=submit]');
+    await page.waitForSelector('#nav:not([hidden])', { timeout: 8000 });
+    await page.click('#nav a[data-view=jobs]');
+    await page.waitForSelector('#banner:not([hidden])', { timeout: 8000 });
+    const ban = await page.textContent('#banner');
+    check(/admin token/.test(ban) && /tenant token/.test(ban), 'admin on jobs view: ' + ban);
+    await page.click('#nav a[data-view=nodes]');
+    await page.waitForSelector('#nodes [data-node="node-1"]', { timeout: 8000 });
+
+    // 6. a token revoked while the page is open: back to sign-in with a message.
     await page.evaluate((t) => sessionStorage.setItem('loom.token', t), k2.json.token);
     await page.goto(URL_ + '/ui#/jobs');
     await page.reload(); // a new page load reads the token from sessionStorage
@@ -299,7 +315,7 @@ async function main() {
     const rmsg = await page.textContent('#login-error');
     check(/refused this token/.test(rmsg), 'revoked token message: ' + rmsg);
     check(!failed.length, 'failed requests: ' + failed.join(' | '));
-    const unexpected = consoleErrors.filter((e) => !/401|Unauthorized/i.test(e));
+    const unexpected = consoleErrors.filter((e) => !/401|403|Unauthorized|Forbidden/i.test(e));
     check(!unexpected.length, 'console errors: ' + unexpected.join(' | '));
   } finally {
     await ctx.close();
