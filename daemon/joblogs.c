@@ -59,6 +59,8 @@ struct follow {
     struct loomd *ld;
     char path[1400];
     char job[64];
+    char stream[8];
+    int rank;
     int attempt;
     off_t off;
     int64_t gone_since;
@@ -94,13 +96,21 @@ static ssize_t follow_read(void *ctx, char *buf, size_t max) {
             /* Agents ship the last bytes shortly after the exit report. */
             if (now - f->gone_since > 2500) {
                 /* Still waiting to be placed (this attempt has not started
-                 * yet)? Keep following; else the attempt is over. */
+                 * yet)? Keep following. Retried? Follow the new attempt.
+                 * Else the job is over. */
                 struct job_lookup l = {.tenant = NULL, .id = f->job};
-                if (store_read(f->ld->store, lookup_job, &l) == STORE_OK && l.found &&
-                    l.attempt == f->attempt && l.state == JOB_QUEUED) {
-                    f->gone_since = now;
-                } else {
+                if (store_read(f->ld->store, lookup_job, &l) != STORE_OK || !l.found ||
+                    l.attempt < f->attempt ||
+                    (l.attempt == f->attempt && job_state_terminal(l.state)))
                     return -1;
+                f->gone_since = now;
+                if (l.attempt > f->attempt) {
+                    f->attempt = l.attempt;
+                    f->off = 0;
+                    agent_api_log_path(c->logs_dir, f->job, f->attempt, f->rank, f->stream, f->path,
+                                       sizeof f->path);
+                    int n = snprintf(buf, max, "--- loom: attempt %d ---\n", f->attempt);
+                    return n > 0 && (size_t)n < max ? n : 0;
                 }
             }
         }
@@ -146,6 +156,8 @@ int joblogs_logs(struct http_req *req) {
         snprintf(f->path, sizeof f->path, "%s", path);
         snprintf(f->job, sizeof f->job, "%s", l.id);
         f->attempt = attempt;
+        f->rank = rank;
+        snprintf(f->stream, sizeof f->stream, "%s", stream);
         f->gen = http_notify_gen(&c->logs);
         return http_reply_stream(req, 200, "text/plain; charset=utf-8", follow_read, f,
                                  follow_free);

@@ -2,9 +2,10 @@
  *   GET /v1/jobs/{id}/logs?rank=R&attempt=A&stream=stderr|stdout&follow=1
  *     text/plain; default rank 0, the job's latest attempt that has logs,
  *     stream stderr (the worker's free text; stdout holds its JSON lines).
- *     follow=1 streams (chunked) while the attempt runs (or waits in the
- *     queue to start) and ends a couple of seconds after it stopped and no
- *     more bytes arrive.
+ *     follow=1 streams (chunked) while the job runs: it waits while the
+ *     attempt is queued, moves on to the next attempt after a retry (a line
+ *     "--- loom: attempt N ---" marks the switch) and ends a couple of
+ *     seconds after the job finished and no more bytes arrive.
  *   GET /v1/jobs/{id}/metrics?rank=R
  *     {"job","rank","series":[step records + "attempt" + "util_pct"],
  *      "evals":[...]}; one entry per step (the newest attempt wins after a

@@ -304,6 +304,9 @@ def sc_crash(c):
     jid = c.submit(world=4, steps=12, step_ms=150, ckpt=2, max_retries=2,
                    labels={"fake_crash_step": "5", "fake_crash_rank": "1",
                            "fake_crash_attempt": "0"})
+    env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
+    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", jid, "--rank", "0", "-f"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     c.wait(lambda: c.job(jid)["attempt"] == 1, 15, "retry to attempt 1")
     t_fail = time.time()
     c.wait(lambda: not [w for w in c.alive_workers(jid) if w[2] == 0], 5,
@@ -311,6 +314,14 @@ def sc_crash(c):
     stop_s = time.time() - t_fail
     j = c.wait_state(jid, "succeeded", 30)
     check(j["attempt"] == 1, "succeeded on attempt 1: %s" % j["attempt"])
+    try:
+        fout, _ = follower.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        raise Fail("logs -f did not end after the job finished")
+    check(b"attempt 0 rank 0/4" in fout and b"--- loom: attempt 1 ---" in fout and
+          fout.rstrip().endswith(b"fake_worker: done"),
+          "logs -f followed the retry into attempt 1: %r" % fout[-300:])
     ev = event_reasons(c, jid)
     fails = [e for e in ev if e[1] == "queued" and e[0] in ("running", "starting")]
     check(len(fails) == 1 and "rank 1" in fails[0][3] and "code 3" in fails[0][3],
