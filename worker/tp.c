@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "worker/checkpoint.h"
 #include "worker/comm/comm.h"
 
 struct tp_state {
@@ -245,4 +246,99 @@ void tp_slice(const struct model_tensor *t, int tp, int idx, const float *full, 
 
 void tp_unslice(const struct model_tensor *t, int tp, int idx, const float *part, float *full) {
     slice_copy(t, tp, idx, full, (float *)part, 0);
+}
+
+/* ---- checkpoints written at another tp degree ---- */
+
+int tp_load_checkpoint(struct engine *e, const char *dir, int old_tp, char *err, size_t errlen) {
+    static const char *names[3] = {"params", "adam_m", "adam_v"};
+    struct model_layout ol;
+    struct ckpt_reader *r = NULL;
+    float *full[3] = {0}, *part[3] = {0}, *mine[3] = {0}, *tmp = NULL;
+    char *seen = NULL;
+    int rc = -1, world = 0;
+    if (model_layout_init(&ol, &e->cfg, old_tp) != 0) {
+        snprintf(err, errlen, "checkpoint %s: tp=%d does not fit this model", dir, old_tp);
+        return -1;
+    }
+    size_t N = (size_t)ol.rank_numel, F = (size_t)ol.numel, n = e->n_params;
+    for (int k = 0; k < 3; k++) {
+        full[k] = malloc(F * sizeof(float));
+        part[k] = malloc(N * sizeof(float));
+        mine[k] = malloc(n * sizeof(float));
+        if (!full[k] || !part[k] || !mine[k]) goto nomem;
+    }
+    seen = malloc(N ? N : 1);
+    if (!seen) goto nomem;
+    if (ckpt_open(dir, 0, &r, err, errlen) != 0) goto out;
+    world = ckpt_world(r);
+    ckpt_close(r);
+    r = NULL;
+    for (int t = 0; t < old_tp; t++) {
+        memset(seen, 0, N ? N : 1);
+        for (int k = 0; k < world; k++) {
+            if (ckpt_open(dir, k, &r, err, errlen) != 0) goto out;
+            const json_t *meta = ckpt_rank_meta(r);
+            if ((int)json_integer_value(json_object_get(meta, "tp")) != t) {
+                ckpt_close(r);
+                r = NULL;
+                continue;
+            }
+            size_t off = (size_t)json_integer_value(json_object_get(meta, "offset"));
+            size_t cnt = (size_t)json_integer_value(json_object_get(meta, "count"));
+            if (!json_object_get(meta, "count")) {
+                off = 0;
+                cnt = N;
+            }
+            if (off + cnt > N) {
+                snprintf(err, errlen, "checkpoint %s rank %d holds [%zu, %zu) beyond %zu", dir, k,
+                         off, off + cnt, N);
+                goto out;
+            }
+            free(tmp);
+            tmp = malloc((cnt ? cnt : 1) * sizeof(float));
+            if (!tmp) goto nomem;
+            for (int q = 0; q < 3; q++) {
+                if (ckpt_read_f32(r, names[q], tmp, cnt, err, errlen) != 0) goto out;
+                memcpy(part[q] + off, tmp, cnt * sizeof(float));
+            }
+            memset(seen + off, 1, cnt);
+            ckpt_close(r);
+            r = NULL;
+        }
+        for (size_t i = 0; i < N; i++)
+            if (!seen[i]) {
+                snprintf(err, errlen, "checkpoint %s: tp rank %d's element %zu is in no shard", dir,
+                         t, i);
+                goto out;
+            }
+        for (int i = 0; i < ol.n; i++)
+            for (int q = 0; q < 3; q++)
+                tp_unslice(&ol.t[i], old_tp, t, part[q] + ol.t[i].rank_offset,
+                           full[q] + ol.t[i].offset);
+    }
+    for (int i = 0; i < e->layout.n; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        for (int q = 0; q < 3; q++)
+            tp_slice(t, e->tp, e->tp_idx, full[q] + t->offset, mine[q] + t->rank_offset);
+    }
+    if (engine_params_from_host(e, 0, mine[0], n) != 0) goto nomem;
+    e->be->upload(e->be->ctx, e->opt_m, mine[1] + e->shard_off, e->shard_n * sizeof(float));
+    e->be->upload(e->be->ctx, e->opt_v, mine[2] + e->shard_off, e->shard_n * sizeof(float));
+    e->be->sync(e->be->ctx);
+    rc = 0;
+    goto out;
+nomem:
+    snprintf(err, errlen, "out of memory loading %s", dir);
+out:
+    ckpt_close(r);
+    for (int k = 0; k < 3; k++) {
+        free(full[k]);
+        free(part[k]);
+        free(mine[k]);
+    }
+    free(tmp);
+    free(seen);
+    model_layout_free(&ol);
+    return rc;
 }

@@ -66,6 +66,13 @@ void tp_slice(const struct model_tensor *t, int tp, int idx, const float *full, 
 /* The inverse: place rank idx's share `part` into `full`. */
 void tp_unslice(const struct model_tensor *t, int tp, int idx, const float *part, float *full);
 
+/* Load checkpoint `dir` written at tensor-parallel degree old_tp (any dp,
+ * pp and ZeRO stage) into e at its own tp: every tp rank's shards are
+ * assembled into whole tensors (params and AdamW moments, on the host) and
+ * e's share is cut out of them. Each rank reads the files itself. 0, or -1
+ * with a message in err. Used by zero_load_checkpoint when tp differs. */
+int tp_load_checkpoint(struct engine *e, const char *dir, int old_tp, char *err, size_t errlen);
+
 /* 1 when tensor t's gradient is the same on every tp rank (replicated
  * parameters); such tensors count once in the global gradient norm. */
 static inline int tp_replicated(const struct model_tensor *t) {

@@ -16,6 +16,11 @@
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/pp.h"
+#include "worker/tp.h"
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+#include "worker/cuda/cuda_backend.h"
+#include "worker/nccl/nccl_order.h"
+#endif
 
 #define ZERO_MAX_RANGES 8
 
@@ -43,6 +48,7 @@ struct zero {
     struct comm_req **reqs;
     int nreqs, capreqs;
     int failed;
+    int ordered; /* nccl on the cuda backend: collectives wait for a device fence */
     /* made by zero_setup */
     struct comm_world *world;
     struct comm_groups groups;
@@ -72,6 +78,21 @@ static void fail(struct zero *z, const char *what, int layer) {
     z->failed = 1;
 }
 
+/* Make the device work issued so far the input of the next collectives:
+ * with NCCL on the CUDA backend a fence on the compute stream that the comm
+ * streams wait for (worker/nccl/nccl_order.h; no host stall), else a full
+ * device sync as the comm contract asks. */
+static void comm_ready(struct zero *z) {
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+    if (z->ordered) {
+        backend_cuda_flush(z->e->be);
+        nccl_order_mark();
+        return;
+    }
+#endif
+    z->e->be->sync(z->e->be->ctx);
+}
+
 /* ---- stage 3: gather / release parameters of a group */
 
 /* Complete the group's prefetched gathers, if any. */
@@ -89,7 +110,7 @@ static void gather_start(struct zero *z, int layer, int async) {
     struct zgroup *g = &z->g[layer + 1];
     struct engine *e = z->e;
     if (g->gathered) return;
-    e->be->sync(e->be->ctx);
+    comm_ready(z);
     for (int k = 0; k < g->n; k++) {
         size_t lo = g->r[k].lo, hi = g->r[k].hi;
         size_t mine = range_counts(z, lo, hi, z->counts);
@@ -176,7 +197,7 @@ static void reduce_group(struct zero *z, int layer) {
     struct engine *e = z->e;
     if (g->reduced) return;
     g->reduced = 1;
-    e->be->sync(e->be->ctx); /* the layer's gradients are final on the device */
+    comm_ready(z); /* the layer's gradients are final on the device */
     for (int k = 0; k < g->n; k++) {
         size_t lo = g->r[k].lo, hi = g->r[k].hi;
         struct comm_req *r = NULL;
@@ -367,6 +388,9 @@ void zero_free(struct zero *z) {
     free(z->cnt);
     free(z->counts);
     free(z->g);
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+    if (z->ordered) nccl_order_detach();
+#endif
     comm_groups_free(&z->groups);
     comm_world_free(z->world);
     free(z);
@@ -401,6 +425,13 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
     }
     z->world = w;
     z->groups = g;
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+    /* LOOM_COMM_ORDER=sync keeps the host sync (for comparison) */
+    const char *ord = getenv("LOOM_COMM_ORDER");
+    z->ordered = strcmp(comm_world_backend(w), "nccl") == 0 && backend_cuda_stream(e->be) &&
+                 !(ord && strcmp(ord, "sync") == 0) &&
+                 nccl_order_attach(backend_cuda_stream(e->be)) == 0;
+#endif
     e->tp_group = g.tp;
     e->dp_group = g.dp;
     e->pp_group = g.pp;
@@ -466,14 +497,12 @@ int zero_load_checkpoint(struct engine *e, const char *dir, char *err, size_t er
     world = ckpt_world(r);
     const json_t *lay = json_object_get(ckpt_manifest(r), "layout");
     int otp = (int)json_integer_value(json_object_get(lay, "tp"));
-    int opp = (int)json_integer_value(json_object_get(lay, "pp"));
-    if ((otp && otp != e->tp) || (opp && opp != e->pp)) {
-        snprintf(err, errlen,
-                 "checkpoint %s was written with tp=%d pp=%d; this run has tp=%d pp=%d (only dp "
-                 "and zero_stage may change between runs)",
-                 dir, otp, opp, e->tp, e->pp);
-        goto out;
+    if (otp && otp != e->tp) { /* reshard across tp (any pp, dp, stage): worker/tp.h */
+        ckpt_close(r);
+        return tp_load_checkpoint(e, dir, otp, err, errlen);
     }
+    /* Same tp: the flat buffer of each tp rank has one layout whatever pp,
+     * dp and the stage were, so the shards of this tp rank cover it. */
     ckpt_close(r);
     r = NULL;
     full = malloc((N ? N : 1) * sizeof(float));

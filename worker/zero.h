@@ -96,9 +96,10 @@ int zero_gather_master(struct zero *z, float *h);
 /* Load checkpoint directory `dir` into e whatever dp size and ZeRO stage
  * wrote it (reshard on load): parameters for the whole buffer and the AdamW
  * moments of e's current shard, assembled from the shards of every rank of
- * the checkpoint (their manifest meta "offset"/"count"). tp and pp must match
- * (only dp and zero_stage may change). Each rank reads the files itself; no
- * communication. 0, or -1 with a message in err. */
+ * the checkpoint (their manifest meta "offset"/"count"/"tp"). pp may change
+ * too (a tp rank's flat buffer has one layout at any pp); a different tp is
+ * resharded by tp_load_checkpoint (worker/tp.h). Each rank reads the files
+ * itself; no communication. 0, or -1 with a message in err. */
 int zero_load_checkpoint(struct engine *e, const char *dir, char *err, size_t errlen);
 
 #endif
