@@ -10,6 +10,7 @@
 #include "daemon/attempts.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
+#include "daemon/nodecheck.h"
 #include "daemon/store.h"
 
 /* Other modules: one row each, e.g. {sched_metrics_write}. */
@@ -17,6 +18,8 @@ static const metrics_collector collectors[] = {
     NULL, /* keeps the table non-empty; skipped */
     /* nodes, devices, queue wait, scheduling latency: daemon/nodes.c */
     cluster_metrics_write,
+    /* node checks: degraded nodes, measured vs expected bandwidth (daemon/nodecheck.h) */
+    nodecheck_metrics_write,
 };
 
 static const int statuses[] = {200, 201, 202, 204, 400, 401, 403, 404, 405,

@@ -481,6 +481,58 @@ static void persist(struct loomd *ld, struct row_op *ops, int n) {
     }
 }
 
+/* ---------- /metrics ---------- */
+
+void nodecheck_metrics_write(struct loomd *ld, FILE *f) {
+    struct nodecheck *nc = nc_of(ld);
+    struct cluster *c = ld->cluster;
+    if (!nc) return;
+    char(*names)[64] = calloc(CL_MAX_NODES, sizeof *names); /* scrapes run concurrently */
+    int nn = 0;
+    if (!names) return;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        for (int i = 0; i < c->nnodes && nn < CL_MAX_NODES; i++)
+            snprintf(names[nn++], sizeof names[0], "%s", c->nodes[i].name);
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_lock(&nc->mu);
+    fprintf(f, "# HELP loom_node_degraded 1 while a node check marks the node degraded.\n"
+               "# TYPE loom_node_degraded gauge\n");
+    for (int i = 0; i < nn; i++) {
+        int d = 0;
+        for (int m = 0; m < nc->nmarks && !d; m++)
+            if (!strcmp(nc->marks[m].node, names[i])) d = 1;
+        fprintf(f, "loom_node_degraded{node=\"%s\"} %d\n", names[i], d);
+    }
+    /* Newest judged check per (node, kind, peer): the list is newest first. */
+    static const char *const fam[2] = {"loom_nodecheck_busbw_gbps", "loom_nodecheck_expected_gbps"};
+    static const char *const help[2] = {"Peak all-reduce bus bandwidth of the newest node check.",
+                                        "Bus bandwidth the newest node check was judged against."};
+    for (int which = 0; which < 2; which++) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", fam[which], help[which], fam[which]);
+        const struct nc_check *seen[NC_MAX_CHECKS];
+        int nseen = 0;
+        for (struct nc_check *k = nc->checks; k; k = k->next) {
+            if ((k->state != NC_PASSED && k->state != NC_DEGRADED) || !k->summary) continue;
+            int dup = 0;
+            for (int s = 0; s < nseen && !dup; s++)
+                dup = !strcmp(seen[s]->kind, k->kind) &&
+                      !strcmp(seen[s]->parts[0].node, k->parts[0].node) &&
+                      (k->nparts < 2 || !strcmp(seen[s]->parts[1].node, k->parts[1].node));
+            if (dup || nseen >= NC_MAX_CHECKS) continue;
+            seen[nseen++] = k;
+            double v = which ? k->expect_gbps
+                             : json_number_value(json_object_get(k->summary, "peak_busbw_gbps"));
+            for (int p = 0; p < k->nparts; p++)
+                fprintf(f, "%s{node=\"%s\",kind=\"%s\",peer=\"%s\"} %g\n", fam[which],
+                        k->parts[p].node, k->kind, k->nparts > 1 ? k->parts[1 - p].node : "", v);
+        }
+    }
+    pthread_mutex_unlock(&nc->mu);
+    free(names);
+}
+
 /* ---------- admin API ---------- */
 
 struct node_facts {

@@ -36,6 +36,7 @@
 #define LOOM_DAEMON_NODECHECK_H
 
 #include <jansson.h>
+#include <stdio.h>
 
 struct loomd;
 struct http_req;
@@ -50,6 +51,13 @@ int nodecheck_avoid(struct loomd *ld, const char *node);
 /* Adds "health" ({degraded, reasons, checking, last_check}) to a node object
  * and turns "state":"ready" into "degraded" when marked. Same threading. */
 void nodecheck_annotate(struct loomd *ld, const char *node, json_t *node_obj);
+
+/* Prometheus families (row in metrics.c's collector table):
+ *   loom_node_degraded{node}                       1 while marked, else 0
+ *   loom_nodecheck_busbw_gbps{node,kind,peer}      newest measured peak busbw
+ *   loom_nodecheck_expected_gbps{node,kind,peer}   the figure it was judged against
+ * (peer is "" for node checks). Takes the cluster mutex, then its own. */
+void nodecheck_metrics_write(struct loomd *ld, FILE *f);
 
 /* Routes (daemon/routes.c). */
 int nodecheck_api_create(struct http_req *req);   /* POST /v1/nodes/{id}/check (admin) */

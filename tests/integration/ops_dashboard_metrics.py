@@ -7,6 +7,7 @@ Starts a real loomd on a free port (--listen 127.0.0.1:0, URL read from
 tests/fake_worker, and a job that keeps running, so that every family has
 samples (per-node devices, per-device utilization and memory, per-job tokens/s
 and MFU, queue wait). Then GET /metrics and compare:
+  - (a node check runs first so the node-check families have samples)
   - every loom_* name in every query is an exported family (histograms: also
     _bucket/_sum/_count);
   - every label in a selector {label=...}, a `by (...)` clause and a
@@ -36,7 +37,7 @@ ADMIN = "ops-test-admin"
 JOIN = "ops-test-join"
 REQUIRED = {"loom_devices", "loom_device_utilization_percent", "loom_device_memory_used_bytes",
             "loom_jobs", "loom_queue_wait_seconds", "loom_job_tokens_per_second", "loom_job_mfu",
-            "loom_nodes"}
+            "loom_nodes", "loom_node_degraded", "loom_nodecheck_busbw_gbps"}
 failures = []
 
 
@@ -182,6 +183,15 @@ def main():
              os.path.join(BIN, "fake_worker"), "--heartbeat-ms", "300", "--stop-grace-ms", "500"],
             env=env, stdout=log, stderr=subprocess.STDOUT))
         wait(lambda: call(url + "/v1/nodes")[1]["nodes"], 10, "agent registered")
+        # A node check (when loom-nodecheck is built) gives the node-check families samples.
+        if os.path.exists(os.path.join(BIN, "loom-nodecheck")):
+            st, ck = call(url + "/v1/nodes/node-a/check", "POST",
+                          {"expect_busbw_gbps": 0.0001, "max_bytes": 65536})
+            if st != 202:
+                fail("node check: %s %s" % (st, ck))
+            else:
+                wait(lambda: call(url + "/v1/nodechecks/" + ck["id"])[1]["state"] == "passed",
+                     20, "node check passed")
         st, t = call(url + "/v1/tenants", "POST", {"name": "acme"})
         st, k = call(url + "/v1/tenants/%s/tokens" % t["id"], "POST", {})
         data = os.path.join(tmp, "train.bin")
