@@ -7,6 +7,12 @@ if(TARGET loom_engine)
         add_test(NAME unit.engine.${t} COMMAND test_${t})
         set_tests_properties(unit.engine.${t} PROPERTIES LABELS "unit;sanitize" TIMEOUT 120)
     endforeach()
+    # test_train runs hundreds of forward passes: ~40 s in the -O0 sanitizer build.
+    set_tests_properties(unit.engine.train PROPERTIES LABELS "unit")
+    # The same gradient checks on the baseline (non-AVX2) kernel set.
+    add_test(NAME unit.engine.ops_baseline COMMAND test_ops)
+    set_tests_properties(unit.engine.ops_baseline PROPERTIES LABELS "unit;sanitize" TIMEOUT 120
+                         ENVIRONMENT "LOOM_CPU_ISA=baseline")
     # Benchmark (not a test): build/bin/bench_cpu; numbers in docs/perf.md.
     add_executable(bench_cpu ${CMAKE_CURRENT_LIST_DIR}/bench/bench_cpu.c)
     target_link_libraries(bench_cpu PRIVATE loom_engine)

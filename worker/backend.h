@@ -237,6 +237,9 @@ static inline void *backend_at(const struct backend *b, const void *base, size_t
  * threads: OpenMP threads for the CPU backend (0: OMP default). Returns NULL
  * with a message logged on failure. */
 struct backend *backend_cpu_new(int threads);
+/* Kernel set a CPU backend uses: "avx2" or "baseline" (LOOM_CPU_ISA=baseline
+ * forces the latter; both give identical results). */
+const char *backend_cpu_isa(const struct backend *b);
 /* Implemented in worker/cuda/ (only built with CUDA; LOOM_HAVE_CUDA defined).
  * device: CUDA ordinal within CUDA_VISIBLE_DEVICES. */
 struct backend *backend_cuda_new(int device);

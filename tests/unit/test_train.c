@@ -9,7 +9,8 @@
  *  - determinism: the same run twice, and with 1 vs 2 threads, gives the
  *    same losses bit for bit;
  *  - gradient accumulation: B=4 x 1 micro-step and B=2 x 2 micro-steps over
- *    the same samples give the same losses to 2e-5 relative. */
+ *    the same samples give the same losses to 2e-5 relative;
+ *  - the AVX2 and baseline kernel sets give the same losses bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,26 @@ static void test_accumulation(enum model_family f) {
     if (!ok) fails++;
 }
 
+/* The AVX2 and baseline kernel sets give the same losses bit for bit (the
+ * CPU backend's results do not depend on the machine). */
+static void test_isa(enum model_family f) {
+    struct src s = {.B = 4, .T = 16, .V = 61, .grad_accum = 2, .fixed = 0};
+    double a[6], b[6];
+    setenv("LOOM_CPU_ISA", "baseline", 1);
+    int rc = train_losses(f, &s, 1, 6, 3e-3, a);
+    unsetenv("LOOM_CPU_ISA");
+    if (rc || train_losses(f, &s, 1, 6, 3e-3, b)) {
+        fails++;
+        return;
+    }
+    struct backend *be = backend_cpu_new(1);
+    int same = memcmp(a, b, sizeof a) == 0;
+    printf("%s kernel sets: baseline vs %s %s\n", model_family_name(f), backend_cpu_isa(be),
+           same ? "identical" : "FAIL: differ");
+    backend_free(be);
+    if (!same) fails++;
+}
+
 int main(void) {
     /* every parallel region threaded, so 1 vs 2 threads is a real comparison */
     setenv("LOOM_CPU_PAR_MIN", "0", 1);
@@ -252,6 +273,7 @@ int main(void) {
         test_overfit(fams[i]);
         test_determinism(fams[i]);
         test_accumulation(fams[i]);
+        test_isa(fams[i]);
     }
     printf("%s: %d failure(s)\n", fails ? "FAIL" : "PASS", fails);
     return fails ? 1 : 0;

@@ -31,8 +31,9 @@ static inline int cpu_thread_id(void) {
 #define CPU_PAR(c, work)    ((size_t)(work) >= (c)->par_min)
 
 struct cpu_ctx {
-    int nt;         /* threads for every parallel region */
-    size_t par_min; /* least work for a threaded region */
+    int nt;                      /* threads for every parallel region */
+    size_t par_min;              /* least work for a threaded region */
+    const struct cpu_kernels *k; /* micro-kernel set (LOOM_CPU_ISA) */
     struct backend_limits lim;
     float *attn_scratch; /* [nt, 2T] softmax rows per thread */
     float *logits;       /* [CLS_CHUNK, Vp] classifier chunk */
@@ -44,30 +45,35 @@ struct cpu_ctx {
     size_t partials_n;
 };
 
-/* Matrix-multiply micro-kernels (worker/cpu/cpu_gemm.c).
- * cpu_mm_nt: out[r, o] = dot(X[r, :], W[o, :]) + bias[o] for rows [r0, r1),
+/* Micro-kernels (worker/cpu/cpu_gemm.c), one set per instruction set.
+ * mm_nt: out[r, o] = dot(X[r, :], W[o, :]) + bias[o] for rows [r0, r1),
  *   all OC columns (X [.., IC], W [OC, IC], out [.., OC]; bias may be NULL).
- * cpu_mm_acc: C[m, j] += sum_k A[m*sam + k*sak] * B[k*ldb + j] for rows
- *   [m0, m1) and columns [0, J), k in [0, K) in increasing order. */
-void cpu_mm_nt(float *out, const float *X, const float *W, const float *bias, int r0, int r1,
-               int IC, int OC);
-void cpu_mm_acc(float *C, size_t ldc, const float *A, size_t sam, size_t sak, const float *B,
-                size_t ldb, int m0, int m1, int J, int K);
+ * mm_acc: C[m, j] += sum_k A[m*sam + k*sak] * B[k*ldb + j] for rows
+ *   [m0, m1) and columns [0, J), k in [0, K) in increasing order.
+ * xent_row: softmax cross-entropy of one logits row l[0..Vp): returns
+ *   logsumexp(l[0..V)) - l[target]; with grads, l becomes
+ *   grad_scale * (softmax - onehot) on [0, V) and 0 on the padding [V, Vp).
+ * attn_fwd_row / attn_bwd_row: one causal attention row (query t of one
+ *   head): k, v point at row 0 of the kv head, rows S apart; the forward's
+ *   scratch p holds t+1 floats, the backward's 2*(t+1); the backward
+ *   accumulates into dq [HD] and into dk, dv rows 0..t (stride S). */
+struct cpu_kernels {
+    const char *name; /* "avx2" or "baseline" */
+    void (*mm_nt)(float *out, const float *X, const float *W, const float *bias, int r0, int r1,
+                  int IC, int OC);
+    void (*mm_acc)(float *C, size_t ldc, const float *A, size_t sam, size_t sak, const float *B,
+                   size_t ldb, int m0, int m1, int J, int K);
+    float (*xent_row)(float *l, int V, int Vp, int target, float grad_scale, int grads);
+    void (*attn_fwd_row)(float *o, float *lse, const float *q, const float *k, const float *v,
+                         size_t S, int t, int HD, float scale, float *p);
+    void (*attn_bwd_row)(float *dq, float *dk, float *dv, const float *q, const float *k,
+                         const float *v, const float *dy, const float *o, float lse, size_t S,
+                         int t, int HD, float scale, float *p);
+};
 
-/* One causal attention row (query t of one head): k, v point at row 0 of
- * the kv head, rows S apart; p is scratch of t+1 floats. The backward row
- * accumulates into dq [HD] and into dk, dv rows 0..t (same stride S); its
- * scratch p needs 2*(t+1) floats. */
-void cpu_attn_fwd_row(float *o, float *lse, const float *q, const float *k, const float *v,
-                      size_t S, int t, int HD, float scale, float *p);
-void cpu_attn_bwd_row(float *dq, float *dk, float *dv, const float *q, const float *k,
-                      const float *v, const float *dy, const float *o, float lse, size_t S, int t,
-                      int HD, float scale, float *p);
-
-/* Softmax cross-entropy of one logits row l[0..Vp): returns the loss
- * logsumexp(l[0..V)) - l[target]; with grads, l becomes
- * grad_scale * (softmax - onehot) on [0, V) and 0 on the padding [V, Vp). */
-float cpu_xent_row(float *l, int V, int Vp, int target, float grad_scale, int grads);
+/* The set to use: "baseline" forces the baseline set; anything else (NULL,
+ * "auto") picks AVX2 when the CPU supports it. Both give identical bits. */
+const struct cpu_kernels *cpu_kernels_select(const char *isa);
 
 /* Layer kernels (worker/cpu/cpu_nn.c); signatures as in struct backend. */
 void cpu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,

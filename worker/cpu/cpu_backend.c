@@ -163,6 +163,7 @@ struct backend *backend_cpu_new(int threads) {
         log_error("cpu backend: out of memory");
         return NULL;
     }
+    cx->k = cpu_kernels_select(getenv("LOOM_CPU_ISA"));
     const char *pm = getenv("LOOM_CPU_PAR_MIN");
     cx->par_min = pm && *pm ? (size_t)strtoull(pm, NULL, 10) : CPU_PAR_MIN_DEFAULT;
 #ifdef _OPENMP
@@ -211,4 +212,8 @@ struct backend *backend_cpu_new(int threads) {
         .classifier_vp = cpu_classifier_vp,
     };
     return b;
+}
+
+const char *backend_cpu_isa(const struct backend *b) {
+    return ((const struct cpu_ctx *)b->ctx)->k->name;
 }

@@ -199,7 +199,7 @@ void cpu_matmul_fwd(void *ctx, void *out_, const void *inp_, const void *W_, con
 #pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, (size_t)N * IC * OC)) schedule(static)
     for (int blk = 0; blk < nb; blk++) {
         int r0 = blk * 4, r1 = r0 + 4 < N ? r0 + 4 : N;
-        cpu_mm_nt(out, inp, W, bias, r0, r1, IC, OC);
+        CX->k->mm_nt(out, inp, W, bias, r0, r1, IC, OC);
     }
 }
 
@@ -214,7 +214,7 @@ void cpu_matmul_bwd(void *ctx, void *dinp_, void *dW_, void *dbias_, const void 
 #pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, work)) schedule(static)
         for (int blk = 0; blk < nb; blk++) {
             int r0 = blk * 4, r1 = r0 + 4 < N ? r0 + 4 : N;
-            cpu_mm_acc(dinp, (size_t)IC, dout, (size_t)OC, 1, W, (size_t)IC, r0, r1, IC, OC);
+            CX->k->mm_acc(dinp, (size_t)IC, dout, (size_t)OC, 1, W, (size_t)IC, r0, r1, IC, OC);
         }
     }
     if (dW) {
@@ -223,7 +223,7 @@ void cpu_matmul_bwd(void *ctx, void *dinp_, void *dW_, void *dbias_, const void 
 #pragma omp parallel for num_threads(CX->nt) if (CPU_PAR(CX, work)) schedule(static)
         for (int blk = 0; blk < nb; blk++) {
             int o0 = blk * 4, o1 = o0 + 4 < OC ? o0 + 4 : OC;
-            cpu_mm_acc(dW, (size_t)IC, dout, 1, (size_t)OC, inp, (size_t)IC, o0, o1, IC, N);
+            CX->k->mm_acc(dW, (size_t)IC, dout, 1, (size_t)OC, inp, (size_t)IC, o0, o1, IC, N);
         }
     }
     if (dbias) {
@@ -362,10 +362,10 @@ void cpu_attention_fwd(void *ctx, void *out_, float *lse, const void *qkv_, int 
             int t = (int)(idx % T), h = (int)((idx / T) % NH), b = (int)(idx / ((long)T * NH));
             int kvh = h / grp;
             const float *base = qkv + (size_t)b * T * S;
-            cpu_attn_fwd_row(out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD,
-                             lse + ((size_t)b * NH + h) * T + t, base + (size_t)t * S + h * HD,
-                             base + (size_t)(NH + kvh) * HD, base + (size_t)(NH + NKV + kvh) * HD,
-                             (size_t)S, t, HD, scale, p);
+            cx->k->attn_fwd_row(out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD,
+                                lse + ((size_t)b * NH + h) * T + t, base + (size_t)t * S + h * HD,
+                                base + (size_t)(NH + kvh) * HD,
+                                base + (size_t)(NH + NKV + kvh) * HD, (size_t)S, t, HD, scale, p);
         }
     }
 }
@@ -389,7 +389,7 @@ void cpu_attention_bwd(void *ctx, void *dqkv_, const void *dout_, const void *qk
             for (int h = kvh * grp; h < (kvh + 1) * grp; h++) {
                 for (int t = 0; t < T; t++) {
                     size_t row = (size_t)b * T + t, kb = (size_t)b * T * S;
-                    cpu_attn_bwd_row(
+                    cx->k->attn_bwd_row(
                         dqkv + row * S + (size_t)h * HD, dqkv + kb + (size_t)(NH + kvh) * HD,
                         dqkv + kb + (size_t)(NH + NKV + kvh) * HD, qkv + row * S + (size_t)h * HD,
                         qkv + kb + (size_t)(NH + kvh) * HD,
@@ -424,7 +424,7 @@ void cpu_classifier(void *ctx, float *losses, void *dinp_, void *dW, const void 
                 if (grads) memset(l, 0, (size_t)Vp * sizeof *l);
                 continue;
             }
-            losses[r0 + i] = cpu_xent_row(l, V, Vp, tg, grad_scale, grads);
+            losses[r0 + i] = cx->k->xent_row(l, V, Vp, tg, grad_scale, grads);
         }
         if (grads)
             cpu_matmul_bwd(ctx, dinp ? dinp + (size_t)r0 * C : NULL, dW, NULL, lg,
