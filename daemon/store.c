@@ -35,6 +35,7 @@ struct write_op {
     void *arg;
     int rc;
     int done;
+    pthread_cond_t cv; /* its own: a batch wakes only its callers */
     struct write_op *next;
 };
 
@@ -50,7 +51,7 @@ struct store {
     int thread_started;
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* writer waits for ops */
-    pthread_cond_t done_cv; /* callers wait for their batch */
+    int writer_idle;        /* writer is waiting on work_cv */
     struct write_op *head, *tail;
     int queued;
     int stopping;
@@ -309,8 +310,11 @@ static void *writer_main(void *arg) {
     struct store *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->head && !s->stopping)
+        while (!s->head && !s->stopping) {
+            s->writer_idle = 1;
             pthread_cond_wait(&s->work_cv, &s->mu);
+            s->writer_idle = 0;
+        }
         if (!s->head && s->stopping) break;
         /* Take up to max_batch ops. */
         struct write_op *batch = s->head, *last = s->head;
@@ -329,9 +333,9 @@ static void *writer_main(void *arg) {
         for (struct write_op *op = batch; op;) {
             struct write_op *next = op->next; /* op may vanish once done is seen */
             op->done = 1;
+            pthread_cond_signal(&op->cv);
             op = next;
         }
-        pthread_cond_broadcast(&s->done_cv);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -339,9 +343,11 @@ static void *writer_main(void *arg) {
 
 int store_write(struct store *s, store_fn fn, void *arg) {
     struct write_op op = {.fn = fn, .arg = arg, .rc = STORE_ERR};
+    pthread_cond_init(&op.cv, NULL);
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
+        pthread_cond_destroy(&op.cv);
         return STORE_ERR;
     }
     if (s->tail)
@@ -350,10 +356,11 @@ int store_write(struct store *s, store_fn fn, void *arg) {
         s->head = &op;
     s->tail = &op;
     s->queued++;
-    pthread_cond_signal(&s->work_cv);
+    if (s->writer_idle) pthread_cond_signal(&s->work_cv);
     while (!op.done)
-        pthread_cond_wait(&s->done_cv, &s->mu);
+        pthread_cond_wait(&op.cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
+    pthread_cond_destroy(&op.cv);
     return op.rc;
 }
 
@@ -389,7 +396,6 @@ struct store *store_open(const char *path, const struct store_options *opts) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->pool_mu, NULL);
     pthread_cond_init(&s->work_cv, NULL);
-    pthread_cond_init(&s->done_cv, NULL);
     s->writer = conn_open(s, 0);
     if (!s->writer || migrate(s) != 0) goto fail;
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
@@ -425,7 +431,6 @@ void store_close(struct store *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->pool_mu);
     pthread_cond_destroy(&s->work_cv);
-    pthread_cond_destroy(&s->done_cv);
     free(s->path);
     free(s);
 }
