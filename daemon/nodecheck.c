@@ -44,6 +44,7 @@ struct nc_check {
     double expect_gbps, min_ratio;
     long max_bytes;
     int iters;
+    int timeout_ms; /* a part not reported by then fails the check */
     int64_t created_ms, started_ms, finished_ms;
     char reason[512];
     json_t *rdzv;    /* key -> base64 value */
@@ -462,12 +463,12 @@ static void finish(struct nodecheck *nc, struct nc_check *k, int64_t now, const 
 static int expire(struct nodecheck *nc, int64_t now, struct row_op *ops, int max) {
     int n = 0;
     for (struct nc_check *k = nc->checks; k && n < max; k = k->next) {
-        if (k->state != NC_RUNNING || now - k->started_ms < NC_PART_TIMEOUT_MS) continue;
+        if (k->state != NC_RUNNING || now - k->started_ms < k->timeout_ms) continue;
         char why[200] = "timed out";
         for (int i = 0; i < k->nparts; i++)
             if (!k->parts[i].reported)
                 snprintf(why, sizeof why, "node %s did not report its part within %d s",
-                         k->parts[i].node, NC_PART_TIMEOUT_MS / 1000);
+                         k->parts[i].node, k->timeout_ms / 1000);
         finish(nc, k, now, why, &ops[n++]);
     }
     return n;
@@ -478,6 +479,24 @@ static void persist(struct loomd *ld, struct row_op *ops, int n) {
         if (store_write(ld->store, write_check, &ops[i]) != STORE_OK)
             log_error("nodecheck: could not store check %s", ops[i].k->id);
         json_decref(ops[i].doc);
+    }
+}
+
+/* Fails overdue checks and starts what can start; any thread without locks.
+ * Called by the agents' polls and by readers, so a check whose agent died
+ * still ends while someone watches it. */
+static void sweep(struct loomd *ld) {
+    struct nodecheck *nc = nc_of(ld);
+    struct row_op ops[8];
+    int64_t now = store_now_ms();
+    pthread_mutex_lock(&nc->mu);
+    int n = expire(nc, now, ops, 8);
+    if (n && dispatch(nc, now)) http_notify_signal(&nc->work);
+    pthread_mutex_unlock(&nc->mu);
+    if (n) {
+        persist(ld, ops, n);
+        http_notify_signal(&nc->done);
+        cluster_kick(ld);
     }
 }
 
@@ -569,7 +588,8 @@ int nodecheck_api_create(struct http_req *req) {
     json_t *b = req->json;
     const char *peer = json_string_value(json_object_get(b, "peer"));
     json_t *je = json_object_get(b, "expect_busbw_gbps"), *jr = json_object_get(b, "min_ratio"),
-           *jm = json_object_get(b, "max_bytes"), *ji = json_object_get(b, "iters");
+           *jm = json_object_get(b, "max_bytes"), *ji = json_object_get(b, "iters"),
+           *jt = json_object_get(b, "timeout_s");
     int force = json_is_true(json_object_get(b, "force"));
     if (je && (!json_is_number(je) || json_number_value(je) <= 0))
         return http_error_field(req, 422, "INVALID_FIELD", "expect_busbw_gbps",
@@ -584,6 +604,9 @@ int nodecheck_api_create(struct http_req *req) {
     if (ji && (!json_is_integer(ji) || json_integer_value(ji) < 1 || json_integer_value(ji) > 100))
         return http_error_field(req, 422, "INVALID_FIELD", "iters",
                                 "iters must be an integer in [1, 100]");
+    if (jt && (!json_is_integer(jt) || json_integer_value(jt) < 2 || json_integer_value(jt) > 3600))
+        return http_error_field(req, 422, "INVALID_FIELD", "timeout_s",
+                                "timeout_s must be an integer in [2, 3600]");
     struct node_facts fa, fb;
     node_facts(req->ld, node, &fa);
     if (!fa.found) return http_error(req, 404, "NODE_NOT_FOUND", "no node '%s'", node);
@@ -625,6 +648,7 @@ int nodecheck_api_create(struct http_req *req) {
     k->max_bytes =
         jm ? (long)json_integer_value(jm) : (!strcmp(fa.kind, "cuda") ? 1L << 30 : 16L << 20);
     k->iters = ji ? (int)json_integer_value(ji) : 5;
+    k->timeout_ms = jt ? (int)json_integer_value(jt) * 1000 : NC_PART_TIMEOUT_MS;
     k->expect_gbps = je ? json_number_value(je)
                         : nodecheck_expected_gbps(k->kind, fa.kind, fa.interconnect, fa.model);
     snprintf(k->parts[0].node, sizeof k->parts[0].node, "%s", node);
@@ -712,6 +736,7 @@ int nodecheck_api_list(struct http_req *req) {
         return http_error(req, 400, "INVALID_QUERY", "limit=%s is not an integer in [1, 1000]",
                           lim);
     struct list_q q = {node && *node ? node : NULL, limit, json_array()};
+    sweep(req->ld);
     if (store_read(req->ld->store, list_read, &q) != STORE_OK) {
         json_decref(q.items);
         return http_error(req, 503, "STORE_UNAVAILABLE", "could not read node checks");
@@ -748,6 +773,7 @@ static int get_read(struct store_tx *tx, void *arg) {
 int nodecheck_api_get(struct http_req *req) {
     struct nodecheck *nc = nc_of(req->ld);
     const char *id = http_param(req, "id");
+    sweep(req->ld);
     pthread_mutex_lock(&nc->mu);
     struct nc_check *k = find_check(nc, id);
     json_t *out = k ? check_json(k) : NULL;

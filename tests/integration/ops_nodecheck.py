@@ -10,6 +10,8 @@ comm layer) for each check. Asserts:
     places a 2-rank job on the healthy node only and a job needing both nodes
     waits; the mark survives a loomd restart;
   - a node running job ranks refuses a check (409 NODE_BUSY);
+  - a part nobody picks up (agent stopped) fails the check at its timeout,
+    without a mark;
   - the check rendezvous refuses other tokens (403);
   - `--clear` puts the node back to ready, and a passing check clears a mark.
 Usage: ops_nodecheck.py BIN_DIR
@@ -218,11 +220,25 @@ def main():
                10, "agents back")
         check(c.node("node-b")["state"] == "degraded", "mark kept across restart")
 
-        # 6. rendezvous of a check refuses other tokens
+        # 6. an agent that never picks up its part (stopped): the check fails at its
+        # timeout, without a mark, and the node takes work again afterwards
+        c.procs["node-a"].send_signal(signal.SIGSTOP)
+        try:
+            st, ck = c.call("POST", "/v1/nodes/node-a/check", {"timeout_s": 2})
+            check(st == 202, "check of a stopped agent's node: %s %s" % (st, ck))
+            time.sleep(2.5)
+            st, got = c.call("GET", "/v1/nodechecks/" + ck["id"])
+            check(got["state"] == "failed" and "did not report" in got["reason"],
+                  "timed-out check: %s" % got)
+        finally:
+            c.procs["node-a"].send_signal(signal.SIGCONT)
+        check(c.node("node-a")["state"] == "ready", "no mark from a failed check")
+
+        # 7. rendezvous of a check refuses other tokens
         st, r = c.call("GET", "/v1/nodechecks/%s/rdzv/x" % first["id"], token=tok)
         check(st == 403, "rdzv with a tenant token: %s" % st)
 
-        # 7. clear, then a failing and a passing check
+        # 8. clear, then a failing and a passing check
         rc, out = c.loomctl("node", "check", "node-b", "--clear")
         check(rc == 0 and c.node("node-b")["state"] == "ready", "clear: %s" % out)
         rc, out = c.loomctl("node", "check", "node-b", "--expect-busbw", "100000", *SMALL)
@@ -232,7 +248,7 @@ def main():
         check(rc == 0 and c.node("node-b")["state"] == "ready",
               "a passing check clears the mark: %s" % out)
         rc, out = c.loomctl("node", "check", "--history")
-        check(rc == 0 and len([x for x in out.splitlines() if x.startswith("c-")]) >= 7,
+        check(rc == 0 and len([x for x in out.splitlines() if x.startswith("c-")]) >= 8,
               "history lists every check")
         ok = True
     except Fail as e:
