@@ -7,7 +7,8 @@
 //   2. with a tenant token the jobs list shows the submitted jobs and states;
 //   3. the finished job's page draws its loss curve on <canvas> (as many points
 //      as the API's series, and pixels in the loss colour), shows events and logs;
-//   4. the nodes view lists the node and its 2 devices;
+//   3b. a running job's log follows and its curves grow; the page cancels it;
+//   4. the nodes view lists the node and its 2 devices (and a degraded mark);
 //   5. the admin token sees the nodes and is told why the jobs view is empty;
 //   6. a token revoked while the page is open sends the user back to sign-in
 //      with a message naming the refusal.
@@ -264,6 +265,35 @@ async function main() {
     await page.selectOption('#log-stream', 'stdout');
     await page.waitForFunction(() => document.getElementById('logs').textContent
       .includes('"type":"step"'), null, { timeout: 5000 });
+
+    // 3b. a running job: its log follows (stdout grows while the page is open)
+    // and its curves gain points; then cancel it from the page.
+    const runSpec = jobSpec('long-run', 2, data);
+    runSpec.train.steps = 5000;
+    runSpec.checkpoint = { every_steps: 1000, keep: 1 };
+    const run = await call('POST', '/v1/jobs', runSpec, TOKEN);
+    check(run.status === 201, 'submit long job: ' + JSON.stringify(run));
+    await waitFor(async () => (await call('GET', '/v1/jobs/' + run.json.id, null, TOKEN)).json
+      .state === 'running', 20000, 'long job running');
+    await page.goto(URL_ + '/ui#/job/' + run.json.id);
+    await page.waitForSelector('#log-stream', { timeout: 8000 });
+    await page.selectOption('#log-stream', 'stdout');
+    await page.waitForFunction(() => document.getElementById('logs').textContent
+      .includes('"type":"step"'), null, { timeout: 10000 });
+    const len1 = await page.evaluate(() => document.getElementById('logs').textContent.length);
+    await page.waitForFunction((n) => document.getElementById('logs').textContent.length > n,
+      len1, { timeout: 10000 });
+    await page.waitForFunction(() => Number(document.getElementById('chart-loss').dataset
+      .points) > 0, null, { timeout: 10000 });
+    const p1 = Number(await page.getAttribute('#chart-loss', 'data-points'));
+    await page.waitForFunction((n) => Number(document.getElementById('chart-loss').dataset
+      .points) > n, p1, { timeout: 10000 });
+    page.once('dialog', (d) => d.accept());
+    await page.click('#cancel');
+    await waitFor(async () => ['cancelled', 'cancelling'].includes((await call('GET',
+      '/v1/jobs/' + run.json.id, null, TOKEN)).json.state), 10000, 'cancelled from the page');
+    await waitFor(async () => (await call('GET', '/v1/jobs/' + run.json.id, null, TOKEN)).json
+      .state === 'cancelled', 20000, 'long job cancelled');
 
     // 4. nodes with their devices; a node check that finds node-1 slow shows up
     // as "degraded" with its reason (skipped when loom-nodecheck is not built).
