@@ -10,6 +10,11 @@ if(TARGET loom_engine)
         add_test(NAME unit.par.${part} COMMAND test_par ${part})
         set_tests_properties(unit.par.${part} PROPERTIES LABELS "unit;sanitize" TIMEOUT 120)
     endforeach()
+    add_executable(test_pp_schedule ${CMAKE_CURRENT_LIST_DIR}/unit/test_pp_schedule.c)
+    target_link_libraries(test_pp_schedule PRIVATE loom_engine m)
+    loom_warnings(test_pp_schedule)
+    add_test(NAME unit.par.pp_schedule COMMAND test_pp_schedule)
+    set_tests_properties(unit.par.pp_schedule PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
 endif()
 
 # TP / PP equivalence of the real loom-worker (--nproc, <= 4 ranks) against
