@@ -34,6 +34,10 @@ enum {
     QKV = (NH + 2 * NKV) * HD,
     V = 11,
     VP = 16,
+    NH2 = 2, /* attention with 8-wide vector paths: HD2 = 16, grouped 2:1 */
+    NKV2 = 1,
+    HD2 = 16,
+    QKV2 = (NH2 + 2 * NKV2) * HD2,
     IC2 = 37, /* wider matmul: covers the 16-column vector tiles and their tails */
     OC2 = 21,
 };
@@ -64,6 +68,7 @@ static int32_t tokens[N] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
 static int32_t targets[N] = {2, 7, 1, 8, -1, 8, 1, 0, 10, 4};
 /* stats saved between backend forward and backward */
 static float s_mean[N], s_rstd[N], s_lse[B * NH * T], s_out[N * NH * HD], s_loss[N];
+static float s_lse2[B * NH2 * T], s_out2[N * NH2 * HD2];
 
 static uint64_t rng = 88172645463325252ull;
 static double urand(void) {
@@ -146,30 +151,36 @@ static void ref_rope(double **in, double *out) {
                 out[r * QKV + h * HD + d + HD / 2] = b * cos(ang) + a * sin(ang);
             }
 }
-static void ref_attention(double **in, double *out) {
-    const double *x = in[0];
+static void attention_ref(const double *x, double *out, int nh, int nkv, int hd) {
+    int S = (nh + 2 * nkv) * hd;
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int h = 0; h < nh; h++)
             for (int t = 0; t < T; t++) {
-                int kvh = h / (NH / NKV);
+                int kvh = h / (nh / nkv);
                 double s[T], m = -1e300, sum = 0;
                 for (int j = 0; j <= t; j++) {
                     double d = 0;
-                    for (int k = 0; k < HD; k++)
-                        d += x[(b * T + t) * QKV + h * HD + k] *
-                             x[(b * T + j) * QKV + (NH + kvh) * HD + k];
-                    s[j] = d / sqrt((double)HD);
+                    for (int k = 0; k < hd; k++)
+                        d += x[(b * T + t) * S + h * hd + k] *
+                             x[(b * T + j) * S + (nh + kvh) * hd + k];
+                    s[j] = d / sqrt((double)hd);
                     if (s[j] > m) m = s[j];
                 }
                 for (int j = 0; j <= t; j++)
                     sum += (s[j] = exp(s[j] - m));
-                for (int k = 0; k < HD; k++) {
+                for (int k = 0; k < hd; k++) {
                     double o = 0;
                     for (int j = 0; j <= t; j++)
-                        o += s[j] / sum * x[(b * T + j) * QKV + (NH + NKV + kvh) * HD + k];
-                    out[(b * T + t) * NH * HD + h * HD + k] = o;
+                        o += s[j] / sum * x[(b * T + j) * S + (nh + nkv + kvh) * hd + k];
+                    out[(b * T + t) * nh * hd + h * hd + k] = o;
                 }
             }
+}
+static void ref_attention(double **in, double *out) {
+    attention_ref(in[0], out, NH, NKV, HD);
+}
+static void ref_attention2(double **in, double *out) {
+    attention_ref(in[0], out, NH2, NKV2, HD2);
 }
 static void ref_residual(double **in, double *out) {
     for (int i = 0; i < N * C; i++)
@@ -253,6 +264,13 @@ static void be_attention_f(struct backend *b, float **in, float *out) {
 static void be_attention_b(struct backend *b, float **in, const float *dout, float **din) {
     b->attention_bwd(b->ctx, din[0], dout, in[0], s_out, s_lse, B, T, NH, NKV, HD);
 }
+static void be_attention2_f(struct backend *b, float **in, float *out) {
+    b->attention_fwd(b->ctx, out, s_lse2, in[0], B, T, NH2, NKV2, HD2);
+    memcpy(s_out2, out, sizeof s_out2);
+}
+static void be_attention2_b(struct backend *b, float **in, const float *dout, float **din) {
+    b->attention_bwd(b->ctx, din[0], dout, in[0], s_out2, s_lse2, B, T, NH2, NKV2, HD2);
+}
 static void be_residual_f(struct backend *b, float **in, float *out) {
     b->residual_fwd(b->ctx, out, in[0], in[1], N * C);
 }
@@ -311,6 +329,16 @@ static const struct gc_case cases[] = {
      ref_attention,
      be_attention_f,
      be_attention_b,
+     0,
+     0},
+    {"attention2",
+     1,
+     {N * QKV2},
+     {1},
+     N *NH2 *HD2,
+     ref_attention2,
+     be_attention2_f,
+     be_attention2_b,
      0,
      0},
     {"residual", 2, {N * C, N *C}, {1, 1}, N *C, ref_residual, be_residual_f, be_residual_b, 0, 0},
