@@ -191,7 +191,8 @@ int main(int argc, char **argv) {
     snprintf(out, sizeof out, "%s/runC", dir);
     snprintf(o1, sizeof o1, "%s/c.out", dir);
     pid_t pid = start(spec, out, o1, NULL);
-    for (int i = 0; i < 600; i++) {
+    /* poll every 20 ms; the limits (2-3 minutes) only matter on a very busy machine */
+    for (int i = 0; i < 6000; i++) {
         usleep(20000);
         parse(o1, &b);
         if (b.nsteps >= 2) break;
@@ -210,7 +211,7 @@ int main(int argc, char **argv) {
         make_spec(spec, 400, 1000, "");
         /* stop the resumed run too, a few steps later, to keep the test short */
         pid = start(spec, out, o2, NULL);
-        for (int i = 0; i < 600; i++) {
+        for (int i = 0; i < 6000; i++) {
             usleep(20000);
             parse(o2, &c);
             if (c.nsteps >= 3) break;
@@ -223,7 +224,7 @@ int main(int argc, char **argv) {
         snprintf(q, sizeof q, "%s/d.out", dir);
         pid = start(spec, out, q, NULL);
         int want = c.first_step + 2;
-        for (int i = 0; i < 1500; i++) {
+        for (int i = 0; i < 9000; i++) {
             usleep(20000);
             parse(q, &d);
             if (d.nsteps >= want) break;
