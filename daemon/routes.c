@@ -25,12 +25,12 @@ const struct http_route http_routes[] = {
      api_tenants_token_create},
     {"DELETE", "/v1/tenants/{id}/tokens/{tid}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE,
      api_tenants_token_revoke},
-    /* jobs (tenant) */
+    /* jobs: tenants see their own; the admin token sees all (?tenant= narrows) */
     {"POST", "/v1/jobs", HTTP_AUTH_TENANT, HTTP_BODY_JSON, api_jobs_submit},
-    {"GET", "/v1/jobs", HTTP_AUTH_TENANT, HTTP_BODY_NONE, api_jobs_list},
-    {"GET", "/v1/jobs/{id}", HTTP_AUTH_TENANT, HTTP_BODY_NONE, api_jobs_get},
-    {"POST", "/v1/jobs/{id}/cancel", HTTP_AUTH_TENANT, HTTP_BODY_JSON_OPT, api_jobs_cancel},
-    {"GET", "/v1/jobs/{id}/events", HTTP_AUTH_TENANT, HTTP_BODY_NONE, api_jobs_events},
+    {"GET", "/v1/jobs", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_jobs_list},
+    {"GET", "/v1/jobs/{id}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_jobs_get},
+    {"POST", "/v1/jobs/{id}/cancel", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_JSON_OPT, api_jobs_cancel},
+    {"GET", "/v1/jobs/{id}/events", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_jobs_events},
     {"POST", "/v1/plan", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_JSON, api_jobs_plan},
     /* cluster: nodes, logs, metrics, usage, agents, rendezvous (docs/internals/agent.md) */
     {"GET", "/v1/jobs/{id}/logs", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, joblogs_logs},

@@ -278,6 +278,37 @@ static void test_isolation(void) {
     hreq(url, "GET", "/v1/jobs?limit=1000&name=secret", token_b, NULL, NULL, 0, NULL, &r);
     CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 0);
     hresp_free(&r);
+    /* ?tenant= is for the admin only: a tenant asking for another's gets its own */
+    char q[160];
+    snprintf(q, sizeof q, "/v1/jobs?limit=1000&name=secret&tenant=%s", tenant_a);
+    hreq(url, "GET", q, token_b, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 0);
+    hresp_free(&r);
+    /* the admin token sees every tenant's jobs, or one tenant's with ?tenant= */
+    hreq(url, "GET", "/v1/jobs?limit=1000&name=secret", ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 1);
+    CHECK(
+        !strcmp(jstr(json_array_get(json_object_get(r.json, "items"), 0), "tenant_id"), tenant_a));
+    hresp_free(&r);
+    hreq(url, "GET", q, ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 1);
+    hresp_free(&r);
+    snprintf(q, sizeof q, "/v1/jobs?limit=1000&name=secret&tenant=%s", tenant_b);
+    hreq(url, "GET", q, ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "items")) == 0);
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    hreq(url, "GET", path, ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && !strcmp(jstr(r.json, "id"), id));
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
+    hreq(url, "POST", path, ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && !strcmp(jstr(r.json, "state"), "cancelled"));
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+    hreq(url, "GET", path, token_a, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && strstr(r.body, "cancelled by admin") != NULL);
+    hresp_free(&r);
     free(s);
 }
 
@@ -293,7 +324,7 @@ static void test_auth_errors(void) {
     hreq(url, "POST", "/v1/tenants", token_a, NULL, "{\"name\":\"evil\"}", 15, NULL, &r);
     CHECK_RESP(&r, 403, "FORBIDDEN");
     hresp_free(&r);
-    hreq(url, "GET", "/v1/jobs", ADMIN, NULL, NULL, 0, NULL, &r); /* admin is not a tenant */
+    hreq(url, "POST", "/v1/jobs", ADMIN, NULL, "{}", 2, NULL, &r); /* admin is not a tenant */
     CHECK_RESP(&r, 403, "FORBIDDEN");
     hresp_free(&r);
     hreq(url, "POST", "/v1/agent/nothing", "join-test", NULL, NULL, 0, NULL, &r);
@@ -569,7 +600,7 @@ static void test_metrics(void) {
     CHECK(r.body && strstr(r.body, "loom_http_request_duration_seconds_bucket") != NULL);
     CHECK(r.body && strstr(r.body, "loom_store_commit_seconds_count") != NULL);
     char want[128];
-    snprintf(want, sizeof want, "loom_jobs{tenant=\"%s\",state=\"cancelled\"} 1", tenant_a);
+    snprintf(want, sizeof want, "loom_jobs{tenant=\"%s\",state=\"cancelled\"} 2", tenant_a);
     CHECK(r.body && strstr(r.body, want) != NULL);
     hresp_free(&r);
 }
