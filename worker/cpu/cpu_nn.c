@@ -2,8 +2,9 @@
  *
  * Each parallel loop gives every output element to exactly one iteration and
  * sums inside it in an order fixed by the shapes, so results do not depend on
- * the thread count (see cpu.h). Dot products use eight independent lanes
- * (vectorisable without reassociation) added in a fixed tree. */
+ * the thread count (see cpu.h). Matmul, attention and softmax rows run in
+ * the micro-kernels of cpu_gemm.c; the dot product here (RMSNorm) uses eight
+ * independent lanes added in a fixed tree. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +24,6 @@ static inline float dot(const float *a, const float *b, int n) {
     for (; i < n; i++)
         s += a[i] * b[i];
     return s;
-}
-
-/* y += a * x */
-static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
-#pragma omp simd
-    for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
 }
 
 /* ---- embeddings ---- */
