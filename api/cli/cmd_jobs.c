@@ -86,9 +86,9 @@ int cmd_jobs_list(struct cli *cli, int argc, char **argv) {
         }
         if (i + 1 >= argc || strncmp(opt, "--", 2) != 0 ||
             (strcmp(opt, "--state") && strcmp(opt, "--name") && strcmp(opt, "--label") &&
-             strcmp(opt, "--limit"))) {
+             strcmp(opt, "--limit") && strcmp(opt, "--tenant"))) {
             fprintf(stderr, "usage: loomctl list [--state S] [--name N] [--label K=V] "
-                            "[--limit N] [--all]\n");
+                            "[--limit N] [--tenant T (admin)] [--all]\n");
             return 2;
         }
         cli_urlencode(argv[++i], enc, sizeof enc);

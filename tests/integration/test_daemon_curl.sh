@@ -76,6 +76,8 @@ echo '{"name":"x","model":{"family":"gpt2","preset":"124m"},"parallel":{"tp":5}}
 LOOM_URL=http://127.0.0.1:1 "$LOOMCTL" list >/dev/null 2>&1
 [ $? = 3 ]; check "loomctl unreachable: exit 3" $?
 LOOM_TOKEN=curl-admin "$LOOMCTL" tenant-list | grep -q curl-team; check "loomctl tenant-list" $?
+LOOM_TOKEN=curl-admin "$LOOMCTL" list --tenant "$TENANT" | grep -q "^$J2 "
+check "loomctl list --tenant (admin)" $?
 
 head -c 10485760 /dev/zero | tr '\0' ' ' >"$T/big.json"
 code=$(curl -s -o "$T/e.out" -w '%{http_code}' -H "$AUTH" -H "$JSON" --data-binary @"$T/big.json" \
