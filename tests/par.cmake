@@ -28,4 +28,6 @@ if(TARGET loom_engine AND TARGET loom-worker)
         set_tests_properties(integration.par.${part} PROPERTIES LABELS integration TIMEOUT 300
                              SKIP_RETURN_CODE 77)
     endforeach()
+    # tp x pp checkpoint reshard: quick enough for the sanitizer build too
+    set_tests_properties(integration.par.ckpt PROPERTIES LABELS "integration;sanitize")
 endif()

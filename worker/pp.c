@@ -111,6 +111,18 @@ struct pp *pp_new(struct model *m, const struct model_opts *mo, enum pp_schedule
         pp_free(p);
         return NULL;
     }
+    /* Blocks split evenly (pp divides n_layer), but the embeddings sit on the
+     * first stage and the head on the last: report the imbalance. */
+    int64_t lo = -1, hi = 0;
+    for (int st = 0; st < e->pp; st++) {
+        int64_t n = model_layout_stage_numel(&e->layout, &e->cfg, e->pp, st);
+        lo = lo < 0 || n < lo ? n : lo;
+        hi = n > hi ? n : hi;
+    }
+    if (e->rank == 0 && lo > 0 && (double)hi / (double)lo > 1.25)
+        log_warn("pp=%d: stages hold %lld to %lld parameters (embeddings on the first, head on "
+                 "the last); the heaviest stage sets the pace",
+                 e->pp, (long long)lo, (long long)hi);
     p->stats = calloc(3 * (size_t)e->pp, sizeof *p->stats);
     if (!p->stats) goto nomem;
     p->slot = calloc(1, sizeof *p->slot);
@@ -264,14 +276,17 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
 json_t *pp_step_extra(void *user) {
     struct pp *p = user;
     int P = p->e->pp;
-    json_t *ms = json_array(), *frac = json_array(), *inf = json_array();
+    json_t *ms = json_array(), *frac = json_array(), *inf = json_array(), *np = json_array();
     for (int s = 0; s < P; s++) {
+        json_array_append_new(np, json_integer((json_int_t)model_layout_stage_numel(
+                                      &p->e->layout, &p->e->cfg, P, s)));
         json_array_append_new(ms, json_real(p->stats[s]));
         double tot = p->stats[P + s];
         json_array_append_new(frac, json_real(tot > 0 ? p->stats[s] / tot : 0));
         json_array_append_new(inf, json_integer((json_int_t)p->stats[2 * P + s]));
     }
-    return json_pack("{s:{s:s, s:i, s:o, s:o, s:f, s:o}}", "pp", "schedule",
+    return json_pack("{s:{s:s, s:i, s:o, s:o, s:f, s:o, s:o}}", "pp", "schedule",
                      pp_schedule_name(p->sched), "micro", p->M, "bubble_ms", ms, "bubble_frac",
-                     frac, "bubble_ideal", pp_bubble_ideal(P, p->M), "inflight", inf);
+                     frac, "bubble_ideal", pp_bubble_ideal(P, p->M), "inflight", inf,
+                     "stage_params", np);
 }

@@ -66,8 +66,10 @@ void pp_free(struct pp *p); /* NULL ok; frees the extra slots, not m */
 int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int64_t step,
                    int32_t *inputs, int32_t *targets, double *sums, char *err, size_t errlen);
 /* train_opts.step_extra: {"pp":{"schedule":..,"micro":M,"bubble_ms":[per
- * stage],"bubble_frac":[per stage],"bubble_ideal":..,"inflight":[per stage]}}
- * of the last step. */
+ * stage],"bubble_frac":[per stage],"bubble_ideal":..,"inflight":[per stage],
+ * "stage_params":[per stage, this tp share]}} of the last step. pp_new logs
+ * a warning when the heaviest stage holds > 1.25x the lightest one's
+ * parameters. */
 json_t *pp_step_extra(void *user);
 
 /* Activation bytes of this stage's slots together. */
