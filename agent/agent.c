@@ -29,10 +29,17 @@
 #define METRICS_BATCH  500
 #define SHIP_PERIOD_MS 300
 
+/* Shared by the main thread and the poll thread, reference counted: at
+ * shutdown the main thread does not wait for a long-poll in flight (up to
+ * --poll-wait-ms); the poll thread keeps its reference and copies of the
+ * settings it needs, and the last one out frees. */
 struct agent_desired {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* signalled when a new desired set arrives */
-    json_t *tasks;     /* array from the last assignments reply; NULL before the first */
+    int refs;
+    char *coordinator, *token, *name;
+    long poll_wait_ms, retry_max_ms;
+    json_t *tasks; /* array from the last assignments reply; NULL before the first */
     char version[128];
     int generation; /* bumped on every new reply */
     int need_register;
@@ -46,7 +53,7 @@ struct agent {
     struct client *cl; /* main thread */
     struct task *tasks;
     json_t *metrics; /* queued metric items */
-    struct agent_desired d;
+    struct agent_desired *d;
     int seen_generation;
     json_t *desired; /* main thread's copy */
     int64_t next_hb_ms, next_ship_ms, next_register_ms;
@@ -147,9 +154,9 @@ static void do_heartbeat(struct agent *a) {
         log_debug("heartbeat: %s", err);
     } else if (status == 404) {
         log_warn("heartbeat: loomd does not know node %s; re-registering", a->cfg->name);
-        pthread_mutex_lock(&a->d.mu);
-        a->d.registered = 0;
-        pthread_mutex_unlock(&a->d.mu);
+        pthread_mutex_lock(&a->d->mu);
+        a->d->registered = 0;
+        pthread_mutex_unlock(&a->d->mu);
     } else if (status == 200) {
         for (struct task *t = a->tasks; t; t = t->next)
             if (t->state == TASK_EXITED) t->final_reported = 1;
@@ -161,57 +168,73 @@ static void do_heartbeat(struct agent *a) {
 
 /* ---- long-poll thread ---- */
 
+static void desired_release(struct agent_desired *d) {
+    pthread_mutex_lock(&d->mu);
+    int last = --d->refs == 0;
+    pthread_mutex_unlock(&d->mu);
+    if (!last) return;
+    json_decref(d->tasks);
+    free(d->coordinator);
+    free(d->token);
+    free(d->name);
+    pthread_cond_destroy(&d->cv);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}
+
 static void *poll_main(void *arg) {
-    struct agent *a = arg;
-    struct client *c = client_new(a->cfg->coordinator, a->cfg->join_token);
-    if (!c) return NULL;
-    client_set_timeout_ms(c, a->cfg->poll_wait_ms + 10000);
+    struct agent_desired *d = arg;
+    struct client *c = client_new(d->coordinator, d->token);
+    if (!c) {
+        desired_release(d);
+        return NULL;
+    }
+    client_set_timeout_ms(c, d->poll_wait_ms + 10000);
     long backoff = 200;
-    while (!*a->d.stop) {
-        pthread_mutex_lock(&a->d.mu);
-        int reg = a->d.registered;
+    while (!*d->stop) {
+        pthread_mutex_lock(&d->mu);
+        int reg = d->registered;
         char version[128];
-        snprintf(version, sizeof version, "%s", a->d.version);
-        pthread_mutex_unlock(&a->d.mu);
+        snprintf(version, sizeof version, "%s", d->version);
+        pthread_mutex_unlock(&d->mu);
         if (!reg) {
             sleep_ms(50);
             continue;
         }
         char path[512];
-        snprintf(path, sizeof path, "/v1/agent/assignments?node=%s&version=%s&wait_ms=%ld",
-                 a->cfg->name, version, a->cfg->poll_wait_ms);
+        snprintf(path, sizeof path, "/v1/agent/assignments?node=%s&version=%s&wait_ms=%ld", d->name,
+                 version, d->poll_wait_ms);
         long status = 0;
         json_t *reply = NULL;
         char err[512];
         int rc = client_request(c, "GET", path, NULL, &status, &reply, NULL, err, sizeof err);
         if (rc == 0 && status == 200 && json_is_array(json_object_get(reply, "tasks"))) {
-            pthread_mutex_lock(&a->d.mu);
-            json_decref(a->d.tasks);
-            a->d.tasks = json_incref(json_object_get(reply, "tasks"));
-            snprintf(a->d.version, sizeof a->d.version, "%s",
-                     json_string_value(json_object_get(reply, "version"))
-                         ? json_string_value(json_object_get(reply, "version"))
-                         : "");
-            a->d.generation++;
-            pthread_cond_signal(&a->d.cv);
-            pthread_mutex_unlock(&a->d.mu);
+            const char *v = json_string_value(json_object_get(reply, "version"));
+            pthread_mutex_lock(&d->mu);
+            json_decref(d->tasks);
+            d->tasks = json_incref(json_object_get(reply, "tasks"));
+            snprintf(d->version, sizeof d->version, "%s", v ? v : "");
+            d->generation++;
+            pthread_cond_signal(&d->cv);
+            pthread_mutex_unlock(&d->mu);
             backoff = 200;
         } else {
             if (rc == 0 && status == 404) {
-                pthread_mutex_lock(&a->d.mu);
-                a->d.registered = 0;
-                pthread_mutex_unlock(&a->d.mu);
+                pthread_mutex_lock(&d->mu);
+                d->registered = 0;
+                pthread_mutex_unlock(&d->mu);
             } else if (rc != 0) {
                 log_debug("assignments: %s", err);
             } else {
                 log_warn("assignments: HTTP %ld", status);
             }
             sleep_ms(backoff);
-            backoff = backoff * 2 > a->cfg->retry_max_ms ? a->cfg->retry_max_ms : backoff * 2;
+            backoff = backoff * 2 > d->retry_max_ms ? d->retry_max_ms : backoff * 2;
         }
         json_decref(reply);
     }
     client_free(c);
+    desired_release(d);
     return NULL;
 }
 
@@ -319,13 +342,13 @@ static int logs_shipped(const struct task *t) {
 }
 
 static void reconcile(struct agent *a, int64_t now) {
-    pthread_mutex_lock(&a->d.mu);
-    if (a->d.generation != a->seen_generation && a->d.tasks) {
+    pthread_mutex_lock(&a->d->mu);
+    if (a->d->generation != a->seen_generation && a->d->tasks) {
         json_decref(a->desired);
-        a->desired = json_deep_copy(a->d.tasks);
-        a->seen_generation = a->d.generation;
+        a->desired = json_deep_copy(a->d->tasks);
+        a->seen_generation = a->d->generation;
     }
-    pthread_mutex_unlock(&a->d.mu);
+    pthread_mutex_unlock(&a->d->mu);
     if (!a->desired) return; /* nothing known yet: touch nothing */
     size_t i;
     json_t *v;
@@ -440,9 +463,17 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     struct agent a;
     memset(&a, 0, sizeof a);
     a.cfg = cfg;
-    pthread_mutex_init(&a.d.mu, NULL);
-    pthread_cond_init(&a.d.cv, NULL);
-    a.d.stop = stop;
+    a.d = calloc(1, sizeof *a.d);
+    if (!a.d) return -1;
+    pthread_mutex_init(&a.d->mu, NULL);
+    pthread_cond_init(&a.d->cv, NULL);
+    a.d->refs = 1;
+    a.d->stop = stop;
+    a.d->coordinator = strdup(cfg->coordinator);
+    a.d->token = cfg->join_token ? strdup(cfg->join_token) : NULL;
+    a.d->name = strdup(cfg->name);
+    a.d->poll_wait_ms = cfg->poll_wait_ms;
+    a.d->retry_max_ms = cfg->retry_max_ms;
     int rc = -1;
     pthread_t poller;
     int have_poller = 0;
@@ -468,22 +499,26 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
         if (t->state != TASK_EXITED)
             log_info("task %s: found running after restart (pid %d)", t->key, (int)t->pid);
     }
-    if (pthread_create(&poller, NULL, poll_main, &a) != 0) goto out;
+    a.d->refs++; /* the poll thread's reference */
+    if (pthread_create(&poller, NULL, poll_main, a.d) != 0) {
+        a.d->refs--;
+        goto out;
+    }
     have_poller = 1;
     checks = nodecheck_agent_start(cfg, a.inv, stop);
     a.backoff_ms = 200;
 
     while (!*stop) {
         int64_t now = now_ms();
-        pthread_mutex_lock(&a.d.mu);
-        int reg = a.d.registered;
-        pthread_mutex_unlock(&a.d.mu);
+        pthread_mutex_lock(&a.d->mu);
+        int reg = a.d->registered;
+        pthread_mutex_unlock(&a.d->mu);
         if (!reg && now >= a.next_register_ms) {
             if (do_register(&a) == 0) {
-                pthread_mutex_lock(&a.d.mu);
-                a.d.registered = 1;
-                a.d.version[0] = 0; /* fetch the desired set at once */
-                pthread_mutex_unlock(&a.d.mu);
+                pthread_mutex_lock(&a.d->mu);
+                a.d->registered = 1;
+                a.d->version[0] = 0; /* fetch the desired set at once */
+                pthread_mutex_unlock(&a.d->mu);
                 a.backoff_ms = 200;
                 a.next_hb_ms = now + cfg->heartbeat_ms;
                 reg = 1;
@@ -518,8 +553,8 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
         }
         /* Sleep up to 50 ms, but wake at once for a new desired set: the
          * submit-to-start latency depends on it. */
-        pthread_mutex_lock(&a.d.mu);
-        if (a.d.generation == a.seen_generation) {
+        pthread_mutex_lock(&a.d->mu);
+        if (a.d->generation == a.seen_generation) {
             struct timespec dl;
             clock_gettime(CLOCK_REALTIME, &dl);
             dl.tv_nsec += 50 * 1000000L;
@@ -527,14 +562,25 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
                 dl.tv_sec++;
                 dl.tv_nsec -= 1000000000L;
             }
-            pthread_cond_timedwait(&a.d.cv, &a.d.mu, &dl);
+            pthread_cond_timedwait(&a.d->cv, &a.d->mu, &dl);
         }
-        pthread_mutex_unlock(&a.d.mu);
+        pthread_mutex_unlock(&a.d->mu);
     }
     log_info("agent stopping; %s", "workers keep running and are re-adopted on restart");
     rc = 0;
 out:
-    if (have_poller) pthread_join(poller, NULL);
+    if (have_poller) {
+        /* Do not wait out a long-poll in flight: the thread holds its own
+         * reference and frees it when its request returns. */
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 300 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        if (pthread_timedjoin_np(poller, NULL, &dl) != 0) pthread_detach(poller);
+    }
     nodecheck_agent_stop(checks);
     while (a.tasks) {
         struct task *n = a.tasks->next;
@@ -543,10 +589,8 @@ out:
     }
     json_decref(a.metrics);
     json_decref(a.desired);
-    json_decref(a.d.tasks);
     client_free(a.cl);
     gpu_inv_free(a.inv);
-    pthread_cond_destroy(&a.d.cv);
-    pthread_mutex_destroy(&a.d.mu);
+    desired_release(a.d);
     return rc;
 }
