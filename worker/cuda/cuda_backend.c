@@ -627,3 +627,8 @@ void backend_cuda_issue_held(const struct backend *b, int what) {
     if (what == 1) mm_flush(c);
     if (what == 2) aw_flush(c);
 }
+
+void backend_cuda_flush(const struct backend *b) {
+    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return;
+    pz_flush(b->ctx);
+}

@@ -31,4 +31,9 @@ void *backend_cuda_stream(const struct backend *b);
 int backend_cuda_held(const struct backend *b, int what);
 void backend_cuda_issue_held(const struct backend *b, int what);
 
+/* Issue all deferred work (held matmul, AdamW batch, recorded zero ranges)
+ * to the stream without waiting, so that a fence recorded next (e.g.
+ * nccl_order_mark) follows it. No-op when b is not a CUDA backend. */
+void backend_cuda_flush(const struct backend *b);
+
 #endif
