@@ -62,6 +62,12 @@ if [ "$what" = dist ]; then
     timeout 300 tests/bench/gpu_bench.sh 124m 16 1024 2>&1 | tee "$OUT/bench.log" | tail -12
     timeout 200 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 124m 16 2 0 40
     peer2 124m 16 ddp
+    # A/B (Loom only): host sync before each collective instead of the device
+    # fence, and fewer NCCL channels (less SM time taken from compute)
+    for v in LOOM_COMM_ORDER=sync NCCL_MAX_NCHANNELS=16 NCCL_MAX_NCHANNELS=8; do
+        echo "A/B $v:"
+        env "$v" timeout 120 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 124m 16 2 0 30
+    done
 fi
 if [ "$what" = big ]; then
     timeout 300 tests/bench/gpu_bench.sh 1558m 8 1024 >"$OUT/bench1558.log" 2>&1

@@ -53,6 +53,7 @@ def spec(data, model, par, steps, gbt, mbs, lr=6e-4):
 
 def run_worker(binp, d, name, sp, nproc, timeout=280):
     sf = os.path.join(d, name + ".json")
+    subprocess.run(["rm", "-rf", os.path.join(d, name + ".run")])  # never resume an older run
     json.dump(sp, open(sf, "w"))
     cmd = [os.path.join(binp, "loom-worker"), "--spec", sf, "--device", "cuda",
            "--out", os.path.join(d, name + ".run")]
