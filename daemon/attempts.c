@@ -411,6 +411,35 @@ json_t *cluster_desired(struct cluster *c, int ni) {
     return arr;
 }
 
+static void avoid_set(struct cluster *c, const char *job, const char *node) {
+    struct cl_avoid *v = c->avoid;
+    while (v && strcmp(v->job_id, job))
+        v = v->next;
+    if (!v) {
+        v = calloc(1, sizeof *v);
+        if (!v) return;
+        snprintf(v->job_id, sizeof v->job_id, "%s", job);
+        v->next = c->avoid;
+        c->avoid = v;
+    }
+    snprintf(v->node, sizeof v->node, "%s", node);
+}
+
+/* Node index to avoid for `job` (-1: none); forget = drop the entry. */
+static int avoid_take(struct cluster *c, const char *job, int forget) {
+    for (struct cl_avoid **pp = &c->avoid; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->job_id, job)) continue;
+        int ni = cluster_node_find(c, (*pp)->node);
+        if (forget) {
+            struct cl_avoid *v = *pp;
+            *pp = v->next;
+            free(v);
+        }
+        return ni;
+    }
+    return -1;
+}
+
 /* Does node ni's latest report (received after `after_ms`) still show the
  * rank as alive? */
 static int node_shows_alive(struct cl_node *n, const char *job, int attempt, int rank) {
@@ -561,6 +590,7 @@ static void loop_pass(struct loomd *ld) {
         }
         if (first >= 0) {
             struct cl_rank *rk = &a->ranks[first];
+            avoid_set(c, a->job_id, c->nodes[rk->node].name);
             snprintf(why, sizeof why, "rank %d on node %s %s", first, c->nodes[rk->node].name,
                      rk->reason[0] ? rk->reason : "exited non-zero");
             if (rk->exit_code == 2) no_retry = 1; /* bad spec or data */
@@ -664,6 +694,16 @@ static void loop_pass(struct loomd *ld) {
                           "attempt state was lost (loomd restarted without it)",
                           "retrying: attempt state was lost");
     }
+    /* Avoid-node hints of jobs that ended are dropped. */
+    for (struct cl_avoid **pp = &c->avoid; *pp;) {
+        if (snap_find(&snap, (*pp)->job_id)) {
+            pp = &(*pp)->next;
+            continue;
+        }
+        struct cl_avoid *v = *pp;
+        *pp = v->next;
+        free(v);
+    }
     /* 5. placement */
     struct sched_node *sn = calloc((size_t)(c->nnodes ? c->nnodes : 1), sizeof *sn);
     struct sched_job *sj = calloc((size_t)(snap.n ? snap.n : 1), sizeof *sj);
@@ -691,8 +731,9 @@ static void loop_pass(struct loomd *ld) {
         for (int i = 0; i < snap.n; i++) {
             struct jobinfo *j = &snap.jobs[i];
             if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
-            sj[nq] = (struct sched_job){j->id,         j->tenant_id, j->kind, j->priority,
-                                        j->created_at, j->world,     j->tp,   j->per_node};
+            sj[nq] = (struct sched_job){j->id,       j->tenant_id,  j->kind,
+                                        j->priority, j->created_at, j->world,
+                                        j->tp,       j->per_node,   avoid_take(c, j->id, 0)};
             qj[nq++] = j;
         }
         struct sched_cluster cl = {sn, c->nnodes, snap.quotas, snap.nq};
@@ -706,6 +747,7 @@ static void loop_pass(struct loomd *ld) {
                     }
                     continue;
                 }
+                avoid_take(c, j->id, 1);
                 struct cl_attempt *a = calloc(1, sizeof *a);
                 struct cl_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
                 if (!a || !ranks) {
@@ -993,6 +1035,11 @@ void cluster_stop(struct loomd *ld) {
         struct cl_attempt *n = c->attempts->next;
         attempt_free(c->attempts);
         c->attempts = n;
+    }
+    while (c->avoid) {
+        struct cl_avoid *n = c->avoid->next;
+        free(c->avoid);
+        c->avoid = n;
     }
     for (int i = 0; i < c->nnodes; i++) {
         json_decref(c->nodes[i].devices);

@@ -91,6 +91,13 @@ struct cl_hist {
     uint64_t n;
 };
 
+/* A job's next attempt prefers other nodes than the one it last failed on. */
+struct cl_avoid {
+    char job_id[24];
+    char node[64];
+    struct cl_avoid *next;
+};
+
 struct cluster {
     struct loomd *ld;
     pthread_mutex_t mu;
@@ -103,6 +110,7 @@ struct cluster {
     struct cl_node nodes[CL_MAX_NODES];
     int nnodes;
     struct cl_attempt *attempts;
+    struct cl_avoid *avoid; /* per retried job, until it is placed again */
     pthread_t loop, forward;
     int loop_started, forward_started;
     volatile int stopping;

@@ -226,6 +226,23 @@ static void reason_never_fits(const struct sched_cluster *c, const struct sched_
     }
 }
 
+static int uses_node(const struct sched_rank *r, int n, int node) {
+    for (int i = 0; i < n; i++)
+        if (r[i].node == node) return 1;
+    return 0;
+}
+
+static int count_nodes(const struct sched_rank *r, int n) {
+    int cnt = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int k = 0; k < i && !seen; k++)
+            seen = r[k].node == r[i].node;
+        cnt += !seen;
+    }
+    return cnt;
+}
+
 static struct sched_quota *find_quota(struct sched_quota *q, int n, const char *tenant) {
     for (int i = 0; i < n; i++)
         if (q[i].tenant && tenant && !strcmp(q[i].tenant, tenant)) return &q[i];
@@ -276,6 +293,22 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
         if (!d->ranks) goto out;
         int fit = place_one(c, j, avail, NULL, d->ranks);
         if (fit == -2) goto out;
+        if (fit == 0 && j->avoid_node >= 0 && j->avoid_node < c->nnodes &&
+            uses_node(d->ranks, j->world, j->avoid_node)) {
+            /* Retry elsewhere if that needs no more nodes than this placement. */
+            struct sched_rank *alt = calloc((size_t)j->world, sizeof *alt);
+            if (!alt) goto out;
+            uint64_t saved = avail[j->avoid_node];
+            avail[j->avoid_node] = 0;
+            int f2 = place_one(c, j, avail, NULL, alt);
+            avail[j->avoid_node] = saved;
+            if (f2 == 0 && count_nodes(alt, j->world) <= count_nodes(d->ranks, j->world)) {
+                free(d->ranks);
+                d->ranks = alt;
+            } else {
+                free(alt);
+            }
+        }
         if (fit == 0) {
             d->placed = 1;
             placed++;

@@ -18,6 +18,8 @@
  *   running work ends is the head; it gets a reservation (the devices of its
  *   placement on the cluster with every running attempt gone). Later jobs may
  *   start only on devices outside that reservation, so they never delay it.
+ * - a retried job avoids the node its last attempt failed on when another
+ *   placement needs no more nodes (a soft preference);
  * - every job left queued gets a pending reason a person can act on.
  * Nodes that are drained or lost take no new work. */
 #ifndef LOOM_DAEMON_SCHED_H
@@ -61,6 +63,8 @@ struct sched_job {
     int world;          /* ranks = devices needed (dp*tp*pp) */
     int tp;             /* tensor-parallel group size; divides world */
     int max_per_node;   /* cap on ranks per node (0: none) */
+    int avoid_node;     /* index of a node to avoid (the one its last attempt failed
+                           on), used only if avoiding it costs no extra node; -1: none */
 };
 
 struct sched_rank {

@@ -344,6 +344,15 @@ def sc_crash_no_retry(c):
     c.wait_state(jid2, "failed", 15)
     check(c.job(jid2)["attempt"] == 0, "exit code 2 (bad spec/data) is not retried")
     check("not retried" in c.events(jid2)[-1]["reason"], "reason says not retried")
+    # A retry prefers another node than the one its rank failed on.
+    jid3 = c.submit(world=2, steps=4, step_ms=50, max_retries=1,
+                    labels={"fake_crash_step": "2", "fake_crash_attempt": "0"})
+    c.wait_state(jid3, "succeeded", 20)
+    ev = [e for e in c.events(jid3) if e["to"] == "starting"]
+    check(len(ev) == 2, "two placements: %s" % ev)
+    n0 = ev[0]["reason"].split(" on ")[-1]
+    n1 = ev[1]["reason"].split(" on ")[-1]
+    check(n0 != n1, "attempt 1 placed on another node (%s, then %s)" % (n0, n1))
 
 
 def sc_hang(c):

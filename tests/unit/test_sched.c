@@ -24,6 +24,7 @@ struct tjob {
     int64_t submit;
     int world, tp, per_node;
     const char *expect; /* placement, or "-fragment of reason" */
+    int avoid1;         /* 1-based index of the node to avoid (0: none) */
 };
 
 struct tcase {
@@ -42,7 +43,9 @@ struct tcase {
 #define GPUS(n, d, s)                                                                              \
     { n, "cuda", d, 0, s }
 #define JOB(id, p, t, w, tp, e)                                                                    \
-    { id, "t1", "cuda", p, t, w, tp, 0, e }
+    { id, "t1", "cuda", p, t, w, tp, 0, e, 0 }
+#define JOBA(id, w, avoid1, e)                                                                     \
+    { id, "t1", "cuda", 50, 1, w, 1, 0, e, avoid1 }
 
 static const struct tcase cases[] = {
     {"single rank on the fullest node that fits (best fit)",
@@ -52,7 +55,7 @@ static const struct tcase cases[] = {
     {"4 ranks across two 2-device cpu nodes",
      {CPU("a", 2), CPU("b", 2)},
      {{0}},
-     {{"j1", "t1", "cpu", 50, 1, 4, 1, 0, "a0 a1 b0 b1"}}},
+     {{"j1", "t1", "cpu", 50, 1, 4, 1, 0, "a0 a1 b0 b1", 0}}},
     {"pack onto the fewest nodes",
      {GPU("a", 2), GPU("b", 4), GPU("c", 2)},
      {{0}},
@@ -104,15 +107,23 @@ static const struct tcase cases[] = {
      {{"t1", 4, 2, "team-one"}, {"t2", 0, 0, NULL}},
      {JOB("j1", 90, 1, 4, 1, "-tenant team-one quota: holds 2 of 4"),
       JOB("j2", 50, 2, 2, 1, "a0 a1"),
-      {"j3", "t2", "cuda", 10, 3, 6, 1, 0, "a2 a3 a4 a5 a6 a7"}}},
+      {"j3", "t2", "cuda", 10, 3, 6, 1, 0, "a2 a3 a4 a5 a6 a7", 0}}},
     {"quota-blocked head does not reserve",
      {GPU("a", 2)},
      {{"t1", 1, 1, NULL}},
-     {JOB("j1", 90, 1, 2, 1, "-quota"), {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1"}}},
+     {JOB("j1", 90, 1, 2, 1, "-quota"), {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0}}},
+    {"a retry avoids the node its last attempt failed on",
+     {GPU("a", 4), GPU("b", 4)},
+     {{0}},
+     {JOBA("j1", 2, 1, "b0 b1")}},
+    {"but not at the cost of an extra node",
+     {GPU("a", 4), GPU("b", 2), GPU("c", 2)},
+     {{0}},
+     {JOBA("j1", 4, 1, "a0 a1 a2 a3")}},
     {"gpus_per_node caps ranks per node",
      {GPU("a", 4), GPU("b", 4)},
      {{0}},
-     {{"j1", "t1", "cuda", 50, 1, 4, 1, 2, "a0 a1 b0 b1"}}},
+     {{"j1", "t1", "cuda", 50, 1, 4, 1, 2, "a0 a1 b0 b1", 0}}},
 };
 
 static int failures;
@@ -145,8 +156,8 @@ int main(void) {
             nq++;
         for (; nj < MAXJ && tc->jobs[nj].id; nj++) {
             const struct tjob *t = &tc->jobs[nj];
-            jobs[nj] = (struct sched_job){t->id,     t->tenant, t->kind, t->prio,
-                                          t->submit, t->world,  t->tp,   t->per_node};
+            jobs[nj] = (struct sched_job){t->id,    t->tenant, t->kind,     t->prio,      t->submit,
+                                          t->world, t->tp,     t->per_node, t->avoid1 - 1};
         }
         struct sched_cluster cl = {nodes, nn, tc->quotas, nq};
         int placed = sched_place(&cl, jobs, nj, dec);
@@ -203,8 +214,8 @@ int main(void) {
             seed = seed * 1103515245 + 12345;
             int tp = 1 << ((seed >> 9) % 4);
             int world = tp * (1 + (int)((seed >> 13) % 4));
-            jobs[j] =
-                (struct sched_job){ids[j], "t", "cuda", (int)((seed >> 17) % 3), j, world, tp, 0};
+            jobs[j] = (struct sched_job){ids[j], "t", "cuda", (int)((seed >> 17) % 3),   j,
+                                         world,  tp,  0,      j % 3 == 0 ? j % MAXN : -1};
         }
         struct sched_cluster cl = {nodes, MAXN, NULL, 0};
         if (sched_place(&cl, jobs, MAXJ, dec) < 0) {
