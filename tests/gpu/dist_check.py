@@ -9,7 +9,8 @@ tests/gpu/device_run.sh; needs numpy).
       (default dp2 with zero 0/1/2/3; tp2, pp2 when asked) runs with the same
       global batch and must follow its loss curve within bf16 tolerance:
       each step <= 5 % relative, mean <= 1 % (llm.c / Megatron use a few %).
-      Prints one line per layout and exits 1 when any fails.
+      Prints one line per layout and exits 1 when any fails (77: fewer
+      than 2 GPUs; ctest gpu.dist.curves).
   dist_check.py bench BIN DIR MODEL MBS NPROC ZERO [STEPS]
       loom-worker --nproc NPROC end to end on a random-token shard (global
       batch = MBS*1024*NPROC, no accumulation): median tokens/s of the steps
@@ -153,8 +154,21 @@ def bench(binp, d, model, mbs, nproc, zero, steps):
     return 0
 
 
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    except OSError:
+        return 0
+    return sum(1 for l in out.splitlines() if l.startswith("GPU "))
+
+
 def main():
     a = sys.argv
+    if len(a) >= 3 and gpu_count() < 2:
+        print("SKIP: %d GPU(s); dist_check needs at least 2" % gpu_count())
+        return 77
+    if len(a) >= 4:
+        os.makedirs(a[3], exist_ok=True)
     if len(a) >= 4 and a[1] == "curves":
         lays = a[4].split(";") if len(a) > 4 else ["dp=2,zero_stage=%d" % z for z in range(4)]
         return curves(a[2], a[3], lays)
