@@ -21,6 +21,9 @@
 
 extern char **environ;
 
+/* Exited tasks older than this are not reloaded after a restart. */
+#define TASK_FORGET_S 600
+
 void task_dir_path(const char *work_dir, const char *job, int attempt, int rank, char *out,
                    size_t len) {
     snprintf(out, len, "%s/tasks/%s.%d.%d", work_dir, job, attempt, rank);
@@ -440,6 +443,13 @@ struct task *task_scan_dir(const char *work_dir, int adopt, int64_t now_ms) {
         if (meta) sscanf(meta, "%d %d %d", &t->world, &t->local_rank, &t->device);
         free(meta);
         snprintf(fpath, sizeof fpath, "%s/exit", t->dir);
+        struct stat est;
+        if (stat(fpath, &est) == 0 && time(NULL) - est.st_mtime > TASK_FORGET_S) {
+            /* Long finished and long reported: the directory alone keeps it
+             * from ever starting again; no need to carry it in memory. */
+            task_free(t);
+            continue;
+        }
         char *ex = read_small(fpath);
         if (ex) {
             int off = 0;

@@ -81,7 +81,9 @@ char *task_read_log(struct task *t, int stream, long max, long *n);
 
 /* Scan WORK/tasks after a restart: tasks with an exit file come back as
  * EXITED; live workers are re-adopted (adopt != 0) or killed and recorded
- * as exited with reason "killed: agent restarted". Returns the list. */
+ * as exited with reason "killed: agent restarted". Tasks that exited more
+ * than 10 minutes ago are skipped (their directories still block a second
+ * start). Returns the list. */
 struct task *task_scan_dir(const char *work_dir, int adopt, int64_t now_ms);
 
 #endif
