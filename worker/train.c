@@ -55,6 +55,10 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         int last = micro == o->grad_accum - 1;
         model_backward(m, last && e->hooks.layer_grads_ready ? on_layer : NULL, &cb);
     }
+    /* The backward may be issued ahead of the device (cuda + nccl ordering):
+     * wait for it here, so that the grad_sync time counts only the
+     * communication left exposed after the compute. */
+    if (e->hooks.grad_sync) b->sync(b->ctx);
     if (hook(e, e->hooks.grad_sync, &comm) != 0) {
         snprintf(err, errlen, "gradient synchronisation failed at step %lld", (long long)step);
         return -1;

@@ -78,19 +78,25 @@ static void fail(struct zero *z, const char *what, int layer) {
     z->failed = 1;
 }
 
-/* Make the device work issued so far the input of the next collectives:
- * with NCCL on the CUDA backend a fence on the compute stream that the comm
- * streams wait for (worker/nccl/nccl_order.h; no host stall), else a full
- * device sync as the comm contract asks. */
-static void comm_ready(struct zero *z) {
+/* Make the device work issued so far on the ranges of group g the input of
+ * the next collectives: with NCCL on the CUDA backend, per-range fences on
+ * the compute stream that the comm streams wait for (worker/nccl/
+ * nccl_order.h; no host stall), else a full device sync as the comm contract
+ * asks. base: e->params or e->grads. */
+static void comm_ready(struct zero *z, const struct zgroup *g, void *base) {
+    struct backend *b = z->e->be;
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
     if (z->ordered) {
-        backend_cuda_flush(z->e->be);
-        nccl_order_mark();
+        backend_cuda_flush(b);
+        for (int k = 0; k < g->n; k++)
+            nccl_order_mark(backend_at(b, base, g->r[k].lo),
+                            (g->r[k].hi - g->r[k].lo) * b->elt_size);
         return;
     }
+#else
+    (void)g, (void)base;
 #endif
-    z->e->be->sync(z->e->be->ctx);
+    b->sync(b->ctx);
 }
 
 /* ---- stage 3: gather / release parameters of a group */
@@ -110,7 +116,7 @@ static void gather_start(struct zero *z, int layer, int async) {
     struct zgroup *g = &z->g[layer + 1];
     struct engine *e = z->e;
     if (g->gathered) return;
-    comm_ready(z);
+    comm_ready(z, g, e->params);
     for (int k = 0; k < g->n; k++) {
         size_t lo = g->r[k].lo, hi = g->r[k].hi;
         size_t mine = range_counts(z, lo, hi, z->counts);
@@ -197,7 +203,7 @@ static void reduce_group(struct zero *z, int layer) {
     struct engine *e = z->e;
     if (g->reduced) return;
     g->reduced = 1;
-    comm_ready(z); /* the layer's gradients are final on the device */
+    comm_ready(z, g, e->grads); /* the layer's gradients are final on the device */
     for (int k = 0; k < g->n; k++) {
         size_t lo = g->r[k].lo, hi = g->r[k].hi;
         struct comm_req *r = NULL;
