@@ -59,6 +59,8 @@ const struct config_entry loomd_config_table[] = {
      "seconds a long-poll waits at most"},
     {"hang-timeout", CONFIG_INT, OFF(hang_timeout), "600", 5, 86400,
      "seconds without a training step before an attempt counts as hung"},
+    {"nodecheck-on-join", CONFIG_BOOL, OFF(nodecheck_on_join), "false", 1, 0,
+     "run a node check (all-reduce over its devices) when a never-checked node joins"},
 };
 const size_t loomd_config_count = sizeof loomd_config_table / sizeof *loomd_config_table;
 

@@ -38,6 +38,7 @@ struct loomd_config {
     long heartbeat;        /* s between agent heartbeats (told to agents) */
     long longpoll_timeout; /* s a long-poll waits at most */
     long hang_timeout;     /* s without a step before an attempt counts as hung */
+    int nodecheck_on_join; /* check a never-checked node when it joins (daemon/nodecheck.h) */
 };
 
 extern const struct config_entry loomd_config_table[];

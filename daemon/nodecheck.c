@@ -68,6 +68,8 @@ struct nodecheck {
     struct nc_check *checks; /* newest first */
     struct nc_mark marks[NC_MAX_MARKS];
     int nmarks;
+    char joined[CL_MAX_NODES][64]; /* nodes considered for nodecheck-on-join */
+    int njoined;
 };
 
 /* ---------- expected figures ---------- */
@@ -582,8 +584,64 @@ static void node_facts(struct loomd *ld, const char *name, struct node_facts *f)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Queues a check of `node` (with `peer`: a pair check) whose nodes were
+ * validated by the caller (fa: facts of `node`). expect <= 0: the table's
+ * figure; max_bytes <= 0: the device kind's default. Returns the check as
+ * JSON (caller owns) or NULL when out of memory. No locks held by the caller. */
+static json_t *queue_check(struct loomd *ld, const char *node, const char *peer,
+                           const struct node_facts *fa, double expect, double min_ratio,
+                           long max_bytes, int iters, int timeout_ms) {
+    struct nodecheck *nc = nc_of(ld);
+    struct nc_check *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    snprintf(k->id, sizeof k->id, "c-");
+    random_hex(k->id + 2, 6);
+    random_hex(k->token, 16);
+    snprintf(k->kind, sizeof k->kind, "%s", peer ? "pair" : "node");
+    snprintf(k->device_kind, sizeof k->device_kind, "%s", fa->kind);
+    k->state = NC_QUEUED;
+    k->created_ms = store_now_ms();
+    k->rdzv = json_object();
+    k->min_ratio = min_ratio;
+    k->max_bytes = max_bytes > 0 ? max_bytes : (!strcmp(fa->kind, "cuda") ? 1L << 30 : 16L << 20);
+    k->iters = iters;
+    k->timeout_ms = timeout_ms;
+    k->expect_gbps = expect > 0
+                         ? expect
+                         : nodecheck_expected_gbps(k->kind, fa->kind, fa->interconnect, fa->model);
+    snprintf(k->parts[0].node, sizeof k->parts[0].node, "%s", node);
+    if (peer) {
+        k->nparts = 2;
+        k->world = 2;
+        k->parts[0].nranks = 1;
+        snprintf(k->parts[1].node, sizeof k->parts[1].node, "%s", peer);
+        k->parts[1].first_rank = 1;
+        k->parts[1].nranks = 1;
+    } else {
+        k->nparts = 1;
+        k->world = fa->ndev;
+        k->parts[0].nranks = fa->ndev;
+    }
+    struct row_op op = {.k = k, .mark = -1, .create = 1};
+    pthread_mutex_lock(&nc->mu);
+    k->next = nc->checks;
+    nc->checks = k;
+    int started = dispatch(nc, k->created_ms);
+    trim(nc);
+    op.doc = check_json(k);
+    pthread_mutex_unlock(&nc->mu);
+    if (started) http_notify_signal(&nc->work);
+    cluster_kick(ld); /* the scheduler re-reads which nodes to avoid */
+    persist(ld, &op, 1);
+    pthread_mutex_lock(&nc->mu);
+    json_t *out = check_json(k);
+    pthread_mutex_unlock(&nc->mu);
+    log_info("nodecheck: %s queued (%s on %s%s%s, expect %.3g GB/s)", k->id, k->kind, node,
+             peer ? " and " : "", peer ? peer : "", k->expect_gbps);
+    return out;
+}
+
 int nodecheck_api_create(struct http_req *req) {
-    struct nodecheck *nc = nc_of(req->ld);
     const char *node = http_param(req, "id");
     json_t *b = req->json;
     const char *peer = json_string_value(json_object_get(b, "peer"));
@@ -634,52 +692,11 @@ int nodecheck_api_create(struct http_req *req) {
             return http_error(req, 409, "KIND_MISMATCH", "node '%s' is %s, '%s' is %s", node,
                               fa.kind, peer, fb.kind);
     }
-    struct nc_check *k = calloc(1, sizeof *k);
-    if (!k) return http_error(req, 500, "OUT_OF_MEMORY", "cannot queue a check");
-    snprintf(k->id, sizeof k->id, "c-");
-    random_hex(k->id + 2, 6);
-    random_hex(k->token, 16);
-    snprintf(k->kind, sizeof k->kind, "%s", peer ? "pair" : "node");
-    snprintf(k->device_kind, sizeof k->device_kind, "%s", fa.kind);
-    k->state = NC_QUEUED;
-    k->created_ms = store_now_ms();
-    k->rdzv = json_object();
-    k->min_ratio = jr ? json_number_value(jr) : 0.5;
-    k->max_bytes =
-        jm ? (long)json_integer_value(jm) : (!strcmp(fa.kind, "cuda") ? 1L << 30 : 16L << 20);
-    k->iters = ji ? (int)json_integer_value(ji) : 5;
-    k->timeout_ms = jt ? (int)json_integer_value(jt) * 1000 : NC_PART_TIMEOUT_MS;
-    k->expect_gbps = je ? json_number_value(je)
-                        : nodecheck_expected_gbps(k->kind, fa.kind, fa.interconnect, fa.model);
-    snprintf(k->parts[0].node, sizeof k->parts[0].node, "%s", node);
-    if (peer) {
-        k->nparts = 2;
-        k->world = 2;
-        k->parts[0].nranks = 1;
-        snprintf(k->parts[1].node, sizeof k->parts[1].node, "%s", peer);
-        k->parts[1].first_rank = 1;
-        k->parts[1].nranks = 1;
-    } else {
-        k->nparts = 1;
-        k->world = fa.ndev;
-        k->parts[0].nranks = fa.ndev;
-    }
-    struct row_op op = {.k = k, .mark = -1, .create = 1};
-    pthread_mutex_lock(&nc->mu);
-    k->next = nc->checks;
-    nc->checks = k;
-    int started = dispatch(nc, k->created_ms);
-    trim(nc);
-    op.doc = check_json(k);
-    pthread_mutex_unlock(&nc->mu);
-    if (started) http_notify_signal(&nc->work);
-    cluster_kick(req->ld); /* the scheduler re-reads which nodes to avoid */
-    persist(req->ld, &op, 1);
-    pthread_mutex_lock(&nc->mu);
-    json_t *out = check_json(k);
-    pthread_mutex_unlock(&nc->mu);
-    log_info("nodecheck: %s queued (%s on %s%s%s, expect %.3g GB/s)", k->id, k->kind, node,
-             peer ? " and " : "", peer ? peer : "", k->expect_gbps);
+    json_t *out = queue_check(
+        req->ld, node, peer, &fa, je ? json_number_value(je) : 0, jr ? json_number_value(jr) : 0.5,
+        jm ? (long)json_integer_value(jm) : 0, ji ? (int)json_integer_value(ji) : 5,
+        jt ? (int)json_integer_value(jt) * 1000 : NC_PART_TIMEOUT_MS);
+    if (!out) return http_error(req, 500, "OUT_OF_MEMORY", "cannot queue a check");
     return http_reply_json(req, 202, out);
 }
 
@@ -810,10 +827,51 @@ static json_t *take_parts(struct nodecheck *nc, const char *node) {
     return arr;
 }
 
+static int ever_checked(struct store_tx *tx, void *arg) {
+    const char **q = arg;
+    sqlite3_stmt *st = store_stmt(tx, "SELECT 1 FROM node_checks WHERE ',' || nodes || ',' LIKE "
+                                      "'%,' || ? || ',%' LIMIT 1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, q[0], -1, SQLITE_STATIC);
+    q[1] = sqlite3_step(st) == SQLITE_ROW ? "yes" : NULL;
+    sqlite3_reset(st);
+    return STORE_OK;
+}
+
+/* nodecheck-on-join: the first poll of a registered, idle node that was
+ * never checked queues a node check (once per node per loomd process). */
+static void check_on_join(struct loomd *ld, const char *node) {
+    struct nodecheck *nc = nc_of(ld);
+    if (!ld->cfg.nodecheck_on_join) return;
+    pthread_mutex_lock(&nc->mu);
+    int seen = 0;
+    for (int i = 0; i < nc->njoined && !seen; i++)
+        seen = !strcmp(nc->joined[i], node);
+    pthread_mutex_unlock(&nc->mu);
+    if (seen) return;
+    struct node_facts f;
+    node_facts(ld, node, &f);
+    if (!f.found) return; /* not registered yet: the next poll tries again */
+    pthread_mutex_lock(&nc->mu);
+    if (nc->njoined < CL_MAX_NODES)
+        snprintf(nc->joined[nc->njoined++], sizeof nc->joined[0], "%s", node);
+    pthread_mutex_unlock(&nc->mu);
+    const char *q[2] = {node, NULL};
+    if (f.lost || f.busy || f.ndev < 1 || store_read(ld->store, ever_checked, q) != STORE_OK ||
+        q[1])
+        return;
+    json_t *k = queue_check(ld, node, NULL, &f, 0, 0.5, 0, 5, NC_PART_TIMEOUT_MS);
+    if (k)
+        log_info("nodecheck: %s joined and was never checked: check %s queued", node,
+                 json_string_value(json_object_get(k, "id")));
+    json_decref(k);
+}
+
 int nodecheck_agent_poll(struct http_req *req) {
     struct nodecheck *nc = nc_of(req->ld);
     const char *node = http_query(req, "node"), *w = http_query(req, "wait_ms");
     if (!node || !*node) return http_error(req, 400, "INVALID_QUERY", "node= is required");
+    check_on_join(req->ld, node);
     int wait = w ? atoi(w) : 0;
     if (wait < 0) wait = 0;
     if (wait > NC_MAX_WAIT_MS) wait = NC_MAX_WAIT_MS;

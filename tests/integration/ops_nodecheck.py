@@ -13,6 +13,8 @@ comm layer) for each check. Asserts:
   - a part nobody picks up (agent stopped) fails the check at its timeout,
     without a mark;
   - the check rendezvous refuses other tokens (403);
+  - with --nodecheck-on-join, a node that joins and was never checked gets a
+    node check, already checked nodes do not;
   - `--clear` puts the node back to ready, and a passing check clears a mark.
 Usage: ops_nodecheck.py BIN_DIR
 Exit 0 pass, 1 fail, 77 skip."""
@@ -56,26 +58,29 @@ class Cluster:
         self.log = open(os.path.join(self.tmp, "log"), "ab")
         self.start_loomd()
         for n in ("node-a", "node-b"):
-            self.procs[n] = subprocess.Popen(
-                [os.path.join(BIN, "loom-agent"), "--coordinator", self.url, "--name", n,
-                 "--work-dir", os.path.join(self.tmp, n), "--cpu-devices", "2", "--worker",
-                 os.path.join(BIN, "fake_worker"), "--heartbeat-ms", "300",
-                 "--stop-grace-ms", "500", "--retry-max-ms", "300"],
-                env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+            self.start_agent(n)
         self.wait(lambda: len([n for n in self.nodes() if n["state"] == "ready"]) == 2, 10,
                   "2 nodes ready")
 
-    def start_loomd(self):
+    def start_loomd(self, extra=()):
         dd = os.path.join(self.tmp, "loomd")
         addr = os.path.join(dd, "loomd.addr")
         if os.path.exists(addr):
             os.unlink(addr)
         self.procs["loomd"] = subprocess.Popen(
             [os.path.join(BIN, "loomd"), "--listen", getattr(self, "listen", "127.0.0.1:0"),
-             "--data-dir", dd, "--heartbeat", "1", "--store-sync-full", "false"],
+             "--data-dir", dd, "--heartbeat", "1", "--store-sync-full", "false"] + list(extra),
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = self.wait(lambda: open(addr).read().strip(), 10, "loomd.addr")
         self.listen = self.url.replace("http://", "")
+
+    def start_agent(self, n):
+        self.procs[n] = subprocess.Popen(
+            [os.path.join(BIN, "loom-agent"), "--coordinator", self.url, "--name", n,
+             "--work-dir", os.path.join(self.tmp, n), "--cpu-devices", "2", "--worker",
+             os.path.join(BIN, "fake_worker"), "--heartbeat-ms", "300",
+             "--stop-grace-ms", "500", "--retry-max-ms", "300"],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait(self, fn, secs, what):
         end = time.time() + secs
@@ -212,13 +217,23 @@ def main():
         c.call("POST", "/v1/jobs/%s/cancel" % j2["id"], {}, token=tok)
         c.call("POST", "/v1/jobs/%s/cancel" % j4["id"], {}, token=tok)
 
-        # 5. the mark survives a loomd restart
+        # 5. the mark survives a loomd restart; with nodecheck-on-join a node that
+        # joins and was never checked gets a check, the checked ones do not
         c.procs["loomd"].send_signal(signal.SIGTERM)
         c.procs["loomd"].wait(10)
-        c.start_loomd()
+        c.start_loomd(["--nodecheck-on-join", "true"])
         c.wait(lambda: len([n for n in c.nodes() if n["state"] in ("ready", "degraded")]) == 2,
                10, "agents back")
         check(c.node("node-b")["state"] == "degraded", "mark kept across restart")
+        c.start_agent("node-c")
+        joined = c.wait(lambda: (lambda r: r if r and r[0]["state"] in ("passed", "degraded")
+                                 else None)(c.call("GET", "/v1/nodechecks?node=node-c")[1]["items"]),
+                        30, "on-join check of node-c")
+        check(len(joined) == 1 and joined[0]["kind"] == "node" and joined[0]["world"] == 2,
+              "one node check of node-c on join: %s" % joined)
+        st, ha = c.call("GET", "/v1/nodechecks?node=node-a")
+        check(all(x["state"] != "queued" and x["state"] != "running" for x in ha["items"]) and
+              len(ha["items"]) == 3, "no on-join check for checked node-a: %d" % len(ha["items"]))
 
         # 6. an agent that never picks up its part (stopped): the check fails at its
         # timeout, without a mark, and the node takes work again afterwards
@@ -248,7 +263,7 @@ def main():
         check(rc == 0 and c.node("node-b")["state"] == "ready",
               "a passing check clears the mark: %s" % out)
         rc, out = c.loomctl("node", "check", "--history")
-        check(rc == 0 and len([x for x in out.splitlines() if x.startswith("c-")]) >= 8,
+        check(rc == 0 and len([x for x in out.splitlines() if x.startswith("c-")]) >= 9,
               "history lists every check")
         ok = True
     except Fail as e:
