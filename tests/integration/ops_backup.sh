@@ -14,7 +14,7 @@ tmp=$(mktemp -d /tmp/loom-ops-backup.XXXXXX)
 pids=""
 cleanup() {
     for p in $pids; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
+    for p in $pids; do wait "$p" 2>/dev/null; done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -23,13 +23,15 @@ fail() { echo "FAIL: $*"; [ -f "$tmp/loomd.log" ] && tail -20 "$tmp/loomd.log"; 
 # the backup must carry them and the restored loomd must accept the same ones.
 unset LOOM_ADMIN_TOKEN LOOM_JOIN_TOKEN LOOM_URL LOOM_TOKEN LOOM_CONFIG
 
+# Sets $started_url. Not called in $(...): the pid must reach the cleanup list
+# of this shell, or a loomd outlives the test.
 start_loomd() { # data-dir log
     "$bin/loomd" --listen 127.0.0.1:0 --data-dir "$1" >> "$2" 2>&1 &
     pids="$pids $!"
     i=0
     while [ ! -s "$1/loomd.addr" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
     [ -s "$1/loomd.addr" ] || fail "loomd did not start on $1"
-    cat "$1/loomd.addr"
+    started_url=$(cat "$1/loomd.addr")
 }
 # curl METHOD URL TOKEN [BODY] -> body on stdout; fails on HTTP >= 400
 api() {
@@ -43,7 +45,8 @@ api() {
 field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 command -v curl >/dev/null || { echo "SKIP: curl not installed"; exit 77; }
 
-url=$(start_loomd "$tmp/d" "$tmp/loomd.log")
+start_loomd "$tmp/d" "$tmp/loomd.log"
+url=$started_url
 ADMIN=$(cat "$tmp/d/admin.token")
 tid=$(api POST "$url/v1/tenants" $ADMIN '{"name":"acme"}' | field '["id"]') || fail "tenant"
 tok=$(api POST "$url/v1/tenants/$tid/tokens" $ADMIN '{}' | field '["token"]') || fail "token"
@@ -85,7 +88,8 @@ PY
     cp "$out" "$tmp/r-$mode/loom.db"
     cp "${out%.db}.admin.token" "$tmp/r-$mode/admin.token"
     cp "${out%.db}.join.token" "$tmp/r-$mode/join.token"
-    url2=$(start_loomd "$tmp/r-$mode" "$tmp/loomd-r.log")
+    start_loomd "$tmp/r-$mode" "$tmp/loomd-r.log"
+    url2=$started_url
     api GET "$url2/v1/tenants" "$ADMIN" > /dev/null || fail "restored admin token refused ($mode)"
     n=$(api GET "$url2/v1/jobs?limit=100&name=before-3" "$tok" | field '["items"].__len__()') ||
         fail "restored loomd does not accept the tenant token ($mode)"
