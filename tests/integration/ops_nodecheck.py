@@ -56,11 +56,15 @@ class Cluster:
             self.env.pop(k, None)
         self.procs = {}
         self.log = open(os.path.join(self.tmp, "log"), "ab")
-        self.start_loomd()
-        for n in ("node-a", "node-b"):
-            self.start_agent(n)
-        self.wait(lambda: len([n for n in self.nodes() if n["state"] == "ready"]) == 2, 10,
-                  "2 nodes ready")
+        try:
+            self.start_loomd()
+            for n in ("node-a", "node-b"):
+                self.start_agent(n)
+            self.wait(lambda: len([n for n in self.nodes() if n["state"] == "ready"]) == 2, 10,
+                      "2 nodes ready")
+        except Fail:
+            self.close(keep=True)  # no process outlives a failed start
+            raise
 
     def start_loomd(self, extra=()):
         dd = os.path.join(self.tmp, "loomd")
@@ -153,7 +157,11 @@ def main():
         if not os.path.exists(os.path.join(BIN, b)):
             print("SKIP: %s not built" % b)
             return 77
-    c = Cluster()
+    try:
+        c = Cluster()
+    except Fail as e:
+        print("FAIL: %s" % e)
+        return 1
     ok = False
     try:
         # 1. one node
