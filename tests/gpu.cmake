@@ -38,7 +38,7 @@ if(LOOM_HAVE_CUDA AND TARGET loom_nccl)
     target_link_libraries(bench_nccl_allreduce PRIVATE loom_engine CUDA::cudart_static m)
     loom_warnings(bench_nccl_allreduce)
 endif()
-# dp2 zero 0-3 and pp2 loss curves of the real loom-worker vs its 1-GPU run
+# dp2 zero 0-3, pp2 and tp2 loss curves of the real loom-worker vs its 1-GPU run
 # (tests/gpu/dist_check.py; 77 below 2 GPUs).
 if(LOOM_HAVE_CUDA AND TARGET loom-worker)
     find_package(Python3 COMPONENTS Interpreter)
@@ -46,7 +46,7 @@ if(LOOM_HAVE_CUDA AND TARGET loom-worker)
         add_test(NAME gpu.dist.curves
                  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/gpu/dist_check.py curves
                          $<TARGET_FILE_DIR:loom-worker> ${CMAKE_CURRENT_BINARY_DIR}/dist_curves
-                         "dp=2,zero_stage=0;dp=2,zero_stage=1;dp=2,zero_stage=2;dp=2,zero_stage=3;pp=2")
+                         "dp=2,zero_stage=0;dp=2,zero_stage=1;dp=2,zero_stage=2;dp=2,zero_stage=3;pp=2;tp=2")
         set_tests_properties(gpu.dist.curves PROPERTIES LABELS gpu TIMEOUT 300
                              SKIP_RETURN_CODE 77)
     endif()

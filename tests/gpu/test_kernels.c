@@ -400,6 +400,45 @@ static void test_classifier(int N, int C, int V, int Vp) {
     t_free(&x), t_free(&w), t_free(&loss), t_free(&dx), t_free(&dw);
 }
 
+/* Vocabulary-parallel classifier (tensor parallelism): this rank's Vr rows
+ * of W, the first Vv real. Statistics pass, then the gradient pass with a
+ * global log-sum-exp = local + 0.3 (other ranks' share) and one ignored row
+ * (+inf). Local targets: some < 0 (elsewhere), some in the padding. */
+static void test_classifier_vp(int N, int C, int Vv, int Vr) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d C%d Vv%d/%d", N, C, Vv, Vr);
+    reserve_both(1, N, C, 1, 1, C, C, Vr);
+    int32_t *tgt = malloc(N * sizeof *tgt);
+    for (int i = 0; i < N; i++)
+        tgt[i] = (i % 5 == 1) ? -1 : (i % 13 == 2) ? Vv + (i % (Vr - Vv + 1)) : (int)(urand() * Vv);
+    int32_t *tc = cpu->alloc(cpu->ctx, N * 4), *tg = gpu->alloc(gpu->ctx, N * 4);
+    memcpy(tc, tgt, N * 4);
+    gpu->upload(gpu->ctx, tg, tgt, N * 4);
+    struct tens x, w, lse, tl, z, dx, dw;
+    t_rand(&x, (size_t)N * C, 0, 1, 0);
+    t_rand(&w, (size_t)Vr * C, 0, 0.1f, 0);
+    t_out(&lse, N, 1);
+    t_out(&tl, N, 1);
+    cpu->classifier_vp(cpu->ctx, lse.c, tl.c, NULL, NULL, x.c, w.c, tc, NULL, N, C, Vv, Vr, 0.f);
+    gpu->classifier_vp(gpu->ctx, lse.g, tl.g, NULL, NULL, x.g, w.g, tg, NULL, N, C, Vv, Vr, 0.f);
+    t_check(&lse, "classifier_vp lse", shape, 3e-3, 0);
+    t_check(&tl, "classifier_vp target logit", shape, 1e-2, 0);
+    t_alloc(&z, N, 1);
+    const float *lc = lse.c;
+    for (int i = 0; i < N; i++)
+        z.h[i] = i == 3 ? INFINITY : lc[i] + 0.3f;
+    t_upload(&z);
+    t_rand(&dx, x.n, 0, 1e-5f, 0);
+    t_rand(&dw, w.n, 0, 1e-5f, 0);
+    float gs = 1.0f / N;
+    cpu->classifier_vp(cpu->ctx, NULL, NULL, dx.c, dw.c, x.c, w.c, tc, z.c, N, C, Vv, Vr, gs);
+    gpu->classifier_vp(gpu->ctx, NULL, NULL, dx.g, dw.g, x.g, w.g, tg, z.g, N, C, Vv, Vr, gs);
+    t_check(&dx, "classifier_vp dinp", shape, TOL_CLS, 1);
+    t_check(&dw, "classifier_vp dW", shape, TOL_CLS, 1);
+    cpu->free(cpu->ctx, tc), gpu->free(gpu->ctx, tg), free(tgt);
+    t_free(&x), t_free(&w), t_free(&lse), t_free(&tl), t_free(&z), t_free(&dx), t_free(&dw);
+}
+
 static void test_optim(size_t n) {
     char shape[64];
     snprintf(shape, sizeof shape, "n%zu", n);
@@ -568,6 +607,8 @@ int main(void) {
     test_classifier(64, 64, 250, 256);
     if (!quick) test_classifier(300, 128, 1000, 1024);
     if (!quick) test_classifier(16, 64, 70000, 70016); /* a large vocabulary */
+    test_classifier_vp(64, 64, 120, 128);
+    if (!quick) test_classifier_vp(300, 128, 25088, 25152); /* GPT-2 vocabulary over tp 2 */
     test_optim(1000);
     if (!quick) test_optim(1 << 20);
     test_fused(64, 128, 256);

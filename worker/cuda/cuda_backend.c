@@ -498,6 +498,41 @@ static void cu_classifier(void *ctx, float *losses, void *dinp, void *dW, const 
     }
 }
 
+/* Vocabulary-parallel classifier (backend.h classifier_vp), in the same row
+ * chunks as cu_classifier over the reserved logits workspace (sized for
+ * lim.Vp = this rank's rows). Statistics pass when lse_in is NULL, else the
+ * gradient pass. */
+static void cu_classifier_vp(void *ctx, float *lse, float *tl, void *dinp, void *dW,
+                             const void *inp, const void *W, const int32_t *targets,
+                             const float *lse_in, int N, int C, int Vv, int Vr, float grad_scale) {
+    struct cuda_ctx *c = CX;
+    cu_require(c, "classifier_vp");
+    if (Vr > c->lim.Vp) {
+        fprintf(stderr, "cuda backend: classifier_vp with %d rows > reserved Vp %d\n", Vr,
+                c->lim.Vp);
+        exit(1);
+    }
+    const lbf16 *x = inp;
+    lbf16 *dx = lse_in ? dinp : NULL;
+    int fresh = dx && pz_take(c, dx, (size_t)N * C * 2);
+    if (!dx) pz_flush(c);
+    for (int r0 = 0; r0 < N; r0 += c->cls_chunk) {
+        int rows = N - r0 < c->cls_chunk ? N - r0 : c->cls_chunk;
+        lk_linear_fwd(c->blas, c->logits, NULL, x + (size_t)r0 * C, W, NULL, NULL, rows, C, Vr, 0);
+        if (!lse_in) {
+            lk_xent_vp_stats(c->logits, lse + r0, tl + r0, targets + r0, rows, Vv, Vr, ST);
+            continue;
+        }
+        lk_xent_vp_grad(c->logits, lse_in + r0, targets + r0, rows, Vv, Vr, grad_scale, ST);
+        if (dx)
+            lk_linear_bwd_data(c->blas, dx + (size_t)r0 * C, c->logits, W, NULL, rows, C, Vr,
+                               !fresh);
+        if (dW)
+            lk_linear_bwd_weight(c->blas, dW, NULL, NULL, c->logits, x + (size_t)r0 * C, rows, C,
+                                 Vr);
+    }
+}
+
 /* Ranges arrive one run of tensors at a time; adjacent ones with the same
  * hyper-parameters (weight decay aside) are merged into one launch. */
 static void cu_adamw(void *ctx, const struct backend_adamw *a) {
@@ -591,6 +626,7 @@ struct backend *backend_cuda_new(int device) {
     b->residual_fwd = cu_residual_fwd;
     b->accumulate = cu_accumulate;
     b->classifier = cu_classifier;
+    b->classifier_vp = cu_classifier_vp;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->scale = cu_scale;

@@ -108,6 +108,86 @@ extern "C" void lk_xent_fwd_bwd(lbf16 *logits, float *losses, const int32_t *tar
     CUDA_CHECK_LAUNCH();
 }
 
+/* Vocabulary-parallel statistics: one block per row, the same online
+ * max / sum as xent_kernel over the Vv real columns of this rank's slice. */
+__global__ void __launch_bounds__(512)
+    xent_vp_stats_kernel(const bf *logits, float *lse, float *tl, const int32_t *targets, int Vv,
+                         int Vr) {
+    __shared__ float sh[32];
+    int row = blockIdx.x;
+    const bf *x = logits + (size_t)row * Vr;
+    float m = -INFINITY, s = 0.f;
+    for (int i = threadIdx.x * 8; i < Vv; i += blockDim.x * 8) {
+        bf8 v = *(const bf8 *)(x + i);
+        float f[8];
+        float lm = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 t = __bfloat1622float2(v.h[j]);
+            f[2 * j] = (i + 2 * j < Vv) ? t.x : -INFINITY;
+            f[2 * j + 1] = (i + 2 * j + 1 < Vv) ? t.y : -INFINITY;
+            lm = fmaxf(lm, fmaxf(f[2 * j], f[2 * j + 1]));
+        }
+        if (lm == -INFINITY) continue;
+        float nm = fmaxf(m, lm);
+        s *= __expf(m - nm);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            s += __expf(f[j] - nm);
+        m = nm;
+    }
+    float gm = block_max(m, sh);
+    s = (m == -INFINITY) ? 0.f : s * __expf(m - gm);
+    float gs = block_sum(s, sh);
+    if (threadIdx.x == 0) {
+        int tgt = targets[row];
+        lse[row] = Vv > 0 ? gm + logf(gs) : -INFINITY;
+        tl[row] = tgt >= 0 && tgt < Vv ? __bfloat162float(x[tgt]) : 0.f;
+    }
+}
+
+/* Vocabulary-parallel gradient in place, given the global log-sum-exp. */
+__global__ void __launch_bounds__(512)
+    xent_vp_grad_kernel(bf *logits, const float *lse_in, const int32_t *targets, int Vv, int Vr,
+                        float dscale) {
+    int row = blockIdx.x;
+    bf *x = logits + (size_t)row * Vr;
+    float z = lse_in[row];
+    int tgt = targets[row];
+    int skip = isinf(z);
+    for (int i = threadIdx.x * 8; i < Vr; i += blockDim.x * 8) {
+        bf8 v = *(const bf8 *)(x + i);
+        bf8 o;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 t = __bfloat1622float2(v.h[j]);
+            int c0 = i + 2 * j, c1 = c0 + 1;
+            float g0 = !skip && c0 < Vv ? (__expf(t.x - z) - (c0 == tgt)) * dscale : 0.f;
+            float g1 = !skip && c1 < Vv ? (__expf(t.y - z) - (c1 == tgt)) * dscale : 0.f;
+            o.h[j] = __floats2bfloat162_rn(g0, g1);
+        }
+        *(bf8 *)(x + i) = o;
+    }
+}
+
+extern "C" void lk_xent_vp_stats(const lbf16 *logits, float *lse, float *tl, const int32_t *targets,
+                                 int N, int Vv, int Vr, lcuda_stream s) {
+    if (Vr % 8) lcuda_fail(__FILE__, __LINE__, "lk_xent_vp_stats", "Vr must be a multiple of 8");
+    if (N <= 0) return;
+    xent_vp_stats_kernel<<<N, 512, 0, (cudaStream_t)s>>>((const bf *)logits, lse, tl, targets, Vv,
+                                                         Vr);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lk_xent_vp_grad(lbf16 *logits, const float *lse_in, const int32_t *targets, int N,
+                                int Vv, int Vr, float dscale, lcuda_stream s) {
+    if (Vr % 8) lcuda_fail(__FILE__, __LINE__, "lk_xent_vp_grad", "Vr must be a multiple of 8");
+    if (N <= 0) return;
+    xent_vp_grad_kernel<<<N, 512, 0, (cudaStream_t)s>>>((bf *)logits, lse_in, targets, Vv, Vr,
+                                                        dscale);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* Partial sums over a grid-stride range; T is float or bf16, SQ squares. */
 template <typename T, int SQ> __global__ void sum_part_kernel(float *part, const T *x, size_t n) {
     __shared__ float sh[32];

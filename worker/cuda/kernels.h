@@ -127,6 +127,17 @@ size_t lk_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd);
  * loss 0 and zero gradient. No fp32 logits are written. */
 void lk_xent_fwd_bwd(lbf16 *logits, float *losses, const int32_t *targets, int N, int V, int Vp,
                      float dscale, lcuda_stream s);
+/* Vocabulary-parallel pieces (tensor parallelism; backend.h classifier_vp):
+ * logits [N][Vr] bf16, of which the first Vv columns are real vocabulary.
+ * stats: lse[r] = logsumexp(logits[r, 0:Vv]) (-inf when Vv == 0) and tl[r] =
+ * logits[r, targets[r]] (0 when the local target is < 0 or >= Vv).
+ * grad: logits replaced by dscale * (exp(logits - lse_in[r]) - onehot) over
+ * the Vv columns, 0 on padding; a row with lse_in infinite gets 0.
+ * Vr % 8 == 0. */
+void lk_xent_vp_stats(const lbf16 *logits, float *lse, float *tl, const int32_t *targets, int N,
+                      int Vv, int Vr, lcuda_stream s);
+void lk_xent_vp_grad(lbf16 *logits, const float *lse_in, const int32_t *targets, int N, int Vv,
+                     int Vr, float dscale, lcuda_stream s);
 /* *out = sum of x[0..n) (fp32, fixed order). scratch: lk_sum_scratch_bytes. */
 void lk_sum(float *out, const float *x, size_t n, float *scratch, lcuda_stream s);
 size_t lk_sum_scratch_bytes(size_t n);
