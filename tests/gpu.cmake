@@ -51,3 +51,12 @@ if(LOOM_HAVE_CUDA AND TARGET loom-worker)
                              SKIP_RETURN_CODE 77)
     endif()
 endif()
+# A 2-GPU job through loomd + loom-agent (NVML inventory): succeeded, GPU
+# telemetry, a killed rank retried from its checkpoint (77 below 2 GPUs).
+if(LOOM_HAVE_CUDA AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent
+   AND TARGET loom-data AND Python3_Interpreter_FOUND)
+    add_test(NAME gpu.cluster
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/gpu/cluster_gpu.py
+                     $<TARGET_FILE_DIR:loom-worker>)
+    set_tests_properties(gpu.cluster PROPERTIES LABELS gpu TIMEOUT 400 SKIP_RETURN_CODE 77)
+endif()

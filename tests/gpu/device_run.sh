@@ -3,14 +3,17 @@
 # tests, compute-sanitizer memcheck and racecheck on the kernel test, then
 # the benchmark against PyTorch. Full logs go to $OUT (or /tmp/loom-gpu);
 # stdout ends with a short summary.
-# Usage (repo root): tests/gpu/device_run.sh [tests|bench|all|dist|big]
+# Usage (repo root): tests/gpu/device_run.sh [tests|bench|all|dist|big|cluster]
 #   dist (2 GPUs): kernel test, NCCL comm test, dp2 zero 0-3 loss curves vs
 #        1 GPU (tests/gpu/dist_check.py), all-reduce bus bandwidth through
 #        the comm layer and through torch.distributed, GPT-2 124M 1-GPU
 #        (Loom + peer) and dp2 (loom-worker zero 0 + peer DDP).
 #   big  (2 GPUs): GPT-2 1558M mbs 8: 1-GPU (Loom + peer), dp2 zero 3
 #        (loom-worker + peer FSDP2).
-#   LAYOUTS="dp=2,zero_stage=0;tp=2;pp=2" overrides dist's curve layouts.
+#   cluster (2 GPUs): tests/gpu/cluster_gpu.py (loomd + agent + a dp2 job
+#        over HTTP, GPU telemetry, a killed rank retried from its checkpoint).
+#   LAYOUTS="dp=2,zero_stage=0;tp=2;pp=2" overrides dist's curve layouts
+#   (default: dp2 zero 0-3, pp2, tp2).
 set -u
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -51,7 +54,8 @@ if [ "$what" = dist ]; then
     tail -5 "$OUT/comm_nccl.log"
     summary="$summary comm_nccl=$rc"
     mkdir -p "$OUT/dist"
-    timeout 300 python3 tests/gpu/dist_check.py curves "$BIN" "$OUT/dist" ${LAYOUTS:+"$LAYOUTS"}
+    timeout 300 python3 tests/gpu/dist_check.py curves "$BIN" "$OUT/dist" \
+        "${LAYOUTS:-dp=2,zero_stage=0;dp=2,zero_stage=1;dp=2,zero_stage=2;dp=2,zero_stage=3;pp=2;tp=2}"
     summary="$summary curves=$?"
     timeout 120 "$BIN/bench_nccl_allreduce" --max-mb 1024 --iters 20 >"$OUT/ar_loom.out" \
         2>"$OUT/ar_loom.err"
@@ -76,7 +80,12 @@ if [ "$what" = big ]; then
     timeout 300 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 1558m 8 2 3 24
     peer2 1558m 8 fsdp
 fi
-if [ "$what" = dist ] || [ "$what" = big ]; then
+if [ "$what" = cluster ]; then
+    # loomd + loom-agent (NVML inventory) + a dp2 job over HTTP, telemetry, kill and resume
+    timeout 400 python3 tests/gpu/cluster_gpu.py "$BIN" 2>&1 | tail -20
+    summary="$summary cluster=${PIPESTATUS[0]}"
+fi
+if [ "$what" = dist ] || [ "$what" = big ] || [ "$what" = cluster ]; then
     echo "SUMMARY:$summary"
     exit 0
 fi
