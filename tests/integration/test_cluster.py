@@ -71,12 +71,16 @@ class Cluster:
                         FAKE_PID_DIR=self.pids_dir)
         for k in ("LOOM_URL", "LOOM_TOKEN", "LOOM_CONFIG"):
             self.env.pop(k, None)
-        self.start_loomd()
-        for i in range(nodes):
-            self.start_agent("node-%d" % (i + 1), devices)
-        self.wait(lambda: len([n for n in self.nodes() if n["state"] == "ready"]) == nodes,
-                  10, "agents registered")
-        self.tenant, self.token = self.new_tenant("acme")
+        try:
+            self.start_loomd()
+            for i in range(nodes):
+                self.start_agent("node-%d" % (i + 1), devices)
+            self.wait(lambda: len([n for n in self.nodes() if n["state"] == "ready"]) == nodes,
+                      10, "agents registered")
+            self.tenant, self.token = self.new_tenant("acme")
+        except BaseException:
+            self.close(False)  # never leave loomd or agents behind a failed start
+            raise
 
     def log(self, name):
         return open(os.path.join(self.tmp, name + ".log"), "ab")
