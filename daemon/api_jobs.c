@@ -242,9 +242,11 @@ static const char *scope(struct http_req *req) {
 
 struct list_op {
     struct store_job_filter f;
-    json_t *items;
+    char *buf; /* the items, comma-separated JSON texts */
+    size_t len, cap;
     int64_t last_seq;
     int count;
+    int oom;
 };
 
 static int list_item_cb(const struct store_job *j, void *arg) {
@@ -255,7 +257,25 @@ static int list_item_cb(const struct store_job *j, void *arg) {
         return 0;
     }
     /* lists stay small: no spec (GET /v1/jobs/{id} has it) */
-    json_array_append_new(op->items, store_job_to_json(j));
+    char *t = store_job_dumps(j, 0);
+    size_t tl = t ? strlen(t) - 1 : 0; /* drop the newline */
+    if (!t || op->len + tl + 2 > op->cap) {
+        size_t cap = op->cap ? op->cap * 2 : 16384;
+        while (cap < op->len + tl + 2)
+            cap *= 2;
+        char *b = t ? realloc(op->buf, cap) : NULL;
+        if (!b) {
+            free(t);
+            op->oom = 1;
+            return 1;
+        }
+        op->buf = b;
+        op->cap = cap;
+    }
+    if (op->count) op->buf[op->len++] = ',';
+    memcpy(op->buf + op->len, t, tl);
+    op->len += tl;
+    free(t);
     op->last_seq = j->seq;
     op->count++;
     return 0;
@@ -319,21 +339,26 @@ int api_jobs_list(struct http_req *req) {
             return http_error(req, 400, "INVALID_CURSOR", "cursor '%s' was not issued by loomd", q);
         op.f.before_seq = c;
     }
-    op.items = json_array();
     int rc = store_read(req->ld->store, list_cb, &op);
-    if (rc != STORE_OK) {
-        json_decref(op.items);
-        return reply_store_error(req, STORE_ERR, "");
+    if (rc != STORE_OK || op.oom) {
+        free(op.buf);
+        return op.oom ? http_error(req, 500, "INTERNAL", "out of memory")
+                      : reply_store_error(req, STORE_ERR, "");
     }
-    json_t *next = json_null();
-    if (op.count == op.f.limit) {
-        char c[32];
-        snprintf(c, sizeof c, "c%lld", (long long)op.last_seq);
-        json_decref(next);
-        next = json_string(c);
+    char next[48] = "null";
+    if (op.count == op.f.limit) snprintf(next, sizeof next, "\"c%lld\"", (long long)op.last_seq);
+    size_t total = op.len + 64;
+    char *out = malloc(total);
+    if (!out) {
+        free(op.buf);
+        return http_error(req, 500, "INTERNAL", "out of memory");
     }
-    return http_reply_json(req, 200,
-                           json_pack("{s:o, s:o}", "items", op.items, "next_cursor", next));
+    int n = snprintf(out, total, "{\"items\":[%.*s],\"next_cursor\":%s}\n", (int)op.len,
+                     op.buf ? op.buf : "", next);
+    http_reply_text(req, 200, "application/json", out, (size_t)n);
+    free(out);
+    free(op.buf);
+    return 0;
 }
 
 /* ---------------- get / cancel / events ---------------- */

@@ -140,26 +140,36 @@ json_t *store_job_to_json(const struct store_job *j) {
 }
 
 char *store_job_dumps(const struct store_job *j, int with_spec) {
+    /* The JSON-text columns (labels, placement, spec) were written by loomd
+     * as JSON; splice them in rather than parse and print them again. */
     struct store_job tmp = *j;
-    tmp.spec = NULL;
+    tmp.spec = tmp.labels = tmp.placement = NULL;
     json_t *o = store_job_to_json(&tmp);
-    json_object_del(o, "spec");
+    json_object_del(o, "labels");
+    json_object_del(o, "placement");
     char *head = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!head) return NULL;
+    const char *labels = j->labels && j->labels[0] ? j->labels : "{}";
+    const char *placement = j->placement && j->placement[0] ? j->placement : "null";
     const char *spec = with_spec && j->spec && j->spec[0] ? j->spec : NULL;
-    size_t hl = strlen(head), sl = spec ? strlen(spec) : 0;
-    char *out = malloc(hl + sl + 16);
+    size_t hl = strlen(head), ll = strlen(labels), pl = strlen(placement);
+    size_t sl = spec ? strlen(spec) : 0;
+    char *out = malloc(hl + ll + pl + sl + 48);
     if (!out) {
         free(head);
         return NULL;
     }
-    /* head ends with '}' */
-    memcpy(out, head, hl - 1);
-    size_t n = hl - 1;
+    size_t n = hl - 1; /* head ends with '}' */
+    memcpy(out, head, n);
+    n += (size_t)sprintf(out + n, ",\"labels\":");
+    memcpy(out + n, labels, ll);
+    n += ll;
+    n += (size_t)sprintf(out + n, ",\"placement\":");
+    memcpy(out + n, placement, pl);
+    n += pl;
     if (spec) {
-        memcpy(out + n, ",\"spec\":", 8);
-        n += 8;
+        n += (size_t)sprintf(out + n, ",\"spec\":");
         memcpy(out + n, spec, sl);
         n += sl;
     }
