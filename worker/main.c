@@ -383,10 +383,7 @@ static int run(struct worker *w) {
                                   .grad_clip = s->train.grad_clip};
     to.train = (struct train_source){data_batch, &train_src};
     if (w->par) par_train_opts(w->par, &to);
-    if (w->val_dl && s->train.eval_every > 0 && s->parallel.pp > 1)
-        log_warn("evaluation is not run with pp=%d (pipelined evaluation is not built yet)",
-                 s->parallel.pp);
-    else if (w->val_dl && s->train.eval_every > 0) {
+    if (w->val_dl && s->train.eval_every > 0) {
         to.val = (struct train_source){data_batch, &val_src};
         to.eval_every = s->train.eval_every;
         int64_t avail = data_loader_steps_per_epoch(w->val_dl);

@@ -163,4 +163,5 @@ void par_train_opts(struct par *p, struct train_opts *o) {
     o->micro_user = p->pp;
     o->step_extra = pp_step_extra;
     o->step_extra_user = p->pp;
+    o->forward_only = pp_forward_only;
 }

@@ -79,6 +79,10 @@ void pp_stage_range(const struct engine *e, size_t *lo, size_t *hi) {
 
 /* ---- runner ---- */
 
+static enum comm_dtype cdt(const struct engine *e) {
+    return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
+}
+
 struct pp {
     struct engine *e;
     struct comm *c; /* e->pp_group */
@@ -175,12 +179,21 @@ void pp_free(struct pp *p) {
     free(p);
 }
 
-size_t pp_activation_bytes(const struct pp *p) {
-    return p->e->mem.activations;
-}
-
-static enum comm_dtype cdt(const struct engine *e) {
-    return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
+double pp_forward_only(void *user, struct model *m, const int32_t *inputs, const int32_t *targets,
+                       int64_t *count) {
+    struct pp *p = user;
+    struct engine *e = p->e;
+    int s = e->pp_idx, first = s == 0, last = s == e->pp - 1;
+    size_t n = (size_t)m->B * m->T * m->C;
+    if (!first && comm_recv(p->c, model_stage_input(m), n, cdt(e), s - 1, NULL) != 0)
+        die("pipeline evaluation: receive failed: %s", comm_error(p->c));
+    double sum = model_forward(m, first ? inputs : NULL, last ? targets : NULL, 0.0f, count);
+    if (!last) {
+        e->be->sync(e->be->ctx);
+        if (comm_send(p->c, model_stage_output(m), n, cdt(e), s + 1, NULL) != 0)
+            die("pipeline evaluation: send failed: %s", comm_error(p->c));
+    }
+    return sum;
 }
 
 int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int64_t step,

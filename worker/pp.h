@@ -72,7 +72,10 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
  * parameters. */
 json_t *pp_step_extra(void *user);
 
-/* Activation bytes of this stage's slots together. */
-size_t pp_activation_bytes(const struct pp *p);
+/* train_opts.forward_only (user = struct pp *): one micro-batch through the
+ * pipeline without gradients (evaluation); the loss sum and count are this
+ * rank's (non-zero on the last stage only). A failed send/recv is fatal. */
+double pp_forward_only(void *user, struct model *m, const int32_t *inputs, const int32_t *targets,
+                       int64_t *count);
 
 #endif

@@ -99,7 +99,8 @@ double train_eval(struct model *m, const struct train_opts *o, int32_t *inputs, 
             return 0;
         }
         int64_t cnt = 0;
-        sums[0] += model_forward(m, inputs, targets, 0.0f, &cnt);
+        sums[0] += o->forward_only ? o->forward_only(o->micro_user, m, inputs, targets, &cnt)
+                                   : model_forward(m, inputs, targets, 0.0f, &cnt);
         sums[1] += (double)cnt;
     }
     if (e->hooks.allreduce_sum) e->hooks.allreduce_sum(e, e->hooks.user, sums, 2);

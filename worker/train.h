@@ -65,6 +65,11 @@ struct train_opts {
      * bubble); returns a new object or NULL. Called on the rank with out. */
     json_t *(*step_extra)(void *user);
     void *step_extra_user;
+    /* Optional replacement of model_forward for evaluation (no gradients),
+     * e.g. a pipelined forward (worker/pp.h); user = micro_user. Returns this
+     * rank's loss sum and token count like model_forward. */
+    double (*forward_only)(void *user, struct model *m, const int32_t *inputs,
+                           const int32_t *targets, int64_t *count);
 };
 
 struct train_step_info {

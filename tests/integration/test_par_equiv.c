@@ -66,6 +66,8 @@ struct layout {
 struct run {
     int ok, steps_seen;
     double loss[STEPS + 1], norm[STEPS + 1];
+    double val[STEPS + 1]; /* val_loss of the eval lines (0: none at that step) */
+    int evals;
     double mem[5]; /* params, grads, optimizer, activations, comm (GiB), last step */
     int have_pp, pp_micro, inflight[MAXPP], nbubble;
     double bubble_ideal, bubble_ms[MAXPP];
@@ -92,16 +94,16 @@ static void write_spec(const char *path, const struct layout *l) {
     fprintf(f,
             "{\"name\":\"par-equiv\",\"model\":{\"family\":\"%s\",\"n_layer\":%d,\"n_head\":%d,"
             "\"n_kv_head\":%d,\"d_model\":%d,\"d_ff\":%d,\"vocab_size\":%d,\"seq_len\":%d},"
-            "\"data\":{\"train\":\"%s/train_*.bin\"},"
+            "\"data\":{\"train\":\"%s/train_*.bin\",\"val\":\"%s/train_000.bin\"},"
             "\"parallel\":{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d},"
             "\"train\":{\"steps\":%d,\"global_batch_tokens\":%d,\"micro_batch\":%d,"
             "\"lr\":0.003,\"min_lr\":0.0003,\"warmup_steps\":3,\"weight_decay\":0.1,"
-            "\"grad_clip\":0.5,\"seed\":7},"
+            "\"grad_clip\":0.5,\"seed\":7,\"eval_every\":%d,\"eval_batches\":2},"
             "\"checkpoint\":{\"every_steps\":%d,\"keep\":5},"
             "\"resources\":{\"device\":\"cpu\"}}",
             l->llama ? "llama" : "gpt2", c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff,
-            c.vocab_size, SEQ, dir, l->dp, l->tp, l->pp, l->zero, STEPS,
-            l->micro_total * MICRO * SEQ, MICRO, STEPS / 2);
+            c.vocab_size, SEQ, dir, dir, l->dp, l->tp, l->pp, l->zero, STEPS,
+            l->micro_total * MICRO * SEQ, MICRO, STEPS / 2, STEPS / 2);
     fclose(f);
 }
 
@@ -113,6 +115,13 @@ static void parse(const char *path, struct run *r) {
     while (fgets(line, sizeof(line), f)) {
         json_t *j = json_loads(line, 0, NULL);
         const char *type = json_string_value(json_object_get(j, "type"));
+        if (type && strcmp(type, "eval") == 0) {
+            int s = (int)json_integer_value(json_object_get(j, "step"));
+            if (s >= 1 && s <= STEPS) {
+                r->val[s] = json_real_value(json_object_get(j, "val_loss"));
+                r->evals++;
+            }
+        }
         if (type && strcmp(type, "step") == 0) {
             int s = (int)json_integer_value(json_object_get(j, "step"));
             if (s >= 1 && s <= STEPS) {
@@ -188,7 +197,10 @@ static double rel(double a, double b) {
     return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12);
 }
 
-static void compare(const char *tag, const struct run *a, const struct run *ref, int from, int to) {
+/* val: also compare the evaluation losses (dp = 1 only: eval_batches counts
+ * per dp rank, so a dp2 run evaluates a different, larger set). */
+static void compare(const char *tag, const struct run *a, const struct run *ref, int from, int to,
+                    int val) {
     double worst = 0, worst_norm = 0;
     for (int s = from; s <= to; s++) {
         double d = rel(a->loss[s], ref->loss[s]), dn = rel(a->norm[s], ref->norm[s]);
@@ -198,8 +210,19 @@ static void compare(const char *tag, const struct run *a, const struct run *ref,
     CHECK(worst <= REL_TOL, "%s: loss differs from the single-process run by %.3g relative", tag,
           worst);
     CHECK(worst_norm <= REL_TOL, "%s: grad norm differs by %.3g relative", tag, worst_norm);
-    fprintf(stderr, "%-22s loss rel diff max %.2e, grad-norm %.2e (steps %d..%d)\n", tag, worst,
-            worst_norm, from, to);
+    double worst_val = 0;
+    int evals = 0;
+    for (int s = from; s <= to; s++) {
+        if (ref->val[s] == 0) continue;
+        evals++;
+        double d = rel(a->val[s], ref->val[s]);
+        worst_val = d > worst_val ? d : worst_val;
+    }
+    if (val)
+        CHECK(evals >= 1 && worst_val <= REL_TOL, "%s: %d evaluations, val_loss differs by %.3g",
+              tag, evals, worst_val);
+    fprintf(stderr, "%-22s loss rel diff max %.2e, grad-norm %.2e, val %.2e%s (steps %d..%d)\n",
+            tag, worst, worst_norm, worst_val, val ? "" : " (dp>1: other eval set)", from, to);
 }
 
 /* The pipeline figures of rank 0's step lines against the schedule's formulas. */
@@ -294,7 +317,7 @@ static void equivalence(const struct layout *tab, int n) {
             train(&l, &r, NULL, 0);
             CHECK(r.steps_seen == STEPS, "%s: %d step lines, want %d", tag, r.steps_seen, STEPS);
             if (r.steps_seen != STEPS || ref.steps_seen != STEPS) continue;
-            compare(tag, &r, &ref, 1, STEPS);
+            compare(tag, &r, &ref, 1, STEPS, l.dp == 1);
             check_pipeline(&l, &r);
             check_memory(&l, &r);
         }
@@ -341,9 +364,9 @@ static void checkpoints(void) {
         train(&two, &r2, copy, 0);
         CHECK(r1.steps_seen == STEPS / 2 && r2.steps_seen == STEPS / 2,
               "resumed runs did %d and %d steps, want %d", r1.steps_seen, r2.steps_seen, STEPS / 2);
-        compare(t1, &rh, &rr, 1, STEPS / 2);
-        compare(t2, &r1, &rr, STEPS / 2 + 1, STEPS);
-        compare(t3, &r2, &rr, STEPS / 2 + 1, STEPS);
+        compare(t1, &rh, &rr, 1, STEPS / 2, 1);
+        compare(t2, &r1, &rr, STEPS / 2 + 1, STEPS, 1);
+        compare(t3, &r2, &rr, STEPS / 2 + 1, STEPS, 0);
     }
 }
 
