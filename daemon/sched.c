@@ -215,6 +215,12 @@ static void reason_never_fits(const struct sched_cluster *c, const struct sched_
     } else if (tp > biggest) {
         snprintf(buf, len, "needs %d %s with tp=%d on one node; largest node has %d (%s)", j->world,
                  dev_word(j), tp, biggest, c->nodes[bnode].name);
+    } else if (j->max_per_node > 0 && j->world > ready * (j->max_per_node / tp) * tp) {
+        snprintf(buf, len,
+                 "needs %d %s with at most %d per node (resources.gpus_per_node); the %d ready "
+                 "nodes can hold at most %d that way",
+                 j->world, dev_word(j), j->max_per_node, ready,
+                 ready * (j->max_per_node / tp) * tp);
     } else if (j->world > total) {
         snprintf(buf, len, "needs %d %s; the %d ready nodes have %d in total (%d drained, %d lost)",
                  j->world, dev_word(j), ready, total, drained, lost);
