@@ -18,7 +18,7 @@ loom_warnings(fake_worker)
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
     foreach(sc happy crash crash_no_retry hang node_lost loomd_restart agent_restart
-               agent_restart_kill cancel rdzv sched quota_priority)
+               agent_restart_kill cancel rdzv sched quota_priority soak)
         add_test(NAME integration.cluster.${sc}
                  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_cluster.py
                          ${CMAKE_BINARY_DIR}/bin ${sc})

@@ -593,6 +593,48 @@ def sc_quota_priority(c):
     c.wait_state(b, "cancelled", 10, token=qtok)
 
 
+def sc_soak(c):
+    """30 random jobs (1-6 ranks, priorities, injected crashes and hangs,
+    cancels) on three 4-device nodes. Invariants: every job ends; no device
+    ever ran two ranks at once (task start/exit times per node and device);
+    no worker process is left."""
+    import glob
+    import random
+    rnd = random.Random(7)
+    ids = []
+    for i in range(30):
+        labels = {}
+        r = rnd.random()
+        if r < 0.15:
+            labels = {"fake_crash_step": "2", "fake_crash_attempt": "0"}
+        elif r < 0.2:
+            labels = {"fake_hang_step": "2", "fake_hang_attempt": "0"}
+        ids.append(c.submit(world=rnd.choice([1, 1, 2, 2, 3, 4, 6]), steps=rnd.randint(2, 8),
+                            step_ms=rnd.choice([20, 50]), labels=labels, max_retries=1,
+                            priority=rnd.choice([10, 50, 90]), name="soak%d" % i))
+        if rnd.random() < 0.1:
+            c.request("POST", "/v1/jobs/%s/cancel" % ids[-1], {})
+    final = ("succeeded", "failed", "cancelled")
+    c.wait(lambda: all(c.job(j)["state"] in final for j in ids), 150, "every soak job to end")
+    states = [c.job(j)["state"] for j in ids]
+    check("failed" not in states, "no job failed (one retry covers each fault): %s" % states)
+    spans = {}
+    for node in c.agents:
+        for d in glob.glob(os.path.join(c.tmp, node, "tasks", "*")):
+            dev = int(open(os.path.join(d, "meta")).read().split()[2])
+            start = os.stat(os.path.join(d, "pid")).st_mtime
+            end = os.stat(os.path.join(d, "exit")).st_mtime
+            spans.setdefault((node, dev), []).append((start, end, os.path.basename(d)))
+    for key, v in spans.items():
+        v.sort()
+        for a, b in zip(v, v[1:]):
+            check(b[0] >= a[1] - 0.01, "device %s ran %s and %s at once" % (key, a, b))
+    c.wait(lambda: not c.alive_workers(), 5, "no worker left")
+    print("soak: %d jobs, %d rank runs, states %s" % (
+        len(ids), sum(len(v) for v in spans.values()),
+        {s: states.count(s) for s in set(states)}))
+
+
 def real_spec(c, dp, steps, every):
     shards = os.path.join(c.tmp, "shards")
     if not os.path.isdir(shards):
@@ -701,6 +743,7 @@ SCENARIOS = {
     "rdzv": (sc_rdzv, {}),
     "sched": (sc_sched, {}),
     "quota_priority": (sc_quota_priority, {}),
+    "soak": (sc_soak, {"nodes": 3, "devices": 4, "node_timeout": 10, "hang_timeout": 6}),
     "real_worker": (sc_real_worker, {"worker": os.path.join(BIN, "loom-worker")}),
     "real_worker_retry": (sc_real_worker_retry, {"worker": os.path.join(BIN, "loom-worker")}),
 }
