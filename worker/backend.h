@@ -225,6 +225,14 @@ struct backend {
     void (*classifier_vp)(void *ctx, float *lse, float *tl, void *dinp, void *dW, const void *inp,
                           const void *W, const int32_t *targets, const float *lse_in, int N, int C,
                           int Vv, int Vr, float grad_scale);
+
+    /* ---- optional fusions: NULL on a backend without them, and the model
+     * then makes the separate calls ---- */
+    /* out [N, OC] = residual [N, OC] + inp [N, IC] @ W[OC, IC]^T + bias[OC]
+     * (bias may be NULL): matmul_fwd then residual_fwd in one pass, without
+     * the intermediate product. out may equal residual. */
+    void (*matmul_residual_fwd)(void *ctx, void *out, const void *inp, const void *W,
+                                const void *bias, const void *residual, int N, int IC, int OC);
 };
 
 /* Pointer `elems` compute elements past `base` (device pointers are plain

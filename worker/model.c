@@ -438,15 +438,29 @@ static void block_fwd(struct model *m, int l, const void *x) {
     if (rope)
         b->rope_fwd(b->ctx, s->qkv, N, T, m->QKV, m->NH + m->NKV, m->HD, (float)e->cfg.rope_theta);
     b->attention_fwd(b->ctx, s->atty, s->lse, s->qkv, B, T, m->NH, m->NKV, m->HD);
-    b->matmul_fwd(b->ctx, a->s1, s->atty, P(m, k->aow), row_bias(m, k->aob), N, m->NH * m->HD, C);
-    tp_allreduce(e, a->s1, (size_t)N * C);
-    b->residual_fwd(b->ctx, s->r1, x, a->s1, (size_t)N * C);
+    /* projections + residual: one fused call where the backend has it (and
+     * no tp all-reduce sits between them) */
+    int fuse = b->matmul_residual_fwd && e->tp == 1;
+    if (fuse) {
+        b->matmul_residual_fwd(b->ctx, s->r1, s->atty, P(m, k->aow), row_bias(m, k->aob), x, N,
+                               m->NH * m->HD, C);
+    } else {
+        b->matmul_fwd(b->ctx, a->s1, s->atty, P(m, k->aow), row_bias(m, k->aob), N, m->NH * m->HD,
+                      C);
+        tp_allreduce(e, a->s1, (size_t)N * C);
+        b->residual_fwd(b->ctx, s->r1, x, a->s1, (size_t)N * C);
+    }
     norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);
     b->matmul_fwd(b->ctx, s->fch, s->n2, P(m, k->fcw), P(m, k->fcb), N, C, fcw);
     act_fwd(m, s);
-    b->matmul_fwd(b->ctx, a->s1, s->fca, P(m, k->mpw), row_bias(m, k->mpb), N, m->F, C);
-    tp_allreduce(e, a->s1, (size_t)N * C);
-    b->residual_fwd(b->ctx, s->r2, s->r1, a->s1, (size_t)N * C);
+    if (fuse) {
+        b->matmul_residual_fwd(b->ctx, s->r2, s->fca, P(m, k->mpw), row_bias(m, k->mpb), s->r1, N,
+                               m->F, C);
+    } else {
+        b->matmul_fwd(b->ctx, a->s1, s->fca, P(m, k->mpw), row_bias(m, k->mpb), N, m->F, C);
+        tp_allreduce(e, a->s1, (size_t)N * C);
+        b->residual_fwd(b->ctx, s->r2, s->r1, a->s1, (size_t)N * C);
+    }
 }
 
 void *model_stage_input(struct model *m) {

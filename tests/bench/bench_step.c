@@ -135,6 +135,11 @@ W0(copy, C_MEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
 W0(upload, C_MEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
 W0(download, C_MEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
 
+W0(matmul_residual_fwd, C_MATMUL,
+   (void *x, void *o, const void *i, const void *w, const void *b, const void *r, int N, int IC,
+    int OC),
+   (x, o, i, w, b, r, N, IC, OC))
+
 static void prof_install(struct backend *b) {
     P.orig = *b;
     P.be = b;
@@ -146,6 +151,7 @@ static void prof_install(struct backend *b) {
     SETW(classifier), SETW(layernorm_fwd), SETW(layernorm_bwd), SETW(gelu_fwd), SETW(gelu_bwd);
     SETW(residual_fwd), SETW(accumulate), SETW(embedding_fwd), SETW(embedding_bwd), SETW(adamw);
     SETW(sumsq), SETW(scale), SETW(zero), SETW(copy), SETW(upload), SETW(download);
+    if (b->matmul_residual_fwd) SETW(matmul_residual_fwd);
 #undef SETW
 }
 

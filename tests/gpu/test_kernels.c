@@ -400,6 +400,34 @@ static void test_classifier(int N, int C, int V, int Vp) {
     t_free(&x), t_free(&w), t_free(&loss), t_free(&dx), t_free(&dw);
 }
 
+/* matmul_residual_fwd (optional fusion) against the cpu's matmul_fwd +
+ * residual_fwd, out distinct from and equal to the residual. */
+static void test_matmul_residual(int N, int IC, int OC) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "%dx%dx%d", N, IC, OC);
+    struct tens x, w, bias, r, y, tmp;
+    t_rand(&x, (size_t)N * IC, 0, 1, 0);
+    t_rand(&w, (size_t)OC * IC, 0, 0.05f, 0);
+    t_rand(&bias, OC, 0, 0.1f, 0);
+    t_rand(&r, (size_t)N * OC, 0, 1, 0);
+    t_out(&y, (size_t)N * OC, 0);
+    t_out(&tmp, (size_t)N * OC, 0);
+    cpu->matmul_fwd(cpu->ctx, tmp.c, x.c, w.c, bias.c, N, IC, OC);
+    cpu->residual_fwd(cpu->ctx, y.c, r.c, tmp.c, y.n);
+    gpu->matmul_residual_fwd(gpu->ctx, y.g, x.g, w.g, bias.g, r.g, N, IC, OC);
+    t_check(&y, "matmul_residual_fwd", shape, TOL_MM, 0);
+    /* in place on the residual stream */
+    cpu->residual_fwd(cpu->ctx, r.c, r.c, tmp.c, r.n);
+    gpu->matmul_residual_fwd(gpu->ctx, r.g, x.g, w.g, NULL, r.g, N, IC, OC);
+    /* the gpu call had no bias: reference r + x.W^T = (r + x.W^T + b) - b */
+    float *rc = r.c, *bc = bias.c;
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++)
+            rc[(size_t)i * OC + o] -= bc[o];
+    t_check(&r, "matmul_residual_fwd in place", shape, TOL_MM, 0);
+    t_free(&x), t_free(&w), t_free(&bias), t_free(&r), t_free(&y), t_free(&tmp);
+}
+
 /* Vocabulary-parallel classifier (tensor parallelism): this rank's Vr rows
  * of W, the first Vv real. Statistics pass, then the gradient pass with a
  * global log-sum-exp = local + 0.3 (other ranks' share) and one ignored row
@@ -608,6 +636,8 @@ int main(void) {
     if (!quick) test_classifier(300, 128, 1000, 1024);
     if (!quick) test_classifier(16, 64, 70000, 70016); /* a large vocabulary */
     test_classifier_vp(64, 64, 120, 128);
+    test_matmul_residual(64, 64, 192);
+    if (!quick) test_matmul_residual(512, 768, 768);
     if (!quick) test_classifier_vp(300, 128, 25088, 25152); /* GPT-2 vocabulary over tp 2 */
     test_optim(1000);
     if (!quick) test_optim(1 << 20);

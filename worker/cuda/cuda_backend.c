@@ -498,6 +498,14 @@ static void cu_classifier(void *ctx, float *losses, void *dinp, void *dW, const 
     }
 }
 
+/* out = residual + inp . W^T + bias through the GEMM's C operand (beta 1):
+ * the product is rounded to bf16 once, after the add. */
+static void cu_matmul_residual_fwd(void *ctx, void *out, const void *inp, const void *W,
+                                   const void *bias, const void *residual, int N, int IC, int OC) {
+    FLUSH();
+    lk_linear_fwd(CX->blas, out, NULL, inp, W, bias, residual, N, IC, OC, 0);
+}
+
 /* Vocabulary-parallel classifier (backend.h classifier_vp), in the same row
  * chunks as cu_classifier over the reserved logits workspace (sized for
  * lim.Vp = this rank's rows). Statistics pass when lse_in is NULL, else the
@@ -627,6 +635,7 @@ struct backend *backend_cuda_new(int device) {
     b->accumulate = cu_accumulate;
     b->classifier = cu_classifier;
     b->classifier_vp = cu_classifier_vp;
+    b->matmul_residual_fwd = cu_matmul_residual_fwd;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->scale = cu_scale;
