@@ -424,12 +424,24 @@ static int run(struct worker *w) {
         report_error("TRAIN_FAILED", w->err);
         return 1;
     }
-    if (rc == 0 && o->export_path && (s->parallel.tp > 1 || s->parallel.pp > 1)) {
-        report_error("EXPORT_FAILED", "--export with tp or pp > 1 is not built yet; resume the "
-                                      "checkpoint in one process and export there");
-        return 1;
-    }
-    if (rc == 0 && o->export_path && (w->e->rank == 0 || w->z)) {
+    if (rc == 0 && o->export_path && w->par) { /* tp / pp > 1: gather every share */
+        struct model_layout full;
+        if (model_layout_init(&full, &s->model, 1) != 0) return 1;
+        float *h = malloc((size_t)full.numel * sizeof *h);
+        int erc = !h || par_gather_full(w->par, h) != 0 ? -1 : 0;
+        if (erc != 0)
+            snprintf(w->err, sizeof w->err, "gathering the weights failed");
+        else if (w->e->rank == 0)
+            erc = st_export_model(o->export_path, &s->model, &full, h, ST_F32, NULL, w->err,
+                                  sizeof w->err);
+        free(h);
+        model_layout_free(&full);
+        if (erc != 0) {
+            report_error("EXPORT_FAILED", w->err);
+            return 1;
+        }
+        if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
+    } else if (rc == 0 && o->export_path && (w->e->rank == 0 || w->z)) {
         size_t n = w->e->n_params;
         float *h = malloc(n * sizeof *h);
         if (!h) return 1;

@@ -165,3 +165,62 @@ void par_train_opts(struct par *p, struct train_opts *o) {
     o->step_extra_user = p->pp;
     o->forward_only = pp_forward_only;
 }
+
+int par_gather_full(struct par *p, float *h) {
+    struct engine *e = p->e;
+    struct backend *b = e->be;
+    int W = e->world, rc = -1;
+    struct model_layout full;
+    if (!p->world || model_layout_init(&full, &e->cfg, 1) != 0) return -1;
+    /* every rank's (tp_idx, offset, count) of its optimizer range */
+    int64_t *meta = calloc(3 * (size_t)W, sizeof *meta);
+    size_t *counts = calloc((size_t)W, sizeof *counts);
+    int64_t *dmeta = b->alloc(b->ctx, 3 * (size_t)W * sizeof *meta);
+    float *all = NULL, *host = NULL, *part = NULL;
+    if (!meta || !counts || !dmeta) goto out;
+    meta[3 * e->rank] = e->tp_idx;
+    meta[3 * e->rank + 1] = (int64_t)e->shard_off;
+    meta[3 * e->rank + 2] = (int64_t)e->shard_n;
+    b->upload(b->ctx, dmeta, meta, 3 * (size_t)W * sizeof *meta);
+    b->sync(b->ctx);
+    if (comm_allreduce(p->world, dmeta, 3 * (size_t)W, COMM_I64, COMM_SUM, NULL) != 0) goto out;
+    b->download(b->ctx, meta, dmeta, 3 * (size_t)W * sizeof *meta);
+    size_t total = 0, mine = 0;
+    for (int r = 0; r < W; r++) {
+        counts[r] = (size_t)meta[3 * r + 2];
+        if (r < e->rank) mine += counts[r];
+        total += counts[r];
+    }
+    /* the fp32 master shards of every rank, in rank order, in backend memory */
+    all = b->alloc(b->ctx, (total ? total : 1) * sizeof(float));
+    host = malloc((total ? total : 1) * sizeof(float));
+    part = malloc((size_t)e->n_params * sizeof(float));
+    if (!all || !host || !part) goto out;
+    b->copy(b->ctx, all + mine, e->master, e->shard_n * sizeof(float));
+    b->sync(b->ctx);
+    if (comm_all_gatherv(p->world, all + mine, all, counts, COMM_F32, NULL) != 0) goto out;
+    b->download(b->ctx, host, all, total * sizeof(float));
+    /* per tp rank: its flat buffer from the pieces, then its share of each tensor */
+    for (int t = 0; t < e->tp; t++) {
+        size_t at = 0;
+        for (int r = 0; r < W; r++) {
+            if (meta[3 * r] == t)
+                memcpy(part + meta[3 * r + 1], host + at, counts[r] * sizeof(float));
+            at += counts[r];
+        }
+        for (int i = 0; i < e->layout.n; i++)
+            tp_unslice(&e->layout.t[i], e->tp, t, part + e->layout.t[i].rank_offset,
+                       h + full.t[i].offset);
+    }
+    rc = 0;
+out:
+    if (rc != 0) log_error("gathering the weights of all ranks failed");
+    b->free(b->ctx, dmeta);
+    b->free(b->ctx, all);
+    free(meta);
+    free(counts);
+    free(host);
+    free(part);
+    model_layout_free(&full);
+    return rc;
+}

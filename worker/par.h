@@ -33,6 +33,12 @@ struct par *par_setup(struct engine *e, struct zero *z, struct model *m,
                       const struct model_opts *mo, const char *schedule, char *err, size_t errlen);
 void par_free(struct par *p); /* NULL ok */
 
+/* Every rank (collective over the world): the whole model's fp32 master
+ * weights in the tp = 1 layout (api/model.h offsets) into host h[numel],
+ * assembled from every rank's optimizer range (all stages, tp shares, dp
+ * shards). For --export. 0 or -1. */
+int par_gather_full(struct par *p, float *h);
+
 /* Fill the train options this layout needs (pipeline runner, step extras). */
 void par_train_opts(struct par *p, struct train_opts *o);
 

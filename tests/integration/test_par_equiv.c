@@ -33,12 +33,16 @@
 
 #include "api/model.h"
 #include "worker/data.h"
+#include "worker/safetensors.h"
 
 #define STEPS   20
 #define REL_TOL 1e-5
-#define SEQ     16
-#define MICRO   2
-#define MAXPP   4
+/* final weights (--export): max |a - b| / (1 + |b|); Adam turns grad-norm
+ * differences of 1e-6 into weight differences of this order */
+#define PARAM_TOL 5e-5
+#define SEQ       16
+#define MICRO     2
+#define MAXPP     4
 
 static const char *worker;
 static char dir[256];
@@ -154,7 +158,7 @@ static void parse(const char *path, struct run *r) {
 
 /* Run loom-worker; stdout to outfile. Returns the exit code. */
 static int run_worker(const char *spec, const char *out, const char *outfile, int nproc,
-                      const char *sched, int steps) {
+                      const char *sched, int steps, const char *export_path) {
     pid_t p = fork();
     if (p == 0) {
         FILE *o = freopen(outfile, "w", stdout);
@@ -171,6 +175,10 @@ static int run_worker(const char *spec, const char *out, const char *outfile, in
             argv[n++] = "--steps";
             argv[n++] = st;
         }
+        if (export_path) {
+            argv[n++] = "--export";
+            argv[n++] = export_path;
+        }
         argv[n] = NULL;
         setenv("LOOM_COMM_TIMEOUT_MS", "30000", 1);
         execv(worker, (char **)argv);
@@ -182,12 +190,14 @@ static int run_worker(const char *spec, const char *out, const char *outfile, in
 }
 
 static void train(const struct layout *l, struct run *r, const char *out_dir, int steps) {
-    char spec[512], out[512], of[512];
+    char spec[512], out[512], of[512], ex[512];
     snprintf(spec, sizeof(spec), "%s/%s.json", dir, l->tag);
     snprintf(out, sizeof(out), "%s/%s", dir, out_dir ? out_dir : l->tag);
     snprintf(of, sizeof(of), "%s/%s.%d.jsonl", dir, l->tag, steps);
     write_spec(spec, l);
-    int rc = run_worker(spec, out, of, l->dp * l->tp * l->pp, l->sched, steps);
+    snprintf(ex, sizeof(ex), "%s/%s.safetensors", dir, l->tag);
+    int rc =
+        run_worker(spec, out, of, l->dp * l->tp * l->pp, l->sched, steps, steps == 0 ? ex : NULL);
     CHECK(rc == 0, "%s: loom-worker exited %d (see stderr)", l->tag, rc);
     parse(of, r);
     r->ok = rc == 0;
@@ -223,6 +233,50 @@ static void compare(const char *tag, const struct run *a, const struct run *ref,
               tag, evals, worst_val);
     fprintf(stderr, "%-22s loss rel diff max %.2e, grad-norm %.2e, val %.2e%s (steps %d..%d)\n",
             tag, worst, worst_norm, worst_val, val ? "" : " (dp>1: other eval set)", from, to);
+}
+
+static float *load_export(const char *path, size_t *n) {
+    struct st_file *f = NULL;
+    char err[256];
+    if (st_open(path, &f, err, sizeof(err)) != 0) return NULL;
+    size_t total = 0;
+    for (size_t i = 0; i < st_count(f); i++)
+        total += st_at(f, i)->nbytes / 4;
+    float *h = malloc((total ? total : 1) * sizeof(float)), *p = h;
+    for (size_t i = 0; h && i < st_count(f); i++) {
+        const struct st_info *t = st_at(f, i);
+        if (st_read(f, t->name, ST_F32, p, t->nbytes, err, sizeof(err)) != 0) {
+            free(h);
+            h = NULL;
+            break;
+        }
+        p += t->nbytes / 4;
+    }
+    st_close(f);
+    *n = total;
+    return h;
+}
+
+/* The exports (--export, gathered from every tp share and stage) of a layout
+ * and of its single-process reference hold the same weights. */
+static void compare_weights(const char *tag, const char *ref_tag) {
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/%s.safetensors", dir, tag);
+    snprintf(b, sizeof b, "%s/%s.safetensors", dir, ref_tag);
+    size_t na = 0, nb = 0;
+    float *x = load_export(a, &na), *y = load_export(b, &nb);
+    CHECK(x && y && na == nb && na > 0, "%s: exports unreadable or of different sizes", tag);
+    if (x && y && na == nb) {
+        double worst = 0;
+        for (size_t i = 0; i < na; i++) {
+            double d = fabs((double)x[i] - y[i]) / (1 + fabs((double)y[i]));
+            worst = d > worst ? d : worst;
+        }
+        CHECK(worst <= PARAM_TOL, "%s: final weights differ by %.3g", tag, worst);
+        fprintf(stderr, "%-22s final weights max diff %.2e over %zu values\n", tag, worst, na);
+    }
+    free(x);
+    free(y);
 }
 
 /* The pipeline figures of rank 0's step lines against the schedule's formulas. */
@@ -318,6 +372,7 @@ static void equivalence(const struct layout *tab, int n) {
             CHECK(r.steps_seen == STEPS, "%s: %d step lines, want %d", tag, r.steps_seen, STEPS);
             if (r.steps_seen != STEPS || ref.steps_seen != STEPS) continue;
             compare(tag, &r, &ref, 1, STEPS, l.dp == 1);
+            compare_weights(tag, rtag);
             check_pipeline(&l, &r);
             check_memory(&l, &r);
         }
