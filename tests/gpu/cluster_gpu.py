@@ -30,8 +30,10 @@ import test_cluster as tc  # noqa: E402
 
 
 def spec(shards, steps, every, name):
-    T = 16 if CPU else 256  # the rehearsal runs a tiny model on the cpu backend
-    model = {"family": "gpt2", "n_layer": 4, "n_head": 4, "d_model": 256, "d_ff": 1024,
+    # big enough that a step keeps both GPUs busy for the telemetry samples
+    # (~0.5 s apart); the rehearsal runs a tiny model on the cpu backend
+    T = 16 if CPU else 512
+    model = {"family": "gpt2", "n_layer": 8, "n_head": 8, "d_model": 512, "d_ff": 2048,
              "vocab_size": 512, "seq_len": T}
     if CPU:
         model.update(n_layer=2, n_head=2, d_model=32, d_ff=128)
@@ -40,7 +42,7 @@ def spec(shards, steps, every, name):
         "model": model,
         "data": {"train": os.path.join(shards, "train_*.bin")},
         "parallel": {"dp": 2, "tp": 1, "pp": 1, "zero_stage": 1},
-        "train": {"steps": steps, "global_batch_tokens": 2 * 8 * T, "micro_batch": 8,
+        "train": {"steps": steps, "global_batch_tokens": 2 * 16 * T, "micro_batch": 16,
                   "precision": "fp32" if CPU else "bf16", "lr": 0.001, "warmup_steps": 2},
         "checkpoint": {"every_steps": every, "keep": 2},
         "resources": {"device": "cpu" if CPU else "cuda", "gpus_per_node": 2},
@@ -76,7 +78,7 @@ def scenario(c):
                                                    node.get("gpu_model")))
     tc.check(node["devices_total"] == 2, "the node offers 2 devices: %s" % node)
 
-    steps = 40
+    steps = 40 if CPU else 300
     st, j = c.request("POST", "/v1/jobs", spec(shards, steps, 1000, "gpu-dp2"))
     tc.check(st == 201, "submit: %s %s" % (st, j))
     jid = j["id"]
