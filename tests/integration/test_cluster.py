@@ -538,7 +538,7 @@ def sc_sched(c):
     check(r.returncode == 0 and b"ready" in r.stdout, "loomctl undrain: %r" % r.stdout)
     c.wait_state(big, "succeeded", 20)
     too_big = c.submit(world=6, steps=1, step_ms=10, name="toobig")
-    c.wait(lambda: "in total" in (c.job(too_big).get("pending_reason") or ""), 5,
+    c.wait(lambda: "can hold at most 4" in (c.job(too_big).get("pending_reason") or ""), 5,
            "never-fits reason")
     print("pending:", c.job(too_big)["pending_reason"])
     c.request("POST", "/v1/jobs/%s/cancel" % too_big, {})
