@@ -165,6 +165,17 @@ static void conn_close(struct store_tx *tx) {
     free(tx);
 }
 
+/* Busy handler: SQLite's default sleeps in steps of up to 100 ms, which
+ * shows up as request-latency spikes when a reader briefly meets the WAL
+ * being reset; retry every 0.5 ms instead, for up to 5 s. */
+static int busy_retry(void *arg, int count) {
+    (void)arg;
+    if (count >= 10000) return 0;
+    struct timespec ts = {0, 500000};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
 static struct store_tx *conn_open(struct store *s, int readonly) {
     struct store_tx *tx = calloc(1, sizeof *tx);
     if (!tx) return NULL;
@@ -175,7 +186,7 @@ static struct store_tx *conn_open(struct store *s, int readonly) {
         conn_close(tx);
         return NULL;
     }
-    sqlite3_busy_timeout(tx->db, 5000);
+    sqlite3_busy_handler(tx->db, busy_retry, NULL);
     sqlite3_extended_result_codes(tx->db, 1);
     if (!readonly) {
         if (store_exec(tx, "PRAGMA journal_mode=WAL") ||
