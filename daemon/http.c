@@ -424,6 +424,8 @@ static int begin_request(struct http_conn *c, const char *url, const char *metho
     struct http_req *req = &c->req;
     c->route_idx = http_routes_count;
     int path_matched = 0;
+    /* HEAD is answered as GET; libmicrohttpd leaves the body out. */
+    if (strcmp(method, "HEAD") == 0) method = "GET";
     char allow[128] = "";
     for (size_t i = 0; i < http_routes_count; i++) {
         const struct http_route *r = &http_routes[i];

@@ -23,6 +23,7 @@ field() { sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p" | head -n 1; }
 
 out=$(curl -s "$URL/healthz")
 echo "$out" | grep -q '"status":"ok"'; check "healthz" $?
+curl -sI "$URL/healthz" | head -n 1 | grep -q " 200"; check "HEAD /healthz: 200" $?
 TENANT=$(curl -s -H "$ADM" -H "$JSON" -d '{"name":"curl-team"}' "$URL/v1/tenants" | field id)
 [ -n "$TENANT" ]; check "create tenant ($TENANT)" $?
 TOKEN=$(curl -s -X POST -H "$ADM" "$URL/v1/tenants/$TENANT/tokens" | field token)
