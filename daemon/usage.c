@@ -8,6 +8,7 @@
 #include "daemon/loomd.h"
 #include "daemon/store.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,40 @@ int usage_get(struct http_req *req) {
                   req->ld->cfg.price_gpu_hour, "rows", q.rows, "total", "gpu_seconds",
                   q.gpu_seconds, "gpu_hours", q.gpu_seconds / 3600.0, "cost", q.cost);
     if (q.tenant) json_object_set_new(reply, "tenant", json_string(q.tenant));
+    /* Attempts still holding devices are not in the ledger yet: list them
+     * with their usage so far, per node, so a running job's cost shows. */
+    json_t *running = json_array();
+    struct cluster *c = req->ld->cluster;
+    if (c) {
+        int64_t now = store_now_ms();
+        pthread_mutex_lock(&c->mu);
+        for (struct cl_attempt *a = c->attempts; a; a = a->next) {
+            if ((q.tenant && strcmp(q.tenant, a->tenant_id)) || a->started_ms < q.from ||
+                a->started_ms >= q.to)
+                continue;
+            for (int r = 0; r < a->world; r++) {
+                int ni = a->ranks[r].node, first = 1, gpus = 0;
+                for (int k = 0; k < a->world; k++) {
+                    if (a->ranks[k].node != ni) continue;
+                    if (k < r) first = 0;
+                    gpus++;
+                }
+                if (!first) continue;
+                double secs = gpus * (double)(now - a->started_ms) / 1000.0;
+                json_t *p = json_object_get(c->prices, c->nodes[ni].gpu_model);
+                double price =
+                    json_is_number(p) ? json_number_value(p) : req->ld->cfg.price_gpu_hour;
+                json_array_append_new(running,
+                                      json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:f, s:f}",
+                                                "tenant", a->tenant_id, "job", a->job_id, "attempt",
+                                                a->attempt, "node", c->nodes[ni].name, "gpu_model",
+                                                c->nodes[ni].gpu_model, "gpus", gpus, "gpu_seconds",
+                                                secs, "cost", secs / 3600.0 * price));
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    json_object_set_new(reply, "running", running);
     if (req->ld->cluster && req->ld->cluster->prices)
         json_object_set(reply, "gpu_prices", req->ld->cluster->prices); /* read-only after start */
     return http_reply_json(req, 200, reply);

@@ -6,8 +6,9 @@
  * else loomd's --price-per-gpu-hour). This handler sums rows
  * whose start lies in [from, to) (RFC 3339, YYYY-MM-DD, or ms since the
  * epoch; default: everything). Tenants see only their own rows; the admin
- * sees all, or one tenant with ?tenant=. Attempts still running are not yet
- * in the ledger. */
+ * sees all, or one tenant with ?tenant=. Attempts still holding devices are
+ * not in the ledger yet; "running" lists them per node with their usage so
+ * far (same filters). */
 #ifndef LOOM_DAEMON_USAGE_H
 #define LOOM_DAEMON_USAGE_H
 

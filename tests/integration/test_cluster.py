@@ -507,6 +507,14 @@ def sc_rdzv(c):
     t0 = time.time()
     st, _ = c.get("/v1/rdzv/%s/0/missing?wait_ms=500" % jid, token=tok)
     check(st == 404 and time.time() - t0 >= 0.45, "long-poll waits then 404")
+    # Running attempts show in /v1/usage with their usage so far.
+    st, u = c.get("/v1/usage")
+    run = sorted((r["job"], r["gpus"]) for r in u.get("running", []))
+    check(st == 200 and run == sorted([(jid, 2), (jid2, 2)]) and
+          all(r["gpu_seconds"] > 0 for r in u["running"]), "usage so far: %s" % u)
+    _, other = c.new_tenant("other")
+    st, u2 = c.get("/v1/usage", token=other)
+    check(st == 200 and u2["running"] == [], "another tenant sees no running usage: %s" % u2)
     for j in (jid, jid2):
         c.request("POST", "/v1/jobs/%s/cancel" % j, {})
     c.wait_state(jid, "cancelled", 10)
