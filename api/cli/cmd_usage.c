@@ -42,6 +42,18 @@ int cmd_usage(struct cli *cli, int argc, char **argv) {
            json_number_value(json_object_get(t, "gpu_hours")),
            json_number_value(json_object_get(t, "cost")),
            json_number_value(json_object_get(out, "price_per_gpu_hour")));
+    json_t *run = json_object_get(out, "running");
+    if (json_array_size(run) > 0) {
+        printf("\nrunning (not in the ledger yet):\n%-18s %-7s %-20s %5s %12s %12s\n", "JOB",
+               "ATTEMPT", "NODE", "GPUS", "GPU-HOURS", "COST");
+        json_array_foreach(run, i, r) {
+            printf("%-18s %-7lld %-20s %5lld %12.4f %12.4f\n", cli_str(r, "job"),
+                   (long long)json_integer_value(json_object_get(r, "attempt")), cli_str(r, "node"),
+                   (long long)json_integer_value(json_object_get(r, "gpus")),
+                   json_number_value(json_object_get(r, "gpu_seconds")) / 3600.0,
+                   json_number_value(json_object_get(r, "cost")));
+        }
+    }
     json_decref(out);
     return 0;
 }
