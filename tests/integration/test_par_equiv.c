@@ -65,6 +65,7 @@ struct layout {
     const char *sched; /* "1f1b" / "gpipe" */
     int micro_total;   /* micro-batches per step over all dp ranks */
     int layers;        /* 0: 4 */
+    int recompute;     /* 0 none, 1 selective, 2 full */
 };
 
 struct run {
@@ -102,12 +103,17 @@ static void write_spec(const char *path, const struct layout *l) {
             "\"parallel\":{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d},"
             "\"train\":{\"steps\":%d,\"global_batch_tokens\":%d,\"micro_batch\":%d,"
             "\"lr\":0.003,\"min_lr\":0.0003,\"warmup_steps\":3,\"weight_decay\":0.1,"
-            "\"grad_clip\":0.5,\"seed\":7,\"eval_every\":%d,\"eval_batches\":2},"
+            "\"grad_clip\":0.5,\"seed\":7,\"eval_every\":%d,\"eval_batches\":2,"
+            "\"recompute\":\"%s\"},"
             "\"checkpoint\":{\"every_steps\":%d,\"keep\":5},"
             "\"resources\":{\"device\":\"cpu\"}}",
             l->llama ? "llama" : "gpt2", c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff,
             c.vocab_size, SEQ, dir, dir, l->dp, l->tp, l->pp, l->zero, STEPS,
-            l->micro_total * MICRO * SEQ, MICRO, STEPS / 2, STEPS / 2);
+            l->micro_total * MICRO * SEQ, MICRO, STEPS / 2,
+            l->recompute == 2   ? "full"
+            : l->recompute == 1 ? "selective"
+                                : "none",
+            STEPS / 2);
     fclose(f);
 }
 
@@ -338,20 +344,22 @@ static void make_data(void) {
 /* tp runs are communication-bound on a small CI machine (several
  * all-reduces per block and micro-step): 2 layers, 2 micro-batches. */
 static const struct layout tp_part[] = {
-    {"tp2", 0, 1, 2, 1, 0, "1f1b", 2, 2},
-    {"tp4", 0, 1, 4, 1, 0, "1f1b", 2, 2},
-    {"dp2xtp2.z1", 0, 2, 2, 1, 1, "1f1b", 2, 2},
-    {"dp2xtp2.z3", 0, 2, 2, 1, 3, "1f1b", 2, 2},
+    {"tp2", 0, 1, 2, 1, 0, "1f1b", 2, 2, 0},
+    {"tp4", 0, 1, 4, 1, 0, "1f1b", 2, 2, 0},
+    {"dp2xtp2.z1", 0, 2, 2, 1, 1, "1f1b", 2, 2, 0},
+    {"dp2xtp2.z3", 0, 2, 2, 1, 3, "1f1b", 2, 2, 0},
 };
 static const struct layout pp_part[] = {
-    {"pp2.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0},   {"pp2.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0},
-    {"pp4.1f1b", 0, 1, 1, 4, 0, "1f1b", 4, 0},   {"pp4.gpipe", 0, 1, 1, 4, 0, "gpipe", 4, 0},
-    {"pp2.accum8", 0, 1, 1, 2, 0, "1f1b", 8, 0},
+    {"pp2.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0, 0},   {"pp2.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0, 0},
+    {"pp4.1f1b", 0, 1, 1, 4, 0, "1f1b", 4, 0, 0},   {"pp4.gpipe", 0, 1, 1, 4, 0, "gpipe", 4, 0, 0},
+    {"pp2.accum8", 0, 1, 1, 2, 0, "1f1b", 8, 0, 0},
 };
 static const struct layout mix_part[] = {
-    {"tp2xpp2", 0, 1, 2, 2, 0, "1f1b", 2, 2},
-    {"dp2xpp2", 0, 2, 1, 2, 0, "1f1b", 4, 0},
-    {"dp2xpp2.z1", 0, 2, 1, 2, 1, "gpipe", 4, 0},
+    {"tp2xpp2", 0, 1, 2, 2, 0, "1f1b", 2, 2, 0},
+    {"tp2xpp2.recompute-full", 0, 1, 2, 2, 0, "1f1b", 2, 2, 2},
+    {"pp2.recompute-sel", 0, 1, 1, 2, 0, "gpipe", 4, 0, 1},
+    {"dp2xpp2", 0, 2, 1, 2, 0, "1f1b", 4, 0, 0},
+    {"dp2xpp2.z1", 0, 2, 1, 2, 1, "gpipe", 4, 0, 0},
 };
 
 static void equivalence(const struct layout *tab, int n) {
@@ -363,7 +371,7 @@ static void equivalence(const struct layout *tab, int n) {
             snprintf(tag, sizeof tag, "%s.%s", fam ? "llama" : "gpt2", tab[i].tag);
             snprintf(rtag, sizeof rtag, "%s.%s.ref", fam ? "llama" : "gpt2", tab[i].tag);
             /* the single-process run of the same model and global batch */
-            struct layout one = {rtag, fam, 1, 1, 1, 0, "1f1b", l.micro_total, l.layers};
+            struct layout one = {rtag, fam, 1, 1, 1, 0, "1f1b", l.micro_total, l.layers, 0};
             struct run ref, r;
             train(&one, &ref, NULL, 0);
             CHECK(ref.steps_seen == STEPS, "%s: %d steps", rtag, ref.steps_seen);
@@ -381,8 +389,8 @@ static void equivalence(const struct layout *tab, int n) {
 
 /* GPipe keeps every micro-batch's activations, 1F1B at most pp - stage. */
 static void activation_ratio(void) {
-    struct layout a = {"gpt2.act.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0};
-    struct layout b = {"gpt2.act.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0};
+    struct layout a = {"gpt2.act.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0, 0};
+    struct layout b = {"gpt2.act.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0, 0};
     struct run ra, rb;
     train(&a, &ra, NULL, 2);
     train(&b, &rb, NULL, 2);
@@ -401,10 +409,10 @@ static void checkpoints(void) {
         snprintf(t1, sizeof t1, "%s.tp2xpp2.half", fn);
         snprintf(t2, sizeof t2, "%s.resume.dp1", fn);
         snprintf(t3, sizeof t3, "%s.resume.dp2", fn);
-        struct layout ref = {t0, fam, 1, 1, 1, 0, "1f1b", 4, 0};
-        struct layout half = {t1, fam, 1, 2, 2, 0, "1f1b", 4, 0};
-        struct layout one = {t2, fam, 1, 1, 1, 0, "1f1b", 4, 0};
-        struct layout two = {t3, fam, 2, 1, 1, 1, "1f1b", 4, 0};
+        struct layout ref = {t0, fam, 1, 1, 1, 0, "1f1b", 4, 0, 0};
+        struct layout half = {t1, fam, 1, 2, 2, 0, "1f1b", 4, 0, 0};
+        struct layout one = {t2, fam, 1, 1, 1, 0, "1f1b", 4, 0, 0};
+        struct layout two = {t3, fam, 2, 1, 1, 1, "1f1b", 4, 0, 0};
         struct run rr, rh, r1, r2;
         train(&ref, &rr, NULL, 0);
         train(&half, &rh, NULL, STEPS / 2);
