@@ -42,3 +42,12 @@ target_link_libraries(test_agent_task PRIVATE loom_agent_lib)
 loom_warnings(test_agent_task)
 add_test(NAME unit.agent_task COMMAND test_agent_task $<TARGET_FILE:fake_worker>)
 set_tests_properties(unit.agent_task PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+
+# The scheduler benchmark in a small configuration, so the script keeps
+# working (full run: python3 tests/bench/bench_sched.py build/bin; docs/perf.md).
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
+    add_test(NAME bench.sched_smoke
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/bench/bench_sched.py
+                     ${CMAKE_BINARY_DIR}/bin --latency-jobs 5 --tiny-jobs 20 --node-timeout 3)
+    set_tests_properties(bench.sched_smoke PROPERTIES LABELS integration TIMEOUT 120)
+endif()
