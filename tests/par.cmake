@@ -31,3 +31,14 @@ if(TARGET loom_engine AND TARGET loom-worker)
     # tp x pp checkpoint reshard: quick enough for the sanitizer build too
     set_tests_properties(integration.par.ckpt PROPERTIES LABELS "integration;sanitize")
 endif()
+
+# tp2 x pp2 through loomd's HTTP rendezvous with real agents (reuses the cluster harness).
+find_package(Python3 COMPONENTS Interpreter)
+if(LOOM_HAVE_GLOO AND Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loom-worker
+   AND TARGET loom-data)
+    add_test(NAME integration.par.cluster
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_par_cluster.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.par.cluster PROPERTIES LABELS integration TIMEOUT 240
+                         SKIP_RETURN_CODE 77)
+endif()
