@@ -107,6 +107,70 @@ int api_tenants_get(struct http_req *req) {
     return http_reply_json(req, 200, op.out);
 }
 
+/* Validates {"gpu_quota"?, "data_roots"?}; on error replies and returns -1.
+ * *roots_text (caller frees) is NULL when data_roots is absent. */
+static int parse_quota_roots(struct http_req *req, long *quota, char **roots_text) {
+    *quota = -1;
+    *roots_text = NULL;
+    json_t *q = json_object_get(req->json, "gpu_quota");
+    if (q) {
+        if (!json_is_integer(q) || json_integer_value(q) < 0 || json_integer_value(q) > 1000000) {
+            http_error_field(req, 422, "INVALID_FIELD", "gpu_quota",
+                             "'gpu_quota' must be an integer in [0, 1000000] (0 = unlimited)");
+            return -1;
+        }
+        *quota = (long)json_integer_value(q);
+    }
+    json_t *roots = json_object_get(req->json, "data_roots");
+    if (roots) {
+        size_t i;
+        json_t *r;
+        if (!json_is_array(roots)) {
+            http_error_field(req, 422, "INVALID_FIELD", "data_roots",
+                             "'data_roots' must be an array of absolute paths");
+            return -1;
+        }
+        json_array_foreach(roots, i, r) {
+            if (!json_is_string(r) || json_string_value(r)[0] != '/' ||
+                strlen(json_string_value(r)) >= 1024) {
+                http_error_field(req, 422, "INVALID_FIELD", "data_roots",
+                                 "data_roots[%zu] must be an absolute path", i);
+                return -1;
+            }
+        }
+        *roots_text = json_dumps(roots, JSON_COMPACT);
+    }
+    return 0;
+}
+
+static int update_cb(struct store_tx *tx, void *arg) {
+    struct tenant_op *op = arg;
+    int rc = store_tenant_update(tx, op->tenant_id, op->gpu_quota, op->roots);
+    if (rc) return rc;
+    return store_tenant_get(tx, op->tenant_id, &op->out);
+}
+
+int api_tenants_update(struct http_req *req) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(req->json, k, v) {
+        if (strcmp(k, "data_roots") && strcmp(k, "gpu_quota"))
+            return http_error_field(req, 422, "UNKNOWN_FIELD", k,
+                                    "unknown field '%s' (gpu_quota and data_roots can change)", k);
+    }
+    struct tenant_op op = {.tenant_id = http_param(req, "id")};
+    char *roots = NULL;
+    if (parse_quota_roots(req, &op.gpu_quota, &roots) != 0) return 0;
+    op.roots = roots;
+    int rc = store_write(req->ld->store, update_cb, &op);
+    free(roots);
+    if (rc == STORE_OK) auth_forget(req->ld->auth); /* cached data_roots */
+    if (rc == STORE_NOT_FOUND)
+        return http_error(req, 404, "TENANT_NOT_FOUND", "no tenant '%s'", op.tenant_id);
+    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not update");
+    return http_reply_json(req, 200, op.out);
+}
+
 static int token_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
     json_t *t = NULL;

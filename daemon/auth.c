@@ -124,6 +124,11 @@ void auth_free(struct auth *a) {
 void auth_forget(struct auth *a) {
     pthread_mutex_lock(&a->mu);
     memset(a->tokens, 0, sizeof a->tokens);
+    for (int i = 0; i < ROOTS_SLOTS; i++) {
+        free(a->roots[i].roots);
+        a->roots[i].roots = NULL;
+        a->roots[i].used = 0;
+    }
     a->gen++;
     pthread_mutex_unlock(&a->mu);
 }

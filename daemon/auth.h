@@ -27,7 +27,7 @@ int auth_is_join(const struct auth *a, const char *token);
  * path needs no store read; auth_forget() drops the cache (call after any
  * revocation, before replying). */
 int auth_tenant(struct auth *a, struct store *s, const char *token, char *tenant_id, size_t len);
-void auth_forget(struct auth *a);
+void auth_forget(struct auth *a); /* also drops cached tenant data_roots */
 /* The tenant's data_roots as JSON array text into out (cached; tenants'
  * roots do not change). 0, -1 unknown tenant, -2 store error. */
 int auth_tenant_roots(struct auth *a, struct store *s, const char *tenant_id, char *out,

@@ -21,6 +21,7 @@ const struct http_route http_routes[] = {
     {"POST", "/v1/tenants", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_tenants_create},
     {"GET", "/v1/tenants", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, api_tenants_list},
     {"GET", "/v1/tenants/{id}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, api_tenants_get},
+    {"PATCH", "/v1/tenants/{id}", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_tenants_update},
     {"POST", "/v1/tenants/{id}/tokens", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT,
      api_tenants_token_create},
     {"DELETE", "/v1/tenants/{id}/tokens/{tid}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE,

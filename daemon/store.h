@@ -98,6 +98,10 @@ void store_metrics_write(struct store *s, FILE *f);
  * its running jobs may hold (0 = unlimited). Write callback use. */
 int store_tenant_create(struct store_tx *tx, const char *name, const char *data_roots,
                         long gpu_quota, char *id, size_t idlen);
+/* Changes a tenant's gpu_quota (when >= 0) and data_roots (JSON array text,
+ * when non-NULL). STORE_NOT_FOUND if there is no such tenant. */
+int store_tenant_update(struct store_tx *tx, const char *id, long gpu_quota,
+                        const char *data_roots);
 /* Fills a JSON object {id,name,data_roots,gpu_quota,created_at} (caller owns)
  * or returns STORE_NOT_FOUND. */
 int store_tenant_get(struct store_tx *tx, const char *id, json_t **out);

@@ -32,6 +32,24 @@ int store_tenant_create(struct store_tx *tx, const char *name, const char *data_
     return STORE_OK;
 }
 
+int store_tenant_update(struct store_tx *tx, const char *id, long gpu_quota,
+                        const char *data_roots) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "UPDATE tenants SET gpu_quota = CASE WHEN ?2 >= 0 THEN ?2 ELSE gpu_quota END, "
+            "data_roots = COALESCE(?3, data_roots) WHERE id = ?1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, gpu_quota);
+    if (data_roots)
+        sqlite3_bind_text(st, 3, data_roots, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 3);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return STORE_ERR;
+    return sqlite3_changes(store_tx_db(tx)) ? STORE_OK : STORE_NOT_FOUND;
+}
+
 static json_t *tenant_row(sqlite3_stmt *st) {
     json_t *roots = json_loads(col_text(st, 2), 0, NULL);
     return json_pack("{s:s, s:s, s:o, s:I, s:o}", "id", col_text(st, 0), "name", col_text(st, 1),

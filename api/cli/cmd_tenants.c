@@ -53,6 +53,37 @@ int cmd_tenants_create(struct cli *cli, int argc, char **argv) {
     return finish(cli, rc, out, tenant_row);
 }
 
+int cmd_tenants_update(struct cli *cli, int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr,
+                "usage: loomctl tenant-update TENANT_ID [--gpu-quota N] [--data-root DIR]...\n");
+        return 2;
+    }
+    json_t *body = json_object();
+    json_t *roots = NULL;
+    for (int i = 2; i < argc; i += 2) {
+        if (i + 1 < argc && !strcmp(argv[i], "--data-root")) {
+            if (!roots) roots = json_array();
+            json_array_append_new(roots, json_string(argv[i + 1]));
+        } else if (i + 1 < argc && !strcmp(argv[i], "--gpu-quota")) {
+            json_object_set_new(body, "gpu_quota", json_integer(atoll(argv[i + 1])));
+        } else {
+            fprintf(stderr, "loomctl: unknown option %s\n", argv[i]);
+            json_decref(body);
+            json_decref(roots);
+            return 2;
+        }
+    }
+    if (roots) json_object_set_new(body, "data_roots", roots);
+    char enc[256], path[320];
+    cli_urlencode(argv[1], enc, sizeof enc);
+    snprintf(path, sizeof path, "/v1/tenants/%s", enc);
+    json_t *out = NULL;
+    int rc = cli_call(cli, "PATCH", path, body, &out);
+    json_decref(body);
+    return finish(cli, rc, out, NULL);
+}
+
 int cmd_tenants_list(struct cli *cli, int argc, char **argv) {
     json_t *out = NULL;
     int rc = cli_call(cli, "GET", "/v1/tenants", NULL, &out);

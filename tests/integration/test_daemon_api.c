@@ -396,6 +396,44 @@ static void test_auth_errors(void) {
     hresp_free(&r);
 }
 
+/* PATCH /v1/tenants/{id}: quota and data roots change, and the new roots
+ * apply to the very next submit (the roots cache is dropped). */
+static void test_tenant_update(void) {
+    char tid[32], tok[128], path[160];
+    CHECK(make_tenant(url, ADMIN, "mover", tid, sizeof tid, tok, sizeof tok) == 0);
+    char *s = spec_text("moving", NULL);
+    struct hresp r;
+    submit(tok, s, NULL, &r);
+    CHECK(r.status == 201);
+    hresp_free(&r);
+    snprintf(path, sizeof path, "/v1/tenants/%s", tid);
+    const char *body = "{\"data_roots\":[\"/nonexistent-root\"],\"gpu_quota\":4}";
+    hreq(url, "PATCH", path, ADMIN, NULL, body, strlen(body), NULL, &r);
+    CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "gpu_quota")) == 4);
+    hresp_free(&r);
+    submit(tok, s, NULL, &r);
+    CHECK_RESP(&r, 422, "DATA_PATH_FORBIDDEN");
+    hresp_free(&r);
+    const char *bad = "{\"name\":\"renamed\"}";
+    hreq(url, "PATCH", path, ADMIN, NULL, bad, strlen(bad), NULL, &r);
+    CHECK_RESP(&r, 422, "UNKNOWN_FIELD");
+    hresp_free(&r);
+    bad = "{\"gpu_quota\":-3}";
+    hreq(url, "PATCH", path, ADMIN, NULL, bad, strlen(bad), NULL, &r);
+    CHECK_RESP(&r, 422, "INVALID_FIELD");
+    hresp_free(&r);
+    hreq(url, "PATCH", path, tok, NULL, body, strlen(body), NULL, &r);
+    CHECK_RESP(&r, 403, "FORBIDDEN");
+    hresp_free(&r);
+    hreq(url, "PATCH", "/v1/tenants/t-nope", ADMIN, NULL, body, strlen(body), NULL, &r);
+    CHECK_RESP(&r, 404, "TENANT_NOT_FOUND");
+    hresp_free(&r);
+    hreq(url, "GET", path, ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "gpu_quota")) == 4);
+    hresp_free(&r);
+    free(s);
+}
+
 /* ---- the hostile table ---- */
 struct hostile {
     const char *what;
@@ -662,6 +700,7 @@ int main(int argc, char **argv) {
     test_idempotency();
     test_isolation();
     test_auth_errors();
+    test_tenant_update();
     test_hostile();
     test_metrics();
     test_rate_limit(bin);

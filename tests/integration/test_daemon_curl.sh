@@ -79,6 +79,8 @@ LOOM_URL=http://127.0.0.1:1 "$LOOMCTL" list >/dev/null 2>&1
 LOOM_TOKEN=curl-admin "$LOOMCTL" tenant-list | grep -q curl-team; check "loomctl tenant-list" $?
 LOOM_TOKEN=curl-admin "$LOOMCTL" list --tenant "$TENANT" | grep -q "^$J2 "
 check "loomctl list --tenant (admin)" $?
+LOOM_TOKEN=curl-admin "$LOOMCTL" tenant-update "$TENANT" --gpu-quota 6 | grep -q '"gpu_quota": 6'
+check "loomctl tenant-update" $?
 
 head -c 10485760 /dev/zero | tr '\0' ' ' >"$T/big.json"
 code=$(curl -s -o "$T/e.out" -w '%{http_code}' -H "$AUTH" -H "$JSON" --data-binary @"$T/big.json" \
