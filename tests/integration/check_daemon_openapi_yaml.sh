@@ -6,7 +6,7 @@ exec python3 - "$1" <<'PY'
 import sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))
 assert str(d["openapi"]).startswith("3."), "not OpenAPI 3"
-n = sum(1 for p in d["paths"].values() for m in p if m in ("get", "post", "put", "delete"))
+n = sum(1 for p in d["paths"].values() for m in p if m in ("get", "post", "put", "delete", "patch"))
 assert n > 0
 for path, item in d["paths"].items():
     for m, op in item.items():
