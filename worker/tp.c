@@ -13,12 +13,15 @@
 struct tp_state {
     int N, T, C, Vr, Vlo, Vv;
     int32_t *ltok_h, *ltg_h;   /* host [N]: local token / target rows */
-    unsigned char *out_h;      /* host [N]: 1 when the token is not in this slice */
     int32_t *ltok, *ltg, *pos; /* device int32 [N] */
     float *lse, *tl, *aux;     /* device fp32 [N] */
     float *hf, *hg;            /* host fp32 [N] */
     double *hz;                /* host [N]: global log-sum-exp */
     void *scratch;             /* device [N, C] compute dtype */
+    /* device [Vr + 1, C]: the embedding slice plus a zero row that tokens of
+     * other slices look up (forward), or their gradient sink (backward); one
+     * bulk copy instead of a memset per run of foreign tokens */
+    void *ext;
 };
 
 static enum comm_dtype cdt(const struct engine *e) {
@@ -59,7 +62,6 @@ struct tp_state *tp_state_new(struct model *m) {
     if (s->Vv > s->Vr) s->Vv = s->Vr;
     s->ltok_h = malloc((size_t)N * sizeof(int32_t));
     s->ltg_h = malloc((size_t)N * sizeof(int32_t));
-    s->out_h = malloc((size_t)N);
     s->hf = malloc((size_t)N * sizeof(float));
     s->hg = malloc((size_t)N * sizeof(float));
     s->hz = malloc((size_t)N * sizeof(double));
@@ -71,8 +73,9 @@ struct tp_state *tp_state_new(struct model *m) {
     s->tl = engine_alloc(e, (size_t)N * sizeof(float), acts);
     s->aux = engine_alloc(e, (size_t)N * sizeof(float), acts);
     s->scratch = engine_alloc(e, (size_t)N * m->C * b->elt_size, acts);
-    if (!s->ltok_h || !s->ltg_h || !s->out_h || !s->hf || !s->hg || !s->hz || !s->ltok || !s->ltg ||
-        !s->pos || !s->lse || !s->tl || !s->aux || !s->scratch) {
+    s->ext = engine_alloc(e, ((size_t)s->Vr + 1) * m->C * b->elt_size, acts);
+    if (!s->ltok_h || !s->ltg_h || !s->hf || !s->hg || !s->hz || !s->ltok || !s->ltg || !s->pos ||
+        !s->lse || !s->tl || !s->aux || !s->scratch || !s->ext) {
         log_error("tp: out of memory");
         tp_state_free(m, s);
         return NULL;
@@ -86,34 +89,15 @@ struct tp_state *tp_state_new(struct model *m) {
 void tp_state_free(struct model *m, struct tp_state *s) {
     if (!s) return;
     struct backend *b = m->e->be;
-    void *dev[] = {s->ltok, s->ltg, s->pos, s->lse, s->tl, s->aux, s->scratch};
+    void *dev[] = {s->ltok, s->ltg, s->pos, s->lse, s->tl, s->aux, s->scratch, s->ext};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         b->free(b->ctx, dev[i]);
     free(s->ltok_h);
     free(s->ltg_h);
-    free(s->out_h);
     free(s->hf);
     free(s->hg);
     free(s->hz);
     free(s);
-}
-
-/* Zero the rows of x [N, C] whose token lies outside this rank's slice. */
-static void zero_outside(struct model *m, void *x) {
-    struct tp_state *s = m->tp;
-    struct backend *b = m->e->be;
-    size_t row = (size_t)s->C * b->elt_size;
-    for (int r = 0; r < s->N;) {
-        if (!s->out_h[r]) {
-            r++;
-            continue;
-        }
-        int r1 = r;
-        while (r1 < s->N && s->out_h[r1])
-            r1++;
-        b->zero(b->ctx, backend_at(b, x, (size_t)r * s->C), (size_t)(r1 - r) * row);
-        r = r1;
-    }
 }
 
 void tp_embedding_fwd(struct model *m, void *out, const int32_t *tokens_host, const void *wte,
@@ -121,16 +105,17 @@ void tp_embedding_fwd(struct model *m, void *out, const int32_t *tokens_host, co
     struct tp_state *s = m->tp;
     struct engine *e = m->e;
     struct backend *b = e->be;
+    size_t row = (size_t)s->C * b->elt_size;
     for (int r = 0; r < s->N; r++) {
         int t = tokens_host[r], in = t >= s->Vlo && t < s->Vlo + s->Vr;
-        s->ltok_h[r] = in ? t - s->Vlo : 0;
-        s->out_h[r] = !in;
+        s->ltok_h[r] = in ? t - s->Vlo : s->Vr; /* foreign tokens read the zero row */
     }
     b->upload(b->ctx, s->ltok, s->ltok_h, (size_t)s->N * sizeof(int32_t));
-    b->embedding_fwd(b->ctx, out, s->ltok, wte, NULL, m->B, m->T, s->C);
-    zero_outside(m, out);
-    tp_allreduce(e, out, (size_t)s->N * s->C);
-    if (wpe) { /* positions: wpe looked up as a table by position */
+    b->copy(b->ctx, s->ext, wte, (size_t)s->Vr * row);
+    b->zero(b->ctx, backend_at(b, s->ext, (size_t)s->Vr * s->C), row);
+    b->embedding_fwd(b->ctx, out, s->ltok, s->ext, NULL, m->B, m->T, s->C);
+    tp_allreduce(e, out, (size_t)s->N * s->C); /* exactly one rank holds each row */
+    if (wpe) {                                 /* positions: wpe looked up as a table by position */
         b->embedding_fwd(b->ctx, s->scratch, s->pos, wpe, NULL, m->B, m->T, s->C);
         b->residual_fwd(b->ctx, out, out, s->scratch, (size_t)s->N * s->C);
     }
@@ -139,11 +124,10 @@ void tp_embedding_fwd(struct model *m, void *out, const int32_t *tokens_host, co
 void tp_embedding_bwd(struct model *m, void *dwte, void *dwpe, const void *dout) {
     struct tp_state *s = m->tp;
     struct backend *b = m->e->be;
-    /* rows outside the slice add zero to local row 0: exact, and keeps the
-     * per-row accumulation order of the single-process run */
-    b->copy(b->ctx, s->scratch, dout, (size_t)s->N * s->C * b->elt_size);
-    zero_outside(m, s->scratch);
-    b->embedding_bwd(b->ctx, dwte, NULL, s->scratch, s->ltok, m->B, m->T, s->C);
+    /* rows of foreign tokens land in the sink row Vr, which is dropped */
+    b->zero(b->ctx, s->ext, ((size_t)s->Vr + 1) * s->C * b->elt_size);
+    b->embedding_bwd(b->ctx, s->ext, NULL, dout, s->ltok, m->B, m->T, s->C);
+    b->accumulate(b->ctx, dwte, s->ext, (size_t)s->Vr * s->C);
     if (dwpe) b->embedding_bwd(b->ctx, dwpe, NULL, dout, s->pos, m->B, m->T, s->C);
 }
 
