@@ -17,7 +17,7 @@
  * METHOD_NOT_ALLOWED), authenticates (401 UNAUTHORIZED / 403 FORBIDDEN),
  * applies the per-tenant rate limit (429 RATE_LIMITED), checks Content-Type
  * (415 UNSUPPORTED_MEDIA_TYPE) and body size (413 PAYLOAD_TOO_LARGE), and
- * parses a JSON body (400 BAD_JSON). The handler then answers with exactly
+ * parses a JSON body (400 INVALID_JSON). The handler then answers with exactly
  * one of the http_reply_* / http_error calls and returns 0. */
 #ifndef LOOM_DAEMON_HTTP_H
 #define LOOM_DAEMON_HTTP_H
