@@ -57,3 +57,10 @@ add_test(NAME unit.openapi_yaml
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/check_daemon_openapi_yaml.sh
                  ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
 set_tests_properties(unit.openapi_yaml PROPERTIES LABELS unit SKIP_RETURN_CODE 77)
+if(TARGET loom_daemon)
+    add_executable(test_daemon_http ${CMAKE_CURRENT_LIST_DIR}/unit/test_daemon_http.c)
+    target_link_libraries(test_daemon_http PRIVATE loom_daemon)
+    loom_warnings(test_daemon_http)
+    add_test(NAME unit.daemon_http COMMAND test_daemon_http)
+    set_tests_properties(unit.daemon_http PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+endif()
