@@ -259,6 +259,15 @@ static int desired_has(json_t *desired, const struct task *t) {
     return 0;
 }
 
+/* Cores per cpu device (at least 1), so the node's cpu ranks together use
+ * each core once. 0 for GPU nodes (the worker's own default applies). */
+static int cpu_threads_per_device(const struct agent *a) {
+    int n = gpu_inv_count(a->inv);
+    if (strcmp(gpu_inv_kind(a->inv), "cpu") != 0 || n <= 0) return 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int t = cores > 0 ? (int)(cores / n) : 1;
+    return t > 0 ? t : 1;
+}
 static void start_one(struct agent *a, json_t *v, int64_t now) {
     const char *job = json_string_value(json_object_get(v, "job"));
     int attempt = (int)json_integer_value(json_object_get(v, "attempt"));
@@ -284,6 +293,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         .rdzv = json_string_value(json_object_get(v, "rdzv")),
         .rdzv_token = json_string_value(json_object_get(v, "rdzv_token")),
         .worker = a->cfg->worker,
+        .threads = cpu_threads_per_device(a),
     };
     if (s.out_dir && *s.out_dir) {
         char tmp[1024];

@@ -199,7 +199,15 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
         memset(vars, 0, sizeof vars);
         goto fail;
     }
-    for (int i = 0; i < 9; i++)
+    int nv = 9;
+    /* CPU ranks share the node's cores: without a limit every rank starts one
+     * OpenMP thread per core and N ranks oversubscribe the machine N times. */
+    if (cpu && s->threads > 0 && !getenv("OMP_NUM_THREADS") &&
+        asprintf(&vars[nv++], "OMP_NUM_THREADS=%d", s->threads) < 0) {
+        vars[--nv] = NULL;
+        goto fail;
+    }
+    for (int i = 0; i < nv; i++)
         envp[k++] = vars[i];
     envp[k] = NULL;
     /* The child changes into the task directory: resolve a relative path. */
@@ -265,7 +273,7 @@ fail:
     task_free(t);
     t = NULL;
 out:
-    for (int i = 0; i < 9; i++)
+    for (int i = 0; i < 10; i++)
         free(vars[i]);
     free(envp);
     if (outfd >= 0) close(outfd);

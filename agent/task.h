@@ -52,6 +52,7 @@ struct task_spec {
     const char *out_dir;     /* --out (may be NULL or "") */
     const char *rdzv, *rdzv_token;
     const char *worker; /* path of the worker binary */
+    int threads;        /* cpu tasks: OMP_NUM_THREADS when the agent's env has none (0: unset) */
 };
 
 /* Path of the task directory for (job, attempt, rank) under work_dir. */

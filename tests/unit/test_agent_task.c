@@ -107,7 +107,9 @@ int main(int argc, char **argv) {
                           .out_dir = NULL,
                           .rdzv = "",
                           .rdzv_token = "tok",
-                          .worker = worker};
+                          .worker = worker,
+                          .threads = 3};
+    unsetenv("OMP_NUM_THREADS"); /* the agent's own setting would win */
     struct task *t = task_start(work, &s, now_ms());
     CHECK(t != NULL);
     if (t) {
@@ -125,6 +127,7 @@ int main(int argc, char **argv) {
         long n = 0;
         char *log = task_read_log(t, 1, 1 << 16, &n);
         CHECK(log && n > 0 && strstr(log, "rank 1/1"));
+        CHECK(log && strstr(log, "omp 3")); /* cpu ranks share the node's cores */
         free(log);
         task_free(t);
     }
