@@ -202,6 +202,8 @@ struct store_job_filter {
     int ascending;      /* 1: oldest first (the scheduler's FIFO), 0: newest first */
     int limit;          /* rows at most (> 0) */
     int skip_spec;      /* 1: leave j->spec NULL (lists; saves copying it) */
+    int by_priority;    /* 1: priority DESC, then seq ASC (the scheduler's queue order);
+                           overrides `ascending` */
 };
 /* Calls cb for each matching job in order; stops early when cb returns != 0
  * (that value is returned). Returns the count visited otherwise (>= 0). */

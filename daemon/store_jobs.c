@@ -332,8 +332,11 @@ int store_job_foreach(struct store_tx *tx, const struct store_job_filter *f,
                       " AND seq IN (SELECT job_seq FROM job_labels WHERE key = ?3 AND value = ?4)");
     if (f->before_seq > 0) n += snprintf(sql + n, sizeof sql - n, " AND seq < ?5");
     if (f->after_seq > 0) n += snprintf(sql + n, sizeof sql - n, " AND seq > ?6");
-    n += snprintf(sql + n, sizeof sql - n, " ORDER BY seq %s LIMIT ?7",
-                  f->ascending ? "ASC" : "DESC");
+    if (f->by_priority)
+        n += snprintf(sql + n, sizeof sql - n, " ORDER BY priority DESC, seq ASC LIMIT ?7");
+    else
+        n += snprintf(sql + n, sizeof sql - n, " ORDER BY seq %s LIMIT ?7",
+                      f->ascending ? "ASC" : "DESC");
     sqlite3_stmt *st = store_stmt(tx, sql);
     if (!st) return STORE_ERR;
     if (f->tenant_id) sqlite3_bind_text(st, 1, f->tenant_id, -1, SQLITE_STATIC);

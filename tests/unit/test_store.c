@@ -289,6 +289,11 @@ static int list_cb(struct store_tx *tx, void *arg) {
     return rc < 0 ? rc : STORE_OK;
 }
 
+static int bump_newest(struct store_tx *tx, void *arg) {
+    (void)arg;
+    return store_exec(tx, "UPDATE jobs SET priority = 90 WHERE seq = (SELECT MAX(seq) FROM jobs)");
+}
+
 static void test_listing(void) {
     struct store *s = open_fresh("list");
     struct ctx c = {0}, other = {0};
@@ -322,6 +327,13 @@ static void test_listing(void) {
     CHECK(store_read(s, list_cb, &st) == STORE_OK && st.n == 0);
     struct listing asc = {.f = {.state_mask = JOB_MASK(JOB_QUEUED), .ascending = 1, .limit = 3}};
     CHECK(store_read(s, list_cb, &asc) == STORE_OK && asc.n == 3 && asc.seqs[0] < asc.seqs[1]);
+    /* the scheduler's order: priority first, then oldest first */
+    CHECK(store_write(s, bump_newest, NULL) == STORE_OK);
+    struct listing prio = {.f = {.state_mask = JOB_MASK(JOB_QUEUED), .by_priority = 1, .limit = 4}};
+    CHECK(store_read(s, list_cb, &prio) == STORE_OK && prio.n == 4);
+    CHECK(prio.n == 4 && prio.seqs[0] > prio.seqs[1]); /* the newest, bumped to 90, leads */
+    for (int i = 2; i < prio.n; i++)
+        CHECK(prio.seqs[i - 1] < prio.seqs[i]); /* equal priorities: FIFO */
     struct listing nobody = {.f = {.tenant_id = "t-other", .limit = 100}};
     CHECK(store_read(s, list_cb, &nobody) == STORE_OK && nobody.n == 0);
     store_close(s);
