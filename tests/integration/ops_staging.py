@@ -5,8 +5,9 @@ worker binary is loom-stage in front of the real loom-worker
 shards (train glob of 2 shards + a val file). Asserts:
   - both jobs succeed, reading the staged copies (the task's staged spec
     points into the cache view, the worker's start line names the job);
-  - the first job's events record the staging: 3 files, bytes, 0 from the
-    cache; the second job's: 3 from the cache, 0 B copied;
+  - the first job's events record the staging of 3 files (which rank copied
+    them is a race under the cache lock); the second job's: 3 from the
+    cache, 0 B copied;
   - the cache holds one blob per distinct file, equal to its source;
   - the staging route refuses tokens other than the attempt's (403).
 Usage: ops_staging.py BIN_DIR
@@ -138,7 +139,11 @@ def main():
         j1 = submit("first")
         e1 = finish(j1)
         print("job 1: " + e1)
-        check("3 files" in e1 and "0 from the cache" in e1, "first staging copies: " + e1)
+        # Both ranks of job 1 stage on one node under the cache lock; rank 0
+        # reports, and may find the files its sibling copied a moment before,
+        # so only the file count is fixed here (the blob count below proves
+        # one copy each).
+        check("3 files" in e1, "first staging: " + e1)
         j2 = submit("second")
         e2 = finish(j2)
         print("job 2: " + e2)
