@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "api/jobspec.h"
+#include "api/planner.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
@@ -224,6 +225,42 @@ static int64_t resume(struct worker *w) {
 
 /* ---- main ---- */
 
+/* One {"type":"memory"} line at start: the planner's per-GPU estimate beside
+ * what this rank allocated, by category, so the gap shows in every run
+ * (issue 9). The engine allocates its arenas at start-up and nothing inside a
+ * step, so the allocation is the peak of these categories. */
+static void emit_memory_plan(struct worker *w, const struct loom_spec *s) {
+    struct planner_estimate est;
+    struct loom_error perr;
+    memset(&perr, 0, sizeof perr);
+    if (planner_estimate_job(s, NULL, 0, &est, &perr) != 0) {
+        log_warn("planner estimate unavailable: %s", perr.message);
+        return;
+    }
+    const double g = 1024.0 * 1024.0 * 1024.0;
+    const struct engine_mem *m = &w->e->mem;
+    double have[5] = {(double)m->params, (double)m->grads, (double)m->optimizer,
+                      (double)m->activations, (double)m->comm};
+    double plan[5] = {est.mem.params, est.mem.grads, est.mem.optimizer, est.mem.activations,
+                      est.mem.comm};
+    static const char *const names[5] = {"params", "grads", "optimizer", "activations", "comm"};
+    json_t *pj = json_object(), *aj = json_object();
+    double ptot = 0, atot = 0;
+    for (int i = 0; i < 5; i++) {
+        json_object_set_new(pj, names[i], json_real(plan[i] / g));
+        json_object_set_new(aj, names[i], json_real(have[i] / g));
+        ptot += plan[i];
+        atot += have[i];
+    }
+    emit(json_pack("{s:s, s:i, s:o, s:o, s:f, s:f}", "type", "memory", "rank", w->e->rank,
+                   "planned_gib", pj, "allocated_gib", aj, "planned_total_gib", ptot / g,
+                   "allocated_total_gib", atot / g));
+    log_info("memory: planner %.3f GiB, allocated %.3f GiB (params %.3f/%.3f, grads %.3f/%.3f, "
+             "optimizer %.3f/%.3f, activations %.3f/%.3f GiB planned/allocated)",
+             ptot / g, atot / g, plan[0] / g, have[0] / g, plan[1] / g, have[1] / g, plan[2] / g,
+             have[2] / g, plan[3] / g, have[3] / g);
+}
+
 static int run(struct worker *w) {
     struct opts *o = &w->o;
     char *text = NULL;
@@ -405,6 +442,8 @@ static int run(struct worker *w) {
                    (json_int_t)to.grad_accum, "tokens_per_step", (json_int_t)to.global_batch_tokens,
                    "micro_batch", (json_int_t)B, "family", model_family_name(s->model.family),
                    "out", o->out));
+
+    emit_memory_plan(w, s);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -72,6 +72,7 @@ static int run(const char *spec, const char *out, const char *outfile, const cha
 struct lines {
     char loss[512][40];
     int nsteps, first_step, ckpts, summary, errors;
+    double mem_planned, mem_allocated; /* totals of the {"type":"memory"} line, GiB */
 };
 
 static void parse(const char *outfile, struct lines *l) {
@@ -96,6 +97,9 @@ static void parse(const char *outfile, struct lines *l) {
             l->summary++;
         } else if (type && strcmp(type, "error") == 0) {
             l->errors++;
+        } else if (type && strcmp(type, "memory") == 0) {
+            l->mem_planned = json_real_value(json_object_get(j, "planned_total_gib"));
+            l->mem_allocated = json_real_value(json_object_get(j, "allocated_total_gib"));
         }
         json_decref(j);
     }
@@ -161,6 +165,10 @@ int main(int argc, char **argv) {
     CHECK(rc == 0 && a.nsteps == 12 && a.summary == 1, "run: rc=%d steps=%d summary=%d", rc,
           a.nsteps, a.summary);
     CHECK(a.ckpts == 3, "checkpoints every 4 of 12 steps: got %d", a.ckpts);
+    /* the planner's estimate is logged beside the allocation and agrees within 10% */
+    CHECK(a.mem_allocated > 0 && a.mem_planned > 0.9 * a.mem_allocated &&
+              a.mem_planned < 1.1 * a.mem_allocated,
+          "memory line: planned %.6f GiB, allocated %.6f GiB", a.mem_planned, a.mem_allocated);
     CHECK(atof(a.loss[12]) < atof(a.loss[1]) * 0.9, "loss did not fall: %s -> %s", a.loss[1],
           a.loss[12]);
     snprintf(out, sizeof out, "%s/runB", dir);
