@@ -35,6 +35,70 @@ void *engine_alloc(struct engine *e, size_t bytes, size_t *category) {
     return ealloc(e, bytes, category);
 }
 
+void engine_release(struct engine *e, void *p, size_t bytes, size_t *category) {
+    if (!p) return;
+    e->be->free(e->be->ctx, p);
+    if (category) *category -= bytes;
+}
+
+void *engine_params_at(const struct engine *e, size_t off) {
+    return backend_at(e->be, e->params, off - e->p_lo);
+}
+
+void *engine_grads_at(const struct engine *e, size_t off) {
+    return backend_at(e->be, e->grads, off - e->g_lo);
+}
+
+/* Move one window to [nlo, nhi), keeping the overlap. */
+static int move_window(struct engine *e, void **buf, size_t *lo, size_t *hi, size_t nlo, size_t nhi,
+                       size_t *cat) {
+    struct backend *b = e->be;
+    size_t es = b->elt_size, n = nhi - nlo;
+    void *nb = ealloc(e, (n ? n : 1) * es, cat);
+    if (!nb) return -1;
+    b->zero(b->ctx, nb, (n ? n : 1) * es);
+    size_t a = *lo > nlo ? *lo : nlo, z = *hi < nhi ? *hi : nhi;
+    if (*buf && z > a)
+        b->copy(b->ctx, backend_at(b, nb, a - nlo), backend_at(b, *buf, a - *lo), (z - a) * es);
+    b->sync(b->ctx);
+    if (*buf) engine_release(e, *buf, ((*hi - *lo) ? (*hi - *lo) : 1) * es, cat);
+    *buf = nb;
+    *lo = nlo;
+    *hi = nhi;
+    return 0;
+}
+
+int engine_set_windows(struct engine *e, size_t plo, size_t phi, size_t glo, size_t ghi) {
+    if (plo > phi || phi > e->n_params || glo > ghi || ghi > e->n_params) {
+        log_error("engine: windows [%zu, %zu) / [%zu, %zu) outside %zu parameters", plo, phi, glo,
+                  ghi, e->n_params);
+        return -1;
+    }
+    if (move_window(e, &e->params, &e->p_lo, &e->p_hi, plo, phi, &e->mem.params) != 0 ||
+        move_window(e, &e->grads, &e->g_lo, &e->g_hi, glo, ghi, &e->mem.grads) != 0) {
+        log_error("engine: out of memory for the parameter / gradient windows");
+        return -1;
+    }
+    if (e->master_aliased) {
+        if (e->shard_off < plo || e->shard_off + e->shard_n > phi) {
+            /* the caller sets a shard inside the new window next */
+            e->master = NULL;
+            e->master_aliased = 0;
+        } else {
+            e->master = (float *)engine_params_at(e, e->shard_off);
+        }
+    }
+    return 0;
+}
+
+void engine_zero_grads(struct engine *e) {
+    struct backend *b = e->be;
+    b->zero(b->ctx, e->grads, (e->g_hi - e->g_lo) * b->elt_size);
+    for (int i = 0; i < e->layout.n; i++)
+        if (e->gview[i])
+            b->zero(b->ctx, e->gview[i], (size_t)e->layout.t[i].rank_numel * b->elt_size);
+}
+
 static void free_opt(struct engine *e) {
     struct backend *b = e->be;
     if (!e->master_aliased) b->free(b->ctx, e->master);
@@ -56,13 +120,18 @@ int engine_set_shard(struct engine *e, size_t off, size_t n) {
     size_t bytes = (n ? n : 1) * sizeof(float);
     e->opt_m = ealloc(e, bytes, &e->mem.optimizer);
     e->opt_v = ealloc(e, bytes, &e->mem.optimizer);
+    if (off < e->p_lo || off + n > e->p_hi) {
+        log_error("engine: shard [%zu, %zu) outside the params window [%zu, %zu)", off, off + n,
+                  e->p_lo, e->p_hi);
+        return -1;
+    }
     if (b->dtype == BACKEND_F32) {
-        e->master = (float *)backend_at(b, e->params, off);
+        e->master = (float *)engine_params_at(e, off);
         e->master_aliased = 1;
     } else {
         e->master = ealloc(e, bytes, &e->mem.optimizer);
         e->master_aliased = 0;
-        if (e->master) b->to_f32(b->ctx, e->master, backend_at(b, e->params, off), n);
+        if (e->master) b->to_f32(b->ctx, e->master, engine_params_at(e, off), n);
     }
     if (!e->opt_m || !e->opt_v || !e->master) {
         log_error("engine: out of memory for optimizer state (%zu elements)", n);
@@ -99,10 +168,13 @@ struct engine *engine_new(const struct model_config *cfg, const struct engine_pl
         goto fail;
     }
     e->n_params = (size_t)e->layout.rank_numel;
-    size_t bytes = e->n_params * be->elt_size;
+    e->p_hi = e->g_hi = e->n_params;
+    size_t bytes = (e->n_params ? e->n_params : 1) * be->elt_size;
     e->params = ealloc(e, bytes, &e->mem.params);
     e->grads = ealloc(e, bytes, &e->mem.grads);
-    if (!e->params || !e->grads) {
+    e->pview = calloc((size_t)e->layout.n, sizeof(void *));
+    e->gview = calloc((size_t)e->layout.n, sizeof(void *));
+    if (!e->params || !e->grads || !e->pview || !e->gview) {
         log_error("engine: out of memory for %zu parameters", e->n_params);
         goto fail;
     }
@@ -131,16 +203,22 @@ void engine_free(struct engine *e) {
         b->free(b->ctx, e->scalar);
         backend_free(b);
     }
+    free(e->pview);
+    free(e->gview);
     model_layout_free(&e->layout);
     free(e);
 }
 
 void *engine_param(const struct engine *e, int i) {
-    return backend_at(e->be, e->params, (size_t)e->layout.t[i].rank_offset);
+    if (e->pview[i]) return e->pview[i];
+    size_t lo = (size_t)e->layout.t[i].rank_offset, hi = lo + (size_t)e->layout.t[i].rank_numel;
+    return lo >= e->p_lo && hi <= e->p_hi ? engine_params_at(e, lo) : NULL;
 }
 
 void *engine_grad(const struct engine *e, int i) {
-    return backend_at(e->be, e->grads, (size_t)e->layout.t[i].rank_offset);
+    if (e->gview[i]) return e->gview[i];
+    size_t lo = (size_t)e->layout.t[i].rank_offset, hi = lo + (size_t)e->layout.t[i].rank_numel;
+    return lo >= e->g_lo && hi <= e->g_hi ? engine_grads_at(e, lo) : NULL;
 }
 
 int engine_tensor_find(const struct engine *e, const char *name) {
@@ -149,23 +227,42 @@ int engine_tensor_find(const struct engine *e, const char *name) {
     return -1;
 }
 
+/* Write host fp32 src (flat [off, off+n)) where it meets [lo, hi) into dst
+ * (device, compute dtype, holding flat [lo, hi)); stage: the range as fp32 on
+ * the device (bf16 backends), or NULL. */
+static void put(struct backend *b, void *dst, size_t lo, size_t hi, const float *src,
+                const float *stage, size_t off, size_t n) {
+    size_t a = off > lo ? off : lo, z = off + n < hi ? off + n : hi;
+    if (!dst || z <= a) return;
+    if (stage)
+        b->from_f32(b->ctx, backend_at(b, dst, a - lo), stage + (a - off), z - a);
+    else
+        b->upload(b->ctx, backend_at(b, dst, a - lo), src + (a - off), (z - a) * sizeof(float));
+}
+
 int engine_params_from_host(struct engine *e, size_t off, const float *src, size_t n) {
     struct backend *b = e->be;
     if (n == 0) return 0;
-    if (b->dtype == BACKEND_F32) {
-        b->upload(b->ctx, backend_at(b, e->params, off), src, n * sizeof(float));
-        return 0;
+    float *stage = NULL;
+    if (b->dtype != BACKEND_F32) {
+        stage = b->alloc(b->ctx, n * sizeof(float));
+        if (!stage) return -1;
+        b->upload(b->ctx, stage, src, n * sizeof(float));
     }
-    float *stage = b->alloc(b->ctx, n * sizeof(float));
-    if (!stage) return -1;
-    b->upload(b->ctx, stage, src, n * sizeof(float));
-    b->from_f32(b->ctx, backend_at(b, e->params, off), stage, n);
-    size_t lo = off > e->shard_off ? off : e->shard_off;
-    size_t hi = off + n < e->shard_off + e->shard_n ? off + n : e->shard_off + e->shard_n;
-    if (!e->master_aliased && lo < hi)
-        b->copy(b->ctx, e->master + (lo - e->shard_off), stage + (lo - off),
-                (hi - lo) * sizeof(float));
-    b->sync(b->ctx);
-    b->free(b->ctx, stage);
+    put(b, e->params, e->p_lo, e->p_hi, src, stage, off, n);
+    for (int i = 0; i < e->layout.n; i++) {
+        size_t lo = (size_t)e->layout.t[i].rank_offset;
+        if (e->pview[i])
+            put(b, e->pview[i], lo, lo + (size_t)e->layout.t[i].rank_numel, src, stage, off, n);
+    }
+    if (stage) {
+        size_t lo = off > e->shard_off ? off : e->shard_off;
+        size_t hi = off + n < e->shard_off + e->shard_n ? off + n : e->shard_off + e->shard_n;
+        if (!e->master_aliased && lo < hi)
+            b->copy(b->ctx, e->master + (lo - e->shard_off), stage + (lo - off),
+                    (hi - lo) * sizeof(float));
+        b->sync(b->ctx);
+        b->free(b->ctx, stage);
+    }
     return 0;
 }

@@ -13,8 +13,9 @@
  *
  * The step (worker/train.c) is:
  *   for each micro-step: [hooks.layer_pre_forward] forward, backward
- *       (on the last micro-step hooks.layer_grads_ready(layer) fires as each
- *        layer's parameter gradients are complete, last layer first)
+ *       (hooks.layer_pre_backward before each block; hooks.layer_grads_done
+ *        after each layer's gradients of the micro-step are complete, and on
+ *        the last micro-step also hooks.layer_grads_ready, last layer first)
  *   hooks.grad_sync          -> grads[shard range] hold the SUM over dp ranks
  *   grad norm over the shard -> hooks.allreduce_sum (dp group) -> clip factor
  *   AdamW on [shard_off, shard_off + shard_n)
@@ -51,6 +52,10 @@ struct engine_hooks {
      * embeddings / head tensors. layer_grads_ready fires only on the last
      * micro-step of a step; layer_pre_forward before each layer's forward. */
     void (*layer_grads_ready)(struct engine *e, void *user, int layer);
+    /* As layer_grads_ready but on EVERY micro-step, for the layer's gradients
+     * of this micro-step (ZeRO-2/3 reduce each micro-step out of a bounded
+     * scratch, as DeepSpeed does). Fired by train.c and the pp runner. */
+    void (*layer_grads_done)(struct engine *e, void *user, int layer);
     void (*layer_pre_forward)(struct engine *e, void *user, int layer);
     /* Before each block's backward (layer L-1 down to 0), and with -1 before
      * the embedding backward; fires on every micro-step (ZeRO-3 re-gathers a
@@ -79,17 +84,28 @@ struct engine {
     struct model_config cfg;
     struct model_layout layout; /* for this tp degree */
 
-    /* flat device buffers, all indexed like layout.t[i].rank_offset */
-    size_t n_params;    /* layout.rank_numel */
-    void *params;       /* compute dtype [n_params] */
-    void *grads;        /* compute dtype [n_params] */
-    size_t shard_off;   /* this rank's optimizer range (world 1: 0) */
-    size_t shard_n;     /* (world 1: n_params) */
-    float *master;      /* fp32 [shard_n]; == params + shard_off on fp32 backends */
-    float *opt_m;       /* fp32 [shard_n] AdamW first moment */
-    float *opt_v;       /* fp32 [shard_n] AdamW second moment */
-    int master_aliased; /* 1 when master points into params */
-    float *scalar;      /* fp32 [4] device scratch for reductions (grad norm) */
+    /* Flat device buffers, indexed like layout.t[i].rank_offset, but only a
+     * WINDOW of the flat range is resident: params holds [p_lo, p_hi) and
+     * grads [g_lo, g_hi) (world 1: everything; pp: the stage's range; ZeRO-3
+     * params and ZeRO-2/3 grads: this rank's shard). Address them with
+     * engine_params_at / engine_grads_at (flat offsets), and tensors with
+     * engine_param / engine_grad, which also follow the per-tensor views:
+     * pview[i] / gview[i], when set, is where tensor i lives outside the
+     * window (ZeRO-3 gather slots, ZeRO-2 gradient scratch, the persistent
+     * embeddings/head copies, the tied embedding on the last pp stage). The
+     * views' buffers belong to whoever set them (worker/zero.c). */
+    size_t n_params; /* layout.rank_numel */
+    void *params;    /* compute dtype [p_hi - p_lo] */
+    void *grads;     /* compute dtype [g_hi - g_lo] */
+    size_t p_lo, p_hi, g_lo, g_hi;
+    void **pview, **gview; /* [layout.n]; NULL: in the window (or absent on this rank) */
+    size_t shard_off;      /* this rank's optimizer range (world 1: 0) */
+    size_t shard_n;        /* (world 1: n_params) */
+    float *master;         /* fp32 [shard_n]; == params + shard_off on fp32 backends */
+    float *opt_m;          /* fp32 [shard_n] AdamW first moment */
+    float *opt_v;          /* fp32 [shard_n] AdamW second moment */
+    int master_aliased;    /* 1 when master points into params */
+    float *scalar;         /* fp32 [4] device scratch for reductions (grad norm) */
 
     /* 1 when every dp rank holds the same optimizer range (DP without ZeRO):
      * the shard's squared grad norm is then not summed over dp. */
@@ -122,15 +138,31 @@ void engine_free(struct engine *e); /* NULL ok */
  * params). Returns 0 or -1. */
 int engine_set_shard(struct engine *e, size_t off, size_t n);
 
-/* Tensor i's parameter / gradient pointer (device, compute dtype). */
+/* Tensor i's parameter / gradient pointer (device, compute dtype): the view
+ * when set, else inside the window; NULL when this rank holds neither. */
 void *engine_param(const struct engine *e, int i);
 void *engine_grad(const struct engine *e, int i);
+/* The element at flat offset `off` of the resident params / grads window
+ * (p_lo <= off <= p_hi, resp. g_lo..g_hi; not checked). */
+void *engine_params_at(const struct engine *e, size_t off);
+void *engine_grads_at(const struct engine *e, size_t off);
+/* Shrink (or move) the resident windows to [plo, phi) and [glo, ghi):
+ * reallocates both buffers, keeping the values of the part that stays and
+ * zeroing the rest, and re-points an aliased master. Call engine_set_shard
+ * after it (the shard must lie in the params window). 0 or -1. */
+int engine_set_windows(struct engine *e, size_t plo, size_t phi, size_t glo, size_t ghi);
+/* Zero the gradient window and every tensor's gradient view (once a step). */
+void engine_zero_grads(struct engine *e);
+/* Release `bytes` recorded in a category by engine_alloc, and free p. */
+void engine_release(struct engine *e, void *p, size_t bytes, size_t *category);
 /* Index of the tensor named `name` (Hugging Face name), or -1. */
 int engine_tensor_find(const struct engine *e, const char *name);
 
-/* Copy host fp32 values into params[off, off+n) (converted to the compute
- * dtype) and into master where that range meets the shard, so a bf16 backend
- * keeps the unrounded fp32 master. Returns 0 or -1 (out of memory). */
+/* Copy host fp32 values for flat params [off, off+n) (converted to the
+ * compute dtype) into the part of the params window and of the parameter
+ * views that this range meets, and into master where it meets the shard, so
+ * a bf16 backend keeps the unrounded fp32 master. Returns 0 or -1 (out of
+ * memory). */
 int engine_params_from_host(struct engine *e, size_t off, const float *src, size_t n);
 
 /* Record `bytes` allocated for a category in e->mem (helper for model.c). */

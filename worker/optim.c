@@ -26,7 +26,7 @@ double optim_grad_norm_sq(struct engine *e) {
     struct backend *b = e->be;
     float *acc = e->scalar, h = 0;
     b->zero(b->ctx, acc, sizeof(float));
-    b->sumsq(b->ctx, acc, backend_at(b, e->grads, e->shard_off), e->shard_n);
+    b->sumsq(b->ctx, acc, engine_grads_at(e, e->shard_off), e->shard_n);
     b->download(b->ctx, &h, acc, sizeof(float));
     double v = h;
     if (e->hooks.allreduce_sum && !e->shard_replicated)
@@ -40,9 +40,9 @@ static void run(struct engine *e, const struct optim_cfg *c, size_t lo, size_t h
     if (hi <= lo) return;
     size_t k = lo - e->shard_off;
     struct backend_adamw a = {
-        .param = backend_at(b, e->params, lo),
+        .param = engine_params_at(e, lo),
         .master = e->master + k,
-        .grad = backend_at(b, e->grads, lo),
+        .grad = engine_grads_at(e, lo),
         .m = e->opt_m + k,
         .v = e->opt_v + k,
         .n = hi - lo,

@@ -36,7 +36,7 @@ static double hook_norm(struct engine *e, void *user) {
         size_t lo = (size_t)t->rank_offset, hi = lo + (size_t)t->rank_numel;
         if (lo < s0) lo = s0;
         if (hi > s1) hi = s1;
-        if (hi > lo) b->sumsq(b->ctx, e->scalar, backend_at(b, e->grads, lo), hi - lo);
+        if (hi > lo) b->sumsq(b->ctx, e->scalar, engine_grads_at(e, lo), hi - lo);
     }
     b->download(b->ctx, &h, e->scalar, sizeof(float));
     double v = h;
@@ -97,6 +97,11 @@ static void hook_grads_ready(struct engine *e, void *user, int layer) {
     if (p->inner.layer_grads_ready) p->inner.layer_grads_ready(e, p->inner.user, layer);
 }
 
+static void hook_grads_done(struct engine *e, void *user, int layer) {
+    struct par *p = user;
+    if (p->inner.layer_grads_done) p->inner.layer_grads_done(e, p->inner.user, layer);
+}
+
 static void hook_pre_forward(struct engine *e, void *user, int layer) {
     struct par *p = user;
     if (p->inner.layer_pre_forward) p->inner.layer_pre_forward(e, p->inner.user, layer);
@@ -144,6 +149,7 @@ struct par *par_setup(struct engine *e, struct zero *z, struct model *m,
                              .allreduce_sum = hook_allreduce_sum,
                              .grad_norm_sq = hook_norm};
     if (p->inner.layer_grads_ready) h.layer_grads_ready = hook_grads_ready;
+    if (p->inner.layer_grads_done) h.layer_grads_done = hook_grads_done;
     if (p->inner.layer_pre_forward) h.layer_pre_forward = hook_pre_forward;
     if (p->inner.layer_pre_backward) h.layer_pre_backward = hook_pre_backward;
     e->hooks = h;

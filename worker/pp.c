@@ -79,6 +79,12 @@ void pp_stage_range(const struct engine *e, size_t *lo, size_t *hi) {
 
 /* ---- runner ---- */
 
+/* ZeRO-2/3 reduce each layer's gradients of every micro-step (engine.h). */
+static void grads_done(int layer, void *user) {
+    struct engine *e = user;
+    e->hooks.layer_grads_done(e, e->hooks.user, layer);
+}
+
 static enum comm_dtype cdt(const struct engine *e) {
     return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
 }
@@ -253,7 +259,7 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
                 rc = -1;
             idle += now_ms() - w0;
             if (rc) break;
-            model_backward(x, NULL, NULL);
+            model_backward(x, e->hooks.layer_grads_done ? grads_done : NULL, e);
             if (!first) {
                 b->sync(b->ctx);
                 if (comm_send(p->c, model_stage_dinput(x), n, cdt(e), s - 1, &p->bwd_req[si]) != 0)

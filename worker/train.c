@@ -25,11 +25,14 @@ static int hook(struct engine *e, int (*fn)(struct engine *, void *), double *ms
 
 struct layer_cb {
     struct engine *e;
+    int last; /* last micro-step of the step */
 };
 
 static void on_layer(int layer, void *user) {
-    struct engine *e = ((struct layer_cb *)user)->e;
-    e->hooks.layer_grads_ready(e, e->hooks.user, layer);
+    struct layer_cb *cb = user;
+    struct engine *e = cb->e;
+    if (e->hooks.layer_grads_done) e->hooks.layer_grads_done(e, e->hooks.user, layer);
+    if (cb->last && e->hooks.layer_grads_ready) e->hooks.layer_grads_ready(e, e->hooks.user, layer);
 }
 
 int train_step(struct model *m, const struct train_opts *o, int64_t step,
@@ -40,7 +43,7 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     double t0 = now_ms(), comm = 0;
     float gs = (float)(1.0 / (double)o->global_batch_tokens);
     double sums[2] = {0, 0};
-    b->zero(b->ctx, e->grads, e->n_params * b->elt_size);
+    engine_zero_grads(e);
     if (o->micro_steps) {
         int rc = o->micro_steps(o->micro_user, m, o, step, inputs, targets, sums, err, errlen);
         if (rc != 0) return rc;
@@ -51,9 +54,10 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         int64_t cnt = 0;
         sums[0] += model_forward(m, inputs, targets, gs, &cnt);
         sums[1] += (double)cnt;
-        struct layer_cb cb = {e};
         int last = micro == o->grad_accum - 1;
-        model_backward(m, last && e->hooks.layer_grads_ready ? on_layer : NULL, &cb);
+        struct layer_cb cb = {e, last};
+        int any = e->hooks.layer_grads_done || (last && e->hooks.layer_grads_ready);
+        model_backward(m, any ? on_layer : NULL, &cb);
     }
     /* The backward may be issued ahead of the device (cuda + nccl ordering):
      * wait for it here, so that the grad_sync time counts only the

@@ -5,8 +5,9 @@
  * contiguous range; layer -1 (embeddings, final norm, head) is usually two
  * (the front and the back of the buffer). Per-group collectives use the
  * variable-slice collectives with, for rank i, the part of the range that
- * falls in shard i, in place, so a layer gathers straight into the params
- * buffer and a layer's gradients reduce straight into the owner's shard. */
+ * falls in shard i, in place: stages 0/1 on the whole-stage windows, stages
+ * 2/3 in the block slots and layer -1 buffers (the owned part is then added
+ * into, or copied from, the shard window). */
 #include "worker/zero.h"
 
 #include <stdio.h>
@@ -31,10 +32,19 @@ struct zrange {
 struct zgroup {
     struct zrange r[ZERO_MAX_RANGES];
     int n;
-    int gathered;                               /* stage 3: params of the whole group are current */
-    struct comm_req *prefetch[ZERO_MAX_RANGES]; /* stage 3: gathers in flight */
-    int reduced;                                /* this step's gradient reduction was issued */
+    int reduced; /* stages 0/1: this step's gradient reduction was issued */
 };
+
+/* A buffer holding one block's full parameters (stage 3 gather slot) or
+ * gradients (stage 2/3 scratch). layer -2: empty. */
+struct zslot {
+    void *buf;
+    int layer;
+    struct comm_req *req; /* gather / reduce-scatter in flight */
+    int pending;          /* scratch: reduced, not yet added into the shard */
+};
+
+#define ZERO_SLOTS 2
 
 struct zero {
     struct engine *e;
@@ -44,11 +54,19 @@ struct zero {
     size_t *off, *cnt; /* shard of each dp rank, inside [lo, hi) */
     size_t *counts;    /* scratch [P] */
     int L;
+    int l0, l1;       /* this stage's blocks */
+    size_t blk;       /* elements of the largest block of this stage (slot size) */
     struct zgroup *g; /* [L + 1]: index layer + 1 */
     struct comm_req **reqs;
     int nreqs, capreqs;
     int failed;
     int ordered; /* nccl on the cuda backend: collectives wait for a device fence */
+    /* stage >= 2: gradient scratch; stage 3: parameter gather slots */
+    struct zslot gs[ZERO_SLOTS], ps[ZERO_SLOTS];
+    int nslots, gnext, cur;
+    void *hg[ZERO_MAX_RANGES]; /* stage >= 2: layer -1 gradients, per range of its group */
+    void *hp[ZERO_MAX_RANGES]; /* stage 3: layer -1 parameters (kept gathered) */
+    void **xp, **xg;           /* [layout.n]: copies of tensors used outside [lo, hi) */
     /* made by zero_setup */
     struct comm_world *world;
     struct comm_groups groups;
@@ -78,106 +96,187 @@ static void fail(struct zero *z, const char *what, int layer) {
     z->failed = 1;
 }
 
-/* Make the device work issued so far on the ranges of group g the input of
- * the next collectives: with NCCL on the CUDA backend, per-range fences on
- * the compute stream that the comm streams wait for (worker/nccl/
- * nccl_order.h; no host stall), else a full device sync as the comm contract
- * asks. base: e->params or e->grads. */
-static void comm_ready(struct zero *z, const struct zgroup *g, void *base) {
+/* Make the device work issued so far on n elements at p the input of the
+ * next collectives: with NCCL on the CUDA backend, a fence on the compute
+ * stream that the comm streams wait for (worker/nccl/nccl_order.h; no host
+ * stall), else a full device sync as the comm contract asks. */
+static void comm_ready(struct zero *z, void *p, size_t n) {
     struct backend *b = z->e->be;
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
     if (z->ordered) {
         backend_cuda_flush(b);
-        for (int k = 0; k < g->n; k++)
-            nccl_order_mark(backend_at(b, base, g->r[k].lo),
-                            (g->r[k].hi - g->r[k].lo) * b->elt_size);
+        nccl_order_mark(p, n * b->elt_size);
         return;
     }
 #else
-    (void)g, (void)base;
+    (void)p, (void)n;
 #endif
     b->sync(b->ctx);
 }
 
-/* ---- stage 3: gather / release parameters of a group */
-
-/* Complete the group's prefetched gathers, if any. */
-static void finish_prefetch(struct zero *z, struct zgroup *g, int layer) {
-    for (int k = 0; k < g->n; k++) {
-        if (g->prefetch[k] && comm_wait(g->prefetch[k]) != 0)
-            fail(z, "parameter all-gather", layer);
-        g->prefetch[k] = NULL;
-    }
+static int on_stage(const struct zero *z, const struct model_tensor *t) {
+    return (size_t)t->rank_offset >= z->lo && (size_t)t->rank_offset < z->hi;
 }
 
-/* Start gathering the group's parameters; async (prefetch) or blocking. */
-static void gather_start(struct zero *z, int layer, int async) {
-    if (layer < -1 || layer >= z->L) return;
-    struct zgroup *g = &z->g[layer + 1];
+/* Point the parameter or gradient views of block `layer`'s tensors into
+ * buf, which holds the block's flat range (layer -2: none). */
+static void set_views(struct zero *z, void **views, int layer, void *buf) {
     struct engine *e = z->e;
-    if (g->gathered) return;
-    comm_ready(z, g, e->params);
-    for (int k = 0; k < g->n; k++) {
-        size_t lo = g->r[k].lo, hi = g->r[k].hi;
-        size_t mine = range_counts(z, lo, hi, z->counts);
-        if (comm_all_gatherv(z->dp, backend_at(e->be, e->params, mine),
-                             backend_at(e->be, e->params, lo), z->counts, compute_dtype(e),
-                             async ? &g->prefetch[k] : NULL) != 0)
-            fail(z, "parameter all-gather", layer);
+    if (layer < 0) return;
+    size_t lo = z->g[layer + 1].r[0].lo;
+    for (int i = 0; i < e->layout.n; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        if (t->layer == layer && on_stage(z, t))
+            views[i] = backend_at(e->be, buf, (size_t)t->rank_offset - lo);
     }
-    g->gathered = 1; /* current once the prefetch (if any) completes */
 }
 
-/* Make the group's parameters usable now. */
+/* Block `layer` leaves a slot: its views go (they would alias the next
+ * block's; engine_params_from_host writes through views). */
+static void clear_views(struct zero *z, void **views, int layer) {
+    struct engine *e = z->e;
+    for (int i = 0; layer >= 0 && i < e->layout.n; i++)
+        if (e->layout.t[i].layer == layer && on_stage(z, &e->layout.t[i])) views[i] = NULL;
+}
+
+/* ---- stage 3: parameter gather slots (the block in use and the next) */
+
+static void slot_wait(struct zero *z, struct zslot *s, const char *what) {
+    if (s->req && comm_wait(s->req) != 0) fail(z, what, s->layer);
+    s->req = NULL;
+}
+
+static struct zslot *pslot_find(struct zero *z, int layer) {
+    for (int k = 0; k < z->nslots; k++)
+        if (z->ps[k].layer == layer) return &z->ps[k];
+    return NULL;
+}
+
+/* Gather block `layer` into a slot not holding the block in use; async
+ * (prefetch) or blocking. */
+static void gather_start(struct zero *z, int layer, int async) {
+    if (layer < z->l0 || layer >= z->l1 || pslot_find(z, layer)) return;
+    struct engine *e = z->e;
+    struct backend *b = e->be;
+    struct zslot *s = NULL;
+    for (int k = 0; k < z->nslots && !s; k++)
+        if (z->ps[k].layer != z->cur || z->ps[k].layer == -2) s = &z->ps[k];
+    if (!s) {
+        if (async) return; /* one slot, in use: no prefetch */
+        s = &z->ps[0];
+    }
+    slot_wait(z, s, "parameter all-gather");
+    clear_views(z, e->pview, s->layer);
+    const struct zrange *r = &z->g[layer + 1].r[0];
+    size_t mine = range_counts(z, r->lo, r->hi, z->counts);
+    void *dst = backend_at(b, s->buf, mine - r->lo);
+    if (z->counts[z->rank])
+        b->copy(b->ctx, dst, engine_params_at(e, mine), z->counts[z->rank] * b->elt_size);
+    comm_ready(z, s->buf, r->hi - r->lo);
+    if (comm_all_gatherv(z->dp, dst, s->buf, z->counts, compute_dtype(e), async ? &s->req : NULL) !=
+        0)
+        fail(z, "parameter all-gather", layer);
+    s->layer = layer;
+    set_views(z, e->pview, layer, s->buf);
+}
+
+/* Make block `layer`'s parameters usable now. */
 static void gather(struct zero *z, int layer) {
-    struct zgroup *g = &z->g[layer + 1];
     gather_start(z, layer, 0);
-    finish_prefetch(z, g, layer);
+    struct zslot *s = pslot_find(z, layer);
+    if (s) slot_wait(z, s, "parameter all-gather");
+    z->cur = layer;
 }
 
-static void zero_range(struct engine *e, size_t lo, size_t hi) {
-    if (hi > lo)
-        e->be->zero(e->be->ctx, backend_at(e->be, e->params, lo), (hi - lo) * e->be->elt_size);
-}
-
-/* Drop the parts of the group's params this rank does not own. */
-static void release(struct zero *z, int layer) {
-    if (layer < -1 || layer >= z->L) return;
-    struct zgroup *g = &z->g[layer + 1];
-    if (!g->gathered) return;
-    finish_prefetch(z, g, layer); /* never zero under a gather in flight */
-    size_t s0 = z->off[z->rank], s1 = s0 + z->cnt[z->rank];
-    for (int k = 0; k < g->n; k++) {
-        size_t lo = g->r[k].lo, hi = g->r[k].hi;
-        zero_range(z->e, lo, hi < s0 ? hi : s0 > lo ? s0 : lo);
-        zero_range(z->e, s1 > lo ? (s1 < hi ? s1 : hi) : lo, hi);
+/* After the optimizer step: every gathered block is stale; the layer -1
+ * group is gathered again at once (it stays resident). */
+static void regather(struct zero *z) {
+    struct engine *e = z->e;
+    struct backend *b = e->be;
+    for (int k = 0; k < z->nslots; k++) {
+        slot_wait(z, &z->ps[k], "parameter all-gather");
+        clear_views(z, e->pview, z->ps[k].layer);
+        z->ps[k].layer = -2;
     }
-    g->gathered = 0;
+    z->cur = -2;
+    const struct zgroup *g = &z->g[0];
+    for (int k = 0; k < g->n; k++) {
+        size_t mine = range_counts(z, g->r[k].lo, g->r[k].hi, z->counts);
+        void *dst = backend_at(b, z->hp[k], mine - g->r[k].lo);
+        if (z->counts[z->rank])
+            b->copy(b->ctx, dst, engine_params_at(e, mine), z->counts[z->rank] * b->elt_size);
+        comm_ready(z, z->hp[k], g->r[k].hi - g->r[k].lo);
+        if (comm_all_gatherv(z->dp, dst, z->hp[k], z->counts, compute_dtype(e), NULL) != 0)
+            fail(z, "parameter all-gather", -1);
+    }
 }
 
-static void release_all(struct zero *z) {
-    for (int l = -1; l < z->L; l++)
-        release(z, l);
+/* ---- stage 2/3: gradient scratch, reduce-scattered every micro-step */
+
+/* Complete a scratch slot's reduction and add this rank's part into the
+ * gradient shard (the window). */
+static void gslot_finish(struct zero *z, struct zslot *s) {
+    if (!s->pending) return;
+    struct backend *b = z->e->be;
+    slot_wait(z, s, "gradient reduce-scatter");
+    s->pending = 0;
+    const struct zrange *r = &z->g[s->layer + 1].r[0];
+    size_t mine = range_counts(z, r->lo, r->hi, z->counts);
+    if (z->counts[z->rank])
+        b->accumulate(b->ctx, engine_grads_at(z->e, mine), backend_at(b, s->buf, mine - r->lo),
+                      z->counts[z->rank]);
+}
+
+/* Before block `layer`'s backward: give it a zeroed scratch slot. */
+static void gslot_assign(struct zero *z, int layer) {
+    struct backend *b = z->e->be;
+    struct zslot *s = &z->gs[z->gnext];
+    z->gnext = (z->gnext + 1) % z->nslots;
+    gslot_finish(z, s);
+    clear_views(z, z->e->gview, s->layer);
+    b->zero(b->ctx, s->buf, z->blk * b->elt_size);
+    s->layer = layer;
+    set_views(z, z->e->gview, layer, s->buf);
+}
+
+/* Block `layer`'s gradients of this micro-step are final: reduce-scatter them
+ * over dp (async); gslot_finish adds the owned part into the shard. */
+static void hook_grads_done(struct engine *e, void *user, int layer) {
+    struct zero *z = user;
+    if (layer < 0) return; /* the layer -1 group accumulates until grad_sync */
+    struct zslot *s = NULL;
+    for (int k = 0; k < z->nslots; k++)
+        if (z->gs[k].layer == layer && !z->gs[k].pending) s = &z->gs[k];
+    if (!s) {
+        fail(z, "gradient scratch lookup", layer);
+        return;
+    }
+    const struct zrange *r = &z->g[layer + 1].r[0];
+    size_t mine = range_counts(z, r->lo, r->hi, z->counts);
+    comm_ready(z, s->buf, r->hi - r->lo);
+    if (comm_reduce_scatterv(z->dp, s->buf, backend_at(e->be, s->buf, mine - r->lo), z->counts,
+                             compute_dtype(e), COMM_SUM, &s->req) != 0)
+        fail(z, "gradient reduce-scatter", layer);
+    s->pending = 1;
 }
 
 /* Forward: layer l is needed now, l+1 next (prefetched while l computes). */
 static void hook_pre_forward(struct engine *e, void *user, int layer) {
     struct zero *z = user;
-    if (layer >= 1) release(z, layer - 1);
+    (void)e;
+    if (z->stage < 3 || layer < 0) return; /* layer -1 stays gathered */
     gather(z, layer);
     gather_start(z, layer + 1, 1);
 }
 
 static void hook_pre_backward(struct engine *e, void *user, int layer) {
     struct zero *z = user;
-    if (layer == z->L - 1) release(z, -1); /* the final norm's backward is done */
-    if (layer >= 0 && layer + 1 < z->L) release(z, layer + 1);
-    if (layer == -1) {
-        release(z, 0);
-        return; /* the embedding backward reads no parameters */
-    }
+    (void)e;
+    if (layer < 0) return; /* the embedding backward reads no block parameters */
+    gslot_assign(z, layer);
+    if (z->stage < 3) return;
     gather(z, layer);
-    if (layer >= 1) gather_start(z, layer - 1, 1); /* backward goes down: prefetch l-1 */
+    gather_start(z, layer - 1, 1); /* backward goes down: prefetch l-1 */
 }
 
 /* ---- stage 2/3: per-layer reduce-scatter of gradients */
@@ -203,19 +302,19 @@ static void reduce_group(struct zero *z, int layer) {
     struct engine *e = z->e;
     if (g->reduced) return;
     g->reduced = 1;
-    comm_ready(z, g, e->grads); /* the layer's gradients are final on the device */
+    for (int k = 0; k < g->n; k++) /* the layer's gradients are final on the device */
+        comm_ready(z, engine_grads_at(e, g->r[k].lo), g->r[k].hi - g->r[k].lo);
     for (int k = 0; k < g->n; k++) {
         size_t lo = g->r[k].lo, hi = g->r[k].hi;
         struct comm_req *r = NULL;
         int rc;
         if (z->stage == 0) {
-            rc = comm_allreduce(z->dp, backend_at(e->be, e->grads, lo), hi - lo, compute_dtype(e),
-                                COMM_SUM, &r);
+            rc = comm_allreduce(z->dp, engine_grads_at(e, lo), hi - lo, compute_dtype(e), COMM_SUM,
+                                &r);
         } else {
             size_t mine = range_counts(z, lo, hi, z->counts);
-            rc = comm_reduce_scatterv(z->dp, backend_at(e->be, e->grads, lo),
-                                      backend_at(e->be, e->grads, mine), z->counts,
-                                      compute_dtype(e), COMM_SUM, &r);
+            rc = comm_reduce_scatterv(z->dp, engine_grads_at(e, lo), engine_grads_at(e, mine),
+                                      z->counts, compute_dtype(e), COMM_SUM, &r);
         }
         if (rc != 0 || push_req(z, r) != 0) fail(z, "gradient reduction", layer);
     }
@@ -233,6 +332,26 @@ static void hook_grads_ready(struct engine *e, void *user, int layer) {
 static int hook_grad_sync(struct engine *e, void *user) {
     struct zero *z = user;
     int rc = 0;
+    if (z->stage >= 2) {
+        /* blocks: finish the last reductions; layer -1: reduce-scatter its
+         * accumulated gradients now and add the owned part into the shard */
+        struct backend *b = e->be;
+        for (int k = 0; k < z->nslots; k++)
+            gslot_finish(z, &z->gs[k]);
+        const struct zgroup *g = &z->g[0];
+        for (int k = 0; k < g->n; k++) {
+            size_t lo = g->r[k].lo, hi = g->r[k].hi;
+            size_t mine = range_counts(z, lo, hi, z->counts);
+            void *part = backend_at(b, z->hg[k], mine - lo);
+            comm_ready(z, z->hg[k], hi - lo);
+            if (comm_reduce_scatterv(z->dp, z->hg[k], part, z->counts, compute_dtype(e), COMM_SUM,
+                                     NULL) != 0)
+                fail(z, "gradient reduce-scatter", -1);
+            else if (z->counts[z->rank])
+                b->accumulate(b->ctx, engine_grads_at(e, mine), part, z->counts[z->rank]);
+        }
+        return z->failed ? -1 : 0;
+    }
     for (int l = z->L - 1; l >= -1; l--)
         reduce_group(z, l);
     for (int i = 0; i < z->nreqs; i++)
@@ -248,12 +367,11 @@ static int hook_param_sync(struct engine *e, void *user) {
     struct zero *z = user;
     if (z->stage == 1 || z->stage == 2) {
         e->be->sync(e->be->ctx);
-        if (comm_all_gather(z->dp, backend_at(e->be, e->params, e->shard_off),
-                            backend_at(e->be, e->params, z->lo), z->hi - z->lo, compute_dtype(e),
-                            NULL) != 0)
+        if (comm_all_gather(z->dp, engine_params_at(e, e->shard_off), engine_params_at(e, z->lo),
+                            z->hi - z->lo, compute_dtype(e), NULL) != 0)
             fail(z, "parameter all-gather", -2);
     } else if (z->stage == 3) {
-        release_all(z); /* gathered copies are stale now; the next use gathers */
+        regather(z); /* gathered blocks are stale now; the next use gathers */
     }
     return z->failed ? -1 : 0;
 }
@@ -292,32 +410,117 @@ static int build_groups(struct zero *z) {
     return 0;
 }
 
+/* Elements of the tensors this stage uses but does not own (the tied
+ * embedding on the last pp stage), of its layer -1 group, and of its
+ * largest block; the number of its blocks. */
+static void stage_sizes(const struct engine *e, size_t slo, size_t shi, size_t *extra, size_t *head,
+                        size_t *block, int *nblocks) {
+    *extra = *head = *block = 0;
+    *nblocks = 0;
+    for (int i = 0; i < e->layout.n; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        size_t o = (size_t)t->rank_offset, n = (size_t)t->rank_numel;
+        int in = o >= slo && o < shi;
+        if (!in && e->pp > 1 && model_tensor_on_stage(&e->cfg, t, e->pp, e->pp_idx)) *extra += n;
+        if (in && t->layer < 0) *head += n;
+    }
+    for (int l = 0; l < e->cfg.n_layer; l++) {
+        size_t n = 0;
+        for (int i = 0; i < e->layout.n; i++) {
+            const struct model_tensor *t = &e->layout.t[i];
+            size_t o = (size_t)t->rank_offset;
+            if (t->layer == l && o >= slo && o < shi) n += (size_t)t->rank_numel;
+        }
+        if (n) ++*nblocks;
+        *block = n > *block ? n : *block;
+    }
+}
+
 void zero_mem_model(const struct engine *e, int stage, int dp, struct engine_mem *out) {
-    size_t slo, shi;
+    size_t slo, shi, extra, head, block;
+    int nblocks;
     pp_stage_range(e, &slo, &shi);
-    size_t es = e->be->elt_size, P = shi - slo, S = (P + (size_t)dp - 1) / (size_t)dp;
+    if (dp == 1 && stage > 1) stage = 1; /* zero_new: nothing to shard */
+    stage_sizes(e, slo, shi, &extra, &head, &block, &nblocks);
+    size_t es = e->be->elt_size, P = shi - slo, off, S;
+    /* this rank's shard (comm_shard_range: the first P % dp shards are one larger) */
+    comm_shard_range(P, dp, dp == e->dp ? e->dp_idx : 0, &off, &S);
+    size_t slots = (size_t)(nblocks < ZERO_SLOTS ? nblocks : ZERO_SLOTS);
     size_t per = 2 * sizeof(float) + (e->be->dtype == BACKEND_F32 ? 0 : sizeof(float));
     out->activations = e->mem.activations;
-    out->grads = (stage >= 2 ? S : P) * es;
+    /* stage 3: the shard, the layer -1 group kept gathered, two block slots */
+    out->params = ((stage >= 3 ? (S ? S : 1) + head + slots * block : (P ? P : 1)) + extra) * es;
+    /* stage >= 2: the shard, layer -1's gradients, two block scratch slots */
+    out->grads = ((stage >= 2 ? (S ? S : 1) + head + slots * block : (P ? P : 1)) + extra) * es;
     out->optimizer = per * (stage >= 1 ? S : P) + 4 * sizeof(float);
-    out->comm = stage >= 1 && dp > 1 ? 2 * S * es : 0;
-    out->params = P * es;
-    if (stage == 3) {
-        /* working set: the layer -1 group plus the largest block */
-        size_t head = 0, block = 0;
-        int L = e->cfg.n_layer;
-        for (int i = 0; i < e->layout.n; i++)
-            if (e->layout.t[i].layer < 0 && (size_t)e->layout.t[i].rank_offset >= slo &&
-                (size_t)e->layout.t[i].rank_offset < shi)
-                head += (size_t)e->layout.t[i].rank_numel;
-        for (int l = 0; l < L; l++) {
-            size_t n = 0;
-            for (int i = 0; i < e->layout.n; i++)
-                if (e->layout.t[i].layer == l) n += (size_t)e->layout.t[i].rank_numel;
-            block = n > block ? n : block;
-        }
-        out->params = (S + head + block) * es;
+    out->comm = stage >= 1 && dp > 1 ? 2 * ((P + (size_t)dp - 1) / (size_t)dp) * es : 0;
+}
+
+/* Allocate what this rank keeps outside the windows and shrink the windows
+ * (zero.h, "Memory"): copies of tensors used off the stage range (tied
+ * embedding), stage >= 2 gradient scratch (layer -1 group, block slots),
+ * stage 3 parameter buffers (layer -1 group, block slots); then params
+ * [lo, hi) or the shard (stage 3), grads [lo, hi) or the shard (stage >= 2).
+ * Runs once, after the parameters were initialised in the full window. */
+static int alloc_buffers(struct zero *z) {
+    struct engine *e = z->e;
+    struct backend *b = e->be;
+    size_t es = b->elt_size, extra, head, block;
+    int nblocks;
+    stage_sizes(e, z->lo, z->hi, &extra, &head, &block, &nblocks);
+    (void)extra, (void)head;
+    z->blk = block;
+    z->nslots = nblocks < ZERO_SLOTS ? nblocks : ZERO_SLOTS;
+    z->l0 = z->L;
+    z->l1 = 0;
+    for (int l = 0; l < z->L; l++) {
+        if (!z->g[l + 1].n) continue;
+        if (z->g[l + 1].n != 1) return -1; /* a block is one contiguous range */
+        if (l < z->l0) z->l0 = l;
+        z->l1 = l + 1;
     }
+    z->xp = calloc((size_t)e->layout.n, sizeof(void *));
+    z->xg = calloc((size_t)e->layout.n, sizeof(void *));
+    if (!z->xp || !z->xg) return -1;
+    for (int i = 0; i < e->layout.n && e->pp > 1; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        size_t n = (size_t)t->rank_numel;
+        if (on_stage(z, t) || !model_tensor_on_stage(&e->cfg, t, e->pp, e->pp_idx)) continue;
+        z->xp[i] = engine_alloc(e, n * es, &e->mem.params);
+        z->xg[i] = engine_alloc(e, n * es, &e->mem.grads);
+        if (!z->xp[i] || !z->xg[i]) return -1;
+        b->copy(b->ctx, z->xp[i], engine_param(e, i), n * es);
+        b->zero(b->ctx, z->xg[i], n * es);
+        e->pview[i] = z->xp[i];
+        e->gview[i] = z->xg[i];
+    }
+    const struct zgroup *g = &z->g[0];
+    for (int k = 0; k < g->n && z->stage >= 2; k++) {
+        size_t lo = g->r[k].lo, n = g->r[k].hi - lo;
+        z->hg[k] = engine_alloc(e, n * es, &e->mem.grads);
+        if (z->stage == 3) z->hp[k] = engine_alloc(e, n * es, &e->mem.params);
+        if (!z->hg[k] || (z->stage == 3 && !z->hp[k])) return -1;
+        b->zero(b->ctx, z->hg[k], n * es);
+        if (z->stage == 3) b->copy(b->ctx, z->hp[k], engine_params_at(e, lo), n * es);
+        for (int i = 0; i < e->layout.n; i++) {
+            size_t o = (size_t)e->layout.t[i].rank_offset;
+            if (o < lo || o >= lo + n) continue;
+            e->gview[i] = backend_at(b, z->hg[k], o - lo);
+            if (z->stage == 3) e->pview[i] = backend_at(b, z->hp[k], o - lo);
+        }
+    }
+    for (int k = 0; k < z->nslots && z->stage >= 2; k++) {
+        z->gs[k].layer = z->ps[k].layer = -2;
+        z->gs[k].buf = engine_alloc(e, block * es, &e->mem.grads);
+        if (z->stage == 3) z->ps[k].buf = engine_alloc(e, block * es, &e->mem.params);
+        if (!z->gs[k].buf || (z->stage == 3 && !z->ps[k].buf)) return -1;
+    }
+    z->cur = -2;
+    size_t s0 = z->off[z->rank], s1 = s0 + z->cnt[z->rank];
+    if (z->lo == 0 && z->hi == e->n_params && z->stage < 2) return 0; /* nothing to shrink */
+    b->sync(b->ctx);
+    return engine_set_windows(e, z->stage >= 3 ? s0 : z->lo, z->stage >= 3 ? s1 : z->hi,
+                              z->stage >= 2 ? s0 : z->lo, z->stage >= 2 ? s1 : z->hi);
 }
 
 struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, size_t errlen) {
@@ -330,9 +533,11 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
     if (!z) goto nomem;
     z->e = e;
     z->dp = dp;
-    z->stage = stage;
     z->P = comm_size(dp);
     z->rank = comm_rank(dp);
+    /* one dp rank: nothing to shard; stages 2/3 would only add scratch */
+    if (z->P == 1 && stage > 1) stage = 1;
+    z->stage = stage;
     z->off = calloc((size_t)z->P, sizeof(size_t));
     z->cnt = calloc((size_t)z->P, sizeof(size_t));
     z->counts = calloc((size_t)z->P, sizeof(size_t));
@@ -344,6 +549,11 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
     }
     if (build_groups(z) != 0) {
         snprintf(err, errlen, "zero: cannot group the %d tensors by layer", e->layout.n);
+        zero_free(z);
+        return NULL;
+    }
+    if (alloc_buffers(z) != 0) {
+        snprintf(err, errlen, "zero: out of memory for the stage %d buffers", stage);
         zero_free(z);
         return NULL;
     }
@@ -360,21 +570,20 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
                              .grad_sync = hook_grad_sync,
                              .param_sync = hook_param_sync,
                              .allreduce_sum = hook_allreduce_sum};
-    h.layer_grads_ready = hook_grads_ready;
-    if (stage == 3) {
-        h.layer_pre_forward = hook_pre_forward;
+    if (stage < 2) {
+        h.layer_grads_ready = hook_grads_ready;
+    } else {
+        h.layer_grads_done = hook_grads_done;
         h.layer_pre_backward = hook_pre_backward;
     }
+    if (stage == 3) h.layer_pre_forward = hook_pre_forward;
     e->hooks = h;
+    /* params, grads and optimizer are what the engine really holds (the unit
+     * test checks them against zero_mem_model); comm is the backend's ring
+     * staging, by formula */
     struct engine_mem m;
     zero_mem_model(e, stage, z->P, &m);
-    e->mem = m;
-    if (stage == 3) {
-        /* Start released: only gathers make other ranks' parameters visible. */
-        for (int l = -1; l < z->L; l++)
-            z->g[l + 1].gathered = 1;
-        release_all(z);
-    }
+    e->mem.comm = m.comm;
     return z;
 nomem:
     snprintf(err, errlen, "zero: out of memory");
@@ -384,11 +593,30 @@ nomem:
 
 void zero_free(struct zero *z) {
     if (!z) return;
+    struct engine *e = z->e;
+    size_t es = e->be->elt_size;
     for (int i = 0; i < z->nreqs; i++)
         comm_wait(z->reqs[i]);
-    for (int l = -1; z->g && l < z->L; l++)
-        for (int k = 0; k < z->g[l + 1].n; k++)
-            comm_wait(z->g[l + 1].prefetch[k]);
+    for (int k = 0; k < ZERO_SLOTS; k++) {
+        comm_wait(z->gs[k].req);
+        comm_wait(z->ps[k].req);
+        engine_release(e, z->gs[k].buf, z->blk * es, &e->mem.grads);
+        engine_release(e, z->ps[k].buf, z->blk * es, &e->mem.params);
+    }
+    for (int k = 0; z->g && k < z->g[0].n; k++) {
+        size_t n = z->g[0].r[k].hi - z->g[0].r[k].lo;
+        engine_release(e, z->hg[k], n * es, &e->mem.grads);
+        engine_release(e, z->hp[k], n * es, &e->mem.params);
+    }
+    for (int i = 0; i < e->layout.n && z->xp; i++) {
+        size_t n = (size_t)e->layout.t[i].rank_numel * es;
+        engine_release(e, z->xp[i], n, &e->mem.params);
+        engine_release(e, z->xg[i], n, &e->mem.grads);
+    }
+    for (int i = 0; i < e->layout.n; i++) /* every view pointed into these buffers */
+        e->pview[i] = e->gview[i] = NULL;
+    free(z->xp);
+    free(z->xg);
     free(z->reqs);
     free(z->off);
     free(z->cnt);

@@ -7,40 +7,48 @@
  * dp_idx owns shard dp_idx: its optimizer state (stage >= 1), its reduced
  * gradients (stage >= 2) and its parameters (stage 3).
  *
- * Per stage (hooks installed on the engine). Every stage reduces gradients
- * per layer as soon as the layer's backward is done on the last micro-step
- * (layer_grads_ready, async on the dp comm's thread, overlapping the rest of
- * the backward); grad_sync waits for those reductions.
- *   0  all-reduce of each layer's gradients; every rank runs AdamW on the
- *      whole buffer (e->shard_replicated = 1, so the norm is not re-summed).
- *   1  reduce-scatter of each layer's gradients into the owners' shards;
- *      AdamW on the shard; param_sync: all-gather of the parameters.
- *   2  as 1; gradients outside the shard are dead after the reduction (and
- *      counted as sharded in the memory report); param_sync as 1.
- *   3  as 2, and parameters outside the owned shard are released (zeroed)
- *      after use: each layer is all-gathered just before its forward
- *      (layer_pre_forward) and again before its backward
- *      (layer_pre_backward), the next layer's gather prefetched meanwhile,
- *      and released when the next layer takes over. The embedding/head group
- *      (layer -1) stays gathered through the forward (the head runs last) and
- *      is released before the first block backward.
- * Gradient accumulation: hooks communicate only after the last micro-step
- * (stages 0-2); stage 3 gathers parameters on every micro-step, as it must.
+ * Per stage (hooks installed on the engine). With one dp rank stages 2 and 3
+ * run as stage 1 (nothing to shard; zero_stage() says so).
+ *   0  all-reduce of each layer's gradients on the last micro-step; every
+ *      rank runs AdamW on the whole buffer (e->shard_replicated = 1).
+ *   1  reduce-scatter of each layer's gradients into the owners' shards on
+ *      the last micro-step (layer_grads_ready, async, overlapping the rest of
+ *      the backward; grad_sync waits); AdamW on the shard; param_sync:
+ *      all-gather of the parameters.
+ *   2  the gradient window is only the shard. Each block's backward writes
+ *      into one of two scratch slots (layer_pre_backward points the block's
+ *      gradient views there); as soon as the block is done (layer_grads_done,
+ *      EVERY micro-step, as DeepSpeed does) the slot is reduce-scattered
+ *      asynchronously and, before the slot is reused or in grad_sync, the
+ *      owned part is added into the shard. The layer -1 group (embeddings,
+ *      final norm, head: its gradients arrive in the forward's classifier
+ *      and at the very end of the backward) keeps a whole gradient buffer,
+ *      reduce-scattered once in grad_sync. param_sync as 1.
+ *   3  as 2, and the params window is only the shard too. Blocks are
+ *      all-gathered into one of two slots just before their forward
+ *      (layer_pre_forward) and backward (layer_pre_backward), the next block
+ *      prefetched into the other slot meanwhile; the block's parameter views
+ *      point into its slot while it holds it. The layer -1 group stays
+ *      gathered in its own buffer, re-gathered in param_sync after each
+ *      optimizer step (when the block slots are also invalidated).
  * Clipping uses the global norm: sum over dp of each shard's squared norm.
  *
- * Memory report (e->mem, the "mem" of step lines), per rank, with P the
- * parameter count, e the element size, S = ceil(P/dp):
- *   params     P*e (stage 0-2);  S*e + gathered working set (stage 3: the
- *              layer -1 group plus the largest block, all held at once at peak)
- *   grads      P*e (stage 0-1);  S*e (stage 2-3)
+ * Memory (e->mem, the "mem" of step lines) is what the engine really holds
+ * (tests/unit/test_zero_mem.c checks it against the bytes live in the
+ * backend). Per rank, e the element size, P the stage's parameter count
+ * (pp.h; all of them at pp 1), S this rank's shard (ceil or floor of P/dp),
+ * X the tensors used off the stage range (the tied embedding's copy on the
+ * last pp stage), H the stage's layer -1 group, K = min(2, blocks) x the
+ * largest block (the slots):
+ *   params     (P + X)*e (stage 0-2);  (S + H + K + X)*e (stage 3)
+ *   grads      (P + X)*e (stage 0-1);  (S + H + K + X)*e (stage 2-3)
  *   optimizer  as allocated by engine_set_shard: moments (and a separate
  *              master on bf16) for P elements (stage 0) or S (stage >= 1)
- *   comm       0 (stage 0, in place); 2*S*e (stage >= 1: the reduce-scatter
- *              ring's two staging buffers)
- * Caveat (cpu engine today): params and grads stay allocated as full flat
- * buffers (the gather and accumulation targets), so for stages 2-3 these
- * figures are the ZeRO resident set, not this process's allocation; see
- * docs/internals/comm.md.
+ *   comm       by formula, not engine memory: 0 (stage 0, in place);
+ *              2*ceil(P/dp)*e (stage >= 1: the reduce-scatter ring's staging)
+ * zero_new allocates these and shrinks the engine's windows after the
+ * parameters were initialised in the whole-stage buffers engine_new made, so
+ * the set-up briefly peaks at the whole tp share.
  *
  * Threads: only the engine thread calls these; comm work runs on the dp
  * comm's own thread. */
@@ -77,7 +85,7 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
 struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, size_t errlen);
 void zero_free(struct zero *z); /* NULL ok; frees the comms zero_setup made */
 
-int zero_stage(const struct zero *z);
+int zero_stage(const struct zero *z);         /* in effect: at most 1 with one dp rank */
 struct comm *zero_world_comm(struct zero *z); /* NULL unless made by zero_setup */
 /* Barrier over the whole world (ckpt_barrier_fn; ctx = struct zero *). */
 int zero_barrier(void *ctx);

@@ -231,11 +231,13 @@ static void check_memory(const char *tag, const struct run *a, const struct run 
           head + N_LAYER * block);
     CHECK(fmod(P, dp) != 0, "%s: %.0f params divide evenly by dp=%d: uneven shards untested", tag,
           P, dp);
+    /* stage 3 keeps the embeddings/head group gathered plus two block gather
+     * slots; stage >= 2 likewise the group's gradients plus two block scratch
+     * slots (the engine allocates exactly this) */
+    double work = head + (N_LAYER < 2 ? N_LAYER : 2) * block;
     double want[5] = {
-        (zero == 3 ? S + head + block : P) * 4,
-        (zero >= 2 ? S : P) * 4,
-        8 * (zero >= 1 ? S : P) + 16,
-        ref->mem[3] * GiB,
+        (zero == 3 ? S + work : P) * 4, (zero >= 2 ? S + work : P) * 4,
+        8 * (zero >= 1 ? S : P) + 16,   ref->mem[3] * GiB,
         zero >= 1 ? 2 * S * 4 : 0,
     };
     static const char *names[] = {"params", "grads", "optimizer", "activations", "comm"};

@@ -315,10 +315,21 @@ static void check_memory(const struct layout *l, const struct run *r) {
         return;
     }
     double P = (double)model_layout_stage_numel(&lay, &c, l->pp, 0);
+    /* ZeRO >= 2 keep the stage's embeddings/head group whole (stage 3: its
+     * parameters gathered, stage >= 2: its gradients) plus two block slots */
+    double head = 0, block = 0;
+    for (int i = 0; i < lay.n; i++) {
+        if (lay.t[i].layer < 0 && model_tensor_on_stage(&c, &lay.t[i], l->pp, 0))
+            head += (double)lay.t[i].rank_numel;
+        if (lay.t[i].layer == 0) block += (double)lay.t[i].rank_numel;
+    }
+    int nb = c.n_layer / l->pp;
+    double work = head + (nb < 2 ? nb : 2) * block;
     model_layout_free(&lay);
     double S = ceil(P / l->dp);
-    double want[3] = {P * 4, (l->zero >= 2 ? S : P) * 4, 8 * (l->zero >= 1 ? S : P) + 16};
-    if (l->zero == 3) want[0] = -1; /* working-set formula: covered by the dp tests */
+    int zs = l->dp == 1 && l->zero > 1 ? 1 : l->zero; /* dp 1: nothing to shard */
+    double want[3] = {(zs == 3 ? S + work : P) * 4, (zs >= 2 ? S + work : P) * 4,
+                      8 * (zs >= 1 ? S : P) + 16};
     static const char *names[] = {"params", "grads", "optimizer"};
     for (int k = 0; k < 3; k++)
         if (want[k] >= 0)
