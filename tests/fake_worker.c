@@ -200,11 +200,16 @@ int main(int argc, char **argv) {
                s, loss, s * 1024, 1024.0 * 1000.0 / (double)(step_ms > 0 ? step_ms : 1), step_ms);
         fprintf(stderr, "step %ld loss %.4f\n", s, loss);
         if (ckpt[0] && ckpt_every > 0 && s % ckpt_every == 0) {
-            FILE *f = fopen(ckpt, "w");
+            /* Written aside and renamed, like the real worker: a SIGTERM
+             * between truncate and write must not leave an empty checkpoint
+             * that the next attempt reads as step 0. */
+            char tmp[1100];
+            snprintf(tmp, sizeof tmp, "%s.tmp", ckpt);
+            FILE *f = fopen(tmp, "w");
             if (f) {
                 fprintf(f, "%ld\n", s);
-                fclose(f);
-                printf("{\"type\":\"checkpoint\",\"step\":%ld,\"path\":\"%s\"}\n", s, ckpt);
+                if (fclose(f) == 0 && rename(tmp, ckpt) == 0)
+                    printf("{\"type\":\"checkpoint\",\"step\":%ld,\"path\":\"%s\"}\n", s, ckpt);
             }
         }
     }
