@@ -325,9 +325,23 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
                (last && pp > 1 && mc->tied_embeddings ? f->tok_p : 0);
     memset(m, 0, sizeof *m);
     m->worst_stage = st;
-    m->params = P * e / (L->zero >= 3 ? dp : 1);
-    m->grads = P * e / (L->zero >= 2 ? dp : 1);
-    double shard = P / (L->zero >= 1 ? dp : 1);
+    /* As the engine allocates (worker/zero.c, checked by unit.mem.zero): a
+     * rank owns its stage's tensors Po (the last stage's tied copy X of the
+     * embedding is extra). ZeRO-2 keeps gradients as the rank's shard Po/dp
+     * plus the embeddings/head group H (held whole) plus two block slots K
+     * (the block in use and the one being reduced); ZeRO-3 does the same for
+     * parameters (gather slots: the block in use and the prefetched next one).
+     * With one dp rank there is nothing to shard: stages 2/3 act as 1. */
+    double X = last && pp > 1 && mc->tied_embeddings ? f->tok_p : 0;
+    double Po = P - X;
+    double H = (first ? f->embed_p : 0) + (last ? f->head_p : 0);
+    double K = (layers < 2 ? layers : 2) * f->layer_p;
+    int zs = dp == 1 && L->zero > 1 ? 1 : L->zero;
+    double win = Po / dp + H + K;
+    m->stage_params = P;
+    m->params = ((zs >= 3 ? win : Po) + X) * e;
+    m->grads = ((zs >= 2 ? win : Po) + X) * e;
+    double shard = Po / (zs >= 1 ? dp : 1);
     double master = e < 4 ? 4 : 0; /* fp32 master aliases the params on fp32 */
     double opt_bytes = shard * (master + 8);
     if (L->offload) {
@@ -374,8 +388,6 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     if (dp > 1) {
         double pb = P * e;
         m->comm += 2 * (pb < bucket ? pb : bucket);
-        if (L->zero >= 3)
-            m->comm += 2 * f->layer_p * e; /* gathered current + prefetched next layer */
     }
     if (tp > 1) m->comm += N * C * e;
     if (pp > 1) m->comm += 2 * N * C * e;
@@ -475,7 +487,7 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
         }
     }
     if (dp > 1) {
-        double P = est->mem.params * (L->zero >= 3 ? dp : 1) / e; /* stage params per rank */
+        double P = est->mem.stage_params; /* stage params per tp rank */
         double bytes = P * e;
         int per_node = G / tp;
         if (per_node < 1) per_node = 1;
@@ -513,7 +525,7 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     est->comm_exposed_s = exposed;
 
     /* optimizer */
-    double P = est->mem.params * (L->zero >= 3 ? dp : 1) / e;
+    double P = est->mem.stage_params;
     double shard = P / (L->zero >= 1 ? dp : 1);
     if (L->offload) {
         int per_node = world < c->gpus_per_node ? world : c->gpus_per_node;

@@ -97,6 +97,7 @@ struct planner_mem {
     double act_attention, act_mlp, act_norm_residual, act_other; /* split of activations */
     int inflight;         /* micro-batches whose activations the stage holds (1F1B) */
     int worst_stage;      /* stage these numbers are for */
+    double stage_params;  /* parameters (elements) of that stage on one tp rank, before ZeRO */
     double gpu_bytes;     /* the GPU's memory */
     double host_per_node; /* offloaded optimizer state + staging per node */
     double host_bytes;    /* the node's host memory */
