@@ -56,9 +56,10 @@ export LOOM_URL
 
 device=cpu
 agent_devices="--cpu-devices 1"
+# GPU when the driver sees one and this build has the CUDA backend (nvcc was
+# found at configure time: the GPU-only bench binary is built only then).
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 &&
-    grep -q "LOOM_HAVE_CUDA:INTERNAL=ON\|LOOM_HAVE_CUDA" build/CMakeCache.txt 2>/dev/null &&
-    "$BIN/loom-worker" --help 2>&1 | grep -q cuda; then
+    [ -x "$BIN/loom-gpu-bench" ]; then
     device=cuda
     agent_devices=""
 fi
