@@ -55,8 +55,8 @@ if(TARGET loom_engine)
     if(LOOM_HAVE_GLOO AND Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loom-worker
        AND TARGET loom-data)
         add_test(NAME integration.comm.dp_cluster
-                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_dp_cluster.py
-                         ${CMAKE_BINARY_DIR}/bin)
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_layout_cluster.py
+                         ${CMAKE_BINARY_DIR}/bin dp=2,zero_stage=3)
         set_tests_properties(integration.comm.dp_cluster PROPERTIES LABELS integration TIMEOUT 240
                              SKIP_RETURN_CODE 77)
     endif()

@@ -37,8 +37,8 @@ find_package(Python3 COMPONENTS Interpreter)
 if(LOOM_HAVE_GLOO AND Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loom-worker
    AND TARGET loom-data)
     add_test(NAME integration.par.cluster
-             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_par_cluster.py
-                     ${CMAKE_BINARY_DIR}/bin)
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_layout_cluster.py
+                     ${CMAKE_BINARY_DIR}/bin tp=2,pp=2)
     set_tests_properties(integration.par.cluster PROPERTIES LABELS integration TIMEOUT 240
                          SKIP_RETURN_CODE 77)
 endif()
