@@ -32,6 +32,7 @@
 
 #include "worker/data.h"
 #include "worker/safetensors.h"
+#include "tests/integration/equiv_harness.h"
 
 #define STEPS   20
 #define REL_TOL 1e-5
@@ -114,37 +115,6 @@ static void parse(const char *path, struct run *r) {
     fclose(f);
 }
 
-/* Run loom-worker; stdout to outfile. Returns the exit code. */
-static int run_worker(const char *spec, const char *out, const char *outfile, int nproc,
-                      const char *export_path, int steps) {
-    pid_t p = fork();
-    if (p == 0) {
-        FILE *o = freopen(outfile, "w", stdout);
-        if (!o) _exit(126);
-        char np[16], st[16];
-        snprintf(np, sizeof(np), "%d", nproc);
-        snprintf(st, sizeof(st), "%d", steps);
-        const char *argv[20] = {worker, "--spec",  spec, "--out",       out,   "--threads",
-                                "1",    "--nproc", np,   "--log-level", "warn"};
-        int n = 11;
-        if (export_path) {
-            argv[n++] = "--export";
-            argv[n++] = export_path;
-        }
-        if (steps > 0) {
-            argv[n++] = "--steps";
-            argv[n++] = st;
-        }
-        argv[n] = NULL;
-        setenv("LOOM_COMM_TIMEOUT_MS", "30000", 1);
-        execv(worker, (char **)argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 /* Train a layout from scratch; returns the parsed run. */
 static void train(const char *tag, int dp, int zero, int gbt_micro, struct run *r,
                   const char *export_path) {
@@ -153,7 +123,7 @@ static void train(const char *tag, int dp, int zero, int gbt_micro, struct run *
     snprintf(out, sizeof(out), "%s/%s.out", dir, tag);
     snprintf(of, sizeof(of), "%s/%s.jsonl", dir, tag);
     write_spec(spec, dp, zero, gbt_micro);
-    int rc = run_worker(spec, out, of, dp, export_path, 0);
+    int rc = equiv_run_worker(worker, spec, out, of, dp, NULL, export_path, 0);
     CHECK(rc == 0, "%s: loom-worker exited %d (see stderr)", tag, rc);
     parse(of, r);
     r->ok = rc == 0 && r->steps_seen == STEPS;
@@ -178,31 +148,9 @@ static void compare(const char *tag, const struct run *a, const struct run *ref,
             worst_norm, from, STEPS);
 }
 
-static float *load_export(const char *path, size_t *n) {
-    struct st_file *f = NULL;
-    char err[256];
-    if (st_open(path, &f, err, sizeof(err)) != 0) return NULL;
-    size_t total = 0;
-    for (size_t i = 0; i < st_count(f); i++)
-        total += st_at(f, i)->nbytes / 4;
-    float *h = malloc(total * sizeof(float)), *p = h;
-    for (size_t i = 0; h && i < st_count(f); i++) {
-        const struct st_info *t = st_at(f, i);
-        if (st_read(f, t->name, ST_F32, p, t->nbytes, err, sizeof(err)) != 0) {
-            free(h);
-            h = NULL;
-            break;
-        }
-        p += t->nbytes / 4;
-    }
-    st_close(f);
-    *n = total;
-    return h;
-}
-
 static void compare_weights(const char *tag, const char *a, const char *b) {
     size_t na = 0, nb = 0;
-    float *x = load_export(a, &na), *y = load_export(b, &nb);
+    float *x = equiv_load_export(a, &na), *y = equiv_load_export(b, &nb);
     CHECK(x && y && na == nb && na > 0, "%s: exports unreadable or of different sizes", tag);
     if (x && y && na == nb) {
         double worst = 0;
@@ -246,20 +194,6 @@ static void check_memory(const char *tag, const struct run *a, const struct run 
               "%s: mem.%s = %.0f bytes, formula %.0f", tag, names[k], a->mem[k] * GiB, want[k]);
 }
 
-static void make_data(void) {
-    uint32_t *tok = malloc(40000 * sizeof(*tok));
-    const char *words[] = {"the ", "loom ", "weaves ",  "threads ", "into ", "cloth ",
-                           "and ", "a ",    "shuttle ", "moves ",   "warp ", "weft "};
-    size_t n = 0;
-    for (uint32_t s = 3; n < 40000; s = s * 1103515245u + 12345u)
-        for (const char *c = words[(s >> 16) % 12]; *c && n < 40000; c++)
-            tok[n++] = (unsigned char)*c;
-    char p[512], err[256];
-    snprintf(p, sizeof(p), "%s/train_000.bin", dir);
-    CHECK(data_shard_write(p, 1, tok, n, err, sizeof(err)) == 0, "%s", err);
-    free(tok);
-}
-
 static void equivalence(int dp) {
     for (int accum = 1; accum <= 2; accum++) {
         int micro = dp * accum; /* micro-batches per global batch */
@@ -295,12 +229,13 @@ static void reshard(void) {
     snprintf(spec, sizeof(spec), "%s/reshard-a.json", dir);
     snprintf(of, sizeof(of), "%s/reshard-a.jsonl", dir);
     write_spec(spec, 4, 3, 4);
-    CHECK(run_worker(spec, out, of, 4, NULL, 10) == 0, "dp4 z3 first half failed");
+    CHECK(equiv_run_worker(worker, spec, out, of, 4, NULL, NULL, 10) == 0,
+          "dp4 z3 first half failed");
     parse(of, &a);
     snprintf(spec, sizeof(spec), "%s/reshard-b.json", dir);
     snprintf(of, sizeof(of), "%s/reshard-b.jsonl", dir);
     write_spec(spec, 2, 1, 4);
-    CHECK(run_worker(spec, out, of, 2, NULL, 0) == 0, "dp2 z1 resume failed");
+    CHECK(equiv_run_worker(worker, spec, out, of, 2, NULL, NULL, 0) == 0, "dp2 z1 resume failed");
     parse(of, &b);
     CHECK(a.steps_seen == 10 && b.steps_seen == 10, "reshard: %d + %d steps", a.steps_seen,
           b.steps_seen);
@@ -314,10 +249,11 @@ static void reshard(void) {
     snprintf(spec, sizeof(spec), "%s/reshard-c.json", dir);
     snprintf(of, sizeof(of), "%s/reshard-c.jsonl", dir);
     write_spec(spec, 2, 2, 4);
-    CHECK(run_worker(spec, out, of, 2, NULL, 10) == 0, "dp2 z2 first half failed");
+    CHECK(equiv_run_worker(worker, spec, out, of, 2, NULL, NULL, 10) == 0,
+          "dp2 z2 first half failed");
     parse(of, &a);
     write_spec(spec, 1, 0, 4);
-    CHECK(run_worker(spec, out, of, 1, NULL, 0) == 0, "dp1 resume failed");
+    CHECK(equiv_run_worker(worker, spec, out, of, 1, NULL, NULL, 0) == 0, "dp1 resume failed");
     parse(of, &c);
     if (a.steps_seen == 10 && c.steps_seen == 10 && ref.ok) {
         for (int s = 11; s <= STEPS; s++)
@@ -331,10 +267,11 @@ static void reshard(void) {
     snprintf(spec, sizeof(spec), "%s/same.json", dir);
     write_spec(spec, 2, 2, 4);
     snprintf(of, sizeof(of), "%s/same-a.jsonl", dir);
-    CHECK(run_worker(spec, out, of, 2, NULL, 10) == 0, "dp2 z2 first half failed");
+    CHECK(equiv_run_worker(worker, spec, out, of, 2, NULL, NULL, 10) == 0,
+          "dp2 z2 first half failed");
     parse(of, &a);
     snprintf(of, sizeof(of), "%s/same-b.jsonl", dir);
-    CHECK(run_worker(spec, out, of, 2, NULL, 0) == 0, "dp2 z2 resume failed");
+    CHECK(equiv_run_worker(worker, spec, out, of, 2, NULL, NULL, 0) == 0, "dp2 z2 resume failed");
     parse(of, &b);
     int same = a.steps_seen == 10 && b.steps_seen == 10 && full.ok;
     for (int s = 1; same && s <= STEPS; s++)
@@ -486,7 +423,8 @@ int main(int argc, char **argv) {
     worker = argv[1];
     snprintf(dir, sizeof(dir), "/tmp/loom-test-dp-XXXXXX");
     if (!mkdtemp(dir)) return 1;
-    make_data();
+    char derr[256];
+    CHECK(equiv_make_data(dir, derr, sizeof(derr)) == 0, "%s", derr);
     if (strcmp(argv[2], "dp2") == 0)
         equivalence(2);
     else if (strcmp(argv[2], "dp4") == 0)

@@ -34,6 +34,7 @@
 #include "api/model.h"
 #include "worker/data.h"
 #include "worker/safetensors.h"
+#include "tests/integration/equiv_harness.h"
 
 #define STEPS   20
 #define REL_TOL 1e-5
@@ -162,39 +163,6 @@ static void parse(const char *path, struct run *r) {
     fclose(f);
 }
 
-/* Run loom-worker; stdout to outfile. Returns the exit code. */
-static int run_worker(const char *spec, const char *out, const char *outfile, int nproc,
-                      const char *sched, int steps, const char *export_path) {
-    pid_t p = fork();
-    if (p == 0) {
-        FILE *o = freopen(outfile, "w", stdout);
-        if (!o) _exit(126);
-        char np[16], st[16];
-        snprintf(np, sizeof(np), "%d", nproc);
-        snprintf(st, sizeof(st), "%d", steps);
-        const char *argv[20] = {worker, "--spec",  spec, "--out",       out,   "--threads",
-                                "1",    "--nproc", np,   "--log-level", "warn"};
-        int n = 11;
-        argv[n++] = "--pp-schedule";
-        argv[n++] = sched ? sched : "1f1b";
-        if (steps > 0) {
-            argv[n++] = "--steps";
-            argv[n++] = st;
-        }
-        if (export_path) {
-            argv[n++] = "--export";
-            argv[n++] = export_path;
-        }
-        argv[n] = NULL;
-        setenv("LOOM_COMM_TIMEOUT_MS", "30000", 1);
-        execv(worker, (char **)argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static void train(const struct layout *l, struct run *r, const char *out_dir, int steps) {
     char spec[512], out[512], of[512], ex[512];
     snprintf(spec, sizeof(spec), "%s/%s.json", dir, l->tag);
@@ -202,8 +170,8 @@ static void train(const struct layout *l, struct run *r, const char *out_dir, in
     snprintf(of, sizeof(of), "%s/%s.%d.jsonl", dir, l->tag, steps);
     write_spec(spec, l);
     snprintf(ex, sizeof(ex), "%s/%s.safetensors", dir, l->tag);
-    int rc =
-        run_worker(spec, out, of, l->dp * l->tp * l->pp, l->sched, steps, steps == 0 ? ex : NULL);
+    int rc = equiv_run_worker(worker, spec, out, of, l->dp * l->tp * l->pp,
+                              l->sched ? l->sched : "1f1b", steps == 0 ? ex : NULL, steps);
     CHECK(rc == 0, "%s: loom-worker exited %d (see stderr)", l->tag, rc);
     parse(of, r);
     r->ok = rc == 0;
@@ -241,28 +209,6 @@ static void compare(const char *tag, const struct run *a, const struct run *ref,
             tag, worst, worst_norm, worst_val, val ? "" : " (dp>1: other eval set)", from, to);
 }
 
-static float *load_export(const char *path, size_t *n) {
-    struct st_file *f = NULL;
-    char err[256];
-    if (st_open(path, &f, err, sizeof(err)) != 0) return NULL;
-    size_t total = 0;
-    for (size_t i = 0; i < st_count(f); i++)
-        total += st_at(f, i)->nbytes / 4;
-    float *h = malloc((total ? total : 1) * sizeof(float)), *p = h;
-    for (size_t i = 0; h && i < st_count(f); i++) {
-        const struct st_info *t = st_at(f, i);
-        if (st_read(f, t->name, ST_F32, p, t->nbytes, err, sizeof(err)) != 0) {
-            free(h);
-            h = NULL;
-            break;
-        }
-        p += t->nbytes / 4;
-    }
-    st_close(f);
-    *n = total;
-    return h;
-}
-
 /* The exports (--export, gathered from every tp share and stage) of a layout
  * and of its single-process reference hold the same weights. */
 static void compare_weights(const char *tag, const char *ref_tag) {
@@ -270,7 +216,7 @@ static void compare_weights(const char *tag, const char *ref_tag) {
     snprintf(a, sizeof a, "%s/%s.safetensors", dir, tag);
     snprintf(b, sizeof b, "%s/%s.safetensors", dir, ref_tag);
     size_t na = 0, nb = 0;
-    float *x = load_export(a, &na), *y = load_export(b, &nb);
+    float *x = equiv_load_export(a, &na), *y = equiv_load_export(b, &nb);
     CHECK(x && y && na == nb && na > 0, "%s: exports unreadable or of different sizes", tag);
     if (x && y && na == nb) {
         double worst = 0;
@@ -335,20 +281,6 @@ static void check_memory(const struct layout *l, const struct run *r) {
         if (want[k] >= 0)
             CHECK(fabs(r->mem[k] * GiB - want[k]) <= 0.5, "%s: mem.%s = %.0f bytes, formula %.0f",
                   l->tag, names[k], r->mem[k] * GiB, want[k]);
-}
-
-static void make_data(void) {
-    uint32_t *tok = malloc(40000 * sizeof(*tok));
-    const char *words[] = {"the ", "loom ", "weaves ",  "threads ", "into ", "cloth ",
-                           "and ", "a ",    "shuttle ", "moves ",   "warp ", "weft "};
-    size_t n = 0;
-    for (uint32_t s = 3; n < 40000; s = s * 1103515245u + 12345u)
-        for (const char *c = words[(s >> 16) % 12]; *c && n < 40000; c++)
-            tok[n++] = (unsigned char)*c;
-    char p[512], err[256];
-    snprintf(p, sizeof(p), "%s/train_000.bin", dir);
-    CHECK(data_shard_write(p, 1, tok, n, err, sizeof(err)) == 0, "%s", err);
-    free(tok);
 }
 
 /* The layouts of each part; every layout is run for both families. */
@@ -456,7 +388,8 @@ int main(int argc, char **argv) {
     worker = argv[1];
     snprintf(dir, sizeof(dir), "/tmp/loom-test-par-XXXXXX");
     if (!mkdtemp(dir)) return 1;
-    make_data();
+    char derr[256];
+    CHECK(equiv_make_data(dir, derr, sizeof(derr)) == 0, "%s", derr);
     if (strcmp(argv[2], "tp") == 0)
         equivalence(tp_part, sizeof tp_part / sizeof *tp_part);
     else if (strcmp(argv[2], "pp") == 0) {
