@@ -75,11 +75,17 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         snprintf(err, errlen, "parameter synchronisation failed at step %lld", (long long)step);
         return -1;
     }
+    /* the loss sums and the stop request travel in one host all-reduce (one
+     * round trip per step instead of two) */
+    double stop = o->stop && *o->stop;
+    double red[3] = {sums[0], sums[1], stop};
     if (e->hooks.allreduce_sum) {
         double t1 = now_ms();
-        e->hooks.allreduce_sum(e, e->hooks.user, sums, 2);
+        e->hooks.allreduce_sum(e, e->hooks.user, red, 3);
         comm += now_ms() - t1;
+        sums[0] = red[0], sums[1] = red[1];
     }
+    info->stop_any = red[2] > 0;
     b->sync(b->ctx);
     double t_end = now_ms();
     info->loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
@@ -181,13 +187,10 @@ int train_run(struct model *m, const struct train_opts *o, int64_t start,
             emit(o->out, json_pack("{s:s, s:I, s:f, s:I}", "type", "eval", "step", (json_int_t)done,
                                    "val_loss", vl, "tokens", (json_int_t)vt));
         }
-        int stopping = o->stop && *o->stop;
         /* The save below is collective: with dp ranks, any rank's stop request
-         * stops all of them at this same step (one tiny all-reduce). */
-        if (o->stop && m->e->hooks.allreduce_sum) {
-            double f = stopping;
-            if (m->e->hooks.allreduce_sum(m->e, m->e->hooks.user, &f, 1) == 0) stopping = f > 0;
-        }
+         * stops all of them at this same step (train_step reduced the flag
+         * with the loss sums). */
+        int stopping = info.stop_any;
         if (o->save &&
             (done == o->steps || stopping || (o->save_every > 0 && done % o->save_every == 0))) {
             if (o->save(o->save_user, done) != 0) {
