@@ -11,10 +11,12 @@ tests/gpu/device_run.sh; needs numpy).
       each step <= 5 % relative, mean <= 1 % (llm.c / Megatron use a few %).
       Prints one line per layout and exits 1 when any fails (77: fewer
       than 2 GPUs; ctest gpu.dist.curves).
-  dist_check.py bench BIN DIR MODEL MBS NPROC ZERO [STEPS]
+  dist_check.py bench BIN DIR MODEL MBS NPROC ZERO [STEPS] [EXTRA]
       loom-worker --nproc NPROC end to end on a random-token shard (global
-      batch = MBS*1024*NPROC, no accumulation): median tokens/s of the steps
-      after the 8th, exposed comm ms, memory; prints 'RESULT {json}'.
+      batch = MBS*1024*dp*accum): median tokens/s of the steps after the
+      8th, exposed comm ms, memory; prints 'RESULT {json}'. EXTRA: tp=2,
+      pp=2,accum=8, offload=1, recompute=full, nosave=1, n_layer=.. (see
+      bench()).
 Plain Python (no numpy needed).
 """
 import array, json, os, random, subprocess, sys, time
@@ -52,7 +54,7 @@ def spec(data, model, par, steps, gbt, mbs, lr=6e-4):
             "resources": {"device": "cuda", "gpus_per_node": 8}}
 
 
-def run_worker(binp, d, name, sp, nproc, timeout=280):
+def run_worker(binp, d, name, sp, nproc, timeout=280, flags=()):
     sf = os.path.join(d, name + ".json")
     subprocess.run(["rm", "-rf", os.path.join(d, name + ".run")])  # never resume an older run
     json.dump(sp, open(sf, "w"))
@@ -60,6 +62,7 @@ def run_worker(binp, d, name, sp, nproc, timeout=280):
            "--out", os.path.join(d, name + ".run")]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
+    cmd += list(flags)
     t0 = time.time()
     with open(os.path.join(d, name + ".out"), "w") as fo, \
             open(os.path.join(d, name + ".err"), "w") as fe:
@@ -130,15 +133,36 @@ def curves(binp, d, layouts):
     return bad
 
 
-def bench(binp, d, model, mbs, nproc, zero, steps):
+def bench(binp, d, model, mbs, nproc, zero, steps, extra=""):
+    """extra: comma-separated key=value: tp, pp (dp = nproc / (tp*pp)), accum
+    (micro-batches per step, default 1; pp needs several), offload=1,
+    recompute=none|selective|full, nosave=1 (worker --no-save), and model
+    shape overrides n_layer, n_head, d_model, d_ff (a GPT-2-style model of
+    that shape, vocab 50257, T 1024, instead of the preset)."""
     T = 1024
+    kv = dict(x.split("=", 1) for x in extra.split(",") if x)
+    tp, pp, accum = int(kv.get("tp", 1)), int(kv.get("pp", 1)), int(kv.get("accum", 1))
+    dp = nproc // (tp * pp)
     data = os.path.join(d, "bench.bin")
-    if not os.path.exists(data):
-        write_shard(data, (steps + 4) * mbs * T * max(nproc, 1) + 1, 50257, False, 1234)
-    par = {"dp": nproc, "tp": 1, "pp": 1, "zero_stage": zero}
-    name = "bench_%s_%d_z%d" % (model, nproc, zero)
-    sp = spec(data, {"family": "gpt2", "preset": model}, par, steps, mbs * T * nproc, mbs)
-    rc, st, err, wall = run_worker(binp, d, name, sp, nproc, timeout=400)
+    need = (steps + 4) * mbs * T * dp * accum + 1
+    if not os.path.exists(data) or os.path.getsize(data) < 1024 + 2 * need:
+        write_shard(data, need, 50257, False, 1234)
+    par = {"dp": dp, "tp": tp, "pp": pp, "zero_stage": zero}
+    mdl = {"family": "gpt2", "preset": model}
+    shape = {k: int(kv[k]) for k in ("n_layer", "n_head", "d_model", "d_ff") if k in kv}
+    if shape:
+        mdl = {"family": "gpt2", "vocab_size": 50257, "seq_len": T}
+        mdl.update(shape)
+        mdl.setdefault("d_ff", 4 * mdl["d_model"])
+    name = "bench_%s_%d_z%d%s" % (model, nproc, zero, extra.replace(",", "_").replace("=", ""))
+    sp = spec(data, mdl, par, steps, mbs * T * dp * accum, mbs)
+    if kv.get("offload") == "1":
+        sp["train"]["offload_optimizer"] = True
+    if "recompute" in kv:
+        sp["train"]["recompute"] = kv["recompute"]
+    flags = ["--no-save"] if kv.get("nosave") == "1" else []
+    rc, st, err, wall = run_worker(binp, d, name, sp, nproc, timeout=int(kv.get("timeout", 400)),
+                                   flags=flags)
     if rc != 0 or not st:
         print("bench %s: FAIL rc=%d %s\n%s" % (name, rc, err, tail(d, name)))
         return 1
@@ -146,10 +170,17 @@ def bench(binp, d, model, mbs, nproc, zero, steps):
     tps = sorted(s["tokens_per_s"] for s in later)
     ce = sorted(s["ms"]["comm_exposed"] for s in later)
     ms = sorted(s["ms"]["step"] for s in later)
-    r = {"model": model, "nproc": nproc, "zero": zero, "mbs": mbs, "steps": len(st),
-         "tokens_per_s": tps[len(tps) // 2], "step_ms": ms[len(ms) // 2],
+    r = {"model": model, "nproc": nproc, "zero": zero, "mbs": mbs, "extra": extra,
+         "steps": len(st), "tokens_per_s": tps[len(tps) // 2], "step_ms": ms[len(ms) // 2],
          "comm_exposed_ms": ce[len(ce) // 2], "mfu": st[-1].get("mfu"),
-         "mem_gib": st[-1].get("mem_gib"), "loss": st[-1]["loss"], "wall_s": round(wall, 1)}
+         "mem_gib": st[-1].get("mem_gib"), "loss": [st[0]["loss"], st[-1]["loss"]],
+         "wall_s": round(wall, 1)}
+    for k in ("pp", "ms"):
+        if k in st[-1]:
+            r["last_" + k] = st[-1][k]
+    for l in open(os.path.join(d, name + ".out")):
+        if '"type":"memory"' in l and '"rank":0' in l:
+            r["memory"] = json.loads(l)
     print("RESULT " + json.dumps(r))
     return 0
 
@@ -174,7 +205,7 @@ def main():
         return curves(a[2], a[3], lays)
     if len(a) >= 8 and a[1] == "bench":
         return bench(a[2], a[3], a[4], int(a[5]), int(a[6]), int(a[7]),
-                     int(a[8]) if len(a) > 8 else 40)
+                     int(a[8]) if len(a) > 8 else 40, a[9] if len(a) > 9 else "")
     print(__doc__)
     return 2
 

@@ -299,7 +299,15 @@ static void *comm_init(const struct comm_backend_comm *c, char *err, size_t errl
         memcpy(&id, val, sizeof(id));
         free(val);
     }
-    if (cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking) != cudaSuccess ||
+    /* LOOM_NCCL_STREAM_PRIORITY=high: the comm stream at the device's highest
+     * priority, so a collective's blocks are scheduled ahead of queued compute
+     * blocks instead of waiting for SMs (measured in docs/perf.md). */
+    int lo_prio = 0, hi_prio = 0, prio = 0;
+    const char *ps = getenv("LOOM_NCCL_STREAM_PRIORITY");
+    if (ps && strcmp(ps, "high") == 0 && cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio) ==
+                                             cudaSuccess)
+        prio = hi_prio;
+    if (cudaStreamCreateWithPriority(&nc->stream, cudaStreamNonBlocking, prio) != cudaSuccess ||
         cudaMalloc((void **)&nc->scratch, sizeof(float)) != cudaSuccess) {
         snprintf(err, errlen, "nccl: cannot create the comm stream / scratch");
         goto fail;
