@@ -233,6 +233,30 @@ struct backend {
      * the intermediate product. out may equal residual. */
     void (*matmul_residual_fwd)(void *ctx, void *out, const void *inp, const void *W,
                                 const void *bias, const void *residual, int N, int IC, int OC);
+
+    /* ---- optional: host memory and asynchronous copies (optimizer offload,
+     * worker/offload.h). NULL on a backend without them (the CPU backend,
+     * whose "device" memory is host memory): the caller then uses malloc and
+     * the synchronous upload / download. ----
+     * host_alloc: `bytes` of page-locked host memory that the device copies
+     * to and from at full speed (cudaHostAlloc); NULL on failure (the caller
+     * may fall back to malloc). host_free releases it (NULL ok).
+     * d2h_async / h2d_async: copy `bytes` between device and host on the
+     * backend's copy streams (one per direction, so the two overlap), ordered
+     * AFTER all work issued so far on the compute stream (held-back work is
+     * issued first); return a ticket (> 0). The host buffer must not be
+     * touched (h2d: rewritten; d2h: read) until wait(ticket) returned.
+     * Copies of one direction complete in issue order; tickets increase.
+     * wait: block the host until the copy with that ticket is done (0: no-op).
+     * copy_fence: compute-stream work issued after it waits for every copy
+     * issued so far, both directions (no host stall). sync() does NOT wait for
+     * these copies. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    uint64_t (*d2h_async)(void *ctx, void *dst_host, const void *src_dev, size_t bytes);
+    uint64_t (*h2d_async)(void *ctx, void *dst_dev, const void *src_host, size_t bytes);
+    void (*wait)(void *ctx, uint64_t ticket);
+    void (*copy_fence)(void *ctx);
 };
 
 /* Pointer `elems` compute elements past `base` (device pointers are plain

@@ -23,7 +23,15 @@
  * Two more calls are held back one call: matmul_fwd, so that a gelu_fwd of
  * its output runs as the matmul's GELU epilogue (both outputs still written),
  * and adamw, so that the engine's adjacent per-decay-group ranges run as one
- * launch. Every other entry point issues held work first, in call order. */
+ * launch. Every other entry point issues held work first, in call order.
+ *
+ * Optimizer offload (worker/offload.h) copies on two more streams, one per
+ * direction (PCIe is full duplex): d2h_async / h2d_async first issue held
+ * work, record an event on the compute stream and make the copy stream wait
+ * for it, then copy and record a ticket event from a ring. A ticket's event
+ * is synchronised before its ring slot is reused, so a ticket older than the
+ * ring is complete. copy_fence makes the compute stream wait for both copy
+ * streams. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +46,7 @@
 #define MAX_PENDING    16
 #define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk */
 #define CUDA_PEAK_BF16 989e12
+#define COPY_RING      4096 /* ticket events of the async copies */
 
 struct cuda_alloc {
     void *p;
@@ -83,6 +92,12 @@ struct cuda_ctx {
         struct backend_adamw a; /* first range; a.n = total so far */
         struct lk_adamw_segs segs;
     } aw;
+    /* async host copies (offload): streams d2h, h2d; ticket ring */
+    cudaStream_t cs[2];
+    cudaEvent_t ev_order; /* compute-stream point a copy waits for */
+    cudaEvent_t ev_fence[2];
+    cudaEvent_t ring[COPY_RING];
+    uint64_t ticket; /* last issued */
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -297,6 +312,16 @@ static void cu_destroy(void *ctx) {
     if (c->h_buf) cudaFreeHost(c->h_buf);
     if (c->tok_ev) cudaEventDestroy(c->tok_ev);
     if (c->buf_ev) cudaEventDestroy(c->buf_ev);
+    if (c->cs[0]) {
+        for (int i = 0; i < 2; i++) {
+            cudaStreamSynchronize(c->cs[i]);
+            cudaStreamDestroy(c->cs[i]);
+            cudaEventDestroy(c->ev_fence[i]);
+        }
+        cudaEventDestroy(c->ev_order);
+        for (int i = 0; i < COPY_RING; i++)
+            cudaEventDestroy(c->ring[i]);
+    }
     for (int i = 0; i < MAX_ALLOCS; i++)
         if (c->allocs[i].p) cudaFree(c->allocs[i].p);
     cudaStreamDestroy(c->s);
@@ -581,6 +606,78 @@ static void cu_scale(void *ctx, void *x, size_t n, float s) {
     lk_scale(x, n, s, ST);
 }
 
+/* ---- async host copies (optional members; worker/offload.h) */
+
+static void *cu_host_alloc(void *ctx, size_t bytes) {
+    void *p = NULL;
+    (void)ctx;
+    if (cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        log_error("cuda backend: cannot pin %zu bytes (%.2f GiB) of host memory", bytes,
+                  bytes / 1073741824.0);
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p) cudaFreeHost(p);
+}
+
+/* Streams and events on first use: a run without offload creates none. */
+static void copies_init(struct cuda_ctx *c) {
+    if (c->cs[0]) return;
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&c->cs[i], cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->ev_fence[i], cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->ev_order, cudaEventDisableTiming));
+    for (int i = 0; i < COPY_RING; i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->ring[i], cudaEventDisableTiming));
+}
+
+static uint64_t copy_async(struct cuda_ctx *c, int dir, void *dst, const void *src, size_t bytes) {
+    copies_init(c);
+    pz_flush(c); /* held work belongs before the copy */
+    cudaStream_t cs = c->cs[dir];
+    CUDA_CHECK(cudaEventRecord(c->ev_order, c->s));
+    CUDA_CHECK(cudaStreamWaitEvent(cs, c->ev_order, 0));
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes,
+                                   dir == 0 ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, cs));
+    uint64_t t = ++c->ticket;
+    cudaEvent_t ev = c->ring[t % COPY_RING];
+    if (t > COPY_RING) CUDA_CHECK(cudaEventSynchronize(ev)); /* ticket t - COPY_RING is done */
+    CUDA_CHECK(cudaEventRecord(ev, cs));
+    return t;
+}
+
+static uint64_t cu_d2h_async(void *ctx, void *dst_host, const void *src_dev, size_t bytes) {
+    return copy_async(CX, 0, dst_host, src_dev, bytes);
+}
+
+static uint64_t cu_h2d_async(void *ctx, void *dst_dev, const void *src_host, size_t bytes) {
+    tok_touch(CX, dst_dev, bytes);
+    return copy_async(CX, 1, dst_dev, src_host, bytes);
+}
+
+static void cu_wait(void *ctx, uint64_t t) {
+    struct cuda_ctx *c = CX;
+    if (!t || t > c->ticket || t + COPY_RING <= c->ticket) return; /* none / recycled: done */
+    CUDA_CHECK(cudaEventSynchronize(c->ring[t % COPY_RING]));
+}
+
+static void cu_copy_fence(void *ctx) {
+    struct cuda_ctx *c = CX;
+    if (!c->cs[0]) return;
+    pz_flush(c);
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(cudaEventRecord(c->ev_fence[i], c->cs[i]));
+        CUDA_CHECK(cudaStreamWaitEvent(c->s, c->ev_fence[i], 0));
+    }
+}
+
 struct backend *backend_cuda_new(int device) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
@@ -639,6 +736,12 @@ struct backend *backend_cuda_new(int device) {
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->scale = cu_scale;
+    b->host_alloc = cu_host_alloc;
+    b->host_free = cu_host_free;
+    b->d2h_async = cu_d2h_async;
+    b->h2d_async = cu_h2d_async;
+    b->wait = cu_wait;
+    b->copy_fence = cu_copy_fence;
     return b;
 }
 
