@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "common/log.h"
 #include "worker/model.h"
@@ -330,6 +333,39 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* Box-Muller pairs from stream s into h[0, n). */
+static void fill_stream(float *h, size_t n, uint64_t s, double std) {
+    for (size_t j = 0; j < n; j += 2) {
+        double u1 = unit(&s), u2 = unit(&s), r = sqrt(-2.0 * log(u1));
+        h[j] = (float)(std * r * cos(2 * M_PI * u2));
+        if (j + 1 < n) h[j + 1] = (float)(std * r * sin(2 * M_PI * u2));
+    }
+}
+
+#define INIT_CHUNK ((size_t)1 << 20) /* even: a Box-Muller pair never straddles chunks */
+
+void model_fill_normal(float *h, size_t n, uint64_t s, double std, size_t par_min, int threads) {
+    if (n < par_min) {
+        fill_stream(h, n, s, std);
+        return;
+    }
+    /* ~13.5e9 values serially would take minutes: one stream per chunk */
+    long nc = (long)((n + INIT_CHUNK - 1) / INIT_CHUNK);
+#ifdef _OPENMP
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+#else
+    int nt = 1;
+    (void)threads;
+#endif
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (long c = 0; c < nc; c++) {
+        uint64_t cs = s ^ ((uint64_t)(c + 1) * 0xd1b54a32d192ed03ull);
+        cs = splitmix(&cs);
+        size_t j0 = (size_t)c * INIT_CHUNK, j1 = j0 + INIT_CHUNK < n ? j0 + INIT_CHUNK : n;
+        fill_stream(h + j0, j1 - j0, cs, std);
+    }
+}
+
 int model_init_params(struct model *m, uint64_t seed) {
     struct engine *e = m->e;
     int64_t maxn = 0;
@@ -360,11 +396,7 @@ int model_init_params(struct model *m, uint64_t seed) {
                 ends_with(t->name, "mlp.c_proj.weight") || ends_with(t->name, "o_proj.weight") ||
                 ends_with(t->name, "down_proj.weight"))
                 std = resid_std;
-            for (size_t j = 0; j < n; j += 2) {
-                double u1 = unit(&s), u2 = unit(&s), r = sqrt(-2.0 * log(u1));
-                h[j] = (float)(std * r * cos(2 * M_PI * u2));
-                if (j + 1 < n) h[j + 1] = (float)(std * r * sin(2 * M_PI * u2));
-            }
+            model_fill_normal(h, n, s, std, MODEL_INIT_PAR_MIN, 0);
             if (t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD)
                 memset(h + (size_t)m->V * t->shape[1], 0,
                        (size_t)(t->shape[0] - m->V) * t->shape[1] * sizeof *h);

@@ -85,6 +85,16 @@ void model_free(struct model *m); /* NULL ok */
  * (seed, tensor name), so the values do not depend on layout or tp. */
 int model_init_params(struct model *m, uint64_t seed);
 
+/* Tensors of at least this many elements are initialised in parallel. */
+#define MODEL_INIT_PAR_MIN ((size_t)1 << 26)
+/* The normal(0, std) values model_init_params draws for one tensor whose
+ * stream seed is `s`: below par_min elements one serial splitmix64 +
+ * Box-Muller stream (the values tests rely on); from par_min on, 2^20-element
+ * chunks each with its own stream (chunk index mixed into the seed), filled
+ * by `threads` OpenMP threads (0: default); the values do not depend on the
+ * thread count. Exposed for tests. */
+void model_fill_normal(float *h, size_t n, uint64_t s, double std, size_t par_min, int threads);
+
 /* Forward one micro-batch (host int32 inputs/targets [B*T], copied to the
  * device). With grad_scale > 0 the classifier also accumulates the gradient
  * of grad_scale * sum(losses) into the head and prepares model_backward.
