@@ -348,7 +348,11 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
         int per_node = x->c->gpus_per_node;
         int world = dp * tp * pp;
         if (world < per_node) per_node = world;
-        m->host_per_node = per_node * shard * (master + 8 + 4); /* + fp32 grad staging */
+        /* as worker/offload.c allocates: fp32 master and moments (12 B) and
+         * the transfer buffer the gradients come down into and the updated
+         * parameters go up from (one compute element) */
+        m->host_per_rank = shard * (12 + e);
+        m->host_per_node = per_node * m->host_per_rank;
     } else {
         m->optimizer = opt_bytes;
     }
@@ -859,6 +863,7 @@ json_t *planner_estimate_to_json(const struct planner_estimate *est) {
     json_object_set_new(mem, "total", gib(m->total));
     json_object_set_new(mem, "gpu", gib(m->gpu_bytes));
     json_object_set_new(mem, "host_offload_per_node", gib(m->host_per_node));
+    json_object_set_new(mem, "host_offload_per_rank", gib(m->host_per_rank));
     json_object_set_new(mem, "stage", json_integer(m->worst_stage));
     json_object_set_new(mem, "inflight_micro_batches", json_integer(m->inflight));
     json_t *act = json_object();

@@ -100,6 +100,7 @@ struct planner_mem {
     double stage_params;  /* parameters (elements) of that stage on one tp rank, before ZeRO */
     double gpu_bytes;     /* the GPU's memory */
     double host_per_node; /* offloaded optimizer state + staging per node */
+    double host_per_rank; /* of which one rank's (worker/offload.h: shard * (12 + e)) */
     double host_bytes;    /* the node's host memory */
 };
 
