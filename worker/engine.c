@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "worker/engine.h"
+#include "worker/offload.h"
 
 int engine_place_check(const struct engine_place *p, char *err, size_t errlen) {
     if (p->tp < 1 || p->dp < 1 || p->pp < 1) {
@@ -101,6 +102,10 @@ void engine_zero_grads(struct engine *e) {
 
 static void free_opt(struct engine *e) {
     struct backend *b = e->be;
+    if (e->opt_host) { /* host memory of the offload */
+        offload_release(e->offload);
+        return;
+    }
     if (!e->master_aliased) b->free(b->ctx, e->master);
     b->free(b->ctx, e->opt_m);
     b->free(b->ctx, e->opt_v);
@@ -117,6 +122,16 @@ int engine_set_shard(struct engine *e, size_t off, size_t n) {
     e->mem.optimizer = e->scalar ? 4 * sizeof(float) : 0;
     e->shard_off = off;
     e->shard_n = n;
+    if (e->offload) {
+        if (off < e->p_lo || off + n > e->p_hi) {
+            log_error("engine: shard [%zu, %zu) outside the params window [%zu, %zu)", off, off + n,
+                      e->p_lo, e->p_hi);
+            return -1;
+        }
+        if (offload_alloc(e->offload, n) != 0) return -1;
+        offload_master_from_params(e->offload);
+        return 0;
+    }
     size_t bytes = (n ? n : 1) * sizeof(float);
     e->opt_m = ealloc(e, bytes, &e->mem.optimizer);
     e->opt_v = ealloc(e, bytes, &e->mem.optimizer);
@@ -182,7 +197,9 @@ struct engine *engine_new(const struct model_config *cfg, const struct engine_pl
     if (!e->scalar) goto fail;
     be->zero(be->ctx, e->params, bytes);
     be->zero(be->ctx, e->grads, bytes);
-    if (engine_set_shard(e, 0, e->n_params) != 0) goto fail;
+    e->shard_off = 0;
+    e->shard_n = e->n_params;
+    if (!p->opt_later && engine_set_shard(e, 0, e->n_params) != 0) goto fail;
     return e;
 fail:
     if (e) {
@@ -198,6 +215,7 @@ void engine_free(struct engine *e) {
     struct backend *b = e->be;
     if (b) {
         free_opt(e);
+        offload_free(e->offload);
         b->free(b->ctx, e->params);
         b->free(b->ctx, e->grads);
         b->free(b->ctx, e->scalar);
@@ -255,14 +273,99 @@ int engine_params_from_host(struct engine *e, size_t off, const float *src, size
         if (e->pview[i])
             put(b, e->pview[i], lo, lo + (size_t)e->layout.t[i].rank_numel, src, stage, off, n);
     }
+    if (e->opt_host && e->master) { /* offload: the fp32 master in host memory */
+        size_t lo = off > e->shard_off ? off : e->shard_off;
+        size_t hi = off + n < e->shard_off + e->shard_n ? off + n : e->shard_off + e->shard_n;
+        if (lo < hi)
+            memcpy(e->master + (lo - e->shard_off), src + (lo - off), (hi - lo) * sizeof(float));
+    }
     if (stage) {
         size_t lo = off > e->shard_off ? off : e->shard_off;
         size_t hi = off + n < e->shard_off + e->shard_n ? off + n : e->shard_off + e->shard_n;
-        if (!e->master_aliased && lo < hi)
+        if (!e->master_aliased && !e->opt_host && e->master && lo < hi)
             b->copy(b->ctx, e->master + (lo - e->shard_off), stage + (lo - off),
                     (hi - lo) * sizeof(float));
         b->sync(b->ctx);
         b->free(b->ctx, stage);
     }
     return 0;
+}
+
+int engine_opt_ready(const struct engine *e) {
+    return e->opt_m != NULL;
+}
+
+int engine_opt_init(struct engine *e) {
+    return engine_opt_ready(e) ? 0 : engine_set_shard(e, e->shard_off, e->shard_n);
+}
+
+int engine_offload_enable(struct engine *e, const struct offload_opts *opts) {
+    struct backend *b = e->be;
+    if (e->offload) return 0;
+    struct offload *o = offload_new(e, opts);
+    if (!o) {
+        log_error("engine: out of memory for the optimizer offload");
+        return -1;
+    }
+    if (!engine_opt_ready(e)) { /* allocated on the host when the shard is set */
+        e->offload = o;
+        return 0;
+    }
+    /* move the device state to the host, values kept */
+    float *dm = e->master, *dmm = e->opt_m, *dv = e->opt_v;
+    int aliased = e->master_aliased;
+    size_t n = e->shard_n, bytes = (n ? n : 1) * sizeof(float);
+    e->master = e->opt_m = e->opt_v = NULL;
+    e->offload = o;
+    if (offload_alloc(o, n) != 0) {
+        offload_free(o);
+        e->offload = NULL;
+        e->master = dm;
+        e->opt_m = dmm;
+        e->opt_v = dv;
+        e->master_aliased = aliased;
+        return -1;
+    }
+    b->download(b->ctx, e->master, dm, n * sizeof(float));
+    b->download(b->ctx, e->opt_m, dmm, n * sizeof(float));
+    b->download(b->ctx, e->opt_v, dv, n * sizeof(float));
+    if (!aliased) engine_release(e, dm, bytes, &e->mem.optimizer);
+    engine_release(e, dmm, bytes, &e->mem.optimizer);
+    engine_release(e, dv, bytes, &e->mem.optimizer);
+    return 0;
+}
+
+static float *opt_array(const struct engine *e, enum engine_opt which) {
+    return which == ENGINE_OPT_M ? e->opt_m : which == ENGINE_OPT_V ? e->opt_v : e->master;
+}
+
+void engine_opt_read(struct engine *e, enum engine_opt which, float *dst, size_t off, size_t n) {
+    struct backend *b = e->be;
+    const float *p = opt_array(e, which);
+    if (!n || !p) return;
+    if (e->opt_host)
+        memcpy(dst, p + off, n * sizeof(float));
+    else
+        b->download(b->ctx, dst, p + off, n * sizeof(float));
+}
+
+void engine_opt_write(struct engine *e, enum engine_opt which, const float *src, size_t off,
+                      size_t n) {
+    struct backend *b = e->be;
+    float *p = opt_array(e, which);
+    if (!n || !p) return;
+    if (e->opt_host) {
+        memcpy(p + off, src, n * sizeof(float));
+    } else {
+        b->upload(b->ctx, p + off, src, n * sizeof(float));
+    }
+}
+
+void engine_master_to_dev(struct engine *e, float *dst) {
+    struct backend *b = e->be;
+    if (!e->shard_n || !e->master) return;
+    if (e->opt_host)
+        b->upload(b->ctx, dst, e->master, e->shard_n * sizeof(float));
+    else
+        b->copy(b->ctx, dst, e->master, e->shard_n * sizeof(float));
 }

@@ -68,10 +68,15 @@ struct engine_hooks {
     double (*grad_norm_sq)(struct engine *e, void *user);
 };
 
-/* Bytes of device memory by category, for the "mem" field of step lines. */
+/* Bytes of device memory by category, for the "mem" field of step lines;
+ * host: bytes of HOST memory the engine holds for optimizer offload (fp32
+ * master, moments, transfer buffer; worker/offload.h), 0 without offload. */
 struct engine_mem {
     size_t params, grads, optimizer, activations, comm;
+    size_t host;
 };
+
+struct offload;
 
 struct engine {
     /* place in the layout */
@@ -101,11 +106,22 @@ struct engine {
     void **pview, **gview; /* [layout.n]; NULL: in the window (or absent on this rank) */
     size_t shard_off;      /* this rank's optimizer range (world 1: 0) */
     size_t shard_n;        /* (world 1: n_params) */
-    float *master;         /* fp32 [shard_n]; == params + shard_off on fp32 backends */
-    float *opt_m;          /* fp32 [shard_n] AdamW first moment */
-    float *opt_v;          /* fp32 [shard_n] AdamW second moment */
-    int master_aliased;    /* 1 when master points into params */
-    float *scalar;         /* fp32 [4] device scratch for reductions (grad norm) */
+    /* Optimizer state of the shard. In DEVICE memory, except with offload
+     * (opt_host = 1): then in HOST memory (worker/offload.h). Code outside
+     * the engine and optimizer reaches it only through engine_opt_read /
+     * engine_opt_write / engine_master_to_dev, which handle both. NULL until
+     * allocated (engine_place.opt_later: by engine_set_shard / engine_opt_init). */
+    float *master;           /* fp32 [shard_n]; == params + shard_off on fp32 backends */
+    float *opt_m;            /* fp32 [shard_n] AdamW first moment */
+    float *opt_v;            /* fp32 [shard_n] AdamW second moment */
+    int master_aliased;      /* 1 when master points into params (never with offload) */
+    int opt_host;            /* 1: master, opt_m, opt_v are host memory (offload) */
+    struct offload *offload; /* optimizer offload state, NULL when off (engine_offload_enable) */
+    /* 1 while the current micro-step is the step's last (set by train.c's
+     * loop; 0 under other drivers, e.g. the pp runner): gradients added into
+     * the shard during it are final (the offload's early download). */
+    int micro_last;
+    float *scalar; /* fp32 [4] device scratch for reductions (grad norm) */
 
     /* 1 when every dp rank holds the same optimizer range (DP without ZeRO):
      * the shard's squared grad norm is then not summed over dp. */
@@ -119,6 +135,11 @@ struct engine {
 struct engine_place {
     int rank, world, local_rank;
     int tp, dp, pp;
+    /* 1: engine_new allocates no optimizer state (master, moments) until the
+     * shard is known: engine_set_shard (the comm layer) or engine_opt_init
+     * does. For models whose whole optimizer state would not fit before ZeRO
+     * shrinks it. 0 (default): the whole buffer at once, as before. */
+    int opt_later;
 };
 
 /* Check a place: world == tp*dp*pp and 0 <= rank < world. Returns 0, or -1
@@ -128,15 +149,42 @@ int engine_place_check(const struct engine_place *p, char *err, size_t errlen);
 /* Create the engine: takes ownership of `be`, builds the layout for `cfg`
  * and p->tp, allocates params, grads, master and moments (whole buffer:
  * shard = everything; the comm layer may call engine_set_shard before the
- * first step). Returns NULL on failure (message logged; `be` freed). */
+ * first step; with p->opt_later no master / moments yet). Returns NULL on
+ * failure (message logged; `be` freed). */
 struct engine *engine_new(const struct model_config *cfg, const struct engine_place *p,
                           struct backend *be);
 void engine_free(struct engine *e); /* NULL ok */
 
 /* Restrict the optimizer to [off, off+n) of the flat buffer: reallocates the
  * moments and master for that range (contents reset to zero / copied from
- * params). Returns 0 or -1. */
+ * params), in host memory when offload is on. Returns 0 or -1. */
 int engine_set_shard(struct engine *e, size_t off, size_t n);
+/* Allocate the optimizer state for the current shard if it is not yet
+ * (engine_place.opt_later and no engine_set_shard since). 0 or -1. */
+int engine_opt_init(struct engine *e);
+/* 1 when master and moments are allocated. */
+int engine_opt_ready(const struct engine *e);
+
+/* Turn optimizer offload on (worker/offload.h; opts may be NULL: defaults).
+ * Call before the first step. State already allocated on the device moves to
+ * host memory (values kept); later engine_set_shard calls allocate on the
+ * host. 0 or -1 (out of memory; offload stays off). */
+struct offload_opts;
+int engine_offload_enable(struct engine *e, const struct offload_opts *o);
+
+/* Which optimizer array engine_opt_read / engine_opt_write address. */
+enum engine_opt { ENGINE_OPT_MASTER = 0, ENGINE_OPT_M = 1, ENGINE_OPT_V = 2 };
+/* Copy fp32 elements [off, off+n) of the shard's master / m / v (off counted
+ * from shard_off) to host `dst`, resp. from host `src`, wherever the state
+ * lives (device or offloaded host memory). Writing the master does not touch
+ * the compute-dtype params (engine_params_from_host does both). Waits for
+ * earlier device work. */
+void engine_opt_read(struct engine *e, enum engine_opt which, float *dst, size_t off, size_t n);
+void engine_opt_write(struct engine *e, enum engine_opt which, const float *src, size_t off,
+                      size_t n);
+/* The shard's fp32 master into backend (device) memory dst[shard_n]: a device
+ * copy, or an upload from host memory with offload. */
+void engine_master_to_dev(struct engine *e, float *dst);
 
 /* Tensor i's parameter / gradient pointer (device, compute dtype): the view
  * when set, else inside the window; NULL when this rank holds neither. */

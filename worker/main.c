@@ -2,6 +2,7 @@
  *
  *   loom-worker --spec FILE [--device cpu|cuda] [--out DIR] [--threads N]
  *               [--rank R --world N --rdzv file:DIR] [--export FILE]
+ *               [--offload spec|on|off|sync] [--no-save]
  *
  * Reads and validates the job spec (api/jobspec.h), opens the token shards
  * (worker/data.h), builds the engine and model, resumes from the newest
@@ -31,6 +32,7 @@
 #include "worker/checkpoint.h"
 #include "worker/data.h"
 #include "worker/launch.h"
+#include "worker/offload.h"
 #include "worker/par.h"
 #include "worker/safetensors.h"
 #include "worker/train.h"
@@ -44,8 +46,9 @@ static void on_signal(int sig) {
 }
 
 struct opts {
-    char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule;
-    long rank, world, local_rank, threads, nproc, steps;
+    char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule, *offload;
+    long rank, world, local_rank, threads, nproc, steps, offload_chunk_kib;
+    int no_save;
 };
 
 static const struct config_entry table[] = {
@@ -72,6 +75,14 @@ static const struct config_entry table[] = {
      "debug|info|warn|error"},
     {"pp-schedule", CONFIG_STR, offsetof(struct opts, pp_schedule), "1f1b", 1, 0,
      "pipeline schedule with pp > 1: 1f1b or gpipe (LOOM_PP_SCHEDULE)"},
+    {"offload", CONFIG_STR, offsetof(struct opts, offload), "spec", 1, 0,
+     "optimizer offload: spec (train.offload_optimizer), on, off, or sync (on, with "
+     "synchronous copies); on/sync also work on cpu (tests)"},
+    {"offload-chunk-kib", CONFIG_INT, offsetof(struct opts, offload_chunk_kib), "65536", 4, 1 << 24,
+     "optimizer offload: pipeline chunk of the transfer buffer, KiB"},
+    {"no-save", CONFIG_BOOL, offsetof(struct opts, no_save), "0", 0, 0,
+     "do not write checkpoints; for benchmarks of models whose checkpoint would not fit the "
+     "disk"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 
@@ -153,7 +164,6 @@ static int barrier_none(void *ctx) {
 static int save_checkpoint(void *user, int64_t done) {
     struct worker *w = user;
     struct engine *e = w->e;
-    struct backend *b = e->be;
     struct ckpt_writer *cw = NULL;
     int rc = -1;
     size_t n = e->shard_n;
@@ -162,9 +172,9 @@ static int save_checkpoint(void *user, int64_t done) {
     float *mom_v = malloc((n ? n : 1) * sizeof(float));
     json_t *man = NULL;
     if (!master || !mom_m || !mom_v) goto out;
-    b->download(b->ctx, master, e->master, n * sizeof(float));
-    b->download(b->ctx, mom_m, e->opt_m, n * sizeof(float));
-    b->download(b->ctx, mom_v, e->opt_v, n * sizeof(float));
+    engine_opt_read(e, ENGINE_OPT_MASTER, master, 0, n);
+    engine_opt_read(e, ENGINE_OPT_M, mom_m, 0, n);
+    engine_opt_read(e, ENGINE_OPT_V, mom_v, 0, n);
     struct ckpt_opts co = {.out_dir = w->o.out,
                            .rank = e->rank,
                            .world = e->world,
@@ -233,7 +243,26 @@ static void emit_memory_plan(struct worker *w, const struct loom_spec *s) {
     struct planner_estimate est;
     struct loom_error perr;
     memset(&perr, 0, sizeof perr);
-    if (planner_estimate_job(s, NULL, 0, &est, &perr) != 0) {
+    /* the layout this worker runs (--offload may override the spec; the
+     * jobspec allows offload only with device cuda) */
+    struct loom_spec *ps = malloc(sizeof *ps);
+    if (!ps) return;
+    *ps = *s;
+    ps->train.offload_optimizer = w->e->offload && s->resources.device == JOBSPEC_DEV_CUDA;
+    int prc = planner_estimate_job(ps, NULL, 0, &est, &perr);
+    /* host side: the planner's offload share of one rank for this engine's
+     * element size (also when --offload forces it on a cpu run) */
+    double host_plan = 0;
+    if (prc == 0 && w->e->offload) {
+        struct planner_estimate eh;
+        ps->resources.device = JOBSPEC_DEV_CUDA;
+        ps->train.precision =
+            w->e->be->dtype == BACKEND_F32 ? JOBSPEC_PREC_FP32 : JOBSPEC_PREC_BF16;
+        ps->train.offload_optimizer = 1;
+        if (planner_estimate_job(ps, NULL, 0, &eh, &perr) == 0) host_plan = eh.mem.host_per_rank;
+    }
+    free(ps);
+    if (prc != 0) {
         log_warn("planner estimate unavailable: %s", perr.message);
         return;
     }
@@ -252,9 +281,15 @@ static void emit_memory_plan(struct worker *w, const struct loom_spec *s) {
         ptot += plan[i];
         atot += have[i];
     }
-    emit(json_pack("{s:s, s:i, s:o, s:o, s:f, s:f}", "type", "memory", "rank", w->e->rank,
-                   "planned_gib", pj, "allocated_gib", aj, "planned_total_gib", ptot / g,
-                   "allocated_total_gib", atot / g));
+    /* host memory: the planner's offload share of one rank beside what this
+     * rank's offload allocated (master, moments, transfer buffer) */
+    emit(json_pack("{s:s, s:i, s:o, s:o, s:f, s:f, s:{s:f, s:f}}", "type", "memory", "rank",
+                   w->e->rank, "planned_gib", pj, "allocated_gib", aj, "planned_total_gib",
+                   ptot / g, "allocated_total_gib", atot / g, "host_gib", "planned", host_plan / g,
+                   "allocated", (double)m->host / g));
+    if (m->host)
+        log_info("memory: host (optimizer offload) planner %.3f GiB, allocated %.3f GiB",
+                 host_plan / g, (double)m->host / g);
     log_info("memory: planner %.3f GiB, allocated %.3f GiB (params %.3f/%.3f, grads %.3f/%.3f, "
              "optimizer %.3f/%.3f, activations %.3f/%.3f GiB planned/allocated)",
              ptot / g, atot / g, plan[0] / g, have[0] / g, plan[1] / g, have[1] / g, plan[2] / g,
@@ -354,9 +389,29 @@ static int run(struct worker *w) {
                              .local_rank = (int)o->local_rank,
                              .tp = s->parallel.tp,
                              .dp = s->parallel.dp,
-                             .pp = s->parallel.pp};
+                             .pp = s->parallel.pp,
+                             /* optimizer state once the shard is known (ZeRO) */
+                             .opt_later = 1};
     w->e = engine_new(&s->model, &p, be);
     if (!w->e) return 1;
+    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
+                  (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
+    if (offload) {
+        struct offload_opts oo = {.chunk_bytes = (size_t)o->offload_chunk_kib << 10,
+                                  .sync = strcmp(o->offload, "sync") == 0,
+                                  .threads = (int)o->threads};
+        if (engine_offload_enable(w->e, &oo) != 0) {
+            report_error("OUT_OF_MEMORY", "cannot set up the optimizer offload (see stderr)");
+            return 1;
+        }
+        log_info("optimizer offload on: fp32 master and moments in host memory, AdamW on the CPU");
+    }
+    /* world 1: the whole buffer is the shard; allocated before the weights are
+     * initialised so that a bf16 backend keeps their unrounded fp32 master */
+    if (o->world == 1 && engine_opt_init(w->e) != 0) {
+        report_error("OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
+        return 1;
+    }
     train_src.dp_rank = val_src.dp_rank = w->e->dp_idx;
     struct model_opts mo = {
         .B = B,
@@ -394,6 +449,10 @@ static int run(struct worker *w) {
             }
         }
     }
+    if (engine_opt_init(w->e) != 0) { /* zero_new set a shard, or stage 0: everything */
+        report_error("OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
+        return 1;
+    }
     int64_t start = resume(w);
     if (start < 0) {
         report_error("CHECKPOINT_INVALID", w->err);
@@ -427,8 +486,9 @@ static int run(struct worker *w) {
         to.eval_batches = s->train.eval_batches < avail ? s->train.eval_batches : avail;
         if (to.eval_batches < 1) to.eval_batches = 1;
     }
-    to.save = save_checkpoint;
+    to.save = o->no_save ? NULL : save_checkpoint;
     to.save_user = w;
+    if (o->no_save) log_info("--no-save: no checkpoint will be written");
     to.save_every = s->checkpoint.every_steps;
     to.stop = &g_stop;
     to.out = w->e->rank == 0 ? stdout : NULL;
@@ -491,7 +551,7 @@ static int run(struct worker *w) {
                 return 1;
             }
         } else {
-            w->e->be->download(w->e->be->ctx, h, w->e->master, n * sizeof(float));
+            engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
         }
         int erc = w->e->rank != 0 ? 0
                                   : st_export_model(o->export_path, &s->model, &w->e->layout, h,

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "worker/optim.h"
+#include "worker/offload.h"
 
 double optim_lr(const struct optim_cfg *c, int64_t step) {
     if (c->warmup > 0 && step < c->warmup) return c->lr * (double)(step + 1) / (double)c->warmup;
@@ -57,8 +58,8 @@ static void run(struct engine *e, const struct optim_cfg *c, size_t lo, size_t h
     b->adamw(b->ctx, &a);
 }
 
-void optim_step(struct engine *e, const struct optim_cfg *c, double lr, double grad_scale,
-                int64_t step) {
+void optim_runs(const struct engine *e, const struct optim_cfg *c,
+                void (*fn)(size_t lo, size_t hi, int decay, void *user), void *user) {
     size_t s0 = e->shard_off, s1 = e->shard_off + e->shard_n;
     size_t run_lo = s0;
     int run_decay = -1;
@@ -69,10 +70,32 @@ void optim_step(struct engine *e, const struct optim_cfg *c, double lr, double g
         int d = c->decay_all || t->decay;
         if (lo < s0) lo = s0;
         if (d != run_decay) {
-            if (run_decay >= 0) run(e, c, run_lo, lo, run_decay, lr, grad_scale, step);
+            if (run_decay >= 0 && lo > run_lo) fn(run_lo, lo, run_decay, user);
             run_lo = lo;
             run_decay = d;
         }
     }
-    if (run_decay >= 0) run(e, c, run_lo, s1, run_decay, lr, grad_scale, step);
+    if (run_decay >= 0 && s1 > run_lo) fn(run_lo, s1, run_decay, user);
+}
+
+struct run_args {
+    struct engine *e;
+    const struct optim_cfg *c;
+    double lr, grad_scale;
+    int64_t step;
+};
+
+static void run_cb(size_t lo, size_t hi, int decay, void *user) {
+    struct run_args *a = user;
+    run(a->e, a->c, lo, hi, decay, a->lr, a->grad_scale, a->step);
+}
+
+void optim_step(struct engine *e, const struct optim_cfg *c, double lr, double grad_scale,
+                int64_t step) {
+    if (e->offload) {
+        offload_step(e, c, lr, grad_scale, step);
+        return;
+    }
+    struct run_args a = {e, c, lr, grad_scale, step};
+    optim_runs(e, c, run_cb, &a);
 }

@@ -39,9 +39,16 @@ double optim_clip_scale(double norm, double clip);
  * one download), summed over the dp group through e->hooks.allreduce_sum. */
 double optim_grad_norm_sq(struct engine *e);
 
+/* The runs optim_step updates: fn(lo, hi, decay, user) for each maximal
+ * flat range [lo, hi) inside the shard whose tensors share a decay flag, in
+ * order (the offloaded step uses the same runs). */
+void optim_runs(const struct engine *e, const struct optim_cfg *c,
+                void (*fn)(size_t lo, size_t hi, int decay, void *user), void *user);
+
 /* One AdamW update of the shard with learning rate lr and gradient multiplier
  * grad_scale (clip factor); step is 1-based (bias correction). Calls the
- * backend once per run of tensors with the same decay flag. */
+ * backend once per run of tensors with the same decay flag; with optimizer
+ * offload on (e->offload) runs offload_step instead (worker/offload.h). */
 void optim_step(struct engine *e, const struct optim_cfg *c, double lr, double grad_scale,
                 int64_t step);
 

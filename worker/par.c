@@ -202,7 +202,7 @@ int par_gather_full(struct par *p, float *h) {
     host = malloc((total ? total : 1) * sizeof(float));
     part = malloc((size_t)e->n_params * sizeof(float));
     if (!all || !host || !part) goto out;
-    b->copy(b->ctx, all + mine, e->master, e->shard_n * sizeof(float));
+    engine_master_to_dev(e, all + mine);
     b->sync(b->ctx);
     if (comm_all_gatherv(p->world, all + mine, all, counts, COMM_F32, NULL) != 0) goto out;
     b->download(b->ctx, host, all, total * sizeof(float));

@@ -307,8 +307,8 @@ int tp_load_checkpoint(struct engine *e, const char *dir, int old_tp, char *err,
             tp_slice(t, e->tp, e->tp_idx, full[q] + t->offset, mine[q] + t->rank_offset);
     }
     if (engine_params_from_host(e, 0, mine[0], n) != 0) goto nomem;
-    e->be->upload(e->be->ctx, e->opt_m, mine[1] + e->shard_off, e->shard_n * sizeof(float));
-    e->be->upload(e->be->ctx, e->opt_v, mine[2] + e->shard_off, e->shard_n * sizeof(float));
+    engine_opt_write(e, ENGINE_OPT_M, mine[1] + e->shard_off, 0, e->shard_n);
+    engine_opt_write(e, ENGINE_OPT_V, mine[2] + e->shard_off, 0, e->shard_n);
     e->be->sync(e->be->ctx);
     rc = 0;
     goto out;

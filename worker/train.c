@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "worker/offload.h"
 #include "worker/train.h"
 
 static double now_ms(void) {
@@ -52,13 +53,15 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         if (o->train.batch(o->train.user, step, micro, inputs, targets, err, errlen) != 0)
             return -2;
         int64_t cnt = 0;
+        int last = micro == o->grad_accum - 1;
+        e->micro_last = last; /* gradients added into the shard in it are final */
         sums[0] += model_forward(m, inputs, targets, gs, &cnt);
         sums[1] += (double)cnt;
-        int last = micro == o->grad_accum - 1;
         struct layer_cb cb = {e, last};
         int any = e->hooks.layer_grads_done || (last && e->hooks.layer_grads_ready);
         model_backward(m, any ? on_layer : NULL, &cb);
     }
+    e->micro_last = 0;
     /* The backward may be issued ahead of the device (cuda + nccl ordering):
      * wait for it here, so that the grad_sync time counts only the
      * communication left exposed after the compute. */
@@ -67,10 +70,16 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         snprintf(err, errlen, "gradient synchronisation failed at step %lld", (long long)step);
         return -1;
     }
+    /* offload: the shard's gradients start down now (those not already on
+     * their way), overlapping the norm */
+    offload_fetch_grads(e);
     double norm = sqrt(optim_grad_norm_sq(e));
     double lr = optim_lr(&o->optim, step);
     double clip = optim_clip_scale(norm, o->optim.grad_clip);
+    double t_opt = now_ms();
     optim_step(e, &o->optim, lr, clip, step + 1);
+    b->sync(b->ctx); /* the device AdamW is queued behind the norm's download only */
+    double ms_opt = now_ms() - t_opt;
     if (hook(e, e->hooks.param_sync, &comm) != 0) {
         snprintf(err, errlen, "parameter synchronisation failed at step %lld", (long long)step);
         return -1;
@@ -95,6 +104,7 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     info->ms_step = t_end - t0;
     info->ms_comm = comm;
     info->ms_compute = info->ms_step - comm;
+    info->ms_optimizer = ms_opt;
     return 0;
 }
 
@@ -145,13 +155,14 @@ static void emit_step(const struct model *m, const struct train_opts *o, int64_t
         mfu = json_real(tps * o->flops_per_token / e->world / e->be->peak_flops);
     size_t total = mm->params + mm->grads + mm->optimizer + mm->activations + mm->comm;
     json_t *j = json_pack(
-        "{s:s, s:I, s:f, s:f, s:f, s:I, s:f, s:o, s:{s:f, s:f, s:f}, s:f, s:{s:f, s:f, s:f, s:f, "
-        "s:f}}",
+        "{s:s, s:I, s:f, s:f, s:f, s:I, s:f, s:o, s:{s:f, s:f, s:f, s:f}, s:f, s:{s:f, s:f, s:f, "
+        "s:f, s:f}}",
         "type", "step", "step", (json_int_t)done, "loss", in->loss, "lr", in->lr, "grad_norm",
         in->grad_norm, "tokens", (json_int_t)in->tokens, "tokens_per_s", tps, "mfu", mfu, "ms",
-        "compute", in->ms_compute, "comm_exposed", in->ms_comm, "step", in->ms_step, "mem_gib",
-        gib(total), "mem", "params", gib(mm->params), "grads", gib(mm->grads), "optimizer",
-        gib(mm->optimizer), "activations", gib(mm->activations), "comm", gib(mm->comm));
+        "compute", in->ms_compute, "comm_exposed", in->ms_comm, "step", in->ms_step, "optimizer",
+        in->ms_optimizer, "mem_gib", gib(total), "mem", "params", gib(mm->params), "grads",
+        gib(mm->grads), "optimizer", gib(mm->optimizer), "activations", gib(mm->activations),
+        "comm", gib(mm->comm));
     json_t *extra = o->step_extra ? o->step_extra(o->step_extra_user) : NULL;
     if (extra) json_object_update(j, extra);
     json_decref(extra);

@@ -77,8 +77,10 @@ struct train_step_info {
     double loss, lr, grad_norm;
     int64_t tokens;
     double ms_compute, ms_comm, ms_step;
-    int stop_any; /* *o->stop was set on some dp rank when this step began its
-                     loss reduction (one all-reduce carries both) */
+    double
+        ms_optimizer; /* wall time of the optimizer step (part of ms_compute; offloaded or not) */
+    int stop_any;     /* *o->stop was set on some dp rank when this step began its
+                         loss reduction (one all-reduce carries both) */
 };
 
 /* One optimizer step with 0-based index `step`. Returns 0, -2 on a data error

@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "worker/checkpoint.h"
+#include "worker/offload.h"
 #include "worker/pp.h"
 #include "worker/tp.h"
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
@@ -42,6 +43,7 @@ struct zslot {
     int layer;
     struct comm_req *req; /* gather / reduce-scatter in flight */
     int pending;          /* scratch: reduced, not yet added into the shard */
+    int final;            /* scratch: holds the step's last micro-step (e->micro_last) */
 };
 
 #define ZERO_SLOTS 2
@@ -225,6 +227,9 @@ static void gslot_finish(struct zero *z, struct zslot *s) {
     if (z->counts[z->rank])
         b->accumulate(b->ctx, engine_grads_at(z->e, mine), backend_at(b, s->buf, mine - r->lo),
                       z->counts[z->rank]);
+    /* the last micro-step's add: this part of the shard is final; the
+     * offload downloads it now, overlapping the rest of the backward */
+    if (s->final) offload_grads_final(z->e, mine, z->counts[z->rank]);
 }
 
 /* Before block `layer`'s backward: give it a zeroed scratch slot. */
@@ -258,6 +263,7 @@ static void hook_grads_done(struct engine *e, void *user, int layer) {
                              compute_dtype(e), COMM_SUM, &s->req) != 0)
         fail(z, "gradient reduce-scatter", layer);
     s->pending = 1;
+    s->final = e->micro_last;
 }
 
 /* Forward: layer l is needed now, l+1 next (prefetched while l computes). */
@@ -347,8 +353,10 @@ static int hook_grad_sync(struct engine *e, void *user) {
             if (comm_reduce_scatterv(z->dp, z->hg[k], part, z->counts, compute_dtype(e), COMM_SUM,
                                      NULL) != 0)
                 fail(z, "gradient reduce-scatter", -1);
-            else if (z->counts[z->rank])
+            else if (z->counts[z->rank]) {
                 b->accumulate(b->ctx, engine_grads_at(e, mine), part, z->counts[z->rank]);
+                offload_grads_final(e, mine, z->counts[z->rank]);
+            }
         }
         return z->failed ? -1 : 0;
     }
@@ -448,6 +456,9 @@ void zero_mem_model(const struct engine *e, int stage, int dp, struct engine_mem
     size_t slots = (size_t)(nblocks < ZERO_SLOTS ? nblocks : ZERO_SLOTS);
     size_t per = 2 * sizeof(float) + (e->be->dtype == BACKEND_F32 ? 0 : sizeof(float));
     out->activations = e->mem.activations;
+    /* offload: master and moments in host memory with the transfer buffer */
+    out->host = e->offload ? offload_host_bytes(stage >= 1 ? S : P, es) : 0;
+    if (e->offload) per = 0;
     /* stage 3: the shard, the layer -1 group kept gathered, two block slots */
     out->params = ((stage >= 3 ? (S ? S : 1) + head + slots * block : (P ? P : 1)) + extra) * es;
     /* stage >= 2: the shard, layer -1's gradients, two block scratch slots */
@@ -699,13 +710,13 @@ int zero_gather_master(struct zero *z, float *h) {
     struct backend *b = e->be;
     b->sync(b->ctx);
     if (z->stage == 0) {
-        b->download(b->ctx, h, e->master, e->n_params * sizeof(float));
+        engine_opt_read(e, ENGINE_OPT_MASTER, h, 0, e->n_params);
         return 0;
     }
     /* Gather in backend memory (device memory for nccl), then download. */
     float *d = b->alloc(b->ctx, e->n_params * sizeof(float));
     if (!d) return -1;
-    b->copy(b->ctx, d + e->shard_off, e->master, e->shard_n * sizeof(float));
+    engine_master_to_dev(e, d + e->shard_off);
     b->sync(b->ctx);
     int rc = comm_all_gather(z->dp, d + e->shard_off, d, e->n_params, COMM_F32, NULL);
     if (rc == 0) b->download(b->ctx, h, d, e->n_params * sizeof(float));
@@ -804,8 +815,8 @@ int zero_load_checkpoint(struct engine *e, const char *dir, char *err, size_t er
         snprintf(err, errlen, "out of memory loading %s", dir);
         goto out;
     }
-    b->upload(b->ctx, e->opt_m, m, e->shard_n * sizeof(float));
-    b->upload(b->ctx, e->opt_v, v, e->shard_n * sizeof(float));
+    engine_opt_write(e, ENGINE_OPT_M, m, 0, e->shard_n);
+    engine_opt_write(e, ENGINE_OPT_V, v, 0, e->shard_n);
     b->sync(b->ctx);
     rc = 0;
 out:

@@ -107,7 +107,7 @@ static int run_rank(const struct mcase *k, int rank, const char *dir) {
     real_free = be->free;
     be->alloc = count_alloc;
     be->free = count_free;
-    struct engine_place p = {rank, world, rank, k->tp, k->dp, k->pp};
+    struct engine_place p = {rank, world, rank, k->tp, k->dp, k->pp, 0};
     struct engine *e = engine_new(&c, &p, be);
     struct model *m = e ? model_new(e, 2, 16, 1) : NULL;
     if (!m || model_init_params(m, 5) != 0) return 1;
