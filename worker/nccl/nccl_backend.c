@@ -315,6 +315,12 @@ static void *comm_init(const struct comm_backend_comm *c, char *err, size_t errl
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     cfg.commName = c->name;
+    /* LOOM_NCCL_CTA_POLICY=efficiency|zero: fewer (or no) SMs for NCCL's
+     * kernels, leaving them to the compute that the collectives overlap
+     * (A/B in docs/perf.md) */
+    const char *cp = getenv("LOOM_NCCL_CTA_POLICY");
+    if (cp && strcmp(cp, "efficiency") == 0) cfg.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
+    if (cp && strcmp(cp, "zero") == 0) cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
     ncclResult_t r = ncclCommInitRankConfig(&nc->comm, c->size, id, c->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
         snprintf(err, errlen, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
