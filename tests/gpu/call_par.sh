@@ -12,6 +12,5 @@ t0=$(date +%s)
 d() { timeout 300 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 1558m "$@" | grep RESULT; echo "t=$(( $(date +%s) - t0 ))"; }
 d 8 1 0 20
 d 8 2 0 20 tp=2
-d 8 2 0 12 tp=2,accum=8
 d 8 2 0 12 pp=2,accum=8
-d 8 2 1 12 accum=8
+d 8 2 1 12 accum=4
