@@ -366,53 +366,97 @@ void model_fill_normal(float *h, size_t n, uint64_t s, double std, size_t par_mi
     }
 }
 
+/* Tensor t's full values (numel) from its own stream into h. */
+static void init_tensor(const struct model *m, const struct model_tensor *t, uint64_t seed,
+                        float *h) {
+    uint64_t s = seed ^ 0x6c6f6f6d2d696e69ull; /* "loom-ini" */
+    for (const char *p = t->name; *p; p++)
+        s = (s ^ (unsigned char)*p) * 0x100000001b3ull;
+    size_t n = (size_t)t->numel;
+    if (t->kind == MODEL_T_NORM_W) {
+        for (size_t j = 0; j < n; j++)
+            h[j] = 1.0f;
+    } else if (t->kind == MODEL_T_NORM_B || t->kind == MODEL_T_LINEAR_B) {
+        memset(h, 0, n * sizeof *h);
+    } else {
+        double std = 0.02;
+        if (ends_with(t->name, "attn.c_proj.weight") || ends_with(t->name, "mlp.c_proj.weight") ||
+            ends_with(t->name, "o_proj.weight") || ends_with(t->name, "down_proj.weight"))
+            std = 0.02 / sqrt(2.0 * m->L);
+        model_fill_normal(h, n, s, std, MODEL_INIT_PAR_MIN, 0);
+        if (t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD)
+            memset(h + (size_t)m->V * t->shape[1], 0,
+                   (size_t)(t->shape[0] - m->V) * t->shape[1] * sizeof *h);
+    }
+}
+
+/* Tensors below MODEL_INIT_PAR_MIN are drawn serially each (their values
+ * never change) but many at once, one thread each, up to this many elements
+ * per batch (the 26M-element projections of a 13B model: ten at a time). */
+#define INIT_BATCH ((size_t)1 << 28)
+
+/* Upload tensor t's full values v (this rank's tp share of them). */
+static int put_tensor(struct engine *e, const struct model_tensor *t, float *v, float *part) {
+    if (e->tp > 1) /* this rank's share of the full tensor (same values at any tp) */
+        tp_slice(t, e->tp, e->tp_idx, v, part);
+    return engine_params_from_host(e, (size_t)t->rank_offset, e->tp > 1 ? part : v,
+                                   (size_t)t->rank_numel);
+}
+
+/* Fill the batched small tensors idx[0..nb) side by side and upload them. */
+static int flush_batch(struct model *m, uint64_t seed, const int *idx, const size_t *at, int nb,
+                       float *buf, float *part) {
+    struct engine *e = m->e;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int k = 0; k < nb; k++)
+        init_tensor(m, &e->layout.t[idx[k]], seed, buf + at[k]);
+    for (int k = 0; k < nb; k++)
+        if (put_tensor(e, &e->layout.t[idx[k]], buf + at[k], part) != 0) return -1;
+    return 0;
+}
+
 int model_init_params(struct model *m, uint64_t seed) {
     struct engine *e = m->e;
-    int64_t maxn = 0;
-    for (int i = 0; i < e->layout.n; i++)
-        if (e->layout.t[i].numel > maxn) maxn = e->layout.t[i].numel;
-    float *h = malloc((size_t)maxn * sizeof *h);
-    float *part = e->tp > 1 ? malloc((size_t)maxn * sizeof *part) : NULL;
-    if (!h || (e->tp > 1 && !part)) {
-        free(h);
-        free(part);
-        return -1;
+    int nt = e->layout.n, rc = -1, nb = 0;
+    size_t maxn = 0, small = 0, used = 0;
+    for (int i = 0; i < nt; i++) {
+        size_t n = (size_t)e->layout.t[i].numel;
+        if (n > maxn) maxn = n;
+        if (n < MODEL_INIT_PAR_MIN) small += n;
     }
-    double resid_std = 0.02 / sqrt(2.0 * m->L);
-    for (int i = 0; i < e->layout.n; i++) {
+    size_t cap = small < INIT_BATCH ? small : INIT_BATCH;
+    float *h = malloc((maxn > MODEL_INIT_PAR_MIN ? maxn : 1) * sizeof *h);
+    float *buf = malloc((cap ? cap : 1) * sizeof *buf);
+    float *part = e->tp > 1 ? malloc(maxn * sizeof *part) : NULL;
+    int *idx = malloc((size_t)nt * sizeof *idx);
+    size_t *at = malloc((size_t)nt * sizeof *at);
+    if (!h || !buf || (e->tp > 1 && !part) || !idx || !at) goto out;
+    for (int i = 0; i < nt; i++) {
         const struct model_tensor *t = &e->layout.t[i];
-        uint64_t s = seed ^ 0x6c6f6f6d2d696e69ull; /* "loom-ini" */
-        for (const char *p = t->name; *p; p++)
-            s = (s ^ (unsigned char)*p) * 0x100000001b3ull;
         size_t n = (size_t)t->numel;
-        if (t->kind == MODEL_T_NORM_W) {
-            for (size_t j = 0; j < n; j++)
-                h[j] = 1.0f;
-        } else if (t->kind == MODEL_T_NORM_B || t->kind == MODEL_T_LINEAR_B) {
-            memset(h, 0, n * sizeof *h);
-        } else {
-            double std = 0.02;
-            if (ends_with(t->name, "attn.c_proj.weight") ||
-                ends_with(t->name, "mlp.c_proj.weight") || ends_with(t->name, "o_proj.weight") ||
-                ends_with(t->name, "down_proj.weight"))
-                std = resid_std;
-            model_fill_normal(h, n, s, std, MODEL_INIT_PAR_MIN, 0);
-            if (t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD)
-                memset(h + (size_t)m->V * t->shape[1], 0,
-                       (size_t)(t->shape[0] - m->V) * t->shape[1] * sizeof *h);
+        if (n >= MODEL_INIT_PAR_MIN) { /* parallel inside (chunked streams) */
+            init_tensor(m, t, seed, h);
+            if (put_tensor(e, t, h, part) != 0) goto out;
+            continue;
         }
-        if (e->tp > 1) /* this rank's share of the full tensor (same values at any tp) */
-            tp_slice(t, e->tp, e->tp_idx, h, part);
-        if (engine_params_from_host(e, (size_t)t->rank_offset, e->tp > 1 ? part : h,
-                                    (size_t)t->rank_numel) != 0) {
-            free(h);
-            free(part);
-            return -1;
+        if (used + n > cap) {
+            if (flush_batch(m, seed, idx, at, nb, buf, part) != 0) goto out;
+            nb = 0;
+            used = 0;
         }
+        idx[nb] = i;
+        at[nb++] = used;
+        used += n;
     }
+    if (flush_batch(m, seed, idx, at, nb, buf, part) != 0) goto out;
+    rc = 0;
+out:
     free(h);
+    free(buf);
     free(part);
-    return 0;
+    free(idx);
+    free(at);
+    return rc;
 }
 
 /* ---- forward / backward ---- */

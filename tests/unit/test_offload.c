@@ -11,11 +11,16 @@
  *    engine_opt_init; engine_opt_read / engine_opt_write round-trip;
  *  - the parallel init (model_fill_normal): the chunked streams give the
  *    same values with 1 and 8 threads, differ from the serial stream, and are
- *    N(0, std); below the threshold the serial stream is unchanged. */
+ *    N(0, std); below the threshold the serial stream is unchanged;
+ *    model_init_params (small tensors drawn side by side) gives the same
+ *    weights with 1 and 4 OpenMP threads. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "worker/offload.h"
 #include "worker/train.h"
@@ -233,8 +238,47 @@ static void test_fill(void) {
     free(c);
 }
 
+/* The weights model_init_params makes with `threads` OpenMP threads (host copy). */
+static float *init_weights(int threads, size_t *n) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+    struct model_config c = config(MODEL_LLAMA);
+    struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
+    struct engine *e = engine_new(&c, &p, backend_cpu_new(1));
+    struct model *m = e ? model_new(e, 2, 16, 1) : NULL;
+    float *w = NULL;
+    if (m && model_init_params(m, 77) == 0) {
+        *n = e->n_params;
+        w = malloc(*n * sizeof *w);
+        if (w) memcpy(w, e->params, *n * sizeof *w);
+    }
+    model_free(m);
+    engine_free(e);
+    return w;
+}
+
+static void test_init_threads(void) {
+    size_t n1 = 0, n4 = 0;
+    float *a = init_weights(1, &n1), *b = init_weights(4, &n4);
+    CHECK(a && b && n1 == n4 && memcmp(a, b, n1 * sizeof *a) == 0,
+          "model_init_params differs between 1 and 4 threads");
+    double s2 = 0;
+    for (size_t i = 0; a && i < n1; i++)
+        s2 += (double)a[i] * a[i];
+    CHECK(a && s2 > 0, "model_init_params left the weights zero");
+    free(a);
+    free(b);
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+}
+
 int main(void) {
     test_fill();
+    test_init_threads();
     test_state();
     test_equal(MODEL_GPT2);
     test_equal(MODEL_LLAMA);
