@@ -15,7 +15,7 @@ if(TARGET loom-worker)
     foreach(part world1 dp2 resume)
         add_test(NAME integration.offload.${part}
                  COMMAND test_offload_equiv $<TARGET_FILE:loom-worker> ${part})
-        set_tests_properties(integration.offload.${part} PROPERTIES LABELS integration
+        set_tests_properties(integration.offload.${part} PROPERTIES LABELS "integration;sanitize"
                              TIMEOUT 300 SKIP_RETURN_CODE 77)
     endforeach()
 endif()

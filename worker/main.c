@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api/jobspec.h"
 #include "api/planner.h"
@@ -66,7 +67,8 @@ static const struct config_entry table[] = {
     {"nproc", CONFIG_INT, offsetof(struct opts, nproc), "1", 1, 1024,
      "ranks to launch locally (standalone multi-process, worker/launch.h)"},
     {"threads", CONFIG_INT, offsetof(struct opts, threads), "0", 0, 1024,
-     "CPU backend threads (0: OpenMP default)"},
+     "CPU backend threads, and the offloaded optimizer's (0: OpenMP default; offload on cuda: "
+     "OMP_NUM_THREADS, else the node's cores / its ranks)"},
     {"steps", CONFIG_INT, offsetof(struct opts, steps), "0", 0, 1e12,
      "stop after this many steps (0: the spec's train.steps; the schedule still uses the spec)"},
     {"export", CONFIG_STR, offsetof(struct opts, export_path), NULL, 1, 0,
@@ -400,11 +402,23 @@ static int run(struct worker *w) {
         struct offload_opts oo = {.chunk_bytes = (size_t)o->offload_chunk_kib << 10,
                                   .sync = strcmp(o->offload, "sync") == 0,
                                   .threads = (int)o->threads};
+        /* the agent sets OMP_NUM_THREADS for cpu ranks only: without it (or
+         * --threads) the node's cores are split among its ranks, so that two
+         * ranks' CPU updates do not oversubscribe the node */
+        const char *omp = getenv("OMP_NUM_THREADS");
+        if (!oo.threads && !(omp && *omp)) {
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            int local = s->resources.gpus_per_node > 0 ? s->resources.gpus_per_node : 1;
+            if (local > w->der.world) local = w->der.world;
+            oo.threads = cores > local ? (int)(cores / local) : 1;
+        }
         if (engine_offload_enable(w->e, &oo) != 0) {
             report_error("OUT_OF_MEMORY", "cannot set up the optimizer offload (see stderr)");
             return 1;
         }
-        log_info("optimizer offload on: fp32 master and moments in host memory, AdamW on the CPU");
+        log_info("optimizer offload on: fp32 master and moments in host memory, AdamW on the "
+                 "CPU (%d threads; 0: OpenMP default)",
+                 oo.threads);
     }
     /* world 1: the whole buffer is the shard; allocated before the weights are
      * initialised so that a bf16 backend keeps their unrounded fp32 master */

@@ -43,7 +43,9 @@
  *   params     (P + X)*e (stage 0-2);  (S + H + K + X)*e (stage 3)
  *   grads      (P + X)*e (stage 0-1);  (S + H + K + X)*e (stage 2-3)
  *   optimizer  as allocated by engine_set_shard: moments (and a separate
- *              master on bf16) for P elements (stage 0) or S (stage >= 1)
+ *              master on bf16) for P elements (stage 0) or S (stage >= 1);
+ *              with optimizer offload only the 16-byte norm scalar, and
+ *              host = (P or S) * (12 + e) (worker/offload.h)
  *   comm       by formula, not engine memory: 0 (stage 0, in place);
  *              2*ceil(P/dp)*e (stage >= 1: the reduce-scatter ring's staging)
  * zero_new allocates these and shrinks the engine's windows after the
