@@ -34,6 +34,9 @@ struct zgroup {
     struct zrange r[ZERO_MAX_RANGES];
     int n;
     int reduced; /* stages 0/1: this step's gradient reduction was issued */
+    /* stages 1/2: this group's parameter all-gathers issued by param_sync,
+     * waited for before the group's next forward */
+    struct comm_req *preq[ZERO_MAX_RANGES];
 };
 
 /* A buffer holding one block's full parameters (stage 3 gather slot) or
@@ -73,6 +76,9 @@ struct zero {
     struct comm_world *world;
     struct comm_groups groups;
 };
+
+static void params_gather_wait_all(struct zero *z);
+static void params_gather_wait(struct zero *z, int layer);
 
 static enum comm_dtype compute_dtype(const struct engine *e) {
     return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
@@ -270,6 +276,10 @@ static void hook_grads_done(struct engine *e, void *user, int layer) {
 static void hook_pre_forward(struct engine *e, void *user, int layer) {
     struct zero *z = user;
     (void)e;
+    if (z->stage == 1 || z->stage == 2) {
+        params_gather_wait(z, layer); /* issued by the last param_sync */
+        return;
+    }
     if (z->stage < 3 || layer < 0) return; /* layer -1 stays gathered */
     gather(z, layer);
     gather_start(z, layer + 1, 1);
@@ -338,6 +348,7 @@ static void hook_grads_ready(struct engine *e, void *user, int layer) {
 static int hook_grad_sync(struct engine *e, void *user) {
     struct zero *z = user;
     int rc = 0;
+    params_gather_wait_all(z); /* normally done: the forward waited for each */
     if (z->stage >= 2) {
         /* blocks: finish the last reductions; layer -1: reduce-scatter its
          * accumulated gradients now and add the owned part into the shard */
@@ -371,13 +382,46 @@ static int hook_grad_sync(struct engine *e, void *user) {
     return z->failed ? -1 : 0;
 }
 
+/* Stages 1/2: all-gather group `layer`'s updated parameters in place in the
+ * params window (async; each owner's part is already there). */
+static void params_gather_start(struct zero *z, int layer) {
+    struct engine *e = z->e;
+    struct zgroup *g = &z->g[layer + 1];
+    for (int k = 0; k < g->n; k++) {
+        size_t lo = g->r[k].lo, hi = g->r[k].hi;
+        size_t mine = range_counts(z, lo, hi, z->counts);
+        comm_ready(z, engine_params_at(e, lo), hi - lo);
+        if (comm_all_gatherv(z->dp, engine_params_at(e, mine), engine_params_at(e, lo), z->counts,
+                             compute_dtype(e), &g->preq[k]) != 0)
+            fail(z, "parameter all-gather", layer);
+    }
+}
+
+static void params_gather_wait(struct zero *z, int layer) {
+    struct zgroup *g = &z->g[layer + 1];
+    for (int k = 0; k < g->n; k++) {
+        if (g->preq[k] && comm_wait(g->preq[k]) != 0) fail(z, "parameter all-gather", layer);
+        g->preq[k] = NULL;
+    }
+}
+
+static void params_gather_wait_all(struct zero *z) {
+    for (int l = -1; z->g && l < z->L; l++)
+        params_gather_wait(z, l);
+}
+
 static int hook_param_sync(struct engine *e, void *user) {
     struct zero *z = user;
     if (z->stage == 1 || z->stage == 2) {
-        e->be->sync(e->be->ctx);
-        if (comm_all_gather(z->dp, engine_params_at(e, e->shard_off), engine_params_at(e, z->lo),
-                            z->hi - z->lo, compute_dtype(e), NULL) != 0)
-            fail(z, "parameter all-gather", -2);
+        /* per group in the order the next forward uses them (embeddings and
+         * head, then blocks 0..L-1), asynchronously: hook_pre_forward waits
+         * for a group just before its forward, so the later groups' gathers
+         * overlap the first blocks' compute instead of stalling the step */
+        for (int l = -1; l < z->L; l++)
+            params_gather_start(z, l);
+        /* with pp the tied embedding is sent to the last stage right after
+         * this (worker/par.c): keep the blocking behaviour there */
+        if (e->pp > 1) params_gather_wait_all(z);
     } else if (z->stage == 3) {
         regather(z); /* gathered blocks are stale now; the next use gathers */
     }
@@ -587,7 +631,7 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
         h.layer_grads_done = hook_grads_done;
         h.layer_pre_backward = hook_pre_backward;
     }
-    if (stage == 3) h.layer_pre_forward = hook_pre_forward;
+    if (stage >= 1) h.layer_pre_forward = hook_pre_forward;
     e->hooks = h;
     /* params, grads and optimizer are what the engine really holds (the unit
      * test checks them against zero_mem_model); comm is the backend's ring
@@ -608,6 +652,7 @@ void zero_free(struct zero *z) {
     size_t es = e->be->elt_size;
     for (int i = 0; i < z->nreqs; i++)
         comm_wait(z->reqs[i]);
+    params_gather_wait_all(z);
     for (int k = 0; k < ZERO_SLOTS; k++) {
         comm_wait(z->gs[k].req);
         comm_wait(z->ps[k].req);
