@@ -60,3 +60,9 @@ if(LOOM_HAVE_CUDA AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent
                      $<TARGET_FILE_DIR:loom-worker>)
     set_tests_properties(gpu.cluster PROPERTIES LABELS gpu TIMEOUT 400 SKIP_RETURN_CODE 77)
 endif()
+# AdamW kernel variants' bandwidth on one GPU (not a test; tests/gpu/call_*.sh).
+if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
+    add_executable(bench_adamw ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_adamw.c)
+    target_link_libraries(bench_adamw PRIVATE loom_cuda CUDA::cudart_static m)
+    loom_warnings(bench_adamw)
+endif()
