@@ -375,7 +375,8 @@ __global__ void adamw_multi_kernel(bf *param, float *master, const bf *grad, flo
     }
 }
 
-/* Variant 1 (LOOM_ADAMW_VARIANT=1, A/B): two quads per thread and
+/* Variant 1 (the default; LOOM_ADAMW_VARIANT=0 selects the grid-stride
+ * kernel above): two quads per thread and
  * iteration with every load issued before any math (more bytes in flight
  * per thread), streaming cache hints (each byte is touched once), and one
  * block per 256 quads with no grid-stride cap. Same arithmetic per element
@@ -474,7 +475,7 @@ static int g_adamw_variant = -1;
 static int adamw_variant(void) {
     if (g_adamw_variant < 0) {
         const char *e = getenv("LOOM_ADAMW_VARIANT");
-        g_adamw_variant = e ? atoi(e) : 0;
+        g_adamw_variant = e ? atoi(e) : 1;
     }
     return g_adamw_variant;
 }

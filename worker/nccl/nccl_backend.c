@@ -304,8 +304,8 @@ static void *comm_init(const struct comm_backend_comm *c, char *err, size_t errl
      * blocks instead of waiting for SMs (measured in docs/perf.md). */
     int lo_prio = 0, hi_prio = 0, prio = 0;
     const char *ps = getenv("LOOM_NCCL_STREAM_PRIORITY");
-    if (ps && strcmp(ps, "high") == 0 && cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio) ==
-                                             cudaSuccess)
+    if (ps && strcmp(ps, "high") == 0 &&
+        cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio) == cudaSuccess)
         prio = hi_prio;
     if (cudaStreamCreateWithPriority(&nc->stream, cudaStreamNonBlocking, prio) != cudaSuccess ||
         cudaMalloc((void **)&nc->scratch, sizeof(float)) != cudaSuccess) {
