@@ -110,13 +110,18 @@ def curves(binp, d, layouts):
     bad = 0
     for lay in layouts:
         par = {"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0}
+        offload = False
         for kv in lay.split(","):
             k, v = kv.split("=")
-            par[k] = int(v)
+            if k == "offload":  # train.offload_optimizer, not a layout key
+                offload = v == "1"
+            else:
+                par[k] = int(v)
         n = par["dp"] * par["tp"] * par["pp"]
         name = "lay_" + lay.replace(",", "_").replace("=", "")
-        rc, st, err, wall = run_worker(binp, d, name, spec(data, model, par, steps, gbt, mbs, 1e-3),
-                                       n)
+        sp = spec(data, model, par, steps, gbt, mbs, 1e-3)
+        sp["train"]["offload_optimizer"] = offload
+        rc, st, err, wall = run_worker(binp, d, name, sp, n)
         if rc != 0 or len(st) != steps:
             print("dist %s: FAIL rc=%d steps=%d %s\n%s" % (lay, rc, len(st), err, tail(d, name)))
             bad = 1
