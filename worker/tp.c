@@ -9,6 +9,9 @@
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/comm.h"
+#if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 struct tp_state {
     int N, T, C, Vr, Vlo, Vv;
@@ -28,6 +31,13 @@ static enum comm_dtype cdt(const struct engine *e) {
     return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
 }
 
+#if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
+static int tp_stream_enabled(void) {
+    const char *v = getenv("LOOM_TP_STREAM");
+    return !v || strcmp(v, "0") != 0;
+}
+#endif
+
 static void allreduce(struct engine *e, void *buf, size_t n, enum comm_dtype dt, enum comm_op op) {
     if (e->tp <= 1 || n == 0) return;
     struct comm *c = e->tp_group;
@@ -38,6 +48,18 @@ static void allreduce(struct engine *e, void *buf, size_t n, enum comm_dtype dt,
 }
 
 void tp_allreduce(struct engine *e, void *buf, size_t n) {
+#if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
+    /* activations on the critical path: on the compute stream itself, no
+     * host round trip (comm_allreduce_stream); LOOM_TP_STREAM=0 for the
+     * comm-thread path */
+    void *st = backend_cuda_stream(e->be);
+    if (e->tp > 1 && n > 0 && st && e->tp_group && tp_stream_enabled()) {
+        backend_cuda_flush(e->be); /* held work (a matmul) produces buf */
+        int rc = comm_allreduce_stream(e->tp_group, buf, n, cdt(e), COMM_SUM, st);
+        if (rc < 0) die("tensor-parallel all-reduce failed: %s", comm_error(e->tp_group));
+        if (rc == 0) return;
+    }
+#endif
     allreduce(e, buf, n, cdt(e), COMM_SUM);
 }
 

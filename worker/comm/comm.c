@@ -481,6 +481,24 @@ static int nothing_to_do(struct comm_req **req) {
     return 0;
 }
 
+int comm_allreduce_stream(struct comm *c, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+                          void *stream) {
+    if (!c->ops->allreduce_stream) return 1;
+    pthread_mutex_lock(&c->mu);
+    int busy = c->pending > 0, broken = c->broken;
+    pthread_mutex_unlock(&c->mu);
+    if (broken) return -1;
+    if (busy) return 1; /* the comm thread owns the communicator now */
+    if (n == 0) return 0;
+    char err[512];
+    if (c->ops->allreduce_stream(c->impl, buf, n, dt, op, stream, err, sizeof(err)) != 0) {
+        struct comm_req r = {.c = c, .kind = OP_ALLREDUCE, .buf = buf, .n = n, .dt = dt, .op = op};
+        comm_fail(c, &r, err);
+        return -1;
+    }
+    return 0;
+}
+
 int comm_allreduce(struct comm *c, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
                    struct comm_req **req) {
     if (n == 0) return nothing_to_do(req);

@@ -127,6 +127,16 @@ void comm_shard_range(size_t total, int n, int idx, size_t *off, size_t *cnt);
 
 /* ---- Operations. See the top comment for req, errors and ordering. */
 
+/* In place on the device, ordered by a stream instead of the comm thread:
+ * the all-reduce of buf (device memory, n elements) is enqueued on `stream`
+ * (a cudaStream_t of this rank's GPU) after the work already there, and
+ * later work on the stream sees its result; no host wait. For collectives on
+ * the critical path (tensor parallelism). Returns 0, -1 on failure (the comm
+ * is broken; the previous stream operation timing out is reported here), or
+ * 1 when the backend has no such path or operations are queued on the comm
+ * (use comm_allreduce then). */
+int comm_allreduce_stream(struct comm *c, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+                          void *stream);
 /* In place: buf (n elements) holds the reduction over all members. */
 int comm_allreduce(struct comm *c, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
                    struct comm_req **req);

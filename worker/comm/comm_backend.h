@@ -71,6 +71,13 @@ struct comm_backend_ops {
      * in one group to avoid a cross-wait). NULL: comm.c posts both. */
     int (*sendrecv)(void *impl, const void *sendbuf, size_t sbytes, int dst, void *recvbuf,
                     size_t rbytes, int src, char *err, size_t errlen);
+    /* Optional (comm_allreduce_stream): enqueue an in-place all-reduce of
+     * device memory on the caller's stream (a cudaStream_t) from the caller's
+     * thread and return without waiting for it; the previous such operation
+     * must complete first (bounded run-ahead; its failure or timeout is
+     * reported here). NULL: unsupported. */
+    int (*allreduce_stream)(void *impl, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+                            void *stream, char *err, size_t errlen);
 };
 
 /* Backends compiled into this build (NULL when absent). */

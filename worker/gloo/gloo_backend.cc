@@ -452,6 +452,7 @@ const struct comm_backend_ops gloo_ops =
         allreduce, reduce_scatter, all_gather, broadcast, barrier,
         isend,     irecv,          p2p_wait,   nullptr, /* sendrecv: posting both unbound buffers
                                                            cannot cross-wait */
+        nullptr, /* allreduce_stream: no device streams on the cpu backend */
 };
 
 } // namespace

@@ -51,6 +51,8 @@ struct nccl_comm {
     void *stage;    /* device staging for host buffers */
     size_t stage_bytes;
     int aborted;
+    cudaEvent_t sev; /* after the last allreduce_stream operation */
+    int sev_pending;
 };
 
 struct nccl_p2p {
@@ -343,6 +345,14 @@ static void comm_fini(void *impl) {
     struct nccl_comm *nc = impl;
     if (!nc) return;
     cudaSetDevice(nc->device);
+    if (nc->sev) {
+        if (nc->sev_pending && !nc->aborted) {
+            char err[256];
+            if (finish(nc, nc->sev, "allreduce (stream)", err, sizeof(err)) != 0)
+                fprintf(stderr, "%s\n", err);
+        }
+        cudaEventDestroy(nc->sev);
+    }
     if (nc->comm && !nc->aborted) {
         char err[256];
         ncclResult_t r = ncclCommFinalize(nc->comm);
@@ -424,6 +434,39 @@ static int allreduce(void *impl, void *buf, size_t n, enum comm_dtype dt, enum c
     }
     ncclResult_t r = ncclAllReduce(buf, buf, n, nccl_type(dt), nccl_op(op), nc->comm, nc->stream);
     return complete(nc, r, "allreduce", err, errlen);
+}
+
+/* comm_allreduce_stream: NCCL straight on the caller's (compute) stream, so
+ * the GPU goes from the producing kernel to the collective to the consuming
+ * kernel without a host round trip (tensor parallelism's all-reduces sit on
+ * the critical path; the comm thread's hand-off, a stream sync before and a
+ * host poll after cost ~0.1 ms each). Failure detection stays: before the
+ * next one, the previous operation's event is polled with the comm's
+ * timeout (finish() aborts the communicator on a dead peer), which also
+ * bounds how far the host runs ahead. */
+static int allreduce_stream(void *impl, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+                            void *stream, char *err, size_t errlen) {
+    struct nccl_comm *nc = impl;
+    cudaSetDevice(nc->device);
+    if (nc->aborted) {
+        snprintf(err, errlen, "nccl allreduce (stream): communicator aborted earlier");
+        return -1;
+    }
+    if (!nc->sev && cudaEventCreateWithFlags(&nc->sev, cudaEventDisableTiming) != cudaSuccess) {
+        snprintf(err, errlen, "nccl allreduce (stream): cannot create an event");
+        return -1;
+    }
+    if (nc->sev_pending && finish(nc, nc->sev, "allreduce (stream)", err, errlen) != 0) return -1;
+    nc->sev_pending = 0;
+    ncclResult_t r =
+        ncclAllReduce(buf, buf, n, nccl_type(dt), nccl_op(op), nc->comm, (cudaStream_t)stream);
+    if (settle(nc, r, "allreduce (stream)", now_ms() + nc->timeout_ms, err, errlen) != 0) return -1;
+    if (cudaEventRecord(nc->sev, (cudaStream_t)stream) != cudaSuccess) {
+        snprintf(err, errlen, "nccl allreduce (stream): cannot record its event");
+        return -1;
+    }
+    nc->sev_pending = 1;
+    return 0;
 }
 
 /* 1 when every slice has the same size (the plain NCCL collectives apply). */
@@ -576,6 +619,7 @@ static const struct comm_backend_ops nccl_ops = {
     .irecv = irecv,
     .p2p_wait = p2p_wait,
     .sendrecv = sendrecv,
+    .allreduce_stream = allreduce_stream,
 };
 
 const struct comm_backend_ops *comm_backend_nccl(void) {
