@@ -14,7 +14,10 @@
  *   1  reduce-scatter of each layer's gradients into the owners' shards on
  *      the last micro-step (layer_grads_ready, async, overlapping the rest of
  *      the backward; grad_sync waits); AdamW on the shard; param_sync:
- *      all-gather of the parameters.
+ *      all-gather of the parameters, one async all-gatherv per layer group in
+ *      forward order, each waited for in layer_pre_forward just before that
+ *      group's forward (it overlaps the next step's first blocks; with pp,
+ *      waited for in param_sync).
  *   2  the gradient window is only the shard. Each block's backward writes
  *      into one of two scratch slots (layer_pre_backward points the block's
  *      gradient views there); as soon as the block is done (layer_grads_done,
