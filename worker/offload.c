@@ -129,7 +129,15 @@ void offload_free(struct offload *o) {
 
 /* The split of chunk [c0, c1) that thread t of T updates: the same for the
  * first touch and every step, so each thread works on the pages it placed. */
-static void part(size_t c0, size_t c1, int t, int T, size_t *a, size_t *z) {
+/* The calling OpenMP thread's part [*a, *z) of [c0, c1): the first touch and
+ * the update split a chunk the same way, so each thread updates the pages it
+ * placed (NUMA). */
+static void my_part(size_t c0, size_t c1, size_t *a, size_t *z) {
+    int t = 0, T = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    T = omp_get_num_threads();
+#endif
     size_t len = c1 - c0, per = (len + (size_t)T - 1) / (size_t)T;
     *a = c0 + per * (size_t)t;
     *z = *a + per < c1 ? *a + per : c1;
@@ -170,13 +178,8 @@ int offload_alloc(struct offload *o, size_t n) {
         size_t c1 = c0 + o->chunk < n ? c0 + o->chunk : n;
 #pragma omp parallel num_threads(T) if (c1 - c0 >= OFFLOAD_PAR_MIN)
         {
-            int t = 0, nt = 1;
-#ifdef _OPENMP
-            t = omp_get_thread_num();
-            nt = omp_get_num_threads();
-#endif
             size_t a, z;
-            part(c0, c1, t, nt, &a, &z);
+            my_part(c0, c1, &a, &z);
             if (z > a) {
                 memset(ms + a, 0, (z - a) * sizeof(float));
                 memset(mm + a, 0, (z - a) * sizeof(float));
@@ -378,13 +381,8 @@ void offload_step(struct engine *e, const struct optim_cfg *c, double lr, double
         if (o->async) b->wait(b->ctx, o->ct[ci]);
 #pragma omp parallel num_threads(T) if (c1 - c0 >= OFFLOAD_PAR_MIN)
         {
-            int t = 0, nt = 1;
-#ifdef _OPENMP
-            t = omp_get_thread_num();
-            nt = omp_get_num_threads();
-#endif
             size_t a, z;
-            part(c0, c1, t, nt, &a, &z);
+            my_part(c0, c1, &a, &z);
             for (int r = 0; r < nruns && z > a; r++) {
                 size_t lo = runs[r].lo > a ? runs[r].lo : a, hi = runs[r].hi < z ? runs[r].hi : z;
                 if (hi <= lo) continue;

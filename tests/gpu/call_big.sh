@@ -3,23 +3,16 @@
 # on-device, async vs sync copies), dp2 curves with offload and ZeRO 1-3,
 # then the largest GPT-style model with ZeRO-3 + offload (13.5B, T 1024),
 # sampling GPU and host memory while it runs.
-set -u
-cd "$(dirname "$0")/../.."
-export OUT=${OUT:-/tmp/loom-gpu} BUILD=${BUILD:-build-cuda}
-mkdir -p "$OUT/dist"
-export NCCL_NVLS_ENABLE=0
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-BIN=$BUILD/bin
-t0=$(date +%s)
+. "$(dirname "$0")/call_env.sh"
 s=""
 timeout 120 "$BIN/test_gpu_kernels" >"$OUT/kernels.log" 2>&1; r=$?
 grep -E "^FAIL|checks passed" "$OUT/kernels.log" | head -5; s="$s kernels=$r"
 timeout 200 "$BIN/test_gpu_train" >"$OUT/train.log" 2>&1; r=$?
 grep -E "^FAIL|offload|passed|FAILED" "$OUT/train.log" | head -20; s="$s train=$r"
-echo "t=$(( $(date +%s) - t0 ))"
+el
 timeout 200 python3 tests/gpu/dist_check.py curves "$BIN" "$OUT/dist" \
     "dp=2,zero_stage=1;dp=2,zero_stage=2;dp=2,zero_stage=3;dp=2,zero_stage=3,offload=1;dp=2,zero_stage=1,offload=1"; s="$s curves=$?"
-echo "t=$(( $(date +%s) - t0 ))"
+el
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$OUT/gpumem.csv" 2>/dev/null &
 smi=$!
 ( while sleep 1; do awk '/MemTotal/{t=$2}/MemAvailable/{a=$2}END{print (t-a)/1048576}' /proc/meminfo; done ) >"$OUT/hostmem.txt" &
@@ -34,5 +27,5 @@ echo "host GiB used max: $(sort -n "$OUT/hostmem.txt" | tail -1)"
 grep -h '"type":"step"' "$OUT"/dist/bench_13b*.out 2>/dev/null | cut -c1-400 | tail -4
 grep -h "error\|Error\|FAIL" "$OUT"/dist/bench_13b*.err 2>/dev/null | head -5
 tail -3 "$OUT"/dist/bench_13b*.err 2>/dev/null
-echo "t=$(( $(date +%s) - t0 ))"
+el
 echo "SUMMARY:$s"

@@ -3,16 +3,9 @@
 # (48 layers, d 1664, 26 heads of 64: 1.68B; GPT-2 XL's 25 heads do not
 # divide by 2), beside the same model on one GPU; then the largest ZeRO-3 +
 # offload model the host memory allows (BIGL layers of d 5120).
-set -u
-cd "$(dirname "$0")/../.."
-export OUT=${OUT:-/tmp/loom-gpu} BUILD=${BUILD:-build-cuda}
-mkdir -p "$OUT/dist"
-export NCCL_NVLS_ENABLE=0
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-BIN=$BUILD/bin
-t0=$(date +%s)
+. "$(dirname "$0")/call_env.sh"
 X=n_layer=48,n_head=26,d_model=1664,d_ff=6656
-d() { timeout 200 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" xl26 "$@" | cut -c1-1200; echo "t=$(( $(date +%s) - t0 ))"; }
+d() { timeout 200 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" xl26 "$@" | cut -c1-1200; el; }
 d 8 1 0 20 $X
 d 8 2 0 20 tp=2,$X
 if [ "${BIGL:-0}" -gt 0 ]; then
@@ -28,5 +21,5 @@ if [ "${BIGL:-0}" -gt 0 ]; then
     echo "gpu MiB during steps (last 20 samples, gpu 0): $(awk -F', ' '$1==0{print $2}' "$OUT/gpumem.csv" | tail -24 | head -20 | tr '\n' ' ')"
     echo "host GiB used max: $(sort -n "$OUT/hostmem.txt" | tail -1) of $(awk '/MemTotal/{print $2/1048576}' /proc/meminfo)"
     grep -h "error\|rror:" "$OUT"/dist/bench_big*.err 2>/dev/null | head -5
-    echo "t=$(( $(date +%s) - t0 ))"
+    el
 fi

@@ -504,9 +504,9 @@ extern "C" void lk_adamw_multi(lbf16 *param, float *master, const lbf16 *grad, f
             CUDA_CHECK_LAUNCH();
         }
         if (n % 4) {
-            adamw_tail_kernel<<<1, 4, 0, (cudaStream_t)s>>>(
-                (bf *)param, master, (const bf *)grad, m, v, *segs, n4 * 4, n, lr, beta1, beta2,
-                eps, grad_scale, bc1, bc2);
+            adamw_tail_kernel<<<1, 4, 0, (cudaStream_t)s>>>((bf *)param, master, (const bf *)grad,
+                                                            m, v, *segs, n4 * 4, n, lr, beta1,
+                                                            beta2, eps, grad_scale, bc1, bc2);
             CUDA_CHECK_LAUNCH();
         }
         return;
