@@ -128,8 +128,8 @@ function explain(e) {
     return 'loomd refused this token (' + e.code + ': ' + e.message + '). Sign in again with a ' +
       'valid tenant token.';
   if (e.status === 403 && isAdminRefusal(e))
-    return 'This is the admin token: jobs belong to tenants, so the admin sees nodes only. ' +
-      'Sign in with a tenant token to see jobs.';
+    return 'This is the admin token, which loomd refuses here (' + e.message + '): jobs ' +
+      'belong to tenants. Sign in with a tenant token for this.';
   return e.code + ': ' + e.message;
 }
 
