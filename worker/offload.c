@@ -282,7 +282,7 @@ void offload_fetch_grads(struct engine *e) {
     if (!o || !o->n) return;
     /* the gaps between the ranges queued so far */
     int nq = o->nq;
-    qsort(o->q, (size_t)nq, sizeof *o->q, cmp_oq);
+    if (nq > 1) qsort(o->q, (size_t)nq, sizeof *o->q, cmp_oq); /* q is NULL when none */
     size_t covered = 0;
     for (int i = 0; i < nq; i++) {
         if (o->q[i].lo > covered) queue_download(o, covered, o->q[i].lo);
