@@ -634,11 +634,13 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
     if (stage >= 1) h.layer_pre_forward = hook_pre_forward;
     e->hooks = h;
     /* params, grads and optimizer are what the engine really holds (the unit
-     * test checks them against zero_mem_model); comm is the backend's ring
-     * staging, by formula */
+     * test checks them against zero_mem_model); comm is the Gloo reduce-scatter
+     * ring's staging, by formula. NCCL (the cuda backend's comms) takes uneven
+     * slices as grouped reduces / broadcasts without such a buffer, so nothing
+     * is reported there (its own internal buffers are not the engine's). */
     struct engine_mem m;
     zero_mem_model(e, stage, z->P, &m);
-    e->mem.comm = m.comm;
+    e->mem.comm = strcmp(e->be->name, "cuda") == 0 ? 0 : m.comm;
     return z;
 nomem:
     snprintf(err, errlen, "zero: out of memory");
