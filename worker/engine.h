@@ -140,6 +140,12 @@ struct engine_place {
      * does. For models whose whole optimizer state would not fit before ZeRO
      * shrinks it. 0 (default): the whole buffer at once, as before. */
     int opt_later;
+    /* 1: the params and grads windows start empty (nothing resident); the
+     * caller sizes them before the weights are initialised: zero_new (the
+     * stage range, or this rank's shard with ZeRO-2/3) or engine_set_windows.
+     * Then a sharded layout never holds the whole stage, not even at
+     * start-up. 0 (default): both windows cover every parameter. */
+    int windows_later;
 };
 
 /* Check a place: world == tp*dp*pp and 0 <= rank < world. Returns 0, or -1

@@ -393,7 +393,11 @@ static int run(struct worker *w) {
                              .dp = s->parallel.dp,
                              .pp = s->parallel.pp,
                              /* optimizer state once the shard is known (ZeRO) */
-                             .opt_later = 1};
+                             .opt_later = 1,
+                             /* with other ranks, the parameter and gradient windows
+                              * are sized by ZeRO before the weights exist, so a
+                              * sharded rank never holds the whole model */
+                             .windows_later = o->world > 1};
     w->e = engine_new(&s->model, &p, be);
     if (!w->e) return 1;
     int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
@@ -439,7 +443,6 @@ static int run(struct worker *w) {
         report_error("UNSUPPORTED", "the model could not be built for this layout (see stderr)");
         return 2;
     }
-    if (model_init_params(w->m, s->train.seed) != 0) return 1;
     if (o->world > 1) {
         struct zero_setup_opts zo = {.rank = (int)o->rank,
                                      .world = (int)o->world,
@@ -467,6 +470,9 @@ static int run(struct worker *w) {
         report_error("OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
         return 1;
     }
+    /* into the windows, views and master that now exist (world > 1: this
+     * rank's share only; the master gets the unrounded fp32 values) */
+    if (model_init_params(w->m, s->train.seed) != 0) return 1;
     int64_t start = resume(w);
     if (start < 0) {
         report_error("CHECKPOINT_INVALID", w->err);

@@ -537,6 +537,9 @@ static int alloc_buffers(struct zero *z) {
     z->xp = calloc((size_t)e->layout.n, sizeof(void *));
     z->xg = calloc((size_t)e->layout.n, sizeof(void *));
     if (!z->xp || !z->xg) return -1;
+    /* engine_place.windows_later: nothing is resident yet and the weights are
+     * initialised after this, through the views and windows set up here */
+    int empty = e->p_hi == e->p_lo && e->n_params > 0;
     for (int i = 0; i < e->layout.n && e->pp > 1; i++) {
         const struct model_tensor *t = &e->layout.t[i];
         size_t n = (size_t)t->rank_numel;
@@ -544,7 +547,10 @@ static int alloc_buffers(struct zero *z) {
         z->xp[i] = engine_alloc(e, n * es, &e->mem.params);
         z->xg[i] = engine_alloc(e, n * es, &e->mem.grads);
         if (!z->xp[i] || !z->xg[i]) return -1;
-        b->copy(b->ctx, z->xp[i], engine_param(e, i), n * es);
+        if (empty)
+            b->zero(b->ctx, z->xp[i], n * es);
+        else
+            b->copy(b->ctx, z->xp[i], engine_param(e, i), n * es);
         b->zero(b->ctx, z->xg[i], n * es);
         e->pview[i] = z->xp[i];
         e->gview[i] = z->xg[i];
@@ -556,7 +562,8 @@ static int alloc_buffers(struct zero *z) {
         if (z->stage == 3) z->hp[k] = engine_alloc(e, n * es, &e->mem.params);
         if (!z->hg[k] || (z->stage == 3 && !z->hp[k])) return -1;
         b->zero(b->ctx, z->hg[k], n * es);
-        if (z->stage == 3) b->copy(b->ctx, z->hp[k], engine_params_at(e, lo), n * es);
+        if (z->stage == 3 && empty) b->zero(b->ctx, z->hp[k], n * es);
+        if (z->stage == 3 && !empty) b->copy(b->ctx, z->hp[k], engine_params_at(e, lo), n * es);
         for (int i = 0; i < e->layout.n; i++) {
             size_t o = (size_t)e->layout.t[i].rank_offset;
             if (o < lo || o >= lo + n) continue;
@@ -572,7 +579,8 @@ static int alloc_buffers(struct zero *z) {
     }
     z->cur = -2;
     size_t s0 = z->off[z->rank], s1 = s0 + z->cnt[z->rank];
-    if (z->lo == 0 && z->hi == e->n_params && z->stage < 2) return 0; /* nothing to shrink */
+    if (z->lo == 0 && z->hi == e->n_params && z->stage < 2 && !empty)
+        return 0; /* nothing to shrink */
     b->sync(b->ctx);
     return engine_set_windows(e, z->stage >= 3 ? s0 : z->lo, z->stage >= 3 ? s1 : z->hi,
                               z->stage >= 2 ? s0 : z->lo, z->stage >= 2 ? s1 : z->hi);

@@ -50,10 +50,14 @@
  *              with optimizer offload only the 16-byte norm scalar, and
  *              host = (P or S) * (12 + e) (worker/offload.h)
  *   comm       by formula, not engine memory: 0 (stage 0, in place);
- *              2*ceil(P/dp)*e (stage >= 1: the reduce-scatter ring's staging)
- * zero_new allocates these and shrinks the engine's windows after the
- * parameters were initialised in the whole-stage buffers engine_new made, so
- * the set-up briefly peaks at the whole tp share.
+ *              2*ceil(P/dp)*e (stage >= 1: the Gloo reduce-scatter ring's
+ *              staging; 0 on cuda, where NCCL needs no such buffer)
+ * zero_new allocates these and sizes the engine's windows. The worker creates
+ * the engine with empty windows (engine_place.windows_later) and initialises
+ * the weights after zero_new, so set-up never holds more than the steady
+ * state (tests/unit/test_zero_mem.c checks the peak); with windows already
+ * full (tests that initialise first) zero_new copies what stays and shrinks
+ * them, and set-up briefly peaks at the whole tp share.
  *
  * Threads: only the engine thread calls these; comm work runs on the dp
  * comm's own thread. */

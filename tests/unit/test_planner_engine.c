@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
         struct planner_estimate est;
         CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
 
-        struct engine_place p = {0, k->dp, 0, 1, k->dp, 1, 0};
+        struct engine_place p = {.rank = 0, .world = k->dp, .tp = 1, .dp = k->dp, .pp = 1};
         struct backend *be = NULL;
 #ifdef LOOM_HAVE_CUDA
         if (cuda) be = backend_cuda_new(0);

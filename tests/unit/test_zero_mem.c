@@ -37,7 +37,7 @@ static struct {
     void *p;
     size_t n;
 } live[MAXLIVE];
-static size_t live_bytes;
+static size_t live_bytes, peak_bytes;
 
 static void *count_alloc(void *ctx, size_t bytes) {
     void *p = real_alloc(ctx, bytes);
@@ -46,6 +46,7 @@ static void *count_alloc(void *ctx, size_t bytes) {
             live[i].p = p;
             live[i].n = bytes;
             live_bytes += bytes;
+            if (live_bytes > peak_bytes) peak_bytes = live_bytes;
             return p;
         }
     return p; /* table full: the byte check below then fails */
@@ -107,10 +108,19 @@ static int run_rank(const struct mcase *k, int rank, const char *dir) {
     real_free = be->free;
     be->alloc = count_alloc;
     be->free = count_free;
-    struct engine_place p = {rank, world, rank, k->tp, k->dp, k->pp, 0};
+    /* the worker's order (worker/main.c): empty windows and no optimizer
+     * state until ZeRO has sized them, then the weights */
+    struct engine_place p = {.rank = rank,
+                             .world = world,
+                             .local_rank = rank,
+                             .tp = k->tp,
+                             .dp = k->dp,
+                             .pp = k->pp,
+                             .opt_later = 1,
+                             .windows_later = 1};
     struct engine *e = engine_new(&c, &p, be);
     struct model *m = e ? model_new(e, 2, 16, 1) : NULL;
-    if (!m || model_init_params(m, 5) != 0) return 1;
+    if (!m) return 1;
     char rdzv[600], err[256];
     snprintf(rdzv, sizeof rdzv, "file:%s", dir);
     struct zero_setup_opts o = {.rank = rank,
@@ -127,6 +137,7 @@ static int run_rank(const struct mcase *k, int rank, const char *dir) {
         fprintf(stderr, "rank %d: zero_setup: %s\n", rank, err);
         return 1;
     }
+    if (engine_opt_init(e) != 0 || model_init_params(m, 5) != 0) return 1;
     char tag[96];
     snprintf(tag, sizeof tag, "%s dp%d tp%d pp%d z%d rank %d", k->llama ? "llama" : "gpt2", k->dp,
              k->tp, k->pp, k->zero, rank);
@@ -166,6 +177,11 @@ static int run_rank(const struct mcase *k, int rank, const char *dir) {
     CHECK(r->params == wp * 4 && r->grads == wg * 4 && r->optimizer == wo,
           "%s: engine %zu/%zu/%zu, formula %zu/%zu/%zu", tag, r->params, r->grads, r->optimizer,
           wp * 4, wg * 4, wo);
+    /* 5. set-up never held more than the steady state (no whole-stage
+     * buffers before ZeRO shrinks them); the empty windows' 1-element
+     * placeholders are the only slack */
+    CHECK(peak_bytes <= live_bytes + 2 * sizeof(float), "%s: set-up peak %zu bytes, steady %zu",
+          tag, peak_bytes, live_bytes);
     /* 4. the windows */
     size_t pw = e->p_hi - e->p_lo, gw = e->g_hi - e->g_lo;
     CHECK(pw == (zs == 3 ? e->shard_n : P), "%s: params window %zu", tag, pw);
