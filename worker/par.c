@@ -165,6 +165,10 @@ void par_free(struct par *p) {
 
 void par_train_opts(struct par *p, struct train_opts *o) {
     if (!p->pp) return;
+    /* the slots now, so the start-up memory line counts them; on failure the
+     * first step reports it */
+    if (pp_reserve(p->pp, o->grad_accum) != 0)
+        log_warn("pp: cannot allocate %d micro-batch slots yet", o->grad_accum);
     o->micro_steps = pp_micro_steps;
     o->micro_user = p->pp;
     o->step_extra = pp_step_extra;

@@ -202,6 +202,16 @@ double pp_forward_only(void *user, struct model *m, const int32_t *inputs, const
     return sum;
 }
 
+int pp_reserve(struct pp *p, int M) {
+    if (M == p->M && p->act) return 0;
+    free(p->act);
+    p->act = malloc(2 * (size_t)M * sizeof *p->act);
+    if (!p->act || ensure_slots(p, pp_schedule_slots(p->sched, p->e->pp, p->e->pp_idx, M)) != 0)
+        return -1;
+    p->M = M;
+    return 0;
+}
+
 int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int64_t step,
                    int32_t *inputs, int32_t *targets, double *sums, char *err, size_t errlen) {
     struct pp *p = user;
@@ -209,16 +219,11 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
     struct backend *b = e->be;
     int M = o->grad_accum, P = e->pp, s = e->pp_idx;
     int first = s == 0, last = s == P - 1;
-    int need = pp_schedule_slots(p->sched, P, s, M);
     (void)m;
-    if (M != p->M || !p->act) {
-        free(p->act);
-        p->act = malloc(2 * (size_t)M * sizeof *p->act);
-        if (!p->act || ensure_slots(p, need) != 0) {
-            snprintf(err, errlen, "pp: out of memory for %d micro-batch slots", need);
-            return -1;
-        }
-        p->M = M;
+    if (pp_reserve(p, M) != 0) {
+        snprintf(err, errlen, "pp: out of memory for %d micro-batch slots",
+                 pp_schedule_slots(p->sched, P, s, M));
+        return -1;
     }
     size_t n = (size_t)m->B * m->T * m->C;
     float gs = (float)(1.0 / (double)o->global_batch_tokens);

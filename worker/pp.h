@@ -63,6 +63,10 @@ void pp_free(struct pp *p); /* NULL ok; frees the extra slots, not m */
 
 /* train_opts.micro_steps (user = struct pp *). Collective over the world
  * (gathers each stage's bubble). */
+/* Allocate the activation slots (extra models) and schedule buffers for M
+ * micro-batches now rather than at the first step, so that the memory report
+ * at start-up includes them. pp_micro_steps calls it too. 0 or -1. */
+int pp_reserve(struct pp *p, int M);
 int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int64_t step,
                    int32_t *inputs, int32_t *targets, double *sums, char *err, size_t errlen);
 /* train_opts.step_extra: {"pp":{"schedule":..,"micro":M,"bubble_ms":[per

@@ -77,6 +77,7 @@ struct run {
     double mem[5]; /* params, grads, optimizer, activations, comm (GiB), last step */
     int have_pp, pp_micro, inflight[MAXPP], nbubble;
     double bubble_ideal, bubble_ms[MAXPP];
+    double start_act; /* activations (GiB) allocated per the start-up memory line; -1: none */
 };
 
 static void model_cfg(int llama, int layers, struct model_config *c) {
@@ -120,12 +121,16 @@ static void write_spec(const char *path, const struct layout *l) {
 
 static void parse(const char *path, struct run *r) {
     memset(r, 0, sizeof(*r));
+    r->start_act = -1;
     FILE *f = fopen(path, "r");
     if (!f) return;
     char line[8192];
     while (fgets(line, sizeof(line), f)) {
         json_t *j = json_loads(line, 0, NULL);
         const char *type = json_string_value(json_object_get(j, "type"));
+        if (type && strcmp(type, "memory") == 0)
+            r->start_act = json_real_value(
+                json_object_get(json_object_get(j, "allocated_gib"), "activations"));
         if (type && strcmp(type, "eval") == 0) {
             int s = (int)json_integer_value(json_object_get(j, "step"));
             if (s >= 1 && s <= STEPS) {
@@ -239,6 +244,11 @@ static void check_pipeline(const struct layout *l, const struct run *r) {
     }
     int M = l->micro_total / l->dp, gpipe = strcmp(l->sched, "gpipe") == 0;
     CHECK(r->have_pp && r->pp_micro == M, "%s: pp.micro %d, want %d", l->tag, r->pp_micro, M);
+    /* the micro-batch slots exist before the first step: the start-up memory
+     * line (planner beside allocation) already counts them */
+    CHECK(r->start_act > 0 && fabs(r->start_act - r->mem[3]) <= 1e-9,
+          "%s: start-up memory line %.9f GiB of activations, steps hold %.9f", l->tag,
+          r->start_act, r->mem[3]);
     CHECK(fabs(r->bubble_ideal - (double)(l->pp - 1) / (M + l->pp - 1)) < 1e-12,
           "%s: bubble_ideal %g, want (pp-1)/(M+pp-1)", l->tag, r->bubble_ideal);
     CHECK(r->nbubble == l->pp, "%s: %d bubble figures for %d stages", l->tag, r->nbubble, l->pp);
