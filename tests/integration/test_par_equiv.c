@@ -247,8 +247,8 @@ static void check_pipeline(const struct layout *l, const struct run *r) {
     /* the micro-batch slots exist before the first step: the start-up memory
      * line (planner beside allocation) already counts them */
     CHECK(r->start_act > 0 && fabs(r->start_act - r->mem[3]) <= 1e-9,
-          "%s: start-up memory line %.9f GiB of activations, steps hold %.9f", l->tag,
-          r->start_act, r->mem[3]);
+          "%s: start-up memory line %.9f GiB of activations, steps hold %.9f", l->tag, r->start_act,
+          r->mem[3]);
     CHECK(fabs(r->bubble_ideal - (double)(l->pp - 1) / (M + l->pp - 1)) < 1e-12,
           "%s: bubble_ideal %g, want (pp-1)/(M+pp-1)", l->tag, r->bubble_ideal);
     CHECK(r->nbubble == l->pp, "%s: %d bubble figures for %d stages", l->tag, r->nbubble, l->pp);
