@@ -138,6 +138,7 @@ static const struct field parallel_fields[] = {
     {"tp", F_I32, OFF(parallel.tp), 1, 64, 0, NULL, NULL, S_NONE},
     {"pp", F_I32, OFF(parallel.pp), 1, 1024, 0, NULL, NULL, S_NONE},
     {"zero_stage", F_I32, OFF(parallel.zero_stage), 0, 3, 0, NULL, NULL, S_NONE},
+    {"pp_balance", F_BOOL, OFF(parallel.pp_balance), 0, 0, 0, NULL, NULL, S_NONE},
 };
 
 static const struct field train_fields[] = {
@@ -551,9 +552,15 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
                               "tp=%d exceeds resources.gpus_per_node=%d; tensor-parallel groups "
                               "never cross a node",
                               tp, s->resources.gpus_per_node);
-    if (m->n_layer % pp != 0)
+    if (!s->parallel.pp_balance && m->n_layer % pp != 0)
         return loom_error_set(e, 422, "PP_LAYERS", "parallel.pp",
-                              "pp=%d does not divide n_layer=%d", pp, m->n_layer);
+                              "pp=%d does not divide n_layer=%d (parallel.pp_balance: true splits "
+                              "the blocks unevenly)",
+                              pp, m->n_layer);
+    if (m->n_layer < pp)
+        return loom_error_set(e, 422, "PP_LAYERS", "parallel.pp",
+                              "pp=%d exceeds n_layer=%d: every stage needs a block", pp,
+                              m->n_layer);
     if (s->parallel.zero_stage >= 2 && pp > 1)
         return loom_error_set(e, 422, "ZERO_WITH_PP", "parallel.zero_stage",
                               "zero_stage=%d with pp=%d is not supported (gradient and parameter "
@@ -644,6 +651,7 @@ int jobspec_parse(struct loom_spec *s, const json_t *j, unsigned flags, struct l
         s->train.precision =
             s->resources.device == JOBSPEC_DEV_CPU ? JOBSPEC_PREC_FP32 : JOBSPEC_PREC_BF16;
     if (!SEEN(S_MIN_LR)) s->train.min_lr = s->train.lr / 10;
+    s->model.pp_balance = s->parallel.pp_balance; /* every stage computation reads the model */
     if (!SEEN(S_GBT))
         s->train.global_batch_tokens =
             (int64_t)s->train.micro_batch * s->model.seq_len * s->parallel.dp;
@@ -700,15 +708,15 @@ json_t *jobspec_to_json(const struct loom_spec *s) {
         jobspec_recompute_name(s->train.recompute), "offload_optimizer", s->train.offload_optimizer,
         "eval_every", (json_int_t)s->train.eval_every, "eval_batches",
         (json_int_t)s->train.eval_batches);
-    return json_pack("{s:s, s:o, s:o, s:o, s:{s:i, s:i, s:i, s:i}, s:o, s:{s:I, s:i}, "
-                     "s:{s:s, s:i}, s:i, s:i}",
-                     "name", s->name, "labels", labels, "model", model, "data", data, "parallel",
-                     "dp", s->parallel.dp, "tp", s->parallel.tp, "pp", s->parallel.pp, "zero_stage",
-                     s->parallel.zero_stage, "train", train, "checkpoint", "every_steps",
-                     (json_int_t)s->checkpoint.every_steps, "keep", s->checkpoint.keep, "resources",
-                     "device", jobspec_device_name(s->resources.device), "gpus_per_node",
-                     s->resources.gpus_per_node, "priority", s->priority, "max_retries",
-                     s->max_retries);
+    return json_pack(
+        "{s:s, s:o, s:o, s:o, s:{s:i, s:i, s:i, s:i, s:b}, s:o, s:{s:I, s:i}, "
+        "s:{s:s, s:i}, s:i, s:i}",
+        "name", s->name, "labels", labels, "model", model, "data", data, "parallel", "dp",
+        s->parallel.dp, "tp", s->parallel.tp, "pp", s->parallel.pp, "zero_stage",
+        s->parallel.zero_stage, "pp_balance", s->parallel.pp_balance, "train", train, "checkpoint",
+        "every_steps", (json_int_t)s->checkpoint.every_steps, "keep", s->checkpoint.keep,
+        "resources", "device", jobspec_device_name(s->resources.device), "gpus_per_node",
+        s->resources.gpus_per_node, "priority", s->priority, "max_retries", s->max_retries);
 }
 
 char *jobspec_dumps(const struct loom_spec *s) {

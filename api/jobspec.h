@@ -77,6 +77,7 @@ struct loom_spec {
     struct {
         int dp, tp, pp;
         int zero_stage; /* 0..3 */
+        int pp_balance; /* 1: blocks split by work, the head on the last stage (model.h) */
     } parallel;
 
     struct {

@@ -332,14 +332,53 @@ void model_layout_free(struct model_layout *l) {
     memset(l, 0, sizeof *l);
 }
 
+void model_stage_layers(const struct model_config *c, int pp, int stage, int *l0, int *l1) {
+    int L = c->n_layer;
+    if (pp <= 1 || L < pp) {
+        *l0 = pp <= 1 || stage == 0 ? 0 : L;
+        *l1 = L;
+        return;
+    }
+    if (!c->pp_balance) {
+        int per = L / pp;
+        *l0 = stage * per;
+        *l1 = stage == pp - 1 ? L : *l0 + per;
+        return;
+    }
+    /* block work per token, as the planner counts it (api/planner.c) */
+    double C = c->d_model, T = c->seq_len, hd = C / c->n_head;
+    double mlp = c->act == MODEL_ACT_SWIGLU ? 3.0 * C * c->d_ff : 2.0 * C * c->d_ff;
+    double attn = C * (c->n_head + 2.0 * c->n_kv_head) * hd + C * C;
+    double block = 6 * (mlp + attn) + 12 * C * T, head = 6.0 * c->padded_vocab * C;
+    enum { MAXPP = 1024 };
+    int n[MAXPP];
+    double w[MAXPP];
+    if (pp > MAXPP) pp = MAXPP;
+    for (int s = 0; s < pp; s++) {
+        n[s] = 1;
+        w[s] = block + (s == pp - 1 ? head : 0);
+    }
+    for (int k = pp; k < L; k++) {
+        int best = 0;
+        for (int s = 1; s < pp; s++)
+            if (w[s] < w[best]) best = s;
+        n[best]++;
+        w[best] += block;
+    }
+    int lo = 0;
+    for (int s = 0; s < stage && s < pp; s++)
+        lo += n[s];
+    *l0 = lo;
+    *l1 = stage < pp ? lo + n[stage] : L;
+}
+
 int model_tensor_on_stage(const struct model_config *c, const struct model_tensor *t, int pp,
                           int stage) {
     if (pp < 1 || stage < 0 || stage >= pp) return 0;
     if (t->layer >= 0) {
-        int per = c->n_layer / pp;
-        int s = per > 0 ? t->layer / per : 0;
-        if (s >= pp) s = pp - 1;
-        return s == stage;
+        int l0, l1;
+        model_stage_layers(c, pp, stage, &l0, &l1);
+        return t->layer >= l0 && t->layer < l1;
     }
     switch (t->kind) {
     case MODEL_T_EMBED:

@@ -51,6 +51,12 @@ struct model_config {
     enum model_pos pos;
     double rope_theta; /* 0 for learned positions */
     double norm_eps;
+    /* Pipeline split (from the spec's parallel.pp_balance; not a model
+     * property, but every stage computation reads it here): 0, n_layer/pp
+     * blocks a stage; 1, blocks placed so that the stages' work, the head's
+     * classifier counted on the last stage, is as even as whole blocks allow
+     * (model_stage_layers). */
+    int pp_balance;
 };
 
 /* Preset table entry; `config` is complete (padded_vocab filled). */
@@ -140,11 +146,20 @@ struct model_layout {
 int model_layout_init(struct model_layout *l, const struct model_config *c, int tp);
 void model_layout_free(struct model_layout *l); /* accepts NULL / zeroed */
 
-/* Pipeline placement: layers are cut into pp equal contiguous stages
- * (pp divides n_layer). Embeddings live on stage 0; final norm and lm_head on
- * the last stage; a tied embedding with pp > 1 also has a copy on the last
- * stage (its gradient is all-reduced between the two). Returns 1 when tensor
- * `t` is held by `stage`. */
+/* Blocks [*l0, *l1) of pipeline stage `stage` (0 <= stage < pp <= n_layer).
+ * c->pp_balance == 0: n_layer/pp each (pp divides n_layer; the spec
+ * validator checks it). 1: every stage gets at least one block, and the rest
+ * go one at a time to the stage whose work is smallest so far (ties: the
+ * earlier stage), with a block's work 6*N_block + 12*C*T FLOPs per token and
+ * the last stage starting at the classifier's 6*padded_vocab*C (the
+ * planner's figures): the most even split whole blocks allow. The stages
+ * are contiguous in block order. */
+void model_stage_layers(const struct model_config *c, int pp, int stage, int *l0, int *l1);
+
+/* Pipeline placement: blocks by model_stage_layers. Embeddings live on stage
+ * 0; final norm and lm_head on the last stage; a tied embedding with pp > 1
+ * also has a copy on the last stage (its gradient is all-reduced between the
+ * two). Returns 1 when tensor `t` is held by `stage`. */
 int model_tensor_on_stage(const struct model_config *c, const struct model_tensor *t, int pp,
                           int stage);
 /* Elements one (tp rank, pp stage) holds, from l->t[i].rank_numel. */

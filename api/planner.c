@@ -313,13 +313,33 @@ static void note(struct planner_estimate *est, const char *fmt, double v) {
     snprintf(est->notes[est->n_notes++], sizeof est->notes[0], fmt, v);
 }
 
+/* FLOPs per token of the slowest pipeline stage (blocks by
+ * model_stage_layers, the head on the last); its block count in *layers. */
+static double slowest_stage(const struct model_config *mc, int pp, double fl_block, double fl_head,
+                            int *layers) {
+    double worst = 0;
+    *layers = 0;
+    for (int s = 0; s < pp; s++) {
+        int l0, l1;
+        model_stage_layers(mc, pp, s, &l0, &l1);
+        double fl = (l1 - l0) * fl_block + (s == pp - 1 ? fl_head : 0);
+        if (fl > worst) {
+            worst = fl;
+            *layers = l1 - l0;
+        }
+    }
+    return worst;
+}
+
 /* Memory of stage `st` (bytes per GPU). */
 static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struct lay *L,
                       int64_t ga, int st, struct planner_mem *m) {
     const struct model_config *mc = &x->s->model;
     double e = x->e;
     int tp = L->tp, pp = L->pp, dp = L->dp;
-    int layers = mc->n_layer / pp;
+    int l0, l1;
+    model_stage_layers(mc, pp, st, &l0, &l1);
+    int layers = l1 - l0;
     int first = st == 0, last = st == pp - 1;
     double P = layers * f->layer_p + (first ? f->embed_p : 0) + (last ? f->head_p : 0) +
                (last && pp > 1 && mc->tied_embeddings ? f->tok_p : 0);
@@ -442,7 +462,6 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     }
 
     /* compute */
-    int layers = mc->n_layer / pp;
     double fl_layer = 6 * f->layer_mm + 12 * C * T; /* per token, fwd + bwd */
     double fl_head = 6.0 * mc->padded_vocab * C;
     double extra = 0;
@@ -450,8 +469,18 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
         extra = fl_layer / 3;
     else if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE)
         extra = 4 * C * T;
-    /* the last stage carries the head matmul, so it is the slowest stage */
-    double stage_fl = layers * (fl_layer + extra) + fl_head;
+    /* the slowest stage sets the pace (the last one carries the head) */
+    int layers = 0;
+    double stage_fl = slowest_stage(mc, pp, fl_layer + extra, fl_head, &layers);
+    if (pp > 1 && !mc->pp_balance) {
+        struct model_config bal = *mc;
+        int lb;
+        bal.pp_balance = 1;
+        double fb = slowest_stage(&bal, pp, fl_layer + extra, fl_head, &lb);
+        if (fb < 0.98 * stage_fl)
+            note(est, "parallel.pp_balance: true would cut the slowest stage's work by %.0f%%",
+                 100 * (1 - fb / stage_fl));
+    }
     double t_mb = stage_fl * N / tp / (x->peak * o->compute_efficiency);
     double t_bwd = t_mb * 2 / 3;
     /* == model_flops_per_token (checked by the tests), without a layout walk */

@@ -139,8 +139,9 @@ struct model *model_new(struct engine *e, int B, int T, int threads) {
 struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     const struct model_config *c = &e->cfg;
     int B = o->B, T = o->T, threads = o->threads;
-    if (e->pp < 1 || c->n_layer % e->pp != 0 || e->tp < 1 || c->n_head % e->tp != 0 ||
-        c->n_kv_head % e->tp != 0 || c->d_ff % e->tp != 0) {
+    int pp_ok = c->pp_balance ? c->n_layer >= e->pp : c->n_layer % e->pp == 0;
+    if (e->pp < 1 || !pp_ok || e->tp < 1 || c->n_head % e->tp != 0 || c->n_kv_head % e->tp != 0 ||
+        c->d_ff % e->tp != 0) {
         log_error("model: layout tp=%d pp=%d does not fit n_layer=%d n_head=%d n_kv_head=%d "
                   "d_ff=%d",
                   e->tp, e->pp, c->n_layer, c->n_head, c->n_kv_head, c->d_ff);
@@ -169,8 +170,7 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     m->Vp = c->padded_vocab;
     m->L = c->n_layer;
     m->recompute = o->recompute;
-    m->l0 = e->pp_idx * (m->L / e->pp);
-    m->l1 = m->l0 + m->L / e->pp;
+    model_stage_layers(&e->cfg, e->pp, e->pp_idx, &m->l0, &m->l1);
     m->first = e->pp_idx == 0;
     m->last = e->pp_idx == e->pp - 1;
     m->blk = calloc((size_t)m->L, sizeof *m->blk);

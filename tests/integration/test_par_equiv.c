@@ -67,6 +67,7 @@ struct layout {
     int micro_total;   /* micro-batches per step over all dp ranks */
     int layers;        /* 0: 4 */
     int recompute;     /* 0 none, 1 selective, 2 full */
+    int pp_balance;    /* parallel.pp_balance: blocks split by work, not n_layer/pp */
 };
 
 struct run {
@@ -80,7 +81,7 @@ struct run {
     double start_act; /* activations (GiB) allocated per the start-up memory line; -1: none */
 };
 
-static void model_cfg(int llama, int layers, struct model_config *c) {
+static void model_cfg(int llama, int layers, int pp_balance, struct model_config *c) {
     memset(c, 0, sizeof *c);
     model_config_family_defaults(c, llama ? MODEL_LLAMA : MODEL_GPT2);
     c->n_layer = layers ? layers : 4;
@@ -91,18 +92,19 @@ static void model_cfg(int llama, int layers, struct model_config *c) {
     c->vocab_size = 256;
     c->seq_len = SEQ;
     model_config_finalize(c);
+    c->pp_balance = pp_balance;
 }
 
 static void write_spec(const char *path, const struct layout *l) {
     struct model_config c;
-    model_cfg(l->llama, l->layers, &c);
+    model_cfg(l->llama, l->layers, l->pp_balance, &c);
     FILE *f = fopen(path, "w");
     if (!f) return;
     fprintf(f,
             "{\"name\":\"par-equiv\",\"model\":{\"family\":\"%s\",\"n_layer\":%d,\"n_head\":%d,"
             "\"n_kv_head\":%d,\"d_model\":%d,\"d_ff\":%d,\"vocab_size\":%d,\"seq_len\":%d},"
             "\"data\":{\"train\":\"%s/train_*.bin\",\"val\":\"%s/train_000.bin\"},"
-            "\"parallel\":{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d},"
+            "\"parallel\":{\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d,\"pp_balance\":%s},"
             "\"train\":{\"steps\":%d,\"global_batch_tokens\":%d,\"micro_batch\":%d,"
             "\"lr\":0.003,\"min_lr\":0.0003,\"warmup_steps\":3,\"weight_decay\":0.1,"
             "\"grad_clip\":0.5,\"seed\":7,\"eval_every\":%d,\"eval_batches\":2,"
@@ -110,8 +112,8 @@ static void write_spec(const char *path, const struct layout *l) {
             "\"checkpoint\":{\"every_steps\":%d,\"keep\":5},"
             "\"resources\":{\"device\":\"cpu\"}}",
             l->llama ? "llama" : "gpt2", c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff,
-            c.vocab_size, SEQ, dir, dir, l->dp, l->tp, l->pp, l->zero, STEPS,
-            l->micro_total * MICRO * SEQ, MICRO, STEPS / 2,
+            c.vocab_size, SEQ, dir, dir, l->dp, l->tp, l->pp, l->zero,
+            l->pp_balance ? "true" : "false", STEPS, l->micro_total * MICRO * SEQ, MICRO, STEPS / 2,
             l->recompute == 2   ? "full"
             : l->recompute == 1 ? "selective"
                                 : "none",
@@ -264,7 +266,7 @@ static void check_pipeline(const struct layout *l, const struct run *r) {
 static void check_memory(const struct layout *l, const struct run *r) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     struct model_config c;
-    model_cfg(l->llama, l->layers, &c);
+    model_cfg(l->llama, l->layers, l->pp_balance, &c);
     struct model_layout lay;
     if (model_layout_init(&lay, &c, l->tp) != 0) {
         CHECK(0, "%s: layout", l->tag);
@@ -297,22 +299,28 @@ static void check_memory(const struct layout *l, const struct run *r) {
 /* tp runs are communication-bound on a small CI machine (several
  * all-reduces per block and micro-step): 2 layers, 2 micro-batches. */
 static const struct layout tp_part[] = {
-    {"tp2", 0, 1, 2, 1, 0, "1f1b", 2, 2, 0},
-    {"tp4", 0, 1, 4, 1, 0, "1f1b", 2, 2, 0},
-    {"dp2xtp2.z1", 0, 2, 2, 1, 1, "1f1b", 2, 2, 0},
-    {"dp2xtp2.z3", 0, 2, 2, 1, 3, "1f1b", 2, 2, 0},
+    {"tp2", 0, 1, 2, 1, 0, "1f1b", 2, 2, 0, 0},
+    {"tp4", 0, 1, 4, 1, 0, "1f1b", 2, 2, 0, 0},
+    {"dp2xtp2.z1", 0, 2, 2, 1, 1, "1f1b", 2, 2, 0, 0},
+    {"dp2xtp2.z3", 0, 2, 2, 1, 3, "1f1b", 2, 2, 0, 0},
 };
 static const struct layout pp_part[] = {
-    {"pp2.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0, 0},   {"pp2.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0, 0},
-    {"pp4.1f1b", 0, 1, 1, 4, 0, "1f1b", 4, 0, 0},   {"pp4.gpipe", 0, 1, 1, 4, 0, "gpipe", 4, 0, 0},
-    {"pp2.accum8", 0, 1, 1, 2, 0, "1f1b", 8, 0, 0},
+    {"pp2.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0, 0, 0},
+    {"pp2.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0, 0, 0},
+    {"pp4.1f1b", 0, 1, 1, 4, 0, "1f1b", 4, 0, 0, 0},
+    {"pp4.gpipe", 0, 1, 1, 4, 0, "gpipe", 4, 0, 0, 0},
+    {"pp2.accum8", 0, 1, 1, 2, 0, "1f1b", 8, 0, 0, 0},
+    /* blocks split by work: gpt2's head weighs 1.6 blocks here (3 + 1, 2 + 1 + 1);
+     * llama's under 1 block (2 + 2, 2 + 1 + 1) */
+    {"pp2.balance", 0, 1, 1, 2, 0, "1f1b", 4, 0, 0, 1},
+    {"pp3.balance", 0, 1, 1, 3, 0, "1f1b", 4, 0, 0, 1},
 };
 static const struct layout mix_part[] = {
-    {"tp2xpp2", 0, 1, 2, 2, 0, "1f1b", 2, 2, 0},
-    {"tp2xpp2.recompute-full", 0, 1, 2, 2, 0, "1f1b", 2, 2, 2},
-    {"pp2.recompute-sel", 0, 1, 1, 2, 0, "gpipe", 4, 0, 1},
-    {"dp2xpp2", 0, 2, 1, 2, 0, "1f1b", 4, 0, 0},
-    {"dp2xpp2.z1", 0, 2, 1, 2, 1, "gpipe", 4, 0, 0},
+    {"tp2xpp2", 0, 1, 2, 2, 0, "1f1b", 2, 2, 0, 0},
+    {"tp2xpp2.recompute-full", 0, 1, 2, 2, 0, "1f1b", 2, 2, 2, 0},
+    {"pp2.recompute-sel", 0, 1, 1, 2, 0, "gpipe", 4, 0, 1, 0},
+    {"dp2xpp2", 0, 2, 1, 2, 0, "1f1b", 4, 0, 0, 0},
+    {"dp2xpp2.z1", 0, 2, 1, 2, 1, "gpipe", 4, 0, 0, 0},
 };
 
 static void equivalence(const struct layout *tab, int n) {
@@ -324,7 +332,7 @@ static void equivalence(const struct layout *tab, int n) {
             snprintf(tag, sizeof tag, "%s.%s", fam ? "llama" : "gpt2", tab[i].tag);
             snprintf(rtag, sizeof rtag, "%s.%s.ref", fam ? "llama" : "gpt2", tab[i].tag);
             /* the single-process run of the same model and global batch */
-            struct layout one = {rtag, fam, 1, 1, 1, 0, "1f1b", l.micro_total, l.layers, 0};
+            struct layout one = {rtag, fam, 1, 1, 1, 0, "1f1b", l.micro_total, l.layers, 0, 0};
             struct run ref, r;
             train(&one, &ref, NULL, 0);
             CHECK(ref.steps_seen == STEPS, "%s: %d steps", rtag, ref.steps_seen);
@@ -333,6 +341,15 @@ static void equivalence(const struct layout *tab, int n) {
             CHECK(r.steps_seen == STEPS, "%s: %d step lines, want %d", tag, r.steps_seen, STEPS);
             if (r.steps_seen != STEPS || ref.steps_seen != STEPS) continue;
             compare(tag, &r, &ref, 1, STEPS, l.dp == 1);
+            if (l.pp_balance && fam == 0) { /* gpt2's head weighs 1.6 blocks: uneven */
+                struct model_config c;
+                int a0, a1, z0, z1;
+                model_cfg(fam, l.layers, 1, &c);
+                model_stage_layers(&c, l.pp, 0, &a0, &a1);
+                model_stage_layers(&c, l.pp, l.pp - 1, &z0, &z1);
+                CHECK(a1 - a0 > z1 - z0, "%s: stage 0 has %d blocks, the last %d", tag, a1 - a0,
+                      z1 - z0);
+            }
             compare_weights(tag, rtag);
             check_pipeline(&l, &r);
             check_memory(&l, &r);
@@ -342,8 +359,8 @@ static void equivalence(const struct layout *tab, int n) {
 
 /* GPipe keeps every micro-batch's activations, 1F1B at most pp - stage. */
 static void activation_ratio(void) {
-    struct layout a = {"gpt2.act.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0, 0};
-    struct layout b = {"gpt2.act.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0, 0};
+    struct layout a = {"gpt2.act.1f1b", 0, 1, 1, 2, 0, "1f1b", 4, 0, 0, 0};
+    struct layout b = {"gpt2.act.gpipe", 0, 1, 1, 2, 0, "gpipe", 4, 0, 0, 0};
     struct run ra, rb;
     train(&a, &ra, NULL, 2);
     train(&b, &rb, NULL, 2);
@@ -362,10 +379,10 @@ static void checkpoints(void) {
         snprintf(t1, sizeof t1, "%s.tp2xpp2.half", fn);
         snprintf(t2, sizeof t2, "%s.resume.dp1", fn);
         snprintf(t3, sizeof t3, "%s.resume.dp2", fn);
-        struct layout ref = {t0, fam, 1, 1, 1, 0, "1f1b", 4, 0, 0};
-        struct layout half = {t1, fam, 1, 2, 2, 0, "1f1b", 4, 0, 0};
-        struct layout one = {t2, fam, 1, 1, 1, 0, "1f1b", 4, 0, 0};
-        struct layout two = {t3, fam, 2, 1, 1, 1, "1f1b", 4, 0, 0};
+        struct layout ref = {t0, fam, 1, 1, 1, 0, "1f1b", 4, 0, 0, 0};
+        struct layout half = {t1, fam, 1, 2, 2, 0, "1f1b", 4, 0, 0, 0};
+        struct layout one = {t2, fam, 1, 1, 1, 0, "1f1b", 4, 0, 0, 0};
+        struct layout two = {t3, fam, 2, 1, 1, 1, "1f1b", 4, 0, 0, 0};
         struct run rr, rh, r1, r2;
         train(&ref, &rr, NULL, 0);
         train(&half, &rh, NULL, STEPS / 2);

@@ -232,8 +232,95 @@ static void test_check(void) {
     CHECK(model_family_parse("bert") == -1);
 }
 
+/* Work of one block and of the head, as model_stage_layers counts them. */
+static void work(const struct model_config *c, double *block, double *head) {
+    double C = c->d_model, hd = C / c->n_head;
+    double mlp = c->act == MODEL_ACT_SWIGLU ? 3.0 * C * c->d_ff : 2.0 * C * c->d_ff;
+    double attn = C * (c->n_head + 2.0 * c->n_kv_head) * hd + C * C;
+    *block = 6 * (mlp + attn) + 12 * C * c->seq_len;
+    *head = 6.0 * c->padded_vocab * C;
+}
+
+/* The smallest possible "most work on one stage" over every split of L
+ * blocks into pp contiguous non-empty stages (brute force, small L). */
+static double best_max(int L, int pp, double b, double h) {
+    if (pp == 1) return L * b + h;
+    double best = 1e300;
+    for (int n = 1; n <= L - (pp - 1); n++) {
+        double rest = best_max(L - n, pp - 1, b, h), w = n * b;
+        double m = w > rest ? w : rest;
+        if (m < best) best = m;
+    }
+    return best;
+}
+
+static void test_stage_split(void) {
+    /* even split: GPT-2 XL over 2 stages, 24 + 24 */
+    const struct model_preset *xl = model_preset_find(MODEL_GPT2, "1558m");
+    struct model_config c = xl->config;
+    int l0, l1;
+    model_stage_layers(&c, 2, 0, &l0, &l1);
+    CHECK(l0 == 0 && l1 == 24);
+    model_stage_layers(&c, 2, 1, &l0, &l1);
+    CHECK(l0 == 24 && l1 == 48);
+    /* balanced: the classifier (6 * 50304 * 1600 FLOPs a token) weighs about
+     * 2.4 blocks, so the last stage gives up one block: 25 + 23 */
+    c.pp_balance = 1;
+    model_stage_layers(&c, 2, 0, &l0, &l1);
+    CHECK(l0 == 0 && l1 == 25);
+    model_stage_layers(&c, 2, 1, &l0, &l1);
+    CHECK(l0 == 25 && l1 == 48);
+    /* every preset, pp 1..8 (and n_layer when smaller), both modes: contiguous
+     * non-empty stages covering every block; balanced: the most even split
+     * there is (brute force for up to 16 blocks), never worse than even */
+    size_t np;
+    const struct model_preset *ps = model_presets(&np);
+    for (size_t i = 0; i < np; i++) {
+        for (int bal = 0; bal < 2; bal++) {
+            struct model_config k = ps[i].config;
+            k.pp_balance = bal;
+            for (int pp = 1; pp <= 8 && pp <= k.n_layer; pp++) {
+                if (!bal && k.n_layer % pp) continue;
+                double b, h, worst = 0, worst_even = 0;
+                work(&k, &b, &h);
+                int next = 0, ok = 1;
+                for (int s = 0; s < pp; s++) {
+                    model_stage_layers(&k, pp, s, &l0, &l1);
+                    ok &= l0 == next && l1 > l0;
+                    next = l1;
+                    double w = (l1 - l0) * b + (s == pp - 1 ? h : 0);
+                    if (w > worst) worst = w;
+                }
+                ok &= next == k.n_layer;
+                if (!ok) fprintf(stderr, "split of %s pp=%d bal=%d\n", ps[i].name, pp, bal);
+                CHECK(ok);
+                if (bal && k.n_layer % pp == 0) {
+                    worst_even = (k.n_layer / pp) * b + h;
+                    CHECK(worst <= worst_even * (1 + 1e-12));
+                }
+                if (bal && k.n_layer <= 16)
+                    CHECK(fabs(worst - best_max(k.n_layer, pp, b, h)) <= 1e-9 * worst);
+            }
+        }
+    }
+    /* the placement follows the split: a block's tensors are on one stage */
+    struct model_layout lay;
+    CHECK(model_layout_init(&lay, &c, 1) == 0);
+    for (int i = 0; i < lay.n; i++) {
+        int on = 0;
+        for (int s = 0; s < 2; s++)
+            on += model_tensor_on_stage(&c, &lay.t[i], 2, s);
+        if (lay.t[i].layer >= 0) {
+            CHECK(on == 1);
+            CHECK(model_tensor_on_stage(&c, &lay.t[i], 2, lay.t[i].layer < 25 ? 0 : 1));
+        }
+    }
+    model_layout_free(&lay);
+}
+
 int main(void) {
     test_counts();
+    test_stage_split();
     test_presets_valid();
     test_gpt2_layout();
     test_llama_layout();

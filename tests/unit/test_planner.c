@@ -336,6 +336,34 @@ static void test_estimate_job(void) {
     CHECK(planner_estimate_job(&s, NULL, 0, &a, &e) == 0 && a.fits);
 }
 
+/* ---- pipeline split by work (parallel.pp_balance) ---- */
+static void test_pp_balance(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate even, bal;
+    struct loom_error e;
+    const char *xl = "{'model':{'family':'gpt2','preset':'1558m'},'parallel':{'pp':2%s},"
+                     "'train':{'micro_batch':8,'global_batch_tokens':65536}}";
+    char buf[512];
+    snprintf(buf, sizeof buf, xl, "");
+    CHECK(load(buf, NULL, &s, &c) == 0);
+    CHECK(planner_estimate_job(&s, "H200", 0, &even, &e) == 0);
+    /* the last stage's 24 blocks + the classifier (~2.4 blocks) set the pace;
+     * the planner says what the split by work would save */
+    int noted = 0;
+    for (int i = 0; i < even.n_notes; i++)
+        noted |= strstr(even.notes[i], "pp_balance") != NULL;
+    CHECK(noted);
+    snprintf(buf, sizeof buf, xl, ",'pp_balance':true");
+    CHECK(load(buf, NULL, &s, &c) == 0);
+    CHECK(planner_estimate_job(&s, "H200", 0, &bal, &e) == 0);
+    /* 25 + 23 blocks: the slowest stage has 23 + 2.4 instead of 24 + 2.4 */
+    CHECK(bal.compute_s < even.compute_s && bal.compute_s > 0.9 * even.compute_s);
+    CHECK(bal.step_s < even.step_s);
+    for (int i = 0; i < bal.n_notes; i++)
+        CHECK(strstr(bal.notes[i], "pp_balance") == NULL);
+}
+
 /* ---- submit-time fit check ---- */
 static void test_check_fit(void) {
     struct loom_spec s;
@@ -474,6 +502,7 @@ static void test_bad_inputs(void) {
 }
 
 int main(void) {
+    test_pp_balance();
     test_70b_arithmetic();
     test_bands();
     test_comm_bound();
