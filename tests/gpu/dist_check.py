@@ -140,7 +140,7 @@ def curves(binp, d, layouts):
 
 def bench(binp, d, model, mbs, nproc, zero, steps, extra=""):
     """extra: comma-separated key=value: tp, pp (dp = nproc / (tp*pp)), accum
-    (micro-batches per step, default 1; pp needs several), offload=1,
+    (micro-batches per step, default 1; pp needs several), offload=1, pp_balance=1,
     recompute=none|selective|full, nosave=1 (worker --no-save), and model
     shape overrides n_layer, n_head, d_model, d_ff (a GPT-2-style model of
     that shape, vocab 50257, T 1024, instead of the preset)."""
@@ -163,6 +163,8 @@ def bench(binp, d, model, mbs, nproc, zero, steps, extra=""):
     sp = spec(data, mdl, par, steps, mbs * T * dp * accum, mbs)
     if kv.get("offload") == "1":
         sp["train"]["offload_optimizer"] = True
+    if kv.get("pp_balance") == "1":
+        sp["parallel"]["pp_balance"] = True
     if "recompute" in kv:
         sp["train"]["recompute"] = kv["recompute"]
     flags = ["--no-save"] if kv.get("nosave") == "1" else []
