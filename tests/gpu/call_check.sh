@@ -14,7 +14,7 @@ grep -E "^FAIL|passed|FAILED" "$OUT/train.log" | head; s="$s train=$r"
 el
 mkdir -p "$OUT/dist"
 timeout 240 python3 tests/gpu/dist_check.py curves "$BIN" "$OUT/dist" \
-    "dp=2,zero_stage=0;dp=2,zero_stage=1;dp=2,zero_stage=2;dp=2,zero_stage=3;pp=2;tp=2"; s="$s curves=$?"
+    "dp=2,zero_stage=0;dp=2,zero_stage=1;dp=2,zero_stage=2;dp=2,zero_stage=3;pp=2;pp=2,pp_balance=1;tp=2"; s="$s curves=$?"
 el
 timeout 200 python3 tests/gpu/cluster_gpu.py "$BIN" >"$OUT/cluster.log" 2>&1; r=$?
 tail -12 "$OUT/cluster.log"; s="$s cluster=$r"

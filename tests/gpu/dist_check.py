@@ -115,6 +115,8 @@ def curves(binp, d, layouts):
             k, v = kv.split("=")
             if k == "offload":  # train.offload_optimizer, not a layout key
                 offload = v == "1"
+            elif k == "pp_balance":  # a boolean in the spec
+                par[k] = v == "1"
             else:
                 par[k] = int(v)
         n = par["dp"] * par["tp"] * par["pp"]
