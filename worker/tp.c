@@ -32,9 +32,14 @@ static enum comm_dtype cdt(const struct engine *e) {
 }
 
 #if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
+/* read once: it is asked ~200 times a step */
 static int tp_stream_enabled(void) {
-    const char *v = getenv("LOOM_TP_STREAM");
-    return !v || strcmp(v, "0") != 0;
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("LOOM_TP_STREAM");
+        on = !v || strcmp(v, "0") != 0;
+    }
+    return on;
 }
 #endif
 

@@ -6,7 +6,7 @@ STEPS=${STEPS:-40}
 b() { timeout 200 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 124m 16 "$1" ${ZERO:-0} $STEPS | grep -o '"tokens_per_s": [0-9.]*, "step_ms": [0-9.]*, "comm_exposed_ms": [0-9.]*'; }
 [ -x "$BIN/bench_adamw" ] && timeout 60 "$BIN/bench_adamw" | grep -E "RESULT|differ"
 echo "1gpu: $(b 1)"
-echo "1gpu LOOM_ADAMW_VARIANT=1: $(LOOM_ADAMW_VARIANT=1 b 1)"
+echo "1gpu LOOM_ADAMW_VARIANT=0: $(LOOM_ADAMW_VARIANT=0 b 1)"
 echo "dp2: $(b 2)"
 for v in "$@"; do echo "dp2 $v: $(env $v bash -c "$(declare -f b); BIN=$BIN OUT=$OUT STEPS=$STEPS b 2")"; done
 el
