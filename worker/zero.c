@@ -22,6 +22,7 @@
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
 #include "worker/cuda/cuda_backend.h"
 #include "worker/nccl/nccl_order.h"
+#include "worker/nccl/pair.h"
 #endif
 
 #define ZERO_MAX_RANGES 8
@@ -66,6 +67,10 @@ struct zero {
     int nreqs, capreqs;
     int failed;
     int ordered; /* nccl on the cuda backend: collectives wait for a device fence */
+    /* stage 0, cuda, dp == 2: gradients summed by the copy engines
+     * (worker/nccl/pair.h) instead of NCCL all-reduces; NULL otherwise */
+    struct pair_ar *pair;
+    size_t pair_bytes; /* its receive area, counted in e->mem.comm */
     /* stage >= 2: gradient scratch; stage 3: parameter gather slots */
     struct zslot gs[ZERO_SLOTS], ps[ZERO_SLOTS];
     int nslots, gnext, cur;
@@ -318,6 +323,17 @@ static void reduce_group(struct zero *z, int layer) {
     struct engine *e = z->e;
     if (g->reduced) return;
     g->reduced = 1;
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+    if (z->pair) {
+        backend_cuda_flush(e->be); /* the fence must follow the held work */
+        for (int k = 0; k < g->n; k++)
+            if (pair_ar_start(z->pair, g->r[k].lo - z->lo, g->r[k].hi - z->lo) != 0) {
+                log_error("zero: gradient exchange of layer %d: %s", layer, pair_ar_error(z->pair));
+                z->failed = 1;
+            }
+        return;
+    }
+#endif
     for (int k = 0; k < g->n; k++) /* the layer's gradients are final on the device */
         comm_ready(z, engine_grads_at(e, g->r[k].lo), g->r[k].hi - g->r[k].lo);
     for (int k = 0; k < g->n; k++) {
@@ -373,6 +389,12 @@ static int hook_grad_sync(struct engine *e, void *user) {
     }
     for (int l = z->L - 1; l >= -1; l--)
         reduce_group(z, l);
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+    if (z->pair && pair_ar_finish(z->pair) != 0) {
+        log_error("zero: gradient exchange: %s", pair_ar_error(z->pair));
+        rc = -1;
+    }
+#endif
     for (int i = 0; i < z->nreqs; i++)
         if (comm_wait(z->reqs[i]) != 0) rc = -1;
     z->nreqs = 0;
@@ -689,6 +711,8 @@ void zero_free(struct zero *z) {
     free(z->counts);
     free(z->g);
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+    if (z->pair) e->mem.comm -= z->pair_bytes;
+    pair_ar_free(z->pair);
     if (z->ordered) nccl_order_detach();
 #endif
     comm_groups_free(&z->groups);
@@ -731,6 +755,25 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
     z->ordered = strcmp(comm_world_backend(w), "nccl") == 0 && backend_cuda_stream(e->be) &&
                  !(ord && strcmp(ord, "sync") == 0) &&
                  nccl_order_attach(backend_cuda_stream(e->be)) == 0;
+    /* stage 0 over two dp ranks: the gradients are summed by the copy engines
+     * (pair.h: no NCCL kernels holding SMs during the backward); falls back
+     * to NCCL all-reduces where the peer's memory cannot be mapped.
+     * LOOM_DP_PAIR=0 keeps NCCL (for comparison). */
+    const char *pe = getenv("LOOM_DP_PAIR");
+    if (z->ordered && z->stage == 0 && z->P == 2 && !(pe && strcmp(pe, "0") == 0)) {
+        char perr[256];
+        size_t n = z->hi - z->lo;
+        z->pair = pair_ar_new(g.dp, engine_grads_at(e, z->lo), n, e->be->elt_size,
+                              backend_cuda_stream(e->be), wo.timeout_ms, perr, sizeof(perr));
+        if (z->pair) {
+            z->pair_bytes = n * e->be->elt_size;
+            e->mem.comm += z->pair_bytes;
+            log_info("zero: dp gradients summed by the copy engines (%.1f MiB receive area)",
+                     z->pair_bytes / 1048576.0);
+        } else {
+            log_warn("zero: %s; dp gradients go through NCCL all-reduces", perr);
+        }
+    }
 #endif
     e->tp_group = g.tp;
     e->dp_group = g.dp;

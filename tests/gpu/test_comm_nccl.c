@@ -3,6 +3,10 @@
  * divisible and not by the group size, variable slices with empty ones, bf16,
  * p2p ring, barrier), one rank per GPU (2-4 GPUs, forked ranks, file:
  * rendezvous), and a killed peer making the others fail within the timeout.
+ * With 2 ranks also the copy-engine pair all-reduce (worker/nccl/pair.h):
+ * bit-identical to NCCL's bf16 all-reduce on both ranks over several steps
+ * of ranges started while their data is still being written, and a killed
+ * peer failing the survivor's step within the timeout.
  * Needs at least 2 GPUs: exits 77 (skipped, never passed) otherwise.
  * Note: written and compiled with the comm layer; first run on the GPU
  * machine belongs to the CUDA issues. */
@@ -20,6 +24,7 @@
 
 #include "common/log.h"
 #include "worker/comm/comm.h"
+#include "worker/nccl/pair.h"
 
 static int failures;
 #define CHECK(cond, ...)                                                                           \
@@ -223,6 +228,115 @@ static int killed_peer(int rank, int world, const char *rdzv) {
     _exit(rc < 0 && dt < 5 + 10 ? 3 : 1);
 }
 
+/* bf16 <-> float on the host (round to nearest even), for the references. */
+static uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Steps of: write each range's values (on a compute stream, after a kernel-
+ * free delay made of many small copies), start its exchange at once; finish;
+ * compare with the host sum and with NCCL's all-reduce of the same input. */
+static int pair_collective(int rank, int world, const char *rdzv) {
+    struct comm_world *w = NULL;
+    struct comm *c = join(rank, world, rdzv, 20000, &w);
+    if (!c) return 1;
+    const size_t n = 3000017; /* odd: unaligned range ends take the scalar path */
+    static const size_t cut[] = {0, 1, 4096, 4099, 700001, 1600000, 2999999, 3000017};
+    const int nr = (int)(sizeof(cut) / sizeof(cut[0])) - 1;
+    uint16_t *h = malloc(n * 2), *peer = malloc(n * 2), *o = malloc(n * 2), *o2 = malloc(n * 2);
+    uint16_t *d = NULL, *d2 = NULL;
+    cudaStream_t cs;
+    cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    cudaMalloc((void **)&d, n * 2);
+    cudaMalloc((void **)&d2, n * 2);
+    char err[256];
+    /* ranges from 512 KiB up are copied in two halves on two streams */
+    setenv("LOOM_PAIR_SPLIT_KIB", "512", 1);
+    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 20000, err, sizeof(err));
+    CHECK(p != NULL, "pair_ar_new: %s", err);
+    for (int step = 0; p && step < 6; step++) {
+        for (size_t i = 0; i < n; i++) {
+            h[i] = f2bf(val(100 + step, rank, i) * (1 + (i % 97)));
+            peer[i] = f2bf(val(100 + step, 1 - rank, i) * (1 + (i % 97)));
+        }
+        for (int r = 0; r < nr; r++) {
+            size_t lo = cut[r], hi = cut[r + 1];
+            /* the rank that writes slower differs by step: ranges are started
+             * while the peer is still behind or ahead */
+            int reps = ((step + rank) % 2) ? 40 : 1;
+            for (int k = 0; k < reps; k++)
+                cudaMemcpyAsync(d + lo, h + lo, (hi - lo) * 2, cudaMemcpyHostToDevice, cs);
+            CHECK(pair_ar_start(p, lo, hi) == 0, "start [%zu,%zu): %s", lo, hi, pair_ar_error(p));
+        }
+        CHECK(pair_ar_finish(p) == 0, "finish: %s", pair_ar_error(p));
+        cudaMemcpyAsync(o, d, n * 2, cudaMemcpyDeviceToHost, cs);
+        cudaStreamSynchronize(cs);
+        /* NCCL's two-rank bf16 sum of the same input */
+        cudaMemcpy(d2, h, n * 2, cudaMemcpyHostToDevice);
+        CHECK(comm_allreduce(c, d2, n, COMM_BF16, COMM_SUM, NULL) == 0, "%s", comm_error(c));
+        cudaMemcpy(o2, d2, n * 2, cudaMemcpyDeviceToHost);
+        size_t bad = 0, bad2 = 0, first = n;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t want = f2bf(bf2f(h[i]) + bf2f(peer[i]));
+            if (o[i] != want && bad++ == 0) first = i;
+            if (o[i] != o2[i]) bad2++;
+        }
+        CHECK(bad == 0, "rank %d step %d: %zu of %zu sums wrong, first at %zu: %#x vs %#x", rank,
+              step, bad, n, first, first < n ? o[first] : 0,
+              first < n ? f2bf(bf2f(h[first]) + bf2f(peer[first])) : 0);
+        CHECK(bad2 == 0, "rank %d step %d: %zu of %zu differ from NCCL's all-reduce", rank, step,
+              bad2, n);
+    }
+    pair_ar_free(p);
+    cudaFree(d);
+    cudaFree(d2);
+    free(h);
+    free(peer);
+    free(o);
+    free(o2);
+    comm_free(c);
+    comm_world_free(w);
+    return failures ? 1 : 0;
+}
+
+/* The peer dies after one good step: the survivor's next step fails within
+ * the timeout (3 s) instead of hanging. Exit 3 = as expected. */
+static int pair_killed(int rank, int world, const char *rdzv) {
+    struct comm_world *w = NULL;
+    struct comm *c = join(rank, world, rdzv, 3000, &w);
+    if (!c) return 1;
+    size_t n = 1 << 20;
+    uint16_t *d = NULL;
+    cudaStream_t cs;
+    cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    cudaMalloc((void **)&d, n * 2);
+    cudaMemsetAsync(d, 0, n * 2, cs);
+    char err[256];
+    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 3000, err, sizeof(err));
+    if (!p) {
+        fprintf(stderr, "rank %d: pair_ar_new: %s\n", rank, err);
+        _exit(1);
+    }
+    if (pair_ar_start(p, 0, n) != 0 || pair_ar_finish(p) != 0) _exit(1);
+    if (rank == 1) raise(SIGKILL);
+    double t0 = now_s();
+    int rc = pair_ar_start(p, 0, n);
+    if (rc == 0) rc = pair_ar_finish(p);
+    double dt = now_s() - t0;
+    fprintf(stderr, "rank %d: pair step after the kill: rc %d after %.2f s: %s\n", rank, rc, dt,
+            pair_ar_error(p));
+    _exit(rc < 0 && dt < 3 + 5 ? 3 : 1);
+}
+
 static unsigned run(int world, int (*fn)(int, int, const char *), int *st) {
     char dir[] = "/tmp/loom-test-nccl-XXXXXX", spec[64];
     if (!mkdtemp(dir)) return ~0u;
@@ -257,6 +371,11 @@ int main(void) {
     for (int r = 0; r + 1 < world; r++)
         CHECK(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 3, "killed peer: rank %d status %#x", r,
               st[r]);
+    bad = run(2, pair_collective, st);
+    CHECK(bad == 0, "pair all-reduce on 2 GPUs: ranks failed (mask %#x)", bad);
+    bad = run(2, pair_killed, st);
+    CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 3, "pair, killed peer: rank 0 status %#x",
+          st[0]);
     printf("test_comm_nccl (%d GPUs): %s\n", world, failures ? "FAIL" : "ok");
     return failures ? 1 : 0;
 }

@@ -1,0 +1,60 @@
+/* Gradient all-reduce for a data-parallel group of exactly two GPUs of one
+ * host, done by the copy engines instead of NCCL kernels.
+ *
+ * Why: with NCCL, the per-layer gradient all-reduces of the backward run as
+ * kernels that hold SMs (one CTA per channel) and compete with the
+ * backward's matmuls for the whole transfer; on 2x H200 that made the dp2
+ * GPT-2 124M step ~1.5 ms slower than the 1-GPU step beyond the exposed tail
+ * (docs/perf.md, "Multi-GPU II"). Here each rank copies its range straight
+ * into the peer's receive area (cudaMemcpyAsync between IPC-mapped device
+ * buffers: a DMA copy over NVLink, no SMs), and a short add kernel sums the
+ * two halves in place. Both ranks compute bf16(float(a) + float(b)), which is
+ * commutative, so both hold identical bits (the same value NCCL's two-rank
+ * sum gives).
+ *
+ * Synchronisation is on the device, with stream memory operations on 32-bit
+ * flags that live in each rank's receive allocation and are written by the
+ * peer (cuStreamWriteValue32 to the IPC-mapped address):
+ *   copy stream:  wait(compute fence of the range); at a step's first range
+ *                 wait(freed[i] >= step - 1) for every slot i of the last
+ *                 step (the peer has consumed what we sent then);
+ *                 copy range -> peer.recv; peer.arrived[slot] = step
+ *   add stream:   wait(our copy of the range: the add overwrites its source);
+ *                 wait(arrived[slot] >= step); buf[range] += recv[range];
+ *                 peer.freed[slot] = step
+ * pair_ar_finish orders the compute stream after the last add and waits on the
+ * host, bounded by the timeout, so a dead peer fails the step instead of
+ * hanging it. Ranges must be started in the same order on both ranks (as
+ * with any collective). Used by worker/zero.c for ZeRO stage 0 on CUDA when
+ * dp == 2 (LOOM_DP_PAIR=0 falls back to NCCL). */
+#ifndef LOOM_NCCL_PAIR_H
+#define LOOM_NCCL_PAIR_H
+
+#include <stddef.h>
+
+struct comm;
+struct pair_ar;
+
+/* Collective over the two members of `c` (a nccl comm): allocate this rank's
+ * receive area (n elements of elt bytes, the size of buf) and open the
+ * peer's. buf: the device buffer whose ranges are reduced (bf16 only: elt
+ * 2); compute_stream: the cudaStream_t producing it. Returns NULL with a
+ * reason in err when the pair path is not possible (group size, dtype, no
+ * peer mapping, no stream memory operations); both ranks then agree to
+ * return NULL, so the caller can fall back to NCCL. */
+struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, void *compute_stream,
+                            int timeout_ms, char *err, size_t errlen);
+/* Start the sum of elements [lo, hi) of buf with the peer, after the work
+ * issued so far on the compute stream. No host wait. At most 64 ranges a
+ * step. 0, or -1 (err in pair_ar_error). */
+int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi);
+/* End the step: every started range holds the sum on the device, the
+ * compute stream is ordered after the adds, and the host has waited for
+ * them (bounded by the timeout). 0, or -1 on a timeout or CUDA error (the
+ * pair is then broken and every later call fails). */
+int pair_ar_finish(struct pair_ar *p);
+const char *pair_ar_error(const struct pair_ar *p);
+/* Collective-free: waits for the streams, unmaps the peer, frees. NULL ok. */
+void pair_ar_free(struct pair_ar *p);
+
+#endif
