@@ -66,3 +66,10 @@ if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
     target_link_libraries(bench_adamw PRIVATE loom_cuda CUDA::cudart_static m)
     loom_warnings(bench_adamw)
 endif()
+# Attention kernel variants' speed and agreement on the GPT-2 124M and 1558M
+# shapes (not a test; tests/gpu/call_*.sh).
+if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
+    add_executable(bench_attn ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_attn.c)
+    target_link_libraries(bench_attn PRIVATE loom_cuda CUDA::cudart_static m)
+    loom_warnings(bench_attn)
+endif()

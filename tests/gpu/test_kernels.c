@@ -302,9 +302,20 @@ static void test_rope(int B, int T, int NH, int NKV, int HD) {
     t_free(&x);
 }
 
-static void test_attention(int B, int T, int NH, int NKV, int HD) {
+/* Download a bf16 gpu tensor's raw bits (caller frees). */
+static uint16_t *t_bits(const struct tens *t) {
+    uint16_t *b = malloc(t->n * 2);
+    gpu->download(gpu->ctx, b, t->g, t->n * 2);
+    return b;
+}
+
+/* Attention against the cpu reference; `var` is the kernel variant
+ * (LOOM_ATTN_FWD/BWD_VARIANT, set by the caller). Each pass is also run a
+ * second time from the same inputs and must repeat bit for bit (the
+ * backward's dQ shares are summed in an order kept by counters). */
+static void test_attention(int B, int T, int NH, int NKV, int HD, int var) {
     char shape[64];
-    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d", B, T, NH, NKV, HD);
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d v%d", B, T, NH, NKV, HD, var);
     reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
     int N = B * T, W = (NH + 2 * NKV) * HD;
     struct tens qkv, out, lse, dout, dqkv;
@@ -328,6 +339,15 @@ static void test_attention(int B, int T, int NH, int NKV, int HD) {
     cpu->attention_bwd(cpu->ctx, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NKV, HD);
     gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
     t_check(&dqkv, "attention_bwd dqkv", shape, TOL_ATTNB, 1);
+    uint16_t *first = t_bits(&dqkv), *again;
+    memcpy(dqkv.h, dqkv.init, dqkv.n * sizeof(float));
+    t_upload(&dqkv);
+    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+    again = t_bits(&dqkv);
+    int same = memcmp(first, again, dqkv.n * 2) == 0;
+    checks++, failures += !same;
+    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "attention_bwd repeats", shape);
+    free(first), free(again);
     t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
 }
 
@@ -623,13 +643,19 @@ int main(void) {
     if (!quick) test_act(37, 3072);
     test_rope(2, 64, 4, 2, 64);
     test_rope(1, 128, 2, 2, 128);
-    static const int at[][5] = {{1, 64, 1, 1, 64},
-                                {2, 128, 2, 1, 32},
-                                {1, 192, 2, 2, 128},
-                                {2, 128, 4, 4, 64},
-                                {1, 256, 4, 2, 64}};
-    for (size_t i = 0; i < (quick ? 3 : sizeof at / sizeof at[0]); i++)
-        test_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4]);
+    /* T % 128 == 64 shapes exercise scheme 2's half-empty 128-query CTA */
+    static const int at[][5] = {{1, 64, 1, 1, 64},  {2, 128, 2, 1, 32},  {1, 192, 2, 2, 128},
+                                {2, 128, 4, 4, 64}, {1, 256, 4, 2, 64},  {1, 320, 3, 1, 64},
+                                {2, 384, 4, 2, 32}, {1, 256, 2, 1, 128}, {1, 1024, 2, 2, 64}};
+    static const char *attn_vars[] = {"5", "0", "1", "2", "3", "4"}; /* default first */
+    for (size_t v = 0; v < (quick ? 1 : sizeof attn_vars / sizeof attn_vars[0]); v++) {
+        setenv("LOOM_ATTN_FWD_VARIANT", attn_vars[v], 1);
+        setenv("LOOM_ATTN_BWD_VARIANT", attn_vars[v], 1);
+        for (size_t i = 0; i < (quick ? 3 : sizeof at / sizeof at[0]); i++)
+            test_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], atoi(attn_vars[v]));
+    }
+    unsetenv("LOOM_ATTN_FWD_VARIANT");
+    unsetenv("LOOM_ATTN_BWD_VARIANT");
     test_embed(2, 64, 64, 256);
     if (!quick) test_embed(4, 128, 768, 1024);
     test_classifier(64, 64, 250, 256);
