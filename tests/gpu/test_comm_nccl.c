@@ -259,8 +259,9 @@ static int pair_collective(int rank, int world, const char *rdzv) {
     cudaMalloc((void **)&d, n * 2);
     cudaMalloc((void **)&d2, n * 2);
     char err[256];
-    /* ranges from 512 KiB up are copied in two halves on two streams */
-    setenv("LOOM_PAIR_SPLIT_KIB", "512", 1);
+    /* 256 KiB chunks: the larger ranges are cut into several, on both copy
+     * streams, with odd element counts at the ends */
+    setenv("LOOM_PAIR_CHUNK_KIB", "256", 1);
     struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 20000, err, sizeof(err));
     CHECK(p != NULL, "pair_ar_new: %s", err);
     for (int step = 0; p && step < 6; step++) {

@@ -19,11 +19,12 @@
 #include "worker/comm/comm.h"
 #include "worker/cuda/kernels.h"
 
-#define PAIR_SLOTS     64
-#define FLAGS_ARRIVED  0   /* uint32[PAIR_SLOTS]: step whose data the peer copied in */
-#define FLAGS_FREED    256 /* uint32[PAIR_SLOTS]: step whose data from us the peer consumed */
-#define FLAGS_SELFTEST 512 /* uint32: the set-up check of the stream memory operations */
-#define FLAGS_BYTES    1024
+#define PAIR_SLOTS      1024 /* chunks a step */
+#define PAIR_MAX_CHUNKS 16   /* per range */
+#define FLAGS_ARRIVED   0    /* uint32[PAIR_SLOTS]: the step whose chunk the peer copied in */
+#define FLAGS_FREED     4096 /* uint32: chunks of ours the peer has consumed, in total */
+#define FLAGS_SELFTEST  4352 /* uint32: the set-up check of the stream memory operations */
+#define FLAGS_BYTES     4608
 
 typedef CUresult (*memop_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -34,19 +35,20 @@ struct pair_ar {
     char *buf;  /* the reduced buffer (ours) */
     char *mine; /* our receive area + flags (exported) */
     char *peer; /* the peer's, mapped */
-    cudaStream_t compute, cs, cs2, as;
-    /* copied2: the second half's copy (on cs2: a second copy engine);
-     * gate: cs passed the freed waits (cs2 waits for it) */
-    cudaEvent_t fence[PAIR_SLOTS], copied[PAIR_SLOTS], copied2[PAIR_SLOTS], gate, done;
-    int split; /* ranges of at least this many bytes are copied in two halves */
-    /* LOOM_PAIR_TRACE=N: at step N, time each range's copies and print them */
-    int trace;
-    cudaEvent_t t0[PAIR_SLOTS], t1[PAIR_SLOTS];
-    size_t tbytes[PAIR_SLOTS];
-    unsigned slot_step[PAIR_SLOTS]; /* last step each slot was used in (0: never) */
-    unsigned step;                  /* the current step, from 1 */
-    int used;                       /* slots started this step */
+    /* cs[0], cs[1]: copy streams (chunks alternate: two copy engines busy);
+     * as: the adds; gate: cs[0] passed the step's freed wait */
+    cudaStream_t compute, cs[2], as;
+    cudaEvent_t fence, gate, done, *copied; /* copied[PAIR_SLOTS] */
+    size_t chunk;      /* bytes: ranges are cut into chunks of about this size */
+    unsigned step;     /* the current step, from 1 */
+    int used;          /* chunks started this step */
+    unsigned sent;     /* chunks sent to the peer, in total */
+    unsigned consumed; /* the peer's chunks we added, in total */
     memop_fn wait32, write32;
+    /* LOOM_PAIR_TRACE=N: at step N, time each chunk's copy and print it */
+    int trace;
+    cudaEvent_t *t0, *t1;
+    size_t *tbytes;
     char err[256];
 };
 
@@ -57,7 +59,7 @@ static long long now_us(void) {
 }
 
 static CUdeviceptr flag(char *base, size_t recv_bytes, int which, int slot) {
-    return (CUdeviceptr)(uintptr_t)(base + recv_bytes + which + 4 * slot);
+    return (CUdeviceptr)(uintptr_t)(base + recv_bytes + which + 4 * (size_t)slot);
 }
 
 static int cuda_ok(struct pair_ar *p, cudaError_t ce, const char *what) {
@@ -120,7 +122,7 @@ static int load_memops(struct pair_ar *p) {
 static int selftest(struct pair_ar *p) {
     CUdeviceptr f = flag(p->mine, p->recv_bytes, FLAGS_SELFTEST, 0);
     if (!memop_ok(p, p->wait32((CUstream)p->as, f, 1, CU_STREAM_WAIT_VALUE_GEQ), "wait value") ||
-        !memop_ok(p, p->write32((CUstream)p->cs, f, 1, 0), "write value"))
+        !memop_ok(p, p->write32((CUstream)p->cs[0], f, 1, 0), "write value"))
         return -1;
     if (!cuda_ok(p, cudaEventRecord(p->done, p->as), "event")) return -1;
     return host_wait(p, p->done, "the stream memory operation check");
@@ -131,20 +133,27 @@ static int selftest(struct pair_ar *p) {
  * waited for or destroyed (the process is about to exit). */
 static void release(struct pair_ar *p, int peer_mapped) {
     if (p->broken) return;
-    if (p->cs) cudaStreamSynchronize(p->cs);
-    if (p->cs2) cudaStreamSynchronize(p->cs2);
+    for (int k = 0; k < 2; k++)
+        if (p->cs[k]) cudaStreamSynchronize(p->cs[k]);
     if (p->as) cudaStreamSynchronize(p->as);
     if (peer_mapped && p->peer) cudaIpcCloseMemHandle(p->peer);
     for (int i = 0; i < PAIR_SLOTS; i++) {
-        cudaEvent_t *ev[] = {&p->fence[i], &p->copied[i], &p->copied2[i], &p->t0[i], &p->t1[i]};
-        for (int k = 0; k < 5; k++)
-            if (*ev[k]) cudaEventDestroy(*ev[k]);
+        if (p->copied && p->copied[i]) cudaEventDestroy(p->copied[i]);
+        if (p->t0 && p->t0[i]) cudaEventDestroy(p->t0[i]);
+        if (p->t1 && p->t1[i]) cudaEventDestroy(p->t1[i]);
     }
-    if (p->gate) cudaEventDestroy(p->gate);
-    if (p->done) cudaEventDestroy(p->done);
-    if (p->cs) cudaStreamDestroy(p->cs);
-    if (p->cs2) cudaStreamDestroy(p->cs2);
+    cudaEvent_t ev[] = {p->fence, p->gate, p->done};
+    for (int k = 0; k < 3; k++)
+        if (ev[k]) cudaEventDestroy(ev[k]);
+    for (int k = 0; k < 2; k++)
+        if (p->cs[k]) cudaStreamDestroy(p->cs[k]);
     if (p->as) cudaStreamDestroy(p->as);
+    free(p->copied);
+    free(p->t0);
+    free(p->t1);
+    free(p->tbytes);
+    p->copied = p->t0 = p->t1 = NULL;
+    p->tbytes = NULL;
 }
 
 struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, void *compute_stream,
@@ -169,27 +178,37 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
     p->timeout_ms = timeout_ms > 0 ? timeout_ms : COMM_DEFAULT_TIMEOUT_MS;
     p->step = 1;
     p->recv_bytes = (n * elt + 255) & ~(size_t)255;
-    /* LOOM_PAIR_SPLIT_KIB (default 4096): ranges from this size up are
-     * copied as two halves on two streams (two copy engines); 0: never */
-    const char *sp = getenv("LOOM_PAIR_SPLIT_KIB"), *tr = getenv("LOOM_PAIR_TRACE");
-    p->split = sp && *sp ? atoi(sp) * 1024 : 4096 * 1024;
+    /* LOOM_PAIR_CHUNK_KIB (default 8192): ranges are cut into chunks of
+     * about this size (at most 16 a range), copied alternately on two
+     * streams, each added as soon as it has arrived */
+    const char *ck = getenv("LOOM_PAIR_CHUNK_KIB"), *tr = getenv("LOOM_PAIR_TRACE");
+    p->chunk = (size_t)(ck && atoi(ck) > 0 ? atoi(ck) : 8192) * 1024;
     p->trace = tr && *tr ? atoi(tr) : 0;
     int ok = 1, mapped = 0;
     char *dh = NULL;
     cudaIpcMemHandle_t h[2];
     if (load_memops(p) != 0) ok = 0;
-    ok = ok && cuda_ok(p, cudaStreamCreateWithFlags(&p->cs, cudaStreamNonBlocking), "stream");
-    ok = ok && cuda_ok(p, cudaStreamCreateWithFlags(&p->cs2, cudaStreamNonBlocking), "stream");
+    p->copied = calloc(PAIR_SLOTS, sizeof(cudaEvent_t));
+    p->tbytes = calloc(PAIR_SLOTS, sizeof(size_t));
+    if (p->trace) {
+        p->t0 = calloc(PAIR_SLOTS, sizeof(cudaEvent_t));
+        p->t1 = calloc(PAIR_SLOTS, sizeof(cudaEvent_t));
+    }
+    if (!p->copied || !p->tbytes || (p->trace && (!p->t0 || !p->t1))) {
+        snprintf(p->err, sizeof(p->err), "pair all-reduce: out of memory");
+        ok = 0;
+    }
+    for (int k = 0; k < 2; k++)
+        ok =
+            ok && cuda_ok(p, cudaStreamCreateWithFlags(&p->cs[k], cudaStreamNonBlocking), "stream");
     ok = ok && cuda_ok(p, cudaStreamCreateWithFlags(&p->as, cudaStreamNonBlocking), "stream");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "event");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->gate, cudaEventDisableTiming), "event");
+    ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->fence, cudaEventDisableTiming), "event");
     for (int i = 0; ok && i < PAIR_SLOTS; i++)
-        ok =
-            cuda_ok(p, cudaEventCreateWithFlags(&p->fence[i], cudaEventDisableTiming), "event") &&
-            cuda_ok(p, cudaEventCreateWithFlags(&p->copied[i], cudaEventDisableTiming), "event") &&
-            cuda_ok(p, cudaEventCreateWithFlags(&p->copied2[i], cudaEventDisableTiming), "event") &&
-            (!p->trace || (cuda_ok(p, cudaEventCreate(&p->t0[i]), "event") &&
-                           cuda_ok(p, cudaEventCreate(&p->t1[i]), "event")));
+        ok = cuda_ok(p, cudaEventCreateWithFlags(&p->copied[i], cudaEventDisableTiming), "event") &&
+             (!p->trace || (cuda_ok(p, cudaEventCreate(&p->t0[i]), "event") &&
+                            cuda_ok(p, cudaEventCreate(&p->t1[i]), "event")));
     ok = ok &&
          cuda_ok(p, cudaMalloc((void **)&p->mine, p->recv_bytes + FLAGS_BYTES), "receive area");
     ok = ok && cuda_ok(p, cudaMemset(p->mine + p->recv_bytes, 0, FLAGS_BYTES), "memset");
@@ -243,62 +262,66 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
 int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi) {
     if (p->broken) return -1;
     if (hi <= lo) return 0;
-    if (hi > p->n || p->used == PAIR_SLOTS) {
-        snprintf(p->err, sizeof(p->err), "pair all-reduce: range [%zu, %zu) of %zu, slot %d of %d",
-                 lo, hi, p->n, p->used, PAIR_SLOTS);
+    size_t bytes = (hi - lo) * p->elt, nch = (bytes + p->chunk - 1) / p->chunk;
+    if (nch > PAIR_MAX_CHUNKS) nch = PAIR_MAX_CHUNKS;
+    if (hi > p->n || p->used + (int)nch > PAIR_SLOTS) {
+        snprintf(p->err, sizeof(p->err),
+                 "pair all-reduce: range [%zu, %zu) of %zu, %zu chunks after %d of %d", lo, hi,
+                 p->n, nch, p->used, PAIR_SLOTS);
         p->broken = 1;
         return -1;
     }
-    int i = p->used++;
     unsigned s = p->step;
-    size_t off = lo * p->elt, bytes = (hi - lo) * p->elt;
-    size_t b1 =
-        p->split > 0 && bytes >= (size_t)p->split ? (bytes / 2 + 255) & ~(size_t)255 : bytes;
-    CUstream cs = (CUstream)p->cs, as = (CUstream)p->as;
-    int tr = p->trace && (int)s == p->trace;
-    if (!cuda_ok(p, cudaEventRecord(p->fence[i], p->compute), "fence") ||
-        !cuda_ok(p, cudaStreamWaitEvent(p->cs, p->fence[i], 0), "fence wait"))
-        return -1;
-    if (i == 0) /* the peer consumed what we sent into its area before */
-        for (int k = 0; k < PAIR_SLOTS; k++)
-            if (p->slot_step[k] &&
-                !memop_ok(p,
-                          p->wait32(cs, flag(p->mine, p->recv_bytes, FLAGS_FREED, k),
-                                    p->slot_step[k], CU_STREAM_WAIT_VALUE_GEQ),
-                          "wait freed"))
-                return -1;
-    if (tr && !cuda_ok(p, cudaEventRecord(p->t0[i], p->cs), "event")) return -1;
-    if (b1 < bytes) { /* the second half on cs2, after cs's waits */
-        if (!cuda_ok(p, cudaEventRecord(p->gate, p->cs), "event") ||
-            !cuda_ok(p, cudaStreamWaitEvent(p->cs2, p->gate, 0), "event wait") ||
-            !cuda_ok(p,
-                     cudaMemcpyAsync(p->peer + off + b1, p->buf + off + b1, bytes - b1,
-                                     cudaMemcpyDeviceToDevice, p->cs2),
-                     "peer copy") ||
-            !cuda_ok(p, cudaEventRecord(p->copied2[i], p->cs2), "event"))
+    CUstream as = (CUstream)p->as;
+    /* the copies read what the compute stream has issued so far */
+    if (!cuda_ok(p, cudaEventRecord(p->fence, p->compute), "fence")) return -1;
+    for (int k = 0; k < 2; k++)
+        if (!cuda_ok(p, cudaStreamWaitEvent(p->cs[k], p->fence, 0), "fence wait")) return -1;
+    if (p->used == 0) {
+        /* a new step: the peer has consumed everything we sent it before
+         * (its receive area is free again); both copy streams wait */
+        if (p->step > 1 &&
+            !memop_ok(p,
+                      p->wait32((CUstream)p->cs[0], flag(p->mine, p->recv_bytes, FLAGS_FREED, 0),
+                                p->sent, CU_STREAM_WAIT_VALUE_GEQ),
+                      "wait freed"))
+            return -1;
+        if (!cuda_ok(p, cudaEventRecord(p->gate, p->cs[0]), "event") ||
+            !cuda_ok(p, cudaStreamWaitEvent(p->cs[1], p->gate, 0), "event wait"))
             return -1;
     }
-    if (!cuda_ok(p,
-                 cudaMemcpyAsync(p->peer + off, p->buf + off, b1, cudaMemcpyDeviceToDevice, p->cs),
-                 "peer copy") ||
-        (b1 < bytes && !cuda_ok(p, cudaStreamWaitEvent(p->cs, p->copied2[i], 0), "event wait")) ||
-        (tr && !cuda_ok(p, cudaEventRecord(p->t1[i], p->cs), "event")) ||
-        !cuda_ok(p, cudaEventRecord(p->copied[i], p->cs), "event") ||
-        !memop_ok(p, p->write32(cs, flag(p->peer, p->recv_bytes, FLAGS_ARRIVED, i), s, 0),
-                  "write arrived") ||
-        !cuda_ok(p, cudaStreamWaitEvent(p->as, p->copied[i], 0), "copy wait") ||
-        !memop_ok(p,
-                  p->wait32(as, flag(p->mine, p->recv_bytes, FLAGS_ARRIVED, i), s,
-                            CU_STREAM_WAIT_VALUE_GEQ),
-                  "wait arrived"))
-        return -1;
-    p->tbytes[i] = bytes;
-    lk_accumulate((lbf16 *)(p->buf + off), (const lbf16 *)(p->mine + off), hi - lo,
-                  (lcuda_stream)p->as);
-    if (!memop_ok(p, p->write32(as, flag(p->peer, p->recv_bytes, FLAGS_FREED, i), s, 0),
-                  "write freed"))
-        return -1;
-    p->slot_step[i] = s;
+    /* chunk boundaries on 256-byte multiples */
+    size_t per = ((bytes + nch - 1) / nch + 255) & ~(size_t)255;
+    for (size_t off = lo * p->elt, end = hi * p->elt; off < end; off += per) {
+        size_t cb = end - off < per ? end - off : per;
+        int i = p->used++;
+        cudaStream_t st = p->cs[i & 1];
+        int tr = p->trace && (int)s == p->trace;
+        if ((tr && !cuda_ok(p, cudaEventRecord(p->t0[i], st), "event")) ||
+            !cuda_ok(p,
+                     cudaMemcpyAsync(p->peer + off, p->buf + off, cb, cudaMemcpyDeviceToDevice, st),
+                     "peer copy") ||
+            (tr && !cuda_ok(p, cudaEventRecord(p->t1[i], st), "event")) ||
+            !cuda_ok(p, cudaEventRecord(p->copied[i], st), "event") ||
+            !memop_ok(
+                p, p->write32((CUstream)st, flag(p->peer, p->recv_bytes, FLAGS_ARRIVED, i), s, 0),
+                "write arrived") ||
+            /* the add overwrites what our copy reads: after it */
+            !cuda_ok(p, cudaStreamWaitEvent(p->as, p->copied[i], 0), "copy wait") ||
+            !memop_ok(p,
+                      p->wait32(as, flag(p->mine, p->recv_bytes, FLAGS_ARRIVED, i), s,
+                                CU_STREAM_WAIT_VALUE_GEQ),
+                      "wait arrived"))
+            return -1;
+        lk_accumulate((lbf16 *)(p->buf + off), (const lbf16 *)(p->mine + off), cb / p->elt,
+                      (lcuda_stream)p->as);
+        if (!memop_ok(
+                p, p->write32(as, flag(p->peer, p->recv_bytes, FLAGS_FREED, 0), ++p->consumed, 0),
+                "write freed"))
+            return -1;
+        p->tbytes[i] = cb;
+        p->sent++;
+    }
     return 0;
 }
 
@@ -315,9 +338,10 @@ int pair_ar_finish(struct pair_ar *p) {
     for (int i = 0; rc == 0 && tr && i < used; i++) {
         float ms = 0;
         cudaEventElapsedTime(&ms, p->t0[i], p->t1[i]);
-        fprintf(stderr,
-                "pair trace step %d rank %d range %d: %zu bytes copied in %.3f ms (%.1f GB/s)\n",
-                p->trace, p->rank, i, p->tbytes[i], ms, ms > 0 ? p->tbytes[i] / ms / 1e6 : 0.0);
+        fprintf(
+            stderr,
+            "pair trace step %d rank %d chunk %d (stream %d): %zu bytes in %.3f ms (%.1f GB/s)\n",
+            p->trace, p->rank, i, i & 1, p->tbytes[i], ms, ms > 0 ? p->tbytes[i] / ms / 1e6 : 0.0);
     }
     return rc;
 }

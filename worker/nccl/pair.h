@@ -12,16 +12,20 @@
  * commutative, so both hold identical bits (the same value NCCL's two-rank
  * sum gives).
  *
- * Synchronisation is on the device, with stream memory operations on 32-bit
- * flags that live in each rank's receive allocation and are written by the
- * peer (cuStreamWriteValue32 to the IPC-mapped address):
- *   copy stream:  wait(compute fence of the range); at a step's first range
- *                 wait(freed[i] >= step - 1) for every slot i of the last
- *                 step (the peer has consumed what we sent then);
- *                 copy range -> peer.recv; peer.arrived[slot] = step
- *   add stream:   wait(our copy of the range: the add overwrites its source);
- *                 wait(arrived[slot] >= step); buf[range] += recv[range];
- *                 peer.freed[slot] = step
+ * A range is cut into chunks (about LOOM_PAIR_CHUNK_KIB, default 8 MiB; at
+ * most 16 a range) copied alternately on two copy streams (two copy engines
+ * busy), and each chunk is added as soon as it has arrived, so the adds of a
+ * large range overlap its later copies. Synchronisation is on the device,
+ * with stream memory operations on 32-bit flags that live in each rank's
+ * receive allocation and are written by the peer (cuStreamWriteValue32 to the
+ * IPC-mapped address):
+ *   copy streams: wait(compute fence of the range); at a step's first range
+ *                 wait(freed >= chunks we have sent so far) (the peer has
+ *                 consumed them: its receive area is free again);
+ *                 copy chunk i -> peer.recv; peer.arrived[i] = step
+ *   add stream:   wait(our copy of chunk i: the add overwrites its source);
+ *                 wait(arrived[i] >= step); buf[chunk] += recv[chunk];
+ *                 peer.freed = chunks of the peer's we have consumed
  * pair_ar_finish orders the compute stream after the last add and waits on the
  * host, bounded by the timeout, so a dead peer fails the step instead of
  * hanging it. Ranges must be started in the same order on both ranks (as
@@ -45,7 +49,7 @@ struct pair_ar;
 struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, void *compute_stream,
                             int timeout_ms, char *err, size_t errlen);
 /* Start the sum of elements [lo, hi) of buf with the peer, after the work
- * issued so far on the compute stream. No host wait. At most 64 ranges a
+ * issued so far on the compute stream. No host wait. At most 1024 chunks a
  * step. 0, or -1 (err in pair_ar_error). */
 int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi);
 /* End the step: every started range holds the sum on the device, the
