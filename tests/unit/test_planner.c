@@ -336,6 +336,30 @@ static void test_estimate_job(void) {
     CHECK(planner_estimate_job(&s, NULL, 0, &a, &e) == 0 && a.fits);
 }
 
+/* ---- dp2 ZeRO-0 on one node: the copy-engine receive area ---- */
+static void test_pair_area(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate a, b;
+    struct loom_error e;
+    const char *spec = "{'model':{'family':'gpt2','preset':'124m'},'parallel':{'dp':2,"
+                       "'zero_stage':%d},'train':{'micro_batch':16,'global_batch_tokens':32768}}";
+    const char *one = "{'nodes':1,'gpus_per_node':2,'gpu':'H200'}";
+    const char *two = "{'nodes':2,'gpus_per_node':1,'gpu':'H200'}";
+    char buf[512];
+    snprintf(buf, sizeof buf, spec, 0);
+    CHECK(load(buf, one, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    snprintf(buf, sizeof buf, spec, 1);
+    CHECK(load(buf, one, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    /* ZeRO 0 keeps a bf16 copy of the peer's gradients (124.4M parameters) */
+    double extra = a.mem.comm - b.mem.comm;
+    CHECK(extra > 124e6 * 2 * 0.99 && extra < 124.5e6 * 2 * 1.01);
+    /* one GPU per node: the ranks cannot map each other's memory, NCCL */
+    snprintf(buf, sizeof buf, spec, 0);
+    CHECK(load(buf, two, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    CHECK(fabs(a.mem.comm - b.mem.comm) < 1);
+}
+
 /* ---- pipeline split by work (parallel.pp_balance) ---- */
 static void test_pp_balance(void) {
     struct loom_spec s;
@@ -503,6 +527,7 @@ static void test_bad_inputs(void) {
 
 int main(void) {
     test_pp_balance();
+    test_pair_area();
     test_70b_arithmetic();
     test_bands();
     test_comm_bound();
