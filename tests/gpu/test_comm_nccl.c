@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/nccl/pair.h"
+#include "worker/safetensors.h" /* st_f32_to_bf16, st_bf16_to_f32 */
 
 static int failures;
 #define CHECK(cond, ...)                                                                           \
@@ -228,20 +229,6 @@ static int killed_peer(int rank, int world, const char *rdzv) {
     _exit(rc < 0 && dt < 5 + 10 ? 3 : 1);
 }
 
-/* bf16 <-> float on the host (round to nearest even), for the references. */
-static uint16_t f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Steps of: write each range's values (on a compute stream, after a kernel-
  * free delay made of many small copies), start its exchange at once; finish;
  * compare with the host sum and with NCCL's all-reduce of the same input. */
@@ -266,8 +253,8 @@ static int pair_collective(int rank, int world, const char *rdzv) {
     CHECK(p != NULL, "pair_ar_new: %s", err);
     for (int step = 0; p && step < 6; step++) {
         for (size_t i = 0; i < n; i++) {
-            h[i] = f2bf(val(100 + step, rank, i) * (1 + (i % 97)));
-            peer[i] = f2bf(val(100 + step, 1 - rank, i) * (1 + (i % 97)));
+            h[i] = st_f32_to_bf16(val(100 + step, rank, i) * (1 + (i % 97)));
+            peer[i] = st_f32_to_bf16(val(100 + step, 1 - rank, i) * (1 + (i % 97)));
         }
         for (int r = 0; r < nr; r++) {
             size_t lo = cut[r], hi = cut[r + 1];
@@ -287,13 +274,14 @@ static int pair_collective(int rank, int world, const char *rdzv) {
         cudaMemcpy(o2, d2, n * 2, cudaMemcpyDeviceToHost);
         size_t bad = 0, bad2 = 0, first = n;
         for (size_t i = 0; i < n; i++) {
-            uint16_t want = f2bf(bf2f(h[i]) + bf2f(peer[i]));
+            uint16_t want = st_f32_to_bf16(st_bf16_to_f32(h[i]) + st_bf16_to_f32(peer[i]));
             if (o[i] != want && bad++ == 0) first = i;
             if (o[i] != o2[i]) bad2++;
         }
         CHECK(bad == 0, "rank %d step %d: %zu of %zu sums wrong, first at %zu: %#x vs %#x", rank,
               step, bad, n, first, first < n ? o[first] : 0,
-              first < n ? f2bf(bf2f(h[first]) + bf2f(peer[first])) : 0);
+              first < n ? st_f32_to_bf16(st_bf16_to_f32(h[first]) + st_bf16_to_f32(peer[first]))
+                        : 0);
         CHECK(bad2 == 0, "rank %d step %d: %zu of %zu differ from NCCL's all-reduce", rank, step,
               bad2, n);
     }
