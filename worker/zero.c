@@ -760,7 +760,10 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
      * to NCCL all-reduces where the peer's memory cannot be mapped.
      * LOOM_DP_PAIR=0 keeps NCCL (for comparison). */
     const char *pe = getenv("LOOM_DP_PAIR");
-    if (z->ordered && z->stage == 0 && z->P == 2 && !(pe && strcmp(pe, "0") == 0)) {
+    /* tp 1, pp 1: the layouts it was tested and measured in (2 GPUs); with
+     * tp or pp the dp pairs also need more GPUs than have been lent so far */
+    if (z->ordered && z->stage == 0 && z->P == 2 && o->tp == 1 && o->pp == 1 &&
+        !(pe && strcmp(pe, "0") == 0)) {
         char perr[256];
         size_t n = z->hi - z->lo;
         z->pair = pair_ar_new(g.dp, engine_grads_at(e, z->lo), n, e->be->elt_size,
