@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
@@ -616,6 +617,250 @@ static void test_fused(int N, int IC, int OC) {
     t_free(&mean), t_free(&rstd), t_free(&yc);
 }
 
+/* ---- linear layers with measured algorithm choice (LOOM_BLAS_TUNE) ---- */
+
+/* A handle made with the given LOOM_BLAS_TUNE / LOOM_BLAS_ALGO_CACHE (NULL:
+ * unset); lk_blas_new reads them once, so they are restored at once. */
+static struct lk_blas *blas_with_env(lcuda_stream st, struct lcuda_arena *ar, const char *name,
+                                     const char *tune, const char *table) {
+    lcuda_arena_init(ar, name, 80u << 20);
+    if (tune)
+        setenv("LOOM_BLAS_TUNE", tune, 1);
+    else
+        unsetenv("LOOM_BLAS_TUNE");
+    if (table)
+        setenv("LOOM_BLAS_ALGO_CACHE", table, 1);
+    else
+        unsetenv("LOOM_BLAS_ALGO_CACHE");
+    struct lk_blas *b = lk_blas_new(st, ar);
+    unsetenv("LOOM_BLAS_TUNE");
+    unsetenv("LOOM_BLAS_ALGO_CACHE");
+    return b;
+}
+
+enum tv_kind { TV_FWD, TV_DGRAD, TV_WGRAD };
+/* The linear variants: epilogues, beta 1 in place and out of place. The
+ * in-place residual comes before the out-of-place one (same configuration),
+ * so that it is the call that gets timed. */
+static const struct tune_variant {
+    const char *name;
+    enum tv_kind kind;
+    int bias, gelu, acc; /* fwd: acc 1 = residual from acc, 2 = in place (out starts as acc) */
+} tune_variants[] = {
+    {"fwd", TV_FWD, 0, 0, 0},
+    {"fwd+bias", TV_FWD, 1, 0, 0},
+    {"fwd+bias+gelu", TV_FWD, 1, 1, 0},
+    {"fwd+bias+residual in place", TV_FWD, 1, 0, 2},
+    {"fwd+bias+residual", TV_FWD, 1, 0, 1},
+    {"dgrad", TV_DGRAD, 0, 0, 0},
+    {"dgrad accumulate", TV_DGRAD, 0, 0, 1},
+    {"dgrad+dgelu", TV_DGRAD, 0, 1, 0},
+    {"wgrad+dbias (accumulate)", TV_WGRAD, 1, 0, 1},
+};
+#define TV_N (sizeof tune_variants / sizeof tune_variants[0])
+
+/* Device operands of one shape (bf16 unless said), host copies of the
+ * output's initial contents, and up to two outputs per variant. */
+struct tune_bufs {
+    int N, IC, OC;
+    void *x, *w, *bias, *acc, *dout, *pre_in, *scratch; /* scratch: fp32 bias partials */
+    void *out[2];
+    size_t n_out[2];
+    uint16_t *init[2];
+};
+
+/* n random bf16 values (normal * scale) on the GPU. */
+static void *dev_bf16(size_t n, float scale) {
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        h[i] = lcuda_f2bf(nrand() * scale);
+    void *d = gpu->alloc(gpu->ctx, n * 2);
+    gpu->upload(gpu->ctx, d, h, n * 2);
+    free(h);
+    return d;
+}
+
+/* Set the variant's outputs to their initial contents: random for
+ * accumulating ones (the same draw every time), acc for the in-place
+ * residual, NaN for overwritten ones. */
+static void tune_reset(struct tune_bufs *t, const struct tune_variant *v, int *nout) {
+    size_t NI = (size_t)t->N * t->IC, NO = (size_t)t->N * t->OC, W = (size_t)t->OC * t->IC;
+    int n = 0;
+    if (v->kind == TV_FWD) {
+        t->n_out[n++] = NO;
+        if (v->gelu) t->n_out[n++] = NO;
+    } else if (v->kind == TV_DGRAD) {
+        t->n_out[n++] = NI;
+    } else {
+        t->n_out[n++] = W;
+        t->n_out[n++] = (size_t)t->OC;
+    }
+    uint64_t saved = rng_state;
+    rng_state = 0x9e3779b97f4a7c15ull; /* the same initial values for every run */
+    for (int o = 0; o < n; o++) {
+        for (size_t i = 0; i < t->n_out[o]; i++)
+            t->init[o][i] = (v->acc == 1 && v->kind != TV_FWD) ? lcuda_f2bf(nrand()) : 0x7fc0;
+        if (v->acc == 2) gpu->download(gpu->ctx, t->init[o], t->acc, NO * 2);
+        gpu->upload(gpu->ctx, t->out[o], t->init[o], t->n_out[o] * 2);
+    }
+    rng_state = saved;
+    *nout = n;
+}
+
+static void tune_run(struct lk_blas *bl, struct tune_bufs *t, const struct tune_variant *v) {
+    int N = t->N, IC = t->IC, OC = t->OC;
+    if (v->kind == TV_FWD) {
+        const void *acc = v->acc == 1 ? t->acc : v->acc == 2 ? t->out[0] : NULL;
+        lk_linear_fwd(bl, t->out[0], v->gelu ? t->out[1] : NULL, t->x, t->w,
+                      v->bias ? t->bias : NULL, acc, N, IC, OC, v->gelu);
+    } else if (v->kind == TV_DGRAD) {
+        lk_linear_bwd_data(bl, t->out[0], t->dout, t->w, v->gelu ? t->pre_in : NULL, N, IC, OC,
+                           v->acc);
+    } else {
+        lk_linear_bwd_weight(bl, t->out[0], t->out[1], t->scratch, t->dout, t->x, N, IC, OC);
+    }
+}
+
+/* ||(a - init) - (r - init)|| / ||r - init||: the increments compared, so
+ * an output added twice shows as an error near 1. */
+static double tune_relerr(const uint16_t *a, const uint16_t *r, const uint16_t *init, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double base = init[i] == 0x7fc0 ? 0 : lcuda_bf2f(init[i]);
+        double da = lcuda_bf2f(a[i]) - base, dr = lcuda_bf2f(r[i]) - base;
+        num += (da - dr) * (da - dr);
+        den += dr * dr;
+    }
+    return den > 0 ? sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
+}
+
+static void tune_expect(int ok, const char *what, const char *shape, const char *detail) {
+    checks++;
+    if (!ok) failures++;
+    printf("%-4s %-48s %-26s %s\n", ok ? "ok" : "FAIL", what, shape, detail ? detail : "");
+}
+
+/* Every linear variant through four handles: the default (heuristic #0),
+ * LOOM_BLAS_TUNE=1, LOOM_BLAS_TUNE=1 writing a table, and a handle that
+ * only reads that table. Checks: tuned results equal the default's within
+ * TOL_MM (increments, so no double accumulation); the tuning call (the first
+ * of its configuration, which times the candidates) gives the same bits as
+ * the next, cached call; the table handle times nothing and repeats the
+ * writer's bits. */
+static void test_blas_tune(int N, int IC, int OC) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d IC%d OC%d (tuned)", N, IC, OC);
+    lcuda_stream st = (lcuda_stream)backend_cuda_stream(gpu);
+    char table[96];
+    snprintf(table, sizeof table, "/tmp/loom-blas-test-%d.txt", (int)getpid());
+    char lockf[112];
+    snprintf(lockf, sizeof lockf, "%s.lock", table);
+    unlink(table);
+    struct lcuda_arena ar[4];
+    struct lk_blas *ref = blas_with_env(st, &ar[0], "blas-ref", NULL, NULL);
+    struct lk_blas *tun = blas_with_env(st, &ar[1], "blas-tune", "1", NULL);
+    struct lk_blas *wr = blas_with_env(st, &ar[2], "blas-table-w", "1", table);
+
+    struct tune_bufs t;
+    memset(&t, 0, sizeof t);
+    t.N = N, t.IC = IC, t.OC = OC;
+    size_t NI = (size_t)N * IC, NO = (size_t)N * OC, W = (size_t)OC * IC;
+    size_t maxo = NI > NO ? NI : NO;
+    if (W > maxo) maxo = W;
+    t.x = dev_bf16(NI, 1);
+    t.w = dev_bf16(W, 0.1f);
+    t.bias = dev_bf16(OC, 0.5f);
+    t.acc = dev_bf16(NO, 1);
+    t.dout = dev_bf16(NO, 1);
+    t.pre_in = dev_bf16(NI, 1);
+    t.scratch = gpu->alloc(gpu->ctx, lk_bias_scratch_bytes(N, OC));
+    uint16_t *res[4][TV_N][2]; /* ref, tuned 1st call, tuned 2nd call, table writer */
+    for (int o = 0; o < 2; o++) {
+        t.out[o] = gpu->alloc(gpu->ctx, maxo * 2);
+        t.init[o] = malloc(maxo * 2);
+    }
+    struct lk_blas *order[4] = {ref, tun, tun, wr};
+    for (size_t v = 0; v < TV_N; v++) {
+        for (int h = 0; h < 4; h++) {
+            int nout = 0;
+            tune_reset(&t, &tune_variants[v], &nout);
+            tune_run(order[h], &t, &tune_variants[v]);
+            for (int o = 0; o < 2; o++) {
+                res[h][v][o] = NULL;
+                if (o >= nout) continue;
+                res[h][v][o] = malloc(t.n_out[o] * 2);
+                gpu->download(gpu->ctx, res[h][v][o], t.out[o], t.n_out[o] * 2);
+            }
+        }
+        int nout = 0;
+        tune_reset(&t, &tune_variants[v], &nout); /* t.init for the comparisons */
+        for (int o = 0; o < nout; o++) {
+            char what[96], detail[96];
+            double e1 = tune_relerr(res[1][v][o], res[0][v][o], t.init[o], t.n_out[o]);
+            double e3 = tune_relerr(res[3][v][o], res[0][v][o], t.init[o], t.n_out[o]);
+            snprintf(what, sizeof what, "tuned %s out%d vs default", tune_variants[v].name, o);
+            snprintf(detail, sizeof detail, "rel=%.2e,%.2e bound=%.0e", e1, e3, TOL_MM);
+            tune_expect(e1 <= TOL_MM && e3 <= TOL_MM, what, shape, detail);
+            snprintf(what, sizeof what, "tuning call = cached call %s out%d", tune_variants[v].name,
+                     o);
+            tune_expect(!memcmp(res[1][v][o], res[2][v][o], t.n_out[o] * 2), what, shape,
+                        "bitwise");
+        }
+    }
+    struct lk_blas_stats s_tun, s_wr, s_rd;
+    lk_blas_get_stats(tun, &s_tun);
+    lk_blas_get_stats(wr, &s_wr);
+    char detail[96];
+    snprintf(detail, sizeof detail, "%d of %d (%d not #0) in %.0f ms", s_tun.tuned, s_tun.configs,
+             s_tun.not_first, s_tun.tune_ms);
+    tune_expect(s_tun.tuned == s_tun.configs && s_tun.configs >= 7, "tuned every configuration",
+                shape, detail);
+
+    /* the table: read by a handle without LOOM_BLAS_TUNE, same bits as its writer */
+    FILE *f = fopen(table, "r");
+    tune_expect(f != NULL, "algorithm table written", shape, table);
+    if (f) fclose(f);
+    struct lk_blas *rd = blas_with_env(st, &ar[3], "blas-table-r", NULL, table);
+    for (size_t v = 0; v < TV_N; v++) {
+        int nout = 0;
+        tune_reset(&t, &tune_variants[v], &nout);
+        tune_run(rd, &t, &tune_variants[v]);
+        for (int o = 0; o < nout; o++) {
+            uint16_t *got = malloc(t.n_out[o] * 2);
+            gpu->download(gpu->ctx, got, t.out[o], t.n_out[o] * 2);
+            char what[96];
+            snprintf(what, sizeof what, "table read = table written %s out%d",
+                     tune_variants[v].name, o);
+            tune_expect(!memcmp(got, res[3][v][o], t.n_out[o] * 2), what, shape, "bitwise");
+            free(got);
+        }
+    }
+    lk_blas_get_stats(rd, &s_rd);
+    snprintf(detail, sizeof detail, "%d of %d read, %d timed", s_rd.from_table, s_rd.configs,
+             s_rd.tuned);
+    tune_expect(s_rd.tuned == 0 && s_rd.from_table == s_wr.tuned && s_rd.configs == s_wr.configs,
+                "table read: every configuration, no timing", shape, detail);
+
+    gpu->sync(gpu->ctx);
+    struct lk_blas *all[4] = {ref, tun, wr, rd};
+    for (int h = 0; h < 4; h++) {
+        lk_blas_free(all[h]);
+        lcuda_arena_free(&ar[h]);
+    }
+    for (int h = 0; h < 4; h++)
+        for (size_t v = 0; v < TV_N; v++)
+            free(res[h][v][0]), free(res[h][v][1]);
+    for (int o = 0; o < 2; o++) {
+        gpu->free(gpu->ctx, t.out[o]);
+        free(t.init[o]);
+    }
+    void *dev[] = {t.x, t.w, t.bias, t.acc, t.dout, t.pre_in, t.scratch};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        gpu->free(gpu->ctx, dev[i]);
+    unlink(table);
+    unlink(lockf);
+}
+
 int main(void) {
     int rc = lcuda_probe();
     if (rc) return rc;
@@ -669,6 +914,8 @@ int main(void) {
     if (!quick) test_optim(1 << 20);
     test_fused(64, 128, 256);
     if (!quick) test_fused(256, 768, 3072);
+    test_blas_tune(64, 128, 256);
+    if (!quick) test_blas_tune(1024, 768, 3072);
 
     backend_free(gpu);
     backend_free(cpu);

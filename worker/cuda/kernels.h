@@ -28,10 +28,24 @@ extern "C" {
 
 typedef uint16_t lbf16;
 
-/* cuBLASLt handle + workspace, bound to one stream. Created at start-up. */
+/* cuBLASLt handle + workspace, bound to one stream. Created at start-up.
+ * lk_blas_new reads LOOM_BLAS_TUNE=1 (time up to 8 heuristic algorithms the
+ * first time each GEMM configuration is met and keep the fastest) and
+ * LOOM_BLAS_ALGO_CACHE=path (a table of those choices, read instead of
+ * timing when the file exists, written when tuning) once; k_linear.cu's top
+ * comment has the details. Default: the heuristic's first algorithm. */
 struct lk_blas;
 struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena);
 void lk_blas_free(struct lk_blas *b); /* accepts NULL */
+/* How the handle's algorithms were chosen so far (tests, logs). */
+struct lk_blas_stats {
+    int configs;    /* GEMM configurations cached */
+    int tuned;      /* of which decided by the tuner (timed; #0 where unsafe to time) */
+    int from_table; /* of which read from LOOM_BLAS_ALGO_CACHE */
+    int not_first;  /* tuned or read choices other than the heuristic's #0 */
+    double tune_ms; /* host time spent timing candidates */
+};
+void lk_blas_get_stats(const struct lk_blas *b, struct lk_blas_stats *st);
 
 /* ---- linear layers (cuBLASLt) ---- */
 /* out = inp . W^T (+ bias). With gelu=1: pre_gelu (may not be NULL) receives
