@@ -73,3 +73,10 @@ if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
     target_link_libraries(bench_attn PRIVATE loom_cuda CUDA::cudart_static m)
     loom_warnings(bench_attn)
 endif()
+# Norm kernel variants' speed and agreement on the GPT-2 124M / 1558M and a
+# Llama RMSNorm shape (not a test; LOOM_NORM_VARIANT's values in one process).
+if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
+    add_executable(bench_norm ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_norm.c)
+    target_link_libraries(bench_norm PRIVATE loom_cuda CUDA::cudart_static m)
+    loom_warnings(bench_norm)
+endif()

@@ -188,11 +188,19 @@ static void test_matmul(int N, int IC, int OC, int bias) {
     t_free(&db);
 }
 
-static void test_norm(int N, int C, int rms) {
+static uint16_t *t_bits(const struct tens *t);
+
+/* Norm forward and backward through the backend against the cpu, with the
+ * norm kernels' variant `var` (lk_norm_set_variant); the backward is run a
+ * second time from the same gradients and must repeat bit for bit. The
+ * workspace is reserved for the shape (the norm scratch depends on N, C). */
+static void test_norm(int N, int C, int rms, int var) {
     char shape[64];
-    snprintf(shape, sizeof shape, "N%d C%d", N, C);
+    snprintf(shape, sizeof shape, "N%d C%d v%d", N, C, var);
     const char *nm = rms ? "rmsnorm" : "layernorm";
     char what[40];
+    reserve_both(1, N, C, 1, 1, 64, C, 64);
+    lk_norm_set_variant(var);
     struct tens x, w, b, y, mean, rstd, dy, dx, dw, db;
     t_rand(&x, (size_t)N * C, 0, 2, 0.5f);
     t_rand(&w, C, 0, 0.3f, 1);
@@ -216,20 +224,201 @@ static void test_norm(int N, int C, int rms) {
     t_rand(&dx, (size_t)N * C, 0, 1, 0);
     t_rand(&dw, C, 0, 8, 0);
     t_rand(&db, C, 0, 8, 0);
-    if (rms) {
-        cpu->rmsnorm_bwd(cpu->ctx, dx.c, dw.c, dy.c, x.c, w.c, rstd.c, N, C);
-        gpu->rmsnorm_bwd(gpu->ctx, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, N, C);
-    } else {
-        cpu->layernorm_bwd(cpu->ctx, dx.c, dw.c, db.c, dy.c, x.c, w.c, mean.c, rstd.c, N, C);
-        gpu->layernorm_bwd(gpu->ctx, dx.g, dw.g, db.g, dy.g, x.g, w.g, mean.g, rstd.g, N, C);
+    struct tens *grads[3] = {&dx, &dw, &db};
+    uint16_t *first[3] = {NULL, NULL, NULL};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0 && rms)
+            cpu->rmsnorm_bwd(cpu->ctx, dx.c, dw.c, dy.c, x.c, w.c, rstd.c, N, C);
+        else if (pass == 0)
+            cpu->layernorm_bwd(cpu->ctx, dx.c, dw.c, db.c, dy.c, x.c, w.c, mean.c, rstd.c, N, C);
+        if (rms)
+            gpu->rmsnorm_bwd(gpu->ctx, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, N, C);
+        else
+            gpu->layernorm_bwd(gpu->ctx, dx.g, dw.g, db.g, dy.g, x.g, w.g, mean.g, rstd.g, N, C);
+        if (pass == 0) {
+            snprintf(what, sizeof what, "%s_bwd dinp", nm);
+            t_check(&dx, what, shape, TOL_MM, 1);
+            snprintf(what, sizeof what, "%s_bwd dw", nm);
+            t_check(&dw, what, shape, TOL_MM, 1);
+            if (!rms) t_check(&db, "layernorm_bwd db", shape, TOL_MM, 1);
+        }
+        int same = 1;
+        for (int i = 0; i < 3; i++) {
+            uint16_t *bb = t_bits(grads[i]);
+            if (pass == 0) {
+                first[i] = bb;
+                /* back to the initial gradients for the repeat */
+                memcpy(grads[i]->h, grads[i]->init, grads[i]->n * sizeof(float));
+                t_upload(grads[i]);
+            } else {
+                same &= memcmp(first[i], bb, grads[i]->n * 2) == 0;
+                free(first[i]);
+                free(bb);
+            }
+        }
+        if (pass == 1) {
+            snprintf(what, sizeof what, "%s_bwd repeats", nm);
+            checks++, failures += !same;
+            printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", what, shape);
+        }
     }
-    snprintf(what, sizeof what, "%s_bwd dinp", nm);
-    t_check(&dx, what, shape, TOL_MM, 1);
-    snprintf(what, sizeof what, "%s_bwd dw", nm);
-    t_check(&dw, what, shape, TOL_MM, 1);
-    if (!rms) t_check(&db, "layernorm_bwd db", shape, TOL_MM, 1);
     t_free(&x), t_free(&w), t_free(&b), t_free(&y), t_free(&mean), t_free(&rstd), t_free(&dy);
     t_free(&dx), t_free(&dw), t_free(&db);
+}
+
+/* Device copy of n random bf16 values (normal * scale + offset); the host
+ * bits are kept in *keep when not NULL (caller frees). */
+static void *norm_dev(size_t n, float scale, float offset, uint16_t **keep) {
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        h[i] = lcuda_f2bf(nrand() * scale + offset);
+    void *d = gpu->alloc(gpu->ctx, n * 2);
+    gpu->upload(gpu->ctx, d, h, n * 2);
+    if (keep)
+        *keep = h;
+    else
+        free(h);
+    return d;
+}
+
+static uint16_t *norm_bits(const void *d, size_t n) {
+    uint16_t *h = malloc(n * 2);
+    gpu->download(gpu->ctx, h, d, n * 2);
+    return h;
+}
+
+/* ||(a - base) - (r - base)|| / ||r - base|| over bf16 bits (base NULL:
+ * zeros), the increments' relative difference. */
+static double norm_rel(const uint16_t *a, const uint16_t *r, const uint16_t *base, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double z = base ? lcuda_bf2f(base[i]) : 0;
+        double x = lcuda_bf2f(a[i]) - z, y = lcuda_bf2f(r[i]) - z;
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void norm_verdict(int ok, const char *what, const char *shape, double rel) {
+    checks++, failures += !ok;
+    if (rel >= 0)
+        printf("%-4s %-22s %-26s rel=%.2e\n", ok ? "ok" : "FAIL", what, shape, rel);
+    else
+        printf("%-4s %-22s %-26s\n", ok ? "ok" : "FAIL", what, shape);
+}
+
+/* lk_norm_* called directly, every variant on the same inputs. Residual
+ * forward: res bit for bit and out, rstd (and mean) within bounds of variant
+ * 0's. Backward (from variant 0's forward results): dx, dw, db within
+ * TOL_MM of variant 0's increments; the full call repeats bit for bit; a
+ * call without dx gives the same dw, db bits and one without dw, db the
+ * same dx within TOL_MM (it may take other kernels). */
+static void test_norm_paths(int N, int C, int rms) {
+    lcuda_stream st = (lcuda_stream)backend_cuda_stream(gpu);
+    size_t n = (size_t)N * C;
+    float eps = 1e-5f;
+    uint16_t *h_dx, *h_dw, *h_db;
+    void *a = norm_dev(n, 1.5f, 0.3f, NULL), *a2 = norm_dev(n, 1.f, 0.f, NULL);
+    void *w = norm_dev(C, 0.3f, 1.f, NULL), *b = rms ? NULL : norm_dev(C, 0.3f, 0.f, NULL);
+    void *dy = norm_dev(n, 1.f, 0.f, NULL), *dx = norm_dev(n, 1.f, 0.f, &h_dx);
+    void *dw = norm_dev(C, 8.f, 0.f, &h_dw), *db = norm_dev(C, 8.f, 0.f, &h_db);
+    void *res = gpu->alloc(gpu->ctx, n * 2), *out = gpu->alloc(gpu->ctx, n * 2);
+    void *res0 = gpu->alloc(gpu->ctx, n * 2);
+    float *mean = gpu->alloc(gpu->ctx, N * 4), *rstd = gpu->alloc(gpu->ctx, N * 4);
+    float *mean0 = gpu->alloc(gpu->ctx, N * 4), *rstd0 = gpu->alloc(gpu->ctx, N * 4);
+    float *scratch = gpu->alloc(gpu->ctx, lk_norm_scratch_bytes(N, C));
+    float *hm = malloc(N * 4), *hr = malloc(N * 4), *hm0 = malloc(N * 4), *hr0 = malloc(N * 4);
+    uint16_t *ref_res = NULL, *ref_out = NULL, *ref[3] = {NULL, NULL, NULL};
+    void *gd[3] = {dx, dw, db};
+    uint16_t *gh[3] = {h_dx, h_dw, h_db};
+    size_t gn[3] = {n, (size_t)C, (size_t)C};
+    int ng = rms ? 2 : 3;
+    for (int var = 0; var < 4; var++) {
+        char shape[64], what[40];
+        snprintf(shape, sizeof shape, "N%d C%d v%d", N, C, var);
+        const char *nm = rms ? "rms" : "ln";
+        lk_norm_set_variant(var);
+        lk_residual_norm_fwd(res, out, rms ? NULL : mean, rstd, a, a2, w, b, N, C, eps, rms, st);
+        uint16_t *r = norm_bits(res, n), *o = norm_bits(out, n);
+        gpu->download(gpu->ctx, hr, rstd, N * 4);
+        if (!rms) gpu->download(gpu->ctx, hm, mean, N * 4);
+        if (var == 0) {
+            ref_res = r, ref_out = o;
+            gpu->download(gpu->ctx, hr0, rstd, N * 4);
+            if (!rms) gpu->download(gpu->ctx, hm0, mean, N * 4);
+            gpu->upload(gpu->ctx, res0, r, n * 2);
+            gpu->upload(gpu->ctx, rstd0, hr0, N * 4);
+            if (!rms) gpu->upload(gpu->ctx, mean0, hm0, N * 4);
+        } else {
+            double dstat = 0;
+            for (int i = 0; i < N; i++) {
+                double e = fabs(hr[i] - hr0[i]) / fabs(hr0[i]);
+                if (!rms) e += fabs(hm[i] - hm0[i]) / (fabs(hm0[i]) + 1e-3);
+                if (e > dstat) dstat = e;
+            }
+            snprintf(what, sizeof what, "%s res+norm res", nm);
+            norm_verdict(memcmp(r, ref_res, n * 2) == 0, what, shape, -1);
+            double ro = norm_rel(o, ref_out, NULL, n);
+            snprintf(what, sizeof what, "%s res+norm out", nm);
+            norm_verdict(ro <= TOL_MM, what, shape, ro);
+            snprintf(what, sizeof what, "%s res+norm stats", nm);
+            norm_verdict(dstat <= 1e-5, what, shape, dstat);
+            free(r), free(o);
+        }
+        /* backward: full call, repeat, dw/db only, dx only */
+        uint16_t *full[3] = {NULL, NULL, NULL};
+        int repeat = 1, wonly = 1;
+        double dxonly = 0;
+        for (int call = 0; call < 4; call++) {
+            for (int i = 0; i < ng; i++)
+                gpu->upload(gpu->ctx, gd[i], gh[i], gn[i] * 2);
+            void *cdx = call == 2 ? NULL : dx;
+            void *cdw = call == 3 ? NULL : dw, *cdb = call == 3 || rms ? NULL : db;
+            lk_norm_bwd(cdx, cdw, cdb, scratch, dy, res0, w, rms ? NULL : mean0, rstd0, N, C, rms,
+                        st);
+            for (int i = 0; i < ng; i++) {
+                if ((call == 2 && i == 0) || (call == 3 && i > 0)) continue;
+                uint16_t *g = norm_bits(gd[i], gn[i]);
+                if (call == 0) {
+                    full[i] = g;
+                    continue;
+                }
+                if (call == 1)
+                    repeat &= memcmp(g, full[i], gn[i] * 2) == 0;
+                else if (call == 2)
+                    wonly &= memcmp(g, full[i], gn[i] * 2) == 0;
+                else
+                    dxonly = norm_rel(g, full[i], gh[i], gn[i]);
+                free(g);
+            }
+        }
+        snprintf(what, sizeof what, "%s_bwd repeats", nm);
+        norm_verdict(repeat, what, shape, -1);
+        snprintf(what, sizeof what, "%s_bwd no dx: dw bits", nm);
+        norm_verdict(wonly, what, shape, -1);
+        snprintf(what, sizeof what, "%s_bwd dx only", nm);
+        norm_verdict(dxonly <= TOL_MM, what, shape, dxonly);
+        static const char *gname[3] = {"dx", "dw", "db"};
+        for (int i = 0; i < ng; i++) {
+            if (var == 0) {
+                ref[i] = full[i];
+                continue;
+            }
+            double rd = norm_rel(full[i], ref[i], gh[i], gn[i]);
+            snprintf(what, sizeof what, "%s_bwd %s vs v0", nm, gname[i]);
+            norm_verdict(rd <= TOL_MM, what, shape, rd);
+            free(full[i]);
+        }
+    }
+    lk_norm_set_variant(0);
+    for (int i = 0; i < 3; i++)
+        free(ref[i]);
+    free(ref_res), free(ref_out), free(hm), free(hr), free(hm0), free(hr0);
+    free(h_dx), free(h_dw), free(h_db);
+    void *bufs[] = {a, a2, w, b, dy, dx, dw, db, res, out, res0, mean, rstd, mean0, rstd0, scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) gpu->free(gpu->ctx, bufs[i]);
 }
 
 static void test_act(int N, int F) {
@@ -879,11 +1068,23 @@ int main(void) {
         {64, 64, 192, 1}, {512, 256, 40, 0}, {256, 768, 2304, 1}, {128, 1024, 768, 1}};
     for (size_t i = 0; i < (quick ? 2 : sizeof mm / sizeof mm[0]); i++)
         test_matmul(mm[i][0], mm[i][1], mm[i][2], mm[i][3]);
-    static const int nm[][2] = {{64, 64}, {33, 1600}, {300, 768}, {40, 256}, {128, 2048}};
-    for (size_t i = 0; i < (quick ? 2 : sizeof nm / sizeof nm[0]); i++) {
-        test_norm(nm[i][0], nm[i][1], 0);
-        test_norm(nm[i][0], nm[i][1], 1);
-    }
+    /* norms: every kernel variant (LOOM_NORM_VARIANT 0-3); C 520 and 1600
+     * leave the last 256-column vector partly empty, 4096 is past the
+     * one-pass kernels (variant 0's kernels), N 300 and 1000 end in a
+     * partial row block */
+    static const int nm[][2] = {{64, 64},  {33, 1600},  {300, 768},   {40, 256}, {128, 2048},
+                                {97, 520}, {200, 1024}, {1000, 1600}, {70, 4096}};
+    for (int v = 0; v < (quick ? 2 : 4); v++)
+        for (size_t i = 0; i < (quick ? 2 : sizeof nm / sizeof nm[0]); i++) {
+            test_norm(nm[i][0], nm[i][1], 0, v);
+            test_norm(nm[i][0], nm[i][1], 1, v);
+        }
+    static const int np[][3] = {{300, 768, 0}, {300, 768, 1},  {1000, 1600, 0}, {128, 2048, 1},
+                                {97, 520, 0},  {200, 1024, 0}, {64, 64, 1},     {70, 4096, 1}};
+    for (size_t i = 0; i < (quick ? 2 : sizeof np / sizeof np[0]); i++)
+        test_norm_paths(np[i][0], np[i][1], np[i][2]);
+    lk_norm_set_variant(0);
+    reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
     test_act(64, 256);
     if (!quick) test_act(37, 3072);
     test_rope(2, 64, 4, 2, 64);

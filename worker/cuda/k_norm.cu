@@ -1,10 +1,25 @@
 /* LayerNorm and RMSNorm, forward (optionally fused with the residual add)
  * and backward. One warp per row, 16-byte loads (C must be a multiple of 8),
- * statistics in fp32. The weight/bias gradients are column sums computed in
- * a second, deterministic pass (row chunks, then a fixed-order sum), so no
- * float atomics are used. */
+ * statistics in fp32. No float atomics: the weight/bias gradients are column
+ * sums over fixed row blocks (one fp32 partial row per block), then summed
+ * over the blocks in a fixed order.
+ *
+ * Two generations of kernels, chosen by LOOM_NORM_VARIANT (read once; see
+ * lk_norm_set_variant in kernels.h):
+ * 0 the first kernels: the backward reads x and dout twice (a dx kernel,
+ *   then a column-sum pass), the forward for C % 256 != 0 reads x 3 times;
+ * 1 one backward pass for C <= 2048: each warp keeps its rows' dout * xhat
+ *   and dout column sums (registers for C <= 768, shared memory above), the
+ *   CTA adds its warps' sums in a fixed order and writes one partial row;
+ *   forward and residual forward keep the row in registers for any C <= 2048;
+ * 2 as 1 with the column sums in shared memory for every C (more CTAs fit
+ *   on an SM than with 1's register sums at C <= 768);
+ * 3 as 1 with 8 rows a warp instead of 4 (half the CTAs and partials).
+ * C > 2048 uses variant 0's kernels in every variant. Each variant is
+ * bit-reproducible; they differ from each other by fp32 summation order. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdlib.h>
 
 #include "worker/cuda/kernels.h"
 
@@ -323,6 +338,375 @@ __global__ void norm_bwd_wfinal_kernel(bf *dw, bf *db, const float *part, int nc
     if (db) db[col] = __float2bfloat16(__bfloat162float(db[col]) + sb);
 }
 
+/* ---- variants 1 and 2 ---- */
+
+/* Largest C the one-pass kernels hold in registers (8 vectors a lane). */
+#define V1_MAXC 2048
+
+static int v1_nv(int C) {
+    return C <= V1_MAXC ? (C + 255) / 256 : 0;
+}
+
+__device__ __forceinline__ void unpack8(float *f, bf8 v) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(v.h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ bf8 pack8(const float *f) {
+    bf8 v;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return v;
+}
+
+/* Forward for any C <= 256 * NV: lane `lane` holds columns k*256 + lane*8 +
+ * [0, 8) of its row (k < NV; vectors past C are skipped) as bf16, so x is
+ * read once and the row costs 4 registers a vector. RES: res = bf16(a + a2)
+ * is written and normalised (as variant 0). For NV <= 4 the weight and bias
+ * loads are issued with the row's, ahead of the reductions. Same per-lane
+ * arithmetic order as norm_fwd_kernel. */
+template <int NV, bool RES>
+__global__ void __launch_bounds__(256, NV <= 3 ? 4 : 1)
+    norm_fwd_v1_kernel(bf *out, float *mean_out, float *rstd_out, bf *res, const bf *a,
+                       const bf *a2, const bf *w, const bf *bias, int N, int C, float eps,
+                       int rms) {
+    constexpr bool EARLY_W = NV <= 4;
+    int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= N) return;
+    size_t off = (size_t)row * C;
+    bf8 px[NV], pw[EARLY_W ? NV : 1], pb[EARLY_W ? NV : 1];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int c = k * 256 + lane * 8;
+        if (c < C) {
+            px[k] = *(const bf8 *)(a + off + c);
+            if constexpr (EARLY_W) {
+                pw[k] = *(const bf8 *)(w + c);
+                if (bias) pb[k] = *(const bf8 *)(bias + c);
+            }
+        }
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int c = k * 256 + lane * 8;
+        if (c >= C) continue;
+        float f[8];
+        unpack8(f, px[k]);
+        if constexpr (RES) {
+            float fy[8];
+            load8(fy, a2 + off + c);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                f[j] += fy[j];
+            px[k] = pack8(f);
+            *(bf8 *)(res + off + c) = px[k];
+            unpack8(f, px[k]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            s += f[j];
+    }
+    float mu = rms ? 0.f : warp_sum(s) / C;
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if (k * 256 + lane * 8 >= C) continue;
+        float f[8];
+        unpack8(f, px[k]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float d = f[j] - mu;
+            v += d * d;
+        }
+    }
+    v = warp_sum(v);
+    float rstd = rsqrtf(v / C + eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int c = k * 256 + lane * 8;
+        if (c >= C) continue;
+        float f[8], fw[8], fb[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        unpack8(f, px[k]);
+        if constexpr (EARLY_W) {
+            unpack8(fw, pw[k]);
+            if (bias) unpack8(fb, pb[k]);
+        } else {
+            load8(fw, w + c);
+            if (bias) load8(fb, bias + c);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            f[j] = (f[j] - mu) * rstd * fw[j] + fb[j];
+        store8(out + off + c, f);
+    }
+    if (lane == 0) {
+        if (mean_out) mean_out[row] = mu;
+        rstd_out[row] = rstd;
+    }
+}
+
+/* One-pass backward. CTA b owns rows [b*R, b*R + R); warp q of W takes rows
+ * b*R + q, + W, ... in order. Per row (lane columns as in the forward):
+ * dx += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)) with the arithmetic
+ * of norm_bwd_dx_kernel, and the warp adds dout * xhat and dout (LayerNorm
+ * only) to its column sums: registers (SACC false) or a warp-private slice
+ * of shared memory (SACC true; each lane touches only its own float4s, so no
+ * barrier is needed until the end). Then the W warp sums of each column are
+ * added in warp order and part[b][0, C) = dw sums, part[b][C, 2C) = db sums.
+ * Shared layout: float4 [W][2 (dw, db)][NV][2 (column halves)][32 lanes],
+ * so a warp's float4 accesses hit 32 consecutive float4s (no conflicts). */
+template <int NV, int W, int R, bool SACC, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
+    norm_bwd_v1_kernel(bf *dx, float *part, const bf *dout, const bf *xin, const bf *w,
+                       const float *mean, const float *rstd, int N, int C, int rms) {
+    constexpr int SLICE = NV * 64; /* float4s of one warp's dw (or db) sums */
+    constexpr bool EARLY_DX = NV <= 3;
+    extern __shared__ float4 sh4[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = blockIdx.x * R, r1 = min(N, r0 + R);
+    float4 *mw = sh4 + (size_t)warp * 2 * SLICE, *mb = mw + SLICE;
+    float aw[SACC ? 1 : NV][8], ab[SACC ? 1 : NV][8];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if constexpr (SACC) {
+            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            mw[(2 * k) * 32 + lane] = z;
+            mw[(2 * k + 1) * 32 + lane] = z;
+            mb[(2 * k) * 32 + lane] = z;
+            mb[(2 * k + 1) * 32 + lane] = z;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                aw[k][j] = ab[k][j] = 0.f;
+        }
+    }
+    for (int r = r0 + warp; r < r1; r += W) {
+        size_t off = (size_t)r * C;
+        bf8 px[NV], pg[NV], pd[EARLY_DX ? NV : 1];
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int c = k * 256 + lane * 8;
+            if (c < C) {
+                px[k] = *(const bf8 *)(xin + off + c);
+                pg[k] = *(const bf8 *)(dout + off + c);
+                if constexpr (EARLY_DX) {
+                    if (dx) pd[k] = *(const bf8 *)(dx + off + c);
+                }
+            }
+        }
+        float mu = rms ? 0.f : mean[r], rs = rstd[r];
+        float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int c = k * 256 + lane * 8;
+            if (c >= C) continue;
+            float fx[8], fg[8], fw[8];
+            unpack8(fx, px[k]);
+            unpack8(fg, pg[k]);
+            load8(fw, w + c);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float dn = fg[j] * fw[j];
+                float xh = (fx[j] - mu) * rs;
+                s1 += dn;
+                s2 += dn * xh;
+            }
+        }
+        s1 = warp_sum(s1) / C;
+        s2 = warp_sum(s2) / C;
+        if (rms) s1 = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int c = k * 256 + lane * 8;
+            if (c >= C) continue;
+            float fx[8], fg[8], fw[8], xh[8];
+            unpack8(fx, px[k]);
+            unpack8(fg, pg[k]);
+            load8(fw, w + c);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                xh[j] = (fx[j] - mu) * rs;
+            if (dx) {
+                float fd[8];
+                if constexpr (EARLY_DX)
+                    unpack8(fd, pd[k]);
+                else
+                    load8(fd, dx + off + c);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float dn = fg[j] * fw[j];
+                    fd[j] += rs * (dn - s1 - xh[j] * s2);
+                }
+                store8(dx + off + c, fd);
+            }
+            if constexpr (SACC) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float4 *pw4 = &mw[(2 * k + h) * 32 + lane];
+                    float4 t = *pw4;
+                    t.x += fg[4 * h] * xh[4 * h];
+                    t.y += fg[4 * h + 1] * xh[4 * h + 1];
+                    t.z += fg[4 * h + 2] * xh[4 * h + 2];
+                    t.w += fg[4 * h + 3] * xh[4 * h + 3];
+                    *pw4 = t;
+                    if (!rms) {
+                        float4 *pb4 = &mb[(2 * k + h) * 32 + lane];
+                        float4 u = *pb4;
+                        u.x += fg[4 * h];
+                        u.y += fg[4 * h + 1];
+                        u.z += fg[4 * h + 2];
+                        u.w += fg[4 * h + 3];
+                        *pb4 = u;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    aw[k][j] += fg[j] * xh[j];
+                    ab[k][j] += fg[j];
+                }
+            }
+        }
+    }
+    if constexpr (!SACC) {
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mw[(2 * k + h) * 32 + lane] =
+                    make_float4(aw[k][4 * h], aw[k][4 * h + 1], aw[k][4 * h + 2], aw[k][4 * h + 3]);
+                mb[(2 * k + h) * 32 + lane] =
+                    make_float4(ab[k][4 * h], ab[k][4 * h + 1], ab[k][4 * h + 2], ab[k][4 * h + 3]);
+            }
+    }
+    __syncthreads();
+    /* float4 q of array a (0 dw, 1 db) holds columns 4q .. 4q+3: vector
+     * k = q / 64 of lane (q % 64) / 2, half q % 2 */
+    float *pr = part + (size_t)blockIdx.x * 2 * C;
+    for (int t = threadIdx.x; t < 2 * SLICE; t += W * 32) {
+        int a = t / SLICE, q = t % SLICE, col = 4 * q;
+        if (col >= C) continue;
+        int idx = a * SLICE + ((q / 64) * 2 + (q & 1)) * 32 + (q % 64) / 2;
+        float4 acc = sh4[idx];
+        for (int y = 1; y < W; y++) {
+            float4 u = sh4[(size_t)y * 2 * SLICE + idx];
+            acc.x += u.x;
+            acc.y += u.y;
+            acc.z += u.z;
+            acc.w += u.w;
+        }
+        *(float4 *)(pr + (size_t)a * C + col) = acc;
+    }
+}
+
+/* dw[c] += sum over the nblk partial rows of part[.][c], db[c] likewise
+ * from part[.][C + c]; columns below ncol (C without db, else 2C). A CTA
+ * takes 32 columns; warp g adds rows
+ * g, g + 16, ... in order, then the 16 warp sums are added in warp order. */
+__global__ void __launch_bounds__(512)
+    norm_bwd_wsum_kernel(bf *dw, bf *db, const float *part, int nblk, int C, int ncol) {
+    __shared__ float sh[16][33];
+    int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    int col = blockIdx.x * 32 + lane;
+    float s = 0.f;
+    if (col < ncol) {
+#pragma unroll 8
+        for (int p = g; p < nblk; p += 16)
+            s += part[(size_t)p * 2 * C + col];
+    }
+    sh[g][lane] = s;
+    __syncthreads();
+    if (g != 0 || col >= ncol) return;
+    float t = 0.f;
+#pragma unroll
+    for (int q = 0; q < 16; q++)
+        t += sh[q][lane];
+    bf *d = col < C ? dw : db;
+    int c = col < C ? col : col - C;
+    if (d) d[c] = __float2bfloat16(__bfloat162float(d[c]) + t);
+}
+
+static size_t v1_smem(int nv, int W) {
+    return (size_t)W * 2 * nv * 64 * sizeof(float4);
+}
+
+template <int NV, int W, int R, bool SACC, int MINB>
+static void v1_bwd_launch(bf *dx, float *part, const bf *dout, const bf *x, const bf *w,
+                          const float *mean, const float *rstd, int N, int C, int rms,
+                          cudaStream_t st) {
+    size_t smem = v1_smem(NV, W);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(norm_bwd_v1_kernel<NV, W, R, SACC, MINB>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    norm_bwd_v1_kernel<NV, W, R, SACC, MINB>
+        <<<(N + R - 1) / R, W * 32, smem, st>>>(dx, part, dout, x, w, mean, rstd, N, C, rms);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The one-pass backward's launch shapes: W warps and R rows a CTA, MINB
+ * CTAs an SM for the register bound. Variants 1 and 2 give a warp 4 rows
+ * (N = 16384 gives 4096 warps, about 2 CTA waves at C 768), variant 3 gives
+ * it 8 (half the CTAs and partial rows; one wave of 2 CTAs an SM at C 768).
+ * Register column sums (variants 1 and 3) for C <= 768 only: above, the 16
+ * sums a vector would not fit beside the row. Returns R, the rows of each
+ * partial row; lk_norm_scratch_bytes sizes for the smallest R of a C. */
+template <int NV>
+static int v1_bwd(int var, bf *dx, float *part, const bf *dout, const bf *x, const bf *w,
+                  const float *mean, const float *rstd, int N, int C, int rms, cudaStream_t st) {
+#define V1_ARGS dx, part, dout, x, w, mean, rstd, N, C, rms, st
+    if constexpr (NV <= 3) {
+        if (var == 2) {
+            v1_bwd_launch<NV, 8, 32, true, 3>(V1_ARGS);
+            return 32;
+        }
+        if (var == 3) {
+            v1_bwd_launch<NV, 8, 64, false, 2>(V1_ARGS);
+            return 64;
+        }
+        v1_bwd_launch<NV, 8, 32, false, 2>(V1_ARGS);
+        return 32;
+    } else if constexpr (NV <= 7) {
+        if (var == 3) {
+            v1_bwd_launch<NV, 8, 64, true, 2>(V1_ARGS);
+            return 64;
+        }
+        v1_bwd_launch<NV, 8, 32, true, 2>(V1_ARGS);
+        return 32;
+    } else {
+        if (var == 3) {
+            v1_bwd_launch<NV, 4, 32, true, 3>(V1_ARGS);
+            return 32;
+        }
+        v1_bwd_launch<NV, 4, 16, true, 3>(V1_ARGS);
+        return 16;
+    }
+#undef V1_ARGS
+}
+
+static int g_norm_variant = -1;
+
+static int norm_variant(void) {
+    if (g_norm_variant < 0) {
+        const char *e = getenv("LOOM_NORM_VARIANT");
+        g_norm_variant = e && *e ? atoi(e) : 0;
+    }
+    return g_norm_variant;
+}
+
+extern "C" void lk_norm_set_variant(int v) {
+    g_norm_variant = v;
+}
+
+extern "C" int lk_norm_variant(void) {
+    return norm_variant();
+}
+
 static void check_c(int C) {
     if (C % 8) lcuda_fail(__FILE__, __LINE__, "norm", "C must be a multiple of 8");
 }
@@ -330,6 +714,17 @@ static void check_c(int C) {
 extern "C" void lk_norm_fwd(lbf16 *out, float *mean, float *rstd, const lbf16 *x, const lbf16 *w,
                             const lbf16 *bias, int N, int C, float eps, int rms, lcuda_stream s) {
     check_c(C);
+    int nv1 = norm_variant() ? v1_nv(C) : 0;
+    if (nv1) {
+#define FWD_V1(NV)                                                                                 \
+    norm_fwd_v1_kernel<NV, false><<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(                       \
+        (bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w, (const bf *)bias, N, C,   \
+        eps, rms)
+        NV_SWITCH(nv1, FWD_V1);
+#undef FWD_V1
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     int nv = reg_nv(C);
     if (nv) {
 #define FWD_REG(NV)                                                                                \
@@ -350,14 +745,34 @@ extern "C" void lk_residual_norm_fwd(lbf16 *res, lbf16 *out, float *mean, float 
                                      const lbf16 *bias, int N, int C, float eps, int rms,
                                      lcuda_stream s) {
     check_c(C);
+    int nv1 = norm_variant() ? v1_nv(C) : 0;
+    if (nv1) {
+#define RES_V1(NV)                                                                                 \
+    norm_fwd_v1_kernel<NV, true><<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(                        \
+        (bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,             \
+        (const bf *)bias, N, C, eps, rms)
+        NV_SWITCH(nv1, RES_V1);
+#undef RES_V1
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     norm_fwd_kernel<<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(
         (bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,
         (const bf *)bias, N, C, eps, rms);
     CUDA_CHECK_LAUNCH();
 }
 
+/* The larger of variant 0's chunks of ROWCHK rows and the one-pass
+ * kernels' blocks (v1_bwd's smallest R for this C), 2C floats each. */
 extern "C" size_t lk_norm_scratch_bytes(int N, int C) {
-    return (size_t)((N + ROWCHK - 1) / ROWCHK) * 2 * C * sizeof(float);
+    size_t rows = (size_t)(N + ROWCHK - 1) / ROWCHK;
+    int nv = v1_nv(C);
+    if (nv) {
+        int R = nv == 8 ? 16 : 32;
+        size_t r1 = (size_t)(N + R - 1) / R;
+        if (r1 > rows) rows = r1;
+    }
+    return rows * 2 * C * sizeof(float);
 }
 
 extern "C" void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, const lbf16 *dout,
@@ -365,6 +780,20 @@ extern "C" void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, 
                             int N, int C, int rms, lcuda_stream s) {
     check_c(C);
     cudaStream_t st = (cudaStream_t)s;
+    int var = norm_variant(), nv1 = var ? v1_nv(C) : 0;
+    if (nv1 && (dw || dbias)) {
+        int R = 0;
+#define BWD_V1(NV)                                                                                 \
+    R = v1_bwd<NV>(var, (bf *)dx, scratch, (const bf *)dout, (const bf *)x, (const bf *)w, mean,   \
+                   rstd, N, C, rms, st)
+        NV_SWITCH(nv1, BWD_V1);
+#undef BWD_V1
+        int ncol = dbias ? 2 * C : C;
+        norm_bwd_wsum_kernel<<<(ncol + 31) / 32, 512, 0, st>>>((bf *)dw, (bf *)dbias, scratch,
+                                                               (N + R - 1) / R, C, ncol);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (dx) {
         int nv = reg_nv(C);
         if (nv) {
