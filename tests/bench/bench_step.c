@@ -73,6 +73,11 @@ static void pre(void) {
         backend_cuda_issue_held(P.be, 2);
         pend(C_OPTIM);
     }
+    if (backend_cuda_held(P.be, 3)) {
+        pbeg();
+        backend_cuda_issue_held(P.be, 3);
+        pend(C_MATMUL);
+    }
 }
 
 #define W0(name, c, params, args)                                                                  \
@@ -117,7 +122,15 @@ static void w_gelu_fwd(void *x, void *o, const void *i, size_t n) {
     P.orig.gelu_fwd(x, o, i, n);
     pend(fused ? C_MATMUL : C_ELEM);
 }
-W0(gelu_bwd, C_ELEM, (void *x, void *di, const void *i, const void *d, size_t n), (x, di, i, d, n))
+/* gelu_bwd of a held matmul_bwd's output runs as its DGELU epilogue: charged
+ * to matmul. zero() leaves that GEMM held (the backend records the range). */
+static void w_gelu_bwd(void *x, void *di, const void *i, const void *d, size_t n) {
+    int fused = backend_cuda_held(P.be, 3);
+    if (!fused) pre();
+    pbeg();
+    P.orig.gelu_bwd(x, di, i, d, n);
+    pend(fused ? C_MATMUL : C_ELEM);
+}
 W0(residual_fwd, C_ELEM, (void *x, void *o, const void *a, const void *b, size_t n),
    (x, o, a, b, n))
 W0(accumulate, C_ELEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
@@ -130,7 +143,17 @@ W0(embedding_bwd, C_ELEM,
 W0(adamw, C_OPTIM, (void *x, const struct backend_adamw *a), (x, a))
 W0(sumsq, C_OPTIM, (void *x, float *a, const void *g, size_t n), (x, a, g, n))
 W0(scale, C_OPTIM, (void *x, void *p, size_t n, float s), (x, p, n, s))
-W0(zero, C_MEM, (void *x, void *p, size_t n), (x, p, n))
+static void w_zero(void *x, void *p, size_t n) {
+    int held = backend_cuda_held(P.be, 3);
+    if (held) { /* keep the matmul_bwd held for a following gelu_bwd */
+        P.orig.zero(x, p, n);
+        return;
+    }
+    pre();
+    pbeg();
+    P.orig.zero(x, p, n);
+    pend(C_MEM);
+}
 W0(copy, C_MEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
 W0(upload, C_MEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))
 W0(download, C_MEM, (void *x, void *d, const void *s, size_t n), (x, d, s, n))

@@ -184,6 +184,32 @@ static void test_matmul(int N, int IC, int OC, int bias) {
     gpu->matmul_bwd(gpu->ctx, dx.g, NULL, NULL, dy.g, x.g, w.g, N, IC, OC);
     memset(dx.init, 0, dx.n * 4);
     t_check(&dx, "zero + matmul_bwd dinp", shape, TOL_MM, 0);
+    if (IC % 8 == 0) {
+        /* matmul_bwd into a zeroed scratch, then gelu_bwd of it into another
+         * zeroed buffer (the MLP's backward): on the GPU one GEMM with the
+         * DGELU epilogue, the scratch left unwritten; then the same with an
+         * accumulating gelu_bwd (not fused: both kernels run) */
+        struct tens pre, dz;
+        t_rand(&pre, dx.n, 0, 1.5f, 0);
+        t_rand(&dz, dx.n, 0, 1, 0);
+        for (int acc = 0; acc < 2; acc++) {
+            cpu->zero(cpu->ctx, dx.c, dx.n * 4);
+            gpu->zero(gpu->ctx, dx.g, dx.n * 2);
+            cpu->matmul_bwd(cpu->ctx, dx.c, NULL, NULL, dy.c, x.c, w.c, N, IC, OC);
+            gpu->matmul_bwd(gpu->ctx, dx.g, NULL, NULL, dy.g, x.g, w.g, N, IC, OC);
+            if (!acc) {
+                cpu->zero(cpu->ctx, dz.c, dz.n * 4);
+                gpu->zero(gpu->ctx, dz.g, dz.n * 2);
+                memset(dz.init, 0, dz.n * 4);
+            }
+            cpu->gelu_bwd(cpu->ctx, dz.c, pre.c, dx.c, dz.n);
+            gpu->gelu_bwd(gpu->ctx, dz.g, pre.g, dx.g, dz.n);
+            t_check(&dz, acc ? "matmul_bwd + gelu_bwd +=" : "matmul_bwd + gelu_bwd", shape, TOL_MM,
+                    0);
+            if (acc) t_check(&dx, "matmul_bwd before +=gelu", shape, TOL_MM, 0);
+        }
+        t_free(&pre), t_free(&dz);
+    }
     t_free(&x), t_free(&w), t_free(&b), t_free(&y), t_free(&dy), t_free(&dx), t_free(&dw);
     t_free(&db);
 }
