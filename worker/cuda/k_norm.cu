@@ -1,17 +1,19 @@
 /* LayerNorm and RMSNorm, forward (optionally fused with the residual add)
- * and backward. One warp per row, 16-byte loads (C must be a multiple of 8),
- * statistics in fp32. No float atomics: the weight/bias gradients are column
- * sums over fixed row blocks (one fp32 partial row per block), then summed
- * over the blocks in a fixed order.
+ * and backward. One warp per row, 8 columns a lane per 256-column vector
+ * (C must be a multiple of 8), statistics in fp32. No float atomics: the
+ * weight/bias gradients are column sums over fixed row blocks (one fp32
+ * partial row per block), then summed over the blocks in a fixed order.
  *
- * Two generations of kernels, chosen by LOOM_NORM_VARIANT (read once; see
+ * Kernel generations, chosen by LOOM_NORM_VARIANT (read once; see
  * lk_norm_set_variant in kernels.h):
  * 0 the first kernels: the backward reads x and dout twice (a dx kernel,
  *   then a column-sum pass), the forward for C % 256 != 0 reads x 3 times;
+ *   their bf8 struct copies compile to 4-byte loads and stores;
  * 1 one backward pass for C <= 2048: each warp keeps its rows' dout * xhat
  *   and dout column sums (registers for C <= 768, shared memory above), the
  *   CTA adds its warps' sums in a fixed order and writes one partial row;
- *   forward and residual forward keep the row in registers for any C <= 2048;
+ *   forward and residual forward keep the row in registers for any
+ *   C <= 2048; 16-byte loads and stores (uint4);
  * 2 as 1 with the column sums in shared memory for every C (more CTAs fit
  *   on an SM than with 1's register sums at C <= 768);
  * 3 as 1 with 8 rows a warp instead of 4 (half the CTAs and partials).
@@ -347,20 +349,32 @@ static int v1_nv(int C) {
     return C <= V1_MAXC ? (C + 255) / 256 : 0;
 }
 
-__device__ __forceinline__ void unpack8(float *f, bf8 v) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __bfloat1622float2(v.h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
+/* Row vectors of the one-pass kernels: 8 bf16 as a uint4, so that loads
+ * and stores are 16 bytes (a struct of __nv_bfloat162, as bf8 above, is
+ * copied member by member: 4-byte loads in the PTX of variant 0's kernels).
+ * bf16 -> fp32 is exact: the bits shifted into the high half. */
+__device__ __forceinline__ uint4 ldv(const bf *p) {
+    return *(const uint4 *)p;
 }
-__device__ __forceinline__ bf8 pack8(const float *f) {
-    bf8 v;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return v;
+__device__ __forceinline__ void stv(bf *p, uint4 v) {
+    *(uint4 *)p = v;
+}
+__device__ __forceinline__ void unpack2(float *f, unsigned u) {
+    f[0] = __uint_as_float(u << 16);
+    f[1] = __uint_as_float(u & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack8(float *f, uint4 v) {
+    unpack2(f, v.x);
+    unpack2(f + 2, v.y);
+    unpack2(f + 4, v.z);
+    unpack2(f + 6, v.w);
+}
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b); /* .x (a) in the low half */
+    return *reinterpret_cast<unsigned *>(&h);
+}
+__device__ __forceinline__ uint4 pack8(const float *f) {
+    return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
 
 /* Forward for any C <= 256 * NV: lane `lane` holds columns k*256 + lane*8 +
@@ -379,15 +393,15 @@ __global__ void __launch_bounds__(256, NV <= 3 ? 4 : 1)
     int lane = threadIdx.x & 31;
     if (row >= N) return;
     size_t off = (size_t)row * C;
-    bf8 px[NV], pw[EARLY_W ? NV : 1], pb[EARLY_W ? NV : 1];
+    uint4 px[NV], pw[EARLY_W ? NV : 1], pb[EARLY_W ? NV : 1];
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int c = k * 256 + lane * 8;
         if (c < C) {
-            px[k] = *(const bf8 *)(a + off + c);
+            px[k] = ldv(a + off + c);
             if constexpr (EARLY_W) {
-                pw[k] = *(const bf8 *)(w + c);
-                if (bias) pb[k] = *(const bf8 *)(bias + c);
+                pw[k] = ldv(w + c);
+                if (bias) pb[k] = ldv(bias + c);
             }
         }
     }
@@ -400,12 +414,12 @@ __global__ void __launch_bounds__(256, NV <= 3 ? 4 : 1)
         unpack8(f, px[k]);
         if constexpr (RES) {
             float fy[8];
-            load8(fy, a2 + off + c);
+            unpack8(fy, ldv(a2 + off + c));
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 f[j] += fy[j];
             px[k] = pack8(f);
-            *(bf8 *)(res + off + c) = px[k];
+            stv(res + off + c, px[k]);
             unpack8(f, px[k]);
         }
 #pragma unroll
@@ -437,13 +451,13 @@ __global__ void __launch_bounds__(256, NV <= 3 ? 4 : 1)
             unpack8(fw, pw[k]);
             if (bias) unpack8(fb, pb[k]);
         } else {
-            load8(fw, w + c);
-            if (bias) load8(fb, bias + c);
+            unpack8(fw, ldv(w + c));
+            if (bias) unpack8(fb, ldv(bias + c));
         }
 #pragma unroll
         for (int j = 0; j < 8; j++)
             f[j] = (f[j] - mu) * rstd * fw[j] + fb[j];
-        store8(out + off + c, f);
+        stv(out + off + c, pack8(f));
     }
     if (lane == 0) {
         if (mean_out) mean_out[row] = mu;
@@ -488,15 +502,15 @@ __global__ void __launch_bounds__(W * 32, MINB)
     }
     for (int r = r0 + warp; r < r1; r += W) {
         size_t off = (size_t)r * C;
-        bf8 px[NV], pg[NV], pd[EARLY_DX ? NV : 1];
+        uint4 px[NV], pg[NV], pd[EARLY_DX ? NV : 1];
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             int c = k * 256 + lane * 8;
             if (c < C) {
-                px[k] = *(const bf8 *)(xin + off + c);
-                pg[k] = *(const bf8 *)(dout + off + c);
+                px[k] = ldv(xin + off + c);
+                pg[k] = ldv(dout + off + c);
                 if constexpr (EARLY_DX) {
-                    if (dx) pd[k] = *(const bf8 *)(dx + off + c);
+                    if (dx) pd[k] = ldv(dx + off + c);
                 }
             }
         }
@@ -509,7 +523,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
             float fx[8], fg[8], fw[8];
             unpack8(fx, px[k]);
             unpack8(fg, pg[k]);
-            load8(fw, w + c);
+            unpack8(fw, ldv(w + c));
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float dn = fg[j] * fw[j];
@@ -528,7 +542,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
             float fx[8], fg[8], fw[8], xh[8];
             unpack8(fx, px[k]);
             unpack8(fg, pg[k]);
-            load8(fw, w + c);
+            unpack8(fw, ldv(w + c));
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 xh[j] = (fx[j] - mu) * rs;
@@ -537,13 +551,13 @@ __global__ void __launch_bounds__(W * 32, MINB)
                 if constexpr (EARLY_DX)
                     unpack8(fd, pd[k]);
                 else
-                    load8(fd, dx + off + c);
+                    unpack8(fd, ldv(dx + off + c));
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     float dn = fg[j] * fw[j];
                     fd[j] += rs * (dn - s1 - xh[j] * s2);
                 }
-                store8(dx + off + c, fd);
+                stv(dx + off + c, pack8(fd));
             }
             if constexpr (SACC) {
 #pragma unroll
