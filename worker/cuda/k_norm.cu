@@ -16,9 +16,11 @@
  *   C <= 2048; 16-byte loads and stores (uint4);
  * 2 as 1 with the column sums in shared memory for every C (more CTAs fit
  *   on an SM than with 1's register sums at C <= 768);
- * 3 as 1 with 8 rows a warp instead of 4 (half the CTAs and partials).
- * C > 2048 uses variant 0's kernels in every variant. Each variant is
- * bit-reproducible; they differ from each other by fp32 summation order. */
+ * 3 as 1 with 8 rows a warp instead of 4 (half the CTAs and partials);
+ * 4 variant 0's kernels with 16-byte loads and stores (same results as 0).
+ * Variants 1-3 fall back to 4's kernels for C > 2048 and for a backward
+ * without dw and db. Each variant is bit-reproducible; they differ from
+ * each other by fp32 summation order. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -56,8 +58,52 @@ __device__ __forceinline__ void store8(bf *p, const float *f) {
     *(bf8 *)p = v;
 }
 
+/* Row vectors as a uint4 (variants 1-4), so that loads and stores are 16
+ * bytes: bf8, a struct of __nv_bfloat162, is copied member by member (4-byte
+ * loads and stores in the PTX; variant 0 keeps them). bf16 -> fp32 is exact:
+ * the bits shifted into the high half. */
+__device__ __forceinline__ uint4 ldv(const bf *p) {
+    return *(const uint4 *)p;
+}
+__device__ __forceinline__ void stv(bf *p, uint4 v) {
+    *(uint4 *)p = v;
+}
+__device__ __forceinline__ void unpack2(float *f, unsigned u) {
+    f[0] = __uint_as_float(u << 16);
+    f[1] = __uint_as_float(u & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack8(float *f, uint4 v) {
+    unpack2(f, v.x);
+    unpack2(f + 2, v.y);
+    unpack2(f + 4, v.z);
+    unpack2(f + 6, v.w);
+}
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b); /* .x (a) in the low half */
+    return *reinterpret_cast<unsigned *>(&h);
+}
+__device__ __forceinline__ uint4 pack8(const float *f) {
+    return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+}
+
+/* The first kernels' loads and stores: WIDE (variant 4 and the fallbacks
+ * of 1-3) through uint4, else through bf8 (variant 0); same values. */
+template <bool WIDE> __device__ __forceinline__ void ld8(float *f, const bf *p) {
+    if constexpr (WIDE)
+        unpack8(f, ldv(p));
+    else
+        load8(f, p);
+}
+template <bool WIDE> __device__ __forceinline__ void st8(bf *p, const float *f) {
+    if constexpr (WIDE)
+        stv(p, pack8(f));
+    else
+        store8(p, f);
+}
+
 /* res (when a2 != NULL): res = a + a2 rounded to bf16, and the norm is taken
  * of the rounded sum (what the next layer reads). */
+template <bool WIDE>
 __global__ void norm_fwd_kernel(bf *out, float *mean_out, float *rstd_out, bf *res, const bf *a,
                                 const bf *a2, const bf *w, const bf *bias, int N, int C, float eps,
                                 int rms) {
@@ -70,11 +116,11 @@ __global__ void norm_fwd_kernel(bf *out, float *mean_out, float *rstd_out, bf *r
         bf *r = res + (size_t)row * C;
         for (int i = lane * 8; i < C; i += 256) {
             float fx[8], fy[8];
-            load8(fx, x + i);
-            load8(fy, y + i);
+            ld8<WIDE>(fx, x + i);
+            ld8<WIDE>(fy, y + i);
             for (int j = 0; j < 8; j++)
                 fx[j] += fy[j];
-            store8(r + i, fx);
+            st8<WIDE>(r + i, fx);
         }
         __syncwarp();
         x = r;
@@ -83,7 +129,7 @@ __global__ void norm_fwd_kernel(bf *out, float *mean_out, float *rstd_out, bf *r
     if (!rms) {
         for (int i = lane * 8; i < C; i += 256) {
             float f[8];
-            load8(f, x + i);
+            ld8<WIDE>(f, x + i);
             for (int j = 0; j < 8; j++)
                 s += f[j];
         }
@@ -93,7 +139,7 @@ __global__ void norm_fwd_kernel(bf *out, float *mean_out, float *rstd_out, bf *r
     float v = 0.f;
     for (int i = lane * 8; i < C; i += 256) {
         float f[8];
-        load8(f, x + i);
+        ld8<WIDE>(f, x + i);
         for (int j = 0; j < 8; j++) {
             float d = f[j] - mu;
             v += d * d;
@@ -104,16 +150,16 @@ __global__ void norm_fwd_kernel(bf *out, float *mean_out, float *rstd_out, bf *r
     bf *o = out + (size_t)row * C;
     for (int i = lane * 8; i < C; i += 256) {
         float f[8], fw[8], fb[8];
-        load8(f, x + i);
-        load8(fw, w + i);
+        ld8<WIDE>(f, x + i);
+        ld8<WIDE>(fw, w + i);
         if (bias)
-            load8(fb, bias + i);
+            ld8<WIDE>(fb, bias + i);
         else
             for (int j = 0; j < 8; j++)
                 fb[j] = 0.f;
         for (int j = 0; j < 8; j++)
             f[j] = (f[j] - mu) * rstd * fw[j] + fb[j];
-        store8(o + i, f);
+        st8<WIDE>(o + i, f);
     }
     if (lane == 0) {
         if (mean_out) mean_out[row] = mu;
@@ -123,6 +169,7 @@ __global__ void norm_fwd_kernel(bf *out, float *mean_out, float *rstd_out, bf *r
 
 /* dx += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)), dn = dout * w
  * (RMSNorm drops the mean(dn) term and uses xhat = x * rstd). */
+template <bool WIDE>
 __global__ void norm_bwd_dx_kernel(bf *dx, const bf *dout, const bf *xin, const bf *w,
                                    const float *mean, const float *rstd, int N, int C, int rms) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -133,9 +180,9 @@ __global__ void norm_bwd_dx_kernel(bf *dx, const bf *dout, const bf *xin, const 
     float s1 = 0.f, s2 = 0.f;
     for (int i = lane * 8; i < C; i += 256) {
         float fx[8], fg[8], fw[8];
-        load8(fx, x + i);
-        load8(fg, g + i);
-        load8(fw, w + i);
+        ld8<WIDE>(fx, x + i);
+        ld8<WIDE>(fg, g + i);
+        ld8<WIDE>(fw, w + i);
         for (int j = 0; j < 8; j++) {
             float dn = fg[j] * fw[j];
             s1 += dn;
@@ -148,22 +195,22 @@ __global__ void norm_bwd_dx_kernel(bf *dx, const bf *dout, const bf *xin, const 
     bf *d = dx + (size_t)row * C;
     for (int i = lane * 8; i < C; i += 256) {
         float fx[8], fg[8], fw[8], fd[8];
-        load8(fx, x + i);
-        load8(fg, g + i);
-        load8(fw, w + i);
-        load8(fd, d + i);
+        ld8<WIDE>(fx, x + i);
+        ld8<WIDE>(fg, g + i);
+        ld8<WIDE>(fw, w + i);
+        ld8<WIDE>(fd, d + i);
         for (int j = 0; j < 8; j++) {
             float xh = (fx[j] - mu) * rs;
             fd[j] += rs * (fg[j] * fw[j] - s1 - xh * s2);
         }
-        store8(d + i, fd);
+        st8<WIDE>(d + i, fd);
     }
 }
 
 /* Row-in-registers variants for C = 256 * NV (NV <= 8): one read of the
  * row instead of three (forward) or two (backward); same arithmetic order
  * per lane as the generic kernels. */
-template <int NV>
+template <int NV, bool WIDE>
 __global__ void norm_fwd_reg_kernel(bf *out, float *mean_out, float *rstd_out, const bf *a,
                                     const bf *w, const bf *bias, int N, float eps, int rms) {
     constexpr int C = NV * 256;
@@ -175,7 +222,7 @@ __global__ void norm_fwd_reg_kernel(bf *out, float *mean_out, float *rstd_out, c
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        load8(f[k], x + lane * 8 + k * 256);
+        ld8<WIDE>(f[k], x + lane * 8 + k * 256);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             s += f[k][j];
@@ -196,12 +243,12 @@ __global__ void norm_fwd_reg_kernel(bf *out, float *mean_out, float *rstd_out, c
     for (int k = 0; k < NV; k++) {
         int i = lane * 8 + k * 256;
         float fw[8], fb[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        load8(fw, w + i);
-        if (bias) load8(fb, bias + i);
+        ld8<WIDE>(fw, w + i);
+        if (bias) ld8<WIDE>(fb, bias + i);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             f[k][j] = (f[k][j] - mu) * rstd * fw[j] + fb[j];
-        store8(o + i, f[k]);
+        st8<WIDE>(o + i, f[k]);
     }
     if (lane == 0) {
         if (mean_out) mean_out[row] = mu;
@@ -209,7 +256,7 @@ __global__ void norm_fwd_reg_kernel(bf *out, float *mean_out, float *rstd_out, c
     }
 }
 
-template <int NV>
+template <int NV, bool WIDE>
 __global__ void norm_bwd_dx_reg_kernel(bf *dx, const bf *dout, const bf *xin, const bf *w,
                                        const float *mean, const float *rstd, int N, int rms) {
     constexpr int C = NV * 256;
@@ -224,9 +271,9 @@ __global__ void norm_bwd_dx_reg_kernel(bf *dx, const bf *dout, const bf *xin, co
     for (int k = 0; k < NV; k++) {
         int i = lane * 8 + k * 256;
         float fw[8];
-        load8(xh[k], x + i);
-        load8(dn[k], g + i);
-        load8(fw, w + i);
+        ld8<WIDE>(xh[k], x + i);
+        ld8<WIDE>(dn[k], g + i);
+        ld8<WIDE>(fw, w + i);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             dn[k][j] *= fw[j];
@@ -243,11 +290,11 @@ __global__ void norm_bwd_dx_reg_kernel(bf *dx, const bf *dout, const bf *xin, co
     for (int k = 0; k < NV; k++) {
         int i = lane * 8 + k * 256;
         float fd[8];
-        load8(fd, d + i);
+        ld8<WIDE>(fd, d + i);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             fd[j] += rs * (dn[k][j] - s1 - xh[k][j] * s2);
-        store8(d + i, fd);
+        st8<WIDE>(d + i, fd);
     }
 }
 
@@ -287,6 +334,7 @@ static int reg_nv(int C) {
 /* part[chunk][0..C) = sum dout * xhat, part[chunk][C..2C) = sum dout over
  * the chunk's rows; 256 columns a block (8 per thread, 16-byte loads) and 8
  * row lanes reduced through shared memory in a fixed order. */
+template <bool WIDE>
 __global__ void __launch_bounds__(256)
     norm_bwd_wpart_kernel(float *part, const bf *dout, const bf *xin, const float *mean,
                           const float *rstd, int N, int C, int rms) {
@@ -300,8 +348,8 @@ __global__ void __launch_bounds__(256)
     if (c0 < C) {
         for (int r = r0 + ty; r < r1; r += 8) {
             float g[8], x[8];
-            load8(g, dout + (size_t)r * C + c0);
-            load8(x, xin + (size_t)r * C + c0);
+            ld8<WIDE>(g, dout + (size_t)r * C + c0);
+            ld8<WIDE>(x, xin + (size_t)r * C + c0);
             float mu = rms ? 0.f : mean[r], rs = rstd[r];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -347,34 +395,6 @@ __global__ void norm_bwd_wfinal_kernel(bf *dw, bf *db, const float *part, int nc
 
 static int v1_nv(int C) {
     return C <= V1_MAXC ? (C + 255) / 256 : 0;
-}
-
-/* Row vectors of the one-pass kernels: 8 bf16 as a uint4, so that loads
- * and stores are 16 bytes (a struct of __nv_bfloat162, as bf8 above, is
- * copied member by member: 4-byte loads in the PTX of variant 0's kernels).
- * bf16 -> fp32 is exact: the bits shifted into the high half. */
-__device__ __forceinline__ uint4 ldv(const bf *p) {
-    return *(const uint4 *)p;
-}
-__device__ __forceinline__ void stv(bf *p, uint4 v) {
-    *(uint4 *)p = v;
-}
-__device__ __forceinline__ void unpack2(float *f, unsigned u) {
-    f[0] = __uint_as_float(u << 16);
-    f[1] = __uint_as_float(u & 0xffff0000u);
-}
-__device__ __forceinline__ void unpack8(float *f, uint4 v) {
-    unpack2(f, v.x);
-    unpack2(f + 2, v.y);
-    unpack2(f + 4, v.z);
-    unpack2(f + 6, v.w);
-}
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b); /* .x (a) in the low half */
-    return *reinterpret_cast<unsigned *>(&h);
-}
-__device__ __forceinline__ uint4 pack8(const float *f) {
-    return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
 
 /* Forward for any C <= 256 * NV: lane `lane` holds columns k*256 + lane*8 +
@@ -725,33 +745,78 @@ static void check_c(int C) {
     if (C % 8) lcuda_fail(__FILE__, __LINE__, "norm", "C must be a multiple of 8");
 }
 
-extern "C" void lk_norm_fwd(lbf16 *out, float *mean, float *rstd, const lbf16 *x, const lbf16 *w,
-                            const lbf16 *bias, int N, int C, float eps, int rms, lcuda_stream s) {
-    check_c(C);
-    int nv1 = norm_variant() ? v1_nv(C) : 0;
-    if (nv1) {
-#define FWD_V1(NV)                                                                                 \
-    norm_fwd_v1_kernel<NV, false><<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(                       \
-        (bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w, (const bf *)bias, N, C,   \
-        eps, rms)
-        NV_SWITCH(nv1, FWD_V1);
-#undef FWD_V1
-        CUDA_CHECK_LAUNCH();
-        return;
-    }
-    int nv = reg_nv(C);
+/* Variant 0's dispatch (WIDE: its kernels with 16-byte loads). a2 != NULL:
+ * the residual forward (generic kernel). */
+template <bool WIDE>
+static void v0_fwd(bf *out, float *mean, float *rstd, bf *res, const bf *a, const bf *a2,
+                   const bf *w, const bf *bias, int N, int C, float eps, int rms, cudaStream_t st) {
+    int nv = a2 ? 0 : reg_nv(C);
     if (nv) {
 #define FWD_REG(NV)                                                                                \
-    norm_fwd_reg_kernel<NV><<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(                             \
-        (bf *)out, mean, rstd, (const bf *)x, (const bf *)w, (const bf *)bias, N, eps, rms)
+    norm_fwd_reg_kernel<NV, WIDE>                                                                  \
+        <<<(N + 7) / 8, 256, 0, st>>>(out, mean, rstd, a, w, bias, N, eps, rms)
         NV_SWITCH(nv, FWD_REG);
 #undef FWD_REG
     } else {
-        norm_fwd_kernel<<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(
-            (bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w, (const bf *)bias, N, C,
-            eps, rms);
+        norm_fwd_kernel<WIDE>
+            <<<(N + 7) / 8, 256, 0, st>>>(out, mean, rstd, res, a, a2, w, bias, N, C, eps, rms);
     }
     CUDA_CHECK_LAUNCH();
+}
+
+template <bool WIDE>
+static void v0_bwd(bf *dx, bf *dw, bf *dbias, float *scratch, const bf *dout, const bf *x,
+                   const bf *w, const float *mean, const float *rstd, int N, int C, int rms,
+                   cudaStream_t st) {
+    if (dx) {
+        int nv = reg_nv(C);
+        if (nv) {
+#define BWD_REG(NV)                                                                                \
+    norm_bwd_dx_reg_kernel<NV, WIDE>                                                               \
+        <<<(N + 7) / 8, 256, 0, st>>>(dx, dout, x, w, mean, rstd, N, rms)
+            NV_SWITCH(nv, BWD_REG);
+#undef BWD_REG
+        } else {
+            norm_bwd_dx_kernel<WIDE>
+                <<<(N + 7) / 8, 256, 0, st>>>(dx, dout, x, w, mean, rstd, N, C, rms);
+        }
+        CUDA_CHECK_LAUNCH();
+    }
+    if (!dw && !dbias) return;
+    int nchunk = (N + ROWCHK - 1) / ROWCHK;
+    dim3 grid((C + 255) / 256, nchunk);
+    norm_bwd_wpart_kernel<WIDE><<<grid, 256, 0, st>>>(scratch, dout, x, mean, rstd, N, C, rms);
+    CUDA_CHECK_LAUNCH();
+    norm_bwd_wfinal_kernel<<<(C + 255) / 256, 256, 0, st>>>(dw, dbias, scratch, nchunk, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The one-pass kernels serve variants 1-3 (and any other value but 0 and
+ * 4) for C <= 2048. */
+static int v1_on(int var, int C) {
+    return var != 0 && var != 4 ? v1_nv(C) : 0;
+}
+
+extern "C" void lk_norm_fwd(lbf16 *out, float *mean, float *rstd, const lbf16 *x, const lbf16 *w,
+                            const lbf16 *bias, int N, int C, float eps, int rms, lcuda_stream s) {
+    check_c(C);
+    cudaStream_t st = (cudaStream_t)s;
+    int var = norm_variant(), nv1 = v1_on(var, C);
+    if (nv1) {
+#define FWD_V1(NV)                                                                                 \
+    norm_fwd_v1_kernel<NV, false><<<(N + 7) / 8, 256, 0, st>>>((bf *)out, mean, rstd, NULL,        \
+                                                               (const bf *)x, NULL, (const bf *)w, \
+                                                               (const bf *)bias, N, C, eps, rms)
+        NV_SWITCH(nv1, FWD_V1);
+#undef FWD_V1
+        CUDA_CHECK_LAUNCH();
+    } else if (var) {
+        v0_fwd<true>((bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w,
+                     (const bf *)bias, N, C, eps, rms, st);
+    } else {
+        v0_fwd<false>((bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w,
+                      (const bf *)bias, N, C, eps, rms, st);
+    }
 }
 
 extern "C" void lk_residual_norm_fwd(lbf16 *res, lbf16 *out, float *mean, float *rstd,
@@ -759,21 +824,23 @@ extern "C" void lk_residual_norm_fwd(lbf16 *res, lbf16 *out, float *mean, float 
                                      const lbf16 *bias, int N, int C, float eps, int rms,
                                      lcuda_stream s) {
     check_c(C);
-    int nv1 = norm_variant() ? v1_nv(C) : 0;
+    cudaStream_t st = (cudaStream_t)s;
+    int var = norm_variant(), nv1 = v1_on(var, C);
     if (nv1) {
 #define RES_V1(NV)                                                                                 \
-    norm_fwd_v1_kernel<NV, true><<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(                        \
+    norm_fwd_v1_kernel<NV, true><<<(N + 7) / 8, 256, 0, st>>>(                                     \
         (bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,             \
         (const bf *)bias, N, C, eps, rms)
         NV_SWITCH(nv1, RES_V1);
 #undef RES_V1
         CUDA_CHECK_LAUNCH();
-        return;
+    } else if (var) {
+        v0_fwd<true>((bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,
+                     (const bf *)bias, N, C, eps, rms, st);
+    } else {
+        v0_fwd<false>((bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,
+                      (const bf *)bias, N, C, eps, rms, st);
     }
-    norm_fwd_kernel<<<(N + 7) / 8, 256, 0, (cudaStream_t)s>>>(
-        (bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,
-        (const bf *)bias, N, C, eps, rms);
-    CUDA_CHECK_LAUNCH();
 }
 
 /* The larger of variant 0's chunks of ROWCHK rows and the one-pass
@@ -794,7 +861,7 @@ extern "C" void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, 
                             int N, int C, int rms, lcuda_stream s) {
     check_c(C);
     cudaStream_t st = (cudaStream_t)s;
-    int var = norm_variant(), nv1 = var ? v1_nv(C) : 0;
+    int var = norm_variant(), nv1 = v1_on(var, C);
     if (nv1 && (dw || dbias)) {
         int R = 0;
 #define BWD_V1(NV)                                                                                 \
@@ -806,29 +873,11 @@ extern "C" void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, 
         norm_bwd_wsum_kernel<<<(ncol + 31) / 32, 512, 0, st>>>((bf *)dw, (bf *)dbias, scratch,
                                                                (N + R - 1) / R, C, ncol);
         CUDA_CHECK_LAUNCH();
-        return;
+    } else if (var) {
+        v0_bwd<true>((bf *)dx, (bf *)dw, (bf *)dbias, scratch, (const bf *)dout, (const bf *)x,
+                     (const bf *)w, mean, rstd, N, C, rms, st);
+    } else {
+        v0_bwd<false>((bf *)dx, (bf *)dw, (bf *)dbias, scratch, (const bf *)dout, (const bf *)x,
+                      (const bf *)w, mean, rstd, N, C, rms, st);
     }
-    if (dx) {
-        int nv = reg_nv(C);
-        if (nv) {
-#define BWD_REG(NV)                                                                                \
-    norm_bwd_dx_reg_kernel<NV><<<(N + 7) / 8, 256, 0, st>>>(                                       \
-        (bf *)dx, (const bf *)dout, (const bf *)x, (const bf *)w, mean, rstd, N, rms)
-            NV_SWITCH(nv, BWD_REG);
-#undef BWD_REG
-        } else {
-            norm_bwd_dx_kernel<<<(N + 7) / 8, 256, 0, st>>>(
-                (bf *)dx, (const bf *)dout, (const bf *)x, (const bf *)w, mean, rstd, N, C, rms);
-        }
-        CUDA_CHECK_LAUNCH();
-    }
-    if (!dw && !dbias) return;
-    int nchunk = (N + ROWCHK - 1) / ROWCHK;
-    dim3 grid((C + 255) / 256, nchunk);
-    norm_bwd_wpart_kernel<<<grid, 256, 0, st>>>(scratch, (const bf *)dout, (const bf *)x, mean,
-                                                rstd, N, C, rms);
-    CUDA_CHECK_LAUNCH();
-    norm_bwd_wfinal_kernel<<<(C + 255) / 256, 256, 0, st>>>((bf *)dw, (bf *)dbias, scratch, nchunk,
-                                                            C);
-    CUDA_CHECK_LAUNCH();
 }

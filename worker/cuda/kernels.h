@@ -84,8 +84,8 @@ size_t lk_norm_scratch_bytes(int N, int C);
 /* Kernel generation of the norm functions (k_norm.cu): 0 (default) the
  * two-pass backward, 1 one pass over x and dout with the weight/bias column
  * sums in registers (C <= 768) or shared memory, 2 the same with shared
- * memory for every C, 3 as 1 with twice the rows a CTA; 1-3 need
- * C <= 2048 (above, 0's kernels are used). Results
+ * memory for every C, 3 as 1 with twice the rows a CTA, 4 variant 0 with
+ * 16-byte loads; 1-3 need C <= 2048 (above, 4's kernels are used). Results
  * differ between variants by fp32 summation order only; each repeats bit
  * for bit. LOOM_NORM_VARIANT sets it at the first call; the setter (tests,
  * benchmarks) overrides it. lk_norm_variant returns the one in use. */
