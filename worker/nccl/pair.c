@@ -47,7 +47,7 @@ struct pair_ar {
     memop_fn wait32, write32;
     /* LOOM_PAIR_TRACE=N: at step N, time each chunk's copy and print it */
     int trace;
-    cudaEvent_t *t0, *t1;
+    cudaEvent_t *t0, *t1, *ta, tb; /* copy start, copy end, add end; compute at finish */
     size_t *tbytes;
     char err[256];
 };
@@ -141,6 +141,7 @@ static void release(struct pair_ar *p, int peer_mapped) {
         if (p->copied && p->copied[i]) cudaEventDestroy(p->copied[i]);
         if (p->t0 && p->t0[i]) cudaEventDestroy(p->t0[i]);
         if (p->t1 && p->t1[i]) cudaEventDestroy(p->t1[i]);
+        if (p->ta && p->ta[i]) cudaEventDestroy(p->ta[i]);
     }
     cudaEvent_t ev[] = {p->fence, p->gate, p->done};
     for (int k = 0; k < 3; k++)
@@ -151,8 +152,10 @@ static void release(struct pair_ar *p, int peer_mapped) {
     free(p->copied);
     free(p->t0);
     free(p->t1);
+    free(p->ta);
+    if (p->tb) cudaEventDestroy(p->tb);
     free(p->tbytes);
-    p->copied = p->t0 = p->t1 = NULL;
+    p->copied = p->t0 = p->t1 = p->ta = NULL;
     p->tbytes = NULL;
 }
 
@@ -193,22 +196,34 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
     if (p->trace) {
         p->t0 = calloc(PAIR_SLOTS, sizeof(cudaEvent_t));
         p->t1 = calloc(PAIR_SLOTS, sizeof(cudaEvent_t));
+        p->ta = calloc(PAIR_SLOTS, sizeof(cudaEvent_t));
     }
-    if (!p->copied || !p->tbytes || (p->trace && (!p->t0 || !p->t1))) {
+    if (!p->copied || !p->tbytes || (p->trace && (!p->t0 || !p->t1 || !p->ta))) {
         snprintf(p->err, sizeof(p->err), "pair all-reduce: out of memory");
         ok = 0;
     }
+    /* LOOM_PAIR_PRIORITY=high: the copy and add streams at the device's
+     * highest priority (their blocks are scheduled ahead of the backward's
+     * pending ones), else the default */
+    const char *pr = getenv("LOOM_PAIR_PRIORITY");
+    int lo_pri = 0, hi_pri = 0;
+    if (pr && strcmp(pr, "high") == 0) cudaDeviceGetStreamPriorityRange(&lo_pri, &hi_pri);
+    (void)lo_pri;
     for (int k = 0; k < 2; k++)
         ok =
-            ok && cuda_ok(p, cudaStreamCreateWithFlags(&p->cs[k], cudaStreamNonBlocking), "stream");
-    ok = ok && cuda_ok(p, cudaStreamCreateWithFlags(&p->as, cudaStreamNonBlocking), "stream");
+            ok && cuda_ok(p, cudaStreamCreateWithPriority(&p->cs[k], cudaStreamNonBlocking, hi_pri),
+                          "stream");
+    ok = ok &&
+         cuda_ok(p, cudaStreamCreateWithPriority(&p->as, cudaStreamNonBlocking, hi_pri), "stream");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "event");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->gate, cudaEventDisableTiming), "event");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->fence, cudaEventDisableTiming), "event");
     for (int i = 0; ok && i < PAIR_SLOTS; i++)
         ok = cuda_ok(p, cudaEventCreateWithFlags(&p->copied[i], cudaEventDisableTiming), "event") &&
              (!p->trace || (cuda_ok(p, cudaEventCreate(&p->t0[i]), "event") &&
-                            cuda_ok(p, cudaEventCreate(&p->t1[i]), "event")));
+                            cuda_ok(p, cudaEventCreate(&p->t1[i]), "event") &&
+                            cuda_ok(p, cudaEventCreate(&p->ta[i]), "event")));
+    ok = ok && (!p->trace || cuda_ok(p, cudaEventCreate(&p->tb), "event"));
     ok = ok &&
          cuda_ok(p, cudaMalloc((void **)&p->mine, p->recv_bytes + FLAGS_BYTES), "receive area");
     ok = ok && cuda_ok(p, cudaMemset(p->mine + p->recv_bytes, 0, FLAGS_BYTES), "memset");
@@ -315,6 +330,7 @@ int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi) {
             return -1;
         lk_accumulate((lbf16 *)(p->buf + off), (const lbf16 *)(p->mine + off), cb / p->elt,
                       (lcuda_stream)p->as);
+        if (tr && !cuda_ok(p, cudaEventRecord(p->ta[i], p->as), "event")) return -1;
         if (!memop_ok(
                 p, p->write32(as, flag(p->peer, p->recv_bytes, FLAGS_FREED, 0), ++p->consumed, 0),
                 "write freed"))
@@ -332,16 +348,22 @@ int pair_ar_finish(struct pair_ar *p) {
         !cuda_ok(p, cudaStreamWaitEvent(p->compute, p->done, 0), "event wait"))
         return -1;
     int used = p->used, tr = p->trace && (int)p->step == p->trace;
+    /* trace: the compute stream's position now (the caller synchronised it:
+     * the end of the backward) */
+    if (tr && !cuda_ok(p, cudaEventRecord(p->tb, p->compute), "event")) return -1;
     p->used = 0;
     p->step++;
     int rc = host_wait(p, p->done, "gradient exchange");
     for (int i = 0; rc == 0 && tr && i < used; i++) {
-        float ms = 0;
+        float ms = 0, c0 = 0, a1 = 0;
         cudaEventElapsedTime(&ms, p->t0[i], p->t1[i]);
-        fprintf(
-            stderr,
-            "pair trace step %d rank %d chunk %d (stream %d): %zu bytes in %.3f ms (%.1f GB/s)\n",
-            p->trace, p->rank, i, i & 1, p->tbytes[i], ms, ms > 0 ? p->tbytes[i] / ms / 1e6 : 0.0);
+        cudaEventElapsedTime(&c0, p->tb, p->t0[i]);
+        cudaEventElapsedTime(&a1, p->tb, p->ta[i]);
+        fprintf(stderr,
+                "pair trace step %d rank %d chunk %d (stream %d): %zu bytes in %.3f ms (%.1f "
+                "GB/s); copy start %+.3f ms, add end %+.3f ms from the end of the backward\n",
+                p->trace, p->rank, i, i & 1, p->tbytes[i], ms,
+                ms > 0 ? p->tbytes[i] / ms / 1e6 : 0.0, c0, a1);
     }
     return rc;
 }
