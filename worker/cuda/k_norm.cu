@@ -552,8 +552,13 @@ __global__ void __launch_bounds__(W * 32, MINB)
                 s2 += dn * xh;
             }
         }
-        s1 = warp_sum(s1) / C;
-        s2 = warp_sum(s2) / C;
+        /* both butterflies at once (same sums as two warp_sum calls) */
+        for (int o = 16; o > 0; o >>= 1) {
+            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+            s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+        }
+        s1 /= C;
+        s2 /= C;
         if (rms) s1 = 0.f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
