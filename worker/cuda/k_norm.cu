@@ -733,7 +733,9 @@ static int g_norm_variant = -1;
 static int norm_variant(void) {
     if (g_norm_variant < 0) {
         const char *e = getenv("LOOM_NORM_VARIANT");
-        g_norm_variant = e && *e ? atoi(e) : 0;
+        /* 1: fastest or tied at every shape measured on H200 (docs/perf.md,
+         * "Single-GPU step IV") */
+        g_norm_variant = e && *e ? atoi(e) : 1;
     }
     return g_norm_variant;
 }

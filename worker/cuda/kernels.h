@@ -81,8 +81,8 @@ void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, const lbf16
                  const lbf16 *x, const lbf16 *w, const float *mean, const float *rstd, int N, int C,
                  int rms, lcuda_stream s);
 size_t lk_norm_scratch_bytes(int N, int C);
-/* Kernel generation of the norm functions (k_norm.cu): 0 (default) the
- * two-pass backward, 1 one pass over x and dout with the weight/bias column
+/* Kernel generation of the norm functions (k_norm.cu): 0 the two-pass
+ * backward, 1 (default) one pass over x and dout with the weight/bias column
  * sums in registers (C <= 768) or shared memory, 2 the same with shared
  * memory for every C, 3 as 1 with twice the rows a CTA, 4 variant 0 with
  * 16-byte loads; 1-3 need C <= 2048 (above, 4's kernels are used). Results
