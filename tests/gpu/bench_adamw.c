@@ -9,29 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/gpu/bench_util.h"
 #include "worker/cuda/kernels.h"
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-static int cmpf(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 int main(int argc, char **argv) {
     size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : 124475904ull;
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIP: no GPU\n");
-        return 77;
-    }
+    if (!bench_have_gpu()) return 77;
     struct lk_adamw_segs segs;
     memset(&segs, 0, sizeof segs);
     size_t per = n / 24;
@@ -90,9 +73,9 @@ int main(int argc, char **argv) {
             CK(cudaEventSynchronize(b));
             if (it >= 3) CK(cudaEventElapsedTime(&ms[it - 3], a, b));
         }
-        qsort(ms, 20, sizeof *ms, cmpf);
+        float med = bench_median(ms, 20);
         printf("RESULT {\"bench\":\"adamw\",\"variant\":%d,\"n\":%zu,\"ms\":%.4f,\"gbps\":%.0f}\n",
-               var, n, ms[10], 28.0 * (double)n / (ms[10] * 1e-3) / 1e9);
+               var, n, med, 28.0 * (double)n / (med * 1e-3) / 1e9);
     }
     return bad;
 }

@@ -14,16 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/gpu/bench_util.h"
 #include "worker/cuda/kernels.h"
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 struct shape {
     const char *name;
@@ -36,11 +28,6 @@ static const struct shape shapes[] = {
 };
 static const char *variants[] = {"0", "1", "2", "3", "4", "5"};
 #define NVAR 6
-
-static int cmpf(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -78,11 +65,7 @@ static double rel_diff(const uint16_t *a, const uint16_t *ref, size_t n) {
 
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 30, warm = 5;
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIP: no GPU\n");
-        return 77;
-    }
+    if (!bench_have_gpu()) return 77;
     if (iters < 1) iters = 1;
     cudaStream_t s;
     cudaEvent_t a, b;
@@ -121,11 +104,11 @@ int main(int argc, char **argv) {
                     CK(cudaEventSynchronize(b));
                     if (it >= warm) CK(cudaEventElapsedTime(&ms[it - warm], a, b));
                 }
-                qsort(ms, (size_t)iters, sizeof *ms, cmpf);
+                float med = bench_median(ms, iters);
                 if (pass == 0)
-                    fwd_ms = ms[iters / 2];
+                    fwd_ms = med;
                 else
-                    bwd_ms = ms[iters / 2];
+                    bwd_ms = med;
             }
             CK(cudaStreamSynchronize(s));
             /* repeat check: one more backward must give the same bits */

@@ -20,16 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/gpu/bench_util.h"
 #include "worker/cuda/kernels.h"
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 struct shape {
     const char *name;
@@ -42,11 +34,6 @@ static const struct shape shapes[] = {
     {"llama-rms-2048", 16384, 2048, 1},
 };
 #define NVAR 5
-
-static int cmpf(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -117,11 +104,7 @@ static void reset_grads(struct bufs *B) {
 
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 30, warm = 5;
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIP: no GPU\n");
-        return 77;
-    }
+    if (!bench_have_gpu()) return 77;
     if (iters < 20) iters = 20;
     cudaStream_t s;
     cudaEvent_t ea, eb;
@@ -173,8 +156,7 @@ int main(int argc, char **argv) {
                     CK(cudaEventSynchronize(eb));
                     if (it >= warm) CK(cudaEventElapsedTime(&ms[it - warm], ea, eb));
                 }
-                qsort(ms, (size_t)iters, sizeof *ms, cmpf);
-                t[o] = ms[iters / 2];
+                t[o] = bench_median(ms, iters);
             }
             /* checks: the forwards once more, then the backward twice from
              * the initial gradients */

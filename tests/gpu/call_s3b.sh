@@ -9,7 +9,6 @@ el
 timeout 100 python3 tests/gpu/dist_check.py curves "$BIN" "$OUT/dist" "dp=2,zero_stage=0"
 grep -h "copy engines\|pair" "$OUT"/dist/*.err 2>/dev/null | head -3
 el
-b() { timeout 150 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 124m 16 "$1" 0 40 | grep -o '"tokens_per_s": [0-9.]*, "step_ms": [0-9.]*, "comm_exposed_ms": [0-9.]*'; }
 echo "1gpu: $(b 1)"
 echo "dp2 pair: $(b 2)"
 grep -h "copy engines\|pair" "$OUT"/dist/bench*.err 2>/dev/null | head -2

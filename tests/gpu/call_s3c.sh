@@ -9,7 +9,6 @@ grep -E "CHECK|test_comm_nccl" "$OUT/comm_nccl.log" | head -10
 el
 timeout 150 python3 tests/gpu/dist_check.py curves "$BIN" "$OUT/dist" "dp=2,zero_stage=0;dp=2,zero_stage=1;dp=2,zero_stage=3;pp=2;tp=2"
 el
-b() { timeout 150 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 124m 16 "$1" 0 40 | grep -o '"tokens_per_s": [0-9.]*, "step_ms": [0-9.]*, "comm_exposed_ms": [0-9.]*'; }
 echo "1gpu: $(b 1)"
 echo "dp2 pair: $(LOOM_PAIR_TRACE=12 b 2)"
 grep -h "pair trace" "$OUT"/dist/bench*2_z0*.err | head -40

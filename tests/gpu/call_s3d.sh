@@ -8,16 +8,13 @@ tests/gpu/call_check.sh
 timeout 120 "$BIN/test_comm_nccl" >"$OUT/comm_nccl.log" 2>&1; echo "test_comm_nccl rc=$?"
 grep -E "CHECK|test_comm_nccl" "$OUT/comm_nccl.log" | head -10
 el
-b() { timeout 150 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 124m 16 "$1" 0 40 | grep -o '"tokens_per_s": [0-9.]*, "step_ms": [0-9.]*, "comm_exposed_ms": [0-9.]*'; }
 echo "1gpu: $(b 1)"
 echo "dp2 pair: $(LOOM_PAIR_TRACE=12 b 2)"
 grep -h "pair trace" "$OUT"/dist/bench*2_z0*.err | grep "rank 0" | tail -12
 echo "dp2 nccl: $(LOOM_DP_PAIR=0 b 2)"
 echo "dp2 pair: $(b 2)"
 el
-PYTHONUNBUFFERED=1 timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
-    .deps/peers/gpt2_torch_bench.py --model 124m --mbs 16 --mode ddp --compile 1 \
-    >"$OUT/ddp.out" 2>"$OUT/ddp.err"; echo "ddp rc=$?"; grep -h '^RESULT' "$OUT/ddp.out" || tail -5 "$OUT/ddp.err"
+ddp
 el
 echo "1gpu: $(b 1)"
 echo "dp2 pair: $(b 2)"

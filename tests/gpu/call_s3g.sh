@@ -3,7 +3,6 @@
 # comm 0.4 -> 1.6 ms at 11:55): GPT-2 124M dp2 A/B of the norm variant, the
 # DGELU fusion, the pair streams' priority and NCCL, with a timeline trace.
 . "$(dirname "$0")/call_env.sh"
-b() { timeout 150 python3 tests/gpu/dist_check.py bench "$BIN" "$OUT/dist" 124m 16 "$1" 0 40 | grep -o '"tokens_per_s": [0-9.]*, "step_ms": [0-9.]*, "comm_exposed_ms": [0-9.]*'; }
 echo "1gpu norm3: $(LOOM_NORM_VARIANT=3 b 1)"
 echo "dp2 old (no dgelu, norm0): $(LOOM_FUSE_DGELU=0 LOOM_NORM_VARIANT=0 b 2)"
 echo "dp2 norm3: $(LOOM_NORM_VARIANT=3 b 2)"
