@@ -60,23 +60,14 @@ if(LOOM_HAVE_CUDA AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent
                      $<TARGET_FILE_DIR:loom-worker>)
     set_tests_properties(gpu.cluster PROPERTIES LABELS gpu TIMEOUT 400 SKIP_RETURN_CODE 77)
 endif()
-# AdamW kernel variants' bandwidth on one GPU (not a test; tests/gpu/call_*.sh).
+# Kernel micro-benchmarks on one GPU (not tests; run by tests/gpu/call_*.sh):
+# AdamW variants' bandwidth, attention variants on the GPT-2 124M and 1558M
+# shapes, norm variants on the GPT-2 124M / 1558M and a Llama RMSNorm shape,
+# each variant in one process with agreement and bit-repeat checks.
 if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
-    add_executable(bench_adamw ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_adamw.c)
-    target_link_libraries(bench_adamw PRIVATE loom_cuda CUDA::cudart_static m)
-    loom_warnings(bench_adamw)
-endif()
-# Attention kernel variants' speed and agreement on the GPT-2 124M and 1558M
-# shapes (not a test; tests/gpu/call_*.sh).
-if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
-    add_executable(bench_attn ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_attn.c)
-    target_link_libraries(bench_attn PRIVATE loom_cuda CUDA::cudart_static m)
-    loom_warnings(bench_attn)
-endif()
-# Norm kernel variants' speed and agreement on the GPT-2 124M / 1558M and a
-# Llama RMSNorm shape (not a test; LOOM_NORM_VARIANT's values in one process).
-if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
-    add_executable(bench_norm ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_norm.c)
-    target_link_libraries(bench_norm PRIVATE loom_cuda CUDA::cudart_static m)
-    loom_warnings(bench_norm)
+    foreach(b bench_adamw bench_attn bench_norm)
+        add_executable(${b} ${CMAKE_CURRENT_LIST_DIR}/gpu/${b}.c)
+        target_link_libraries(${b} PRIVATE loom_cuda CUDA::cudart_static m)
+        loom_warnings(${b})
+    endforeach()
 endif()
