@@ -12,6 +12,7 @@
 #include "worker/comm/comm.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +156,14 @@ struct comm_world *comm_world_new(const struct comm_world_opts *o, char *err, si
     w->bw.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : COMM_DEFAULT_TIMEOUT_MS;
     w->bw.cuda_device = o->cuda_device;
     if (o->world > 1) {
+        /* A peer that dies closes its sockets; a later write to one raises
+         * SIGPIPE, whose default action would kill this rank instead of
+         * failing the operation with a message (seen: Gloo's TCP pairs, a
+         * survivor killed by signal 13 in unit.comm.failure). Ignored unless
+         * the process installed its own handler. */
+        struct sigaction old_sa;
+        if (sigaction(SIGPIPE, NULL, &old_sa) == 0 && old_sa.sa_handler == SIG_DFL)
+            signal(SIGPIPE, SIG_IGN);
         w->bw.rdzv = rdzv_open(o->rdzv, o->token, err, errlen);
         if (!w->bw.rdzv) goto fail;
         w->bw.rdzv_is_file = strncmp(o->rdzv, "file:", 5) == 0;
