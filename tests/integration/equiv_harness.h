@@ -1,10 +1,12 @@
 /* Helpers shared by the equivalence tests that drive the real loom-worker
- * (test_dp_equiv.c, test_par_equiv.c): run a layout as a child process, read
- * an exported model back, write the small training shard. Header-only
- * (static functions) because each test is one translation unit. */
+ * (test_dp_equiv.c, test_par_equiv.c, test_offload_equiv.c): CHECK, run a
+ * layout as a child process, read an exported model back and compare two,
+ * write the small training shard. Header-only (static functions) because
+ * each test is one translation unit. */
 #ifndef LOOM_TESTS_EQUIV_HARNESS_H
 #define LOOM_TESTS_EQUIV_HARNESS_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,19 @@
 
 #include "worker/data.h"
 #include "worker/safetensors.h"
+
+/* The failed CHECKs of the test (each test is one translation unit). */
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
 
 /* Run `worker --spec spec --out out --threads 1 --nproc nproc` with stdout to
  * outfile; sched (may be NULL: the worker's default) sets --pp-schedule,
@@ -92,6 +107,25 @@ static int equiv_make_data(const char *dir, char *err, size_t errlen) {
     int rc = data_shard_write(p, 1, tok, n, err, errlen);
     free(tok);
     return rc;
+}
+
+/* The exports a and b hold the same weights: every value within tol,
+ * relative to 1 + |b|. Prints the worst difference under `tag`. */
+static void equiv_compare_exports(const char *tag, const char *a, const char *b, double tol) {
+    size_t na = 0, nb = 0;
+    float *x = equiv_load_export(a, &na), *y = equiv_load_export(b, &nb);
+    CHECK(x && y && na == nb && na > 0, "%s: exports unreadable or of different sizes", tag);
+    if (x && y && na == nb) {
+        double worst = 0;
+        for (size_t i = 0; i < na; i++) {
+            double d = fabs((double)x[i] - y[i]) / (1 + fabs((double)y[i]));
+            worst = d > worst ? d : worst;
+        }
+        CHECK(worst <= tol, "%s: final weights differ by %.3g", tag, worst);
+        fprintf(stderr, "%-22s final weights max diff %.2e over %zu values\n", tag, worst, na);
+    }
+    free(x);
+    free(y);
 }
 
 #endif

@@ -49,17 +49,6 @@
 
 static const char *worker;
 static char dir[256];
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 struct run {
     int ok;
@@ -148,23 +137,6 @@ static void compare(const char *tag, const struct run *a, const struct run *ref,
             worst_norm, from, STEPS);
 }
 
-static void compare_weights(const char *tag, const char *a, const char *b) {
-    size_t na = 0, nb = 0;
-    float *x = equiv_load_export(a, &na), *y = equiv_load_export(b, &nb);
-    CHECK(x && y && na == nb && na > 0, "%s: exports unreadable or of different sizes", tag);
-    if (x && y && na == nb) {
-        double worst = 0;
-        for (size_t i = 0; i < na; i++) {
-            double d = fabs((double)x[i] - y[i]) / (1 + fabs((double)y[i]));
-            worst = d > worst ? d : worst;
-        }
-        CHECK(worst <= PARAM_TOL, "%s: final weights differ by %.3g", tag, worst);
-        fprintf(stderr, "%-14s final weights max diff %.2e over %zu values\n", tag, worst, na);
-    }
-    free(x);
-    free(y);
-}
-
 /* Memory report vs the ZeRO formulas (worker/zero.h), from the single-process
  * figures (stage 0 at dp 1: everything whole). */
 static void check_memory(const char *tag, const struct run *a, const struct run *ref, int dp,
@@ -213,7 +185,7 @@ static void equivalence(int dp) {
             train(tag, dp, zero, micro, &r, ex);
             if (!r.ok) continue;
             compare(tag, &r, &ref, 1);
-            compare_weights(tag, ex, ex_ref);
+            equiv_compare_exports(tag, ex, ex_ref, PARAM_TOL);
             check_memory(tag, &r, &ref, dp, zero);
         }
     }

@@ -47,17 +47,6 @@
 
 static const char *worker;
 static char dir[256];
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 struct layout {
     const char *tag;
@@ -222,20 +211,7 @@ static void compare_weights(const char *tag, const char *ref_tag) {
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/%s.safetensors", dir, tag);
     snprintf(b, sizeof b, "%s/%s.safetensors", dir, ref_tag);
-    size_t na = 0, nb = 0;
-    float *x = equiv_load_export(a, &na), *y = equiv_load_export(b, &nb);
-    CHECK(x && y && na == nb && na > 0, "%s: exports unreadable or of different sizes", tag);
-    if (x && y && na == nb) {
-        double worst = 0;
-        for (size_t i = 0; i < na; i++) {
-            double d = fabs((double)x[i] - y[i]) / (1 + fabs((double)y[i]));
-            worst = d > worst ? d : worst;
-        }
-        CHECK(worst <= PARAM_TOL, "%s: final weights differ by %.3g", tag, worst);
-        fprintf(stderr, "%-22s final weights max diff %.2e over %zu values\n", tag, worst, na);
-    }
-    free(x);
-    free(y);
+    equiv_compare_exports(tag, a, b, PARAM_TOL);
 }
 
 /* The pipeline figures of rank 0's step lines against the schedule's formulas. */
