@@ -532,6 +532,54 @@ static uint16_t *t_bits(const struct tens *t) {
  * (LOOM_ATTN_FWD/BWD_VARIANT, set by the caller). Each pass is also run a
  * second time from the same inputs and must repeat bit for bit (the
  * backward's dQ shares are summed in an order kept by counters). */
+/* cuDNN's fused attention through the backend (`gpu` is then a backend made
+ * with LOOM_ATTN_CUDNN=1): forward against the cpu, backward into a zeroed
+ * gradient (the path that overwrites; accumulating calls use k_attn.cu)
+ * against the cpu, and a repeat that must give the same bits. Where cuDNN
+ * is not available the case says NOT RUN and counts neither way. */
+static void test_attention_cudnn(int B, int T, int NH, int HD) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d H%d hd%d cudnn", B, T, NH, HD);
+    reserve_both(B, T, NH * HD, NH, NH, HD, 64, 64);
+    const char *path = backend_cuda_attn_path(gpu);
+    if (strcmp(path, "cudnn") != 0) {
+        printf("NOT RUN cuDNN attention %s: %s\n", shape, path);
+        return;
+    }
+    int N = B * T, W = 3 * NH * HD;
+    size_t bytes = (size_t)N * W * 2;
+    struct tens qkv, out, lse, dout, dqkv;
+    t_rand(&qkv, (size_t)N * W, 0, 1.5f, 0);
+    t_out(&out, (size_t)N * NH * HD, 0);
+    t_out(&lse, (size_t)B * NH * T, 1);
+    cpu->attention_fwd(cpu->ctx, out.c, lse.c, qkv.c, B, T, NH, NH, HD);
+    gpu->attention_fwd(gpu->ctx, out.g, lse.g, qkv.g, B, T, NH, NH, HD);
+    t_check(&out, "attention_fwd out", shape, TOL_ATTN, 0);
+    t_check(&lse, "attention_fwd lse", shape, 1e-3, 0);
+    memcpy(out.h, out.c, out.n * sizeof(float));
+    for (size_t i = 0; i < out.n; i++)
+        out.h[i] = lcuda_bf2f(lcuda_f2bf(out.h[i]));
+    t_upload(&out);
+    memcpy(lse.h, lse.c, lse.n * sizeof(float));
+    t_upload(&lse);
+    t_rand(&dout, out.n, 0, 1, 0);
+    t_out(&dqkv, qkv.n, 0);
+    memset(dqkv.c, 0, dqkv.n * sizeof(float));
+    cpu->attention_bwd(cpu->ctx, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NH, HD);
+    gpu->zero(gpu->ctx, dqkv.g, bytes);
+    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NH, HD);
+    t_check(&dqkv, "attention_bwd dqkv", shape, TOL_ATTNB, 0);
+    uint16_t *first = t_bits(&dqkv), *again;
+    gpu->zero(gpu->ctx, dqkv.g, bytes);
+    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NH, HD);
+    again = t_bits(&dqkv);
+    int same = memcmp(first, again, bytes) == 0;
+    checks++, failures += !same;
+    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "attention_bwd repeats", shape);
+    free(first), free(again);
+    t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
+}
+
 static void test_attention(int B, int T, int NH, int NKV, int HD, int var) {
     char shape[64];
     snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d v%d", B, T, NH, NKV, HD, var);
@@ -1086,8 +1134,13 @@ int main(void) {
     rng_state = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) * 2654435761u + 1;
     printf("seed %llu (LOOM_TEST_SEED repeats it)\n", (unsigned long long)rng_state);
     cpu = backend_cpu_new(0);
+    /* k_attn.cu's kernels here; cuDNN's attention on a second backend below */
+    setenv("LOOM_ATTN_CUDNN", "0", 1);
     gpu = backend_cuda_new(0);
-    if (!cpu || !gpu) return 1;
+    setenv("LOOM_ATTN_CUDNN", "1", 1);
+    struct backend *gpu_cudnn = backend_cuda_new(0);
+    unsetenv("LOOM_ATTN_CUDNN");
+    if (!cpu || !gpu || !gpu_cudnn) return 1;
     /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
      * shapes of every table only. */
     int quick = getenv("LOOM_TEST_QUICK") != NULL;
@@ -1131,6 +1184,16 @@ int main(void) {
     }
     unsetenv("LOOM_ATTN_FWD_VARIANT");
     unsetenv("LOOM_ATTN_BWD_VARIANT");
+    {
+        struct backend *k_attn_gpu = gpu;
+        gpu = gpu_cudnn;
+        static const int ac[][4] = {{2, 256, 4, 64}, {1, 1024, 2, 64}, {2, 128, 2, 128},
+                                    {4, 512, 12, 64}};
+        for (size_t i = 0; i < (quick ? 1 : sizeof ac / sizeof ac[0]); i++)
+            test_attention_cudnn(ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
+        gpu = k_attn_gpu;
+        reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
+    }
     test_embed(2, 64, 64, 256);
     if (!quick) test_embed(4, 128, 768, 1024);
     test_classifier(64, 64, 250, 256);

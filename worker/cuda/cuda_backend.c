@@ -46,6 +46,7 @@
 #include "common/log.h"
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cudnn_attn.h"
 #include "worker/cuda/kernels.h"
 
 #define MAX_ALLOCS     1024
@@ -114,6 +115,12 @@ struct cuda_ctx {
     cudaEvent_t ev_fence[2];
     cudaEvent_t ring[COPY_RING];
     uint64_t ticket; /* last issued */
+    /* attention through cuDNN's fused engines for the reserved shape
+     * (LOOM_ATTN_CUDNN: 1 deterministic, the default; nd nondeterministic;
+     * 0 off); NULL: k_attn.cu's kernels */
+    int cudnn_mode;
+    struct lcudnn_attn *cda;
+    char cda_why[640]; /* why not, when cda is NULL */
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -188,6 +195,8 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     if (c->reserved) pz_flush(c);
     if (c->reserved) {
         lk_blas_free(c->blas);
+        lcudnn_attn_free(c->cda);
+        c->cda = NULL;
         lcuda_arena_free(&c->ws);
         cudaFreeHost(c->h_tok);
         cudaFreeHost(c->h_buf);
@@ -231,6 +240,23 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     CUDA_CHECK(cudaEventRecord(c->buf_ev, c->s));
     c->tok_valid = 0;
     c->reserved = 1;
+    snprintf(c->cda_why, sizeof c->cda_why, "%s",
+             !c->cudnn_mode ? "LOOM_ATTN_CUDNN=0" : "grouped-query attention (NKV < NH)");
+    if (c->cudnn_mode && lim->NH == lim->NKV) {
+        char *why = c->cda_why;
+        c->cda = lcudnn_attn_new(c->s, lim->B, lim->T, lim->NH, lim->HD, qkv, lim->NH * lim->HD,
+                                 c->cudnn_mode == 1, why, sizeof c->cda_why);
+        if (c->cda) {
+            int ef, eb;
+            lcudnn_attn_engines(c->cda, &ef, &eb);
+            log_info("cuda backend: attention through cuDNN %ld (engines %d/%d, %s, %zu MiB "
+                     "workspace)", lcudnn_version(), ef, eb,
+                     c->cudnn_mode == 1 ? "deterministic" : "nondeterministic",
+                     lcudnn_attn_bytes(c->cda) >> 20);
+        } else {
+            log_info("cuda backend: attention through k_attn.cu (cuDNN: %s)", why);
+        }
+    }
     return 0;
 }
 
@@ -333,6 +359,7 @@ static void cu_destroy(void *ctx) {
     if (c->blas) pz_flush(c);
     cudaStreamSynchronize(c->s);
     lk_blas_free(c->blas);
+    lcudnn_attn_free(c->cda);
     lcuda_arena_free(&c->ws);
     if (c->h_tok) cudaFreeHost(c->h_tok);
     if (c->h_buf) cudaFreeHost(c->h_buf);
@@ -526,11 +553,18 @@ static void cu_rope_bwd(void *ctx, void *dx, int N, int T, int stride, int n_hea
     lk_rope(dx, N, T, n_heads, HD, stride, theta, 1, ST);
 }
 
+/* the cuDNN plans are for the reserved shape only */
+static int cda_fits(const struct cuda_ctx *c, int B, int T, int NH, int NKV, int HD) {
+    return B == c->lim.B && T == c->lim.T && NH == c->lim.NH && NKV == NH && HD == c->lim.HD;
+}
+
 static void cu_attention_fwd(void *ctx, void *out, float *lse, const void *qkv, int B, int T,
                              int NH, int NKV, int HD) {
     FLUSH();
     const lbf16 *q = qkv;
     int ld = (NH + 2 * NKV) * HD;
+    if (CX->cda && cda_fits(CX, B, T, NH, NKV, HD) && lcudnn_attn_fwd(CX->cda, out, lse, qkv) == 0)
+        return;
     lk_attn_fwd(out, lse, q, q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD,
                 ST);
 }
@@ -543,6 +577,9 @@ static void cu_attention_bwd(void *ctx, void *dqkv, const void *dout, const void
     lbf16 *dq = dqkv;
     int ld = (NH + 2 * NKV) * HD;
     int fresh = pz_take(CX, dqkv, (size_t)B * T * ld * 2);
+    if (fresh && CX->cda && cda_fits(CX, B, T, NH, NKV, HD) &&
+        lcudnn_attn_bwd(CX->cda, dqkv, dout, out, lse, qkv) == 0)
+        return;
     lk_attn_bwd(dq, dq + NH * HD, dq + (NH + NKV) * HD, CX->attn_scratch, dout, out, lse, q,
                 q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD, !fresh, ST);
 }
@@ -754,6 +791,8 @@ struct backend *backend_cuda_new(int device) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking));
     const char *fd = getenv("LOOM_FUSE_DGELU");
     c->fuse_off = fd && strcmp(fd, "0") == 0;
+    const char *ac = getenv("LOOM_ATTN_CUDNN");
+    c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     b->name = "cuda";
     b->dtype = BACKEND_BF16;
     b->elt_size = 2;
@@ -810,10 +849,16 @@ int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r) {
     cudaMemGetInfo(&fr, &tot);
     r->engine_bytes = c->alloc_bytes;
     r->engine_peak = c->alloc_peak;
-    r->workspace_bytes = c->ws.size;
+    r->workspace_bytes = c->ws.size + (c->cda ? lcudnn_attn_bytes(c->cda) : 0);
     r->logits_bytes = (size_t)c->cls_chunk * (size_t)(c->lim.Vp > 0 ? c->lim.Vp : 8) * 2;
     r->device_used = tot - fr;
     return 0;
+}
+
+const char *backend_cuda_attn_path(const struct backend *b) {
+    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return "not a CUDA backend";
+    const struct cuda_ctx *c = b->ctx;
+    return c->cda ? "cudnn" : c->cda_why;
 }
 
 void *backend_cuda_stream(const struct backend *b) {

@@ -21,6 +21,10 @@ struct cuda_mem_report {
  * not a CUDA backend. */
 int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r);
 
+/* "cudnn" when attention of the reserved shape runs through cuDNN's fused
+ * engines (worker/cuda/cudnn_attn.h), else why not (k_attn.cu is used). */
+const char *backend_cuda_attn_path(const struct backend *b);
+
 /* The backend's CUDA stream (a cudaStream_t) for timing with events; NULL
  * when b is not a CUDA backend. */
 void *backend_cuda_stream(const struct backend *b);
