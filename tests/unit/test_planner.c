@@ -360,6 +360,25 @@ static void test_pair_area(void) {
     CHECK(fabs(a.mem.comm - b.mem.comm) < 1);
 }
 
+/* cuDNN attention's backward workspace: micro-batch x heads x T x T bf16
+ * (plus fp32 softmax sums) on CUDA for multi-head attention, none on cpu */
+static void test_cudnn_workspace(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate a, b;
+    struct loom_error e;
+    const char *spec = "{'model':{'family':'gpt2','preset':'124m'},"
+                       "'train':{'micro_batch':%d,'global_batch_tokens':16384}}";
+    const char *gpu = "{'nodes':1,'gpus_per_node':1,'gpu':'H200'}";
+    char buf[512];
+    snprintf(buf, sizeof buf, spec, 16);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    snprintf(buf, sizeof buf, spec, 8);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    double want = 8.0 * 12 * 1024 * 1024 * 2 + 8.0 * 12 * 1024 * 4; /* 8 more sequences */
+    CHECK(fabs((a.mem.workspace - b.mem.workspace) - want) < 0.01 * want);
+}
+
 /* ---- pipeline split by work (parallel.pp_balance) ---- */
 static void test_pp_balance(void) {
     struct loom_spec s;
@@ -528,6 +547,7 @@ static void test_bad_inputs(void) {
 int main(void) {
     test_pp_balance();
     test_pair_area();
+    test_cudnn_workspace();
     test_70b_arithmetic();
     test_bands();
     test_comm_bound();
