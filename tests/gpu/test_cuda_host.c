@@ -1,12 +1,14 @@
 /* Host-side helpers of the CUDA backend, runnable without a GPU (label
  * unit): the token bucketing behind the deterministic embedding gradient
  * (a stable counting sort) and the bf16 <-> fp32 conversions used by tests
- * and I/O (round to nearest even, NaN kept a NaN). */
+ * and I/O (round to nearest even, NaN kept a NaN); and cuDNN attention's
+ * fallback contract (worker/cuda/cudnn_attn.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "worker/cuda/cudnn_attn.h"
 #include "worker/cuda/kernels.h"
 
 static int fails;
@@ -73,7 +75,27 @@ static void test_bf16(void) {
     }
 }
 
+/* Without a usable library, device or engine, lcudnn_attn_new returns NULL
+ * with a reason (the backend logs it and uses k_attn.cu) and never crashes;
+ * where a GPU and cuDNN are present the plans may build, and are freed. A
+ * head size of 7 (strides not 16-byte multiples) is refused everywhere. */
+static void test_cudnn_fallback(void) {
+    char why[640] = "";
+    long v = lcudnn_version();
+    CHECK(v == 0 || (v >= 90000 && v < 100000), "cuDNN version %ld", v);
+    struct lcudnn_attn *a = lcudnn_attn_new(NULL, 2, 128, 2, 64, 3 * 2 * 64, 2 * 64, 1, why,
+                                            sizeof why);
+    CHECK(a || why[0], "no plans and no reason");
+    if (!a) printf("cuDNN attention not available here (version %ld): %s\n", v, why);
+    lcudnn_attn_free(a);
+    why[0] = 0;
+    a = lcudnn_attn_new(NULL, 1, 64, 1, 7, 21, 7, 1, why, sizeof why);
+    CHECK(!a && why[0], "head size 7: %s", a ? "accepted" : "no reason");
+    lcudnn_attn_free(a);
+}
+
 int main(void) {
+    test_cudnn_fallback();
     test_buckets(1, 5, 1);
     test_buckets(1000, 7, 2);
     test_buckets(16384, 50257, 3);

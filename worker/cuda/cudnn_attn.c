@@ -604,10 +604,15 @@ struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int D, in
     a->neginf = -INFINITY;
     a->one = 1.0f;
     cudnnStatus_t st = L.create(&a->h);
-    if (st == CUDNN_STATUS_SUCCESS) st = L.set_stream(a->h, a->s);
     if (st != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "cudnnCreate: %s", L.status_str(st));
-        a->h = st == CUDNN_STATUS_SUCCESS ? a->h : NULL;
+        a->h = NULL;
+        lcudnn_attn_free(a);
+        return NULL;
+    }
+    st = L.set_stream(a->h, a->s);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, whylen, "cudnnSetStream: %s", L.status_str(st));
         lcudnn_attn_free(a);
         return NULL;
     }
