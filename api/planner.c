@@ -430,7 +430,7 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
          * worker then falls back to k_attn.cu */
         if (mc->n_kv_head == mc->n_head)
             m->workspace += N * mc->seq_len * (NH / tp) * 2 + N * (NH / tp) * 4;
-        m->reserved = 1 * GIB;    /* CUDA context and allocator slack */
+        m->reserved = 1 * GIB; /* CUDA context and allocator slack */
     }
     m->total =
         m->params + m->grads + m->optimizer + m->activations + m->comm + m->workspace + m->reserved;

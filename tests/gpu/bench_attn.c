@@ -32,7 +32,7 @@ static const struct shape shapes[] = {
     {"gpt2-1558m", 8, 25, 25, 1024, 64},
 };
 static const char *variants[] = {"0", "1", "2", "3", "4", "5", "cudnn", "cudnn-nd"};
-#define NVAR 8
+#define NVAR   8
 #define NKATTN 6 /* variants below this index are k_attn.cu's */
 
 static uint64_t rng = 88172645463325252ull;

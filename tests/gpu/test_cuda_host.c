@@ -83,8 +83,8 @@ static void test_cudnn_fallback(void) {
     char why[640] = "";
     long v = lcudnn_version();
     CHECK(v == 0 || (v >= 90000 && v < 100000), "cuDNN version %ld", v);
-    struct lcudnn_attn *a = lcudnn_attn_new(NULL, 2, 128, 2, 64, 3 * 2 * 64, 2 * 64, 1, why,
-                                            sizeof why);
+    struct lcudnn_attn *a =
+        lcudnn_attn_new(NULL, 2, 128, 2, 64, 3 * 2 * 64, 2 * 64, 1, why, sizeof why);
     CHECK(a || why[0], "no plans and no reason");
     if (!a) printf("cuDNN attention not available here (version %ld): %s\n", v, why);
     lcudnn_attn_free(a);

@@ -1187,8 +1187,8 @@ int main(void) {
     {
         struct backend *k_attn_gpu = gpu;
         gpu = gpu_cudnn;
-        static const int ac[][4] = {{2, 256, 4, 64}, {1, 1024, 2, 64}, {2, 128, 2, 128},
-                                    {4, 512, 12, 64}};
+        static const int ac[][4] = {
+            {2, 256, 4, 64}, {1, 1024, 2, 64}, {2, 128, 2, 128}, {4, 512, 12, 64}};
         for (size_t i = 0; i < (quick ? 1 : sizeof ac / sizeof ac[0]); i++)
             test_attention_cudnn(ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
         gpu = k_attn_gpu;

@@ -250,7 +250,8 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
             int ef, eb;
             lcudnn_attn_engines(c->cda, &ef, &eb);
             log_info("cuda backend: attention through cuDNN %ld (engines %d/%d, %s, %zu MiB "
-                     "workspace)", lcudnn_version(), ef, eb,
+                     "workspace)",
+                     lcudnn_version(), ef, eb,
                      c->cudnn_mode == 1 ? "deterministic" : "nondeterministic",
                      lcudnn_attn_bytes(c->cda) >> 20);
         } else {

@@ -33,13 +33,19 @@ int lcudnn_attn_bwd(struct lcudnn_attn *a, void *dqkv, const void *dout, const v
     (void)a, (void)dqkv, (void)dout, (void)out, (void)lse, (void)qkv;
     return -1;
 }
-size_t lcudnn_attn_bytes(const struct lcudnn_attn *a) { return (void)a, 0; }
+size_t lcudnn_attn_bytes(const struct lcudnn_attn *a) {
+    return (void)a, 0;
+}
 void lcudnn_attn_engines(const struct lcudnn_attn *a, int *fwd, int *bwd) {
     (void)a;
     *fwd = *bwd = -1;
 }
-void lcudnn_attn_free(struct lcudnn_attn *a) { (void)a; }
-long lcudnn_version(void) { return 0; }
+void lcudnn_attn_free(struct lcudnn_attn *a) {
+    (void)a;
+}
+long lcudnn_version(void) {
+    return 0;
+}
 
 #else
 
@@ -228,8 +234,10 @@ static void pointwise(struct gb *g, cudnnPointwiseMode_t mode, cudnnDataType_t p
     gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
            &pw);
     gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b) gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    if (t) gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
+    if (b)
+        gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    if (t)
+        gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
     gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
     gb_fin(g, op, "pointwise operation");
     add_op(g, op);
@@ -303,10 +311,10 @@ struct lcudnn_attn {
     cudaStream_t s;
     int B, T, H, D, ld, ldo, det;
     struct plan fwd, bwd;
-    void *ws;          /* max of the two plans' workspaces */
+    void *ws; /* max of the two plans' workspaces */
     size_t ws_bytes;
-    float *ssum;       /* [B][H][T] softmax sums (backward) */
-    float *dqacc;      /* [B][H][T][D] fp32 dQ (nondeterministic backward) */
+    float *ssum;  /* [B][H][T] softmax sums (backward) */
+    float *dqacc; /* [B][H][T][D] fp32 dQ (nondeterministic backward) */
     float scale, neginf, one;
     char why[640];
 };
@@ -321,13 +329,14 @@ static int make_plan(struct lcudnn_attn *a, struct gb *g, int det, struct plan *
     gb_fin(g, graph, "operation graph");
     cudnnBackendDescriptor_t heur = gb_mk(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    gb_set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+    gb_set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+           &graph);
     gb_set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     gb_fin(g, heur, "heuristics");
     if (g->failed) goto fail;
     int64_t n = 0;
-    cudnnStatus_t st = L.get(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                             &n, NULL);
+    cudnnStatus_t st =
+        L.get(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, NULL);
     if (st != CUDNN_STATUS_SUCCESS) {
         gb_fail(g, st, "heuristics result count");
         goto fail;
@@ -391,7 +400,7 @@ fail:
 }
 
 static int build_fwd(struct lcudnn_attn *a) {
-#define g (a->fwd.g)
+#define g        (a->fwd.g)
     int64_t B = a->B, H = a->H, T = a->T, D = a->D, ld = a->ld, ldo = a->ldo;
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT, I = CUDNN_DATA_INT32,
                           BO = CUDNN_DATA_BOOLEAN;
@@ -568,12 +577,12 @@ int lcudnn_attn_bwd(struct lcudnn_attn *a, void *dqkv, const void *dout, const v
     size_t hk = (size_t)a->H * a->D;
     if (!a->det && cudaMemsetAsync(a->dqacc, 0, (size_t)a->B * a->H * a->T * a->D * 4, a->s))
         return -1;
-    int64_t uids[] = {U_Q,  U_K,  U_V,  U_O,    U_DO,     U_STATS, U_DQ,
-                      U_DK, U_DV, U_SSUM, U_SCALE, U_NEGINF, U_ONE, U_DQACC};
-    void *ptrs[] = {(void *)q,  (void *)(q + hk), (void *)(q + 2 * hk), (void *)out,
-                    (void *)dout, (void *)lse,    dq,                   dq + hk,
-                    dq + 2 * hk,  a->ssum,        &a->scale,            &a->neginf,
-                    &a->one,      a->dqacc};
+    int64_t uids[] = {U_Q,  U_K,  U_V,    U_O,     U_DO,     U_STATS, U_DQ,
+                      U_DK, U_DV, U_SSUM, U_SCALE, U_NEGINF, U_ONE,   U_DQACC};
+    void *ptrs[] = {
+        (void *)q, (void *)(q + hk), (void *)(q + 2 * hk), (void *)out, (void *)dout, (void *)lse,
+        dq,        dq + hk,          dq + 2 * hk,          a->ssum,     &a->scale,    &a->neginf,
+        &a->one,   a->dqacc};
     return run(a, &a->bwd, a->det ? 13 : 14, uids, ptrs);
 }
 
