@@ -528,15 +528,70 @@ static uint16_t *t_bits(const struct tens *t) {
     return b;
 }
 
-/* Attention against the cpu reference; `var` is the kernel variant
- * (LOOM_ATTN_FWD/BWD_VARIANT, set by the caller). Each pass is also run a
- * second time from the same inputs and must repeat bit for bit (the
- * backward's dQ shares are summed in an order kept by counters). */
+/* One attention case against the cpu: forward, then the backward from the
+ * cpu's own forward results on both sides (only the backward kernels
+ * differ), run twice from the same inputs: the two must give the same bits.
+ * zeroed = 0: the gradient starts random and the GPU accumulates into it;
+ * 1: it starts zeroed through zero(), the path whose output is overwritten
+ * (the one cuDNN's backward takes). */
+static void attention_case(int B, int T, int NH, int NKV, int HD, const char *shape, int zeroed) {
+    int N = B * T, W = (NH + 2 * NKV) * HD;
+    size_t bytes = (size_t)N * W * 2;
+    struct tens qkv, out, lse, dout, dqkv;
+    t_rand(&qkv, (size_t)N * W, 0, 1.5f, 0);
+    t_out(&out, (size_t)N * NH * HD, 0);
+    t_out(&lse, (size_t)B * NH * T, 1);
+    cpu->attention_fwd(cpu->ctx, out.c, lse.c, qkv.c, B, T, NH, NKV, HD);
+    gpu->attention_fwd(gpu->ctx, out.g, lse.g, qkv.g, B, T, NH, NKV, HD);
+    t_check(&out, "attention_fwd out", shape, TOL_ATTN, 0);
+    t_check(&lse, "attention_fwd lse", shape, 1e-3, 0);
+    memcpy(out.h, out.c, out.n * sizeof(float));
+    for (size_t i = 0; i < out.n; i++)
+        out.h[i] = lcuda_bf2f(lcuda_f2bf(out.h[i]));
+    t_upload(&out);
+    memcpy(lse.h, lse.c, lse.n * sizeof(float));
+    t_upload(&lse);
+    t_rand(&dout, out.n, 0, 1, 0);
+    if (zeroed) {
+        t_out(&dqkv, qkv.n, 0);
+        memset(dqkv.c, 0, dqkv.n * sizeof(float));
+        gpu->zero(gpu->ctx, dqkv.g, bytes);
+    } else {
+        t_rand(&dqkv, qkv.n, 0, 0.05f, 0);
+    }
+    cpu->attention_bwd(cpu->ctx, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NKV, HD);
+    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+    t_check(&dqkv, "attention_bwd dqkv", shape, TOL_ATTNB, !zeroed);
+    uint16_t *first = t_bits(&dqkv), *again;
+    if (zeroed) {
+        gpu->zero(gpu->ctx, dqkv.g, bytes);
+    } else {
+        memcpy(dqkv.h, dqkv.init, dqkv.n * sizeof(float));
+        t_upload(&dqkv);
+    }
+    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+    again = t_bits(&dqkv);
+    int same = memcmp(first, again, bytes) == 0;
+    checks++, failures += !same;
+    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "attention_bwd repeats", shape);
+    free(first), free(again);
+    t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
+}
+
+/* k_attn.cu's kernels; `var` is the variant (LOOM_ATTN_FWD/BWD_VARIANT, set
+ * by the caller; the backward's dQ shares are summed in an order kept by
+ * counters, so it repeats bit for bit). */
+static void test_attention(int B, int T, int NH, int NKV, int HD, int var) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d v%d", B, T, NH, NKV, HD, var);
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
+    attention_case(B, T, NH, NKV, HD, shape, 0);
+}
+
 /* cuDNN's fused attention through the backend (`gpu` is then a backend made
- * with LOOM_ATTN_CUDNN=1): forward against the cpu, backward into a zeroed
- * gradient (the path that overwrites; accumulating calls use k_attn.cu)
- * against the cpu, and a repeat that must give the same bits. Where cuDNN
- * is not available the case says NOT RUN and counts neither way. */
+ * with LOOM_ATTN_CUDNN=1), the backward into a zeroed gradient (calls that
+ * accumulate use k_attn.cu). Where cuDNN is not available the case says NOT
+ * RUN and counts neither way. */
 static void test_attention_cudnn(int B, int T, int NH, int HD) {
     char shape[64];
     snprintf(shape, sizeof shape, "B%d T%d H%d hd%d cudnn", B, T, NH, HD);
@@ -546,76 +601,7 @@ static void test_attention_cudnn(int B, int T, int NH, int HD) {
         printf("NOT RUN cuDNN attention %s: %s\n", shape, path);
         return;
     }
-    int N = B * T, W = 3 * NH * HD;
-    size_t bytes = (size_t)N * W * 2;
-    struct tens qkv, out, lse, dout, dqkv;
-    t_rand(&qkv, (size_t)N * W, 0, 1.5f, 0);
-    t_out(&out, (size_t)N * NH * HD, 0);
-    t_out(&lse, (size_t)B * NH * T, 1);
-    cpu->attention_fwd(cpu->ctx, out.c, lse.c, qkv.c, B, T, NH, NH, HD);
-    gpu->attention_fwd(gpu->ctx, out.g, lse.g, qkv.g, B, T, NH, NH, HD);
-    t_check(&out, "attention_fwd out", shape, TOL_ATTN, 0);
-    t_check(&lse, "attention_fwd lse", shape, 1e-3, 0);
-    memcpy(out.h, out.c, out.n * sizeof(float));
-    for (size_t i = 0; i < out.n; i++)
-        out.h[i] = lcuda_bf2f(lcuda_f2bf(out.h[i]));
-    t_upload(&out);
-    memcpy(lse.h, lse.c, lse.n * sizeof(float));
-    t_upload(&lse);
-    t_rand(&dout, out.n, 0, 1, 0);
-    t_out(&dqkv, qkv.n, 0);
-    memset(dqkv.c, 0, dqkv.n * sizeof(float));
-    cpu->attention_bwd(cpu->ctx, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NH, HD);
-    gpu->zero(gpu->ctx, dqkv.g, bytes);
-    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NH, HD);
-    t_check(&dqkv, "attention_bwd dqkv", shape, TOL_ATTNB, 0);
-    uint16_t *first = t_bits(&dqkv), *again;
-    gpu->zero(gpu->ctx, dqkv.g, bytes);
-    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NH, HD);
-    again = t_bits(&dqkv);
-    int same = memcmp(first, again, bytes) == 0;
-    checks++, failures += !same;
-    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "attention_bwd repeats", shape);
-    free(first), free(again);
-    t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
-}
-
-static void test_attention(int B, int T, int NH, int NKV, int HD, int var) {
-    char shape[64];
-    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d v%d", B, T, NH, NKV, HD, var);
-    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
-    int N = B * T, W = (NH + 2 * NKV) * HD;
-    struct tens qkv, out, lse, dout, dqkv;
-    t_rand(&qkv, (size_t)N * W, 0, 1.5f, 0);
-    t_out(&out, (size_t)N * NH * HD, 0);
-    t_out(&lse, (size_t)B * NH * T, 1);
-    cpu->attention_fwd(cpu->ctx, out.c, lse.c, qkv.c, B, T, NH, NKV, HD);
-    gpu->attention_fwd(gpu->ctx, out.g, lse.g, qkv.g, B, T, NH, NKV, HD);
-    t_check(&out, "attention_fwd out", shape, TOL_ATTN, 0);
-    t_check(&lse, "attention_fwd lse", shape, 1e-3, 0);
-    /* backward from the cpu's own forward results on both sides, so only
-     * the backward kernels differ */
-    memcpy(out.h, out.c, out.n * sizeof(float));
-    for (size_t i = 0; i < out.n; i++)
-        out.h[i] = lcuda_bf2f(lcuda_f2bf(out.h[i]));
-    t_upload(&out);
-    memcpy(lse.h, lse.c, lse.n * sizeof(float));
-    t_upload(&lse);
-    t_rand(&dout, out.n, 0, 1, 0);
-    t_rand(&dqkv, qkv.n, 0, 0.05f, 0);
-    cpu->attention_bwd(cpu->ctx, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NKV, HD);
-    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
-    t_check(&dqkv, "attention_bwd dqkv", shape, TOL_ATTNB, 1);
-    uint16_t *first = t_bits(&dqkv), *again;
-    memcpy(dqkv.h, dqkv.init, dqkv.n * sizeof(float));
-    t_upload(&dqkv);
-    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
-    again = t_bits(&dqkv);
-    int same = memcmp(first, again, dqkv.n * 2) == 0;
-    checks++, failures += !same;
-    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "attention_bwd repeats", shape);
-    free(first), free(again);
-    t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
+    attention_case(B, T, NH, NH, HD, shape, 1);
 }
 
 static void test_embed(int B, int T, int C, int Vp) {

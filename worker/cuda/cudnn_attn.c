@@ -216,9 +216,16 @@ static cudnnBackendDescriptor_t scalar(struct gb *g, int64_t uid) {
     return tensor(g, uid, CUDNN_DATA_FLOAT, one, one, false, true);
 }
 
-static void add_op(struct gb *g, cudnnBackendDescriptor_t op) {
-    if (g->failed) return;
-    g->ops[g->nops++] = op;
+/* d.name = other (a descriptor attribute; a NULL other is left unset) */
+static void gb_link(struct gb *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                    cudnnBackendDescriptor_t other) {
+    if (other) gb_set(g, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &other);
+}
+
+/* finalise an operation and append it to the graph's list */
+static void gb_add(struct gb *g, cudnnBackendDescriptor_t op, const char *what) {
+    gb_fin(g, op, what);
+    if (!g->failed) g->ops[g->nops++] = op;
 }
 
 /* y = mode(x[, b[, t]]); axis >= 0 for GEN_INDEX */
@@ -231,16 +238,12 @@ static void pointwise(struct gb *g, cudnnPointwiseMode_t mode, cudnnDataType_t p
     if (axis >= 0) gb_set(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
     gb_fin(g, pw, "pointwise descriptor");
     cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-           &pw);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b)
-        gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    if (t)
-        gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    gb_fin(g, op, "pointwise operation");
-    add_op(g, op);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    gb_add(g, op, "pointwise operation");
 }
 
 static void reduction(struct gb *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
@@ -251,11 +254,10 @@ static void reduction(struct gb *g, cudnnReduceTensorOp_t how, cudnnBackendDescr
     gb_set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
     gb_fin(g, r, "reduction descriptor");
     cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    gb_fin(g, op, "reduction operation");
-    add_op(g, op);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    gb_add(g, op, "reduction operation");
 }
 
 static void matmul(struct gb *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
@@ -265,20 +267,18 @@ static void matmul(struct gb *g, cudnnBackendDescriptor_t a, cudnnBackendDescrip
     gb_set(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
     gb_fin(g, m, "matmul descriptor");
     cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
-    gb_fin(g, op, "matmul operation");
-    add_op(g, op);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, m);
+    gb_add(g, op, "matmul operation");
 }
 
 static void reshape(struct gb *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    gb_set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    gb_fin(g, op, "reshape operation");
-    add_op(g, op);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    gb_link(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    gb_add(g, op, "reshape operation");
 }
 
 /* unique ids of the non-virtual tensors (virtual ones count up from 100) */
@@ -329,8 +329,7 @@ static int make_plan(struct lcudnn_attn *a, struct gb *g, int det, struct plan *
     gb_fin(g, graph, "operation graph");
     cudnnBackendDescriptor_t heur = gb_mk(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    gb_set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-           &graph);
+    gb_link(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     gb_set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     gb_fin(g, heur, "heuristics");
     if (g->failed) goto fail;
