@@ -222,10 +222,15 @@ static void gb_link(struct gb *g, cudnnBackendDescriptor_t d, cudnnBackendAttrib
     if (other) gb_set(g, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &other);
 }
 
-/* finalise an operation and append it to the graph's list */
-static void gb_add(struct gb *g, cudnnBackendDescriptor_t op, const char *what) {
-    gb_fin(g, op, what);
-    if (!g->failed) g->ops[g->nops++] = op;
+/* An operation of `type` whose attributes names[i] are the descriptors
+ * descs[i] (NULL ones left unset), finalised and appended to the graph. */
+static void op(struct gb *g, cudnnBackendDescriptorType_t type, const char *what, int n,
+               const cudnnBackendAttributeName_t *names, const cudnnBackendDescriptor_t *descs) {
+    cudnnBackendDescriptor_t o = gb_mk(g, type);
+    for (int i = 0; i < n; i++)
+        gb_link(g, o, names[i], descs[i]);
+    gb_fin(g, o, what);
+    if (!g->failed) g->ops[g->nops++] = o;
 }
 
 /* y = mode(x[, b[, t]]); axis >= 0 for GEN_INDEX */
@@ -237,13 +242,12 @@ static void pointwise(struct gb *g, cudnnPointwiseMode_t mode, cudnnDataType_t p
     gb_set(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (axis >= 0) gb_set(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
     gb_fin(g, pw, "pointwise descriptor");
-    cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    gb_add(g, op, "pointwise operation");
+    op(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation", 5,
+       (const cudnnBackendAttributeName_t[]){
+           CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+           CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
+           CUDNN_ATTR_OPERATION_POINTWISE_YDESC},
+       (const cudnnBackendDescriptor_t[]){pw, x, b, t, y});
 }
 
 static void reduction(struct gb *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
@@ -253,11 +257,11 @@ static void reduction(struct gb *g, cudnnReduceTensorOp_t how, cudnnBackendDescr
     gb_set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
     gb_set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
     gb_fin(g, r, "reduction descriptor");
-    cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    gb_add(g, op, "reduction operation");
+    op(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation", 3,
+       (const cudnnBackendAttributeName_t[]){CUDNN_ATTR_OPERATION_REDUCTION_DESC,
+                                             CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
+                                             CUDNN_ATTR_OPERATION_REDUCTION_YDESC},
+       (const cudnnBackendDescriptor_t[]){r, x, y});
 }
 
 static void matmul(struct gb *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
@@ -266,19 +270,18 @@ static void matmul(struct gb *g, cudnnBackendDescriptor_t a, cudnnBackendDescrip
     cudnnBackendDescriptor_t m = gb_mk(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     gb_set(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
     gb_fin(g, m, "matmul descriptor");
-    cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, m);
-    gb_add(g, op, "matmul operation");
+    op(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation", 4,
+       (const cudnnBackendAttributeName_t[]){
+           CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_ATTR_OPERATION_MATMUL_BDESC,
+           CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_ATTR_OPERATION_MATMUL_DESC},
+       (const cudnnBackendDescriptor_t[]){a, b, c, m});
 }
 
 static void reshape(struct gb *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    cudnnBackendDescriptor_t op = gb_mk(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
-    gb_link(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    gb_add(g, op, "reshape operation");
+    op(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation", 2,
+       (const cudnnBackendAttributeName_t[]){CUDNN_ATTR_OPERATION_RESHAPE_XDESC,
+                                             CUDNN_ATTR_OPERATION_RESHAPE_YDESC},
+       (const cudnnBackendDescriptor_t[]){x, y});
 }
 
 /* unique ids of the non-virtual tensors (virtual ones count up from 100) */
