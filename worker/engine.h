@@ -66,6 +66,14 @@ struct engine_hooks {
      * own tensors). NULL: sumsq over the shard, summed with allreduce_sum
      * unless shard_replicated. Set by worker/par.c when tp or pp > 1. */
     double (*grad_norm_sq)(struct engine *e, void *user);
+    /* Replaces the backend's embedding_bwd in the backward when set (the
+     * CUDA pair path exchanges the token embedding's gradient as per-token
+     * rows: worker/zero.c). Same arguments as backend.h's embedding_bwd. */
+    void (*embedding_bwd)(struct engine *e, void *user, void *dwte, void *dwpe, const void *dout,
+                          const int32_t *tokens, int B, int T, int C);
+    /* Replaces the device sync before grad_sync: a wait bounded by the comm
+     * timeout, for when the compute stream may wait on a peer. 0 or -1. */
+    int (*compute_sync)(struct engine *e, void *user);
 };
 
 /* Bytes of device memory by category, for the "mem" field of step lines;

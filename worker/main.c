@@ -452,7 +452,8 @@ static int run(struct worker *w) {
                                      .zero_stage = s->parallel.zero_stage,
                                      .device = device,
                                      .rdzv = o->rdzv,
-                                     .token = getenv("LOOM_RDZV_TOKEN")};
+                                     .token = getenv("LOOM_RDZV_TOKEN"),
+                                     .micro_tokens = B * T};
         w->z = zero_setup(w->e, &zo, w->err, sizeof w->err);
         if (!w->z) {
             report_error("COMM_FAILED", w->err);
@@ -582,6 +583,24 @@ static int run(struct worker *w) {
             return 1;
         }
         if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
+    }
+    /* LOOM_DEBUG_PARAM_HASH=1: every rank holding all fp32 master weights
+     * (ZeRO 0 or one rank) logs their FNV-1a hash, for tests that check the
+     * data-parallel ranks stayed bit-identical (tests/gpu/call_s4g.sh) */
+    const char *ph = getenv("LOOM_DEBUG_PARAM_HASH");
+    if (ph && *ph == '1' && w->e->shard_off == 0 && w->e->shard_n == w->e->n_params) {
+        size_t n = w->e->n_params;
+        float *h = malloc(n * sizeof(float));
+        if (h) {
+            engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
+            uint64_t f = 1469598103934665603ull;
+            const unsigned char *bytes = (const unsigned char *)h;
+            for (size_t i = 0; i < n * sizeof(float); i++)
+                f = (f ^ bytes[i]) * 1099511628211ull;
+            log_info("param hash rank %d: %016llx (%zu parameters)", w->e->rank,
+                     (unsigned long long)f, n);
+        }
+        free(h);
     }
     int64_t done = start < end ? last.step : start;
     double tokens = (double)(end > start ? end - start : 0) * (double)to.global_batch_tokens;

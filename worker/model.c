@@ -667,6 +667,9 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
     if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, -1);
     if (m->tp)
         tp_embedding_bwd(m, G(m, m->wte), G(m, m->wpe), a->dres);
+    else if (e->hooks.embedding_bwd)
+        e->hooks.embedding_bwd(e, e->hooks.user, G(m, m->wte), G(m, m->wpe), a->dres, m->tokens, B,
+                               T, C);
     else
         b->embedding_bwd(b->ctx, G(m, m->wte), G(m, m->wpe), a->dres, m->tokens, B, T, C);
     if (on_layer) on_layer(-1, user);

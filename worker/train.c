@@ -65,8 +65,12 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     /* The backward may be issued ahead of the device (cuda + nccl ordering):
      * wait for it here, so that the grad_sync time counts only the
      * communication left exposed after the compute. */
-    if (e->hooks.grad_sync) b->sync(b->ctx);
-    if (hook(e, e->hooks.grad_sync, &comm) != 0) {
+    int csync = 0;
+    if (e->hooks.grad_sync && e->hooks.compute_sync)
+        csync = e->hooks.compute_sync(e, e->hooks.user);
+    else if (e->hooks.grad_sync)
+        b->sync(b->ctx);
+    if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0) {
         snprintf(err, errlen, "gradient synchronisation failed at step %lld", (long long)step);
         return -1;
     }

@@ -71,6 +71,15 @@ struct zero {
      * (worker/nccl/pair.h) instead of NCCL all-reduces; NULL otherwise */
     struct pair_ar *pair;
     size_t pair_bytes; /* its receive area, counted in e->mem.comm */
+    /* with the pair: the layer -1 group's gradients except the position
+     * embedding are summed early (final once the head's backward is done),
+     * and the token embedding's own part goes to the peer as per-token rows
+     * (see hook_embedding_bwd); emb_rows: this rank's rows [N][C] */
+    int emb_x;
+    struct zrange early[ZERO_MAX_RANGES], late[ZERO_MAX_RANGES];
+    int nearly, nlate;
+    void *emb_rows;
+    size_t emb_rows_bytes, emb_n, emb_side; /* emb_side: the peer-side area, in mem.comm */
     /* stage >= 2: gradient scratch; stage 3: parameter gather slots */
     struct zslot gs[ZERO_SLOTS], ps[ZERO_SLOTS];
     int nslots, gnext, cur;
@@ -315,6 +324,73 @@ static int push_req(struct zero *z, struct comm_req *r) {
     return 0;
 }
 
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+static void pair_start_all(struct zero *z, const struct zrange *r, int n, int layer) {
+    for (int k = 0; k < n; k++)
+        if (pair_ar_start(z->pair, r[k].lo - z->lo, r[k].hi - z->lo) != 0) {
+            log_error("zero: gradient exchange of layer %d: %s", layer, pair_ar_error(z->pair));
+            z->failed = 1;
+        }
+}
+
+/* The embedding backward of the last micro-step with the pair (emb_x): the
+ * token embedding's gradient is the head's part (already summed over both
+ * ranks early, in reduce_group) plus each rank's per-token rows; instead of
+ * the dense gradient (79 MB at GPT-2 124M) the rows go to the peer (at most
+ * N x C, 25 MB at micro-batch 16) with their token ids, and both ranks add
+ * rank 0's rows, then rank 1's, into the summed gradient: the same sums, in
+ * the same order, so both hold the same bits. The position embedding's
+ * gradient stays local here and is summed at the tail (layer -1). */
+static void hook_embedding_bwd(struct engine *e, void *user, void *dwte, void *dwpe,
+                               const void *dout, const int32_t *tokens, int B, int T, int C) {
+    struct zero *z = user;
+    struct backend *b = e->be;
+    size_t N = (size_t)B * T;
+    if (!e->micro_last || !z->emb_x || z->failed || !dwte || N > z->emb_n) {
+        b->embedding_bwd(b->ctx, dwte, dwpe, dout, tokens, B, T, C);
+        return;
+    }
+    if (dwpe) b->embedding_bwd(b->ctx, NULL, dwpe, dout, tokens, B, T, C);
+    int nu = 0;
+    const int32_t *ids = backend_cuda_embed_rows(b, z->emb_rows, &nu, dout, tokens, B, T, C);
+    backend_cuda_flush(b);
+    void *cs = backend_cuda_stream(b);
+    size_t ids_off = z->emb_rows_bytes;
+    int s_rows = pair_ar_side_send(z->pair, 0, z->emb_rows, (size_t)nu * C * b->elt_size);
+    int s_ids = pair_ar_side_send(z->pair, ids_off, ids, N * sizeof(int32_t));
+    if (s_rows < 0 || s_ids < 0 || pair_ar_wait_mark(z->pair, cs) != 0 ||
+        pair_ar_side_wait(z->pair, s_rows, cs) != 0 || pair_ar_side_wait(z->pair, s_ids, cs) != 0) {
+        log_error("zero: embedding exchange: %s", pair_ar_error(z->pair));
+        z->failed = 1;
+        return;
+    }
+    const void *prow = pair_ar_side_ptr(z->pair, 0);
+    const int32_t *pids = pair_ar_side_ptr(z->pair, ids_off);
+    for (int k = 0; k < 2; k++) {
+        if ((k == 0) == (z->rank == 0))
+            backend_cuda_embed_scatter(b, dwte, z->emb_rows, ids, nu, C);
+        else
+            backend_cuda_embed_scatter(b, dwte, prow, pids, (int)N, C);
+    }
+    if (pair_ar_side_release(z->pair, cs, 2) != 0) {
+        log_error("zero: embedding exchange: %s", pair_ar_error(z->pair));
+        z->failed = 1;
+    }
+}
+
+/* Before grad_sync with the embedding exchange: the compute stream may wait
+ * on the peer's rows, so the host waits for it with the comm timeout. */
+static int hook_compute_sync(struct engine *e, void *user) {
+    struct zero *z = user;
+    (void)e;
+    if (pair_ar_sync_compute(z->pair) != 0) {
+        log_error("zero: %s", pair_ar_error(z->pair));
+        return -1;
+    }
+    return 0;
+}
+#endif
+
 /* Start reducing one layer's gradients over dp (async, in the order the
  * backward finishes layers): all-reduce for stage 0, reduce-scatter into the
  * owners' shards for stages >= 1. */
@@ -326,11 +402,14 @@ static void reduce_group(struct zero *z, int layer) {
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
     if (z->pair) {
         backend_cuda_flush(e->be); /* the fence must follow the held work */
-        for (int k = 0; k < g->n; k++)
-            if (pair_ar_start(z->pair, g->r[k].lo - z->lo, g->r[k].hi - z->lo) != 0) {
-                log_error("zero: gradient exchange of layer %d: %s", layer, pair_ar_error(z->pair));
-                z->failed = 1;
-            }
+        const struct zrange *r = g->r;
+        int n = g->n;
+        if (z->emb_x && layer == z->L - 1) { /* the head's part is final: sum it now */
+            pair_start_all(z, z->early, z->nearly, -1);
+            if (pair_ar_mark(z->pair) != 0) z->failed = 1;
+        }
+        if (z->emb_x && layer == -1) r = z->late, n = z->nlate;
+        pair_start_all(z, r, n, layer);
         return;
     }
 #endif
@@ -712,6 +791,10 @@ void zero_free(struct zero *z) {
     free(z->g);
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
     if (z->pair) e->mem.comm -= z->pair_bytes;
+    if (z->emb_rows) {
+        e->mem.comm -= z->emb_side;
+        engine_release(e, z->emb_rows, z->emb_n * e->cfg.d_model * e->be->elt_size, &e->mem.comm);
+    }
     pair_ar_free(z->pair);
     if (z->ordered) nccl_order_detach();
 #endif
@@ -719,6 +802,35 @@ void zero_free(struct zero *z) {
     comm_world_free(z->world);
     free(z);
 }
+
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+/* The layer -1 group of this stage split for the embedding exchange: early =
+ * every tensor but the position embedding (final once the head's backward
+ * is done), late = the position embedding; contiguous ones merged. -1 when
+ * the token embedding is not in this stage. */
+static int emb_split(struct zero *z) {
+    const struct model_layout *lay = &z->e->layout;
+    int have_embed = 0;
+    z->nearly = z->nlate = 0;
+    for (int i = 0; i < lay->n; i++) {
+        const struct model_tensor *t = &lay->t[i];
+        size_t lo = (size_t)t->rank_offset, hi = lo + (size_t)t->rank_numel;
+        if (t->layer != -1 || lo < z->lo || hi > z->hi) continue;
+        have_embed |= t->kind == MODEL_T_EMBED;
+        struct zrange *r = t->kind == MODEL_T_POS ? z->late : z->early;
+        int *n = t->kind == MODEL_T_POS ? &z->nlate : &z->nearly;
+        if (*n > 0 && r[*n - 1].hi == lo) {
+            r[*n - 1].hi = hi;
+        } else {
+            if (*n == ZERO_MAX_RANGES) return -1;
+            r[*n].lo = lo;
+            r[*n].hi = hi;
+            (*n)++;
+        }
+    }
+    return have_embed ? 0 : -1;
+}
+#endif
 
 struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char *err,
                         size_t errlen) {
@@ -766,13 +878,34 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
         !(pe && strcmp(pe, "0") == 0)) {
         char perr[256];
         size_t n = z->hi - z->lo;
-        z->pair = pair_ar_new(g.dp, engine_grads_at(e, z->lo), n, e->be->elt_size,
-                              backend_cuda_stream(e->be), wo.timeout_ms, perr, sizeof(perr));
+        /* LOOM_DP_EMB_EXCHANGE=0: the token embedding's gradient is summed
+         * dense at the tail like the rest of its group (for comparison) */
+        const char *ex = getenv("LOOM_DP_EMB_EXCHANGE");
+        size_t side = 0, es = e->be->elt_size;
+        if (o->micro_tokens > 0 && !(ex && strcmp(ex, "0") == 0) && emb_split(z) == 0 &&
+            z->nearly > 0) {
+            z->emb_n = (size_t)o->micro_tokens;
+            z->emb_rows_bytes = (z->emb_n * (size_t)e->cfg.d_model * es + 255) & ~(size_t)255;
+            side = z->emb_rows_bytes + z->emb_n * sizeof(int32_t);
+        }
+        z->pair = pair_ar_new(g.dp, engine_grads_at(e, z->lo), n, es, backend_cuda_stream(e->be),
+                              side, wo.timeout_ms, perr, sizeof(perr));
+        if (z->pair && side) {
+            z->emb_rows = engine_alloc(e, z->emb_n * (size_t)e->cfg.d_model * es, &e->mem.comm);
+            z->emb_x = z->emb_rows != NULL;
+            if (z->emb_x) {
+                z->emb_side = side;
+                e->mem.comm += side;
+                e->hooks.embedding_bwd = hook_embedding_bwd;
+                e->hooks.compute_sync = hook_compute_sync;
+            }
+        }
         if (z->pair) {
-            z->pair_bytes = n * e->be->elt_size;
+            z->pair_bytes = n * es;
             e->mem.comm += z->pair_bytes;
-            log_info("zero: dp gradients summed by the copy engines (%.1f MiB receive area)",
-                     z->pair_bytes / 1048576.0);
+            log_info("zero: dp gradients summed by the copy engines (%.1f MiB receive area%s)",
+                     z->pair_bytes / 1048576.0,
+                     z->emb_x ? "; token embedding exchanged as per-token rows" : "");
         } else {
             log_warn("zero: %s; dp gradients go through NCCL all-reduces", perr);
         }

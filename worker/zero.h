@@ -81,6 +81,9 @@ struct zero_setup_opts {
     const char *token;  /* LOOM_RDZV_TOKEN; may be NULL */
     int timeout_ms;     /* 0: LOOM_COMM_TIMEOUT_MS or the comm default */
     int cuda_device;
+    /* tokens of a micro-step (micro-batch x T): sizes the embedding exchange
+     * of the CUDA pair path (zero.c; 0: no exchange) */
+    int micro_tokens;
 };
 
 /* Join the world, build the tp/dp/pp communicators and install ZeRO on `e`

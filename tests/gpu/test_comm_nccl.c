@@ -231,7 +231,10 @@ static int killed_peer(int rank, int world, const char *rdzv) {
 
 /* Steps of: write each range's values (on a compute stream, after a kernel-
  * free delay made of many small copies), start its exchange at once; finish;
- * compare with the host sum and with NCCL's all-reduce of the same input. */
+ * compare with the host sum and with NCCL's all-reduce of the same input.
+ * Between the ranges a side message (pair_ar_side_send) goes to the peer,
+ * which reads it on its stream and gives the space back; each step's must
+ * arrive intact (the area is reused every step). */
 static int pair_collective(int rank, int world, const char *rdzv) {
     struct comm_world *w = NULL;
     struct comm *c = join(rank, world, rdzv, 20000, &w);
@@ -249,8 +252,13 @@ static int pair_collective(int rank, int world, const char *rdzv) {
     /* 256 KiB chunks: the larger ranges are cut into several, on both copy
      * streams, with odd element counts at the ends */
     setenv("LOOM_PAIR_CHUNK_KIB", "256", 1);
-    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 20000, err, sizeof(err));
+    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 65536, 20000, err, sizeof(err));
     CHECK(p != NULL, "pair_ar_new: %s", err);
+    uint32_t *sd = NULL, *hs = NULL, *got = NULL;
+    const int ns = 1000;
+    cudaMalloc((void **)&sd, ns * 4);
+    cudaMallocHost((void **)&hs, ns * 4);
+    cudaMallocHost((void **)&got, ns * 4);
     for (int step = 0; p && step < 6; step++) {
         for (size_t i = 0; i < n; i++) {
             h[i] = st_f32_to_bf16(val(100 + step, rank, i) * (1 + (i % 97)));
@@ -264,8 +272,26 @@ static int pair_collective(int rank, int world, const char *rdzv) {
             for (int k = 0; k < reps; k++)
                 cudaMemcpyAsync(d + lo, h + lo, (hi - lo) * 2, cudaMemcpyHostToDevice, cs);
             CHECK(pair_ar_start(p, lo, hi) == 0, "start [%zu,%zu): %s", lo, hi, pair_ar_error(p));
+            if (r == 2) {
+                cudaStreamSynchronize(cs); /* hs is rewritten below */
+                for (int i = 0; i < ns; i++)
+                    hs[i] = (uint32_t)rank * 1000000u + (uint32_t)step * 1000u + (uint32_t)i;
+                cudaMemcpyAsync(sd, hs, ns * 4, cudaMemcpyHostToDevice, cs);
+                int slot = pair_ar_side_send(p, 4096, sd, ns * 4);
+                CHECK(slot >= 0, "side send: %s", pair_ar_error(p));
+                CHECK(pair_ar_side_wait(p, slot, cs) == 0, "side wait: %s", pair_ar_error(p));
+                cudaMemcpyAsync(got, pair_ar_side_ptr(p, 4096), ns * 4, cudaMemcpyDeviceToHost, cs);
+                CHECK(pair_ar_side_release(p, cs, 1) == 0, "side release: %s", pair_ar_error(p));
+            }
         }
         CHECK(pair_ar_finish(p) == 0, "finish: %s", pair_ar_error(p));
+        cudaStreamSynchronize(cs);
+        int sbad = 0;
+        for (int i = 0; i < ns; i++)
+            sbad +=
+                got[i] != (uint32_t)(1 - rank) * 1000000u + (uint32_t)step * 1000u + (uint32_t)i;
+        CHECK(sbad == 0, "rank %d step %d: %d of %d side message words wrong", rank, step, sbad,
+              ns);
         cudaMemcpyAsync(o, d, n * 2, cudaMemcpyDeviceToHost, cs);
         cudaStreamSynchronize(cs);
         /* NCCL's two-rank bf16 sum of the same input */
@@ -288,6 +314,9 @@ static int pair_collective(int rank, int world, const char *rdzv) {
     pair_ar_free(p);
     cudaFree(d);
     cudaFree(d2);
+    cudaFree(sd);
+    cudaFreeHost(hs);
+    cudaFreeHost(got);
     free(h);
     free(peer);
     free(o);
@@ -310,7 +339,7 @@ static int pair_killed(int rank, int world, const char *rdzv) {
     cudaMalloc((void **)&d, n * 2);
     cudaMemsetAsync(d, 0, n * 2, cs);
     char err[256];
-    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 3000, err, sizeof(err));
+    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 0, 3000, err, sizeof(err));
     if (!p) {
         fprintf(stderr, "rank %d: pair_ar_new: %s\n", rank, err);
         _exit(1);

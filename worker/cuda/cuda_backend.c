@@ -399,33 +399,43 @@ static void cu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const 
     }
 }
 
-static void cu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout,
-                             const int32_t *tokens, int B, int T, int C) {
-    FLUSH();
-    struct cuda_ctx *c = CX;
+/* The token buckets of the N = B * T tokens (device pointer, as given to
+ * embedding_fwd) on the device: order, starts, uniq (uniq padded with -1 to
+ * N entries); returns the number of distinct tokens. */
+static int embed_buckets(struct cuda_ctx *c, const int32_t *tokens, int N) {
     cu_require(c, "embedding_bwd");
-    int N = B * T;
     if (N > c->lim.B * c->lim.T) {
         fprintf(stderr, "cuda backend: embedding_bwd N=%d over reserved %d\n", N,
                 c->lim.B * c->lim.T);
         exit(1);
     }
+    if (c->tok_valid && c->tok_ptr == tokens && c->tok_n == N) {
+        /* copied during the forward: normally long done */
+        CUDA_CHECK(cudaEventSynchronize(c->tok_ev));
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(c->h_tok, tokens, (size_t)N * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, c->s));
+        CUDA_CHECK(cudaStreamSynchronize(c->s));
+    }
+    c->tok_valid = 0;                            /* h_tok is reused by the next forward */
+    CUDA_CHECK(cudaEventSynchronize(c->buf_ev)); /* last bucket upload has read h_buf */
+    int32_t *order = c->h_buf, *starts = order + N, *uniq = starts + N + 1;
+    int nu = lk_embed_buckets(c->h_tok, N, order, starts, uniq);
+    for (int u = nu; u < N; u++)
+        uniq[u] = -1;
+    CUDA_CHECK(cudaMemcpyAsync(c->d_order, c->h_buf, (size_t)(3 * N + 1) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, c->s));
+    CUDA_CHECK(cudaEventRecord(c->buf_ev, c->s));
+    return nu;
+}
+
+static void cu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout,
+                             const int32_t *tokens, int B, int T, int C) {
+    FLUSH();
+    struct cuda_ctx *c = CX;
+    int N = B * T;
     if (dwte) {
-        if (c->tok_valid && c->tok_ptr == tokens && c->tok_n == N) {
-            /* copied during the forward: normally long done */
-            CUDA_CHECK(cudaEventSynchronize(c->tok_ev));
-        } else {
-            CUDA_CHECK(cudaMemcpyAsync(c->h_tok, tokens, (size_t)N * sizeof(int32_t),
-                                       cudaMemcpyDeviceToHost, c->s));
-            CUDA_CHECK(cudaStreamSynchronize(c->s));
-        }
-        c->tok_valid = 0;                            /* h_tok is reused by the next forward */
-        CUDA_CHECK(cudaEventSynchronize(c->buf_ev)); /* last bucket upload has read h_buf */
-        int32_t *order = c->h_buf, *starts = order + N, *uniq = starts + N + 1;
-        int nu = lk_embed_buckets(c->h_tok, N, order, starts, uniq);
-        CUDA_CHECK(cudaMemcpyAsync(c->d_order, c->h_buf, (size_t)(3 * N + 1) * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, c->s));
-        CUDA_CHECK(cudaEventRecord(c->buf_ev, c->s));
+        int nu = embed_buckets(c, tokens, N);
         lk_embed_bwd(dwte, NULL, dout, c->d_order, c->d_starts, c->d_uniq, nu, N, T, C, ST);
     }
     if (dwpe) lk_embed_bwd(NULL, dwpe, dout, NULL, NULL, NULL, 0, N, T, C, ST);
@@ -854,6 +864,22 @@ int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r) {
     r->logits_bytes = (size_t)c->cls_chunk * (size_t)(c->lim.Vp > 0 ? c->lim.Vp : 8) * 2;
     r->device_used = tot - fr;
     return 0;
+}
+
+const int32_t *backend_cuda_embed_rows(struct backend *b, void *rows, int *n_uniq, const void *dout,
+                                       const int32_t *tokens, int B, int T, int C) {
+    struct cuda_ctx *c = b->ctx;
+    pz_flush(c);
+    *n_uniq = embed_buckets(c, tokens, B * T);
+    lk_embed_rows(rows, dout, c->d_order, c->d_starts, *n_uniq, C, (lcuda_stream)c->s);
+    return c->d_uniq;
+}
+
+void backend_cuda_embed_scatter(struct backend *b, void *dwte, const void *rows,
+                                const int32_t *uniq, int n_rows, int C) {
+    struct cuda_ctx *c = b->ctx;
+    pz_flush(c);
+    lk_embed_scatter_add(dwte, rows, uniq, n_rows, C, (lcuda_stream)c->s);
 }
 
 const char *backend_cuda_attn_path(const struct backend *b) {

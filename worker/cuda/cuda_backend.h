@@ -5,6 +5,7 @@
 #define LOOM_CUDA_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct backend;
 
@@ -20,6 +21,19 @@ struct cuda_mem_report {
 /* Fill *r for a backend made by backend_cuda_new; returns 0, or -1 when b is
  * not a CUDA backend. */
 int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r);
+
+/* The tied-embedding gradient in two halves, so that two data-parallel
+ * ranks can exchange per-token rows instead of the dense gradient
+ * (worker/zero.c): embed_rows writes rows[u][C] = the sum of the dout rows of
+ * the u-th distinct token of `tokens` (the device ids embedding_fwd got) and
+ * returns the device ids of those tokens, padded with -1 to B*T entries
+ * (valid until the next embedding call), *n_uniq their count;
+ * embed_scatter adds rows[u] into dwte[uniq[u]] for u < n_rows, skipping
+ * ids < 0. Both on the compute stream. */
+const int32_t *backend_cuda_embed_rows(struct backend *b, void *rows, int *n_uniq, const void *dout,
+                                       const int32_t *tokens, int B, int T, int C);
+void backend_cuda_embed_scatter(struct backend *b, void *dwte, const void *rows,
+                                const int32_t *uniq, int n_rows, int C);
 
 /* "cudnn" when attention of the reserved shape runs through cuDNN's fused
  * engines (worker/cuda/cudnn_attn.h), else why not (k_attn.cu is used). */

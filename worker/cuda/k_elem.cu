@@ -287,6 +287,45 @@ extern "C" void lk_embed_bwd(lbf16 *dwte, lbf16 *dwpe, const lbf16 *dout, const 
     }
 }
 
+/* rows[u] = the sum of token u's dout rows in index order (compact: one
+ * row per distinct token, stored, not added). */
+__global__ void embed_rows_kernel(bf *rows, const bf *dout, const int32_t *order,
+                                  const int32_t *starts, int C) {
+    int u = blockIdx.x;
+    int b0 = starts[u], b1 = starts[u + 1];
+    bf *dst = rows + (size_t)u * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.f;
+        for (int j = b0; j < b1; j++)
+            s += __bfloat162float(dout[(size_t)order[j] * C + c]);
+        dst[c] = __float2bfloat16(s);
+    }
+}
+/* dwte[uniq[u]] += rows[u] for each u whose uniq[u] >= 0 (ids are distinct:
+ * no two blocks touch one row) */
+__global__ void embed_scatter_kernel(bf *dwte, const bf *rows, const int32_t *uniq, int C) {
+    int u = blockIdx.x, t = uniq[u];
+    if (t < 0) return;
+    bf *dst = dwte + (size_t)t * C;
+    const bf *src = rows + (size_t)u * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dst[c] = __float2bfloat16(__bfloat162float(dst[c]) + __bfloat162float(src[c]));
+}
+extern "C" void lk_embed_rows(lbf16 *rows, const lbf16 *dout, const int32_t *order,
+                              const int32_t *starts, int n_uniq, int C, lcuda_stream s) {
+    if (n_uniq <= 0) return;
+    embed_rows_kernel<<<n_uniq, 256, 0, (cudaStream_t)s>>>((bf *)rows, (const bf *)dout, order,
+                                                           starts, C);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lk_embed_scatter_add(lbf16 *dwte, const lbf16 *rows, const int32_t *uniq,
+                                     int n_rows, int C, lcuda_stream s) {
+    if (n_rows <= 0) return;
+    embed_scatter_kernel<<<n_rows, 256, 0, (cudaStream_t)s>>>((bf *)dwte, (const bf *)rows, uniq,
+                                                              C);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* Counting sort by token keeps equal tokens in row order (stable). */
 extern "C" int lk_embed_buckets(const int32_t *tokens, int N, int32_t *order, int32_t *starts,
                                 int32_t *uniq) {

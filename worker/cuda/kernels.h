@@ -125,6 +125,13 @@ void lk_embed_fwd(lbf16 *out, const int32_t *tokens, const lbf16 *wte, const lbf
 void lk_embed_bwd(lbf16 *dwte, lbf16 *dwpe, const lbf16 *dout, const int32_t *order,
                   const int32_t *starts, const int32_t *uniq, int n_uniq, int N, int T, int C,
                   lcuda_stream s);
+/* The embedding gradient in two halves, for exchanging it between ranks:
+ * rows[u][C] = the sum of token uniq[u]'s dout rows (compact, stored), and
+ * dwte[uniq[u]] += rows[u] for u < n_rows, skipping uniq[u] < 0 (padding). */
+void lk_embed_rows(lbf16 *rows, const lbf16 *dout, const int32_t *order, const int32_t *starts,
+                   int n_uniq, int C, lcuda_stream s);
+void lk_embed_scatter_add(lbf16 *dwte, const lbf16 *rows, const int32_t *uniq, int n_rows, int C,
+                          lcuda_stream s);
 /* Host helper: fill order[N], starts[N+1], uniq[N] from host tokens[N];
  * returns n_uniq. */
 int lk_embed_buckets(const int32_t *tokens, int N, int32_t *order, int32_t *starts, int32_t *uniq);

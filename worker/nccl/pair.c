@@ -19,12 +19,13 @@
 #include "worker/comm/comm.h"
 #include "worker/cuda/kernels.h"
 
-#define PAIR_SLOTS      1024 /* chunks a step */
-#define PAIR_MAX_CHUNKS 16   /* per range */
-#define FLAGS_ARRIVED   0    /* uint32[PAIR_SLOTS]: the step whose chunk the peer copied in */
-#define FLAGS_FREED     4096 /* uint32: chunks of ours the peer has consumed, in total */
-#define FLAGS_SELFTEST  4352 /* uint32: the set-up check of the stream memory operations */
-#define FLAGS_BYTES     4608
+#define PAIR_SLOTS       1024 /* chunks a step */
+#define PAIR_MAX_CHUNKS  16   /* per range */
+#define FLAGS_ARRIVED    0    /* uint32[PAIR_SLOTS]: the step whose chunk the peer copied in */
+#define FLAGS_FREED      4096 /* uint32: chunks of ours the peer has consumed, in total */
+#define FLAGS_SELFTEST   4352 /* uint32: the set-up check of the stream memory operations */
+#define FLAGS_SIDE_FREED 4480 /* uint32: side messages of ours the peer has consumed, in total */
+#define FLAGS_BYTES      4608
 
 typedef CUresult (*memop_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -39,6 +40,13 @@ struct pair_ar {
      * as: the adds; gate: cs[0] passed the step's freed wait */
     cudaStream_t compute, cs[2], as;
     cudaEvent_t fence, gate, done, *copied; /* copied[PAIR_SLOTS] */
+    /* side messages (pair_ar_side_send): copied on ss into the peer's side
+     * area (after the flags); mark: the add stream's position at
+     * pair_ar_mark; cdone: the compute stream's for pair_ar_sync_compute */
+    cudaStream_t ss;
+    cudaEvent_t mark, cdone;
+    size_t side_bytes;
+    unsigned side_sent, side_consumed;
     size_t chunk;      /* bytes: ranges are cut into chunks of about this size */
     unsigned step;     /* the current step, from 1 */
     int used;          /* chunks started this step */
@@ -143,9 +151,11 @@ static void release(struct pair_ar *p, int peer_mapped) {
         if (p->t1 && p->t1[i]) cudaEventDestroy(p->t1[i]);
         if (p->ta && p->ta[i]) cudaEventDestroy(p->ta[i]);
     }
-    cudaEvent_t ev[] = {p->fence, p->gate, p->done};
-    for (int k = 0; k < 3; k++)
+    if (p->ss) cudaStreamSynchronize(p->ss);
+    cudaEvent_t ev[] = {p->fence, p->gate, p->done, p->mark, p->cdone};
+    for (int k = 0; k < 5; k++)
         if (ev[k]) cudaEventDestroy(ev[k]);
+    if (p->ss) cudaStreamDestroy(p->ss);
     for (int k = 0; k < 2; k++)
         if (p->cs[k]) cudaStreamDestroy(p->cs[k]);
     if (p->as) cudaStreamDestroy(p->as);
@@ -160,7 +170,7 @@ static void release(struct pair_ar *p, int peer_mapped) {
 }
 
 struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, void *compute_stream,
-                            int timeout_ms, char *err, size_t errlen) {
+                            size_t side_bytes, int timeout_ms, char *err, size_t errlen) {
     if (comm_size(c) != 2 || elt != 2 || !buf || !compute_stream || n == 0) {
         snprintf(err, errlen,
                  "pair all-reduce: needs 2 ranks and a bf16 device buffer (size %d, elt %zu)",
@@ -178,6 +188,7 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
     p->elt = elt;
     p->buf = buf;
     p->compute = (cudaStream_t)compute_stream;
+    p->side_bytes = (side_bytes + 255) & ~(size_t)255;
     p->timeout_ms = timeout_ms > 0 ? timeout_ms : COMM_DEFAULT_TIMEOUT_MS;
     p->step = 1;
     p->recv_bytes = (n * elt + 255) & ~(size_t)255;
@@ -215,6 +226,9 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
                           "stream");
     ok = ok &&
          cuda_ok(p, cudaStreamCreateWithPriority(&p->as, cudaStreamNonBlocking, hi_pri), "stream");
+    ok = ok && cuda_ok(p, cudaStreamCreateWithFlags(&p->ss, cudaStreamNonBlocking), "stream");
+    ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->mark, cudaEventDisableTiming), "event");
+    ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->cdone, cudaEventDisableTiming), "event");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "event");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->gate, cudaEventDisableTiming), "event");
     ok = ok && cuda_ok(p, cudaEventCreateWithFlags(&p->fence, cudaEventDisableTiming), "event");
@@ -224,8 +238,9 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
                             cuda_ok(p, cudaEventCreate(&p->t1[i]), "event") &&
                             cuda_ok(p, cudaEventCreate(&p->ta[i]), "event")));
     ok = ok && (!p->trace || cuda_ok(p, cudaEventCreate(&p->tb), "event"));
-    ok = ok &&
-         cuda_ok(p, cudaMalloc((void **)&p->mine, p->recv_bytes + FLAGS_BYTES), "receive area");
+    ok =
+        ok && cuda_ok(p, cudaMalloc((void **)&p->mine, p->recv_bytes + FLAGS_BYTES + p->side_bytes),
+                      "receive area");
     ok = ok && cuda_ok(p, cudaMemset(p->mine + p->recv_bytes, 0, FLAGS_BYTES), "memset");
     ok = ok && selftest(p) == 0;
     memset(h, 0, sizeof(h));
@@ -274,6 +289,31 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
     return p;
 }
 
+/* Before a copy: the copy streams wait for what the compute stream has
+ * issued so far; at the first copy of a step, for the peer to have consumed
+ * everything we sent it before (its receive and side areas are free again). */
+static int begin(struct pair_ar *p) {
+    if (!cuda_ok(p, cudaEventRecord(p->fence, p->compute), "fence")) return -1;
+    cudaStream_t all[] = {p->cs[0], p->cs[1], p->ss};
+    for (int k = 0; k < 3; k++)
+        if (!cuda_ok(p, cudaStreamWaitEvent(all[k], p->fence, 0), "fence wait")) return -1;
+    if (p->used > 0) return 0;
+    if (p->step > 1 &&
+        (!memop_ok(p,
+                   p->wait32((CUstream)p->cs[0], flag(p->mine, p->recv_bytes, FLAGS_FREED, 0),
+                             p->sent, CU_STREAM_WAIT_VALUE_GEQ),
+                   "wait freed") ||
+         !memop_ok(p,
+                   p->wait32((CUstream)p->cs[0], flag(p->mine, p->recv_bytes, FLAGS_SIDE_FREED, 0),
+                             p->side_sent, CU_STREAM_WAIT_VALUE_GEQ),
+                   "wait side freed")))
+        return -1;
+    if (!cuda_ok(p, cudaEventRecord(p->gate, p->cs[0]), "event")) return -1;
+    for (int k = 1; k < 3; k++)
+        if (!cuda_ok(p, cudaStreamWaitEvent(all[k], p->gate, 0), "event wait")) return -1;
+    return 0;
+}
+
 int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi) {
     if (p->broken) return -1;
     if (hi <= lo) return 0;
@@ -288,23 +328,7 @@ int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi) {
     }
     unsigned s = p->step;
     CUstream as = (CUstream)p->as;
-    /* the copies read what the compute stream has issued so far */
-    if (!cuda_ok(p, cudaEventRecord(p->fence, p->compute), "fence")) return -1;
-    for (int k = 0; k < 2; k++)
-        if (!cuda_ok(p, cudaStreamWaitEvent(p->cs[k], p->fence, 0), "fence wait")) return -1;
-    if (p->used == 0) {
-        /* a new step: the peer has consumed everything we sent it before
-         * (its receive area is free again); both copy streams wait */
-        if (p->step > 1 &&
-            !memop_ok(p,
-                      p->wait32((CUstream)p->cs[0], flag(p->mine, p->recv_bytes, FLAGS_FREED, 0),
-                                p->sent, CU_STREAM_WAIT_VALUE_GEQ),
-                      "wait freed"))
-            return -1;
-        if (!cuda_ok(p, cudaEventRecord(p->gate, p->cs[0]), "event") ||
-            !cuda_ok(p, cudaStreamWaitEvent(p->cs[1], p->gate, 0), "event wait"))
-            return -1;
-    }
+    if (begin(p) != 0) return -1;
     /* chunk boundaries on 256-byte multiples */
     size_t per = ((bytes + nch - 1) / nch + 255) & ~(size_t)255;
     for (size_t off = lo * p->elt, end = hi * p->elt; off < end; off += per) {
@@ -344,6 +368,10 @@ int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi) {
 int pair_ar_finish(struct pair_ar *p) {
     if (p->broken) return -1;
     if (p->used == 0) return 0;
+    /* done covers the side copies too (their sources may be rewritten next) */
+    if (p->side_sent && (!cuda_ok(p, cudaEventRecord(p->done, p->ss), "event") ||
+                         !cuda_ok(p, cudaStreamWaitEvent(p->as, p->done, 0), "event wait")))
+        return -1;
     if (!cuda_ok(p, cudaEventRecord(p->done, p->as), "event") ||
         !cuda_ok(p, cudaStreamWaitEvent(p->compute, p->done, 0), "event wait"))
         return -1;
@@ -355,6 +383,7 @@ int pair_ar_finish(struct pair_ar *p) {
     p->step++;
     int rc = host_wait(p, p->done, "gradient exchange");
     for (int i = 0; rc == 0 && tr && i < used; i++) {
+        if (!p->tbytes[i]) continue; /* a side message */
         float ms = 0, c0 = 0, a1 = 0;
         cudaEventElapsedTime(&ms, p->t0[i], p->t1[i]);
         cudaEventElapsedTime(&c0, p->tb, p->t0[i]);
@@ -366,6 +395,71 @@ int pair_ar_finish(struct pair_ar *p) {
                 ms > 0 ? p->tbytes[i] / ms / 1e6 : 0.0, c0, a1);
     }
     return rc;
+}
+
+int pair_ar_side_send(struct pair_ar *p, size_t off, const void *src, size_t bytes) {
+    if (p->broken) return -1;
+    if (off + bytes > p->side_bytes || p->used + 1 > PAIR_SLOTS) {
+        snprintf(p->err, sizeof(p->err),
+                 "pair all-reduce: side message [%zu, +%zu) of %zu, slot %d of %d", off, bytes,
+                 p->side_bytes, p->used, PAIR_SLOTS);
+        p->broken = 1;
+        return -1;
+    }
+    if (begin(p) != 0) return -1;
+    int i = p->used++;
+    char *dst = p->peer + p->recv_bytes + FLAGS_BYTES + off;
+    if ((bytes && !cuda_ok(p, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, p->ss),
+                           "side copy")) ||
+        !memop_ok(
+            p,
+            p->write32((CUstream)p->ss, flag(p->peer, p->recv_bytes, FLAGS_ARRIVED, i), p->step, 0),
+            "write arrived"))
+        return -1;
+    p->tbytes[i] = 0;
+    p->side_sent++;
+    return i;
+}
+
+int pair_ar_side_wait(struct pair_ar *p, int slot, void *stream) {
+    if (p->broken || slot < 0) return -1;
+    return memop_ok(p,
+                    p->wait32((CUstream)stream, flag(p->mine, p->recv_bytes, FLAGS_ARRIVED, slot),
+                              p->step, CU_STREAM_WAIT_VALUE_GEQ),
+                    "wait side arrived")
+               ? 0
+               : -1;
+}
+
+void *pair_ar_side_ptr(struct pair_ar *p, size_t off) {
+    return p->mine + p->recv_bytes + FLAGS_BYTES + off;
+}
+
+int pair_ar_side_release(struct pair_ar *p, void *stream, int count) {
+    if (p->broken) return -1;
+    p->side_consumed += (unsigned)count;
+    return memop_ok(p,
+                    p->write32((CUstream)stream, flag(p->peer, p->recv_bytes, FLAGS_SIDE_FREED, 0),
+                               p->side_consumed, 0),
+                    "write side freed")
+               ? 0
+               : -1;
+}
+
+int pair_ar_mark(struct pair_ar *p) {
+    if (p->broken) return -1;
+    return cuda_ok(p, cudaEventRecord(p->mark, p->as), "mark") ? 0 : -1;
+}
+
+int pair_ar_wait_mark(struct pair_ar *p, void *stream) {
+    if (p->broken) return -1;
+    return cuda_ok(p, cudaStreamWaitEvent((cudaStream_t)stream, p->mark, 0), "mark wait") ? 0 : -1;
+}
+
+int pair_ar_sync_compute(struct pair_ar *p) {
+    if (p->broken) return -1;
+    if (!cuda_ok(p, cudaEventRecord(p->cdone, p->compute), "event")) return -1;
+    return host_wait(p, p->cdone, "compute waiting for the peer");
 }
 
 const char *pair_ar_error(const struct pair_ar *p) {

@@ -45,9 +45,10 @@ struct pair_ar;
  * 2); compute_stream: the cudaStream_t producing it. Returns NULL with a
  * reason in err when the pair path is not possible (group size, dtype, no
  * peer mapping, no stream memory operations); both ranks then agree to
- * return NULL, so the caller can fall back to NCCL. */
+ * return NULL, so the caller can fall back to NCCL. side_bytes: the size of
+ * the side area for pair_ar_side_send (0: none). */
 struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, void *compute_stream,
-                            int timeout_ms, char *err, size_t errlen);
+                            size_t side_bytes, int timeout_ms, char *err, size_t errlen);
 /* Start the sum of elements [lo, hi) of buf with the peer, after the work
  * issued so far on the compute stream. No host wait. At most 1024 chunks a
  * step. 0, or -1 (err in pair_ar_error). */
@@ -57,6 +58,25 @@ int pair_ar_start(struct pair_ar *p, size_t lo, size_t hi);
  * them (bounded by the timeout). 0, or -1 on a timeout or CUDA error (the
  * pair is then broken and every later call fails). */
 int pair_ar_finish(struct pair_ar *p);
+/* Side messages: bytes from the device buffer src into the peer's side area
+ * at off, copied after the work issued so far on the compute stream, in the
+ * same slot sequence as the ranges (both ranks make the same calls in the
+ * same order). Returns the slot (>= 0) or -1. The receiver makes a stream
+ * wait for the peer's message of a slot (pair_ar_side_wait), reads it at
+ * pair_ar_side_ptr(off), and when its readers are issued on that stream
+ * gives the space back (pair_ar_side_release, count messages); the next
+ * step's first copy into the peer waits for that. */
+int pair_ar_side_send(struct pair_ar *p, size_t off, const void *src, size_t bytes);
+int pair_ar_side_wait(struct pair_ar *p, int slot, void *stream);
+void *pair_ar_side_ptr(struct pair_ar *p, size_t off);
+int pair_ar_side_release(struct pair_ar *p, void *stream, int count);
+/* pair_ar_mark records the add stream's position (the sums of every range
+ * started so far); pair_ar_wait_mark makes a stream wait for it. */
+int pair_ar_mark(struct pair_ar *p);
+int pair_ar_wait_mark(struct pair_ar *p, void *stream);
+/* Wait on the host, bounded by the timeout, for the compute stream's work
+ * issued so far (which may wait on the peer's side messages). 0 or -1. */
+int pair_ar_sync_compute(struct pair_ar *p);
 const char *pair_ar_error(const struct pair_ar *p);
 /* Collective-free: waits for the streams, unmaps the peer, frees. NULL ok. */
 void pair_ar_free(struct pair_ar *p);
