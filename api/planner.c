@@ -415,8 +415,12 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     }
     /* cuda, ZeRO 0, two dp ranks on one node: the copy-engine gradient sum
      * (worker/nccl/pair.h) keeps a receive area the size of the gradients */
-    if (x->cuda && zs == 0 && dp == 2 && tp == 1 && pp == 1 && x->c->gpus_per_node >= 2)
+    if (x->cuda && zs == 0 && dp == 2 && tp == 1 && pp == 1 && x->c->gpus_per_node >= 2) {
         m->comm += Po * e;
+        /* and the token embedding's per-token rows: this rank's and the
+         * peer's side area (rows and ids), worker/zero.c */
+        m->comm += 2 * N * C * e + N * 4;
+    }
     if (tp > 1) m->comm += N * C * e;
     if (pp > 1) m->comm += 2 * N * C * e;
     /* workspace: classifier chunk (256 rows of logits and their gradient) */
