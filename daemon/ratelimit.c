@@ -8,6 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/hash.h"
+
 struct bucket {
     char *key;
     double tokens;
@@ -25,13 +27,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static uint64_t hash(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
 }
 
 struct ratelimit *ratelimit_new(double rate, double burst) {
@@ -59,7 +54,7 @@ void ratelimit_free(struct ratelimit *r) {
 }
 
 static struct bucket *find(struct bucket *slots, size_t cap, const char *key) {
-    size_t i = hash(key) & (cap - 1);
+    size_t i = loom_fnv1a_str(key) & (cap - 1);
     while (slots[i].key && strcmp(slots[i].key, key) != 0)
         i = (i + 1) & (cap - 1);
     return &slots[i];

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 
 #define STMT_CACHE 64
@@ -90,15 +91,8 @@ sqlite3 *store_tx_db(struct store_tx *tx) {
     return tx->db;
 }
 
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 sqlite3_stmt *store_stmt(struct store_tx *tx, const char *sql) {
-    uint64_t h = fnv1a(sql);
+    uint64_t h = loom_fnv1a_str(sql);
     for (int i = 0; i < tx->ncache; i++) {
         if (tx->cache[i].hash == h && strcmp(tx->cache[i].sql, sql) == 0) {
             sqlite3_stmt *st = tx->cache[i].st;

@@ -22,6 +22,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/hash.h"
+
 struct data_shard {
     char *path;
     int version;
@@ -396,15 +398,6 @@ void data_loader_free(struct data_loader *dl) {
     free(dl);
 }
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 int data_loader_open(const struct data_loader_opts *opts, struct data_loader **out, char *err,
                      size_t errlen) {
     int rc = DATA_EIO;
@@ -428,7 +421,7 @@ int data_loader_open(const struct data_loader_opts *opts, struct data_loader **o
     dl->shards = calloc(npaths, sizeof *dl->shards);
     dl->first = calloc(npaths + 1, sizeof *dl->first);
     if (!dl->shards || !dl->first) goto oom;
-    dl->fingerprint = 0xcbf29ce484222325ULL;
+    dl->fingerprint = LOOM_FNV1A_INIT;
     for (size_t i = 0; i < npaths; i++) {
         rc = shard_open(paths[i], &dl->shards[i], err, errlen);
         if (rc) goto out;
@@ -455,8 +448,8 @@ int data_loader_open(const struct data_loader_opts *opts, struct data_loader **o
         dl->first[i + 1] = dl->first[i] + s->nsamples;
         const char *base = strrchr(s->path, '/');
         base = base ? base + 1 : s->path;
-        dl->fingerprint = fnv1a(dl->fingerprint, base, strlen(base) + 1);
-        dl->fingerprint = fnv1a(dl->fingerprint, &s->ntok, sizeof s->ntok);
+        dl->fingerprint = loom_fnv1a(dl->fingerprint, base, strlen(base) + 1);
+        dl->fingerprint = loom_fnv1a(dl->fingerprint, &s->ntok, sizeof s->ntok);
     }
     dl->N = dl->first[dl->nshards];
     dl->G = (int64_t)opts->grad_accum * opts->dp_size * opts->B;

@@ -29,6 +29,7 @@
 #include "api/jobspec.h"
 #include "api/planner.h"
 #include "common/config.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/data.h"
@@ -593,12 +594,8 @@ static int run(struct worker *w) {
         float *h = malloc(n * sizeof(float));
         if (h) {
             engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
-            uint64_t f = 1469598103934665603ull;
-            const unsigned char *bytes = (const unsigned char *)h;
-            for (size_t i = 0; i < n * sizeof(float); i++)
-                f = (f ^ bytes[i]) * 1099511628211ull;
             log_info("param hash rank %d: %016llx (%zu parameters)", w->e->rank,
-                     (unsigned long long)f, n);
+                     (unsigned long long)loom_fnv1a(LOOM_FNV1A_INIT, h, n * sizeof(float)), n);
         }
         free(h);
     }
