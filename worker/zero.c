@@ -79,7 +79,7 @@ struct zero {
     struct zrange early[ZERO_MAX_RANGES], late[ZERO_MAX_RANGES];
     int nearly, nlate;
     void *emb_rows;
-    size_t emb_rows_bytes, emb_n, emb_side; /* emb_side: the peer-side area, in mem.comm */
+    size_t emb_rows_bytes, emb_n; /* rows area (256-aligned: the ids follow), tokens */
     /* stage >= 2: gradient scratch; stage 3: parameter gather slots */
     struct zslot gs[ZERO_SLOTS], ps[ZERO_SLOTS];
     int nslots, gnext, cur;
@@ -346,8 +346,14 @@ static void hook_embedding_bwd(struct engine *e, void *user, void *dwte, void *d
     struct zero *z = user;
     struct backend *b = e->be;
     size_t N = (size_t)B * T;
-    if (!e->micro_last || !z->emb_x || z->failed || !dwte || N > z->emb_n) {
+    if (!e->micro_last || z->failed) { /* earlier micro-steps: summed with the head's part */
         b->embedding_bwd(b->ctx, dwte, dwpe, dout, tokens, B, T, C);
+        return;
+    }
+    if (N > z->emb_n) { /* the rows would not fit the peer's side area */
+        log_error("zero: embedding exchange: %zu tokens over the %zu it was sized for", N,
+                  z->emb_n);
+        z->failed = 1;
         return;
     }
     if (dwpe) b->embedding_bwd(b->ctx, NULL, dwpe, dout, tokens, B, T, C);
@@ -792,7 +798,7 @@ void zero_free(struct zero *z) {
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
     if (z->pair) e->mem.comm -= z->pair_bytes;
     if (z->emb_rows) {
-        e->mem.comm -= z->emb_side;
+        e->mem.comm -= z->emb_rows_bytes + z->emb_n * sizeof(int32_t); /* the side area */
         engine_release(e, z->emb_rows, z->emb_n * e->cfg.d_model * e->be->elt_size, &e->mem.comm);
     }
     pair_ar_free(z->pair);
@@ -894,7 +900,6 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
             z->emb_rows = engine_alloc(e, z->emb_n * (size_t)e->cfg.d_model * es, &e->mem.comm);
             z->emb_x = z->emb_rows != NULL;
             if (z->emb_x) {
-                z->emb_side = side;
                 e->mem.comm += side;
                 e->hooks.embedding_bwd = hook_embedding_bwd;
                 e->hooks.compute_sync = hook_compute_sync;
