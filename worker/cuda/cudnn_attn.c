@@ -323,7 +323,8 @@ struct lcudnn_attn {
 };
 
 /* Finalises the operation graph of g's ops and the first engine the
- * heuristics offer that builds (skipping nondeterministic ones when asked). */
+ * heuristics offer that builds (skipping nondeterministic ones when asked);
+ * a failure while the ops were made is reported here too. */
 static int make_plan(struct lcudnn_attn *a, struct gb *g, int det, struct plan *out,
                      const char *what) {
     cudnnBackendDescriptor_t graph = gb_mk(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -401,141 +402,144 @@ fail:
     return -1;
 }
 
-static int build_fwd(struct lcudnn_attn *a) {
-#define g        (a->fwd.g)
+/* Dims and strides of the graphs' tensors: Q, K, V (and their gradients)
+ * are views of the fused qkv rows, Kt / Vt the same with the last two
+ * swapped; O and dO rows of ld_o; S the B x H x T x T scores (virtual), St
+ * their transposed view; R the B x H x T x 1 row statistics; OO the virtual
+ * dO * O product as cudnn-frontend lays it out; acc the packed fp32 dQ. */
+struct shapes {
+    int64_t dq[4], sq[4], dkt[4], skt[4], dO[4], sO[4], sOO[4], sacc[4], dS[4], sS[4], sST[4],
+        dR[4], sR[4];
+};
+
+static struct shapes shapes_of(const struct lcudnn_attn *a) {
     int64_t B = a->B, H = a->H, T = a->T, D = a->D, ld = a->ld, ldo = a->ldo;
+    struct shapes p = {.dq = {B, H, T, D},
+                       .sq = {T * ld, D, ld, 1},
+                       .dkt = {B, H, D, T},
+                       .skt = {T * ld, D, 1, ld},
+                       .dO = {B, H, T, D},
+                       .sO = {T * ldo, D, ldo, 1},
+                       .sOO = {H * T * D, T * D, H * D, 1},
+                       .sacc = {H * T * D, T * D, D, 1},
+                       .dS = {B, H, T, T},
+                       .sS = {H * T * T, T * T, T, 1},
+                       .sST = {H * T * T, T * T, 1, T},
+                       .dR = {B, H, T, 1},
+                       .sR = {H * T, T, 1, 1}};
+    return p;
+}
+
+static int build_fwd(struct lcudnn_attn *a) {
+    struct gb *g = &a->fwd.g;
+    const struct shapes sh = shapes_of(a);
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT, I = CUDNN_DATA_INT32,
                           BO = CUDNN_DATA_BOOLEAN;
-    const int64_t dq[4] = {B, H, T, D}, sq[4] = {T * ld, D, ld, 1};
-    const int64_t dkt[4] = {B, H, D, T}, skt[4] = {T * ld, D, 1, ld};
-    const int64_t dO[4] = {B, H, T, D}, sO[4] = {T * ldo, D, ldo, 1};
-    const int64_t dS[4] = {B, H, T, T}, sS[4] = {H * T * T, T * T, T, 1};
-    const int64_t dR[4] = {B, H, T, 1}, sR[4] = {H * T, T, 1, 1};
-    cudnnBackendDescriptor_t q = tensor(&g, U_Q, BF, dq, sq, false, false);
-    cudnnBackendDescriptor_t kt = tensor(&g, U_K, BF, dkt, skt, false, false);
-    cudnnBackendDescriptor_t v = tensor(&g, U_V, BF, dq, sq, false, false);
-    cudnnBackendDescriptor_t o = tensor(&g, U_O, BF, dO, sO, false, false);
-    cudnnBackendDescriptor_t stats = tensor(&g, U_STATS, F, dR, sR, false, false);
-    cudnnBackendDescriptor_t scale = scalar(&g, U_SCALE), neginf = scalar(&g, U_NEGINF);
-    cudnnBackendDescriptor_t s = tensor(&g, 100, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t s2 = tensor(&g, 101, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t row = tensor(&g, 102, I, dS, sS, true, false);
-    cudnnBackendDescriptor_t col = tensor(&g, 103, I, dS, sS, true, false);
-    cudnnBackendDescriptor_t keep = tensor(&g, 104, BO, dS, sS, true, false);
-    cudnnBackendDescriptor_t s3 = tensor(&g, 105, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t mx = tensor(&g, 106, F, dR, sR, true, false);
-    cudnnBackendDescriptor_t s4 = tensor(&g, 107, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t e = tensor(&g, 108, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t z = tensor(&g, 109, F, dR, sR, true, false);
-    cudnnBackendDescriptor_t lz = tensor(&g, 110, F, dR, sR, true, false);
-    cudnnBackendDescriptor_t p = tensor(&g, 111, BF, dS, sS, true, false);
-    matmul(&g, q, kt, s);
-    pointwise(&g, CUDNN_POINTWISE_MUL, F, -1, s, scale, NULL, s2);
+    cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t kt = tensor(g, U_K, BF, sh.dkt, sh.skt, false, false);
+    cudnnBackendDescriptor_t v = tensor(g, U_V, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t o = tensor(g, U_O, BF, sh.dO, sh.sO, false, false);
+    cudnnBackendDescriptor_t stats = tensor(g, U_STATS, F, sh.dR, sh.sR, false, false);
+    cudnnBackendDescriptor_t scale = scalar(g, U_SCALE), neginf = scalar(g, U_NEGINF);
+    cudnnBackendDescriptor_t s = tensor(g, 100, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t s2 = tensor(g, 101, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t row = tensor(g, 102, I, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t col = tensor(g, 103, I, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t keep = tensor(g, 104, BO, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t s3 = tensor(g, 105, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t mx = tensor(g, 106, F, sh.dR, sh.sR, true, false);
+    cudnnBackendDescriptor_t s4 = tensor(g, 107, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t e = tensor(g, 108, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t z = tensor(g, 109, F, sh.dR, sh.sR, true, false);
+    cudnnBackendDescriptor_t lz = tensor(g, 110, F, sh.dR, sh.sR, true, false);
+    cudnnBackendDescriptor_t p = tensor(g, 111, BF, sh.dS, sh.sS, true, false);
+    matmul(g, q, kt, s);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, s, scale, NULL, s2);
     /* causal mask: keep where row >= col */
-    pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 2, s2, NULL, NULL, row);
-    pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 3, s2, NULL, NULL, col);
-    pointwise(&g, CUDNN_POINTWISE_CMP_GE, BO, -1, row, col, NULL, keep);
-    pointwise(&g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, s2, neginf, keep, s3);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 2, s2, NULL, NULL, row);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 3, s2, NULL, NULL, col);
+    pointwise(g, CUDNN_POINTWISE_CMP_GE, BO, -1, row, col, NULL, keep);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, s2, neginf, keep, s3);
     /* softmax with statistics */
-    reduction(&g, CUDNN_REDUCE_TENSOR_MAX, s3, mx);
-    pointwise(&g, CUDNN_POINTWISE_SUB, F, -1, s3, mx, NULL, s4);
-    pointwise(&g, CUDNN_POINTWISE_EXP, F, -1, s4, NULL, NULL, e);
-    reduction(&g, CUDNN_REDUCE_TENSOR_ADD, e, z);
-    pointwise(&g, CUDNN_POINTWISE_LOG, F, -1, z, NULL, NULL, lz);
-    pointwise(&g, CUDNN_POINTWISE_ADD, F, -1, mx, lz, NULL, stats);
-    pointwise(&g, CUDNN_POINTWISE_DIV, F, -1, e, z, NULL, p);
-    matmul(&g, p, v, o);
-    if (g.failed) {
-        snprintf(a->why, sizeof a->why, "forward graph: %s", g.msg);
-        gb_free(&g);
-        return -1;
-    }
-    return make_plan(a, &g, 1, &a->fwd, "forward");
-#undef g
+    reduction(g, CUDNN_REDUCE_TENSOR_MAX, s3, mx);
+    pointwise(g, CUDNN_POINTWISE_SUB, F, -1, s3, mx, NULL, s4);
+    pointwise(g, CUDNN_POINTWISE_EXP, F, -1, s4, NULL, NULL, e);
+    reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, z);
+    pointwise(g, CUDNN_POINTWISE_LOG, F, -1, z, NULL, NULL, lz);
+    pointwise(g, CUDNN_POINTWISE_ADD, F, -1, mx, lz, NULL, stats);
+    pointwise(g, CUDNN_POINTWISE_DIV, F, -1, e, z, NULL, p);
+    matmul(g, p, v, o);
+    return make_plan(a, g, 1, &a->fwd, "forward");
 }
 
 static int build_bwd(struct lcudnn_attn *a) {
-#define g (a->bwd.g)
-    int64_t B = a->B, H = a->H, T = a->T, D = a->D, ld = a->ld, ldo = a->ldo;
+    struct gb *g = &a->bwd.g;
+    const struct shapes sh = shapes_of(a);
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT, I = CUDNN_DATA_INT32,
                           BO = CUDNN_DATA_BOOLEAN;
-    const int64_t dq[4] = {B, H, T, D}, sq[4] = {T * ld, D, ld, 1};
-    const int64_t dkt[4] = {B, H, D, T}, skt[4] = {T * ld, D, 1, ld};
-    const int64_t dO[4] = {B, H, T, D}, sO[4] = {T * ldo, D, ldo, 1};
-    const int64_t sOO[4] = {H * T * D, T * D, H * D, 1};
-    const int64_t sacc[4] = {H * T * D, T * D, D, 1};
-    const int64_t dS[4] = {B, H, T, T}, sS[4] = {H * T * T, T * T, T, 1};
-    const int64_t sST[4] = {H * T * T, T * T, 1, T};
-    const int64_t dR[4] = {B, H, T, 1}, sR[4] = {H * T, T, 1, 1};
-    cudnnBackendDescriptor_t q = tensor(&g, U_Q, BF, dq, sq, false, false);
-    cudnnBackendDescriptor_t kt = tensor(&g, U_K, BF, dkt, skt, false, false);
-    cudnnBackendDescriptor_t vt = tensor(&g, U_V, BF, dkt, skt, false, false);
-    cudnnBackendDescriptor_t o = tensor(&g, U_O, BF, dO, sO, false, false);
-    cudnnBackendDescriptor_t dout = tensor(&g, U_DO, BF, dO, sO, false, false);
-    cudnnBackendDescriptor_t stats = tensor(&g, U_STATS, F, dR, sR, false, false);
-    cudnnBackendDescriptor_t ddq = tensor(&g, U_DQ, BF, dq, sq, false, false);
-    cudnnBackendDescriptor_t ddk = tensor(&g, U_DK, BF, dq, sq, false, false);
-    cudnnBackendDescriptor_t ddv = tensor(&g, U_DV, BF, dq, sq, false, false);
-    cudnnBackendDescriptor_t ssum = tensor(&g, U_SSUM, F, dR, sR, false, false);
-    cudnnBackendDescriptor_t scale = scalar(&g, U_SCALE), neginf = scalar(&g, U_NEGINF),
-                             one = scalar(&g, U_ONE);
-    cudnnBackendDescriptor_t t = tensor(&g, 100, F, dO, sOO, true, false);
-    cudnnBackendDescriptor_t r = tensor(&g, 101, F, dR, sR, true, false);
-    cudnnBackendDescriptor_t s = tensor(&g, 102, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t s2 = tensor(&g, 103, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t s3 = tensor(&g, 104, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t row = tensor(&g, 105, I, dS, sS, true, false);
-    cudnnBackendDescriptor_t col = tensor(&g, 106, I, dS, sS, true, false);
-    cudnnBackendDescriptor_t keep = tensor(&g, 107, BO, dS, sS, true, false);
-    cudnnBackendDescriptor_t s4 = tensor(&g, 108, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t e = tensor(&g, 109, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t pt = tensor(&g, 110, BF, dS, sST, true, false);
-    cudnnBackendDescriptor_t dp = tensor(&g, 111, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t dp2 = tensor(&g, 112, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t ds = tensor(&g, 113, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t ds2 = tensor(&g, 114, F, dS, sS, true, false);
-    cudnnBackendDescriptor_t dst = tensor(&g, 115, BF, dS, sST, true, false);
-    cudnnBackendDescriptor_t k2 = tensor(&g, 116, F, dq, sq, true, false);
+    cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t kt = tensor(g, U_K, BF, sh.dkt, sh.skt, false, false);
+    cudnnBackendDescriptor_t vt = tensor(g, U_V, BF, sh.dkt, sh.skt, false, false);
+    cudnnBackendDescriptor_t o = tensor(g, U_O, BF, sh.dO, sh.sO, false, false);
+    cudnnBackendDescriptor_t dout = tensor(g, U_DO, BF, sh.dO, sh.sO, false, false);
+    cudnnBackendDescriptor_t stats = tensor(g, U_STATS, F, sh.dR, sh.sR, false, false);
+    cudnnBackendDescriptor_t ddq = tensor(g, U_DQ, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t ddk = tensor(g, U_DK, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t ddv = tensor(g, U_DV, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t ssum = tensor(g, U_SSUM, F, sh.dR, sh.sR, false, false);
+    cudnnBackendDescriptor_t scale = scalar(g, U_SCALE), neginf = scalar(g, U_NEGINF),
+                             one = scalar(g, U_ONE);
+    cudnnBackendDescriptor_t t = tensor(g, 100, F, sh.dO, sh.sOO, true, false);
+    cudnnBackendDescriptor_t r = tensor(g, 101, F, sh.dR, sh.sR, true, false);
+    cudnnBackendDescriptor_t s = tensor(g, 102, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t s2 = tensor(g, 103, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t s3 = tensor(g, 104, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t row = tensor(g, 105, I, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t col = tensor(g, 106, I, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t keep = tensor(g, 107, BO, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t s4 = tensor(g, 108, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t e = tensor(g, 109, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t pt = tensor(g, 110, BF, sh.dS, sh.sST, true, false);
+    cudnnBackendDescriptor_t dp = tensor(g, 111, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t dp2 = tensor(g, 112, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t ds = tensor(g, 113, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t ds2 = tensor(g, 114, F, sh.dS, sh.sS, true, false);
+    cudnnBackendDescriptor_t dst = tensor(g, 115, BF, sh.dS, sh.sST, true, false);
+    cudnnBackendDescriptor_t k2 = tensor(g, 116, F, sh.dq, sh.sq, true, false);
     /* softmax sums: rowsum(dO * O) */
-    pointwise(&g, CUDNN_POINTWISE_MUL, F, -1, dout, o, NULL, t);
-    reduction(&g, CUDNN_REDUCE_TENSOR_ADD, t, r);
-    pointwise(&g, CUDNN_POINTWISE_MUL, F, -1, r, one, NULL, ssum);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, dout, o, NULL, t);
+    reduction(g, CUDNN_REDUCE_TENSOR_ADD, t, r);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, r, one, NULL, ssum);
     /* P recomputed from the statistics */
-    matmul(&g, q, kt, s);
-    pointwise(&g, CUDNN_POINTWISE_MUL, F, -1, s, scale, NULL, s2);
-    pointwise(&g, CUDNN_POINTWISE_SUB, F, -1, s2, stats, NULL, s3);
-    pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 2, s3, NULL, NULL, row);
-    pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 3, s3, NULL, NULL, col);
-    pointwise(&g, CUDNN_POINTWISE_CMP_GE, BO, -1, row, col, NULL, keep);
-    pointwise(&g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, s3, neginf, keep, s4);
-    pointwise(&g, CUDNN_POINTWISE_EXP, F, -1, s4, NULL, NULL, e);
+    matmul(g, q, kt, s);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, s, scale, NULL, s2);
+    pointwise(g, CUDNN_POINTWISE_SUB, F, -1, s2, stats, NULL, s3);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 2, s3, NULL, NULL, row);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 3, s3, NULL, NULL, col);
+    pointwise(g, CUDNN_POINTWISE_CMP_GE, BO, -1, row, col, NULL, keep);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, s3, neginf, keep, s4);
+    pointwise(g, CUDNN_POINTWISE_EXP, F, -1, s4, NULL, NULL, e);
     /* dV = P^T dO */
-    reshape(&g, e, pt);
-    matmul(&g, pt, dout, ddv);
+    reshape(g, e, pt);
+    matmul(g, pt, dout, ddv);
     /* dS = P * (dO V^T - sums) * scale */
-    matmul(&g, dout, vt, dp);
-    pointwise(&g, CUDNN_POINTWISE_SUB, F, -1, dp, ssum, NULL, dp2);
-    pointwise(&g, CUDNN_POINTWISE_MUL, F, -1, dp2, e, NULL, ds);
-    pointwise(&g, CUDNN_POINTWISE_MUL, F, -1, ds, scale, NULL, ds2);
+    matmul(g, dout, vt, dp);
+    pointwise(g, CUDNN_POINTWISE_SUB, F, -1, dp, ssum, NULL, dp2);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, dp2, e, NULL, ds);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, ds, scale, NULL, ds2);
     /* dK = dS^T Q */
-    reshape(&g, ds2, dst);
-    matmul(&g, dst, q, ddk);
+    reshape(g, ds2, dst);
+    matmul(g, dst, q, ddk);
     /* dQ = dS K */
-    reshape(&g, kt, k2);
+    reshape(g, kt, k2);
     if (a->det) {
-        matmul(&g, ds2, k2, ddq);
+        matmul(g, ds2, k2, ddq);
     } else {
-        cudnnBackendDescriptor_t acc = tensor(&g, U_DQACC, F, dq, sacc, false, false);
-        matmul(&g, ds2, k2, acc);
-        pointwise(&g, CUDNN_POINTWISE_IDENTITY, F, -1, acc, NULL, NULL, ddq);
+        cudnnBackendDescriptor_t acc = tensor(g, U_DQACC, F, sh.dq, sh.sacc, false, false);
+        matmul(g, ds2, k2, acc);
+        pointwise(g, CUDNN_POINTWISE_IDENTITY, F, -1, acc, NULL, NULL, ddq);
     }
-    if (g.failed) {
-        snprintf(a->why, sizeof a->why, "backward graph: %s", g.msg);
-        gb_free(&g);
-        return -1;
-    }
-    return make_plan(a, &g, a->det, &a->bwd, "backward");
-#undef g
+    return make_plan(a, g, a->det, &a->bwd, "backward");
 }
 
 static int run(struct lcudnn_attn *a, struct plan *p, int n, const int64_t *uids, void **ptrs) {
