@@ -54,7 +54,7 @@ def spec(data, model, par, steps, gbt, mbs, lr=6e-4):
             "resources": {"device": "cuda", "gpus_per_node": 8}}
 
 
-def run_worker(binp, d, name, sp, nproc, timeout=280, flags=()):
+def run_worker(binp, d, name, sp, nproc, timeout=280, flags=(), env=None):
     sf = os.path.join(d, name + ".json")
     subprocess.run(["rm", "-rf", os.path.join(d, name + ".run")])  # never resume an older run
     json.dump(sp, open(sf, "w"))
@@ -67,7 +67,8 @@ def run_worker(binp, d, name, sp, nproc, timeout=280, flags=()):
     with open(os.path.join(d, name + ".out"), "w") as fo, \
             open(os.path.join(d, name + ".err"), "w") as fe:
         try:
-            rc = subprocess.run(cmd, stdout=fo, stderr=fe, env=ENV, timeout=timeout).returncode
+            rc = subprocess.run(cmd, stdout=fo, stderr=fe, env=env or ENV,
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     wall = time.time() - t0
@@ -89,6 +90,18 @@ def tail(d, name, n=1200):
         return open(os.path.join(d, name + ".err")).read()[-n:]
     except OSError:
         return ""
+
+
+def rank_hashes(d, name):
+    """{rank: hash} of the "param hash rank R: H" lines (LOOM_DEBUG_PARAM_HASH=1:
+    every rank holding all fp32 weights logs their hash at the end)."""
+    out = {}
+    for l in open(os.path.join(d, name + ".err"), errors="replace"):
+        i = l.find("param hash rank ")
+        if i >= 0:
+            r, h = l[i + len("param hash rank "):].split(":")[:2]
+            out[int(r)] = h.split()[0]
+    return out
 
 
 def curves(binp, d, layouts):
@@ -123,20 +136,29 @@ def curves(binp, d, layouts):
         name = "lay_" + lay.replace(",", "_").replace("=", "")
         sp = spec(data, model, par, steps, gbt, mbs, 1e-3)
         sp["train"]["offload_optimizer"] = offload
-        rc, st, err, wall = run_worker(binp, d, name, sp, n)
+        rc, st, err, wall = run_worker(binp, d, name, sp, n,
+                                       env=dict(ENV, LOOM_DEBUG_PARAM_HASH="1"))
         if rc != 0 or len(st) != steps:
             print("dist %s: FAIL rc=%d steps=%d %s\n%s" % (lay, rc, len(st), err, tail(d, name)))
             bad = 1
             continue
+        # pure data parallelism with whole weights on every rank (ZeRO 0): the
+        # ranks must end bit-identical
+        hs = rank_hashes(d, name)
+        same = "n/a"
+        if par["tp"] == 1 and par["pp"] == 1 and par["zero_stage"] == 0 and par["dp"] > 1:
+            same = "yes" if len(hs) == par["dp"] and len(set(hs.values())) == 1 else "NO"
+            bad |= same != "yes"
         rel = [abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(st, ref)]
         gn = [abs(a["grad_norm"] - b["grad_norm"]) / max(abs(b["grad_norm"]), 1e-6)
               for a, b in zip(st, ref)]
         ok = max(rel) <= 0.05 and sum(rel) / len(rel) <= 0.01
         bad |= not ok
         print("dist %s: %s %d steps in %.1f s, loss rel diff max %.2e mean %.2e (grad_norm max "
-              "%.2e), final %.4f vs %.4f, comm_exposed %.2f ms" % (
-                  lay, "ok" if ok else "FAIL", len(st), wall, max(rel), sum(rel) / len(rel),
-                  max(gn), st[-1]["loss"], ref[-1]["loss"], st[-1]["ms"]["comm_exposed"]))
+              "%.2e), final %.4f vs %.4f, comm_exposed %.2f ms, ranks' weights identical: %s %s" % (
+                  lay, "ok" if ok and same != "NO" else "FAIL", len(st), wall, max(rel),
+                  sum(rel) / len(rel), max(gn), st[-1]["loss"], ref[-1]["loss"],
+                  st[-1]["ms"]["comm_exposed"], same, sorted(hs.items()) if same == "NO" else ""))
     return bad
 
 
