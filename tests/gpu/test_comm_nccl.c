@@ -25,19 +25,8 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/nccl/pair.h"
+#include "tests/check.h"
 #include "worker/safetensors.h" /* st_f32_to_bf16, st_bf16_to_f32 */
-
-static int failures;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "[pid %d] %s:%d: CHECK(%s) failed: ", (int)getpid(), __FILE__,         \
-                    __LINE__, #cond);                                                              \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static double now_s(void) {
     struct timespec ts;
@@ -208,7 +197,7 @@ static int collectives(int rank, int world, const char *rdzv) {
     free(o);
     comm_free(c);
     comm_world_free(w);
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }
 
 static int killed_peer(int rank, int world, const char *rdzv) {
@@ -323,7 +312,7 @@ static int pair_collective(int rank, int world, const char *rdzv) {
     free(o2);
     comm_free(c);
     comm_world_free(w);
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }
 
 /* The peer dies after one good step: the survivor's next step fails within
@@ -394,6 +383,6 @@ int main(void) {
     bad = run(2, pair_killed, st);
     CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 3, "pair, killed peer: rank 0 status %#x",
           st[0]);
-    printf("test_comm_nccl (%d GPUs): %s\n", world, failures ? "FAIL" : "ok");
-    return failures ? 1 : 0;
+    printf("test_comm_nccl (%d GPUs): %s\n", world, check_failures ? "FAIL" : "ok");
+    return check_failures ? 1 : 0;
 }

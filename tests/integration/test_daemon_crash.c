@@ -17,15 +17,7 @@
 #include <unistd.h>
 
 #include "daemon_harness.h"
-
-static int failures;
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 #define CLIENTS 8
 #define MAX_ACK 20000
@@ -172,9 +164,9 @@ int main(int argc, char **argv) {
     hreq_thread_done();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (!failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
-    if (failures) {
-        fprintf(stderr, "test_daemon_crash: %d failures (data in %s)\n", failures, tmp);
+    if (!check_failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    if (check_failures) {
+        fprintf(stderr, "test_daemon_crash: %d failures (data in %s)\n", check_failures, tmp);
         return 1;
     }
     printf("test_daemon_crash: all passed\n");

@@ -6,6 +6,7 @@
  * never-start-twice marker, and the cpu / no-driver inventory. */
 #include "agent/gpu.h"
 #include "agent/task.h"
+#include "tests/check.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -17,15 +18,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -214,10 +206,5 @@ int main(int argc, char **argv) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base);
-    if (failures) {
-        fprintf(stderr, "test_agent_task: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_agent_task: ok\n");
-    return 0;
+    return check_summary("test_agent_task");
 }

@@ -27,18 +27,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/rdzv.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "[pid %d] %s:%d: CHECK(%s) failed: ", (int)getpid(), __FILE__,         \
-                    __LINE__, #cond);                                                              \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -190,10 +179,10 @@ static unsigned run_ranks(int world, const char *rdzv, child_fn fn, void *arg, u
         if (skip & (1u << r)) continue;
         pids[r] = fork();
         if (pids[r] == 0) {
-            failures = 0;
+            check_failures = 0;
             int rc = fn(r, world, rdzv, arg);
             fflush(stderr);
-            _exit(rc != 0 || failures ? 1 : 0);
+            _exit(rc != 0 || check_failures ? 1 : 0);
         }
     }
     unsigned bad = 0;
@@ -765,8 +754,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (failures) {
-        fprintf(stderr, "test_comm %s: %d failure(s)\n", what, failures);
+    if (check_failures) {
+        fprintf(stderr, "test_comm %s: %d failure(s)\n", what, check_failures);
         return 1;
     }
     printf("test_comm %s: ok\n", what);

@@ -10,15 +10,7 @@
 #include <unistd.h>
 
 #include "daemon/http.h"
-
-static int failures;
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static const struct {
     const char *pattern, *path;
@@ -53,7 +45,7 @@ static void test_match(void) {
         int m = http_match(cases[i].pattern, cases[i].path, names, values, HTTP_MAX_PARAMS, &n);
         if (m != cases[i].match) {
             fprintf(stderr, "match %s vs %s: got %d\n", cases[i].pattern, cases[i].path, m);
-            failures++;
+            check_failures++;
         }
         if (!m) CHECK(n == 0);
         if (m && cases[i].p1) {
@@ -114,10 +106,5 @@ static void test_notify(void) {
 int main(void) {
     test_match();
     test_notify();
-    if (failures) {
-        fprintf(stderr, "test_daemon_http: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_daemon_http: all passed\n");
-    return 0;
+    return check_summary("test_daemon_http");
 }
