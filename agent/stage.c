@@ -1,6 +1,7 @@
 /* Data staging into a node-local, content-addressed cache with LRU eviction
  * (see agent/stage.h). Linked into loom-stage (agent/stage/main.c). */
 #include "agent/stage.h"
+#include "common/clock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,12 +19,6 @@
 
 #define CHUNK     (1 << 20)
 #define MAX_FILES 4096
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void hex(const unsigned char *md, unsigned n, char *out) {
     for (unsigned i = 0; i < n; i++)
@@ -284,7 +279,7 @@ out:
 int stage_spec(const struct stage_opts *o, const char *job, json_t *spec, struct stage_report *r,
                char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     json_t *data = json_object_get(spec, "data");
     const char *train = json_string_value(json_object_get(data, "train"));
     const char *val = json_string_value(json_object_get(data, "val"));
@@ -327,7 +322,7 @@ int stage_spec(const struct stage_opts *o, const char *job, json_t *spec, struct
     if (nval) json_object_set_new(data, "val", json_string(nval));
     rc = 0;
 out:
-    r->seconds = now_s() - t0;
+    r->seconds = clock_mono_s() - t0;
     free(ntrain);
     free(nval);
     free(used);

@@ -7,6 +7,14 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#ifdef __cplusplus
+}
+#endif
+
+#endif
+
 /* Monotonic clock, from an arbitrary origin. */
 int64_t clock_mono_ns(void);
 int64_t clock_mono_us(void);
@@ -25,5 +33,9 @@ int clock_sleep_ms(long ms);
 int clock_sleep_us(long us);
 /* Sleeps the whole interval, whatever signals arrive. */
 void clock_sleep_ms_full(long ms);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -22,17 +22,12 @@
 
 #include <cuda_runtime.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/nccl/pair.h"
 #include "tests/check.h"
 #include "worker/safetensors.h" /* st_f32_to_bf16, st_bf16_to_f32 */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static float val(uint64_t seed, int r, size_t i) {
     uint64_t x = seed * 1000003ull + (uint64_t)r * 7919ull + i * 0x100000001b3ull;
@@ -208,11 +203,11 @@ static int killed_peer(int rank, int world, const char *rdzv) {
     cudaMalloc((void **)&d, 4096 * sizeof(float));
     CHECK(comm_allreduce(c, d, 4096, COMM_F32, COMM_SUM, NULL) == 0, "warm-up");
     if (rank == world - 1) raise(SIGKILL);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int rc = 0;
     for (int k = 0; k < 1000 && rc == 0; k++)
         rc = comm_allreduce(c, d, 4096, COMM_F32, COMM_SUM, NULL);
-    double dt = now_s() - t0;
+    double dt = clock_mono_s() - t0;
     fprintf(stderr, "rank %d: after the kill: rc %d after %.2f s: %s\n", rank, rc, dt,
             comm_error(c));
     _exit(rc < 0 && dt < 5 + 10 ? 3 : 1);
@@ -335,10 +330,10 @@ static int pair_killed(int rank, int world, const char *rdzv) {
     }
     if (pair_ar_start(p, 0, n) != 0 || pair_ar_finish(p) != 0) _exit(1);
     if (rank == 1) raise(SIGKILL);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int rc = pair_ar_start(p, 0, n);
     if (rc == 0) rc = pair_ar_finish(p);
-    double dt = now_s() - t0;
+    double dt = clock_mono_s() - t0;
     fprintf(stderr, "rank %d: pair step after the kill: rc %d after %.2f s: %s\n", rank, rc, dt,
             pair_ar_error(p));
     _exit(rc < 0 && dt < 3 + 5 ? 3 : 1);

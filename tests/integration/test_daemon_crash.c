@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "daemon_harness.h"
 #include "tests/check.h"
 
@@ -55,11 +56,6 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Runs a burst, sends `sig` after `ms`, returns the total acknowledged. */
 static int burst_then_signal(struct loomd_proc *p, int sig, int ms, struct client *cl,
                              int *exit_status) {
@@ -70,7 +66,7 @@ static int burst_then_signal(struct loomd_proc *p, int sig, int ms, struct clien
         cl[i].errors = 0;
         pthread_create(&th[i], NULL, client_main, &cl[i]);
     }
-    sleep_ms(ms);
+    clock_sleep_ms(ms);
     *exit_status = loomd_signal_wait(p, sig);
     atomic_store(&stop, 1);
     for (int i = 0; i < CLIENTS; i++)
