@@ -1,6 +1,7 @@
 /* Data staging into a node-local, content-addressed cache with LRU eviction
  * (see agent/stage.h). Linked into loom-stage (agent/stage/main.c). */
 #include "agent/stage.h"
+#include "common/buf.h"
 #include "common/clock.h"
 
 #include <dirent.h>
@@ -187,12 +188,7 @@ static void evict(const char *dir, long long max_bytes, char (*keep)[65], int nk
         snprintf(p, sizeof p, "%s/%s", bdir, e->d_name);
         struct stat st;
         if (stat(p, &st) != 0) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            struct blob_ent *ne = realloc(ents, (size_t)cap * sizeof *ents);
-            if (!ne) break;
-            ents = ne;
-        }
+        if (BUF_GROW(ents, cap, n + 1, 64) != 0) break;
         memcpy(ents[n].name, e->d_name, 64); /* length checked above */
         ents[n].name[64] = 0;
         ents[n].size = (long long)st.st_size;

@@ -45,5 +45,14 @@ void buf_free(struct buf *b);
  * body of the "if (n == cap) realloc(cap * 2)" loops over typed arrays;
  * new elements are not initialised. 0 or -1 (arrays unchanged). */
 int buf_grow_array(void *arr, size_t *cap, size_t need, size_t size, size_t min_cap);
+/* The same for an array pointer `arr` whose capacity `cap` is an lvalue of
+ * any integer type: BUF_GROW(o->q, o->capq, o->nq + 1, 64) is 0 or -1. */
+#define BUF_GROW(arr, cap, need, min_cap)                                                          \
+    (__extension__({                                                                               \
+        size_t buf_cap_ = (size_t)(cap);                                                           \
+        int buf_rc_ = buf_grow_array(&(arr), &buf_cap_, (size_t)(need), sizeof *(arr), (min_cap)); \
+        if (buf_rc_ == 0) (cap) = buf_cap_;                                                        \
+        buf_rc_;                                                                                   \
+    }))
 
 #endif

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/auth.h"
@@ -478,15 +479,7 @@ static int append_body(struct http_conn *c, const char *data, size_t n) {
         c->len = c->cap = 0;
         return 0;
     }
-    if (c->len + n + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap : 4096;
-        while (cap < c->len + n + 1)
-            cap *= 2;
-        char *b = realloc(c->buf, cap);
-        if (!b) return -1;
-        c->buf = b;
-        c->cap = cap;
-    }
+    if (buf_grow_array(&c->buf, &c->cap, c->len + n + 1, 1, 4096) != 0) return -1;
     memcpy(c->buf + c->len, data, n);
     c->len += n;
     c->buf[c->len] = 0;

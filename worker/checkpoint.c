@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 
 #define CKPT_FORMAT  "loom-checkpoint"
@@ -487,15 +488,10 @@ int ckpt_list(const char *out_dir, int64_t **steps, size_t *n) {
     while ((e = readdir(d))) {
         int64_t s = parse_step_name(e->d_name);
         if (s < 0) continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            int64_t *nv = realloc(v, cap * sizeof *nv);
-            if (!nv) {
-                free(v);
-                closedir(d);
-                return CKPT_EIO;
-            }
-            v = nv;
+        if (BUF_GROW(v, cap, *n + 1, 16) != 0) {
+            free(v);
+            closedir(d);
+            return CKPT_EIO;
         }
         v[(*n)++] = s;
     }
