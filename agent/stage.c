@@ -3,6 +3,7 @@
 #include "agent/stage.h"
 #include "common/buf.h"
 #include "common/clock.h"
+#include "common/fsutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,18 +25,6 @@
 static void hex(const unsigned char *md, unsigned n, char *out) {
     for (unsigned i = 0; i < n; i++)
         sprintf(out + 2 * i, "%02x", md[i]);
-}
-
-static int mkdirs(const char *path) {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 /* Hashes fd from its current position to EOF; optionally copies to out_fd. */
@@ -239,7 +228,7 @@ static char *stage_field(const char *dir, const char *job, const char *which, co
     char view[PATH_MAX];
     snprintf(view, sizeof view, "%s/views/%s/%s", dir, job, which);
     char *result = NULL;
-    if (mkdirs(view) != 0) {
+    if (fs_mkdir_p(view, 0755, 0) != 0) {
         snprintf(err, errlen, "cannot create %s: %s", view, strerror(errno));
         goto out;
     }
@@ -291,7 +280,7 @@ int stage_spec(const struct stage_opts *o, const char *job, json_t *spec, struct
     static const char *const subs[] = {"blobs", "index", "views"};
     for (size_t i = 0; i < 3; i++) {
         snprintf(sub, sizeof sub, "%s/%s", o->dir, subs[i]);
-        if (mkdirs(sub) != 0) {
+        if (fs_mkdir_p(sub, 0755, 0) != 0) {
             snprintf(err, errlen, "cannot create %s: %s", sub, strerror(errno));
             return -1;
         }
