@@ -5,7 +5,7 @@
 #include "daemon/agent_api.h"
 
 #include "common/log.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"

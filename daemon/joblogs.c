@@ -3,7 +3,7 @@
 #include "daemon/joblogs.h"
 
 #include "daemon/agent_api.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"

@@ -12,7 +12,7 @@
 #include <strings.h>
 
 #include "common/log.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"

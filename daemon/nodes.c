@@ -2,7 +2,7 @@
  * in-memory cluster state under its mutex; drain flags go to the store. */
 #include "daemon/nodes.h"
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"

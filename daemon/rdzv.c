@@ -1,7 +1,7 @@
 /* Rendezvous handlers (see rdzv.h). */
 #include "daemon/rdzv.h"
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"

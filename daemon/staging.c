@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"

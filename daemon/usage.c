@@ -3,7 +3,7 @@
 #define _GNU_SOURCE
 #include "daemon/usage.h"
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"

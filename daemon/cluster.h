@@ -18,8 +18,8 @@
  * Agents learn their work as a desired task set per node (long-poll on
  * `assign`): a rank is in the set while its attempt is active and the rank has
  * not exited; removal is the kill signal. See docs/internals/agent.md. */
-#ifndef LOOM_DAEMON_ATTEMPTS_H
-#define LOOM_DAEMON_ATTEMPTS_H
+#ifndef LOOM_DAEMON_CLUSTER_H
+#define LOOM_DAEMON_CLUSTER_H
 
 #include <jansson.h>
 #include <pthread.h>

@@ -7,7 +7,7 @@
  * changes, then apply them in one durable write outside the mutex. Only this
  * thread changes job states for scheduling, so decisions never race. */
 #define _GNU_SOURCE
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 
 #include "common/log.h"
 #include "daemon/auth.h"
