@@ -8,12 +8,11 @@
  * An attempt is one try of a job: a placement (node + device per rank), an
  * attempt-scoped rendezvous token, and per-rank states reported by the agents.
  * The scheduler loop (one thread) is the only place that changes job states
- * for scheduling and failures: it places queued jobs (sched_place), turns
- * starting into running when every rank runs, fails an attempt when a rank
- * exits non-zero, its node is lost or it makes no step progress for the hang
- * timeout, retries (queued, attempt + 1) until max_retries, finishes
- * succeeded / cancelled jobs, and writes usage rows when an attempt's ranks
- * have all stopped. HTTP handlers only record reports and wake the loop.
+ * for scheduling and failures: it places queued jobs (sched_place), asks the
+ * supervisor (daemon/supervise.h) about each active attempt (running, rank
+ * failed, node lost, hang, start timeout, success, cancel; retry or fail)
+ * and applies the answer, and writes usage rows when an attempt's ranks have
+ * all stopped. HTTP handlers only record reports and wake the loop.
  *
  * Agents learn their work as a desired task set per node (long-poll on
  * `assign`): a rank is in the set while its attempt is active and the rank has
@@ -27,12 +26,11 @@
 #include <stdio.h>
 
 #include "daemon/http.h"
+#include "daemon/supervise.h"
 
 struct loomd;
 
 #define CL_MAX_NODES 256
-
-enum rank_state { RANK_PENDING = 0, RANK_RUNNING = 1, RANK_EXITED = 2 };
 
 struct cl_rank {
     int node;       /* index into cluster.nodes */
@@ -57,8 +55,8 @@ struct cl_attempt {
     char *spec;    /* canonical spec JSON text (owned) */
     char *out_dir; /* owned */
     enum attempt_phase phase;
-    int outcome; /* job state to reach when stopping ends (enum job_state), -1: none */
-    int running; /* job moved to running */
+    enum stop_cause stop_cause; /* why it is stopping (STOP_NONE while active) */
+    int running;                /* job moved to running */
     int64_t started_ms, stop_ms, last_progress_ms, running_ms;
     char stop_reason[256];
     struct cl_rank *ranks; /* world entries */
