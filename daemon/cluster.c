@@ -367,7 +367,7 @@ void cluster_kick(struct loomd *ld) {
 
 static void attempt_free(struct cl_attempt *a) {
     if (!a) return;
-    free(a->spec);
+    json_decref(a->spec);
     free(a->out_dir);
     free(a->ranks);
     json_decref(a->rdzv);
@@ -412,13 +412,17 @@ json_t *cluster_desired(struct cluster *c, int ni) {
             if (rk->node != ni || rk->state == RANK_EXITED) continue;
             char rdzv[128];
             snprintf(rdzv, sizeof rdzv, "/v1/rdzv/%s/%d", a->job_id, a->attempt);
-            json_t *spec = json_loads(a->spec, 0, NULL);
+            /* The spec is shared, not copied: nothing modifies it after the
+             * attempt is made, jansson's reference counts are atomic
+             * (JANSSON_THREAD_SAFE_REFCOUNT) and json_dumps() only reads
+             * (its loop check is a per-call table since 2.13; Debian 12 has
+             * 2.14), so replies may serialise it concurrently, after the
+             * mutex is released or the attempt freed. */
             json_array_append_new(
-                arr,
-                json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:s, s:s, s:s}", "job", a->job_id,
-                          "attempt", a->attempt, "rank", r, "world", a->world, "local_rank",
-                          rk->local_rank, "device", rk->device, "spec", spec ? spec : json_object(),
-                          "out_dir", a->out_dir, "rdzv", rdzv, "rdzv_token", a->token));
+                arr, json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:O, s:s, s:s, s:s}", "job",
+                               a->job_id, "attempt", a->attempt, "rank", r, "world", a->world,
+                               "local_rank", rk->local_rank, "device", rk->device, "spec", a->spec,
+                               "out_dir", a->out_dir, "rdzv", rdzv, "rdzv_token", a->token));
         }
     }
     return arr;
@@ -718,7 +722,9 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
     a->ranks = ranks;
     struct spec_read sr = {j->id, NULL};
     store_read(p->ld->store, read_spec, &sr);
-    a->spec = sr.spec ? sr.spec : strdup("{}");
+    a->spec = sr.spec ? json_loads(sr.spec, 0, NULL) : NULL;
+    if (!a->spec) a->spec = json_object();
+    free(sr.spec);
     a->out_dir = strdup(j->out_dir);
     a->stop_cause = STOP_NONE;
     a->started_ms = now;
@@ -960,7 +966,8 @@ static int load_state(struct store_tx *tx, void *arg) {
         snprintf(a->token, sizeof a->token, "%s", (const char *)sqlite3_column_text(st, 3));
         a->world = world;
         a->started_ms = sqlite3_column_int64(st, 6);
-        a->spec = strdup((const char *)sqlite3_column_text(st, 7));
+        a->spec = json_loads((const char *)sqlite3_column_text(st, 7), 0, NULL);
+        if (!a->spec) a->spec = json_object();
         a->out_dir = strdup((const char *)sqlite3_column_text(st, 8));
         const char *jstate = (const char *)sqlite3_column_text(st, 9);
         a->running = jstate && !strcmp(jstate, "running");

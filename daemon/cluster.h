@@ -52,7 +52,7 @@ struct cl_attempt {
     int attempt;
     int world;
     char token[72];
-    char *spec;    /* canonical spec JSON text (owned) */
+    json_t *spec;  /* the job spec, parsed once when the attempt is made (owned) */
     char *out_dir; /* owned */
     enum attempt_phase phase;
     enum stop_cause stop_cause; /* why it is stopping (STOP_NONE while active) */
