@@ -11,6 +11,7 @@
 #include "agent/nodecheck.h"
 #include "agent/task.h"
 #include "api/client.h"
+#include "api/exit_codes.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -329,7 +330,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         snprintf(t->key, sizeof t->key, "%s.%d.%d", job, attempt, rank);
         task_dir_path(a->cfg->work_dir, job, attempt, rank, t->dir, sizeof t->dir);
         t->state = TASK_EXITED;
-        t->exit_code = -1;
+        t->exit_code = LOOM_EXIT_UNKNOWN;
         t->last_step = -1;
         snprintf(t->exit_reason, sizeof t->exit_reason, "agent could not start the worker (%s)",
                  a->cfg->worker);

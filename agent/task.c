@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "agent/task.h"
 
+#include "api/exit_codes.h"
 #include "common/log.h"
 
 #include <dirent.h>
@@ -121,7 +122,7 @@ static struct task *task_alloc(const char *work_dir, const char *job, int attemp
     snprintf(t->key, sizeof t->key, "%s.%d.%d", job, attempt, rank);
     task_dir_path(work_dir, job, attempt, rank, t->dir, sizeof t->dir);
     t->last_step = -1;
-    t->exit_code = -1;
+    t->exit_code = LOOM_EXIT_UNKNOWN;
     return t;
 }
 
@@ -328,7 +329,7 @@ int task_poll(struct task *t, int64_t now_ms) {
                 code = WEXITSTATUS(st);
                 snprintf(why, sizeof why, "exited with code %d", code);
             } else {
-                code = 128 + WTERMSIG(st);
+                code = LOOM_EXIT_SIGNAL_BASE + WTERMSIG(st);
                 snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st),
                          strsignal(WTERMSIG(st)));
             }
@@ -336,7 +337,7 @@ int task_poll(struct task *t, int64_t now_ms) {
             return 1;
         }
         if (r < 0 && errno == ECHILD) {
-            finish(t, now_ms, -1, "exit status lost");
+            finish(t, now_ms, LOOM_EXIT_UNKNOWN, "exit status lost");
             return 1;
         }
     } else {
@@ -348,7 +349,7 @@ int task_poll(struct task *t, int64_t now_ms) {
             if (t->summary_seen)
                 finish(t, now_ms, 0, "adopted worker exited after its summary");
             else
-                finish(t, now_ms, -1, "adopted worker exited; status unknown");
+                finish(t, now_ms, LOOM_EXIT_UNKNOWN, "adopted worker exited; status unknown");
             return 1;
         }
     }
