@@ -12,6 +12,7 @@
 #include "agent/task.h"
 #include "api/client.h"
 #include "api/exit_codes.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -62,17 +63,6 @@ struct agent {
     int hb_now;
 };
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static const char *state_name(enum task_state s) {
     return s == TASK_RUNNING ? "running" : s == TASK_STOPPING ? "stopping" : "exited";
 }
@@ -96,7 +86,7 @@ static json_t *task_json(const struct task *t, int64_t now) {
 
 static json_t *tasks_json(struct agent *a) {
     json_t *arr = json_array();
-    int64_t now = now_ms();
+    int64_t now = clock_mono_ms();
     for (struct task *t = a->tasks; t; t = t->next)
         json_array_append_new(arr, task_json(t, now));
     return arr;
@@ -199,7 +189,7 @@ static void *poll_main(void *arg) {
         snprintf(version, sizeof version, "%s", d->version);
         pthread_mutex_unlock(&d->mu);
         if (!reg) {
-            sleep_ms(50);
+            clock_sleep_ms(50);
             continue;
         }
         char path[512];
@@ -229,7 +219,7 @@ static void *poll_main(void *arg) {
             } else {
                 log_warn("assignments: HTTP %ld", status);
             }
-            sleep_ms(backoff);
+            clock_sleep_ms(backoff);
             backoff = backoff * 2 > d->retry_max_ms ? d->retry_max_ms : backoff * 2;
         }
         json_decref(reply);
@@ -568,7 +558,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     client_set_timeout_ms(a.cl, 5000);
     if (access(cfg->worker, X_OK) != 0)
         log_warn("worker binary %s is not executable: tasks will fail to start", cfg->worker);
-    a.tasks = task_scan_dir(cfg->work_dir, cfg->adopt, now_ms());
+    a.tasks = task_scan_dir(cfg->work_dir, cfg->adopt, clock_mono_ms());
     for (struct task *t = a.tasks; t; t = t->next) {
         t->ship_off[0] = t->ship_off[1] = 0; /* loomd tells us its length */
         if (t->state != TASK_EXITED)
@@ -584,7 +574,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     a.backoff_ms = 200;
 
     while (!*stop) {
-        agent_tick(&a, now_ms());
+        agent_tick(&a, clock_mono_ms());
         wait_for_work(&a);
     }
     log_info("agent stopping; %s", "workers keep running and are re-adopted on restart");
