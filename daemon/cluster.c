@@ -329,12 +329,12 @@ static int apply_changes(struct store_tx *tx, void *arg) {
 
 /* ---- helpers ---- */
 
-static const double hist_bounds[CL_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                    0.5,   1,    2.5,   5,    10,  60};
+static const double hist_bounds[CLUSTER_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                         0.5,   1,    2.5,   5,    10,  60};
 
-static void hist_observe(struct cl_hist *h, double v) {
+static void hist_observe(struct cluster_hist *h, double v) {
     int b = 0;
-    while (b < CL_HIST_BUCKETS && v > hist_bounds[b])
+    while (b < CLUSTER_HIST_BUCKETS && v > hist_bounds[b])
         b++;
     h->counts[b]++;
     h->sum += v;
@@ -347,8 +347,8 @@ int cluster_node_find(struct cluster *c, const char *name) {
     return -1;
 }
 
-struct cl_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt) {
-    for (struct cl_attempt *a = c->attempts; a; a = a->next)
+struct cluster_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt) {
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
         if (a->attempt == attempt && !strcmp(a->job_id, job_id)) return a;
     return NULL;
 }
@@ -365,7 +365,7 @@ void cluster_kick(struct loomd *ld) {
     if (ld && ld->cluster) http_notify_signal(&ld->cluster->wake);
 }
 
-static void attempt_free(struct cl_attempt *a) {
+static void attempt_free(struct cluster_attempt *a) {
     if (!a) return;
     json_decref(a->spec);
     free(a->out_dir);
@@ -378,12 +378,12 @@ static void attempt_free(struct cl_attempt *a) {
 void cluster_task_report(struct cluster *c, int ni, json_t *task, int64_t now) {
     const char *job = json_string_value(json_object_get(task, "job"));
     if (!job) return;
-    struct cl_attempt *a =
+    struct cluster_attempt *a =
         cluster_attempt_find(c, job, (int)json_integer_value(json_object_get(task, "attempt")));
     if (!a) return;
     int r = (int)json_integer_value(json_object_get(task, "rank"));
     if (r < 0 || r >= a->world || a->ranks[r].node != ni) return;
-    struct cl_rank *rk = &a->ranks[r];
+    struct cluster_rank *rk = &a->ranks[r];
     const char *state = json_string_value(json_object_get(task, "state"));
     json_int_t step = json_integer_value(json_object_get(task, "last_step"));
     if (json_object_get(task, "last_step") && step > rk->last_step) {
@@ -405,10 +405,10 @@ void cluster_task_report(struct cluster *c, int ni, json_t *task, int64_t now) {
 
 json_t *cluster_desired(struct cluster *c, int ni) {
     json_t *arr = json_array();
-    for (struct cl_attempt *a = c->attempts; a; a = a->next) {
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
         if (a->phase != ATTEMPT_ACTIVE) continue;
         for (int r = 0; r < a->world; r++) {
-            struct cl_rank *rk = &a->ranks[r];
+            struct cluster_rank *rk = &a->ranks[r];
             if (rk->node != ni || rk->state == RANK_EXITED) continue;
             char rdzv[128];
             snprintf(rdzv, sizeof rdzv, "/v1/rdzv/%s/%d", a->job_id, a->attempt);
@@ -429,7 +429,7 @@ json_t *cluster_desired(struct cluster *c, int ni) {
 }
 
 static void avoid_set(struct cluster *c, const char *job, const char *node) {
-    struct cl_avoid *v = c->avoid;
+    struct cluster_avoid *v = c->avoid;
     while (v && strcmp(v->job_id, job))
         v = v->next;
     if (!v) {
@@ -444,11 +444,11 @@ static void avoid_set(struct cluster *c, const char *job, const char *node) {
 
 /* Node index to avoid for `job` (-1: none); forget = drop the entry. */
 static int avoid_take(struct cluster *c, const char *job, int forget) {
-    for (struct cl_avoid **pp = &c->avoid; *pp; pp = &(*pp)->next) {
+    for (struct cluster_avoid **pp = &c->avoid; *pp; pp = &(*pp)->next) {
         if (strcmp((*pp)->job_id, job)) continue;
         int ni = cluster_node_find(c, (*pp)->node);
         if (forget) {
-            struct cl_avoid *v = *pp;
+            struct cluster_avoid *v = *pp;
             *pp = v->next;
             free(v);
         }
@@ -459,7 +459,7 @@ static int avoid_take(struct cluster *c, const char *job, int forget) {
 
 /* Does node ni's latest report (received after `after_ms`) still show the
  * rank as alive? */
-static int node_shows_alive(struct cl_node *n, const char *job, int attempt, int rank) {
+static int node_shows_alive(struct cluster_node *n, const char *job, int attempt, int rank) {
     size_t i;
     json_t *t;
     json_array_foreach(n->tasks, i, t) {
@@ -473,7 +473,7 @@ static int node_shows_alive(struct cl_node *n, const char *job, int attempt, int
     return 0;
 }
 
-static void stop_attempt(struct cluster *c, struct cl_attempt *a, int64_t now,
+static void stop_attempt(struct cluster *c, struct cluster_attempt *a, int64_t now,
                          enum stop_cause cause, const char *reason) {
     if (a->phase == ATTEMPT_STOPPING) return;
     a->phase = ATTEMPT_STOPPING;
@@ -484,7 +484,7 @@ static void stop_attempt(struct cluster *c, struct cl_attempt *a, int64_t now,
     log_info("cluster: stopping attempt %d of job %s: %s", a->attempt, a->job_id, reason);
 }
 
-static void finalize_attempt(struct cluster *c, struct changes *cs, struct cl_attempt *a,
+static void finalize_attempt(struct cluster *c, struct changes *cs, struct cluster_attempt *a,
                              int64_t now, const char *end_state) {
     /* One usage row per node the attempt used. */
     for (int r = 0; r < a->world; r++) {
@@ -542,7 +542,7 @@ struct pass {
 static void pass_nodes(struct pass *p) {
     struct cluster *c = p->c;
     for (int i = 0; i < c->nnodes; i++) {
-        struct cl_node *n = &c->nodes[i];
+        struct cluster_node *n = &c->nodes[i];
         if (!n->lost && supervise_node_expired(n->last_hb_ms, p->now, p->ld->cfg.node_timeout)) {
             n->lost = 1;
             log_warn("cluster: node %s lost (no heartbeat for %.1f s)", n->name,
@@ -552,7 +552,7 @@ static void pass_nodes(struct pass *p) {
     }
 }
 
-static enum supervise_job job_view(const struct jobinfo *j, const struct cl_attempt *a) {
+static enum supervise_job job_view(const struct jobinfo *j, const struct cluster_attempt *a) {
     if (!j || j->attempt != a->attempt || job_state_terminal(j->state)) return SUPERVISE_JOB_GONE;
     if (j->state == JOB_CANCELLING) return SUPERVISE_JOB_CANCELLING;
     if (j->state == JOB_QUEUED) return SUPERVISE_JOB_QUEUED;
@@ -561,7 +561,7 @@ static enum supervise_job job_view(const struct jobinfo *j, const struct cl_atte
 
 /* The supervisor's view of one attempt; in->ranks points into p->ranks.
  * -1 when out of memory (the attempt is judged on the next pass). */
-static int gather(struct pass *p, const struct cl_attempt *a, const struct jobinfo *j,
+static int gather(struct pass *p, const struct cluster_attempt *a, const struct jobinfo *j,
                   const struct supervise_node *nodes, struct supervise_input *in) {
     if (a->world > p->ranks_cap) {
         struct supervise_rank *r = realloc(p->ranks, sizeof *r * (size_t)a->world);
@@ -570,7 +570,7 @@ static int gather(struct pass *p, const struct cl_attempt *a, const struct jobin
         p->ranks_cap = a->world;
     }
     for (int r = 0; r < a->world; r++) {
-        const struct cl_rank *rk = &a->ranks[r];
+        const struct cluster_rank *rk = &a->ranks[r];
         p->ranks[r] =
             (struct supervise_rank){rk->node, rk->state, rk->exit_code, rk->exited_at, rk->reason};
     }
@@ -591,7 +591,7 @@ static int gather(struct pass *p, const struct cl_attempt *a, const struct jobin
 }
 
 /* The supervisor's answer as attempt and store changes. */
-static void apply_decision(struct pass *p, struct cl_attempt *a,
+static void apply_decision(struct pass *p, struct cluster_attempt *a,
                            const struct supervise_decision *d) {
     struct cluster *c = p->c;
     unsigned live = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING);
@@ -619,10 +619,10 @@ static void apply_decision(struct pass *p, struct cl_attempt *a,
 /* 2. active attempts: the supervisor decides, we apply */
 static void pass_supervise(struct pass *p) {
     struct cluster *c = p->c;
-    struct supervise_node nodes[CL_MAX_NODES];
+    struct supervise_node nodes[CLUSTER_MAX_NODES];
     for (int i = 0; i < c->nnodes; i++)
         nodes[i] = (struct supervise_node){c->nodes[i].name, c->nodes[i].lost};
-    for (struct cl_attempt *a = c->attempts; a; a = a->next) {
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
         if (a->phase != ATTEMPT_ACTIVE) continue;
         struct supervise_input in;
         struct supervise_decision d;
@@ -634,11 +634,11 @@ static void pass_supervise(struct pass *p) {
 
 /* A stopping attempt's rank is released once it exited, its node is lost,
  * or its node's first report after the stop no longer shows it alive. */
-static int release_ranks(struct cluster *c, struct cl_attempt *a) {
+static int release_ranks(struct cluster *c, struct cluster_attempt *a) {
     int all = 1;
     for (int r = 0; r < a->world; r++) {
-        struct cl_rank *rk = &a->ranks[r];
-        struct cl_node *n = &c->nodes[rk->node];
+        struct cluster_rank *rk = &a->ranks[r];
+        struct cluster_node *n = &c->nodes[rk->node];
         if (!rk->released &&
             (rk->state == RANK_EXITED || n->lost ||
              (n->last_hb_ms > a->stop_ms + 300 && !node_shows_alive(n, a->job_id, a->attempt, r))))
@@ -651,9 +651,9 @@ static int release_ranks(struct cluster *c, struct cl_attempt *a) {
 /* 3. stopping attempts: release ranks; finish when all are gone */
 static void pass_reap(struct pass *p) {
     struct cluster *c = p->c;
-    struct cl_attempt **pp = &c->attempts;
+    struct cluster_attempt **pp = &c->attempts;
     while (*pp) {
-        struct cl_attempt *a = *pp;
+        struct cluster_attempt *a = *pp;
         if (a->phase != ATTEMPT_STOPPING || !release_ranks(c, a)) {
             pp = &a->next;
             continue;
@@ -691,12 +691,12 @@ static void pass_orphans(struct pass *p) {
                           j->attempt, "attempt state was lost (loomd restarted without it)",
                           "retrying: attempt state was lost");
     }
-    for (struct cl_avoid **pp = &c->avoid; *pp;) {
+    for (struct cluster_avoid **pp = &c->avoid; *pp;) {
         if (snap_find(&p->snap, (*pp)->job_id)) {
             pp = &(*pp)->next;
             continue;
         }
-        struct cl_avoid *v = *pp;
+        struct cluster_avoid *v = *pp;
         *pp = v->next;
         free(v);
     }
@@ -708,8 +708,8 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
     struct cluster *c = p->c;
     int64_t now = p->now;
     avoid_take(c, j->id, 1);
-    struct cl_attempt *a = calloc(1, sizeof *a);
-    struct cl_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
+    struct cluster_attempt *a = calloc(1, sizeof *a);
+    struct cluster_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
     if (!a || !ranks) {
         free(a);
         free(ranks);
@@ -773,7 +773,7 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
 static void sched_nodes(struct pass *p, struct sched_node *sn) {
     struct cluster *c = p->c;
     for (int i = 0; i < c->nnodes; i++) {
-        struct cl_node *n = &c->nodes[i];
+        struct cluster_node *n = &c->nodes[i];
         sn[i].name = n->name;
         sn[i].kind = n->kind;
         sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
@@ -781,7 +781,7 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
                       : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
                                                                       : SCHED_NODE_READY;
     }
-    for (struct cl_attempt *a = c->attempts; a; a = a->next)
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
         for (int r = 0; r < a->world; r++) {
             if (a->ranks[r].released) continue;
             if (a->ranks[r].device < 64)
@@ -845,7 +845,7 @@ static void pass_commit(struct pass *p, int changed) {
     for (int i = 0; i < p->cs.n; i++) {
         struct change *ch = &p->cs.v[i];
         if (ch->kind != CH_ATTEMPT_INSERT || ch->result == STORE_OK) continue;
-        for (struct cl_attempt *a = c->attempts; a; a = a->next)
+        for (struct cluster_attempt *a = c->attempts; a; a = a->next)
             if (a->attempt == ch->attempt && !strcmp(a->job_id, ch->job_id) &&
                 a->phase == ATTEMPT_ACTIVE) {
                 stop_attempt(c, a, p->now, STOP_NOT_RECORDED, "placement was not recorded");
@@ -925,8 +925,8 @@ static int load_state(struct store_tx *tx, void *arg) {
     sqlite3_stmt *st =
         store_stmt(tx, "SELECT name, kind, devices, drained, hostname, registered_at FROM nodes");
     if (!st) return STORE_ERR;
-    while (sqlite3_step(st) == SQLITE_ROW && c->nnodes < CL_MAX_NODES) {
-        struct cl_node *n = &c->nodes[c->nnodes++];
+    while (sqlite3_step(st) == SQLITE_ROW && c->nnodes < CLUSTER_MAX_NODES) {
+        struct cluster_node *n = &c->nodes[c->nnodes++];
         memset(n, 0, sizeof *n);
         snprintf(n->name, sizeof n->name, "%s", (const char *)sqlite3_column_text(st, 0));
         snprintf(n->kind, sizeof n->kind, "%s", (const char *)sqlite3_column_text(st, 1));
@@ -954,7 +954,7 @@ static int load_state(struct store_tx *tx, void *arg) {
     while (sqlite3_step(st) == SQLITE_ROW) {
         json_t *pl = json_loads((const char *)sqlite3_column_text(st, 4), 0, NULL);
         int world = sqlite3_column_int(st, 5);
-        struct cl_attempt *a = calloc(1, sizeof *a);
+        struct cluster_attempt *a = calloc(1, sizeof *a);
         if (!a || !json_is_array(pl) || (int)json_array_size(pl) != world || world <= 0) {
             free(a);
             json_decref(pl);
@@ -1006,8 +1006,8 @@ static int load_state(struct store_tx *tx, void *arg) {
                         "a.state = 'active'");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
-        struct cl_attempt *a = cluster_attempt_find(c, (const char *)sqlite3_column_text(st, 0),
-                                                    sqlite3_column_int(st, 1));
+        struct cluster_attempt *a = cluster_attempt_find(
+            c, (const char *)sqlite3_column_text(st, 0), sqlite3_column_int(st, 1));
         json_t *v = json_loads((const char *)sqlite3_column_text(st, 3), JSON_DECODE_ANY, NULL);
         if (a && v) json_object_set(a->rdzv, (const char *)sqlite3_column_text(st, 2), v);
         json_decref(v);
@@ -1073,12 +1073,12 @@ void cluster_stop(struct loomd *ld) {
     if (c->loop_started) pthread_join(c->loop, NULL);
     if (c->forward_started) pthread_join(c->forward, NULL);
     while (c->attempts) {
-        struct cl_attempt *n = c->attempts->next;
+        struct cluster_attempt *n = c->attempts->next;
         attempt_free(c->attempts);
         c->attempts = n;
     }
     while (c->avoid) {
-        struct cl_avoid *n = c->avoid->next;
+        struct cluster_avoid *n = c->avoid->next;
         free(c->avoid);
         c->avoid = n;
     }

@@ -30,9 +30,9 @@
 
 struct loomd;
 
-#define CL_MAX_NODES 256
+#define CLUSTER_MAX_NODES 256
 
-struct cl_rank {
+struct cluster_rank {
     int node;       /* index into cluster.nodes */
     int device;     /* device index on the node */
     int local_rank; /* index among the attempt's ranks on that node */
@@ -46,7 +46,7 @@ struct cl_rank {
 
 enum attempt_phase { ATTEMPT_ACTIVE = 0, ATTEMPT_STOPPING = 1 };
 
-struct cl_attempt {
+struct cluster_attempt {
     char job_id[24];
     char tenant_id[24];
     int attempt;
@@ -59,13 +59,13 @@ struct cl_attempt {
     int running;                /* job moved to running */
     int64_t started_ms, stop_ms, last_progress_ms, running_ms;
     char stop_reason[256];
-    struct cl_rank *ranks; /* world entries */
-    json_t *rdzv;          /* key -> value (rendezvous) */
-    json_t *last_step;     /* rank 0's latest step record (for /metrics) */
-    struct cl_attempt *next;
+    struct cluster_rank *ranks; /* world entries */
+    json_t *rdzv;               /* key -> value (rendezvous) */
+    json_t *last_step;          /* rank 0's latest step record (for /metrics) */
+    struct cluster_attempt *next;
 };
 
-struct cl_node {
+struct cluster_node {
     char name[64];
     char kind[8];
     char hostname[128];
@@ -82,18 +82,18 @@ struct cl_node {
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */
-#define CL_HIST_BUCKETS 12
-struct cl_hist {
-    uint64_t counts[CL_HIST_BUCKETS + 1];
+#define CLUSTER_HIST_BUCKETS 12
+struct cluster_hist {
+    uint64_t counts[CLUSTER_HIST_BUCKETS + 1];
     double sum;
     uint64_t n;
 };
 
 /* A job's next attempt prefers other nodes than the one it last failed on. */
-struct cl_avoid {
+struct cluster_avoid {
     char job_id[24];
     char node[64];
-    struct cl_avoid *next;
+    struct cluster_avoid *next;
 };
 
 struct cluster {
@@ -105,18 +105,18 @@ struct cluster {
     struct http_notify wake;   /* wake the scheduler loop */
     char epoch[20];            /* random per loomd process: versions never repeat */
     uint64_t gen;              /* bumped whenever any desired set changes */
-    struct cl_node nodes[CL_MAX_NODES];
+    struct cluster_node nodes[CLUSTER_MAX_NODES];
     int nnodes;
-    struct cl_attempt *attempts;
-    struct cl_avoid *avoid; /* per retried job, until it is placed again */
+    struct cluster_attempt *attempts;
+    struct cluster_avoid *avoid; /* per retried job, until it is placed again */
     pthread_t loop, forward;
     int loop_started, forward_started;
     volatile int stopping;
     char logs_dir[1024];
-    json_t *prices;            /* <data-dir>/gpu_prices.json: {"GPU model": price per GPU-hour} */
-    struct cl_hist queue_wait; /* submit -> placed, seconds */
-    struct cl_hist sched_lat;  /* one scheduling pass, seconds */
-    struct cl_hist start_lat;  /* placed -> all ranks running, seconds */
+    json_t *prices; /* <data-dir>/gpu_prices.json: {"GPU model": price per GPU-hour} */
+    struct cluster_hist queue_wait; /* submit -> placed, seconds */
+    struct cluster_hist sched_lat;  /* one scheduling pass, seconds */
+    struct cluster_hist start_lat;  /* placed -> all ranks running, seconds */
 };
 
 /* Module hooks (one row in loomd.c's module table). */
@@ -128,7 +128,7 @@ void cluster_kick(struct loomd *ld);
 
 /* Helpers for the other cluster files; caller holds c->mu. */
 int cluster_node_find(struct cluster *c, const char *name); /* index or -1 */
-struct cl_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt);
+struct cluster_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt);
 /* Bumps the desired-set generation; caller signals c->assign after unlocking. */
 void cluster_changed(struct cluster *c);
 /* Records one task object reported by node `ni` (heartbeat/register). */
