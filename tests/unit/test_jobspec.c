@@ -4,6 +4,7 @@
  * with symlinks pointing outside. Specs are written with single quotes for
  * readability and turned into JSON before parsing. */
 #include "api/jobspec.h"
+#include "tests/check.h"
 
 #include <limits.h>
 #include <math.h>
@@ -13,15 +14,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 #define G2  "'model':{'family':'gpt2','preset':'124m'}"
 #define DT  "'data':{'train':'/data/fw/train_*.bin'}"
@@ -940,10 +932,5 @@ int main(void) {
     test_finetune_fields();
     test_field_table();
     test_paths();
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_jobspec: all checks passed\n");
-    return 0;
+    return check_summary("test_jobspec");
 }
