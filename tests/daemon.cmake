@@ -45,6 +45,10 @@ if(TARGET loom_daemon)
     add_test(NAME unit.openapi_routes
              COMMAND test_daemon_openapi ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
     set_tests_properties(unit.openapi_routes PROPERTIES LABELS "unit;sanitize")
+    add_test(NAME unit.openapi_spec_drift
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/check_openapi_spec_drift.sh
+                     $<TARGET_FILE:test_daemon_openapi> ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
+    set_tests_properties(unit.openapi_spec_drift PROPERTIES LABELS unit)
 endif()
 if(TARGET loomd AND TARGET loomctl)
     add_test(NAME integration.daemon_curl
