@@ -34,6 +34,19 @@ int loom_error_set(struct loom_error *e, int status, const char *code, const cha
     return -1;
 }
 
+int loom_err(struct loom_error *e, enum loom_errcode c, const char *field, const char *fmt, ...) {
+    if (!e) return -1;
+    const struct loom_errdef *d = loom_errdef_of(c);
+    e->status = d->status;
+    snprintf(e->code, sizeof e->code, "%s", d->code);
+    snprintf(e->field, sizeof e->field, "%s", field ? field : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 json_t *loom_error_to_json(const struct loom_error *e) {
     json_t *in = json_pack("{s:s, s:s}", "code", e->code, "message", e->message);
     if (in && e->field[0]) json_object_set_new(in, "field", json_string(e->field));
@@ -359,26 +372,25 @@ static int take_string(const json_t *v, char *buf, size_t size, const char *path
     const char *s = json_string_value(v);
     size_t len = json_string_length(v);
     if (strlen(s) != len)
-        return loom_error_set(e, 422, "INVALID_VALUE", path, "%s contains a NUL character", path);
+        return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s contains a NUL character", path);
     if (len >= size)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s is %zu bytes long, at most %zu",
-                              path, len, size - 1);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s is %zu bytes long, at most %zu", path,
+                        len, size - 1);
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-            return loom_error_set(e, 422, "INVALID_VALUE", path,
-                                  "%s contains a control character at byte %zu", path, i);
+            return loom_err(e, LOOM_E_INVALID_VALUE, path,
+                            "%s contains a control character at byte %zu", path, i);
     memcpy(buf, s, len + 1);
     return 0;
 }
 
 static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error *e) {
     if (!json_is_object(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", "labels",
-                              "labels must be an object of strings, got %s", json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, "labels",
+                        "labels must be an object of strings, got %s", json_type_word(v));
     if (json_object_size(v) > JOBSPEC_LABELS_MAX)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", "labels",
-                              "labels has %zu entries, at most %d", json_object_size(v),
-                              JOBSPEC_LABELS_MAX);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, "labels", "labels has %zu entries, at most %d",
+                        json_object_size(v), JOBSPEC_LABELS_MAX);
     const char *key;
     json_t *val;
     s->n_labels = 0;
@@ -393,12 +405,12 @@ static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error 
                  c == '.' || c == '_' || c == '-' || c == '/';
         }
         if (!ok)
-            return loom_error_set(e, 422, "INVALID_LABEL", path,
-                                  "label keys are 1-%d characters of [A-Za-z0-9._/-]",
-                                  JOBSPEC_LABEL_KEY_MAX - 1);
+            return loom_err(e, LOOM_E_INVALID_LABEL, path,
+                            "label keys are 1-%d characters of [A-Za-z0-9._/-]",
+                            JOBSPEC_LABEL_KEY_MAX - 1);
         if (!json_is_string(val))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", path,
-                                  json_type_word(val));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", path,
+                            json_type_word(val));
         struct jobspec_label *l = &s->labels[s->n_labels];
         memcpy(l->key, key, kl + 1);
         if (take_string(val, l->value, sizeof l->value, path, e) != 0) return -1;
@@ -418,8 +430,8 @@ static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error 
 
 static int check_int_range(const field_t *f, long long x, const char *path, struct loom_error *e) {
     if ((double)x < f->min || (double)x > f->max)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s=%lld is out of range [%.0f, %.0f]",
-                              path, x, f->min, f->max);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s=%lld is out of range [%.0f, %.0f]", path,
+                        x, f->min, f->max);
     return 0;
 }
 
@@ -427,9 +439,9 @@ static int check_dbl_range(const field_t *f, double x, const char *path, struct 
     int lo_ok = (f->flags & FL_MIN_EXCL) ? x > f->min : x >= f->min;
     int hi_ok = (f->flags & FL_MAX_EXCL) ? x < f->max : x <= f->max;
     if (!(lo_ok && hi_ok))
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s=%g is out of range %c%g, %g%c",
-                              path, x, (f->flags & FL_MIN_EXCL) ? '(' : '[', f->min, f->max,
-                              (f->flags & FL_MAX_EXCL) ? ')' : ']');
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s=%g is out of range %c%g, %g%c", path, x,
+                        (f->flags & FL_MIN_EXCL) ? '(' : '[', f->min, f->max,
+                        (f->flags & FL_MAX_EXCL) ? ')' : ']');
     return 0;
 }
 
@@ -491,33 +503,33 @@ static int check_init_from(const char *path, const char *v, struct loom_error *e
             ok = n > 0 && n <= 18 && strspn(at + 1, "0123456789") == n;
         }
         if (!ok)
-            return loom_error_set(e, 422, "INVALID_INIT_FROM", path,
-                                  "%s=\"%.200s\" is not job:<id> or job:<id>@<step> (id of "
-                                  "[A-Za-z0-9._-], step a non-negative integer)",
-                                  path, v);
+            return loom_err(e, LOOM_E_INVALID_INIT_FROM, path,
+                            "%s=\"%.200s\" is not job:<id> or job:<id>@<step> (id of "
+                            "[A-Za-z0-9._-], step a non-negative integer)",
+                            path, v);
         return 0;
     }
     const char *why = plain_path_problem(v);
     if (why)
-        return loom_error_set(e, 422, "INVALID_INIT_FROM", path,
-                              "%s=\"%.200s\" %s (an HF model directory, job:<id> or "
-                              "job:<id>@<step>)",
-                              path, v, why);
+        return loom_err(e, LOOM_E_INVALID_INIT_FROM, path,
+                        "%s=\"%.200s\" %s (an HF model directory, job:<id> or "
+                        "job:<id>@<step>)",
+                        path, v, why);
     return 0;
 }
 
 static int check_tokenizer(const char *path, const char *v, struct loom_error *e) {
     const char *why = plain_path_problem(v);
     if (why)
-        return loom_error_set(e, 422, "DATA_PATH_INVALID", path,
-                              "%s=\"%.200s\" %s (tokenizer.json, tokenizer.model or an HF "
-                              "directory)",
-                              path, v, why);
+        return loom_err(e, LOOM_E_DATA_PATH_INVALID, path,
+                        "%s=\"%.200s\" %s (tokenizer.json, tokenizer.model or an HF "
+                        "directory)",
+                        path, v, why);
     return 0;
 }
 
 static int check_text_key(const char *path, const char *v, struct loom_error *e) {
-    if (!v[0]) return loom_error_set(e, 422, "INVALID_VALUE", path, "%s must not be empty", path);
+    if (!v[0]) return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s must not be empty", path);
     return 0;
 }
 
@@ -527,19 +539,19 @@ static int check_gpu_type(const char *path, const char *v, struct loom_error *e)
     for (size_t i = 0; ok && i < n; i++)
         ok = id_char(v[i]);
     if (!ok)
-        return loom_error_set(e, 422, "INVALID_GPU_TYPE", path,
-                              "%s=\"%.64s\" is not a GPU type name (1-%d of [A-Za-z0-9._-], "
-                              "e.g. H100-SXM)",
-                              path, v, JOBSPEC_GPU_TYPE_MAX - 1);
+        return loom_err(e, LOOM_E_INVALID_GPU_TYPE, path,
+                        "%s=\"%.64s\" is not a GPU type name (1-%d of [A-Za-z0-9._-], "
+                        "e.g. H100-SXM)",
+                        path, v, JOBSPEC_GPU_TYPE_MAX - 1);
     return 0;
 }
 
 static int check_job_id(const char *path, const char *v, struct loom_error *e) {
     if (!is_job_id(v, strlen(v)))
-        return loom_error_set(e, 422, "INVALID_JOB_ID", path,
-                              "%s=\"%.80s\" is not a job id (1-%d of [A-Za-z0-9._-], e.g. "
-                              "j-d1b9522f5b1a)",
-                              path, v, JOBSPEC_ID_MAX - 1);
+        return loom_err(e, LOOM_E_INVALID_JOB_ID, path,
+                        "%s=\"%.80s\" is not a job id (1-%d of [A-Za-z0-9._-], e.g. "
+                        "j-d1b9522f5b1a)",
+                        path, v, JOBSPEC_ID_MAX - 1);
     return 0;
 }
 
@@ -557,21 +569,21 @@ static int parse_strlist(const field_t *f, const json_t *v, void *base, const ch
         return 0;
     }
     if (!json_is_array(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be %s, got %s", path,
-                              (f->flags & FL_ONE_OR_LIST) ? "a string or a list of strings"
-                                                          : "a list of strings",
-                              json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be %s, got %s", path,
+                        (f->flags & FL_ONE_OR_LIST) ? "a string or a list of strings"
+                                                    : "a list of strings",
+                        json_type_word(v));
     size_t n = json_array_size(v);
     if (n == 0 || n > (size_t)f->max_count)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s has %zu entries, give 1-%d", path,
-                              n, f->max_count);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s has %zu entries, give 1-%d", path, n,
+                        f->max_count);
     for (size_t i = 0; i < n; i++) {
         char ipath[160];
         snprintf(ipath, sizeof ipath, "%s[%zu]", path, i);
         const json_t *it = json_array_get(v, i);
         if (!json_is_string(it))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", ipath,
-                                  json_type_word(it));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", ipath,
+                            json_type_word(it));
         char *slot = p + i * f->size;
         if (take_string(it, slot, f->size, path, e) != 0) return -1;
         if (f->check && f->check(ipath, slot, e) != 0) {
@@ -600,21 +612,21 @@ static int parse_recompute(const field_t *f, const json_t *v, void *base, const 
         return parse_value(&as_enum, v, base, path, e);
     }
     if (!json_is_object(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", path,
-                              "%s must be none|selective|full or {\"budget_gib\": N}, got %s", path,
-                              json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, path,
+                        "%s must be none|selective|full or {\"budget_gib\": N}, got %s", path,
+                        json_type_word(v));
     const char *key;
     json_t *x;
     json_object_foreach((json_t *)v, key, x) {
         char kpath[160];
         join_path(kpath, sizeof kpath, path, key);
         if (strcmp(kpath, budget->path) != 0)
-            return loom_error_set(e, 422, "UNKNOWN_FIELD", kpath, "unknown field %s", kpath);
+            return loom_err(e, LOOM_E_UNKNOWN_FIELD, kpath, "unknown field %s", kpath);
         *(int *)((char *)base + f->off) = JOBSPEC_RECOMPUTE_NONE;
         return parse_value(budget, x, base, kpath, e);
     }
-    return loom_error_set(e, 422, "MISSING_FIELD", path,
-                          "%s.budget_gib is required in the object form", path);
+    return loom_err(e, LOOM_E_MISSING_FIELD, path, "%s.budget_gib is required in the object form",
+                    path);
 }
 
 static int parse_value(const field_t *f, const json_t *v, void *base, const char *path,
@@ -625,8 +637,8 @@ static int parse_value(const field_t *f, const json_t *v, void *base, const char
     case F_I64:
     case F_U64: {
         if (!json_is_integer(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be an integer, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be an integer, got %s", path,
+                            json_type_word(v));
         json_int_t x = json_integer_value(v);
         if (check_int_range(f, (long long)x, path, e) != 0) return -1;
         if (f->type == F_I32)
@@ -639,8 +651,8 @@ static int parse_value(const field_t *f, const json_t *v, void *base, const char
     }
     case F_DBL: {
         if (!json_is_number(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a number, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a number, got %s", path,
+                            json_type_word(v));
         double x = json_number_value(v);
         if (check_dbl_range(f, x, path, e) != 0) return -1;
         *(double *)p = x;
@@ -648,14 +660,14 @@ static int parse_value(const field_t *f, const json_t *v, void *base, const char
     }
     case F_BOOL:
         if (!json_is_boolean(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be true or false, got %s",
-                                  path, json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be true or false, got %s", path,
+                            json_type_word(v));
         *(int *)p = json_is_true(v);
         return 0;
     case F_STR:
         if (!json_is_string(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", path,
+                            json_type_word(v));
         if (take_string(v, p, f->size, path, e) != 0) return -1;
         return f->check ? f->check(path, p, e) : 0;
     case F_STRLIST:
@@ -664,8 +676,8 @@ static int parse_value(const field_t *f, const json_t *v, void *base, const char
         return parse_recompute(f, v, base, path, e);
     case F_ENUM: {
         if (!json_is_string(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", path,
+                            json_type_word(v));
         const char *s = json_string_value(v);
         int first = (f->flags & FL_ENUM_UNSET) ? 1 : 0;
         for (int i = first; f->names[i]; i++)
@@ -675,11 +687,11 @@ static int parse_value(const field_t *f, const json_t *v, void *base, const char
             }
         char allowed[160];
         enum_names_join(f, allowed, sizeof allowed);
-        return loom_error_set(e, 422, "INVALID_VALUE", path, "%s=\"%.64s\" is not one of %s", path,
-                              s, allowed);
+        return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s=\"%.64s\" is not one of %s", path, s,
+                        allowed);
     }
     default:
-        return loom_error_set(e, 422, "INVALID_VALUE", path, "%s: unsupported field", path);
+        return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s: unsupported field", path);
     }
 }
 
@@ -694,17 +706,17 @@ static int parse_array_key(struct loom_spec *s, const char *key, const json_t *v
     join_path(path, sizeof path, "array", key);
     const field_t *row = jobspec_field_find(key);
     if (!row || !is_scalar(row->type) || (row->flags & FL_INNER) || strlen(key) >= JOBSPEC_KEY_MAX)
-        return loom_error_set(e, 422, "INVALID_ARRAY_KEY", path,
-                              "array key \"%.80s\" is not a spec field that takes one value "
-                              "(e.g. train.lr, train.seed, parallel.dp)",
-                              key);
+        return loom_err(e, LOOM_E_INVALID_ARRAY_KEY, path,
+                        "array key \"%.80s\" is not a spec field that takes one value "
+                        "(e.g. train.lr, train.seed, parallel.dp)",
+                        key);
     if (!json_is_array(vals))
-        return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a list of values, got %s",
-                              path, json_type_word(vals));
+        return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a list of values, got %s", path,
+                        json_type_word(vals));
     size_t n = json_array_size(vals);
     if (n == 0 || n > JOBSPEC_ARRAY_VALUES_MAX)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s has %zu values, give 1-%d", path, n,
-                              JOBSPEC_ARRAY_VALUES_MAX);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s has %zu values, give 1-%d", path, n,
+                        JOBSPEC_ARRAY_VALUES_MAX);
     for (size_t i = 0; i < n; i++) {
         char ipath[176];
         snprintf(ipath, sizeof ipath, "%s[%zu]", path, i);
@@ -715,18 +727,18 @@ static int parse_array_key(struct loom_spec *s, const char *key, const json_t *v
     }
     *members *= n;
     if (*members > JOBSPEC_ARRAY_MEMBERS_MAX)
-        return loom_error_set(e, 422, "ARRAY_TOO_LARGE", path,
-                              "array expands to more than %d jobs (the product of the value "
-                              "counts)",
-                              JOBSPEC_ARRAY_MEMBERS_MAX);
+        return loom_err(e, LOOM_E_ARRAY_TOO_LARGE, path,
+                        "array expands to more than %d jobs (the product of the value "
+                        "counts)",
+                        JOBSPEC_ARRAY_MEMBERS_MAX);
     struct jobspec_array_key *a = &s->array[s->n_array];
     char *text = json_dumps(vals, JSON_COMPACT | JSON_REAL_PRECISION(15));
-    if (!text) return loom_error_set(e, 500, "INTERNAL", path, "out of memory");
+    if (!text) return loom_err(e, LOOM_E_INTERNAL, path, "out of memory");
     size_t tl = strlen(text);
     if (tl >= sizeof a->values) {
         free(text);
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s is %zu bytes of JSON, at most %zu",
-                              path, tl, sizeof a->values - 1);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s is %zu bytes of JSON, at most %zu", path,
+                        tl, sizeof a->values - 1);
     }
     memcpy(a->values, text, tl + 1);
     free(text);
@@ -740,15 +752,15 @@ static int parse_array_key(struct loom_spec *s, const char *key, const json_t *v
  * does not depend on the input's key order. */
 static int parse_array(struct loom_spec *s, const json_t *v, struct loom_error *e) {
     if (!json_is_object(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", "array",
-                              "array must be an object of spec key -> list of values, got %s",
-                              json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, "array",
+                        "array must be an object of spec key -> list of values, got %s",
+                        json_type_word(v));
     size_t nk = json_object_size(v);
     if (nk == 0 || nk > JOBSPEC_ARRAY_KEYS_MAX)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", "array", "array has %zu keys, give 1-%d", nk,
-                              JOBSPEC_ARRAY_KEYS_MAX);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, "array", "array has %zu keys, give 1-%d", nk,
+                        JOBSPEC_ARRAY_KEYS_MAX);
     struct loom_spec *scratch = calloc(1, sizeof *scratch);
-    if (!scratch) return loom_error_set(e, 500, "INTERNAL", "array", "out of memory");
+    if (!scratch) return loom_err(e, LOOM_E_INTERNAL, "array", "out of memory");
     s->n_array = 0;
     size_t members = 1;
     const char *key;
@@ -844,8 +856,8 @@ static int seen(const struct parse_ctx *c, const char *path) {
 static int parse_object(struct parse_ctx *c, const json_t *obj, const char *prefix,
                         struct loom_error *e) {
     if (!json_is_object(obj))
-        return loom_error_set(e, 422, "WRONG_TYPE", prefix, "%s must be an object, got %s",
-                              prefix[0] ? prefix : "the spec", json_type_word(obj));
+        return loom_err(e, LOOM_E_WRONG_TYPE, prefix, "%s must be an object, got %s",
+                        prefix[0] ? prefix : "the spec", json_type_word(obj));
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)obj, key, v) {
@@ -854,7 +866,7 @@ static int parse_object(struct parse_ctx *c, const json_t *obj, const char *pref
         /* a key with a dot would name a row of a deeper section */
         const field_t *f = strchr(key, '.') ? NULL : jobspec_field_find(path);
         if (!f || (f->flags & FL_INNER))
-            return loom_error_set(e, 422, "UNKNOWN_FIELD", path, "unknown field %s", path);
+            return loom_err(e, LOOM_E_UNKNOWN_FIELD, path, "unknown field %s", path);
         int rc;
         if (f->type == F_OBJ) {
             rc = parse_object(c, v, path, e);
@@ -884,11 +896,11 @@ static int resolve_model(struct parse_ctx *c, int have_model, struct loom_error 
     struct loom_spec *s = c->s;
     const struct model_config m = s->model; /* as parsed */
     if (!have_model)
-        return loom_error_set(e, 422, "MISSING_FIELD", "model",
-                              "model is required (e.g. {\"family\":\"gpt2\",\"preset\":\"124m\"})");
+        return loom_err(e, LOOM_E_MISSING_FIELD, "model",
+                        "model is required (e.g. {\"family\":\"gpt2\",\"preset\":\"124m\"})");
     if (!seen(c, "model.family"))
-        return loom_error_set(e, 422, "MISSING_FIELD", "model.family",
-                              "model.family is required (gpt2|llama)");
+        return loom_err(e, LOOM_E_MISSING_FIELD, "model.family",
+                        "model.family is required (gpt2|llama)");
     struct model_config *cfg = &s->model;
     int preset = seen(c, "model.preset");
     if (preset) {
@@ -902,9 +914,9 @@ static int resolve_model(struct parse_ctx *c, int have_model, struct loom_error 
                 size_t l = strlen(names);
                 snprintf(names + l, sizeof names - l, "%s%s", l ? " " : "", all[i].name);
             }
-            return loom_error_set(e, 422, "UNKNOWN_PRESET", "model.preset",
-                                  "no %s preset \"%s\"; known: %s", model_family_name(m.family),
-                                  m.preset, names);
+            return loom_err(e, LOOM_E_UNKNOWN_PRESET, "model.preset",
+                            "no %s preset \"%s\"; known: %s", model_family_name(m.family), m.preset,
+                            names);
         }
         *cfg = p->config;
         snprintf(cfg->preset, sizeof cfg->preset, "%s", p->name);
@@ -913,8 +925,8 @@ static int resolve_model(struct parse_ctx *c, int have_model, struct loom_error 
                                            "model.vocab_size", "model.seq_len"};
         for (size_t i = 0; i < sizeof need / sizeof *need; i++)
             if (!seen(c, need[i]))
-                return loom_error_set(e, 422, "MISSING_FIELD", need[i],
-                                      "%s is required when model.preset is absent", need[i]);
+                return loom_err(e, LOOM_E_MISSING_FIELD, need[i],
+                                "%s is required when model.preset is absent", need[i]);
         memset(cfg, 0, sizeof *cfg);
         model_config_family_defaults(cfg, m.family);
     }
@@ -933,9 +945,9 @@ static int resolve_model(struct parse_ctx *c, int have_model, struct loom_error 
     if (!seen(c, "model.d_ff") && (!preset || seen(c, "model.d_model")))
         cfg->d_ff = cfg->family == MODEL_GPT2 ? 4 * cfg->d_model : llama_default_ff(cfg->d_model);
     if (seen(c, "model.rope_theta") && cfg->pos != MODEL_POS_ROPE)
-        return loom_error_set(e, 422, "INVALID_VALUE", "model.rope_theta",
-                              "model.rope_theta applies to llama (RoPE) only; gpt2 learns "
-                              "its positions");
+        return loom_err(e, LOOM_E_INVALID_VALUE, "model.rope_theta",
+                        "model.rope_theta applies to llama (RoPE) only; gpt2 learns "
+                        "its positions");
     if (!preset) cfg->preset[0] = '\0';
     model_config_finalize(cfg);
     return 0;
@@ -945,14 +957,14 @@ static int resolve_model(struct parse_ctx *c, int have_model, struct loom_error 
  * component, no empty last component. */
 static int path_lexical(const char *p, const char *field, struct loom_error *e) {
     if (p[0] != '/')
-        return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                              "%s=\"%.200s\" must be an absolute path", field, p);
+        return loom_err(e, LOOM_E_DATA_PATH_INVALID, field,
+                        "%s=\"%.200s\" must be an absolute path", field, p);
     const char *last = strrchr(p, '/') + 1;
     if (*last == '\0')
-        return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                              "%s=\"%.200s\" names a directory; give a file or a glob such as "
-                              "dir/train_*.bin",
-                              field, p);
+        return loom_err(e, LOOM_E_DATA_PATH_INVALID, field,
+                        "%s=\"%.200s\" names a directory; give a file or a glob such as "
+                        "dir/train_*.bin",
+                        field, p);
     const char *c = p;
     while (*c) {
         while (*c == '/')
@@ -960,16 +972,16 @@ static int path_lexical(const char *p, const char *field, struct loom_error *e) 
         const char *end = strchr(c, '/');
         size_t len = end ? (size_t)(end - c) : strlen(c);
         if ((len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
-            return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                                  "%s=\"%.200s\" has a '%.*s' component; give a normalised path",
-                                  field, p, (int)len, c);
+            return loom_err(e, LOOM_E_DATA_PATH_INVALID, field,
+                            "%s=\"%.200s\" has a '%.*s' component; give a normalised path", field,
+                            p, (int)len, c);
         if (c < last)
             for (size_t i = 0; i < len; i++)
                 if (c[i] == '*' || c[i] == '?' || c[i] == '[')
-                    return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                                          "%s=\"%.200s\": glob characters are allowed only in the "
-                                          "file name",
-                                          field, p);
+                    return loom_err(e, LOOM_E_DATA_PATH_INVALID, field,
+                                    "%s=\"%.200s\": glob characters are allowed only in the "
+                                    "file name",
+                                    field, p);
         c += len;
     }
     return 0;
@@ -984,18 +996,18 @@ static int lora_rules(const struct loom_spec *s, struct loom_error *e) {
     }
     const char *fam = model_family_name(s->model.family);
     if (s->train.lora.n_targets < 1)
-        return loom_error_set(e, 422, "INVALID_LORA_TARGET", "train.lora.targets",
-                              "train.lora.targets must name at least one of %s (%s)", allowed, fam);
+        return loom_err(e, LOOM_E_INVALID_LORA_TARGET, "train.lora.targets",
+                        "train.lora.targets must name at least one of %s (%s)", allowed, fam);
     for (int i = 0; i < s->train.lora.n_targets; i++) {
         const char *t = s->train.lora.targets[i];
         if (target_index(s->model.family, t) == INT_MAX)
-            return loom_error_set(e, 422, "INVALID_LORA_TARGET", "train.lora.targets",
-                                  "train.lora.targets: \"%s\" is not a %s target; allowed: %s", t,
-                                  fam, allowed);
+            return loom_err(e, LOOM_E_INVALID_LORA_TARGET, "train.lora.targets",
+                            "train.lora.targets: \"%s\" is not a %s target; allowed: %s", t, fam,
+                            allowed);
         for (int k = 0; k < i; k++)
             if (strcmp(s->train.lora.targets[k], t) == 0)
-                return loom_error_set(e, 422, "INVALID_LORA_TARGET", "train.lora.targets",
-                                      "train.lora.targets lists \"%s\" twice", t);
+                return loom_err(e, LOOM_E_INVALID_LORA_TARGET, "train.lora.targets",
+                                "train.lora.targets lists \"%s\" twice", t);
     }
     return 0;
 }
@@ -1005,12 +1017,12 @@ static int lora_rules(const struct loom_spec *s, struct loom_error *e) {
 static int finetune_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
     if (s->train.lora.enabled && lora_rules(s, e) != 0) return -1;
     if (s->train.quantize_base == JOBSPEC_QUANT_NF4 && !s->train.lora.enabled)
-        return loom_error_set(e, 422, "QUANTIZE_WITHOUT_LORA", "train.quantize_base",
-                              "train.quantize_base=nf4 needs train.lora (a quantized base is "
-                              "frozen; only adapters train)");
+        return loom_err(e, LOOM_E_QUANTIZE_WITHOUT_LORA, "train.quantize_base",
+                        "train.quantize_base=nf4 needs train.lora (a quantized base is "
+                        "frozen; only adapters train)");
     if (s->export.lora && !s->train.lora.enabled)
-        return loom_error_set(e, 422, "EXPORT_WITHOUT_LORA", "export.lora",
-                              "export.lora=true needs train.lora (there is no adapter to write)");
+        return loom_err(e, LOOM_E_EXPORT_WITHOUT_LORA, "export.lora",
+                        "export.lora=true needs train.lora (there is no adapter to write)");
     static const struct {
         enum jobspec_loss_on loss;
         enum jobspec_data_format format;
@@ -1018,21 +1030,21 @@ static int finetune_rules(const struct loom_spec *s, unsigned flags, struct loom
                       {JOBSPEC_LOSS_COMPLETION, JOBSPEC_FMT_COMPLETION}};
     for (size_t i = 0; i < sizeof loss_needs / sizeof *loss_needs; i++)
         if (s->train.loss_on == loss_needs[i].loss && s->data.format != loss_needs[i].format)
-            return loom_error_set(e, 422, "LOSS_ON_FORMAT", "train.loss_on",
-                                  "train.loss_on=%s needs data.format=%s, got data.format=%s",
-                                  loss_on_names[s->train.loss_on],
-                                  format_names[loss_needs[i].format], format_names[s->data.format]);
+            return loom_err(e, LOOM_E_LOSS_ON_FORMAT, "train.loss_on",
+                            "train.loss_on=%s needs data.format=%s, got data.format=%s",
+                            loss_on_names[s->train.loss_on], format_names[loss_needs[i].format],
+                            format_names[s->data.format]);
     if (s->data.val_fraction > 0 && s->data.val[0])
-        return loom_error_set(e, 422, "VAL_SOURCE_CONFLICT", "data.val_fraction",
-                              "data.val_fraction=%g and data.val both give a validation set; "
-                              "use one",
-                              s->data.val_fraction);
+        return loom_err(e, LOOM_E_VAL_SOURCE_CONFLICT, "data.val_fraction",
+                        "data.val_fraction=%g and data.val both give a validation set; "
+                        "use one",
+                        s->data.val_fraction);
     if (!(flags & JOBSPEC_FOR_PLAN) && s->data.format != JOBSPEC_FMT_BIN && !s->data.tokenizer[0] &&
         !s->init_from[0])
-        return loom_error_set(e, 422, "MISSING_FIELD", "data.tokenizer",
-                              "data.format=%s needs data.tokenizer (or model.init_from, whose "
-                              "tokenizer is the default)",
-                              format_names[s->data.format]);
+        return loom_err(e, LOOM_E_MISSING_FIELD, "data.tokenizer",
+                        "data.format=%s needs data.tokenizer (or model.init_from, whose "
+                        "tokenizer is the default)",
+                        format_names[s->data.format]);
     return 0;
 }
 
@@ -1046,86 +1058,85 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
     if (model_config_check(m, err, sizeof err, &mf) != 0) {
         char path[64];
         snprintf(path, sizeof path, "model.%s", mf ? mf : "");
-        return loom_error_set(e, 422, "INVALID_MODEL", path, "%s", err);
+        return loom_err(e, LOOM_E_INVALID_MODEL, path, "%s", err);
     }
     int dp = s->parallel.dp, tp = s->parallel.tp, pp = s->parallel.pp;
     int64_t world = (int64_t)dp * tp * pp;
     if (world > JOBSPEC_WORLD_MAX)
-        return loom_error_set(e, 422, "WORLD_TOO_LARGE", "parallel",
-                              "dp*tp*pp = %d*%d*%d = %lld ranks, at most %d", dp, tp, pp,
-                              (long long)world, JOBSPEC_WORLD_MAX);
+        return loom_err(e, LOOM_E_WORLD_TOO_LARGE, "parallel",
+                        "dp*tp*pp = %d*%d*%d = %lld ranks, at most %d", dp, tp, pp,
+                        (long long)world, JOBSPEC_WORLD_MAX);
     if (m->n_head % tp != 0)
-        return loom_error_set(e, 422, "TP_HEADS", "parallel.tp", "tp=%d does not divide n_head=%d",
-                              tp, m->n_head);
+        return loom_err(e, LOOM_E_TP_HEADS, "parallel.tp", "tp=%d does not divide n_head=%d", tp,
+                        m->n_head);
     if (m->n_kv_head % tp != 0)
-        return loom_error_set(e, 422, "TP_KV_HEADS", "parallel.tp",
-                              "tp=%d does not divide n_kv_head=%d", tp, m->n_kv_head);
+        return loom_err(e, LOOM_E_TP_KV_HEADS, "parallel.tp", "tp=%d does not divide n_kv_head=%d",
+                        tp, m->n_kv_head);
     if (m->d_ff % tp != 0)
-        return loom_error_set(e, 422, "TP_FFN", "parallel.tp", "tp=%d does not divide d_ff=%d", tp,
-                              m->d_ff);
+        return loom_err(e, LOOM_E_TP_FFN, "parallel.tp", "tp=%d does not divide d_ff=%d", tp,
+                        m->d_ff);
     if (tp > s->resources.gpus_per_node)
-        return loom_error_set(e, 422, "TP_CROSSES_NODE", "parallel.tp",
-                              "tp=%d exceeds resources.gpus_per_node=%d; tensor-parallel groups "
-                              "never cross a node",
-                              tp, s->resources.gpus_per_node);
+        return loom_err(e, LOOM_E_TP_CROSSES_NODE, "parallel.tp",
+                        "tp=%d exceeds resources.gpus_per_node=%d; tensor-parallel groups "
+                        "never cross a node",
+                        tp, s->resources.gpus_per_node);
     if (!s->parallel.pp_balance && m->n_layer % pp != 0)
-        return loom_error_set(e, 422, "PP_LAYERS", "parallel.pp",
-                              "pp=%d does not divide n_layer=%d (parallel.pp_balance: true splits "
-                              "the blocks unevenly)",
-                              pp, m->n_layer);
+        return loom_err(e, LOOM_E_PP_LAYERS, "parallel.pp",
+                        "pp=%d does not divide n_layer=%d (parallel.pp_balance: true splits "
+                        "the blocks unevenly)",
+                        pp, m->n_layer);
     if (m->n_layer < pp)
-        return loom_error_set(e, 422, "PP_LAYERS", "parallel.pp",
-                              "pp=%d exceeds n_layer=%d: every stage needs a block", pp,
-                              m->n_layer);
+        return loom_err(e, LOOM_E_PP_LAYERS, "parallel.pp",
+                        "pp=%d exceeds n_layer=%d: every stage needs a block", pp, m->n_layer);
     if (s->parallel.zero_stage >= 2 && pp > 1)
-        return loom_error_set(e, 422, "ZERO_WITH_PP", "parallel.zero_stage",
-                              "zero_stage=%d with pp=%d is not supported (gradient and parameter "
-                              "sharding fight the 1F1B schedule); use zero_stage<=1",
-                              s->parallel.zero_stage, pp);
+        return loom_err(e, LOOM_E_ZERO_WITH_PP, "parallel.zero_stage",
+                        "zero_stage=%d with pp=%d is not supported (gradient and parameter "
+                        "sharding fight the 1F1B schedule); use zero_stage<=1",
+                        s->parallel.zero_stage, pp);
     int64_t unit = (int64_t)s->train.micro_batch * m->seq_len * dp;
     if (s->train.global_batch_tokens % unit != 0)
-        return loom_error_set(e, 422, "BATCH_NOT_DIVISIBLE", "train.global_batch_tokens",
-                              "global_batch_tokens=%lld is not a multiple of "
-                              "micro_batch*seq_len*dp = %d*%d*%d = %lld",
-                              (long long)s->train.global_batch_tokens, s->train.micro_batch,
-                              m->seq_len, dp, (long long)unit);
+        return loom_err(e, LOOM_E_BATCH_NOT_DIVISIBLE, "train.global_batch_tokens",
+                        "global_batch_tokens=%lld is not a multiple of "
+                        "micro_batch*seq_len*dp = %d*%d*%d = %lld",
+                        (long long)s->train.global_batch_tokens, s->train.micro_batch, m->seq_len,
+                        dp, (long long)unit);
     int64_t ga = s->train.global_batch_tokens / unit;
     if (pp > 1 && ga < pp)
-        return loom_error_set(e, 422, "PP_TOO_FEW_MICROBATCHES", "train.global_batch_tokens",
-                              "1F1B with pp=%d needs at least %d micro-batches per step; "
-                              "global_batch_tokens/(micro_batch*seq_len*dp) = %lld/%lld = %lld",
-                              pp, pp, (long long)s->train.global_batch_tokens, (long long)unit,
-                              (long long)ga);
+        return loom_err(e, LOOM_E_PP_TOO_FEW_MICROBATCHES, "train.global_batch_tokens",
+                        "1F1B with pp=%d needs at least %d micro-batches per step; "
+                        "global_batch_tokens/(micro_batch*seq_len*dp) = %lld/%lld = %lld",
+                        pp, pp, (long long)s->train.global_batch_tokens, (long long)unit,
+                        (long long)ga);
     if (s->train.global_batch_tokens > ((int64_t)1 << 62) / s->train.steps)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", "train.steps",
-                              "steps*global_batch_tokens overflows (%lld*%lld)",
-                              (long long)s->train.steps, (long long)s->train.global_batch_tokens);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, "train.steps",
+                        "steps*global_batch_tokens overflows (%lld*%lld)",
+                        (long long)s->train.steps, (long long)s->train.global_batch_tokens);
     if (s->train.min_lr > s->train.lr)
-        return loom_error_set(e, 422, "LR_ORDER", "train.min_lr", "min_lr=%g exceeds lr=%g",
-                              s->train.min_lr, s->train.lr);
+        return loom_err(e, LOOM_E_LR_ORDER, "train.min_lr", "min_lr=%g exceeds lr=%g",
+                        s->train.min_lr, s->train.lr);
     if (s->train.warmup_steps > s->train.steps)
-        return loom_error_set(e, 422, "WARMUP_TOO_LONG", "train.warmup_steps",
-                              "warmup_steps=%lld exceeds steps=%lld",
-                              (long long)s->train.warmup_steps, (long long)s->train.steps);
+        return loom_err(e, LOOM_E_WARMUP_TOO_LONG, "train.warmup_steps",
+                        "warmup_steps=%lld exceeds steps=%lld", (long long)s->train.warmup_steps,
+                        (long long)s->train.steps);
     if (s->resources.device == JOBSPEC_DEV_CPU && s->train.precision == JOBSPEC_PREC_BF16)
-        return loom_error_set(e, 422, "PRECISION_DEVICE", "train.precision",
-                              "precision=bf16 needs device=cuda; the cpu backend computes in fp32");
+        return loom_err(e, LOOM_E_PRECISION_DEVICE, "train.precision",
+                        "precision=bf16 needs device=cuda; the cpu backend computes in fp32");
     if (s->resources.device == JOBSPEC_DEV_CPU && s->train.precision == JOBSPEC_PREC_FP8)
-        return loom_error_set(e, 422, "PRECISION_DEVICE", "train.precision",
-                              "precision=fp8 needs device=cuda; the cpu backend computes in fp32");
+        return loom_err(e, LOOM_E_PRECISION_DEVICE, "train.precision",
+                        "precision=fp8 needs device=cuda; the cpu backend computes in fp32");
     if (s->resources.device == JOBSPEC_DEV_CPU && s->train.offload_optimizer)
-        return loom_error_set(e, 422, "OFFLOAD_DEVICE", "train.offload_optimizer",
-                              "offload_optimizer needs device=cuda; on cpu the optimizer already "
-                              "lives in host memory");
+        return loom_err(e, LOOM_E_OFFLOAD_DEVICE, "train.offload_optimizer",
+                        "offload_optimizer needs device=cuda; on cpu the optimizer already "
+                        "lives in host memory");
     if (finetune_rules(s, flags, e) != 0) return -1;
     if (!(flags & JOBSPEC_FOR_PLAN)) {
         if (!s->data.train[0])
-            return loom_error_set(e, 422, "MISSING_FIELD", "data.train",
-                                  "data.train is required (absolute path or glob of .bin shards)");
+            return loom_err(e, LOOM_E_MISSING_FIELD, "data.train",
+                            "data.train is required (absolute path or glob of .bin shards)");
         if (s->train.eval_every > 0 && !s->data.val[0] && s->data.val_fraction == 0)
-            return loom_error_set(e, 422, "EVAL_WITHOUT_VAL", "train.eval_every",
-                                  "train.eval_every=%lld needs data.val or data.val_fraction",
-                                  (long long)s->train.eval_every);
+            return loom_err(e, LOOM_E_EVAL_WITHOUT_VAL, "train.eval_every",
+                            "train.eval_every=%lld needs data.val or data.val_fraction",
+                            (long long)s->train.eval_every);
     }
     if (s->data.train[0] && path_lexical(s->data.train, "data.train", e) != 0) return -1;
     if (s->data.val[0] && path_lexical(s->data.val, "data.val", e) != 0) return -1;
@@ -1137,12 +1148,12 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
             ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
                  *c == '.' || *c == '_' || *c == '-';
         if (!ok)
-            return loom_error_set(e, 422, "INVALID_NAME", "name",
-                                  "name=\"%.64s\" must start with a letter or digit and use only "
-                                  "[A-Za-z0-9._-]",
-                                  n);
+            return loom_err(e, LOOM_E_INVALID_NAME, "name",
+                            "name=\"%.64s\" must start with a letter or digit and use only "
+                            "[A-Za-z0-9._-]",
+                            n);
     } else {
-        return loom_error_set(e, 422, "INVALID_NAME", "name", "name must not be empty");
+        return loom_err(e, LOOM_E_INVALID_NAME, "name", "name must not be empty");
     }
     return 0;
 }
@@ -1185,7 +1196,7 @@ static void lora_canonical_targets(struct loom_spec *s) {
 static int check_array_members(const struct loom_spec *s, const json_t *body, unsigned flags,
                                struct loom_error *e) {
     struct loom_spec *ms = malloc(sizeof *ms);
-    if (!ms) return loom_error_set(e, 500, "INTERNAL", "array", "out of memory");
+    if (!ms) return loom_err(e, LOOM_E_INTERNAL, "array", "out of memory");
     size_t n = jobspec_array_size(s);
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
@@ -1193,7 +1204,7 @@ static int check_array_members(const struct loom_spec *s, const json_t *body, un
         struct loom_error me;
         memset(&me, 0, sizeof me);
         if (!m) {
-            rc = loom_error_set(e, 500, "INTERNAL", "array", "out of memory");
+            rc = loom_err(e, LOOM_E_INTERNAL, "array", "out of memory");
         } else if (jobspec_parse(ms, m, flags, &me) != 0) {
             char what[256] = "";
             for (int k = 0; k < s->n_array; k++) {
@@ -1216,9 +1227,8 @@ static int check_array_members(const struct loom_spec *s, const json_t *body, un
 int jobspec_parse(struct loom_spec *s, const json_t *j, unsigned flags, struct loom_error *e) {
     jobspec_init(s);
     if (!json_is_object(j))
-        return loom_error_set(e, 400, "INVALID_JSON", "",
-                              "the job spec must be a JSON object, got %s",
-                              j ? json_type_word(j) : "nothing");
+        return loom_err(e, LOOM_E_INVALID_JSON, "", "the job spec must be a JSON object, got %s",
+                        j ? json_type_word(j) : "nothing");
     struct parse_ctx c = {.s = s};
     if (parse_object(&c, j, "", e) != 0) return -1;
     if (resolve_model(&c, json_object_get(j, "model") != NULL, e) != 0) return -1;
@@ -1250,8 +1260,8 @@ int jobspec_parse_text(struct loom_spec *s, const char *text, size_t len, unsign
     json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!j) {
         jobspec_init(s);
-        return loom_error_set(e, 400, "INVALID_JSON", "", "malformed JSON at line %d column %d: %s",
-                              je.line, je.column, je.text);
+        return loom_err(e, LOOM_E_INVALID_JSON, "", "malformed JSON at line %d column %d: %s",
+                        je.line, je.column, je.text);
     }
     int rc = jobspec_parse(s, j, flags, e);
     json_decref(j);
@@ -1368,10 +1378,10 @@ static int check_rows(const struct loom_spec *s, struct loom_error *e) {
             rc = check_int_range(f, (long long)*(const int64_t *)p, f->path, e);
             break;
         case F_U64:
-            rc = (double)*(const uint64_t *)p > f->max
-                     ? loom_error_set(e, 422, "OUT_OF_RANGE", f->path, "%s is above %.0f", f->path,
-                                      f->max)
-                     : 0;
+            rc =
+                (double)*(const uint64_t *)p > f->max
+                    ? loom_err(e, LOOM_E_OUT_OF_RANGE, f->path, "%s is above %.0f", f->path, f->max)
+                    : 0;
             break;
         case F_DBL:
             rc = check_dbl_range(f, *(const double *)p, f->path, e);
@@ -1380,8 +1390,8 @@ static int check_rows(const struct loom_spec *s, struct loom_error *e) {
         case F_RECOMPUTE: {
             int v = *(const int *)p, lo = (f->flags & FL_ENUM_UNSET) && !(f->flags & FL_OMIT);
             if (v < lo || v >= enum_count(f))
-                rc = loom_error_set(e, 422, "INVALID_VALUE", f->path, "%s=%d is not a known value",
-                                    f->path, v);
+                rc = loom_err(e, LOOM_E_INVALID_VALUE, f->path, "%s=%d is not a known value",
+                              f->path, v);
             break;
         }
         case F_STR:
@@ -1391,8 +1401,8 @@ static int check_rows(const struct loom_spec *s, struct loom_error *e) {
         case F_STRLIST: {
             int n = *(const int *)((const char *)s + f->count_off);
             if (n < 0 || n > f->max_count)
-                rc = loom_error_set(e, 422, "OUT_OF_RANGE", f->path,
-                                    "%s has %d entries, at most %d", f->path, n, f->max_count);
+                rc = loom_err(e, LOOM_E_OUT_OF_RANGE, f->path, "%s has %d entries, at most %d",
+                              f->path, n, f->max_count);
             for (int k = 0; rc == 0 && f->check && k < n; k++)
                 rc = f->check(f->path, p + (size_t)k * f->size, e);
             break;
@@ -1488,9 +1498,8 @@ int jobspec_path_confined(const char *pattern, const char *const *roots, size_t 
                           unsigned flags, const char *field, struct loom_error *e) {
     if (path_lexical(pattern, field, e) != 0) return -1;
     if (nroots == 0)
-        return loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                              "%s=\"%.200s\": no data roots are allowed for this tenant", field,
-                              pattern);
+        return loom_err(e, LOOM_E_DATA_PATH_FORBIDDEN, field,
+                        "%s=\"%.200s\": no data roots are allowed for this tenant", field, pattern);
     int rc = -1;
     char **rr = calloc(nroots, sizeof *rr);
     char *dir = strdup(pattern);
@@ -1498,7 +1507,7 @@ int jobspec_path_confined(const char *pattern, const char *const *roots, size_t 
     glob_t g;
     int have_glob = 0;
     if (!rr || !dir) {
-        loom_error_set(e, 500, "INTERNAL", field, "out of memory");
+        loom_err(e, LOOM_E_INTERNAL, field, "out of memory");
         goto out;
     }
     /* Resolve the roots themselves; a root that does not exist here is kept
@@ -1508,7 +1517,7 @@ int jobspec_path_confined(const char *pattern, const char *const *roots, size_t 
         if (!r) {
             r = strdup(roots[i]);
             if (!r) {
-                loom_error_set(e, 500, "INTERNAL", field, "out of memory");
+                loom_err(e, LOOM_E_INTERNAL, field, "out of memory");
                 goto out;
             }
             size_t l = strlen(r);
@@ -1526,17 +1535,17 @@ int jobspec_path_confined(const char *pattern, const char *const *roots, size_t 
     dreal = realpath(dir, NULL);
     if (!dreal) {
         if (flags & JOBSPEC_PATH_MUST_EXIST) {
-            loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field,
-                           "%s=\"%.200s\": directory %.200s does not exist (%s)", field, pattern,
-                           dir, strerror(errno));
+            loom_err(e, LOOM_E_DATA_PATH_NOT_FOUND, field,
+                     "%s=\"%.200s\": directory %.200s does not exist (%s)", field, pattern, dir,
+                     strerror(errno));
             goto out;
         }
         /* Resolve the longest existing prefix and append the rest: a symlink
          * higher up that points outside is still caught. */
         char cand[PATH_MAX + JOBSPEC_PATH_MAX];
         if (resolve_prefix(dir, cand, sizeof cand) != 0) {
-            loom_error_set(e, 422, "DATA_PATH_INVALID", field, "%s=\"%.200s\" cannot be resolved",
-                           field, pattern);
+            loom_err(e, LOOM_E_DATA_PATH_INVALID, field, "%s=\"%.200s\" cannot be resolved", field,
+                     pattern);
             goto out;
         }
         for (size_t i = 0; i < nroots; i++)
@@ -1544,18 +1553,18 @@ int jobspec_path_confined(const char *pattern, const char *const *roots, size_t 
                 rc = 0;
                 goto out;
             }
-        loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                       "%s=\"%.200s\" resolves to %.200s, outside the allowed data roots", field,
-                       pattern, cand);
+        loom_err(e, LOOM_E_DATA_PATH_FORBIDDEN, field,
+                 "%s=\"%.200s\" resolves to %.200s, outside the allowed data roots", field, pattern,
+                 cand);
         goto out;
     }
     size_t root = nroots;
     for (size_t i = 0; i < nroots && root == nroots; i++)
         if (under_root(dreal, rr[i])) root = i;
     if (root == nroots) {
-        loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                       "%s=\"%.200s\" resolves to %.200s, outside the allowed data roots", field,
-                       pattern, dreal);
+        loom_err(e, LOOM_E_DATA_PATH_FORBIDDEN, field,
+                 "%s=\"%.200s\" resolves to %.200s, outside the allowed data roots", field, pattern,
+                 dreal);
         goto out;
     }
     char full[PATH_MAX + JOBSPEC_PATH_MAX];
@@ -1563,34 +1572,33 @@ int jobspec_path_confined(const char *pattern, const char *const *roots, size_t 
     int grc = glob(full, has_glob(base) ? 0 : GLOB_NOESCAPE, NULL, &g);
     have_glob = grc == 0;
     if (grc != 0 && grc != GLOB_NOMATCH) {
-        loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field, "%s=\"%.200s\": cannot list %.200s",
-                       field, pattern, dreal);
+        loom_err(e, LOOM_E_DATA_PATH_NOT_FOUND, field, "%s=\"%.200s\": cannot list %.200s", field,
+                 pattern, dreal);
         goto out;
     }
     size_t nmatch = have_glob ? g.gl_pathc : 0;
     for (size_t i = 0; i < nmatch; i++) {
         char *fr = realpath(g.gl_pathv[i], NULL);
         if (!fr) {
-            loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field,
-                           "%s: %.200s cannot be resolved (%s)", field, g.gl_pathv[i],
-                           strerror(errno));
+            loom_err(e, LOOM_E_DATA_PATH_NOT_FOUND, field, "%s: %.200s cannot be resolved (%s)",
+                     field, g.gl_pathv[i], strerror(errno));
             goto out;
         }
         int ok = 0;
         for (size_t k = 0; k < nroots && !ok; k++)
             ok = under_root(fr, rr[k]);
         if (!ok) {
-            loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                           "%s: %.200s resolves to %.200s, outside the allowed data roots", field,
-                           g.gl_pathv[i], fr);
+            loom_err(e, LOOM_E_DATA_PATH_FORBIDDEN, field,
+                     "%s: %.200s resolves to %.200s, outside the allowed data roots", field,
+                     g.gl_pathv[i], fr);
             free(fr);
             goto out;
         }
         free(fr);
     }
     if (nmatch == 0 && (flags & JOBSPEC_PATH_MUST_EXIST)) {
-        loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field, "%s=\"%.200s\" matches no file", field,
-                       pattern);
+        loom_err(e, LOOM_E_DATA_PATH_NOT_FOUND, field, "%s=\"%.200s\" matches no file", field,
+                 pattern);
         goto out;
     }
     rc = 0;

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/errors.h"
 #include "api/model.h"
 
 #define JOBSPEC_NAME_MAX          64   /* job name incl. NUL */
@@ -52,6 +53,9 @@ struct loom_error {
 /* Fill an error; returns -1 so callers can `return loom_error_set(...)`. */
 int loom_error_set(struct loom_error *e, int status, const char *code, const char *field,
                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* loom_error_set with the code and status of a row of api/errors.h. */
+int loom_err(struct loom_error *e, enum loom_errcode c, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* {"error":{"code":..,"message":..,"field":..}} (field omitted when empty).
  * New reference, caller owns. */
 json_t *loom_error_to_json(const struct loom_error *e);

@@ -57,6 +57,14 @@ if(TARGET loomd AND TARGET loomctl)
     set_tests_properties(integration.daemon_curl PROPERTIES LABELS "integration;sanitize"
                          TIMEOUT 60 SKIP_RETURN_CODE 77)
 endif()
+# Every error code the sources answer with is a row of api/errors.h (with its status).
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND)
+    add_test(NAME unit.error_codes
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/check_error_codes.py
+                     ${CMAKE_SOURCE_DIR})
+    set_tests_properties(unit.error_codes PROPERTIES LABELS unit)
+endif()
 add_test(NAME unit.openapi_yaml
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/check_daemon_openapi_yaml.sh
                  ${CMAKE_SOURCE_DIR}/api/openapi.yaml)

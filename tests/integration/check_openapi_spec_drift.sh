@@ -1,8 +1,8 @@
 #!/bin/sh
 # test_daemon_openapi must notice when api/openapi.yaml's JobSpec schema and
-# the job-spec field table drift apart: each edit below makes a copy of the
-# file that disagrees with the table in one way, and the check must fail
-# naming that field.
+# the job-spec field table drift apart, or its x-error-codes and
+# api/errors.h: each edit below makes a copy of the file that disagrees in
+# one way, and the check must fail naming what.
 # Usage: check_openapi_spec_drift.sh build/bin/test_daemon_openapi api/openapi.yaml
 bin=$1 yaml=$2
 tmp=$(mktemp -d) || exit 1
@@ -36,6 +36,9 @@ s/dropout: {type: number, minimum: 0, exclusiveMaximum: 1/dropout: {type: number
 s/default: truncate}/default: drop}/|data.overlong: default truncate
 s/^            init_from: {type: string/            init_frm: {type: string/|field model.init_from
 s/chat_template: {type: string, enum: \[llama3, chatml, mistral\]}/chat_template: {type: string, enum: [none, llama3, chatml, mistral]}/|data.chat_template names llama3|chatml|mistral
+s/    NODE_NOT_FOUND: {status: 404/    NODE_NOT_FOUND: {status: 400/|NODE_NOT_FOUND has status 400
+/^    TP_FFN: {status/d|TP_FFN (422) is missing from x-error-codes
+s/^    TP_HEADS: {status/    TP_HEAD: {status/|x-error-codes lists TP_HEAD
 EDITS
 [ $fail = 0 ] && echo "openapi spec drift: every edit noticed"
 exit $fail

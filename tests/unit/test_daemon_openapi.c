@@ -2,7 +2,8 @@
  * list the same set of (method, path) pairs, and that every route pattern
  * is well formed; and that the JobSpec schema lists exactly the fields of
  * the job-spec table (api/jobspec.h), each with the table's type, names,
- * range and default. The YAML is read line by line: path keys are two-space
+ * range and default; and that components.x-error-codes lists the rows of
+ * api/errors.h with their statuses. The YAML is read line by line: path keys are two-space
  * indented lines starting with '/', methods four-space indented keys.
  * Usage: test_daemon_openapi path/to/openapi.yaml */
 #include <ctype.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/errors.h"
 #include "api/jobspec.h"
 #include "daemon/http.h"
 
@@ -310,6 +312,51 @@ static void check_spec_schema(const char *file) {
     printf("openapi: JobSpec schema has %d fields, the table %zu\n", sc.n, n);
 }
 
+/* components.x-error-codes lists exactly the rows of api/errors.h, each
+ * with its status. */
+static void check_error_codes(const char *file) {
+    FILE *f = fopen(file, "r");
+    if (!f) {
+        SCHEMA_FAIL("cannot read %s", file);
+        return;
+    }
+    size_t n;
+    const struct loom_errdef *rows = loom_errors(&n);
+    char seen[LOOM_E_COUNT] = {0};
+    char line[1024];
+    int in = 0, listed = 0;
+    while (fgets(line, sizeof line, f)) {
+        int indent = (int)strspn(line, " ");
+        char *c = trim(line);
+        if (!c[0] || c[0] == '#') continue;
+        if (!in) {
+            in = indent == 2 && !strcmp(c, "x-error-codes:");
+            continue;
+        }
+        if (indent <= 2) break;
+        char code[64];
+        int status;
+        if (sscanf(c, "%63[A-Z0-9_]: {status: %d", code, &status) != 2) {
+            SCHEMA_FAIL("x-error-codes: cannot read '%s'", c);
+            continue;
+        }
+        listed++;
+        const struct loom_errdef *d = loom_errdef_find(code);
+        if (!d)
+            SCHEMA_FAIL("x-error-codes lists %s, which api/errors.h does not have", code);
+        else if (d->status != status)
+            SCHEMA_FAIL("x-error-codes: %s has status %d, api/errors.h says %d", code, status,
+                        d->status);
+        else
+            seen[d - rows] = 1;
+    }
+    fclose(f);
+    for (size_t i = 0; i < n; i++)
+        if (!seen[i])
+            SCHEMA_FAIL("%s (%d) is missing from x-error-codes", rows[i].code, rows[i].status);
+    printf("openapi: %d error codes listed, %zu in api/errors.h\n", listed, n);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     FILE *f = fopen(argv[1], "r");
@@ -409,6 +456,7 @@ int main(int argc, char **argv) {
         }
     printf("openapi: %d paths+methods in the spec, %zu routes served\n", nspec, http_routes_count);
     check_spec_schema(argv[1]);
+    check_error_codes(argv[1]);
     if (nspec == 0) failures++;
     return failures ? 1 : 0;
 }
