@@ -1050,8 +1050,10 @@ static int finetune_rules(const struct loom_spec *s, unsigned flags, struct loom
 
 static int check_rows(const struct loom_spec *s, struct loom_error *e);
 
-int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
-    if (check_rows(s, e) != 0) return -1;
+/* ---- cross-field rules, in the order a user would fix them ---- */
+
+static int model_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     const struct model_config *m = &s->model;
     char err[256];
     const char *mf = NULL;
@@ -1060,6 +1062,12 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
         snprintf(path, sizeof path, "model.%s", mf ? mf : "");
         return loom_err(e, LOOM_E_INVALID_MODEL, path, "%s", err);
     }
+    return 0;
+}
+
+static int layout_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
+    const struct model_config *m = &s->model;
     int dp = s->parallel.dp, tp = s->parallel.tp, pp = s->parallel.pp;
     int64_t world = (int64_t)dp * tp * pp;
     if (world > JOBSPEC_WORLD_MAX)
@@ -1093,13 +1101,19 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
                         "zero_stage=%d with pp=%d is not supported (gradient and parameter "
                         "sharding fight the 1F1B schedule); use zero_stage<=1",
                         s->parallel.zero_stage, pp);
-    int64_t unit = (int64_t)s->train.micro_batch * m->seq_len * dp;
+    return 0;
+}
+
+static int batch_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
+    int dp = s->parallel.dp, pp = s->parallel.pp, seq = s->model.seq_len;
+    int64_t unit = (int64_t)s->train.micro_batch * seq * dp;
     if (s->train.global_batch_tokens % unit != 0)
         return loom_err(e, LOOM_E_BATCH_NOT_DIVISIBLE, "train.global_batch_tokens",
                         "global_batch_tokens=%lld is not a multiple of "
                         "micro_batch*seq_len*dp = %d*%d*%d = %lld",
-                        (long long)s->train.global_batch_tokens, s->train.micro_batch, m->seq_len,
-                        dp, (long long)unit);
+                        (long long)s->train.global_batch_tokens, s->train.micro_batch, seq, dp,
+                        (long long)unit);
     int64_t ga = s->train.global_batch_tokens / unit;
     if (pp > 1 && ga < pp)
         return loom_err(e, LOOM_E_PP_TOO_FEW_MICROBATCHES, "train.global_batch_tokens",
@@ -1111,6 +1125,11 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
         return loom_err(e, LOOM_E_OUT_OF_RANGE, "train.steps",
                         "steps*global_batch_tokens overflows (%lld*%lld)",
                         (long long)s->train.steps, (long long)s->train.global_batch_tokens);
+    return 0;
+}
+
+static int optimizer_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     if (s->train.min_lr > s->train.lr)
         return loom_err(e, LOOM_E_LR_ORDER, "train.min_lr", "min_lr=%g exceeds lr=%g",
                         s->train.min_lr, s->train.lr);
@@ -1118,6 +1137,11 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
         return loom_err(e, LOOM_E_WARMUP_TOO_LONG, "train.warmup_steps",
                         "warmup_steps=%lld exceeds steps=%lld", (long long)s->train.warmup_steps,
                         (long long)s->train.steps);
+    return 0;
+}
+
+static int device_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     if (s->resources.device == JOBSPEC_DEV_CPU && s->train.precision == JOBSPEC_PREC_BF16)
         return loom_err(e, LOOM_E_PRECISION_DEVICE, "train.precision",
                         "precision=bf16 needs device=cuda; the cpu backend computes in fp32");
@@ -1128,7 +1152,10 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
         return loom_err(e, LOOM_E_OFFLOAD_DEVICE, "train.offload_optimizer",
                         "offload_optimizer needs device=cuda; on cpu the optimizer already "
                         "lives in host memory");
-    if (finetune_rules(s, flags, e) != 0) return -1;
+    return 0;
+}
+
+static int data_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
     if (!(flags & JOBSPEC_FOR_PLAN)) {
         if (!s->data.train[0])
             return loom_err(e, LOOM_E_MISSING_FIELD, "data.train",
@@ -1140,6 +1167,11 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
     }
     if (s->data.train[0] && path_lexical(s->data.train, "data.train", e) != 0) return -1;
     if (s->data.val[0] && path_lexical(s->data.val, "data.val", e) != 0) return -1;
+    return 0;
+}
+
+static int name_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     if (s->name[0]) {
         const char *n = s->name;
         int ok = (n[0] >= 'a' && n[0] <= 'z') || (n[0] >= 'A' && n[0] <= 'Z') ||
@@ -1155,6 +1187,21 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
     } else {
         return loom_err(e, LOOM_E_INVALID_NAME, "name", "name must not be empty");
     }
+    return 0;
+}
+
+static int rows_rule(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
+    return check_rows(s, e);
+}
+
+int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    static int (*const rules[])(const struct loom_spec *, unsigned, struct loom_error *) = {
+        rows_rule,    model_rules,    layout_rules, batch_rules, optimizer_rules,
+        device_rules, finetune_rules, data_rules,   name_rules,
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
+        if (rules[i](s, flags, e) != 0) return -1;
     return 0;
 }
 
