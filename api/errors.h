@@ -82,6 +82,7 @@
     X(INVALID_JOB_ID, 422, "an after entry that is not a job id")                                  \
     X(INVALID_ARRAY_KEY, 422, "an array key that is not a one-value spec field")                   \
     X(ARRAY_TOO_LARGE, 422, "the array expands to more than 256 jobs")                             \
+    X(UNKNOWN_JOB, 422, "after or model.init_from names a job the tenant does not have")           \
     /* job spec: cross-field rules */                                                              \
     X(WORLD_TOO_LARGE, 422, "dp*tp*pp above 16384")                                                \
     X(TP_HEADS, 422, "tp does not divide n_head")                                                  \

@@ -1442,8 +1442,7 @@ static int check_rows(const struct loom_spec *s, struct loom_error *e) {
             break;
         }
         case F_STR:
-            rc = f->check && p[0] ? f->check(f->path, p, e) : 0;
-            if (rc == 0 && f->check == check_text_key) rc = check_text_key(f->path, p, e);
+            rc = f->check ? f->check(f->path, p, e) : 0; /* empty FL_OMIT rows are absent */
             break;
         case F_STRLIST: {
             int n = *(const int *)((const char *)s + f->count_off);

@@ -115,6 +115,61 @@ static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom
     return planner_check_fit(spec, &c, NULL, err);
 }
 
+/* ---------------- job references ---------------- */
+
+/* The jobs a spec names (after, model.init_from job:<id>[@<step>]) must be
+ * jobs of the submitting tenant. */
+struct refs_op {
+    const char *tenant_id;
+    const char *ids[JOBSPEC_AFTER_MAX + 1];
+    const char *fields[JOBSPEC_AFTER_MAX + 1];
+    int n;
+    int missing; /* index of the first unknown id, -1: none */
+};
+
+static int refs_cb(struct store_tx *tx, void *arg) {
+    struct refs_op *op = arg;
+    for (int i = 0; i < op->n; i++) {
+        struct store_job j;
+        memset(&j, 0, sizeof j);
+        int rc = store_job_get(tx, op->tenant_id, op->ids[i], &j);
+        store_job_clear(&j);
+        if (rc == STORE_NOT_FOUND) {
+            op->missing = i;
+            return STORE_OK;
+        }
+        if (rc != STORE_OK) return rc;
+    }
+    return STORE_OK;
+}
+
+/* 0, or -1 after replying (UNKNOWN_JOB naming the field and the id). */
+static int check_job_refs(struct http_req *req, const struct loom_spec *spec) {
+    struct refs_op op = {.tenant_id = req->tenant_id, .missing = -1};
+    char init_id[JOBSPEC_ID_MAX];
+    if (strncmp(spec->init_from, "job:", 4) == 0) {
+        snprintf(init_id, sizeof init_id, "%.*s", (int)strcspn(spec->init_from + 4, "@"),
+                 spec->init_from + 4);
+        op.ids[op.n] = init_id;
+        op.fields[op.n++] = "model.init_from";
+    }
+    for (int i = 0; i < spec->n_after; i++) {
+        op.ids[op.n] = spec->after[i];
+        op.fields[op.n++] = "after";
+    }
+    if (op.n == 0) return 0;
+    if (store_read(req->ld->store, refs_cb, &op) != STORE_OK) {
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
+        return -1;
+    }
+    if (op.missing < 0) return 0;
+    API_ERROR_FIELD(req, UNKNOWN_JOB, op.fields[op.missing],
+                    "%s names job '%s', which this tenant "
+                    "does not have",
+                    op.fields[op.missing], op.ids[op.missing]);
+    return -1;
+}
+
 /* ---------------- submit ---------------- */
 
 struct submit_op {
@@ -173,6 +228,7 @@ int api_jobs_submit(struct http_req *req) {
         reply_spec_error(req, &err);
         goto out;
     }
+    if (check_job_refs(req, spec) != 0) goto out;
     if (check_fit(req->ld, spec, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
