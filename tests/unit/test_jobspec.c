@@ -868,8 +868,8 @@ static void test_paths(void) {
  * made huge or negative, keys renamed): the parser must answer every one with
  * success or a coded error, never crash (run under ASan in the sanitizer
  * build). */
-static void test_mutations(void) {
-    char *base = dequote(cases[1].spec);
+static void test_mutations(const char *spec, unsigned flags) {
+    char *base = dequote(spec);
     size_t len = strlen(base);
     char *buf = malloc(len + 32);
     uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -908,7 +908,7 @@ static void test_mutations(void) {
         struct loom_spec s;
         struct loom_error e;
         memset(&e, 0, sizeof e);
-        int rc = jobspec_parse_text(&s, buf, n, 0, &e);
+        int rc = jobspec_parse_text(&s, buf, n, flags, &e);
         if (rc == 0) {
             ok++;
             char *d = jobspec_dumps(&s);
@@ -927,7 +927,9 @@ static void test_mutations(void) {
 
 int main(void) {
     test_table();
-    test_mutations();
+    test_mutations(cases[1].spec, 0);
+    /* the fine-tuning fields: lists, LoRA, recompute objects, array members */
+    test_mutations(FT_EXAMPLE, JOBSPEC_ARRAY_MEMBERS);
     test_defaults_and_derived();
     test_finetune_fields();
     test_field_table();
