@@ -308,6 +308,11 @@ json_t *jobspec_array_member(const struct loom_spec *s, const json_t *body, size
 
 #define JOBSPEC_PATH_MUST_EXIST 0x1u /* at least one file must match */
 
+/* The lexical rules of a data path (api/jobspec_paths.c): absolute, no '.'
+ * or '..' components, glob characters only in the last component, no empty
+ * last component. 0, or -1 with DATA_PATH_INVALID naming `field`. */
+int jobspec_path_lexical(const char *p, const char *field, struct loom_error *e);
+
 /* Check that `pattern` (absolute; '*', '?' and '[...]' allowed only in the
  * last component) stays under one of `roots` after resolving symlinks:
  * no '.' or '..' components, the directory's realpath lies under a root's
