@@ -840,6 +840,48 @@ json_t *jobspec_array_member(const struct loom_spec *s, const json_t *body, size
     return m;
 }
 
+/* Edit distance of two short keys (bounded: longer keys count as far). */
+static int key_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 40 || lb > 40) return 99;
+    int d[41][41];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb];
+}
+
+/* UNKNOWN_FIELD, with the nearest row of the same section when one is a
+ * typo away ("train.lrr": did you mean train.lr, peak learning rate?). */
+static int unknown_field(const char *path, struct loom_error *e) {
+    const char *dot = strrchr(path, '.');
+    size_t plen = dot ? (size_t)(dot - path) + 1 : 0;
+    const field_t *best = NULL;
+    int bd = 3; /* at most 2 edits */
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &fields[i];
+        if (strncmp(f->path, path, plen) != 0 || strchr(f->path + plen, '.') ||
+            (f->flags & FL_INNER))
+            continue;
+        int dd = key_distance(f->path + plen, path + plen);
+        if (dd < bd) {
+            bd = dd;
+            best = f;
+        }
+    }
+    if (best)
+        return loom_err(e, LOOM_E_UNKNOWN_FIELD, path, "unknown field %s; did you mean %s (%s)?",
+                        path, best->path, best->help);
+    return loom_err(e, LOOM_E_UNKNOWN_FIELD, path, "unknown field %s", path);
+}
+
 /* State of one parse: which rows the input set. */
 struct parse_ctx {
     struct loom_spec *s;
@@ -864,8 +906,7 @@ static int parse_object(struct parse_ctx *c, const json_t *obj, const char *pref
         join_path(path, sizeof path, prefix, key);
         /* a key with a dot would name a row of a deeper section */
         const field_t *f = strchr(key, '.') ? NULL : jobspec_field_find(path);
-        if (!f || (f->flags & FL_INNER))
-            return loom_err(e, LOOM_E_UNKNOWN_FIELD, path, "unknown field %s", path);
+        if (!f || (f->flags & FL_INNER)) return unknown_field(path, e);
         int rc;
         if (f->type == F_OBJ) {
             rc = parse_object(c, v, path, e);
