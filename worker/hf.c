@@ -401,8 +401,8 @@ static int check_tensors(struct hf_model *h, struct loom_error *err) {
                                   c->tied_embeddings ? ", tied embeddings" : "");
         if (in->dtype != ST_F32 && in->dtype != ST_BF16 && in->dtype != ST_F16)
             return loom_error_set(err, 422, "HF_DTYPE", t->name,
-                                  "%s: tensor %s has dtype %s; supported: BF16, F16, F32",
-                                  h->file_names[f], t->name, st_dtype_name(in->dtype));
+                                  "%s/%s: tensor %s has dtype %s; supported: BF16, F16, F32",
+                                  h->dir, h->file_names[f], t->name, st_dtype_name(in->dtype));
         int64_t want[2] = {t->shape[0], t->shape[1]};
         int tr = h->arch == HF_ARCH_GPT2 && t->kind == MODEL_T_LINEAR_W;
         if (t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD) want[0] = c->vocab_size;
@@ -417,10 +417,10 @@ static int check_tensors(struct hf_model *h, struct loom_error *err) {
             shape_str(got, sizeof got, in->ndim, in->shape);
             shape_str(exp, sizeof exp, t->ndim, want);
             return loom_error_set(err, 422, "HF_SHAPE_MISMATCH", t->name,
-                                  "%s: tensor %s has shape %s but config.json implies %s "
+                                  "%s/%s: tensor %s has shape %s but config.json implies %s "
                                   "(hidden %d, heads %d/%d, ffn %d, vocab %d)",
-                                  h->file_names[f], t->name, got, exp, c->d_model, c->n_head,
-                                  c->n_kv_head, c->d_ff, c->vocab_size);
+                                  h->dir, h->file_names[f], t->name, got, exp, c->d_model,
+                                  c->n_head, c->n_kv_head, c->d_ff, c->vocab_size);
         }
         h->t[i] = (struct hf_tensor){.file = f, .in = in, .transpose = tr};
         if (t->kind == MODEL_T_EMBED) h->dtype = in->dtype;
@@ -613,8 +613,8 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
     free(buf);
     e->be->sync(e->be->ctx);
     if (rc == 0)
-        log_info("hf: rank %d loaded its share of %s (%.1f of %.1f MB of weights)", e->rank, h->dir,
-                 h->bytes_read / 1e6, total / 1e6);
+        log_info("hf: rank %d loaded its share of %s (%llu of %llu bytes of weights)", e->rank,
+                 h->dir, (unsigned long long)h->bytes_read, (unsigned long long)total);
     return rc;
 }
 

@@ -296,8 +296,8 @@ int hf_cli_run(const struct hf_cli_opts *o) {
     if (st && (code = do_score(&c, st, ns)) != 0) goto out;
     if (gt && (code = do_generate(&c, gt, ng)) != 0) goto out;
     if (o->export_hf) {
-        if (hf_export_engine(c.e, NULL, NULL, o->export_hf, c.hf,
-                             (uint64_t)o->shard_mb * 1000000ull, &c.le) != 0) {
+        if (hf_export_engine(c.e, NULL, NULL, o->export_hf, c.hf, (uint64_t)(o->shard_mb * 1e6),
+                             &c.le) != 0) {
             code = 1;
             goto out;
         }

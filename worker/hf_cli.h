@@ -15,8 +15,8 @@
 
 struct hf_cli_opts {
     char *init_from, *score, *generate, *export_hf;
-    long max_new, seed, shard_mb;
-    double temperature, top_p;
+    long max_new, seed;
+    double temperature, top_p, shard_mb;
     /* from the worker's own flags */
     const char *spec, *out, *device;
     long threads;

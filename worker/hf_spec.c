@@ -91,9 +91,10 @@ int hf_spec_prepare(char **text, size_t *len, struct hf_spec *hs, struct loom_er
             rc = -1;
             goto out;
         }
-        json_object_set_new(j, "model", m);
+        json_object_set_new(j, "model", m); /* frees `dir` */
+        dir = NULL;
         changed = 1;
-        log_info("model.init_from: %s (%s, %d layers, d_model %d, %s)", dir,
+        log_info("model.init_from: %s (%s, %d layers, d_model %d, %s)", hf_model_dir(hs->hf),
                  hf_arch_name(hf_model_arch(hs->hf)), hf_config(hs->hf)->n_layer,
                  hf_config(hs->hf)->d_model, st_dtype_name(hf_model_dtype(hs->hf)));
     }

@@ -105,7 +105,7 @@ static const struct config_entry table[] = {
     {"export-hf", CONFIG_STR, offsetof(struct opts, hf.export_hf), NULL, 1, 0,
      "write the model as a Hugging Face directory (config, safetensors shards + index, "
      "tokenizer files)"},
-    {"export-shard-mb", CONFIG_INT, offsetof(struct opts, hf.shard_mb), "5000", 1, 1e9,
+    {"export-shard-mb", CONFIG_DOUBLE, offsetof(struct opts, hf.shard_mb), "5000", 0.001, 1e9,
      "--export-hf / export.hf: most MB of tensors per safetensors file"},
 };
 #define NTABLE (sizeof table / sizeof *table)
@@ -616,8 +616,8 @@ static int run(struct worker *w) {
     if (rc == 0 && w->hfs.export_hf) { /* export.hf: RUN/export/hf */
         char dir[1100];
         snprintf(dir, sizeof dir, "%s/export/hf", o->out);
-        if (hf_export_engine(w->e, w->z, w->par, dir, w->hfs.hf,
-                             (uint64_t)o->hf.shard_mb * 1000000ull, &le) != 0) {
+        if (hf_export_engine(w->e, w->z, w->par, dir, w->hfs.hf, (uint64_t)(o->hf.shard_mb * 1e6),
+                             &le) != 0) {
             report_error(le.code, le.message);
             return 1;
         }

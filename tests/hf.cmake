@@ -1,0 +1,15 @@
+# Hugging Face models (worker/hf*.c): import, score and generate against an
+# independent torch reference, export round trip, malformed directories, and
+# import under tp2 / pp2 / dp2 ZeRO-3. Needs a python3 with numpy and torch
+# (Debian's python3-numpy, python3-torch; tools/setup.sh installs them):
+# the first such python3 on /usr/bin or PATH runs the script; without one the
+# tests are reported as skipped, never as passed.
+if(TARGET loom-worker)
+    foreach(part forward export bad parallel)
+        add_test(NAME integration.hf.${part}
+                 COMMAND sh -c "for p in /usr/bin/python3 python3; do if \"$p\" -c 'import numpy, torch' 2>/dev/null; then exec \"$p\" \"$0\" \"$1\" \"$2\"; fi; done; echo 'SKIP: no python3 with numpy and torch'; exit 77"
+                         ${CMAKE_CURRENT_LIST_DIR}/hf/test_hf.py $<TARGET_FILE:loom-worker> ${part})
+        set_tests_properties(integration.hf.${part} PROPERTIES LABELS "integration"
+                             SKIP_RETURN_CODE 77 TIMEOUT 600)
+    endforeach()
+endif()

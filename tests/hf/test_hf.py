@@ -1,0 +1,254 @@
+"""Hugging Face import / score / generate / export through the real loom-worker.
+
+  test_hf.py LOOM_WORKER PART     PART: forward | export | bad | parallel
+
+forward:  every tiny model (make_tiny_hf.py): --score-tokens agrees with the
+          independent torch reference (ref_forward.py) within 1e-4 and the
+          greedy --generate-tokens continuation token for token; sampling is
+          reproducible for a seed.
+export:   --export-hf writes the source's tensors bit for bit with the same
+          dtypes and names (also sharded, with an index), config.json of the
+          same architecture, generation_config.json, the tokenizer file; the
+          export scores exactly as the source.
+bad:      every malformed directory is refused with its stable code, exit 2.
+parallel: a spec with model.init_from trains its first step to the same loss
+          under tp2, pp2 and dp2 ZeRO-3 (cpu, --nproc 2) as in one process;
+          the tp / ZeRO ranks read less than the whole model; a second attempt
+          resumes from its checkpoint, not from init_from; export.hf writes
+          RUN/export/hf.
+"""
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hfio  # noqa: E402
+import make_tiny_hf  # noqa: E402
+
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print("FAIL:", what, file=sys.stderr)
+
+
+def worker(args, env=None):
+    p = subprocess.run([WORKER, "--log-level", "info", "--threads", "1"] + args,
+                       capture_output=True, text=True, errors="replace", env=env,
+                       timeout=300)
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    return p.returncode, lines, p.stderr
+
+
+def ref(d, toks, n):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "ref_forward.py"), d,
+                          ",".join(map(str, toks)), str(n)], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
+# 80 tokens: past llama3's original_max_position_embeddings (64)
+TOKENS = [(i * 37 + 11) % make_tiny_hf.V for i in range(80)]
+PROMPT = [5, 17, 99, 3]
+NEW = 10
+
+
+def part_forward(tmp):
+    good = os.path.join(tmp, "good")
+    make_tiny_hf.make_good(good)
+    for name in sorted(make_tiny_hf.MODELS):
+        d = os.path.join(good, name)
+        s = ",".join(map(str, TOKENS))
+        rc, out, err = worker(["--init-from", d, "--score-tokens", s, "--generate-tokens",
+                               ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW)])
+        check(rc == 0, f"{name}: exit {rc}: {err[-500:]}")
+        if rc != 0:
+            continue
+        sc = [l for l in out if l["type"] == "score"][0]["logprobs"]
+        gen = [l for l in out if l["type"] == "generate"][0]["tokens"]
+        r1, r2 = ref(d, TOKENS, 0), ref(d, PROMPT, NEW)
+        check(sc[0] is None and len(sc) == len(TOKENS), f"{name}: score shape {sc[:3]}")
+        diff = max(abs(a - b) for a, b in zip(sc[1:], r1["logprobs"][1:]))
+        print(f"{name}: max |logprob - reference| = {diff:.2e}; greedy {gen}")
+        check(diff < 1e-4, f"{name}: log-probs differ from the reference by {diff}")
+        check(gen == r2["greedy"], f"{name}: greedy {gen} != reference {r2['greedy']}")
+        samp = ["--init-from", d, "--generate-tokens", ",".join(map(str, PROMPT)),
+                "--max-new-tokens", "12", "--temperature", "0.9", "--top-p", "0.8", "--seed", "5"]
+        a, b = worker(samp)[1], worker(samp)[1]
+        ta = a[0]["tokens"] if a else None
+        check(ta is not None and len(ta) == 12 and all(0 <= t < make_tiny_hf.V for t in ta),
+              f"{name}: sampled tokens {ta}")
+        check(a == b, f"{name}: sampling with one seed is not reproducible: {a} vs {b}")
+
+
+def same_tensors(a, b, tag):
+    ta, tb = hfio.read_model_dir(a), hfio.read_model_dir(b)
+    check(set(ta) == set(tb), f"{tag}: tensor names differ: {set(ta) ^ set(tb)}")
+    bad = [n for n in ta if n in tb and ta[n] != tb[n]]
+    check(not bad, f"{tag}: tensors differ in dtype, shape or bytes: {bad[:4]}")
+    return len(ta)
+
+
+def part_export(tmp):
+    good = os.path.join(tmp, "good")
+    make_tiny_hf.make_good(good)
+    for name in sorted(make_tiny_hf.MODELS):
+        src, dst = os.path.join(good, name), os.path.join(tmp, "exp", name)
+        shard = ["--export-shard-mb", "0.1"] if name == "llama_bf16" else []
+        rc, out, err = worker(["--init-from", src, "--export-hf", dst] + shard)
+        check(rc == 0 and out and out[-1]["type"] == "export", f"{name}: export exit {rc} {err[-400:]}")
+        if rc != 0:
+            continue
+        n = same_tensors(src, dst, name)
+        ix = json.load(open(os.path.join(dst, "model.safetensors.index.json")))
+        files = sorted(set(ix["weight_map"].values()))
+        sizes = [os.path.getsize(os.path.join(dst, f)) for f in files]
+        print(f"{name}: {n} tensors bit-identical in {len(files)} file(s) {sizes}")
+        total = sum(len(v[2]) for v in hfio.read_model_dir(dst).values())
+        check(ix["metadata"]["total_size"] == total, f"{name}: index total_size")
+        if shard:
+            check(len(files) >= 2, f"{name}: 0.1 MB shards gave {files}")
+            for f in files:  # a shard holds at most 0.1 MB of tensors, or one bigger tensor
+                ts = hfio.read_safetensors(os.path.join(dst, f))
+                b = sum(len(v[2]) for v in ts.values())
+                check(b <= 100000 or len(ts) == 1, f"{name}: {f} holds {b} bytes")
+        cs, cd = (json.load(open(os.path.join(x, "config.json"))) for x in (src, dst))
+        check(cs["architectures"] == cd["architectures"] and cs == cd,
+              f"{name}: config.json changed: {cs} vs {cd}")
+        for f in ("tokenizer.json", "generation_config.json"):
+            check(open(os.path.join(src, f), "rb").read() == open(os.path.join(dst, f), "rb").read(),
+                  f"{name}: {f} not copied")
+        s = ",".join(map(str, TOKENS[:20]))
+        a = worker(["--init-from", src, "--score-tokens", s])[1]
+        b = worker(["--init-from", dst, "--score-tokens", s])[1]
+        check(a == b and a, f"{name}: the export scores differently")
+
+
+def part_bad(tmp):
+    bad = os.path.join(tmp, "bad")
+    make_tiny_hf.make_bad(bad)
+    for case, code in sorted(make_tiny_hf.BAD.items()):
+        d = os.path.join(bad, case)
+        rc, out, err = worker(["--init-from", d, "--score-tokens", "1,2,3"])
+        got = out[-1] if out else {}
+        print(f"{case}: exit {rc} {got.get('code')}: {got.get('message', '')[:110]}")
+        check(rc == 2 and got.get("type") == "error" and got.get("code") == code,
+              f"{case}: want {code} and exit 2, got exit {rc} {got}")
+        check(case in got.get("message", "") or code == "UNSUPPORTED_ARCHITECTURE",
+              f"{case}: the message does not name the directory: {got}")
+    good = os.path.join(tmp, "good")
+    make_tiny_hf.make_good(good)
+    d = os.path.join(good, "llama")
+    for args, code in ((["--score-tokens", "1,300"], "BAD_TOKENS"),
+                       (["--score-tokens", "1,x"], "BAD_TOKENS"),
+                       (["--generate-tokens", "1", "--max-new-tokens", "200"], "TOO_LONG")):
+        rc, out, _ = worker(["--init-from", d] + args)
+        check(rc == 2 and out and out[-1].get("code") == code, f"{args}: {rc} {out}")
+
+
+def write_shard(path, n, V):
+    toks = [(i * 7919 + i * i * 31) % V for i in range(n)]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *toks))
+
+
+def spec(path, init, data, dp=1, tp=1, pp=1, zero=0, steps=1, export=False, seq=128):
+    s = {"name": "hf-equiv", "model": {"init_from": init, "seq_len": seq},
+         "data": {"train": f"{data}/train_*.bin"},
+         "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero_stage": zero},
+         "train": {"steps": steps, "global_batch_tokens": 2 * seq, "micro_batch": 1,
+                   "lr": 0.001, "warmup_steps": 0, "seed": 3},
+         "checkpoint": {"every_steps": 1, "keep": 3}, "resources": {"device": "cpu"}}
+    if export:
+        s["export"] = {"hf": True}
+    json.dump(s, open(path, "w"))
+
+
+def first_loss(out):
+    steps = [l for l in out if l.get("type") == "step"]
+    return steps[0]["loss"] if steps else None
+
+
+def part_parallel(tmp):
+    good = os.path.join(tmp, "good")
+    make_tiny_hf.make_good(good)
+    data = os.path.join(tmp, "data")
+    os.makedirs(data)
+    write_shard(os.path.join(data, "train_000.bin"), 20000, make_tiny_hf.V)
+    layouts = [("tp2", dict(tp=2)), ("pp2", dict(pp=2)), ("dp2-zero3", dict(dp=2, zero=3))]
+    for name in ("llama", "qwen2", "gpt2", "llama_bf16"):
+        init = os.path.join(good, name)
+        sp = os.path.join(tmp, f"{name}.json")
+        spec(sp, init, data)
+        run = os.path.join(tmp, f"run-{name}-1")
+        rc, out, err = worker(["--spec", sp, "--out", run, "--no-save"])
+        base = first_loss(out)
+        check(rc == 0 and base is not None, f"{name}: one process: exit {rc} {err[-600:]}")
+        for tag, lay in layouts:
+            sp2 = os.path.join(tmp, f"{name}-{tag}.json")
+            spec(sp2, init, data, **lay)
+            rc, out, err = worker(["--spec", sp2, "--out", os.path.join(tmp, f"run-{name}-{tag}"),
+                                   "--nproc", "2", "--no-save"])
+            loss = first_loss(out)
+            check(rc == 0 and loss is not None, f"{name} {tag}: exit {rc} {err[-600:]}")
+            if loss is None or base is None:
+                continue
+            rel = abs(loss - base) / abs(base)
+            reads = [float(a) / float(b) for a, b in
+                     re.findall(r"loaded its share of \S+ \((\d+) of (\d+) bytes", err)]
+            print(f"{name} {tag}: first-step loss {loss:.7f} vs {base:.7f} (rel {rel:.1e}); "
+                  "fraction of the weights read per rank " + str([round(r, 3) for r in reads]))
+            check(rel < 1e-5, f"{name} {tag}: loss {loss} != one-process {base}")
+            check(len(reads) == 2, f"{name} {tag}: no load lines from both ranks")
+            if tag != "pp2":  # pp stages each hold the embedding (tied head) besides their blocks
+                check(all(r < 1 for r in reads) and sum(reads) < 1.8,
+                      f"{name} {tag}: the ranks read {reads} of the weights")
+    # retry: the second attempt resumes from its checkpoint; export.hf at the end
+    init = os.path.join(good, "qwen2")
+    sp = os.path.join(tmp, "retry.json")
+    run = os.path.join(tmp, "run-retry")
+    spec(sp, init, data, steps=2, export=True)
+    rc, out, err = worker(["--spec", sp, "--out", run, "--steps", "1"])
+    check(rc == 0 and "loaded its share" in err, f"attempt 1: exit {rc} {err[-400:]}")
+    rc, out, err = worker(["--spec", sp, "--out", run])
+    check(rc == 0 and "not loaded, resuming from" in err and "loaded its share" not in err,
+          f"attempt 2 did not resume: {err[-600:]}")
+    starts = [l for l in out if l.get("type") == "start"]
+    check(starts and starts[0]["start_step"] == 1, f"attempt 2 start: {starts}")
+    exp = os.path.join(run, "export", "hf")
+    check(os.path.exists(os.path.join(exp, "config.json")), "export.hf: no RUN/export/hf")
+    if os.path.exists(exp):
+        ts, te = hfio.read_model_dir(init), hfio.read_model_dir(exp)
+        check(set(ts) == set(te) and all(ts[n][:2] == te[n][:2] for n in ts),
+              "export.hf: names, dtypes or shapes differ from the source")
+        check(any(ts[n][2] != te[n][2] for n in ts), "export.hf: trained weights equal the source")
+        # the run's checkpoint scores like its export
+        s = ",".join(map(str, TOKENS[:16]))
+        a = worker(["--spec", sp, "--out", run, "--score-tokens", s])[1]
+        b = worker(["--init-from", exp, "--score-tokens", s])[1]
+        ok = a and b and max(abs(x - y) for x, y in zip(a[0]["logprobs"][1:], b[0]["logprobs"][1:])) < 1e-6
+        check(ok, f"checkpoint scores {a} vs export {b}")
+
+
+PARTS = {"forward": part_forward, "export": part_export, "bad": part_bad,
+         "parallel": part_parallel}
+
+if __name__ == "__main__":
+    WORKER = sys.argv[1]
+    tmp = tempfile.mkdtemp(prefix="loom-hf-")
+    try:
+        PARTS[sys.argv[2]](tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("failures:", failures)
+    sys.exit(1 if failures else 0)
