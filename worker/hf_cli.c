@@ -156,9 +156,11 @@ static int build(struct cli *c, int T) {
                        "the %s backend could not start", dev);
         return 1;
     }
-    struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
+    /* no optimizer state unless a checkpoint (its moments) or an export (the
+     * fp32 master) needs it: scoring a model costs its weights, not 4x */
+    struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .opt_later = 1};
     c->e = engine_new(&c->cfg, &p, be);
-    if (!c->e) {
+    if (!c->e || ((c->ckpt[0] || o->export_hf) && engine_opt_init(c->e) != 0)) {
         loom_error_set(&c->le, 500, "OUT_OF_MEMORY", NULL, "cannot build the engine (see stderr)");
         return 1;
     }
@@ -205,6 +207,13 @@ static int do_generate(struct cli *c, const int32_t *t, int n) {
                                 .top_p = o->top_p,
                                 .seed = (uint64_t)o->seed,
                                 .eos = c->hf ? hf_eos_token(c->hf) : -1};
+    if (!c->e->be->rope_at || !c->e->be->attention_decode) {
+        loom_error_set(&c->le, 422, "GENERATE_UNSUPPORTED", "device",
+                       "--generate-tokens needs the KV-cache decode operations, which the %s "
+                       "backend does not have; use --device cpu (--score-tokens works on both)",
+                       c->e->be->name);
+        return 2;
+    }
     if ((int64_t)n + so.max_new > c->cfg.seq_len) {
         loom_error_set(&c->le, 422, "TOO_LONG", "max-new-tokens",
                        "%d prompt tokens + --max-new-tokens %d exceed the model's %d positions", n,
