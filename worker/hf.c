@@ -11,17 +11,16 @@
 #include "worker/hf.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 
 #define HF_SHARD_DEFAULT 5000000000ull /* 5 GB, what transformers writes by default */
@@ -620,53 +619,23 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
 
 /* ---- export ---- */
 
-static int mkdir_p(const char *dir) {
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
-            *s = '/';
-        }
-    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
-/* Copy a file byte for byte (dst via dst.tmp + rename). 0, 1 when src does
+/* Copy a file byte for byte (atomically replacing dst). 0, 1 when src does
  * not exist, -1 on error. */
 static int copy_file(const char *src, const char *dst) {
-    int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = -1;
-    if (in < 0) return errno == ENOENT ? 1 : -1;
-    char tmp[PATH_MAX + 8], buf[1 << 16];
-    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
-    out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out < 0) goto out;
-    for (;;) {
-        ssize_t r = read(in, buf, sizeof buf);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) goto out;
-        if (r == 0) break;
-        if (write(out, buf, (size_t)r) != r) goto out;
-    }
-    if (fsync(out) != 0 || close(out) != 0) {
-        out = -1;
-        goto out;
-    }
-    out = -1;
-    rc = rename(tmp, dst) == 0 ? 0 : -1;
-out:
-    if (out >= 0) close(out);
-    if (rc != 0) unlink(tmp);
-    close(in);
+    size_t n = 0;
+    char *data = fs_read_file(src, 0, &n);
+    if (!data) return errno == ENOENT ? 1 : -1;
+    int rc = fs_write_atomic(dst, data, n, 0644, 0);
+    free(data);
     return rc;
 }
 
 static int write_json(const char *dir, const char *name, json_t *j) {
-    char path[PATH_MAX + 64], tmp[PATH_MAX + 72];
+    char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int rc = json_dump_file(j, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (rc == 0) rc = rename(tmp, path);
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    int rc = s ? fs_write_atomic(path, s, strlen(s), 0644, 0) : -1;
+    free(s);
     return rc;
 }
 
@@ -713,7 +682,7 @@ int hf_export(const struct hf_export_opts *o, const struct model_config *c,
     if (full->tp != 1 || (o->dtype != ST_F32 && o->dtype != ST_BF16 && o->dtype != ST_F16))
         return loom_error_set(err, 422, "EXPORT_FAILED", "export",
                               "export needs a tp = 1 layout and dtype F32, BF16 or F16");
-    if (mkdir_p(o->dir) != 0)
+    if (fs_mkdir_p(o->dir, 0755, 0) != 0)
         return loom_error_set(err, 422, "EXPORT_FAILED", "export", "%s: cannot create: %s", o->dir,
                               strerror(errno));
     uint64_t cap = o->shard_bytes ? o->shard_bytes : HF_SHARD_DEFAULT;

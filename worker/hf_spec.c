@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/hf.h"
@@ -50,98 +51,68 @@ static json_t *model_object(const struct hf_model *h, const json_t *old, struct 
 int hf_spec_prepare(char **text, size_t *len, struct hf_spec *hs, struct loom_error *e) {
     memset(hs, 0, sizeof *hs);
     json_t *j = json_loadb(*text, *len, 0, NULL);
-    if (!json_is_object(j)) { /* the parser reports it */
-        json_decref(j);
-        return 0;
+    json_t *model = json_object_get(j, "model");
+    const char *dir = json_string_value(json_object_get(model, "init_from"));
+    int rc = 0;
+    /* no init_from, or one the parser refuses or the coordinator resolves
+     * (job:<id>): the spec goes to the parser as it is */
+    if (!json_is_object(j) || !dir || dir[0] != '/') goto out;
+    if (hf_open(dir, &hs->hf, e) != 0) {
+        rc = -1;
+        goto out;
     }
-    json_t *model = json_object_get(j, "model"), *exp = json_object_get(j, "export");
-    json_t *init = json_object_get(model, "init_from");
-    int rc = 0, changed = 0;
-    if (exp) {
-        json_t *x = json_object_get(exp, "hf");
-        if (!json_is_object(exp) || (x && !json_is_boolean(x))) {
-            rc = loom_error_set(e, 422, "INVALID_VALUE", "export",
-                                "export must be an object like {\"hf\": true}");
-            goto out;
-        }
-        hs->export_hf = json_is_true(x);
-        json_object_del(j, "export");
-        changed = 1;
+    json_t *m = model_object(hs->hf, model, e);
+    if (!m) {
+        rc = -1;
+        goto out;
     }
-    if (init) {
-        const char *dir = json_string_value(init);
-        if (!dir || !*dir) {
-            rc = loom_error_set(e, 422, "INVALID_VALUE", "model.init_from",
-                                "model.init_from must be a Hugging Face model directory");
-            goto out;
-        }
-        if (strncmp(dir, "job:", 4) == 0) {
-            rc = loom_error_set(e, 422, "INIT_FROM_UNRESOLVED", "model.init_from",
-                                "model.init_from=\"%s\" names a job; the coordinator resolves it "
-                                "to a directory before the worker starts",
-                                dir);
-            goto out;
-        }
-        if (hf_open(dir, &hs->hf, e) != 0) {
-            rc = -1;
-            goto out;
-        }
-        json_t *m = model_object(hs->hf, model, e);
-        if (!m) {
-            rc = -1;
-            goto out;
-        }
-        json_object_set_new(j, "model", m); /* frees `dir` */
-        dir = NULL;
-        changed = 1;
-        log_info("model.init_from: %s (%s, %d layers, d_model %d, %s)", hf_model_dir(hs->hf),
-                 hf_arch_name(hf_model_arch(hs->hf)), hf_config(hs->hf)->n_layer,
-                 hf_config(hs->hf)->d_model, st_dtype_name(hf_model_dtype(hs->hf)));
+    json_object_set_new(m, "init_from", json_string(hf_model_dir(hs->hf)));
+    json_object_set_new(j, "model", m); /* frees `dir` */
+    dir = NULL;
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    if (!s) {
+        rc = loom_error_set(e, 500, "OUT_OF_MEMORY", NULL, "out of memory");
+        goto out;
     }
-    if (changed) {
-        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
-        if (!s) {
-            rc = loom_error_set(e, 500, "OUT_OF_MEMORY", NULL, "out of memory");
-            goto out;
-        }
-        free(*text);
-        *text = s;
-        *len = strlen(s);
-    }
+    free(*text);
+    *text = s;
+    *len = strlen(s);
+    log_info("model.init_from: %s (%s, %d layers, d_model %d, %s)", hf_model_dir(hs->hf),
+             hf_arch_name(hf_model_arch(hs->hf)), hf_config(hs->hf)->n_layer,
+             hf_config(hs->hf)->d_model, st_dtype_name(hf_model_dtype(hs->hf)));
 out:
     if (rc != 0) hf_spec_free(hs);
     json_decref(j);
     return rc;
 }
 
-void hf_spec_apply(const struct hf_spec *hs, struct model_config *c) {
-    if (!hs->hf) return;
-    const struct model_config *h = hf_config(hs->hf);
+int hf_spec_apply(struct hf_spec *hs, struct loom_spec *s, struct loom_error *e) {
+    hs->export_hf = s->export.hf;
+    if (!hs->hf) {
+        if (s->init_from[0])
+            return loom_error_set(e, 422, "INIT_FROM_UNRESOLVED", "model.init_from",
+                                  "model.init_from=\"%s\" names a job; the coordinator resolves "
+                                  "it to a directory before the worker starts",
+                                  s->init_from);
+        return 0;
+    }
+    struct model_config *c = &s->model;
     int seq = c->seq_len, bal = c->pp_balance;
-    *c = *h;
+    *c = *hf_config(hs->hf);
     c->seq_len = seq;
     c->pp_balance = bal;
+    return 0;
 }
 
 int hf_spec_load(const char *path, struct loom_spec *s, struct hf_spec *hs, struct loom_error *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return loom_error_set(e, 422, "SPEC_UNREADABLE", "spec", "cannot open spec %s: %s", path,
+    size_t n = 0;
+    char *text = fs_read_file(path, 0, &n);
+    if (!text)
+        return loom_error_set(e, 422, "SPEC_UNREADABLE", "spec", "cannot read spec %s: %s", path,
                               strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *text = malloc(cap);
-    while (text) {
-        n += fread(text + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *nt = realloc(text, cap *= 2);
-        if (!nt) free(text);
-        text = nt;
-    }
-    fclose(f);
-    if (!text) return loom_error_set(e, 500, "OUT_OF_MEMORY", NULL, "out of memory");
     int rc = hf_spec_prepare(&text, &n, hs, e);
     if (rc == 0) rc = jobspec_parse_text(s, text, n, 0, e);
-    if (rc == 0) hf_spec_apply(hs, &s->model);
+    if (rc == 0) rc = hf_spec_apply(hs, s, e);
     free(text);
     return rc;
 }

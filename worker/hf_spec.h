@@ -1,14 +1,15 @@
 /* The job spec's side of fine-tuning: model.init_from (an HF directory whose
  * weights start the run) and export.hf (write RUN/export/hf at the end).
  *
- * The spec parser (api/jobspec.c) does not carry these fields yet, so the
- * worker reads them from the spec's JSON here (hf_spec_prepare) and hands
- * the parser a spec whose "model" holds the directory's sizes explicitly
- * (family, n_layer, ..., seq_len: the spec's, else the directory's positions
- * capped at HF_SPEC_SEQ_DEFAULT) and no "export" key. The settings the spec
- * format cannot express (Qwen2 biases, RoPE scaling) are put back into the
- * parsed config by hf_spec_apply. GPT-2 keeps its n_positions learned
- * positions, so its seq_len must equal n_positions.
+ * The spec parser (api/jobspec.c) checks init_from and export but still
+ * wants the model's family and sizes; with an HF directory they are the
+ * directory's, so hf_spec_prepare hands the parser a spec whose "model"
+ * holds them explicitly (family, n_layer, ..., seq_len: the spec's, else the
+ * directory's positions capped at HF_SPEC_SEQ_DEFAULT), and hf_spec_apply
+ * puts back what the spec format cannot express (Qwen2 biases, RoPE
+ * scaling, the exact eps). GPT-2 keeps its n_positions learned positions, so
+ * its seq_len must equal n_positions. "job:<id>" references are resolved by
+ * the coordinator before a worker starts; a worker given one refuses it.
  *
  * A run starts from init_from only when OUT has no complete checkpoint: a
  * retried attempt resumes from its own newest checkpoint. */
@@ -33,11 +34,13 @@ struct hf_spec {
 };
 
 /* Rewrite the spec text *text (malloc'ed, *len bytes) as described above
- * when it has model.init_from or export; *text may be replaced (the old
+ * when model.init_from is an absolute path; *text may be replaced (the old
  * buffer freed). 0, or -1 with e filled (bad JSON is left to the parser). */
 int hf_spec_prepare(char **text, size_t *len, struct hf_spec *hs, struct loom_error *e);
-/* The directory's settings the parsed spec cannot hold, into c. */
-void hf_spec_apply(const struct hf_spec *hs, struct model_config *c);
+/* After jobspec_parse: the directory's settings the parsed spec cannot
+ * hold, into s->model; export.hf into hs. 0 or -1 (an unresolved job:
+ * reference) with e filled. */
+int hf_spec_apply(struct hf_spec *hs, struct loom_spec *s, struct loom_error *e);
 /* Read, prepare and parse the spec file at path (for the worker's model
  * modes). 0 or -1 with e filled. */
 int hf_spec_load(const char *path, struct loom_spec *s, struct hf_spec *hs, struct loom_error *e);

@@ -322,7 +322,10 @@ static int run(struct worker *w) {
         return 2;
     }
     free(text);
-    hf_spec_apply(&w->hfs, &w->spec.model);
+    if (hf_spec_apply(&w->hfs, &w->spec, &le) != 0) {
+        report_error(le.code, le.message);
+        return 2;
+    }
     jobspec_derive(&w->spec, &w->der);
     const struct loom_spec *s = &w->spec;
 

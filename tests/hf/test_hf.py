@@ -213,6 +213,23 @@ def part_parallel(tmp):
             if tag != "pp2":  # pp stages each hold the embedding (tied head) besides their blocks
                 check(all(r < 1 for r in reads) and sum(reads) < 1.8,
                       f"{name} {tag}: the ranks read {reads} of the weights")
+    # specs the worker refuses (exit 2, nothing trained)
+    bad_specs = [("job-ref", {"family": "llama", "preset": "tiny", "init_from": "job:j-42"},
+                  "INIT_FROM_UNRESOLVED"),
+                 ("gpt2-seq", {"init_from": os.path.join(good, "gpt2"), "seq_len": 64},
+                  "HF_CONFIG_UNSUPPORTED"),
+                 ("long-seq", {"init_from": os.path.join(good, "llama"), "seq_len": 256},
+                  "HF_CONFIG_UNSUPPORTED")]
+    for tag, model, code in bad_specs:
+        sp = os.path.join(tmp, f"bad-{tag}.json")
+        spec(sp, "", data)
+        j = json.load(open(sp))
+        j["model"] = model
+        json.dump(j, open(sp, "w"))
+        rc, out, err = worker(["--spec", sp, "--out", os.path.join(tmp, f"run-bad-{tag}")])
+        got = out[-1] if out else {}
+        check(rc == 2 and got.get("code") == code and not any(l.get("type") == "step" for l in out),
+              f"spec {tag}: want {code}, got exit {rc} {got}")
     # retry: the second attempt resumes from its checkpoint; export.hf at the end
     init = os.path.join(good, "qwen2")
     sp = os.path.join(tmp, "retry.json")
