@@ -78,10 +78,14 @@ uint64_t hf_bytes_read(const struct hf_model *h) {
     return h->bytes_read;
 }
 
-int hf_eos_token(const struct hf_model *h) {
+int hf_eos_tokens(const struct hf_model *h, int *ids, int max) {
     json_t *v = json_object_get(h->config, "eos_token_id");
-    if (json_is_array(v)) v = json_array_get(v, 0);
-    return json_is_integer(v) ? (int)json_integer_value(v) : -1;
+    int n = 0;
+    if (json_is_integer(v) && max > 0) ids[n++] = (int)json_integer_value(v);
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v) && n < max; i++)
+        if (json_is_integer(json_array_get(v, i)))
+            ids[n++] = (int)json_integer_value(json_array_get(v, i));
+    return n;
 }
 
 void hf_free(struct hf_model *h) {

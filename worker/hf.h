@@ -57,8 +57,9 @@ enum hf_arch hf_model_arch(const struct hf_model *h);
 /* dtype of the weights (the token embedding's). */
 enum st_dtype hf_model_dtype(const struct hf_model *h);
 const char *hf_model_dir(const struct hf_model *h);
-/* config.json's eos_token_id, or -1. */
-int hf_eos_token(const struct hf_model *h);
+/* config.json's eos_token_id (a number or a list, as Llama 3 has) into
+ * ids[0..max); returns how many. */
+int hf_eos_tokens(const struct hf_model *h, int *ids, int max);
 
 /* Write this rank's share of the weights into engine `e` (whose config must
  * have the sizes of hf_config; seq_len may be smaller for llama-family

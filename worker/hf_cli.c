@@ -205,8 +205,8 @@ static int do_generate(struct cli *c, const int32_t *t, int n) {
     struct hf_sample_opts so = {.max_new = (int)o->max_new,
                                 .temperature = o->temperature,
                                 .top_p = o->top_p,
-                                .seed = (uint64_t)o->seed,
-                                .eos = c->hf ? hf_eos_token(c->hf) : -1};
+                                .seed = (uint64_t)o->seed};
+    if (c->hf) so.n_eos = hf_eos_tokens(c->hf, so.eos, HF_MAX_EOS);
     if (!c->e->be->rope_at || !c->e->be->attention_decode) {
         loom_error_set(&c->le, 422, "GENERATE_UNSUPPORTED", "device",
                        "--generate-tokens needs the KV-cache decode operations, which the %s "

@@ -207,7 +207,10 @@ int hf_generate(struct model *m, const int32_t *prompt, int n, const struct hf_s
     for (got = 0; got < o->max_new;) {
         int t = sample(d.host, m->V, o, &rng, c);
         out[got++] = t;
-        if (t == o->eos || got == o->max_new) break;
+        int stop = got == o->max_new;
+        for (int k = 0; k < o->n_eos; k++)
+            stop |= t == o->eos[k];
+        if (stop) break;
         step(&d, t, n + got - 1);
     }
     rc = got;

@@ -20,12 +20,15 @@
  * 0 < i < n. m must have been built with B = 1 and T = n. 0 or -1. */
 int hf_score(struct model *m, const int32_t *tokens, int n, double *lp);
 
+#define HF_MAX_EOS 8
+
 struct hf_sample_opts {
-    int max_new;        /* tokens to generate */
-    double temperature; /* 0: greedy (argmax, lowest id on ties) */
-    double top_p;       /* nucleus: keep the most likely tokens up to this mass; 1: all */
-    uint64_t seed;      /* sampling stream (splitmix64) */
-    int eos;            /* stop after generating this id; -1: never */
+    int max_new;         /* tokens to generate */
+    double temperature;  /* 0: greedy (argmax, lowest id on ties) */
+    double top_p;        /* nucleus: keep the most likely tokens up to this mass; 1: all */
+    uint64_t seed;       /* sampling stream (splitmix64) */
+    int eos[HF_MAX_EOS]; /* stop after generating one of these ids */
+    int n_eos;
 };
 
 /* Generate up to o->max_new tokens after prompt[0..n) into out (capacity

@@ -155,6 +155,8 @@ BAD = {
     "dtype_i32": "HF_DTYPE",
     "no_weights": "HF_WEIGHTS_MISSING",
     "rope_yarn": "HF_CONFIG_UNSUPPORTED",
+    "no_lm_head": "HF_TENSOR_MISSING",
+    "index_bad_file": "HF_TENSOR_MISSING",
 }
 
 
@@ -179,6 +181,14 @@ def make_bad(out):
     json.dump(good_cfg, open(os.path.join(d, "config.json"), "w"))
     cfg = dict(good_cfg, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     write_dir(os.path.join(out, "rope_yarn"), cfg, ts, "F32", 1)
+    # untied config, no lm_head.weight in the file
+    write_dir(os.path.join(out, "no_lm_head"), good_cfg, ts[:-1], "F32", 1)
+    # the index names a shard for a tensor that shard does not hold
+    d = os.path.join(out, "index_bad_file")
+    write_dir(d, good_cfg, ts, "F32", 2)
+    ix = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    ix["weight_map"]["lm_head.weight"] = "model-00001-of-00002.safetensors"
+    json.dump(ix, open(os.path.join(d, "model.safetensors.index.json"), "w"))
 
 
 if __name__ == "__main__":

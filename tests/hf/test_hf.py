@@ -81,6 +81,16 @@ def part_forward(tmp):
         print(f"{name}: max |logprob - reference| = {diff:.2e}; greedy {gen}")
         check(diff < 1e-4, f"{name}: log-probs differ from the reference by {diff}")
         check(gen == r2["greedy"], f"{name}: greedy {gen} != reference {r2['greedy']}")
+        if name == "llama":  # eos_token_id (a list, as Llama 3 has) stops the continuation
+            de = os.path.join(tmp, "llama-eos")
+            shutil.copytree(d, de)
+            cfg = json.load(open(os.path.join(de, "config.json")))
+            cfg["eos_token_id"] = [make_tiny_hf.V - 1, r2["greedy"][3]]
+            json.dump(cfg, open(os.path.join(de, "config.json"), "w"))
+            out = worker(["--init-from", de, "--generate-tokens", ",".join(map(str, PROMPT)),
+                          "--max-new-tokens", str(NEW)])[1]
+            want = r2["greedy"][: r2["greedy"].index(r2["greedy"][3]) + 1]
+            check(out and out[0]["tokens"] == want, f"eos: {out} want {want}")
         samp = ["--init-from", d, "--generate-tokens", ",".join(map(str, PROMPT)),
                 "--max-new-tokens", "12", "--temperature", "0.9", "--top-p", "0.8", "--seed", "5"]
         a, b = worker(samp)[1], worker(samp)[1]
@@ -189,16 +199,16 @@ def part_parallel(tmp):
     for name in ("llama", "qwen2", "gpt2", "llama_bf16"):
         init = os.path.join(good, name)
         sp = os.path.join(tmp, f"{name}.json")
-        spec(sp, init, data)
+        spec(sp, init, data, export=True)
         run = os.path.join(tmp, f"run-{name}-1")
         rc, out, err = worker(["--spec", sp, "--out", run, "--no-save"])
         base = first_loss(out)
         check(rc == 0 and base is not None, f"{name}: one process: exit {rc} {err[-600:]}")
         for tag, lay in layouts:
             sp2 = os.path.join(tmp, f"{name}-{tag}.json")
-            spec(sp2, init, data, **lay)
-            rc, out, err = worker(["--spec", sp2, "--out", os.path.join(tmp, f"run-{name}-{tag}"),
-                                   "--nproc", "2", "--no-save"])
+            spec(sp2, init, data, export=True, **lay)
+            run2 = os.path.join(tmp, f"run-{name}-{tag}")
+            rc, out, err = worker(["--spec", sp2, "--out", run2, "--nproc", "2", "--no-save"])
             loss = first_loss(out)
             check(rc == 0 and loss is not None, f"{name} {tag}: exit {rc} {err[-600:]}")
             if loss is None or base is None:
@@ -209,6 +219,18 @@ def part_parallel(tmp):
             print(f"{name} {tag}: first-step loss {loss:.7f} vs {base:.7f} (rel {rel:.1e}); "
                   "fraction of the weights read per rank " + str([round(r, 3) for r in reads]))
             check(rel < 1e-5, f"{name} {tag}: loss {loss} != one-process {base}")
+            # export.hf gathers every rank's share: the weights after the step agree
+            ea = hfio.read_model_dir(os.path.join(run, "export", "hf"))
+            eb = hfio.read_model_dir(os.path.join(run2, "export", "hf"))
+            check(set(ea) == set(eb), f"{name} {tag}: exported names differ")
+            diff = max(float(abs(hfio.to_float(*ea[n]) - hfio.to_float(*eb[n])).max())
+                       for n in ea if n in eb)
+            # AdamW moves a weight by up to lr = 1e-3 whatever the gradient's size, so
+            # reduction-order noise in a near-zero gradient shows up to ~2 lr; a
+            # misplaced share would differ by the weights' scale (0.15)
+            tol = 1e-2 if ea[next(iter(ea))][0] == "BF16" else 2.5e-3
+            check(diff <= tol, f"{name} {tag}: exported weights differ by {diff}")
+            print(f"{name} {tag}: exported weights within {diff:.1e} of one process")
             check(len(reads) == 2, f"{name} {tag}: no load lines from both ranks")
             if tag != "pp2":  # pp stages each hold the embedding (tied head) besides their blocks
                 check(all(r < 1 for r in reads) and sum(reads) < 1.8,
