@@ -4,6 +4,13 @@
 # (Debian's python3-numpy, python3-torch; tools/setup.sh installs them):
 # the first such python3 on /usr/bin or PATH runs the script; without one the
 # tests are reported as skipped, never as passed.
+if(TARGET loom_engine)
+    add_executable(test_hf_config ${CMAKE_CURRENT_LIST_DIR}/unit/test_hf_config.c)
+    target_link_libraries(test_hf_config PRIVATE loom_engine)
+    loom_warnings(test_hf_config)
+    add_test(NAME unit.hf.config COMMAND test_hf_config)
+    set_tests_properties(unit.hf.config PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+endif()
 if(TARGET loom-worker)
     foreach(part forward export bad parallel)
         add_test(NAME integration.hf.${part}

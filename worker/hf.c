@@ -328,6 +328,19 @@ static int parse_config(struct hf_model *h, const char *path, struct loom_error 
     return 0;
 }
 
+int hf_config_parse(const char *path, struct model_config *c, enum hf_arch *arch,
+                    struct loom_error *err) {
+    struct hf_model *h = calloc(1, sizeof *h);
+    if (!h) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory");
+    int rc = parse_config(h, path, err);
+    if (rc == 0) {
+        *c = h->cfg;
+        *arch = h->arch;
+    }
+    hf_free(h);
+    return rc;
+}
+
 /* ---- weights ---- */
 
 static int st_error(int rc, const char *msg, struct loom_error *err) {
@@ -607,6 +620,7 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
             break;
         }
         fill_rows(t, ht, src, c->vocab_size, e->tp, e->tp_idx, r0, r1, buf);
+        st_release(h->files[ht->file], ht->in);
         /* bytes of the file this touched: the share's fraction of the tensor */
         h->bytes_read += ht->in->nbytes * (uint64_t)((r1 - r0) * rc1) / (uint64_t)t->numel;
         if (engine_params_from_host(e, (size_t)t->rank_offset + (size_t)(r0 * rc1), buf,

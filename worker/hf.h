@@ -50,6 +50,11 @@ struct hf_model;
 int hf_open(const char *dir, struct hf_model **out, struct loom_error *err);
 void hf_free(struct hf_model *h); /* NULL ok */
 
+/* Only the config.json at `path` -> *c and *arch (what hf_open does first;
+ * for tests and tools). 0 or -1 with err filled. */
+int hf_config_parse(const char *path, struct model_config *c, enum hf_arch *arch,
+                    struct loom_error *err);
+
 /* The model config (seq_len = max_position_embeddings, or Mistral's
  * sliding_window when smaller; borrowed). */
 const struct model_config *hf_config(const struct hf_model *h);

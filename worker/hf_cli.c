@@ -156,11 +156,14 @@ static int build(struct cli *c, int T) {
                        "the %s backend could not start", dev);
         return 1;
     }
-    /* no optimizer state unless a checkpoint (its moments) or an export (the
-     * fp32 master) needs it: scoring a model costs its weights, not 4x */
-    struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .opt_later = 1};
+    /* no gradients, and no optimizer state unless a checkpoint (its moments)
+     * or an export (the fp32 master) needs it: scoring a model costs its
+     * weights, not 4x */
+    struct engine_place p = {
+        .rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .opt_later = 1, .windows_later = 1};
     c->e = engine_new(&c->cfg, &p, be);
-    if (!c->e || ((c->ckpt[0] || o->export_hf) && engine_opt_init(c->e) != 0)) {
+    if (!c->e || engine_set_windows(c->e, 0, c->e->n_params, 0, 0) != 0 ||
+        ((c->ckpt[0] || o->export_hf) && engine_opt_init(c->e) != 0)) {
         loom_error_set(&c->le, 500, "OUT_OF_MEMORY", NULL, "cannot build the engine (see stderr)");
         return 1;
     }

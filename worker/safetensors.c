@@ -539,6 +539,15 @@ const void *st_data(struct st_file *f, const struct st_info *in, char *err, size
     return (const unsigned char *)f->map + in->offset;
 }
 
+void st_release(struct st_file *f, const struct st_info *in) {
+    if (!f->map || in->nbytes == 0) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)f->map + in->offset, b = a + in->nbytes;
+    a = a / page * page; /* the pages a tensor touches, shared edges included (re-read on use) */
+    b = (b + page - 1) / page * page;
+    madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 const json_t *st_metadata(const struct st_file *f) {
     return json_object_get(f->header, "__metadata__");
 }

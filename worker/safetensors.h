@@ -118,6 +118,11 @@ const struct st_info *st_find(const struct st_file *f, const char *name);
  * that copies its slices of a large model never reads the rest. NULL when
  * the mapping fails (message in err). */
 const void *st_data(struct st_file *f, const struct st_info *in, char *err, size_t errlen);
+/* Drop the mapping's pages of tensor `in` from this process (madvise
+ * MADV_DONTNEED; the file's pages stay in the page cache, evictable), after
+ * its bytes were used, so that reading a model tensor by tensor never keeps
+ * the model resident. No-op without a mapping. */
+void st_release(struct st_file *f, const struct st_info *in);
 /* "__metadata__" object (borrowed; NULL when absent). */
 const json_t *st_metadata(const struct st_file *f);
 /* Read tensor `name` into dst as `dtype`: the stored dtype, or F32 from a BF16
