@@ -20,3 +20,9 @@ if(TARGET loom-worker)
                              SKIP_RETURN_CODE 77 TIMEOUT 600)
     endforeach()
 endif()
+if(TARGET loom-worker AND LOOM_HAVE_CUDA)
+    add_test(NAME gpu.hf.score
+             COMMAND sh -c "for p in /usr/bin/python3 python3; do if \"$p\" -c 'import numpy, torch' 2>/dev/null; then exec \"$p\" \"$0\" \"$1\" \"$2\"; fi; done; echo 'SKIP: no python3 with numpy and torch'; exit 77"
+                     ${CMAKE_CURRENT_LIST_DIR}/hf/test_hf.py $<TARGET_FILE:loom-worker> cuda)
+    set_tests_properties(gpu.hf.score PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
+endif()

@@ -1,6 +1,6 @@
 """Hugging Face import / score / generate / export through the real loom-worker.
 
-  test_hf.py LOOM_WORKER PART     PART: forward | export | bad | parallel
+  test_hf.py LOOM_WORKER PART     PART: forward | export | bad | parallel | cuda
 
 forward:  every tiny model (make_tiny_hf.py): --score-tokens agrees with the
           independent torch reference (ref_forward.py) within 1e-4 and the
@@ -16,6 +16,8 @@ parallel: a spec with model.init_from trains its first step to the same loss
           the tp / ZeRO ranks read less than the whole model; a second attempt
           resumes from its checkpoint, not from init_from; export.hf writes
           RUN/export/hf.
+cuda:     (gpu label) bf16 scores near the reference on --device cuda; llama3
+          scaling and generation refused there. Exits 77 without a device.
 """
 import json
 import os
@@ -279,8 +281,38 @@ def part_parallel(tmp):
         check(ok, f"checkpoint scores {a} vs export {b}")
 
 
+def part_cuda(tmp):
+    """--device cuda (bf16): scores near the reference; what the CUDA backend
+    lacks (llama3 RoPE scaling, KV-cache decode) is refused, not computed."""
+    good = os.path.join(tmp, "good")
+    make_tiny_hf.make_good(good)
+    s = ",".join(map(str, TOKENS[:40]))
+    rc, out, err = worker(["--device", "cuda", "--init-from", os.path.join(good, "llama"),
+                           "--score-tokens", s])
+    if out and out[-1].get("code") in ("DEVICE_UNAVAILABLE", "CUDA_NOT_BUILT"):
+        print("SKIP: no CUDA device")
+        sys.exit(77)
+    for name in ("llama", "mistral", "qwen2", "gpt2", "llama_bf16", "qwen2_f16"):
+        d = os.path.join(good, name)
+        rc, out, err = worker(["--device", "cuda", "--init-from", d, "--score-tokens", s])
+        check(rc == 0 and out and out[-1]["type"] == "score", f"{name} cuda: {rc} {err[-300:]}")
+        if rc != 0:
+            continue
+        r = ref(d, TOKENS[:40], 0)["logprobs"][1:]
+        got = out[-1]["logprobs"][1:]
+        diffs = [abs(a - b) for a, b in zip(got, r)]
+        print(f"{name} cuda: max |logprob - reference| {max(diffs):.3f}, mean {sum(diffs) / len(diffs):.4f}")
+        check(max(diffs) < 0.25 and sum(diffs) / len(diffs) < 0.05, f"{name} cuda: bf16 scores off")
+    rc, out, _ = worker(["--device", "cuda", "--init-from", os.path.join(good, "llama3"),
+                         "--score-tokens", s])
+    check(rc == 2 and out and out[-1].get("code") == "UNSUPPORTED", f"llama3 on cuda: {rc} {out}")
+    rc, out, _ = worker(["--device", "cuda", "--init-from", os.path.join(good, "llama"),
+                         "--generate-tokens", "1,2", "--max-new-tokens", "2"])
+    check(rc == 2 and out and out[-1].get("code") == "GENERATE_UNSUPPORTED", f"generate on cuda: {out}")
+
+
 PARTS = {"forward": part_forward, "export": part_export, "bad": part_bad,
-         "parallel": part_parallel}
+         "parallel": part_parallel, "cuda": part_cuda}
 
 if __name__ == "__main__":
     WORKER = sys.argv[1]
