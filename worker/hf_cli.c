@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/exit_codes.h"
 #include "api/jobspec.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
@@ -93,7 +94,7 @@ struct cli {
 static int resolve_source(struct cli *c) {
     const struct hf_cli_opts *o = c->o;
     if (o->init_from) {
-        if (hf_open(o->init_from, &c->hf, &c->le) != 0) return 2;
+        if (hf_open(o->init_from, &c->hf, &c->le) != 0) return LOOM_EXIT_BAD_SPEC;
         c->cfg = *hf_config(c->hf);
         return 0;
     }
@@ -101,12 +102,12 @@ static int resolve_source(struct cli *c) {
         loom_error_set(&c->le, 400, "USAGE", NULL,
                        "--score-tokens, --generate-tokens and --export-hf need --init-from DIR or "
                        "--spec FILE --out RUN");
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     struct loom_spec *s = calloc(1, sizeof *s);
     struct hf_spec hs;
     memset(&hs, 0, sizeof hs);
-    int rc = 2;
+    int rc = LOOM_EXIT_BAD_SPEC;
     if (!s || hf_spec_load(o->spec, s, &hs, &c->le) != 0) goto out;
     c->cfg = s->model;
     c->hf = hs.hf;
@@ -142,19 +143,19 @@ static int build(struct cli *c, int T) {
 #else
         loom_error_set(&c->le, 422, "CUDA_NOT_BUILT", "device",
                        "--device cuda requested but this loom-worker was built without CUDA");
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
 #endif
     } else if (strcmp(dev, "cpu") == 0) {
         be = backend_cpu_new((int)o->threads);
     } else {
         loom_error_set(&c->le, 422, "INVALID_DEVICE", "device", "--device %s: expected cpu or cuda",
                        dev);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     if (!be) {
         loom_error_set(&c->le, 500, "DEVICE_UNAVAILABLE", "device",
                        "the %s backend could not start", dev);
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
     /* no gradients, and no optimizer state unless a checkpoint (its moments)
      * or an export (the fp32 master) needs it: scoring a model costs its
@@ -165,24 +166,24 @@ static int build(struct cli *c, int T) {
     if (!c->e || engine_set_windows(c->e, 0, c->e->n_params, 0, 0) != 0 ||
         ((c->ckpt[0] || o->export_hf) && engine_opt_init(c->e) != 0)) {
         loom_error_set(&c->le, 500, "OUT_OF_MEMORY", NULL, "cannot build the engine (see stderr)");
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
     struct model_opts mo = {.B = 1, .T = T, .threads = (int)o->threads};
     c->m = model_new_ex(c->e, &mo);
     if (!c->m) {
         loom_error_set(&c->le, 422, "UNSUPPORTED", "device",
                        "the model could not be built on %s (see stderr)", be->name);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     char err[1024];
     if (c->ckpt[0]) {
         if (zero_load_checkpoint(c->e, c->ckpt, err, sizeof err) != 0) {
             loom_error_set(&c->le, 422, "CHECKPOINT_INVALID", "out", "%s", err);
-            return 1;
+            return LOOM_EXIT_FAILED;
         }
         log_info("weights from checkpoint %s", c->ckpt);
     } else if (hf_load(c->hf, c->e, &c->le) != 0) {
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     return 0;
 }
@@ -192,7 +193,7 @@ static int do_score(struct cli *c, const int32_t *t, int n) {
     if (!lp || hf_score(c->m, t, n, lp) != 0) {
         free(lp);
         loom_error_set(&c->le, 500, "SCORE_FAILED", NULL, "scoring failed (see stderr)");
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
     json_t *a = json_array();
     json_array_append_new(a, json_null());
@@ -215,13 +216,13 @@ static int do_generate(struct cli *c, const int32_t *t, int n) {
                        "--generate-tokens needs the KV-cache decode operations, which the %s "
                        "backend does not have; use --device cpu (--score-tokens works on both)",
                        c->e->be->name);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     if ((int64_t)n + so.max_new > c->cfg.seq_len) {
         loom_error_set(&c->le, 422, "TOO_LONG", "max-new-tokens",
                        "%d prompt tokens + --max-new-tokens %d exceed the model's %d positions", n,
                        so.max_new, c->cfg.seq_len);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     int32_t *out = malloc((size_t)(so.max_new > 0 ? so.max_new : 1) * sizeof *out);
     int got = out ? hf_generate(c->m, t, n, &so, out) : -1;
@@ -229,7 +230,7 @@ static int do_generate(struct cli *c, const int32_t *t, int n) {
         free(out);
         loom_error_set(&c->le, 422, "GENERATE_UNSUPPORTED", "device",
                        "generation failed on the %s backend (see stderr)", c->e->be->name);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     json_t *a = json_array();
     for (int i = 0; i < got; i++)
@@ -289,19 +290,19 @@ int hf_cli_run(const struct hf_cli_opts *o) {
     if (code) goto out;
     if (o->score && (ns = parse_tokens(o->score, c.cfg.vocab_size, &st, msg, sizeof msg)) < 0) {
         loom_error_set(&c.le, 422, "BAD_TOKENS", "score-tokens", "%s", msg);
-        code = 2;
+        code = LOOM_EXIT_BAD_SPEC;
         goto out;
     }
     if (o->generate &&
         (ng = parse_tokens(o->generate, c.cfg.vocab_size, &gt, msg, sizeof msg)) < 0) {
         loom_error_set(&c.le, 422, "BAD_TOKENS", "generate-tokens", "%s", msg);
-        code = 2;
+        code = LOOM_EXIT_BAD_SPEC;
         goto out;
     }
     if (ns > c.cfg.seq_len) {
         loom_error_set(&c.le, 422, "TOO_LONG", "score-tokens",
                        "%d tokens exceed the model's %d positions", ns, c.cfg.seq_len);
-        code = 2;
+        code = LOOM_EXIT_BAD_SPEC;
         goto out;
     }
     if ((code = build(&c, ns > 0 ? ns : 1)) != 0) goto out;
@@ -310,7 +311,7 @@ int hf_cli_run(const struct hf_cli_opts *o) {
     if (o->export_hf) {
         if (hf_export_engine(c.e, NULL, NULL, o->export_hf, c.hf, (uint64_t)(o->shard_mb * 1e6),
                              &c.le) != 0) {
-            code = 1;
+            code = LOOM_EXIT_FAILED;
             goto out;
         }
     }
