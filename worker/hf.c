@@ -770,9 +770,11 @@ int hf_export(const struct hf_export_opts *o, const struct model_config *c,
         snprintf(path, sizeof path, "%s/config.json", o->src_dir);
         cfg = json_load_file(path, JSON_REJECT_DUPLICATES, NULL);
     }
-    if (json_is_object(cfg))
+    if (json_is_object(cfg)) {
         json_object_set_new(cfg, "torch_dtype", json_string(hf_torch_dtype(o->dtype)));
-    else {
+        if (json_object_get(cfg, "dtype")) /* the newer transformers spelling */
+            json_object_set_new(cfg, "dtype", json_string(hf_torch_dtype(o->dtype)));
+    } else {
         json_decref(cfg);
         cfg = config_for(c, o->dtype);
     }

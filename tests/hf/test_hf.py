@@ -95,6 +95,10 @@ def part_forward(tmp):
             check(out and out[0]["tokens"] == want, f"eos: {out} want {want}")
         samp = ["--init-from", d, "--generate-tokens", ",".join(map(str, PROMPT)),
                 "--max-new-tokens", "12", "--temperature", "0.9", "--top-p", "0.8", "--seed", "5"]
+        # a nucleus below the top token's mass keeps that token alone: greedy
+        nucleus = worker(samp[:-6] + ["--temperature", "0.9", "--top-p", "1e-9", "--seed", "5"])[1]
+        check(nucleus and nucleus[0]["tokens"][:NEW] == r2["greedy"],
+              f"{name}: top-p 1e-9 {nucleus} is not the greedy {r2['greedy']}")
         a, b = worker(samp)[1], worker(samp)[1]
         ta = a[0]["tokens"] if a else None
         check(ta is not None and len(ta) == 12 and all(0 <= t < make_tiny_hf.V for t in ta),
@@ -254,6 +258,28 @@ def part_parallel(tmp):
         got = out[-1] if out else {}
         check(rc == 2 and got.get("code") == code and not any(l.get("type") == "step" for l in out),
               f"spec {tag}: want {code}, got exit {rc} {got}")
+    # a model trained from a preset (no source directory) exports a config of
+    # its own that loads back and scores as its checkpoint does
+    for fam in ("llama", "gpt2"):
+        sp = os.path.join(tmp, f"preset-{fam}.json")
+        spec(sp, "", data, export=True, seq=64)
+        j = json.load(open(sp))
+        j["model"] = {"family": fam, "preset": "tiny"}
+        j["train"]["global_batch_tokens"] = 128
+        json.dump(j, open(sp, "w"))
+        run = os.path.join(tmp, f"run-preset-{fam}")
+        rc, out, err = worker(["--spec", sp, "--out", run])
+        check(rc == 0, f"preset {fam}: exit {rc} {err[-400:]}")
+        exp = os.path.join(run, "export", "hf")
+        cfg = json.load(open(os.path.join(exp, "config.json"))) if rc == 0 else {}
+        want = "GPT2LMHeadModel" if fam == "gpt2" else "LlamaForCausalLM"
+        check(cfg.get("architectures") == [want], f"preset {fam}: config {cfg}")
+        s = ",".join(map(str, [t % 512 for t in TOKENS[:30]]))
+        a = worker(["--spec", sp, "--out", run, "--score-tokens", s])[1]
+        b = worker(["--init-from", exp, "--score-tokens", s])[1]
+        ok = a and b and a[-1]["type"] == b[-1]["type"] == "score" and max(
+            abs(x - y) for x, y in zip(a[-1]["logprobs"][1:], b[-1]["logprobs"][1:])) < 1e-6
+        check(ok, f"preset {fam}: checkpoint scores {a} vs its export {b}")
     # retry: the second attempt resumes from its checkpoint; export.hf at the end
     init = os.path.join(good, "qwen2")
     sp = os.path.join(tmp, "retry.json")
