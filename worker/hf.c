@@ -23,7 +23,8 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 
-#define HF_SHARD_DEFAULT 5000000000ull /* 5 GB, what transformers writes by default */
+#define HF_SHARD_DEFAULT 5000000000ull     /* 5 GB, what transformers writes by default */
+#define HF_STAGE_ELEMS   ((size_t)1 << 22) /* 16 MiB of fp32 rows per conversion pass */
 
 static const char *const arch_names[HF_NARCH] = {
     [HF_ARCH_LLAMA] = "LlamaForCausalLM",
@@ -528,6 +529,26 @@ static inline float elem(const unsigned char *p, size_t i, enum st_dtype d) {
     }
 }
 
+/* n contiguous elements from element i0 on, with the dtype switch outside
+ * the loop. */
+static void run(float *o, const unsigned char *p, size_t i0, size_t n, enum st_dtype d) {
+    const unsigned char *q = p + i0 * st_dtype_size(d);
+    uint16_t u;
+    if (d == ST_F32) {
+        memcpy(o, q, n * sizeof *o);
+    } else if (d == ST_BF16) {
+        for (size_t j = 0; j < n; j++) {
+            memcpy(&u, q + 2 * j, 2);
+            o[j] = st_bf16_to_f32(u);
+        }
+    } else {
+        for (size_t j = 0; j < n; j++) {
+            memcpy(&u, q + 2 * j, 2);
+            o[j] = st_f16_to_f32(u);
+        }
+    }
+}
+
 /* The part [*a, *b) of tensor i's rank range that this engine holds (its
  * window, or all of it behind a view); 0 when none. */
 static int held_range(const struct engine *e, int i, size_t *a, size_t *b) {
@@ -578,8 +599,7 @@ static void fill_rows(const struct model_tensor *t, const struct hf_tensor *ht,
             for (int64_t j = 0; j < rc; j++)
                 o[j] = elem(src, (size_t)((gj0 + j) * cols_f + gi), dt);
         else
-            for (int64_t j = 0; j < rc; j++)
-                o[j] = elem(src, (size_t)(gi * cols_f + gj0 + j), dt);
+            run(o, src, (size_t)(gi * cols_f + gj0), (size_t)rc, dt);
     }
     (void)rows_f;
     (void)d1;
@@ -597,11 +617,15 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
                               h->dir, ec->n_layer, ec->d_model, ec->n_head, ec->n_kv_head, ec->d_ff,
                               ec->vocab_size, c->n_layer, c->d_model, c->n_head, c->n_kv_head,
                               c->d_ff, c->vocab_size);
-    size_t maxn = 0;
+    /* rows are converted through a staging buffer of at most HF_STAGE_ELEMS
+     * floats (one row when a row is wider), so host memory stays bounded */
+    size_t maxrow = 1;
     for (int i = 0; i < e->layout.n; i++)
-        if ((size_t)e->layout.t[i].rank_numel > maxn) maxn = (size_t)e->layout.t[i].rank_numel;
-    float *buf = malloc((maxn ? maxn : 1) * sizeof *buf);
-    if (!buf) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory (%zu floats)", maxn);
+        if ((size_t)e->layout.t[i].rank_shape[1] > maxrow)
+            maxrow = (size_t)e->layout.t[i].rank_shape[1];
+    size_t cap = maxrow > HF_STAGE_ELEMS ? maxrow : HF_STAGE_ELEMS;
+    float *buf = malloc(cap * sizeof *buf);
+    if (!buf) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory (%zu floats)", cap);
     int rc = 0;
     uint64_t total = 0;
     for (int i = 0; i < e->layout.n && rc == 0; i++) {
@@ -619,13 +643,17 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
             rc = loom_error_set(err, 422, "HF_IO", t->name, "%s", msg);
             break;
         }
-        fill_rows(t, ht, src, c->vocab_size, e->tp, e->tp_idx, r0, r1, buf);
+        int64_t step = (int64_t)(cap / (size_t)rc1);
+        for (int64_t q = r0; q < r1 && rc == 0; q += step) {
+            int64_t q1 = q + step < r1 ? q + step : r1;
+            fill_rows(t, ht, src, c->vocab_size, e->tp, e->tp_idx, q, q1, buf);
+            if (engine_params_from_host(e, (size_t)t->rank_offset + (size_t)(q * rc1), buf,
+                                        (size_t)((q1 - q) * rc1)) != 0)
+                rc = loom_error_set(err, 500, "HF_IO", NULL, "out of memory uploading %s", t->name);
+        }
         st_release(h->files[ht->file], ht->in);
         /* bytes of the file this touched: the share's fraction of the tensor */
         h->bytes_read += ht->in->nbytes * (uint64_t)((r1 - r0) * rc1) / (uint64_t)t->numel;
-        if (engine_params_from_host(e, (size_t)t->rank_offset + (size_t)(r0 * rc1), buf,
-                                    (size_t)((r1 - r0) * rc1)) != 0)
-            rc = loom_error_set(err, 500, "HF_IO", NULL, "out of memory uploading %s", t->name);
     }
     free(buf);
     e->be->sync(e->be->ctx);

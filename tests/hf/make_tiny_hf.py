@@ -44,6 +44,9 @@ MODELS = {
     "gpt2": ("GPT2LMHeadModel", "F32", True, {}, 1),
     "llama_bf16": ("LlamaForCausalLM", "BF16", False, {"rope_theta": 10000.0}, 2),
     "qwen2_f16": ("Qwen2ForCausalLM", "F16", False, {"rope_theta": 1e6}, 1),
+    # a vocabulary of 70000 x 64 = 4.48M embedding values: more than the loader's 4M-float
+    # staging buffer, so the embedding is converted in two passes
+    "gpt2_wide": ("GPT2LMHeadModel", "BF16", True, {"vocab_size": 70000}, 1),
 }
 
 TYPES = {
@@ -70,7 +73,7 @@ def config(arch, dtype, tied, extra):
     return c
 
 
-def tensors(arch, tied, rng, ffn=F):
+def tensors(arch, tied, rng, ffn=F, V=V):
     def w(*shape, s=0.15):
         return rng.normal(0, s, size=shape).astype(np.float32)
 
@@ -140,8 +143,9 @@ def write_dir(d, cfg, ts, dtype, shards, header_len=None, dtypes=None):
 def make_good(out):
     for k, (name, (arch, dtype, tied, extra, shards)) in enumerate(sorted(MODELS.items())):
         rng = np.random.default_rng(1000 + k)
-        write_dir(os.path.join(out, name), config(arch, dtype, tied, extra),
-                  tensors(arch, tied, rng), dtype, shards)
+        cfg = config(arch, dtype, tied, extra)
+        write_dir(os.path.join(out, name), cfg, tensors(arch, tied, rng, V=cfg["vocab_size"]),
+                  dtype, shards)
 
 
 # bad case: (directory, expected error code)
