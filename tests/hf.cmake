@@ -19,6 +19,11 @@ if(TARGET loom-worker)
         set_tests_properties(integration.hf.${part} PROPERTIES LABELS "integration"
                              SKIP_RETURN_CODE 77 TIMEOUT 600)
     endforeach()
+    # the worker's import, export and parallel load paths under the sanitizers too
+    # (forward spends its time in torch, not in the worker)
+    foreach(part export bad parallel)
+        set_tests_properties(integration.hf.${part} PROPERTIES LABELS "integration;sanitize")
+    endforeach()
 endif()
 if(TARGET loom-worker AND LOOM_HAVE_CUDA)
     add_test(NAME gpu.hf.score

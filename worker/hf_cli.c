@@ -306,6 +306,11 @@ int hf_cli_run(const struct hf_cli_opts *o) {
         goto out;
     }
     if ((code = build(&c, ns > 0 ? ns : 1)) != 0) goto out;
+    emit(json_pack("{s:s, s:s, s:s, s:I, s:i, s:s, s:s}", "type", "model", "architecture",
+                   c.hf ? hf_arch_name(hf_model_arch(c.hf)) : model_family_name(c.cfg.family),
+                   "dtype", c.hf ? st_dtype_name(hf_model_dtype(c.hf)) : "F32", "params",
+                   (json_int_t)model_n_params(&c.cfg), "seq_len", c.cfg.seq_len, "weights",
+                   c.ckpt[0] ? c.ckpt : hf_model_dir(c.hf), "device", c.e->be->name));
     if (st && (code = do_score(&c, st, ns)) != 0) goto out;
     if (gt && (code = do_generate(&c, gt, ng)) != 0) goto out;
     if (o->export_hf) {

@@ -4,7 +4,9 @@
  *
  * The weights come from an HF directory (--init-from DIR) or from a run
  * directory (--spec S --out RUN: the newest checkpoint under RUN, else the
- * spec's model.init_from, else refused). One JSON line per mode on stdout:
+ * spec's model.init_from, else refused). JSON lines on stdout: first
+ *   {"type":"model","architecture","dtype","params","seq_len","weights","device"}
+ * then one per mode asked for:
  *   {"type":"score","logprobs":[null, lp1, ...]}
  *   {"type":"generate","tokens":[...]}            (new tokens only)
  *   {"type":"export","dir":"...","dtype":"BF16"}

@@ -51,6 +51,11 @@ def worker(args, env=None):
     return p.returncode, lines, p.stderr
 
 
+def of(out, kind):
+    """The first line of type `kind`, or None."""
+    return next((l for l in out if l.get("type") == kind), None)
+
+
 def ref(d, toks, n):
     out = subprocess.run([sys.executable, os.path.join(HERE, "ref_forward.py"), d,
                           ",".join(map(str, toks)), str(n)], capture_output=True, text=True,
@@ -75,6 +80,10 @@ def part_forward(tmp):
         check(rc == 0, f"{name}: exit {rc}: {err[-500:]}")
         if rc != 0:
             continue
+        arch = json.load(open(os.path.join(d, "config.json")))["architectures"][0]
+        m = of(out, "model") or {}
+        check(m.get("architecture") == arch and m.get("dtype") == make_tiny_hf.MODELS[name][1],
+              f"{name}: model line {m}")
         sc = [l for l in out if l["type"] == "score"][0]["logprobs"]
         gen = [l for l in out if l["type"] == "generate"][0]["tokens"]
         r1, r2 = ref(d, TOKENS, 0), ref(d, PROMPT, NEW)
@@ -92,15 +101,16 @@ def part_forward(tmp):
             out = worker(["--init-from", de, "--generate-tokens", ",".join(map(str, PROMPT)),
                           "--max-new-tokens", str(NEW)])[1]
             want = r2["greedy"][: r2["greedy"].index(r2["greedy"][3]) + 1]
-            check(out and out[0]["tokens"] == want, f"eos: {out} want {want}")
+            check(of(out, "generate") and of(out, "generate")["tokens"] == want,
+                  f"eos: {out} want {want}")
         samp = ["--init-from", d, "--generate-tokens", ",".join(map(str, PROMPT)),
                 "--max-new-tokens", "12", "--temperature", "0.9", "--top-p", "0.8", "--seed", "5"]
         # a nucleus below the top token's mass keeps that token alone: greedy
         nucleus = worker(samp[:-6] + ["--temperature", "0.9", "--top-p", "1e-9", "--seed", "5"])[1]
-        check(nucleus and nucleus[0]["tokens"][:NEW] == r2["greedy"],
+        check(of(nucleus, "generate") and of(nucleus, "generate")["tokens"][:NEW] == r2["greedy"],
               f"{name}: top-p 1e-9 {nucleus} is not the greedy {r2['greedy']}")
         a, b = worker(samp)[1], worker(samp)[1]
-        ta = a[0]["tokens"] if a else None
+        ta = of(a, "generate")["tokens"] if of(a, "generate") else None
         vocab = json.load(open(os.path.join(d, "config.json")))["vocab_size"]
         check(ta is not None and len(ta) == 12 and all(0 <= t < vocab for t in ta),
               f"{name}: sampled tokens {ta}")
@@ -147,7 +157,8 @@ def part_export(tmp):
         s = ",".join(map(str, TOKENS[:20]))
         a = worker(["--init-from", src, "--score-tokens", s])[1]
         b = worker(["--init-from", dst, "--score-tokens", s])[1]
-        check(a == b and a, f"{name}: the export scores differently")
+        check(of(a, "score") and of(a, "score") == of(b, "score"),
+              f"{name}: the export scores differently")
 
 
 def part_bad(tmp):
@@ -304,7 +315,8 @@ def part_parallel(tmp):
         s = ",".join(map(str, TOKENS[:16]))
         a = worker(["--spec", sp, "--out", run, "--score-tokens", s])[1]
         b = worker(["--init-from", exp, "--score-tokens", s])[1]
-        ok = a and b and max(abs(x - y) for x, y in zip(a[0]["logprobs"][1:], b[0]["logprobs"][1:])) < 1e-6
+        ok = of(a, "score") and of(b, "score") and max(
+            abs(x - y) for x, y in zip(of(a, "score")["logprobs"][1:], of(b, "score")["logprobs"][1:])) < 1e-6
         check(ok, f"checkpoint scores {a} vs export {b}")
 
 
