@@ -133,7 +133,9 @@ out:
     return rc;
 }
 
-static int build(struct cli *c, int T) {
+/* T: positions the model's forward covers (scoring); gen: prompt + new
+ * tokens, which the forward must cover too when generation recomputes. */
+static int build(struct cli *c, int T, int gen) {
     const struct hf_cli_opts *o = c->o;
     const char *dev = o->device && *o->device ? o->device : "cpu";
     struct backend *be = NULL;
@@ -168,6 +170,7 @@ static int build(struct cli *c, int T) {
         loom_error_set(&c->le, 500, "OUT_OF_MEMORY", NULL, "cannot build the engine (see stderr)");
         return LOOM_EXIT_FAILED;
     }
+    if ((o->recompute || !be->rope_at || !be->attention_decode) && gen > T) T = gen;
     struct model_opts mo = {.B = 1, .T = T, .threads = (int)o->threads};
     c->m = model_new_ex(c->e, &mo);
     if (!c->m) {
@@ -211,26 +214,13 @@ static int do_generate(struct cli *c, const int32_t *t, int n) {
                                 .top_p = o->top_p,
                                 .seed = (uint64_t)o->seed};
     if (c->hf) so.n_eos = hf_eos_tokens(c->hf, so.eos, HF_MAX_EOS);
-    if (!c->e->be->rope_at || !c->e->be->attention_decode) {
-        loom_error_set(&c->le, 422, "GENERATE_UNSUPPORTED", "device",
-                       "--generate-tokens needs the KV-cache decode operations, which the %s "
-                       "backend does not have; use --device cpu (--score-tokens works on both)",
-                       c->e->be->name);
-        return LOOM_EXIT_BAD_SPEC;
-    }
-    if ((int64_t)n + so.max_new > c->cfg.seq_len) {
-        loom_error_set(&c->le, 422, "TOO_LONG", "max-new-tokens",
-                       "%d prompt tokens + --max-new-tokens %d exceed the model's %d positions", n,
-                       so.max_new, c->cfg.seq_len);
-        return LOOM_EXIT_BAD_SPEC;
-    }
     int32_t *out = malloc((size_t)(so.max_new > 0 ? so.max_new : 1) * sizeof *out);
-    int got = out ? hf_generate(c->m, t, n, &so, out) : -1;
+    int got = out ? hf_generate(c->m, t, n, &so, (int)o->recompute, out) : -1;
     if (got < 0) {
         free(out);
-        loom_error_set(&c->le, 422, "GENERATE_UNSUPPORTED", "device",
+        loom_error_set(&c->le, 500, "GENERATE_FAILED", NULL,
                        "generation failed on the %s backend (see stderr)", c->e->be->name);
-        return LOOM_EXIT_BAD_SPEC;
+        return LOOM_EXIT_FAILED;
     }
     json_t *a = json_array();
     for (int i = 0; i < got; i++)
@@ -305,7 +295,14 @@ int hf_cli_run(const struct hf_cli_opts *o) {
         code = LOOM_EXIT_BAD_SPEC;
         goto out;
     }
-    if ((code = build(&c, ns > 0 ? ns : 1)) != 0) goto out;
+    if (gt && (int64_t)ng + o->max_new > c.cfg.seq_len) {
+        loom_error_set(&c.le, 422, "TOO_LONG", "max-new-tokens",
+                       "%d prompt tokens + --max-new-tokens %ld exceed the model's %d positions",
+                       ng, o->max_new, c.cfg.seq_len);
+        code = LOOM_EXIT_BAD_SPEC;
+        goto out;
+    }
+    if ((code = build(&c, ns > 0 ? ns : 1, gt ? ng + (int)o->max_new : 0)) != 0) goto out;
     emit(json_pack("{s:s, s:s, s:s, s:I, s:i, s:s, s:s}", "type", "model", "architecture",
                    c.hf ? hf_arch_name(hf_model_arch(c.hf)) : model_family_name(c.cfg.family),
                    "dtype", c.hf ? st_dtype_name(hf_model_dtype(c.hf)) : "F32", "params",

@@ -18,6 +18,7 @@
 struct hf_cli_opts {
     char *init_from, *score, *generate, *export_hf;
     long max_new, seed;
+    int recompute; /* debug: generate without the KV cache (the CUDA path) */
     double temperature, top_p, shard_mb;
     /* from the worker's own flags */
     const char *spec, *out, *device;

@@ -15,19 +15,26 @@
 #include "common/log.h"
 
 int hf_score(struct model *m, const int32_t *tokens, int n, double *lp) {
-    if (m->B != 1 || m->T != n || n < 1) {
+    if (m->B != 1 || m->T < n || n < 1) {
         log_error("score: model built for B=%d T=%d, not 1 x %d tokens", m->B, m->T, n);
         return -1;
     }
-    int32_t *tg = malloc((size_t)n * sizeof *tg);
-    if (!tg) return -1;
-    for (int i = 0; i < n; i++)
+    /* rows past n are padding: causal attention keeps them out of rows < n */
+    int32_t *in = calloc((size_t)m->T, sizeof *in), *tg = malloc((size_t)m->T * sizeof *tg);
+    if (!in || !tg) {
+        free(in);
+        free(tg);
+        return -1;
+    }
+    memcpy(in, tokens, (size_t)n * sizeof *in);
+    for (int i = 0; i < m->T; i++)
         tg[i] = i + 1 < n ? tokens[i + 1] : -1;
     int64_t cnt = 0;
-    model_forward(m, tokens, tg, 0.0f, &cnt);
+    model_forward(m, in, tg, 0.0f, &cnt);
     lp[0] = NAN;
     for (int i = 1; i < n; i++)
         lp[i] = -(double)m->host_losses[i - 1];
+    free(in);
     free(tg);
     return 0;
 }
@@ -155,14 +162,46 @@ static void dec_free(struct dec *d) {
     free(d->host);
 }
 
+static int is_eos(const struct hf_sample_opts *o, int t) {
+    for (int k = 0; k < o->n_eos; k++)
+        if (t == o->eos[k]) return 1;
+    return 0;
+}
+
+/* Without decode operations: the training forward over the whole sequence
+ * for every new token (rows past it padding), logits of its last row. */
+static int generate_recompute(struct model *m, const int32_t *prompt, int n,
+                              const struct hf_sample_opts *o, int32_t *out) {
+    int T = m->T, got = 0, rc = -1;
+    int32_t *in = calloc((size_t)T, sizeof *in), *tg = malloc((size_t)T * sizeof *tg);
+    float *host = malloc((size_t)m->V * sizeof *host);
+    struct cand *c = malloc((size_t)m->V * sizeof *c);
+    if (!in || !tg || !host || !c) goto out;
+    memcpy(in, prompt, (size_t)n * sizeof *in);
+    for (int i = 0; i < T; i++)
+        tg[i] = -1;
+    uint64_t rng = o->seed ^ 0x6c6f6f6d2d67656eull; /* "loom-gen", as the cached path */
+    for (int len = n; got < o->max_new;) {
+        model_forward(m, in, tg, 0.0f, NULL);
+        if (model_row_logits(m, len - 1, host) != 0) goto out;
+        int t = sample(host, m->V, o, &rng, c);
+        out[got++] = t;
+        if (is_eos(o, t)) break;
+        in[len++] = t;
+    }
+    rc = got;
+out:
+    free(in);
+    free(tg);
+    free(host);
+    free(c);
+    return rc;
+}
+
 int hf_generate(struct model *m, const int32_t *prompt, int n, const struct hf_sample_opts *o,
-                int32_t *out) {
+                int recompute, int32_t *out) {
     struct engine *e = m->e;
     struct backend *b = e->be;
-    if (!b->rope_at || !b->attention_decode) {
-        log_error("generate: the %s backend has no decode operations (use --device cpu)", b->name);
-        return -1;
-    }
     if (e->tp != 1 || e->pp != 1) {
         log_error("generate: needs one process (tp=%d pp=%d)", e->tp, e->pp);
         return -1;
@@ -172,6 +211,15 @@ int hf_generate(struct model *m, const int32_t *prompt, int n, const struct hf_s
                   "prompt is empty)",
                   n, o->max_new, e->cfg.seq_len);
         return -1;
+    }
+    if (recompute || !b->rope_at || !b->attention_decode) {
+        if (m->B != 1 || m->T < n + o->max_new) {
+            log_error("generate: without a KV cache the model must hold %d positions (built "
+                      "for %d)",
+                      n + o->max_new, m->T);
+            return -1;
+        }
+        return generate_recompute(m, prompt, n, o, out);
     }
     struct dec d;
     memset(&d, 0, sizeof d);
@@ -207,10 +255,7 @@ int hf_generate(struct model *m, const int32_t *prompt, int n, const struct hf_s
     for (got = 0; got < o->max_new;) {
         int t = sample(d.host, m->V, o, &rng, c);
         out[got++] = t;
-        int stop = got == o->max_new;
-        for (int k = 0; k < o->n_eos; k++)
-            stop |= t == o->eos[k];
-        if (stop) break;
+        if (is_eos(o, t) || got == o->max_new) break;
         step(&d, t, n + got - 1);
     }
     rc = got;

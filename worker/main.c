@@ -104,6 +104,9 @@ static const struct config_entry table[] = {
      "sampling temperature (0: greedy)"},
     {"top-p", CONFIG_DOUBLE, offsetof(struct opts, hf.top_p), "1", 0, 1, "nucleus sampling mass"},
     {"seed", CONFIG_INT, offsetof(struct opts, hf.seed), "0", 0, 9e15, "sampling seed"},
+    {"generate-recompute", CONFIG_BOOL, offsetof(struct opts, hf.recompute), "0", 0, 0,
+     "debug: generate by re-running the whole forward per token instead of the KV cache (what "
+     "a backend without decode operations does)"},
     {"export-hf", CONFIG_STR, offsetof(struct opts, hf.export_hf), NULL, 1, 0,
      "write the model as a Hugging Face directory (config, safetensors shards + index, "
      "tokenizer files)"},

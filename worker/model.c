@@ -563,6 +563,24 @@ static void block_fwd(struct model *m, int l, const void *x) {
     }
 }
 
+int model_row_logits(struct model *m, int r, float *out) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    if (m->tp || !m->first || !m->last || r < 0 || r >= m->B * m->T) return -1;
+    void *lg = b->alloc(b->ctx, (size_t)m->Vp * b->elt_size);
+    float *f = b->alloc(b->ctx, (size_t)m->Vp * sizeof *f);
+    int rc = lg && f ? 0 : -1;
+    if (rc == 0) {
+        b->matmul_fwd(b->ctx, lg, backend_at(b, m->acts->nf, (size_t)r * m->C), P(m, m->head), NULL,
+                      1, m->C, m->Vp);
+        b->to_f32(b->ctx, f, lg, (size_t)m->V);
+        b->download(b->ctx, out, f, (size_t)m->V * sizeof *out);
+    }
+    b->free(b->ctx, lg);
+    b->free(b->ctx, f);
+    return rc;
+}
+
 void *model_stage_input(struct model *m) {
     return m->acts->enc;
 }

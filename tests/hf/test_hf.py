@@ -16,8 +16,9 @@ parallel: a spec with model.init_from trains its first step to the same loss
           the tp / ZeRO ranks read less than the whole model; a second attempt
           resumes from its checkpoint, not from init_from; export.hf writes
           RUN/export/hf.
-cuda:     (gpu label) bf16 scores near the reference on --device cuda; llama3
-          scaling and generation refused there. Exits 77 without a device.
+cuda:     (gpu label) bf16 scores near the reference on --device cuda, sampled
+          generation reproducible; llama3 scaling refused there. Exits 77 without a
+          device.
 """
 import json
 import os
@@ -92,6 +93,10 @@ def part_forward(tmp):
         print(f"{name}: max |logprob - reference| = {diff:.2e}; greedy {gen}")
         check(diff < 1e-4, f"{name}: log-probs differ from the reference by {diff}")
         check(gen == r2["greedy"], f"{name}: greedy {gen} != reference {r2['greedy']}")
+        # the path of a backend without decode operations (cuda): the whole forward per token
+        rec = of(worker(["--init-from", d, "--generate-tokens", ",".join(map(str, PROMPT)),
+                         "--max-new-tokens", str(NEW), "--generate-recompute"])[1], "generate")
+        check(rec and rec["tokens"] == r2["greedy"], f"{name}: recompute greedy {rec}")
         if name == "llama":  # eos_token_id (a list, as Llama 3 has) stops the continuation
             de = os.path.join(tmp, "llama-eos")
             shutil.copytree(d, de)
@@ -321,8 +326,9 @@ def part_parallel(tmp):
 
 
 def part_cuda(tmp):
-    """--device cuda (bf16): scores near the reference; what the CUDA backend
-    lacks (llama3 RoPE scaling, KV-cache decode) is refused, not computed."""
+    """--device cuda (bf16): scores near the reference; generation (without the
+    KV cache there) works; llama3 RoPE scaling, which the CUDA backend lacks, is
+    refused, not computed."""
     good = os.path.join(tmp, "good")
     make_tiny_hf.make_good(good)
     s = ",".join(map(str, TOKENS[:40]))
@@ -345,9 +351,12 @@ def part_cuda(tmp):
     rc, out, _ = worker(["--device", "cuda", "--init-from", os.path.join(good, "llama3"),
                          "--score-tokens", s])
     check(rc == 2 and out and out[-1].get("code") == "UNSUPPORTED", f"llama3 on cuda: {rc} {out}")
-    rc, out, _ = worker(["--device", "cuda", "--init-from", os.path.join(good, "llama"),
-                         "--generate-tokens", "1,2", "--max-new-tokens", "2"])
-    check(rc == 2 and out and out[-1].get("code") == "GENERATE_UNSUPPORTED", f"generate on cuda: {out}")
+    # generation on cuda re-runs the forward per token: valid ids, reproducible per seed
+    g = ["--device", "cuda", "--init-from", os.path.join(good, "llama"), "--generate-tokens",
+         ",".join(map(str, PROMPT)), "--max-new-tokens", "8", "--temperature", "0.7", "--seed", "2"]
+    a, b = of(worker(g)[1], "generate"), of(worker(g)[1], "generate")
+    check(a and len(a["tokens"]) == 8 and all(0 <= t < make_tiny_hf.V for t in a["tokens"]) and a == b,
+          f"generate on cuda: {a} {b}")
 
 
 PARTS = {"forward": part_forward, "export": part_export, "bad": part_bad,
