@@ -569,8 +569,7 @@ static int held_range(const struct engine *e, int i, size_t *a, size_t *b) {
 static void fill_rows(const struct model_tensor *t, const struct hf_tensor *ht,
                       const unsigned char *src, int V, int tp, int idx, int64_t r0, int64_t r1,
                       float *out) {
-    int64_t d0 = t->shape[0], d1 = t->shape[1], rc = t->rank_shape[1];
-    int64_t rows_f = ht->in->shape[0]; /* file rows (vocab rows: V) */
+    int64_t d0 = t->shape[0], rc = t->rank_shape[1];
     int64_t cols_f = t->ndim == 2 ? ht->in->shape[1] : 1;
     enum st_dtype dt = ht->in->dtype;
     for (int64_t i = r0; i < r1; i++) {
@@ -601,8 +600,6 @@ static void fill_rows(const struct model_tensor *t, const struct hf_tensor *ht,
         else
             run(o, src, (size_t)(gi * cols_f + gj0), (size_t)rc, dt);
     }
-    (void)rows_f;
-    (void)d1;
 }
 
 int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
