@@ -1,5 +1,6 @@
-/* AdamW kernel bandwidth on one GPU: lk_adamw_multi over N parameters in
- * segments like a GPT-2 layout (alternating decay / no decay), each variant
+/* AdamW kernel bandwidth on one GPU: dev_adamw_multi (dev/cuda; variant 1
+ * ships as lk_adamw_multi) over N parameters in segments like a GPT-2
+ * layout (alternating decay / no decay), each variant
  * timed with CUDA events (median of 20 after 3 warm-ups), reported as
  * GB/s of the 28 bytes a parameter moves (bf16 grad read, bf16 param write,
  * fp32 master/m/v read+write). The variants' outputs must be bit-identical.
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "tests/gpu/bench_util.h"
+#include "dev/cuda/dev_kernels.h"
 #include "worker/cuda/kernels.h"
 
 int main(int argc, char **argv) {
@@ -42,15 +44,14 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&b));
     int bad = 0;
     for (int var = 0; var < 2; var++) {
-        lk_adamw_set_variant(var);
         CK(cudaMemcpy(master, hm, n * 4, cudaMemcpyHostToDevice));
         CK(cudaMemset(m, 0, n * 4));
         CK(cudaMemset(v, 0, n * 4));
         CK(cudaMemcpy(grad, hg, n * 2, cudaMemcpyHostToDevice));
         /* correctness pass: 3 steps from the same state */
         for (int st = 1; st <= 3; st++)
-            lk_adamw_multi((lbf16 *)param, master, (const lbf16 *)grad, m, v, &segs, 1e-3f, 0.9f,
-                           0.95f, 1e-8f, 0.5f, st, s);
+            dev_adamw_multi(var, (lbf16 *)param, master, (const lbf16 *)grad, m, v, &segs, 1e-3f,
+                            0.9f, 0.95f, 1e-8f, 0.5f, st, s);
         CK(cudaStreamSynchronize(s));
         if (var == 0) {
             CK(cudaMemcpy(ref, master, n * 4, cudaMemcpyDeviceToHost));
@@ -67,8 +68,8 @@ int main(int argc, char **argv) {
         float ms[20];
         for (int it = 0; it < 23; it++) {
             CK(cudaEventRecord(a, s));
-            lk_adamw_multi((lbf16 *)param, master, (const lbf16 *)grad, m, v, &segs, 1e-3f, 0.9f,
-                           0.95f, 1e-8f, 0.5f, 4 + it, s);
+            dev_adamw_multi(var, (lbf16 *)param, master, (const lbf16 *)grad, m, v, &segs, 1e-3f,
+                            0.9f, 0.95f, 1e-8f, 0.5f, 4 + it, s);
             CK(cudaEventRecord(b, s));
             CK(cudaEventSynchronize(b));
             if (it >= 3) CK(cudaEventElapsedTime(&ms[it - 3], a, b));
