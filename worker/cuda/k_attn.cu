@@ -470,6 +470,60 @@ __device__ __forceinline__ float ex2(float x) {
 
 #define NBUF 3 /* K/V (fwd) and Q/dO (bwd) tiles in flight: one barrier a step */
 
+/* attn_fwd2_kernel's online softmax for one m-tile (first row row0) and key
+ * tile kb: the causal mask where the tile reaches past the diagonal, the
+ * running max m and sum l of rows g and g+8 (in units of score * log2(e) /
+ * sqrt(hd)), P = exp2(S - max) written over s, and O rescaled by
+ * exp2(old max - new max). */
+template <int HD>
+__device__ __forceinline__ void fwd2_softmax(float (&s)[8][4], float (&o)[HD / 8][4], float (&m)[2],
+                                             float (&l)[2], int row0, int kb, int g, int t,
+                                             float sl2) {
+    if (kb * BK + BK - 1 > row0) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = kb * BK + j * 8 + 2 * t + (e & 1);
+                int qr = row0 + g + (e >= 2 ? 8 : 0);
+                if (key > qr) s[j][e] = -INFINITY;
+            }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float n0 = fmaxf(m[0], mx0 * sl2), n1 = fmaxf(m[1], mx1 * sl2);
+    float a0 = ex2(m[0] - n0), a1 = ex2(m[1] - n1);
+    m[0] = n0;
+    m[1] = n1;
+    float r0 = 0.f, r1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        s[j][0] = ex2(fmaf(s[j][0], sl2, -n0));
+        s[j][1] = ex2(fmaf(s[j][1], sl2, -n0));
+        s[j][2] = ex2(fmaf(s[j][2], sl2, -n1));
+        s[j][3] = ex2(fmaf(s[j][3], sl2, -n1));
+        r0 += s[j][0] + s[j][1];
+        r1 += s[j][2] + s[j][3];
+    }
+    l[0] = l[0] * a0 + r0;
+    l[1] = l[1] * a1 + r1;
+#pragma unroll
+    for (int jd = 0; jd < HD / 8; jd++) {
+        o[jd][0] *= a0;
+        o[jd][1] *= a0;
+        o[jd][2] *= a1;
+        o[jd][3] *= a1;
+    }
+}
+
 /* Forward, 128 queries per CTA of 4 warps. Warp w owns two 16-row m-tiles,
  * local rows w*16 and 64 + w*16, so every K/V fragment read from shared
  * memory feeds two mmas (the 16-row scheme above is bound by ldmatrix
@@ -548,53 +602,9 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             }
         }
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int row0 = qb * 128 + i * 64 + w * 16; /* first row of this m-tile */
-            if (kb * BK + BK - 1 > row0) {         /* the tile reaches past the diagonal */
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int key = kb * BK + j * 8 + 2 * t + (e & 1);
-                        int qr = row0 + g + (e >= 2 ? 8 : 0);
-                        if (key > qr) s[i][j][e] = -INFINITY;
-                    }
-            }
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                mx0 = fmaxf(mx0, fmaxf(s[i][j][0], s[i][j][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[i][j][2], s[i][j][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            float n0 = fmaxf(m[i][0], mx0 * sl2), n1 = fmaxf(m[i][1], mx1 * sl2);
-            float a0 = ex2(m[i][0] - n0), a1 = ex2(m[i][1] - n1);
-            m[i][0] = n0;
-            m[i][1] = n1;
-            float r0 = 0.f, r1 = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                s[i][j][0] = ex2(fmaf(s[i][j][0], sl2, -n0));
-                s[i][j][1] = ex2(fmaf(s[i][j][1], sl2, -n0));
-                s[i][j][2] = ex2(fmaf(s[i][j][2], sl2, -n1));
-                s[i][j][3] = ex2(fmaf(s[i][j][3], sl2, -n1));
-                r0 += s[i][j][0] + s[i][j][1];
-                r1 += s[i][j][2] + s[i][j][3];
-            }
-            l[i][0] = l[i][0] * a0 + r0;
-            l[i][1] = l[i][1] * a1 + r1;
-#pragma unroll
-            for (int jd = 0; jd < HD / 8; jd++) {
-                o[i][jd][0] *= a0;
-                o[i][jd][1] *= a0;
-                o[i][jd][2] *= a1;
-                o[i][jd][3] *= a1;
-            }
-        }
-        /* O += P V, each V fragment shared by both m-tiles */
+        for (int i = 0; i < 2; i++) /* row0: the first row of m-tile i */
+            fwd2_softmax<HD>(s[i], o[i], m[i], l[i], qb * 128 + i * 64 + w * 16, kb, g, t, sl2);
+            /* O += P V, each V fragment shared by both m-tiles */
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[2][4];
