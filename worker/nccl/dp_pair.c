@@ -2,6 +2,7 @@
  * all-reduce (pair.h), with the token embedding exchange: the embedding
  * backward of the last micro-step sends this rank's per-token rows and ids
  * through the pair's side area instead of summing the dense gradient. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/log.h"
