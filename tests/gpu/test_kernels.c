@@ -686,6 +686,44 @@ static void test_attention(int B, int T, int NH, int NKV, int HD, int var) {
     attn_var = -1;
 }
 
+/* The product carries the chosen attention kernels: the backend's forward
+ * and backward give the bits of dev/cuda's forward 2 / backward 5 on the
+ * same inputs (the backward accumulating into the same initial gradient). */
+static void test_attention_ships(int B, int T, int NH, int NKV, int HD) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d", B, T, NH, NKV, HD);
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
+    int N = B * T, W = (NH + 2 * NKV) * HD;
+    struct tens qkv, out, lse, dout, dqkv;
+    t_rand(&qkv, (size_t)N * W, 0, 1.5f, 0);
+    t_out(&out, (size_t)N * NH * HD, 0);
+    t_out(&lse, (size_t)B * NH * T, 1);
+    t_rand(&dout, out.n, 0, 1, 0);
+    t_rand(&dqkv, qkv.n, 0, 0.05f, 0);
+    uint16_t *o[2], *d[2];
+    float *l[2];
+    for (int k = 0; k < 2; k++) { /* 0: the backend; 1: dev/cuda */
+        attn_var = k ? 2 : -1;    /* forward 2 */
+        attn_fwd_call(out.g, lse.g, qkv.g, B, T, NH, NKV, HD);
+        memcpy(dqkv.h, dqkv.init, dqkv.n * sizeof(float));
+        t_upload(&dqkv);
+        attn_var = k ? 5 : -1; /* backward 5 */
+        attn_bwd_call(dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+        o[k] = t_bits(&out);
+        d[k] = t_bits(&dqkv);
+        l[k] = malloc(lse.n * sizeof(float));
+        gpu->download(gpu->ctx, l[k], lse.g, lse.n * sizeof(float));
+    }
+    attn_var = -1;
+    int same = !memcmp(o[0], o[1], out.n * 2) && !memcmp(l[0], l[1], lse.n * sizeof(float)) &&
+               !memcmp(d[0], d[1], dqkv.n * 2);
+    checks++, failures += !same;
+    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "attention ships v2/v5", shape);
+    for (int k = 0; k < 2; k++)
+        free(o[k]), free(d[k]), free(l[k]);
+    t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
+}
+
 /* cuDNN's fused attention through the backend (`gpu` is then a backend made
  * with LOOM_ATTN_CUDNN=1), the backward into a zeroed gradient (calls that
  * accumulate use k_attn.cu). Where cuDNN is not available the case says NOT
@@ -1252,6 +1290,8 @@ int main(void) {
     for (size_t v = 0; v < (quick ? 1 : sizeof attn_vars / sizeof attn_vars[0]); v++)
         for (size_t i = 0; i < (quick ? 3 : sizeof at / sizeof at[0]); i++)
             test_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], attn_vars[v]);
+    for (size_t i = 0; i < (quick ? 2 : sizeof at / sizeof at[0]); i++)
+        test_attention_ships(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4]);
     {
         struct backend *k_attn_gpu = gpu;
         gpu = gpu_cudnn;
