@@ -16,7 +16,7 @@
  *
  * Exit codes: 0 success; 2 bad spec, bad data, or an unsupported request
  * (e.g. --device cuda on a build without CUDA); 143 stopped by SIGTERM or
- * SIGINT after saving a checkpoint; 1 any other failure.
+ * SIGINT after saving a checkpoint; 1 any other failure (api/exit_codes.h).
  *
  * The only global is the signal flag, which a handler must reach. */
 #include <errno.h>
@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/exit_codes.h"
 #include "api/jobspec.h"
 #include "api/planner.h"
 #include "common/config.h"
@@ -290,7 +291,8 @@ static void emit_memory_plan(struct worker *w, const struct loom_spec *s) {
 /* ---- the run, in stages ---- */
 
 /* What the stages hand each other. Each stage returns 0 to go on, or the
- * process exit code after reporting the error (see the top comment). */
+ * process exit code (api/exit_codes.h) after reporting the error; the last
+ * one returns LOOM_EXIT_OK or LOOM_EXIT_STOPPED. */
 struct run {
     struct worker *w;
     const char *device; /* "cpu" or "cuda" */
@@ -316,23 +318,23 @@ static int load_spec(struct run *r) {
     struct loom_error le;
     size_t len = 0;
     char *text = read_file(o->spec, &len, w->err, sizeof w->err);
-    if (!text) return fail(w, 2, "SPEC_UNREADABLE", NULL);
+    if (!text) return fail(w, LOOM_EXIT_BAD_SPEC, "SPEC_UNREADABLE", NULL);
     int prc = jobspec_parse_text(&w->spec, text, len, 0, &le);
     free(text);
-    if (prc != 0) return fail(w, 2, le.code, le.message);
+    if (prc != 0) return fail(w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
     jobspec_derive(&w->spec, &w->der);
     const struct loom_spec *s = &w->spec;
     r->device = o->device && *o->device ? o->device : jobspec_device_name(s->resources.device);
     if (strcmp(r->device, "cpu") != 0 && strcmp(r->device, "cuda") != 0) {
         snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", r->device);
-        return fail(w, 2, "INVALID_DEVICE", NULL);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "INVALID_DEVICE", NULL);
     }
     if (w->der.world != o->world) {
         snprintf(w->err, sizeof w->err,
                  "the spec's layout dp=%d x tp=%d x pp=%d needs world=%d but this worker has "
                  "world=%ld (pass --world/--rank or LOOM_WORLD/LOOM_RANK)",
                  s->parallel.dp, s->parallel.tp, s->parallel.pp, w->der.world, o->world);
-        return fail(w, 2, "WORLD_MISMATCH", NULL);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "WORLD_MISMATCH", NULL);
     }
     if (s->parallel.zero_stage > 0 && s->parallel.dp == 1)
         log_info("zero_stage %d with dp=1: nothing to shard", s->parallel.zero_stage);
@@ -346,16 +348,16 @@ static int open_backend(struct run *r) {
         /* the agent sets CUDA_VISIBLE_DEVICES to this rank's GPU: ordinal 0 */
         r->be = backend_cuda_new_tuned(0, &o->tune.cuda);
         if (!r->be)
-            return fail(r->w, 1, "DEVICE_UNAVAILABLE",
+            return fail(r->w, LOOM_EXIT_FAILED, "DEVICE_UNAVAILABLE",
                         "the CUDA backend could not start (see stderr)");
 #else
-        return fail(r->w, 2, "CUDA_NOT_BUILT",
+        return fail(r->w, LOOM_EXIT_BAD_SPEC, "CUDA_NOT_BUILT",
                     "--device cuda requested but this loom-worker was built without CUDA; use "
                     "--device cpu or rebuild with CUDA");
 #endif
     } else {
         r->be = backend_cpu_new_tuned((int)o->threads, &o->tune.cpu);
-        if (!r->be) return 1;
+        if (!r->be) return LOOM_EXIT_FAILED;
     }
     return 0;
 }
@@ -373,7 +375,7 @@ static int open_data(struct run *r) {
                                    .seed = s->train.seed,
                                    .shuffle = 1};
     if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0)
-        return fail(w, 2, "DATA_INVALID", NULL);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
     r->train_src = (struct data_src){w->train_dl, 0};
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;
@@ -381,7 +383,7 @@ static int open_data(struct run *r) {
         vo.grad_accum = 1;
         vo.shuffle = 0;
         if (data_loader_open(&vo, &w->val_dl, w->err, sizeof w->err) != 0)
-            return fail(w, 2, "DATA_INVALID", NULL);
+            return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
         r->val_src.dl = w->val_dl;
     }
     return 0;
@@ -409,7 +411,8 @@ static int setup_offload(struct run *r) {
         oo.threads = cores > local ? (int)(cores / local) : 1;
     }
     if (engine_offload_enable(w->e, &oo) != 0)
-        return fail(w, 1, "OUT_OF_MEMORY", "cannot set up the optimizer offload (see stderr)");
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot set up the optimizer offload (see stderr)");
     log_info("optimizer offload on: fp32 master and moments in host memory, AdamW on the CPU (%d "
              "threads; 0: OpenMP default)",
              oo.threads);
@@ -436,13 +439,14 @@ static int build_engine(struct run *r) {
                              .tp_host_sync = !o->tune.comm.tp_stream};
     w->e = engine_new(&s->model, &p, r->be);
     r->be = NULL; /* the engine's now, freed by engine_new on failure too */
-    if (!w->e) return 1;
+    if (!w->e) return LOOM_EXIT_FAILED;
     int code = setup_offload(r);
     if (code) return code;
     /* world 1: the whole buffer is the shard; allocated before the weights are
      * initialised so that a bf16 backend keeps their unrounded fp32 master */
     if (o->world == 1 && engine_opt_init(w->e) != 0)
-        return fail(w, 1, "OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot allocate the optimizer state (see stderr)");
     r->train_src.dp_rank = r->val_src.dp_rank = w->e->dp_idx;
     enum jobspec_recompute rc = s->train.recompute;
     r->mo = (struct model_opts){.B = s->train.micro_batch,
@@ -454,7 +458,7 @@ static int build_engine(struct run *r) {
                                                  : MODEL_RECOMPUTE_NONE};
     w->m = model_new_ex(w->e, &r->mo);
     if (!w->m)
-        return fail(w, 2, "UNSUPPORTED",
+        return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",
                     "the model could not be built for this layout (see stderr)");
     return 0;
 }
@@ -478,23 +482,24 @@ static int join_world(struct run *r) {
                                      .micro_tokens = r->mo.B * r->mo.T,
                                      .tune = &o->tune.comm};
         w->z = zero_setup(w->e, &zo, w->err, sizeof w->err);
-        if (!w->z) return fail(w, 1, "COMM_FAILED", NULL);
+        if (!w->z) return fail(w, LOOM_EXIT_FAILED, "COMM_FAILED", NULL);
         if (s->parallel.tp > 1 || s->parallel.pp > 1) {
             w->par = par_setup(w->e, w->z, w->m, &r->mo, o->pp_schedule, w->err, sizeof w->err);
-            if (!w->par) return fail(w, 2, "UNSUPPORTED", NULL);
+            if (!w->par) return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED", NULL);
         }
     }
     if (engine_opt_init(w->e) != 0) /* zero_new set a shard, or stage 0: everything */
-        return fail(w, 1, "OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot allocate the optimizer state (see stderr)");
     /* into the windows, views and master that now exist (world > 1: this
      * rank's share only; the master gets the unrounded fp32 values) */
-    if (model_init_params(w->m, s->train.seed) != 0) return 1;
+    if (model_init_params(w->m, s->train.seed) != 0) return LOOM_EXIT_FAILED;
     return 0;
 }
 
 static int resume_stage(struct run *r) {
     r->start = resume(r->w);
-    if (r->start < 0) return fail(r->w, 1, "CHECKPOINT_INVALID", NULL);
+    if (r->start < 0) return fail(r->w, LOOM_EXIT_FAILED, "CHECKPOINT_INVALID", NULL);
     return 0;
 }
 
@@ -563,8 +568,8 @@ static int train(struct run *r) {
     to->steps = run_steps;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     r->secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
-    if (rc == -2) return fail(w, 2, "DATA_INVALID", NULL);
-    if (rc < 0) return fail(w, 1, "TRAIN_FAILED", NULL);
+    if (rc == -2) return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    if (rc < 0) return fail(w, LOOM_EXIT_FAILED, "TRAIN_FAILED", NULL);
     r->train_rc = rc;
     return 0;
 }
@@ -574,7 +579,7 @@ static int export_par(struct run *r) {
     struct worker *w = r->w;
     const struct loom_spec *s = &w->spec;
     struct model_layout full;
-    if (model_layout_init(&full, &s->model, 1) != 0) return 1;
+    if (model_layout_init(&full, &s->model, 1) != 0) return LOOM_EXIT_FAILED;
     float *h = malloc((size_t)full.numel * sizeof *h);
     int erc = !h || par_gather_full(w->par, h) != 0 ? -1 : 0;
     if (erc != 0)
@@ -584,7 +589,7 @@ static int export_par(struct run *r) {
                               sizeof w->err);
     free(h);
     model_layout_free(&full);
-    return erc != 0 ? fail(w, 1, "EXPORT_FAILED", NULL) : 0;
+    return erc != 0 ? fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL) : 0;
 }
 
 /* --export otherwise: the master weights (gathered over ZeRO shards). */
@@ -592,11 +597,11 @@ static int export_flat(struct run *r) {
     struct worker *w = r->w;
     size_t n = w->e->n_params;
     float *h = malloc(n * sizeof *h);
-    if (!h) return 1;
+    if (!h) return LOOM_EXIT_FAILED;
     if (w->z) { /* every rank takes part in gathering the shards */
         if (zero_gather_master(w->z, h) != 0) {
             free(h);
-            return fail(w, 1, "EXPORT_FAILED", "gathering the weights failed");
+            return fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", "gathering the weights failed");
         }
     } else {
         engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
@@ -605,7 +610,7 @@ static int export_flat(struct run *r) {
                               : st_export_model(w->o.export_path, &w->spec.model, &w->e->layout, h,
                                                 ST_F32, NULL, w->err, sizeof w->err);
     free(h);
-    return erc != 0 ? fail(w, 1, "EXPORT_FAILED", NULL) : 0;
+    return erc != 0 ? fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL) : 0;
 }
 
 static int export_model(struct run *r) {
@@ -646,7 +651,7 @@ static int summary(struct run *r) {
                    (json_int_t)done, "final_loss", r->last.loss, "seconds", r->secs, "tokens",
                    tokens, "tokens_per_s", r->secs > 0 ? tokens / r->secs : 0.0, "stopped",
                    r->train_rc == 1, "checkpoint", w->ckpt_path));
-    return r->train_rc == 1 ? 143 : 0;
+    return r->train_rc == 1 ? LOOM_EXIT_STOPPED : LOOM_EXIT_OK;
 }
 
 static int run(struct worker *w) {
@@ -673,20 +678,20 @@ int main(int argc, char **argv) {
         worker_config_table(table, NTABLE, offsetof(struct opts, tune), &nrows);
     if (!rows) {
         report_error("OUT_OF_MEMORY", "cannot build the config table");
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
     int rc = config_load(rows, nrows, &w.o, "loom-worker", "--spec FILE [options]", argc, argv,
                          NULL, NULL);
     if (rc != 0) {
         config_free(rows, nrows, &w.o);
         free(rows);
-        return rc == 1 ? 0 : 2;
+        return rc == 1 ? LOOM_EXIT_OK : LOOM_EXIT_BAD_SPEC;
     }
     int lvl = log_level_parse(w.o.log_level);
     if (lvl >= 0) log_init("loom-worker", (enum log_level)lvl);
     if (!w.o.spec) {
         report_error("USAGE", "--spec FILE is required");
-        rc = 2;
+        rc = LOOM_EXIT_BAD_SPEC;
         goto out;
     }
     struct sigaction sa;
