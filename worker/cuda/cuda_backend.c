@@ -48,6 +48,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cudnn_attn.h"
 #include "worker/cuda/kernels.h"
+#include "worker/tuning.h"
 
 #define MAX_ALLOCS     1024
 #define MAX_PENDING    16
@@ -94,8 +95,8 @@ struct cuda_ctx {
         int N, IC, OC;
     } mm;
     /* the input-gradient GEMM of a matmul_bwd held back one call, to fuse a
-     * following gelu_bwd of its output (DGELU epilogue); LOOM_FUSE_DGELU=0:
-     * never held (A/B) */
+     * following gelu_bwd of its output (DGELU epilogue); the fuse-dgelu row
+     * off (LOOM_FUSE_DGELU=0): never held (A/B) */
     int fuse_off;
     struct {
         int on;
@@ -116,9 +117,12 @@ struct cuda_ctx {
     cudaEvent_t ring[COPY_RING];
     uint64_t ticket; /* last issued */
     /* attention through cuDNN's fused engines for the reserved shape
-     * (LOOM_ATTN_CUDNN: 1 deterministic, the default; nd nondeterministic;
+     * (the attn-cudnn row, LOOM_ATTN_CUDNN: 1 deterministic, the default; nd nondeterministic;
      * 0 off); NULL: k_attn.cu's kernels */
     int cudnn_mode;
+    /* the blas-tune and blas-algo-cache rows, for lk_blas_new in reserve */
+    int blas_tune;
+    char *blas_cache;
     struct lcudnn_attn *cda;
     char cda_why[640]; /* why not, when cda is NULL */
 };
@@ -221,7 +225,7 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     size_t b_tok = (size_t)(3 * N + 1) * sizeof(int32_t);
     size_t total = b_attn + b_norm + b_bias + b_sum + b_logits + b_tok + (64u << 20) + (8 << 10);
     lcuda_arena_init(&c->ws, "workspace", total);
-    c->blas = lk_blas_new((lcuda_stream)c->s, &c->ws);
+    c->blas = lk_blas_new((lcuda_stream)c->s, &c->ws, c->blas_tune, c->blas_cache);
     c->attn_scratch = lcuda_arena_alloc(&c->ws, b_attn);
     c->norm_scratch = lcuda_arena_alloc(&c->ws, b_norm);
     c->bias_scratch = lcuda_arena_alloc(&c->ws, b_bias);
@@ -360,6 +364,7 @@ static void cu_destroy(void *ctx) {
     if (c->blas) pz_flush(c);
     cudaStreamSynchronize(c->s);
     lk_blas_free(c->blas);
+    free(c->blas_cache);
     lcudnn_attn_free(c->cda);
     lcuda_arena_free(&c->ws);
     if (c->h_tok) cudaFreeHost(c->h_tok);
@@ -782,7 +787,16 @@ static void cu_copy_fence(void *ctx) {
     }
 }
 
-struct backend *backend_cuda_new(int device) {
+static void cu_flush(void *ctx) {
+    pz_flush(CX);
+}
+
+/* b was made here (the backend_cuda_* extras accept any backend) */
+static int is_cuda(const struct backend *b) {
+    return b && b->destroy == cu_destroy;
+}
+
+struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
         cudaGetLastError();
@@ -800,11 +814,15 @@ struct backend *backend_cuda_new(int device) {
     }
     c->device = device;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking));
-    const char *fd = getenv("LOOM_FUSE_DGELU");
-    c->fuse_off = fd && strcmp(fd, "0") == 0;
-    const char *ac = getenv("LOOM_ATTN_CUDNN");
+    /* NULL: the rows' defaults (worker/tuning.c) */
+    const char *ac = t ? t->attn_cudnn : NULL;
+    c->fuse_off = t && !t->fuse_dgelu;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
+    c->blas_tune = t && t->blas_tune;
+    c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
     b->name = "cuda";
+    b->caps = (struct backend_caps){.pair_transport = 1, .device_collectives = 1};
+    b->flush = cu_flush;
     b->dtype = BACKEND_BF16;
     b->elt_size = 2;
     b->ctx = c;
@@ -854,7 +872,7 @@ struct backend *backend_cuda_new(int device) {
 }
 
 int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return -1;
+    if (!is_cuda(b)) return -1;
     const struct cuda_ctx *c = b->ctx;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
@@ -883,24 +901,24 @@ void backend_cuda_embed_scatter(struct backend *b, void *dwte, const void *rows,
 }
 
 const char *backend_cuda_attn_path(const struct backend *b) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return "not a CUDA backend";
+    if (!is_cuda(b)) return "not a CUDA backend";
     const struct cuda_ctx *c = b->ctx;
     return c->cda ? "cudnn" : c->cda_why;
 }
 
 void *backend_cuda_stream(const struct backend *b) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return NULL;
+    if (!is_cuda(b)) return NULL;
     return ((const struct cuda_ctx *)b->ctx)->s;
 }
 
 int backend_cuda_held(const struct backend *b, int what) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return 0;
+    if (!is_cuda(b)) return 0;
     const struct cuda_ctx *c = b->ctx;
     return what == 1 ? c->mm.on : what == 2 ? c->aw.on : what == 3 ? c->mb.on : 0;
 }
 
 void backend_cuda_issue_held(const struct backend *b, int what) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return;
+    if (!is_cuda(b)) return;
     struct cuda_ctx *c = b->ctx;
     if (what == 1) mm_flush(c);
     if (what == 2) aw_flush(c);
@@ -908,6 +926,6 @@ void backend_cuda_issue_held(const struct backend *b, int what) {
 }
 
 void backend_cuda_flush(const struct backend *b) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return;
+    if (!is_cuda(b)) return;
     pz_flush(b->ctx);
 }

@@ -9,7 +9,7 @@
  * bytes) is looked up in a per-handle cache, so steady-state steps only
  * build descriptors. What fills the cache:
  * - Default: the first result of cublasLtMatmulAlgoGetHeuristic.
- * - LOOM_BLAS_TUNE=1 (read by lk_blas_new): the first time a configuration
+ * - LOOM_BLAS_TUNE=1 (the blas-tune row, given to lk_blas_new): the first time a configuration
  *   is met, up to LK_CANDS heuristic results (asked with the real pointer
  *   alignments and the LK_WS_BYTES workspace) are each run once and then
  *   timed with CUDA events on the layer's stream, LK_TUNE_ROUNDS rounds of
@@ -322,15 +322,14 @@ out:
     free(tmp);
 }
 
-extern "C" struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena) {
+extern "C" struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena, int tune,
+                                       const char *p) {
     struct lk_blas *b = (struct lk_blas *)calloc(1, sizeof *b);
     if (!b) lcuda_fail(__FILE__, __LINE__, "calloc", "out of host memory");
     CUBLAS_CHECK(cublasLtCreate(&b->lt));
     b->s = (cudaStream_t)s;
     b->ws = lcuda_arena_alloc(arena, LK_WS_BYTES);
-    const char *e = getenv("LOOM_BLAS_TUNE");
-    b->tune = e && !strcmp(e, "1");
-    const char *p = getenv("LOOM_BLAS_ALGO_CACHE");
+    b->tune = tune != 0;
     if (p && *p) {
         b->table_path = strdup(p);
         if (!b->table_path) lcuda_fail(__FILE__, __LINE__, "strdup", "out of host memory");
