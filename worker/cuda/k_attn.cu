@@ -1086,6 +1086,17 @@ static void bwd_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, const float *di, const l
     CUDA_CHECK_LAUNCH();
 }
 
+static size_t bwd2_smem_bytes(int hd) {
+    return (2 * NBUF * TS(hd) + TS(hd) + TS(64)) * sizeof(bf) + 2 * NBUF * BQ * sizeof(float);
+}
+
+static size_t smem_optin_bytes(void) {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return (size_t)v;
+}
+
 template <int HD, int MINB, int WARPSEM>
 static void bwd2_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
                         const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ldq,
@@ -1094,8 +1105,7 @@ static void bwd2_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const l
     size_t bht = (size_t)B * H * T;
     float *di = scratch, *dqacc = scratch + bht;
     int *sem = (int *)(dqacc + bht * HD);
-    size_t smem =
-        (2 * NBUF * TS(HD) + TS(HD) + TS(64)) * sizeof(bf) + 2 * NBUF * BQ * sizeof(float);
+    size_t smem = bwd2_smem_bytes(HD);
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd2_kernel<HD, MINB, WARPSEM>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attn_bwd2_kernel<HD, MINB, WARPSEM><<<dim3(T / BK, B * Hkv), NTHREADS, smem, st>>>(
@@ -1111,6 +1121,10 @@ extern "C" void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, con
     check_shape(T, H, Hkv, hd);
     cudaStream_t st = (cudaStream_t)s;
     int N = B * T, var = tuned_variant("LOOM_ATTN_BWD_VARIANT", 5);
+    /* The fused kernel (variants 2-4) needs about 130 KB of shared memory a CTA at hd 128:
+     * more than sm_86 / sm_89 parts (A10, L40S, RTX 4090: 99 KB opt-in) offer. There the
+     * default scheme runs instead; every other kernel here fits 99 KB. */
+    if (var >= 2 && var <= 4 && bwd2_smem_bytes(hd) > smem_optin_bytes()) var = 5;
     int nsem = var >= 2 && var <= 4 ? B * H * (T / 64) * 4 : 0; /* the fused kernel's */
     int *sem = (int *)(scratch + (size_t)N * H * (1 + (size_t)hd));
     int nblk = (N * H + 7) / 8;
