@@ -17,32 +17,12 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
 
-/* Dense peaks from the vendors' data sheets (no sparsity). */
-static const struct planner_gpu_type gpu_types[] = {
-    {"A100-40GB", 40, 312, 19.5, 1.555, "nvlink3"}, {"A100-80GB", 80, 312, 19.5, 2.039, "nvlink3"},
-    {"H100-80GB", 80, 989, 67, 3.35, "nvlink4"},    {"H100-PCIe", 80, 756, 51, 2.0, "pcie5"},
-    {"H200", 141, 989, 67, 4.8, "nvlink4"},         {"B200", 180, 2250, 80, 8.0, "nvlink5"},
-    {"L40S", 48, 362, 91.6, 0.864, "pcie4"},        {"A10", 24, 125, 31.2, 0.6, "pcie4"},
-    {"RTX4090", 24, 165, 82.6, 1.008, "pcie4"},     {"cpu", 64, 0.2, 0.2, 0.05, "shm"},
-};
-
 static const struct planner_link_type link_types[] = {
     {"pcie3", 16, 0.8},     {"pcie4", 32, 0.8},     {"pcie5", 64, 0.8},      {"nvlink2", 300, 0.45},
     {"nvlink3", 600, 0.45}, {"nvlink4", 900, 0.45}, {"nvlink5", 1800, 0.45}, {"roce100", 12.5, 0.9},
     {"roce200", 25, 0.9},   {"roce400", 50, 0.9},   {"ib100", 12.5, 0.9},    {"ib200", 25, 0.9},
     {"ib400", 50, 0.9},     {"eth10", 1.25, 0.9},   {"eth25", 3.125, 0.9},   {"shm", 10, 1.0},
 };
-
-const struct planner_gpu_type *planner_gpu_types(size_t *n) {
-    *n = sizeof gpu_types / sizeof *gpu_types;
-    return gpu_types;
-}
-
-const struct planner_gpu_type *planner_gpu_find(const char *name) {
-    for (size_t i = 0; i < sizeof gpu_types / sizeof *gpu_types; i++)
-        if (strcasecmp(gpu_types[i].name, name) == 0) return &gpu_types[i];
-    return NULL;
-}
 
 const struct planner_link_type *planner_link_types(size_t *n) {
     *n = sizeof link_types / sizeof *link_types;
@@ -80,14 +60,11 @@ int planner_cluster_resolve(struct planner_cluster *c, enum jobspec_device dev,
         return loom_error_set(e, 422, "OUT_OF_RANGE", "cluster.gpus_per_node",
                               "cluster.gpus_per_node=%d is out of range [1, 64]", c->gpus_per_node);
     if (!c->gpu[0])
-        snprintf(c->gpu, sizeof c->gpu, "%s", dev == JOBSPEC_DEV_CPU ? "cpu" : "H100-80GB");
-    const struct planner_gpu_type *t = planner_gpu_find(c->gpu);
+        snprintf(c->gpu, sizeof c->gpu, "%s", dev == JOBSPEC_DEV_CPU ? "cpu" : "H100-SXM");
+    const struct gpu_type *t = gpu_type_find(c->gpu);
     if (!t && (c->gpu_mem_gib <= 0 || c->peak_tflops <= 0)) {
         char names[256] = "";
-        for (size_t i = 0; i < sizeof gpu_types / sizeof *gpu_types; i++) {
-            size_t l = strlen(names);
-            snprintf(names + l, sizeof names - l, "%s%s", i ? " " : "", gpu_types[i].name);
-        }
+        gpu_type_names(names, sizeof names);
         return loom_error_set(e, 422, "UNKNOWN_GPU", "cluster.gpu",
                               "unknown GPU type \"%s\" (known: %s; or give gpu_mem_gib and "
                               "peak_tflops)",
@@ -96,7 +73,7 @@ int planner_cluster_resolve(struct planner_cluster *c, enum jobspec_device dev,
     if (t) {
         snprintf(c->gpu, sizeof c->gpu, "%s", t->name);
         if (c->gpu_mem_gib <= 0) c->gpu_mem_gib = t->mem_gib;
-        if (c->hbm_tbps <= 0) c->hbm_tbps = t->hbm_tbps;
+        if (c->hbm_tbps <= 0) c->hbm_tbps = t->mem_tbps;
     }
     if (c->hbm_tbps <= 0) c->hbm_tbps = 1.0;
     if (!c->intra_link[0])
@@ -621,7 +598,7 @@ static int ctx_init(struct ctx *x, const struct loom_spec *s, const struct plann
     x->o = o;
     x->cuda = s->resources.device == JOBSPEC_DEV_CUDA;
     x->e = (!x->cuda || s->train.precision == JOBSPEC_PREC_FP32) ? 4 : 2;
-    const struct planner_gpu_type *t = planner_gpu_find(c->gpu);
+    const struct gpu_type *t = gpu_type_find(c->gpu);
     double tf = c->peak_tflops;
     if (tf <= 0 && t) tf = x->e == 4 ? t->fp32_tflops : t->bf16_tflops;
     if (tf <= 0) tf = 1;
@@ -684,7 +661,7 @@ int planner_estimate_job(const struct loom_spec *s, const char *gpu, double gpu_
     if (gpu) snprintf(c.gpu, sizeof c.gpu, "%s", gpu);
     if (gpu_mem_gib > 0) {
         c.gpu_mem_gib = gpu_mem_gib;
-        if (gpu && !planner_gpu_find(gpu))
+        if (gpu && !gpu_type_find(gpu))
             c.peak_tflops = s->resources.device == JOBSPEC_DEV_CPU ? 0.2 : 100; /* nominal */
     }
     return planner_estimate(s, &c, NULL, est, e);

@@ -16,24 +16,15 @@
 
 #include <jansson.h>
 
+#include "api/gpu_types.h"
 #include "api/jobspec.h"
 #include "api/model.h"
 
 #define PLANNER_NAME_MAX 32
 
-/* Known accelerator types (read-only table). Memory in GiB, dense peak
- * TFLOPS for bf16 and fp32 (no sparsity), HBM bandwidth in TB/s. */
-struct planner_gpu_type {
-    const char *name;
-    double mem_gib;
-    double bf16_tflops;
-    double fp32_tflops;
-    double hbm_tbps;
-    const char *intra_link; /* usual GPU-to-GPU link inside a node */
-};
-const struct planner_gpu_type *planner_gpu_types(size_t *n);
-const struct planner_gpu_type *planner_gpu_find(const char *name); /* case-insensitive */
-
+/* Accelerator types (memory, peak FLOP/s, bandwidth, usual link) come from
+ * api/gpu_types.h: cluster.gpu names a gpu_type (or an alias such as
+ * "H100-80GB"). */
 /* Known links: nominal GB/s as usually quoted and the fraction collectives
  * reach (NVLink figures count both directions). */
 struct planner_link_type {
@@ -49,7 +40,7 @@ const struct planner_link_type *planner_link_find(const char *name);
 struct planner_cluster {
     int nodes;
     int gpus_per_node;
-    char gpu[PLANNER_NAME_MAX];        /* type name, e.g. "H100-80GB"; "cpu" for cpu jobs */
+    char gpu[PLANNER_NAME_MAX];        /* gpu_type, e.g. "H100-SXM"; "cpu" for cpu jobs */
     double gpu_mem_gib;                /* 0: from type */
     double peak_tflops;                /* 0: from type and the spec's precision */
     double hbm_tbps;                   /* 0: from type */
@@ -76,7 +67,7 @@ struct planner_options {
 };
 void planner_options_default(struct planner_options *o);
 
-/* One node of 8 x H100-80GB, NVLink 4, 100 Gb RoCE, 2 TiB host memory. */
+/* One node of 8 x H100-SXM, NVLink 4, 100 Gb RoCE, 2 TiB host memory. */
 void planner_cluster_default(struct planner_cluster *c);
 /* Fill defaults from the named types. Errors: UNKNOWN_GPU, UNKNOWN_LINK,
  * OUT_OF_RANGE (field paths under "cluster."). */
@@ -153,7 +144,7 @@ int planner_estimate(const struct loom_spec *s, const struct planner_cluster *c,
 
 /* The estimate a worker logs at start (next to engine.mem): the cluster is
  * sized to the job (the spec's gpus_per_node, enough nodes for dp*tp*pp),
- * the GPU named by `gpu` (NULL: "H100-80GB" on cuda, "cpu" on cpu) and, when
+ * the GPU named by `gpu` (NULL: "H100-SXM" on cuda, "cpu" on cpu) and, when
  * gpu_mem_gib > 0, that much memory (e.g. from cudaMemGetInfo). Compare
  * est->mem.{params,grads,optimizer,activations,comm} (bytes) with
  * engine.mem. */
