@@ -13,6 +13,7 @@
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
+#include "daemon/nodes.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
 
@@ -920,6 +921,7 @@ static int load_state(struct store_tx *tx, void *arg) {
         n->seen = 0;
     }
     sqlite3_reset(st);
+    if (nodes_load_inventory(tx, c) != STORE_OK) return STORE_ERR;
     st = store_stmt(tx, "SELECT a.job_id, a.attempt, a.tenant_id, a.token, a.placement, a.world, "
                         "a.started_at, j.spec, j.out_dir, j.state FROM attempts a JOIN jobs j ON "
                         "j.id = a.job_id WHERE a.state = 'active'");
@@ -1058,6 +1060,7 @@ void cluster_stop(struct loomd *ld) {
         json_decref(c->nodes[i].devices);
         json_decref(c->nodes[i].tasks);
         json_decref(c->nodes[i].host);
+        json_decref(c->nodes[i].inventory);
     }
     json_decref(c->prices);
     http_notify_destroy(&c->assign);

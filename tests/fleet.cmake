@@ -18,3 +18,13 @@ add_test(NAME unit.gpu_arch_check
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/gpu_arch_check.sh ${CMAKE_BINARY_DIR}/bin
                  ${CMAKE_BINARY_DIR}/lib "${LOOM_ARCH_CHECK_LIST}")
 set_tests_properties(unit.gpu_arch_check PROPERTIES LABELS unit SKIP_RETURN_CODE 77 TIMEOUT 120)
+
+# The agent's GPU inventory over recorded NVML answers (tests/unit/nvml/).
+if(TARGET loom_agent_lib)
+    add_executable(test_gpu_inventory ${CMAKE_CURRENT_LIST_DIR}/unit/test_gpu_inventory.c)
+    target_link_libraries(test_gpu_inventory PRIVATE loom_agent_lib)
+    loom_warnings(test_gpu_inventory)
+    add_test(NAME unit.agent.gpu_inventory
+             COMMAND test_gpu_inventory ${CMAKE_CURRENT_LIST_DIR}/unit/nvml)
+    set_tests_properties(unit.agent.gpu_inventory PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+endif()
