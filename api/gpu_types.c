@@ -87,6 +87,43 @@ const struct gpu_type *gpu_type_normalize(const char *model, double mem_bytes) {
     return NULL;
 }
 
+int gpu_type_list_parse(const json_t *v, char (*out)[GPU_TYPE_NAME_MAX], int max, char *err,
+                        size_t errlen) {
+    char tmp[8];
+    if (!err) {
+        err = tmp;
+        errlen = sizeof tmp;
+    }
+    if (!v || json_is_null(v)) return 0;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    int cnt = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        const char *name = json_string_value(e);
+        const struct gpu_type *t = gpu_type_find(name);
+        if (!name) {
+            snprintf(err, errlen, "resources.gpu_type must be a GPU type name or a list of them");
+            return -1;
+        }
+        if (!t || !t->cc) {
+            char names[256];
+            gpu_type_names(names, sizeof names);
+            snprintf(err, errlen, "unknown resources.gpu_type \"%.40s\" (known: %s)", name, names);
+            return -1;
+        }
+        int dup = 0;
+        for (int k = 0; k < cnt && !dup; k++)
+            dup = strcmp(out[k], t->name) == 0;
+        if (dup) continue;
+        if (cnt == max) {
+            snprintf(err, errlen, "resources.gpu_type lists more than %d types", max);
+            return -1;
+        }
+        snprintf(out[cnt++], GPU_TYPE_NAME_MAX, "%s", t->name);
+    }
+    return cnt;
+}
+
 void gpu_type_names(char *buf, size_t len) {
     if (!len) return;
     buf[0] = 0;

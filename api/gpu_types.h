@@ -11,6 +11,7 @@
 #ifndef LOOM_API_GPU_TYPES_H
 #define LOOM_API_GPU_TYPES_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #define GPU_TYPE_NAME_MAX 24
@@ -44,6 +45,14 @@ const struct gpu_type *gpu_type_find(const char *name);
  * ("NVIDIA A100-SXM4-40GB", 42.4e9) -> A100-40GB, ("NVIDIA GeForce RTX 4090",
  * 25.3e9) -> RTX4090. */
 const struct gpu_type *gpu_type_normalize(const char *model, double mem_bytes);
+
+/* resources.gpu_type of a job spec: NULL / null (any type), one name, or an
+ * array of names (preference order). Writes the normalized names (aliases
+ * resolved, duplicates dropped) into out[0..max-1] and returns how many, or -1
+ * with `err` naming the bad value (unknown type, not a string, more than max).
+ * err may be NULL. */
+int gpu_type_list_parse(const json_t *v, char (*out)[GPU_TYPE_NAME_MAX], int max, char *err,
+                        size_t errlen);
 
 /* Space-separated list of the GPU names (cpu excluded) into buf, for messages. */
 void gpu_type_names(char *buf, size_t len);

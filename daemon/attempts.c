@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "daemon/attempts.h"
 
+#include "api/gpu_types.h"
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
@@ -37,6 +38,10 @@ struct jobinfo {
     int64_t created_at;
     int64_t queued_since; /* submit, or the retry's transition back to queued */
     char *out_dir, *pending;
+    /* resources.gpu_type (normalized, preference order) and allow_mixed */
+    char gpu_types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
+    const char *gpu_type_ptrs[SCHED_MAX_JOB_TYPES];
+    int ngpu_types, allow_mixed;
 };
 
 struct snapshot {
@@ -89,6 +94,18 @@ static int snap_job(const struct store_job *j, void *arg) {
     /* gpus_per_node sizes the planner's node; for placement it caps the
      * ranks per node. */
     ji->per_node = j->gpus_per_node > 0 ? j->gpus_per_node : 0;
+    /* GPU types: resources.gpu_type / allow_mixed read from the spec JSON (they have no
+     * column yet); only specs that mention them are parsed, so a pass over a queue of
+     * untyped jobs stays parse-free. */
+    if (j->spec && (strstr(j->spec, "\"gpu_type\"") || strstr(j->spec, "\"allow_mixed\""))) {
+        json_t *sp = json_loads(j->spec, 0, NULL);
+        json_t *res = json_object_get(sp, "resources");
+        ji->ngpu_types = gpu_type_list_parse(json_object_get(res, "gpu_type"), ji->gpu_types,
+                                             SCHED_MAX_JOB_TYPES, NULL, 0);
+        if (ji->ngpu_types < 0) ji->ngpu_types = 0; /* refused at submit; not reached */
+        ji->allow_mixed = json_is_true(json_object_get(res, "allow_mixed"));
+        json_decref(sp);
+    }
     s->n++;
     return 0;
 }
@@ -727,6 +744,7 @@ static void loop_pass(struct loomd *ld) {
             sn[i].name = n->name;
             sn[i].kind = n->kind;
             sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
+            sn[i].gpu_type = n->gpu_type;
             sn[i].state = n->lost || !n->seen                             ? SCHED_NODE_LOST
                           : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
                                                                           : SCHED_NODE_READY;
@@ -742,9 +760,20 @@ static void loop_pass(struct loomd *ld) {
         for (int i = 0; i < snap.n; i++) {
             struct jobinfo *j = &snap.jobs[i];
             if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
-            sj[nq] = (struct sched_job){j->id,       j->tenant_id,  j->kind,
-                                        j->priority, j->created_at, j->world,
-                                        j->tp,       j->per_node,   avoid_take(c, j->id, 0)};
+            for (int t = 0; t < j->ngpu_types; t++)
+                j->gpu_type_ptrs[t] = j->gpu_types[t];
+            sj[nq] = (struct sched_job){j->id,
+                                        j->tenant_id,
+                                        j->kind,
+                                        j->priority,
+                                        j->created_at,
+                                        j->world,
+                                        j->tp,
+                                        j->per_node,
+                                        avoid_take(c, j->id, 0),
+                                        j->gpu_type_ptrs,
+                                        j->ngpu_types,
+                                        j->allow_mixed};
             qj[nq++] = j;
         }
         struct sched_cluster cl = {sn, c->nnodes, snap.quotas, snap.nq};
