@@ -17,6 +17,7 @@
 #include "daemon/nodes.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
+#include "daemon/usage.h"
 
 #include <errno.h>
 #include <openssl/rand.h>
@@ -310,27 +311,16 @@ static int apply_changes(struct store_tx *tx, void *arg) {
             }
             break;
         case CH_USAGE: {
-            st = store_stmt(tx, "INSERT INTO usage (tenant_id, job_id, attempt, node, gpu_model, "
-                                "gpus, start_ms, end_ms, gpu_seconds, cost) VALUES "
-                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-            if (!st) {
-                c->result = STORE_ERR;
-                break;
-            }
-            double secs = c->gpus * (double)(c->t1 - c->t0) / 1000.0;
-            if (secs < 0) secs = 0;
-            sqlite3_bind_text(st, 1, c->tenant_id, -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 2, c->job_id, -1, SQLITE_STATIC);
-            sqlite3_bind_int(st, 3, c->attempt);
-            sqlite3_bind_text(st, 4, c->node, -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 5, c->model, -1, SQLITE_STATIC);
-            sqlite3_bind_int(st, 6, c->gpus);
-            sqlite3_bind_int64(st, 7, c->t0);
-            sqlite3_bind_int64(st, 8, c->t1);
-            sqlite3_bind_double(st, 9, secs);
-            sqlite3_bind_double(st, 10, secs / 3600.0 * c->price);
-            c->result = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
-            sqlite3_reset(st);
+            struct usage_row row = {.tenant_id = c->tenant_id,
+                                    .job_id = c->job_id,
+                                    .attempt = c->attempt,
+                                    .node = c->node,
+                                    .gpu_model = c->model,
+                                    .gpus = c->gpus,
+                                    .t0 = c->t0,
+                                    .t1 = c->t1,
+                                    .price = c->price};
+            c->result = usage_insert(tx, &row);
             break;
         }
         }

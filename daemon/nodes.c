@@ -3,6 +3,8 @@
 #include "daemon/nodes.h"
 
 #include "api/gpu_types.h"
+#include "api/planner.h"
+#include "daemon/api_prices.h"
 #include "daemon/attempts.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
@@ -142,6 +144,54 @@ int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
     }
     sqlite3_reset(st);
     return STORE_OK;
+}
+
+void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
+    memset(f, 0, sizeof *f);
+    struct cluster *c = ld->cluster;
+    json_t *prices = prices_load(ld);
+    if (!c) {
+        json_decref(prices);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->nnodes; i++) {
+        const struct cl_node *n = &c->nodes[i];
+        const char *type = !strcmp(n->kind, "cpu") ? "cpu"
+                           : n->gpu_type[0]        ? n->gpu_type
+                                                   : "unknown";
+        if (n->ndev <= 0) continue;
+        int k = 0;
+        while (k < f->n && strcmp(f->pool[k].gpu, type) != 0)
+            k++;
+        if (k == f->n) {
+            if (f->n == PLANNER_MAX_POOLS) continue;
+            struct planner_pool *p = &f->pool[f->n++];
+            snprintf(p->gpu, sizeof p->gpu, "%s", type);
+            json_t *tp = json_object_get(prices, type);
+            json_t *legacy = json_object_get(c->prices, n->gpu_model);
+            p->price_per_gpu_hour = tp ? json_number_value(json_object_get(tp, "per_gpu_hour"))
+                                    : json_is_number(legacy) ? json_number_value(legacy)
+                                                             : ld->cfg.price_gpu_hour;
+            snprintf(p->currency, sizeof p->currency, "%s",
+                     tp ? json_string_value(json_object_get(tp, "currency")) : "");
+        }
+        struct planner_pool *p = &f->pool[k];
+        p->nodes++;
+        p->gpus += n->ndev;
+        if (n->ndev > p->gpus_per_node) p->gpus_per_node = n->ndev;
+        size_t d;
+        json_t *dv;
+        json_array_foreach(n->devices, d, dv) {
+            double gib = (double)json_integer_value(json_object_get(dv, "mem_total_mib")) / 1024.0;
+            if (gib > 0 && (p->gpu_mem_gib <= 0 || gib < p->gpu_mem_gib)) p->gpu_mem_gib = gib;
+        }
+        double host =
+            (double)json_integer_value(json_object_get(n->host, "mem_total_mib")) / 1024.0;
+        if (host > 0 && (p->host_mem_gib <= 0 || host < p->host_mem_gib)) p->host_mem_gib = host;
+    }
+    pthread_mutex_unlock(&c->mu);
+    json_decref(prices);
 }
 
 struct drain_arg {

@@ -13,6 +13,8 @@
 #include <stddef.h>
 
 struct http_req;
+struct loomd;
+struct planner_fleet;
 struct cl_node;
 struct cluster;
 struct store_tx;
@@ -41,5 +43,13 @@ int nodes_store_inventory(struct store_tx *tx, const char *name, const char *gpu
 /* Loads the stored inventories into c's nodes (start-up, inside a store
  * transaction, c->nodes already loaded). Returns a STORE_* code. */
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c);
+
+/* The fleet as the planner sees it (api/planner.h): one pool per gpu_type
+ * ("cpu" for cpu nodes) with its nodes in any state, devices, the least device
+ * memory reported (cpu devices: the node's memory split evenly), the smallest
+ * host memory, and the type's price (PUT /v1/prices, else gpu_prices.json by
+ * model, else --price-per-gpu-hour). Takes c->mu; any thread but not with it
+ * held (it reads the store first). */
+void nodes_fleet(struct loomd *ld, struct planner_fleet *f);
 
 #endif
