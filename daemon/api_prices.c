@@ -208,6 +208,7 @@ int api_prices_put(struct http_req *req) {
         }
         for (int k = 0; k < ps->n; k++)
             if (strcmp(ps->v[k].gpu_type, p->gpu_type) == 0) {
+                snprintf(field, sizeof field, "items[%zu].gpu_type", i);
                 rc = http_error_field(req, 422, "DUPLICATE_PRICE", field,
                                       "items[%zu]: gpu_type %s is listed twice", i, p->gpu_type);
                 goto out;
