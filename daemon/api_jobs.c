@@ -10,6 +10,7 @@
 #include "api/gpu_types.h"
 #include "api/jobspec.h"
 #include "api/planner.h"
+#include "common/buf.h"
 #include "daemon/auth.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
@@ -92,15 +93,17 @@ static int reply_job(struct http_req *req, int status, const struct store_job *j
 
 /* ---- the real cluster (GPU fleet: daemon/nodes.h, api/planner.h) ---- */
 
-/* resources.gpu_type (normalized, preference order) and allow_mixed of a
- * request body. Returns the number of types, or -1 with err filled. */
-static int job_types(const json_t *body, char (*types)[GPU_TYPE_NAME_MAX], int *allow_mixed,
+/* resources.gpu_type of a parsed spec, normalized (aliases resolved) and checked
+ * against the GPU type table (api/gpu_types.h). Returns the number of types,
+ * or -1 with err filled (422 UNKNOWN_GPU_TYPE). */
+static int job_types(const struct loom_spec *s, char (*types)[GPU_TYPE_NAME_MAX],
                      struct loom_error *err) {
-    json_t *res = json_object_get(body, "resources");
+    json_t *list = json_array();
     char msg[400];
-    *allow_mixed = json_is_true(json_object_get(res, "allow_mixed"));
-    int n = gpu_type_list_parse(json_object_get(res, "gpu_type"), types, SCHED_MAX_JOB_TYPES, msg,
-                                sizeof msg);
+    for (int i = 0; i < s->resources.n_gpu_types; i++)
+        json_array_append_new(list, json_string(s->resources.gpu_type[i]));
+    int n = gpu_type_list_parse(list, types, SCHED_MAX_JOB_TYPES, msg, sizeof msg);
+    json_decref(list);
     if (n < 0) loom_error_set(err, 422, "UNKNOWN_GPU_TYPE", "resources.gpu_type", "%s", msg);
     return n;
 }
@@ -114,16 +117,15 @@ static void known_cluster(struct loomd *ld, const json_t *body, const struct pla
     planner_cluster_default(c);
     c->price_per_gpu_hour = ld->cfg.price_gpu_hour;
     char types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
-    int mixed = 0;
     struct loom_error ign;
     struct loom_spec s;
-    int nt = job_types(body, types, &mixed, &ign);
     json_t *specj = json_copy((json_t *)body);
     json_object_del(specj, "cluster");
     json_object_del(specj, "options");
-    int ok = specj && nt >= 0 && jobspec_parse(&s, specj, JOBSPEC_FOR_PLAN, &ign) == 0;
+    int ok = specj && jobspec_parse(&s, specj, JOBSPEC_FOR_PLAN, &ign) == 0;
     json_decref(specj);
-    if (!ok) return; /* planner_plan_json reports what is wrong */
+    int nt = ok ? job_types(&s, types, &ign) : -1;
+    if (nt < 0) return; /* planner_plan_json reports what is wrong */
     if (nt > 0) snprintf(c->gpu, sizeof c->gpu, "%s", types[0]);
     int idx[PLANNER_MAX_POOLS], n = planner_fleet_candidates(&s, f, types, nt, idx), pick = -1;
     int world = s.parallel.dp * s.parallel.tp * s.parallel.pp;
@@ -140,14 +142,14 @@ static void known_cluster(struct loomd *ld, const json_t *body, const struct pla
  * must be able to hold its ranks at all (UNSCHEDULABLE otherwise). Before any
  * node of the job's kind has joined only the per-GPU memory is judged, on a
  * default node sized to the job. */
-static int check_fit(struct loomd *ld, const struct loom_spec *spec, const json_t *body,
-                     struct loom_error *err) {
+static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom_error *err) {
     char types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
-    int mixed = 0, nt = job_types(body, types, &mixed, err);
+    int nt = job_types(spec, types, err);
     if (nt < 0) return -1;
     struct planner_fleet f;
     nodes_fleet(ld, &f);
-    return planner_fleet_check(spec, &f, types, nt, mixed, err);
+    return planner_fleet_check(spec, &f, (const char(*)[GPU_TYPE_NAME_MAX])types, nt,
+                               spec->resources.allow_mixed, err);
 }
 
 /* ---------------- submit ---------------- */
@@ -196,7 +198,7 @@ int api_jobs_submit(struct http_req *req) {
                    IDEM_KEY_MAX);
         goto out;
     }
-    if (jobspec_parse(spec, req->json, 0, &err) != 0) {
+    if (jobspec_parse(spec, req->json, JOBSPEC_ARRAY_MEMBERS, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
     }
@@ -208,7 +210,7 @@ int api_jobs_submit(struct http_req *req) {
         reply_spec_error(req, &err);
         goto out;
     }
-    if (check_fit(req->ld, spec, req->json, &err) != 0) {
+    if (check_fit(req->ld, spec, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
     }
@@ -297,18 +299,10 @@ static int list_item_cb(const struct store_job *j, void *arg) {
     /* lists stay small: no spec (GET /v1/jobs/{id} has it) */
     char *t = store_job_dumps(j, 0);
     size_t tl = t ? strlen(t) - 1 : 0; /* drop the newline */
-    if (!t || op->len + tl + 2 > op->cap) {
-        size_t cap = op->cap ? op->cap * 2 : 16384;
-        while (cap < op->len + tl + 2)
-            cap *= 2;
-        char *b = t ? realloc(op->buf, cap) : NULL;
-        if (!b) {
-            free(t);
-            op->oom = 1;
-            return 1;
-        }
-        op->buf = b;
-        op->cap = cap;
+    if (!t || buf_grow_array(&op->buf, &op->cap, op->len + tl + 2, 1, 16384) != 0) {
+        free(t);
+        op->oom = 1;
+        return 1;
     }
     if (op->count) op->buf[op->len++] = ',';
     memcpy(op->buf + op->len, t, tl);

@@ -2,8 +2,9 @@
  * step-metrics series (table job_metrics). See joblogs.h. */
 #include "daemon/joblogs.h"
 
+#include "common/clock.h"
 #include "daemon/agent_api.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -49,12 +50,6 @@ static int find_job(struct http_req *req, struct job_lookup *l) {
     return 0;
 }
 
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 struct follow {
     struct loomd *ld;
     char path[1400];
@@ -69,7 +64,7 @@ struct follow {
 
 static int attempt_active(struct cluster *c, const char *job, int attempt) {
     pthread_mutex_lock(&c->mu);
-    struct cl_attempt *a = cluster_attempt_find(c, job, attempt);
+    struct cluster_attempt *a = cluster_attempt_find(c, job, attempt);
     int on = a != NULL;
     pthread_mutex_unlock(&c->mu);
     return on;
@@ -91,7 +86,7 @@ static ssize_t follow_read(void *ctx, char *buf, size_t max) {
         }
         if (http_stopping(f->ld->http)) return -1;
         if (!attempt_active(c, f->job, f->attempt)) {
-            int64_t now = mono_ms();
+            int64_t now = clock_mono_ms();
             if (!f->gone_since) f->gone_since = now;
             /* Agents ship the last bytes shortly after the exit report. */
             if (now - f->gone_since > 2500) {

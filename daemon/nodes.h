@@ -15,7 +15,7 @@
 struct http_req;
 struct loomd;
 struct planner_fleet;
-struct cl_node;
+struct cluster_node;
 struct cluster;
 struct store_tx;
 
@@ -33,7 +33,7 @@ void nodes_gpu_type(const char *kind, const json_t *devices, char *out, size_t l
 
 /* Sets n->gpu_type from n->kind and n->devices, and n->inventory (a new
  * reference to `inventory`, or an empty object for NULL). Caller holds c->mu. */
-void nodes_apply_inventory(struct cl_node *n, json_t *inventory);
+void nodes_apply_inventory(struct cluster_node *n, json_t *inventory);
 
 /* Writes the gpu_type and inventory columns of node `name` (inside a store
  * write). Returns a STORE_* code. */

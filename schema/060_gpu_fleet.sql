@@ -18,3 +18,11 @@ CREATE TABLE gpu_prices (
 
 ALTER TABLE usage ADD COLUMN gpu_type TEXT NOT NULL DEFAULT '';
 ALTER TABLE usage ADD COLUMN currency TEXT NOT NULL DEFAULT '';
+
+-- The scheduler reads resources.gpu_type / allow_mixed of queued jobs through
+-- this partial index: it holds only the jobs that name a type or allow mixing.
+CREATE INDEX jobs_gpu_placement
+    ON jobs(state, json_extract(spec, '$.resources.gpu_type'),
+            json_extract(spec, '$.resources.allow_mixed'))
+    WHERE json_extract(spec, '$.resources.gpu_type') IS NOT NULL
+       OR json_extract(spec, '$.resources.allow_mixed') = 1;

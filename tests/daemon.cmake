@@ -13,7 +13,7 @@ endif()
 if(TARGET loomd)
     add_library(loom_daemon_harness STATIC ${CMAKE_CURRENT_LIST_DIR}/integration/daemon_harness.c)
     target_include_directories(loom_daemon_harness PUBLIC ${CMAKE_CURRENT_LIST_DIR}/integration)
-    target_link_libraries(loom_daemon_harness PUBLIC PkgConfig::CURL PkgConfig::JANSSON)
+    target_link_libraries(loom_daemon_harness PUBLIC loom_common PkgConfig::CURL PkgConfig::JANSSON)
     loom_warnings(loom_daemon_harness)
 
     add_executable(test_daemon_api ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_api.c)
@@ -64,3 +64,10 @@ if(TARGET loom_daemon)
     add_test(NAME unit.daemon_http COMMAND test_daemon_http)
     set_tests_properties(unit.daemon_http PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
 endif()
+# The attempt supervisor is a pure function (like sched.c): its test compiles
+# daemon/supervise.c alone and does not need the rest of loomd.
+add_executable(test_supervise ${CMAKE_CURRENT_LIST_DIR}/unit/test_supervise.c
+               ${CMAKE_SOURCE_DIR}/daemon/supervise.c)
+loom_warnings(test_supervise)
+add_test(NAME unit.supervise COMMAND test_supervise)
+set_tests_properties(unit.supervise PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)

@@ -28,3 +28,13 @@ if(TARGET loom_agent_lib)
              COMMAND test_gpu_inventory ${CMAKE_CURRENT_LIST_DIR}/unit/nvml)
     set_tests_properties(unit.agent.gpu_inventory PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
 endif()
+
+# loomd with typed nodes registered over the agent protocol: nodes, prices,
+# submit-time fit, placement by gpu_type, plan costs, usage at type prices.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND AND TARGET loomd)
+    add_test(NAME integration.fleet
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_fleet.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.fleet PROPERTIES LABELS "integration;sanitize" TIMEOUT 120)
+endif()
