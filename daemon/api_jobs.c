@@ -111,9 +111,10 @@ static int job_types(const struct loom_spec *s, char (*types)[GPU_TYPE_NAME_MAX]
 /* The cluster /v1/plan estimates on when the body names none: the pool of
  * registered nodes the job would run on (its first listed gpu_type, else the
  * first pool that holds its ranks), at that type's price; with no node of the
- * job's kind, the planner's default node (of the first listed type). */
-static void known_cluster(struct loomd *ld, const json_t *body, const struct planner_fleet *f,
-                          struct planner_cluster *c) {
+ * job's kind, the planner's default node (of the first listed type). -1 with
+ * err when the spec names a GPU type not in the table. */
+static int known_cluster(struct loomd *ld, const json_t *body, const struct planner_fleet *f,
+                         struct planner_cluster *c, struct loom_error *err) {
     planner_cluster_default(c);
     c->price_per_gpu_hour = ld->cfg.price_gpu_hour;
     char types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
@@ -124,17 +125,19 @@ static void known_cluster(struct loomd *ld, const json_t *body, const struct pla
     json_object_del(specj, "options");
     int ok = specj && jobspec_parse(&s, specj, JOBSPEC_FOR_PLAN, &ign) == 0;
     json_decref(specj);
-    int nt = ok ? job_types(&s, types, &ign) : -1;
-    if (nt < 0) return; /* planner_plan_json reports what is wrong */
+    if (!ok) return 0; /* planner_plan_json reports what is wrong */
+    int nt = job_types(&s, types, err);
+    if (nt < 0) return -1;
     if (nt > 0) snprintf(c->gpu, sizeof c->gpu, "%s", types[0]);
     int idx[PLANNER_MAX_POOLS], n = planner_fleet_candidates(&s, f, types, nt, idx), pick = -1;
     int world = s.parallel.dp * s.parallel.tp * s.parallel.pp;
     for (int k = 0; k < n && pick < 0; k++)
         if (f->pool[idx[k]].gpus >= world) pick = idx[k];
     if (pick < 0 && n > 0) pick = idx[0];
-    if (pick < 0) return;
+    if (pick < 0) return 0;
     planner_pool_cluster(&f->pool[pick], c);
     if (c->price_per_gpu_hour <= 0) c->price_per_gpu_hour = ld->cfg.price_gpu_hour;
+    return 0;
 }
 
 /* Submit-time fit against the registered nodes (planner_fleet_check): the
@@ -474,10 +477,10 @@ int api_jobs_events(struct http_req *req) {
 int api_jobs_plan(struct http_req *req) {
     struct planner_cluster c;
     struct planner_fleet f;
-    nodes_fleet(req->ld, &f);
-    known_cluster(req->ld, req->json, &f, &c);
     struct loom_error err;
     memset(&err, 0, sizeof err);
+    nodes_fleet(req->ld, &f);
+    if (known_cluster(req->ld, req->json, &f, &c, &err) != 0) return reply_spec_error(req, &err);
     json_t *out = NULL;
     if (planner_plan_json(req->json, &c, &out, &err) != 0) return reply_spec_error(req, &err);
     /* cost on each GPU type of the cluster and the cheapest that fits it as given */

@@ -244,6 +244,10 @@ def main():
         st, r = d.request("POST", "/v1/jobs", spec(data, 1, {"gpu_type": "H300"}), token=tenant)
         check(st == 422 and r["error"]["code"] == "UNKNOWN_GPU_TYPE" and
               "H300" in r["error"]["message"], "unknown gpu_type refused: %s" % r)
+        st, r = d.request("POST", "/v1/plan", spec(data, 1, {"gpu_type": ["H200", "X1"]}),
+                          token=tenant)
+        check(st == 422 and r["error"]["code"] == "UNKNOWN_GPU_TYPE" and
+              r["error"]["field"] == "resources.gpu_type", "plan: unknown gpu_type: %s" % r)
         st, r = d.request("POST", "/v1/plan", spec(data, 1), token=tenant)
         types = {g["gpu_type"]: g for g in r.get("gpu_types", [])}
         check(st == 200 and set(types) == {"H100-SXM", "RTX4090", "A100-80GB"},
