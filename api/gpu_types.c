@@ -8,6 +8,7 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -122,6 +123,21 @@ int gpu_type_list_parse(const json_t *v, char (*out)[GPU_TYPE_NAME_MAX], int max
         snprintf(out[cnt++], GPU_TYPE_NAME_MAX, "%s", t->name);
     }
     return cnt;
+}
+
+int gpu_build_runs_on(const char *archs, int cc) {
+    if (!archs || !*archs || !strncmp(archs, "native", 6) || !strncmp(archs, "all", 3)) return 1;
+    for (const char *p = archs; *p;) {
+        char *end = NULL;
+        long a = strtol(p, &end, 10);
+        if (end == p) break;
+        int is_real = strncmp(end, "-virtual", 8) != 0, is_ptx = strncmp(end, "-real", 5) != 0;
+        if (is_real && a / 10 == cc / 10 && a <= cc) return 1;
+        if (is_ptx && a <= cc) return 1;
+        p = end + strcspn(end, ";,");
+        if (*p) p++;
+    }
+    return 0;
 }
 
 void gpu_type_names(char *buf, size_t len) {

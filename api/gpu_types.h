@@ -54,6 +54,14 @@ const struct gpu_type *gpu_type_normalize(const char *model, double mem_bytes);
 int gpu_type_list_parse(const json_t *v, char (*out)[GPU_TYPE_NAME_MAX], int max, char *err,
                         size_t errlen);
 
+/* 1 when a build for CUDA architectures `archs` (CMAKE_CUDA_ARCHITECTURES with
+ * ';' or ',' between entries: "80-real,90-virtual"; a plain "86" is both kinds)
+ * carries code a device of compute capability cc (x10) can run: machine code of
+ * its major architecture at or below its minor (sm_80 code runs on sm_86 and
+ * sm_89, not on sm_90), or PTX at or below it (JIT-compiled by the driver). An
+ * empty, "native" or "all..." list is taken on trust. */
+int gpu_build_runs_on(const char *archs, int cc);
+
 /* Space-separated list of the GPU names (cpu excluded) into buf, for messages. */
 void gpu_type_names(char *buf, size_t len);
 

@@ -129,7 +129,40 @@ static void test_facts(void) {
     CHECK(strlen(buf) < 8);
 }
 
+/* Which devices a build can run on (the worker's start-up gate). */
+static const struct {
+    const char *archs;
+    int cc, want;
+} runs[] = {
+    {"80-real;86-real;89-real;90-real;90-virtual", 80, 1},
+    {"80-real;86-real;89-real;90-real;90-virtual", 86, 1},
+    {"80-real,86-real,89-real,90-real,90-virtual", 89, 1},
+    {"80-real,86-real,89-real,90-real,90-virtual", 90, 1},
+    {"80-real,86-real,89-real,90-real,90-virtual", 100, 1}, /* B200 through the PTX */
+    {"80-real,86-real,89-real,90-real,90-virtual", 75, 0},  /* T4 */
+    {"90-real", 80, 0},                                     /* H100-only build on an A100 */
+    {"90-real", 100, 0},                                    /* sm_90 code does not run on 10.0 */
+    {"80-real", 86, 1},                                     /* same major, higher minor */
+    {"86-real", 80, 0},
+    {"80-virtual", 89, 1},
+    {"86", 89, 1},
+    {"86", 80, 0},
+    {"native", 75, 1},
+    {"", 80, 1},
+};
+
+static void test_build_runs_on(void) {
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        int got = gpu_build_runs_on(runs[i].archs, runs[i].cc);
+        if (got != runs[i].want)
+            fprintf(stderr, "runs_on(\"%s\", %d) = %d, want %d\n", runs[i].archs, runs[i].cc, got,
+                    runs[i].want);
+        CHECK(got == runs[i].want);
+    }
+}
+
 int main(void) {
+    test_build_runs_on();
     test_normalize();
     test_find();
     test_facts();

@@ -792,27 +792,6 @@ static void cu_copy_fence(void *ctx) {
     }
 }
 
-/* 1 when this build carries code the device can run: machine code of its major
- * architecture at or below its minor (sm_80 code runs on sm_86 and sm_89), or PTX
- * of any architecture at or below it (JIT-compiled by the driver). `archs` is
- * CMAKE_CUDA_ARCHITECTURES with ',' for ';' ("80-real,90-virtual"; "86" = both kinds); an empty,
- * "native" or "all*" list is taken on trust. */
-static int build_runs_on(const char *archs, int cc) {
-    if (!*archs || !strncmp(archs, "native", 6) || !strncmp(archs, "all", 3)) return 1;
-    for (const char *p = archs; *p;) {
-        char *end = NULL;
-        long a = strtol(p, &end, 10);
-        if (end == p) break;
-        int is_real = strncmp(end, "-virtual", 8) != 0, is_ptx = strncmp(end, "-real", 5) != 0;
-        if (is_real && a / 10 == cc / 10 && a <= cc) return 1;
-        if (is_ptx && a <= cc) return 1;
-        p = strchr(end, ',');
-        if (!p) break;
-        p++;
-    }
-    return 0;
-}
-
 /* cuDNN's fused attention per architecture family (cuDNN's SDPA support matrix,
  * docs/planner.md "GPU types"): the oldest cuDNN that runs it and the largest head
  * dimension of its backward. Graph finalization stays the final word (a shape the
@@ -866,7 +845,7 @@ static int device_gate(int device, struct cudaDeviceProp *p) {
                   device, p->name, p->major, p->minor);
         return -1;
     }
-    if (!build_runs_on(LOOM_CUDA_ARCHS, cc)) {
+    if (!gpu_build_runs_on(LOOM_CUDA_ARCHS, cc)) {
         log_error("GPU_UNSUPPORTED: device %d is %s with compute capability %d.%d, but this "
                   "loom-worker was built for CUDA architectures \"%s\" only; rebuild with "
                   "-DCMAKE_CUDA_ARCHITECTURES including %d-real (or a PTX %d-virtual at or "
