@@ -13,13 +13,14 @@ int cmd_nodes(struct cli *cli, int argc, char **argv) {
         json_decref(out);
         return 0;
     }
-    printf("%-20s %-8s %-5s %-24s %5s %5s %5s  %s\n", "NODE", "STATE", "KIND", "MODEL", "TOTAL",
-           "USED", "FREE", "LAST HEARTBEAT");
+    printf("%-20s %-8s %-5s %-10s %-24s %5s %5s %5s  %s\n", "NODE", "STATE", "KIND", "GPU_TYPE",
+           "MODEL", "TOTAL", "USED", "FREE", "LAST HEARTBEAT");
     size_t i;
     json_t *n;
     json_array_foreach(json_object_get(out, "nodes"), i, n) {
-        printf("%-20s %-8s %-5s %-24s %5lld %5lld %5lld  %s\n", cli_str(n, "name"),
-               cli_str(n, "state"), cli_str(n, "kind"), cli_str(n, "gpu_model"),
+        printf("%-20s %-8s %-5s %-10s %-24s %5lld %5lld %5lld  %s\n", cli_str(n, "name"),
+               cli_str(n, "state"), cli_str(n, "kind"), cli_str(n, "gpu_type"),
+               cli_str(n, "gpu_model"),
                (long long)json_integer_value(json_object_get(n, "devices_total")),
                (long long)json_integer_value(json_object_get(n, "devices_used")),
                (long long)json_integer_value(json_object_get(n, "devices_free")),
