@@ -1,7 +1,9 @@
-/* loom-data: prepare and check token shards for loom-worker.
+/* loom-data: prepare and check token shards for loom-worker; run a tokenizer.
  *
  *   loom-data prepare --in FILES|DIR[,...] --out DIR [--val-fraction F]
  *   loom-data check PATTERN [--vocab-size N]
+ *   loom-data encode --tokenizer PATH --in FILE [--allow-special]
+ *   loom-data decode --tokenizer PATH --in FILE
  *
  * prepare tokenizes text with the byte-level tokenizer (vocab 256: a token is
  * a byte; token 0, NUL, starts every document) into .bin shards (version 1,
@@ -14,7 +16,14 @@
  * skipped (not text). The summary is one JSON line on stdout.
  *
  * check validates every shard matching PATTERN (header, size and, with
- * --vocab-size, every token) and prints one JSON line; exit 2 on bad data. */
+ * --vocab-size, every token) and prints one JSON line; exit 2 on bad data.
+ *
+ * encode prints one JSON array of token ids per line of FILE ("-": stdin; the
+ * newline itself is not encoded, no BOS/EOS is added; special tokens' text is
+ * plain text unless --allow-special). decode reads such lines and writes each
+ * decoded text followed by a newline, so decode(encode(F)) == F for a file
+ * ending in a newline. PATH is a tokenizer.json, a tokenizer.model or an HF
+ * directory (data/tok.h). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -30,6 +39,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "data/tok.h"
 #include "worker/data.h"
 
 struct opts {
@@ -39,6 +49,8 @@ struct opts {
     long block_size;
     long shard_tokens;
     long vocab_size;
+    char *tokenizer;
+    int allow_special;
 };
 
 static const struct config_entry table[] = {
@@ -53,10 +65,16 @@ static const struct config_entry table[] = {
      "prepare: maximum tokens per shard file"},
     {"vocab-size", CONFIG_INT, offsetof(struct opts, vocab_size), "0", 0, UINT32_MAX,
      "check: reject tokens >= this (0: header and size checks only)"},
+    {"tokenizer", CONFIG_STR, offsetof(struct opts, tokenizer), NULL, 1, 0,
+     "encode/decode: tokenizer.json, tokenizer.model or an HF directory holding one"},
+    {"allow-special", CONFIG_BOOL, offsetof(struct opts, allow_special), "false", 1, 0,
+     "encode: special tokens written in the text become their ids"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 static const char usage[] = "prepare --in FILES|DIR --out DIR [--val-fraction F]\n"
-                            "       loom-data check PATTERN [--vocab-size N]";
+                            "       loom-data check PATTERN [--vocab-size N]\n"
+                            "       loom-data encode --tokenizer PATH --in FILE [--allow-special]\n"
+                            "       loom-data decode --tokenizer PATH --in FILE";
 
 /* ---- inputs ---------------------------------------------------------------- */
 
@@ -361,6 +379,155 @@ static int cmd_check(const struct opts *o, char **pos, int npos) {
     return rc;
 }
 
+/* ---- encode / decode -------------------------------------------------------- */
+
+static unsigned char *slurp_stream(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *b = malloc(cap);
+    while (b) {
+        if (n == cap) {
+            unsigned char *nb = realloc(b, cap *= 2);
+            if (!nb) {
+                free(b);
+                return NULL;
+            }
+            b = nb;
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    *len = n;
+    return b;
+}
+
+/* The input of encode/decode: a whole file or stdin. */
+static unsigned char *read_input(const char *cmd, const char *in, size_t *len) {
+    if (!in) {
+        log_error("%s: --in FILE is required (\"-\" for stdin)", cmd);
+        return NULL;
+    }
+    unsigned char *b = strcmp(in, "-") == 0 ? slurp_stream(stdin, len) : slurp(in, len);
+    if (!b) log_error("%s: cannot read %s: %s", cmd, in, strerror(errno));
+    return b;
+}
+
+static struct tok *open_tokenizer(const char *cmd, const char *path) {
+    char err[1024];
+    struct tok *t = NULL;
+    if (!path) {
+        log_error("%s: --tokenizer PATH is required", cmd);
+        return NULL;
+    }
+    if (tok_open(path, &t, err, sizeof err) != 0) log_error("%s: %s", cmd, err);
+    return t;
+}
+
+/* Lines of b[0..len): the last one needs no newline; a final newline ends no extra line. */
+#define FOR_EACH_LINE(b, len, line, n, lineno)                                                     \
+    for (size_t at_ = 0, n = 0, lineno = 1; at_ < (len); at_ += n + 1, lineno++)                   \
+        for (const char *line = (const char *)(b) + at_, *nl_ = memchr(line, '\n', (len)-at_);     \
+             line && ((n = nl_ ? (size_t)(nl_ - line) : (len)-at_), 1); line = NULL)
+
+static int cmd_encode(const struct opts *o) {
+    int rc = 1;
+    size_t len = 0;
+    struct tok_ids ids = {0};
+    struct tok *t = open_tokenizer("encode", o->tokenizer);
+    unsigned char *b = t ? read_input("encode", o->in, &len) : NULL;
+    char *out = NULL;
+    size_t cap = 0;
+    if (!b) goto out;
+    FOR_EACH_LINE(b, len, line, n, lineno) {
+        char err[1024];
+        ids.n = 0;
+        if (tok_encode(t, line, n, o->allow_special ? TOK_ALLOW_SPECIAL : 0, &ids, err,
+                       sizeof err) != 0) {
+            log_error("encode: %s line %zu: %s", o->in, lineno, err);
+            goto out;
+        }
+        if (cap < ids.n * 11 + 3) {
+            free(out);
+            cap = ids.n * 11 + 64;
+            if (!(out = malloc(cap))) {
+                log_error("encode: out of memory");
+                goto out;
+            }
+        }
+        size_t k = 0;
+        out[k++] = '[';
+        for (size_t i = 0; i < ids.n; i++) {
+            char d[12];
+            int nd = 0;
+            uint32_t v = ids.v[i];
+            do
+                d[nd++] = (char)('0' + v % 10);
+            while ((v /= 10));
+            if (i) out[k++] = ',';
+            while (nd)
+                out[k++] = d[--nd];
+        }
+        out[k++] = ']';
+        out[k++] = '\n';
+        fwrite(out, 1, k, stdout);
+    }
+    rc = fflush(stdout) == 0 ? 0 : 1;
+out:
+    free(out);
+    free(b);
+    tok_ids_free(&ids);
+    tok_free(t);
+    return rc;
+}
+
+static int cmd_decode(const struct opts *o) {
+    int rc = 1;
+    size_t len = 0;
+    struct tok_ids ids = {0};
+    struct tok *t = open_tokenizer("decode", o->tokenizer);
+    unsigned char *b = t ? read_input("decode", o->in, &len) : NULL;
+    if (!b) goto out;
+    FOR_EACH_LINE(b, len, line, n, lineno) {
+        char err[1024];
+        json_error_t je;
+        json_t *arr = json_loadb(line, n, 0, &je);
+        ids.n = 0;
+        int bad = !json_is_array(arr);
+        size_t i;
+        json_t *v;
+        json_array_foreach(arr, i, v) {
+            json_int_t x = json_integer_value(v);
+            if (bad || !json_is_integer(v) || x < 0 || x > UINT32_MAX) {
+                bad = 1;
+                break;
+            }
+            if (tok_ids_reserve(&ids, 1) != 0) break;
+            ids.v[ids.n++] = (uint32_t)x;
+        }
+        json_decref(arr);
+        if (bad) {
+            log_error("decode: %s line %zu: expected a JSON array of token ids, got \"%.*s\"",
+                      o->in, lineno, n > 60 ? 60 : (int)n, line);
+            goto out;
+        }
+        char *text = NULL;
+        size_t tn = 0;
+        if (tok_decode(t, ids.v, ids.n, &text, &tn, err, sizeof err) != 0) {
+            log_error("decode: %s line %zu: %s", o->in, lineno, err);
+            goto out;
+        }
+        fwrite(text, 1, tn, stdout);
+        fputc('\n', stdout);
+        free(text);
+    }
+    rc = fflush(stdout) == 0 ? 0 : 1;
+out:
+    free(b);
+    tok_ids_free(&ids);
+    tok_free(t);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     struct opts o;
     memset(&o, 0, sizeof o);
@@ -376,6 +543,10 @@ int main(int argc, char **argv) {
         rc = cmd_prepare(&o, pos, npos);
     } else if (npos >= 1 && strcmp(pos[0], "check") == 0) {
         rc = cmd_check(&o, pos, npos);
+    } else if (npos == 1 && strcmp(pos[0], "encode") == 0) {
+        rc = cmd_encode(&o);
+    } else if (npos == 1 && strcmp(pos[0], "decode") == 0) {
+        rc = cmd_decode(&o);
     } else {
         config_print_help(table, NTABLE, "loom-data", usage, stderr);
         rc = 2;
