@@ -115,8 +115,7 @@ int tok_open(const char *path, struct tok **out, char *err, size_t errlen) {
     } else if (ends_with(file, ".model")) {
         ops = &tok_spm_ops;
     } else {
-        ERR("%s: unknown tokenizer file (expected tokenizer.json or a SentencePiece .model)",
-            file);
+        ERR("%s: unknown tokenizer file (expected tokenizer.json or a SentencePiece .model)", file);
         return -1;
     }
     struct tok *t = calloc(1, sizeof *t);

@@ -45,7 +45,7 @@ struct strmap {
     struct sm_ent {
         uint64_t h;
         uint32_t off, len, val;
-    } *ent;
+    } * ent;
     size_t n, cap;
     char *pool;
     size_t pool_n, pool_cap;
@@ -74,7 +74,7 @@ static int strmap_rehash(struct strmap *m, size_t nslots) {
 }
 
 static inline const struct sm_ent *strmap_find_h(const struct strmap *m, const char *p, size_t n,
-                                                  uint64_t h) {
+                                                 uint64_t h) {
     if (!m->slot) return NULL;
     for (size_t j = h & m->mask;; j = (j + 1) & m->mask) {
         uint32_t e = m->slot[j];
@@ -131,7 +131,7 @@ struct pairmap {
     struct pm_ent {
         uint64_t key; /* a << 32 | b */
         uint32_t rank, id;
-    } *slot; /* rank UINT32_MAX = empty */
+    } * slot; /* rank UINT32_MAX = empty */
     size_t mask, n;
 };
 
@@ -429,8 +429,8 @@ static int load_pretokenizer(struct bpe *b, json_t *p, char *err, size_t errlen)
             return -1;
         }
         s->kind = PRE_SPLIT;
-        if (compile_re(b->path, "Split", pat, strlen(pat), literal, &s->re, &s->jit, err,
-                       errlen) != 0)
+        if (compile_re(b->path, "Split", pat, strlen(pat), literal, &s->re, &s->jit, err, errlen) !=
+            0)
             return -1;
         b->npre++;
         return 0;
@@ -461,8 +461,8 @@ static int load_decoder(struct bpe *b, json_t *d, char *err, size_t errlen) {
     static const struct {
         const char *name;
         enum dec_kind kind;
-    } simple[] = {{"ByteLevel", DEC_BYTELEVEL}, {"ByteFallback", DEC_BYTEFALLBACK},
-                  {"Fuse", DEC_FUSE}};
+    } simple[] = {
+        {"ByteLevel", DEC_BYTELEVEL}, {"ByteFallback", DEC_BYTEFALLBACK}, {"Fuse", DEC_FUSE}};
     for (size_t i = 0; i < sizeof simple / sizeof *simple; i++)
         if (strcmp(type, simple[i].name) == 0) {
             s->kind = simple[i].kind;
@@ -560,8 +560,8 @@ static int load_model(struct bpe *b, json_t *root, char *err, size_t errlen) {
             json_number_value(dropout));
         return -1;
     }
-    const char *csp = jstr(model, "continuing_subword_prefix"), *eow = jstr(model,
-                                                                            "end_of_word_suffix");
+    const char *csp = jstr(model, "continuing_subword_prefix"),
+               *eow = jstr(model, "end_of_word_suffix");
     if ((csp && *csp) || (eow && *eow)) {
         ERR("%s: BPE with continuing_subword_prefix \"%s\" / end_of_word_suffix \"%s\" is not "
             "supported",
@@ -659,11 +659,12 @@ static int load_model(struct bpe *b, json_t *root, char *err, size_t errlen) {
         long nl = key_bytes(b, u2b, l, buf), nr = nl < 0 ? -1 : key_bytes(b, u2b, rt, buf + nl);
         const struct sm_ent *el = nl < 0 ? NULL : strmap_find(&b->vocab, buf, (size_t)nl);
         const struct sm_ent *er = nr < 0 ? NULL : strmap_find(&b->vocab, buf + nl, (size_t)nr);
-        const struct sm_ent *em =
-            el && er ? strmap_find(&b->vocab, buf, (size_t)(nl + nr)) : NULL;
+        const struct sm_ent *em = el && er ? strmap_find(&b->vocab, buf, (size_t)(nl + nr)) : NULL;
         if (!em) {
             ERR("%s: merge %zu (\"%s\" \"%s\"): %s is not in the vocabulary", b->path, r, l, rt,
-                !el ? "the left part" : !er ? "the right part" : "the merged token");
+                !el   ? "the left part"
+                : !er ? "the right part"
+                      : "the merged token");
             return -1;
         }
         pairmap_put(&b->merges, el->val, er->val, (uint32_t)r, em->val);
@@ -758,7 +759,8 @@ int tok_bpe_load(const char *path, void **impl, char *err, size_t errlen) {
         dec_bl |= b->dec[i].kind == DEC_BYTELEVEL;
     if (dec_bl != b->byte_level) {
         ERR("%s: a ByteLevel %s without a ByteLevel %s is not supported", path,
-            b->byte_level ? "pre_tokenizer" : "decoder", b->byte_level ? "decoder" : "pre_tokenizer");
+            b->byte_level ? "pre_tokenizer" : "decoder",
+            b->byte_level ? "decoder" : "pre_tokenizer");
         goto out;
     }
     if (load_model(b, root, err, errlen) != 0) goto out;
@@ -835,7 +837,7 @@ struct cache {
     struct c_ent {
         uint64_t h;
         uint32_t off, len, ioff, ilen;
-    } *ent;
+    } * ent;
     size_t n, cap;
     char *bytes;
     size_t nb, capb;
@@ -859,7 +861,7 @@ struct bpe_enc {
     int32_t *prev, *next;
     struct heap_ent {
         uint32_t rank, pos;
-    } *heap;
+    } * heap;
     size_t sym_cap;
     char *err;
     size_t errlen;
@@ -1154,10 +1156,10 @@ static int regex_split(struct bpe_enc *e, int step, const struct pre *s, const c
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
     size_t gap = 0, at = 0;
     while (at < n) {
-        int rc = s->jit ? pcre2_jit_match(s->re, (PCRE2_SPTR)p, n, at, PCRE2_NO_UTF_CHECK, e->md,
-                                          e->mctx)
-                        : pcre2_match(s->re, (PCRE2_SPTR)p, n, at, PCRE2_NO_UTF_CHECK, e->md,
-                                      e->mctx);
+        int rc =
+            s->jit
+                ? pcre2_jit_match(s->re, (PCRE2_SPTR)p, n, at, PCRE2_NO_UTF_CHECK, e->md, e->mctx)
+                : pcre2_match(s->re, (PCRE2_SPTR)p, n, at, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
@@ -1190,8 +1192,8 @@ static int pre_split(struct bpe_enc *e, int step, const char *p, size_t n, struc
         if (!q) return enc_fail(e, "out of memory");
         q[0] = ' ';
         memcpy(q + 1, p, n);
-        int rc = s->re ? regex_split(e, step, s, q, n + 1, out)
-                       : pre_split(e, step + 1, q, n + 1, out);
+        int rc =
+            s->re ? regex_split(e, step, s, q, n + 1, out) : pre_split(e, step + 1, q, n + 1, out);
         free(q);
         return rc;
     }
@@ -1238,8 +1240,8 @@ static int normalize(struct bpe_enc *e, const char *p, size_t n, const char **re
                 [NORM_NFKD] = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
             };
             utf8proc_uint8_t *o = NULL;
-            utf8proc_ssize_t on = utf8proc_map((const utf8proc_uint8_t *)src,
-                                               (utf8proc_ssize_t)sn, &o, opts[s->kind]);
+            utf8proc_ssize_t on = utf8proc_map((const utf8proc_uint8_t *)src, (utf8proc_ssize_t)sn,
+                                               &o, opts[s->kind]);
             if (on < 0) {
                 free(o);
                 return enc_fail(e, utf8proc_errmsg(on));
@@ -1272,7 +1274,8 @@ static inline int is_space(unsigned char c) {
 }
 
 static inline int is_word(unsigned char c) {
-    return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+    return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') ||
+           ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
 }
 
 /* The added token matching at text[i], longest first; NULL if none. */
@@ -1308,8 +1311,8 @@ static size_t utf8_check(const char *s, size_t len) {
     return len;
 }
 
-static int bpe_encode(void *enc, const char *text, size_t len, unsigned flags,
-                      struct tok_ids *out, char *err, size_t errlen) {
+static int bpe_encode(void *enc, const char *text, size_t len, unsigned flags, struct tok_ids *out,
+                      char *err, size_t errlen) {
     struct bpe_enc *e = enc;
     const struct bpe *b = e->b;
     e->err = err;

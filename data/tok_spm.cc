@@ -122,8 +122,8 @@ static void *spm_enc_new(const void *impl) {
 
 static void spm_enc_free(void *) {}
 
-static int spm_encode(void *enc, const char *text, size_t len, unsigned flags,
-                      struct tok_ids *out, char *err, size_t errlen) {
+static int spm_encode(void *enc, const char *text, size_t len, unsigned flags, struct tok_ids *out,
+                      char *err, size_t errlen) {
     const Spm *m = static_cast<const Spm *>(enc);
     size_t n0 = out->n;
     if (errlen) err[0] = 0;
@@ -131,8 +131,8 @@ static int spm_encode(void *enc, const char *text, size_t len, unsigned flags,
         size_t bad = utf8_bad(text, len);
         if (bad < len) {
             char msg[160];
-            std::snprintf(msg, sizeof msg, ": input is not valid UTF-8 at byte %zu (0x%02x)",
-                          bad, static_cast<unsigned char>(text[bad]));
+            std::snprintf(msg, sizeof msg, ": input is not valid UTF-8 at byte %zu (0x%02x)", bad,
+                          static_cast<unsigned char>(text[bad]));
             set_err(err, errlen, m->path + msg);
             return -1;
         }
@@ -141,8 +141,8 @@ static int spm_encode(void *enc, const char *text, size_t len, unsigned flags,
         if (flags & TOK_ALLOW_SPECIAL) {
             for (size_t i = 0; i < len; i++) {
                 for (const auto &s : m->specials) {
-                    if (s.first.size() > len - i || std::memcmp(text + i, s.first.data(),
-                                                                s.first.size()) != 0)
+                    if (s.first.size() > len - i ||
+                        std::memcmp(text + i, s.first.data(), s.first.size()) != 0)
                         continue;
                     if (encode_piece(m, text + seg, i - seg, out, ids, err, errlen) != 0 ||
                         tok_ids_push(out, static_cast<uint32_t>(s.second)) != 0)
@@ -199,8 +199,8 @@ static int spm_decode(const void *impl, const uint32_t *ids, size_t n, char **te
 }
 
 const struct tok_ops tok_spm_ops = {
-    "sentencepiece", spm_free,   spm_vocab_size, spm_piece_id, spm_role_id,
-    spm_enc_new,     spm_enc_free, spm_encode,   spm_decode,
+    "sentencepiece", spm_free,     spm_vocab_size, spm_piece_id, spm_role_id,
+    spm_enc_new,     spm_enc_free, spm_encode,     spm_decode,
 };
 
 } // extern "C"

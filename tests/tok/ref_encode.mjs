@@ -25,7 +25,9 @@ if (ref === "gpt-3-encoder") {
   const { Tokenizer } = await import("@huggingface/tokenizers");
   const t = new Tokenizer(JSON.parse(readFileSync(tokPath, "utf8")), {});
   if (ref === "hf-decode") {
-    const out = lines.map((l) => t.decode(JSON.parse(l), { skip_special_tokens: false,
+    const ids = (l) => JSON.parse(l);
+    // The library refuses an empty id list; its text is the empty string.
+    const out = lines.map((l) => ids(l).length === 0 ? "" : t.decode(ids(l), { skip_special_tokens: false,
       clean_up_tokenization_spaces: false }));
     process.stdout.write(out.join("\n") + "\n");
     process.exit(0);
