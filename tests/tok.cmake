@@ -18,3 +18,9 @@ endforeach()
 add_test(NAME unit.tok_spm
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/tok/tok_test.sh spm $<TARGET_FILE:loom-data>)
 set_tests_properties(unit.tok_spm PROPERTIES LABELS unit TIMEOUT 120)
+
+# Benchmark (not a test): tests/bench/bench_tok.sh build runs bench_tok beside the JS
+# tokenizers; numbers in docs/perf.md.
+add_executable(bench_tok ${CMAKE_CURRENT_LIST_DIR}/bench/bench_tok.c)
+target_link_libraries(bench_tok PRIVATE loom_tok Threads::Threads)
+loom_warnings(bench_tok)
