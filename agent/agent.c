@@ -11,6 +11,7 @@
 #include "agent/nodecheck.h"
 #include "agent/task.h"
 #include "api/client.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -61,17 +62,6 @@ struct agent {
     int hb_now;
 };
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static const char *state_name(enum task_state s) {
     return s == TASK_RUNNING ? "running" : s == TASK_STOPPING ? "stopping" : "exited";
 }
@@ -95,7 +85,7 @@ static json_t *task_json(const struct task *t, int64_t now) {
 
 static json_t *tasks_json(struct agent *a) {
     json_t *arr = json_array();
-    int64_t now = now_ms();
+    int64_t now = clock_mono_ms();
     for (struct task *t = a->tasks; t; t = t->next)
         json_array_append_new(arr, task_json(t, now));
     return arr;
@@ -198,7 +188,7 @@ static void *poll_main(void *arg) {
         snprintf(version, sizeof version, "%s", d->version);
         pthread_mutex_unlock(&d->mu);
         if (!reg) {
-            sleep_ms(50);
+            clock_sleep_ms(50);
             continue;
         }
         char path[512];
@@ -228,7 +218,7 @@ static void *poll_main(void *arg) {
             } else {
                 log_warn("assignments: HTTP %ld", status);
             }
-            sleep_ms(backoff);
+            clock_sleep_ms(backoff);
             backoff = backoff * 2 > d->retry_max_ms ? d->retry_max_ms : backoff * 2;
         }
         json_decref(reply);
@@ -503,7 +493,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     client_set_timeout_ms(a.cl, 5000);
     if (access(cfg->worker, X_OK) != 0)
         log_warn("worker binary %s is not executable: tasks will fail to start", cfg->worker);
-    a.tasks = task_scan_dir(cfg->work_dir, cfg->adopt, now_ms());
+    a.tasks = task_scan_dir(cfg->work_dir, cfg->adopt, clock_mono_ms());
     for (struct task *t = a.tasks; t; t = t->next) {
         t->ship_off[0] = t->ship_off[1] = 0; /* loomd tells us its length */
         if (t->state != TASK_EXITED)
@@ -519,7 +509,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     a.backoff_ms = 200;
 
     while (!*stop) {
-        int64_t now = now_ms();
+        int64_t now = clock_mono_ms();
         pthread_mutex_lock(&a.d->mu);
         int reg = a.d->registered;
         pthread_mutex_unlock(&a.d->mu);

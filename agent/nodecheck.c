@@ -20,6 +20,7 @@
 #include "agent/agent.h"
 #include "agent/gpu.h"
 #include "api/client.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 #define NC_POLL_WAIT_MS    10000
@@ -37,17 +38,6 @@ struct nodecheck_agent {
     char dir[PATH_MAX];
     pthread_t thread;
 };
-
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* Starts one probe rank; returns its pid or -1. Runs in the check thread. */
 static pid_t spawn_rank(struct nodecheck_agent *n, json_t *chk, int local, const char *uuid) {
@@ -160,7 +150,7 @@ static void run_part(struct nodecheck_agent *n, json_t *chk) {
     json_t *sizes = json_array(), *summary = NULL;
     pid_t pids[NC_MAX_RANKS];
     int status[NC_MAX_RANKS], nstarted = 0, ok = 1;
-    int64_t t0 = mono_ms();
+    int64_t t0 = clock_mono_ms();
     if (ranks < 1 || ranks > NC_MAX_RANKS || ranks > gpu_inv_count(n->inv)) {
         snprintf(err, sizeof err, "part of %d ranks but the node has %d device(s)", ranks,
                  gpu_inv_count(n->inv));
@@ -195,7 +185,7 @@ static void run_part(struct nodecheck_agent *n, json_t *chk) {
             }
         }
         if (!left) break;
-        if (!killed && (mono_ms() - t0 > NC_PART_TIMEOUT_MS || *n->stop)) {
+        if (!killed && (clock_mono_ms() - t0 > NC_PART_TIMEOUT_MS || *n->stop)) {
             for (int r = 0; r < nstarted; r++)
                 if (status[r] == -1) kill(-pids[r], SIGKILL);
             killed = 1;
@@ -203,7 +193,7 @@ static void run_part(struct nodecheck_agent *n, json_t *chk) {
                 snprintf(err, sizeof err, "%s",
                          *n->stop ? "agent stopping" : "probe did not finish within 150 s");
         }
-        sleep_ms(20);
+        clock_sleep_ms(20);
     }
     for (int r = 0; r < nstarted; r++) {
         char path[PATH_MAX + 64];
@@ -227,7 +217,7 @@ static void run_part(struct nodecheck_agent *n, json_t *chk) {
         if (!err[0]) snprintf(err, sizeof err, "rank 0 printed no summary");
     }
     json_t *body = json_pack("{s:s, s:b, s:o, s:I}", "node", n->cfg->name, "ok", ok, "sizes", sizes,
-                             "ms", (json_int_t)(mono_ms() - t0));
+                             "ms", (json_int_t)(clock_mono_ms() - t0));
     if (summary) json_object_set_new(body, "summary", summary);
     if (!ok) json_object_set_new(body, "error", json_string(err));
     char path[200];
@@ -244,10 +234,10 @@ static void run_part(struct nodecheck_agent *n, json_t *chk) {
                 log_warn("nodecheck %s: loomd refused the report (HTTP %ld)", id, status_code);
             break;
         }
-        sleep_ms(500L << attempt);
+        clock_sleep_ms(500L << attempt);
     }
     log_info("nodecheck %s: %s in %lld ms%s%s", id, ok ? "done" : "failed",
-             (long long)(mono_ms() - t0), ok ? "" : ": ", ok ? "" : err);
+             (long long)(clock_mono_ms() - t0), ok ? "" : ": ", ok ? "" : err);
     json_decref(body);
 }
 
@@ -265,7 +255,7 @@ static void *thread_main(void *arg) {
             /* loomd away, not yet registered, or an older loomd without checks */
             json_decref(reply);
             for (long w = 0; w < backoff && !*n->stop; w += 100)
-                sleep_ms(100);
+                clock_sleep_ms(100);
             backoff = backoff * 2 > 10000 ? 10000 : backoff * 2;
             continue;
         }

@@ -1,6 +1,9 @@
 /* Data staging into a node-local, content-addressed cache with LRU eviction
  * (see agent/stage.h). Linked into loom-stage (agent/stage/main.c). */
 #include "agent/stage.h"
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/fsutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,27 +22,9 @@
 #define CHUNK     (1 << 20)
 #define MAX_FILES 4096
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void hex(const unsigned char *md, unsigned n, char *out) {
     for (unsigned i = 0; i < n; i++)
         sprintf(out + 2 * i, "%02x", md[i]);
-}
-
-static int mkdirs(const char *path) {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 /* Hashes fd from its current position to EOF; optionally copies to out_fd. */
@@ -192,12 +177,7 @@ static void evict(const char *dir, long long max_bytes, char (*keep)[65], int nk
         snprintf(p, sizeof p, "%s/%s", bdir, e->d_name);
         struct stat st;
         if (stat(p, &st) != 0) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            struct blob_ent *ne = realloc(ents, (size_t)cap * sizeof *ents);
-            if (!ne) break;
-            ents = ne;
-        }
+        if (BUF_GROW(ents, cap, n + 1, 64) != 0) break;
         memcpy(ents[n].name, e->d_name, 64); /* length checked above */
         ents[n].name[64] = 0;
         ents[n].size = (long long)st.st_size;
@@ -248,7 +228,7 @@ static char *stage_field(const char *dir, const char *job, const char *which, co
     char view[PATH_MAX];
     snprintf(view, sizeof view, "%s/views/%s/%s", dir, job, which);
     char *result = NULL;
-    if (mkdirs(view) != 0) {
+    if (fs_mkdir_p(view, 0755, 0) != 0) {
         snprintf(err, errlen, "cannot create %s: %s", view, strerror(errno));
         goto out;
     }
@@ -284,7 +264,7 @@ out:
 int stage_spec(const struct stage_opts *o, const char *job, json_t *spec, struct stage_report *r,
                char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     json_t *data = json_object_get(spec, "data");
     const char *train = json_string_value(json_object_get(data, "train"));
     const char *val = json_string_value(json_object_get(data, "val"));
@@ -300,7 +280,7 @@ int stage_spec(const struct stage_opts *o, const char *job, json_t *spec, struct
     static const char *const subs[] = {"blobs", "index", "views"};
     for (size_t i = 0; i < 3; i++) {
         snprintf(sub, sizeof sub, "%s/%s", o->dir, subs[i]);
-        if (mkdirs(sub) != 0) {
+        if (fs_mkdir_p(sub, 0755, 0) != 0) {
             snprintf(err, errlen, "cannot create %s: %s", sub, strerror(errno));
             return -1;
         }
@@ -327,7 +307,7 @@ int stage_spec(const struct stage_opts *o, const char *job, json_t *spec, struct
     if (nval) json_object_set_new(data, "val", json_string(nval));
     rc = 0;
 out:
-    r->seconds = now_s() - t0;
+    r->seconds = clock_mono_s() - t0;
     free(ntrain);
     free(nval);
     free(used);

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "agent/task.h"
 
+#include "common/fsutil.h"
 #include "common/log.h"
 
 #include <dirent.h>
@@ -60,25 +61,6 @@ static long long proc_starttime(pid_t pid, int *zombie) {
     return st;
 }
 
-static int write_file(const char *path, const char *data, size_t n) {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
-    size_t off = 0;
-    while (off < n) {
-        ssize_t w = write(fd, data + off, n - off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            close(fd);
-            return -1;
-        }
-        off += (size_t)w;
-    }
-    close(fd);
-    return rename(tmp, path);
-}
-
 static char *read_small(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return NULL;
@@ -95,21 +77,8 @@ static void write_exit_file(struct task *t) {
     char path[1100], line[256];
     snprintf(path, sizeof path, "%s/exit", t->dir);
     int n = snprintf(line, sizeof line, "%d %s\n", t->exit_code, t->exit_reason);
-    if (write_file(path, line, (size_t)n) != 0)
+    if (fs_write_atomic(path, line, (size_t)n, 0644, FS_NO_FSYNC) != 0)
         log_warn("task %s: cannot write %s: %s", t->key, path, strerror(errno));
-}
-
-static int mkdir_p(const char *path) {
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
 }
 
 static struct task *task_alloc(const char *work_dir, const char *job, int attempt, int rank) {
@@ -148,7 +117,7 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
     t->local_rank = s->local_rank;
     t->device = s->device;
     snprintf(tasks, sizeof tasks, "%s/tasks", work_dir);
-    if (mkdir_p(tasks) != 0) {
+    if (fs_mkdir_p(tasks, 0755, 0) != 0) {
         log_error("task %s: cannot create %s: %s", t->key, tasks, strerror(errno));
         goto fail;
     }
@@ -157,14 +126,14 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
         goto fail;
     }
     snprintf(spec_path, sizeof spec_path, "%s/spec.json", t->dir);
-    if (write_file(spec_path, s->spec_json, strlen(s->spec_json)) != 0) {
+    if (fs_write_atomic(spec_path, s->spec_json, strlen(s->spec_json), 0644, FS_NO_FSYNC) != 0) {
         log_error("task %s: cannot write %s", t->key, spec_path);
         goto fail;
     }
     char meta[256];
     int mn = snprintf(meta, sizeof meta, "%d %d %d\n", s->world, s->local_rank, s->device);
     snprintf(path, sizeof path, "%s/meta", t->dir);
-    write_file(path, meta, (size_t)mn);
+    fs_write_atomic(path, meta, (size_t)mn, 0644, FS_NO_FSYNC);
     snprintf(path, sizeof path, "%s/stdout.log", t->dir);
     outfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     snprintf(path, sizeof path, "%s/stderr.log", t->dir);
@@ -265,7 +234,7 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
     char pidline[64];
     int pn = snprintf(pidline, sizeof pidline, "%d %lld\n", (int)pid, t->starttime);
     snprintf(path, sizeof path, "%s/pid", t->dir);
-    if (write_file(path, pidline, (size_t)pn) != 0)
+    if (fs_write_atomic(path, pidline, (size_t)pn, 0644, FS_NO_FSYNC) != 0)
         log_warn("task %s: cannot write pid file", t->key);
     log_info("task %s: started pid %d (%s, device %d)", t->key, (int)pid, s->worker, s->device);
     goto out;

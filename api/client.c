@@ -3,6 +3,8 @@
  * CURLOPT_NOSIGNAL so it is safe in threaded programs. */
 #include "api/client.h"
 
+#include "common/buf.h"
+
 #include <curl/curl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +15,6 @@ struct client {
     char *auth;   /* "Authorization: Bearer ..." or NULL */
     char *header; /* one extra header or NULL */
     long timeout_ms;
-};
-
-struct growbuf {
-    char *p;
-    size_t n, cap;
 };
 
 void client_global_init(void) {
@@ -64,21 +61,8 @@ void client_set_header(struct client *c, const char *header) {
 }
 
 static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud) {
-    struct growbuf *b = ud;
     size_t add = size * nmemb;
-    if (b->n + add + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + add + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return 0;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, ptr, add);
-    b->n += add;
-    b->p[b->n] = 0;
-    return add;
+    return buf_append(ud, ptr, add) == 0 ? add : 0;
 }
 
 int client_request(struct client *c, const char *method, const char *path, json_t *body,
@@ -86,7 +70,7 @@ int client_request(struct client *c, const char *method, const char *path, json_
     int rc = -1;
     char *url = NULL, *payload = NULL;
     struct curl_slist *hdrs = NULL;
-    struct growbuf buf = {0};
+    struct buf buf = BUF_INIT;
     char cerr[CURL_ERROR_SIZE] = "";
 
     if (out) *out = NULL;
@@ -128,17 +112,16 @@ int client_request(struct client *c, const char *method, const char *path, json_
         goto out;
     }
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
-    if (buf.n > 0 && out) *out = json_loadb(buf.p, buf.n, 0, NULL);
+    if (buf.len > 0 && out) *out = json_loadb(buf.p, buf.len, 0, NULL);
     if (raw && buf.p && (!out || !*out)) {
-        *raw = buf.p;
-        buf.p = NULL;
+        *raw = buf_release(&buf);
     }
     rc = 0;
 out:
     curl_slist_free_all(hdrs);
     free(payload);
     free(url);
-    free(buf.p);
+    buf_free(&buf);
     return rc;
 }
 

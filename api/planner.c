@@ -7,6 +7,7 @@
  *   3. enumeration for recommendations and the submit-time fit check.
  * Pure: no I/O, no globals written; any thread. */
 #include "api/planner.h"
+#include "common/buf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -797,14 +798,9 @@ int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c
                                 }
                             }
                         if (!have) continue;
-                        if (n == cap) {
-                            cap *= 2;
-                            struct planner_candidate *nl = realloc(list, (size_t)cap * sizeof *nl);
-                            if (!nl) {
-                                free(list);
-                                return loom_error_set(e, 500, "INTERNAL", "", "out of memory");
-                            }
-                            list = nl;
+                        if (BUF_GROW(list, cap, n + 1, 1) != 0) {
+                            free(list);
+                            return loom_error_set(e, 500, "INTERNAL", "", "out of memory");
                         }
                         list[n++] = best;
                     }

@@ -9,6 +9,7 @@
 
 #include "api/jobspec.h"
 #include "api/planner.h"
+#include "common/buf.h"
 #include "daemon/auth.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
@@ -158,7 +159,7 @@ int api_jobs_submit(struct http_req *req) {
                    IDEM_KEY_MAX);
         goto out;
     }
-    if (jobspec_parse(spec, req->json, 0, &err) != 0) {
+    if (jobspec_parse(spec, req->json, JOBSPEC_ARRAY_MEMBERS, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
     }
@@ -259,18 +260,10 @@ static int list_item_cb(const struct store_job *j, void *arg) {
     /* lists stay small: no spec (GET /v1/jobs/{id} has it) */
     char *t = store_job_dumps(j, 0);
     size_t tl = t ? strlen(t) - 1 : 0; /* drop the newline */
-    if (!t || op->len + tl + 2 > op->cap) {
-        size_t cap = op->cap ? op->cap * 2 : 16384;
-        while (cap < op->len + tl + 2)
-            cap *= 2;
-        char *b = t ? realloc(op->buf, cap) : NULL;
-        if (!b) {
-            free(t);
-            op->oom = 1;
-            return 1;
-        }
-        op->buf = b;
-        op->cap = cap;
+    if (!t || buf_grow_array(&op->buf, &op->cap, op->len + tl + 2, 1, 16384) != 0) {
+        free(t);
+        op->oom = 1;
+        return 1;
     }
     if (op->count) op->buf[op->len++] = ',';
     memcpy(op->buf + op->len, t, tl);

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
@@ -62,12 +64,6 @@ struct stream_ctx {
     void *ctx;
     void (*free_ctx)(void *);
 };
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* ---------------- matching ---------------- */
 
@@ -483,15 +479,7 @@ static int append_body(struct http_conn *c, const char *data, size_t n) {
         c->len = c->cap = 0;
         return 0;
     }
-    if (c->len + n + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap : 4096;
-        while (cap < c->len + n + 1)
-            cap *= 2;
-        char *b = realloc(c->buf, cap);
-        if (!b) return -1;
-        c->buf = b;
-        c->cap = cap;
-    }
+    if (buf_grow_array(&c->buf, &c->cap, c->len + n + 1, 1, 4096) != 0) return -1;
     memcpy(c->buf + c->len, data, n);
     c->len += n;
     c->buf[c->len] = 0;
@@ -549,7 +537,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (!c) return MHD_NO;
         *con_cls = c;
         atomic_fetch_add(&srv->inflight, 1);
-        c->t0 = mono_s();
+        c->t0 = clock_mono_s();
         c->srv = srv;
         c->mc = mc;
         c->req.conn = c;
@@ -585,7 +573,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     struct http_conn *c = *con_cls;
     if (!c) return;
     struct loomd *ld = srv->ld;
-    double secs = mono_s() - c->t0;
+    double secs = clock_mono_s() - c->t0;
     log_debug("http: %s %s %d %.2f ms%s", c->req.method ? c->req.method : "?",
               c->req.path ? c->req.path : "?", c->status ? c->status : 499, secs * 1e3,
               toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (not completed)");
@@ -689,8 +677,8 @@ void http_stop(struct http_server *srv, int grace_ms) {
     if (!srv) return;
     atomic_store(&srv->stopping, 1);
     MHD_socket fd = MHD_quiesce_daemon(srv->mhd); /* stop accepting */
-    double end = mono_s() + grace_ms / 1000.0;
-    while (atomic_load(&srv->inflight) > 0 && mono_s() < end)
+    double end = clock_mono_s() + grace_ms / 1000.0;
+    while (atomic_load(&srv->inflight) > 0 && clock_mono_s() < end)
         usleep(10000);
     if (atomic_load(&srv->inflight) > 0)
         log_warn("http: %d requests still in flight after %d ms; closing them",

@@ -2,6 +2,7 @@
  * step-metrics series (table job_metrics). See joblogs.h. */
 #include "daemon/joblogs.h"
 
+#include "common/clock.h"
 #include "daemon/agent_api.h"
 #include "daemon/attempts.h"
 #include "daemon/http.h"
@@ -49,12 +50,6 @@ static int find_job(struct http_req *req, struct job_lookup *l) {
     return 0;
 }
 
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 struct follow {
     struct loomd *ld;
     char path[1400];
@@ -91,7 +86,7 @@ static ssize_t follow_read(void *ctx, char *buf, size_t max) {
         }
         if (http_stopping(f->ld->http)) return -1;
         if (!attempt_active(c, f->job, f->attempt)) {
-            int64_t now = mono_ms();
+            int64_t now = clock_mono_ms();
             if (!f->gone_since) f->gone_since = now;
             /* Agents ship the last bytes shortly after the exit report. */
             if (now - f->gone_since > 2500) {

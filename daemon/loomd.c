@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/http.h"
@@ -97,38 +98,22 @@ int loomd_config_load(struct loomd *ld, int argc, char **argv) {
     return 0;
 }
 
-static int mkdir_p(const char *path) {
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
 static void write_addr_file(struct loomd *ld) {
-    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    char path[PATH_MAX], line[300];
     snprintf(path, sizeof path, "%s/loomd.addr", ld->cfg.data_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     char host[256];
     snprintf(host, sizeof host, "%s", ld->cfg.listen);
     char *colon = strrchr(host, ':');
     if (colon) *colon = 0;
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
-    fprintf(f, "http://%s:%d\n", host, ld->port);
-    fclose(f);
-    rename(tmp, path);
+    int n = snprintf(line, sizeof line, "http://%s:%d\n", host, ld->port);
+    if (fs_write_atomic(path, line, (size_t)n, 0644, 0) != 0)
+        log_warn("loomd: cannot write %s: %s", path, strerror(errno));
 }
 
 int loomd_start(struct loomd *ld) {
     char path[PATH_MAX];
     http_notify_init(&ld->jobs_changed);
-    if (mkdir_p(ld->cfg.data_dir) != 0) {
+    if (fs_mkdir_p(ld->cfg.data_dir, 0700, 0) != 0) {
         log_error("loomd: cannot create data dir %s: %s", ld->cfg.data_dir, strerror(errno));
         return -1;
     }
@@ -143,7 +128,7 @@ int loomd_start(struct loomd *ld) {
         snprintf(path, sizeof path, "%s/jobs", ld->cfg.data_dir);
         ld->cfg.jobs_dir = strdup(path);
     }
-    if (mkdir_p(ld->cfg.jobs_dir) != 0) {
+    if (fs_mkdir_p(ld->cfg.jobs_dir, 0700, 0) != 0) {
         log_error("loomd: cannot create jobs dir %s: %s", ld->cfg.jobs_dir, strerror(errno));
         return -1;
     }

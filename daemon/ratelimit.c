@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/hash.h"
 
 struct bucket {
@@ -22,12 +23,6 @@ struct ratelimit {
     struct bucket *slots;
     size_t cap, used;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 struct ratelimit *ratelimit_new(double rate, double burst) {
     struct ratelimit *r = calloc(1, sizeof *r);
@@ -76,7 +71,7 @@ int ratelimit_allow(struct ratelimit *r, const char *key, double *retry_after_s)
     if (r->rate <= 0) return 1;
     int ok = 1;
     pthread_mutex_lock(&r->mu);
-    double t = now_s();
+    double t = clock_mono_s();
     struct bucket *b = find(r->slots, r->cap, key);
     if (!b->key) {
         if ((r->used + 1) * 2 > r->cap && grow(r) == 0) b = find(r->slots, r->cap, key);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
 
@@ -66,15 +67,7 @@ struct store {
 };
 
 int64_t store_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static double mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+    return clock_wall_ms();
 }
 
 void store_new_id(const char *prefix, char *out, size_t outlen) {
@@ -165,8 +158,7 @@ static void conn_close(struct store_tx *tx) {
 static int busy_retry(void *arg, int count) {
     (void)arg;
     if (count >= 10000) return 0;
-    struct timespec ts = {0, 500000};
-    nanosleep(&ts, NULL);
+    clock_sleep_us(500);
     return 1;
 }
 
@@ -266,7 +258,7 @@ int store_schema_version(struct store *s) {
 /* Runs one batch: BEGIN, each op in a savepoint, COMMIT; marks ops done. */
 static void run_batch(struct store *s, struct write_op *batch) {
     struct store_tx *tx = s->writer;
-    double t0 = mono_ms();
+    double t0 = clock_mono_msf();
     int nops = 0;
     int ok = run_cached(tx, "BEGIN IMMEDIATE") == STORE_OK;
     for (struct write_op *op = batch; op; op = op->next) {
@@ -301,7 +293,7 @@ static void run_batch(struct store *s, struct write_op *batch) {
             op->rc = STORE_ERR;
         atomic_fetch_add(&s->commit_fail, 1);
     }
-    double ms = mono_ms() - t0;
+    double ms = clock_mono_msf() - t0;
     size_t b = 0;
     while (b < NBUCKETS && ms > commit_buckets[b])
         b++;

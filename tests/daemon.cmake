@@ -13,7 +13,7 @@ endif()
 if(TARGET loomd)
     add_library(loom_daemon_harness STATIC ${CMAKE_CURRENT_LIST_DIR}/integration/daemon_harness.c)
     target_include_directories(loom_daemon_harness PUBLIC ${CMAKE_CURRENT_LIST_DIR}/integration)
-    target_link_libraries(loom_daemon_harness PUBLIC PkgConfig::CURL PkgConfig::JANSSON)
+    target_link_libraries(loom_daemon_harness PUBLIC loom_common PkgConfig::CURL PkgConfig::JANSSON)
     loom_warnings(loom_daemon_harness)
 
     add_executable(test_daemon_api ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_api.c)

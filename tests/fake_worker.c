@@ -23,6 +23,7 @@
  * With world > 1 and an http LOOM_RDZV, rank 0 publishes a value and the
  * other ranks wait for it, exercising the rendezvous endpoint. */
 #include "api/client.h"
+#include "common/clock.h"
 
 #include <jansson.h>
 #include <signal.h>
@@ -60,12 +61,6 @@ static void note_pid(void) {
     fclose(f);
 }
 
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 static int rendezvous(const char *rdzv, const char *token, int rank, int world) {
     if (world <= 1 || !rdzv || !*rdzv) return 0;
     if (strncmp(rdzv, "http://", 7) && strncmp(rdzv, "https://", 8)) {
@@ -88,7 +83,7 @@ static int rendezvous(const char *rdzv, const char *token, int rank, int world) 
                 status / 100 == 2)
                 rc = 0;
             else
-                sleep_ms(200);
+                clock_sleep_ms_full(200);
         }
         json_decref(body);
     } else {
@@ -100,7 +95,7 @@ static int rendezvous(const char *rdzv, const char *token, int rank, int world) 
                 rc = v && !strcmp(v, "ZmFrZQ==") ? 0 : -2;
                 if (rc == -2) fprintf(stderr, "fake_worker: rendezvous value mismatch\n");
             } else if (status != 404) {
-                sleep_ms(200);
+                clock_sleep_ms_full(200);
             }
             json_decref(reply);
             reply = NULL;
@@ -179,7 +174,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     for (long s = start + 1; s <= steps; s++) {
-        sleep_ms(step_ms);
+        clock_sleep_ms_full(step_ms);
         if (s == crash_step && (crash_rank < 0 || crash_rank == rank) &&
             (crash_attempt < 0 || crash_attempt == attempt)) {
             fprintf(stderr, "fake_worker: injected crash at step %ld (code %ld)\n", s, crash_code);

@@ -37,7 +37,9 @@
 
 #include <jansson.h>
 
+#include "common/buf.h"
 #include "common/config.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "data/tok.h"
 #include "worker/data.h"
@@ -84,13 +86,7 @@ struct strv {
 };
 
 static int strv_push(struct strv *s, const char *p) {
-    if (s->n == s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 32;
-        char **nv = realloc(s->v, nc * sizeof *nv);
-        if (!nv) return -1;
-        s->v = nv;
-        s->cap = nc;
-    }
+    if (buf_grow_array(&s->v, &s->cap, s->n + 1, sizeof *s->v, 32) != 0) return -1;
     if (!(s->v[s->n] = strdup(p))) return -1;
     s->n++;
     return 0;
@@ -209,36 +205,6 @@ static int push_token(struct prep *p, uint32_t t) {
     return p->nblock == (size_t)p->o->block_size ? block_done(p, 0) : 0;
 }
 
-/* Read a whole file; NULL on error. */
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *b = malloc(cap);
-    for (;;) {
-        if (!b) break;
-        if (n == cap) {
-            unsigned char *nb = realloc(b, cap *= 2);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (b && ferror(f)) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = n;
-    return b;
-}
-
 static int cmd_prepare(struct opts *o, char **pos, int npos) {
     int rc = 1;
     struct strv files = {0};
@@ -275,7 +241,7 @@ static int cmd_prepare(struct opts *o, char **pos, int npos) {
     uint64_t docs = 0, bytes = 0;
     for (size_t i = 0; i < files.n; i++) {
         size_t len = 0;
-        unsigned char *text = slurp(files.v[i], &len);
+        unsigned char *text = (unsigned char *)fs_read_file(files.v[i], 0, &len);
         if (!text) {
             log_error("%s: cannot read: %s", files.v[i], strerror(errno));
             goto out;

@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/buf.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 
 #define CKPT_FORMAT  "loom-checkpoint"
@@ -58,38 +60,6 @@ static int pathf(char *out, size_t n, const char *fmt, ...) {
 
 /* ---- file system helpers --------------------------------------------------- */
 
-static int fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
-/* mkdir -p, fsyncing the parent of every directory it creates. */
-static int mkdir_p(const char *path) {
-    char buf[PATH_MAX];
-    if (pathf(buf, sizeof buf, "%s", path) != 0) return -1;
-    for (char *p = buf + 1;; p++) {
-        if (*p != '/' && *p != '\0') continue;
-        char c = *p;
-        *p = '\0';
-        if (mkdir(buf, 0755) == 0) {
-            char *slash = strrchr(buf, '/');
-            if (slash && slash != buf) {
-                *slash = '\0';
-                fsync_dir(buf);
-                *slash = '/';
-            }
-        } else if (errno != EEXIST) {
-            return -1;
-        }
-        *p = c;
-        if (c == '\0') break;
-    }
-    return 0;
-}
-
 /* Remove a directory that holds only plain files. Missing is success. */
 static int rm_flat(const char *path) {
     DIR *d = opendir(path);
@@ -107,17 +77,18 @@ static int rm_flat(const char *path) {
 
 /* Write JSON to path via path.tmp, fsynced and renamed. */
 static int write_json(const char *path, const json_t *j) {
-    char tmp[PATH_MAX];
-    if (pathf(tmp, sizeof tmp, "%s.tmp", path) != 0) return -1;
-    FILE *f = fopen(tmp, "w");
-    if (!f) return -1;
-    int rc = json_dumpf(j, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (rc == 0) rc = fputc('\n', f) == EOF ? -1 : 0;
-    if (rc == 0) rc = fflush(f);
-    if (rc == 0) rc = fsync(fileno(f));
-    if (fclose(f) != 0) rc = -1;
-    if (rc == 0) rc = rename(tmp, path);
-    if (rc != 0) unlink(tmp);
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (!s) return -1;
+    size_t n = strlen(s);
+    char *t = realloc(s, n + 2);
+    if (!t) {
+        free(s);
+        return -1;
+    }
+    t[n] = '\n';
+    t[n + 1] = '\0';
+    int rc = fs_write_atomic(path, t, n + 1, 0644, 0);
+    free(t);
     return rc;
 }
 
@@ -205,7 +176,7 @@ int ckpt_begin(const struct ckpt_opts *opts, int64_t step, struct ckpt_writer **
     pathf(w->fin, sizeof w->fin, "%s/step_%08" PRId64, w->root, step);
     int rc = 0;
     if (opts->rank == 0) {
-        if (mkdir_p(w->root) != 0) {
+        if (fs_mkdir_p(w->root, 0755, FS_SYNC_PARENTS) != 0) {
             seterr(err, errlen, "checkpoint: cannot create %s: %s", w->root, strerror(errno));
             rc = CKPT_EIO;
         } else if (rm_flat(w->tmp) != 0 || mkdir(w->tmp, 0755) != 0) {
@@ -397,7 +368,7 @@ static int finish(struct ckpt_writer *w, const json_t *extra, char *err, size_t 
     }
     join(path, sizeof path, w->tmp, "save_id.json");
     unlink(path);
-    if (fsync_dir(w->tmp) != 0) {
+    if (fs_fsync_dir(w->tmp) != 0) {
         seterr(err, errlen, "checkpoint: fsync %s: %s", w->tmp, strerror(errno));
         goto out;
     }
@@ -417,7 +388,7 @@ static int finish(struct ckpt_writer *w, const json_t *extra, char *err, size_t 
         seterr(err, errlen, "checkpoint: rename %s -> %s: %s", w->tmp, w->fin, strerror(errno));
         goto out;
     }
-    if (fsync_dir(w->root) != 0) {
+    if (fs_fsync_dir(w->root) != 0) {
         seterr(err, errlen, "checkpoint: fsync %s: %s", w->root, strerror(errno));
         goto out;
     }
@@ -487,15 +458,10 @@ int ckpt_list(const char *out_dir, int64_t **steps, size_t *n) {
     while ((e = readdir(d))) {
         int64_t s = parse_step_name(e->d_name);
         if (s < 0) continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            int64_t *nv = realloc(v, cap * sizeof *nv);
-            if (!nv) {
-                free(v);
-                closedir(d);
-                return CKPT_EIO;
-            }
-            v = nv;
+        if (BUF_GROW(v, cap, *n + 1, 16) != 0) {
+            free(v);
+            closedir(d);
+            return CKPT_EIO;
         }
         v[(*n)++] = s;
     }
@@ -534,7 +500,7 @@ int ckpt_prune(const char *out_dir, int keep) {
         }
         closedir(d);
     }
-    fsync_dir(root);
+    fs_fsync_dir(root);
     return removed;
 }
 

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/buf.h"
 #include "common/hash.h"
 
 struct data_shard {
@@ -266,13 +267,7 @@ static int64_t find_bad_token(const struct data_shard *s, uint64_t from, uint64_
 /* ---- glob ------------------------------------------------------------------ */
 
 static int paths_push(char ***v, size_t *n, size_t *cap, const char *p) {
-    if (*n + 2 > *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        char **nv = realloc(*v, nc * sizeof *nv);
-        if (!nv) return -1;
-        *v = nv;
-        *cap = nc;
-    }
+    if (buf_grow_array(v, cap, *n + 2, sizeof **v, 16) != 0) return -1;
     (*v)[*n] = strdup(p);
     if (!(*v)[*n]) return -1;
     (*n)++;

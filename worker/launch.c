@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 #define LAUNCH_GRACE_S 10
@@ -39,12 +40,6 @@ static int launcher_flag(char **argv, int argc, int i, int *skip) {
         }
     }
     return 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void rm_rf(const char *dir) {
@@ -182,11 +177,11 @@ int launch_local(int argc, char **argv, int nproc) {
             forwarded = fwd != 0;
             for (int r = 0; r < nproc; r++)
                 if (pids[r] > 0) kill(pids[r], fwd ? fwd : SIGTERM);
-            stop_at = now_s() + LAUNCH_GRACE_S;
-        } else if (stop_at > 0 && now_s() > stop_at) {
+            stop_at = clock_mono_s() + LAUNCH_GRACE_S;
+        } else if (stop_at > 0 && clock_mono_s() > stop_at) {
             for (int r = 0; r < nproc; r++)
                 if (pids[r] > 0) kill(pids[r], SIGKILL);
-            stop_at = now_s() + 3600;
+            stop_at = clock_mono_s() + 3600;
         }
         usleep(20000);
     }

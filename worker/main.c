@@ -29,6 +29,7 @@
 #include "api/jobspec.h"
 #include "api/planner.h"
 #include "common/config.h"
+#include "common/fsutil.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
@@ -109,27 +110,8 @@ static void emit(json_t *j) {
 }
 
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot open spec %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (n < cap) break;
-        char *nb = realloc(buf, cap *= 2);
-        if (!nb) free(buf);
-        buf = nb;
-    }
-    fclose(f);
-    if (!buf) {
-        snprintf(err, errlen, "out of memory reading %s", path);
-        return NULL;
-    }
-    *len = n;
+    char *buf = fs_read_file(path, 0, len);
+    if (!buf) snprintf(err, errlen, "cannot open spec %s: %s", path, strerror(errno));
     return buf;
 }
 

@@ -15,6 +15,7 @@
 #include <omp.h>
 #endif
 
+#include "common/buf.h"
 #include "common/log.h"
 
 #define OFFLOAD_CHUNK_DEFAULT ((size_t)64 << 20)
@@ -248,16 +249,11 @@ static void queue_download(struct offload *o, size_t lo, size_t hi) {
         } else {
             b->download(b->ctx, dst, src, (z - lo) * es);
         }
-        if (o->nq == o->capq) {
-            int cap = o->capq ? 2 * o->capq : 64;
-            struct oq *nq = realloc(o->q, (size_t)cap * sizeof *nq);
-            if (!nq) { /* cannot record it: wait now, the data is then in place */
-                if (o->async) b->wait(b->ctx, t);
-                lo = z;
-                continue;
-            }
-            o->q = nq;
-            o->capq = cap;
+        if (BUF_GROW(o->q, o->capq, o->nq + 1, 64) != 0) {
+            /* cannot record it: wait now, the data is then in place */
+            if (o->async) b->wait(b->ctx, t);
+            lo = z;
+            continue;
         }
         o->q[o->nq++] = (struct oq){lo, z, t};
         lo = z;
@@ -293,15 +289,9 @@ void offload_fetch_grads(struct engine *e) {
 
 static void add_run(size_t lo, size_t hi, int decay, void *user) {
     struct offload *o = user;
-    if (o->nruns == o->capruns) {
-        int cap = o->capruns ? 2 * o->capruns : 16;
-        struct orun *r = realloc(o->runs, (size_t)cap * sizeof *r);
-        if (!r) {
-            log_error("offload: out of memory for the decay runs");
-            abort(); /* fail fast in the worker's step: no partial update */
-        }
-        o->runs = r;
-        o->capruns = cap;
+    if (BUF_GROW(o->runs, o->capruns, o->nruns + 1, 16) != 0) {
+        log_error("offload: out of memory for the decay runs");
+        abort(); /* fail fast in the worker's step: no partial update */
     }
     size_t s0 = o->e->shard_off;
     o->runs[o->nruns++] = (struct orun){lo - s0, hi - s0, decay ? 1.0f : 0.0f};

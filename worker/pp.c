@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
 
@@ -101,12 +102,6 @@ struct pp {
     double *stats;       /* [3*pp]: bubble ms, busy ms, in-flight max per stage */
     double last_step_ms; /* of the last step, this stage */
 };
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 struct pp *pp_new(struct model *m, const struct model_opts *mo, enum pp_schedule s, char *err,
                   size_t errlen) {
@@ -228,7 +223,7 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
     size_t n = (size_t)m->B * m->T * m->C;
     float gs = (float)(1.0 / (double)o->global_batch_tokens);
     int na = pp_schedule_actions(p->sched, P, s, M, p->act);
-    double t0 = now_ms(), idle = 0;
+    double t0 = clock_mono_msf(), idle = 0;
     int inflight = 0, most = 0, rc = 0;
     for (int k = 0; k < na && rc == 0; k++) {
         int i = p->act[k].micro, si = i % p->nslots;
@@ -238,13 +233,13 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
                 if (o->train.batch(o->train.user, step, i, inputs, targets, err, errlen) != 0)
                     return -2;
             }
-            double w0 = now_ms();
+            double w0 = clock_mono_msf();
             if (comm_wait(p->fwd_req[si]) != 0) rc = -1; /* the slot's output was sent */
             p->fwd_req[si] = NULL;
             if (!first && rc == 0 &&
                 comm_recv(p->c, model_stage_input(x), n, cdt(e), s - 1, NULL) != 0)
                 rc = -1;
-            idle += now_ms() - w0;
+            idle += clock_mono_msf() - w0;
             if (rc) break;
             int64_t cnt = 0;
             sums[0] += model_forward(x, first ? inputs : NULL, last ? targets : NULL, gs, &cnt);
@@ -256,13 +251,13 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
             }
             if (++inflight > most) most = inflight;
         } else {
-            double w0 = now_ms();
+            double w0 = clock_mono_msf();
             if (comm_wait(p->bwd_req[si]) != 0) rc = -1; /* dres of the slot was sent */
             p->bwd_req[si] = NULL;
             if (!last && rc == 0 &&
                 comm_recv(p->c, model_stage_dout(x), n, cdt(e), s + 1, NULL) != 0)
                 rc = -1;
-            idle += now_ms() - w0;
+            idle += clock_mono_msf() - w0;
             if (rc) break;
             model_backward(x, e->hooks.layer_grads_done ? grads_done : NULL, e);
             if (!first) {
@@ -273,18 +268,18 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
             inflight--;
         }
     }
-    double w0 = now_ms();
+    double w0 = clock_mono_msf();
     for (int i = 0; i < p->nslots; i++) {
         if (comm_wait(p->fwd_req[i]) != 0 || comm_wait(p->bwd_req[i]) != 0) rc = -1;
         p->fwd_req[i] = p->bwd_req[i] = NULL;
     }
-    idle += now_ms() - w0;
+    idle += clock_mono_msf() - w0;
     if (rc != 0) {
         snprintf(err, errlen, "pipeline send/recv failed at step %lld: %s", (long long)step,
                  comm_error(p->c));
         return -1;
     }
-    double total = now_ms() - t0;
+    double total = clock_mono_msf() - t0;
     /* every stage's figures to every stage (all p2p of the step is done) */
     memset(p->stats, 0, 3 * (size_t)P * sizeof *p->stats);
     p->stats[s] = idle;

@@ -6,21 +6,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/offload.h"
 #include "worker/train.h"
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int hook(struct engine *e, int (*fn)(struct engine *, void *), double *ms) {
     if (!fn) return 0;
-    double t0 = now_ms();
+    double t0 = clock_mono_msf();
     int rc = fn(e, e->hooks.user);
-    *ms += now_ms() - t0;
+    *ms += clock_mono_msf() - t0;
     return rc;
 }
 
@@ -41,7 +36,7 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
                size_t errlen) {
     struct engine *e = m->e;
     struct backend *b = e->be;
-    double t0 = now_ms(), comm = 0;
+    double t0 = clock_mono_msf(), comm = 0;
     float gs = (float)(1.0 / (double)o->global_batch_tokens);
     double sums[2] = {0, 0};
     engine_zero_grads(e);
@@ -80,7 +75,7 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     double norm = sqrt(optim_grad_norm_sq(e));
     double lr = optim_lr(&o->optim, step);
     double clip = optim_clip_scale(norm, o->optim.grad_clip);
-    double t_opt = now_ms();
+    double t_opt = clock_mono_msf();
     optim_step(e, &o->optim, lr, clip, step + 1);
     /* the loss sums and the stop request travel in one host all-reduce (one
      * round trip per step instead of two), made while the device runs the
@@ -93,14 +88,14 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         sums[0] = red[0], sums[1] = red[1];
     }
     b->sync(b->ctx); /* the device AdamW is queued behind the norm's download only */
-    double ms_opt = now_ms() - t_opt;
+    double ms_opt = clock_mono_msf() - t_opt;
     if (hook(e, e->hooks.param_sync, &comm) != 0) {
         snprintf(err, errlen, "parameter synchronisation failed at step %lld", (long long)step);
         return -1;
     }
     info->stop_any = red[2] > 0;
     b->sync(b->ctx);
-    double t_end = now_ms();
+    double t_end = clock_mono_msf();
     info->loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
     info->lr = lr;
     info->grad_norm = norm;

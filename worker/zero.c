@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/offload.h"
@@ -313,13 +314,7 @@ static void hook_pre_backward(struct engine *e, void *user, int layer) {
 
 static int push_req(struct zero *z, struct comm_req *r) {
     if (!r) return 0;
-    if (z->nreqs == z->capreqs) {
-        int cap = z->capreqs ? 2 * z->capreqs : 16;
-        struct comm_req **n = realloc(z->reqs, sizeof(*n) * (size_t)cap);
-        if (!n) return -1;
-        z->reqs = n;
-        z->capreqs = cap;
-    }
+    if (BUF_GROW(z->reqs, z->capreqs, z->nreqs + 1, 16) != 0) return -1;
     z->reqs[z->nreqs++] = r;
     return 0;
 }

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "worker/comm/comm.h"
 
 #ifdef LOOM_HAVE_CUDA
@@ -34,12 +35,6 @@ struct opts {
     size_t min_bytes, max_bytes;
     int iters;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -179,12 +174,12 @@ int main(int argc, char **argv) {
                 fail_line(rank, comm_error(c)[0] ? comm_error(c) : "barrier/fill failed");
                 goto out;
             }
-            double t0 = now_s();
+            double t0 = clock_mono_s();
             int e = comm_allreduce(c, b.dev, cnt, COMM_F32, COMM_SUM, NULL);
 #ifdef LOOM_HAVE_CUDA
             if (cuda) cudaDeviceSynchronize();
 #endif
-            double t = now_s() - t0;
+            double t = clock_mono_s() - t0;
             if (e != 0) {
                 fail_line(rank, comm_error(c));
                 goto out;

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "api/cli/cli.h"
+#include "common/clock.h"
 
 #define MAX_CHECKS 512
 
@@ -19,11 +20,6 @@ static void usage(void) {
                     "         [--min-ratio R] [--max-bytes N] [--force] [--no-wait]\n"
                     "       loomctl node check NODE --clear      (drop its degraded marks)\n"
                     "       loomctl node check [NODE] --history  (past checks, newest first)\n");
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static int finished(json_t *c) {
@@ -192,7 +188,7 @@ int cmd_node_check(struct cli *cli, int argc, char **argv) {
             c = NULL;
             if (cli_call(cli, "GET", path, NULL, &c)) break;
             if (finished(c)) break;
-            sleep_ms(250);
+            clock_sleep_ms(250);
         }
         if (c) json_array_append_new(results, c);
     }

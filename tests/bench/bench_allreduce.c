@@ -15,14 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -59,9 +54,9 @@ static int rank_main(int rank, int world, const char *rdzv, double min_mb, doubl
             for (size_t i = 0; i < n; i++)
                 buf[i] = (float)(rank + 1);
             comm_barrier(c, NULL);
-            double t0 = now_s();
+            double t0 = clock_mono_s();
             if (comm_allreduce(c, buf, n, COMM_F32, COMM_SUM, NULL) != 0) bad = 1;
-            double dt = now_s() - t0;
+            double dt = clock_mono_s() - t0;
             if (k >= 0) t[k] = dt;
             for (size_t i = 0; i < n && !bad; i += 4099)
                 if (buf[i] != want) bad = 1;

@@ -4,17 +4,12 @@
  * Not a test; prints per-call times. Usage: bench_api [iterations] */
 #include "api/jobspec.h"
 #include "api/planner.h"
+#include "common/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *spec_text =
     "{\"name\":\"gpt2-small\",\"labels\":{\"team\":\"nlp\"},"
@@ -31,7 +26,7 @@ int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 20000;
     struct loom_spec s;
     struct loom_error e;
-    double t0 = now();
+    double t0 = clock_mono_s();
     for (int i = 0; i < iters; i++) {
         if (jobspec_parse_text(&s, spec_text, strlen(spec_text), 0, &e) != 0) {
             fprintf(stderr, "parse: %s\n", e.message);
@@ -39,18 +34,18 @@ int main(int argc, char **argv) {
         }
         free(jobspec_dumps(&s));
     }
-    double t1 = now();
+    double t1 = clock_mono_s();
     printf("jobspec parse+validate+dump: %.1f us/call\n", (t1 - t0) / iters * 1e6);
 
     struct planner_cluster c;
     planner_cluster_default(&c);
-    t0 = now();
+    t0 = clock_mono_s();
     for (int i = 0; i < iters; i++)
         if (planner_check_fit(&s, &c, NULL, &e) != 0) {
             fprintf(stderr, "fit: %s\n", e.message);
             return 1;
         }
-    t1 = now();
+    t1 = clock_mono_s();
     printf("planner_check_fit gpt2-124m (fits): %.1f us/call\n", (t1 - t0) / iters * 1e6);
 
     static const struct {
@@ -74,13 +69,13 @@ int main(int argc, char **argv) {
         }
         c.nodes = recs[k].nodes;
         int reps = 5, n = 0;
-        t0 = now();
+        t0 = clock_mono_s();
         for (int i = 0; i < reps; i++) {
             struct planner_candidate *list;
             if (planner_recommend(&s, &c, NULL, &list, &n, &e) != 0) return 1;
             free(list);
         }
-        t1 = now();
+        t1 = clock_mono_s();
         printf("planner_recommend %-22s %4d layouts, %.1f ms/call\n", recs[k].what, n,
                (t1 - t0) / reps * 1e3);
     }

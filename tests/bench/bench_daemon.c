@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "daemon_harness.h"
 
 static const char *ADMIN = "bench-admin";
@@ -41,12 +42,6 @@ static double loomd_cpu_s(void) {
 }
 static char url[128], token[128], spec[1024];
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 struct worker {
     int mode; /* 0 submit, 1 get, 2 list */
     double until;
@@ -63,10 +58,10 @@ struct worker {
 static void *worker_main(void *arg) {
     struct worker *w = arg;
     char path[128];
-    while (now_s() < w->until) {
+    while (clock_mono_s() < w->until) {
         if (w->mode == 0 && w->target && atomic_fetch_add(w->shared_count, 1) >= w->target) break;
         struct hresp r;
-        double t0 = now_s();
+        double t0 = clock_mono_s();
         int rc;
         if (w->mode == 0) {
             rc = hreq(url, "POST", "/v1/jobs", token, NULL, spec, strlen(spec), NULL, &r);
@@ -76,7 +71,7 @@ static void *worker_main(void *arg) {
         } else {
             rc = hreq(url, "GET", "/v1/jobs", token, NULL, NULL, 0, NULL, &r);
         }
-        double ms = (now_s() - t0) * 1e3;
+        double ms = (clock_mono_s() - t0) * 1e3;
         int ok = rc == 0 && r.status == (w->mode == 0 ? 201 : 200);
         if (ok && w->mode == 0 && w->ids && w->nids < w->cap) {
             const char *id = json_string_value(json_object_get(r.json, "id"));
@@ -113,7 +108,7 @@ static double run(const char *label, int mode, int nthreads, double secs, long t
     struct worker w[16];
     _Atomic long count = 0;
     double cpu0 = loomd_cpu_s();
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     for (int i = 0; i < nthreads; i++) {
         memset(&w[i], 0, sizeof w[i]);
         w[i].mode = mode;
@@ -134,7 +129,7 @@ static double run(const char *label, int mode, int nthreads, double secs, long t
         errors += w[i].errors;
         nlat += w[i].nlat;
     }
-    double el = now_s() - t0;
+    double el = clock_mono_s() - t0;
     double *all = malloc(sizeof(double) * (size_t)(nlat + 1));
     long k = 0;
     for (int i = 0; i < nthreads; i++) {
@@ -222,7 +217,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 8; i++) {
             memset(&w[i], 0, sizeof w[i]);
             w[i].mode = 0;
-            w[i].until = now_s() + 3600;
+            w[i].until = clock_mono_s() + 3600;
             w[i].target = njobs - have;
             w[i].shared_count = &count;
             w[i].cap = per_cap;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_util.h"
 #include "worker/train.h"
@@ -200,11 +201,6 @@ static int rnd_batch(void *user, int64_t step, int micro, int32_t *in, int32_t *
     return 0;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -273,13 +269,13 @@ int main(int argc, char **argv) {
     struct train_step_info info = {0};
     for (int64_t i = 0; i < warmup + nsteps; i++) {
         e->be->sync(e->be->ctx);
-        double t0 = now_ms();
+        double t0 = clock_mono_msf();
         if (train_step(m, &o, i, &info, in, tg, err, sizeof err)) {
             fprintf(stderr, "train_step: %s\n", err);
             return 1;
         }
         e->be->sync(e->be->ctx);
-        if (i >= warmup) ms[i - warmup] = now_ms() - t0;
+        if (i >= warmup) ms[i - warmup] = clock_mono_msf() - t0;
         if (i < 3 || i == warmup + nsteps - 1)
             fprintf(stderr, "step %lld loss %.4f grad_norm %.3f\n", (long long)i, info.loss,
                     info.grad_norm);

@@ -14,15 +14,7 @@
 
 #include "worker/data.h"
 #include "worker/safetensors.h"
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static uint64_t rng = 0x243f6a8885a308d3ULL;
 static uint64_t next(void) {
@@ -196,6 +188,5 @@ int main(int argc, char **argv) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
-    return failures ? 1 : 0;
+    return check_summary("fuzz_data");
 }

@@ -18,14 +18,9 @@
 
 #include <cuda_runtime.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -105,9 +100,9 @@ static int rank_main(int rank, int world, const char *rdzv, double min_mb, doubl
         comm_allreduce(c, d, n, COMM_F32, COMM_SUM, NULL); /* warm-up (values grow: fine) */
         for (int k = 0; k < iters; k++) {
             comm_barrier(c, NULL);
-            double t0 = now_s();
+            double t0 = clock_mono_s();
             if (comm_allreduce(c, d, n, COMM_F32, COMM_SUM, NULL) != 0) bad = 1;
-            t[k] = now_s() - t0;
+            t[k] = clock_mono_s() - t0;
         }
         qsort(t, (size_t)iters, sizeof(double), cmp_double);
         double med = t[iters / 2], bytes = (double)n * sizeof(float);

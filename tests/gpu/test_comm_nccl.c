@@ -22,28 +22,12 @@
 
 #include <cuda_runtime.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/nccl/pair.h"
+#include "tests/check.h"
 #include "worker/safetensors.h" /* st_f32_to_bf16, st_bf16_to_f32 */
-
-static int failures;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "[pid %d] %s:%d: CHECK(%s) failed: ", (int)getpid(), __FILE__,         \
-                    __LINE__, #cond);                                                              \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static float val(uint64_t seed, int r, size_t i) {
     uint64_t x = seed * 1000003ull + (uint64_t)r * 7919ull + i * 0x100000001b3ull;
@@ -208,7 +192,7 @@ static int collectives(int rank, int world, const char *rdzv) {
     free(o);
     comm_free(c);
     comm_world_free(w);
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }
 
 static int killed_peer(int rank, int world, const char *rdzv) {
@@ -219,11 +203,11 @@ static int killed_peer(int rank, int world, const char *rdzv) {
     cudaMalloc((void **)&d, 4096 * sizeof(float));
     CHECK(comm_allreduce(c, d, 4096, COMM_F32, COMM_SUM, NULL) == 0, "warm-up");
     if (rank == world - 1) raise(SIGKILL);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int rc = 0;
     for (int k = 0; k < 1000 && rc == 0; k++)
         rc = comm_allreduce(c, d, 4096, COMM_F32, COMM_SUM, NULL);
-    double dt = now_s() - t0;
+    double dt = clock_mono_s() - t0;
     fprintf(stderr, "rank %d: after the kill: rc %d after %.2f s: %s\n", rank, rc, dt,
             comm_error(c));
     _exit(rc < 0 && dt < 5 + 10 ? 3 : 1);
@@ -323,7 +307,7 @@ static int pair_collective(int rank, int world, const char *rdzv) {
     free(o2);
     comm_free(c);
     comm_world_free(w);
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }
 
 /* The peer dies after one good step: the survivor's next step fails within
@@ -346,10 +330,10 @@ static int pair_killed(int rank, int world, const char *rdzv) {
     }
     if (pair_ar_start(p, 0, n) != 0 || pair_ar_finish(p) != 0) _exit(1);
     if (rank == 1) raise(SIGKILL);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int rc = pair_ar_start(p, 0, n);
     if (rc == 0) rc = pair_ar_finish(p);
-    double dt = now_s() - t0;
+    double dt = clock_mono_s() - t0;
     fprintf(stderr, "rank %d: pair step after the kill: rc %d after %.2f s: %s\n", rank, rc, dt,
             pair_ar_error(p));
     _exit(rc < 0 && dt < 3 + 5 ? 3 : 1);
@@ -394,6 +378,6 @@ int main(void) {
     bad = run(2, pair_killed, st);
     CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 3, "pair, killed peer: rank 0 status %#x",
           st[0]);
-    printf("test_comm_nccl (%d GPUs): %s\n", world, failures ? "FAIL" : "ok");
-    return failures ? 1 : 0;
+    printf("test_comm_nccl (%d GPUs): %s\n", world, check_failures ? "FAIL" : "ok");
+    return check_failures ? 1 : 0;
 }

@@ -10,17 +10,7 @@
 
 #include "worker/cuda/cudnn_attn.h"
 #include "worker/cuda/kernels.h"
-
-static int fails;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static void test_buckets(int N, int V, unsigned seed) {
     int32_t *tok = malloc(N * sizeof *tok), *order = malloc(N * sizeof *order);
@@ -101,6 +91,6 @@ int main(void) {
     test_buckets(16384, 50257, 3);
     test_buckets(4096, 1, 4);
     test_bf16();
-    printf("%s\n", fails ? "FAILED" : "all passed");
-    return fails ? 1 : 0;
+    printf("%s\n", check_failures ? "FAILED" : "all passed");
+    return check_failures ? 1 : 0;
 }

@@ -1,5 +1,6 @@
 /* Integration-test harness: spawn/kill loomd and libcurl requests. See
  * daemon_harness.h. */
+#include "common/clock.h"
 #include "daemon_harness.h"
 
 #include <curl/curl.h>
@@ -11,11 +12,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 int loomd_spawn(struct loomd_proc *p, const char *bin, const char *data_dir,
                 const char *admin_token, const char *const *extra_args) {
@@ -60,7 +56,7 @@ int loomd_spawn(struct loomd_proc *p, const char *bin, const char *data_dir,
             p->pid = 0;
             return -1;
         }
-        sleep_ms(10);
+        clock_sleep_ms(10);
     }
     fprintf(stderr, "harness: loomd did not write %s\n", addr);
     kill(pid, SIGKILL);
@@ -79,7 +75,7 @@ int loomd_signal_wait(struct loomd_proc *p, int sig) {
             p->pid = 0;
             return st;
         }
-        sleep_ms(10);
+        clock_sleep_ms(10);
     }
     fprintf(stderr, "harness: loomd did not exit after signal %d; killing\n", sig);
     kill(p->pid, SIGKILL);

@@ -15,19 +15,9 @@
 
 #include "worker/data.h"
 #include "worker/safetensors.h"
+#include "tests/check.h"
 
 /* The failed CHECKs of the test (each test is one translation unit). */
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* Run `worker --spec spec --out out --threads 1 --nproc nproc` with stdout to
  * outfile; sched (may be NULL: the worker's default) sets --pp-schedule,

@@ -13,21 +13,14 @@
 #include <unistd.h>
 
 #include "daemon_harness.h"
+#include "tests/check.h"
 
-static int failures;
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 #define CHECK_RESP(r, st, code)                                                                    \
     do {                                                                                           \
         if ((r)->status != (st) || strcmp(hresp_code(r), (code)) != 0) {                           \
             fprintf(stderr, "%s:%d: want %d %s, got %ld %s\n", __FILE__, __LINE__, (st), (code),   \
                     (r)->status, (r)->body ? (r)->body : "");                                      \
-            failures++;                                                                            \
+            check_failures++;                                                                      \
         }                                                                                          \
     } while (0)
 
@@ -612,7 +605,7 @@ static void test_hostile(void) {
         if (r.status != h->status || strcmp(hresp_code(&r), h->code) != 0) {
             fprintf(stderr, "hostile '%s': want %d %s, got %ld %.300s\n", h->what, h->status,
                     h->code, r.status, r.body ? r.body : "");
-            failures++;
+            check_failures++;
         }
         /* every error names a message */
         json_t *msg = json_object_get(json_object_get(r.json, "error"), "message");
@@ -651,7 +644,7 @@ static void test_rate_limit(const char *bin) {
     const char *args[] = {"--rate-limit", "1", "--rate-burst", "5", NULL};
     struct loomd_proc p;
     if (loomd_spawn(&p, bin, dir, ADMIN, args) != 0) {
-        failures++;
+        check_failures++;
         return;
     }
     char tid[32], tok[128];
@@ -713,9 +706,9 @@ int main(int argc, char **argv) {
     hreq_thread_done();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (!failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
-    if (failures) {
-        fprintf(stderr, "test_daemon_api: %d failures (data in %s)\n", failures, tmp);
+    if (!check_failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    if (check_failures) {
+        fprintf(stderr, "test_daemon_api: %d failures (data in %s)\n", check_failures, tmp);
         return 1;
     }
     printf("test_daemon_api: all passed\n");

@@ -16,16 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "daemon_harness.h"
-
-static int failures;
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 #define CLIENTS 8
 #define MAX_ACK 20000
@@ -63,11 +56,6 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Runs a burst, sends `sig` after `ms`, returns the total acknowledged. */
 static int burst_then_signal(struct loomd_proc *p, int sig, int ms, struct client *cl,
                              int *exit_status) {
@@ -78,7 +66,7 @@ static int burst_then_signal(struct loomd_proc *p, int sig, int ms, struct clien
         cl[i].errors = 0;
         pthread_create(&th[i], NULL, client_main, &cl[i]);
     }
-    sleep_ms(ms);
+    clock_sleep_ms(ms);
     *exit_status = loomd_signal_wait(p, sig);
     atomic_store(&stop, 1);
     for (int i = 0; i < CLIENTS; i++)
@@ -172,9 +160,9 @@ int main(int argc, char **argv) {
     hreq_thread_done();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (!failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
-    if (failures) {
-        fprintf(stderr, "test_daemon_crash: %d failures (data in %s)\n", failures, tmp);
+    if (!check_failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    if (check_failures) {
+        fprintf(stderr, "test_daemon_crash: %d failures (data in %s)\n", check_failures, tmp);
         return 1;
     }
     printf("test_daemon_crash: all passed\n");

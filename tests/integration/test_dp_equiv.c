@@ -30,6 +30,7 @@
 
 #include <jansson.h>
 
+#include "common/clock.h"
 #include "worker/data.h"
 #include "worker/safetensors.h"
 #include "tests/integration/equiv_harness.h"
@@ -253,12 +254,6 @@ static void reshard(void) {
     fprintf(stderr, "resume dp2 z2    bit-exact: %s\n", same ? "yes" : "NO");
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Start loom-worker --nproc 2 in the background (stdout to outfile). */
 static pid_t start_bg(const char *spec, const char *out, const char *outfile) {
     pid_t p = fork();
@@ -274,8 +269,8 @@ static pid_t start_bg(const char *spec, const char *out, const char *outfile) {
 
 /* Wait until outfile holds a step line with step >= min_step (or timeout). */
 static int wait_step(const char *outfile, int min_step, double timeout_s) {
-    double t0 = now_s();
-    while (now_s() - t0 < timeout_s) {
+    double t0 = clock_mono_s();
+    while (clock_mono_s() - t0 < timeout_s) {
         FILE *f = fopen(outfile, "r");
         char line[8192];
         int best = 0;
@@ -316,18 +311,18 @@ static int children(pid_t parent, pid_t *out, int max) {
 }
 
 static int wait_exit(pid_t p, double timeout_s, double *took) {
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int st = 0;
-    while (now_s() - t0 < timeout_s) {
+    while (clock_mono_s() - t0 < timeout_s) {
         if (waitpid(p, &st, WNOHANG) == p) {
-            *took = now_s() - t0;
+            *took = clock_mono_s() - t0;
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         }
         usleep(20000);
     }
     kill(p, SIGKILL);
     waitpid(p, &st, 0);
-    *took = now_s() - t0;
+    *took = clock_mono_s() - t0;
     return -1;
 }
 
@@ -407,13 +402,13 @@ int main(int argc, char **argv) {
         launcher();
     else
         return 2;
-    if (!failures) {
+    if (!check_failures) {
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
         if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
     } else {
-        fprintf(stderr, "test_dp_equiv %s: %d failure(s); files kept in %s\n", argv[2], failures,
-                dir);
+        fprintf(stderr, "test_dp_equiv %s: %d failure(s); files kept in %s\n", argv[2],
+                check_failures, dir);
     }
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }

@@ -236,13 +236,13 @@ int main(int argc, char **argv) {
         resume();
     else
         return 2;
-    if (!failures) {
+    if (!check_failures) {
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
         if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
     } else {
-        fprintf(stderr, "%d failures; files kept in %s\n", failures, dir);
+        fprintf(stderr, "%d failures; files kept in %s\n", check_failures, dir);
     }
     (void)equiv_compare_exports;
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }

@@ -404,13 +404,13 @@ int main(int argc, char **argv) {
         checkpoints();
     else
         return 2;
-    if (!failures) {
+    if (!check_failures) {
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
         if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
     } else {
-        fprintf(stderr, "test_par_equiv %s: %d failure(s); files kept in %s\n", argv[2], failures,
-                dir);
+        fprintf(stderr, "test_par_equiv %s: %d failure(s); files kept in %s\n", argv[2],
+                check_failures, dir);
     }
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }

@@ -22,20 +22,10 @@
 #include <unistd.h>
 
 #include "worker/data.h"
+#include "tests/check.h"
 
 static const char *worker;
 static char dir[256];
-static int fails;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* Start the worker with stdout to `outfile`, stderr to outfile.err. */
 static pid_t start(const char *spec, const char *out, const char *outfile, const char *extra) {
@@ -286,7 +276,7 @@ int main(int argc, char **argv) {
 
     free(tok);
     snprintf(p, sizeof p, "rm -rf %s", dir);
-    if (!fails && system(p) != 0) fails++;
-    printf("%s: %d failure(s)\n", fails ? "FAIL" : "PASS", fails);
-    return fails ? 1 : 0;
+    if (!check_failures && system(p) != 0) check_failures++;
+    printf("%s: %d failure(s)\n", check_failures ? "FAIL" : "PASS", check_failures);
+    return check_failures ? 1 : 0;
 }

@@ -6,6 +6,8 @@
  * never-start-twice marker, and the cpu / no-driver inventory. */
 #include "agent/gpu.h"
 #include "agent/task.h"
+#include "common/clock.h"
+#include "tests/check.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -18,32 +20,12 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Polls until the task exits or timeout; returns elapsed ms or -1. */
 static long run_until_exit(struct task *t, long timeout_ms) {
-    int64_t t0 = now_ms();
-    while (now_ms() - t0 < timeout_ms) {
-        if (task_poll(t, now_ms())) return (long)(now_ms() - t0);
-        sleep_ms(10);
+    int64_t t0 = clock_mono_ms();
+    while (clock_mono_ms() - t0 < timeout_ms) {
+        if (task_poll(t, clock_mono_ms())) return (long)(clock_mono_ms() - t0);
+        clock_sleep_ms(10);
     }
     return -1;
 }
@@ -110,18 +92,18 @@ int main(int argc, char **argv) {
                           .worker = worker,
                           .threads = 3};
     unsetenv("OMP_NUM_THREADS"); /* the agent's own setting would win */
-    struct task *t = task_start(work, &s, now_ms());
+    struct task *t = task_start(work, &s, clock_mono_ms());
     CHECK(t != NULL);
     if (t) {
         CHECK(run_until_exit(t, 10000) >= 0);
         CHECK(t->state == TASK_EXITED && t->exit_code == 0);
-        task_scan_stdout(t, now_ms(), on_line, NULL);
+        task_scan_stdout(t, clock_mono_ms(), on_line, NULL);
         CHECK(steps_seen == 3 && t->last_step == 3 && t->summary_seen);
         char path[1200];
         snprintf(path, sizeof path, "%s/exit", t->dir);
         CHECK(access(path, F_OK) == 0);
         /* never twice: the directory exists */
-        struct task *again = task_start(work, &s, now_ms());
+        struct task *again = task_start(work, &s, clock_mono_ms());
         CHECK(again == NULL);
         task_free(again);
         long n = 0;
@@ -137,7 +119,7 @@ int main(int argc, char **argv) {
     s.job = "j-crash";
     s.spec_json = "{\"labels\":{\"fake_crash_step\":\"1\",\"fake_crash_code\":\"5\","
                   "\"fake_step_ms\":\"1\"}}";
-    t = task_start(work, &s, now_ms());
+    t = task_start(work, &s, clock_mono_ms());
     CHECK(t && run_until_exit(t, 10000) >= 0 && t->exit_code == 5);
     task_free(t);
 
@@ -145,20 +127,20 @@ int main(int argc, char **argv) {
     s.job = "j-stubborn";
     s.spec_json = "{\"labels\":{\"fake_steps\":\"100000\",\"fake_ignore_term\":\"1\","
                   "\"fake_child\":\"1\",\"fake_step_ms\":\"50\"}}";
-    t = task_start(work, &s, now_ms());
+    t = task_start(work, &s, clock_mono_ms());
     CHECK(t != NULL);
     if (t) {
         for (int i = 0; i < 200 && alive_in(pid_dir) < 2; i++)
-            sleep_ms(10);
+            clock_sleep_ms(10);
         CHECK(alive_in(pid_dir) == 2);
-        int64_t t0 = now_ms();
+        int64_t t0 = clock_mono_ms();
         task_stop(t, t0, 300, "test");
         long took = run_until_exit(t, 5000);
         CHECK(took >= 250 && took < 3000); /* waited the grace, then SIGKILL */
         CHECK(t->exit_code == 128 + SIGKILL);
         CHECK(strstr(t->exit_reason, "stopped: test") != NULL);
         for (int i = 0; i < 100 && alive_in(pid_dir) > 0; i++)
-            sleep_ms(10);
+            clock_sleep_ms(10);
         CHECK(alive_in(pid_dir) == 0); /* the child was killed with the group */
         task_free(t);
     }
@@ -170,19 +152,19 @@ int main(int argc, char **argv) {
         snprintf(job, sizeof job, "j-adopt%d", adopt);
         s.job = job;
         s.spec_json = "{\"labels\":{\"fake_steps\":\"100000\",\"fake_step_ms\":\"20\"}}";
-        t = task_start(work, &s, now_ms());
+        t = task_start(work, &s, clock_mono_ms());
         CHECK(t != NULL);
         if (!t) continue;
         pid_t pid = t->pid;
-        sleep_ms(100);
-        struct task *list = task_scan_dir(work, adopt, now_ms());
+        clock_sleep_ms(100);
+        struct task *list = task_scan_dir(work, adopt, clock_mono_ms());
         struct task *found = NULL;
         for (struct task *x = list; x; x = x->next)
             if (!strcmp(x->job, job)) found = x;
         CHECK(found && found->pid == pid && found->adopted);
         if (found && adopt) {
             CHECK(found->state == TASK_RUNNING);
-            task_stop(found, now_ms(), 1000, "test adopt");
+            task_stop(found, clock_mono_ms(), 1000, "test adopt");
             /* not our child in a real restart; here it still is: reap it */
             CHECK(run_until_exit(found, 5000) >= 0);
             waitpid(pid, NULL, 0);
@@ -214,10 +196,5 @@ int main(int argc, char **argv) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base);
-    if (failures) {
-        fprintf(stderr, "test_agent_task: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_agent_task: ok\n");
-    return 0;
+    return check_summary("test_agent_task");
 }

@@ -15,15 +15,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static char root[256];
 
@@ -269,7 +261,7 @@ static void test_corruption(void) {
         if (vrc == 0 || !strstr(err, cases[i].want)) {
             fprintf(stderr, "case %s: verify rc %d, message \"%s\" (want \"%s\")\n", cases[i].name,
                     vrc, err, cases[i].want);
-            failures++;
+            check_failures++;
         }
         struct ckpt_reader *r = (struct ckpt_reader *)1;
         CHECK(ckpt_open(path, 0, &r, err, sizeof err) != 0 && r == NULL);
@@ -279,7 +271,7 @@ static void test_corruption(void) {
         if (frc != 1 || step != 10) {
             fprintf(stderr, "case %s: find_latest rc %d step %lld (want the older step 10)\n",
                     cases[i].name, frc, (long long)step);
-            failures++;
+            check_failures++;
         } else {
             CHECK(check_load(found, 10, 1) == 0);
         }
@@ -500,7 +492,8 @@ int main(void) {
     test_multi_rank();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
-    if (failures) fprintf(stderr, "%d check(s) failed (files kept in %s)\n", failures, root);
-    return failures ? 1 : 0;
+    if (check_failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    if (check_failures)
+        fprintf(stderr, "%d check(s) failed (files kept in %s)\n", check_failures, root);
+    return check_failures ? 1 : 0;
 }

@@ -24,27 +24,11 @@
 #include <microhttpd.h>
 
 #include "api/client.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/rdzv.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "[pid %d] %s:%d: CHECK(%s) failed: ", (int)getpid(), __FILE__,         \
-                    __LINE__, #cond);                                                              \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "tests/check.h"
 
 /* Deterministic data: value i of rank r for case seed s (splitmix64). */
 static uint64_t mix(uint64_t x) {
@@ -133,9 +117,9 @@ static void test_rdzv_file(void) {
     CHECK(rdzv_get(r, "gloo/world/rank_0", &got, &len, 1000, err, sizeof(err)) == 0, "%s", err);
     CHECK(got && len == sizeof(val) && memcmp(got, val, len) == 0, "value round trip");
     free(got);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int rc = rdzv_get(r, "missing", &got, &len, 300, err, sizeof(err));
-    double dt = now_s() - t0;
+    double dt = clock_mono_s() - t0;
     CHECK(rc == -2, "missing key rc %d", rc);
     CHECK(dt >= 0.29 && dt < 2.0, "timeout took %.3f s", dt);
     CHECK(strstr(err, "missing") && strstr(err, "300 ms"), "message: %s", err);
@@ -190,14 +174,14 @@ static unsigned run_ranks(int world, const char *rdzv, child_fn fn, void *arg, u
         if (skip & (1u << r)) continue;
         pids[r] = fork();
         if (pids[r] == 0) {
-            failures = 0;
+            check_failures = 0;
             int rc = fn(r, world, rdzv, arg);
             fflush(stderr);
-            _exit(rc != 0 || failures ? 1 : 0);
+            _exit(rc != 0 || check_failures ? 1 : 0);
         }
     }
     unsigned bad = 0;
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int left = 0;
     for (int r = 0; r < world; r++)
         left += pids[r] > 0;
@@ -215,7 +199,7 @@ static unsigned run_ranks(int world, const char *rdzv, child_fn fn, void *arg, u
             }
             continue;
         }
-        if (now_s() - t0 > limit_s) {
+        if (clock_mono_s() - t0 > limit_s) {
             for (int r = 0; r < world; r++) {
                 if (pids[r] > 0) {
                     fprintf(stderr, "rank %d still running after %.1f s: killed\n", r, limit_s);
@@ -483,11 +467,11 @@ static void test_collectives(void) {
     for (int world = 2; world <= 4; world++) {
         char spec[96], dir[64];
         fresh_rdzv(spec, sizeof(spec), dir);
-        double t0 = now_s();
+        double t0 = clock_mono_s();
         unsigned bad = run_ranks(world, spec, collectives_child, NULL, 0, 120, NULL);
         CHECK(bad == 0, "world %d: ranks failed (mask %#x)", world, bad);
         fprintf(stderr, "collectives world %d: %s in %.2f s\n", world, bad ? "FAIL" : "ok",
-                now_s() - t0);
+                clock_mono_s() - t0);
         rm_dir(dir);
     }
 }
@@ -503,12 +487,12 @@ struct fault_arg {
 static int fault_child(int rank, int world, const char *rdzv, void *arg) {
     struct fault_arg *fa = arg;
     char err[512];
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     struct comm_world *w = join(rank, world, rdzv, fa->timeout_ms);
     struct comm *c = w ? world_comm(w, err, sizeof(err)) : NULL;
     if (!c) {
         /* Never-arrive case: the survivors land here. */
-        double dt = now_s() - t0;
+        double dt = clock_mono_s() - t0;
         fprintf(stderr, "rank %d: failed after %.2f s: %s\n", rank, dt, w ? err : "join");
         int clear = w && strstr(err, "never arrived") != NULL;
         comm_world_free(w);
@@ -523,18 +507,18 @@ static int fault_child(int rank, int world, const char *rdzv, void *arg) {
         sleep((unsigned)(fa->timeout_ms / 1000 + 1)); /* hang past the timeout */
         _exit(1);
     }
-    t0 = now_s();
+    t0 = clock_mono_s();
     int rc = 0;
     for (int k = 0; k < 100 && rc == 0; k++)
         rc = comm_allreduce(c, buf, 4096, COMM_F32, COMM_SUM, NULL);
-    double dt = now_s() - t0;
+    double dt = clock_mono_s() - t0;
     fprintf(stderr, "rank %d: allreduce after the fault: rc %d after %.2f s: %s\n", rank, rc, dt,
             comm_error(c));
     int ok =
         rc < 0 && strstr(comm_error(c), "allreduce") != NULL && dt < fa->timeout_ms / 1000.0 + 5;
     /* Later calls fail at once. */
-    double t1 = now_s();
-    ok = ok && comm_barrier(c, NULL) < 0 && now_s() - t1 < 0.5;
+    double t1 = clock_mono_s();
+    ok = ok && comm_barrier(c, NULL) < 0 && clock_mono_s() - t1 < 0.5;
     _exit(ok ? 3 : 1); /* skip teardown: the peer is gone */
 }
 
@@ -545,10 +529,10 @@ static void test_failure(void) {
         char spec[96], dir[64];
         fresh_rdzv(spec, sizeof(spec), dir);
         int st[3] = {0};
-        double t0 = now_s();
+        double t0 = clock_mono_s();
         /* rank 2 is killed by itself or hangs; ranks 0 and 1 must exit 3. */
         unsigned bad = run_ranks(3, spec, fault_child, &fa, 0, 30, st);
-        double dt = now_s() - t0;
+        double dt = clock_mono_s() - t0;
         for (int r = 0; r < 2; r++)
             CHECK(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 3,
                   "%s peer: rank %d did not fail cleanly (status %#x)", names[f], r, st[r]);
@@ -561,9 +545,9 @@ static void test_failure(void) {
     char spec[96], dir[64];
     fresh_rdzv(spec, sizeof(spec), dir);
     int st[3] = {0};
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     run_ranks(3, spec, fault_child, &fa, 4u, 30, st);
-    double dt = now_s() - t0;
+    double dt = clock_mono_s() - t0;
     for (int r = 0; r < 2; r++)
         CHECK(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 3,
               "never-arrived peer: rank %d did not fail cleanly (status %#x)", r, st[r]);
@@ -716,9 +700,9 @@ static void test_http(void) {
         CHECK(rdzv_get(r, "nccl/world/id", &got, &len, 2000, err, sizeof(err)) == 0, "%s", err);
         CHECK(got && len == sizeof(val) && memcmp(got, val, len) == 0, "http value round trip");
         free(got);
-        double t0 = now_s();
+        double t0 = clock_mono_s();
         CHECK(rdzv_get(r, "absent", &got, &len, 400, err, sizeof(err)) == -2, "absent key");
-        CHECK(now_s() - t0 < 3, "absent key wait");
+        CHECK(clock_mono_s() - t0 < 3, "absent key wait");
         rdzv_free(r);
     }
     struct rdzv *bad = rdzv_open(spec, "wrong", err, sizeof(err));
@@ -765,8 +749,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (failures) {
-        fprintf(stderr, "test_comm %s: %d failure(s)\n", what, failures);
+    if (check_failures) {
+        fprintf(stderr, "test_comm %s: %d failure(s)\n", what, check_failures);
         return 1;
     }
     printf("test_comm %s: ok\n", what);

@@ -1,6 +1,7 @@
 /* Unit tests of common/config: precedence (default < file < env < flag),
  * range and type errors, bool flags, positional arguments. */
 #include "common/config.h"
+#include "tests/check.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -23,15 +24,6 @@ static const struct config_entry table[] = {
     {"config", CONFIG_STR, offsetof(struct cfg, config), NULL, 1, 0, "config file"},
 };
 #define N (sizeof table / sizeof *table)
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static int load(struct cfg *c, int argc, char **argv, char **pos, int *npos) {
     memset(c, 0, sizeof *c);
@@ -90,9 +82,5 @@ int main(void) {
     config_free(table, N, &c);
     remove(path);
 
-    if (failures)
-        fprintf(stderr, "%d failures\n", failures);
-    else
-        printf("config: all checks passed\n");
-    return failures ? 1 : 0;
+    return check_summary("test_config");
 }

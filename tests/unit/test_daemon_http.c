@@ -9,16 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "daemon/http.h"
-
-static int failures;
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static const struct {
     const char *pattern, *path;
@@ -53,7 +46,7 @@ static void test_match(void) {
         int m = http_match(cases[i].pattern, cases[i].path, names, values, HTTP_MAX_PARAMS, &n);
         if (m != cases[i].match) {
             fprintf(stderr, "match %s vs %s: got %d\n", cases[i].pattern, cases[i].path, m);
-            failures++;
+            check_failures++;
         }
         if (!m) CHECK(n == 0);
         if (m && cases[i].p1) {
@@ -71,12 +64,6 @@ static void test_match(void) {
     }
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static void *signaller(void *arg) {
     usleep(50000);
     http_notify_signal(arg);
@@ -88,25 +75,25 @@ static void test_notify(void) {
     http_notify_init(&n);
     uint64_t gen = http_notify_gen(&n);
     /* timeout: returns 0 after about the time asked */
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     CHECK(http_wait(NULL, &n, &gen, 120) == 0);
-    double el = now_s() - t0;
+    double el = clock_mono_s() - t0;
     CHECK(el >= 0.11 && el < 2.0);
     /* a signal from another thread wakes the waiter early and moves gen */
     pthread_t th;
     uint64_t before = gen;
     pthread_create(&th, NULL, signaller, &n);
-    t0 = now_s();
+    t0 = clock_mono_s();
     CHECK(http_wait(NULL, &n, &gen, 5000) == 1);
-    CHECK(now_s() - t0 < 2.0);
+    CHECK(clock_mono_s() - t0 < 2.0);
     CHECK(gen == before + 1);
     pthread_join(th, NULL);
     /* a signal between reading gen and waiting is not lost */
     gen = http_notify_gen(&n);
     http_notify_signal(&n);
-    t0 = now_s();
+    t0 = clock_mono_s();
     CHECK(http_wait(NULL, &n, &gen, 5000) == 1);
-    CHECK(now_s() - t0 < 0.5);
+    CHECK(clock_mono_s() - t0 < 0.5);
     CHECK(http_stopping(NULL) == 0);
     http_notify_destroy(&n);
 }
@@ -114,10 +101,5 @@ static void test_notify(void) {
 int main(void) {
     test_match();
     test_notify();
-    if (failures) {
-        fprintf(stderr, "test_daemon_http: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_daemon_http: all passed\n");
-    return 0;
+    return check_summary("test_daemon_http");
 }

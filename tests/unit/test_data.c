@@ -5,21 +5,13 @@
  * layout equivalence (dp x accum with the same product), the position's JSON
  * round trip and mismatch detection, validation order, vocab checks. */
 #include "worker/data.h"
+#include "tests/check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static char dir[256];
 
@@ -75,7 +67,7 @@ static void test_malformed(void) {
             (rc && !strstr(err, cases[i].name))) {
             fprintf(stderr, "case %s: rc %d (want %d), message \"%s\" (want \"%s\" and the name)\n",
                     cases[i].name, rc, cases[i].want_rc, err, cases[i].want_msg);
-            failures++;
+            check_failures++;
         }
         if (rc == 0) {
             CHECK(version == cases[i].version);
@@ -128,7 +120,7 @@ static void make_set(const char *name, int ns, const size_t *lens, int version) 
         snprintf(p, sizeof p, "%s/shard_%03d.bin", d, s);
         if (data_shard_write(p, version, t, lens[s], err, sizeof err) != 0) {
             fprintf(stderr, "write %s: %s\n", p, err);
-            failures++;
+            check_failures++;
         }
         free(t);
     }
@@ -148,7 +140,7 @@ static struct data_loader *open_dl(const char *name, int B, int T, int dp, int a
     struct data_loader *dl = NULL;
     if (data_loader_open(&o, &dl, err, sizeof err) != 0) {
         fprintf(stderr, "open %s: %s\n", p, err);
-        failures++;
+        check_failures++;
     }
     return dl;
 }
@@ -447,7 +439,8 @@ int main(void) {
     test_val_and_vocab();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    if (failures) fprintf(stderr, "%d check(s) failed (files kept in %s)\n", failures, dir);
-    return failures ? 1 : 0;
+    if (check_failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (check_failures)
+        fprintf(stderr, "%d check(s) failed (files kept in %s)\n", check_failures, dir);
+    return check_failures ? 1 : 0;
 }

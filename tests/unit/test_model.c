@@ -2,19 +2,11 @@
  * models, layout order and names, tensor-parallel shapes, pipeline stage
  * placement, FLOPs per token and config checks. */
 #include "api/model.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* Published parameter counts. GPT-2 counts are Hugging Face's (vocab 50257)
  * plus the padding rows (50304 - 50257) * d_model that the padded
@@ -326,10 +318,5 @@ int main(void) {
     test_llama_layout();
     test_flops();
     test_check();
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_model: all checks passed\n");
-    return 0;
+    return check_summary("test_model");
 }

@@ -24,18 +24,7 @@
 
 #include "worker/offload.h"
 #include "worker/train.h"
-
-static int fails;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 struct src {
     int B, T, V, grad_accum;
@@ -282,8 +271,8 @@ int main(void) {
     test_state();
     test_equal(MODEL_GPT2);
     test_equal(MODEL_LLAMA);
-    if (fails) {
-        printf("%d failures\n", fails);
+    if (check_failures) {
+        printf("%d failures\n", check_failures);
         return 1;
     }
     printf("all offload tests passed\n");

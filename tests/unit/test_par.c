@@ -14,18 +14,7 @@
 
 #include "worker/tp.h"
 #include "worker/train.h"
-
-static int fails;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 struct src {
     int B, T, V, grad_accum;
@@ -213,10 +202,5 @@ int main(int argc, char **argv) {
     const char *which = argc > 1 ? argv[1] : "all";
     if (!strcmp(which, "all") || !strcmp(which, "recompute")) test_recompute();
     if (!strcmp(which, "all") || !strcmp(which, "slice")) test_slice();
-    if (fails) {
-        fprintf(stderr, "%d check(s) failed\n", fails);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return check_summary("test_par");
 }

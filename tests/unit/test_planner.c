@@ -4,20 +4,12 @@
  * check, the POST /v1/plan answer, bad inputs, and consistency with the
  * layout table (stage parameters) and between categories. */
 #include "api/planner.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 #define GB  1e9
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -559,10 +551,5 @@ int main(void) {
     test_check_fit();
     test_plan_json();
     test_bad_inputs();
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_planner: all checks passed\n");
-    return 0;
+    return check_summary("test_planner");
 }

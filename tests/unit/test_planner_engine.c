@@ -7,6 +7,7 @@
  * With the argument "cuda" the same table runs on the CUDA backend (bf16;
  * exits 77 when built without CUDA or no GPU is found). */
 #include "api/planner.h"
+#include "tests/check.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/model.h"
@@ -19,15 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 struct lcase {
     const char *family, *preset;
@@ -68,7 +60,7 @@ int main(int argc, char **argv) {
         struct loom_error err;
         if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0) {
             fprintf(stderr, "case %zu: %s %s\n", i, err.code, err.message);
-            failures++;
+            check_failures++;
             continue;
         }
         struct planner_estimate est;
@@ -105,10 +97,5 @@ int main(int argc, char **argv) {
         model_free(m);
         engine_free(e);
     }
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_planner_engine: all checks passed\n");
-    return 0;
+    return check_summary("test_planner_engine");
 }

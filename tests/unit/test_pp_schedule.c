@@ -15,18 +15,7 @@
 #include <string.h>
 
 #include "worker/pp.h"
-
-static int fails;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 #define MAXP 8
 #define MAXM 16
@@ -133,10 +122,5 @@ int main(void) {
     CHECK(pp_schedule_parse("gpipe") == PP_GPIPE && pp_schedule_parse("1f1b") == PP_1F1B &&
               pp_schedule_parse("interleaved") == -1,
           "schedule names");
-    if (fails) {
-        fprintf(stderr, "%d check(s) failed\n", fails);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return check_summary("test_pp_schedule");
 }

@@ -16,15 +16,7 @@
 #include <unistd.h>
 
 #include "api/model.h"
-
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static char dir[256];
 
@@ -247,7 +239,7 @@ static void test_malformed(void) {
         if (!ok) {
             fprintf(stderr, "case %s: rc %d, message \"%s\" (want \"%s\")\n", cases[i].name, rc,
                     err, cases[i].want ? cases[i].want : "success");
-            failures++;
+            check_failures++;
         }
         if (rc == 0) st_close(f);
     }
@@ -383,7 +375,8 @@ int main(int argc, char **argv) {
     test_export();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    if (failures) fprintf(stderr, "%d check(s) failed (files kept in %s)\n", failures, dir);
-    return failures ? 1 : 0;
+    if (check_failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (check_failures)
+        fprintf(stderr, "%d check(s) failed (files kept in %s)\n", check_failures, dir);
+    return check_failures ? 1 : 0;
 }

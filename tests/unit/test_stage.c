@@ -6,6 +6,7 @@
  * keeps the current job's files within the size limit, and bad patterns
  * leave the spec untouched. */
 #include "agent/stage.h"
+#include "tests/check.h"
 
 #include <fcntl.h>
 #include <glob.h>
@@ -15,17 +16,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static int failures;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #c);                  \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static void write_file(const char *path, size_t n, unsigned seed) {
     FILE *f = fopen(path, "wb");
@@ -154,7 +144,7 @@ int main(void) {
     json_decref(s5);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (!failures && system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
-    if (!failures) printf("test_stage: ok\n");
-    return failures ? 1 : 0;
+    if (!check_failures && system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+    if (!check_failures) printf("test_stage: ok\n");
+    return check_failures ? 1 : 0;
 }

@@ -11,15 +11,7 @@
 
 #include "common/log.h"
 #include "daemon/store.h"
-
-static int failures;
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static char dir[256];
 
@@ -182,7 +174,7 @@ static void test_transition_table(void) {
             if (job_transition_allowed(f, t) != want) {
                 fprintf(stderr, "transition %s -> %s: got %d want %d\n", job_state_name(f),
                         job_state_name(t), job_transition_allowed(f, t), want);
-                failures++;
+                check_failures++;
             }
         }
     for (int i = 0; i < JOB_STATE_COUNT; i++)
@@ -481,10 +473,5 @@ int main(void) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    if (failures) {
-        fprintf(stderr, "test_store: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_store: all passed\n");
-    return 0;
+    return check_summary("test_store");
 }

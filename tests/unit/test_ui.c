@@ -5,22 +5,12 @@
  * (no CDN: the CSP would block it anyway, this catches it at build time).
  * Usage: test_ui SOURCE_UI_DIR */
 #include "daemon/ui.h"
+#include "tests/check.h"
 
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #c);                  \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -129,9 +119,9 @@ int main(int argc, char **argv) {
     test_content_types();
     test_index_references();
     test_no_external();
-    if (failures)
-        fprintf(stderr, "test_ui: %d failure(s)\n", failures);
+    if (check_failures)
+        fprintf(stderr, "test_ui: %d failure(s)\n", check_failures);
     else
         printf("test_ui: ok (%d embedded files)\n", ui_files_count);
-    return failures ? 1 : 0;
+    return check_failures ? 1 : 0;
 }

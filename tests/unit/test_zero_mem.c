@@ -27,6 +27,7 @@
 #include "worker/model.h"
 #include "worker/pp.h"
 #include "worker/zero.h"
+#include "tests/check.h"
 
 /* ---- counting backend: wraps the CPU backend's alloc/free */
 
@@ -85,17 +86,6 @@ static void model_cfg(int llama, struct model_config *c) {
     c->seq_len = 16;
     model_config_finalize(c);
 }
-
-static int fails;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #c);                                \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* One rank of case k; returns the number of failed checks. */
 static int run_rank(const struct mcase *k, int rank, const char *dir) {
@@ -200,7 +190,7 @@ static int run_rank(const struct mcase *k, int rank, const char *dir) {
     zero_free(z);
     model_free(m);
     engine_free(e);
-    return fails;
+    return check_failures;
 }
 
 int main(void) {

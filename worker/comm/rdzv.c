@@ -18,6 +18,7 @@
 #include <openssl/evp.h>
 
 #include "api/client.h"
+#include "common/clock.h"
 
 enum rdzv_kind { RDZV_FILE, RDZV_HTTP };
 
@@ -27,17 +28,6 @@ struct rdzv {
     struct client *http;
     pthread_mutex_t mu;
 };
-
-static long long now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 int rdzv_escape_key(const char *key, char *out, size_t outlen) {
     static const char hex[] = "0123456789abcdef";
@@ -295,10 +285,10 @@ int rdzv_get(struct rdzv *r, const char *key, void **val, size_t *len, int timeo
         snprintf(err, errlen, "rendezvous: key too long: %.64s...", key);
         return -1;
     }
-    long long start = now_ms(), deadline = start + (timeout_ms > 0 ? timeout_ms : 0);
+    long long start = clock_mono_ms(), deadline = start + (timeout_ms > 0 ? timeout_ms : 0);
     int backoff = r->kind == RDZV_FILE ? 1 : 50;
     for (;;) {
-        long long left = deadline - now_ms();
+        long long left = deadline - clock_mono_ms();
         int rc;
         pthread_mutex_lock(&r->mu);
         if (r->kind == RDZV_FILE) {
@@ -312,9 +302,9 @@ int rdzv_get(struct rdzv *r, const char *key, void **val, size_t *len, int timeo
             if (rc < 0 && r->kind == RDZV_HTTP) snprintf(err, errlen, "%s", last);
             return rc > 0 ? 0 : -1;
         }
-        left = deadline - now_ms();
+        left = deadline - clock_mono_ms();
         if (left <= 0) break;
-        sleep_ms(backoff < left ? backoff : (int)left);
+        clock_sleep_ms(backoff < left ? backoff : (int)left);
         backoff = backoff * 2 > (r->kind == RDZV_FILE ? 50 : 500)
                       ? (r->kind == RDZV_FILE ? 50 : 500)
                       : backoff * 2;

@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include "common/clock.h"
 #include "worker/comm/comm_backend.h"
 #include "worker/nccl/nccl_order.h"
 
@@ -141,32 +142,15 @@ static void order_wait(cudaStream_t s, const void *p, size_t bytes) {
     pthread_mutex_unlock(&order.mu);
 }
 
-static long long now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static long long now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void sleep_us(long us) {
-    struct timespec ts = {0, us * 1000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Between polls of a wait that began at t0 (now_us): spin (yielding) for the
  * first 5 ms, then sleep 20 us. A sleep at every poll cost ~190 us per call
  * (timer slack on the VM), 3.5x torch's latency at 1 MiB; gradient buckets
  * are such calls, and the last ones are exposed at the end of the backward. */
 static void poll_pause(long long t0) {
-    if (now_us() - t0 < 5000)
+    if (clock_mono_us() - t0 < 5000)
         sched_yield();
     else
-        sleep_us(20);
+        clock_sleep_us(20);
 }
 
 static ncclDataType_t nccl_type(enum comm_dtype dt) {
@@ -196,9 +180,9 @@ static ncclRedOp_t nccl_op(enum comm_op op) {
 /* Wait for a non-blocking call to leave ncclInProgress. */
 static int settle(struct nccl_comm *nc, ncclResult_t r, const char *what, long long deadline,
                   char *err, size_t errlen) {
-    long long t0 = now_us();
+    long long t0 = clock_mono_us();
     while (r == ncclInProgress) {
-        if (now_ms() > deadline) {
+        if (clock_mono_ms() > deadline) {
             snprintf(err, errlen, "nccl %s: timed out after %d ms", what, nc->timeout_ms);
             return -1;
         }
@@ -216,7 +200,7 @@ static int settle(struct nccl_comm *nc, ncclResult_t r, const char *what, long l
 /* Poll the stream (or an event) until done, a comm error or the deadline. */
 static int finish(struct nccl_comm *nc, cudaEvent_t ev, const char *what, char *err,
                   size_t errlen) {
-    long long deadline = now_ms() + nc->timeout_ms, t0 = now_us();
+    long long deadline = clock_mono_ms() + nc->timeout_ms, t0 = clock_mono_us();
     for (;;) {
         cudaError_t ce = ev ? cudaEventQuery(ev) : cudaStreamQuery(nc->stream);
         if (ce == cudaSuccess) return 0;
@@ -233,7 +217,7 @@ static int finish(struct nccl_comm *nc, cudaEvent_t ev, const char *what, char *
             nc->aborted = 1;
             return -1;
         }
-        if (now_ms() > deadline) {
+        if (clock_mono_ms() > deadline) {
             snprintf(err, errlen,
                      "nccl %s: not complete after %d ms (a peer is gone or hung); comm aborted",
                      what, nc->timeout_ms);
@@ -328,7 +312,7 @@ static void *comm_init(const struct comm_backend_comm *c, char *err, size_t errl
         snprintf(err, errlen, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
         goto fail;
     }
-    if (settle(nc, r, "init", now_ms() + nc->timeout_ms, err, errlen) != 0) {
+    if (settle(nc, r, "init", clock_mono_ms() + nc->timeout_ms, err, errlen) != 0) {
         ncclCommAbort(nc->comm);
         nc->comm = NULL;
         goto fail;
@@ -356,7 +340,7 @@ static void comm_fini(void *impl) {
     if (nc->comm && !nc->aborted) {
         char err[256];
         ncclResult_t r = ncclCommFinalize(nc->comm);
-        if (settle(nc, r, "finalize", now_ms() + nc->timeout_ms, err, sizeof(err)) == 0)
+        if (settle(nc, r, "finalize", clock_mono_ms() + nc->timeout_ms, err, sizeof(err)) == 0)
             ncclCommDestroy(nc->comm);
         else
             ncclCommAbort(nc->comm);
@@ -415,7 +399,7 @@ static int stage_out(struct nccl_comm *nc, void *host, size_t bytes, const char 
  * the stream to completion. */
 static int complete(struct nccl_comm *nc, ncclResult_t r, const char *what, char *err,
                     size_t errlen) {
-    if (settle(nc, r, what, now_ms() + nc->timeout_ms, err, errlen) != 0) return -1;
+    if (settle(nc, r, what, clock_mono_ms() + nc->timeout_ms, err, errlen) != 0) return -1;
     return finish(nc, NULL, what, err, errlen);
 }
 
@@ -460,7 +444,8 @@ static int allreduce_stream(void *impl, void *buf, size_t n, enum comm_dtype dt,
     nc->sev_pending = 0;
     ncclResult_t r =
         ncclAllReduce(buf, buf, n, nccl_type(dt), nccl_op(op), nc->comm, (cudaStream_t)stream);
-    if (settle(nc, r, "allreduce (stream)", now_ms() + nc->timeout_ms, err, errlen) != 0) return -1;
+    if (settle(nc, r, "allreduce (stream)", clock_mono_ms() + nc->timeout_ms, err, errlen) != 0)
+        return -1;
     if (cudaEventRecord(nc->sev, (cudaStream_t)stream) != cudaSuccess) {
         snprintf(err, errlen, "nccl allreduce (stream): cannot record its event");
         return -1;
@@ -562,7 +547,7 @@ static int post_p2p(struct nccl_comm *nc, const void *sbuf, void *rbuf, size_t b
     order_wait(nc->stream, sbuf ? sbuf : rbuf, bytes);
     ncclResult_t r = sbuf ? ncclSend(sbuf, bytes, ncclUint8, peer, nc->comm, nc->stream)
                           : ncclRecv(rbuf, bytes, ncclUint8, peer, nc->comm, nc->stream);
-    if (settle(nc, r, sbuf ? "send" : "recv", now_ms() + nc->timeout_ms, err, errlen) != 0) {
+    if (settle(nc, r, sbuf ? "send" : "recv", clock_mono_ms() + nc->timeout_ms, err, errlen) != 0) {
         cudaEventDestroy(p->done);
         free(p);
         return -1;

@@ -16,6 +16,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "common/clock.h"
 #include "worker/comm/comm.h"
 #include "worker/cuda/kernels.h"
 
@@ -60,12 +61,6 @@ struct pair_ar {
     char err[256];
 };
 
-static long long now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static CUdeviceptr flag(char *base, size_t recv_bytes, int which, int slot) {
     return (CUdeviceptr)(uintptr_t)(base + recv_bytes + which + 4 * (size_t)slot);
 }
@@ -86,12 +81,12 @@ static int memop_ok(struct pair_ar *p, CUresult r, const char *what) {
 
 /* Wait on the host for ev, bounded by the timeout. */
 static int host_wait(struct pair_ar *p, cudaEvent_t ev, const char *what) {
-    long long t0 = now_us(), deadline = t0 + (long long)p->timeout_ms * 1000;
+    long long t0 = clock_mono_us(), deadline = t0 + (long long)p->timeout_ms * 1000;
     for (;;) {
         cudaError_t ce = cudaEventQuery(ev);
         if (ce == cudaSuccess) return 0;
         if (ce != cudaErrorNotReady) return cuda_ok(p, ce, what) ? 0 : -1;
-        long long t = now_us();
+        long long t = clock_mono_us();
         if (t > deadline) {
             snprintf(p->err, sizeof(p->err),
                      "pair all-reduce: %s not complete after %d ms (the peer is gone or hung)",
@@ -102,8 +97,7 @@ static int host_wait(struct pair_ar *p, cudaEvent_t ev, const char *what) {
         if (t - t0 < 5000) {
             sched_yield();
         } else {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
+            clock_sleep_us(20);
         }
     }
 }
