@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "common/buf.h"
 #include "data/tok_impl.h"
 
 #define ERR(...) snprintf(err, errlen, __VA_ARGS__)
@@ -37,15 +38,7 @@ void tok_ids_free(struct tok_ids *ids) {
 }
 
 int tok_ids_reserve(struct tok_ids *ids, size_t more) {
-    if (ids->n + more <= ids->cap) return 0;
-    size_t nc = ids->cap ? ids->cap : 256;
-    while (nc < ids->n + more)
-        nc *= 2;
-    uint32_t *nv = realloc(ids->v, nc * sizeof *nv);
-    if (!nv) return -1;
-    ids->v = nv;
-    ids->cap = nc;
-    return 0;
+    return buf_grow_array(&ids->v, &ids->cap, ids->n + more, sizeof *ids->v, 256);
 }
 
 static int is_dir(const char *p) {

@@ -28,6 +28,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include "common/buf.h"
 #include "common/hash.h"
 #include "data/tok_impl.h"
 
@@ -845,11 +846,6 @@ struct cache {
     size_t ni, capi;
 };
 
-struct buf {
-    char *p;
-    size_t n, cap;
-};
-
 struct bpe_enc {
     const struct bpe *b;
     pcre2_match_data *md;
@@ -862,7 +858,7 @@ struct bpe_enc {
     struct heap_ent {
         uint32_t rank, pos;
     } * heap;
-    size_t sym_cap;
+    size_t sym_cap, heap_cap;
     char *err;
     size_t errlen;
     int failed;
@@ -917,18 +913,6 @@ static void bpe_enc_free(void *enc) {
     free(e);
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 256;
-    while (nc < need)
-        nc *= 2;
-    void *np = realloc(*p, nc * elem);
-    if (!np) return -1;
-    *p = np;
-    *cap = nc;
-    return 0;
-}
-
 static inline const struct c_ent *cache_find(const struct cache *c, const char *p, size_t n,
                                              uint64_t h) {
     for (size_t j = h & c->mask;; j = (j + 1) & c->mask) {
@@ -945,13 +929,10 @@ static void cache_put(struct cache *c, const char *p, size_t n, uint64_t h, cons
         memset(c->slot, 0, (c->mask + 1) * sizeof *c->slot);
         c->n = c->nb = c->ni = 0;
     }
-    size_t cap = c->cap, capb = c->capb, capi = c->capi;
-    if (grow((void **)&c->ent, &cap, c->n + 1, sizeof *c->ent) != 0) return;
-    c->cap = cap;
-    if (grow((void **)&c->bytes, &capb, c->nb + n, 1) != 0) return;
-    c->capb = capb;
-    if (grow((void **)&c->ids, &capi, c->ni + ni, sizeof *c->ids) != 0) return;
-    c->capi = capi;
+    if (buf_grow_array(&c->ent, &c->cap, c->n + 1, sizeof *c->ent, 1024) != 0 ||
+        buf_grow_array(&c->bytes, &c->capb, c->nb + n, 1, 1 << 16) != 0 ||
+        buf_grow_array(&c->ids, &c->capi, c->ni + ni, sizeof *c->ids, 1 << 14) != 0)
+        return; /* out of memory: just not cached */
     memcpy(c->bytes + c->nb, p, n);
     memcpy(c->ids + c->ni, ids, ni * sizeof *ids);
     c->ent[c->n] = (struct c_ent){h, (uint32_t)c->nb, (uint32_t)n, (uint32_t)c->ni, (uint32_t)ni};
@@ -1122,16 +1103,16 @@ static int bpe_word(struct bpe_enc *e, const char *p, size_t n, struct tok_ids *
             return 0;
         }
     }
-    size_t cap = e->sym_cap, need = n * 4 + 1; /* fallback: up to 4 byte tokens a character */
-    if (need > cap) {
-        size_t c1 = cap, c2 = cap, c3 = cap, c4 = cap, c5 = cap;
-        if (grow((void **)&e->sym, &c1, need, sizeof *e->sym) ||
-            grow((void **)&e->rank, &c2, need, sizeof *e->rank) ||
-            grow((void **)&e->prev, &c3, need, sizeof *e->prev) ||
-            grow((void **)&e->next, &c4, need, sizeof *e->next) ||
-            grow((void **)&e->heap, &c5, need * 3, sizeof *e->heap))
+    size_t need = n * 4 + 1; /* fallback: up to 4 byte tokens a character */
+    if (need > e->sym_cap) {
+        size_t c1 = e->sym_cap, c2 = c1, c3 = c1, c4 = c1; /* the four grow alike */
+        if (buf_grow_array(&e->sym, &c1, need, sizeof *e->sym, 256) ||
+            buf_grow_array(&e->rank, &c2, need, sizeof *e->rank, 256) ||
+            buf_grow_array(&e->prev, &c3, need, sizeof *e->prev, 256) ||
+            buf_grow_array(&e->next, &c4, need, sizeof *e->next, 256) ||
+            buf_grow_array(&e->heap, &e->heap_cap, need * 3, sizeof *e->heap, 768))
             return enc_fail(e, "out of memory");
-        e->sym_cap = c1;
+        e->sym_cap = c1 < c2 ? c1 : c2;
     }
     size_t k;
     if (b->byte_level) {
@@ -1201,15 +1182,6 @@ static int pre_split(struct bpe_enc *e, int step, const char *p, size_t n, struc
     return regex_split(e, step, s, p, n, out);
 }
 
-static int buf_put(struct buf *b, const char *p, size_t n) {
-    size_t cap = b->cap;
-    if (grow((void **)&b->p, &cap, b->n + n + 1, 1) != 0) return -1;
-    b->cap = cap;
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-    return 0;
-}
-
 /* Run the normalizers over p; *res points at p itself or at one of e's buffers. */
 static int normalize(struct bpe_enc *e, const char *p, size_t n, const char **res, size_t *rn) {
     const struct bpe *b = e->b;
@@ -1217,19 +1189,19 @@ static int normalize(struct bpe_enc *e, const char *p, size_t n, const char **re
     for (int i = 0; i < b->nnorm; i++) {
         const struct norm *s = &b->norm[i];
         const char *src = cur < 0 ? p : e->norm[cur].p;
-        size_t sn = cur < 0 ? n : e->norm[cur].n;
+        size_t sn = cur < 0 ? n : e->norm[cur].len;
         struct buf *dst = &e->norm[cur == 0 ? 1 : 0];
-        dst->n = 0;
+        dst->len = 0;
         if (s->kind == NORM_PREPEND) {
             if (sn == 0) continue; /* the library prepends to non-empty text only */
-            if (buf_put(dst, s->a, s->alen) || buf_put(dst, src, sn)) goto oom;
+            if (buf_append(dst, s->a, s->alen) || buf_append(dst, src, sn)) goto oom;
         } else if (s->kind == NORM_REPLACE) {
             for (size_t j = 0; j < sn;) {
                 const char *hit = memmem(src + j, sn - j, s->a, s->alen);
                 size_t upto = hit ? (size_t)(hit - src) : sn;
-                if (buf_put(dst, src + j, upto - j)) goto oom;
+                if (buf_append(dst, src + j, upto - j)) goto oom;
                 if (!hit) break;
-                if (buf_put(dst, s->b, s->blen)) goto oom;
+                if (buf_append(dst, s->b, s->blen)) goto oom;
                 j = upto + s->alen;
             }
         } else {
@@ -1246,14 +1218,14 @@ static int normalize(struct bpe_enc *e, const char *p, size_t n, const char **re
                 free(o);
                 return enc_fail(e, utf8proc_errmsg(on));
             }
-            int bad = buf_put(dst, (const char *)o, (size_t)on);
+            int bad = buf_append(dst, (const char *)o, (size_t)on);
             free(o);
             if (bad) goto oom;
         }
         cur = cur == 0 ? 1 : 0;
     }
     *res = cur < 0 ? p : e->norm[cur].p;
-    *rn = cur < 0 ? n : e->norm[cur].n;
+    *rn = cur < 0 ? n : e->norm[cur].len;
     return 0;
 oom:
     return enc_fail(e, "out of memory");
@@ -1361,7 +1333,7 @@ static int hexval(char c) {
 static int bpe_decode(const void *impl, const uint32_t *ids, size_t n, char **text, size_t *len,
                       char *err, size_t errlen) {
     const struct bpe *b = impl;
-    struct buf o = {0};
+    struct buf o = BUF_INIT;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] >= b->vocab_size || b->dec_len[ids[i]] == UINT32_MAX) {
             ERR("%s: token id %u at position %zu is not in the vocabulary (size %u)", b->path,
@@ -1379,7 +1351,7 @@ static int bpe_decode(const void *impl, const uint32_t *ids, size_t n, char **te
         for (size_t k = 0; k < b->nadded && !b->byte_level && !is_added; k++)
             is_added = b->added[k].id == ids[i];
         if (b->byte_level || is_added) {
-            if (buf_put(&o, s, sn)) goto oom;
+            if (buf_append(&o, s, sn)) goto oom;
             continue;
         }
         int fell_back = 0;
@@ -1387,20 +1359,21 @@ static int bpe_decode(const void *impl, const uint32_t *ids, size_t n, char **te
             if (b->dec[d].kind == DEC_BYTEFALLBACK && sn == 6 && memcmp(s, "<0x", 3) == 0 &&
                 s[5] == '>' && hexval(s[3]) >= 0 && hexval(s[4]) >= 0) {
                 char c = (char)(hexval(s[3]) * 16 + hexval(s[4]));
-                if (buf_put(&o, &c, 1)) goto oom;
+                if (buf_append(&o, &c, 1)) goto oom;
                 fell_back = 1;
             }
         if (fell_back) continue;
-        struct buf cur = {0}, nxt = {0};
-        if (buf_put(&cur, s, sn)) goto oom;
+        struct buf cur = BUF_INIT, nxt = BUF_INIT;
+        if (buf_append(&cur, s, sn)) goto oom;
         for (int d = 0; d < b->ndec; d++) {
             const struct dec *x = &b->dec[d];
             if (x->kind != DEC_REPLACE) continue;
-            nxt.n = 0;
-            for (size_t j = 0; j < cur.n;) {
-                const char *hit = memmem(cur.p + j, cur.n - j, x->a, x->alen);
-                size_t upto = hit ? (size_t)(hit - cur.p) : cur.n;
-                if (buf_put(&nxt, cur.p + j, upto - j) || (hit && buf_put(&nxt, x->b, x->blen))) {
+            nxt.len = 0;
+            for (size_t j = 0; j < cur.len;) {
+                const char *hit = memmem(cur.p + j, cur.len - j, x->a, x->alen);
+                size_t upto = hit ? (size_t)(hit - cur.p) : cur.len;
+                if (buf_append(&nxt, cur.p + j, upto - j) ||
+                    (hit && buf_append(&nxt, x->b, x->blen))) {
                     free(cur.p);
                     free(nxt.p);
                     goto oom;
@@ -1412,7 +1385,7 @@ static int bpe_decode(const void *impl, const uint32_t *ids, size_t n, char **te
             cur = nxt;
             nxt = t;
         }
-        int bad = buf_put(&o, cur.p, cur.n);
+        int bad = buf_append(&o, cur.p, cur.len);
         free(cur.p);
         free(nxt.p);
         if (bad) goto oom;
@@ -1422,17 +1395,17 @@ static int bpe_decode(const void *impl, const uint32_t *ids, size_t n, char **te
     for (int d = 0; d < b->ndec; d++) {
         const struct dec *x = &b->dec[d];
         if (x->kind != DEC_STRIP) continue;
-        for (int k = 0; k < x->start && off < o.n && o.p[off] == ' '; k++)
+        for (int k = 0; k < x->start && off < o.len && o.p[off] == ' '; k++)
             off++;
-        for (int k = 0; k < x->stop && o.n > off && o.p[o.n - 1] == ' '; k++)
-            o.n--;
+        for (int k = 0; k < x->stop && o.len > off && o.p[o.len - 1] == ' '; k++)
+            o.len--;
     }
-    if (buf_put(&o, "", 0)) goto oom;
-    if (off) memmove(o.p, o.p + off, o.n - off);
-    o.n -= off;
-    o.p[o.n] = 0;
+    if (buf_reserve(&o, 0)) goto oom; /* storage even for an empty text */
+    if (off) memmove(o.p, o.p + off, o.len - off);
+    o.len -= off;
+    o.p[o.len] = 0;
     *text = o.p;
-    *len = o.n;
+    *len = o.len;
     return 0;
 oom:
     free(o.p);

@@ -347,33 +347,14 @@ static int cmd_check(const struct opts *o, char **pos, int npos) {
 
 /* ---- encode / decode -------------------------------------------------------- */
 
-static unsigned char *slurp_stream(FILE *f, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *b = malloc(cap);
-    while (b) {
-        if (n == cap) {
-            unsigned char *nb = realloc(b, cap *= 2);
-            if (!nb) {
-                free(b);
-                return NULL;
-            }
-            b = nb;
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    *len = n;
-    return b;
-}
-
 /* The input of encode/decode: a whole file or stdin. */
 static unsigned char *read_input(const char *cmd, const char *in, size_t *len) {
     if (!in) {
         log_error("%s: --in FILE is required (\"-\" for stdin)", cmd);
         return NULL;
     }
-    unsigned char *b = strcmp(in, "-") == 0 ? slurp_stream(stdin, len) : slurp(in, len);
+    unsigned char *b =
+        (unsigned char *)fs_read_file(strcmp(in, "-") == 0 ? "/dev/stdin" : in, 0, len);
     if (!b) log_error("%s: cannot read %s: %s", cmd, in, strerror(errno));
     return b;
 }
