@@ -7,6 +7,11 @@
 #                                  @huggingface/tokenizers; merges as strings and as arrays
 #   tok_test.sh llama3 LOOM_DATA   Llama 3 (tokenizer.json built from llama3-tokenizer-js's
 #                                  data) vs llama3-tokenizer-js and @huggingface/tokenizers
+#   tok_test.sh variants LOOM_DATA files on GPT-2's vocabulary that exercise what GPT-2 does not
+#                                  (make_variant_json.mjs): Qwen2 layout (NFC, Qwen2 regex, chat
+#                                  markers) and SentencePiece-converted layout (character-level
+#                                  BPE, byte_fallback, Prepend/Replace, Replace/ByteFallback/Fuse/
+#                                  Strip decoders) vs @huggingface/tokenizers, encode and decode
 #   tok_test.sh spm    LOOM_DATA   SentencePiece models trained here by spm_train (BPE with
 #                                  byte fallback, unigram) vs spm_encode / spm_decode and
 #                                  python3-sentencepiece
@@ -127,6 +132,34 @@ llama3)
     roundtrip "llama3 decode round trip with specials" "$work/llama3.json" "$work/loom_sp" \
         "$work/special.txt"
     ;;
+variants)
+    need_node
+    cd "$here" || exit 1
+    corpus "$work/special.txt" --specials
+    for v in qwen2 charbpe; do
+        node make_variant_json.mjs $v "$work/$v.json" || die "make_variant_json $v"
+        node ref_encode.mjs hf "$work/special.txt" "$work/$v.json" >"$work/$v.hf" || die "hf"
+        encode "$work/$v.json" "$work/special.txt" "$work/$v.loom" --allow-special
+        same "$v --allow-special vs @huggingface/tokenizers" "$work/$v.hf" "$work/$v.loom" \
+            "$work/special.txt"
+        encode "$work/$v.json" "$work/special.txt" "$work/$v.loom_plain"
+        node ref_encode.mjs hf-decode "$work/$v.loom_plain" "$work/$v.json" >"$work/$v.hf_back" ||
+            die "hf decode"
+        "$LOOM_DATA" decode --tokenizer "$work/$v.json" --in "$work/$v.loom_plain" \
+            >"$work/$v.back" || die "loom-data decode"
+        same "$v decode vs @huggingface/tokenizers" "$work/$v.hf_back" "$work/$v.back" \
+            "$work/$v.loom_plain"
+    done
+    # The cases must have exercised the paths they are for.
+    grep -Eq '(\[|,)5025[78](,|\])' "$work/qwen2.loom" || die "qwen2: no chat marker produced"
+    cmp -s "$work/qwen2.back" "$work/special.txt" && die "qwen2: NFC changed nothing in the corpus"
+    grep -Eq '(\[|,)50(2[6-9][0-9]|3[0-9][0-9]|4[0-9][0-9]|50[0-9]|51[0-2])(,|\])' \
+        "$work/charbpe.loom" || die "charbpe: no byte-fallback token produced"
+    if grep -Eq '(\[|,)5051[34](,|\])' "$work/charbpe.loom_plain"; then
+        failed=$((failed + 1))
+        echo "FAIL: charbpe: <s>/</s> produced from plain text"
+    fi
+    ;;
 spm)
     for t in spm_train spm_encode spm_decode; do
         command -v $t >/dev/null 2>&1 || die "$t not found (apt-get install sentencepiece)"
@@ -190,7 +223,7 @@ EOF
     done
     ;;
 *)
-    die "usage: tok_test.sh gpt2|llama3|spm LOOM_DATA"
+    die "usage: tok_test.sh gpt2|llama3|variants|spm LOOM_DATA"
     ;;
 esac
 echo "$passed passed, $failed failed"

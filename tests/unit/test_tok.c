@@ -20,14 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 static char dir[256];
 
@@ -420,10 +413,5 @@ int main(void) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    if (failures) {
-        fprintf(stderr, "test_tok: %d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_tok: all checks passed\n");
-    return 0;
+    return check_summary("test_tok");
 }
