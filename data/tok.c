@@ -78,30 +78,8 @@ static void read_roles(struct tok *t, const char *file) {
     json_decref(root);
 }
 
-int tok_open(const char *path, struct tok **out, char *err, size_t errlen) {
-    char file[PATH_MAX];
-    *out = NULL;
-    if (!path || !*path) {
-        ERR("tokenizer path is empty");
-        return -1;
-    }
-    if (is_dir(path)) {
-        static const char *const names[] = {"tokenizer.json", "tokenizer.model"};
-        file[0] = 0;
-        for (size_t i = 0; i < sizeof names / sizeof *names && !file[0]; i++) {
-            snprintf(file, sizeof file, "%s/%s", path, names[i]);
-            if (!is_file(file)) file[0] = 0;
-        }
-        if (!file[0]) {
-            ERR("%s: directory holds neither tokenizer.json nor tokenizer.model", path);
-            return -1;
-        }
-    } else if (is_file(path)) {
-        snprintf(file, sizeof file, "%s", path);
-    } else {
-        ERR("%s: %s", path, errno ? strerror(errno) : "not a file or directory");
-        return -1;
-    }
+/* Load one file; its kind follows from the name. */
+static int open_file(const char *file, struct tok **out, char *err, size_t errlen) {
     const struct tok_ops *ops = NULL;
     if (ends_with(file, ".json")) {
         ops = &tok_bpe_ops;
@@ -131,6 +109,41 @@ int tok_open(const char *path, struct tok **out, char *err, size_t errlen) {
     read_roles(t, file);
     *out = t;
     return 0;
+}
+
+int tok_open(const char *path, struct tok **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!path || !*path) {
+        ERR("tokenizer path is empty");
+        return -1;
+    }
+    errno = 0;
+    if (!is_dir(path)) {
+        if (is_file(path)) return open_file(path, out, err, errlen);
+        ERR("%s: %s", path, errno ? strerror(errno) : "not a file or directory");
+        return -1;
+    }
+    /* A directory: tokenizer.json first (as transformers does); when that file uses a part
+     * Loom does not read (Metaspace, WordPiece, ...) and a tokenizer.model is beside it (Llama 2
+     * and Mistral directories ship both), the SentencePiece model gives the same ids. */
+    char json[PATH_MAX], model[PATH_MAX];
+    snprintf(json, sizeof json, "%s/tokenizer.json", path);
+    snprintf(model, sizeof model, "%s/tokenizer.model", path);
+    int has_json = is_file(json), has_model = is_file(model);
+    if (!has_json && !has_model) {
+        ERR("%s: directory holds neither tokenizer.json nor tokenizer.model", path);
+        return -1;
+    }
+    if (!has_json) return open_file(model, out, err, errlen);
+    if (open_file(json, out, err, errlen) == 0) return 0;
+    if (!has_model || !strstr(err, "not supported")) return -1;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", err);
+    if (open_file(model, out, err, errlen) == 0) return 0;
+    char second[1024];
+    snprintf(second, sizeof second, "%s", err);
+    snprintf(err, errlen, "%s (and %s)", why, second);
+    return -1;
 }
 
 void tok_free(struct tok *t) {

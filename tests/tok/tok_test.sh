@@ -216,6 +216,17 @@ for line in lines:
 EOF
         same "spm $m --allow-special vs python3-sentencepiece" "$work/$m.ref_sp" \
             "$work/$m.loom_sp" "$work/text.txt"
+        # An HF directory: tokenizer.json in a layout Loom does not read (Metaspace) beside
+        # tokenizer.model opens the model; a directory with only the model too.
+        mkdir -p "$work/dir_$m"
+        cp "$work/$m.model" "$work/dir_$m/tokenizer.model"
+        encode "$work/dir_$m" "$work/text.txt" "$work/$m.dir_only"
+        same "spm $m from a directory" "$work/$m.ref" "$work/$m.dir_only" "$work/text.txt"
+        printf '%s' '{"pre_tokenizer": {"type": "Metaspace", "replacement": "_"},
+            "model": {"type": "BPE", "vocab": {}, "merges": []}}' >"$work/dir_$m/tokenizer.json"
+        encode "$work/dir_$m" "$work/text.txt" "$work/$m.dir_both"
+        same "spm $m from a directory whose tokenizer.json is not supported" "$work/$m.ref" \
+            "$work/$m.dir_both" "$work/text.txt"
         if grep -Eq '(\[|,)[12](,|\])' "$work/$m.loom"; then
             failed=$((failed + 1))
             echo "FAIL: spm $m: <s>/</s> produced from plain text"
