@@ -11,7 +11,7 @@ loom_warnings(test_tok)
 add_test(NAME unit.tok COMMAND test_tok)
 set_tests_properties(unit.tok PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
 
-foreach(ref gpt2 llama3 variants)
+foreach(ref gpt2 llama3 variants chat)
     add_test(NAME integration.tok_${ref}
              COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/tok/tok_test.sh ${ref} $<TARGET_FILE:loom-data>)
     set_tests_properties(integration.tok_${ref} PROPERTIES LABELS integration TIMEOUT 300)

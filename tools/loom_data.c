@@ -4,6 +4,7 @@
  *   loom-data check PATTERN [--vocab-size N]
  *   loom-data encode --tokenizer PATH --in FILE [--allow-special]
  *   loom-data decode --tokenizer PATH --in FILE
+ *   loom-data chat --tokenizer PATH --template llama3|chatml|mistral --in FILE.jsonl
  *
  * prepare tokenizes text with the byte-level tokenizer (vocab 256: a token is
  * a byte; token 0, NUL, starts every document) into .bin shards (version 1,
@@ -23,7 +24,12 @@
  * plain text unless --allow-special). decode reads such lines and writes each
  * decoded text followed by a newline, so decode(encode(F)) == F for a file
  * ending in a newline. PATH is a tokenizer.json, a tokenizer.model or an HF
- * directory (data/tok.h). */
+ * directory (data/tok.h).
+ *
+ * chat renders each line's {"messages": [{"role", "content"}, ...]} with a chat
+ * template (data/chat.h) and prints {"ids": [...], "mask": [...]} (mask 1: a
+ * token the assistant wrote); --add-generation-prompt ends with an assistant
+ * header. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -41,6 +47,7 @@
 #include "common/config.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "data/chat.h"
 #include "data/tok.h"
 #include "worker/data.h"
 
@@ -53,6 +60,8 @@ struct opts {
     long vocab_size;
     char *tokenizer;
     int allow_special;
+    char *template;
+    int add_generation_prompt;
 };
 
 static const struct config_entry table[] = {
@@ -71,12 +80,17 @@ static const struct config_entry table[] = {
      "encode/decode: tokenizer.json, tokenizer.model or an HF directory holding one"},
     {"allow-special", CONFIG_BOOL, offsetof(struct opts, allow_special), "false", 1, 0,
      "encode: special tokens written in the text become their ids"},
+    {"template", CONFIG_STR, offsetof(struct opts, template), NULL, 1, 0,
+     "chat: chat template: llama3, chatml or mistral"},
+    {"add-generation-prompt", CONFIG_BOOL, offsetof(struct opts, add_generation_prompt), "false", 1,
+     0, "chat: end with the header of an assistant turn"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 static const char usage[] = "prepare --in FILES|DIR --out DIR [--val-fraction F]\n"
                             "       loom-data check PATTERN [--vocab-size N]\n"
                             "       loom-data encode --tokenizer PATH --in FILE [--allow-special]\n"
-                            "       loom-data decode --tokenizer PATH --in FILE";
+                            "       loom-data decode --tokenizer PATH --in FILE\n"
+                            "       loom-data chat --tokenizer PATH --template NAME --in FILE";
 
 /* ---- inputs ---------------------------------------------------------------- */
 
@@ -475,6 +489,75 @@ out:
     return rc;
 }
 
+/* Append "[a,b,c]" of n values to b. */
+static int put_array(struct buf *b, const uint32_t *ids, const uint8_t *mask, size_t n) {
+    int rc = buf_append_ch(b, '[');
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = buf_printf(b, i ? ",%u" : "%u", ids ? ids[i] : (unsigned)mask[i]);
+    return rc ? rc : buf_append_ch(b, ']');
+}
+
+static int cmd_chat(const struct opts *o) {
+    int rc = 1;
+    size_t len = 0;
+    struct tok_ids ids = {0};
+    struct chat_mask mask = {0};
+    struct chat_msg *msgs = NULL;
+    struct buf line_out = BUF_INIT;
+    enum chat_template tpl;
+    if (chat_template_parse(o->template, &tpl) != 0) {
+        log_error("chat: --template \"%s\" is not one of llama3, chatml, mistral",
+                  o->template ? o->template : "");
+        return 2;
+    }
+    struct tok *t = open_tokenizer("chat", o->tokenizer);
+    unsigned char *b = t ? read_input("chat", o->in, &len) : NULL;
+    if (!b) goto out;
+    FOR_EACH_LINE(b, len, line, n, lineno) {
+        char err[1024];
+        json_error_t je;
+        json_t *root = json_loadb(line, n, 0, &je), *list = json_object_get(root, "messages");
+        size_t nm = json_array_size(list), i;
+        json_t *m;
+        free(msgs);
+        msgs = calloc(nm ? nm : 1, sizeof *msgs);
+        int bad = !json_is_array(list) || !msgs;
+        json_array_foreach(list, i, m) {
+            msgs[i].role = json_string_value(json_object_get(m, "role"));
+            msgs[i].content = json_string_value(json_object_get(m, "content"));
+        }
+        ids.n = mask.n = 0;
+        if (bad) {
+            log_error(
+                "chat: %s line %zu: expected {\"messages\": [{\"role\", \"content\"}...]}%s%s",
+                o->in, lineno, root ? "" : ": ", root ? "" : je.text);
+        } else if (chat_render(t, tpl, msgs, nm, o->add_generation_prompt, &ids, &mask, err,
+                               sizeof err) != 0) {
+            log_error("chat: %s line %zu: %s", o->in, lineno, err);
+            bad = 1;
+        }
+        json_decref(root);
+        if (bad) goto out;
+        buf_reset(&line_out);
+        if (buf_append_str(&line_out, "{\"ids\":") || put_array(&line_out, ids.v, NULL, ids.n) ||
+            buf_append_str(&line_out, ",\"mask\":") || put_array(&line_out, NULL, mask.v, mask.n) ||
+            buf_append_str(&line_out, "}\n")) {
+            log_error("chat: out of memory");
+            goto out;
+        }
+        fwrite(line_out.p, 1, line_out.len, stdout);
+    }
+    rc = fflush(stdout) == 0 ? 0 : 1;
+out:
+    free(msgs);
+    free(b);
+    buf_free(&line_out);
+    tok_ids_free(&ids);
+    chat_mask_free(&mask);
+    tok_free(t);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     struct opts o;
     memset(&o, 0, sizeof o);
@@ -494,6 +577,8 @@ int main(int argc, char **argv) {
         rc = cmd_encode(&o);
     } else if (npos == 1 && strcmp(pos[0], "decode") == 0) {
         rc = cmd_decode(&o);
+    } else if (npos == 1 && strcmp(pos[0], "chat") == 0) {
+        rc = cmd_chat(&o);
     } else {
         config_print_help(table, NTABLE, "loom-data", usage, stderr);
         rc = 2;

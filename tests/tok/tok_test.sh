@@ -12,6 +12,12 @@
 #                                  markers) and SentencePiece-converted layout (character-level
 #                                  BPE, byte_fallback, Prepend/Replace, Replace/ByteFallback/Fuse/
 #                                  Strip decoders) vs @huggingface/tokenizers, encode and decode
+#   tok_test.sh chat   LOOM_DATA   `loom-data chat` (data/chat.c) on tests/tok/chat_cases.jsonl:
+#                                  llama3 and chatml against chat_ref.mjs (the published
+#                                  templates written out in JS, @huggingface/tokenizers), ids
+#                                  and assistant mask, and against the whole rendered string;
+#                                  mistral against chat_mistral_ref.py (python3-sentencepiece,
+#                                  built the way mistral-common builds it)
 #   tok_test.sh spm    LOOM_DATA   SentencePiece models trained here by spm_train (BPE with
 #                                  byte fallback, unigram) vs spm_encode / spm_decode and
 #                                  python3-sentencepiece
@@ -160,6 +166,59 @@ variants)
         echo "FAIL: charbpe: <s>/</s> produced from plain text"
     fi
     ;;
+chat)
+    need_node
+    command -v spm_train >/dev/null 2>&1 || die "spm_train not found (apt-get install sentencepiece)"
+    /usr/bin/python3 -c 'import sentencepiece' 2>/dev/null || die "python3-sentencepiece missing"
+    cd "$here" || exit 1
+    node make_llama3_json.mjs "$work/llama3.json" || die "make_llama3_json"
+    node make_variant_json.mjs qwen2 "$work/chatml.json" || die "make_variant_json"
+    sed 4d chat_cases.jsonl >"$work/no_markers.jsonl" # case 4 writes marker text in messages
+    for t in llama3 chatml; do
+        for g in "" --gen; do
+            node chat_ref.mjs $t "$work/$t.json" chat_cases.jsonl $g >"$work/$t$g.ref" ||
+                die "chat_ref $t"
+            "$LOOM_DATA" chat --tokenizer "$work/$t.json" --template $t --in chat_cases.jsonl \
+                ${g:+--add-generation-prompt} >"$work/$t$g.loom" || die "loom-data chat $t"
+            same "chat $t$g ids and mask vs chat_ref.mjs" "$work/$t$g.ref" "$work/$t$g.loom" \
+                chat_cases.jsonl
+        done
+        node chat_ref.mjs $t "$work/$t.json" "$work/no_markers.jsonl" --whole >"$work/$t.whole" ||
+            die "chat_ref whole"
+        "$LOOM_DATA" chat --tokenizer "$work/$t.json" --template $t --in "$work/no_markers.jsonl" |
+            sed 's/^{"ids":\(\[[^]]*\]\).*/\1/' >"$work/$t.whole_loom"
+        same "chat $t vs the rendered string tokenized whole" "$work/$t.whole" \
+            "$work/$t.whole_loom" "$work/no_markers.jsonl"
+    done
+    grep -q '"mask":\[[0,]*1' "$work/llama3.loom" || die "chat: no assistant token masked"
+    cat /usr/share/common-licenses/* >"$work/lic.txt" 2>/dev/null
+    spm_train --input="$work/lic.txt" --model_prefix="$work/m" --vocab_size=2000 \
+        --model_type=bpe --byte_fallback=true --minloglevel=2 >"$work/train.log" 2>&1 ||
+        die "spm_train: $(tail -3 "$work/train.log")"
+    # mistral: roles must alternate and end with an assistant or user turn (all cases do).
+    "$LOOM_DATA" chat --tokenizer "$work/m.model" --template mistral --in chat_cases.jsonl \
+        >"$work/mistral.loom" || die "loom-data chat mistral"
+    /usr/bin/python3 chat_mistral_ref.py "$work/m.model" chat_cases.jsonl >"$work/mistral.ref" ||
+        die "chat_mistral_ref.py"
+    same "chat mistral vs python3-sentencepiece" "$work/mistral.ref" "$work/mistral.loom" \
+        chat_cases.jsonl
+    # Errors: a template whose markers the tokenizer lacks, roles out of order, a bad name.
+    printf '%s\n' '{"messages": [{"role": "assistant", "content": "x"}]}' >"$work/bad.jsonl"
+    for c in "llama3|no <|begin_of_text|> token" 'mistral|expected "user"' "vicuna|is not one of"; do
+        t=${c%%|*} want=${c#*|}
+        if "$LOOM_DATA" chat --tokenizer "$work/m.model" --template "$t" --in "$work/bad.jsonl" \
+            >/dev/null 2>"$work/err.txt"; then
+            failed=$((failed + 1))
+            echo "FAIL: chat $t on bad input succeeded"
+        elif grep -qF -- "$want" "$work/err.txt"; then
+            passed=$((passed + 1))
+            echo "ok: chat $t error: $(tail -1 "$work/err.txt" | cut -c1-160)"
+        else
+            failed=$((failed + 1))
+            echo "FAIL: chat $t error lacks '$want': $(cat "$work/err.txt")"
+        fi
+    done
+    ;;
 spm)
     for t in spm_train spm_encode spm_decode; do
         command -v $t >/dev/null 2>&1 || die "$t not found (apt-get install sentencepiece)"
@@ -234,7 +293,7 @@ EOF
     done
     ;;
 *)
-    die "usage: tok_test.sh gpt2|llama3|variants|spm LOOM_DATA"
+    die "usage: tok_test.sh gpt2|llama3|variants|chat|spm LOOM_DATA"
     ;;
 esac
 echo "$passed passed, $failed failed"
