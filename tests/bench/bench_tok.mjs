@@ -3,7 +3,8 @@
 //   node bench_tok.mjs TOKENIZER_JSON TEXT IMPL THREADS
 // IMPL: tiktoken (WASM, "gpt2" encoding), js-tiktoken (pure JS, gpt2 ranks), hf
 // (@huggingface/tokenizers loading TOKENIZER_JSON). THREADS > 1 deals the chunks round-robin
-// to worker_threads. A warm-up on the first 16 chunks of each thread, then a timed pass over all; prints one
+// to worker_threads. Wall time and the process's CPU time (all threads) of the timed pass are
+// reported. A warm-up on the first 16 chunks of each thread, then a timed pass over all; prints one
 // JSON line.
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -66,24 +67,30 @@ if (!isMainThread) {
   const [tokPath, text, impl, threadsArg] = process.argv.slice(2);
   const n = Number(threadsArg || 1);
   const bytes = readFileSync(text).length;
-  let tokens = 0, secs = 0;
+  let tokens = 0, secs = 0, cpu0, cpuUsed;
   if (n === 1) {
     const { enc, mine } = await work(impl, tokPath, text, 0, 1);
     pass(enc, mine.slice(0, 16));
+    cpu0 = process.cpuUsage(); // the whole process: worker threads included
     const t0 = process.hrtime.bigint();
     tokens = pass(enc, mine);
     secs = Number(process.hrtime.bigint() - t0) / 1e9;
+    cpuUsed = process.cpuUsage(cpu0);
   } else {
     const ws = [];
     for (let i = 0; i < n; i++)
       ws.push(new Worker(new URL(import.meta.url), { workerData: { impl, tokPath, text, tid: i, n } }));
     await Promise.all(ws.map((w) => new Promise((r) => w.once("message", r))));
+    cpu0 = process.cpuUsage();
     const t0 = process.hrtime.bigint();
     const res = await Promise.all(ws.map((w) => new Promise((r) => { w.once("message", r); w.postMessage("go"); })));
     secs = Number(process.hrtime.bigint() - t0) / 1e9;
     tokens = res.reduce((a, r) => a + r.tokens, 0);
+    cpuUsed = process.cpuUsage(cpu0);
     await Promise.all(ws.map((w) => w.terminate()));
   }
+  const cpu = (cpuUsed.user + cpuUsed.system) / 1e6;
   console.log(JSON.stringify({ impl, threads: n, bytes, tokens, seconds: Number(secs.toFixed(3)),
-    mb_per_s: Number((bytes / secs / 1e6).toFixed(2)) }));
+    mb_per_s: Number((bytes / secs / 1e6).toFixed(2)), cpu_seconds: Number(cpu.toFixed(3)),
+    mb_per_cpu_s: Number((bytes / cpu / 1e6).toFixed(2)) }));
 }
