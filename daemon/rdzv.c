@@ -1,7 +1,7 @@
 /* Rendezvous handlers (see rdzv.h). */
 #include "daemon/rdzv.h"
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -16,14 +16,14 @@
 
 /* Finds the active attempt named by the path and checks the bearer token.
  * Caller holds c->mu. Returns the attempt, or NULL after answering. */
-static struct cl_attempt *authorize(struct http_req *req, struct cluster *c, int *answered) {
+static struct cluster_attempt *authorize(struct http_req *req, struct cluster *c, int *answered) {
     const char *job = http_param(req, "job");
     const char *att = http_param(req, "attempt");
     const char *tok = req->bearer;
     *answered = 0;
     char *end = NULL;
     long attempt = att ? strtol(att, &end, 10) : -1;
-    struct cl_attempt *a = NULL;
+    struct cluster_attempt *a = NULL;
     if (job && att && end && !*end && attempt >= 0) a = cluster_attempt_find(c, job, (int)attempt);
     size_t tl = tok ? strlen(tok) : 0;
     if (!a || a->phase != ATTEMPT_ACTIVE || tl != strlen(a->token) ||
@@ -69,7 +69,7 @@ int rdzv_put(struct http_req *req) {
                           json_string_length(value), RDZV_MAX_VALUE);
     pthread_mutex_lock(&c->mu);
     int answered = 0;
-    struct cl_attempt *a = authorize(req, c, &answered);
+    struct cluster_attempt *a = authorize(req, c, &answered);
     if (!a) {
         pthread_mutex_unlock(&c->mu);
         return 0;
@@ -115,7 +115,7 @@ int rdzv_get_key(struct http_req *req) {
     for (;;) {
         pthread_mutex_lock(&c->mu);
         int answered = 0;
-        struct cl_attempt *a = authorize(req, c, &answered);
+        struct cluster_attempt *a = authorize(req, c, &answered);
         if (!a) {
             pthread_mutex_unlock(&c->mu);
             return 0;

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -66,7 +66,7 @@ int staging_report(struct http_req *req) {
     int ok = 0;
     if (c) {
         pthread_mutex_lock(&c->mu);
-        struct cl_attempt *a = cluster_attempt_find(c, job, attempt);
+        struct cluster_attempt *a = cluster_attempt_find(c, job, attempt);
         if (a && req->bearer) {
             size_t n = strlen(a->token);
             unsigned diff = strlen(req->bearer) != n;
