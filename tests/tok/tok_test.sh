@@ -107,6 +107,26 @@ gpt2)
         failed=$((failed + 1))
         echo "FAIL: special token 50256 produced from plain text without --allow-special"
     fi
+    # CLI errors name the file, the line and the value, and exit non-zero.
+    printf '[464,1049]\n[464,999999]\n' >"$work/bad_id.txt"
+    printf '[464]\n[464,"x"]\n' >"$work/bad_json.txt"
+    printf 'ok\n\377\n' >"$work/bad_utf8.txt"
+    for c in "decode|$work/gpt2.json|$work/bad_id.txt|line 2: .*token id 999999 at position 1" \
+        "decode|$work/gpt2.json|$work/bad_json.txt|line 2: expected a JSON array of token ids" \
+        "encode|$work/gpt2.json|$work/bad_utf8.txt|line 2: .*not valid UTF-8 at byte 0" \
+        "encode|$work/nope.json|$work/bad_id.txt|nope.json: No such file"; do
+        cmd=${c%%|*} rest=${c#*|} tk=${rest%%|*} rest=${rest#*|} in=${rest%%|*} want=${rest#*|}
+        if "$LOOM_DATA" $cmd --tokenizer "$tk" --in "$in" >"$work/cli.out" 2>"$work/cli.err"; then
+            failed=$((failed + 1))
+            echo "FAIL: loom-data $cmd $in succeeded"
+        elif grep -Eq -- "$want" "$work/cli.err"; then
+            passed=$((passed + 1))
+            echo "ok: loom-data $cmd error: $(tail -1 "$work/cli.err" | cut -c40-200)"
+        else
+            failed=$((failed + 1))
+            echo "FAIL: loom-data $cmd error lacks '$want': $(cat "$work/cli.err")"
+        fi
+    done
     roundtrip "gpt2 decode round trip with specials" "$work/gpt2.json" "$work/special.loom_sp" \
         "$work/special.txt"
     node ref_encode.mjs hf-decode "$work/special.loom_sp" "$work/gpt2.json" >"$work/hf_back.txt"
