@@ -7,6 +7,8 @@
 #                                  @huggingface/tokenizers; merges as strings and as arrays
 #   tok_test.sh llama3 LOOM_DATA   Llama 3 (tokenizer.json built from llama3-tokenizer-js's
 #                                  data) vs llama3-tokenizer-js and @huggingface/tokenizers
+#   tok_test.sh cl100k LOOM_DATA   a tiktoken-style tokenizer.json (make_cl100k_json.mjs: merges
+#                                  derived from js-tiktoken's cl100k_base ranks) vs js-tiktoken
 #   tok_test.sh variants LOOM_DATA files on GPT-2's vocabulary that exercise what GPT-2 does not
 #                                  (make_variant_json.mjs): Qwen2 layout (NFC, Qwen2 regex, chat
 #                                  markers) and SentencePiece-converted layout (character-level
@@ -157,6 +159,23 @@ llama3)
     roundtrip "llama3 decode round trip" "$work/llama3.json" "$work/loom_plain" "$work/special.txt"
     roundtrip "llama3 decode round trip with specials" "$work/llama3.json" "$work/loom_sp" \
         "$work/special.txt"
+    ;;
+cl100k)
+    need_node
+    [ -d "$here/node_modules/js-tiktoken" ] || die "npm package js-tiktoken missing (run tools/setup.sh)"
+    cd "$here" || exit 1
+    corpus "$work/special.txt" --specials
+    node make_cl100k_json.mjs "$work/cl100k.json" || die "make_cl100k_json"
+    node ref_encode.mjs js-tiktoken-cl100k "$work/special.txt" >"$work/ref" || die "js-tiktoken"
+    node ref_encode.mjs js-tiktoken-cl100k-special "$work/special.txt" >"$work/ref_sp" ||
+        die "js-tiktoken"
+    encode "$work/cl100k.json" "$work/special.txt" "$work/loom"
+    encode "$work/cl100k.json" "$work/special.txt" "$work/loom_sp" --allow-special
+    same "cl100k vs js-tiktoken (specials as text)" "$work/ref" "$work/loom" "$work/special.txt"
+    same "cl100k --allow-special vs js-tiktoken (all specials allowed)" "$work/ref_sp" \
+        "$work/loom_sp" "$work/special.txt"
+    grep -q '100257' "$work/loom_sp" || die "--allow-special produced no <|endoftext|>"
+    roundtrip "cl100k decode round trip" "$work/cl100k.json" "$work/loom_sp" "$work/special.txt"
     ;;
 variants)
     need_node
@@ -313,7 +332,7 @@ EOF
     done
     ;;
 *)
-    die "usage: tok_test.sh gpt2|llama3|variants|chat|spm LOOM_DATA"
+    die "usage: tok_test.sh gpt2|llama3|cl100k|variants|chat|spm LOOM_DATA"
     ;;
 esac
 echo "$passed passed, $failed failed"
