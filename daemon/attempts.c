@@ -10,6 +10,7 @@
 #include "daemon/attempts.h"
 
 #include "common/log.h"
+#include "common/token.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
@@ -17,7 +18,6 @@
 #include "daemon/store.h"
 
 #include <errno.h>
-#include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -530,14 +530,6 @@ static void finalize_attempt(struct cluster *c, struct changes *cs, struct cl_at
     }
 }
 
-static void rand_hex(char *out, size_t bytes) {
-    unsigned char r[16];
-    if (bytes > sizeof r) bytes = sizeof r;
-    if (RAND_bytes(r, (int)bytes) != 1) memset(r, 0, sizeof r);
-    for (size_t i = 0; i < bytes; i++)
-        sprintf(out + 2 * i, "%02x", r[i]);
-}
-
 /* ---- one pass of the loop ---- */
 
 static void loop_pass(struct loomd *ld) {
@@ -760,7 +752,7 @@ static void loop_pass(struct loomd *ld) {
                 avoid_take(c, j->id, 1);
                 struct cl_attempt *a = calloc(1, sizeof *a);
                 struct cl_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
-                if (!a || !ranks) {
+                if (!a || !ranks || auth_new_token(a->token, sizeof a->token) != 0) {
                     free(a);
                     free(ranks);
                     continue;
@@ -778,7 +770,6 @@ static void loop_pass(struct loomd *ld) {
                 a->started_ms = now;
                 a->last_progress_ms = now;
                 a->rdzv = json_object();
-                if (auth_new_token(a->token, sizeof a->token) != 0) rand_hex(a->token, 16);
                 json_t *pl = json_array();
                 char summary[256] = "";
                 size_t off = 0;
@@ -997,7 +988,11 @@ int cluster_start(struct loomd *ld) {
     http_notify_init(&c->rdzv);
     http_notify_init(&c->logs);
     http_notify_init(&c->wake);
-    rand_hex(c->epoch, 8);
+    if (token_hex(c->epoch, sizeof c->epoch, 8) != 0) {
+        log_error("cluster: no random bytes for the epoch");
+        free(c);
+        return -1;
+    }
     snprintf(c->logs_dir, sizeof c->logs_dir, "%s/logs", ld->cfg.data_dir);
     if (mkdir(c->logs_dir, 0755) != 0 && errno != EEXIST) {
         log_error("cluster: cannot create %s: %s", c->logs_dir, strerror(errno));
