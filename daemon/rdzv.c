@@ -16,6 +16,18 @@
 
 /* ---- the protocol ---- */
 
+/* Locks the scope and finds the request's key table. NULL after answering
+ * the 403 (*rc is the handler's result; the lock is released then). */
+static json_t *lock_table(struct http_req *req, const struct rdzv_scope *s, int *rc) {
+    pthread_mutex_lock(s->mu);
+    json_t *t = s->table(req, s->arg);
+    if (!t) {
+        *rc = s->deny(req, s->arg);
+        pthread_mutex_unlock(s->mu);
+    }
+    return t;
+}
+
 int rdzv_scope_put(struct http_req *req, const struct rdzv_scope *s) {
     const char *key = http_param(req, "key");
     json_t *value = json_object_get(req->json, "value");
@@ -24,13 +36,9 @@ int rdzv_scope_put(struct http_req *req, const struct rdzv_scope *s) {
     if (json_string_length(value) > RDZV_MAX_VALUE)
         return http_error(req, 413, "PAYLOAD_TOO_LARGE", "value is %zu bytes; at most %d",
                           json_string_length(value), RDZV_MAX_VALUE);
-    pthread_mutex_lock(s->mu);
-    json_t *t = s->table(req, s->arg);
-    if (!t) {
-        int rc = s->deny(req, s->arg);
-        pthread_mutex_unlock(s->mu);
-        return rc;
-    }
+    int rc = 0;
+    json_t *t = lock_table(req, s, &rc);
+    if (!t) return rc;
     json_t *old = json_object_get(t, key);
     if (old && !json_equal(old, value)) {
         pthread_mutex_unlock(s->mu);
@@ -64,13 +72,9 @@ int rdzv_scope_get(struct http_req *req, const struct rdzv_scope *s) {
     if (wait_ms > s->max_wait_ms) wait_ms = s->max_wait_ms;
     uint64_t gen = http_notify_gen(s->notify);
     for (;;) {
-        pthread_mutex_lock(s->mu);
-        json_t *t = s->table(req, s->arg);
-        if (!t) {
-            int rc = s->deny(req, s->arg);
-            pthread_mutex_unlock(s->mu);
-            return rc;
-        }
+        int rc = 0;
+        json_t *t = lock_table(req, s, &rc);
+        if (!t) return rc;
         json_t *v = json_object_get(t, key);
         if (v) {
             json_t *reply = json_pack("{s:O}", "value", v);
