@@ -22,12 +22,22 @@
 
 #include "api/model.h"
 
-#define JOBSPEC_NAME_MAX      64   /* job name incl. NUL */
-#define JOBSPEC_PATH_MAX      1024 /* data path incl. NUL */
-#define JOBSPEC_LABELS_MAX    32
-#define JOBSPEC_LABEL_KEY_MAX 64  /* incl. NUL */
-#define JOBSPEC_LABEL_VAL_MAX 256 /* incl. NUL */
-#define JOBSPEC_WORLD_MAX     16384
+#define JOBSPEC_NAME_MAX          64   /* job name incl. NUL */
+#define JOBSPEC_PATH_MAX          1024 /* data path incl. NUL */
+#define JOBSPEC_LABELS_MAX        32
+#define JOBSPEC_LABEL_KEY_MAX     64  /* incl. NUL */
+#define JOBSPEC_LABEL_VAL_MAX     256 /* incl. NUL */
+#define JOBSPEC_WORLD_MAX         16384
+#define JOBSPEC_ID_MAX            64 /* job id incl. NUL */
+#define JOBSPEC_AFTER_MAX         32 /* jobs in `after` */
+#define JOBSPEC_GPU_TYPES_MAX     8
+#define JOBSPEC_GPU_TYPE_MAX      32 /* incl. NUL */
+#define JOBSPEC_KEY_MAX           64 /* data.text_key, array keys, incl. NUL */
+#define JOBSPEC_LORA_TARGETS_MAX  8
+#define JOBSPEC_ARRAY_KEYS_MAX    8
+#define JOBSPEC_ARRAY_VALUES_MAX  64
+#define JOBSPEC_ARRAY_TEXT_MAX    2048 /* one key's values as compact JSON, incl. NUL */
+#define JOBSPEC_ARRAY_MEMBERS_MAX 256  /* product of the value counts */
 
 /* One error answer: HTTP status (400 malformed, 422 invalid spec), a stable
  * upper-case code, the JSON path of the offending field ("" when the rule
@@ -47,17 +57,45 @@ int loom_error_set(struct loom_error *e, int status, const char *code, const cha
 json_t *loom_error_to_json(const struct loom_error *e);
 
 enum jobspec_schedule { JOBSPEC_SCHED_COSINE = 0, JOBSPEC_SCHED_LINEAR, JOBSPEC_SCHED_CONSTANT };
-enum jobspec_precision { JOBSPEC_PREC_BF16 = 0, JOBSPEC_PREC_FP32 };
+enum jobspec_precision { JOBSPEC_PREC_BF16 = 0, JOBSPEC_PREC_FP32, JOBSPEC_PREC_FP8 };
 enum jobspec_recompute {
     JOBSPEC_RECOMPUTE_NONE = 0,
     JOBSPEC_RECOMPUTE_SELECTIVE,
     JOBSPEC_RECOMPUTE_FULL
 };
 enum jobspec_device { JOBSPEC_DEV_CUDA = 0, JOBSPEC_DEV_CPU };
+/* Fine-tuning contract (../shared/ARCHITECTURE.md "Fine-tuning contract"). */
+enum jobspec_data_format {
+    JOBSPEC_FMT_BIN = 0, /* token shards (.bin) */
+    JOBSPEC_FMT_TEXT,
+    JOBSPEC_FMT_JSONL,
+    JOBSPEC_FMT_CHAT,
+    JOBSPEC_FMT_COMPLETION,
+    JOBSPEC_FMT_WEBDATASET
+};
+/* JOBSPEC_CHAT_NONE: not set (the field is absent from the canonical form). */
+enum jobspec_chat_template {
+    JOBSPEC_CHAT_NONE = 0,
+    JOBSPEC_CHAT_LLAMA3,
+    JOBSPEC_CHAT_CHATML,
+    JOBSPEC_CHAT_MISTRAL
+};
+enum jobspec_overlong { JOBSPEC_OVERLONG_TRUNCATE = 0, JOBSPEC_OVERLONG_DROP };
+enum jobspec_loss_on { JOBSPEC_LOSS_ALL = 0, JOBSPEC_LOSS_ASSISTANT, JOBSPEC_LOSS_COMPLETION };
+enum jobspec_packing { JOBSPEC_PACK_CONCAT = 0, JOBSPEC_PACK_DOCUMENT };
+enum jobspec_quantize { JOBSPEC_QUANT_NONE = 0, JOBSPEC_QUANT_NF4 };
 
 struct jobspec_label {
     char key[JOBSPEC_LABEL_KEY_MAX];
     char value[JOBSPEC_LABEL_VAL_MAX];
+};
+
+/* One `array` entry: a dotted spec key and the values it takes, kept as
+ * their compact JSON array text (each value checked against the key's row). */
+struct jobspec_array_key {
+    char key[JOBSPEC_KEY_MAX];
+    int n_values;
+    char values[JOBSPEC_ARRAY_TEXT_MAX];
 };
 
 struct loom_spec {
@@ -68,10 +106,19 @@ struct loom_spec {
     /* model.family, model.preset ("" when sizes are all explicit) and the
      * resolved sizes (preset, then explicit overrides). */
     struct model_config model;
+    /* model.init_from: "" (random init), an absolute HF directory, "job:<id>"
+     * (that job's newest checkpoint) or "job:<id>@<step>". */
+    char init_from[JOBSPEC_PATH_MAX];
 
     struct {
         char train[JOBSPEC_PATH_MAX]; /* absolute; glob allowed in the last component */
         char val[JOBSPEC_PATH_MAX];   /* "" when absent */
+        enum jobspec_data_format format;
+        char tokenizer[JOBSPEC_PATH_MAX]; /* "": the tokenizer of model.init_from */
+        enum jobspec_chat_template chat_template;
+        char text_key[JOBSPEC_KEY_MAX]; /* jsonl: the field holding the text */
+        double val_fraction;            /* 0..0.5 of train held out, 0: none */
+        enum jobspec_overlong overlong;
     } data;
 
     struct {
@@ -93,8 +140,20 @@ struct loom_spec {
         enum jobspec_precision precision;
         enum jobspec_recompute recompute;
         int offload_optimizer;
-        int64_t eval_every;   /* steps between evaluations, 0: off */
-        int64_t eval_batches; /* micro-batches per evaluation */
+        int64_t eval_every;          /* steps between evaluations, 0: off */
+        int64_t eval_batches;        /* micro-batches per evaluation */
+        double recompute_budget_gib; /* > 0: recompute as {"budget_gib": N} (recompute unused) */
+        enum jobspec_loss_on loss_on;
+        enum jobspec_packing packing;
+        struct {
+            int enabled; /* train.lora present */
+            int rank;
+            double alpha, dropout;
+            int n_targets;
+            /* validated against the family's list, kept in that list's order */
+            char targets[JOBSPEC_LORA_TARGETS_MAX][8];
+        } lora;
+        enum jobspec_quantize quantize_base;
     } train;
 
     struct {
@@ -103,12 +162,26 @@ struct loom_spec {
     } checkpoint;
 
     struct {
+        int hf;   /* write an HF directory at the end */
+        int lora; /* write a PEFT adapter at the end (needs train.lora) */
+    } export;
+
+    struct {
         enum jobspec_device device;
         int gpus_per_node; /* most ranks of this job on one node */
+        int n_gpu_types;   /* 0: any GPU type */
+        char gpu_type[JOBSPEC_GPU_TYPES_MAX][JOBSPEC_GPU_TYPE_MAX];
+        int allow_mixed; /* ranks may land on different GPU types */
     } resources;
 
     int priority; /* 0..100, higher first */
     int max_retries;
+    int64_t max_runtime_s; /* 0: no limit */
+    int n_after;
+    char after[JOBSPEC_AFTER_MAX][JOBSPEC_ID_MAX]; /* job ids that must succeed first */
+    int preemptible;
+    int n_array;
+    struct jobspec_array_key array[JOBSPEC_ARRAY_KEYS_MAX];
 };
 
 /* Derived numbers (pure functions of a valid spec). */
@@ -126,6 +199,11 @@ struct jobspec_derived {
 
 /* Flags for jobspec_parse. */
 #define JOBSPEC_FOR_PLAN 0x1u /* data paths optional (POST /v1/plan, loomctl plan) */
+/* Also parse every member of an `array` (jobspec_array_member of `j`) and
+ * refuse the spec when one is invalid (POST /v1/jobs). Apply it to the body
+ * as submitted: the canonical form fills defaults derived from other fields
+ * (global_batch_tokens from dp), which an array may then contradict. */
+#define JOBSPEC_ARRAY_MEMBERS 0x2u
 
 /* Set every field to its default (no model, no data). */
 void jobspec_init(struct loom_spec *s);
@@ -157,6 +235,16 @@ const char *jobspec_schedule_name(enum jobspec_schedule v);
 const char *jobspec_precision_name(enum jobspec_precision v);
 const char *jobspec_recompute_name(enum jobspec_recompute v);
 const char *jobspec_device_name(enum jobspec_device v);
+const char *jobspec_data_format_name(enum jobspec_data_format v);
+
+/* Number of jobs the spec's `array` expands to (1 without `array`). */
+size_t jobspec_array_size(const struct loom_spec *s);
+/* Member `i` (0 <= i < jobspec_array_size) of an array submission: a deep
+ * copy of `body` (the spec as submitted, borrowed) without "array", with
+ * each array key set to its value for this member (the last key varies
+ * fastest). New reference, or NULL when out of memory or `i` is out of
+ * range. jobspec_parse already checked that every member is a valid spec. */
+json_t *jobspec_array_member(const struct loom_spec *s, const json_t *body, size_t i);
 
 /* ---- data-path confinement ---- */
 

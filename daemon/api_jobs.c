@@ -159,7 +159,7 @@ int api_jobs_submit(struct http_req *req) {
                    IDEM_KEY_MAX);
         goto out;
     }
-    if (jobspec_parse(spec, req->json, 0, &err) != 0) {
+    if (jobspec_parse(spec, req->json, JOBSPEC_ARRAY_MEMBERS, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
     }

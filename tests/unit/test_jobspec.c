@@ -18,6 +18,19 @@
 #define G2  "'model':{'family':'gpt2','preset':'124m'}"
 #define DT  "'data':{'train':'/data/fw/train_*.bin'}"
 #define MIN G2 "," DT
+/* ../shared/ARCHITECTURE.md "Fine-tuning contract", every field set */
+#define FT_EXAMPLE                                                                                 \
+    "{'model':{'family':'llama','preset':'1b','init_from':'/data/models/Llama-3.2-1B'},"           \
+    "'data':{'train':'/data/chat/*.jsonl','format':'chat','tokenizer':'/data/models/"              \
+    "Llama-3.2-1B',"                                                                               \
+    "'chat_template':'llama3','text_key':'text','val_fraction':0.01,'overlong':'truncate'},"       \
+    "'train':{'loss_on':'assistant','packing':'document','lora':{'rank':16,'alpha':32,"            \
+    "'dropout':0.0,'targets':['q','k','v','o','gate','up','down']},'quantize_base':'nf4',"         \
+    "'precision':'bf16','recompute':{'budget_gib':20},'micro_batch':1},"                           \
+    "'export':{'hf':true,'lora':true},"                                                            \
+    "'resources':{'device':'cuda','gpu_type':'H100-SXM','gpus_per_node':8,'allow_mixed':false},"   \
+    "'max_runtime_s':86400,'after':['j-d1b9522f5b1a'],'preemptible':true,"                         \
+    "'array':{'train.lr':[1e-4,3e-4]}}"
 
 struct tcase {
     const char *what;
@@ -201,6 +214,171 @@ static const struct tcase cases[] = {
      NULL},
     {"sql-looking name", "{" MIN ",'name':'x\\u0027; DROP TABLE jobs;--'}", 0, 422, "INVALID_NAME",
      "name", NULL},
+    /* ---- fine-tuning contract: valid ---- */
+    {"fine-tuning contract example", FT_EXAMPLE, 0, 0, NULL, NULL, NULL},
+    {"init_from a job step, text with the job's tokenizer",
+     "{'model':{'family':'gpt2','preset':'124m','init_from':'job:j-d1b9522f5b1a@200'},"
+     "'data':{'train':'/d/*.txt','format':'text'}}",
+     0, 0, NULL, NULL, NULL},
+    {"init_from a job", "{'model':{'family':'gpt2','preset':'124m','init_from':'job:j-1'}," DT "}",
+     0, 0, NULL, NULL, NULL},
+    {"gpu_type list, fp8, recompute budget",
+     "{" MIN ",'resources':{'gpu_type':['H100-SXM','H200'],'allow_mixed':true},"
+     "'train':{'precision':'fp8','recompute':{'budget_gib':12.5}}}",
+     0, 0, NULL, NULL, NULL},
+    {"gpt2 lora targets, any order",
+     "{" MIN ",'train':{'lora':{'rank':4,'targets':['fc2','attn']}},'export':{'lora':true}}", 0, 0,
+     NULL, NULL, NULL},
+    {"eval from val_fraction",
+     "{" G2 ",'data':{'train':'/d/a.jsonl','format':'jsonl','tokenizer':'/m/tokenizer.json',"
+     "'text_key':'body','val_fraction':0.5,'overlong':'drop'},'train':{'eval_every':10}}",
+     0, 0, NULL, NULL, NULL},
+    {"array over two keys", "{" MIN ",'array':{'train.seed':[1,2,3],'parallel.dp':[1,2]}}",
+     JOBSPEC_ARRAY_MEMBERS, 0, NULL, NULL, NULL},
+    {"completion loss",
+     "{" G2 ",'data':{'train':'/d/c.jsonl','format':'completion',"
+     "'tokenizer':'/m'},'train':{'loss_on':'completion','packing':'document'}}",
+     0, 0, NULL, NULL, NULL},
+    {"plan needs no tokenizer", "{" G2 ",'data':{'format':'chat'}}", JOBSPEC_FOR_PLAN, 0, NULL,
+     NULL, NULL},
+    /* ---- fine-tuning contract: bad values ---- */
+    {"init_from relative",
+     "{'model':{'family':'gpt2','preset':'124m','init_from':'models/x'}," DT "}", 0, 422,
+     "INVALID_INIT_FROM", "model.init_from", "models/x"},
+    {"init_from dot-dot",
+     "{'model':{'family':'gpt2','preset':'124m','init_from':'/m/../x'}," DT "}", 0, 422,
+     "INVALID_INIT_FROM", "model.init_from", "/m/../x"},
+    {"init_from job without id",
+     "{'model':{'family':'gpt2','preset':'124m','init_from':'job:'}," DT "}", 0, 422,
+     "INVALID_INIT_FROM", "model.init_from", "job:"},
+    {"init_from job step not a number",
+     "{'model':{'family':'gpt2','preset':'124m','init_from':'job:j-1@last'}," DT "}", 0, 422,
+     "INVALID_INIT_FROM", "model.init_from", "job:j-1@last"},
+    {"init_from job id with space",
+     "{'model':{'family':'gpt2','preset':'124m','init_from':'job:j 1'}," DT "}", 0, 422,
+     "INVALID_INIT_FROM", "model.init_from", NULL},
+    {"init_from number", "{'model':{'family':'gpt2','preset':'124m','init_from':3}," DT "}", 0, 422,
+     "WRONG_TYPE", "model.init_from", NULL},
+    {"format csv", "{" G2 ",'data':{'train':'/d/a.csv','format':'csv'}}", 0, 422, "INVALID_VALUE",
+     "data.format", "\"csv\" is not one of bin|text|jsonl|chat|completion|webdataset"},
+    {"tokenizer relative",
+     "{" G2 ",'data':{'train':'/d/a.txt','format':'text',"
+     "'tokenizer':'tok.json'}}",
+     0, 422, "DATA_PATH_INVALID", "data.tokenizer", "tok.json"},
+    {"text without tokenizer", "{" G2 ",'data':{'train':'/d/a.txt','format':'text'}}", 0, 422,
+     "MISSING_FIELD", "data.tokenizer", "format=text"},
+    {"chat_template alpaca", "{" G2 ",'data':{'train':'/d/a.bin','chat_template':'alpaca'}}", 0,
+     422, "INVALID_VALUE", "data.chat_template", "\"alpaca\" is not one of llama3|chatml|mistral"},
+    {"chat_template none is not a name",
+     "{" G2 ",'data':{'train':'/d/a.bin','chat_template':'none'}}", 0, 422, "INVALID_VALUE",
+     "data.chat_template", "llama3|chatml|mistral"},
+    {"empty text_key", "{" G2 ",'data':{'train':'/d/a.bin','text_key':''}}", 0, 422,
+     "INVALID_VALUE", "data.text_key", NULL},
+    {"val_fraction 0.6", "{" G2 ",'data':{'train':'/d/a.bin','val_fraction':0.6}}", 0, 422,
+     "OUT_OF_RANGE", "data.val_fraction", "0.6"},
+    {"val_fraction negative", "{" G2 ",'data':{'train':'/d/a.bin','val_fraction':-0.1}}", 0, 422,
+     "OUT_OF_RANGE", "data.val_fraction", "-0.1"},
+    {"val_fraction and val",
+     "{" G2 ",'data':{'train':'/d/a.bin','val':'/d/v.bin',"
+     "'val_fraction':0.1}}",
+     0, 422, "VAL_SOURCE_CONFLICT", "data.val_fraction", "0.1"},
+    {"overlong wrap", "{" G2 ",'data':{'train':'/d/a.bin','overlong':'wrap'}}", 0, 422,
+     "INVALID_VALUE", "data.overlong", "truncate|drop"},
+    {"loss_on prompt", "{" MIN ",'train':{'loss_on':'prompt'}}", 0, 422, "INVALID_VALUE",
+     "train.loss_on", "all|assistant|completion"},
+    {"loss_on assistant on bin", "{" MIN ",'train':{'loss_on':'assistant'}}", 0, 422,
+     "LOSS_ON_FORMAT", "train.loss_on", "data.format=chat, got data.format=bin"},
+    {"packing pad", "{" MIN ",'train':{'packing':'pad'}}", 0, 422, "INVALID_VALUE", "train.packing",
+     "concat|document"},
+    {"lora rank 0", "{" MIN ",'train':{'lora':{'rank':0}}}", 0, 422, "OUT_OF_RANGE",
+     "train.lora.rank", "rank=0"},
+    {"lora alpha 0", "{" MIN ",'train':{'lora':{'alpha':0}}}", 0, 422, "OUT_OF_RANGE",
+     "train.lora.alpha", "(0,"},
+    {"lora dropout 1", "{" MIN ",'train':{'lora':{'dropout':1}}}", 0, 422, "OUT_OF_RANGE",
+     "train.lora.dropout", "[0, 1)"},
+    {"lora llama target on gpt2", "{" MIN ",'train':{'lora':{'targets':['attn','q']}}}", 0, 422,
+     "INVALID_LORA_TARGET", "train.lora.targets",
+     "\"q\" is not a gpt2 target; allowed: "
+     "attn,proj,fc,fc2"},
+    {"lora gpt2 target on llama",
+     "{'model':{'family':'llama','preset':'tiny'}," DT ",'train':{'lora':{'targets':['fc']}}}", 0,
+     422, "INVALID_LORA_TARGET", "train.lora.targets", "allowed: q,k,v,o,gate,up,down"},
+    {"lora target twice", "{" MIN ",'train':{'lora':{'targets':['fc','fc']}}}", 0, 422,
+     "INVALID_LORA_TARGET", "train.lora.targets", "twice"},
+    {"lora no targets", "{" MIN ",'train':{'lora':{'targets':[]}}}", 0, 422, "OUT_OF_RANGE",
+     "train.lora.targets", NULL},
+    {"lora target not a string", "{" MIN ",'train':{'lora':{'targets':[1]}}}", 0, 422, "WRONG_TYPE",
+     "train.lora.targets", "targets[0]"},
+    {"lora unknown field", "{" MIN ",'train':{'lora':{'r':8}}}", 0, 422, "UNKNOWN_FIELD",
+     "train.lora.r", NULL},
+    {"lora not an object", "{" MIN ",'train':{'lora':true}}", 0, 422, "WRONG_TYPE", "train.lora",
+     NULL},
+    {"nf4 without lora", "{" MIN ",'train':{'quantize_base':'nf4'}}", 0, 422,
+     "QUANTIZE_WITHOUT_LORA", "train.quantize_base", "nf4"},
+    {"quantize int8", "{" MIN ",'train':{'quantize_base':'int8'}}", 0, 422, "INVALID_VALUE",
+     "train.quantize_base", "none|nf4"},
+    {"fp8 on cpu", "{" MIN ",'resources':{'device':'cpu'},'train':{'precision':'fp8'}}", 0, 422,
+     "PRECISION_DEVICE", "train.precision", "precision=fp8"},
+    {"precision fp16", "{" MIN ",'train':{'precision':'fp16'}}", 0, 422, "INVALID_VALUE",
+     "train.precision", "bf16|fp32|fp8"},
+    {"recompute budget 0", "{" MIN ",'train':{'recompute':{'budget_gib':0}}}", 0, 422,
+     "OUT_OF_RANGE", "train.recompute.budget_gib", "budget_gib=0"},
+    {"recompute object without budget", "{" MIN ",'train':{'recompute':{}}}", 0, 422,
+     "MISSING_FIELD", "train.recompute", "budget_gib"},
+    {"recompute unknown key", "{" MIN ",'train':{'recompute':{'budget':3}}}", 0, 422,
+     "UNKNOWN_FIELD", "train.recompute.budget", NULL},
+    {"recompute number", "{" MIN ",'train':{'recompute':3}}", 0, 422, "WRONG_TYPE",
+     "train.recompute", "budget_gib"},
+    {"recompute bad name", "{" MIN ",'train':{'recompute':'some'}}", 0, 422, "INVALID_VALUE",
+     "train.recompute", "none|selective|full"},
+    {"export lora without lora", "{" MIN ",'export':{'lora':true}}", 0, 422, "EXPORT_WITHOUT_LORA",
+     "export.lora", NULL},
+    {"export hf string", "{" MIN ",'export':{'hf':'yes'}}", 0, 422, "WRONG_TYPE", "export.hf",
+     NULL},
+    {"export unknown", "{" MIN ",'export':{'onnx':true}}", 0, 422, "UNKNOWN_FIELD", "export.onnx",
+     NULL},
+    {"gpu_type with space", "{" MIN ",'resources':{'gpu_type':'H100 SXM'}}", 0, 422,
+     "INVALID_GPU_TYPE", "resources.gpu_type", "H100 SXM"},
+    {"gpu_type empty list", "{" MIN ",'resources':{'gpu_type':[]}}", 0, 422, "OUT_OF_RANGE",
+     "resources.gpu_type", NULL},
+    {"gpu_type number", "{" MIN ",'resources':{'gpu_type':80}}", 0, 422, "WRONG_TYPE",
+     "resources.gpu_type", "a string or a list of strings"},
+    {"gpu_type list item bad", "{" MIN ",'resources':{'gpu_type':['A100','']}}", 0, 422,
+     "INVALID_GPU_TYPE", "resources.gpu_type", "gpu_type[1]"},
+    {"allow_mixed string", "{" MIN ",'resources':{'allow_mixed':'no'}}", 0, 422, "WRONG_TYPE",
+     "resources.allow_mixed", NULL},
+    {"max_runtime_s negative", "{" MIN ",'max_runtime_s':-1}", 0, 422, "OUT_OF_RANGE",
+     "max_runtime_s", "-1"},
+    {"max_runtime_s fraction", "{" MIN ",'max_runtime_s':1.5}", 0, 422, "WRONG_TYPE",
+     "max_runtime_s", NULL},
+    {"after a string", "{" MIN ",'after':'j-1'}", 0, 422, "WRONG_TYPE", "after", "list"},
+    {"after bad id", "{" MIN ",'after':['j-1','bad id']}", 0, 422, "INVALID_JOB_ID", "after",
+     "after[1]=\"bad id\""},
+    {"preemptible number", "{" MIN ",'preemptible':1}", 0, 422, "WRONG_TYPE", "preemptible", NULL},
+    {"array unknown key", "{" MIN ",'array':{'train.lrr':[1]}}", 0, 422, "INVALID_ARRAY_KEY",
+     "array.train.lrr", "train.lrr"},
+    {"array over a section", "{" MIN ",'array':{'train':[1]}}", 0, 422, "INVALID_ARRAY_KEY",
+     "array.train", NULL},
+    {"array over labels", "{" MIN ",'array':{'labels':[{}]}}", 0, 422, "INVALID_ARRAY_KEY",
+     "array.labels", NULL},
+    {"array no values", "{" MIN ",'array':{'train.lr':[]}}", 0, 422, "OUT_OF_RANGE",
+     "array.train.lr", NULL},
+    {"array value of the wrong type", "{" MIN ",'array':{'train.lr':[1e-4,'x']}}", 0, 422,
+     "WRONG_TYPE", "array.train.lr", "array.train.lr[1]"},
+    {"array value out of range", "{" MIN ",'array':{'parallel.zero_stage':[1,7]}}", 0, 422,
+     "OUT_OF_RANGE", "array.parallel.zero_stage", "zero_stage[1]=7"},
+    {"array not a list", "{" MIN ",'array':{'train.lr':1e-4}}", 0, 422, "WRONG_TYPE",
+     "array.train.lr", NULL},
+    {"array not an object", "{" MIN ",'array':[1]}", 0, 422, "WRONG_TYPE", "array", NULL},
+    {"array member invalid",
+     "{" MIN ",'train':{'steps':1000},'array':{'train.warmup_steps':"
+     "[10,2000]}}",
+     JOBSPEC_ARRAY_MEMBERS, 422, "WARMUP_TOO_LONG", "train.warmup_steps",
+     "array member 1 (train.warmup_steps=2000)"},
+    {"array too large",
+     "{" MIN ",'array':{'train.seed':[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"
+     "'train.warmup_steps':[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}}",
+     0, 422, "ARRAY_TOO_LARGE", "array.train.warmup_steps", "256"},
 };
 
 static char *dequote(const char *s) {
@@ -254,7 +432,13 @@ static void test_table(void) {
         char *a = jobspec_dumps(&s);
         struct loom_spec s2;
         struct loom_error e;
-        CHECK(a && jobspec_parse_text(&s2, a, strlen(a), cases[i].flags, &e) == 0);
+        /* members are checked on the body as submitted, not on the canonical form */
+        unsigned rflags = cases[i].flags & ~JOBSPEC_ARRAY_MEMBERS;
+        int rt = a ? jobspec_parse_text(&s2, a, strlen(a), rflags, &e) : -1;
+        CHECK(rt == 0);
+        if (rt != 0)
+            fprintf(stderr, "round trip '%s': %s at '%s': %s\n%s\n", cases[i].what, e.code, e.field,
+                    e.message, a ? a : "");
         char *b = jobspec_dumps(&s2);
         CHECK(a && b && strcmp(a, b) == 0);
         if (a && b && strcmp(a, b) != 0)
@@ -351,6 +535,106 @@ static void test_defaults_and_derived(void) {
     json_decref(big);
 }
 
+/* The fine-tuning contract's fields land in the struct, take their
+ * defaults when absent, and come out in the canonical form. */
+static void test_finetune_fields(void) {
+    struct loom_spec s;
+    struct loom_error e;
+    char *t = dequote("{" MIN "}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    CHECK(s.init_from[0] == '\0' && s.data.format == JOBSPEC_FMT_BIN &&
+          strcmp(s.data.text_key, "text") == 0 && s.data.val_fraction == 0 &&
+          s.data.overlong == JOBSPEC_OVERLONG_TRUNCATE &&
+          s.data.chat_template == JOBSPEC_CHAT_NONE);
+    CHECK(s.train.loss_on == JOBSPEC_LOSS_ALL && s.train.packing == JOBSPEC_PACK_CONCAT &&
+          !s.train.lora.enabled && s.train.quantize_base == JOBSPEC_QUANT_NONE &&
+          s.train.recompute_budget_gib == 0);
+    CHECK(!s.export.hf && !s.export.lora && s.resources.n_gpu_types == 0 &&
+          !s.resources.allow_mixed && s.max_runtime_s == 0 && s.n_after == 0 && !s.preemptible &&
+          s.n_array == 0 && jobspec_array_size(&s) == 1);
+    json_t *j = jobspec_to_json(&s);
+    json_t *data = json_object_get(j, "data");
+    CHECK(strcmp(json_string_value(json_object_get(data, "format")), "bin") == 0);
+    CHECK(json_object_get(data, "tokenizer") == NULL &&
+          json_object_get(data, "chat_template") == NULL);
+    CHECK(json_object_get(json_object_get(j, "train"), "lora") == NULL);
+    CHECK(json_is_false(json_object_get(json_object_get(j, "export"), "hf")));
+    json_decref(j);
+
+    t = dequote(FT_EXAMPLE);
+    json_t *body = json_loads(t, 0, NULL);
+    free(t);
+    CHECK(body && jobspec_parse(&s, body, JOBSPEC_ARRAY_MEMBERS, &e) == 0);
+    CHECK(strcmp(s.init_from, "/data/models/Llama-3.2-1B") == 0);
+    CHECK(s.data.format == JOBSPEC_FMT_CHAT && s.data.chat_template == JOBSPEC_CHAT_LLAMA3 &&
+          strcmp(s.data.tokenizer, "/data/models/Llama-3.2-1B") == 0 &&
+          fabs(s.data.val_fraction - 0.01) < 1e-15);
+    CHECK(s.train.loss_on == JOBSPEC_LOSS_ASSISTANT && s.train.packing == JOBSPEC_PACK_DOCUMENT);
+    CHECK(s.train.lora.enabled && s.train.lora.rank == 16 && s.train.lora.alpha == 32 &&
+          s.train.lora.dropout == 0 && s.train.lora.n_targets == 7 &&
+          strcmp(s.train.lora.targets[4], "gate") == 0);
+    CHECK(s.train.quantize_base == JOBSPEC_QUANT_NF4 && s.train.recompute_budget_gib == 20);
+    CHECK(s.export.hf && s.export.lora && s.resources.n_gpu_types == 1 &&
+          strcmp(s.resources.gpu_type[0], "H100-SXM") == 0 && !s.resources.allow_mixed);
+    CHECK(s.max_runtime_s == 86400 && s.n_after == 1 && strcmp(s.after[0], "j-d1b9522f5b1a") == 0 &&
+          s.preemptible);
+    CHECK(s.n_array == 1 && strcmp(s.array[0].key, "train.lr") == 0 && s.array[0].n_values == 2);
+    /* array members: the body with each value set, "array" removed */
+    CHECK(jobspec_array_size(&s) == 2);
+    json_t *m1 = jobspec_array_member(&s, body, 1);
+    CHECK(m1 && json_object_get(m1, "array") == NULL &&
+          fabs(json_number_value(json_object_get(json_object_get(m1, "train"), "lr")) - 3e-4) <
+              1e-18);
+    CHECK(jobspec_array_member(&s, body, 2) == NULL);
+    struct loom_spec ms;
+    CHECK(m1 && jobspec_parse(&ms, m1, 0, &e) == 0 && ms.train.lr == 3e-4 && ms.n_array == 0 &&
+          ms.train.lora.enabled);
+    json_decref(m1);
+    json_decref(body);
+    j = jobspec_to_json(&s);
+    json_t *tr = json_object_get(j, "train");
+    CHECK(json_number_value(json_object_get(json_object_get(tr, "recompute"), "budget_gib")) == 20);
+    CHECK(json_array_size(json_object_get(json_object_get(tr, "lora"), "targets")) == 7);
+    CHECK(json_is_array(json_object_get(json_object_get(j, "resources"), "gpu_type")));
+    CHECK(json_array_size(json_object_get(json_object_get(j, "array"), "train.lr")) == 2);
+    json_decref(j);
+
+    /* members vary the last key fastest; keys are sorted */
+    t = dequote("{" MIN ",'array':{'train.seed':[7,8,9],'parallel.zero_stage':[0,1]}}");
+    body = json_loads(t, 0, NULL);
+    free(t);
+    CHECK(jobspec_parse(&s, body, JOBSPEC_ARRAY_MEMBERS, &e) == 0 && jobspec_array_size(&s) == 6);
+    CHECK(strcmp(s.array[0].key, "parallel.zero_stage") == 0);
+    json_t *m4 = jobspec_array_member(&s, body, 4); /* zero_stage=1, seed=8 */
+    CHECK(m4 &&
+          json_integer_value(json_object_get(json_object_get(m4, "parallel"), "zero_stage")) == 1 &&
+          json_integer_value(json_object_get(json_object_get(m4, "train"), "seed")) == 8);
+    json_decref(m4);
+    json_decref(body);
+
+    /* gpt2 targets come out in the family's order; default targets: all */
+    t = dequote("{" MIN ",'train':{'lora':{'targets':['fc2','attn']}}}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    CHECK(s.train.lora.n_targets == 2 && strcmp(s.train.lora.targets[0], "attn") == 0 &&
+          strcmp(s.train.lora.targets[1], "fc2") == 0);
+    t = dequote("{" MIN ",'train':{'lora':{}}}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    CHECK(s.train.lora.enabled && s.train.lora.n_targets == 4 && s.train.lora.rank == 16);
+
+    /* a validator run on a filled struct catches what parsing would */
+    jobspec_init(&s);
+    t = dequote("{" MIN "}");
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    s.train.lora.enabled = 1;
+    s.train.lora.n_targets = 1;
+    snprintf(s.train.lora.targets[0], sizeof s.train.lora.targets[0], "q");
+    CHECK(jobspec_validate(&s, 0, &e) == -1 && strcmp(e.code, "INVALID_LORA_TARGET") == 0);
+}
+
 struct pcase {
     const char *what;
     const char *rel; /* path relative to the temp dir */
@@ -434,6 +718,18 @@ static void test_paths(void) {
     CHECK(jobspec_check_paths(&s, roots, 2, 0, &e) == -1 && strcmp(e.field, "data.val") == 0);
     s.data.val[0] = '\0';
     CHECK(jobspec_check_paths(&s, roots, 2, JOBSPEC_PATH_MUST_EXIST, &e) == 0);
+    /* ... and data.tokenizer and a model.init_from directory, not a job:<id> */
+    snprintf(s.data.tokenizer, sizeof s.data.tokenizer, "%s/outside/secret.bin", dir);
+    CHECK(jobspec_check_paths(&s, roots, 2, 0, &e) == -1 &&
+          strcmp(e.field, "data.tokenizer") == 0 && strcmp(e.code, "DATA_PATH_FORBIDDEN") == 0);
+    s.data.tokenizer[0] = '\0';
+    snprintf(s.init_from, sizeof s.init_from, "%s/outside", dir);
+    CHECK(jobspec_check_paths(&s, roots, 2, 0, &e) == -1 &&
+          strcmp(e.field, "model.init_from") == 0);
+    snprintf(s.init_from, sizeof s.init_from, "%s/root/data", dir);
+    CHECK(jobspec_check_paths(&s, roots, 2, JOBSPEC_PATH_MUST_EXIST, &e) == 0);
+    snprintf(s.init_from, sizeof s.init_from, "job:j-1@5");
+    CHECK(jobspec_check_paths(&s, roots, 2, 0, &e) == 0);
 
     unlink(P("%s/root/data/good.bin", dir));
     unlink(P("%s/root/data/evil.bin", dir));
@@ -516,6 +812,7 @@ int main(void) {
     test_table();
     test_mutations();
     test_defaults_and_derived();
+    test_finetune_fields();
     test_paths();
     return check_summary("test_jobspec");
 }
