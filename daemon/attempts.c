@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "daemon/attempts.h"
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "common/token.h"
 #include "daemon/auth.h"
@@ -61,13 +62,7 @@ static void snapshot_free(struct snapshot *s) {
 
 static int snap_job(const struct store_job *j, void *arg) {
     struct snapshot *s = arg;
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 64;
-        struct jobinfo *p = realloc(s->jobs, sizeof *p * (size_t)cap);
-        if (!p) return -1;
-        s->jobs = p;
-        s->cap = cap;
-    }
+    if (BUF_GROW(s->jobs, s->cap, s->n + 1, 64) != 0) return -1;
     struct jobinfo *ji = &s->jobs[s->n];
     memset(ji, 0, sizeof *ji);
     snprintf(ji->id, sizeof ji->id, "%s", j->id);
@@ -186,13 +181,7 @@ struct changes {
 };
 
 static struct change *ch_add(struct changes *cs, enum change_kind k, const char *job_id) {
-    if (cs->n == cs->cap) {
-        int cap = cs->cap ? cs->cap * 2 : 32;
-        struct change *p = realloc(cs->v, sizeof *p * (size_t)cap);
-        if (!p) return NULL;
-        cs->v = p;
-        cs->cap = cap;
-    }
+    if (BUF_GROW(cs->v, cs->cap, cs->n + 1, 32) != 0) return NULL;
     struct change *c = &cs->v[cs->n++];
     memset(c, 0, sizeof *c);
     c->kind = k;
