@@ -11,6 +11,7 @@
 #include "agent/nodecheck.h"
 #include "agent/task.h"
 #include "api/client.h"
+#include "api/exit_codes.h"
 #include "common/clock.h"
 #include "common/log.h"
 
@@ -319,7 +320,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         snprintf(t->key, sizeof t->key, "%s.%d.%d", job, attempt, rank);
         task_dir_path(a->cfg->work_dir, job, attempt, rank, t->dir, sizeof t->dir);
         t->state = TASK_EXITED;
-        t->exit_code = -1;
+        t->exit_code = LOOM_EXIT_UNKNOWN;
         t->last_step = -1;
         snprintf(t->exit_reason, sizeof t->exit_reason, "agent could not start the worker (%s)",
                  a->cfg->worker);
@@ -459,6 +460,70 @@ static int ship(struct agent *a) {
 
 /* ---- main loop ---- */
 
+/* One turn of the main loop: register (with backoff), poll tasks, reconcile
+ * with the desired set, ship metrics and logs, heartbeat. */
+static void agent_tick(struct agent *a, int64_t now) {
+    const struct agent_config *cfg = a->cfg;
+    pthread_mutex_lock(&a->d->mu);
+    int reg = a->d->registered;
+    pthread_mutex_unlock(&a->d->mu);
+    if (!reg && now >= a->next_register_ms) {
+        if (do_register(a) == 0) {
+            pthread_mutex_lock(&a->d->mu);
+            a->d->registered = 1;
+            a->d->version[0] = 0; /* fetch the desired set at once */
+            pthread_mutex_unlock(&a->d->mu);
+            a->backoff_ms = 200;
+            a->next_hb_ms = now + cfg->heartbeat_ms;
+            reg = 1;
+        } else {
+            a->next_register_ms = now + a->backoff_ms;
+            a->backoff_ms =
+                a->backoff_ms * 2 > cfg->retry_max_ms ? cfg->retry_max_ms : a->backoff_ms * 2;
+        }
+    }
+    for (struct task *t = a->tasks; t; t = t->next) {
+        task_scan_stdout(t, now, on_line, a);
+        if (task_poll(t, now)) {
+            task_scan_stdout(t, now, on_line, a);
+            a->hb_now = 1;
+        }
+    }
+    reconcile(a, now);
+    if (reg && now >= a->next_ship_ms) {
+        if (ship(a) != 0) log_debug("shipping metrics/logs failed; will retry");
+        a->next_ship_ms = now + SHIP_PERIOD_MS;
+    }
+    if (reg && a->hb_now) {
+        /* A task just exited: ship its last metrics and log bytes before
+         * the heartbeat that reports the exit (and may finish the job). */
+        ship(a);
+        a->next_ship_ms = now + SHIP_PERIOD_MS;
+    }
+    if (reg && (a->hb_now || now >= a->next_hb_ms)) {
+        do_heartbeat(a);
+        a->hb_now = 0;
+        a->next_hb_ms = now + cfg->heartbeat_ms;
+    }
+}
+
+/* Sleep up to 50 ms, but wake at once for a new desired set: the
+ * submit-to-start latency depends on it. */
+static void wait_for_work(struct agent *a) {
+    pthread_mutex_lock(&a->d->mu);
+    if (a->d->generation == a->seen_generation) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 50 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&a->d->cv, &a->d->mu, &dl);
+    }
+    pthread_mutex_unlock(&a->d->mu);
+}
+
 int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     struct agent a;
     memset(&a, 0, sizeof a);
@@ -509,62 +574,8 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     a.backoff_ms = 200;
 
     while (!*stop) {
-        int64_t now = clock_mono_ms();
-        pthread_mutex_lock(&a.d->mu);
-        int reg = a.d->registered;
-        pthread_mutex_unlock(&a.d->mu);
-        if (!reg && now >= a.next_register_ms) {
-            if (do_register(&a) == 0) {
-                pthread_mutex_lock(&a.d->mu);
-                a.d->registered = 1;
-                a.d->version[0] = 0; /* fetch the desired set at once */
-                pthread_mutex_unlock(&a.d->mu);
-                a.backoff_ms = 200;
-                a.next_hb_ms = now + cfg->heartbeat_ms;
-                reg = 1;
-            } else {
-                a.next_register_ms = now + a.backoff_ms;
-                a.backoff_ms =
-                    a.backoff_ms * 2 > cfg->retry_max_ms ? cfg->retry_max_ms : a.backoff_ms * 2;
-            }
-        }
-        for (struct task *t = a.tasks; t; t = t->next) {
-            task_scan_stdout(t, now, on_line, &a);
-            if (task_poll(t, now)) {
-                task_scan_stdout(t, now, on_line, &a);
-                a.hb_now = 1;
-            }
-        }
-        reconcile(&a, now);
-        if (reg && now >= a.next_ship_ms) {
-            if (ship(&a) != 0) log_debug("shipping metrics/logs failed; will retry");
-            a.next_ship_ms = now + SHIP_PERIOD_MS;
-        }
-        if (reg && a.hb_now) {
-            /* A task just exited: ship its last metrics and log bytes before
-             * the heartbeat that reports the exit (and may finish the job). */
-            ship(&a);
-            a.next_ship_ms = now + SHIP_PERIOD_MS;
-        }
-        if (reg && (a.hb_now || now >= a.next_hb_ms)) {
-            do_heartbeat(&a);
-            a.hb_now = 0;
-            a.next_hb_ms = now + cfg->heartbeat_ms;
-        }
-        /* Sleep up to 50 ms, but wake at once for a new desired set: the
-         * submit-to-start latency depends on it. */
-        pthread_mutex_lock(&a.d->mu);
-        if (a.d->generation == a.seen_generation) {
-            struct timespec dl;
-            clock_gettime(CLOCK_REALTIME, &dl);
-            dl.tv_nsec += 50 * 1000000L;
-            if (dl.tv_nsec >= 1000000000L) {
-                dl.tv_sec++;
-                dl.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&a.d->cv, &a.d->mu, &dl);
-        }
-        pthread_mutex_unlock(&a.d->mu);
+        agent_tick(&a, clock_mono_ms());
+        wait_for_work(&a);
     }
     log_info("agent stopping; %s", "workers keep running and are re-adopted on restart");
     rc = 0;

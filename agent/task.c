@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "agent/task.h"
 
+#include "api/exit_codes.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 
@@ -90,7 +91,7 @@ static struct task *task_alloc(const char *work_dir, const char *job, int attemp
     snprintf(t->key, sizeof t->key, "%s.%d.%d", job, attempt, rank);
     task_dir_path(work_dir, job, attempt, rank, t->dir, sizeof t->dir);
     t->last_step = -1;
-    t->exit_code = -1;
+    t->exit_code = LOOM_EXIT_UNKNOWN;
     return t;
 }
 
@@ -102,6 +103,77 @@ static int is_contract_var(const char *e) {
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strncmp(e, names[i], strlen(names[i]))) return 1;
     return 0;
+}
+
+/* The worker's environment: ours without the contract variables, then
+ * the contract's for this rank. The strings made here go into vars[] (the
+ * caller frees them, also on failure); NULL when out of memory. */
+static char **task_env(const struct task_spec *s, char *vars[10]) {
+    int ne = 0;
+    while (environ[ne])
+        ne++;
+    char **envp = calloc((size_t)ne + 12, sizeof *envp);
+    if (!envp) return NULL;
+    int k = 0;
+    for (int i = 0; i < ne; i++)
+        if (!is_contract_var(environ[i])) envp[k++] = environ[i];
+    int cpu = s->device_kind && !strcmp(s->device_kind, "cpu");
+    if (asprintf(&vars[0], "LOOM_JOB=%s", s->job) < 0 ||
+        asprintf(&vars[1], "LOOM_ATTEMPT=%d", s->attempt) < 0 ||
+        asprintf(&vars[2], "LOOM_RANK=%d", s->rank) < 0 ||
+        asprintf(&vars[3], "LOOM_WORLD=%d", s->world) < 0 ||
+        asprintf(&vars[4], "LOOM_LOCAL_RANK=%d", s->local_rank) < 0 ||
+        asprintf(&vars[5], "LOOM_RDZV=%s", s->rdzv ? s->rdzv : "") < 0 ||
+        asprintf(&vars[6], "LOOM_RDZV_TOKEN=%s", s->rdzv_token ? s->rdzv_token : "") < 0 ||
+        asprintf(&vars[7], "CUDA_VISIBLE_DEVICES=%s",
+                 cpu ? "" : (s->device_uuid && *s->device_uuid ? s->device_uuid : "0")) < 0 ||
+        asprintf(&vars[8], "NCCL_NVLS_ENABLE=0") < 0) {
+        memset(vars, 0, 10 * sizeof *vars);
+        free(envp);
+        return NULL;
+    }
+    int nv = 9;
+    /* CPU ranks share the node's cores: without a limit every rank starts one
+     * OpenMP thread per core and N ranks oversubscribe the machine N times. */
+    if (cpu && s->threads > 0 && !getenv("OMP_NUM_THREADS") &&
+        asprintf(&vars[nv++], "OMP_NUM_THREADS=%d", s->threads) < 0) {
+        vars[--nv] = NULL;
+        free(envp);
+        return NULL;
+    }
+    for (int i = 0; i < nv; i++)
+        envp[k++] = vars[i];
+    envp[k] = NULL;
+    return envp;
+}
+
+/* In the forked child: async-signal-safe calls only (the agent has threads). */
+__attribute__((noreturn)) static void exec_child(const char *dir, const char *worker,
+                                                 const char **argv, char **envp, int nullfd,
+                                                 int outfd, int errfd) {
+    sigset_t empty;
+    sigemptyset(&empty);
+    setpgid(0, 0);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &dfl, NULL);
+    sigaction(SIGTERM, &dfl, NULL);
+    sigaction(SIGINT, &dfl, NULL);
+    sigaction(SIGCHLD, &dfl, NULL);
+    sigaction(SIGHUP, &dfl, NULL);
+    sigprocmask(SIG_SETMASK, &empty, NULL);
+    dup2(nullfd, 0);
+    dup2(outfd, 1);
+    dup2(errfd, 2);
+    for (int fd = 3; fd < 1024; fd++)
+        close(fd);
+    if (chdir(dir) != 0) _exit(126);
+    execve(worker, (char *const *)argv, envp);
+    static const char msg[] = "loom-agent: execve of the worker failed\n";
+    ssize_t ignored = write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(127);
 }
 
 struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t now_ms) {
@@ -146,39 +218,9 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
 
     /* Everything the child needs is built before fork: the agent has other
      * threads, so the child may only call async-signal-safe functions. */
-    int ne = 0;
-    while (environ[ne])
-        ne++;
-    envp = calloc((size_t)ne + 12, sizeof *envp);
+    envp = task_env(s, vars);
     if (!envp) goto fail;
-    int k = 0;
-    for (int i = 0; i < ne; i++)
-        if (!is_contract_var(environ[i])) envp[k++] = environ[i];
     int cpu = s->device_kind && !strcmp(s->device_kind, "cpu");
-    if (asprintf(&vars[0], "LOOM_JOB=%s", s->job) < 0 ||
-        asprintf(&vars[1], "LOOM_ATTEMPT=%d", s->attempt) < 0 ||
-        asprintf(&vars[2], "LOOM_RANK=%d", s->rank) < 0 ||
-        asprintf(&vars[3], "LOOM_WORLD=%d", s->world) < 0 ||
-        asprintf(&vars[4], "LOOM_LOCAL_RANK=%d", s->local_rank) < 0 ||
-        asprintf(&vars[5], "LOOM_RDZV=%s", s->rdzv ? s->rdzv : "") < 0 ||
-        asprintf(&vars[6], "LOOM_RDZV_TOKEN=%s", s->rdzv_token ? s->rdzv_token : "") < 0 ||
-        asprintf(&vars[7], "CUDA_VISIBLE_DEVICES=%s",
-                 cpu ? "" : (s->device_uuid && *s->device_uuid ? s->device_uuid : "0")) < 0 ||
-        asprintf(&vars[8], "NCCL_NVLS_ENABLE=0") < 0) {
-        memset(vars, 0, sizeof vars);
-        goto fail;
-    }
-    int nv = 9;
-    /* CPU ranks share the node's cores: without a limit every rank starts one
-     * OpenMP thread per core and N ranks oversubscribe the machine N times. */
-    if (cpu && s->threads > 0 && !getenv("OMP_NUM_THREADS") &&
-        asprintf(&vars[nv++], "OMP_NUM_THREADS=%d", s->threads) < 0) {
-        vars[--nv] = NULL;
-        goto fail;
-    }
-    for (int i = 0; i < nv; i++)
-        envp[k++] = vars[i];
-    envp[k] = NULL;
     /* The child changes into the task directory: resolve a relative path. */
     char worker_abs[4096];
     const char *worker = s->worker;
@@ -195,37 +237,13 @@ struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t
         argv[a++] = s->out_dir;
     }
     argv[a] = NULL;
-    sigset_t empty;
-    sigemptyset(&empty);
 
     pid_t pid = fork();
     if (pid < 0) {
         log_error("task %s: fork: %s", t->key, strerror(errno));
         goto fail;
     }
-    if (pid == 0) {
-        setpgid(0, 0);
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &dfl, NULL);
-        sigaction(SIGTERM, &dfl, NULL);
-        sigaction(SIGINT, &dfl, NULL);
-        sigaction(SIGCHLD, &dfl, NULL);
-        sigaction(SIGHUP, &dfl, NULL);
-        sigprocmask(SIG_SETMASK, &empty, NULL);
-        dup2(nullfd, 0);
-        dup2(outfd, 1);
-        dup2(errfd, 2);
-        for (int fd = 3; fd < 1024; fd++)
-            close(fd);
-        if (chdir(t->dir) != 0) _exit(126);
-        execve(worker, (char *const *)argv, envp);
-        static const char msg[] = "loom-agent: execve of the worker failed\n";
-        ssize_t ignored = write(2, msg, sizeof msg - 1);
-        (void)ignored;
-        _exit(127);
-    }
+    if (pid == 0) exec_child(t->dir, worker, argv, envp, nullfd, outfd, errfd);
     setpgid(pid, pid); /* both sides set it: no race with an early killpg */
     t->pid = pid;
     t->starttime = proc_starttime(pid, NULL);
@@ -297,7 +315,7 @@ int task_poll(struct task *t, int64_t now_ms) {
                 code = WEXITSTATUS(st);
                 snprintf(why, sizeof why, "exited with code %d", code);
             } else {
-                code = 128 + WTERMSIG(st);
+                code = LOOM_EXIT_SIGNAL_BASE + WTERMSIG(st);
                 snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st),
                          strsignal(WTERMSIG(st)));
             }
@@ -305,7 +323,7 @@ int task_poll(struct task *t, int64_t now_ms) {
             return 1;
         }
         if (r < 0 && errno == ECHILD) {
-            finish(t, now_ms, -1, "exit status lost");
+            finish(t, now_ms, LOOM_EXIT_UNKNOWN, "exit status lost");
             return 1;
         }
     } else {
@@ -317,7 +335,7 @@ int task_poll(struct task *t, int64_t now_ms) {
             if (t->summary_seen)
                 finish(t, now_ms, 0, "adopted worker exited after its summary");
             else
-                finish(t, now_ms, -1, "adopted worker exited; status unknown");
+                finish(t, now_ms, LOOM_EXIT_UNKNOWN, "adopted worker exited; status unknown");
             return 1;
         }
     }

@@ -5,7 +5,7 @@
 #include "daemon/agent_api.h"
 
 #include "common/log.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -57,7 +57,7 @@ static int upsert_node(struct store_tx *tx, void *arg) {
 }
 
 static void record_tasks(struct cluster *c, int ni, json_t *tasks, int64_t now) {
-    struct cl_node *n = &c->nodes[ni];
+    struct cluster_node *n = &c->nodes[ni];
     json_decref(n->tasks);
     n->tasks = json_is_array(tasks) ? json_incref(tasks) : json_array();
     size_t i;
@@ -86,7 +86,7 @@ int agent_api_register(struct http_req *req) {
 
     pthread_mutex_lock(&c->mu);
     int ni = cluster_node_find(c, name);
-    if (ni < 0 && c->nnodes < CL_MAX_NODES) {
+    if (ni < 0 && c->nnodes < CLUSTER_MAX_NODES) {
         ni = c->nnodes++;
         memset(&c->nodes[ni], 0, sizeof c->nodes[ni]);
         snprintf(c->nodes[ni].name, sizeof c->nodes[ni].name, "%s", name);
@@ -96,9 +96,9 @@ int agent_api_register(struct http_req *req) {
     if (ni < 0) {
         pthread_mutex_unlock(&c->mu);
         return http_error(req, 503, "TOO_MANY_NODES", "the cluster holds at most %d nodes",
-                          CL_MAX_NODES);
+                          CLUSTER_MAX_NODES);
     }
-    struct cl_node *n = &c->nodes[ni];
+    struct cluster_node *n = &c->nodes[ni];
     int was_lost = n->lost;
     snprintf(n->kind, sizeof n->kind, "%s", kind);
     snprintf(n->hostname, sizeof n->hostname, "%s", host ? host : "");
@@ -140,7 +140,7 @@ int agent_api_heartbeat(struct http_req *req) {
         pthread_mutex_unlock(&c->mu);
         return http_error(req, 404, "UNKNOWN_NODE", "node %s is not registered", name);
     }
-    struct cl_node *n = &c->nodes[ni];
+    struct cluster_node *n = &c->nodes[ni];
     if (n->lost) {
         log_info("cluster: node %s is back", n->name);
         n->lost = 0;
@@ -247,7 +247,7 @@ int agent_api_metrics(struct http_req *req) {
         const char *type = json_string_value(json_object_get(rec, "type"));
         const char *job = json_string_value(json_object_get(it, "job"));
         if (!job || !type || strcmp(type, "step")) continue;
-        struct cl_attempt *a =
+        struct cluster_attempt *a =
             cluster_attempt_find(c, job, (int)json_integer_value(json_object_get(it, "attempt")));
         int r = (int)json_integer_value(json_object_get(it, "rank"));
         if (!a || r < 0 || r >= a->world) continue;

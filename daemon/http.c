@@ -383,7 +383,6 @@ static int authenticate(struct http_conn *c) {
         http_error(req, 403, "FORBIDDEN", "this route needs the admin token");
         return -1;
     }
-    if (need == HTTP_AUTH_JOIN) return -1;
     double retry = 0;
     if (ld->rl && !ratelimit_allow(ld->rl, req->tenant_id, &retry)) {
         char ra[32];

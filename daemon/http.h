@@ -48,7 +48,6 @@ enum http_body {
     HTTP_BODY_NONE,     /* any body is ignored */
     HTTP_BODY_JSON,     /* a JSON object is required (req->json) */
     HTTP_BODY_JSON_OPT, /* a JSON object if one is sent, else req->json == NULL */
-    HTTP_BODY_RAW,      /* raw bytes of any content type (req->body, req->body_len) */
 };
 
 typedef int (*http_handler)(struct http_req *req);

@@ -4,7 +4,7 @@
 
 #include "common/clock.h"
 #include "daemon/agent_api.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -64,7 +64,7 @@ struct follow {
 
 static int attempt_active(struct cluster *c, const char *job, int attempt) {
     pthread_mutex_lock(&c->mu);
-    struct cl_attempt *a = cluster_attempt_find(c, job, attempt);
+    struct cluster_attempt *a = cluster_attempt_find(c, job, attempt);
     int on = a != NULL;
     pthread_mutex_unlock(&c->mu);
     return on;

@@ -1,6 +1,6 @@
 /* The loomd context: configuration table, start-up in dependency order
  * (data dir, store, auth, modules, HTTP) and the graceful stop in reverse. */
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/nodecheck.h"
 #include "daemon/loomd.h"
 
@@ -76,7 +76,7 @@ static const struct loomd_module modules[] = {
     {"none", NULL, NULL}, /* keeps the table non-empty */
     /* node checks (before cluster: its scheduler loop asks nodecheck_avoid) */
     {"nodecheck", nodecheck_start, nodecheck_stop},
-    /* nodes, attempts, scheduler loop: daemon/attempts.h */
+    /* nodes, attempts, scheduler loop: daemon/cluster.h */
     {"cluster", cluster_start, cluster_stop},
 };
 #define NMODULES (sizeof modules / sizeof *modules)

@@ -58,7 +58,7 @@ struct loomd {
     struct metrics *metrics;
     struct ratelimit *rl;
     struct auth *auth;
-    struct cluster *cluster;     /* nodes, attempts, scheduler loop (daemon/attempts.h) */
+    struct cluster *cluster;     /* nodes, attempts, scheduler loop (daemon/cluster.h) */
     struct nodecheck *nodecheck; /* node checks and degraded marks (daemon/nodecheck.h) */
     int port;                    /* bound port */
     /* Signalled after a job is submitted or cancelled (the scheduler and the

@@ -12,7 +12,7 @@
 
 #include "common/log.h"
 #include "common/token.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/rdzv.h"
@@ -69,7 +69,7 @@ struct nodecheck {
     struct nc_check *checks; /* newest first */
     struct nc_mark marks[NC_MAX_MARKS];
     int nmarks;
-    char joined[CL_MAX_NODES][64]; /* nodes considered for nodecheck-on-join */
+    char joined[CLUSTER_MAX_NODES][64]; /* nodes considered for nodecheck-on-join */
     int njoined;
 };
 
@@ -499,12 +499,12 @@ void nodecheck_metrics_write(struct loomd *ld, FILE *f) {
     struct nodecheck *nc = nc_of(ld);
     struct cluster *c = ld->cluster;
     if (!nc) return;
-    char(*names)[64] = calloc(CL_MAX_NODES, sizeof *names); /* scrapes run concurrently */
+    char(*names)[64] = calloc(CLUSTER_MAX_NODES, sizeof *names); /* scrapes run concurrently */
     int nn = 0;
     if (!names) return;
     if (c) {
         pthread_mutex_lock(&c->mu);
-        for (int i = 0; i < c->nnodes && nn < CL_MAX_NODES; i++)
+        for (int i = 0; i < c->nnodes && nn < CLUSTER_MAX_NODES; i++)
             snprintf(names[nn++], sizeof names[0], "%s", c->nodes[i].name);
         pthread_mutex_unlock(&c->mu);
     }
@@ -560,7 +560,7 @@ static void node_facts(struct loomd *ld, const char *name, struct node_facts *f)
     pthread_mutex_lock(&c->mu);
     int ni = cluster_node_find(c, name);
     if (ni >= 0) {
-        struct cl_node *n = &c->nodes[ni];
+        struct cluster_node *n = &c->nodes[ni];
         f->found = 1;
         f->lost = n->lost || !n->seen;
         f->ndev = n->ndev;
@@ -568,7 +568,7 @@ static void node_facts(struct loomd *ld, const char *name, struct node_facts *f)
         snprintf(f->model, sizeof f->model, "%s", n->gpu_model);
         const char *ic = json_string_value(json_object_get(n->host, "interconnect"));
         snprintf(f->interconnect, sizeof f->interconnect, "%s", ic ? ic : "");
-        for (struct cl_attempt *a = c->attempts; a; a = a->next)
+        for (struct cluster_attempt *a = c->attempts; a; a = a->next)
             for (int r = 0; r < a->world; r++)
                 if (a->ranks[r].node == ni && !a->ranks[r].released) f->busy++;
     }
@@ -849,7 +849,7 @@ static void check_on_join(struct loomd *ld, const char *node) {
     node_facts(ld, node, &f);
     if (!f.found) return; /* not registered yet: the next poll tries again */
     pthread_mutex_lock(&nc->mu);
-    if (nc->njoined < CL_MAX_NODES)
+    if (nc->njoined < CLUSTER_MAX_NODES)
         snprintf(nc->joined[nc->njoined++], sizeof nc->joined[0], "%s", node);
     pthread_mutex_unlock(&nc->mu);
     const char *q[2] = {node, NULL};

@@ -2,7 +2,7 @@
  * in-memory cluster state under its mutex; drain flags go to the store. */
 #include "daemon/nodes.h"
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-static const char *node_state(const struct cl_node *n) {
+static const char *node_state(const struct cluster_node *n) {
     if (n->lost) return "lost";
     if (!n->seen) return "unknown";
     return n->drained ? "drained" : "ready";
@@ -27,11 +27,11 @@ static void iso_time(int64_t ms, char *buf, size_t len) {
 
 /* Caller holds c->mu. */
 static json_t *node_json(struct cluster *c, int ni) {
-    struct cl_node *n = &c->nodes[ni];
+    struct cluster_node *n = &c->nodes[ni];
     int used = 0;
     json_t *devs = json_deep_copy(n->devices ? n->devices : json_array());
     if (!devs) devs = json_array();
-    for (struct cl_attempt *a = c->attempts; a; a = a->next)
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
         for (int r = 0; r < a->world; r++) {
             if (a->ranks[r].node != ni || a->ranks[r].released) continue;
             used++;
@@ -119,16 +119,16 @@ int nodes_undrain(struct http_req *req) {
     return drain(req, 0);
 }
 
-static void hist_write(FILE *f, const char *name, const char *help, const struct cl_hist *h) {
-    static const double b[CL_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                              0.5,   1,    2.5,   5,    10,  60};
+static void hist_write(FILE *f, const char *name, const char *help, const struct cluster_hist *h) {
+    static const double b[CLUSTER_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                   0.5,   1,    2.5,   5,    10,  60};
     fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
-    for (int i = 0; i < CL_HIST_BUCKETS; i++) {
+    for (int i = 0; i < CLUSTER_HIST_BUCKETS; i++) {
         cum += h->counts[i];
         fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, b[i], (unsigned long long)cum);
     }
-    cum += h->counts[CL_HIST_BUCKETS];
+    cum += h->counts[CLUSTER_HIST_BUCKETS];
     fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
             (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
 }
@@ -148,7 +148,7 @@ void cluster_metrics_write(struct loomd *ld, FILE *f) {
     fprintf(f, "# HELP loom_devices Devices by node and use.\n# TYPE loom_devices gauge\n");
     for (int i = 0; i < c->nnodes; i++) {
         int used = 0;
-        for (struct cl_attempt *a = c->attempts; a; a = a->next)
+        for (struct cluster_attempt *a = c->attempts; a; a = a->next)
             for (int r = 0; r < a->world; r++)
                 if (a->ranks[r].node == i && !a->ranks[r].released) used++;
         fprintf(f, "loom_devices{node=\"%s\",kind=\"%s\",use=\"used\"} %d\n", c->nodes[i].name,
@@ -176,13 +176,13 @@ void cluster_metrics_write(struct loomd *ld, FILE *f) {
     }
     fprintf(f, "# HELP loom_job_tokens_per_second Latest tokens/s of each running job (rank 0).\n"
                "# TYPE loom_job_tokens_per_second gauge\n");
-    for (struct cl_attempt *a = c->attempts; a; a = a->next)
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
         if (a->last_step && a->phase == ATTEMPT_ACTIVE)
             fprintf(f, "loom_job_tokens_per_second{job=\"%s\"} %g\n", a->job_id,
                     json_number_value(json_object_get(a->last_step, "tokens_per_s")));
     fprintf(f, "# HELP loom_job_mfu Latest model FLOPs utilization of each running job.\n"
                "# TYPE loom_job_mfu gauge\n");
-    for (struct cl_attempt *a = c->attempts; a; a = a->next)
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
         if (a->last_step && a->phase == ATTEMPT_ACTIVE)
             fprintf(f, "loom_job_mfu{job=\"%s\"} %g\n", a->job_id,
                     json_number_value(json_object_get(a->last_step, "mfu")));

@@ -1,12 +1,12 @@
 /* Rendezvous (see rdzv.h): the key/value protocol once, in rdzv_scope_put /
- * rdzv_scope_get, and the attempt scope (tables in struct cl_attempt, keys
+ * rdzv_scope_get, and the attempt scope (tables in struct cluster_attempt, keys
  * recorded in rdzv_keys so a loomd restart keeps what ranks were told). The
  * node-check scope is in nodecheck.c. */
 #include "daemon/rdzv.h"
 
 #include "common/clock.h"
 #include "common/token.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -94,12 +94,12 @@ int rdzv_scope_get(struct http_req *req, const struct rdzv_scope *s) {
 /* ---- the attempt scope ---- */
 
 /* The active attempt named by the path, when the bearer is its token. Caller holds c->mu. */
-static struct cl_attempt *attempt_of(struct http_req *req) {
+static struct cluster_attempt *attempt_of(struct http_req *req) {
     const char *job = http_param(req, "job");
     const char *att = http_param(req, "attempt");
     char *end = NULL;
     long attempt = att ? strtol(att, &end, 10) : -1;
-    struct cl_attempt *a = NULL;
+    struct cluster_attempt *a = NULL;
     if (job && att && end && !*end && attempt >= 0)
         a = cluster_attempt_find(req->ld->cluster, job, (int)attempt);
     if (!a || a->phase != ATTEMPT_ACTIVE || !token_equal(req->bearer, a->token)) return NULL;
@@ -107,7 +107,7 @@ static struct cl_attempt *attempt_of(struct http_req *req) {
 }
 
 static json_t *attempt_table(struct http_req *req, void *arg) {
-    struct cl_attempt *a = attempt_of(req);
+    struct cluster_attempt *a = attempt_of(req);
     return a ? a->rdzv : NULL;
 }
 

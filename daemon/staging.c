@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/token.h"
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -67,7 +67,7 @@ int staging_report(struct http_req *req) {
     int ok = 0;
     if (c) {
         pthread_mutex_lock(&c->mu);
-        struct cl_attempt *a = cluster_attempt_find(c, job, attempt);
+        struct cluster_attempt *a = cluster_attempt_find(c, job, attempt);
         ok = a && token_equal(req->bearer, a->token);
         pthread_mutex_unlock(&c->mu);
     }

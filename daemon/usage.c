@@ -3,7 +3,7 @@
 #define _GNU_SOURCE
 #include "daemon/usage.h"
 
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -114,7 +114,7 @@ int usage_get(struct http_req *req) {
     if (c) {
         int64_t now = store_now_ms();
         pthread_mutex_lock(&c->mu);
-        for (struct cl_attempt *a = c->attempts; a; a = a->next) {
+        for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
             if ((q.tenant && strcmp(q.tenant, a->tenant_id)) || a->started_ms < q.from ||
                 a->started_ms >= q.to)
                 continue;

@@ -64,3 +64,10 @@ if(TARGET loom_daemon)
     add_test(NAME unit.daemon_http COMMAND test_daemon_http)
     set_tests_properties(unit.daemon_http PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
 endif()
+# The attempt supervisor is a pure function (like sched.c): its test compiles
+# daemon/supervise.c alone and does not need the rest of loomd.
+add_executable(test_supervise ${CMAKE_CURRENT_LIST_DIR}/unit/test_supervise.c
+               ${CMAKE_SOURCE_DIR}/daemon/supervise.c)
+loom_warnings(test_supervise)
+add_test(NAME unit.supervise COMMAND test_supervise)
+set_tests_properties(unit.supervise PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)

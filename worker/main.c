@@ -14,7 +14,7 @@
  *
  * Exit codes: 0 success; 2 bad spec, bad data, or an unsupported request
  * (e.g. --device cuda on a build without CUDA); 143 stopped by SIGTERM or
- * SIGINT after saving a checkpoint; 1 any other failure.
+ * SIGINT after saving a checkpoint; 1 any other failure (api/exit_codes.h).
  *
  * The only global is the signal flag, which a handler must reach. */
 #include <errno.h>
@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/exit_codes.h"
 #include "api/jobspec.h"
 #include "api/planner.h"
 #include "common/config.h"
@@ -286,17 +287,17 @@ static int run(struct worker *w) {
     char *text = NULL;
     size_t len = 0;
     struct loom_error le;
-    int code = 2;
+    int code = LOOM_EXIT_BAD_SPEC;
 
     text = read_file(o->spec, &len, w->err, sizeof w->err);
     if (!text) {
         report_error("SPEC_UNREADABLE", w->err);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     if (jobspec_parse_text(&w->spec, text, len, 0, &le) != 0) {
         free(text);
         report_error(le.code, le.message);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     free(text);
     jobspec_derive(&w->spec, &w->der);
@@ -307,7 +308,7 @@ static int run(struct worker *w) {
     if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
         snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", device);
         report_error("INVALID_DEVICE", w->err);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     if (w->der.world != o->world) {
         snprintf(w->err, sizeof w->err,
@@ -315,7 +316,7 @@ static int run(struct worker *w) {
                  "world=%ld (pass --world/--rank or LOOM_WORLD/LOOM_RANK)",
                  s->parallel.dp, s->parallel.tp, s->parallel.pp, w->der.world, o->world);
         report_error("WORLD_MISMATCH", w->err);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     if (s->parallel.zero_stage > 0 && s->parallel.dp == 1)
         log_info("zero_stage %d with dp=1: nothing to shard", s->parallel.zero_stage);
@@ -327,16 +328,16 @@ static int run(struct worker *w) {
         be = backend_cuda_new(0);
         if (!be) {
             report_error("DEVICE_UNAVAILABLE", "the CUDA backend could not start (see stderr)");
-            return 1;
+            return LOOM_EXIT_FAILED;
         }
 #else
         report_error("CUDA_NOT_BUILT", "--device cuda requested but this loom-worker was built "
                                        "without CUDA; use --device cpu or rebuild with CUDA");
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
 #endif
     } else {
         be = backend_cpu_new((int)o->threads);
-        if (!be) return 1;
+        if (!be) return LOOM_EXIT_FAILED;
     }
 
     /* data */
@@ -352,7 +353,7 @@ static int run(struct worker *w) {
     if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
         backend_free(be);
         report_error("DATA_INVALID", w->err);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     struct data_src train_src = {w->train_dl, 0}, val_src = {NULL, 0};
     if (s->data.val[0]) {
@@ -363,7 +364,7 @@ static int run(struct worker *w) {
         if (data_loader_open(&vo, &w->val_dl, w->err, sizeof w->err) != 0) {
             backend_free(be);
             report_error("DATA_INVALID", w->err);
-            return 2;
+            return LOOM_EXIT_BAD_SPEC;
         }
         val_src.dl = w->val_dl;
     }
@@ -382,7 +383,7 @@ static int run(struct worker *w) {
                               * sharded rank never holds the whole model */
                              .windows_later = o->world > 1};
     w->e = engine_new(&s->model, &p, be);
-    if (!w->e) return 1;
+    if (!w->e) return LOOM_EXIT_FAILED;
     int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
                   (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
     if (offload) {
@@ -401,7 +402,7 @@ static int run(struct worker *w) {
         }
         if (engine_offload_enable(w->e, &oo) != 0) {
             report_error("OUT_OF_MEMORY", "cannot set up the optimizer offload (see stderr)");
-            return 1;
+            return LOOM_EXIT_FAILED;
         }
         log_info("optimizer offload on: fp32 master and moments in host memory, AdamW on the "
                  "CPU (%d threads; 0: OpenMP default)",
@@ -411,7 +412,7 @@ static int run(struct worker *w) {
      * initialised so that a bf16 backend keeps their unrounded fp32 master */
     if (o->world == 1 && engine_opt_init(w->e) != 0) {
         report_error("OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
     train_src.dp_rank = val_src.dp_rank = w->e->dp_idx;
     struct model_opts mo = {
@@ -424,7 +425,7 @@ static int run(struct worker *w) {
     w->m = model_new_ex(w->e, &mo);
     if (!w->m) {
         report_error("UNSUPPORTED", "the model could not be built for this layout (see stderr)");
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     if (o->world > 1) {
         struct zero_setup_opts zo = {.rank = (int)o->rank,
@@ -440,27 +441,27 @@ static int run(struct worker *w) {
         w->z = zero_setup(w->e, &zo, w->err, sizeof w->err);
         if (!w->z) {
             report_error("COMM_FAILED", w->err);
-            return 1;
+            return LOOM_EXIT_FAILED;
         }
         if (s->parallel.tp > 1 || s->parallel.pp > 1) {
             w->par = par_setup(w->e, w->z, w->m, &mo, o->pp_schedule, w->err, sizeof w->err);
             if (!w->par) {
                 report_error("UNSUPPORTED", w->err);
-                return 2;
+                return LOOM_EXIT_BAD_SPEC;
             }
         }
     }
     if (engine_opt_init(w->e) != 0) { /* zero_new set a shard, or stage 0: everything */
         report_error("OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
     /* into the windows, views and master that now exist (world > 1: this
      * rank's share only; the master gets the unrounded fp32 values) */
-    if (model_init_params(w->m, s->train.seed) != 0) return 1;
+    if (model_init_params(w->m, s->train.seed) != 0) return LOOM_EXIT_FAILED;
     int64_t start = resume(w);
     if (start < 0) {
         report_error("CHECKPOINT_INVALID", w->err);
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
 
     struct train_opts to;
@@ -521,15 +522,15 @@ static int run(struct worker *w) {
     double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
     if (rc == -2) {
         report_error("DATA_INVALID", w->err);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     if (rc < 0) {
         report_error("TRAIN_FAILED", w->err);
-        return 1;
+        return LOOM_EXIT_FAILED;
     }
     if (rc == 0 && o->export_path && w->par) { /* tp / pp > 1: gather every share */
         struct model_layout full;
-        if (model_layout_init(&full, &s->model, 1) != 0) return 1;
+        if (model_layout_init(&full, &s->model, 1) != 0) return LOOM_EXIT_FAILED;
         float *h = malloc((size_t)full.numel * sizeof *h);
         int erc = !h || par_gather_full(w->par, h) != 0 ? -1 : 0;
         if (erc != 0)
@@ -541,18 +542,18 @@ static int run(struct worker *w) {
         model_layout_free(&full);
         if (erc != 0) {
             report_error("EXPORT_FAILED", w->err);
-            return 1;
+            return LOOM_EXIT_FAILED;
         }
         if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
     } else if (rc == 0 && o->export_path && (w->e->rank == 0 || w->z)) {
         size_t n = w->e->n_params;
         float *h = malloc(n * sizeof *h);
-        if (!h) return 1;
+        if (!h) return LOOM_EXIT_FAILED;
         if (w->z) { /* every rank takes part in gathering the shards */
             if (zero_gather_master(w->z, h) != 0) {
                 free(h);
                 report_error("EXPORT_FAILED", "gathering the weights failed");
-                return 1;
+                return LOOM_EXIT_FAILED;
             }
         } else {
             engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
@@ -563,7 +564,7 @@ static int run(struct worker *w) {
         free(h);
         if (erc != 0) {
             report_error("EXPORT_FAILED", w->err);
-            return 1;
+            return LOOM_EXIT_FAILED;
         }
         if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
     }
@@ -587,7 +588,7 @@ static int run(struct worker *w) {
                    (json_int_t)done, "final_loss", last.loss, "seconds", secs, "tokens", tokens,
                    "tokens_per_s", secs > 0 ? tokens / secs : 0.0, "stopped", rc == 1, "checkpoint",
                    w->ckpt_path));
-    code = rc == 1 ? 143 : 0;
+    code = rc == 1 ? LOOM_EXIT_STOPPED : LOOM_EXIT_OK;
     return code;
 }
 
@@ -599,14 +600,14 @@ int main(int argc, char **argv) {
                          NULL, NULL);
     if (rc != 0) {
         config_free(table, NTABLE, &w.o);
-        return rc == 1 ? 0 : 2;
+        return rc == 1 ? LOOM_EXIT_OK : LOOM_EXIT_BAD_SPEC;
     }
     int lvl = log_level_parse(w.o.log_level);
     if (lvl >= 0) log_init("loom-worker", (enum log_level)lvl);
     if (!w.o.spec) {
         report_error("USAGE", "--spec FILE is required");
         config_free(table, NTABLE, &w.o);
-        return 2;
+        return LOOM_EXIT_BAD_SPEC;
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -1,14 +1,17 @@
-/* Attempt lifecycle and failure handling: the cluster module's start/stop,
- * the scheduler loop, and the store mirror of nodes and attempts.
+/* The cluster module: start/stop, the scheduler loop, the desired task sets,
+ * and the store mirror of nodes and attempts.
  *
  * One loop pass: read the non-terminal jobs (a consistent snapshot), then
- * under the cluster mutex decide everything (node loss, rank failures, hangs,
- * successes, cancels, placements, pending reasons) into a list of store
- * changes, then apply them in one durable write outside the mutex. Only this
- * thread changes job states for scheduling, so decisions never race. */
+ * under the cluster mutex run its stages (pass_nodes: node loss;
+ * pass_supervise: each active attempt judged by supervise_decide(), see
+ * daemon/supervise.h; pass_reap: stopped attempts end; pass_orphans;
+ * pass_place: sched_place) into a list of store changes, then apply them in
+ * one durable write outside the mutex (pass_commit). Only this thread changes
+ * job states for scheduling, so decisions never race. */
 #define _GNU_SOURCE
-#include "daemon/attempts.h"
+#include "daemon/cluster.h"
 
+#include "api/exit_codes.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/token.h"
@@ -315,12 +318,12 @@ static int apply_changes(struct store_tx *tx, void *arg) {
 
 /* ---- helpers ---- */
 
-static const double hist_bounds[CL_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                    0.5,   1,    2.5,   5,    10,  60};
+static const double hist_bounds[CLUSTER_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                         0.5,   1,    2.5,   5,    10,  60};
 
-static void hist_observe(struct cl_hist *h, double v) {
+static void hist_observe(struct cluster_hist *h, double v) {
     int b = 0;
-    while (b < CL_HIST_BUCKETS && v > hist_bounds[b])
+    while (b < CLUSTER_HIST_BUCKETS && v > hist_bounds[b])
         b++;
     h->counts[b]++;
     h->sum += v;
@@ -333,8 +336,8 @@ int cluster_node_find(struct cluster *c, const char *name) {
     return -1;
 }
 
-struct cl_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt) {
-    for (struct cl_attempt *a = c->attempts; a; a = a->next)
+struct cluster_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt) {
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
         if (a->attempt == attempt && !strcmp(a->job_id, job_id)) return a;
     return NULL;
 }
@@ -351,9 +354,9 @@ void cluster_kick(struct loomd *ld) {
     if (ld && ld->cluster) http_notify_signal(&ld->cluster->wake);
 }
 
-static void attempt_free(struct cl_attempt *a) {
+static void attempt_free(struct cluster_attempt *a) {
     if (!a) return;
-    free(a->spec);
+    json_decref(a->spec);
     free(a->out_dir);
     free(a->ranks);
     json_decref(a->rdzv);
@@ -364,12 +367,12 @@ static void attempt_free(struct cl_attempt *a) {
 void cluster_task_report(struct cluster *c, int ni, json_t *task, int64_t now) {
     const char *job = json_string_value(json_object_get(task, "job"));
     if (!job) return;
-    struct cl_attempt *a =
+    struct cluster_attempt *a =
         cluster_attempt_find(c, job, (int)json_integer_value(json_object_get(task, "attempt")));
     if (!a) return;
     int r = (int)json_integer_value(json_object_get(task, "rank"));
     if (r < 0 || r >= a->world || a->ranks[r].node != ni) return;
-    struct cl_rank *rk = &a->ranks[r];
+    struct cluster_rank *rk = &a->ranks[r];
     const char *state = json_string_value(json_object_get(task, "state"));
     json_int_t step = json_integer_value(json_object_get(task, "last_step"));
     if (json_object_get(task, "last_step") && step > rk->last_step) {
@@ -391,27 +394,31 @@ void cluster_task_report(struct cluster *c, int ni, json_t *task, int64_t now) {
 
 json_t *cluster_desired(struct cluster *c, int ni) {
     json_t *arr = json_array();
-    for (struct cl_attempt *a = c->attempts; a; a = a->next) {
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
         if (a->phase != ATTEMPT_ACTIVE) continue;
         for (int r = 0; r < a->world; r++) {
-            struct cl_rank *rk = &a->ranks[r];
+            struct cluster_rank *rk = &a->ranks[r];
             if (rk->node != ni || rk->state == RANK_EXITED) continue;
             char rdzv[128];
             snprintf(rdzv, sizeof rdzv, "/v1/rdzv/%s/%d", a->job_id, a->attempt);
-            json_t *spec = json_loads(a->spec, 0, NULL);
+            /* The spec is shared, not copied: nothing modifies it after the
+             * attempt is made, jansson's reference counts are atomic
+             * (JANSSON_THREAD_SAFE_REFCOUNT) and json_dumps() only reads
+             * (its loop check is a per-call table since 2.13; Debian 12 has
+             * 2.14), so replies may serialise it concurrently, after the
+             * mutex is released or the attempt freed. */
             json_array_append_new(
-                arr,
-                json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:s, s:s, s:s}", "job", a->job_id,
-                          "attempt", a->attempt, "rank", r, "world", a->world, "local_rank",
-                          rk->local_rank, "device", rk->device, "spec", spec ? spec : json_object(),
-                          "out_dir", a->out_dir, "rdzv", rdzv, "rdzv_token", a->token));
+                arr, json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:O, s:s, s:s, s:s}", "job",
+                               a->job_id, "attempt", a->attempt, "rank", r, "world", a->world,
+                               "local_rank", rk->local_rank, "device", rk->device, "spec", a->spec,
+                               "out_dir", a->out_dir, "rdzv", rdzv, "rdzv_token", a->token));
         }
     }
     return arr;
 }
 
 static void avoid_set(struct cluster *c, const char *job, const char *node) {
-    struct cl_avoid *v = c->avoid;
+    struct cluster_avoid *v = c->avoid;
     while (v && strcmp(v->job_id, job))
         v = v->next;
     if (!v) {
@@ -426,11 +433,11 @@ static void avoid_set(struct cluster *c, const char *job, const char *node) {
 
 /* Node index to avoid for `job` (-1: none); forget = drop the entry. */
 static int avoid_take(struct cluster *c, const char *job, int forget) {
-    for (struct cl_avoid **pp = &c->avoid; *pp; pp = &(*pp)->next) {
+    for (struct cluster_avoid **pp = &c->avoid; *pp; pp = &(*pp)->next) {
         if (strcmp((*pp)->job_id, job)) continue;
         int ni = cluster_node_find(c, (*pp)->node);
         if (forget) {
-            struct cl_avoid *v = *pp;
+            struct cluster_avoid *v = *pp;
             *pp = v->next;
             free(v);
         }
@@ -441,7 +448,7 @@ static int avoid_take(struct cluster *c, const char *job, int forget) {
 
 /* Does node ni's latest report (received after `after_ms`) still show the
  * rank as alive? */
-static int node_shows_alive(struct cl_node *n, const char *job, int attempt, int rank) {
+static int node_shows_alive(struct cluster_node *n, const char *job, int attempt, int rank) {
     size_t i;
     json_t *t;
     json_array_foreach(n->tasks, i, t) {
@@ -455,39 +462,18 @@ static int node_shows_alive(struct cl_node *n, const char *job, int attempt, int
     return 0;
 }
 
-static void stop_attempt(struct cluster *c, struct cl_attempt *a, int64_t now, const char *reason,
-                         int outcome) {
+static void stop_attempt(struct cluster *c, struct cluster_attempt *a, int64_t now,
+                         enum stop_cause cause, const char *reason) {
     if (a->phase == ATTEMPT_STOPPING) return;
     a->phase = ATTEMPT_STOPPING;
     a->stop_ms = now;
-    a->outcome = outcome;
-    snprintf(a->stop_reason, sizeof a->stop_reason, "%s", reason);
+    a->stop_cause = cause;
+    snprintf(a->stop_reason, sizeof a->stop_reason, "%.*s", (int)sizeof a->stop_reason - 1, reason);
     cluster_changed(c);
     log_info("cluster: stopping attempt %d of job %s: %s", a->attempt, a->job_id, reason);
 }
 
-/* A failed attempt: stop it everywhere and retry or fail the job. */
-static void fail_attempt(struct cluster *c, struct changes *cs, struct cl_attempt *a,
-                         const struct jobinfo *j, int64_t now, const char *why, int no_retry) {
-    char reason[512], pending[300];
-    unsigned from = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING);
-    stop_attempt(c, a, now, why, -1);
-    if (no_retry) {
-        snprintf(reason, sizeof reason, "attempt %d failed: %s; not retried", a->attempt, why);
-        ch_transition(cs, a->job_id, from, JOB_FAILED, a->attempt, reason, NULL);
-    } else if (j->attempt < j->max_retries) {
-        snprintf(reason, sizeof reason, "attempt %d failed: %s; retrying (retry %d of %d)",
-                 a->attempt, why, j->attempt + 1, j->max_retries);
-        snprintf(pending, sizeof pending, "retrying after: %.*s", 270, why);
-        ch_transition(cs, a->job_id, from, JOB_QUEUED, a->attempt, reason, pending);
-    } else {
-        snprintf(reason, sizeof reason, "attempt %d failed: %s; no retries left (max_retries=%d)",
-                 a->attempt, why, j->max_retries);
-        ch_transition(cs, a->job_id, from, JOB_FAILED, a->attempt, reason, NULL);
-    }
-}
-
-static void finalize_attempt(struct cluster *c, struct changes *cs, struct cl_attempt *a,
+static void finalize_attempt(struct cluster *c, struct changes *cs, struct cluster_attempt *a,
                              int64_t now, const char *end_state) {
     /* One usage row per node the attempt used. */
     for (int r = 0; r < a->world; r++) {
@@ -521,326 +507,367 @@ static void finalize_attempt(struct cluster *c, struct changes *cs, struct cl_at
 
 /* ---- one pass of the loop ---- */
 
-static void loop_pass(struct loomd *ld) {
-    struct cluster *c = ld->cluster;
-    struct snapshot snap = {0};
-    struct changes cs = {0};
-    cs.price = ld->cfg.price_gpu_hour;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (store_read(ld->store, snapshot_read, &snap) != STORE_OK) {
-        snapshot_free(&snap);
-        return;
-    }
-    int64_t now = store_now_ms();
-    int64_t node_timeout_ms = ld->cfg.node_timeout * 1000;
-    int64_t hang_ms = ld->cfg.hang_timeout * 1000;
-    int64_t start_timeout_ms = (ld->cfg.hang_timeout > 60 ? ld->cfg.hang_timeout : 60) * 1000;
+/* What one pass works with: the jobs' snapshot, the store changes it
+ * decides, its clock, and a scratch array for the supervisor's input. */
+struct pass {
+    struct loomd *ld;
+    struct cluster *c;
+    struct snapshot snap;
+    struct changes cs;
+    int64_t now;
+    struct supervise_rank *ranks;
+    int ranks_cap;
+};
 
-    pthread_mutex_lock(&c->mu);
-    uint64_t gen0 = c->gen;
-    /* 1. nodes that stopped heartbeating are lost */
+/* 1. nodes that stopped heartbeating are lost */
+static void pass_nodes(struct pass *p) {
+    struct cluster *c = p->c;
     for (int i = 0; i < c->nnodes; i++) {
-        struct cl_node *n = &c->nodes[i];
-        if (!n->lost && now - n->last_hb_ms > node_timeout_ms) {
+        struct cluster_node *n = &c->nodes[i];
+        if (!n->lost && supervise_node_expired(n->last_hb_ms, p->now, p->ld->cfg.node_timeout)) {
             n->lost = 1;
             log_warn("cluster: node %s lost (no heartbeat for %.1f s)", n->name,
-                     (now - n->last_hb_ms) / 1000.0);
+                     (p->now - n->last_hb_ms) / 1000.0);
             cluster_changed(c);
         }
     }
-    /* 2. active attempts: cancel, node loss, rank exits, hangs, success */
-    for (struct cl_attempt *a = c->attempts; a; a = a->next) {
-        if (a->phase != ATTEMPT_ACTIVE) continue;
-        struct jobinfo *j = snap_find(&snap, a->job_id);
-        if (!j || j->attempt != a->attempt || job_state_terminal(j->state)) {
-            stop_attempt(c, a, now, "job is no longer running this attempt", -1);
-            continue;
-        }
-        if (j->state == JOB_CANCELLING) {
-            stop_attempt(c, a, now, "cancelled", JOB_CANCELLED);
-            continue;
-        }
-        if (j->state == JOB_QUEUED) continue; /* placement write still pending */
-        char why[300] = "";
-        int running = 0, ok = 0, no_retry = 0;
-        /* The rank that failed first is the cause; ranks that exit a moment
-         * later usually only noticed their peer was gone. Agents see exits
-         * at their 50 ms polls, so a rank killed by a signal counts as 250 ms
-         * earlier: its peers' "connection lost" exits are the consequence. */
-        int first = -1;
-        int64_t first_key = 0;
-        for (int r = 0; r < a->world; r++) {
-            struct cl_rank *rk = &a->ranks[r];
-            if (rk->state != RANK_EXITED || rk->exit_code == 0) continue;
-            int64_t key = rk->exited_at - (rk->exit_code > 128 ? 250 : 0);
-            if (first < 0 || key < first_key) {
-                first = r;
-                first_key = key;
-            }
-        }
-        if (first >= 0) {
-            struct cl_rank *rk = &a->ranks[first];
-            avoid_set(c, a->job_id, c->nodes[rk->node].name);
-            snprintf(why, sizeof why, "rank %d on node %s %s", first, c->nodes[rk->node].name,
-                     rk->reason[0] ? rk->reason : "exited non-zero");
-            if (rk->exit_code == 2) no_retry = 1; /* bad spec or data */
-        }
-        for (int r = 0; r < a->world && !why[0]; r++) {
-            struct cl_rank *rk = &a->ranks[r];
-            struct cl_node *n = &c->nodes[rk->node];
-            if (rk->state == RANK_EXITED) {
-                ok++;
-            } else if (n->lost) {
-                snprintf(why, sizeof why,
-                         "node %s lost (no heartbeat for %ld s); rank %d was on it", n->name,
-                         ld->cfg.node_timeout, r);
-            } else if (rk->state == RANK_RUNNING) {
-                running++;
-            }
-        }
-        if (why[0]) {
-            fail_attempt(c, &cs, a, j, now, why, no_retry);
-        } else if (ok == a->world) {
-            char reason[128];
-            snprintf(reason, sizeof reason, "all %d ranks exited 0", a->world);
-            if (!a->running)
-                ch_transition(&cs, a->job_id, JOB_MASK(JOB_STARTING), JOB_RUNNING, a->attempt,
-                              "all ranks started", NULL);
-            ch_transition(&cs, a->job_id, JOB_MASK(JOB_RUNNING), JOB_SUCCEEDED, a->attempt, reason,
-                          NULL);
-            a->running = 1;
-            stop_attempt(c, a, now, reason, -1);
-        } else if (!a->running && running + ok == a->world) {
-            char reason[160];
-            snprintf(reason, sizeof reason, "all %d ranks started (%.0f ms after placement)",
-                     a->world, (double)(now - a->started_ms));
-            ch_transition(&cs, a->job_id, JOB_MASK(JOB_STARTING), JOB_RUNNING, a->attempt, reason,
-                          NULL);
-            a->running = 1;
-            a->running_ms = now;
-            a->last_progress_ms = now;
-            hist_observe(&c->start_lat, (now - a->started_ms) / 1000.0);
-        } else if (a->running && now - a->last_progress_ms > hang_ms) {
-            snprintf(why, sizeof why, "no step progress for %ld s (hang timeout)",
-                     (long)((now - a->last_progress_ms) / 1000));
-            fail_attempt(c, &cs, a, j, now, why, 0);
-        } else if (!a->running && now - a->started_ms > start_timeout_ms) {
-            snprintf(why, sizeof why, "ranks did not all start within %ld s",
-                     (long)(start_timeout_ms / 1000));
-            fail_attempt(c, &cs, a, j, now, why, 0);
+}
+
+static enum supervise_job job_view(const struct jobinfo *j, const struct cluster_attempt *a) {
+    if (!j || j->attempt != a->attempt || job_state_terminal(j->state)) return SUPERVISE_JOB_GONE;
+    if (j->state == JOB_CANCELLING) return SUPERVISE_JOB_CANCELLING;
+    if (j->state == JOB_QUEUED) return SUPERVISE_JOB_QUEUED;
+    return SUPERVISE_JOB_ACTIVE;
+}
+
+/* The supervisor's view of one attempt; in->ranks points into p->ranks.
+ * -1 when out of memory (the attempt is judged on the next pass). */
+static int gather(struct pass *p, const struct cluster_attempt *a, const struct jobinfo *j,
+                  const struct supervise_node *nodes, struct supervise_input *in) {
+    if (a->world > p->ranks_cap) {
+        struct supervise_rank *r = realloc(p->ranks, sizeof *r * (size_t)a->world);
+        if (!r) return -1;
+        p->ranks = r;
+        p->ranks_cap = a->world;
+    }
+    for (int r = 0; r < a->world; r++) {
+        const struct cluster_rank *rk = &a->ranks[r];
+        p->ranks[r] =
+            (struct supervise_rank){rk->node, rk->state, rk->exit_code, rk->exited_at, rk->reason};
+    }
+    memset(in, 0, sizeof *in);
+    in->job = job_view(j, a);
+    in->attempt = a->attempt;
+    in->max_retries = j ? j->max_retries : 0;
+    in->world = a->world;
+    in->running = a->running;
+    in->started_ms = a->started_ms;
+    in->last_progress_ms = a->last_progress_ms;
+    in->now_ms = p->now;
+    in->ranks = p->ranks;
+    in->nodes = nodes;
+    in->cfg.node_timeout_s = p->ld->cfg.node_timeout;
+    in->cfg.hang_timeout_s = p->ld->cfg.hang_timeout;
+    return 0;
+}
+
+/* The supervisor's answer as attempt and store changes. */
+static void apply_decision(struct pass *p, struct cluster_attempt *a,
+                           const struct supervise_decision *d) {
+    struct cluster *c = p->c;
+    unsigned live = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING);
+    if (d->started) {
+        ch_transition(&p->cs, a->job_id, JOB_MASK(JOB_STARTING), JOB_RUNNING, a->attempt,
+                      d->start_reason, NULL);
+        a->running = 1;
+        if (d->cause == STOP_NONE) {
+            a->running_ms = p->now;
+            a->last_progress_ms = p->now;
+            hist_observe(&c->start_lat, (p->now - a->started_ms) / 1000.0);
         }
     }
-    /* 3. stopping attempts: release ranks; finish when all are gone */
-    struct cl_attempt **pp = &c->attempts;
+    if (d->cause == STOP_NONE) return;
+    if (d->cause == STOP_SUCCEEDED)
+        ch_transition(&p->cs, a->job_id, JOB_MASK(JOB_RUNNING), JOB_SUCCEEDED, a->attempt,
+                      d->reason, NULL);
+    if (d->cause == STOP_RANK_FAILED) avoid_set(c, a->job_id, c->nodes[d->node].name);
+    stop_attempt(c, a, p->now, d->cause, d->why);
+    if (supervise_is_failure(d->cause))
+        ch_transition(&p->cs, a->job_id, live, d->retry ? JOB_QUEUED : JOB_FAILED, a->attempt,
+                      d->reason, d->retry ? d->pending : NULL);
+}
+
+/* 2. active attempts: the supervisor decides, we apply */
+static void pass_supervise(struct pass *p) {
+    struct cluster *c = p->c;
+    struct supervise_node nodes[CLUSTER_MAX_NODES];
+    for (int i = 0; i < c->nnodes; i++)
+        nodes[i] = (struct supervise_node){c->nodes[i].name, c->nodes[i].lost};
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        if (a->phase != ATTEMPT_ACTIVE) continue;
+        struct supervise_input in;
+        struct supervise_decision d;
+        if (gather(p, a, snap_find(&p->snap, a->job_id), nodes, &in) != 0) continue;
+        supervise_decide(&in, &d);
+        apply_decision(p, a, &d);
+    }
+}
+
+/* A stopping attempt's rank is released once it exited, its node is lost,
+ * or its node's first report after the stop no longer shows it alive. */
+static int release_ranks(struct cluster *c, struct cluster_attempt *a) {
+    int all = 1;
+    for (int r = 0; r < a->world; r++) {
+        struct cluster_rank *rk = &a->ranks[r];
+        struct cluster_node *n = &c->nodes[rk->node];
+        if (!rk->released &&
+            (rk->state == RANK_EXITED || n->lost ||
+             (n->last_hb_ms > a->stop_ms + 300 && !node_shows_alive(n, a->job_id, a->attempt, r))))
+            rk->released = 1;
+        if (!rk->released) all = 0;
+    }
+    return all;
+}
+
+/* 3. stopping attempts: release ranks; finish when all are gone */
+static void pass_reap(struct pass *p) {
+    struct cluster *c = p->c;
+    struct cluster_attempt **pp = &c->attempts;
     while (*pp) {
-        struct cl_attempt *a = *pp;
-        if (a->phase != ATTEMPT_STOPPING) {
+        struct cluster_attempt *a = *pp;
+        if (a->phase != ATTEMPT_STOPPING || !release_ranks(c, a)) {
             pp = &a->next;
             continue;
         }
-        int all = 1;
-        for (int r = 0; r < a->world; r++) {
-            struct cl_rank *rk = &a->ranks[r];
-            struct cl_node *n = &c->nodes[rk->node];
-            if (!rk->released && (rk->state == RANK_EXITED || n->lost ||
-                                  (n->last_hb_ms > a->stop_ms + 300 &&
-                                   !node_shows_alive(n, a->job_id, a->attempt, r))))
-                rk->released = 1;
-            if (!rk->released) all = 0;
-        }
-        if (!all) {
-            pp = &a->next;
-            continue;
-        }
-        const char *end = a->outcome == JOB_CANCELLED ? "cancelled" : "stopped";
         int okc = 0;
         for (int r = 0; r < a->world; r++)
-            if (a->ranks[r].state == RANK_EXITED && a->ranks[r].exit_code == 0) okc++;
-        if (okc == a->world)
-            end = "succeeded";
-        else if (a->outcome != JOB_CANCELLED && strstr(a->stop_reason, "no longer") == NULL)
-            end = "failed";
-        finalize_attempt(c, &cs, a, now, end);
-        if (a->outcome == JOB_CANCELLED)
-            ch_transition(&cs, a->job_id, JOB_MASK(JOB_CANCELLING), JOB_CANCELLED, -1,
+            if (a->ranks[r].state == RANK_EXITED && a->ranks[r].exit_code == LOOM_EXIT_OK) okc++;
+        const char *end = supervise_end_state(a->stop_cause, okc == a->world);
+        finalize_attempt(c, &p->cs, a, p->now, end);
+        if (a->stop_cause == STOP_CANCELLED)
+            ch_transition(&p->cs, a->job_id, JOB_MASK(JOB_CANCELLING), JOB_CANCELLED, -1,
                           "every rank stopped", NULL);
         log_info("cluster: attempt %d of job %s ended (%s): %s", a->attempt, a->job_id, end,
                  a->stop_reason);
         *pp = a->next;
         attempt_free(a);
     }
-    /* 4. jobs without a live attempt: cancelling -> cancelled; orphans */
-    for (int i = 0; i < snap.n; i++) {
-        struct jobinfo *j = &snap.jobs[i];
+}
+
+/* 4. jobs without a live attempt: cancelling -> cancelled; orphans. Avoid-
+ * node hints of jobs that ended are dropped. */
+static void pass_orphans(struct pass *p) {
+    struct cluster *c = p->c;
+    for (int i = 0; i < p->snap.n; i++) {
+        struct jobinfo *j = &p->snap.jobs[i];
         if (j->state == JOB_QUEUED) continue;
-        struct cl_attempt *a = cluster_attempt_find(c, j->id, j->attempt);
-        if (a) continue;
+        if (cluster_attempt_find(c, j->id, j->attempt)) continue;
         if (j->state == JOB_CANCELLING)
-            ch_transition(&cs, j->id, JOB_MASK(JOB_CANCELLING), JOB_CANCELLED, -1,
+            ch_transition(&p->cs, j->id, JOB_MASK(JOB_CANCELLING), JOB_CANCELLED, -1,
                           "no rank was running", NULL);
         else if (j->state == JOB_STARTING || j->state == JOB_RUNNING)
-            ch_transition(&cs, j->id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
-                          j->attempt < j->max_retries ? JOB_QUEUED : JOB_FAILED, j->attempt,
-                          "attempt state was lost (loomd restarted without it)",
+            ch_transition(&p->cs, j->id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
+                          supervise_retries_left(j->attempt, j->max_retries) > 0 ? JOB_QUEUED
+                                                                                 : JOB_FAILED,
+                          j->attempt, "attempt state was lost (loomd restarted without it)",
                           "retrying: attempt state was lost");
     }
-    /* Avoid-node hints of jobs that ended are dropped. */
-    for (struct cl_avoid **pp = &c->avoid; *pp;) {
-        if (snap_find(&snap, (*pp)->job_id)) {
+    for (struct cluster_avoid **pp = &c->avoid; *pp;) {
+        if (snap_find(&p->snap, (*pp)->job_id)) {
             pp = &(*pp)->next;
             continue;
         }
-        struct cl_avoid *v = *pp;
+        struct cluster_avoid *v = *pp;
         *pp = v->next;
         free(v);
     }
-    /* 5. placement */
+}
+
+/* The attempt for a placed job: ranks, spec (parsed once, here), token, and
+ * the placement transition plus the attempts row it is recorded with. */
+static void place_one(struct pass *p, const struct jobinfo *j, const struct sched_decision *sd) {
+    struct cluster *c = p->c;
+    int64_t now = p->now;
+    avoid_take(c, j->id, 1);
+    struct cluster_attempt *a = calloc(1, sizeof *a);
+    struct cluster_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
+    if (!a || !ranks || auth_new_token(a->token, sizeof a->token) != 0) {
+        free(a);
+        free(ranks);
+        return;
+    }
+    snprintf(a->job_id, sizeof a->job_id, "%s", j->id);
+    snprintf(a->tenant_id, sizeof a->tenant_id, "%s", j->tenant_id);
+    a->attempt = j->attempt;
+    a->world = j->world;
+    a->ranks = ranks;
+    struct spec_read sr = {j->id, NULL};
+    store_read(p->ld->store, read_spec, &sr);
+    a->spec = sr.spec ? json_loads(sr.spec, 0, NULL) : NULL;
+    if (!a->spec) a->spec = json_object();
+    free(sr.spec);
+    a->out_dir = strdup(j->out_dir);
+    a->stop_cause = STOP_NONE;
+    a->started_ms = now;
+    a->last_progress_ms = now;
+    a->rdzv = json_object();
+    json_t *pl = json_array();
+    char summary[256] = "";
+    size_t off = 0;
+    for (int r = 0; r < j->world; r++) {
+        ranks[r].node = sd->ranks[r].node;
+        ranks[r].device = sd->ranks[r].device;
+        ranks[r].last_step = -1;
+        for (int q = 0; q < r; q++)
+            if (ranks[q].node == ranks[r].node) ranks[r].local_rank++;
+        json_array_append_new(pl, json_pack("{s:i, s:s, s:i, s:i}", "rank", r, "node",
+                                            c->nodes[ranks[r].node].name, "device", ranks[r].device,
+                                            "local_rank", ranks[r].local_rank));
+        if ((r == 0 || ranks[r].node != ranks[r - 1].node) && off < sizeof summary)
+            off += (size_t)snprintf(summary + off, sizeof summary - off, "%s%s", r ? ", " : "",
+                                    c->nodes[ranks[r].node].name);
+    }
+    char *pltext = json_dumps(pl, JSON_COMPACT);
+    json_decref(pl);
+    char reason[400];
+    snprintf(reason, sizeof reason, "placed %d rank(s) on %s", j->world, summary);
+    ch_transition(&p->cs, j->id, JOB_MASK(JOB_QUEUED), JOB_STARTING, j->attempt, reason, NULL);
+    p->cs.v[p->cs.n - 1].text2 = pltext;
+    struct change *ins = ch_add(&p->cs, CH_ATTEMPT_INSERT, j->id);
+    if (ins) {
+        ins->attempt = a->attempt;
+        ins->world = a->world;
+        snprintf(ins->tenant_id, sizeof ins->tenant_id, "%s", a->tenant_id);
+        ins->t0 = now;
+        ins->text = pltext ? strdup(pltext) : strdup("[]");
+        ins->text2 = strdup(a->token);
+    }
+    a->next = c->attempts;
+    c->attempts = a;
+    hist_observe(&c->queue_wait, (now - j->queued_since) / 1000.0);
+    cluster_changed(c);
+}
+
+/* The scheduler's view of the nodes: state, and the devices that unreleased
+ * ranks hold (which also count against their tenants' quotas). */
+static void sched_nodes(struct pass *p, struct sched_node *sn) {
+    struct cluster *c = p->c;
+    for (int i = 0; i < c->nnodes; i++) {
+        struct cluster_node *n = &c->nodes[i];
+        sn[i].name = n->name;
+        sn[i].kind = n->kind;
+        sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
+        sn[i].state = n->lost || !n->seen                             ? SCHED_NODE_LOST
+                      : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
+                                                                      : SCHED_NODE_READY;
+    }
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
+        for (int r = 0; r < a->world; r++) {
+            if (a->ranks[r].released) continue;
+            if (a->ranks[r].device < 64)
+                sn[a->ranks[r].node].busy |= (uint64_t)1 << a->ranks[r].device;
+            for (int q = 0; q < p->snap.nq; q++)
+                if (!strcmp(p->snap.quotas[q].tenant, a->tenant_id)) p->snap.quotas[q].used_gpus++;
+        }
+}
+
+/* 5. placement */
+static void pass_place(struct pass *p) {
+    struct cluster *c = p->c;
+    struct snapshot *snap = &p->snap;
+    size_t nj = (size_t)(snap->n ? snap->n : 1);
     struct sched_node *sn = calloc((size_t)(c->nnodes ? c->nnodes : 1), sizeof *sn);
-    struct sched_job *sj = calloc((size_t)(snap.n ? snap.n : 1), sizeof *sj);
-    struct sched_decision *sd = calloc((size_t)(snap.n ? snap.n : 1), sizeof *sd);
-    struct jobinfo **qj = calloc((size_t)(snap.n ? snap.n : 1), sizeof *qj);
+    struct sched_job *sj = calloc(nj, sizeof *sj);
+    struct sched_decision *sd = calloc(nj, sizeof *sd);
+    struct jobinfo **qj = calloc(nj, sizeof *qj);
     int nq = 0;
-    if (sn && sj && sd && qj) {
-        for (int i = 0; i < c->nnodes; i++) {
-            struct cl_node *n = &c->nodes[i];
-            sn[i].name = n->name;
-            sn[i].kind = n->kind;
-            sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
-            sn[i].state = n->lost || !n->seen                             ? SCHED_NODE_LOST
-                          : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
-                                                                          : SCHED_NODE_READY;
-        }
-        for (struct cl_attempt *a = c->attempts; a; a = a->next)
-            for (int r = 0; r < a->world; r++) {
-                if (a->ranks[r].released) continue;
-                if (a->ranks[r].device < 64)
-                    sn[a->ranks[r].node].busy |= (uint64_t)1 << a->ranks[r].device;
-                for (int q = 0; q < snap.nq; q++)
-                    if (!strcmp(snap.quotas[q].tenant, a->tenant_id)) snap.quotas[q].used_gpus++;
-            }
-        for (int i = 0; i < snap.n; i++) {
-            struct jobinfo *j = &snap.jobs[i];
-            if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
-            sj[nq] = (struct sched_job){j->id,       j->tenant_id,  j->kind,
-                                        j->priority, j->created_at, j->world,
-                                        j->tp,       j->per_node,   avoid_take(c, j->id, 0)};
-            qj[nq++] = j;
-        }
-        struct sched_cluster cl = {sn, c->nnodes, snap.quotas, snap.nq};
-        if (nq > 0 && sched_place(&cl, sj, nq, sd) >= 0) {
-            for (int k = 0; k < nq; k++) {
-                struct jobinfo *j = qj[k];
-                if (!sd[k].placed) {
-                    if (!j->pending || strcmp(j->pending, sd[k].reason)) {
-                        struct change *p = ch_add(&cs, CH_PENDING, j->id);
-                        if (p) p->text = strdup(sd[k].reason);
-                    }
-                    continue;
-                }
-                avoid_take(c, j->id, 1);
-                struct cl_attempt *a = calloc(1, sizeof *a);
-                struct cl_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
-                if (!a || !ranks || auth_new_token(a->token, sizeof a->token) != 0) {
-                    free(a);
-                    free(ranks);
-                    continue;
-                }
-                snprintf(a->job_id, sizeof a->job_id, "%s", j->id);
-                snprintf(a->tenant_id, sizeof a->tenant_id, "%s", j->tenant_id);
-                a->attempt = j->attempt;
-                a->world = j->world;
-                a->ranks = ranks;
-                struct spec_read sr = {j->id, NULL};
-                store_read(ld->store, read_spec, &sr);
-                a->spec = sr.spec ? sr.spec : strdup("{}");
-                a->out_dir = strdup(j->out_dir);
-                a->outcome = -1;
-                a->started_ms = now;
-                a->last_progress_ms = now;
-                a->rdzv = json_object();
-                json_t *pl = json_array();
-                char summary[256] = "";
-                size_t off = 0;
-                for (int r = 0; r < j->world; r++) {
-                    ranks[r].node = sd[k].ranks[r].node;
-                    ranks[r].device = sd[k].ranks[r].device;
-                    ranks[r].last_step = -1;
-                    for (int q = 0; q < r; q++)
-                        if (ranks[q].node == ranks[r].node) ranks[r].local_rank++;
-                    json_array_append_new(pl, json_pack("{s:i, s:s, s:i, s:i}", "rank", r, "node",
-                                                        c->nodes[ranks[r].node].name, "device",
-                                                        ranks[r].device, "local_rank",
-                                                        ranks[r].local_rank));
-                    if ((r == 0 || ranks[r].node != ranks[r - 1].node) && off < sizeof summary)
-                        off += (size_t)snprintf(summary + off, sizeof summary - off, "%s%s",
-                                                r ? ", " : "", c->nodes[ranks[r].node].name);
-                }
-                char *pltext = json_dumps(pl, JSON_COMPACT);
-                json_decref(pl);
-                char reason[400];
-                snprintf(reason, sizeof reason, "placed %d rank(s) on %s", j->world, summary);
-                ch_transition(&cs, j->id, JOB_MASK(JOB_QUEUED), JOB_STARTING, j->attempt, reason,
-                              NULL);
-                cs.v[cs.n - 1].text2 = pltext;
-                struct change *ins = ch_add(&cs, CH_ATTEMPT_INSERT, j->id);
-                if (ins) {
-                    ins->attempt = a->attempt;
-                    ins->world = a->world;
-                    snprintf(ins->tenant_id, sizeof ins->tenant_id, "%s", a->tenant_id);
-                    ins->t0 = now;
-                    ins->text = pltext ? strdup(pltext) : strdup("[]");
-                    ins->text2 = strdup(a->token);
-                }
-                a->next = c->attempts;
-                c->attempts = a;
-                hist_observe(&c->queue_wait, (now - j->queued_since) / 1000.0);
-                cluster_changed(c);
-            }
-            sched_decisions_free(sd, nq);
+    if (!sn || !sj || !sd || !qj) goto out;
+    sched_nodes(p, sn);
+    for (int i = 0; i < snap->n; i++) {
+        struct jobinfo *j = &snap->jobs[i];
+        if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
+        sj[nq] = (struct sched_job){j->id,       j->tenant_id,  j->kind,
+                                    j->priority, j->created_at, j->world,
+                                    j->tp,       j->per_node,   avoid_take(c, j->id, 0)};
+        qj[nq++] = j;
+    }
+    struct sched_cluster cl = {sn, c->nnodes, snap->quotas, snap->nq};
+    if (nq == 0 || sched_place(&cl, sj, nq, sd) < 0) goto out;
+    for (int k = 0; k < nq; k++) {
+        struct jobinfo *j = qj[k];
+        if (sd[k].placed) {
+            place_one(p, j, &sd[k]);
+        } else if (!j->pending || strcmp(j->pending, sd[k].reason)) {
+            struct change *ch = ch_add(&p->cs, CH_PENDING, j->id);
+            if (ch) ch->text = strdup(sd[k].reason);
         }
     }
+    sched_decisions_free(sd, nq);
+out:
     free(sn);
     free(sj);
     free(sd);
     free(qj);
-    int changed = c->gen != gen0;
-    pthread_mutex_unlock(&c->mu);
+}
 
+/* After the mutex: publish, write, and stop placements whose write failed. */
+static void pass_commit(struct pass *p, int changed) {
+    struct cluster *c = p->c;
     /* Publish new placements and stops at once: agents act on them while the
      * store write commits (an agent start is harmless if the write failed:
      * the next pass removes the attempt and the agent stops it). */
     if (changed) http_notify_signal(&c->assign);
-    if (cs.n > 0) {
-        store_write(ld->store, apply_changes, &cs);
-        /* Placements whose transition failed (cancelled meanwhile): drop. */
-        pthread_mutex_lock(&c->mu);
-        int dropped = 0;
-        for (int i = 0; i < cs.n; i++) {
-            struct change *ch = &cs.v[i];
-            if (ch->kind != CH_ATTEMPT_INSERT || ch->result == STORE_OK) continue;
-            struct cl_attempt **ap = &c->attempts;
-            while (*ap) {
-                struct cl_attempt *a = *ap;
-                if (a->attempt == ch->attempt && !strcmp(a->job_id, ch->job_id) &&
-                    a->phase == ATTEMPT_ACTIVE) {
-                    stop_attempt(c, a, now, "placement was not recorded", -1);
-                    dropped = 1;
-                }
-                ap = &a->next;
+    if (p->cs.n == 0) return;
+    store_write(p->ld->store, apply_changes, &p->cs);
+    /* Placements whose transition failed (cancelled meanwhile): drop. */
+    pthread_mutex_lock(&c->mu);
+    int dropped = 0;
+    for (int i = 0; i < p->cs.n; i++) {
+        struct change *ch = &p->cs.v[i];
+        if (ch->kind != CH_ATTEMPT_INSERT || ch->result == STORE_OK) continue;
+        for (struct cluster_attempt *a = c->attempts; a; a = a->next)
+            if (a->attempt == ch->attempt && !strcmp(a->job_id, ch->job_id) &&
+                a->phase == ATTEMPT_ACTIVE) {
+                stop_attempt(c, a, p->now, STOP_NOT_RECORDED, "placement was not recorded");
+                dropped = 1;
             }
-        }
-        pthread_mutex_unlock(&c->mu);
-        if (dropped) http_notify_signal(&c->assign);
     }
+    pthread_mutex_unlock(&c->mu);
+    if (dropped) http_notify_signal(&c->assign);
+}
+
+static void loop_pass(struct loomd *ld) {
+    struct cluster *c = ld->cluster;
+    struct pass p = {.ld = ld, .c = c};
+    p.cs.price = ld->cfg.price_gpu_hour;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (store_read(ld->store, snapshot_read, &p.snap) != STORE_OK) {
+        snapshot_free(&p.snap);
+        return;
+    }
+    p.now = store_now_ms();
+
+    pthread_mutex_lock(&c->mu);
+    uint64_t gen0 = c->gen;
+    pass_nodes(&p);
+    pass_supervise(&p);
+    pass_reap(&p);
+    pass_orphans(&p);
+    pass_place(&p);
+    int changed = c->gen != gen0;
+    pthread_mutex_unlock(&c->mu);
+
+    pass_commit(&p, changed);
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_mutex_lock(&c->mu);
     hist_observe(&c->sched_lat,
                  (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
     pthread_mutex_unlock(&c->mu);
-    changes_free(&cs);
-    snapshot_free(&snap);
+    free(p.ranks);
+    changes_free(&p.cs);
+    snapshot_free(&p.snap);
 }
 
 static void *loop_main(void *arg) {
@@ -878,8 +905,8 @@ static int load_state(struct store_tx *tx, void *arg) {
     sqlite3_stmt *st =
         store_stmt(tx, "SELECT name, kind, devices, drained, hostname, registered_at FROM nodes");
     if (!st) return STORE_ERR;
-    while (sqlite3_step(st) == SQLITE_ROW && c->nnodes < CL_MAX_NODES) {
-        struct cl_node *n = &c->nodes[c->nnodes++];
+    while (sqlite3_step(st) == SQLITE_ROW && c->nnodes < CLUSTER_MAX_NODES) {
+        struct cluster_node *n = &c->nodes[c->nnodes++];
         memset(n, 0, sizeof *n);
         snprintf(n->name, sizeof n->name, "%s", (const char *)sqlite3_column_text(st, 0));
         snprintf(n->kind, sizeof n->kind, "%s", (const char *)sqlite3_column_text(st, 1));
@@ -907,7 +934,7 @@ static int load_state(struct store_tx *tx, void *arg) {
     while (sqlite3_step(st) == SQLITE_ROW) {
         json_t *pl = json_loads((const char *)sqlite3_column_text(st, 4), 0, NULL);
         int world = sqlite3_column_int(st, 5);
-        struct cl_attempt *a = calloc(1, sizeof *a);
+        struct cluster_attempt *a = calloc(1, sizeof *a);
         if (!a || !json_is_array(pl) || (int)json_array_size(pl) != world || world <= 0) {
             free(a);
             json_decref(pl);
@@ -919,11 +946,12 @@ static int load_state(struct store_tx *tx, void *arg) {
         snprintf(a->token, sizeof a->token, "%s", (const char *)sqlite3_column_text(st, 3));
         a->world = world;
         a->started_ms = sqlite3_column_int64(st, 6);
-        a->spec = strdup((const char *)sqlite3_column_text(st, 7));
+        a->spec = json_loads((const char *)sqlite3_column_text(st, 7), 0, NULL);
+        if (!a->spec) a->spec = json_object();
         a->out_dir = strdup((const char *)sqlite3_column_text(st, 8));
         const char *jstate = (const char *)sqlite3_column_text(st, 9);
         a->running = jstate && !strcmp(jstate, "running");
-        a->outcome = -1;
+        a->stop_cause = STOP_NONE;
         a->last_progress_ms = now;
         a->rdzv = json_object();
         a->ranks = calloc((size_t)world, sizeof *a->ranks);
@@ -958,8 +986,8 @@ static int load_state(struct store_tx *tx, void *arg) {
                         "a.state = 'active'");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
-        struct cl_attempt *a = cluster_attempt_find(c, (const char *)sqlite3_column_text(st, 0),
-                                                    sqlite3_column_int(st, 1));
+        struct cluster_attempt *a = cluster_attempt_find(
+            c, (const char *)sqlite3_column_text(st, 0), sqlite3_column_int(st, 1));
         json_t *v = json_loads((const char *)sqlite3_column_text(st, 3), JSON_DECODE_ANY, NULL);
         if (a && v) json_object_set(a->rdzv, (const char *)sqlite3_column_text(st, 2), v);
         json_decref(v);
@@ -1029,12 +1057,12 @@ void cluster_stop(struct loomd *ld) {
     if (c->loop_started) pthread_join(c->loop, NULL);
     if (c->forward_started) pthread_join(c->forward, NULL);
     while (c->attempts) {
-        struct cl_attempt *n = c->attempts->next;
+        struct cluster_attempt *n = c->attempts->next;
         attempt_free(c->attempts);
         c->attempts = n;
     }
     while (c->avoid) {
-        struct cl_avoid *n = c->avoid->next;
+        struct cluster_avoid *n = c->avoid->next;
         free(c->avoid);
         c->avoid = n;
     }

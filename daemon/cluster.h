@@ -8,18 +8,17 @@
  * An attempt is one try of a job: a placement (node + device per rank), an
  * attempt-scoped rendezvous token, and per-rank states reported by the agents.
  * The scheduler loop (one thread) is the only place that changes job states
- * for scheduling and failures: it places queued jobs (sched_place), turns
- * starting into running when every rank runs, fails an attempt when a rank
- * exits non-zero, its node is lost or it makes no step progress for the hang
- * timeout, retries (queued, attempt + 1) until max_retries, finishes
- * succeeded / cancelled jobs, and writes usage rows when an attempt's ranks
- * have all stopped. HTTP handlers only record reports and wake the loop.
+ * for scheduling and failures: it places queued jobs (sched_place), asks the
+ * supervisor (daemon/supervise.h) about each active attempt (running, rank
+ * failed, node lost, hang, start timeout, success, cancel; retry or fail)
+ * and applies the answer, and writes usage rows when an attempt's ranks have
+ * all stopped. HTTP handlers only record reports and wake the loop.
  *
  * Agents learn their work as a desired task set per node (long-poll on
  * `assign`): a rank is in the set while its attempt is active and the rank has
  * not exited; removal is the kill signal. See docs/internals/agent.md. */
-#ifndef LOOM_DAEMON_ATTEMPTS_H
-#define LOOM_DAEMON_ATTEMPTS_H
+#ifndef LOOM_DAEMON_CLUSTER_H
+#define LOOM_DAEMON_CLUSTER_H
 
 #include <jansson.h>
 #include <pthread.h>
@@ -27,14 +26,13 @@
 #include <stdio.h>
 
 #include "daemon/http.h"
+#include "daemon/supervise.h"
 
 struct loomd;
 
-#define CL_MAX_NODES 256
+#define CLUSTER_MAX_NODES 256
 
-enum rank_state { RANK_PENDING = 0, RANK_RUNNING = 1, RANK_EXITED = 2 };
-
-struct cl_rank {
+struct cluster_rank {
     int node;       /* index into cluster.nodes */
     int device;     /* device index on the node */
     int local_rank; /* index among the attempt's ranks on that node */
@@ -48,26 +46,26 @@ struct cl_rank {
 
 enum attempt_phase { ATTEMPT_ACTIVE = 0, ATTEMPT_STOPPING = 1 };
 
-struct cl_attempt {
+struct cluster_attempt {
     char job_id[24];
     char tenant_id[24];
     int attempt;
     int world;
     char token[72];
-    char *spec;    /* canonical spec JSON text (owned) */
+    json_t *spec;  /* the job spec, parsed once when the attempt is made (owned) */
     char *out_dir; /* owned */
     enum attempt_phase phase;
-    int outcome; /* job state to reach when stopping ends (enum job_state), -1: none */
-    int running; /* job moved to running */
+    enum stop_cause stop_cause; /* why it is stopping (STOP_NONE while active) */
+    int running;                /* job moved to running */
     int64_t started_ms, stop_ms, last_progress_ms, running_ms;
     char stop_reason[256];
-    struct cl_rank *ranks; /* world entries */
-    json_t *rdzv;          /* key -> value (rendezvous) */
-    json_t *last_step;     /* rank 0's latest step record (for /metrics) */
-    struct cl_attempt *next;
+    struct cluster_rank *ranks; /* world entries */
+    json_t *rdzv;               /* key -> value (rendezvous) */
+    json_t *last_step;          /* rank 0's latest step record (for /metrics) */
+    struct cluster_attempt *next;
 };
 
-struct cl_node {
+struct cluster_node {
     char name[64];
     char kind[8];
     char hostname[128];
@@ -84,18 +82,18 @@ struct cl_node {
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */
-#define CL_HIST_BUCKETS 12
-struct cl_hist {
-    uint64_t counts[CL_HIST_BUCKETS + 1];
+#define CLUSTER_HIST_BUCKETS 12
+struct cluster_hist {
+    uint64_t counts[CLUSTER_HIST_BUCKETS + 1];
     double sum;
     uint64_t n;
 };
 
 /* A job's next attempt prefers other nodes than the one it last failed on. */
-struct cl_avoid {
+struct cluster_avoid {
     char job_id[24];
     char node[64];
-    struct cl_avoid *next;
+    struct cluster_avoid *next;
 };
 
 struct cluster {
@@ -107,18 +105,18 @@ struct cluster {
     struct http_notify wake;   /* wake the scheduler loop */
     char epoch[20];            /* random per loomd process: versions never repeat */
     uint64_t gen;              /* bumped whenever any desired set changes */
-    struct cl_node nodes[CL_MAX_NODES];
+    struct cluster_node nodes[CLUSTER_MAX_NODES];
     int nnodes;
-    struct cl_attempt *attempts;
-    struct cl_avoid *avoid; /* per retried job, until it is placed again */
+    struct cluster_attempt *attempts;
+    struct cluster_avoid *avoid; /* per retried job, until it is placed again */
     pthread_t loop, forward;
     int loop_started, forward_started;
     volatile int stopping;
     char logs_dir[1024];
-    json_t *prices;            /* <data-dir>/gpu_prices.json: {"GPU model": price per GPU-hour} */
-    struct cl_hist queue_wait; /* submit -> placed, seconds */
-    struct cl_hist sched_lat;  /* one scheduling pass, seconds */
-    struct cl_hist start_lat;  /* placed -> all ranks running, seconds */
+    json_t *prices; /* <data-dir>/gpu_prices.json: {"GPU model": price per GPU-hour} */
+    struct cluster_hist queue_wait; /* submit -> placed, seconds */
+    struct cluster_hist sched_lat;  /* one scheduling pass, seconds */
+    struct cluster_hist start_lat;  /* placed -> all ranks running, seconds */
 };
 
 /* Module hooks (one row in loomd.c's module table). */
@@ -130,7 +128,7 @@ void cluster_kick(struct loomd *ld);
 
 /* Helpers for the other cluster files; caller holds c->mu. */
 int cluster_node_find(struct cluster *c, const char *name); /* index or -1 */
-struct cl_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt);
+struct cluster_attempt *cluster_attempt_find(struct cluster *c, const char *job_id, int attempt);
 /* Bumps the desired-set generation; caller signals c->assign after unlocking. */
 void cluster_changed(struct cluster *c);
 /* Records one task object reported by node `ni` (heartbeat/register). */
