@@ -9,7 +9,7 @@
  * world only, so a token of one world (or any tenant's API token) cannot read
  * another's keys: 403 RDZV_FORBIDDEN. Keys are written once (a different
  * second value is 409 RDZV_KEY_EXISTS; more than RDZV_MAX_KEYS is 409
- * RDZV_FULL); a value that is not a string is 400 BAD_RDZV_VALUE, one over
+ * RDZV_FULL); a value that is not a string is 400 INVALID_RDZV_VALUE, one over
  * RDZV_MAX_VALUE bytes 413 PAYLOAD_TOO_LARGE. Values live in memory for as
  * long as the world runs; attempts also record them in the store first. */
 #ifndef LOOM_DAEMON_RDZV_H

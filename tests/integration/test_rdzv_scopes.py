@@ -5,7 +5,7 @@ rdzv_scope_get. A real loomd; this script plays the agent of one node (register,
 take the check's part with the join token, which hands out the check token)
 and asserts, with the check token:
   - PUT stores (200), the same value again is 200, another value is
-    409 RDZV_KEY_EXISTS, a value that is not a string is 400 BAD_RDZV_VALUE,
+    409 RDZV_KEY_EXISTS, a value that is not a string is 400 INVALID_RDZV_VALUE,
     one over 256 KiB is 413 PAYLOAD_TOO_LARGE;
   - GET returns the stored value; a missing key is 404 RDZV_KEY_NOT_FOUND after
     the wait (not before); a waiting GET is woken by the PUT of its key;
@@ -110,7 +110,7 @@ def scenario(url):
     st, r = call(url, "PUT", base + "/k1", {"value": "Yg=="}, token=tok)
     check(st == 409 and code(r) == "RDZV_KEY_EXISTS", "other value: %s %s" % (st, r))
     st, r = call(url, "PUT", base + "/k2", {"value": 7}, token=tok)
-    check(st == 400 and code(r) == "BAD_RDZV_VALUE", "number value: %s %s" % (st, r))
+    check(st == 400 and code(r) == "INVALID_RDZV_VALUE", "number value: %s %s" % (st, r))
     st, r = call(url, "PUT", base + "/k3", {"value": "x" * (256 * 1024 + 1)}, token=tok)
     check(st == 413 and code(r) == "PAYLOAD_TOO_LARGE", "oversized value: %s %s" % (st, r))
     st, r = call(url, "GET", base + "/k1", token=tok)
