@@ -52,7 +52,6 @@
     X(KIND_MISMATCH, 409, "the two nodes have different device kinds")                             \
     X(CHECK_NOT_RUNNING, 409, "the node check has no open part for the node")                      \
     X(RDZV_KEY_EXISTS, 409, "the rendezvous key is write-once and already set")                    \
-    X(RDZV_CONFLICT, 409, "the rendezvous key holds another value")                                \
     X(RDZV_FULL, 409, "the rendezvous holds too many keys")                                        \
     X(PAYLOAD_TOO_LARGE, 413, "the body is over --max-body")                                       \
     X(UNSUPPORTED_MEDIA_TYPE, 415, "a body that is not application/json")                          \

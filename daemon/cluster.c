@@ -13,7 +13,9 @@
 
 #include "api/exit_codes.h"
 #include "api/gpu_types.h"
+#include "common/buf.h"
 #include "common/log.h"
+#include "common/token.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
@@ -23,7 +25,6 @@
 #include "daemon/usage.h"
 
 #include <errno.h>
-#include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -71,13 +72,7 @@ static void snapshot_free(struct snapshot *s) {
 
 static int snap_job(const struct store_job *j, void *arg) {
     struct snapshot *s = arg;
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 64;
-        struct jobinfo *p = realloc(s->jobs, sizeof *p * (size_t)cap);
-        if (!p) return -1;
-        s->jobs = p;
-        s->cap = cap;
-    }
+    if (BUF_GROW(s->jobs, s->cap, s->n + 1, 64) != 0) return -1;
     struct jobinfo *ji = &s->jobs[s->n];
     memset(ji, 0, sizeof *ji);
     snprintf(ji->id, sizeof ji->id, "%s", j->id);
@@ -225,13 +220,7 @@ struct changes {
 };
 
 static struct change *ch_add(struct changes *cs, enum change_kind k, const char *job_id) {
-    if (cs->n == cs->cap) {
-        int cap = cs->cap ? cs->cap * 2 : 32;
-        struct change *p = realloc(cs->v, sizeof *p * (size_t)cap);
-        if (!p) return NULL;
-        cs->v = p;
-        cs->cap = cap;
-    }
+    if (BUF_GROW(cs->v, cs->cap, cs->n + 1, 32) != 0) return NULL;
     struct change *c = &cs->v[cs->n++];
     memset(c, 0, sizeof *c);
     c->kind = k;
@@ -541,14 +530,6 @@ static void finalize_attempt(struct cluster *c, struct changes *cs, struct clust
     }
 }
 
-static void rand_hex(char *out, size_t bytes) {
-    unsigned char r[16];
-    if (bytes > sizeof r) bytes = sizeof r;
-    if (RAND_bytes(r, (int)bytes) != 1) memset(r, 0, sizeof r);
-    for (size_t i = 0; i < bytes; i++)
-        sprintf(out + 2 * i, "%02x", r[i]);
-}
-
 /* ---- one pass of the loop ---- */
 
 /* What one pass works with: the jobs' snapshot, the store changes it
@@ -735,7 +716,7 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
     avoid_take(c, j->id, 1);
     struct cluster_attempt *a = calloc(1, sizeof *a);
     struct cluster_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
-    if (!a || !ranks) {
+    if (!a || !ranks || auth_new_token(a->token, sizeof a->token) != 0) {
         free(a);
         free(ranks);
         return;
@@ -755,7 +736,6 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
     a->started_ms = now;
     a->last_progress_ms = now;
     a->rdzv = json_object();
-    if (auth_new_token(a->token, sizeof a->token) != 0) rand_hex(a->token, 16);
     json_t *pl = json_array();
     char summary[256] = "";
     size_t off = 0;
@@ -1063,7 +1043,11 @@ int cluster_start(struct loomd *ld) {
     http_notify_init(&c->rdzv);
     http_notify_init(&c->logs);
     http_notify_init(&c->wake);
-    rand_hex(c->epoch, 8);
+    if (token_hex(c->epoch, sizeof c->epoch, 8) != 0) {
+        log_error("cluster: no random bytes for the epoch");
+        free(c);
+        return -1;
+    }
     snprintf(c->logs_dir, sizeof c->logs_dir, "%s/logs", ld->cfg.data_dir);
     if (mkdir(c->logs_dir, 0755) != 0 && errno != EEXIST) {
         log_error("cluster: cannot create %s: %s", c->logs_dir, strerror(errno));

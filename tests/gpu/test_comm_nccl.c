@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/nccl/pair.h"
+#define CHECK_WITH_PID
 #include "tests/check.h"
 #include "worker/safetensors.h" /* st_f32_to_bf16, st_bf16_to_f32 */
 

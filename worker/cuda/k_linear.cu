@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 extern "C" {
+#include "common/clock.h"
 #include "common/log.h"
 }
 #include "worker/cuda/kernels.h"
@@ -167,12 +168,6 @@ static int overlap(const void *p, size_t pn, const void *q, size_t qn) {
     if (!p || !q || !pn || !qn) return 0;
     uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
     return a < b + qn && b < a + pn;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 /* The configuration attributes of an algorithm (-1 where unreadable). */
@@ -454,7 +449,7 @@ static int lt_tune(struct lk_blas *b, const char *what, const struct mm_call *c,
             return 0;
         }
     }
-    double t_start = now_ms();
+    double t_start = clock_mono_msf();
     float best[LK_CANDS];
     int ok[LK_CANDS];
     for (int i = 0; i < nc; i++) {
@@ -484,7 +479,7 @@ static int lt_tune(struct lk_blas *b, const char *what, const struct mm_call *c,
         if (ok[i] && (pick < 0 || best[i] < best[pick])) pick = i;
     if (pick < 0) pick = 0; /* nothing ran: #0, which the real call then checks */
     if (ok[0] && best[pick] > LK_TUNE_MARGIN * best[0]) pick = 0;
-    b->st.tune_ms += now_ms() - t_start;
+    b->st.tune_ms += clock_mono_msf() - t_start;
     char ad[200];
     algo_describe(&res[pick].algo, ad, sizeof ad);
     if (ok[0])
