@@ -8,12 +8,13 @@
 #             LOOM_BLAS_TUNE / LOOM_BLAS_ALGO_CACHE): heuristic #0, tuned,
 #             tuned writing a table, that table replayed (its loss lines must
 #             equal the writer's), heuristic again
-#   fusions   DGELU fusion off / on, norm backward variants 1-3 (the fastest
-#             is then used), GEMM tuning on top, the first two again, a profile
+#   fusions   DGELU fusion off / on (LOOM_FUSE_DGELU), GEMM tuning on top, the
+#             first two again, a profile (the norm variants that lost their
+#             measurement live in dev/cuda: bench_norm times them)
 #   micro     bench_adamw, bench_attn 20, bench_norm 30 (every variant in one
 #             process, with agreement and bit-repeat checks)
-#   attn      attention kernel variants (LOOM_ATTN_FWD_VARIANT /
-#             LOOM_ATTN_BWD_VARIANT): GPU ms per step and the attention class
+#   attn      bench_attn: every attention variant of dev/cuda beside the
+#             shipped kernel, in one process
 #   ncu       Nsight Compute on the attention, cross-entropy, norm, GELU and
 #             AdamW kernels (when ncu is found)
 # Summary on stdout, logs under $OUT.
@@ -28,11 +29,6 @@ bench() { # NAME VAR=VAL...: one loom-gpu-bench run; its speed, matmul time and 
     env "$@" timeout 240 "${B[@]}" ${EXTRA:-} >"$OUT/bench_$n.out" 2>"$OUT/bench_$n.err"
     echo "bench $n rc=$? $(grep -o '"step_ms_median":[0-9.]*\|"tokens_per_s":[0-9]*\|"matmul":[0-9.]*\|"loss":[0-9.]*' \
         "$OUT/bench_$n.out" | tr '\n' ' ')"
-}
-step_ms() { # NAME: the run's median step ms, 999 when it has none
-    local v
-    v=$(grep -o '"step_ms_median":[0-9.]*' "$OUT/bench_$1.out" | cut -d: -f2)
-    echo "${v:-999}"
 }
 for m in "${modes[@]}"; do
     case $m in
@@ -55,19 +51,13 @@ for m in "${modes[@]}"; do
         EXTRA="--profile 3" bench default_again
         ;;
     fusions)
-        bench base LOOM_FUSE_DGELU=0 LOOM_NORM_VARIANT=0
-        bench dgelu LOOM_NORM_VARIANT=0
-        for v in 1 2 3; do bench norm$v LOOM_NORM_VARIANT=$v; done
-        best=1
-        for v in 2 3; do
-            awk "BEGIN{exit !($(step_ms norm$v) < $(step_ms norm$best))}" && best=$v
-        done
-        echo "fastest norm variant: $best"
-        bench tuned LOOM_NORM_VARIANT=$best LOOM_BLAS_TUNE=1
+        bench base LOOM_FUSE_DGELU=0
+        bench dgelu
+        bench tuned LOOM_BLAS_TUNE=1
         grep -o 'blas: .*' "$OUT/bench_tuned.err" | head -30
-        bench base2 LOOM_FUSE_DGELU=0 LOOM_NORM_VARIANT=0
-        bench all2 LOOM_NORM_VARIANT=$best
-        EXTRA="--profile 3" bench prof LOOM_NORM_VARIANT=$best
+        bench base2 LOOM_FUSE_DGELU=0
+        bench dgelu2
+        EXTRA="--profile 3" bench prof
         grep -o '"breakdown_ms":{[^}]*}' "$OUT/bench_prof.out"
         ;;
     micro)
@@ -83,13 +73,11 @@ for m in "${modes[@]}"; do
         done
         ;;
     attn)
-        for v in "0 1" "0 0" "1 1" "2 5"; do
-            read -r f bw <<<"$v"
-            LOOM_ATTN_FWD_VARIANT=$f LOOM_ATTN_BWD_VARIANT=$bw LOOM_ATTN_CUDNN=0 "$BIN/loom-gpu-bench" \
-                --steps 12 --warmup 4 --profile 2 >"$OUT/var_$f$bw.out" 2>&1
-            echo "variant fwd=$f bwd=$bw: $(grep -o '"step_ms_median":[0-9.]*' "$OUT/var_$f$bw.out")" \
-                "$(grep -o '"attention":[0-9.]*' "$OUT/var_$f$bw.out")"
-        done
+        # the worker runs the chosen kernels; bench_attn times every variant
+        # kept in dev/cuda in one process
+        timeout 120 "$BIN/bench_attn" >"$OUT/bench_attn.out" 2>&1
+        echo "bench_attn rc=$?"
+        grep -E '^RESULT|^ok|^FAIL' "$OUT/bench_attn.out" | head -20
         ;;
     ncu)
         nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
