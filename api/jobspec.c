@@ -1,16 +1,19 @@
-/* Job-spec parsing, validation, canonical JSON and data-path confinement.
+/* Job-spec parsing, validation and canonical JSON (data-path confinement:
+ * jobspec_paths.c).
  *
- * Parsing is driven by field tables (name, type, offset, range, enum names):
- * one generic walker checks each JSON object against its table, so adding a
- * field is one row. Fields whose default depends on others (precision,
- * min_lr, global_batch_tokens, name) are resolved after the walk from the
- * `seen` bitmask. Cross-field rules live in jobspec_validate, each with its
- * own code, in the order a user would fix them (model, layout, batch,
- * optimizer, device, data). */
+ * The spec is one table (fields[], one row per field: dotted path, type,
+ * offset, default, range, names, help). jobspec_init sets the rows'
+ * defaults, parse_object walks each JSON object against the rows under its
+ * path, check_rows re-checks ranges and formats on a filled struct, and
+ * jobspec_to_json writes the rows back out (the canonical form, also the
+ * "spec" that POST /v1/plan echoes). Adding a field is one struct member and
+ * one row. Fields whose default depends on others (FL_DERIVED: precision,
+ * min_lr, global_batch_tokens, name, lora targets) are resolved after the
+ * walk from the rows seen. Cross-field rules live in jobspec_validate, each
+ * with its own code, in the order a user would fix them (model, layout,
+ * batch, optimizer, device, fine-tuning, data). */
 #include "api/jobspec.h"
 
-#include <errno.h>
-#include <glob.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +25,19 @@ int loom_error_set(struct loom_error *e, int status, const char *code, const cha
     if (!e) return -1;
     e->status = status;
     snprintf(e->code, sizeof e->code, "%s", code);
+    snprintf(e->field, sizeof e->field, "%s", field ? field : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int loom_err(struct loom_error *e, enum loom_errcode c, const char *field, const char *fmt, ...) {
+    if (!e) return -1;
+    const struct loom_errdef *d = loom_errdef_of(c);
+    e->status = d->status;
+    snprintf(e->code, sizeof e->code, "%s", d->code);
     snprintf(e->field, sizeof e->field, "%s", field ? field : "");
     va_list ap;
     va_start(ap, fmt);
@@ -83,85 +99,33 @@ const char *jobspec_data_format_name(enum jobspec_data_format v) {
     return format_names[v];
 }
 
-/* ---- field tables ---- */
+/* ---- the field table ---- */
 
-enum ftype {
-    F_I32,
-    F_I64,
-    F_U64,
-    F_DBL,
-    F_BOOL,
-    F_STR,
-    F_ENUM,
-    F_OBJ,
-    F_LABELS,
-    F_STRLIST,   /* array of strings into char[max_count][size], count at count_off */
-    F_RECOMPUTE, /* an enum name or {"budget_gib": N} */
-    F_ARRAY,     /* dotted spec key -> list of values */
-};
+#define F_I32       JOBSPEC_F_I32
+#define F_I64       JOBSPEC_F_I64
+#define F_U64       JOBSPEC_F_U64
+#define F_DBL       JOBSPEC_F_DBL
+#define F_BOOL      JOBSPEC_F_BOOL
+#define F_STR       JOBSPEC_F_STR
+#define F_ENUM      JOBSPEC_F_ENUM
+#define F_OBJ       JOBSPEC_F_OBJ
+#define F_LABELS    JOBSPEC_F_LABELS
+#define F_STRLIST   JOBSPEC_F_STRLIST
+#define F_RECOMPUTE JOBSPEC_F_RECOMPUTE
+#define F_ARRAY     JOBSPEC_F_ARRAY
 
-#define FL_MIN_EXCL    0x1u /* numbers: min itself is out of range */
-#define FL_MAX_EXCL    0x2u /* numbers: max itself is out of range */
-#define FL_ENUM_UNSET  0x4u /* F_ENUM: index 0 means "not set", not accepted as input */
-#define FL_ONE_OR_LIST 0x8u /* F_STRLIST: a lone string is a list of one */
+#define FL_MIN_EXCL    JOBSPEC_FL_MIN_EXCL
+#define FL_MAX_EXCL    JOBSPEC_FL_MAX_EXCL
+#define FL_ENUM_UNSET  JOBSPEC_FL_ENUM_UNSET
+#define FL_ONE_OR_LIST JOBSPEC_FL_ONE_OR_LIST
+#define FL_OMIT        JOBSPEC_FL_OMIT_EMPTY
+#define FL_IF_ROPE     JOBSPEC_FL_IF_ROPE
+#define FL_IF_LORA     JOBSPEC_FL_IF_LORA
+#define FL_INNER       JOBSPEC_FL_INNER
+#define FL_DERIVED     JOBSPEC_FL_DERIVED
+#define FL_MARK        JOBSPEC_FL_MARK
 
-/* Ids of fields whose presence matters after the walk (bits of `seen`). */
-enum seen_id {
-    S_NONE = 0,
-    S_NAME,
-    S_FAMILY,
-    S_PRESET,
-    S_N_LAYER,
-    S_N_HEAD,
-    S_N_KV_HEAD,
-    S_D_MODEL,
-    S_D_FF,
-    S_VOCAB,
-    S_SEQ,
-    S_TIED,
-    S_THETA,
-    S_EPS,
-    S_GBT,
-    S_MIN_LR,
-    S_PRECISION,
-    S_TRAIN_DATA,
-    S_LORA,
-};
-
-/* A value check beyond type and range (string formats); 0 or -1 with `e`. */
-typedef int (*field_check)(const char *path, const char *value, struct loom_error *e);
-
-struct table;
-struct field {
-    const char *name;
-    enum ftype type;
-    size_t off;
-    double min, max;          /* numbers: inclusive range */
-    size_t size;              /* F_STR: buffer size incl. NUL */
-    const char *const *names; /* F_ENUM */
-    const struct table *sub;  /* F_OBJ */
-    enum seen_id id;
-    unsigned flags;    /* FL_* */
-    size_t count_off;  /* F_STRLIST: offset of the int count */
-    int max_count;     /* F_STRLIST: most items */
-    field_check check; /* F_STR, F_STRLIST: per value */
-};
-
-struct table {
-    const struct field *f;
-    size_t n;
-};
-
-/* Explicit model fields, parsed into this staging struct then resolved
- * against the preset. */
-struct model_in {
-    int family;
-    char preset[MODEL_NAME_MAX];
-    int n_layer, n_head, n_kv_head, d_model, d_ff, vocab_size, seq_len;
-    int tied;
-    double rope_theta, norm_eps;
-    char init_from[JOBSPEC_PATH_MAX];
-};
+typedef struct jobspec_field field_t;
 
 static int check_init_from(const char *path, const char *v, struct loom_error *e);
 static int check_tokenizer(const char *path, const char *v, struct loom_error *e);
@@ -169,201 +133,208 @@ static int check_text_key(const char *path, const char *v, struct loom_error *e)
 static int check_gpu_type(const char *path, const char *v, struct loom_error *e);
 static int check_job_id(const char *path, const char *v, struct loom_error *e);
 
-#define OFF(m)  offsetof(struct loom_spec, m)
-#define MOFF(m) offsetof(struct model_in, m)
+#define OFF(m)    offsetof(struct loom_spec, m)
+#define MSIZE(m)  sizeof(((struct loom_spec *)0)->m)
+#define MSIZE0(m) sizeof(((struct loom_spec *)0)->m[0])
+/* Row makers, one per kind (designated initializers: the rest is zero). */
+#define SECTION(p, fl, h)                                                                          \
+    { .path = p, .type = F_OBJ, .flags = fl, .help = h }
+#define INT(p, m, d, lo, hi, fl, h)                                                                \
+    {                                                                                              \
+        .path = p, .type = F_I32, .off = OFF(m), .def = d, .min = lo, .max = hi, .flags = fl,      \
+        .help = h                                                                                  \
+    }
+#define I64(p, m, d, lo, hi, fl, h)                                                                \
+    {                                                                                              \
+        .path = p, .type = F_I64, .off = OFF(m), .def = d, .min = lo, .max = hi, .flags = fl,      \
+        .help = h                                                                                  \
+    }
+#define U64(p, m, d, lo, hi, fl, h)                                                                \
+    {                                                                                              \
+        .path = p, .type = F_U64, .off = OFF(m), .def = d, .min = lo, .max = hi, .flags = fl,      \
+        .help = h                                                                                  \
+    }
+#define DBL(p, m, d, lo, hi, fl, h)                                                                \
+    {                                                                                              \
+        .path = p, .type = F_DBL, .off = OFF(m), .def = d, .min = lo, .max = hi, .flags = fl,      \
+        .help = h                                                                                  \
+    }
+#define BOOL(p, m, d, fl, h)                                                                       \
+    { .path = p, .type = F_BOOL, .off = OFF(m), .def = d, .flags = fl, .help = h }
+#define STR(p, m, d, chk, fl, h)                                                                   \
+    {                                                                                              \
+        .path = p, .type = F_STR, .off = OFF(m), .size = MSIZE(m), .def_s = d, .check = chk,       \
+        .flags = fl, .help = h                                                                     \
+    }
+#define ENUM(p, m, nm, d, fl, h)                                                                   \
+    { .path = p, .type = F_ENUM, .off = OFF(m), .names = nm, .def = d, .flags = fl, .help = h }
+#define LIST(p, m, cnt, chk, fl, h)                                                                \
+    {                                                                                              \
+        .path = p, .type = F_STRLIST, .off = OFF(m), .size = MSIZE0(m), .count_off = OFF(cnt),     \
+        .max_count = (int)(MSIZE(m) / MSIZE0(m)), .check = chk, .flags = fl, .help = h             \
+    }
 
-static const struct field model_fields[] = {
-    {"family", F_ENUM, MOFF(family), 0, 0, 0, family_names, NULL, S_FAMILY, 0, 0, 0, NULL},
-    {"preset", F_STR, MOFF(preset), 0, 0, MODEL_NAME_MAX, NULL, NULL, S_PRESET, 0, 0, 0, NULL},
-    {"n_layer", F_I32, MOFF(n_layer), 1, 1024, 0, NULL, NULL, S_N_LAYER, 0, 0, 0, NULL},
-    {"n_head", F_I32, MOFF(n_head), 1, 1024, 0, NULL, NULL, S_N_HEAD, 0, 0, 0, NULL},
-    {"n_kv_head", F_I32, MOFF(n_kv_head), 1, 1024, 0, NULL, NULL, S_N_KV_HEAD, 0, 0, 0, NULL},
-    {"d_model", F_I32, MOFF(d_model), 1, 65536, 0, NULL, NULL, S_D_MODEL, 0, 0, 0, NULL},
-    {"d_ff", F_I32, MOFF(d_ff), 1, 1048576, 0, NULL, NULL, S_D_FF, 0, 0, 0, NULL},
-    {"vocab_size", F_I32, MOFF(vocab_size), 1, 4194304, 0, NULL, NULL, S_VOCAB, 0, 0, 0, NULL},
-    {"seq_len", F_I32, MOFF(seq_len), 1, 1048576, 0, NULL, NULL, S_SEQ, 0, 0, 0, NULL},
-    {"tied_embeddings", F_BOOL, MOFF(tied), 0, 0, 0, NULL, NULL, S_TIED, 0, 0, 0, NULL},
-    {"rope_theta", F_DBL, MOFF(rope_theta), 1, 1e12, 0, NULL, NULL, S_THETA, 0, 0, 0, NULL},
-    {"norm_eps", F_DBL, MOFF(norm_eps), 1e-12, 1e-2, 0, NULL, NULL, S_EPS, 0, 0, 0, NULL},
-    {.name = "init_from",
-     .type = F_STR,
-     .off = MOFF(init_from),
-     .size = JOBSPEC_PATH_MAX,
-     .check = check_init_from},
+/* Ranges: model sizes as model_config_check allows them; world <= 16384. */
+static const field_t fields[] = {
+    STR("name", name, "", NULL, FL_DERIVED,
+        "[A-Za-z0-9][A-Za-z0-9._-]*; default <family>-<preset> (custom without preset)"),
+    {.path = "labels", .type = F_LABELS, .help = "up to 32 string labels, keys [A-Za-z0-9._/-]"},
+    SECTION("model", 0, "required: family, then a preset and/or explicit sizes"),
+    ENUM("model.family", model.family, family_names, 0, 0, "required"),
+    STR("model.preset", model.preset, "", NULL, FL_OMIT,
+        "a preset of the family; without one n_layer, n_head, d_model, vocab_size, seq_len"),
+    INT("model.n_layer", model.n_layer, 0, 1, 1024, 0, "blocks (overrides the preset)"),
+    INT("model.n_head", model.n_head, 0, 1, 1024, 0, "attention heads"),
+    INT("model.n_kv_head", model.n_kv_head, 0, 1, 1024, FL_DERIVED,
+        "key/value heads (grouped-query attention); default n_head"),
+    INT("model.d_model", model.d_model, 0, 1, 65536, 0, "width"),
+    INT("model.d_ff", model.d_ff, 0, 1, 1048576, FL_DERIVED,
+        "MLP hidden size; default 4*d_model (gpt2), 8/3*d_model rounded to 256 (llama)"),
+    INT("model.vocab_size", model.vocab_size, 0, 1, 4194304, 0, "tokenizer vocabulary"),
+    INT("model.seq_len", model.seq_len, 0, 1, 1048576, 0, "training sequence length"),
+    BOOL("model.tied_embeddings", model.tied_embeddings, 0, 0, "lm_head shares the embedding"),
+    DBL("model.rope_theta", model.rope_theta, 0, 1, 1e12, FL_IF_ROPE, "RoPE base (llama only)"),
+    DBL("model.norm_eps", model.norm_eps, 0, 1e-12, 1e-2, 0, "LayerNorm/RMSNorm epsilon"),
+    STR("model.init_from", init_from, "", check_init_from, FL_OMIT,
+        "absolute HF model directory, job:<id> or job:<id>@<step>; default random init"),
+    SECTION("data", 0, "training data"),
+    STR("data.train", data.train, "", NULL, 0,
+        "required (not for plan): absolute path, glob in the last component"),
+    STR("data.val", data.val, "", NULL, FL_OMIT, "validation data, same rules"),
+    ENUM("data.format", data.format, format_names, JOBSPEC_FMT_BIN, 0, "how data.train is read"),
+    STR("data.tokenizer", data.tokenizer, "", check_tokenizer, FL_OMIT,
+        "tokenizer.json, tokenizer.model or HF dir; default model.init_from's"),
+    ENUM("data.chat_template", data.chat_template, chat_template_names, JOBSPEC_CHAT_NONE,
+         FL_ENUM_UNSET | FL_OMIT, "chat formatting (format chat)"),
+    STR("data.text_key", data.text_key, "text", check_text_key, 0, "jsonl: the text field"),
+    DBL("data.val_fraction", data.val_fraction, 0, 0, 0.5, 0,
+        "share of train held out for validation"),
+    ENUM("data.overlong", data.overlong, overlong_names, JOBSPEC_OVERLONG_TRUNCATE, 0,
+         "examples longer than seq_len"),
+    SECTION("parallel", 0, "layout; world = dp*tp*pp"),
+    INT("parallel.dp", parallel.dp, 1, 1, JOBSPEC_WORLD_MAX, 0, "data-parallel ranks"),
+    INT("parallel.tp", parallel.tp, 1, 1, 64, 0, "tensor-parallel ranks (within a node)"),
+    INT("parallel.pp", parallel.pp, 1, 1, 1024, 0, "pipeline stages"),
+    INT("parallel.zero_stage", parallel.zero_stage, 0, 0, 3, 0, "ZeRO stage"),
+    BOOL("parallel.pp_balance", parallel.pp_balance, 0, 0, "split blocks over stages by work"),
+    SECTION("train", 0, "optimisation"),
+    I64("train.steps", train.steps, 1000, 1, 1e9, 0, "optimizer steps"),
+    I64("train.global_batch_tokens", train.global_batch_tokens, 0, 1, 1099511627776.0, FL_DERIVED,
+        "tokens per step; default micro_batch*seq_len*dp"),
+    INT("train.micro_batch", train.micro_batch, 4, 1, 65536, 0,
+        "sequences per micro-step per dp rank"),
+    DBL("train.lr", train.lr, 6e-4, 1e-12, 10, 0, "peak learning rate"),
+    DBL("train.min_lr", train.min_lr, 6e-5, 0, 10, FL_DERIVED,
+        "final learning rate; default lr/10"),
+    I64("train.warmup_steps", train.warmup_steps, 0, 0, 1e9, 0, "linear warm-up, <= steps"),
+    ENUM("train.schedule", train.schedule, schedule_names, JOBSPEC_SCHED_COSINE, 0, "lr decay"),
+    DBL("train.weight_decay", train.weight_decay, 0.1, 0, 10, 0, "AdamW decoupled decay"),
+    DBL("train.grad_clip", train.grad_clip, 1.0, 0, 1e6, 0, "global norm clip, 0: off"),
+    DBL("train.beta1", train.beta1, 0.9, 0, 0.999999, 0, "AdamW beta1"),
+    DBL("train.beta2", train.beta2, 0.95, 0, 0.999999999, 0, "AdamW beta2"),
+    DBL("train.eps", train.eps, 1e-8, 1e-30, 1, 0, "AdamW epsilon"),
+    U64("train.seed", train.seed, 42, 0, 9007199254740991.0, 0, "data order and init"),
+    ENUM("train.precision", train.precision, precision_names, JOBSPEC_PREC_BF16, FL_DERIVED,
+         "default bf16 on cuda, fp32 on cpu; fp8 cuda only"),
+    {.path = "train.recompute",
+     .type = F_RECOMPUTE,
+     .off = OFF(train.recompute),
+     .names = recompute_names,
+     .help = "activation recompute, or {\"budget_gib\": N}"},
+    DBL("train.recompute.budget_gib", train.recompute_budget_gib, 0, 0, 1e6,
+        FL_INNER | FL_MIN_EXCL | FL_OMIT, "activation memory budget; the planner picks layers"),
+    BOOL("train.offload_optimizer", train.offload_optimizer, 0, 0,
+         "optimizer state in host memory (cuda)"),
+    I64("train.eval_every", train.eval_every, 0, 0, 1e9, 0, "steps between evaluations, 0: off"),
+    I64("train.eval_batches", train.eval_batches, 20, 1, 1e6, 0, "micro-batches per evaluation"),
+    ENUM("train.loss_on", train.loss_on, loss_on_names, JOBSPEC_LOSS_ALL, 0,
+         "tokens that count in the loss"),
+    ENUM("train.packing", train.packing, packing_names, JOBSPEC_PACK_CONCAT, 0,
+         "concat, or document (no attention across documents)"),
+    {.path = "train.lora",
+     .type = F_OBJ,
+     .count_off = OFF(train.lora.enabled),
+     .flags = FL_MARK | FL_IF_LORA,
+     .help = "low-rank adapters; absent: full fine-tune"},
+    INT("train.lora.rank", train.lora.rank, 16, 1, 1024, FL_IF_LORA, "adapter rank"),
+    DBL("train.lora.alpha", train.lora.alpha, 32, 0, 1e6, FL_IF_LORA | FL_MIN_EXCL,
+        "scale alpha/rank"),
+    DBL("train.lora.dropout", train.lora.dropout, 0, 0, 1, FL_IF_LORA | FL_MAX_EXCL,
+        "dropout on the adapter input"),
+    LIST("train.lora.targets", train.lora.targets, train.lora.n_targets, NULL,
+         FL_IF_LORA | FL_DERIVED,
+         "llama q,k,v,o,gate,up,down; gpt2 attn,proj,fc,fc2; default all of the family's"),
+    ENUM("train.quantize_base", train.quantize_base, quantize_names, JOBSPEC_QUANT_NONE, 0,
+         "frozen base weights in nf4 (needs lora)"),
+    SECTION("checkpoint", 0, "checkpoints"),
+    I64("checkpoint.every_steps", checkpoint.every_steps, 200, 0, 1e9, 0,
+        "steps between checkpoints, 0: only the final one"),
+    INT("checkpoint.keep", checkpoint.keep, 3, 1, 1000, 0, "newest checkpoints kept"),
+    SECTION("export", 0, "written at the end of the job, listed as artifacts"),
+    BOOL("export.hf", export.hf, 0, 0, "an HF model directory"),
+    BOOL("export.lora", export.lora, 0, 0, "a PEFT adapter (needs train.lora)"),
+    SECTION("resources", 0, "where the job runs"),
+    ENUM("resources.device", resources.device, device_names, JOBSPEC_DEV_CUDA, 0, "backend"),
+    INT("resources.gpus_per_node", resources.gpus_per_node, 8, 1, 64, 0,
+        "most ranks of the job on one node"),
+    LIST("resources.gpu_type", resources.gpu_type, resources.n_gpu_types, check_gpu_type,
+         FL_ONE_OR_LIST | FL_OMIT, "GPU type name(s) the job may use; default any"),
+    BOOL("resources.allow_mixed", resources.allow_mixed, 0, 0, "ranks may span GPU types"),
+    INT("priority", priority, 50, 0, 100, 0, "higher runs first"),
+    INT("max_retries", max_retries, 3, 0, 100, 0, "failed attempts retried"),
+    I64("max_runtime_s", max_runtime_s, 0, 0, 1e9, 0, "wall-clock limit, 0: none"),
+    LIST("after", after, n_after, check_job_id, FL_OMIT, "job ids that must succeed first"),
+    BOOL("preemptible", preemptible, 0, 0, "may be stopped for higher-priority work"),
+    {.path = "array",
+     .type = F_ARRAY,
+     .flags = FL_OMIT,
+     .help = "dotted spec key -> values: one job per combination"},
 };
+#define N_FIELDS (sizeof fields / sizeof *fields)
 
-static const struct field data_fields[] = {
-    {"train", F_STR, OFF(data.train), 0, 0, JOBSPEC_PATH_MAX, NULL, NULL, S_TRAIN_DATA, 0, 0, 0,
-     NULL},
-    {"val", F_STR, OFF(data.val), 0, 0, JOBSPEC_PATH_MAX, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {.name = "format", .type = F_ENUM, .off = OFF(data.format), .names = format_names},
-    {.name = "tokenizer",
-     .type = F_STR,
-     .off = OFF(data.tokenizer),
-     .size = JOBSPEC_PATH_MAX,
-     .check = check_tokenizer},
-    {.name = "chat_template",
-     .type = F_ENUM,
-     .off = OFF(data.chat_template),
-     .names = chat_template_names,
-     .flags = FL_ENUM_UNSET},
-    {.name = "text_key",
-     .type = F_STR,
-     .off = OFF(data.text_key),
-     .size = JOBSPEC_KEY_MAX,
-     .check = check_text_key},
-    {.name = "val_fraction", .type = F_DBL, .off = OFF(data.val_fraction), .min = 0, .max = 0.5},
-    {.name = "overlong", .type = F_ENUM, .off = OFF(data.overlong), .names = overlong_names},
-};
+const struct jobspec_field *jobspec_fields(size_t *n) {
+    *n = N_FIELDS;
+    return fields;
+}
 
-static const struct field parallel_fields[] = {
-    {"dp", F_I32, OFF(parallel.dp), 1, JOBSPEC_WORLD_MAX, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"tp", F_I32, OFF(parallel.tp), 1, 64, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"pp", F_I32, OFF(parallel.pp), 1, 1024, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"zero_stage", F_I32, OFF(parallel.zero_stage), 0, 3, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"pp_balance", F_BOOL, OFF(parallel.pp_balance), 0, 0, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-};
+const struct jobspec_field *jobspec_field_find(const char *path) {
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (strcmp(fields[i].path, path) == 0) return &fields[i];
+    return NULL;
+}
 
-static const struct field lora_fields[] = {
-    {.name = "rank", .type = F_I32, .off = OFF(train.lora.rank), .min = 1, .max = 1024},
-    {.name = "alpha",
-     .type = F_DBL,
-     .off = OFF(train.lora.alpha),
-     .min = 0,
-     .max = 1e6,
-     .flags = FL_MIN_EXCL},
-    {.name = "dropout",
-     .type = F_DBL,
-     .off = OFF(train.lora.dropout),
-     .min = 0,
-     .max = 1,
-     .flags = FL_MAX_EXCL},
-    {.name = "targets",
-     .type = F_STRLIST,
-     .off = OFF(train.lora.targets),
-     .size = sizeof((struct loom_spec *)0)->train.lora.targets[0],
-     .count_off = OFF(train.lora.n_targets),
-     .max_count = JOBSPEC_LORA_TARGETS_MAX},
-};
-static const struct table lora_table = {lora_fields, sizeof lora_fields / sizeof *lora_fields};
-
-static const struct field train_fields[] = {
-    {"steps", F_I64, OFF(train.steps), 1, 1e9, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"global_batch_tokens", F_I64, OFF(train.global_batch_tokens), 1, 1099511627776.0, 0, NULL,
-     NULL, S_GBT, 0, 0, 0, NULL},
-    {"micro_batch", F_I32, OFF(train.micro_batch), 1, 65536, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"lr", F_DBL, OFF(train.lr), 1e-12, 10, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"min_lr", F_DBL, OFF(train.min_lr), 0, 10, 0, NULL, NULL, S_MIN_LR, 0, 0, 0, NULL},
-    {"warmup_steps", F_I64, OFF(train.warmup_steps), 0, 1e9, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"schedule", F_ENUM, OFF(train.schedule), 0, 0, 0, schedule_names, NULL, S_NONE, 0, 0, 0, NULL},
-    {"weight_decay", F_DBL, OFF(train.weight_decay), 0, 10, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"grad_clip", F_DBL, OFF(train.grad_clip), 0, 1e6, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"beta1", F_DBL, OFF(train.beta1), 0, 0.999999, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"beta2", F_DBL, OFF(train.beta2), 0, 0.999999999, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"eps", F_DBL, OFF(train.eps), 1e-30, 1, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"seed", F_U64, OFF(train.seed), 0, 9007199254740991.0, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"precision", F_ENUM, OFF(train.precision), 0, 0, 0, precision_names, NULL, S_PRECISION, 0, 0,
-     0, NULL},
-    {"recompute", F_RECOMPUTE, OFF(train.recompute), 0, 0, 0, recompute_names, NULL, S_NONE, 0, 0,
-     0, NULL},
-    {"offload_optimizer", F_BOOL, OFF(train.offload_optimizer), 0, 0, 0, NULL, NULL, S_NONE, 0, 0,
-     0, NULL},
-    {"eval_every", F_I64, OFF(train.eval_every), 0, 1e9, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"eval_batches", F_I64, OFF(train.eval_batches), 1, 1e6, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {.name = "loss_on", .type = F_ENUM, .off = OFF(train.loss_on), .names = loss_on_names},
-    {.name = "packing", .type = F_ENUM, .off = OFF(train.packing), .names = packing_names},
-    {.name = "lora", .type = F_OBJ, .sub = &lora_table, .id = S_LORA},
-    {.name = "quantize_base",
-     .type = F_ENUM,
-     .off = OFF(train.quantize_base),
-     .names = quantize_names},
-};
-
-static const struct field checkpoint_fields[] = {
-    {"every_steps", F_I64, OFF(checkpoint.every_steps), 0, 1e9, 0, NULL, NULL, S_NONE, 0, 0, 0,
-     NULL},
-    {"keep", F_I32, OFF(checkpoint.keep), 1, 1000, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-};
-
-static const struct field resources_fields[] = {
-    {"device", F_ENUM, OFF(resources.device), 0, 0, 0, device_names, NULL, S_NONE, 0, 0, 0, NULL},
-    {"gpus_per_node", F_I32, OFF(resources.gpus_per_node), 1, 64, 0, NULL, NULL, S_NONE, 0, 0, 0,
-     NULL},
-    {.name = "gpu_type",
-     .type = F_STRLIST,
-     .off = OFF(resources.gpu_type),
-     .size = JOBSPEC_GPU_TYPE_MAX,
-     .count_off = OFF(resources.n_gpu_types),
-     .max_count = JOBSPEC_GPU_TYPES_MAX,
-     .flags = FL_ONE_OR_LIST,
-     .check = check_gpu_type},
-    {.name = "allow_mixed", .type = F_BOOL, .off = OFF(resources.allow_mixed)},
-};
-
-static const struct field export_fields[] = {
-    {.name = "hf", .type = F_BOOL, .off = OFF(export.hf)},
-    {.name = "lora", .type = F_BOOL, .off = OFF(export.lora)},
-};
-
-#define TABLE(a)                                                                                   \
-    { a, sizeof a / sizeof *a }
-static const struct table data_table = TABLE(data_fields);
-static const struct table parallel_table = TABLE(parallel_fields);
-static const struct table train_table = TABLE(train_fields);
-static const struct table checkpoint_table = TABLE(checkpoint_fields);
-static const struct table resources_table = TABLE(resources_fields);
-static const struct table export_table = TABLE(export_fields);
-static const struct table model_table = TABLE(model_fields);
-
-/* "model" is handled by the caller (it has its own staging struct). */
-static const struct field top_fields[] = {
-    {"name", F_STR, OFF(name), 0, 0, JOBSPEC_NAME_MAX, NULL, NULL, S_NAME, 0, 0, 0, NULL},
-    {"labels", F_LABELS, 0, 0, 0, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"model", F_OBJ, 0, 0, 0, 0, NULL, &model_table, S_NONE, 0, 0, 0, NULL},
-    {"data", F_OBJ, 0, 0, 0, 0, NULL, &data_table, S_NONE, 0, 0, 0, NULL},
-    {"parallel", F_OBJ, 0, 0, 0, 0, NULL, &parallel_table, S_NONE, 0, 0, 0, NULL},
-    {"train", F_OBJ, 0, 0, 0, 0, NULL, &train_table, S_NONE, 0, 0, 0, NULL},
-    {"checkpoint", F_OBJ, 0, 0, 0, 0, NULL, &checkpoint_table, S_NONE, 0, 0, 0, NULL},
-    {"resources", F_OBJ, 0, 0, 0, 0, NULL, &resources_table, S_NONE, 0, 0, 0, NULL},
-    {"priority", F_I32, OFF(priority), 0, 100, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {"max_retries", F_I32, OFF(max_retries), 0, 100, 0, NULL, NULL, S_NONE, 0, 0, 0, NULL},
-    {.name = "export", .type = F_OBJ, .sub = &export_table},
-    {.name = "max_runtime_s", .type = F_I64, .off = OFF(max_runtime_s), .min = 0, .max = 1e9},
-    {.name = "after",
-     .type = F_STRLIST,
-     .off = OFF(after),
-     .size = JOBSPEC_ID_MAX,
-     .count_off = OFF(n_after),
-     .max_count = JOBSPEC_AFTER_MAX,
-     .check = check_job_id},
-    {.name = "preemptible", .type = F_BOOL, .off = OFF(preemptible)},
-    {.name = "array", .type = F_ARRAY},
-};
-static const struct table top_table = TABLE(top_fields);
+static size_t row_index(const field_t *f) {
+    return (size_t)(f - fields);
+}
 
 void jobspec_init(struct loom_spec *s) {
     memset(s, 0, sizeof *s);
-    s->parallel.dp = s->parallel.tp = s->parallel.pp = 1;
-    s->train.steps = 1000;
-    s->train.micro_batch = 4;
-    s->train.lr = 6e-4;
-    s->train.min_lr = 6e-5;
-    s->train.weight_decay = 0.1;
-    s->train.grad_clip = 1.0;
-    s->train.beta1 = 0.9;
-    s->train.beta2 = 0.95;
-    s->train.eps = 1e-8;
-    s->train.seed = 42;
-    s->train.eval_batches = 20;
-    s->train.lora.rank = 16;
-    s->train.lora.alpha = 32;
-    snprintf(s->data.text_key, sizeof s->data.text_key, "text");
-    s->checkpoint.every_steps = 200;
-    s->checkpoint.keep = 3;
-    s->resources.device = JOBSPEC_DEV_CUDA;
-    s->resources.gpus_per_node = 8;
-    s->priority = 50;
-    s->max_retries = 3;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &fields[i];
+        char *p = (char *)s + f->off;
+        switch (f->type) {
+        case F_I32:
+        case F_BOOL:
+        case F_ENUM:
+        case F_RECOMPUTE:
+            *(int *)p = (int)f->def;
+            break;
+        case F_I64:
+            *(int64_t *)p = (int64_t)f->def;
+            break;
+        case F_U64:
+            *(uint64_t *)p = (uint64_t)f->def;
+            break;
+        case F_DBL:
+            *(double *)p = f->def;
+            break;
+        case F_STR:
+            snprintf(p, f->size, "%s", f->def_s ? f->def_s : "");
+            break;
+        default: /* sections, labels, lists, array: empty */
+            break;
+        }
+    }
 }
 
 static const char *json_type_word(const json_t *v) {
@@ -400,26 +371,25 @@ static int take_string(const json_t *v, char *buf, size_t size, const char *path
     const char *s = json_string_value(v);
     size_t len = json_string_length(v);
     if (strlen(s) != len)
-        return loom_error_set(e, 422, "INVALID_VALUE", path, "%s contains a NUL character", path);
+        return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s contains a NUL character", path);
     if (len >= size)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s is %zu bytes long, at most %zu",
-                              path, len, size - 1);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s is %zu bytes long, at most %zu", path,
+                        len, size - 1);
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-            return loom_error_set(e, 422, "INVALID_VALUE", path,
-                                  "%s contains a control character at byte %zu", path, i);
+            return loom_err(e, LOOM_E_INVALID_VALUE, path,
+                            "%s contains a control character at byte %zu", path, i);
     memcpy(buf, s, len + 1);
     return 0;
 }
 
 static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error *e) {
     if (!json_is_object(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", "labels",
-                              "labels must be an object of strings, got %s", json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, "labels",
+                        "labels must be an object of strings, got %s", json_type_word(v));
     if (json_object_size(v) > JOBSPEC_LABELS_MAX)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", "labels",
-                              "labels has %zu entries, at most %d", json_object_size(v),
-                              JOBSPEC_LABELS_MAX);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, "labels", "labels has %zu entries, at most %d",
+                        json_object_size(v), JOBSPEC_LABELS_MAX);
     const char *key;
     json_t *val;
     s->n_labels = 0;
@@ -434,12 +404,12 @@ static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error 
                  c == '.' || c == '_' || c == '-' || c == '/';
         }
         if (!ok)
-            return loom_error_set(e, 422, "INVALID_LABEL", path,
-                                  "label keys are 1-%d characters of [A-Za-z0-9._/-]",
-                                  JOBSPEC_LABEL_KEY_MAX - 1);
+            return loom_err(e, LOOM_E_INVALID_LABEL, path,
+                            "label keys are 1-%d characters of [A-Za-z0-9._/-]",
+                            JOBSPEC_LABEL_KEY_MAX - 1);
         if (!json_is_string(val))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", path,
-                                  json_type_word(val));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", path,
+                            json_type_word(val));
         struct jobspec_label *l = &s->labels[s->n_labels];
         memcpy(l->key, key, kl + 1);
         if (take_string(val, l->value, sizeof l->value, path, e) != 0) return -1;
@@ -455,8 +425,41 @@ static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error 
     return 0;
 }
 
-static int parse_value(const struct field *f, const json_t *v, void *base, const char *path,
-                       struct loom_error *e);
+/* ---- generic row checks (parse and jobspec_validate) ---- */
+
+static int check_int_range(const field_t *f, long long x, const char *path, struct loom_error *e) {
+    if ((double)x < f->min || (double)x > f->max)
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s=%lld is out of range [%.0f, %.0f]", path,
+                        x, f->min, f->max);
+    return 0;
+}
+
+static int check_dbl_range(const field_t *f, double x, const char *path, struct loom_error *e) {
+    int lo_ok = (f->flags & FL_MIN_EXCL) ? x > f->min : x >= f->min;
+    int hi_ok = (f->flags & FL_MAX_EXCL) ? x < f->max : x <= f->max;
+    if (!(lo_ok && hi_ok))
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s=%g is out of range %c%g, %g%c", path, x,
+                        (f->flags & FL_MIN_EXCL) ? '(' : '[', f->min, f->max,
+                        (f->flags & FL_MAX_EXCL) ? ')' : ']');
+    return 0;
+}
+
+/* "a|b|c": the names a user may give. */
+static void enum_names_join(const field_t *f, char *out, size_t n) {
+    int first = (f->flags & FL_ENUM_UNSET) ? 1 : 0;
+    out[0] = '\0';
+    for (int i = first; f->names[i]; i++) {
+        size_t l = strlen(out);
+        snprintf(out + l, n - l, "%s%s", i > first ? "|" : "", f->names[i]);
+    }
+}
+
+static int enum_count(const field_t *f) {
+    int n = 0;
+    while (f->names[n])
+        n++;
+    return n;
+}
 
 /* ---- value formats (field_check) ---- */
 
@@ -499,33 +502,33 @@ static int check_init_from(const char *path, const char *v, struct loom_error *e
             ok = n > 0 && n <= 18 && strspn(at + 1, "0123456789") == n;
         }
         if (!ok)
-            return loom_error_set(e, 422, "INVALID_INIT_FROM", path,
-                                  "%s=\"%.200s\" is not job:<id> or job:<id>@<step> (id of "
-                                  "[A-Za-z0-9._-], step a non-negative integer)",
-                                  path, v);
+            return loom_err(e, LOOM_E_INVALID_INIT_FROM, path,
+                            "%s=\"%.200s\" is not job:<id> or job:<id>@<step> (id of "
+                            "[A-Za-z0-9._-], step a non-negative integer)",
+                            path, v);
         return 0;
     }
     const char *why = plain_path_problem(v);
     if (why)
-        return loom_error_set(e, 422, "INVALID_INIT_FROM", path,
-                              "%s=\"%.200s\" %s (an HF model directory, job:<id> or "
-                              "job:<id>@<step>)",
-                              path, v, why);
+        return loom_err(e, LOOM_E_INVALID_INIT_FROM, path,
+                        "%s=\"%.200s\" %s (an HF model directory, job:<id> or "
+                        "job:<id>@<step>)",
+                        path, v, why);
     return 0;
 }
 
 static int check_tokenizer(const char *path, const char *v, struct loom_error *e) {
     const char *why = plain_path_problem(v);
     if (why)
-        return loom_error_set(e, 422, "DATA_PATH_INVALID", path,
-                              "%s=\"%.200s\" %s (tokenizer.json, tokenizer.model or an HF "
-                              "directory)",
-                              path, v, why);
+        return loom_err(e, LOOM_E_DATA_PATH_INVALID, path,
+                        "%s=\"%.200s\" %s (tokenizer.json, tokenizer.model or an HF "
+                        "directory)",
+                        path, v, why);
     return 0;
 }
 
 static int check_text_key(const char *path, const char *v, struct loom_error *e) {
-    if (!v[0]) return loom_error_set(e, 422, "INVALID_VALUE", path, "%s must not be empty", path);
+    if (!v[0]) return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s must not be empty", path);
     return 0;
 }
 
@@ -535,25 +538,25 @@ static int check_gpu_type(const char *path, const char *v, struct loom_error *e)
     for (size_t i = 0; ok && i < n; i++)
         ok = id_char(v[i]);
     if (!ok)
-        return loom_error_set(e, 422, "INVALID_GPU_TYPE", path,
-                              "%s=\"%.64s\" is not a GPU type name (1-%d of [A-Za-z0-9._-], "
-                              "e.g. H100-SXM)",
-                              path, v, JOBSPEC_GPU_TYPE_MAX - 1);
+        return loom_err(e, LOOM_E_INVALID_GPU_TYPE, path,
+                        "%s=\"%.64s\" is not a GPU type name (1-%d of [A-Za-z0-9._-], "
+                        "e.g. H100-SXM)",
+                        path, v, JOBSPEC_GPU_TYPE_MAX - 1);
     return 0;
 }
 
 static int check_job_id(const char *path, const char *v, struct loom_error *e) {
     if (!is_job_id(v, strlen(v)))
-        return loom_error_set(e, 422, "INVALID_JOB_ID", path,
-                              "%s=\"%.80s\" is not a job id (1-%d of [A-Za-z0-9._-], e.g. "
-                              "j-d1b9522f5b1a)",
-                              path, v, JOBSPEC_ID_MAX - 1);
+        return loom_err(e, LOOM_E_INVALID_JOB_ID, path,
+                        "%s=\"%.80s\" is not a job id (1-%d of [A-Za-z0-9._-], e.g. "
+                        "j-d1b9522f5b1a)",
+                        path, v, JOBSPEC_ID_MAX - 1);
     return 0;
 }
 
 /* A list of strings (or, with FL_ONE_OR_LIST, one string) into
  * char[max_count][size] with its count. */
-static int parse_strlist(const struct field *f, const json_t *v, void *base, const char *path,
+static int parse_strlist(const field_t *f, const json_t *v, void *base, const char *path,
                          struct loom_error *e) {
     char *p = (char *)base + f->off;
     int *count = (int *)((char *)base + f->count_off);
@@ -565,21 +568,21 @@ static int parse_strlist(const struct field *f, const json_t *v, void *base, con
         return 0;
     }
     if (!json_is_array(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be %s, got %s", path,
-                              (f->flags & FL_ONE_OR_LIST) ? "a string or a list of strings"
-                                                          : "a list of strings",
-                              json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be %s, got %s", path,
+                        (f->flags & FL_ONE_OR_LIST) ? "a string or a list of strings"
+                                                    : "a list of strings",
+                        json_type_word(v));
     size_t n = json_array_size(v);
     if (n == 0 || n > (size_t)f->max_count)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s has %zu entries, give 1-%d", path,
-                              n, f->max_count);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s has %zu entries, give 1-%d", path, n,
+                        f->max_count);
     for (size_t i = 0; i < n; i++) {
         char ipath[160];
         snprintf(ipath, sizeof ipath, "%s[%zu]", path, i);
         const json_t *it = json_array_get(v, i);
         if (!json_is_string(it))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", ipath,
-                                  json_type_word(it));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", ipath,
+                            json_type_word(it));
         char *slot = p + i * f->size;
         if (take_string(it, slot, f->size, path, e) != 0) return -1;
         if (f->check && f->check(ipath, slot, e) != 0) {
@@ -591,49 +594,41 @@ static int parse_strlist(const struct field *f, const json_t *v, void *base, con
     return 0;
 }
 
+static int parse_value(const field_t *f, const json_t *v, void *base, const char *path,
+                       struct loom_error *e);
+
 /* train.recompute: "none|selective|full" or {"budget_gib": N} (N > 0: the
- * planner picks the layers to recompute so activations fit N GiB). */
-static int parse_recompute(const struct field *f, const json_t *v, void *base, const char *path,
+ * planner picks the layers to recompute so activations fit N GiB). The
+ * budget is the next row (FL_INNER). */
+static int parse_recompute(const field_t *f, const json_t *v, void *base, const char *path,
                            struct loom_error *e) {
-    struct loom_spec *s = base;
+    const field_t *budget = f + 1;
+    double *b = (double *)((char *)base + budget->off);
     if (json_is_string(v)) {
-        struct field as_enum = *f;
+        field_t as_enum = *f;
         as_enum.type = F_ENUM;
-        s->train.recompute_budget_gib = 0;
+        *b = 0;
         return parse_value(&as_enum, v, base, path, e);
     }
     if (!json_is_object(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", path,
-                              "%s must be none|selective|full or {\"budget_gib\": N}, got %s", path,
-                              json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, path,
+                        "%s must be none|selective|full or {\"budget_gib\": N}, got %s", path,
+                        json_type_word(v));
     const char *key;
     json_t *x;
     json_object_foreach((json_t *)v, key, x) {
-        if (strcmp(key, "budget_gib") != 0) {
-            char kpath[160];
-            join_path(kpath, sizeof kpath, path, key);
-            return loom_error_set(e, 422, "UNKNOWN_FIELD", kpath, "unknown field %s", kpath);
-        }
+        char kpath[160];
+        join_path(kpath, sizeof kpath, path, key);
+        if (strcmp(kpath, budget->path) != 0)
+            return loom_err(e, LOOM_E_UNKNOWN_FIELD, kpath, "unknown field %s", kpath);
+        *(int *)((char *)base + f->off) = JOBSPEC_RECOMPUTE_NONE;
+        return parse_value(budget, x, base, kpath, e);
     }
-    const json_t *b = json_object_get(v, "budget_gib");
-    if (!b)
-        return loom_error_set(e, 422, "MISSING_FIELD", path,
-                              "%s.budget_gib is required in the "
-                              "object form",
-                              path);
-    static const struct field budget = {.name = "budget_gib",
-                                        .type = F_DBL,
-                                        .off = OFF(train.recompute_budget_gib),
-                                        .min = 0,
-                                        .max = 1e6,
-                                        .flags = FL_MIN_EXCL};
-    char bpath[160];
-    join_path(bpath, sizeof bpath, path, "budget_gib");
-    s->train.recompute = JOBSPEC_RECOMPUTE_NONE;
-    return parse_value(&budget, b, base, bpath, e);
+    return loom_err(e, LOOM_E_MISSING_FIELD, path, "%s.budget_gib is required in the object form",
+                    path);
 }
 
-static int parse_value(const struct field *f, const json_t *v, void *base, const char *path,
+static int parse_value(const field_t *f, const json_t *v, void *base, const char *path,
                        struct loom_error *e) {
     char *p = (char *)base + f->off;
     switch (f->type) {
@@ -641,13 +636,10 @@ static int parse_value(const struct field *f, const json_t *v, void *base, const
     case F_I64:
     case F_U64: {
         if (!json_is_integer(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be an integer, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be an integer, got %s", path,
+                            json_type_word(v));
         json_int_t x = json_integer_value(v);
-        if ((double)x < f->min || (double)x > f->max)
-            return loom_error_set(e, 422, "OUT_OF_RANGE", path,
-                                  "%s=%lld is out of range [%.0f, %.0f]", path, (long long)x,
-                                  f->min, f->max);
+        if (check_int_range(f, (long long)x, path, e) != 0) return -1;
         if (f->type == F_I32)
             *(int *)p = (int)x;
         else if (f->type == F_I64)
@@ -658,28 +650,23 @@ static int parse_value(const struct field *f, const json_t *v, void *base, const
     }
     case F_DBL: {
         if (!json_is_number(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a number, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a number, got %s", path,
+                            json_type_word(v));
         double x = json_number_value(v);
-        int lo_ok = (f->flags & FL_MIN_EXCL) ? x > f->min : x >= f->min;
-        int hi_ok = (f->flags & FL_MAX_EXCL) ? x < f->max : x <= f->max;
-        if (!(lo_ok && hi_ok))
-            return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s=%g is out of range %c%g, %g%c",
-                                  path, x, (f->flags & FL_MIN_EXCL) ? '(' : '[', f->min, f->max,
-                                  (f->flags & FL_MAX_EXCL) ? ')' : ']');
+        if (check_dbl_range(f, x, path, e) != 0) return -1;
         *(double *)p = x;
         return 0;
     }
     case F_BOOL:
         if (!json_is_boolean(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be true or false, got %s",
-                                  path, json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be true or false, got %s", path,
+                            json_type_word(v));
         *(int *)p = json_is_true(v);
         return 0;
     case F_STR:
         if (!json_is_string(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", path,
+                            json_type_word(v));
         if (take_string(v, p, f->size, path, e) != 0) return -1;
         return f->check ? f->check(path, p, e) : 0;
     case F_STRLIST:
@@ -688,99 +675,69 @@ static int parse_value(const struct field *f, const json_t *v, void *base, const
         return parse_recompute(f, v, base, path, e);
     case F_ENUM: {
         if (!json_is_string(v))
-            return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a string, got %s", path,
-                                  json_type_word(v));
+            return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", path,
+                            json_type_word(v));
         const char *s = json_string_value(v);
-        char allowed[160] = "";
         int first = (f->flags & FL_ENUM_UNSET) ? 1 : 0;
-        for (int i = first; f->names[i]; i++) {
+        for (int i = first; f->names[i]; i++)
             if (strcmp(s, f->names[i]) == 0 && strlen(s) == json_string_length(v)) {
                 *(int *)p = i;
                 return 0;
             }
-            size_t l = strlen(allowed);
-            snprintf(allowed + l, sizeof allowed - l, "%s%s", i > first ? "|" : "", f->names[i]);
-        }
-        return loom_error_set(e, 422, "INVALID_VALUE", path, "%s=\"%.64s\" is not one of %s", path,
-                              s, allowed);
+        char allowed[160];
+        enum_names_join(f, allowed, sizeof allowed);
+        return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s=\"%.64s\" is not one of %s", path, s,
+                        allowed);
     }
     default:
-        return loom_error_set(e, 422, "INVALID_VALUE", path, "%s: unsupported field", path);
+        return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s: unsupported field", path);
     }
 }
 
-/* The row of a dotted spec key ("train.lr"), or NULL; *in_model tells
- * that its offset is into struct model_in. */
-static const struct field *find_row(const char *dotted, int *in_model) {
-    const struct table *t = &top_table;
-    *in_model = 0;
-    const char *seg = dotted;
-    for (;;) {
-        size_t len = strcspn(seg, ".");
-        const struct field *f = NULL;
-        for (size_t i = 0; i < t->n && !f; i++)
-            if (strlen(t->f[i].name) == len && strncmp(t->f[i].name, seg, len) == 0) f = &t->f[i];
-        if (!f) return NULL;
-        if (seg[len] == '\0') return f;
-        if (f->type != F_OBJ) return NULL;
-        if (f->sub == &model_table) *in_model = 1;
-        t = f->sub;
-        seg += len + 1;
-    }
-}
-
-static int is_scalar(enum ftype t) {
+static int is_scalar(enum jobspec_ftype t) {
     return t == F_I32 || t == F_I64 || t == F_U64 || t == F_DBL || t == F_BOOL || t == F_STR ||
            t == F_ENUM || t == F_RECOMPUTE;
 }
 
-/* Staging area the values of an `array` are checked in. */
-union array_scratch {
-    struct loom_spec spec;
-    struct model_in model;
-};
-
 static int parse_array_key(struct loom_spec *s, const char *key, const json_t *vals,
-                           union array_scratch *scratch, size_t *members, struct loom_error *e) {
+                           struct loom_spec *scratch, size_t *members, struct loom_error *e) {
     char path[sizeof e->field];
     join_path(path, sizeof path, "array", key);
-    int in_model;
-    const struct field *row = find_row(key, &in_model);
-    if (!row || !is_scalar(row->type) || strlen(key) >= JOBSPEC_KEY_MAX)
-        return loom_error_set(e, 422, "INVALID_ARRAY_KEY", path,
-                              "array key \"%.80s\" is not a spec field that takes one value "
-                              "(e.g. train.lr, train.seed, parallel.dp)",
-                              key);
+    const field_t *row = jobspec_field_find(key);
+    if (!row || !is_scalar(row->type) || (row->flags & FL_INNER) || strlen(key) >= JOBSPEC_KEY_MAX)
+        return loom_err(e, LOOM_E_INVALID_ARRAY_KEY, path,
+                        "array key \"%.80s\" is not a spec field that takes one value "
+                        "(e.g. train.lr, train.seed, parallel.dp)",
+                        key);
     if (!json_is_array(vals))
-        return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be a list of values, got %s",
-                              path, json_type_word(vals));
+        return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a list of values, got %s", path,
+                        json_type_word(vals));
     size_t n = json_array_size(vals);
     if (n == 0 || n > JOBSPEC_ARRAY_VALUES_MAX)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s has %zu values, give 1-%d", path, n,
-                              JOBSPEC_ARRAY_VALUES_MAX);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s has %zu values, give 1-%d", path, n,
+                        JOBSPEC_ARRAY_VALUES_MAX);
     for (size_t i = 0; i < n; i++) {
         char ipath[176];
         snprintf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (parse_value(row, json_array_get(vals, i), in_model ? (void *)&scratch->model : scratch,
-                        ipath, e) != 0) {
+        if (parse_value(row, json_array_get(vals, i), scratch, ipath, e) != 0) {
             snprintf(e->field, sizeof e->field, "%s", path);
             return -1;
         }
     }
     *members *= n;
     if (*members > JOBSPEC_ARRAY_MEMBERS_MAX)
-        return loom_error_set(e, 422, "ARRAY_TOO_LARGE", path,
-                              "array expands to more than %d jobs (the product of the value "
-                              "counts)",
-                              JOBSPEC_ARRAY_MEMBERS_MAX);
+        return loom_err(e, LOOM_E_ARRAY_TOO_LARGE, path,
+                        "array expands to more than %d jobs (the product of the value "
+                        "counts)",
+                        JOBSPEC_ARRAY_MEMBERS_MAX);
     struct jobspec_array_key *a = &s->array[s->n_array];
     char *text = json_dumps(vals, JSON_COMPACT | JSON_REAL_PRECISION(15));
-    if (!text) return loom_error_set(e, 500, "INTERNAL", path, "out of memory");
+    if (!text) return loom_err(e, LOOM_E_INTERNAL, path, "out of memory");
     size_t tl = strlen(text);
     if (tl >= sizeof a->values) {
         free(text);
-        return loom_error_set(e, 422, "OUT_OF_RANGE", path, "%s is %zu bytes of JSON, at most %zu",
-                              path, tl, sizeof a->values - 1);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, path, "%s is %zu bytes of JSON, at most %zu", path,
+                        tl, sizeof a->values - 1);
     }
     memcpy(a->values, text, tl + 1);
     free(text);
@@ -794,15 +751,15 @@ static int parse_array_key(struct loom_spec *s, const char *key, const json_t *v
  * does not depend on the input's key order. */
 static int parse_array(struct loom_spec *s, const json_t *v, struct loom_error *e) {
     if (!json_is_object(v))
-        return loom_error_set(e, 422, "WRONG_TYPE", "array",
-                              "array must be an object of spec key -> list of values, got %s",
-                              json_type_word(v));
+        return loom_err(e, LOOM_E_WRONG_TYPE, "array",
+                        "array must be an object of spec key -> list of values, got %s",
+                        json_type_word(v));
     size_t nk = json_object_size(v);
     if (nk == 0 || nk > JOBSPEC_ARRAY_KEYS_MAX)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", "array", "array has %zu keys, give 1-%d", nk,
-                              JOBSPEC_ARRAY_KEYS_MAX);
-    union array_scratch *scratch = calloc(1, sizeof *scratch);
-    if (!scratch) return loom_error_set(e, 500, "INTERNAL", "array", "out of memory");
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, "array", "array has %zu keys, give 1-%d", nk,
+                        JOBSPEC_ARRAY_KEYS_MAX);
+    struct loom_spec *scratch = calloc(1, sizeof *scratch);
+    if (!scratch) return loom_err(e, LOOM_E_INTERNAL, "array", "out of memory");
     s->n_array = 0;
     size_t members = 1;
     const char *key;
@@ -883,43 +840,89 @@ json_t *jobspec_array_member(const struct loom_spec *s, const json_t *body, size
     return m;
 }
 
-static int parse_object(const json_t *obj, const char *path, const struct table *t, void *base,
-                        struct loom_spec *spec, struct model_in *min, uint64_t *seen,
+/* Edit distance of two short keys (bounded: longer keys count as far). */
+static int key_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 40 || lb > 40) return 99;
+    int d[41][41];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb];
+}
+
+/* UNKNOWN_FIELD, with the nearest row of the same section when one is a
+ * typo away ("train.lrr": did you mean train.lr, peak learning rate?). */
+static int unknown_field(const char *path, struct loom_error *e) {
+    const char *dot = strrchr(path, '.');
+    size_t plen = dot ? (size_t)(dot - path) + 1 : 0;
+    const field_t *best = NULL;
+    int bd = 3; /* at most 2 edits */
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &fields[i];
+        if (strncmp(f->path, path, plen) != 0 || strchr(f->path + plen, '.') ||
+            (f->flags & FL_INNER))
+            continue;
+        int dd = key_distance(f->path + plen, path + plen);
+        if (dd < bd) {
+            bd = dd;
+            best = f;
+        }
+    }
+    if (best)
+        return loom_err(e, LOOM_E_UNKNOWN_FIELD, path, "unknown field %s; did you mean %s (%s)?",
+                        path, best->path, best->help);
+    return loom_err(e, LOOM_E_UNKNOWN_FIELD, path, "unknown field %s", path);
+}
+
+/* State of one parse: which rows the input set. */
+struct parse_ctx {
+    struct loom_spec *s;
+    unsigned char seen[N_FIELDS];
+};
+
+static int seen(const struct parse_ctx *c, const char *path) {
+    const field_t *f = jobspec_field_find(path);
+    return f && c->seen[row_index(f)];
+}
+
+/* Walk one JSON object whose rows are `prefix`.KEY ("" at the top). */
+static int parse_object(struct parse_ctx *c, const json_t *obj, const char *prefix,
                         struct loom_error *e) {
     if (!json_is_object(obj))
-        return loom_error_set(e, 422, "WRONG_TYPE", path, "%s must be an object, got %s",
-                              path[0] ? path : "the spec", json_type_word(obj));
+        return loom_err(e, LOOM_E_WRONG_TYPE, prefix, "%s must be an object, got %s",
+                        prefix[0] ? prefix : "the spec", json_type_word(obj));
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)obj, key, v) {
-        char fpath[128];
-        join_path(fpath, sizeof fpath, path, key);
-        const struct field *f = NULL;
-        for (size_t i = 0; i < t->n; i++)
-            if (strcmp(t->f[i].name, key) == 0) {
-                f = &t->f[i];
-                break;
-            }
-        if (!f) return loom_error_set(e, 422, "UNKNOWN_FIELD", fpath, "unknown field %s", fpath);
+        char path[128];
+        join_path(path, sizeof path, prefix, key);
+        /* a key with a dot would name a row of a deeper section */
+        const field_t *f = strchr(key, '.') ? NULL : jobspec_field_find(path);
+        if (!f || (f->flags & FL_INNER)) return unknown_field(path, e);
         int rc;
         if (f->type == F_OBJ) {
-            int is_model = f->sub == &model_table;
-            rc = parse_object(v, fpath, f->sub, is_model ? (void *)min : (void *)spec, spec, min,
-                              seen, e);
+            rc = parse_object(c, v, path, e);
+            if (rc == 0 && (f->flags & FL_MARK)) *(int *)((char *)c->s + f->count_off) = 1;
         } else if (f->type == F_LABELS) {
-            rc = parse_labels(spec, v, e);
+            rc = parse_labels(c->s, v, e);
         } else if (f->type == F_ARRAY) {
-            rc = parse_array(spec, v, e);
+            rc = parse_array(c->s, v, e);
         } else {
-            rc = parse_value(f, v, base, fpath, e);
+            rc = parse_value(f, v, c->s, path, e);
         }
         if (rc != 0) return -1;
-        if (f->id != S_NONE) *seen |= 1ull << f->id;
+        c->seen[row_index(f)] = 1;
     }
     return 0;
 }
-
-#define SEEN(id) ((seen >> (id)) & 1u)
 
 static int llama_default_ff(int d_model) {
     /* Llama: 2/3 of 4*d, rounded up to a multiple of 256 */
@@ -927,109 +930,66 @@ static int llama_default_ff(int d_model) {
     return (int)((f + 255) / 256 * 256);
 }
 
-static int resolve_model(struct loom_spec *s, const struct model_in *m, uint64_t seen,
-                         int have_model, struct loom_error *e) {
+/* model.preset (or the family's defaults), then the sizes given explicitly
+ * (parsed into s->model, kept aside while the preset is loaded). */
+static int resolve_model(struct parse_ctx *c, int have_model, struct loom_error *e) {
+    struct loom_spec *s = c->s;
+    const struct model_config m = s->model; /* as parsed */
     if (!have_model)
-        return loom_error_set(e, 422, "MISSING_FIELD", "model",
-                              "model is required (e.g. {\"family\":\"gpt2\",\"preset\":\"124m\"})");
-    if (!SEEN(S_FAMILY))
-        return loom_error_set(e, 422, "MISSING_FIELD", "model.family",
-                              "model.family is required (gpt2|llama)");
-    struct model_config *c = &s->model;
-    if (SEEN(S_PRESET)) {
-        const struct model_preset *p = model_preset_find(m->family, m->preset);
+        return loom_err(e, LOOM_E_MISSING_FIELD, "model",
+                        "model is required (e.g. {\"family\":\"gpt2\",\"preset\":\"124m\"})");
+    if (!seen(c, "model.family"))
+        return loom_err(e, LOOM_E_MISSING_FIELD, "model.family",
+                        "model.family is required (gpt2|llama)");
+    struct model_config *cfg = &s->model;
+    int preset = seen(c, "model.preset");
+    if (preset) {
+        const struct model_preset *p = model_preset_find(m.family, m.preset);
         if (!p) {
             char names[256] = "";
             size_t n;
             const struct model_preset *all = model_presets(&n);
             for (size_t i = 0; i < n; i++) {
-                if ((int)all[i].config.family != m->family) continue;
+                if (all[i].config.family != m.family) continue;
                 size_t l = strlen(names);
                 snprintf(names + l, sizeof names - l, "%s%s", l ? " " : "", all[i].name);
             }
-            return loom_error_set(e, 422, "UNKNOWN_PRESET", "model.preset",
-                                  "no %s preset \"%s\"; known: %s", model_family_name(m->family),
-                                  m->preset, names);
+            return loom_err(e, LOOM_E_UNKNOWN_PRESET, "model.preset",
+                            "no %s preset \"%s\"; known: %s", model_family_name(m.family), m.preset,
+                            names);
         }
-        *c = p->config;
-        snprintf(c->preset, sizeof c->preset, "%s", p->name);
+        *cfg = p->config;
+        snprintf(cfg->preset, sizeof cfg->preset, "%s", p->name);
     } else {
-        static const struct {
-            enum seen_id id;
-            const char *name;
-        } need[] = {{S_N_LAYER, "n_layer"},
-                    {S_N_HEAD, "n_head"},
-                    {S_D_MODEL, "d_model"},
-                    {S_VOCAB, "vocab_size"},
-                    {S_SEQ, "seq_len"}};
+        static const char *const need[] = {"model.n_layer", "model.n_head", "model.d_model",
+                                           "model.vocab_size", "model.seq_len"};
         for (size_t i = 0; i < sizeof need / sizeof *need; i++)
-            if (!SEEN(need[i].id)) {
-                char path[64];
-                snprintf(path, sizeof path, "model.%s", need[i].name);
-                return loom_error_set(e, 422, "MISSING_FIELD", path,
-                                      "%s is required when model.preset is absent", path);
-            }
-        memset(c, 0, sizeof *c);
-        model_config_family_defaults(c, m->family);
+            if (!seen(c, need[i]))
+                return loom_err(e, LOOM_E_MISSING_FIELD, need[i],
+                                "%s is required when model.preset is absent", need[i]);
+        memset(cfg, 0, sizeof *cfg);
+        model_config_family_defaults(cfg, m.family);
     }
-    if (SEEN(S_N_LAYER)) c->n_layer = m->n_layer;
-    if (SEEN(S_N_HEAD)) c->n_head = m->n_head;
-    if (SEEN(S_N_KV_HEAD))
-        c->n_kv_head = m->n_kv_head;
-    else if (SEEN(S_N_HEAD))
-        c->n_kv_head = c->family == MODEL_GPT2 || !SEEN(S_PRESET) ? m->n_head : c->n_kv_head;
-    if (SEEN(S_D_MODEL)) c->d_model = m->d_model;
-    if (SEEN(S_D_FF))
-        c->d_ff = m->d_ff;
-    else if (!SEEN(S_PRESET) || SEEN(S_D_MODEL))
-        c->d_ff = c->family == MODEL_GPT2 ? 4 * c->d_model : llama_default_ff(c->d_model);
-    if (SEEN(S_VOCAB)) c->vocab_size = m->vocab_size;
-    if (SEEN(S_SEQ)) c->seq_len = m->seq_len;
-    if (SEEN(S_TIED)) c->tied_embeddings = m->tied;
-    if (SEEN(S_THETA)) {
-        if (c->pos != MODEL_POS_ROPE)
-            return loom_error_set(e, 422, "INVALID_VALUE", "model.rope_theta",
-                                  "model.rope_theta applies to llama (RoPE) only; gpt2 learns "
-                                  "its positions");
-        c->rope_theta = m->rope_theta;
+    /* explicit sizes override the preset: copy every seen model row back */
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &fields[i];
+        size_t mo = OFF(model), ms = sizeof s->model;
+        if (!c->seen[i] || f->off < mo || f->off >= mo + ms || f->type == F_OBJ ||
+            strcmp(f->path, "model.family") == 0 || strcmp(f->path, "model.preset") == 0)
+            continue;
+        size_t sz = f->type == F_DBL ? sizeof(double) : sizeof(int);
+        memcpy((char *)s + f->off, (const char *)&m + (f->off - mo), sz);
     }
-    if (SEEN(S_EPS)) c->norm_eps = m->norm_eps;
-    if (!SEEN(S_PRESET)) c->preset[0] = '\0';
-    model_config_finalize(c);
-    return 0;
-}
-
-/* Absolute path, no '.'/'..' components, glob characters only in the last
- * component, no empty last component. */
-static int path_lexical(const char *p, const char *field, struct loom_error *e) {
-    if (p[0] != '/')
-        return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                              "%s=\"%.200s\" must be an absolute path", field, p);
-    const char *last = strrchr(p, '/') + 1;
-    if (*last == '\0')
-        return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                              "%s=\"%.200s\" names a directory; give a file or a glob such as "
-                              "dir/train_*.bin",
-                              field, p);
-    const char *c = p;
-    while (*c) {
-        while (*c == '/')
-            c++;
-        const char *end = strchr(c, '/');
-        size_t len = end ? (size_t)(end - c) : strlen(c);
-        if ((len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
-            return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                                  "%s=\"%.200s\" has a '%.*s' component; give a normalised path",
-                                  field, p, (int)len, c);
-        if (c < last)
-            for (size_t i = 0; i < len; i++)
-                if (c[i] == '*' || c[i] == '?' || c[i] == '[')
-                    return loom_error_set(e, 422, "DATA_PATH_INVALID", field,
-                                          "%s=\"%.200s\": glob characters are allowed only in the "
-                                          "file name",
-                                          field, p);
-        c += len;
-    }
+    if (!seen(c, "model.n_kv_head") && seen(c, "model.n_head"))
+        cfg->n_kv_head = cfg->family == MODEL_GPT2 || !preset ? m.n_head : cfg->n_kv_head;
+    if (!seen(c, "model.d_ff") && (!preset || seen(c, "model.d_model")))
+        cfg->d_ff = cfg->family == MODEL_GPT2 ? 4 * cfg->d_model : llama_default_ff(cfg->d_model);
+    if (seen(c, "model.rope_theta") && cfg->pos != MODEL_POS_ROPE)
+        return loom_err(e, LOOM_E_INVALID_VALUE, "model.rope_theta",
+                        "model.rope_theta applies to llama (RoPE) only; gpt2 learns "
+                        "its positions");
+    if (!preset) cfg->preset[0] = '\0';
+    model_config_finalize(cfg);
     return 0;
 }
 
@@ -1042,18 +1002,18 @@ static int lora_rules(const struct loom_spec *s, struct loom_error *e) {
     }
     const char *fam = model_family_name(s->model.family);
     if (s->train.lora.n_targets < 1)
-        return loom_error_set(e, 422, "INVALID_LORA_TARGET", "train.lora.targets",
-                              "train.lora.targets must name at least one of %s (%s)", allowed, fam);
+        return loom_err(e, LOOM_E_INVALID_LORA_TARGET, "train.lora.targets",
+                        "train.lora.targets must name at least one of %s (%s)", allowed, fam);
     for (int i = 0; i < s->train.lora.n_targets; i++) {
         const char *t = s->train.lora.targets[i];
         if (target_index(s->model.family, t) == INT_MAX)
-            return loom_error_set(e, 422, "INVALID_LORA_TARGET", "train.lora.targets",
-                                  "train.lora.targets: \"%s\" is not a %s target; allowed: %s", t,
-                                  fam, allowed);
+            return loom_err(e, LOOM_E_INVALID_LORA_TARGET, "train.lora.targets",
+                            "train.lora.targets: \"%s\" is not a %s target; allowed: %s", t, fam,
+                            allowed);
         for (int k = 0; k < i; k++)
             if (strcmp(s->train.lora.targets[k], t) == 0)
-                return loom_error_set(e, 422, "INVALID_LORA_TARGET", "train.lora.targets",
-                                      "train.lora.targets lists \"%s\" twice", t);
+                return loom_err(e, LOOM_E_INVALID_LORA_TARGET, "train.lora.targets",
+                                "train.lora.targets lists \"%s\" twice", t);
     }
     return 0;
 }
@@ -1063,12 +1023,12 @@ static int lora_rules(const struct loom_spec *s, struct loom_error *e) {
 static int finetune_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
     if (s->train.lora.enabled && lora_rules(s, e) != 0) return -1;
     if (s->train.quantize_base == JOBSPEC_QUANT_NF4 && !s->train.lora.enabled)
-        return loom_error_set(e, 422, "QUANTIZE_WITHOUT_LORA", "train.quantize_base",
-                              "train.quantize_base=nf4 needs train.lora (a quantized base is "
-                              "frozen; only adapters train)");
+        return loom_err(e, LOOM_E_QUANTIZE_WITHOUT_LORA, "train.quantize_base",
+                        "train.quantize_base=nf4 needs train.lora (a quantized base is "
+                        "frozen; only adapters train)");
     if (s->export.lora && !s->train.lora.enabled)
-        return loom_error_set(e, 422, "EXPORT_WITHOUT_LORA", "export.lora",
-                              "export.lora=true needs train.lora (there is no adapter to write)");
+        return loom_err(e, LOOM_E_EXPORT_WITHOUT_LORA, "export.lora",
+                        "export.lora=true needs train.lora (there is no adapter to write)");
     static const struct {
         enum jobspec_loss_on loss;
         enum jobspec_data_format format;
@@ -1076,114 +1036,148 @@ static int finetune_rules(const struct loom_spec *s, unsigned flags, struct loom
                       {JOBSPEC_LOSS_COMPLETION, JOBSPEC_FMT_COMPLETION}};
     for (size_t i = 0; i < sizeof loss_needs / sizeof *loss_needs; i++)
         if (s->train.loss_on == loss_needs[i].loss && s->data.format != loss_needs[i].format)
-            return loom_error_set(e, 422, "LOSS_ON_FORMAT", "train.loss_on",
-                                  "train.loss_on=%s needs data.format=%s, got data.format=%s",
-                                  loss_on_names[s->train.loss_on],
-                                  format_names[loss_needs[i].format], format_names[s->data.format]);
+            return loom_err(e, LOOM_E_LOSS_ON_FORMAT, "train.loss_on",
+                            "train.loss_on=%s needs data.format=%s, got data.format=%s",
+                            loss_on_names[s->train.loss_on], format_names[loss_needs[i].format],
+                            format_names[s->data.format]);
     if (s->data.val_fraction > 0 && s->data.val[0])
-        return loom_error_set(e, 422, "VAL_SOURCE_CONFLICT", "data.val_fraction",
-                              "data.val_fraction=%g and data.val both give a validation set; "
-                              "use one",
-                              s->data.val_fraction);
+        return loom_err(e, LOOM_E_VAL_SOURCE_CONFLICT, "data.val_fraction",
+                        "data.val_fraction=%g and data.val both give a validation set; "
+                        "use one",
+                        s->data.val_fraction);
     if (!(flags & JOBSPEC_FOR_PLAN) && s->data.format != JOBSPEC_FMT_BIN && !s->data.tokenizer[0] &&
         !s->init_from[0])
-        return loom_error_set(e, 422, "MISSING_FIELD", "data.tokenizer",
-                              "data.format=%s needs data.tokenizer (or model.init_from, whose "
-                              "tokenizer is the default)",
-                              format_names[s->data.format]);
+        return loom_err(e, LOOM_E_MISSING_FIELD, "data.tokenizer",
+                        "data.format=%s needs data.tokenizer (or model.init_from, whose "
+                        "tokenizer is the default)",
+                        format_names[s->data.format]);
     return 0;
 }
 
-int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+static int check_rows(const struct loom_spec *s, struct loom_error *e);
+
+/* ---- cross-field rules, in the order a user would fix them ---- */
+
+static int model_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     const struct model_config *m = &s->model;
     char err[256];
     const char *mf = NULL;
     if (model_config_check(m, err, sizeof err, &mf) != 0) {
         char path[64];
         snprintf(path, sizeof path, "model.%s", mf ? mf : "");
-        return loom_error_set(e, 422, "INVALID_MODEL", path, "%s", err);
+        return loom_err(e, LOOM_E_INVALID_MODEL, path, "%s", err);
     }
+    return 0;
+}
+
+static int layout_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
+    const struct model_config *m = &s->model;
     int dp = s->parallel.dp, tp = s->parallel.tp, pp = s->parallel.pp;
     int64_t world = (int64_t)dp * tp * pp;
     if (world > JOBSPEC_WORLD_MAX)
-        return loom_error_set(e, 422, "WORLD_TOO_LARGE", "parallel",
-                              "dp*tp*pp = %d*%d*%d = %lld ranks, at most %d", dp, tp, pp,
-                              (long long)world, JOBSPEC_WORLD_MAX);
+        return loom_err(e, LOOM_E_WORLD_TOO_LARGE, "parallel",
+                        "dp*tp*pp = %d*%d*%d = %lld ranks, at most %d", dp, tp, pp,
+                        (long long)world, JOBSPEC_WORLD_MAX);
     if (m->n_head % tp != 0)
-        return loom_error_set(e, 422, "TP_HEADS", "parallel.tp", "tp=%d does not divide n_head=%d",
-                              tp, m->n_head);
+        return loom_err(e, LOOM_E_TP_HEADS, "parallel.tp", "tp=%d does not divide n_head=%d", tp,
+                        m->n_head);
     if (m->n_kv_head % tp != 0)
-        return loom_error_set(e, 422, "TP_KV_HEADS", "parallel.tp",
-                              "tp=%d does not divide n_kv_head=%d", tp, m->n_kv_head);
+        return loom_err(e, LOOM_E_TP_KV_HEADS, "parallel.tp", "tp=%d does not divide n_kv_head=%d",
+                        tp, m->n_kv_head);
     if (m->d_ff % tp != 0)
-        return loom_error_set(e, 422, "TP_FFN", "parallel.tp", "tp=%d does not divide d_ff=%d", tp,
-                              m->d_ff);
+        return loom_err(e, LOOM_E_TP_FFN, "parallel.tp", "tp=%d does not divide d_ff=%d", tp,
+                        m->d_ff);
     if (tp > s->resources.gpus_per_node)
-        return loom_error_set(e, 422, "TP_CROSSES_NODE", "parallel.tp",
-                              "tp=%d exceeds resources.gpus_per_node=%d; tensor-parallel groups "
-                              "never cross a node",
-                              tp, s->resources.gpus_per_node);
+        return loom_err(e, LOOM_E_TP_CROSSES_NODE, "parallel.tp",
+                        "tp=%d exceeds resources.gpus_per_node=%d; tensor-parallel groups "
+                        "never cross a node",
+                        tp, s->resources.gpus_per_node);
     if (!s->parallel.pp_balance && m->n_layer % pp != 0)
-        return loom_error_set(e, 422, "PP_LAYERS", "parallel.pp",
-                              "pp=%d does not divide n_layer=%d (parallel.pp_balance: true splits "
-                              "the blocks unevenly)",
-                              pp, m->n_layer);
+        return loom_err(e, LOOM_E_PP_LAYERS, "parallel.pp",
+                        "pp=%d does not divide n_layer=%d (parallel.pp_balance: true splits "
+                        "the blocks unevenly)",
+                        pp, m->n_layer);
     if (m->n_layer < pp)
-        return loom_error_set(e, 422, "PP_LAYERS", "parallel.pp",
-                              "pp=%d exceeds n_layer=%d: every stage needs a block", pp,
-                              m->n_layer);
+        return loom_err(e, LOOM_E_PP_LAYERS, "parallel.pp",
+                        "pp=%d exceeds n_layer=%d: every stage needs a block", pp, m->n_layer);
     if (s->parallel.zero_stage >= 2 && pp > 1)
-        return loom_error_set(e, 422, "ZERO_WITH_PP", "parallel.zero_stage",
-                              "zero_stage=%d with pp=%d is not supported (gradient and parameter "
-                              "sharding fight the 1F1B schedule); use zero_stage<=1",
-                              s->parallel.zero_stage, pp);
-    int64_t unit = (int64_t)s->train.micro_batch * m->seq_len * dp;
+        return loom_err(e, LOOM_E_ZERO_WITH_PP, "parallel.zero_stage",
+                        "zero_stage=%d with pp=%d is not supported (gradient and parameter "
+                        "sharding fight the 1F1B schedule); use zero_stage<=1",
+                        s->parallel.zero_stage, pp);
+    return 0;
+}
+
+static int batch_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
+    int dp = s->parallel.dp, pp = s->parallel.pp, seq = s->model.seq_len;
+    int64_t unit = (int64_t)s->train.micro_batch * seq * dp;
     if (s->train.global_batch_tokens % unit != 0)
-        return loom_error_set(e, 422, "BATCH_NOT_DIVISIBLE", "train.global_batch_tokens",
-                              "global_batch_tokens=%lld is not a multiple of "
-                              "micro_batch*seq_len*dp = %d*%d*%d = %lld",
-                              (long long)s->train.global_batch_tokens, s->train.micro_batch,
-                              m->seq_len, dp, (long long)unit);
+        return loom_err(e, LOOM_E_BATCH_NOT_DIVISIBLE, "train.global_batch_tokens",
+                        "global_batch_tokens=%lld is not a multiple of "
+                        "micro_batch*seq_len*dp = %d*%d*%d = %lld",
+                        (long long)s->train.global_batch_tokens, s->train.micro_batch, seq, dp,
+                        (long long)unit);
     int64_t ga = s->train.global_batch_tokens / unit;
     if (pp > 1 && ga < pp)
-        return loom_error_set(e, 422, "PP_TOO_FEW_MICROBATCHES", "train.global_batch_tokens",
-                              "1F1B with pp=%d needs at least %d micro-batches per step; "
-                              "global_batch_tokens/(micro_batch*seq_len*dp) = %lld/%lld = %lld",
-                              pp, pp, (long long)s->train.global_batch_tokens, (long long)unit,
-                              (long long)ga);
+        return loom_err(e, LOOM_E_PP_TOO_FEW_MICROBATCHES, "train.global_batch_tokens",
+                        "1F1B with pp=%d needs at least %d micro-batches per step; "
+                        "global_batch_tokens/(micro_batch*seq_len*dp) = %lld/%lld = %lld",
+                        pp, pp, (long long)s->train.global_batch_tokens, (long long)unit,
+                        (long long)ga);
     if (s->train.global_batch_tokens > ((int64_t)1 << 62) / s->train.steps)
-        return loom_error_set(e, 422, "OUT_OF_RANGE", "train.steps",
-                              "steps*global_batch_tokens overflows (%lld*%lld)",
-                              (long long)s->train.steps, (long long)s->train.global_batch_tokens);
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, "train.steps",
+                        "steps*global_batch_tokens overflows (%lld*%lld)",
+                        (long long)s->train.steps, (long long)s->train.global_batch_tokens);
+    return 0;
+}
+
+static int optimizer_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     if (s->train.min_lr > s->train.lr)
-        return loom_error_set(e, 422, "LR_ORDER", "train.min_lr", "min_lr=%g exceeds lr=%g",
-                              s->train.min_lr, s->train.lr);
+        return loom_err(e, LOOM_E_LR_ORDER, "train.min_lr", "min_lr=%g exceeds lr=%g",
+                        s->train.min_lr, s->train.lr);
     if (s->train.warmup_steps > s->train.steps)
-        return loom_error_set(e, 422, "WARMUP_TOO_LONG", "train.warmup_steps",
-                              "warmup_steps=%lld exceeds steps=%lld",
-                              (long long)s->train.warmup_steps, (long long)s->train.steps);
+        return loom_err(e, LOOM_E_WARMUP_TOO_LONG, "train.warmup_steps",
+                        "warmup_steps=%lld exceeds steps=%lld", (long long)s->train.warmup_steps,
+                        (long long)s->train.steps);
+    return 0;
+}
+
+static int device_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     if (s->resources.device == JOBSPEC_DEV_CPU && s->train.precision == JOBSPEC_PREC_BF16)
-        return loom_error_set(e, 422, "PRECISION_DEVICE", "train.precision",
-                              "precision=bf16 needs device=cuda; the cpu backend computes in fp32");
+        return loom_err(e, LOOM_E_PRECISION_DEVICE, "train.precision",
+                        "precision=bf16 needs device=cuda; the cpu backend computes in fp32");
     if (s->resources.device == JOBSPEC_DEV_CPU && s->train.precision == JOBSPEC_PREC_FP8)
-        return loom_error_set(e, 422, "PRECISION_DEVICE", "train.precision",
-                              "precision=fp8 needs device=cuda; the cpu backend computes in fp32");
+        return loom_err(e, LOOM_E_PRECISION_DEVICE, "train.precision",
+                        "precision=fp8 needs device=cuda; the cpu backend computes in fp32");
     if (s->resources.device == JOBSPEC_DEV_CPU && s->train.offload_optimizer)
-        return loom_error_set(e, 422, "OFFLOAD_DEVICE", "train.offload_optimizer",
-                              "offload_optimizer needs device=cuda; on cpu the optimizer already "
-                              "lives in host memory");
-    if (finetune_rules(s, flags, e) != 0) return -1;
+        return loom_err(e, LOOM_E_OFFLOAD_DEVICE, "train.offload_optimizer",
+                        "offload_optimizer needs device=cuda; on cpu the optimizer already "
+                        "lives in host memory");
+    return 0;
+}
+
+static int data_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
     if (!(flags & JOBSPEC_FOR_PLAN)) {
         if (!s->data.train[0])
-            return loom_error_set(e, 422, "MISSING_FIELD", "data.train",
-                                  "data.train is required (absolute path or glob of .bin shards)");
+            return loom_err(e, LOOM_E_MISSING_FIELD, "data.train",
+                            "data.train is required (absolute path or glob of .bin shards)");
         if (s->train.eval_every > 0 && !s->data.val[0] && s->data.val_fraction == 0)
-            return loom_error_set(e, 422, "EVAL_WITHOUT_VAL", "train.eval_every",
-                                  "train.eval_every=%lld needs data.val or data.val_fraction",
-                                  (long long)s->train.eval_every);
+            return loom_err(e, LOOM_E_EVAL_WITHOUT_VAL, "train.eval_every",
+                            "train.eval_every=%lld needs data.val or data.val_fraction",
+                            (long long)s->train.eval_every);
     }
-    if (s->data.train[0] && path_lexical(s->data.train, "data.train", e) != 0) return -1;
-    if (s->data.val[0] && path_lexical(s->data.val, "data.val", e) != 0) return -1;
+    if (s->data.train[0] && jobspec_path_lexical(s->data.train, "data.train", e) != 0) return -1;
+    if (s->data.val[0] && jobspec_path_lexical(s->data.val, "data.val", e) != 0) return -1;
+    return 0;
+}
+
+static int name_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
     if (s->name[0]) {
         const char *n = s->name;
         int ok = (n[0] >= 'a' && n[0] <= 'z') || (n[0] >= 'A' && n[0] <= 'Z') ||
@@ -1192,13 +1186,28 @@ int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_erro
             ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
                  *c == '.' || *c == '_' || *c == '-';
         if (!ok)
-            return loom_error_set(e, 422, "INVALID_NAME", "name",
-                                  "name=\"%.64s\" must start with a letter or digit and use only "
-                                  "[A-Za-z0-9._-]",
-                                  n);
+            return loom_err(e, LOOM_E_INVALID_NAME, "name",
+                            "name=\"%.64s\" must start with a letter or digit and use only "
+                            "[A-Za-z0-9._-]",
+                            n);
     } else {
-        return loom_error_set(e, 422, "INVALID_NAME", "name", "name must not be empty");
+        return loom_err(e, LOOM_E_INVALID_NAME, "name", "name must not be empty");
     }
+    return 0;
+}
+
+static int rows_rule(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    (void)flags;
+    return check_rows(s, e);
+}
+
+int jobspec_validate(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
+    static int (*const rules[])(const struct loom_spec *, unsigned, struct loom_error *) = {
+        rows_rule,    model_rules,    layout_rules, batch_rules, optimizer_rules,
+        device_rules, finetune_rules, data_rules,   name_rules,
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
+        if (rules[i](s, flags, e) != 0) return -1;
     return 0;
 }
 
@@ -1240,7 +1249,7 @@ static void lora_canonical_targets(struct loom_spec *s) {
 static int check_array_members(const struct loom_spec *s, const json_t *body, unsigned flags,
                                struct loom_error *e) {
     struct loom_spec *ms = malloc(sizeof *ms);
-    if (!ms) return loom_error_set(e, 500, "INTERNAL", "array", "out of memory");
+    if (!ms) return loom_err(e, LOOM_E_INTERNAL, "array", "out of memory");
     size_t n = jobspec_array_size(s);
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
@@ -1248,7 +1257,7 @@ static int check_array_members(const struct loom_spec *s, const json_t *body, un
         struct loom_error me;
         memset(&me, 0, sizeof me);
         if (!m) {
-            rc = loom_error_set(e, 500, "INTERNAL", "array", "out of memory");
+            rc = loom_err(e, LOOM_E_INTERNAL, "array", "out of memory");
         } else if (jobspec_parse(ms, m, flags, &me) != 0) {
             char what[256] = "";
             for (int k = 0; k < s->n_array; k++) {
@@ -1271,33 +1280,29 @@ static int check_array_members(const struct loom_spec *s, const json_t *body, un
 int jobspec_parse(struct loom_spec *s, const json_t *j, unsigned flags, struct loom_error *e) {
     jobspec_init(s);
     if (!json_is_object(j))
-        return loom_error_set(e, 400, "INVALID_JSON", "",
-                              "the job spec must be a JSON object, got %s",
-                              j ? json_type_word(j) : "nothing");
-    struct model_in m;
-    memset(&m, 0, sizeof m);
-    uint64_t seen = 0;
-    if (parse_object(j, "", &top_table, s, s, &m, &seen, e) != 0) return -1;
-    if (resolve_model(s, &m, seen, json_object_get(j, "model") != NULL, e) != 0) return -1;
-    if (!SEEN(S_PRECISION))
+        return loom_err(e, LOOM_E_INVALID_JSON, "", "the job spec must be a JSON object, got %s",
+                        j ? json_type_word(j) : "nothing");
+    struct parse_ctx c = {.s = s};
+    if (parse_object(&c, j, "", e) != 0) return -1;
+    if (resolve_model(&c, json_object_get(j, "model") != NULL, e) != 0) return -1;
+    /* the defaults that depend on other fields (FL_DERIVED rows) */
+    if (!seen(&c, "train.precision"))
         s->train.precision =
             s->resources.device == JOBSPEC_DEV_CPU ? JOBSPEC_PREC_FP32 : JOBSPEC_PREC_BF16;
-    if (!SEEN(S_MIN_LR)) s->train.min_lr = s->train.lr / 10;
+    if (!seen(&c, "train.min_lr")) s->train.min_lr = s->train.lr / 10;
     s->model.pp_balance = s->parallel.pp_balance; /* every stage computation reads the model */
-    if (!SEEN(S_GBT))
+    if (!seen(&c, "train.global_batch_tokens"))
         s->train.global_batch_tokens =
             (int64_t)s->train.micro_batch * s->model.seq_len * s->parallel.dp;
-    if (!SEEN(S_NAME))
+    if (!seen(&c, "name"))
         snprintf(s->name, sizeof s->name, "%s-%s", model_family_name(s->model.family),
                  s->model.preset[0] ? s->model.preset : "custom");
-    memcpy(s->init_from, m.init_from, sizeof s->init_from);
-    s->train.lora.enabled = SEEN(S_LORA);
     if (s->train.lora.enabled) lora_canonical_targets(s);
-    double *reals[] = {&s->train.lr,        &s->train.min_lr,     &s->train.weight_decay,
-                       &s->train.grad_clip, &s->train.beta1,      &s->train.beta2,
-                       &s->train.eps,       &s->model.rope_theta, &s->model.norm_eps};
-    for (size_t i = 0; i < sizeof reals / sizeof *reals; i++)
-        *reals[i] = snap15(*reals[i]);
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (fields[i].type == F_DBL) {
+            double *x = (double *)((char *)s + fields[i].off);
+            *x = snap15(*x);
+        }
     if (jobspec_validate(s, flags, e) != 0) return -1;
     return s->n_array && (flags & JOBSPEC_ARRAY_MEMBERS) ? check_array_members(s, j, flags, e) : 0;
 }
@@ -1308,101 +1313,158 @@ int jobspec_parse_text(struct loom_spec *s, const char *text, size_t len, unsign
     json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!j) {
         jobspec_init(s);
-        return loom_error_set(e, 400, "INVALID_JSON", "", "malformed JSON at line %d column %d: %s",
-                              je.line, je.column, je.text);
+        return loom_err(e, LOOM_E_INVALID_JSON, "", "malformed JSON at line %d column %d: %s",
+                        je.line, je.column, je.text);
     }
     int rc = jobspec_parse(s, j, flags, e);
     json_decref(j);
     return rc;
 }
 
-json_t *jobspec_to_json(const struct loom_spec *s) {
-    const struct model_config *m = &s->model;
-    json_t *labels = json_object();
-    for (int i = 0; i < s->n_labels; i++)
-        json_object_set_new(labels, s->labels[i].key, json_string(s->labels[i].value));
-    json_t *model = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f}", "family",
-                              model_family_name(m->family), "n_layer", m->n_layer, "n_head",
-                              m->n_head, "n_kv_head", m->n_kv_head, "d_model", m->d_model, "d_ff",
-                              m->d_ff, "vocab_size", m->vocab_size, "seq_len", m->seq_len,
-                              "tied_embeddings", m->tied_embeddings, "norm_eps", m->norm_eps);
-    if (m->preset[0]) json_object_set_new(model, "preset", json_string(m->preset));
-    if (m->pos == MODEL_POS_ROPE)
-        json_object_set_new(model, "rope_theta", json_real(m->rope_theta));
-    if (s->init_from[0]) json_object_set_new(model, "init_from", json_string(s->init_from));
-    json_t *data =
-        json_pack("{s:s, s:s, s:s, s:f, s:s}", "train", s->data.train, "format",
-                  format_names[s->data.format], "text_key", s->data.text_key, "val_fraction",
-                  s->data.val_fraction, "overlong", overlong_names[s->data.overlong]);
-    if (s->data.val[0]) json_object_set_new(data, "val", json_string(s->data.val));
-    if (s->data.tokenizer[0])
-        json_object_set_new(data, "tokenizer", json_string(s->data.tokenizer));
-    if (s->data.chat_template != JOBSPEC_CHAT_NONE)
-        json_object_set_new(data, "chat_template",
-                            json_string(chat_template_names[s->data.chat_template]));
-    json_t *train = json_pack(
-        "{s:I, s:I, s:i, s:f, s:f, s:I, s:s, s:f, s:f, s:f, s:f, s:f, s:I, s:s, s:s, s:b, s:I, "
-        "s:I}",
-        "steps", (json_int_t)s->train.steps, "global_batch_tokens",
-        (json_int_t)s->train.global_batch_tokens, "micro_batch", s->train.micro_batch, "lr",
-        s->train.lr, "min_lr", s->train.min_lr, "warmup_steps", (json_int_t)s->train.warmup_steps,
-        "schedule", jobspec_schedule_name(s->train.schedule), "weight_decay", s->train.weight_decay,
-        "grad_clip", s->train.grad_clip, "beta1", s->train.beta1, "beta2", s->train.beta2, "eps",
-        s->train.eps, "seed", (json_int_t)s->train.seed, "precision",
-        jobspec_precision_name(s->train.precision), "recompute",
-        jobspec_recompute_name(s->train.recompute), "offload_optimizer", s->train.offload_optimizer,
-        "eval_every", (json_int_t)s->train.eval_every, "eval_batches",
-        (json_int_t)s->train.eval_batches);
-    json_object_set_new(train, "loss_on", json_string(loss_on_names[s->train.loss_on]));
-    json_object_set_new(train, "packing", json_string(packing_names[s->train.packing]));
-    json_object_set_new(train, "quantize_base",
-                        json_string(quantize_names[s->train.quantize_base]));
-    if (s->train.recompute_budget_gib > 0)
-        json_object_set_new(train, "recompute",
-                            json_pack("{s:f}", "budget_gib", s->train.recompute_budget_gib));
-    if (s->train.lora.enabled) {
-        json_t *t = json_array();
-        for (int i = 0; i < s->train.lora.n_targets; i++)
-            json_array_append_new(t, json_string(s->train.lora.targets[i]));
-        json_object_set_new(train, "lora",
-                            json_pack("{s:i, s:f, s:f, s:o}", "rank", s->train.lora.rank, "alpha",
-                                      s->train.lora.alpha, "dropout", s->train.lora.dropout,
-                                      "targets", t));
+/* Whether a row is part of this spec (the canonical form lists it, the
+ * range checks look at it). */
+static int row_present(const field_t *f, const struct loom_spec *s) {
+    const char *p = (const char *)s + f->off;
+    if ((f->flags & FL_IF_ROPE) && s->model.pos != MODEL_POS_ROPE) return 0;
+    if ((f->flags & FL_IF_LORA) && !s->train.lora.enabled) return 0;
+    if (!(f->flags & FL_OMIT)) return 1;
+    switch (f->type) {
+    case F_STR:
+        return p[0] != '\0';
+    case F_STRLIST:
+        return *(const int *)((const char *)s + f->count_off) > 0;
+    case F_ENUM:
+        return *(const int *)p != 0;
+    case F_DBL:
+        return *(const double *)p != 0;
+    case F_ARRAY:
+        return s->n_array > 0;
+    default:
+        return 1;
     }
-    json_t *resources = json_pack(
-        "{s:s, s:i, s:b}", "device", jobspec_device_name(s->resources.device), "gpus_per_node",
-        s->resources.gpus_per_node, "allow_mixed", s->resources.allow_mixed);
-    if (s->resources.n_gpu_types > 0) {
-        json_t *g = json_array();
-        for (int i = 0; i < s->resources.n_gpu_types; i++)
-            json_array_append_new(g, json_string(s->resources.gpu_type[i]));
-        json_object_set_new(resources, "gpu_type", g);
+}
+
+/* The JSON value of one (non-section) row. New reference. */
+static json_t *row_to_json(const field_t *f, const struct loom_spec *s) {
+    const char *p = (const char *)s + f->off;
+    switch (f->type) {
+    case F_I32:
+        return json_integer(*(const int *)p);
+    case F_I64:
+        return json_integer((json_int_t) * (const int64_t *)p);
+    case F_U64:
+        return json_integer((json_int_t) * (const uint64_t *)p);
+    case F_DBL:
+        return json_real(*(const double *)p);
+    case F_BOOL:
+        return json_boolean(*(const int *)p);
+    case F_STR:
+        return json_string(p);
+    case F_ENUM:
+        return json_string(f->names[*(const int *)p]);
+    case F_RECOMPUTE: {
+        const field_t *budget = f + 1;
+        if (row_present(budget, s)) {
+            json_t *o = json_object();
+            json_object_set_new(o, "budget_gib", row_to_json(budget, s));
+            return o;
+        }
+        return json_string(f->names[*(const int *)p]);
     }
-    json_t *out = json_pack(
-        "{s:s, s:o, s:o, s:o, s:{s:i, s:i, s:i, s:i, s:b}, s:o, s:{s:I, s:i}, "
-        "s:o, s:i, s:i}",
-        "name", s->name, "labels", labels, "model", model, "data", data, "parallel", "dp",
-        s->parallel.dp, "tp", s->parallel.tp, "pp", s->parallel.pp, "zero_stage",
-        s->parallel.zero_stage, "pp_balance", s->parallel.pp_balance, "train", train, "checkpoint",
-        "every_steps", (json_int_t)s->checkpoint.every_steps, "keep", s->checkpoint.keep,
-        "resources", resources, "priority", s->priority, "max_retries", s->max_retries);
-    json_object_set_new(out, "export",
-                        json_pack("{s:b, s:b}", "hf", s->export.hf, "lora", s->export.lora));
-    json_object_set_new(out, "max_runtime_s", json_integer((json_int_t)s->max_runtime_s));
-    json_object_set_new(out, "preemptible", json_boolean(s->preemptible));
-    if (s->n_after > 0) {
+    case F_STRLIST: {
         json_t *a = json_array();
-        for (int i = 0; i < s->n_after; i++)
-            json_array_append_new(a, json_string(s->after[i]));
-        json_object_set_new(out, "after", a);
+        int n = *(const int *)((const char *)s + f->count_off);
+        for (int i = 0; i < n; i++)
+            json_array_append_new(a, json_string(p + (size_t)i * f->size));
+        return a;
     }
-    if (s->n_array > 0) {
-        json_t *a = json_object();
+    case F_LABELS: {
+        json_t *o = json_object();
+        for (int i = 0; i < s->n_labels; i++)
+            json_object_set_new(o, s->labels[i].key, json_string(s->labels[i].value));
+        return o;
+    }
+    case F_ARRAY: {
+        json_t *o = json_object();
         for (int i = 0; i < s->n_array; i++)
-            json_object_set_new(a, s->array[i].key, json_loads(s->array[i].values, 0, NULL));
-        json_object_set_new(out, "array", a);
+            json_object_set_new(o, s->array[i].key, json_loads(s->array[i].values, 0, NULL));
+        return o;
     }
-    return out;
+    default:
+        return json_object();
+    }
+}
+
+json_t *jobspec_to_json(const struct loom_spec *s) {
+    json_t *root = json_object();
+    if (!root) return NULL;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &fields[i];
+        if ((f->flags & FL_INNER) || !row_present(f, s)) continue;
+        /* the section objects come before their rows in the table */
+        json_t *parent = root;
+        const char *leaf = f->path;
+        for (const char *dot; (dot = strchr(leaf, '.')); leaf = dot + 1) {
+            char key[JOBSPEC_KEY_MAX];
+            snprintf(key, sizeof key, "%.*s", (int)(dot - leaf), leaf);
+            parent = json_object_get(parent, key);
+        }
+        if (!parent) continue; /* its section is absent (train.lora off) */
+        json_object_set_new(parent, leaf, f->type == F_OBJ ? json_object() : row_to_json(f, s));
+    }
+    return root;
+}
+
+/* Every present row's value within its row's range, names and format: a
+ * spec filled by hand (the planner's layouts) meets the parser's rules. */
+static int check_rows(const struct loom_spec *s, struct loom_error *e) {
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &fields[i];
+        const char *p = (const char *)s + f->off;
+        if (!row_present(f, s)) continue;
+        int rc = 0;
+        switch (f->type) {
+        case F_I32:
+            rc = check_int_range(f, *(const int *)p, f->path, e);
+            break;
+        case F_I64:
+            rc = check_int_range(f, (long long)*(const int64_t *)p, f->path, e);
+            break;
+        case F_U64:
+            rc =
+                (double)*(const uint64_t *)p > f->max
+                    ? loom_err(e, LOOM_E_OUT_OF_RANGE, f->path, "%s is above %.0f", f->path, f->max)
+                    : 0;
+            break;
+        case F_DBL:
+            rc = check_dbl_range(f, *(const double *)p, f->path, e);
+            break;
+        case F_ENUM:
+        case F_RECOMPUTE: {
+            int v = *(const int *)p, lo = (f->flags & FL_ENUM_UNSET) && !(f->flags & FL_OMIT);
+            if (v < lo || v >= enum_count(f))
+                rc = loom_err(e, LOOM_E_INVALID_VALUE, f->path, "%s=%d is not a known value",
+                              f->path, v);
+            break;
+        }
+        case F_STR:
+            rc = f->check ? f->check(f->path, p, e) : 0; /* empty FL_OMIT rows are absent */
+            break;
+        case F_STRLIST: {
+            int n = *(const int *)((const char *)s + f->count_off);
+            if (n < 0 || n > f->max_count)
+                rc = loom_err(e, LOOM_E_OUT_OF_RANGE, f->path, "%s has %d entries, at most %d",
+                              f->path, n, f->max_count);
+            for (int k = 0; rc == 0 && f->check && k < n; k++)
+                rc = f->check(f->path, p + (size_t)k * f->size, e);
+            break;
+        }
+        default:
+            break;
+        }
+        if (rc != 0) return -1;
+    }
+    return 0;
 }
 
 char *jobspec_dumps(const struct loom_spec *s) {
@@ -1436,188 +1498,4 @@ json_t *jobspec_derived_to_json(const struct jobspec_derived *d) {
                      (json_int_t)d->tokens_per_step, "sequences_per_step",
                      (json_int_t)d->sequences_per_step, "tokens_total", (json_int_t)d->tokens_total,
                      "n_params", (json_int_t)d->n_params, "flops_per_token", d->flops_per_token);
-}
-
-/* ---- data-path confinement ---- */
-
-/* 1 when `p` equals `root` or lies below it (both resolved, no trailing '/'
- * except for "/" itself). */
-static int under_root(const char *p, const char *root) {
-    size_t rl = strlen(root);
-    while (rl > 1 && root[rl - 1] == '/')
-        rl--;
-    if (rl == 1 && root[0] == '/') return p[0] == '/';
-    return strncmp(p, root, rl) == 0 && (p[rl] == '\0' || p[rl] == '/');
-}
-
-/* realpath of the longest existing prefix of `dir` followed by the rest of
- * `dir` (which has no '.' or '..' components). */
-static int resolve_prefix(const char *dir, char *out, size_t n) {
-    char *work = strdup(dir);
-    if (!work) return -1;
-    char *real = NULL;
-    for (;;) {
-        real = realpath(work, NULL);
-        if (real) break;
-        char *slash = strrchr(work, '/');
-        if (!slash || slash == work) {
-            real = realpath("/", NULL);
-            work[0] = '\0';
-            break;
-        }
-        *slash = '\0';
-    }
-    size_t used = strlen(work);
-    const char *rest = dir + used;
-    int rc = 0;
-    if (!real)
-        rc = -1;
-    else if ((size_t)snprintf(out, n, "%s%s", strcmp(real, "/") == 0 && rest[0] == '/' ? "" : real,
-                              rest) >= n)
-        rc = -1;
-    free(real);
-    free(work);
-    return rc;
-}
-
-static int has_glob(const char *s) {
-    return strpbrk(s, "*?[") != NULL;
-}
-
-int jobspec_path_confined(const char *pattern, const char *const *roots, size_t nroots,
-                          unsigned flags, const char *field, struct loom_error *e) {
-    if (path_lexical(pattern, field, e) != 0) return -1;
-    if (nroots == 0)
-        return loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                              "%s=\"%.200s\": no data roots are allowed for this tenant", field,
-                              pattern);
-    int rc = -1;
-    char **rr = calloc(nroots, sizeof *rr);
-    char *dir = strdup(pattern);
-    char *dreal = NULL;
-    glob_t g;
-    int have_glob = 0;
-    if (!rr || !dir) {
-        loom_error_set(e, 500, "INTERNAL", field, "out of memory");
-        goto out;
-    }
-    /* Resolve the roots themselves; a root that does not exist here is kept
-     * as written (lexical comparison only). */
-    for (size_t i = 0; i < nroots; i++) {
-        char *r = realpath(roots[i], NULL);
-        if (!r) {
-            r = strdup(roots[i]);
-            if (!r) {
-                loom_error_set(e, 500, "INTERNAL", field, "out of memory");
-                goto out;
-            }
-            size_t l = strlen(r);
-            while (l > 1 && r[l - 1] == '/')
-                r[--l] = '\0';
-        }
-        rr[i] = r;
-    }
-    char *slash = strrchr(dir, '/');
-    const char *base = pattern + (slash - dir) + 1;
-    if (slash == dir)
-        dir[1] = '\0';
-    else
-        *slash = '\0';
-    dreal = realpath(dir, NULL);
-    if (!dreal) {
-        if (flags & JOBSPEC_PATH_MUST_EXIST) {
-            loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field,
-                           "%s=\"%.200s\": directory %.200s does not exist (%s)", field, pattern,
-                           dir, strerror(errno));
-            goto out;
-        }
-        /* Resolve the longest existing prefix and append the rest: a symlink
-         * higher up that points outside is still caught. */
-        char cand[PATH_MAX + JOBSPEC_PATH_MAX];
-        if (resolve_prefix(dir, cand, sizeof cand) != 0) {
-            loom_error_set(e, 422, "DATA_PATH_INVALID", field, "%s=\"%.200s\" cannot be resolved",
-                           field, pattern);
-            goto out;
-        }
-        for (size_t i = 0; i < nroots; i++)
-            if (under_root(cand, rr[i])) {
-                rc = 0;
-                goto out;
-            }
-        loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                       "%s=\"%.200s\" resolves to %.200s, outside the allowed data roots", field,
-                       pattern, cand);
-        goto out;
-    }
-    size_t root = nroots;
-    for (size_t i = 0; i < nroots && root == nroots; i++)
-        if (under_root(dreal, rr[i])) root = i;
-    if (root == nroots) {
-        loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                       "%s=\"%.200s\" resolves to %.200s, outside the allowed data roots", field,
-                       pattern, dreal);
-        goto out;
-    }
-    char full[PATH_MAX + JOBSPEC_PATH_MAX];
-    snprintf(full, sizeof full, "%s/%s", strcmp(dreal, "/") == 0 ? "" : dreal, base);
-    int grc = glob(full, has_glob(base) ? 0 : GLOB_NOESCAPE, NULL, &g);
-    have_glob = grc == 0;
-    if (grc != 0 && grc != GLOB_NOMATCH) {
-        loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field, "%s=\"%.200s\": cannot list %.200s",
-                       field, pattern, dreal);
-        goto out;
-    }
-    size_t nmatch = have_glob ? g.gl_pathc : 0;
-    for (size_t i = 0; i < nmatch; i++) {
-        char *fr = realpath(g.gl_pathv[i], NULL);
-        if (!fr) {
-            loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field,
-                           "%s: %.200s cannot be resolved (%s)", field, g.gl_pathv[i],
-                           strerror(errno));
-            goto out;
-        }
-        int ok = 0;
-        for (size_t k = 0; k < nroots && !ok; k++)
-            ok = under_root(fr, rr[k]);
-        if (!ok) {
-            loom_error_set(e, 422, "DATA_PATH_FORBIDDEN", field,
-                           "%s: %.200s resolves to %.200s, outside the allowed data roots", field,
-                           g.gl_pathv[i], fr);
-            free(fr);
-            goto out;
-        }
-        free(fr);
-    }
-    if (nmatch == 0 && (flags & JOBSPEC_PATH_MUST_EXIST)) {
-        loom_error_set(e, 422, "DATA_PATH_NOT_FOUND", field, "%s=\"%.200s\" matches no file", field,
-                       pattern);
-        goto out;
-    }
-    rc = 0;
-out:
-    if (have_glob) globfree(&g);
-    free(dreal);
-    free(dir);
-    if (rr)
-        for (size_t i = 0; i < nroots; i++)
-            free(rr[i]);
-    free(rr);
-    return rc;
-}
-
-int jobspec_check_paths(const struct loom_spec *s, const char *const *roots, size_t nroots,
-                        unsigned flags, struct loom_error *e) {
-    if (s->data.train[0] &&
-        jobspec_path_confined(s->data.train, roots, nroots, flags, "data.train", e) != 0)
-        return -1;
-    if (s->data.val[0] &&
-        jobspec_path_confined(s->data.val, roots, nroots, flags, "data.val", e) != 0)
-        return -1;
-    if (s->data.tokenizer[0] &&
-        jobspec_path_confined(s->data.tokenizer, roots, nroots, flags, "data.tokenizer", e) != 0)
-        return -1;
-    if (s->init_from[0] == '/' &&
-        jobspec_path_confined(s->init_from, roots, nroots, flags, "model.init_from", e) != 0)
-        return -1;
-    return 0;
 }

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/errors.h"
 #include "api/model.h"
 
 #define JOBSPEC_NAME_MAX          64   /* job name incl. NUL */
@@ -52,6 +53,9 @@ struct loom_error {
 /* Fill an error; returns -1 so callers can `return loom_error_set(...)`. */
 int loom_error_set(struct loom_error *e, int status, const char *code, const char *field,
                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* loom_error_set with the code and status of a row of api/errors.h. */
+int loom_err(struct loom_error *e, enum loom_errcode c, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* {"error":{"code":..,"message":..,"field":..}} (field omitted when empty).
  * New reference, caller owns. */
 json_t *loom_error_to_json(const struct loom_error *e);
@@ -197,6 +201,60 @@ struct jobspec_derived {
     double flops_per_token;     /* model_flops_per_token(seq_len) */
 };
 
+/* ---- the field table ----
+ * Every spec field is one row: its dotted JSON path, type, place in struct
+ * loom_spec, default, range or names, and a line of help. Defaults
+ * (jobspec_init), parsing, the range checks of jobspec_validate and the
+ * canonical JSON (jobspec_to_json) all walk it; a test checks that
+ * api/openapi.yaml's JobSpec schema lists the same fields. */
+enum jobspec_ftype {
+    JOBSPEC_F_I32,
+    JOBSPEC_F_I64,
+    JOBSPEC_F_U64,
+    JOBSPEC_F_DBL,
+    JOBSPEC_F_BOOL,
+    JOBSPEC_F_STR,
+    JOBSPEC_F_ENUM,
+    JOBSPEC_F_OBJ,       /* a section ("train", "train.lora"): its rows follow */
+    JOBSPEC_F_LABELS,    /* string -> string */
+    JOBSPEC_F_STRLIST,   /* strings into char[max_count][size], count at count_off */
+    JOBSPEC_F_RECOMPUTE, /* an enum name or {"budget_gib": N} (the next row) */
+    JOBSPEC_F_ARRAY,     /* dotted spec key -> list of values */
+};
+
+#define JOBSPEC_FL_MIN_EXCL    0x001u /* numbers: min itself is out of range */
+#define JOBSPEC_FL_MAX_EXCL    0x002u /* numbers: max itself is out of range */
+#define JOBSPEC_FL_ENUM_UNSET  0x004u /* enum index 0 is "not set", not a name to give */
+#define JOBSPEC_FL_ONE_OR_LIST 0x008u /* strlist: a lone string is a list of one */
+#define JOBSPEC_FL_OMIT_EMPTY  0x010u /* absent from the canonical form when ""/0/none */
+#define JOBSPEC_FL_IF_ROPE     0x020u /* only for RoPE models (llama) */
+#define JOBSPEC_FL_IF_LORA     0x040u /* only with train.lora */
+#define JOBSPEC_FL_INNER       0x080u /* read and written by the row before it */
+#define JOBSPEC_FL_DERIVED     0x100u /* default computed from other fields (help says how) */
+#define JOBSPEC_FL_MARK        0x200u /* obj: count_off is an int set to 1 when present */
+
+struct jobspec_field {
+    const char *path; /* "train.lr" */
+    enum jobspec_ftype type;
+    size_t off;               /* into struct loom_spec */
+    size_t size;              /* str: buffer incl. NUL; strlist: one item */
+    double def;               /* numbers, bools, enum index */
+    const char *def_s;        /* str */
+    double min, max;          /* numbers: range (see the EXCL flags) */
+    const char *const *names; /* enum, recompute: NULL-terminated */
+    unsigned flags;           /* JOBSPEC_FL_* */
+    size_t count_off;         /* strlist: int count; obj with MARK: int flag */
+    int max_count;            /* strlist */
+    /* str, strlist: a format check of one value (0, or -1 with `e`) */
+    int (*check)(const char *path, const char *value, struct loom_error *e);
+    const char *help;
+};
+
+/* The table, sections before their rows. Static storage. */
+const struct jobspec_field *jobspec_fields(size_t *n);
+/* The row of a dotted path ("train.lora.rank"), or NULL. */
+const struct jobspec_field *jobspec_field_find(const char *path);
+
 /* Flags for jobspec_parse. */
 #define JOBSPEC_FOR_PLAN 0x1u /* data paths optional (POST /v1/plan, loomctl plan) */
 /* Also parse every member of an `array` (jobspec_array_member of `j`) and
@@ -249,6 +307,11 @@ json_t *jobspec_array_member(const struct loom_spec *s, const json_t *body, size
 /* ---- data-path confinement ---- */
 
 #define JOBSPEC_PATH_MUST_EXIST 0x1u /* at least one file must match */
+
+/* The lexical rules of a data path (api/jobspec_paths.c): absolute, no '.'
+ * or '..' components, glob characters only in the last component, no empty
+ * last component. 0, or -1 with DATA_PATH_INVALID naming `field`. */
+int jobspec_path_lexical(const char *p, const char *field, struct loom_error *e);
 
 /* Check that `pattern` (absolute; '*', '?' and '[...]' allowed only in the
  * last component) stays under one of `roots` after resolving symlinks:

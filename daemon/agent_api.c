@@ -73,12 +73,12 @@ int agent_api_register(struct http_req *req) {
     const char *host = json_string_value(json_object_get(req->json, "hostname"));
     json_t *devices = json_object_get(req->json, "devices");
     if (!safe_name(name))
-        return http_error(req, 400, "BAD_NODE_NAME",
+        return http_error(req, 400, "INVALID_NODE_NAME",
                           "node name must be 1-63 characters of [A-Za-z0-9._-]");
     if (!kind || (strcmp(kind, "cuda") && strcmp(kind, "cpu")))
-        return http_error(req, 400, "BAD_DEVICE_KIND", "kind must be \"cuda\" or \"cpu\"");
+        return http_error(req, 400, "INVALID_DEVICE_KIND", "kind must be \"cuda\" or \"cpu\"");
     if (!json_is_array(devices) || json_array_size(devices) > 64)
-        return http_error(req, 400, "BAD_DEVICES", "devices must be an array of at most 64");
+        return http_error(req, 400, "INVALID_DEVICES", "devices must be an array of at most 64");
     int64_t now = store_now_ms();
     struct node_row row = {name, kind, host ? host : "", json_dumps(devices, JSON_COMPACT), now};
     int rc = store_write(req->ld->store, upsert_node, &row);
@@ -133,13 +133,13 @@ int agent_api_register(struct http_req *req) {
 int agent_api_heartbeat(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
-    if (!name) return http_error(req, 400, "BAD_NODE_NAME", "node is required");
+    if (!name) return http_error(req, 400, "INVALID_NODE_NAME", "node is required");
     int64_t now = store_now_ms();
     pthread_mutex_lock(&c->mu);
     int ni = cluster_node_find(c, name);
     if (ni < 0 || !c->nodes[ni].seen) {
         pthread_mutex_unlock(&c->mu);
-        return http_error(req, 404, "UNKNOWN_NODE", "node %s is not registered", name);
+        return http_error(req, 404, "NODE_NOT_FOUND", "node %s is not registered", name);
     }
     struct cluster_node *n = &c->nodes[ni];
     if (n->lost) {
@@ -168,7 +168,7 @@ int agent_api_assignments(struct http_req *req) {
     long cap = req->ld->cfg.longpoll_timeout * 1000;
     if (wait_ms < 0) wait_ms = 0;
     if (wait_ms > cap) wait_ms = cap;
-    if (!name) return http_error(req, 400, "BAD_NODE_NAME", "node is required");
+    if (!name) return http_error(req, 400, "INVALID_NODE_NAME", "node is required");
     uint64_t gen = http_notify_gen(&c->assign);
     char cur[64];
     for (;;) {
@@ -176,7 +176,7 @@ int agent_api_assignments(struct http_req *req) {
         int ni = cluster_node_find(c, name);
         if (ni < 0 || !c->nodes[ni].seen) {
             pthread_mutex_unlock(&c->mu);
-            return http_error(req, 404, "UNKNOWN_NODE", "node %s is not registered", name);
+            return http_error(req, 404, "NODE_NOT_FOUND", "node %s is not registered", name);
         }
         cluster_version(c, cur, sizeof cur);
         if (!version || strcmp(version, cur) || wait_ms <= 0) {
@@ -262,7 +262,8 @@ int agent_api_metrics(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
     json_t *items = json_object_get(req->json, "items");
-    if (!json_is_array(items)) return http_error(req, 400, "BAD_METRICS", "items must be an array");
+    if (!json_is_array(items))
+        return http_error(req, 400, "INVALID_METRICS", "items must be an array");
     int64_t now = store_now_ms();
     pthread_mutex_lock(&c->mu);
     int ni = name ? cluster_node_find(c, name) : -1;
@@ -313,7 +314,7 @@ int agent_api_logs(struct http_req *req) {
     json_int_t offset = json_integer_value(json_object_get(req->json, "offset"));
     if (!safe_name(job) || !stream || (strcmp(stream, "stdout") && strcmp(stream, "stderr")) ||
         !data || attempt < 0 || rank < 0 || offset < 0)
-        return http_error(req, 400, "BAD_LOG_CHUNK",
+        return http_error(req, 400, "INVALID_LOG_CHUNK",
                           "need job, attempt, rank, stream (stdout|stderr), offset and data");
     char dir[1200], path[1400];
     snprintf(dir, sizeof dir, "%s/%s", c->logs_dir, job);

@@ -20,13 +20,15 @@
 #define IDEM_KEY_MAX 255
 
 static int reply_store_error(struct http_req *req, int rc, const char *id) {
-    if (rc == STORE_NOT_FOUND) return http_error(req, 404, "JOB_NOT_FOUND", "no job '%s'", id);
-    return http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+    if (rc == STORE_NOT_FOUND) return API_ERROR(req, JOB_NOT_FOUND, "no job '%s'", id);
+    return API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
 }
 
 static int reply_spec_error(struct http_req *req, const struct loom_error *e) {
-    return http_error_field(req, e->status ? e->status : 422, e->code[0] ? e->code : "INVALID_SPEC",
-                            e->field[0] ? e->field : NULL, "%s", e->message);
+    const struct loom_errdef *fallback = loom_errdef_of(LOOM_E_INVALID_SPEC);
+    return http_error_field(req, e->status ? e->status : fallback->status,
+                            e->code[0] ? e->code : fallback->code, e->field[0] ? e->field : NULL,
+                            "%s", e->message);
 }
 
 /* ---------------- data roots ---------------- */
@@ -82,7 +84,7 @@ static int load_roots(struct http_req *req, struct roots *r) {
  * was most of the cost of a GET. */
 static int reply_job(struct http_req *req, int status, const struct store_job *j) {
     char *text = store_job_dumps(j, 1);
-    if (!text) return http_error(req, 500, "INTERNAL", "out of memory");
+    if (!text) return API_ERROR(req, INTERNAL, "out of memory");
     http_reply_text(req, status, "application/json", text, strlen(text));
     free(text);
     return 0;
@@ -111,6 +113,61 @@ static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom
     int need = (d.world + c.gpus_per_node - 1) / c.gpus_per_node;
     if (c.nodes < need) c.nodes = need;
     return planner_check_fit(spec, &c, NULL, err);
+}
+
+/* ---------------- job references ---------------- */
+
+/* The jobs a spec names (after, model.init_from job:<id>[@<step>]) must be
+ * jobs of the submitting tenant. */
+struct refs_op {
+    const char *tenant_id;
+    const char *ids[JOBSPEC_AFTER_MAX + 1];
+    const char *fields[JOBSPEC_AFTER_MAX + 1];
+    int n;
+    int missing; /* index of the first unknown id, -1: none */
+};
+
+static int refs_cb(struct store_tx *tx, void *arg) {
+    struct refs_op *op = arg;
+    for (int i = 0; i < op->n; i++) {
+        struct store_job j;
+        memset(&j, 0, sizeof j);
+        int rc = store_job_get(tx, op->tenant_id, op->ids[i], &j);
+        store_job_clear(&j);
+        if (rc == STORE_NOT_FOUND) {
+            op->missing = i;
+            return STORE_OK;
+        }
+        if (rc != STORE_OK) return rc;
+    }
+    return STORE_OK;
+}
+
+/* 0, or -1 after replying (UNKNOWN_JOB naming the field and the id). */
+static int check_job_refs(struct http_req *req, const struct loom_spec *spec) {
+    struct refs_op op = {.tenant_id = req->tenant_id, .missing = -1};
+    char init_id[JOBSPEC_ID_MAX];
+    if (strncmp(spec->init_from, "job:", 4) == 0) {
+        snprintf(init_id, sizeof init_id, "%.*s", (int)strcspn(spec->init_from + 4, "@"),
+                 spec->init_from + 4);
+        op.ids[op.n] = init_id;
+        op.fields[op.n++] = "model.init_from";
+    }
+    for (int i = 0; i < spec->n_after; i++) {
+        op.ids[op.n] = spec->after[i];
+        op.fields[op.n++] = "after";
+    }
+    if (op.n == 0) return 0;
+    if (store_read(req->ld->store, refs_cb, &op) != STORE_OK) {
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
+        return -1;
+    }
+    if (op.missing < 0) return 0;
+    API_ERROR_FIELD(req, UNKNOWN_JOB, op.fields[op.missing],
+                    "%s names job '%s', which this tenant "
+                    "does not have",
+                    op.fields[op.missing], op.ids[op.missing]);
+    return -1;
 }
 
 /* ---------------- submit ---------------- */
@@ -152,11 +209,11 @@ int api_jobs_submit(struct http_req *req) {
     struct submit_op op;
     memset(&op, 0, sizeof op);
     memset(&err, 0, sizeof err);
-    if (!spec) return http_error(req, 500, "INTERNAL", "out of memory");
+    if (!spec) return API_ERROR(req, INTERNAL, "out of memory");
     const char *key = http_header(req, "Idempotency-Key");
     if (key && (!*key || strlen(key) > IDEM_KEY_MAX)) {
-        http_error(req, 400, "INVALID_IDEMPOTENCY_KEY", "Idempotency-Key must be 1-%d characters",
-                   IDEM_KEY_MAX);
+        API_ERROR(req, INVALID_IDEMPOTENCY_KEY, "Idempotency-Key must be 1-%d characters",
+                  IDEM_KEY_MAX);
         goto out;
     }
     if (jobspec_parse(spec, req->json, JOBSPEC_ARRAY_MEMBERS, &err) != 0) {
@@ -164,20 +221,21 @@ int api_jobs_submit(struct http_req *req) {
         goto out;
     }
     if (load_roots(req, &roots) != 0) {
-        http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
         goto out;
     }
     if (jobspec_check_paths(spec, roots.v, roots.n, 0, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
     }
+    if (check_job_refs(req, spec) != 0) goto out;
     if (check_fit(req->ld, spec, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
     }
     canon = jobspec_dumps(spec);
     if (!canon) {
-        http_error(req, 500, "INTERNAL", "out of memory");
+        API_ERROR(req, INTERNAL, "out of memory");
         goto out;
     }
     struct jobspec_derived d;
@@ -208,8 +266,8 @@ int api_jobs_submit(struct http_req *req) {
     op.nj.out_dir_root = req->ld->cfg.jobs_dir;
     int rc = store_write(req->ld->store, submit_cb, &op);
     if (rc == STORE_CONFLICT) {
-        http_error(req, 409, "IDEMPOTENCY_CONFLICT",
-                   "Idempotency-Key '%s' was used with a different body", key);
+        API_ERROR(req, IDEMPOTENCY_CONFLICT, "Idempotency-Key '%s' was used with a different body",
+                  key);
         goto out;
     }
     if (rc != STORE_OK) {
@@ -298,8 +356,7 @@ int api_jobs_list(struct http_req *req) {
     long long limit = LIST_DEFAULT;
     const char *q;
     if ((q = http_query(req, "limit")) && parse_long(q, 1, LIST_MAX, &limit) != 0)
-        return http_error(req, 400, "INVALID_QUERY", "limit=%s is not an integer in [1, %d]", q,
-                          LIST_MAX);
+        return API_ERROR(req, INVALID_QUERY, "limit=%s is not an integer in [1, %d]", q, LIST_MAX);
     op.f.limit = (int)limit + 1;
     char states[128];
     if ((q = http_query(req, "state")) && *q) {
@@ -308,10 +365,10 @@ int api_jobs_list(struct http_req *req) {
              t = strtok_r(NULL, ",", &save)) {
             int s = job_state_parse(t);
             if (s < 0)
-                return http_error(req, 400, "INVALID_QUERY",
-                                  "state=%s is not one of queued, starting, running, cancelling, "
-                                  "succeeded, failed, cancelled",
-                                  t);
+                return API_ERROR(req, INVALID_QUERY,
+                                 "state=%s is not one of queued, starting, running, cancelling, "
+                                 "succeeded, failed, cancelled",
+                                 t);
             op.f.state_mask |= JOB_MASK(s);
         }
     }
@@ -321,7 +378,7 @@ int api_jobs_list(struct http_req *req) {
         snprintf(label, sizeof label, "%s", q);
         char *eq = strchr(label, '=');
         if (!eq || eq == label)
-            return http_error(req, 400, "INVALID_QUERY", "label=%s is not KEY=VALUE", q);
+            return API_ERROR(req, INVALID_QUERY, "label=%s is not KEY=VALUE", q);
         *eq = 0;
         op.f.label_key = label;
         op.f.label_value = eq + 1;
@@ -329,13 +386,13 @@ int api_jobs_list(struct http_req *req) {
     if ((q = http_query(req, "cursor")) && *q) {
         long long c;
         if (q[0] != 'c' || parse_long(q + 1, 1, INT64_MAX, &c) != 0)
-            return http_error(req, 400, "INVALID_CURSOR", "cursor '%s' was not issued by loomd", q);
+            return API_ERROR(req, INVALID_CURSOR, "cursor '%s' was not issued by loomd", q);
         op.f.before_seq = c;
     }
     int rc = store_read(req->ld->store, list_cb, &op);
     if (rc != STORE_OK || op.oom) {
         free(op.buf);
-        return op.oom ? http_error(req, 500, "INTERNAL", "out of memory")
+        return op.oom ? API_ERROR(req, INTERNAL, "out of memory")
                       : reply_store_error(req, STORE_ERR, "");
     }
     char next[48] = "null";
@@ -344,7 +401,7 @@ int api_jobs_list(struct http_req *req) {
     char *out = malloc(total);
     if (!out) {
         free(op.buf);
-        return http_error(req, 500, "INTERNAL", "out of memory");
+        return API_ERROR(req, INTERNAL, "out of memory");
     }
     int n = snprintf(out, total, "{\"items\":[%.*s],\"next_cursor\":%s}\n", (int)op.len,
                      op.buf ? op.buf : "", next);

@@ -18,7 +18,7 @@ int api_system_metrics(struct http_req *req) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    if (!f) return http_error(req, 500, "INTERNAL", "out of memory");
+    if (!f) return API_ERROR(req, INTERNAL, "out of memory");
     metrics_write(req->ld, f);
     fclose(f);
     http_reply_text(req, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);

@@ -39,27 +39,27 @@ int api_tenants_create(struct http_req *req) {
     json_t *v;
     json_object_foreach(req->json, k, v) {
         if (strcmp(k, "name") && strcmp(k, "data_roots") && strcmp(k, "gpu_quota"))
-            return http_error_field(req, 422, "UNKNOWN_FIELD", k, "unknown field '%s'", k);
+            return API_ERROR_FIELD(req, UNKNOWN_FIELD, k, "unknown field '%s'", k);
     }
     json_t *name = json_object_get(req->json, "name");
     if (!json_is_string(name))
-        return http_error_field(req, 422, "INVALID_FIELD", "name", "'name' must be a string");
+        return API_ERROR_FIELD(req, INVALID_FIELD, "name", "'name' must be a string");
     if (!valid_name(json_string_value(name)))
-        return http_error_field(req, 422, "INVALID_NAME", "name",
-                                "tenant name must be 1-63 characters of [A-Za-z0-9._-]");
+        return API_ERROR_FIELD(req, INVALID_NAME, "name",
+                               "tenant name must be 1-63 characters of [A-Za-z0-9._-]");
     json_t *roots = json_object_get(req->json, "data_roots");
     char *roots_text = NULL;
     if (roots) {
         size_t i;
         json_t *r;
         if (!json_is_array(roots))
-            return http_error_field(req, 422, "INVALID_FIELD", "data_roots",
-                                    "'data_roots' must be an array of absolute paths");
+            return API_ERROR_FIELD(req, INVALID_FIELD, "data_roots",
+                                   "'data_roots' must be an array of absolute paths");
         json_array_foreach(roots, i, r) {
             if (!json_is_string(r) || json_string_value(r)[0] != '/' ||
                 strlen(json_string_value(r)) >= 1024)
-                return http_error_field(req, 422, "INVALID_FIELD", "data_roots",
-                                        "data_roots[%zu] must be an absolute path", i);
+                return API_ERROR_FIELD(req, INVALID_FIELD, "data_roots",
+                                       "data_roots[%zu] must be an absolute path", i);
         }
         roots_text = json_dumps(roots, JSON_COMPACT);
     }
@@ -67,8 +67,8 @@ int api_tenants_create(struct http_req *req) {
     if (quota && (!json_is_integer(quota) || json_integer_value(quota) < 0 ||
                   json_integer_value(quota) > 1000000)) {
         free(roots_text);
-        return http_error_field(req, 422, "INVALID_FIELD", "gpu_quota",
-                                "'gpu_quota' must be an integer in [0, 1000000] (0 = unlimited)");
+        return API_ERROR_FIELD(req, INVALID_FIELD, "gpu_quota",
+                               "'gpu_quota' must be an integer in [0, 1000000] (0 = unlimited)");
     }
     struct tenant_op op = {.name = json_string_value(name),
                            .roots = roots_text,
@@ -76,9 +76,8 @@ int api_tenants_create(struct http_req *req) {
     int rc = store_write(req->ld->store, create_cb, &op);
     free(roots_text);
     if (rc == STORE_CONFLICT)
-        return http_error_field(req, 409, "TENANT_EXISTS", "name", "a tenant named '%s' exists",
-                                op.name);
-    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not store tenant");
+        return API_ERROR_FIELD(req, TENANT_EXISTS, "name", "a tenant named '%s' exists", op.name);
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not store tenant");
     return http_reply_json(req, 201, op.out);
 }
 
@@ -89,7 +88,7 @@ static int list_cb(struct store_tx *tx, void *arg) {
 int api_tenants_list(struct http_req *req) {
     json_t *arr = NULL;
     if (store_read(req->ld->store, list_cb, &arr) != STORE_OK)
-        return http_error(req, 503, "STORE_UNAVAILABLE", "could not read tenants");
+        return API_ERROR(req, STORE_UNAVAILABLE, "could not read tenants");
     return http_reply_json(req, 200, json_pack("{s:o}", "items", arr));
 }
 
@@ -102,8 +101,8 @@ int api_tenants_get(struct http_req *req) {
     struct tenant_op op = {.tenant_id = http_param(req, "id")};
     int rc = store_read(req->ld->store, get_cb, &op);
     if (rc == STORE_NOT_FOUND)
-        return http_error(req, 404, "TENANT_NOT_FOUND", "no tenant '%s'", op.tenant_id);
-    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not read tenant");
+        return API_ERROR(req, TENANT_NOT_FOUND, "no tenant '%s'", op.tenant_id);
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not read tenant");
     return http_reply_json(req, 200, op.out);
 }
 
@@ -115,8 +114,8 @@ static int parse_quota_roots(struct http_req *req, long *quota, char **roots_tex
     json_t *q = json_object_get(req->json, "gpu_quota");
     if (q) {
         if (!json_is_integer(q) || json_integer_value(q) < 0 || json_integer_value(q) > 1000000) {
-            http_error_field(req, 422, "INVALID_FIELD", "gpu_quota",
-                             "'gpu_quota' must be an integer in [0, 1000000] (0 = unlimited)");
+            API_ERROR_FIELD(req, INVALID_FIELD, "gpu_quota",
+                            "'gpu_quota' must be an integer in [0, 1000000] (0 = unlimited)");
             return -1;
         }
         *quota = (long)json_integer_value(q);
@@ -126,15 +125,15 @@ static int parse_quota_roots(struct http_req *req, long *quota, char **roots_tex
         size_t i;
         json_t *r;
         if (!json_is_array(roots)) {
-            http_error_field(req, 422, "INVALID_FIELD", "data_roots",
-                             "'data_roots' must be an array of absolute paths");
+            API_ERROR_FIELD(req, INVALID_FIELD, "data_roots",
+                            "'data_roots' must be an array of absolute paths");
             return -1;
         }
         json_array_foreach(roots, i, r) {
             if (!json_is_string(r) || json_string_value(r)[0] != '/' ||
                 strlen(json_string_value(r)) >= 1024) {
-                http_error_field(req, 422, "INVALID_FIELD", "data_roots",
-                                 "data_roots[%zu] must be an absolute path", i);
+                API_ERROR_FIELD(req, INVALID_FIELD, "data_roots",
+                                "data_roots[%zu] must be an absolute path", i);
                 return -1;
             }
         }
@@ -155,8 +154,8 @@ int api_tenants_update(struct http_req *req) {
     json_t *v;
     json_object_foreach(req->json, k, v) {
         if (strcmp(k, "data_roots") && strcmp(k, "gpu_quota"))
-            return http_error_field(req, 422, "UNKNOWN_FIELD", k,
-                                    "unknown field '%s' (gpu_quota and data_roots can change)", k);
+            return API_ERROR_FIELD(req, UNKNOWN_FIELD, k,
+                                   "unknown field '%s' (gpu_quota and data_roots can change)", k);
     }
     struct tenant_op op = {.tenant_id = http_param(req, "id")};
     char *roots = NULL;
@@ -166,8 +165,8 @@ int api_tenants_update(struct http_req *req) {
     free(roots);
     if (rc == STORE_OK) auth_forget(req->ld->auth); /* cached data_roots */
     if (rc == STORE_NOT_FOUND)
-        return http_error(req, 404, "TENANT_NOT_FOUND", "no tenant '%s'", op.tenant_id);
-    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not update");
+        return API_ERROR(req, TENANT_NOT_FOUND, "no tenant '%s'", op.tenant_id);
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not update");
     return http_reply_json(req, 200, op.out);
 }
 
@@ -182,16 +181,16 @@ static int token_cb(struct store_tx *tx, void *arg) {
 
 int api_tenants_token_create(struct http_req *req) {
     if (req->json && json_object_size(req->json) > 0)
-        return http_error(req, 422, "UNKNOWN_FIELD", "this route takes no fields");
+        return API_ERROR(req, UNKNOWN_FIELD, "this route takes no fields");
     char token[80];
     if (auth_new_token(token, sizeof token) != 0)
-        return http_error(req, 500, "INTERNAL", "no randomness available");
+        return API_ERROR(req, INTERNAL, "no randomness available");
     struct tenant_op op = {.tenant_id = http_param(req, "id")};
     auth_hash(token, op.hash);
     int rc = store_write(req->ld->store, token_cb, &op);
     if (rc == STORE_NOT_FOUND)
-        return http_error(req, 404, "TENANT_NOT_FOUND", "no tenant '%s'", op.tenant_id);
-    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not store token");
+        return API_ERROR(req, TENANT_NOT_FOUND, "no tenant '%s'", op.tenant_id);
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not store token");
     return http_reply_json(
         req, 201,
         json_pack("{s:s, s:s, s:s}", "id", op.id, "tenant_id", op.tenant_id, "token", token));
@@ -207,9 +206,9 @@ int api_tenants_token_revoke(struct http_req *req) {
     int rc = store_write(req->ld->store, revoke_cb, &op);
     if (rc == STORE_OK) auth_forget(req->ld->auth);
     if (rc == STORE_NOT_FOUND)
-        return http_error(req, 404, "TOKEN_NOT_FOUND", "tenant '%s' has no token '%s'",
-                          op.tenant_id, op.token_id);
-    if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not revoke");
+        return API_ERROR(req, TOKEN_NOT_FOUND, "tenant '%s' has no token '%s'", op.tenant_id,
+                         op.token_id);
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not revoke");
     return http_reply_json(
         req, 200,
         json_pack("{s:s, s:s, s:b}", "id", op.token_id, "tenant_id", op.tenant_id, "revoked", 1));

@@ -3,7 +3,16 @@
 #ifndef LOOM_DAEMON_HANDLERS_H
 #define LOOM_DAEMON_HANDLERS_H
 
+#include "api/errors.h"
 #include "daemon/http.h"
+
+/* http_error / http_error_field with a code of api/errors.h, given as a
+ * token (a code outside the table does not compile), and that row's
+ * status. */
+#define API_ERROR(req, code, ...)                                                                  \
+    http_error((req), loom_errdef_of(LOOM_E_##code)->status, #code, __VA_ARGS__)
+#define API_ERROR_FIELD(req, code, field, ...)                                                     \
+    http_error_field((req), loom_errdef_of(LOOM_E_##code)->status, #code, (field), __VA_ARGS__)
 
 /* daemon/api_tenants.c (admin) */
 int api_tenants_create(struct http_req *req);

@@ -126,8 +126,8 @@ int joblogs_logs(struct http_req *req) {
     int rank = rs ? atoi(rs) : 0;
     if (!stream) stream = "stderr";
     if (strcmp(stream, "stderr") && strcmp(stream, "stdout"))
-        return http_error(req, 400, "BAD_STREAM", "stream=%s; use stderr or stdout", stream);
-    if (rank < 0) return http_error(req, 400, "BAD_RANK", "rank=%d", rank);
+        return http_error(req, 400, "INVALID_STREAM", "stream=%s; use stderr or stdout", stream);
+    if (rank < 0) return http_error(req, 400, "INVALID_RANK", "rank=%d", rank);
     struct cluster *c = req->ld->cluster;
     char path[1400];
     int attempt = as ? atoi(as) : l.attempt;
@@ -146,7 +146,7 @@ int joblogs_logs(struct http_req *req) {
     http_add_header(req, "X-Loom-Attempt", hdr);
     if (follow) {
         struct follow *f = calloc(1, sizeof *f);
-        if (!f) return http_error(req, 500, "OUT_OF_MEMORY", "cannot follow");
+        if (!f) return http_error(req, 500, "INTERNAL", "cannot follow");
         f->ld = req->ld;
         snprintf(f->path, sizeof f->path, "%s", path);
         snprintf(f->job, sizeof f->job, "%s", l.id);

@@ -696,7 +696,7 @@ int nodecheck_api_create(struct http_req *req) {
         req->ld, node, peer, &fa, je ? json_number_value(je) : 0, jr ? json_number_value(jr) : 0.5,
         jm ? (long)json_integer_value(jm) : 0, ji ? (int)json_integer_value(ji) : 5,
         jt ? (int)json_integer_value(jt) * 1000 : NC_PART_TIMEOUT_MS);
-    if (!out) return http_error(req, 500, "OUT_OF_MEMORY", "cannot queue a check");
+    if (!out) return http_error(req, 500, "INTERNAL", "cannot queue a check");
     return http_reply_json(req, 202, out);
 }
 

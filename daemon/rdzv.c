@@ -63,7 +63,7 @@ int rdzv_put(struct http_req *req) {
     const char *key = http_param(req, "key");
     json_t *value = json_object_get(req->json, "value");
     if (!key || !json_is_string(value))
-        return http_error(req, 400, "BAD_RDZV_VALUE", "body must be {\"value\": \"<base64>\"}");
+        return http_error(req, 400, "INVALID_RDZV_VALUE", "body must be {\"value\": \"<base64>\"}");
     if (json_string_length(value) > RDZV_MAX_VALUE)
         return http_error(req, 413, "PAYLOAD_TOO_LARGE", "value is %zu bytes; at most %d",
                           json_string_length(value), RDZV_MAX_VALUE);

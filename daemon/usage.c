@@ -87,14 +87,15 @@ int usage_get(struct http_req *req) {
     q.from = 0;
     q.to = INT64_MAX;
     if (from && usage_parse_time(from, &q.from) != 0)
-        return http_error(req, 400, "BAD_TIME", "from=%s is not RFC 3339, YYYY-MM-DD or ms", from);
+        return http_error(req, 400, "INVALID_TIME", "from=%s is not RFC 3339, YYYY-MM-DD or ms",
+                          from);
     if (to && usage_parse_time(to, &q.to) != 0)
-        return http_error(req, 400, "BAD_TIME", "to=%s is not RFC 3339, YYYY-MM-DD or ms", to);
+        return http_error(req, 400, "INVALID_TIME", "to=%s is not RFC 3339, YYYY-MM-DD or ms", to);
     if (!group) group = "tenant";
     for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
         if (!strcmp(groups[i].name, group)) q.expr = groups[i].expr;
     if (!q.expr)
-        return http_error(req, 400, "BAD_GROUP_BY",
+        return http_error(req, 400, "INVALID_GROUP_BY",
                           "group_by=%s; use tenant, job, month, node or gpu_model", group);
     q.tenant = req->is_admin ? http_query(req, "tenant") : req->tenant_id;
     q.rows = json_array();

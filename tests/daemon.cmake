@@ -45,6 +45,10 @@ if(TARGET loom_daemon)
     add_test(NAME unit.openapi_routes
              COMMAND test_daemon_openapi ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
     set_tests_properties(unit.openapi_routes PROPERTIES LABELS "unit;sanitize")
+    add_test(NAME unit.openapi_spec_drift
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/check_openapi_spec_drift.sh
+                     $<TARGET_FILE:test_daemon_openapi> ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
+    set_tests_properties(unit.openapi_spec_drift PROPERTIES LABELS unit)
 endif()
 if(TARGET loomd AND TARGET loomctl)
     add_test(NAME integration.daemon_curl
@@ -52,6 +56,14 @@ if(TARGET loomd AND TARGET loomctl)
                      $<TARGET_FILE:loomd> $<TARGET_FILE:loomctl>)
     set_tests_properties(integration.daemon_curl PROPERTIES LABELS "integration;sanitize"
                          TIMEOUT 60 SKIP_RETURN_CODE 77)
+endif()
+# Every error code the sources answer with is a row of api/errors.h (with its status).
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND)
+    add_test(NAME unit.error_codes
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/check_error_codes.py
+                     ${CMAKE_SOURCE_DIR})
+    set_tests_properties(unit.error_codes PROPERTIES LABELS unit)
 endif()
 add_test(NAME unit.openapi_yaml
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/check_daemon_openapi_yaml.sh

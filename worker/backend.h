@@ -234,6 +234,27 @@ struct backend {
     void (*matmul_residual_fwd)(void *ctx, void *out, const void *inp, const void *W,
                                 const void *bias, const void *residual, int N, int IC, int OC);
 
+    /* ---- optional: imported models and generation (worker/hf.c,
+     * worker/hf_generate.c). NULL on a backend without them: the model then
+     * refuses a config that needs rope_set_freqs, and generation refuses the
+     * backend. ----
+     * rope_set_freqs: from now on rope_fwd / rope_bwd / rope_at use
+     * inv[0..half) (half = HD/2) as the inverse frequencies instead of
+     * theta^(-2d/HD) (RoPE scaling, api/model.h); inv == NULL restores them.
+     * 0 or negative (out of memory).
+     * rope_at: rope_fwd on N rows of x [N, stride] whose positions are
+     * pos0 + r (not r % T).
+     * attention_decode: the attention of one new query row per head against
+     * a cache of n rows: q [NH*HD] (the row's query heads), kv [n, 2*NKV*HD]
+     * (per row the NKV key heads, then the NKV value heads; the new row's
+     * own k|v included as row n-1), out [NH*HD] (overwritten); grouped-query
+     * heads and scale as attention_fwd. */
+    int (*rope_set_freqs)(void *ctx, const double *inv, int half);
+    void (*rope_at)(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0,
+                    float theta);
+    void (*attention_decode)(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
+                             int NKV, int HD);
+
     /* ---- optional: host memory and asynchronous copies (optimizer offload,
      * worker/offload.h). NULL on a backend without them (the CPU backend,
      * whose "device" memory is host memory): the caller then uses malloc and

@@ -35,6 +35,8 @@
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/data.h"
+#include "worker/hf_cli.h"
+#include "worker/hf_spec.h"
 #include "worker/launch.h"
 #include "worker/offload.h"
 #include "worker/par.h"
@@ -53,6 +55,7 @@ struct opts {
     char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule, *offload;
     long rank, world, local_rank, threads, nproc, steps, offload_chunk_kib;
     int no_save;
+    struct hf_cli_opts hf; /* model modes and fine-tuning (worker/hf_cli.h) */
 };
 
 static const struct config_entry table[] = {
@@ -88,6 +91,27 @@ static const struct config_entry table[] = {
     {"no-save", CONFIG_BOOL, offsetof(struct opts, no_save), "0", 0, 0,
      "do not write checkpoints; for benchmarks of models whose checkpoint would not fit the "
      "disk"},
+    /* fine-tuning contract (docs/engine.md "Hugging Face models") */
+    {"init-from", CONFIG_STR, offsetof(struct opts, hf.init_from), NULL, 1, 0,
+     "Hugging Face model directory to load (no --spec needed) for the modes below"},
+    {"score-tokens", CONFIG_STR, offsetof(struct opts, hf.score), NULL, 1, 0,
+     "print {\"type\":\"score\",\"logprobs\":[null,..]} for these comma-separated token ids"},
+    {"generate-tokens", CONFIG_STR, offsetof(struct opts, hf.generate), NULL, 1, 0,
+     "print {\"type\":\"generate\",\"tokens\":[..]}: new tokens after this prompt"},
+    {"max-new-tokens", CONFIG_INT, offsetof(struct opts, hf.max_new), "16", 0, 1 << 20,
+     "tokens --generate-tokens adds"},
+    {"temperature", CONFIG_DOUBLE, offsetof(struct opts, hf.temperature), "0", 0, 100,
+     "sampling temperature (0: greedy)"},
+    {"top-p", CONFIG_DOUBLE, offsetof(struct opts, hf.top_p), "1", 0, 1, "nucleus sampling mass"},
+    {"seed", CONFIG_INT, offsetof(struct opts, hf.seed), "0", 0, 9e15, "sampling seed"},
+    {"generate-recompute", CONFIG_BOOL, offsetof(struct opts, hf.recompute), "0", 0, 0,
+     "debug: generate by re-running the whole forward per token instead of the KV cache (what "
+     "a backend without decode operations does)"},
+    {"export-hf", CONFIG_STR, offsetof(struct opts, hf.export_hf), NULL, 1, 0,
+     "write the model as a Hugging Face directory (config, safetensors shards + index, "
+     "tokenizer files)"},
+    {"export-shard-mb", CONFIG_DOUBLE, offsetof(struct opts, hf.shard_mb), "5000", 0.001, 1e9,
+     "--export-hf / export.hf: most MB of tensors per safetensors file"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 
@@ -136,8 +160,9 @@ struct worker {
     struct engine *e;
     struct model *m;
     struct data_loader *train_dl, *val_dl;
-    struct zero *z;  /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
-    struct par *par; /* tp / pp > 1 (worker/par.h) */
+    struct zero *z;     /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
+    struct hf_spec hfs; /* model.init_from / export.hf (worker/hf_spec.h) */
+    struct par *par;    /* tp / pp > 1 (worker/par.h) */
     char ckpt_path[1024];
     char err[1024];
 };
@@ -294,12 +319,17 @@ static int run(struct worker *w) {
         report_error("SPEC_UNREADABLE", w->err);
         return LOOM_EXIT_BAD_SPEC;
     }
-    if (jobspec_parse_text(&w->spec, text, len, 0, &le) != 0) {
+    if (hf_spec_prepare(&text, &len, &w->hfs, &le) != 0 ||
+        jobspec_parse_text(&w->spec, text, len, 0, &le) != 0) {
         free(text);
         report_error(le.code, le.message);
         return LOOM_EXIT_BAD_SPEC;
     }
     free(text);
+    if (hf_spec_apply(&w->hfs, &w->spec, &le) != 0) {
+        report_error(le.code, le.message);
+        return LOOM_EXIT_BAD_SPEC;
+    }
     jobspec_derive(&w->spec, &w->der);
     const struct loom_spec *s = &w->spec;
 
@@ -458,6 +488,10 @@ static int run(struct worker *w) {
     /* into the windows, views and master that now exist (world > 1: this
      * rank's share only; the master gets the unrounded fp32 values) */
     if (model_init_params(w->m, s->train.seed) != 0) return LOOM_EXIT_FAILED;
+    if (hf_spec_init(&w->hfs, w->e, o->out, &le) != 0) {
+        report_error(le.code, le.message);
+        return LOOM_EXIT_BAD_SPEC;
+    }
     int64_t start = resume(w);
     if (start < 0) {
         report_error("CHECKPOINT_INVALID", w->err);
@@ -568,6 +602,15 @@ static int run(struct worker *w) {
         }
         if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
     }
+    if (rc == 0 && w->hfs.export_hf) { /* export.hf: RUN/export/hf */
+        char dir[1100];
+        snprintf(dir, sizeof dir, "%s/export/hf", o->out);
+        if (hf_export_engine(w->e, w->z, w->par, dir, w->hfs.hf, (uint64_t)(o->hf.shard_mb * 1e6),
+                             &le) != 0) {
+            report_error(le.code, le.message);
+            return LOOM_EXIT_FAILED;
+        }
+    }
     /* LOOM_DEBUG_PARAM_HASH=1: every rank holding all fp32 master weights
      * (ZeRO 0 or one rank) logs their FNV-1a hash, for tests that check the
      * data-parallel ranks stayed bit-identical (tests/gpu/call_s4g.sh) */
@@ -604,6 +647,15 @@ int main(int argc, char **argv) {
     }
     int lvl = log_level_parse(w.o.log_level);
     if (lvl >= 0) log_init("loom-worker", (enum log_level)lvl);
+    if (hf_cli_wanted(&w.o.hf)) { /* model modes instead of training (worker/hf_cli.h) */
+        w.o.hf.spec = w.o.spec;
+        w.o.hf.out = w.o.spec ? w.o.out : NULL;
+        w.o.hf.device = w.o.device;
+        w.o.hf.threads = w.o.threads;
+        rc = hf_cli_run(&w.o.hf);
+        config_free(table, NTABLE, &w.o);
+        return rc;
+    }
     if (!w.o.spec) {
         report_error("USAGE", "--spec FILE is required");
         config_free(table, NTABLE, &w.o);
@@ -621,6 +673,7 @@ int main(int argc, char **argv) {
         return rc;
     }
     rc = run(&w);
+    hf_spec_free(&w.hfs);
     par_free(w.par);
     zero_free(w.z);
     model_free(w.m);

@@ -2,8 +2,9 @@
  * on an ephemeral loopback port: full job lifecycle, cursor pagination (also
  * with inserts between pages), idempotency, tenant isolation, every error
  * status (400 401 403 404 405 409 413 415 422 429), a table of hostile
- * bodies each answered with its code while the store stays unchanged, and a
- * graceful SIGTERM. Usage: test_daemon_api LOOMD_BINARY */
+ * bodies each answered with its code while the store stays unchanged, the
+ * fine-tuning contract's fields (stored, job references checked per tenant,
+ * bad values coded), and a graceful SIGTERM. Usage: test_daemon_api LOOMD_BINARY */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -573,6 +574,114 @@ static const struct hostile hostile[] = {
      "PRECISION_DEVICE"},
 };
 
+/* The fine-tuning contract's fields through loomd: stored in the canonical
+ * spec, job references checked per tenant, each bad value answered with its
+ * code and field while nothing is stored, and POST /v1/plan echoing them. */
+static const char *err_field(const struct hresp *r) {
+    return jstr(json_object_get(r->json, "error"), "field");
+}
+
+static void test_finetune_fields(void) {
+    struct hresp r;
+    char *spec = spec_text("ft-base", NULL);
+    submit(token_a, spec, NULL, &r);
+    free(spec);
+    CHECK(r.status == 201);
+    char base[32], other[32], extra[1024];
+    snprintf(base, sizeof base, "%s", jstr(r.json, "id"));
+    hresp_free(&r);
+    spec = spec_text("ft-b", NULL);
+    submit(token_b, spec, NULL, &r);
+    free(spec);
+    CHECK(r.status == 201);
+    snprintf(other, sizeof other, "%s", jstr(r.json, "id"));
+    hresp_free(&r);
+
+    snprintf(extra, sizeof extra,
+             "\"train\":{\"lora\":{\"rank\":8,\"targets\":[\"fc\",\"attn\"]},"
+             "\"recompute\":{\"budget_gib\":4},\"packing\":\"document\"},"
+             "\"export\":{\"lora\":true},\"after\":[\"%s\"],\"max_runtime_s\":3600,"
+             "\"preemptible\":true,\"resources\":{\"device\":\"cpu\",\"gpu_type\":\"H100-SXM\"}",
+             base);
+    spec = spec_text("ft-lora", extra);
+    /* spec_text sets resources too: drop its copy (duplicate keys are 400) */
+    char *dup = strstr(spec, "\"resources\":{\"device\":\"cpu\"},");
+    if (dup) memmove(dup, dup + 29, strlen(dup + 29) + 1);
+    submit(token_a, spec, NULL, &r);
+    free(spec);
+    CHECK(r.status == 201, "%ld %s", r.status, r.body ? r.body : "");
+    json_t *js = json_object_get(r.json, "spec");
+    json_t *lora = json_object_get(json_object_get(js, "train"), "lora");
+    CHECK(json_array_size(json_object_get(lora, "targets")) == 2);
+    CHECK(!strcmp(json_string_value(json_array_get(json_object_get(lora, "targets"), 0)), "attn"));
+    CHECK(json_integer_value(json_object_get(lora, "rank")) == 8);
+    CHECK(!strcmp(json_string_value(json_array_get(json_object_get(js, "after"), 0)), base));
+    CHECK(json_is_true(json_object_get(js, "preemptible")) &&
+          json_integer_value(json_object_get(js, "max_runtime_s")) == 3600);
+    CHECK(json_number_value(json_object_get(
+              json_object_get(json_object_get(js, "train"), "recompute"), "budget_gib")) == 4);
+    hresp_free(&r);
+
+    int before = count_jobs(token_a);
+    static const struct {
+        const char *extra; /* %s: a job id of tenant A, then one of tenant B */
+        int status;
+        const char *code, *field;
+    } bad[] = {
+        {"\"after\":[\"%s\",\"j-000000000000\"]", 422, "UNKNOWN_JOB", "after"},
+        {"\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\",\"init_from\":\"job:%.0s%s@5\"}", 422,
+         "UNKNOWN_JOB", "model.init_from"},
+        {"\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\",\"init_from\":\"m/x%.0s%.0s\"}", 422,
+         "INVALID_INIT_FROM", "model.init_from"},
+        {"\"train\":{\"lora\":{\"targets\":[\"q\"]}}%.0s%.0s", 422, "INVALID_LORA_TARGET",
+         "train.lora.targets"},
+        {"\"train\":{\"quantize_base\":\"nf4\"}%.0s%.0s", 422, "QUANTIZE_WITHOUT_LORA",
+         "train.quantize_base"},
+        {"\"train\":{\"steps\":100},\"array\":{\"train.warmup_steps\":[1,500]}%.0s%.0s", 422,
+         "WARMUP_TOO_LONG", "train.warmup_steps"},
+        {"\"array\":{\"train.lrr\":[1]}%.0s%.0s", 422, "INVALID_ARRAY_KEY", "array.train.lrr"},
+        {"\"data\":{\"train\":\"/x/a.bin\",\"format\":\"csv\"}%.0s%.0s", 422, "INVALID_VALUE",
+         "data.format"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char ex[512];
+        snprintf(ex, sizeof ex, bad[i].extra, base, other);
+        /* a "model" or "data" in the extra replaces spec_text's own */
+        char *body = spec_text("ft-bad", NULL);
+        const char *drop[] = {"\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\"},", NULL};
+        if (strstr(ex, "\"model\"")) {
+            char *m = strstr(body, drop[0]);
+            memmove(m, m + strlen(drop[0]), strlen(m + strlen(drop[0])) + 1);
+        }
+        if (strstr(ex, "\"data\"")) {
+            char *d = strstr(body, "\"data\":{");
+            char *end = strchr(d, '}');
+            memmove(d, end + 2, strlen(end + 2) + 1);
+        }
+        size_t bl = strlen(body);
+        char *full = malloc(bl + strlen(ex) + 4);
+        snprintf(full, bl + strlen(ex) + 4, "%.*s,%s}", (int)(bl - 1), body, ex);
+        submit(token_a, full, NULL, &r);
+        CHECK_RESP(&r, bad[i].status, bad[i].code);
+        CHECK(!strcmp(err_field(&r), bad[i].field), "case %zu: field %s", i, err_field(&r));
+        hresp_free(&r);
+        free(full);
+        free(body);
+    }
+    CHECK(count_jobs(token_a) == before); /* nothing stored */
+
+    /* the plan echoes the effective spec with the new fields filled */
+    const char *plan = "{\"model\":{\"family\":\"llama\",\"preset\":\"tiny\"},"
+                       "\"resources\":{\"device\":\"cpu\"},\"train\":{\"lora\":{}}}";
+    hreq(url, "POST", "/v1/plan", token_a, NULL, plan, strlen(plan), NULL, &r);
+    CHECK(r.status == 200, "%ld %s", r.status, r.body ? r.body : "");
+    json_t *ps = json_object_get(r.json, "spec");
+    CHECK(json_array_size(json_object_get(json_object_get(json_object_get(ps, "train"), "lora"),
+                                          "targets")) == 7);
+    CHECK(!strcmp(jstr(json_object_get(ps, "data"), "format"), "bin"));
+    hresp_free(&r);
+}
+
 static void test_hostile(void) {
     int before = count_jobs(token_a);
     size_t n = sizeof hostile / sizeof *hostile;
@@ -694,6 +803,7 @@ int main(int argc, char **argv) {
     test_isolation();
     test_auth_errors();
     test_tenant_update();
+    test_finetune_fields();
     test_hostile();
     test_metrics();
     test_rate_limit(bin);

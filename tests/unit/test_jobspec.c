@@ -80,7 +80,11 @@ static const struct tcase cases[] = {
     {"not an object", "['x']", 0, 400, "INVALID_JSON", "", "array"},
     {"unknown top field", "{" MIN ",'nmae':'x'}", 0, 422, "UNKNOWN_FIELD", "nmae", "nmae"},
     {"unknown train field", "{" MIN ",'train':{'lrr':1}}", 0, 422, "UNKNOWN_FIELD", "train.lrr",
-     NULL},
+     "did you mean train.lr (peak learning rate)?"},
+    {"typo in a lora key", "{" MIN ",'train':{'lora':{'rnak':4}}}", 0, 422, "UNKNOWN_FIELD",
+     "train.lora.rnak", "did you mean train.lora.rank"},
+    {"no near name", "{" MIN ",'train':{'zzzzzz':1}}", 0, 422, "UNKNOWN_FIELD", "train.zzzzzz",
+     "unknown field train.zzzzzz"},
     {"unknown model field", "{'model':{'family':'gpt2','layers':3}," DT "}", 0, 422,
      "UNKNOWN_FIELD", "model.layers", NULL},
     {"lr as string", "{" MIN ",'train':{'lr':'0.1'}}", 0, 422, "WRONG_TYPE", "train.lr", "string"},
@@ -635,6 +639,123 @@ static void test_finetune_fields(void) {
     CHECK(jobspec_validate(&s, 0, &e) == -1 && strcmp(e.code, "INVALID_LORA_TARGET") == 0);
 }
 
+static void poke_lr(struct loom_spec *s) {
+    s->train.lr = 0;
+}
+static void poke_keep(struct loom_spec *s) {
+    s->checkpoint.keep = 0;
+}
+static void poke_schedule(struct loom_spec *s) {
+    s->train.schedule = (enum jobspec_schedule)9;
+}
+static void poke_dropout(struct loom_spec *s) {
+    s->train.lora.enabled = 1;
+    s->train.lora.dropout = 1;
+}
+static void poke_gpu_type(struct loom_spec *s) {
+    s->resources.n_gpu_types = 1;
+    snprintf(s->resources.gpu_type[0], sizeof s->resources.gpu_type[0], "a b");
+}
+
+/* The field table is well formed and is what init, parse, validate and the
+ * canonical form use: every row's default is what jobspec_init sets, every
+ * present row appears in the canonical JSON, and validate applies the rows'
+ * ranges to a spec filled by hand. */
+static void test_field_table(void) {
+    size_t n;
+    const struct jobspec_field *f = jobspec_fields(&n);
+    CHECK(n >= 75);
+    struct loom_spec s;
+    jobspec_init(&s);
+    for (size_t i = 0; i < n; i++) {
+        const char *dot = strrchr(f[i].path, '.');
+        if (dot) { /* its section is an earlier row */
+            char parent[64];
+            snprintf(parent, sizeof parent, "%.*s", (int)(dot - f[i].path), f[i].path);
+            const struct jobspec_field *p = jobspec_field_find(parent);
+            CHECK(p && p < &f[i] &&
+                  (p->type == JOBSPEC_F_OBJ ||
+                   (p->type == JOBSPEC_F_RECOMPUTE && (f[i].flags & JOBSPEC_FL_INNER))));
+        }
+        CHECK(jobspec_field_find(f[i].path) == &f[i]); /* paths are unique */
+        CHECK(f[i].help && f[i].help[0]);
+        const char *p = (const char *)&s + f[i].off;
+        switch (f[i].type) {
+        case JOBSPEC_F_I32:
+            CHECK(*(const int *)p == (int)f[i].def);
+            break;
+        case JOBSPEC_F_I64:
+            CHECK(*(const int64_t *)p == (int64_t)f[i].def);
+            break;
+        case JOBSPEC_F_DBL:
+            CHECK(*(const double *)p == f[i].def);
+            break;
+        case JOBSPEC_F_ENUM: {
+            int k = 0;
+            while (f[i].names[k])
+                k++;
+            CHECK(f[i].def >= 0 && f[i].def < k && *(const int *)p == (int)f[i].def);
+            break;
+        }
+        case JOBSPEC_F_STR:
+            CHECK(f[i].size > 1 && strcmp(p, f[i].def_s ? f[i].def_s : "") == 0);
+            break;
+        case JOBSPEC_F_STRLIST:
+            CHECK(f[i].size > 1 && f[i].max_count >= 1);
+            break;
+        default:
+            break;
+        }
+    }
+    /* the contract example sets every optional row: all appear in its
+     * canonical form */
+    struct loom_error e;
+    char *t = dequote(FT_EXAMPLE);
+    CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+    free(t);
+    json_t *j = jobspec_to_json(&s);
+    for (size_t i = 0; i < n; i++) {
+        if (f[i].flags & JOBSPEC_FL_INNER) continue;
+        if (strcmp(f[i].path, "model.rope_theta") == 0 || strcmp(f[i].path, "data.val") == 0)
+            continue; /* a llama with val_fraction: both absent by rule */
+        const json_t *v = j;
+        char path[64];
+        snprintf(path, sizeof path, "%s", f[i].path);
+        for (char *seg = path, *dot; v; seg = dot + 1) {
+            dot = strchr(seg, '.');
+            if (dot) *dot = '\0';
+            v = json_object_get(v, seg);
+            if (!dot) break;
+        }
+        if (!v) fprintf(stderr, "canonical form lacks %s\n", f[i].path);
+        CHECK(v != NULL);
+    }
+    json_decref(j);
+    /* validate applies the rows' ranges and names to a struct filled by hand */
+    struct {
+        const char *what;
+        void (*poke)(struct loom_spec *);
+        const char *code, *field;
+    } pokes[] = {
+        {"lr 0", poke_lr, "OUT_OF_RANGE", "train.lr"},
+        {"keep 0", poke_keep, "OUT_OF_RANGE", "checkpoint.keep"},
+        {"schedule 9", poke_schedule, "INVALID_VALUE", "train.schedule"},
+        {"dropout 1", poke_dropout, "OUT_OF_RANGE", "train.lora.dropout"},
+        {"gpu type", poke_gpu_type, "INVALID_GPU_TYPE", "resources.gpu_type"},
+    };
+    for (size_t i = 0; i < sizeof pokes / sizeof *pokes; i++) {
+        t = dequote("{" MIN "}");
+        CHECK(jobspec_parse_text(&s, t, strlen(t), 0, &e) == 0);
+        free(t);
+        pokes[i].poke(&s);
+        memset(&e, 0, sizeof e);
+        int ok = jobspec_validate(&s, 0, &e) == -1 && strcmp(e.code, pokes[i].code) == 0 &&
+                 strcmp(e.field, pokes[i].field) == 0;
+        if (!ok) fprintf(stderr, "poke '%s': %s at %s\n", pokes[i].what, e.code, e.field);
+        CHECK(ok);
+    }
+}
+
 struct pcase {
     const char *what;
     const char *rel; /* path relative to the temp dir */
@@ -751,8 +872,8 @@ static void test_paths(void) {
  * made huge or negative, keys renamed): the parser must answer every one with
  * success or a coded error, never crash (run under ASan in the sanitizer
  * build). */
-static void test_mutations(void) {
-    char *base = dequote(cases[1].spec);
+static void test_mutations(const char *spec, unsigned flags) {
+    char *base = dequote(spec);
     size_t len = strlen(base);
     char *buf = malloc(len + 32);
     uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -791,7 +912,7 @@ static void test_mutations(void) {
         struct loom_spec s;
         struct loom_error e;
         memset(&e, 0, sizeof e);
-        int rc = jobspec_parse_text(&s, buf, n, 0, &e);
+        int rc = jobspec_parse_text(&s, buf, n, flags, &e);
         if (rc == 0) {
             ok++;
             char *d = jobspec_dumps(&s);
@@ -810,9 +931,12 @@ static void test_mutations(void) {
 
 int main(void) {
     test_table();
-    test_mutations();
+    test_mutations(cases[1].spec, 0);
+    /* the fine-tuning fields: lists, LoRA, recompute objects, array members */
+    test_mutations(FT_EXAMPLE, JOBSPEC_ARRAY_MEMBERS);
     test_defaults_and_derived();
     test_finetune_fields();
+    test_field_table();
     test_paths();
     return check_summary("test_jobspec");
 }

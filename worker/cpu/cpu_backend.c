@@ -150,6 +150,7 @@ static void cpu_destroy(void *ctx) {
     free(cx->attn_scratch);
     free(cx->logits);
     free(cx->rope_tab);
+    free(cx->rope_inv);
     free(cx->partials);
     free(cx);
 }
@@ -210,6 +211,9 @@ struct backend *backend_cpu_new(int threads) {
         .sumsq = cpu_sumsq,
         .scale = cpu_scale,
         .classifier_vp = cpu_classifier_vp,
+        .rope_set_freqs = cpu_rope_set_freqs,
+        .rope_at = cpu_rope_at,
+        .attention_decode = cpu_attention_decode,
     };
     return b;
 }

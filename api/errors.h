@@ -1,0 +1,134 @@
+/* The stable error codes of the API: one row per code (the code, its HTTP
+ * status, what it means). loomd's routes answer {"error":{"code","message"}}
+ * with these codes and statuses, and the job-spec validator and planner
+ * fill struct loom_error with them; api/openapi.yaml lists the same rows
+ * under components.x-error-codes (test_daemon_openapi checks both ways) and
+ * unit.error_codes checks that every code the sources use is a row here
+ * with its status. A code is a promise to clients: rename one only with a
+ * line in docs/internals/api.md "Renamed error codes".
+ *
+ * Families: INVALID_<what> for a value that is malformed or out of its
+ * rules, <THING>_NOT_FOUND for a missing object, UNKNOWN_<what> for a name
+ * outside a known list, <RULE> tokens for the job spec's cross-field rules. */
+#ifndef LOOM_API_ERRORS_H
+#define LOOM_API_ERRORS_H
+
+#include <stddef.h>
+
+/* X(code, status, meaning) */
+#define LOOM_ERRORS(X)                                                                             \
+    /* requests */                                                                                 \
+    X(INVALID_JSON, 400, "the body is not JSON, has duplicate keys, or is not an object")          \
+    X(INVALID_QUERY, 400, "a query parameter is malformed (the message names it)")                 \
+    X(INVALID_CURSOR, 400, "a list cursor that loomd did not issue")                               \
+    X(INVALID_IDEMPOTENCY_KEY, 400, "Idempotency-Key is empty or longer than 255 characters")      \
+    X(INVALID_STREAM, 400, "logs: stream is not stderr or stdout")                                 \
+    X(INVALID_RANK, 400, "logs: rank is negative")                                                 \
+    X(INVALID_TIME, 400, "usage: from/to is not RFC 3339, YYYY-MM-DD or milliseconds")             \
+    X(INVALID_GROUP_BY, 400, "usage: group_by is not one of the listed keys")                      \
+    X(INVALID_RDZV_VALUE, 400, "rendezvous: the body is not {\"value\": \"<base64>\"}")            \
+    X(INVALID_NODE_NAME, 400, "agent: the node name is missing or malformed")                      \
+    X(INVALID_DEVICE_KIND, 400, "agent: kind is not cuda or cpu")                                  \
+    X(INVALID_DEVICES, 400, "agent: devices is not an array of at most 64")                        \
+    X(INVALID_METRICS, 400, "agent: metrics items is not an array")                                \
+    X(INVALID_LOG_CHUNK, 400, "agent: a log chunk is malformed")                                   \
+    X(UNAUTHORIZED, 401, "missing, unknown, expired or revoked token")                             \
+    X(FORBIDDEN, 403, "a token of the wrong kind for this route")                                  \
+    X(RDZV_FORBIDDEN, 403, "the token is not this attempt's rendezvous token")                     \
+    X(STAGING_FORBIDDEN, 403, "the token is not this job's attempt token")                         \
+    X(NOT_FOUND, 404, "no such route")                                                             \
+    X(JOB_NOT_FOUND, 404, "no such job (or another tenant's)")                                     \
+    X(TENANT_NOT_FOUND, 404, "no such tenant")                                                     \
+    X(TOKEN_NOT_FOUND, 404, "the tenant has no such token")                                        \
+    X(NODE_NOT_FOUND, 404, "no such node (or an agent that is not registered)")                    \
+    X(CHECK_NOT_FOUND, 404, "no such node check")                                                  \
+    X(RDZV_KEY_NOT_FOUND, 404, "the rendezvous key is not (yet) published")                        \
+    X(UI_FILE_NOT_FOUND, 404, "no such file of the web view")                                      \
+    X(METHOD_NOT_ALLOWED, 405, "the route exists with other methods (see Allow)")                  \
+    X(IDEMPOTENCY_CONFLICT, 409, "the Idempotency-Key was used with a different body")             \
+    X(TENANT_EXISTS, 409, "a tenant with this name exists")                                        \
+    X(NODE_BUSY, 409, "the node runs job ranks (force to check anyway)")                           \
+    X(NODE_NOT_READY, 409, "the node is lost, unknown or has no devices")                          \
+    X(KIND_MISMATCH, 409, "the two nodes have different device kinds")                             \
+    X(CHECK_NOT_RUNNING, 409, "the node check has no open part for the node")                      \
+    X(RDZV_KEY_EXISTS, 409, "the rendezvous key is write-once and already set")                    \
+    X(RDZV_CONFLICT, 409, "the rendezvous key holds another value")                                \
+    X(RDZV_FULL, 409, "the rendezvous holds too many keys")                                        \
+    X(PAYLOAD_TOO_LARGE, 413, "the body is over --max-body")                                       \
+    X(UNSUPPORTED_MEDIA_TYPE, 415, "a body that is not application/json")                          \
+    X(RATE_LIMITED, 429, "too many requests for the tenant (see Retry-After)")                     \
+    X(INTERNAL, 500, "an internal failure (out of memory, no randomness)")                         \
+    X(LOG_READ_FAILED, 500, "a stored log could not be read")                                      \
+    X(LOG_WRITE_FAILED, 500, "a log chunk could not be stored")                                    \
+    X(STORE_UNAVAILABLE, 503, "the store is unavailable; retry")                                   \
+    X(SHUTTING_DOWN, 503, "loomd is stopping")                                                     \
+    X(TOO_MANY_NODES, 503, "the cluster holds its most nodes")                                     \
+    /* body fields (non-spec routes) */                                                            \
+    X(INVALID_FIELD, 422, "a body field of a non-spec route has the wrong type or value")          \
+    X(INVALID_SPEC, 422, "the job spec is invalid (fallback when no finer code applies)")          \
+    /* job spec: shape, types, ranges */                                                           \
+    X(UNKNOWN_FIELD, 422, "a key that is not in the table, e.g. train.lrr")                        \
+    X(WRONG_TYPE, 422, "a value of the wrong JSON type")                                           \
+    X(OUT_OF_RANGE, 422, "a number outside its range, a string too long, too many entries")        \
+    X(INVALID_VALUE, 422, "a name outside the field's list, NUL/control characters")               \
+    X(MISSING_FIELD, 422, "a required field is absent")                                            \
+    X(UNKNOWN_PRESET, 422, "model.preset is not one of the family's presets")                      \
+    X(INVALID_MODEL, 422, "the model's sizes do not fit together")                                 \
+    X(INVALID_NAME, 422, "a job or tenant name outside [A-Za-z0-9._-]")                            \
+    X(INVALID_LABEL, 422, "a label key outside [A-Za-z0-9._/-]")                                   \
+    X(INVALID_INIT_FROM, 422, "model.init_from is not a plain absolute path or job:<id>[@<step>]") \
+    X(INVALID_LORA_TARGET, 422, "a LoRA target outside the family's list, twice, or none")         \
+    X(INVALID_GPU_TYPE, 422, "a resources.gpu_type name outside [A-Za-z0-9._-]")                   \
+    X(INVALID_JOB_ID, 422, "an after entry that is not a job id")                                  \
+    X(INVALID_ARRAY_KEY, 422, "an array key that is not a one-value spec field")                   \
+    X(ARRAY_TOO_LARGE, 422, "the array expands to more than 256 jobs")                             \
+    X(UNKNOWN_JOB, 422, "after or model.init_from names a job the tenant does not have")           \
+    /* job spec: cross-field rules */                                                              \
+    X(WORLD_TOO_LARGE, 422, "dp*tp*pp above 16384")                                                \
+    X(TP_HEADS, 422, "tp does not divide n_head")                                                  \
+    X(TP_KV_HEADS, 422, "tp does not divide n_kv_head")                                            \
+    X(TP_FFN, 422, "tp does not divide d_ff")                                                      \
+    X(TP_CROSSES_NODE, 422, "tp above gpus_per_node (the job's or the cluster's)")                 \
+    X(PP_LAYERS, 422, "pp does not divide n_layer, or exceeds it")                                 \
+    X(ZERO_WITH_PP, 422, "zero_stage >= 2 with pp > 1")                                            \
+    X(BATCH_NOT_DIVISIBLE, 422, "global_batch_tokens is not a multiple of micro_batch*seq_len*dp") \
+    X(PP_TOO_FEW_MICROBATCHES, 422, "pp > 1 with fewer micro-batches than stages")                 \
+    X(LR_ORDER, 422, "min_lr above lr")                                                            \
+    X(WARMUP_TOO_LONG, 422, "warmup_steps above steps")                                            \
+    X(PRECISION_DEVICE, 422, "bf16 or fp8 on the cpu device")                                      \
+    X(OFFLOAD_DEVICE, 422, "offload_optimizer on the cpu device")                                  \
+    X(EVAL_WITHOUT_VAL, 422, "eval_every without data.val or data.val_fraction")                   \
+    X(QUANTIZE_WITHOUT_LORA, 422, "quantize_base=nf4 without train.lora")                          \
+    X(EXPORT_WITHOUT_LORA, 422, "export.lora without train.lora")                                  \
+    X(LOSS_ON_FORMAT, 422, "loss_on assistant/completion without the matching data.format")        \
+    X(VAL_SOURCE_CONFLICT, 422, "data.val_fraction together with data.val")                        \
+    X(DATA_PATH_INVALID, 422, "a data path that is relative, has ./.., or globs a directory")      \
+    X(DATA_PATH_FORBIDDEN, 422, "a data path that resolves outside the tenant's data roots")       \
+    X(DATA_PATH_NOT_FOUND, 422, "a data path that matches nothing where loomd looks")              \
+    /* planner */                                                                                  \
+    X(DOES_NOT_FIT, 422, "the per-GPU memory estimate is above the GPUs' memory")                  \
+    X(LAYOUT_EXCEEDS_CLUSTER, 422, "dp*tp*pp above the cluster's GPUs")                            \
+    X(UNKNOWN_GPU, 422, "cluster.gpu is not in the GPU table (and no memory/TFLOPS given)")        \
+    X(UNKNOWN_LINK, 422, "cluster link is not in the link table")
+
+enum loom_errcode {
+#define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,
+    LOOM_ERRORS(LOOM_ERRORS_ENUM)
+#undef LOOM_ERRORS_ENUM
+        LOOM_E_COUNT
+};
+
+struct loom_errdef {
+    const char *code;
+    int status;
+    const char *meaning;
+};
+
+/* The rows, in LOOM_ERRORS order (index = enum loom_errcode). Static. */
+const struct loom_errdef *loom_errors(size_t *n);
+/* The row of `c`. */
+const struct loom_errdef *loom_errdef_of(enum loom_errcode c);
+/* The row of a code's text, or NULL. */
+const struct loom_errdef *loom_errdef_find(const char *code);
+
+#endif
