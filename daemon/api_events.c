@@ -10,6 +10,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "daemon/events.h"
+#include "daemon/handlers.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
 
@@ -97,11 +98,11 @@ static int parse_filter(struct http_req *req, struct filter *f) {
     const char *type = http_query(req, "type");
     if (type && *type) {
         if (!events_type_valid(type)) {
-            http_error(req, 400, "UNKNOWN_EVENT_TYPE",
-                       "type '%.64s' is not an event type (job.queued, job.started, job.retrying, "
-                       "job.preempted, job.succeeded, job.failed, job.cancelled, "
-                       "checkpoint.saved, export.ready)",
-                       type);
+            API_ERROR(req, UNKNOWN_EVENT_TYPE,
+                      "type '%.64s' is not an event type (job.queued, job.started, job.retrying, "
+                      "job.preempted, job.succeeded, job.failed, job.cancelled, "
+                      "checkpoint.saved, export.ready)",
+                      type);
             return -1;
         }
         snprintf(f->type, sizeof f->type, "%s", type);
@@ -109,17 +110,17 @@ static int parse_filter(struct http_req *req, struct filter *f) {
     const char *job = http_query(req, "job");
     if (job && *job) {
         if (strlen(job) >= sizeof f->job) {
-            http_error(req, 404, "JOB_NOT_FOUND", "no job '%.64s'", job);
+            API_ERROR(req, JOB_NOT_FOUND, "no job '%.64s'", job);
             return -1;
         }
         struct job_check c = {f->tenant[0] ? f->tenant : NULL, job};
         int rc = store_read(req->ld->store, check_job, &c);
         if (rc == STORE_NOT_FOUND) {
-            http_error(req, 404, "JOB_NOT_FOUND", "no job '%s'", job);
+            API_ERROR(req, JOB_NOT_FOUND, "no job '%s'", job);
             return -1;
         }
         if (rc != STORE_OK) {
-            http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+            API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
             return -1;
         }
         snprintf(f->job, sizeof f->job, "%s", job);
@@ -220,10 +221,10 @@ static int wants_sse(struct http_req *req) {
 static int reply_sse(struct http_req *req, const struct filter *f, int64_t since) {
     const char *last_id = http_header(req, "Last-Event-ID");
     if (last_id && *last_id && parse_i64(last_id, 0, INT64_MAX, &since) != 0)
-        return http_error(req, 400, "INVALID_LAST_EVENT_ID",
-                          "Last-Event-ID '%.64s' is not a non-negative event seq", last_id);
+        return API_ERROR(req, INVALID_LAST_EVENT_ID,
+                         "Last-Event-ID '%.64s' is not a non-negative event seq", last_id);
     struct sse *s = calloc(1, sizeof *s);
-    if (!s) return http_error(req, 500, "INTERNAL", "out of memory");
+    if (!s) return API_ERROR(req, INTERNAL, "out of memory");
     s->ld = req->ld;
     s->f = *f;
     s->cursor = since;
@@ -245,15 +246,14 @@ int api_events_list(struct http_req *req) {
     int64_t since = 0, wait = 0, limit = PAGE_DEFAULT;
     const char *v = http_query(req, "since");
     if (v && parse_i64(v, 0, INT64_MAX, &since) != 0)
-        return http_error(req, 400, "INVALID_CURSOR",
-                          "since '%.64s' is not a non-negative event seq", v);
+        return API_ERROR(req, INVALID_CURSOR, "since '%.64s' is not a non-negative event seq", v);
     v = http_query(req, "limit");
     if (v && parse_i64(v, 1, PAGE_MAX, &limit) != 0)
-        return http_error(req, 400, "INVALID_LIMIT", "limit '%.64s' is not 1..%d", v, PAGE_MAX);
+        return API_ERROR(req, INVALID_QUERY, "limit '%.64s' is not 1..%d", v, PAGE_MAX);
     v = http_query(req, "wait");
     if (v && parse_i64(v, 0, req->ld->cfg.longpoll_timeout, &wait) != 0)
-        return http_error(req, 400, "INVALID_WAIT", "wait '%.64s' is not 0..%ld seconds", v,
-                          req->ld->cfg.longpoll_timeout);
+        return API_ERROR(req, INVALID_QUERY, "wait '%.64s' is not 0..%ld seconds", v,
+                         req->ld->cfg.longpoll_timeout);
     if (parse_filter(req, &f) != 0) return 0;
     if (wants_sse(req)) return reply_sse(req, &f, since);
 
@@ -268,7 +268,7 @@ int api_events_list(struct http_req *req) {
         q.last = 0;
         if (store_read(req->ld->store, run_query, &q) != STORE_OK) {
             json_decref(q.items);
-            return http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+            return API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
         }
         if (json_array_size(q.items) > 0) break;
         /* Nothing visible up to `visible`: sleep until a later commit. */

@@ -7,6 +7,7 @@
 
 #include "common/token.h"
 #include "daemon/events.h"
+#include "daemon/handlers.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
 #include "daemon/webhooks.h"
@@ -17,7 +18,7 @@
 #define DELIVERIES_MAX 1000
 
 static int store_unavailable(struct http_req *req) {
-    return http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+    return API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
 }
 
 static json_t *webhook_row_json(sqlite3_stmt *st) {
@@ -69,8 +70,8 @@ static int create_cb(struct store_tx *tx, void *arg) {
 static json_t *parse_types(struct http_req *req, json_t *v) {
     if (!json_is_array(v) || json_array_size(v) == 0 ||
         json_array_size(v) > (size_t)events_types_count + 1) {
-        http_error_field(req, 400, "INVALID_WEBHOOK_EVENTS", "events",
-                         "events must be a non-empty array of event types or [\"*\"]");
+        API_ERROR_FIELD(req, INVALID_WEBHOOK_EVENTS, "events",
+                        "events must be a non-empty array of event types or [\"*\"]");
         return NULL;
     }
     int want[64] = {0}, all = 0;
@@ -86,11 +87,11 @@ static json_t *parse_types(struct http_req *req, json_t *v) {
         for (int j = 0; t && j < events_types_count; j++)
             if (!strcmp(t, events_types[j])) k = j;
         if (k < 0) {
-            http_error_field(req, 400, "UNKNOWN_EVENT_TYPE", "events",
-                             "events[%zu] '%.64s' is not an event type (job.queued, job.started, "
-                             "job.retrying, job.preempted, job.succeeded, job.failed, "
-                             "job.cancelled, checkpoint.saved, export.ready, or \"*\")",
-                             i, t ? t : "(not a string)");
+            API_ERROR_FIELD(req, UNKNOWN_EVENT_TYPE, "events",
+                            "events[%zu] '%.64s' is not an event type (job.queued, job.started, "
+                            "job.retrying, job.preempted, job.succeeded, job.failed, "
+                            "job.cancelled, checkpoint.saved, export.ready, or \"*\")",
+                            i, t ? t : "(not a string)");
             return NULL;
         }
         want[k] = 1;
@@ -117,17 +118,18 @@ int api_webhooks_create(struct http_req *req) {
         for (size_t i = 0; i < sizeof known / sizeof *known; i++)
             ok |= !strcmp(key, known[i]);
         if (!ok)
-            return http_error_field(req, 400, "UNKNOWN_FIELD", key,
-                                    "unknown field '%.64s' (url, events, secret)", key);
+            return API_ERROR_FIELD(req, UNKNOWN_FIELD, key,
+                                   "unknown field '%.64s' (url, events, secret)", key);
     }
     const char *url = json_string_value(json_object_get(req->json, "url"));
     if (!url)
-        return http_error_field(req, 400, "INVALID_WEBHOOK_URL", "url",
-                                "url (an http or https URL string) is required");
+        return API_ERROR_FIELD(req, INVALID_WEBHOOK_URL, "url",
+                               "url (an http or https URL string) is required");
     char code[64], msg[512];
     if (webhooks_check_url(url, req->ld->cfg.webhook_allow_private, NULL, 0, code, sizeof code, msg,
                            sizeof msg) != 0)
-        return http_error_field(req, 400, code, "url", "%s", msg);
+        return http_error_field(req, loom_errdef_find(code) ? loom_errdef_find(code)->status : 400,
+                                code, "url", "%s", msg);
     types = parse_types(req, json_object_get(req->json, "events"));
     if (!types) return 0;
     json_t *sv = json_object_get(req->json, "secret");
@@ -136,16 +138,16 @@ int api_webhooks_create(struct http_req *req) {
         const char *s = json_string_value(sv);
         size_t n = s ? strlen(s) : 0;
         if (!s || n < SECRET_MIN || n > SECRET_MAX) {
-            ret = http_error_field(req, 400, "INVALID_WEBHOOK_SECRET", "secret",
-                                   "secret must be a string of %d to %d characters (got %zu)",
-                                   SECRET_MIN, SECRET_MAX, n);
+            ret = API_ERROR_FIELD(req, INVALID_WEBHOOK_SECRET, "secret",
+                                  "secret must be a string of %d to %d characters (got %zu)",
+                                  SECRET_MIN, SECRET_MAX, n);
             goto out;
         }
         snprintf(secret, sizeof secret, "%s", s);
     } else {
         char hex[65];
         if (token_hex(hex, sizeof hex, 32) != 0) {
-            ret = http_error(req, 503, "RANDOM_UNAVAILABLE", "no random bytes for a secret; retry");
+            ret = API_ERROR(req, INTERNAL, "no random bytes for a secret; retry");
             goto out;
         }
         snprintf(secret, sizeof secret, "whsec_%s", hex);
@@ -154,8 +156,8 @@ int api_webhooks_create(struct http_req *req) {
     struct create_op op = {req->tenant_id, url, types_text, secret, "", store_now_ms(), 0};
     int rc = store_write(req->ld->store, create_cb, &op);
     if (op.too_many) {
-        ret = http_error(req, 409, "TOO_MANY_WEBHOOKS", "tenant %s has %d webhooks already",
-                         req->tenant_id, WEBHOOKS_MAX);
+        ret = API_ERROR(req, TOO_MANY_WEBHOOKS, "tenant %s has %d webhooks already", req->tenant_id,
+                        WEBHOOKS_MAX);
         goto out;
     }
     if (rc != STORE_OK) {
@@ -213,7 +215,7 @@ static int get_cb(struct store_tx *tx, void *arg) {
 }
 
 static int not_found(struct http_req *req, const char *id) {
-    return http_error(req, 404, "WEBHOOK_NOT_FOUND", "no webhook '%.64s'", id);
+    return API_ERROR(req, WEBHOOK_NOT_FOUND, "no webhook '%.64s'", id);
 }
 
 int api_webhooks_list(struct http_req *req) {
@@ -311,8 +313,7 @@ int api_webhooks_deliveries(struct http_req *req) {
         char *end;
         long v = strtol(l, &end, 10);
         if (!*l || *end || v < 1 || v > DELIVERIES_MAX)
-            return http_error(req, 400, "INVALID_LIMIT", "limit '%.64s' is not 1..%d", l,
-                              DELIVERIES_MAX);
+            return API_ERROR(req, INVALID_QUERY, "limit '%.64s' is not 1..%d", l, DELIVERIES_MAX);
         limit = (int)v;
     }
     struct read_op op = {req->tenant_id, id, limit, NULL};

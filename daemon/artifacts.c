@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "daemon/handlers.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
 
@@ -173,11 +174,11 @@ static int load_job(struct http_req *req, struct jobref *j) {
     int rc =
         strlen(id) < sizeof j->id ? store_read(req->ld->store, job_read_cb, &r) : STORE_NOT_FOUND;
     if (rc == STORE_NOT_FOUND) {
-        http_error(req, 404, "JOB_NOT_FOUND", "no job '%.64s'", id);
+        API_ERROR(req, JOB_NOT_FOUND, "no job '%.64s'", id);
         return -1;
     }
     if (rc != STORE_OK) {
-        http_error(req, 503, "STORE_UNAVAILABLE", "the store is unavailable; retry");
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
         return -1;
     }
     pathf(j->logs_dir, sizeof j->logs_dir, "%s/logs/%s", req->ld->cfg.data_dir, j->id);
@@ -447,7 +448,7 @@ int artifacts_api_list(struct http_req *req) {
 }
 
 static int artifact_not_found(struct http_req *req, const char *job, const char *rel) {
-    return http_error(req, 404, "ARTIFACT_NOT_FOUND", "job %s has no artifact '%.300s'", job, rel);
+    return API_ERROR(req, ARTIFACT_NOT_FOUND, "job %s has no artifact '%.300s'", job, rel);
 }
 
 static const char *content_type_of(const char *rel) {
@@ -472,7 +473,7 @@ int artifacts_api_get(struct http_req *req) {
     /* The checksum (ETag) through the same cache as the listing. */
     struct art_list l = {.job_id = j.id};
     if (list_add(&l, rel, abs, kind, step, &st) != 0)
-        return http_error(req, 500, "INTERNAL", "out of memory");
+        return API_ERROR(req, INTERNAL, "out of memory");
     json_t *sums = json_object();
     if (kind == ARTIFACT_CHECKPOINT) {
         char dir[PATH_MAX], man[PATH_MAX];
@@ -495,10 +496,10 @@ int artifacts_api_get(struct http_req *req) {
         char cr[64];
         snprintf(cr, sizeof cr, "bytes */%llu", (unsigned long long)size);
         http_add_header(req, "Content-Range", cr);
-        return http_error(req, 416, "RANGE_NOT_SATISFIABLE",
-                          "Range '%.100s' is not one satisfiable byte range of the %llu-byte "
-                          "file",
-                          http_header(req, "Range"), (unsigned long long)size);
+        return API_ERROR(req, RANGE_NOT_SATISFIABLE,
+                         "Range '%.100s' is not one satisfiable byte range of the %llu-byte "
+                         "file",
+                         http_header(req, "Range"), (unsigned long long)size);
     }
     int fd = open(abs, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return artifact_not_found(req, j.id, rel);
@@ -546,24 +547,24 @@ int artifacts_api_delete(struct http_req *req) {
         (is_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)))
         return artifact_not_found(req, j.id, rel);
     if (k == ARTIFACT_CHECKPOINT && !is_dir)
-        return http_error(req, 409, "ARTIFACT_IN_CHECKPOINT",
-                          "'%.300s' is one file of checkpoint step %ld; delete the whole "
-                          "checkpoints/step_%08ld instead",
-                          rel, step, step);
+        return API_ERROR(req, ARTIFACT_IN_CHECKPOINT,
+                         "'%.300s' is one file of checkpoint step %ld; delete the whole "
+                         "checkpoints/step_%08ld instead",
+                         rel, step, step);
     if (k == ARTIFACT_CHECKPOINT && !job_state_terminal(j.state)) {
         long newest;
         scan_checkpoints(NULL, j.out_dir, NULL, &newest);
         if (step == newest)
-            return http_error(req, 409, "CHECKPOINT_IN_USE",
-                              "step %ld is the newest checkpoint of job %s, which is %s (a retry "
-                              "resumes from it)",
-                              step, j.id, job_state_name(j.state));
+            return API_ERROR(req, CHECKPOINT_IN_USE,
+                             "step %ld is the newest checkpoint of job %s, which is %s (a retry "
+                             "resumes from it)",
+                             step, j.id, job_state_name(j.state));
     }
     int rc = is_dir ? nftw(abs, rm_entry, 16, FTW_DEPTH | FTW_PHYS) : unlink(abs);
     if (rc != 0) {
         log_warn("artifacts: delete %s: %s", abs, strerror(errno));
-        return http_error(req, 500, "ARTIFACT_DELETE_FAILED", "could not delete '%.300s' of job %s",
-                          rel, j.id);
+        return API_ERROR(req, ARTIFACT_DELETE_FAILED, "could not delete '%.300s' of job %s", rel,
+                         j.id);
     }
     struct forget f = {j.id, rel};
     store_write(req->ld->store, forget_cb, &f);

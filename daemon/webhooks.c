@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/errors.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/events.h"
@@ -134,25 +135,25 @@ int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pin
     struct addrinfo *res = NULL;
     CURLU *u = curl_url();
     if (!u) {
-        snprintf(code, codelen, "INTERNAL");
+        snprintf(code, codelen, "%s", loom_errdef_of(LOOM_E_INTERNAL)->code);
         snprintf(msg, msglen, "out of memory");
         return -1;
     }
     if (!url || strlen(url) > 2048 ||
         curl_url_set(u, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME) != CURLUE_OK ||
         curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK) {
-        snprintf(code, codelen, "INVALID_WEBHOOK_URL");
+        snprintf(code, codelen, "%s", loom_errdef_of(LOOM_E_INVALID_WEBHOOK_URL)->code);
         snprintf(msg, msglen, "url '%.200s' is not an absolute http(s) URL", url ? url : "");
         goto out;
     }
     if (strcmp(scheme, "http") && strcmp(scheme, "https")) {
-        snprintf(code, codelen, "INVALID_WEBHOOK_URL");
+        snprintf(code, codelen, "%s", loom_errdef_of(LOOM_E_INVALID_WEBHOOK_URL)->code);
         snprintf(msg, msglen, "url scheme '%.20s' is not http or https", scheme);
         goto out;
     }
     if (curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK || !*host ||
         curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK) {
-        snprintf(code, codelen, "INVALID_WEBHOOK_URL");
+        snprintf(code, codelen, "%s", loom_errdef_of(LOOM_E_INVALID_WEBHOOK_URL)->code);
         snprintf(msg, msglen, "url '%.200s' has no host", url);
         goto out;
     }
@@ -166,7 +167,7 @@ int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pin
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     int gai = getaddrinfo(name, port, &hints, &res);
     if (gai != 0 || !res) {
-        snprintf(code, codelen, "WEBHOOK_HOST_UNRESOLVED");
+        snprintf(code, codelen, "%s", loom_errdef_of(LOOM_E_WEBHOOK_HOST_UNRESOLVED)->code);
         snprintf(msg, msglen, "host '%.200s' does not resolve: %s", name, gai_strerror(gai));
         goto out;
     }
@@ -179,7 +180,7 @@ int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pin
         char text[INET6_ADDRSTRLEN];
         inet_ntop(ai->ai_family, a, text, sizeof text);
         if (!allow_private && webhooks_addr_private(ai->ai_family, a)) {
-            snprintf(code, codelen, "WEBHOOK_PRIVATE_ADDRESS");
+            snprintf(code, codelen, "%s", loom_errdef_of(LOOM_E_WEBHOOK_PRIVATE_ADDRESS)->code);
             snprintf(msg, msglen,
                      "host '%.200s' resolves to %s, a loopback/private/reserved address "
                      "(loomd --webhook-allow-private permits it)",
