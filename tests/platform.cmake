@@ -24,3 +24,10 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl)
                              SKIP_RETURN_CODE 77 TIMEOUT 180)
     endforeach()
 endif()
+# Benchmark (not a test): build/bin/bench_events build/bin/loomd [--subscribers N] [--jobs J]
+# [--rate R]; results in docs/perf.md.
+if(TARGET loomd)
+    add_executable(bench_events ${CMAKE_CURRENT_LIST_DIR}/bench/bench_events.c)
+    target_link_libraries(bench_events PRIVATE loom_daemon_harness Threads::Threads)
+    loom_warnings(bench_events)
+endif()
