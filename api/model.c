@@ -168,19 +168,6 @@ void model_rope_inv_freq(const struct model_config *c, int HD, double *inv) {
     }
 }
 
-const char *model_split_name(enum model_split s) {
-    switch (s) {
-    case MODEL_SPLIT_COLUMN:
-        return "column";
-    case MODEL_SPLIT_ROW:
-        return "row";
-    case MODEL_SPLIT_VOCAB:
-        return "vocab";
-    default:
-        return "replicated";
-    }
-}
-
 /* ---- layout ---- */
 
 /* Symbolic sizes a table row refers to. */

@@ -192,6 +192,4 @@ int64_t model_n_matmul_params(const struct model_config *c);
  * 6 * N_matmul + 12 * n_layer * d_model * T (attention scores and values). */
 double model_flops_per_token(const struct model_config *c, int T);
 
-const char *model_split_name(enum model_split s); /* "replicated", "column", ... */
-
 #endif

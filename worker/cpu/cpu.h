@@ -25,8 +25,8 @@ static inline int cpu_thread_id(void) {
 /* Parallel regions run on one thread below par_min work (roughly flops; on
  * a busy 2-core machine a barrier costs more than a small kernel). The split
  * never changes results: each element is computed by one iteration. The
- * environment variable LOOM_CPU_PAR_MIN overrides the default (tests set 0
- * to run every region threaded). */
+ * cpu-par-min tuning row (LOOM_CPU_PAR_MIN, worker/tuning.h) overrides the
+ * default (tests set 0 to run every region threaded); it must equal this. */
 #define CPU_PAR_MIN_DEFAULT (1u << 18)
 #define CPU_PAR(c, work)    ((size_t)(work) >= (c)->par_min)
 
