@@ -218,6 +218,7 @@ struct webhooks {
     pthread_t thread;
     int started;
     _Atomic int stopping;
+    _Atomic uint64_t attempts_ok, attempts_failed;
 };
 
 struct due {
@@ -413,6 +414,7 @@ static void *delivery_main(void *arg) {
                 log_info("webhooks: event %lld to %s: attempt %d failed (%s)%s", (long long)d->seq,
                          d->webhook_id, d->attempts + 1, o.error, o.give_up ? "; giving up" : "");
             store_write(ld->store, record_outcome, &o);
+            atomic_fetch_add(o.ok ? &w->attempts_ok : &w->attempts_failed, 1);
         }
         int full = l.n == DUE_BATCH;
         due_clear(&l);
@@ -427,6 +429,47 @@ static void *delivery_main(void *arg) {
     }
     curl_easy_cleanup(curl);
     return NULL;
+}
+
+struct state_counts {
+    long long n[4]; /* pending, delivered, failed, cancelled */
+};
+static const char *const delivery_states[4] = {"pending", "delivered", "failed", "cancelled"};
+
+static int count_states(struct store_tx *tx, void *arg) {
+    struct state_counts *c = arg;
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT state, COUNT(*) FROM webhook_deliveries GROUP BY state");
+    if (!st) return STORE_ERR;
+    while (sqlite3_step(st) == SQLITE_ROW)
+        for (int i = 0; i < 4; i++)
+            if (!strcmp((const char *)sqlite3_column_text(st, 0), delivery_states[i]))
+                c->n[i] = sqlite3_column_int64(st, 1);
+    sqlite3_reset(st);
+    return STORE_OK;
+}
+
+void webhooks_metrics_write(struct loomd *ld, FILE *f) {
+    if (ld->events)
+        fprintf(f,
+                "# HELP loom_events_last_seq Seq of the newest committed event (GET /v1/events).\n"
+                "# TYPE loom_events_last_seq gauge\nloom_events_last_seq %lld\n",
+                (long long)atomic_load(&ld->events->last_seq));
+    struct webhooks *w = ld->webhooks;
+    if (!w) return;
+    fprintf(f,
+            "# HELP loom_webhook_attempts_total Webhook delivery attempts since start, by result.\n"
+            "# TYPE loom_webhook_attempts_total counter\n"
+            "loom_webhook_attempts_total{result=\"ok\"} %llu\n"
+            "loom_webhook_attempts_total{result=\"failed\"} %llu\n",
+            (unsigned long long)atomic_load(&w->attempts_ok),
+            (unsigned long long)atomic_load(&w->attempts_failed));
+    struct state_counts c = {{0}};
+    if (store_read(ld->store, count_states, &c) != STORE_OK) return;
+    fprintf(f, "# HELP loom_webhook_deliveries Webhook deliveries in the outbox, by state.\n"
+               "# TYPE loom_webhook_deliveries gauge\n");
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "loom_webhook_deliveries{state=\"%s\"} %lld\n", delivery_states[i], c.n[i]);
 }
 
 int webhooks_start(struct loomd *ld) {

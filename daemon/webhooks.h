@@ -26,6 +26,7 @@
 #define LOOM_DAEMON_WEBHOOKS_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -54,6 +55,10 @@ int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pin
 
 /* Retry delay in ms after `attempts` failed attempts (>= 1). Pure. */
 int64_t webhooks_backoff_ms(int attempts, int64_t base_ms);
+
+/* Prometheus text (daemon/metrics.c collector row): loom_events_last_seq,
+ * loom_webhook_attempts_total{result}, loom_webhook_deliveries{state}. */
+void webhooks_metrics_write(struct loomd *ld, FILE *f);
 
 /* Module table entries: the delivery thread. */
 int webhooks_start(struct loomd *ld);

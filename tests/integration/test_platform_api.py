@@ -306,6 +306,13 @@ def sc_webhooks(c):
         check(by[int(q)]["attempts"] == 2 and by[int(q)]["state"] == "delivered" and
               by[int(s)]["attempts"] == 1, "deliveries: %s" % d)
         check(len(d["items"]) == 2, "only subscribed types are delivered: %s" % d)
+        st, m = c.get("/metrics", token=None)
+        vals = dict(ln.rsplit(" ", 1) for ln in m.splitlines() if ln.startswith("loom_"))
+        check(float(vals['loom_webhook_attempts_total{result="failed"}']) >= 1 and
+              float(vals['loom_webhook_attempts_total{result="ok"}']) >= 2 and
+              float(vals['loom_webhook_deliveries{state="delivered"}']) >= 2 and
+              float(vals["loom_events_last_seq"]) >= int(s), "metrics: %s" %
+              {k: v for k, v in vals.items() if "webhook" in k or "events" in k})
         # Generated secret, listing without secrets.
         w2 = make_hook(c, "http://127.0.0.1:%d/two" % rx.port, secret=None)
         check(w2["secret"].startswith("whsec_") and len(w2["secret"]) == 70, "generated secret")
