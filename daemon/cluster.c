@@ -145,8 +145,8 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     f.limit = SCHED_QUEUE_DEPTH;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
-    sqlite3_stmt *st =
-        store_stmt(tx, "SELECT id, gpu_quota, name FROM tenants WHERE gpu_quota > 0");
+    sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota, name, max_running_jobs FROM tenants "
+                                      "WHERE gpu_quota > 0 OR max_running_jobs > 0");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int n = s->nq + 1;
@@ -161,6 +161,8 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
         snprintf(s->quota_names[s->nq], 64, "%s", (const char *)sqlite3_column_text(st, 2));
         s->quotas[s->nq].max_gpus = sqlite3_column_int(st, 1);
         s->quotas[s->nq].used_gpus = 0;
+        s->quotas[s->nq].max_running = sqlite3_column_int(st, 3);
+        s->quotas[s->nq].running = 0;
         s->nq++;
     }
     sqlite3_reset(st);
@@ -787,14 +789,19 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
                       : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
                                                                       : SCHED_NODE_READY;
     }
-    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        int held = 0;
         for (int r = 0; r < a->world; r++) {
             if (a->ranks[r].released) continue;
             if (a->ranks[r].device < 64)
                 sn[a->ranks[r].node].busy |= (uint64_t)1 << a->ranks[r].device;
             for (int q = 0; q < p->snap.nq; q++)
                 if (!strcmp(p->snap.quotas[q].tenant, a->tenant_id)) p->snap.quotas[q].used_gpus++;
+            held = 1;
         }
+        for (int q = 0; held && q < p->snap.nq; q++) /* QoS max_running_jobs */
+            if (!strcmp(p->snap.quotas[q].tenant, a->tenant_id)) p->snap.quotas[q].running++;
+    }
 }
 
 /* 5. placement */

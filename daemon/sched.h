@@ -13,7 +13,8 @@
  * - pack onto the fewest nodes; among equally few, best fit (the fullest node
  *   that still holds the remainder) so large blocks stay free;
  * - order: priority (higher first), then submit time, then id;
- * - per-tenant quota on concurrently held devices (max_gpus <= 0: no limit);
+ * - per-tenant quota on concurrently held devices (max_gpus <= 0: no limit)
+ *   and on jobs running at once (max_running <= 0: no limit);
  * - backfill: the first job (in order) that does not fit now but would fit once
  *   running work ends is the head; it gets a reservation (the devices of its
  *   placement on the cluster with every running attempt gone). Later jobs may
@@ -53,6 +54,8 @@ struct sched_quota {
     int max_gpus;       /* <= 0: unlimited */
     int used_gpus;      /* devices held now by the tenant's running attempts */
     const char *name;   /* shown in pending reasons (NULL: the tenant id) */
+    int max_running;    /* QoS max_running_jobs: jobs running at once; <= 0: unlimited */
+    int running;        /* the tenant's jobs holding an attempt now */
 };
 
 struct sched_cluster {

@@ -1,0 +1,12 @@
+# Fair shared fleet: tenant QoS, time limits and job dependencies against a
+# real loomd with loom-agents running fake_worker (tests/integration/test_fair_share.py).
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
+    foreach(sc qos time_limit after)
+        add_test(NAME integration.fair_share.${sc}
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_fair_share.py
+                         ${CMAKE_BINARY_DIR}/bin ${sc})
+        set_tests_properties(integration.fair_share.${sc} PROPERTIES LABELS "integration;sanitize"
+                             SKIP_RETURN_CODE 77 TIMEOUT 120)
+    endforeach()
+endif()
