@@ -588,6 +588,8 @@ static int gather(struct pass *p, const struct cluster_attempt *a, const struct 
     in->max_retries = j ? j->max_retries : 0;
     in->world = a->world;
     in->running = a->running;
+    json_t *limit = a->spec ? json_object_get(a->spec, "max_runtime_s") : NULL;
+    in->max_runtime_s = json_is_integer(limit) ? (long)json_integer_value(limit) : 0;
     in->started_ms = a->started_ms;
     in->last_progress_ms = a->last_progress_ms;
     in->now_ms = p->now;

@@ -47,6 +47,10 @@ def spec_of(c, world=1, steps=10, step_ms=100, priority=50, labels=None, **extra
     return s
 
 
+def reasons_to(c, jid, state):
+    return [r for (_f, to, _a, r) in tc.event_reasons(c, jid) if to == state]
+
+
 def submit(c, expect=201, **kw):
     st, j = c.request("POST", "/v1/jobs", spec_of(c, **kw))
     check(st == expect, "submit (expect %d): %s %s" % (expect, st, j))
@@ -115,8 +119,9 @@ def sc_time_limit(c):
     t0 = time.time()
     c.wait_state(jid, ("failed",), 20)
     check(time.time() - t0 < 10, "ended near its limit (%.1f s after running)" % (time.time() - t0))
-    reasons = tc.event_reasons(c, jid)
-    check(any(r.startswith("TIME_LIMIT") for r in reasons), "TIME_LIMIT event: %s" % reasons)
+    reasons = reasons_to(c, jid, "failed")
+    check(len(reasons) == 1 and reasons[0].startswith("TIME_LIMIT") and
+          "max_runtime_s=2" in reasons[0], "failed with a TIME_LIMIT reason: %s" % reasons)
     c.wait(lambda: not c.alive_workers(jid), 10, "no worker left alive (SIGTERM)")
     # Without a limit the same job keeps running past 2 s.
     free = submit(c, world=1, steps=40, step_ms=100)
@@ -144,8 +149,8 @@ def sc_after(c):
     dep = submit(c, steps=2, step_ms=20, after=[bad])
     c.wait_state(bad, ("failed",), 30)
     c.wait_state(dep, ("failed",), 20)
-    reasons = tc.event_reasons(c, dep)
-    check(any(r.startswith("DEPENDENCY_FAILED " + bad) for r in reasons),
+    reasons = reasons_to(c, dep, "failed")
+    check(len(reasons) == 1 and reasons[0].startswith("DEPENDENCY_FAILED " + bad),
           "DEPENDENCY_FAILED names %s: %s" % (bad, reasons))
     check(c.job(dep).get("started_at") is None, "the dependent job never started")
 
