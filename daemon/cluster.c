@@ -13,6 +13,7 @@
 
 #include "api/exit_codes.h"
 #include "api/gpu_types.h"
+#include "api/jobspec.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/token.h"
@@ -20,6 +21,7 @@
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
+#include "daemon/deps.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
 #include "daemon/usage.h"
@@ -47,6 +49,9 @@ struct jobinfo {
     char gpu_types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
     const char *gpu_type_ptrs[SCHED_MAX_JOB_TYPES];
     int ngpu_types, allow_mixed;
+    /* `after` (queued jobs only): DEPS_READY unless snap_deps found one */
+    enum deps_verdict deps;
+    char deps_reason[SCHED_REASON_LEN];
 };
 
 struct snapshot {
@@ -132,6 +137,54 @@ static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* The state of one job by id (any tenant: `after` was checked at submit to
+ * name the tenant's own jobs); NULL when there is none. */
+static const char *dep_state(struct store_tx *tx, const char *id, char *buf, size_t len) {
+    sqlite3_stmt *st = store_stmt(tx, "SELECT state FROM jobs WHERE id = ?");
+    if (!st) return "queued"; /* unknown for now: keep waiting */
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+    const char *out = NULL;
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        snprintf(buf, len, "%s", (const char *)sqlite3_column_text(st, 0));
+        out = buf;
+    }
+    sqlite3_reset(st);
+    return out;
+}
+
+/* `after` of the queued jobs in the snapshot, decided by deps_decide(). Only
+ * jobs whose spec has a non-empty `after` are read. */
+static int snap_deps(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, json_extract(spec, '$.after') FROM jobs WHERE state = 'queued' AND "
+            "json_array_length(spec, '$.after') > 0");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        struct jobinfo *ji = NULL;
+        for (int i = 0; i < s->n && !ji; i++)
+            if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].id, id)) ji = &s->jobs[i];
+        if (!ji) continue; /* beyond the queue depth */
+        json_t *after = json_loads((const char *)sqlite3_column_text(st, 1), 0, NULL);
+        const char *ids[JOBSPEC_AFTER_MAX], *states[JOBSPEC_AFTER_MAX];
+        char bufs[JOBSPEC_AFTER_MAX][16];
+        int n = 0;
+        size_t k;
+        json_t *v;
+        json_array_foreach(after, k, v) {
+            if (n == JOBSPEC_AFTER_MAX || !json_is_string(v)) break;
+            ids[n] = json_string_value(v);
+            states[n] = dep_state(tx, ids[n], bufs[n], sizeof bufs[n]);
+            n++;
+        }
+        ji->deps = deps_decide(ids, states, n, ji->deps_reason, sizeof ji->deps_reason);
+        json_decref(after);
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
 static int snapshot_read(struct store_tx *tx, void *arg) {
     struct snapshot *s = arg;
     struct store_job_filter f = {0};
@@ -145,6 +198,7 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     f.limit = SCHED_QUEUE_DEPTH;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_deps(tx, s) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota, name, max_running_jobs FROM tenants "
                                       "WHERE gpu_quota > 0 OR max_running_jobs > 0");
     if (!st) return STORE_ERR;
@@ -821,6 +875,18 @@ static void pass_place(struct pass *p) {
     for (int i = 0; i < snap->n; i++) {
         struct jobinfo *j = &snap->jobs[i];
         if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
+        if (j->deps == DEPS_FAILED) {
+            ch_transition(&p->cs, j->id, JOB_MASK(JOB_QUEUED), JOB_FAILED, j->attempt,
+                          j->deps_reason, NULL);
+            continue;
+        }
+        if (j->deps == DEPS_WAIT) {
+            if (!j->pending || strcmp(j->pending, j->deps_reason)) {
+                struct change *ch = ch_add(&p->cs, CH_PENDING, j->id);
+                if (ch) ch->text = strdup(j->deps_reason);
+            }
+            continue;
+        }
         for (int t = 0; t < j->ngpu_types; t++)
             j->gpu_type_ptrs[t] = j->gpu_types[t];
         sj[nq] = (struct sched_job){j->id,

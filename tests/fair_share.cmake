@@ -10,3 +10,10 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
                              SKIP_RETURN_CODE 77 TIMEOUT 120)
     endforeach()
 endif()
+
+# The dependency decision is a pure function (like supervise.c): its test
+# compiles daemon/deps.c alone.
+add_executable(test_deps ${CMAKE_CURRENT_LIST_DIR}/unit/test_deps.c ${CMAKE_SOURCE_DIR}/daemon/deps.c)
+loom_warnings(test_deps)
+add_test(NAME unit.deps COMMAND test_deps)
+set_tests_properties(unit.deps PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
