@@ -22,6 +22,7 @@
 #include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
 #include "daemon/deps.h"
+#include "daemon/fairshare.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
 #include "daemon/usage.h"
@@ -52,6 +53,7 @@ struct jobinfo {
     /* `after` (queued jobs only): DEPS_READY unless snap_deps found one */
     enum deps_verdict deps;
     char deps_reason[SCHED_REASON_LEN];
+    double fair_usage; /* the tenant's decayed GPU-hours (queued jobs; snap_fair_share) */
 };
 
 struct snapshot {
@@ -61,6 +63,7 @@ struct snapshot {
     char (*quota_tenants)[24];
     char (*quota_names)[64];
     int nq;
+    long fs_half_life_s; /* in: --fair-share-half-life (0: fair share off) */
 };
 
 static void snapshot_free(struct snapshot *s) {
@@ -185,6 +188,45 @@ static int snap_deps(struct store_tx *tx, struct snapshot *s) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* Fair share: each queued job gets its tenant's decayed GPU-hours. Usage is
+ * summed per tenant and hour of start in SQL (one row per tenant-hour within
+ * the horizon, ordered by tenant), then each tenant's total is handed to its
+ * queued jobs once. */
+static void fair_assign(struct snapshot *s, const char *tenant, double usage) {
+    for (int i = 0; i < s->n; i++)
+        if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].tenant_id, tenant))
+            s->jobs[i].fair_usage = usage;
+}
+
+static int snap_fair_share(struct store_tx *tx, struct snapshot *s) {
+    if (s->fs_half_life_s <= 0) return STORE_OK;
+    int64_t now = store_now_ms();
+    int64_t horizon = (int64_t)s->fs_half_life_s * 1000 * FAIRSHARE_HORIZON_HALF_LIVES;
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT tenant_id, start_ms / 3600000, SUM(gpu_seconds) FROM usage "
+                       "WHERE start_ms >= ? GROUP BY 1, 2 ORDER BY 1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, now - horizon);
+    char cur[24] = "";
+    double sum = 0.0;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *tenant = (const char *)sqlite3_column_text(st, 0);
+        if (strcmp(cur, tenant)) {
+            if (cur[0]) fair_assign(s, cur, sum);
+            snprintf(cur, sizeof cur, "%s", tenant);
+            sum = 0.0;
+        }
+        /* usage counts from the middle of the hour it started in */
+        struct fairshare_row row = {sqlite3_column_double(st, 2) / 3600.0,
+                                    sqlite3_column_int64(st, 1) * 3600000 + 1800000};
+        sum += fairshare_usage(&row, 1, now, s->fs_half_life_s);
+    }
+    if (cur[0]) fair_assign(s, cur, sum);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
 static int snapshot_read(struct store_tx *tx, void *arg) {
     struct snapshot *s = arg;
     struct store_job_filter f = {0};
@@ -199,6 +241,7 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_deps(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_fair_share(tx, s) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota, name, max_running_jobs FROM tenants "
                                       "WHERE gpu_quota > 0 OR max_running_jobs > 0");
     if (!st) return STORE_ERR;
@@ -900,7 +943,8 @@ static void pass_place(struct pass *p) {
                                     avoid_take(c, j->id, 0),
                                     j->gpu_type_ptrs,
                                     j->ngpu_types,
-                                    j->allow_mixed};
+                                    j->allow_mixed,
+                                    j->fair_usage};
         qj[nq++] = j;
     }
     struct sched_cluster cl = {sn, c->nnodes, snap->quotas, snap->nq};
@@ -954,6 +998,7 @@ static void loop_pass(struct loomd *ld) {
     p.cs.price = ld->cfg.price_gpu_hour;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    p.snap.fs_half_life_s = ld->cfg.fair_share_half_life;
     if (store_read(ld->store, snapshot_read, &p.snap) != STORE_OK) {
         snapshot_free(&p.snap);
         return;

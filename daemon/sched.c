@@ -20,6 +20,7 @@ static int order_cmp(const void *a, const void *b) {
     const struct sched_job *x = ((const struct order_item *)a)->job;
     const struct sched_job *y = ((const struct order_item *)b)->job;
     if (x->priority != y->priority) return x->priority > y->priority ? -1 : 1;
+    if (x->fair_usage != y->fair_usage) return x->fair_usage < y->fair_usage ? -1 : 1;
     if (x->submit_ms != y->submit_ms) return x->submit_ms < y->submit_ms ? -1 : 1;
     int s = strcmp(x->id ? x->id : "", y->id ? y->id : "");
     if (s) return s;

@@ -17,3 +17,11 @@ add_executable(test_deps ${CMAKE_CURRENT_LIST_DIR}/unit/test_deps.c ${CMAKE_SOUR
 loom_warnings(test_deps)
 add_test(NAME unit.deps COMMAND test_deps)
 set_tests_properties(unit.deps PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+
+# Fair share: the usage decay and the scheduler's equal-priority order (both pure).
+add_executable(test_fairshare ${CMAKE_CURRENT_LIST_DIR}/unit/test_fairshare.c
+               ${CMAKE_SOURCE_DIR}/daemon/fairshare.c ${CMAKE_SOURCE_DIR}/daemon/sched.c)
+target_link_libraries(test_fairshare PRIVATE m)
+loom_warnings(test_fairshare)
+add_test(NAME unit.fairshare COMMAND test_fairshare)
+set_tests_properties(unit.fairshare PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)

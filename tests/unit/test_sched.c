@@ -263,9 +263,9 @@ int main(void) {
                 nt++;
                 p += l + (p[l] == ' ');
             }
-            jobs[nj] = (struct sched_job){t->id,         t->tenant, t->kind, t->prio,
-                                          t->submit,     t->world,  t->tp,   t->per_node,
-                                          t->avoid1 - 1, tptr[nj],  nt,      t->mixed};
+            jobs[nj] = (struct sched_job){
+                t->id,       t->tenant,     t->kind,  t->prio, t->submit, t->world, t->tp,
+                t->per_node, t->avoid1 - 1, tptr[nj], nt,      t->mixed,  0.0};
         }
         struct sched_cluster cl = {nodes, nn, tc->quotas, nq};
         int placed = sched_place(&cl, jobs, nj, dec);
@@ -339,7 +339,8 @@ int main(void) {
                                          j % 3 == 0 ? j % MAXN : -1,
                                          (seed >> 29) % 2 ? &types[(seed >> 25) % 3] : NULL,
                                          (seed >> 29) % 2 ? 1 : 0,
-                                         mixed};
+                                         mixed,
+                                         0.0};
         }
         struct sched_cluster cl = {nodes, MAXN, NULL, 0};
         if (sched_place(&cl, jobs, MAXJ, dec) < 0) {
