@@ -9,6 +9,8 @@ Scenarios:
               BUDGET_EXHAUSTED once this month's usage reached the budget.
   time_limit  max_runtime_s ends a job: failed, event reason TIME_LIMIT, the
               worker stopped by SIGTERM (no rank left alive).
+  fair_share  after one tenant used the cluster, another tenant's job of the
+              same priority starts before its earlier-submitted job.
   after       `after` holds a job until its dependencies succeed; a failed
               dependency fails the dependent job with DEPENDENCY_FAILED <id>.
 
@@ -155,7 +157,33 @@ def sc_after(c):
     check(c.job(dep).get("started_at") is None, "the dependent job never started")
 
 
-SCENARIOS = {"qos": sc_qos, "time_limit": sc_time_limit, "after": sc_after}
+def sc_fair_share(c):
+    # acme uses the whole cluster (4 cpu devices) for a while: usage rows.
+    used = submit(c, world=4, steps=10, step_ms=100)
+    c.wait_state(used, ("succeeded",), 30)
+    st, u = c.get("/v1/usage?group_by=tenant", token=ADMIN)
+    check(st == 200, "usage readable: %s %s" % (st, u))
+    other, other_token = c.new_tenant("beta")
+    # A blocker holds the cluster; then acme submits first, beta second, at
+    # one priority. When the blocker ends beta (no usage) must start first.
+    blocker = submit(c, world=4, steps=15, step_ms=100)
+    c.wait_state(blocker, ("running",), 20)
+    a = submit(c, world=4, steps=5, step_ms=100)
+    time.sleep(0.05)
+    st, j = c.request("POST", "/v1/jobs", spec_of(c, world=4, steps=5, step_ms=100),
+                      token=other_token)
+    check(st == 201, "beta submits: %s %s" % (st, j))
+    b = j["id"]
+    c.wait_state(b, ("running", "succeeded"), 30, token=other_token)
+    check(c.job(a)["state"] == "queued",
+          "acme's earlier job still waits while beta's runs: %s" % c.job(a)["state"])
+    c.wait_state(a, ("succeeded",), 30)
+    jb = c.job(b, token=other_token)
+    check(jb["started_at"] < c.job(a)["started_at"], "beta started before acme")
+
+
+SCENARIOS = {"qos": sc_qos, "time_limit": sc_time_limit, "after": sc_after,
+             "fair_share": sc_fair_share}
 
 
 def main():
