@@ -83,7 +83,20 @@ int api_tenants_create(struct http_req *req) {
 }
 
 static int list_cb(struct store_tx *tx, void *arg) {
-    return store_tenant_list(tx, arg);
+    json_t **arr = arg;
+    int rc = store_tenant_list(tx, arr);
+    if (rc) return rc;
+    size_t i;
+    json_t *t;
+    json_array_foreach(*arr, i, t) { /* QoS fields, as GET /v1/tenants/{id} shows them */
+        rc = store_tenant_qos_json(tx, json_string_value(json_object_get(t, "id")), t);
+        if (rc) {
+            json_decref(*arr);
+            *arr = NULL;
+            return rc;
+        }
+    }
+    return STORE_OK;
 }
 
 int api_tenants_list(struct http_req *req) {

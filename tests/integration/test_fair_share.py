@@ -79,6 +79,10 @@ def sc_qos(c):
     st, r = patch(c, {"max_priority": 60, "max_running_jobs": 1})
     check(st == 200 and r["max_priority"] == 60 and r["max_running_jobs"] == 1,
           "PATCH sets max_priority and max_running_jobs: %s %s" % (st, r))
+    st, lst = c.get("/v1/tenants", token=ADMIN)
+    mine = [t for t in lst["items"] if t["id"] == c.tenant] if st == 200 else []
+    check(len(mine) == 1 and mine[0]["max_priority"] == 60 and mine[0]["max_running_jobs"] == 1,
+          "the tenant list shows the QoS fields: %s" % mine)
     st, r = c.request("PATCH", "/v1/tenants/" + c.tenant, {"max_priority": 1}, token=c.token)
     check(st == 403, "a tenant cannot set its own QoS: %s" % st)
 
