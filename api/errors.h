@@ -130,7 +130,10 @@
     X(UNSCHEDULABLE, 422, "the cluster could never hold the job (ranks, tp, GPU type)")            \
     X(INVALID_PRICES, 422, "prices: items is not an array of at most 64")                          \
     X(INVALID_PRICE, 422, "prices: an item's gpu_type, price or currency is invalid")              \
-    X(DUPLICATE_PRICE, 422, "prices: a gpu_type is listed twice")
+    X(DUPLICATE_PRICE, 422, "prices: a gpu_type is listed twice")                                  \
+    /* tenant QoS */                                                                               \
+    X(PRIORITY_TOO_HIGH, 422, "the job's priority is above the tenant's max_priority")             \
+    X(BUDGET_EXHAUSTED, 409, "the tenant used its gpu_hours_per_month this month")
 
 enum loom_errcode {
 #define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,

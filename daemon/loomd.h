@@ -34,11 +34,12 @@ struct loomd_config {
     int store_sync_full; /* synchronous=FULL */
     long store_batch;    /* max writes per group commit */
     double price_gpu_hour;
-    long node_timeout;     /* s without heartbeat before a node is lost */
-    long heartbeat;        /* s between agent heartbeats (told to agents) */
-    long longpoll_timeout; /* s a long-poll waits at most */
-    long hang_timeout;     /* s without a step before an attempt counts as hung */
-    int nodecheck_on_join; /* check a never-checked node when it joins (daemon/nodecheck.h) */
+    long node_timeout;         /* s without heartbeat before a node is lost */
+    long heartbeat;            /* s between agent heartbeats (told to agents) */
+    long longpoll_timeout;     /* s a long-poll waits at most */
+    long hang_timeout;         /* s without a step before an attempt counts as hung */
+    int nodecheck_on_join;     /* check a never-checked node when it joins (daemon/nodecheck.h) */
+    long fair_share_half_life; /* s; fair-share usage decay (daemon/fairshare.h), 0: off */
 
     /* event stream and webhooks (daemon/events.h, daemon/webhooks.h) */
     long events_heartbeat;      /* s between SSE heartbeat comments */
