@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/fsutil.h"
 #include "common/hash.h"
 
 struct data_shard {
@@ -61,6 +62,29 @@ static size_t token_bytes(int version) {
 }
 
 /* ---- shard writing --------------------------------------------------------- */
+
+int data_mask_write(const char *path, const uint8_t *mask, size_t n, char *err, size_t errlen) {
+    if (!path || (n && !mask) || n > INT32_MAX) {
+        seterr(err, errlen, "%s: invalid mask shard (%zu tokens)", path ? path : "(null)", n);
+        return DATA_EINVAL;
+    }
+    unsigned char *b = malloc(DATA_HEADER_BYTES + n);
+    if (!b) {
+        seterr(err, errlen, "out of memory");
+        return DATA_EIO;
+    }
+    int32_t header[DATA_HEADER_INTS] = {0};
+    header[0] = DATA_MASK_MAGIC;
+    header[1] = 1;
+    header[2] = (int32_t)n;
+    memcpy(b, header, sizeof header);
+    for (size_t i = 0; i < n; i++)
+        b[DATA_HEADER_BYTES + i] = mask[i] ? 1 : 0;
+    int rc = fs_write_atomic(path, b, DATA_HEADER_BYTES + n, 0644, 0);
+    if (rc != 0) seterr(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+    free(b);
+    return rc == 0 ? 0 : DATA_EIO;
+}
 
 int data_shard_write(const char *path, int version, const uint32_t *tokens, size_t n, char *err,
                      size_t errlen) {

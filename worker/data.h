@@ -67,6 +67,14 @@ enum {
 int data_shard_write(const char *path, int version, const uint32_t *tokens, size_t n, char *err,
                      size_t errlen);
 
+/* Loss-mask shards (`train_000.mask` beside `train_000.bin`): the same 1024-byte
+ * header with magic DATA_MASK_MAGIC, version 1 and the token count, then one
+ * byte per token of the token shard: 1 when the loss counts the prediction of
+ * that token (it is a target), 0 when it is skipped. Written by
+ * `loom-data prepare` for chat and completion data. */
+#define DATA_MASK_MAGIC 20240521
+int data_mask_write(const char *path, const uint8_t *mask, size_t n, char *err, size_t errlen);
+
 /* Check one shard's header and size (does not read the tokens). On success
  * stores the version and token count (either pointer may be NULL). */
 int data_shard_check(const char *path, int *version, uint64_t *ntokens, char *err, size_t errlen);
