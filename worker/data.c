@@ -273,8 +273,8 @@ static int mask_open(struct data_shard *s, char *err, size_t errlen) {
         free(mp);
         return rc;
     }
-    if (fstat(fd, &st) != 0 || (st.st_size >= DATA_HEADER_BYTES &&
-                                pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h)) {
+    if (fstat(fd, &st) != 0 ||
+        (st.st_size >= DATA_HEADER_BYTES && pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h)) {
         seterr(err, errlen, "%s: cannot read: %s", mp, strerror(errno ? errno : EIO));
         goto out;
     }

@@ -403,8 +403,24 @@ static int open_data(struct run *r) {
                                    .grad_accum = (int)w->der.grad_accum,
                                    .seed = s->train.seed,
                                    .shuffle = 1};
-    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0)
+    if (s->train.packing == JOBSPEC_PACK_DOCUMENT) {
+        snprintf(w->err, sizeof w->err,
+                 "train.packing \"document\" (attention kept within documents) is not built "
+                 "yet; use \"concat\" (the default)");
         return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
+    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
+        /* Text, jsonl, chat and completion data are tokenized offline (docs/data.md). */
+        size_t l = strlen(w->err);
+        if (s->data.format != JOBSPEC_FMT_BIN && l < sizeof w->err)
+            snprintf(w->err + l, sizeof w->err - l,
+                     " (data.format %s: the worker reads shards; tokenize with `loom-data "
+                     "prepare --tokenizer PATH --format %s` and point data.train at its "
+                     "train_*.bin)",
+                     jobspec_data_format_name(s->data.format),
+                     jobspec_data_format_name(s->data.format));
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
     r->train_src = (struct data_src){w->train_dl, 0};
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;

@@ -102,6 +102,11 @@ def main():
         f.write(bytes(mask))
     rc, st, err = run(sp, os.path.join(tmp, "run-magic"))
     check(rc == 2 and "not a loss-mask shard" in err, f"wrong magic: exit {rc}")
+    # attention within documents is not built: refused, not silently trained as concat
+    spec["train"]["packing"] = "document"
+    json.dump(spec, open(sp, "w"))
+    rc, st, err = run(sp, os.path.join(tmp, "run-doc"))
+    check(rc == 2 and st is None and "not built yet" in err, f"packing document: exit {rc}")
     subprocess.run(["rm", "-rf", tmp])
     print(f"{'FAIL' if failures else 'PASS'}: {failures} failure(s)", file=sys.stderr)
     sys.exit(1 if failures else 0)
