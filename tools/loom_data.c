@@ -16,6 +16,13 @@
  * deterministic and spread over the whole corpus. Files holding NUL bytes are
  * skipped (not text). The summary is one JSON line on stdout.
  *
+ * prepare --tokenizer PATH --format text|jsonl|chat|completion tokenizes examples (a text
+ * file, a jsonl line's --text-key field, a chat's messages through --chat-template, a
+ * prompt/completion pair) with that tokenizer, EOS after each, into version 1 or 2 shards
+ * split by example, plus DIR/X.mask loss-mask shards (worker/data.h) for chat and completion
+ * data; empty, all-masked and overlong (--seq-len, --overlong) examples are counted in
+ * meta.json with a SHA-256 of tokenizer, options and inputs (docs/data.md).
+ *
  * check validates every shard matching PATTERN (header, size and, with
  * --vocab-size, every token) and prints one JSON line; exit 2 on bad data.
  *
