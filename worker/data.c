@@ -563,6 +563,13 @@ int64_t data_loader_steps_per_epoch(const struct data_loader *dl) {
 uint64_t data_loader_tokens(const struct data_loader *dl) {
     return dl->tokens;
 }
+size_t data_loader_num_masked(const struct data_loader *dl) {
+    size_t n = 0;
+    for (size_t i = 0; i < dl->nshards; i++)
+        n += dl->shards[i].mask != NULL;
+    return n;
+}
+
 size_t data_loader_num_shards(const struct data_loader *dl) {
     return dl->nshards;
 }

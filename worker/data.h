@@ -146,6 +146,8 @@ int64_t data_loader_samples_per_step(const struct data_loader *dl);
 int64_t data_loader_steps_per_epoch(const struct data_loader *dl);
 uint64_t data_loader_tokens(const struct data_loader *dl);
 size_t data_loader_num_shards(const struct data_loader *dl);
+/* How many of the shards have a loss-mask shard beside them. */
+size_t data_loader_num_masked(const struct data_loader *dl);
 
 /* ---- position (checkpoint manifest) ---------------------------------------- */
 

@@ -421,6 +421,16 @@ static int open_data(struct run *r) {
                      jobspec_data_format_name(s->data.format));
         return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
     }
+    /* A loss on part of the tokens needs the .mask shards prepare writes: without them the
+     * run would silently train on every token. */
+    if (s->train.loss_on != JOBSPEC_LOSS_ALL && data_loader_num_masked(w->train_dl) == 0) {
+        snprintf(w->err, sizeof w->err,
+                 "train.loss_on \"%s\" needs loss-mask shards (train_NNN.mask beside "
+                 "train_NNN.bin, written by loom-data prepare) but %.200s has none",
+                 s->train.loss_on == JOBSPEC_LOSS_ASSISTANT ? "assistant" : "completion",
+                 s->data.train);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
     r->train_src = (struct data_src){w->train_dl, 0};
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;

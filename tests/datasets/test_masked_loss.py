@@ -102,6 +102,16 @@ def main():
         f.write(bytes(mask))
     rc, st, err = run(sp, os.path.join(tmp, "run-magic"))
     check(rc == 2 and "not a loss-mask shard" in err, f"wrong magic: exit {rc}")
+    # a loss on part of the tokens without mask shards is refused, not trained on all
+    os.remove(os.path.join(data, "train_000.mask"))
+    spec["data"]["format"] = "completion"
+    spec["data"]["tokenizer"] = init
+    spec["train"]["loss_on"] = "completion"
+    json.dump(spec, open(sp, "w"))
+    rc, st, err = run(sp, os.path.join(tmp, "run-nomask"))
+    check(rc == 2 and st is None and "needs loss-mask shards" in err,
+          f"loss_on completion without masks: exit {rc}")
+    spec["train"]["loss_on"] = "all"
     # attention within documents is not built: refused, not silently trained as concat
     spec["train"]["packing"] = "document"
     json.dump(spec, open(sp, "w"))
