@@ -403,8 +403,34 @@ static int open_data(struct run *r) {
                                    .grad_accum = (int)w->der.grad_accum,
                                    .seed = s->train.seed,
                                    .shuffle = 1};
-    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0)
+    if (s->train.packing == JOBSPEC_PACK_DOCUMENT) {
+        snprintf(w->err, sizeof w->err,
+                 "train.packing \"document\" (attention kept within documents) is not built "
+                 "yet; use \"concat\" (the default)");
         return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
+    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
+        /* Text, jsonl, chat and completion data are tokenized offline (docs/data.md). */
+        size_t l = strlen(w->err);
+        if (s->data.format != JOBSPEC_FMT_BIN && l < sizeof w->err)
+            snprintf(w->err + l, sizeof w->err - l,
+                     " (data.format %s: the worker reads shards; tokenize with `loom-data "
+                     "prepare --tokenizer PATH --format %s` and point data.train at its "
+                     "train_*.bin)",
+                     jobspec_data_format_name(s->data.format),
+                     jobspec_data_format_name(s->data.format));
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
+    /* A loss on part of the tokens needs the .mask shards prepare writes: without them the
+     * run would silently train on every token. */
+    if (s->train.loss_on != JOBSPEC_LOSS_ALL && data_loader_num_masked(w->train_dl) == 0) {
+        snprintf(w->err, sizeof w->err,
+                 "train.loss_on \"%s\" needs loss-mask shards (train_NNN.mask beside "
+                 "train_NNN.bin, written by loom-data prepare) but %.200s has none",
+                 s->train.loss_on == JOBSPEC_LOSS_ASSISTANT ? "assistant" : "completion",
+                 s->data.train);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
     r->train_src = (struct data_src){w->train_dl, 0};
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;
