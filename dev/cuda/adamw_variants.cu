@@ -25,36 +25,8 @@ extern "C" void dev_adamw_multi(int var, lbf16 *param, float *master, const lbf1
                                 float *v, const struct lk_adamw_segs *segs, float lr, float beta1,
                                 float beta2, float eps, float grad_scale, int step,
                                 lcuda_stream s) {
-    if (segs->n <= 0) return;
-    size_t n = (size_t)segs->end[segs->n - 1];
-    if (n == 0) return;
-    float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
-    float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
-    int vec =
-        !(((uintptr_t)param | (uintptr_t)master | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) &
-          15);
-    if (vec && var == 1) {
-        size_t n4 = n / 4;
-        if (n4) {
-            adamw_multi2_kernel<<<(unsigned)((n4 + 511) / 512), 256, 0, (cudaStream_t)s>>>(
-                (bf *)param, master, (const bf *)grad, m, v, *segs, lr, beta1, beta2, eps,
-                grad_scale, bc1, bc2);
-            CUDA_CHECK_LAUNCH();
-        }
-        if (n % 4) {
-            adamw_tail_kernel<<<1, 4, 0, (cudaStream_t)s>>>((bf *)param, master, (const bf *)grad,
-                                                            m, v, *segs, n4 * 4, n, lr, beta1,
-                                                            beta2, eps, grad_scale, bc1, bc2);
-            CUDA_CHECK_LAUNCH();
-        }
-        return;
-    }
-    size_t nb = (n / (vec ? 4 : 1) + 255) / 256 + 1;
-    int blocks = nb > 132 * 16 ? 132 * 16 : (int)nb;
-    adamw_multi_kernel<<<blocks, 256, 0, (cudaStream_t)s>>>((bf *)param, master, (const bf *)grad,
-                                                            m, v, *segs, lr, beta1, beta2, eps,
-                                                            grad_scale, bc1, bc2, vec);
-    CUDA_CHECK_LAUNCH();
+    adamw_multi_launch(var == 1, param, master, grad, m, v, segs, lr, beta1, beta2, eps, grad_scale,
+                       step, s);
 }
 
 } // namespace dev_adamw

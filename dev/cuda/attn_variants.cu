@@ -279,12 +279,6 @@ __global__ void __launch_bounds__(NTHREADS, MINB)
  * attn_bwd_q2_kernel for dQ (hd 128: variant 0). Results differ between
  * variants by rounding only, and each is bit-reproducible. */
 
-static void check_shape(int T, int H, int Hkv, int hd) {
-    if (T % 64 || Hkv <= 0 || H % Hkv || (hd != 32 && hd != 64 && hd != 128))
-        lcuda_fail(__FILE__, __LINE__, "attention",
-                   "needs T % 64 == 0, H % Hkv == 0 and hd in {32, 64, 128}");
-}
-
 template <int HD, int MINB>
 static void fwd_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
                        int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st) {
@@ -296,20 +290,6 @@ static void fwd_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, c
     (MINB ? attn_fwd_kernel_b<HD> : attn_fwd_kernel_a<HD>)<<<grid, NTHREADS, smem, st>>>(
         (bf *)out, lse, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv, ldo, T, H, Hkv,
         sl2);
-    CUDA_CHECK_LAUNCH();
-}
-
-template <int HD>
-static void fwd2_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
-                        int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st) {
-    float sl2 = LOG2E / sqrtf((float)HD);
-    dim3 grid((T + 127) / 128, B * H);
-    size_t smem = 2 * NBUF * TS(HD) * sizeof(bf);
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd2_kernel<HD>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attn_fwd2_kernel<HD><<<grid, NTHREADS, smem, st>>>((bf *)out, lse, (const bf *)q, (const bf *)k,
-                                                       (const bf *)v, ldq, ldkv, ldo, T, H, Hkv,
-                                                       sl2);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -337,30 +317,6 @@ extern "C" size_t dev_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd) {
     (void)Hkv;
     size_t bht = (size_t)B * H * T;
     return bht * sizeof(float) * (1 + (size_t)hd) + (size_t)B * H * (T / 64) * 4 * sizeof(int);
-}
-
-template <int HD, int MINB>
-static void bwd_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, const float *di, const lbf16 *dout,
-                       const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ldq,
-                       int ldkv, int ldo, int B, int T, int H, int Hkv, int add, cudaStream_t st) {
-    float scale = 1.f / sqrtf((float)HD), sl2 = LOG2E * scale;
-    size_t smem_kv = 4 * TS(HD) * sizeof(bf) + 4 * BQ * sizeof(float);
-    size_t smem_q = 4 * TS(HD) * sizeof(bf);
-    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_kv_kernel_b<HD> : attn_bwd_kv_kernel_a<HD>),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_q_kernel_b<HD> : attn_bwd_q_kernel_a<HD>),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    (MINB ? attn_bwd_kv_kernel_b<HD>
-          : attn_bwd_kv_kernel_a<HD>)<<<dim3(T / BK, B * Hkv), NTHREADS, smem_kv, st>>>(
-        (bf *)dk, (bf *)dv, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v,
-        ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
-    CUDA_CHECK_LAUNCH();
-    if (!dq) return; /* variant 5 computes dQ with attn_bwd_q2_kernel */
-    (MINB ? attn_bwd_q_kernel_b<HD>
-          : attn_bwd_q_kernel_a<HD>)<<<dim3(T / BQ, B * H), NTHREADS, smem_q, st>>>(
-        (bf *)dq, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv,
-        ldo, T, H, Hkv, sl2, scale, add);
-    CUDA_CHECK_LAUNCH();
 }
 
 template <int HD, int MINB, int WARPSEM>

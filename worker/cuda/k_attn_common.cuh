@@ -2,7 +2,8 @@
  * product launches) and dev/cuda/attn_variants.cu (the variants that lost a
  * measurement, benched against them): the mma/ldmatrix/cp.async wrappers, the
  * tile loaders, the 64-query forward and backward bodies and their kernels,
- * and the 128-query forward and dQ kernels. The scheme and fragment layouts
+ * the 128-query forward and dQ kernels, and the shape check and launches of
+ * the forward2 and two-kernel backward. The scheme and fragment layouts
  * are described at the top of k_attn.cu.
  *
  * Include after <cuda_bf16.h>, <cuda_runtime.h>, <math.h> and
@@ -760,4 +761,49 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         store_rows<HD>(dq + ((size_t)b * T + q0) * ldq + h * HD, ldq, dqa[i], scale, scale, g, t,
                        add);
     }
+}
+
+/* Host side: the shape check and the launches both files use. */
+static void check_shape(int T, int H, int Hkv, int hd) {
+    if (T % 64 || Hkv <= 0 || H % Hkv || (hd != 32 && hd != 64 && hd != 128))
+        lcuda_fail(__FILE__, __LINE__, "attention",
+                   "needs T % 64 == 0, H % Hkv == 0 and hd in {32, 64, 128}");
+}
+
+template <int HD>
+static void fwd2_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
+                        int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st) {
+    float sl2 = LOG2E / sqrtf((float)HD);
+    dim3 grid((T + 127) / 128, B * H);
+    size_t smem = 2 * NBUF * TS(HD) * sizeof(bf);
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd2_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attn_fwd2_kernel<HD><<<grid, NTHREADS, smem, st>>>((bf *)out, lse, (const bf *)q, (const bf *)k,
+                                                       (const bf *)v, ldq, ldkv, ldo, T, H, Hkv,
+                                                       sl2);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int HD, int MINB>
+static void bwd_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, const float *di, const lbf16 *dout,
+                       const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ldq,
+                       int ldkv, int ldo, int B, int T, int H, int Hkv, int add, cudaStream_t st) {
+    float scale = 1.f / sqrtf((float)HD), sl2 = LOG2E * scale;
+    size_t smem_kv = 4 * TS(HD) * sizeof(bf) + 4 * BQ * sizeof(float);
+    size_t smem_q = 4 * TS(HD) * sizeof(bf);
+    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_kv_kernel_b<HD> : attn_bwd_kv_kernel_a<HD>),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_q_kernel_b<HD> : attn_bwd_q_kernel_a<HD>),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    (MINB ? attn_bwd_kv_kernel_b<HD>
+          : attn_bwd_kv_kernel_a<HD>)<<<dim3(T / BK, B * Hkv), NTHREADS, smem_kv, st>>>(
+        (bf *)dk, (bf *)dv, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v,
+        ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
+    CUDA_CHECK_LAUNCH();
+    if (!dq) return; /* hd <= 64: dQ comes from attn_bwd_q2_kernel */
+    (MINB ? attn_bwd_q_kernel_b<HD>
+          : attn_bwd_q_kernel_a<HD>)<<<dim3(T / BQ, B * H), NTHREADS, smem_q, st>>>(
+        (bf *)dq, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv,
+        ldo, T, H, Hkv, sl2, scale, add);
+    CUDA_CHECK_LAUNCH();
 }

@@ -2,7 +2,8 @@
  * product launches) and dev/cuda/adamw_variants.cu (bench_adamw, which checks
  * that the two multi-range kernels give the same bits and times them): the
  * per-element update, the single-range kernel, the grid-stride multi-range
- * kernel and the vectorised multi-range kernel with its scalar tail.
+ * kernel and the vectorised multi-range kernel with its scalar tail, and the
+ * multi-range launch.
  *
  * Include after <cuda_bf16.h>, <cuda_runtime.h>, <math.h>, <stdint.h>,
  * worker/cuda/kernels.h and a `typedef __nv_bfloat16 bf;`. The header has no
@@ -224,4 +225,41 @@ __global__ void adamw_tail_kernel(bf *param, float *master, const bf *grad, floa
                         eps, segs.wd[seg], bc1, bc2);
     master[i] = w;
     param[i] = __float2bfloat16(w);
+}
+
+/* The multi-range update's launch: the vectorised kernel (and its tail) for
+ * 16-byte aligned ranges where multi2 is set, else the grid-stride kernel. */
+static void adamw_multi_launch(int multi2, lbf16 *param, float *master, const lbf16 *grad, float *m,
+                               float *v, const struct lk_adamw_segs *segs, float lr, float beta1,
+                               float beta2, float eps, float grad_scale, int step, lcuda_stream s) {
+    if (segs->n <= 0) return;
+    size_t n = (size_t)segs->end[segs->n - 1];
+    if (n == 0) return;
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    int vec =
+        !(((uintptr_t)param | (uintptr_t)master | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) &
+          15);
+    if (vec && multi2) {
+        size_t n4 = n / 4;
+        if (n4) {
+            adamw_multi2_kernel<<<(unsigned)((n4 + 511) / 512), 256, 0, (cudaStream_t)s>>>(
+                (bf *)param, master, (const bf *)grad, m, v, *segs, lr, beta1, beta2, eps,
+                grad_scale, bc1, bc2);
+            CUDA_CHECK_LAUNCH();
+        }
+        if (n % 4) {
+            adamw_tail_kernel<<<1, 4, 0, (cudaStream_t)s>>>((bf *)param, master, (const bf *)grad,
+                                                            m, v, *segs, n4 * 4, n, lr, beta1,
+                                                            beta2, eps, grad_scale, bc1, bc2);
+            CUDA_CHECK_LAUNCH();
+        }
+        return;
+    }
+    size_t nb = (n / (vec ? 4 : 1) + 255) / 256 + 1;
+    int blocks = nb > 132 * 16 ? 132 * 16 : (int)nb;
+    adamw_multi_kernel<<<blocks, 256, 0, (cudaStream_t)s>>>((bf *)param, master, (const bf *)grad,
+                                                            m, v, *segs, lr, beta1, beta2, eps,
+                                                            grad_scale, bc1, bc2, vec);
+    CUDA_CHECK_LAUNCH();
 }
