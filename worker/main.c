@@ -663,6 +663,9 @@ static int export_hf(struct run *r) {
     if (hf_export_engine(w->e, w->z, w->par, dir, w->hfs.hf, (uint64_t)(w->o.hf.shard_mb * 1e6),
                          &le) != 0)
         return fail(w, LOOM_EXIT_FAILED, le.code, le.message);
+    /* the record loomd turns into export.ready (docs/internals/daemon.md) */
+    if (w->e->rank == 0)
+        hf_cli_emit(json_pack("{s:s, s:s, s:s}", "type", "export", "kind", "hf", "path", dir));
     return 0;
 }
 
