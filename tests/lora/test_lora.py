@@ -222,6 +222,11 @@ def main():
                          os.path.join(tmp, "x")])
     check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED",
           f"--export-lora without train.lora refused: {out[-1:]}")
+    rc, out, _ = worker(["--spec", os.path.join(tmp, "lora.json"), "--out", run, "--export-hf",
+                         os.path.join(tmp, "y")])
+    check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED" and
+          not os.path.exists(os.path.join(tmp, "y")),
+          f"--export-hf from a LoRA run's checkpoint refused: {out[-1:]}")
     print("failures:", failures)
     return 1 if failures else 0
 
