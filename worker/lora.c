@@ -112,10 +112,10 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
         refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
         return NULL;
     }
-    if (e->world != 1 || e->tp != 1 || e->pp != 1 || e->dp != 1) {
+    if (e->tp != 1 || e->pp != 1 || e->world != e->dp) {
         snprintf(msg, sizeof msg,
-                 "train.lora needs one process (dp=1 tp=1 pp=1); this layout has world=%d dp=%d "
-                 "tp=%d pp=%d",
+                 "train.lora supports data parallelism only (tp=1 pp=1); this layout has "
+                 "world=%d dp=%d tp=%d pp=%d",
                  e->world, e->dp, e->tp, e->pp);
         refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
         return NULL;
@@ -309,6 +309,36 @@ void lora_bwd(struct lora *l, int layer, enum lora_site site, float *dinp, const
             }
         }
     }
+}
+
+int lora_grad_sync(struct lora *l) {
+    struct engine *e = l->m->e;
+    if (e->dp == 1 || !e->hooks.allreduce_sum) return 0;
+    size_t n = 0;
+    for (int i = 0; i < l->n; i++)
+        n += (size_t)l->r * (l->ad[i].in + l->ad[i].out);
+    /* the comm layer's host all-reduce takes doubles: the adapters are small */
+    double *buf = malloc((n ? n : 1) * sizeof *buf);
+    if (!buf) return -1;
+    size_t k = 0;
+    for (int i = 0; i < l->n; i++) {
+        const struct lora_ad *a = &l->ad[i];
+        for (size_t j = 0; j < (size_t)l->r * a->in; j++)
+            buf[k++] = a->dA[j];
+        for (size_t j = 0; j < (size_t)a->out * l->r; j++)
+            buf[k++] = a->dB[j];
+    }
+    int rc = e->hooks.allreduce_sum(e, e->hooks.user, buf, (int)n);
+    k = 0;
+    for (int i = 0; i < l->n && rc == 0; i++) {
+        struct lora_ad *a = &l->ad[i];
+        for (size_t j = 0; j < (size_t)l->r * a->in; j++)
+            a->dA[j] = (float)buf[k++];
+        for (size_t j = 0; j < (size_t)a->out * l->r; j++)
+            a->dB[j] = (float)buf[k++];
+    }
+    free(buf);
+    return rc;
 }
 
 void lora_zero_grads(struct lora *l) {

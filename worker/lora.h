@@ -12,9 +12,9 @@
  * Targets: llama q, k, v, o, gate, up, down (q|k|v and gate|up are column
  * ranges of the fused projections); gpt2 attn, proj, fc, fc2.
  *
- * Supported: the cpu backend (fp32), one process (tp = pp = dp = 1), no
- * optimizer offload, dropout 0. lora_new refuses anything else with
- * LORA_UNSUPPORTED. */
+ * Supported: the cpu backend (fp32), data parallelism (tp = pp = 1; ZeRO 0,
+ * checked by the worker), no optimizer offload, dropout 0. lora_new refuses
+ * anything else with LORA_UNSUPPORTED. */
 #ifndef LOOM_WORKER_LORA_H
 #define LOOM_WORKER_LORA_H
 
@@ -54,6 +54,10 @@ void lora_bwd(struct lora *l, int layer, enum lora_site site, float *dinp, const
               const float *inp);
 
 void lora_zero_grads(struct lora *l);
+/* dp > 1: sum dA and dB over the dp group (engine hooks.allreduce_sum), so
+ * every rank holds the global gradient and takes the same AdamW step. Only
+ * the adapters travel. 0 or -1. */
+int lora_grad_sync(struct lora *l);
 double lora_grad_norm_sq(const struct lora *l);
 /* AdamW over every adapter (formula of worker/optim.h, weight decay on all
  * adapters), gradients times grad_scale (the clip factor); step from 1. */

@@ -465,6 +465,13 @@ static int lora_stage(struct run *r) {
                         "--export-lora needs train.lora in the spec");
         return 0;
     }
+    if (s->parallel.zero_stage > 0 && s->parallel.dp > 1) {
+        snprintf(w->err, sizeof w->err,
+                 "train.lora with dp=%d supports zero_stage 0 only (the adapters are small and "
+                 "replicated); this spec has zero_stage %d",
+                 s->parallel.dp, s->parallel.zero_stage);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    }
     if (s->train.quantize_base != JOBSPEC_QUANT_NONE)
         return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
                     "train.quantize_base is not supported with train.lora yet");
@@ -723,7 +730,7 @@ static int export_lora(struct run *r) {
         snprintf(dir, sizeof dir, "%s/export/lora", w->o.out);
         dirs[1] = dir;
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2 && w->e->rank == 0; i++) /* the adapters are the same on every rank */
         if (dirs[i] && lora_export_peft(w->lora, dirs[i], base, w->err, sizeof w->err) != 0)
             return fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL);
     if ((w->hfs.export_hf || w->o.export_path) && lora_merge(w->lora) != 0)

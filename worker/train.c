@@ -69,7 +69,8 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         csync = e->hooks.compute_sync(e, e->hooks.user);
     else if (e->hooks.grad_sync)
         b->sync(b->ctx);
-    if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0) {
+    if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0 ||
+        (m->lora && lora_grad_sync(m->lora) != 0)) {
         snprintf(err, errlen, "gradient synchronisation failed at step %lld", (long long)step);
         return -1;
     }

@@ -203,6 +203,30 @@ def main():
         worst = max(worst, float(np.abs(merged[k] - bn).max()))
     check(set(merged) == set(base) and worst <= 1e-6, f"merged export (max abs diff {worst:.3g})")
 
+    # dp2 (zero 0): each rank one of the two sequences, only the adapter gradients all-reduced
+    s = json.load(open(os.path.join(tmp, "lora.json")))
+    s["parallel"] = {"dp": 2, "zero_stage": 0}
+    s["export"] = {"lora": True}
+    spd = os.path.join(tmp, "dp2.json")
+    json.dump(s, open(spd, "w"))
+    rund = os.path.join(tmp, "run-dp2")
+    rc, out, err = worker(["--spec", spd, "--out", rund, "--nproc", "2"])
+    gotd = losses(out)
+    reld = max((abs(g - w) / abs(w) for g, w in zip(gotd, want)), default=1.0)
+    print("dp2   :", gotd)
+    check(rc == 0 and len(gotd) == STEPS and reld <= 1e-5,
+          f"dp2 loss curve vs torch within 1e-5 relative (max {reld:.3g}) rc={rc} {err[-300:]}")
+    if rc == 0:
+        std = hfio.read_safetensors(os.path.join(rund, "export", "lora",
+                                                 "adapter_model.safetensors"))
+        dd = max(float(np.abs(hfio.to_float(*std[k]) - hfio.to_float(*st[k])).max()) for k in st)
+        check(set(std) == set(st) and dd <= 1e-4, f"dp2 adapters match one process (max {dd:.3g})")
+    s["parallel"] = {"dp": 2, "zero_stage": 1}
+    json.dump(s, open(spd, "w"))
+    rc, out, _ = worker(["--spec", spd, "--out", os.path.join(tmp, "bad-z1"), "--nproc", "2"])
+    check(rc != 0 and any(l.get("code") == "LORA_UNSUPPORTED" for l in out),
+          f"dp2 zero 1 refused: {[l for l in out if l.get('type') == 'error'][:1]}")
+
     # refusals
     sp = os.path.join(tmp, "bad.json")
     spec(sp, hf, data, dropout=0.1)
@@ -210,12 +234,12 @@ def main():
     check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED" and
           "dropout" in out[-1].get("message", ""), f"dropout 0.1 refused: {out[-1:]}")
     s = json.load(open(os.path.join(tmp, "lora.json")))
-    s["parallel"] = {"dp": 2}
+    s["parallel"] = {"tp": 2}
     json.dump(s, open(sp, "w"))
     rc, out, _ = worker(["--spec", sp, "--out", os.path.join(tmp, "bad2"), "--world", "2",
                          "--rank", "0", "--rdzv", "file:" + os.path.join(tmp, "rdzv")])
     check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED" and
-          "dp=2" in out[-1].get("message", ""), f"dp=2 refused: {out[-1:]}")
+          "tp=2" in out[-1].get("message", ""), f"tp=2 refused: {out[-1:]}")
     spf2 = os.path.join(tmp, "full2.json")
     spec(spf2, hf, data, lora=False, steps=1)
     rc, out, _ = worker(["--spec", spf2, "--out", os.path.join(tmp, "bad3"), "--export-lora",
