@@ -406,7 +406,6 @@ void lora_view(const struct lora *l, int i, struct lora_view *v) {
                             .layer = a->layer,
                             .in = a->in,
                             .out = a->out,
-                            .row0 = 0,
                             .A = a->A,
                             .B = a->B,
                             .dA = a->dA,

@@ -68,8 +68,8 @@ void lora_adamw(struct lora *l, const struct optim_cfg *c, double lr, double gra
 int lora_count(const struct lora *l);
 struct lora_view {
     const char *base; /* HF name of the base weight ("model.layers.0.self_attn.q_proj.weight") */
-    int layer, in, out, row0; /* row0: first row of the base weight this adapter adds to */
-    float *A, *B, *dA, *dB;   /* [r, in], [out, r] and their gradients */
+    int layer, in, out;
+    float *A, *B, *dA, *dB; /* [r, in], [out, r] and their gradients */
 };
 void lora_view(const struct lora *l, int i, struct lora_view *v);
 int lora_rank(const struct lora *l);

@@ -717,9 +717,11 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
     }
     if (!m->first) return; /* dres holds the gradient of this stage's input */
     if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, -1);
-    if (m->lora)
-        ; /* frozen embeddings: nothing to accumulate */
-    else if (m->tp)
+    if (m->lora) { /* frozen embeddings: nothing to accumulate */
+        if (on_layer) on_layer(-1, user);
+        return;
+    }
+    if (m->tp)
         tp_embedding_bwd(m, G(m, m->wte), G(m, m->wpe), a->dres);
     else if (e->hooks.embedding_bwd)
         e->hooks.embedding_bwd(e, e->hooks.user, G(m, m->wte), G(m, m->wpe), a->dres, m->tokens, B,
