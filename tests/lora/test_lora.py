@@ -13,6 +13,7 @@ names and config, the merged export (base + alpha/r B A in numpy), and the refus
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -56,10 +57,10 @@ def losses(out):
     return [l["loss"] for l in out if l.get("type") == "step"]
 
 
-def spec(path, init, data, lora=True, steps=STEPS, lr=LR, export=None, **lora_kw):
-    s = {"name": "lora-test", "model": {"init_from": init, "seq_len": SEQ},
+def spec(path, init, data, lora=True, steps=STEPS, lr=LR, export=None, seq=SEQ, **lora_kw):
+    s = {"name": "lora-test", "model": {"init_from": init, "seq_len": seq},
          "data": {"train": f"{data}/train_*.bin"},
-         "train": {"steps": steps, "global_batch_tokens": 2 * SEQ, "micro_batch": 1, "lr": lr,
+         "train": {"steps": steps, "global_batch_tokens": 2 * seq, "micro_batch": 1, "lr": lr,
                    "warmup_steps": 0, "schedule": "constant", "seed": 5, "weight_decay": WD,
                    "grad_clip": CLIP, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
          "checkpoint": {"every_steps": 0, "keep": 1}, "resources": {"device": "cpu"}}
@@ -107,6 +108,55 @@ def reference(cfg, base, toks, A0):
                 mh, vh = m / (1 - 0.9 ** step), v / (1 - 0.95 ** step)
                 p.sub_(LR * (mh / (vh.sqrt() + 1e-8) + WD * p))
     return out
+
+
+def gpt2_part(tmp):
+    """GPT-2: PEFT names of the Conv1D modules and the merged export in HF's [in, out] layout."""
+    seq = make_tiny_hf.POS  # GPT-2 keeps its learned positions
+    data = os.path.join(tmp, "data-gpt2")
+    os.makedirs(data)
+    n = 2 * seq + 1
+    with open(os.path.join(data, "train_000.bin"), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *[(i * 131 + 7) % make_tiny_hf.V for i in range(n)]))
+    hf = os.path.join(tmp, "gpt2")
+    cfg = make_tiny_hf.config("GPT2LMHeadModel", "F32", True, {})
+    make_tiny_hf.write_dir(hf, cfg, make_tiny_hf.tensors("GPT2LMHeadModel", True,
+                                                         np.random.default_rng(78)), "F32", 1)
+    sp = os.path.join(tmp, "gpt2.json")
+    spec(sp, hf, data, steps=3, export={"hf": True, "lora": True}, seq=seq,
+         targets=["attn", "proj", "fc", "fc2"])
+    run = os.path.join(tmp, "run-gpt2")
+    rc, out, err = worker(["--spec", sp, "--out", run])
+    check(rc == 0 and len(losses(out)) == 3, f"gpt2 lora run rc={rc} {err[-300:]}")
+    if rc != 0:
+        return
+    acfg = json.load(open(os.path.join(run, "export", "lora", "adapter_config.json")))
+    check(acfg.get("target_modules") == ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"] and
+          acfg.get("fan_in_fan_out") is True, f"gpt2 adapter_config.json {acfg}")
+    st = hfio.read_safetensors(os.path.join(run, "export", "lora", "adapter_model.safetensors"))
+    mods = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
+    names = {f"base_model.model.transformer.h.{i}.{m}.lora_{x}.weight"
+             for m in mods for i in range(cfg["n_layer"]) for x in "AB"}
+    check(set(st) == names, f"gpt2 PEFT tensor names ({sorted(st)[:2]}..)")
+    base = {k: hfio.to_float(*v) for k, v in hfio.read_model_dir(hf).items()}
+    merged = {k: hfio.to_float(*v) for k, v in
+              hfio.read_model_dir(os.path.join(run, "export", "hf")).items()}
+    worst, moved = 0.0, 0.0
+    for k, b in base.items():
+        want = b.astype(np.float64)
+        name = k[:-len(".weight")]
+        ka = f"base_model.model.{name}.lora_A.weight"
+        if ka in st:
+            Am = hfio.to_float(*st[ka]).astype(np.float64)
+            Bm = hfio.to_float(*st[f"base_model.model.{name}.lora_B.weight"]).astype(np.float64)
+            delta = (ALPHA / RANK) * (Bm @ Am).T  # Conv1D weights are [in, out]
+            moved = max(moved, float(np.abs(delta).max()))
+            want = want + delta
+        if k in merged:
+            worst = max(worst, float(np.abs(merged[k] - want).max()))
+    check(moved > 1e-4 and worst <= 1e-6,
+          f"gpt2 merged export (max abs diff {worst:.3g}, largest update {moved:.3g})")
 
 
 def main():
@@ -251,7 +301,10 @@ def main():
     check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED" and
           not os.path.exists(os.path.join(tmp, "y")),
           f"--export-hf from a LoRA run's checkpoint refused: {out[-1:]}")
+    gpt2_part(tmp)
     print("failures:", failures)
+    if not failures:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failures else 0
 
 
