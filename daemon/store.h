@@ -69,6 +69,11 @@ typedef int (*store_fn)(struct store_tx *tx, void *arg);
 int store_write(struct store *s, store_fn fn, void *arg);
 /* Read: runs fn on a pooled read-only connection in a read transaction. */
 int store_read(struct store *s, store_fn fn, void *arg);
+/* Post-commit hook: fn(tx, arg) runs on the writer thread after every group
+ * commit that succeeded, outside any transaction (it may read through
+ * store_stmt; it must not write). One hook per store; fn NULL removes it.
+ * Used to wake waiters only once what they wait for is durable (events). */
+void store_set_commit_hook(struct store *s, store_fn fn, void *arg);
 
 /* Cached prepared statement for `sql` on this transaction's connection, reset
  * and with bindings cleared. NULL after logging on a prepare error. */

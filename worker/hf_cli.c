@@ -179,6 +179,13 @@ static int build(struct cli *c, int T, int gen) {
         return LOOM_EXIT_FAILED;
     }
     if ((o->recompute || !be->rope_at || !be->attention_decode) && gen > T) T = gen;
+    /* pad the positions to the attention's tile (the padding rows sit after
+     * the real ones, which causal attention keeps them out of) */
+    int tile = be->caps.attn_pos_multiple;
+    if (tile > 1 && T % tile != 0) {
+        int padded = (T + tile - 1) / tile * tile;
+        T = padded <= c->cfg.seq_len ? padded : T;
+    }
     struct model_opts mo = {.B = 1, .T = T, .threads = (int)o->threads};
     c->m = model_new_ex(c->e, &mo);
     if (!c->m) {
