@@ -109,6 +109,14 @@ static int resolve_source(struct cli *c) {
     memset(&hs, 0, sizeof hs);
     int rc = LOOM_EXIT_BAD_SPEC;
     if (!s || hf_spec_load(o->spec, s, &hs, &c->le) != 0) goto out;
+    if (s->train.lora.enabled) { /* its checkpoints hold the frozen base weights only */
+        loom_error_set(&c->le, 422, "LORA_UNSUPPORTED", "train.lora",
+                       "%s has train.lora: its run's checkpoints hold the base weights without "
+                       "the adapters; use the spec's export.hf (merged at the end of the run) or "
+                       "export.lora / --export-lora",
+                       o->spec);
+        goto out;
+    }
     c->cfg = s->model;
     c->hf = hs.hf;
     hs.hf = NULL;

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,7 @@
 #include "worker/hf_cli.h"
 #include "worker/hf_spec.h"
 #include "worker/launch.h"
+#include "worker/lora.h"
 #include "worker/offload.h"
 #include "worker/par.h"
 #include "worker/safetensors.h"
@@ -58,6 +60,7 @@ struct opts {
     char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule, *offload;
     long rank, world, local_rank, threads, nproc, steps, offload_chunk_kib;
     int no_save;
+    char *export_lora;         /* --export-lora DIR */
     struct hf_cli_opts hf;     /* model modes and fine-tuning (worker/hf_cli.h) */
     struct worker_tuning tune; /* the tuning and debug rows (worker/tuning.h) */
 };
@@ -116,6 +119,9 @@ static const struct config_entry table[] = {
     {"export-hf", CONFIG_STR, offsetof(struct opts, hf.export_hf), NULL, 1, 0,
      "write the model as a Hugging Face directory (config, safetensors shards + index, "
      "tokenizer files)"},
+    {"export-lora", CONFIG_STR, offsetof(struct opts, export_lora), NULL, 1, 0,
+     "with train.lora: write the trained adapter as a PEFT directory (adapter_config.json, "
+     "adapter_model.safetensors) here at the end"},
     {"export-shard-mb", CONFIG_DOUBLE, offsetof(struct opts, hf.shard_mb), "5000", 0.001, 1e9,
      "--export-hf / export.hf: most MB of tensors per safetensors file"},
 };
@@ -150,6 +156,7 @@ struct worker {
     struct zero *z;     /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
     struct hf_spec hfs; /* model.init_from / export.hf (worker/hf_spec.h) */
     struct par *par;    /* tp / pp > 1 (worker/par.h) */
+    struct lora *lora;  /* train.lora (worker/lora.h) */
     char ckpt_path[1024];
     char err[1024];
 };
@@ -455,6 +462,46 @@ static int setup_offload(struct run *r) {
     return 0;
 }
 
+/* train.lora: the adapters over the model (refused where unsupported). */
+static int lora_stage(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
+    if (!s->train.lora.enabled) {
+        if (w->o.export_lora)
+            return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
+                        "--export-lora needs train.lora in the spec");
+        return 0;
+    }
+    if (s->parallel.zero_stage > 0 && s->parallel.dp > 1) {
+        snprintf(w->err, sizeof w->err,
+                 "train.lora with dp=%d supports zero_stage 0 only (the adapters are small and "
+                 "replicated); this spec has zero_stage %d",
+                 s->parallel.dp, s->parallel.zero_stage);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    }
+    if (s->train.quantize_base != JOBSPEC_QUANT_NONE)
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
+                    "train.quantize_base is not supported with train.lora yet");
+    const char *tg[JOBSPEC_LORA_TARGETS_MAX];
+    for (int i = 0; i < s->train.lora.n_targets; i++)
+        tg[i] = s->train.lora.targets[i];
+    struct lora_opts lo = {.rank = s->train.lora.rank,
+                           .alpha = s->train.lora.alpha,
+                           .dropout = s->train.lora.dropout,
+                           .targets = tg,
+                           .n_targets = s->train.lora.n_targets,
+                           .seed = (uint64_t)s->train.seed};
+    const char *code = "LORA_UNSUPPORTED";
+    w->lora = lora_new(w->m, &lo, &code, w->err, sizeof w->err);
+    if (!w->lora)
+        return fail(w, strcmp(code, "OUT_OF_MEMORY") == 0 ? LOOM_EXIT_FAILED : LOOM_EXIT_BAD_SPEC,
+                    code, NULL);
+    w->m->lora = w->lora;
+    log_info("lora: %d adapters of rank %d (scale %g); base weights frozen", lora_count(w->lora),
+             lora_rank(w->lora), lora_scale(w->lora));
+    return 0;
+}
+
 /* The engine (it takes the backend), the offload and the model. */
 static int build_engine(struct run *r) {
     struct worker *w = r->w;
@@ -496,7 +543,7 @@ static int build_engine(struct run *r) {
     if (!w->m)
         return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",
                     "the model could not be built for this layout (see stderr)");
-    return 0;
+    return lora_stage(r);
 }
 
 /* world > 1: join the attempt (DP/ZeRO, then tp/pp); then the optimizer
@@ -541,6 +588,13 @@ static int resume_stage(struct run *r) {
         return fail(r->w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
     r->start = resume(r->w);
     if (r->start < 0) return fail(r->w, LOOM_EXIT_FAILED, "CHECKPOINT_INVALID", NULL);
+    if (r->start > 0 && r->w->lora) {
+        snprintf(r->w->err, sizeof r->w->err,
+                 "the run directory %s has a checkpoint at step %lld, but train.lora adapters "
+                 "are not checkpointed yet: resuming would restart them; use a new --out",
+                 r->w->o.out, (long long)r->start);
+        return fail(r->w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    }
     return 0;
 }
 
@@ -669,9 +723,38 @@ static int export_hf(struct run *r) {
     return 0;
 }
 
+/* The adapter (--export-lora DIR, export.lora: RUN/export/lora), then the
+ * adapters merged into the base weights for the full-model exports. */
+static int export_lora(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
+    const char *base = s->init_from[0] ? s->init_from : s->name;
+    char dir[1100];
+    const char *dirs[2] = {w->o.export_lora, NULL};
+    if (s->export.lora) {
+        snprintf(dir, sizeof dir, "%s/export", w->o.out);
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            snprintf(w->err, sizeof w->err, "cannot create %.900s: %s", dir, strerror(errno));
+            return fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL);
+        }
+        snprintf(dir, sizeof dir, "%s/export/lora", w->o.out);
+        dirs[1] = dir;
+    }
+    for (int i = 0; i < 2 && w->e->rank == 0; i++) /* the adapters are the same on every rank */
+        if (dirs[i] && lora_export_peft(w->lora, dirs[i], base, w->err, sizeof w->err) != 0)
+            return fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL);
+    if ((w->hfs.export_hf || w->o.export_path) && lora_merge(w->lora) != 0)
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", "merging the adapters failed");
+    return 0;
+}
+
 static int export_model(struct run *r) {
     struct worker *w = r->w;
     if (r->train_rc != 0) return 0;
+    if (w->lora) {
+        int lc = export_lora(r);
+        if (lc != 0) return lc;
+    }
     if (w->hfs.export_hf) {
         int hc = export_hf(r);
         if (hc != 0) return hc;
@@ -777,6 +860,7 @@ int main(int argc, char **argv) {
     hf_spec_free(&w.hfs);
     par_free(w.par);
     zero_free(w.z);
+    lora_free(w.lora);
     model_free(w.m);
     engine_free(w.e);
     data_loader_free(w.train_dl);

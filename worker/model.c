@@ -14,6 +14,7 @@
 #endif
 
 #include "common/log.h"
+#include "worker/lora.h"
 #include "worker/model.h"
 #include "worker/tp.h"
 
@@ -135,8 +136,9 @@ static void *P(struct model *m, int i) {
     return i < 0 ? NULL : engine_param(m->e, i);
 }
 
+/* NULL with LoRA: the base tensors are frozen. */
 static void *G(struct model *m, int i) {
-    return i < 0 ? NULL : engine_grad(m->e, i);
+    return i < 0 || m->lora ? NULL : engine_grad(m->e, i);
 }
 
 /* ---- life cycle ---- */
@@ -535,29 +537,33 @@ static void block_fwd(struct model *m, int l, const void *x) {
     int fcw = m->F * (swiglu ? 2 : 1);
     norm_fwd(m, s->n1, s->n1_mean, s->n1_rstd, x, k->n1w, k->n1b);
     b->matmul_fwd(b->ctx, s->qkv, s->n1, P(m, k->qkvw), P(m, k->qkvb), N, C, m->QKV);
+    if (m->lora) lora_fwd(m->lora, l, LORA_SITE_QKV, s->qkv, s->n1);
     if (rope)
         b->rope_fwd(b->ctx, s->qkv, N, T, m->QKV, m->NH + m->NKV, m->HD, (float)e->cfg.rope_theta);
     b->attention_fwd(b->ctx, s->atty, s->lse, s->qkv, B, T, m->NH, m->NKV, m->HD);
     /* projections + residual: one fused call where the backend has it (and
      * no tp all-reduce sits between them) */
-    int fuse = b->matmul_residual_fwd && e->tp == 1;
+    int fuse = b->matmul_residual_fwd && e->tp == 1 && !m->lora;
     if (fuse) {
         b->matmul_residual_fwd(b->ctx, s->r1, s->atty, P(m, k->aow), row_bias(m, k->aob), x, N,
                                m->NH * m->HD, C);
     } else {
         b->matmul_fwd(b->ctx, a->s1, s->atty, P(m, k->aow), row_bias(m, k->aob), N, m->NH * m->HD,
                       C);
+        if (m->lora) lora_fwd(m->lora, l, LORA_SITE_O, a->s1, s->atty);
         tp_allreduce(e, a->s1, (size_t)N * C);
         b->residual_fwd(b->ctx, s->r1, x, a->s1, (size_t)N * C);
     }
     norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);
     b->matmul_fwd(b->ctx, s->fch, s->n2, P(m, k->fcw), P(m, k->fcb), N, C, fcw);
+    if (m->lora) lora_fwd(m->lora, l, LORA_SITE_FC, s->fch, s->n2);
     act_fwd(m, s);
     if (fuse) {
         b->matmul_residual_fwd(b->ctx, s->r2, s->fca, P(m, k->mpw), row_bias(m, k->mpb), s->r1, N,
                                m->F, C);
     } else {
         b->matmul_fwd(b->ctx, a->s1, s->fca, P(m, k->mpw), row_bias(m, k->mpb), N, m->F, C);
+        if (m->lora) lora_fwd(m->lora, l, LORA_SITE_DOWN, a->s1, s->fca);
         tp_allreduce(e, a->s1, (size_t)N * C);
         b->residual_fwd(b->ctx, s->r2, s->r1, a->s1, (size_t)N * C);
     }
@@ -677,6 +683,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         b->zero(b->ctx, a->s1, (size_t)N * m->F * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->mpw), G(m, k->mpb), a->dres, s->fca, P(m, k->mpw), N,
                       m->F, C);
+        if (m->lora) lora_bwd(m->lora, l, LORA_SITE_DOWN, a->s1, a->dres, s->fca);
         b->zero(b->ctx, a->s2, (size_t)N * fcw * es);
         if (swiglu)
             b->swiglu_bwd(b->ctx, a->s2, s->fch, a->s1, N, m->F);
@@ -685,6 +692,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         b->zero(b->ctx, a->s1, (size_t)N * C * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->fcw), G(m, k->fcb), a->s2, s->n2, P(m, k->fcw), N, C,
                       fcw);
+        if (m->lora) lora_bwd(m->lora, l, LORA_SITE_FC, a->s1, a->s2, s->n2);
         tp_allreduce(e, a->s1, (size_t)N * C);
         norm_bwd(m, a->dres, a->s1, s->r1, k->n2w, k->n2b, s->n2_mean, s->n2_rstd);
         if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) /* n1 shares n2's buffer */
@@ -693,6 +701,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         b->zero(b->ctx, a->s1, (size_t)N * AC * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->aow), G(m, k->aob), a->dres, s->atty, P(m, k->aow), N,
                       AC, C);
+        if (m->lora) lora_bwd(m->lora, l, LORA_SITE_O, a->s1, a->dres, s->atty);
         b->zero(b->ctx, a->s2, (size_t)N * m->QKV * es);
         b->attention_bwd(b->ctx, a->s2, a->s1, s->qkv, s->atty, s->lse, B, T, m->NH, m->NKV, m->HD);
         if (rope)
@@ -701,12 +710,17 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         b->zero(b->ctx, a->s1, (size_t)N * C * es);
         b->matmul_bwd(b->ctx, a->s1, G(m, k->qkvw), G(m, k->qkvb), a->s2, s->n1, P(m, k->qkvw), N,
                       C, m->QKV);
+        if (m->lora) lora_bwd(m->lora, l, LORA_SITE_QKV, a->s1, a->s2, s->n1);
         tp_allreduce(e, a->s1, (size_t)N * C);
         norm_bwd(m, a->dres, a->s1, x, k->n1w, k->n1b, s->n1_mean, s->n1_rstd);
         if (on_layer) on_layer(l, user);
     }
     if (!m->first) return; /* dres holds the gradient of this stage's input */
     if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, -1);
+    if (m->lora) { /* frozen embeddings: nothing to accumulate */
+        if (on_layer) on_layer(-1, user);
+        return;
+    }
     if (m->tp)
         tp_embedding_bwd(m, G(m, m->wte), G(m, m->wpe), a->dres);
     else if (e->hooks.embedding_bwd)

@@ -28,6 +28,7 @@ struct model_block_idx {
 
 struct model_acts; /* per-layer saved activations (model.c) */
 struct tp_state;   /* tensor-parallel embedding / loss buffers (worker/tp.h) */
+struct lora;       /* LoRA adapters (worker/lora.h) */
 
 /* Activation recompute (spec train.recompute; docs/parallelism.md):
  * NONE: every block keeps all its activations.
@@ -66,6 +67,9 @@ struct model {
     int l0, l1, first, last;
     int recompute;       /* enum model_recompute */
     struct tp_state *tp; /* NULL when tp == 1 */
+    /* LoRA adapters (worker/lora.h; not owned), NULL without. When set, the
+     * base tensors are frozen: the backward computes no gradient for them. */
+    struct lora *lora;
 };
 
 /* Build the model over engine `e` for micro-batches of B sequences of T

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/lora.h"
 #include "worker/offload.h"
 #include "worker/train.h"
 
@@ -39,7 +40,10 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     double t0 = clock_mono_msf(), comm = 0;
     float gs = (float)(1.0 / (double)o->global_batch_tokens);
     double sums[2] = {0, 0};
-    engine_zero_grads(e);
+    if (m->lora) /* the base is frozen: only the adapters have gradients */
+        lora_zero_grads(m->lora);
+    else
+        engine_zero_grads(e);
     if (o->micro_steps) {
         int rc = o->micro_steps(o->micro_user, m, o, step, inputs, targets, sums, err, errlen);
         if (rc != 0) return rc;
@@ -65,18 +69,22 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         csync = e->hooks.compute_sync(e, e->hooks.user);
     else if (e->hooks.grad_sync)
         b->sync(b->ctx);
-    if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0) {
+    if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0 ||
+        (m->lora && lora_grad_sync(m->lora) != 0)) {
         snprintf(err, errlen, "gradient synchronisation failed at step %lld", (long long)step);
         return -1;
     }
     /* offload: the shard's gradients start down now (those not already on
      * their way), overlapping the norm */
-    offload_fetch_grads(e);
-    double norm = sqrt(optim_grad_norm_sq(e));
+    if (!m->lora) offload_fetch_grads(e);
+    double norm = sqrt(m->lora ? lora_grad_norm_sq(m->lora) : optim_grad_norm_sq(e));
     double lr = optim_lr(&o->optim, step);
     double clip = optim_clip_scale(norm, o->optim.grad_clip);
     double t_opt = clock_mono_msf();
-    optim_step(e, &o->optim, lr, clip, step + 1);
+    if (m->lora)
+        lora_adamw(m->lora, &o->optim, lr, clip, step + 1);
+    else
+        optim_step(e, &o->optim, lr, clip, step + 1);
     /* the loss sums and the stop request travel in one host all-reduce (one
      * round trip per step instead of two), made while the device runs the
      * AdamW just issued: its latency (a staged NCCL call, ~0.1 ms) is hidden

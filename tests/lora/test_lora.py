@@ -1,0 +1,312 @@
+"""LoRA fine-tuning through the real loom-worker against an independent torch reference.
+
+  test_lora.py LOOM_WORKER
+
+A tiny HF-layout llama (tests/hf/make_tiny_hf.py) is trained with train.lora for 10 steps
+on a data set of exactly one global batch (two sequences), so every step sees the same
+tokens. The reference (torch, float64) implements the llama forward, LoRA
+(y = W x + alpha/r * B A x) and AdamW with global-norm clipping itself; it starts from the
+worker's A (exported after one step at lr 0, which leaves the adapters unchanged) and B = 0.
+Checked: the loss curve (1e-5 relative), step-1 loss equal to full fine-tuning's, the PEFT
+names and config, the merged export (base + alpha/r B A in numpy), and the refusals.
+"""
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "hf"))
+import hfio  # noqa: E402
+import make_tiny_hf  # noqa: E402
+import ref_forward  # noqa: E402
+
+WORKER = sys.argv[1]
+failures = 0
+SEQ, STEPS, RANK, ALPHA, LR, WD, CLIP = 32, 10, 4, 8.0, 3e-3, 0.01, 1.0
+TARGETS = ["q", "k", "v", "o", "gate", "up", "down"]
+MODULE = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+          "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+          "down": "mlp.down_proj"}
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print("FAIL:", what, file=sys.stderr)
+    else:
+        print("ok:", what)
+
+
+def worker(args):
+    p = subprocess.run([WORKER, "--log-level", "info", "--threads", "1"] + args,
+                       capture_output=True, text=True, errors="replace", timeout=300)
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    return p.returncode, lines, p.stderr
+
+
+def losses(out):
+    return [l["loss"] for l in out if l.get("type") == "step"]
+
+
+def spec(path, init, data, lora=True, steps=STEPS, lr=LR, export=None, seq=SEQ, **lora_kw):
+    s = {"name": "lora-test", "model": {"init_from": init, "seq_len": seq},
+         "data": {"train": f"{data}/train_*.bin"},
+         "train": {"steps": steps, "global_batch_tokens": 2 * seq, "micro_batch": 1, "lr": lr,
+                   "warmup_steps": 0, "schedule": "constant", "seed": 5, "weight_decay": WD,
+                   "grad_clip": CLIP, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
+         "checkpoint": {"every_steps": 0, "keep": 1}, "resources": {"device": "cpu"}}
+    if lora:
+        s["train"]["lora"] = dict({"rank": RANK, "alpha": ALPHA, "dropout": 0.0,
+                                   "targets": TARGETS}, **lora_kw)
+    if export:
+        s["export"] = export
+    json.dump(s, open(path, "w"))
+
+
+def reference(cfg, base, toks, A0):
+    """10 steps of LoRA + AdamW in float64; returns the losses."""
+    D = torch.float64
+    scale = ALPHA / RANK
+    A = {n: torch.tensor(a, dtype=D, requires_grad=True) for n, a in A0.items()}
+    B = {n: torch.zeros((base[n + ".weight"].shape[0], RANK), dtype=D, requires_grad=True)
+         for n in A0}
+    params = list(A.values()) + list(B.values())
+    state = {id(p): (torch.zeros_like(p), torch.zeros_like(p)) for p in params}
+    seqs = [toks[0:SEQ + 1], toks[SEQ:2 * SEQ + 1]]
+    out = []
+    for step in range(1, STEPS + 1):
+        w = dict(base)
+        for n in A:  # merged weights keep autograd through A and B
+            w[n + ".weight"] = base[n + ".weight"] + scale * (B[n] @ A[n])
+        loss = 0
+        for s in seqs:
+            lg = ref_forward.llama_logits(cfg, w, s[:-1])
+            loss = loss + torch.nn.functional.cross_entropy(lg, torch.tensor(s[1:]),
+                                                            reduction="sum")
+        loss = loss / (2 * SEQ)
+        for p in params:
+            p.grad = None
+        loss.backward()
+        out.append(loss.item())
+        norm = math.sqrt(sum(float((p.grad ** 2).sum()) for p in params))
+        clip = min(1.0, CLIP / (norm + 1e-6))
+        with torch.no_grad():
+            for p in params:
+                m, v = state[id(p)]
+                g = p.grad * clip
+                m.mul_(0.9).add_(0.1 * g)
+                v.mul_(0.95).add_(0.05 * g * g)
+                mh, vh = m / (1 - 0.9 ** step), v / (1 - 0.95 ** step)
+                p.sub_(LR * (mh / (vh.sqrt() + 1e-8) + WD * p))
+    return out
+
+
+def gpt2_part(tmp):
+    """GPT-2: PEFT names of the Conv1D modules and the merged export in HF's [in, out] layout."""
+    seq = make_tiny_hf.POS  # GPT-2 keeps its learned positions
+    data = os.path.join(tmp, "data-gpt2")
+    os.makedirs(data)
+    n = 2 * seq + 1
+    with open(os.path.join(data, "train_000.bin"), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *[(i * 131 + 7) % make_tiny_hf.V for i in range(n)]))
+    hf = os.path.join(tmp, "gpt2")
+    cfg = make_tiny_hf.config("GPT2LMHeadModel", "F32", True, {})
+    make_tiny_hf.write_dir(hf, cfg, make_tiny_hf.tensors("GPT2LMHeadModel", True,
+                                                         np.random.default_rng(78)), "F32", 1)
+    sp = os.path.join(tmp, "gpt2.json")
+    spec(sp, hf, data, steps=3, export={"hf": True, "lora": True}, seq=seq,
+         targets=["attn", "proj", "fc", "fc2"])
+    run = os.path.join(tmp, "run-gpt2")
+    rc, out, err = worker(["--spec", sp, "--out", run])
+    check(rc == 0 and len(losses(out)) == 3, f"gpt2 lora run rc={rc} {err[-300:]}")
+    if rc != 0:
+        return
+    acfg = json.load(open(os.path.join(run, "export", "lora", "adapter_config.json")))
+    check(acfg.get("target_modules") == ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"] and
+          acfg.get("fan_in_fan_out") is True, f"gpt2 adapter_config.json {acfg}")
+    st = hfio.read_safetensors(os.path.join(run, "export", "lora", "adapter_model.safetensors"))
+    mods = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
+    names = {f"base_model.model.transformer.h.{i}.{m}.lora_{x}.weight"
+             for m in mods for i in range(cfg["n_layer"]) for x in "AB"}
+    check(set(st) == names, f"gpt2 PEFT tensor names ({sorted(st)[:2]}..)")
+    base = {k: hfio.to_float(*v) for k, v in hfio.read_model_dir(hf).items()}
+    merged = {k: hfio.to_float(*v) for k, v in
+              hfio.read_model_dir(os.path.join(run, "export", "hf")).items()}
+    worst, moved = 0.0, 0.0
+    for k, b in base.items():
+        want = b.astype(np.float64)
+        name = k[:-len(".weight")]
+        ka = f"base_model.model.{name}.lora_A.weight"
+        if ka in st:
+            Am = hfio.to_float(*st[ka]).astype(np.float64)
+            Bm = hfio.to_float(*st[f"base_model.model.{name}.lora_B.weight"]).astype(np.float64)
+            delta = (ALPHA / RANK) * (Bm @ Am).T  # Conv1D weights are [in, out]
+            moved = max(moved, float(np.abs(delta).max()))
+            want = want + delta
+        if k in merged:
+            worst = max(worst, float(np.abs(merged[k] - want).max()))
+    check(moved > 1e-4 and worst <= 1e-6,
+          f"gpt2 merged export (max abs diff {worst:.3g}, largest update {moved:.3g})")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="loom-lora-")
+    hf = os.path.join(tmp, "llama")
+    rng = np.random.default_rng(77)
+    cfg = make_tiny_hf.config("LlamaForCausalLM", "F32", False,
+                              {"rope_theta": 10000.0, "rms_norm_eps": 1e-5})
+    make_tiny_hf.write_dir(hf, cfg, make_tiny_hf.tensors("LlamaForCausalLM", False, rng),
+                           "F32", 1)
+    data = os.path.join(tmp, "data")
+    os.makedirs(data)
+    n = 2 * SEQ + 1  # exactly two samples: the global batch
+    toks = [(i * 7919 + i * i * 31) % make_tiny_hf.V for i in range(n)]
+    with open(os.path.join(data, "train_000.bin"), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *toks))
+
+    # the initial adapters: one step at lr ~0 (A keeps its value, B stays 0)
+    sp = os.path.join(tmp, "init.json")
+    spec(sp, hf, data, steps=1, lr=1e-12)
+    rc, out, err = worker(["--spec", sp, "--out", os.path.join(tmp, "run0"), "--export-lora",
+                           os.path.join(tmp, "init")])
+    check(rc == 0, f"initial run rc={rc} {err[-400:]}")
+    init = hfio.read_safetensors(os.path.join(tmp, "init", "adapter_model.safetensors")) \
+        if rc == 0 else {}
+    # step-1 loss equals full fine-tuning's
+    spf = os.path.join(tmp, "full.json")
+    spec(spf, hf, data, lora=False, steps=1)
+    rcf, outf, errf = worker(["--spec", spf, "--out", os.path.join(tmp, "runf")])
+    check(rcf == 0 and losses(outf) and losses(out) and
+          abs(losses(outf)[0] - losses(out)[0]) <= 1e-6 * abs(losses(outf)[0]),
+          f"step-1 loss with LoRA equals full fine-tuning's: {losses(out)} vs {losses(outf)}")
+
+    # 10 steps, adapter + merged exports
+    sp = os.path.join(tmp, "lora.json")
+    run = os.path.join(tmp, "run")
+    spec(sp, hf, data, export={"hf": True, "lora": True})
+    rc, out, err = worker(["--spec", sp, "--out", run])
+    check(rc == 0, f"lora run rc={rc} {err[-400:]}")
+    got = losses(out)
+
+    cfgj, base = ref_forward.load(hf)
+    A0 = {}
+    for t in TARGETS:
+        for layer in range(cfg["num_hidden_layers"]):
+            name = f"model.layers.{layer}.{MODULE[t]}"
+            key = f"base_model.model.{name}.lora_A.weight"
+            if key in init:
+                A0[name] = hfio.to_float(*init[key])
+    check(len(A0) == len(TARGETS) * cfg["num_hidden_layers"], f"initial A of {len(A0)} adapters")
+    Bkeys = [k for k in init if k.endswith("lora_B.weight")]
+    # B starts at 0; the one step moved it by at most ~lr (Adam's normalised step)
+    check(Bkeys and all(np.abs(hfio.to_float(*init[k])).max() <= 2e-12 for k in Bkeys),
+          "B starts at 0")
+    bounds = [np.abs(a).max() <= 1 / math.sqrt(a.shape[1]) and np.abs(a).max() > 0.5 /
+              math.sqrt(a.shape[1]) for a in A0.values()]
+    check(bounds and all(bounds), "A is U(-1/sqrt(in), 1/sqrt(in))")
+    want = reference(cfgj, base, toks, A0) if A0 else []
+    rel = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=1.0)
+    print("loom  :", got)
+    print("torch :", want)
+    check(len(got) == STEPS and len(want) == STEPS and rel <= 1e-5,
+          f"10-step loss curve vs torch within 1e-5 relative (max {rel:.3g})")
+    check(len(got) == STEPS and got[-1] < got[0] - 1e-3, "the loss goes down")
+
+    # PEFT adapter
+    ad = os.path.join(run, "export", "lora")
+    acfg = json.load(open(os.path.join(ad, "adapter_config.json")))
+    check(acfg.get("peft_type") == "LORA" and acfg.get("r") == RANK and
+          acfg.get("lora_alpha") == ALPHA and acfg.get("base_model_name_or_path") == hf and
+          sorted(acfg.get("target_modules", [])) ==
+          sorted(m.split(".")[-1] for m in MODULE.values()), f"adapter_config.json {acfg}")
+    st = hfio.read_safetensors(os.path.join(ad, "adapter_model.safetensors"))
+    names = {f"base_model.model.model.layers.{layer}.{MODULE[t]}.lora_{x}.weight"
+             for t in TARGETS for layer in range(cfg["num_hidden_layers"]) for x in "AB"}
+    check(set(st) == names, f"PEFT tensor names ({len(st)} tensors)")
+    shapes = all(st[f"base_model.model.{n}.lora_A.weight"][1] == (RANK, base[n + ".weight"]
+                 .shape[1]) and st[f"base_model.model.{n}.lora_B.weight"][1] ==
+                 (base[n + ".weight"].shape[0], RANK) for n in A0)
+    check(shapes, "lora_A [r, in], lora_B [out, r]")
+
+    # merged export = base + alpha/r B A (numpy)
+    merged = {k: hfio.to_float(*v) for k, v in
+              hfio.read_model_dir(os.path.join(run, "export", "hf")).items()}
+    worst = 0.0
+    for k, b in base.items():
+        bn = b.numpy()
+        name = k[:-len(".weight")]
+        if name in A0:
+            Am = hfio.to_float(*st[f"base_model.model.{name}.lora_A.weight"]).astype(np.float64)
+            Bm = hfio.to_float(*st[f"base_model.model.{name}.lora_B.weight"]).astype(np.float64)
+            bn = bn + (ALPHA / RANK) * (Bm @ Am)
+        worst = max(worst, float(np.abs(merged[k] - bn).max()))
+    check(set(merged) == set(base) and worst <= 1e-6, f"merged export (max abs diff {worst:.3g})")
+
+    # dp2 (zero 0): each rank one of the two sequences, only the adapter gradients all-reduced
+    s = json.load(open(os.path.join(tmp, "lora.json")))
+    s["parallel"] = {"dp": 2, "zero_stage": 0}
+    s["export"] = {"lora": True}
+    spd = os.path.join(tmp, "dp2.json")
+    json.dump(s, open(spd, "w"))
+    rund = os.path.join(tmp, "run-dp2")
+    rc, out, err = worker(["--spec", spd, "--out", rund, "--nproc", "2"])
+    gotd = losses(out)
+    reld = max((abs(g - w) / abs(w) for g, w in zip(gotd, want)), default=1.0)
+    print("dp2   :", gotd)
+    check(rc == 0 and len(gotd) == STEPS and reld <= 1e-5,
+          f"dp2 loss curve vs torch within 1e-5 relative (max {reld:.3g}) rc={rc} {err[-300:]}")
+    if rc == 0:
+        std = hfio.read_safetensors(os.path.join(rund, "export", "lora",
+                                                 "adapter_model.safetensors"))
+        dd = max(float(np.abs(hfio.to_float(*std[k]) - hfio.to_float(*st[k])).max()) for k in st)
+        check(set(std) == set(st) and dd <= 1e-4, f"dp2 adapters match one process (max {dd:.3g})")
+    s["parallel"] = {"dp": 2, "zero_stage": 1}
+    json.dump(s, open(spd, "w"))
+    rc, out, _ = worker(["--spec", spd, "--out", os.path.join(tmp, "bad-z1"), "--nproc", "2"])
+    check(rc != 0 and any(l.get("code") == "LORA_UNSUPPORTED" for l in out),
+          f"dp2 zero 1 refused: {[l for l in out if l.get('type') == 'error'][:1]}")
+
+    # refusals
+    sp = os.path.join(tmp, "bad.json")
+    spec(sp, hf, data, dropout=0.1)
+    rc, out, _ = worker(["--spec", sp, "--out", os.path.join(tmp, "bad1")])
+    check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED" and
+          "dropout" in out[-1].get("message", ""), f"dropout 0.1 refused: {out[-1:]}")
+    s = json.load(open(os.path.join(tmp, "lora.json")))
+    s["parallel"] = {"tp": 2}
+    json.dump(s, open(sp, "w"))
+    rc, out, _ = worker(["--spec", sp, "--out", os.path.join(tmp, "bad2"), "--world", "2",
+                         "--rank", "0", "--rdzv", "file:" + os.path.join(tmp, "rdzv")])
+    check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED" and
+          "tp=2" in out[-1].get("message", ""), f"tp=2 refused: {out[-1:]}")
+    spf2 = os.path.join(tmp, "full2.json")
+    spec(spf2, hf, data, lora=False, steps=1)
+    rc, out, _ = worker(["--spec", spf2, "--out", os.path.join(tmp, "bad3"), "--export-lora",
+                         os.path.join(tmp, "x")])
+    check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED",
+          f"--export-lora without train.lora refused: {out[-1:]}")
+    rc, out, _ = worker(["--spec", os.path.join(tmp, "lora.json"), "--out", run, "--export-hf",
+                         os.path.join(tmp, "y")])
+    check(rc == 2 and out and out[-1].get("code") == "LORA_UNSUPPORTED" and
+          not os.path.exists(os.path.join(tmp, "y")),
+          f"--export-hf from a LoRA run's checkpoint refused: {out[-1:]}")
+    gpt2_part(tmp)
+    print("failures:", failures)
+    if not failures:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
