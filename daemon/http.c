@@ -25,6 +25,7 @@
 #include "daemon/loomd.h"
 #include "daemon/metrics.h"
 #include "daemon/ratelimit.h"
+#include "daemon/tls.h"
 
 #define MAX_EXTRA_HEADERS 6
 
@@ -653,12 +654,23 @@ struct http_server *http_start(struct loomd *ld, const struct http_options *o) {
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
-    srv->mhd =
-        MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                         srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
-                         (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                         (unsigned)o->conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                         srv, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_END);
+    /* TLS (daemon/tls.h): the listener then speaks HTTPS only. */
+    struct MHD_OptionItem tls[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)o->tls_cert_pem},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)o->tls_key_pem},
+        {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)TLS_PRIORITIES},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (o->tls_cert_pem && o->tls_key_pem)
+        flags |= MHD_USE_TLS;
+    else
+        tls[0].option = MHD_OPTION_END;
+    srv->mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
+        MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->conn_timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)(1 << 20), MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     if (!srv->mhd) {
         log_error("http: libmicrohttpd failed to start on %s", o->listen);
         close(srv->listen_fd);

@@ -145,6 +145,8 @@ struct http_options {
     long max_body;       /* bytes */
     long conn_limit;     /* concurrent connections */
     long conn_timeout_s; /* idle keep-alive timeout */
+    const char *tls_cert_pem; /* PEM text: serve HTTPS only (NULL: plain HTTP) */
+    const char *tls_key_pem;
 };
 /* Binds and starts serving. Returns NULL after logging why. */
 struct http_server *http_start(struct loomd *ld, const struct http_options *o);

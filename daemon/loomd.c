@@ -19,6 +19,8 @@
 #include "daemon/metrics.h"
 #include "daemon/ratelimit.h"
 #include "daemon/store.h"
+#include "daemon/tls.h"
+#include <openssl/crypto.h>
 
 #define OFF(f)    offsetof(struct loomd_config, f)
 #define UNBOUNDED 1, 0
@@ -62,6 +64,9 @@ const struct config_entry loomd_config_table[] = {
      "seconds without a training step before an attempt counts as hung"},
     {"nodecheck-on-join", CONFIG_BOOL, OFF(nodecheck_on_join), "false", 1, 0,
      "run a node check (all-reduce over its devices) when a never-checked node joins"},
+    {"tls-cert", CONFIG_STR, OFF(tls_cert), NULL, UNBOUNDED,
+     "PEM certificate (chain) file: serve HTTPS only, TLS 1.2+ (with --tls-key)"},
+    {"tls-key", CONFIG_STR, OFF(tls_key), NULL, UNBOUNDED, "PEM private key file of --tls-cert"},
 };
 const size_t loomd_config_count = sizeof loomd_config_table / sizeof *loomd_config_table;
 
@@ -105,7 +110,8 @@ static void write_addr_file(struct loomd *ld) {
     snprintf(host, sizeof host, "%s", ld->cfg.listen);
     char *colon = strrchr(host, ':');
     if (colon) *colon = 0;
-    int n = snprintf(line, sizeof line, "http://%s:%d\n", host, ld->port);
+    int n = snprintf(line, sizeof line, "%s://%s:%d\n", ld->cfg.tls_cert ? "https" : "http", host,
+                     ld->port);
     if (fs_write_atomic(path, line, (size_t)n, 0644, 0) != 0)
         log_warn("loomd: cannot write %s: %s", path, strerror(errno));
 }
@@ -148,16 +154,31 @@ int loomd_start(struct loomd *ld) {
             return -1;
         }
     }
+    char *cert_pem = NULL, *key_pem = NULL;
+    int want_tls = (ld->cfg.tls_cert && *ld->cfg.tls_cert) || (ld->cfg.tls_key && *ld->cfg.tls_key);
+    if (want_tls) {
+        if (!ld->cfg.tls_cert || !*ld->cfg.tls_cert || !ld->cfg.tls_key || !*ld->cfg.tls_key) {
+            log_error("loomd: --tls-cert and --tls-key go together (one is missing)");
+            return -1;
+        }
+        if (tls_load(ld->cfg.tls_cert, ld->cfg.tls_key, &cert_pem, &key_pem) != 0) return -1;
+    }
     struct http_options ho = {.listen = ld->cfg.listen,
                               .max_body = ld->cfg.max_body,
                               .conn_limit = ld->cfg.conn_limit,
-                              .conn_timeout_s = ld->cfg.conn_timeout};
+                              .conn_timeout_s = ld->cfg.conn_timeout,
+                              .tls_cert_pem = cert_pem,
+                              .tls_key_pem = key_pem};
     ld->http = http_start(ld, &ho);
+    /* libmicrohttpd copies the PEM text at start. */
+    free(cert_pem);
+    if (key_pem) OPENSSL_cleanse(key_pem, strlen(key_pem));
+    free(key_pem);
     if (!ld->http) return -1;
     ld->port = http_port(ld->http);
     write_addr_file(ld);
-    log_info("loomd: listening on %.*s:%d, data in %s", (int)strcspn(ld->cfg.listen, ":"),
-             ld->cfg.listen, ld->port, ld->cfg.data_dir);
+    log_info("loomd: listening on %s://%.*s:%d, data in %s", want_tls ? "https" : "http",
+             (int)strcspn(ld->cfg.listen, ":"), ld->cfg.listen, ld->port, ld->cfg.data_dir);
     return 0;
 }
 

@@ -39,6 +39,8 @@ struct loomd_config {
     long longpoll_timeout; /* s a long-poll waits at most */
     long hang_timeout;     /* s without a step before an attempt counts as hung */
     int nodecheck_on_join; /* check a never-checked node when it joins (daemon/nodecheck.h) */
+    char *tls_cert;        /* PEM certificate (chain): serve HTTPS (daemon/tls.h) */
+    char *tls_key;         /* PEM private key of tls_cert */
 };
 
 extern const struct config_entry loomd_config_table[];
