@@ -366,13 +366,21 @@ static int authenticate(struct http_conn *c) {
     }
     if (auth_is_admin(ld->auth, tok)) {
         req->is_admin = 1;
+        snprintf(req->token_id, sizeof req->token_id, "admin");
         if (need == HTTP_AUTH_ADMIN || need == HTTP_AUTH_ANY_TOKEN) return 0;
         http_error(req, 403, "FORBIDDEN", "this route takes a tenant token, not the admin token");
         return -1;
     }
-    int rc = auth_tenant(ld->auth, ld->store, tok, req->tenant_id, sizeof req->tenant_id);
+    struct auth_token_info info;
+    int rc = auth_tenant_token(ld->auth, ld->store, tok, &info);
     if (rc == -2) {
         http_error(req, 503, "STORE_UNAVAILABLE", "the store could not be read; retry");
+        return -1;
+    }
+    if (rc == -3) {
+        http_add_header(req, "WWW-Authenticate", "Bearer error=\"invalid_token\"");
+        http_error(req, 401, "TOKEN_EXPIRED", "token %s of tenant %s has expired", info.token_id,
+                   info.tenant_id);
         return -1;
     }
     if (rc != 0) {
@@ -380,8 +388,22 @@ static int authenticate(struct http_conn *c) {
         http_error(req, 401, "UNAUTHORIZED", "unknown or revoked token");
         return -1;
     }
+    snprintf(req->tenant_id, sizeof req->tenant_id, "%s", info.tenant_id);
+    snprintf(req->token_id, sizeof req->token_id, "%s", info.token_id);
+    req->scopes = info.scopes;
     if (need == HTTP_AUTH_ADMIN) {
-        http_error(req, 403, "FORBIDDEN", "this route needs the admin token");
+        if (!(info.scopes & AUTH_SCOPE_ADMIN)) {
+            http_error(req, 403, "FORBIDDEN", "this route needs the admin token");
+            return -1;
+        }
+        req->is_admin = 1;
+        return 0;
+    }
+    unsigned want = auth_route_scope(req->route->method, req->route->pattern);
+    if (!(info.scopes & want)) {
+        http_error(req, 403, "INSUFFICIENT_SCOPE", "token %s lacks the '%s' scope for %s %s",
+                   info.token_id, want == AUTH_SCOPE_READ ? "read" : "submit", req->route->method,
+                   req->route->pattern);
         return -1;
     }
     double retry = 0;

@@ -25,6 +25,7 @@ const struct http_route http_routes[] = {
     {"PATCH", "/v1/tenants/{id}", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_tenants_update},
     {"POST", "/v1/tenants/{id}/tokens", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT,
      api_tenants_token_create},
+    {"GET", "/v1/tenants/{id}/tokens", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, api_tenants_token_list},
     {"DELETE", "/v1/tenants/{id}/tokens/{tid}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE,
      api_tenants_token_revoke},
     /* jobs: tenants see their own; the admin token sees all (?tenant= narrows) */
