@@ -21,6 +21,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "daemon/audit.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
 #include "daemon/metrics.h"
@@ -54,6 +55,7 @@ struct http_conn {
     int replied; /* a response was queued */
     int status;
     struct MHD_Response *resp;
+    char object_id[64]; /* "id" of a 2xx JSON reply (audit) */
     int nhdr;
     char *hdr_name[MAX_EXTRA_HEADERS];
     char *hdr_value[MAX_EXTRA_HEADERS];
@@ -152,6 +154,8 @@ int http_reply_text(struct http_req *req, int status, const char *content_type, 
 
 int http_reply_json(struct http_req *req, int status, json_t *body) {
     if (!body) return http_reply_text(req, status, NULL, "", 0);
+    const char *oid = json_string_value(json_object_get(body, "id"));
+    if (status < 300 && oid) snprintf(req->conn->object_id, sizeof req->conn->object_id, "%s", oid);
     char *s = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!s) return http_reply_text(req, 500, "application/json", "{}", 2);
@@ -540,9 +544,44 @@ static void run_handler(struct http_conn *c) {
     if (!c->resp) http_error(req, 500, "INTERNAL", "the handler sent no reply");
 }
 
+/* One audit row (daemon/audit.h) for a state-changing request, before its reply. */
+static void record_audit(struct http_conn *c, struct MHD_Connection *mc) {
+    char remote[INET6_ADDRSTRLEN] = "";
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr) {
+        const struct sockaddr *sa = ci->client_addr;
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, remote, sizeof remote);
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, remote,
+                      sizeof remote);
+    }
+    struct http_req *req = &c->req;
+    const char *object = c->object_id;
+    for (int i = 0; !*object && i < c->nhdr; i++) /* a created object's Location */
+        if (c->status < 300 && strcasecmp(c->hdr_name[i], "Location") == 0 &&
+            strrchr(c->hdr_value[i], '/'))
+            object = strrchr(c->hdr_value[i], '/') + 1;
+    if (!*object && req->nparams > 0) object = req->param_value[req->nparams - 1];
+    struct audit_event e = {.actor = req->token_id,
+                            .tenant_id = req->tenant_id,
+                            .method = req->route->method,
+                            .route = req->route->pattern,
+                            .path = req->path,
+                            .object_id = object,
+                            .remote = remote,
+                            .status = c->status ? c->status : 499};
+    audit_record(c->srv->ld, &e);
+}
+
 static enum MHD_Result queue(struct http_conn *c) {
     c->replied = 1;
     if (!c->resp) return MHD_NO;
+    /* The audit row is durable before the client sees the reply. */
+    if (c->req.route &&
+        audit_wanted(c->req.route->method, c->req.route->pattern, (int)c->req.route->auth))
+        record_audit(c, c->mc);
     enum MHD_Result r = MHD_queue_response(c->mc, (unsigned)c->status, c->resp);
     MHD_destroy_response(c->resp);
     c->resp = NULL;

@@ -14,6 +14,7 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "daemon/audit.h"
 #include "daemon/auth.h"
 #include "daemon/http.h"
 #include "daemon/metrics.h"
@@ -66,6 +67,8 @@ const struct config_entry loomd_config_table[] = {
      "run a node check (all-reduce over its devices) when a never-checked node joins"},
     {"tls-cert", CONFIG_STR, OFF(tls_cert), NULL, UNBOUNDED,
      "PEM certificate (chain) file: serve HTTPS only, TLS 1.2+ (with --tls-key)"},
+    {"audit-retention-days", CONFIG_INT, OFF(audit_retention_days), "90", 0, 36500,
+     "days audit rows are kept (deleted at start-up and hourly; 0: forever)"},
     {"tls-key", CONFIG_STR, OFF(tls_key), NULL, UNBOUNDED, "PEM private key file of --tls-cert"},
 };
 const size_t loomd_config_count = sizeof loomd_config_table / sizeof *loomd_config_table;
@@ -83,6 +86,8 @@ static const struct loomd_module modules[] = {
     {"nodecheck", nodecheck_start, nodecheck_stop},
     /* nodes, attempts, scheduler loop: daemon/cluster.h */
     {"cluster", cluster_start, cluster_stop},
+    /* audit log retention (daemon/audit.h) */
+    {"audit", audit_start, audit_stop},
 };
 #define NMODULES (sizeof modules / sizeof *modules)
 

@@ -34,13 +34,14 @@ struct loomd_config {
     int store_sync_full; /* synchronous=FULL */
     long store_batch;    /* max writes per group commit */
     double price_gpu_hour;
-    long node_timeout;     /* s without heartbeat before a node is lost */
-    long heartbeat;        /* s between agent heartbeats (told to agents) */
-    long longpoll_timeout; /* s a long-poll waits at most */
-    long hang_timeout;     /* s without a step before an attempt counts as hung */
-    int nodecheck_on_join; /* check a never-checked node when it joins (daemon/nodecheck.h) */
-    char *tls_cert;        /* PEM certificate (chain): serve HTTPS (daemon/tls.h) */
-    char *tls_key;         /* PEM private key of tls_cert */
+    long node_timeout;         /* s without heartbeat before a node is lost */
+    long heartbeat;            /* s between agent heartbeats (told to agents) */
+    long longpoll_timeout;     /* s a long-poll waits at most */
+    long hang_timeout;         /* s without a step before an attempt counts as hung */
+    int nodecheck_on_join;     /* check a never-checked node when it joins (daemon/nodecheck.h) */
+    char *tls_cert;            /* PEM certificate (chain): serve HTTPS (daemon/tls.h) */
+    char *tls_key;             /* PEM private key of tls_cert */
+    long audit_retention_days; /* audit rows older than this are deleted (0: keep) */
 };
 
 extern const struct config_entry loomd_config_table[];
@@ -67,6 +68,7 @@ struct loomd {
      * attempt supervisor wait on it with http_wait). */
     struct http_notify jobs_changed;
     /* Other modules add their state pointers here (one line each). */
+    struct audit *audit; /* audit log retention sweep (daemon/audit.h) */
 };
 
 /* Loads configuration from argv (see config.h for the return values). */
