@@ -67,9 +67,9 @@ const struct config_entry loomd_config_table[] = {
      "run a node check (all-reduce over its devices) when a never-checked node joins"},
     {"tls-cert", CONFIG_STR, OFF(tls_cert), NULL, UNBOUNDED,
      "PEM certificate (chain) file: serve HTTPS only, TLS 1.2+ (with --tls-key)"},
+    {"tls-key", CONFIG_STR, OFF(tls_key), NULL, UNBOUNDED, "PEM private key file of --tls-cert"},
     {"audit-retention-days", CONFIG_INT, OFF(audit_retention_days), "90", 0, 36500,
      "days audit rows are kept (deleted at start-up and hourly; 0: forever)"},
-    {"tls-key", CONFIG_STR, OFF(tls_key), NULL, UNBOUNDED, "PEM private key file of --tls-cert"},
 };
 const size_t loomd_config_count = sizeof loomd_config_table / sizeof *loomd_config_table;
 
