@@ -58,7 +58,8 @@ if(TARGET loomd AND TARGET loomctl)
                          TIMEOUT 60 SKIP_RETURN_CODE 77)
     add_test(NAME integration.daemon_tls
              COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_tls.sh
-                     $<TARGET_FILE:loomd> $<TARGET_FILE:loomctl>)
+                     $<TARGET_FILE:loomd> $<TARGET_FILE:loomctl>
+                     $<$<TARGET_EXISTS:loom-agent>:$<TARGET_FILE:loom-agent>>)
     set_tests_properties(integration.daemon_tls PROPERTIES LABELS "integration;sanitize"
                          TIMEOUT 90 SKIP_RETURN_CODE 77)
     add_test(NAME integration.daemon_tokens

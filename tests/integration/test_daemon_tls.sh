@@ -3,11 +3,13 @@
 # made here with the openssl CLI; curl --cacert and loomctl --ca / LOOM_CA
 # must verify the server, plain HTTP on the port and a client without the CA
 # must fail, and bad key files must stop start-up with a message naming them.
-# Usage: test_daemon_tls.sh LOOMD LOOMCTL. Exit 77 (not run) without curl,
+# With LOOM_AGENT, a loom-agent --ca registers over HTTPS and one without the
+# CA does not. Usage: test_daemon_tls.sh LOOMD LOOMCTL [LOOM_AGENT]. Exit 77 (not run) without curl,
 # openssl or a libmicrohttpd built with TLS.
 set -u
 LOOMD=$1
 LOOMCTL=$2
+AGENT=${3:-}
 command -v curl >/dev/null 2>&1 || { echo "SKIP: no curl binary"; exit 77; }
 command -v openssl >/dev/null 2>&1 || { echo "SKIP: no openssl binary"; exit 77; }
 T=$(mktemp -d /tmp/loom-test-tls-XXXXXX)
@@ -86,6 +88,34 @@ r=$?
 check "loomctl without the CA: exit 3, certificate error (exit $r)" $?
 "$LOOMCTL" --url "$URL" --token tls-admin --ca "$T/other.key" tenant-list >/dev/null 2>&1
 [ $? != 0 ]; check "loomctl with a wrong CA file fails" $?
+
+if [ -n "$AGENT" ]; then
+    LOOM_JOIN_TOKEN=j "$AGENT" --coordinator "$URL" --ca "$T/ca.pem" --name tls-node \
+        --cpu-devices 1 --work-dir "$T/agent" --heartbeat-ms 200 --log-level warn \
+        >"$T/agent.log" 2>&1 &
+    APID=$!
+    LOOM_JOIN_TOKEN=j "$AGENT" --coordinator "$URL" --name no-ca-node --cpu-devices 1 \
+        --work-dir "$T/agent2" --heartbeat-ms 200 --retry-max-ms 200 >"$T/agent2.log" 2>&1 &
+    APID2=$!
+    i=0
+    while [ $i -lt 100 ]; do
+        "$LOOMCTL" --url "$URL" --token tls-admin --ca "$T/ca.pem" nodes >"$T/nodes.out" 2>&1
+        grep -q "tls-node.*ready" "$T/nodes.out" && break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    grep -q "tls-node.*ready" "$T/nodes.out"; check "loom-agent --ca registers over HTTPS" $?
+    i=0
+    while ! grep -qi "certificate" "$T/agent2.log" && [ $i -lt 100 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    grep -qi "certificate" "$T/agent2.log"; check "agent without the CA logs the certificate problem" $?
+    "$LOOMCTL" --url "$URL" --token tls-admin --ca "$T/ca.pem" nodes >"$T/nodes.out" 2>&1
+    ! grep -q no-ca-node "$T/nodes.out"; check "loom-agent without the CA is not registered" $?
+    kill "$APID" "$APID2"
+    wait "$APID" "$APID2" 2>/dev/null
+fi
 
 kill "$PID"
 wait "$PID"
