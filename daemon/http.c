@@ -382,6 +382,9 @@ static int authenticate(struct http_conn *c) {
         return -1;
     }
     if (rc == -3) {
+        /* Named in the audit row of the refused request. */
+        snprintf(req->tenant_id, sizeof req->tenant_id, "%s", info.tenant_id);
+        snprintf(req->token_id, sizeof req->token_id, "%s", info.token_id);
         http_add_header(req, "WWW-Authenticate", "Bearer error=\"invalid_token\"");
         http_error(req, 401, "TOKEN_EXPIRED", "token %s of tenant %s has expired", info.token_id,
                    info.tenant_id);
