@@ -24,6 +24,7 @@ struct agent_config {
     int adopt;
     char *log_level;
     char *config;
+    char *ca; /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
 };
 
 /* Run until *stop becomes non-zero (signal handler). Workers are left

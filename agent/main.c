@@ -47,6 +47,8 @@ static const struct config_entry table[] = {
      "re-adopt workers found running after a restart (false: kill them)"},
     {"log-level", CONFIG_STR, C(log_level), "info", 1, 0, "debug|info|warn|error"},
     {"config", CONFIG_STR, C(config), NULL, 1, 0, "config file (name = value lines)"},
+    {"ca", CONFIG_STR, C(ca), NULL, 1, 0,
+     "PEM CA bundle to verify an https coordinator (also LOOM_CA; workers inherit it)"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 
@@ -61,6 +63,7 @@ int main(int argc, char **argv) {
         config_free(table, NTABLE, &cfg);
         return r > 0 ? 0 : 2;
     }
+    if (cfg.ca && *cfg.ca) setenv("LOOM_CA", cfg.ca, 1);
     int lvl = log_level_parse(cfg.log_level);
     log_init("loom-agent", lvl < 0 ? LOG_INFO : (enum log_level)lvl);
     if (!cfg.name) {

@@ -14,6 +14,7 @@ struct client {
     char *base;
     char *auth;   /* "Authorization: Bearer ..." or NULL */
     char *header; /* one extra header or NULL */
+    char *ca;     /* CA bundle (PEM) for https:// URLs, from LOOM_CA; NULL: system CAs */
     long timeout_ms;
 };
 
@@ -35,6 +36,11 @@ struct client *client_new(const char *base_url, const char *token) {
         if (c->auth) snprintf(c->auth, len, "Authorization: Bearer %s", token);
     }
     c->timeout_ms = 30000;
+    /* The CA comes from the environment so that every program (loomctl,
+     * loom-agent and the workers it starts) trusts the same one; their --ca
+     * options set LOOM_CA. */
+    const char *ca = getenv("LOOM_CA");
+    if (ca && *ca) c->ca = strdup(ca);
     if (!c->curl || !c->base || (token && *token && !c->auth)) {
         client_free(c);
         return NULL;
@@ -48,6 +54,7 @@ void client_free(struct client *c) {
     free(c->base);
     free(c->auth);
     free(c->header);
+    free(c->ca);
     free(c);
 }
 
@@ -91,6 +98,9 @@ int client_request(struct client *c, const char *method, const char *path, json_
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &buf);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
+    /* curl_easy_reset restores peer and host verification on; only the CA
+     * changes. */
+    if (c->ca) curl_easy_setopt(h, CURLOPT_CAINFO, c->ca);
     if (c->auth) hdrs = curl_slist_append(hdrs, c->auth);
     if (c->header) hdrs = curl_slist_append(hdrs, c->header);
     if (body) {

@@ -12,8 +12,10 @@ struct client;
 /* Call once from main before any thread starts. */
 void client_global_init(void);
 
-/* base_url like "http://127.0.0.1:8420"; token may be NULL (no Authorization
- * header). Copies both strings. Returns NULL on allocation failure. */
+/* base_url like "http://127.0.0.1:8420" or "https://..."; token may be NULL
+ * (no Authorization header). Copies both strings. An https:// server's
+ * certificate is verified against the PEM CA bundle named by $LOOM_CA, else
+ * the system CAs. Returns NULL on allocation failure. */
 struct client *client_new(const char *base_url, const char *token);
 void client_free(struct client *c); /* accepts NULL */
 /* Total per-request timeout in milliseconds (default 30000); connect timeout

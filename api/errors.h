@@ -33,7 +33,9 @@
     X(INVALID_METRICS, 400, "agent: metrics items is not an array")                                \
     X(INVALID_LOG_CHUNK, 400, "agent: a log chunk is malformed")                                   \
     X(UNAUTHORIZED, 401, "missing, unknown, expired or revoked token")                             \
+    X(TOKEN_EXPIRED, 401, "the tenant token is past its expires_at")                               \
     X(FORBIDDEN, 403, "a token of the wrong kind for this route")                                  \
+    X(INSUFFICIENT_SCOPE, 403, "the token lacks the scope the route needs (read, submit)")         \
     X(RDZV_FORBIDDEN, 403, "the token is not this attempt's rendezvous token")                     \
     X(STAGING_FORBIDDEN, 403, "the token is not this job's attempt token")                         \
     X(NOT_FOUND, 404, "no such route")                                                             \

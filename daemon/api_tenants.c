@@ -15,6 +15,8 @@ struct tenant_op {
     const char *roots;
     const char *tenant_id;
     const char *token_id;
+    unsigned scopes;    /* tokens: AUTH_SCOPE_* bits */
+    int64_t expires_at; /* tokens: ms, 0 never */
     unsigned char hash[32];
     char id[32];
     json_t *out;
@@ -234,30 +236,127 @@ int api_tenants_update(struct http_req *req) {
     return http_reply_json(req, 200, op.out);
 }
 
+#define MAX_EXPIRES_IN_S  (10L * 365 * 86400) /* ten years */
+#define ADMIN_ONLY_TENANT 1                   /* token_cb: admin scope on another tenant */
+
 static int token_cb(struct store_tx *tx, void *arg) {
+    struct tenant_op *op = arg;
+    json_t *t = NULL;
+    int rc = store_tenant_get(tx, op->tenant_id, &t);
+    if (rc == STORE_OK && (op->scopes & AUTH_SCOPE_ADMIN) &&
+        strcmp(json_string_value(json_object_get(t, "name")), AUTH_ADMIN_TENANT) != 0)
+        rc = ADMIN_ONLY_TENANT;
+    json_decref(t);
+    if (rc) return rc;
+    return store_token_issue(tx, op->tenant_id, op->hash, op->name, op->scopes, op->expires_at,
+                             op->id, sizeof op->id);
+}
+
+/* Validates {"name"?, "scopes"?, "expires_in_s"?} into op; on error replies
+ * and returns -1. */
+static int parse_token_fields(struct http_req *req, struct tenant_op *op, long *expires_in) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(req->json, k, v) {
+        if (strcmp(k, "name") && strcmp(k, "scopes") && strcmp(k, "expires_in_s")) {
+            API_ERROR_FIELD(req, UNKNOWN_FIELD, k,
+                            "unknown field '%s' (name, scopes and expires_in_s are allowed)", k);
+            return -1;
+        }
+    }
+    op->name = "";
+    op->scopes = AUTH_SCOPES_DEFAULT;
+    *expires_in = 0;
+    json_t *name = json_object_get(req->json, "name");
+    if (name) {
+        if (!json_is_string(name) || !valid_name(json_string_value(name))) {
+            API_ERROR_FIELD(req, INVALID_NAME, "name",
+                            "token name must be 1-63 characters of [A-Za-z0-9._-]");
+            return -1;
+        }
+        op->name = json_string_value(name);
+    }
+    json_t *scopes = json_object_get(req->json, "scopes");
+    if (scopes) {
+        size_t i;
+        json_t *sc;
+        if (!json_is_array(scopes) || json_array_size(scopes) == 0) {
+            API_ERROR_FIELD(req, INVALID_FIELD, "scopes",
+                            "'scopes' must be a non-empty array of read, submit, admin");
+            return -1;
+        }
+        op->scopes = 0;
+        json_array_foreach(scopes, i, sc) {
+            unsigned bit = json_is_string(sc) ? auth_scope_parse(json_string_value(sc)) : 0;
+            if (!bit) {
+                API_ERROR_FIELD(req, INVALID_FIELD, "scopes",
+                                "scopes[%zu] is not one of read, submit, admin", i);
+                return -1;
+            }
+            op->scopes |= bit;
+        }
+    }
+    json_t *exp = json_object_get(req->json, "expires_in_s");
+    if (exp) {
+        if (!json_is_integer(exp) || json_integer_value(exp) < 1 ||
+            json_integer_value(exp) > MAX_EXPIRES_IN_S) {
+            API_ERROR_FIELD(req, INVALID_FIELD, "expires_in_s",
+                            "'expires_in_s' must be an integer in [1, %ld] (absent: no expiry)",
+                            MAX_EXPIRES_IN_S);
+            return -1;
+        }
+        *expires_in = (long)json_integer_value(exp);
+    }
+    return 0;
+}
+
+int api_tenants_token_create(struct http_req *req) {
+    struct tenant_op op = {.tenant_id = http_param(req, "id")};
+    long expires_in = 0;
+    if (parse_token_fields(req, &op, &expires_in) != 0) return 0;
+    char token[80];
+    if (auth_new_token(token, sizeof token) != 0)
+        return API_ERROR(req, INTERNAL, "no randomness available");
+    op.expires_at = expires_in ? store_now_ms() + (int64_t)expires_in * 1000 : 0;
+    auth_hash(token, op.hash);
+    int rc = store_write(req->ld->store, token_cb, &op);
+    if (rc == STORE_NOT_FOUND)
+        return API_ERROR(req, TENANT_NOT_FOUND, "no tenant '%s'", op.tenant_id);
+    if (rc == ADMIN_ONLY_TENANT)
+        return API_ERROR_FIELD(req, INVALID_FIELD, "scopes",
+                               "the 'admin' scope is only for tokens of the tenant named '%s', "
+                               "not '%s'",
+                               AUTH_ADMIN_TENANT, op.tenant_id);
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not store token");
+    return http_reply_json(req, 201,
+                           json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "id", op.id, "tenant_id",
+                                     op.tenant_id, "token", token, "name", op.name, "scopes",
+                                     auth_scopes_json(op.scopes), "expires_at",
+                                     store_time_json(op.expires_at)));
+}
+
+static int token_list_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
     json_t *t = NULL;
     int rc = store_tenant_get(tx, op->tenant_id, &t);
     json_decref(t);
     if (rc) return rc;
-    return store_token_insert(tx, op->tenant_id, op->hash, op->id, sizeof op->id);
+    return store_token_list(tx, op->tenant_id, &op->out);
 }
 
-int api_tenants_token_create(struct http_req *req) {
-    if (req->json && json_object_size(req->json) > 0)
-        return API_ERROR(req, UNKNOWN_FIELD, "this route takes no fields");
-    char token[80];
-    if (auth_new_token(token, sizeof token) != 0)
-        return API_ERROR(req, INTERNAL, "no randomness available");
+int api_tenants_token_list(struct http_req *req) {
     struct tenant_op op = {.tenant_id = http_param(req, "id")};
-    auth_hash(token, op.hash);
-    int rc = store_write(req->ld->store, token_cb, &op);
+    int rc = store_read(req->ld->store, token_list_cb, &op);
     if (rc == STORE_NOT_FOUND)
         return API_ERROR(req, TENANT_NOT_FOUND, "no tenant '%s'", op.tenant_id);
-    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not store token");
-    return http_reply_json(
-        req, 201,
-        json_pack("{s:s, s:s, s:s}", "id", op.id, "tenant_id", op.tenant_id, "token", token));
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not read tokens");
+    size_t i;
+    json_t *t;
+    json_array_foreach(op.out, i, t) {
+        unsigned bits = (unsigned)json_integer_value(json_object_get(t, "scopes"));
+        json_object_set_new(t, "scopes", auth_scopes_json(bits));
+    }
+    return http_reply_json(req, 200, json_pack("{s:o}", "items", op.out));
 }
 
 static int revoke_cb(struct store_tx *tx, void *arg) {

@@ -22,10 +22,13 @@
 #define CACHE_SLOTS 1024 /* direct-mapped by hash; a collision just evicts */
 #define ROOTS_SLOTS 256
 
+#define TOUCH_EVERY_MS 60000 /* last_used_at granularity */
+
 struct cached_token {
     int used;
     unsigned char hash[32];
-    char tenant[32];
+    struct auth_token_info info;
+    int64_t touched_ms; /* last time last_used_at was written */
 };
 
 struct cached_roots {
@@ -144,33 +147,52 @@ int auth_is_join(const struct auth *a, const char *token) {
 
 struct lookup {
     unsigned char hash[32];
-    char *tenant;
-    size_t len;
+    struct store_token tok;
 };
 
 static int lookup_cb(struct store_tx *tx, void *arg) {
     struct lookup *l = arg;
-    return store_token_lookup(tx, l->hash, l->tenant, l->len);
+    return store_token_find(tx, l->hash, &l->tok);
+}
+
+static int touch_cb(struct store_tx *tx, void *arg) {
+    return store_token_touch(tx, arg, store_now_ms());
 }
 
 static unsigned slot_of(const unsigned char *h, unsigned n) {
     return ((unsigned)h[0] | (unsigned)h[1] << 8 | (unsigned)h[2] << 16) % n;
 }
 
-int auth_tenant(struct auth *a, struct store *s, const char *token, char *tenant_id, size_t len) {
-    struct lookup l = {.tenant = tenant_id, .len = len};
+static int check_expiry(const struct auth_token_info *info) {
+    return info->expires_at > 0 && store_now_ms() >= info->expires_at ? -3 : 0;
+}
+
+int auth_tenant_token(struct auth *a, struct store *s, const char *token,
+                      struct auth_token_info *out) {
+    struct lookup l;
+    memset(&l, 0, sizeof l);
     auth_hash(token, l.hash);
     struct cached_token *c = &a->tokens[slot_of(l.hash, CACHE_SLOTS)];
+    int64_t now = store_now_ms();
     pthread_mutex_lock(&a->mu);
     if (c->used && token_equal_mem(c->hash, l.hash, 32)) {
-        snprintf(tenant_id, len, "%s", c->tenant);
+        *out = c->info;
+        int touch = now - c->touched_ms >= TOUCH_EVERY_MS;
+        if (touch) c->touched_ms = now;
         pthread_mutex_unlock(&a->mu);
-        return 0;
+        int rc = check_expiry(out);
+        if (rc == 0 && touch) store_write(s, touch_cb, out->token_id);
+        return rc;
     }
     unsigned long gen = a->gen;
     pthread_mutex_unlock(&a->mu);
     int rc = store_read(s, lookup_cb, &l);
     if (rc != STORE_OK) return rc == STORE_NOT_FOUND ? -1 : -2;
+    memset(out, 0, sizeof *out);
+    snprintf(out->tenant_id, sizeof out->tenant_id, "%s", l.tok.tenant_id);
+    snprintf(out->token_id, sizeof out->token_id, "%s", l.tok.id);
+    out->scopes = l.tok.scopes;
+    out->expires_at = l.tok.expires_at;
     /* Cache only if no revocation finished meanwhile: a read that began
      * before a revocation committed may have seen the token live, and
      * auth_forget (after that commit) bumps gen, so it is not cached. */
@@ -178,10 +200,62 @@ int auth_tenant(struct auth *a, struct store *s, const char *token, char *tenant
     if (a->gen == gen) {
         c->used = 1;
         memcpy(c->hash, l.hash, 32);
-        snprintf(c->tenant, sizeof c->tenant, "%s", tenant_id);
+        c->info = *out;
+        c->touched_ms = now;
     }
     pthread_mutex_unlock(&a->mu);
+    rc = check_expiry(out);
+    if (rc == 0) store_write(s, touch_cb, out->token_id);
+    return rc;
+}
+
+int auth_tenant(struct auth *a, struct store *s, const char *token, char *tenant_id, size_t len) {
+    struct auth_token_info info;
+    int rc = auth_tenant_token(a, s, token, &info);
+    if (rc == -3) return -1;
+    if (rc == 0) snprintf(tenant_id, len, "%s", info.tenant_id);
+    return rc;
+}
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} scope_names[] = {
+    {"read", AUTH_SCOPE_READ},
+    {"submit", AUTH_SCOPE_SUBMIT},
+    {"admin", AUTH_SCOPE_ADMIN},
+};
+#define NSCOPES (sizeof scope_names / sizeof *scope_names)
+
+unsigned auth_scope_parse(const char *name) {
+    for (size_t i = 0; i < NSCOPES; i++)
+        if (strcmp(scope_names[i].name, name) == 0) return scope_names[i].bit;
     return 0;
+}
+
+json_t *auth_scopes_json(unsigned scopes) {
+    json_t *arr = json_array();
+    for (size_t i = 0; i < NSCOPES; i++)
+        if (scopes & scope_names[i].bit)
+            json_array_append_new(arr, json_string(scope_names[i].name));
+    return arr;
+}
+
+/* Routes that read although their method is not GET; every other non-GET
+ * route of a tenant token needs submit. */
+static const struct {
+    const char *method;
+    const char *pattern;
+} read_writes[] = {
+    {"POST", "/v1/plan"},
+};
+
+unsigned auth_route_scope(const char *method, const char *pattern) {
+    if (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) return AUTH_SCOPE_READ;
+    for (size_t i = 0; i < sizeof read_writes / sizeof *read_writes; i++)
+        if (!strcmp(read_writes[i].method, method) && !strcmp(read_writes[i].pattern, pattern))
+            return AUTH_SCOPE_READ;
+    return AUTH_SCOPE_SUBMIT;
 }
 
 struct roots_lookup {

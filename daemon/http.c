@@ -21,10 +21,12 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "daemon/audit.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
 #include "daemon/metrics.h"
 #include "daemon/ratelimit.h"
+#include "daemon/tls.h"
 
 #define MAX_EXTRA_HEADERS 6
 
@@ -53,6 +55,7 @@ struct http_conn {
     int replied; /* a response was queued */
     int status;
     struct MHD_Response *resp;
+    char object_id[64]; /* "id" of a 2xx JSON reply (audit) */
     int nhdr;
     char *hdr_name[MAX_EXTRA_HEADERS];
     char *hdr_value[MAX_EXTRA_HEADERS];
@@ -164,6 +167,8 @@ int http_reply_text(struct http_req *req, int status, const char *content_type, 
 
 int http_reply_json(struct http_req *req, int status, json_t *body) {
     if (!body) return http_reply_text(req, status, NULL, "", 0);
+    const char *oid = json_string_value(json_object_get(body, "id"));
+    if (status < 300 && oid) snprintf(req->conn->object_id, sizeof req->conn->object_id, "%s", oid);
     char *s = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!s) return http_reply_text(req, 500, "application/json", "{}", 2);
@@ -389,13 +394,24 @@ static int authenticate(struct http_conn *c) {
     }
     if (auth_is_admin(ld->auth, tok)) {
         req->is_admin = 1;
+        snprintf(req->token_id, sizeof req->token_id, "admin");
         if (need == HTTP_AUTH_ADMIN || need == HTTP_AUTH_ANY_TOKEN) return 0;
         http_error(req, 403, "FORBIDDEN", "this route takes a tenant token, not the admin token");
         return -1;
     }
-    int rc = auth_tenant(ld->auth, ld->store, tok, req->tenant_id, sizeof req->tenant_id);
+    struct auth_token_info info;
+    int rc = auth_tenant_token(ld->auth, ld->store, tok, &info);
     if (rc == -2) {
         http_error(req, 503, "STORE_UNAVAILABLE", "the store could not be read; retry");
+        return -1;
+    }
+    if (rc == -3) {
+        /* Named in the audit row of the refused request. */
+        snprintf(req->tenant_id, sizeof req->tenant_id, "%s", info.tenant_id);
+        snprintf(req->token_id, sizeof req->token_id, "%s", info.token_id);
+        http_add_header(req, "WWW-Authenticate", "Bearer error=\"invalid_token\"");
+        http_error(req, 401, "TOKEN_EXPIRED", "token %s of tenant %s has expired", info.token_id,
+                   info.tenant_id);
         return -1;
     }
     if (rc != 0) {
@@ -403,8 +419,22 @@ static int authenticate(struct http_conn *c) {
         http_error(req, 401, "UNAUTHORIZED", "unknown or revoked token");
         return -1;
     }
+    snprintf(req->tenant_id, sizeof req->tenant_id, "%s", info.tenant_id);
+    snprintf(req->token_id, sizeof req->token_id, "%s", info.token_id);
+    req->scopes = info.scopes;
     if (need == HTTP_AUTH_ADMIN) {
-        http_error(req, 403, "FORBIDDEN", "this route needs the admin token");
+        if (!(info.scopes & AUTH_SCOPE_ADMIN)) {
+            http_error(req, 403, "FORBIDDEN", "this route needs the admin token");
+            return -1;
+        }
+        req->is_admin = 1;
+        return 0;
+    }
+    unsigned want = auth_route_scope(req->route->method, req->route->pattern);
+    if (!(info.scopes & want)) {
+        http_error(req, 403, "INSUFFICIENT_SCOPE", "token %s lacks the '%s' scope for %s %s",
+                   info.token_id, want == AUTH_SCOPE_READ ? "read" : "submit", req->route->method,
+                   req->route->pattern);
         return -1;
     }
     double retry = 0;
@@ -541,9 +571,44 @@ static void run_handler(struct http_conn *c) {
     if (!c->resp) http_error(req, 500, "INTERNAL", "the handler sent no reply");
 }
 
+/* One audit row (daemon/audit.h) for a state-changing request, before its reply. */
+static void record_audit(struct http_conn *c, struct MHD_Connection *mc) {
+    char remote[INET6_ADDRSTRLEN] = "";
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr) {
+        const struct sockaddr *sa = ci->client_addr;
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, remote, sizeof remote);
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, remote,
+                      sizeof remote);
+    }
+    struct http_req *req = &c->req;
+    const char *object = c->object_id;
+    for (int i = 0; !*object && i < c->nhdr; i++) /* a created object's Location */
+        if (c->status < 300 && strcasecmp(c->hdr_name[i], "Location") == 0 &&
+            strrchr(c->hdr_value[i], '/'))
+            object = strrchr(c->hdr_value[i], '/') + 1;
+    if (!*object && req->nparams > 0) object = req->param_value[req->nparams - 1];
+    struct audit_event e = {.actor = req->token_id,
+                            .tenant_id = req->tenant_id,
+                            .method = req->route->method,
+                            .route = req->route->pattern,
+                            .path = req->path,
+                            .object_id = object,
+                            .remote = remote,
+                            .status = c->status ? c->status : 499};
+    audit_record(c->srv->ld, &e);
+}
+
 static enum MHD_Result queue(struct http_conn *c) {
     c->replied = 1;
     if (!c->resp) return MHD_NO;
+    /* The audit row is durable before the client sees the reply. */
+    if (c->req.route &&
+        audit_wanted(c->req.route->method, c->req.route->pattern, (int)c->req.route->auth))
+        record_audit(c, c->mc);
     enum MHD_Result r = MHD_queue_response(c->mc, (unsigned)c->status, c->resp);
     MHD_destroy_response(c->resp);
     c->resp = NULL;
@@ -677,12 +742,23 @@ struct http_server *http_start(struct loomd *ld, const struct http_options *o) {
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
-    srv->mhd =
-        MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                         srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
-                         (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                         (unsigned)o->conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                         srv, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_END);
+    /* TLS (daemon/tls.h): the listener then speaks HTTPS only. */
+    struct MHD_OptionItem tls[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)o->tls_cert_pem},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)o->tls_key_pem},
+        {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)TLS_PRIORITIES},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (o->tls_cert_pem && o->tls_key_pem)
+        flags |= MHD_USE_TLS;
+    else
+        tls[0].option = MHD_OPTION_END;
+    srv->mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
+        MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->conn_timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)(1 << 20), MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     if (!srv->mhd) {
         log_error("http: libmicrohttpd failed to start on %s", o->listen);
         close(srv->listen_fd);

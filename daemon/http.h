@@ -81,7 +81,9 @@ struct http_req {
     size_t body_len;
     json_t *json;       /* parsed body for HTTP_BODY_JSON*, borrowed (layer frees) */
     char tenant_id[32]; /* set for tenant tokens */
-    int is_admin;       /* the admin token was used */
+    int is_admin;       /* the admin token (or an admin-scoped token) was used */
+    char token_id[32];  /* the tenant token's id ("k-..."); "admin" for the admin token */
+    unsigned scopes;    /* the tenant token's AUTH_SCOPE_* bits (daemon/auth.h) */
     const char *bearer; /* raw bearer token (HTTP_AUTH_BEARER routes) */
     /* internal */
     struct http_conn *conn;
@@ -148,10 +150,12 @@ int http_stopping(struct http_server *srv);
 
 /* ----- server lifecycle (daemon/loomd.c calls these) ----- */
 struct http_options {
-    const char *listen;  /* "127.0.0.1:8420"; port 0 = ephemeral */
-    long max_body;       /* bytes */
-    long conn_limit;     /* concurrent connections */
-    long conn_timeout_s; /* idle keep-alive timeout */
+    const char *listen;       /* "127.0.0.1:8420"; port 0 = ephemeral */
+    long max_body;            /* bytes */
+    long conn_limit;          /* concurrent connections */
+    long conn_timeout_s;      /* idle keep-alive timeout */
+    const char *tls_cert_pem; /* PEM text: serve HTTPS only (NULL: plain HTTP) */
+    const char *tls_key_pem;
 };
 /* Binds and starts serving. Returns NULL after logging why. */
 struct http_server *http_start(struct loomd *ld, const struct http_options *o);

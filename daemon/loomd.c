@@ -16,11 +16,14 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "daemon/audit.h"
 #include "daemon/auth.h"
 #include "daemon/http.h"
 #include "daemon/metrics.h"
 #include "daemon/ratelimit.h"
 #include "daemon/store.h"
+#include "daemon/tls.h"
+#include <openssl/crypto.h>
 
 #define OFF(f)    offsetof(struct loomd_config, f)
 #define UNBOUNDED 1, 0
@@ -77,6 +80,11 @@ const struct config_entry loomd_config_table[] = {
      "tuning: delay before the first webhook retry; doubles per attempt up to 1 h"},
     {"webhook-retry-for", CONFIG_INT, OFF(webhook_retry_for), "86400", 1, 2592000,
      "seconds a webhook delivery is retried before it is marked failed"},
+    {"tls-cert", CONFIG_STR, OFF(tls_cert), NULL, UNBOUNDED,
+     "PEM certificate (chain) file: serve HTTPS only, TLS 1.2+ (with --tls-key)"},
+    {"tls-key", CONFIG_STR, OFF(tls_key), NULL, UNBOUNDED, "PEM private key file of --tls-cert"},
+    {"audit-retention-days", CONFIG_INT, OFF(audit_retention_days), "90", 0, 36500,
+     "days audit rows are kept (deleted at start-up and hourly; 0: forever)"},
 };
 const size_t loomd_config_count = sizeof loomd_config_table / sizeof *loomd_config_table;
 
@@ -97,6 +105,8 @@ static const struct loomd_module modules[] = {
     {"nodecheck", nodecheck_start, nodecheck_stop},
     /* nodes, attempts, scheduler loop: daemon/cluster.h */
     {"cluster", cluster_start, cluster_stop},
+    /* audit log retention (daemon/audit.h) */
+    {"audit", audit_start, audit_stop},
 };
 #define NMODULES (sizeof modules / sizeof *modules)
 
@@ -124,7 +134,8 @@ static void write_addr_file(struct loomd *ld) {
     snprintf(host, sizeof host, "%s", ld->cfg.listen);
     char *colon = strrchr(host, ':');
     if (colon) *colon = 0;
-    int n = snprintf(line, sizeof line, "http://%s:%d\n", host, ld->port);
+    int n = snprintf(line, sizeof line, "%s://%s:%d\n", ld->cfg.tls_cert ? "https" : "http", host,
+                     ld->port);
     if (fs_write_atomic(path, line, (size_t)n, 0644, 0) != 0)
         log_warn("loomd: cannot write %s: %s", path, strerror(errno));
 }
@@ -167,16 +178,31 @@ int loomd_start(struct loomd *ld) {
             return -1;
         }
     }
+    char *cert_pem = NULL, *key_pem = NULL;
+    int want_tls = (ld->cfg.tls_cert && *ld->cfg.tls_cert) || (ld->cfg.tls_key && *ld->cfg.tls_key);
+    if (want_tls) {
+        if (!ld->cfg.tls_cert || !*ld->cfg.tls_cert || !ld->cfg.tls_key || !*ld->cfg.tls_key) {
+            log_error("loomd: --tls-cert and --tls-key go together (one is missing)");
+            return -1;
+        }
+        if (tls_load(ld->cfg.tls_cert, ld->cfg.tls_key, &cert_pem, &key_pem) != 0) return -1;
+    }
     struct http_options ho = {.listen = ld->cfg.listen,
                               .max_body = ld->cfg.max_body,
                               .conn_limit = ld->cfg.conn_limit,
-                              .conn_timeout_s = ld->cfg.conn_timeout};
+                              .conn_timeout_s = ld->cfg.conn_timeout,
+                              .tls_cert_pem = cert_pem,
+                              .tls_key_pem = key_pem};
     ld->http = http_start(ld, &ho);
+    /* libmicrohttpd copies the PEM text at start. */
+    free(cert_pem);
+    if (key_pem) OPENSSL_cleanse(key_pem, strlen(key_pem));
+    free(key_pem);
     if (!ld->http) return -1;
     ld->port = http_port(ld->http);
     write_addr_file(ld);
-    log_info("loomd: listening on %.*s:%d, data in %s", (int)strcspn(ld->cfg.listen, ":"),
-             ld->cfg.listen, ld->port, ld->cfg.data_dir);
+    log_info("loomd: listening on %s://%.*s:%d, data in %s", want_tls ? "https" : "http",
+             (int)strcspn(ld->cfg.listen, ":"), ld->cfg.listen, ld->port, ld->cfg.data_dir);
     return 0;
 }
 

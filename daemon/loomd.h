@@ -47,6 +47,9 @@ struct loomd_config {
     long webhook_timeout;       /* s a webhook delivery may take */
     long webhook_retry_base_ms; /* first retry delay; doubles per attempt (tuning) */
     long webhook_retry_for;     /* s after which an undelivered event is given up */
+    char *tls_cert;             /* PEM certificate (chain): serve HTTPS (daemon/tls.h) */
+    char *tls_key;              /* PEM private key of tls_cert */
+    long audit_retention_days;  /* audit rows older than this are deleted (0: keep) */
 };
 
 extern const struct config_entry loomd_config_table[];
@@ -77,6 +80,7 @@ struct loomd {
      * attempt supervisor wait on it with http_wait). */
     struct http_notify jobs_changed;
     /* Other modules add their state pointers here (one line each). */
+    struct audit *audit; /* audit log retention sweep (daemon/audit.h) */
 };
 
 /* Loads configuration from argv (see config.h for the return values). */

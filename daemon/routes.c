@@ -5,6 +5,7 @@
 #include "daemon/agent_api.h"
 #include "daemon/api_prices.h"
 #include "daemon/artifacts.h"
+#include "daemon/audit.h"
 #include "daemon/events.h"
 #include "daemon/handlers.h"
 #include "daemon/http.h"
@@ -28,8 +29,11 @@ const struct http_route http_routes[] = {
     {"PATCH", "/v1/tenants/{id}", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_tenants_update},
     {"POST", "/v1/tenants/{id}/tokens", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT,
      api_tenants_token_create},
+    {"GET", "/v1/tenants/{id}/tokens", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, api_tenants_token_list},
     {"DELETE", "/v1/tenants/{id}/tokens/{tid}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE,
      api_tenants_token_revoke},
+    /* audit log (admin; daemon/audit.h) */
+    {"GET", "/v1/audit", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, audit_api_list},
     /* jobs: tenants see their own; the admin token sees all (?tenant= narrows) */
     {"POST", "/v1/jobs", HTTP_AUTH_TENANT, HTTP_BODY_JSON, api_jobs_submit},
     {"GET", "/v1/jobs", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_jobs_list},

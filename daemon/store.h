@@ -138,6 +138,27 @@ int store_token_revoke(struct store_tx *tx, const char *tenant_id, const char *t
 int store_token_lookup(struct store_tx *tx, const unsigned char hash[32], char *tenant_id,
                        size_t len);
 
+/* A live token found by hash (store_token_find). */
+struct store_token {
+    char tenant_id[32];
+    char id[32];
+    unsigned scopes;    /* AUTH_SCOPE_* bits (daemon/auth.h) */
+    int64_t expires_at; /* ms; 0: never */
+};
+/* Stores a new token (SHA-256 `hash`) with a name, scope bits and expiry
+ * (ms, 0: never); id gets "k-...". STORE_NOT_FOUND: no such tenant. */
+int store_token_issue(struct store_tx *tx, const char *tenant_id, const unsigned char hash[32],
+                      const char *name, unsigned scopes, int64_t expires_at, char *id,
+                      size_t idlen);
+/* The live (not revoked) token with this hash, expired or not (the caller
+ * decides). STORE_NOT_FOUND if none. */
+int store_token_find(struct store_tx *tx, const unsigned char hash[32], struct store_token *out);
+/* Records a use of token `id` at `now_ms` (last_used_at). */
+int store_token_touch(struct store_tx *tx, const char *id, int64_t now_ms);
+/* The tenant's tokens as a JSON array of {id,name,scopes,created_at,
+ * last_used_at,expires_at,revoked_at}, oldest first: never the hash. */
+int store_token_list(struct store_tx *tx, const char *tenant_id, json_t **out);
+
 /* ---------------- jobs and their state machine (daemon/store_jobs.c) ---------------- */
 
 enum job_state {

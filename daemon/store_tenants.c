@@ -195,3 +195,85 @@ int store_tenant_gpu_hours(struct store_tx *tx, const char *id, int64_t since_ms
     sqlite3_reset(st);
     return rc == SQLITE_ROW ? STORE_OK : STORE_ERR;
 }
+int store_token_issue(struct store_tx *tx, const char *tenant_id, const unsigned char hash[32],
+                      const char *name, unsigned scopes, int64_t expires_at, char *id,
+                      size_t idlen) {
+    sqlite3_stmt *st = store_stmt(tx, "INSERT INTO tokens(id, tenant_id, hash, created_at, name, "
+                                      "scopes, expires_at) VALUES (?,?,?,?,?,?,?)");
+    if (!st) return STORE_ERR;
+    if (store_new_id("k-", id, idlen) != STORE_OK) return STORE_ERR;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, tenant_id, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 3, hash, 32, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, store_now_ms());
+    sqlite3_bind_text(st, 5, name ? name : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, (sqlite3_int64)scopes);
+    if (expires_at > 0)
+        sqlite3_bind_int64(st, 7, expires_at);
+    else
+        sqlite3_bind_null(st, 7);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc == SQLITE_CONSTRAINT_FOREIGNKEY) return STORE_NOT_FOUND;
+    if (rc == SQLITE_CONSTRAINT_UNIQUE || rc == SQLITE_CONSTRAINT_PRIMARYKEY) return STORE_CONFLICT;
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+int store_token_find(struct store_tx *tx, const unsigned char hash[32], struct store_token *out) {
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT tenant_id, hash, id, scopes, COALESCE(expires_at, 0) FROM tokens "
+                       "WHERE hash = ? AND revoked_at IS NULL");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_blob(st, 1, hash, 32, SQLITE_STATIC);
+    int rc = sqlite3_step(st), res = STORE_NOT_FOUND;
+    if (rc == SQLITE_ROW) {
+        const void *h = sqlite3_column_blob(st, 1);
+        if (h && sqlite3_column_bytes(st, 1) == 32 && token_equal_mem(h, hash, 32)) {
+            snprintf(out->tenant_id, sizeof out->tenant_id, "%s", col_text(st, 0));
+            snprintf(out->id, sizeof out->id, "%s", col_text(st, 2));
+            out->scopes = (unsigned)sqlite3_column_int64(st, 3);
+            out->expires_at = sqlite3_column_int64(st, 4);
+            res = STORE_OK;
+        }
+    } else if (rc != SQLITE_DONE) {
+        res = STORE_ERR;
+    }
+    sqlite3_reset(st);
+    return res;
+}
+
+int store_token_touch(struct store_tx *tx, const char *id, int64_t now_ms) {
+    sqlite3_stmt *st = store_stmt(tx, "UPDATE tokens SET last_used_at = ? WHERE id = ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, now_ms);
+    sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+int store_token_list(struct store_tx *tx, const char *tenant_id, json_t **out) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, name, scopes, created_at, COALESCE(last_used_at, 0), "
+            "COALESCE(expires_at, 0), COALESCE(revoked_at, 0) FROM tokens WHERE tenant_id = ? "
+            "ORDER BY created_at, id");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, tenant_id, -1, SQLITE_STATIC);
+    json_t *arr = json_array();
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        json_array_append_new(
+            arr, json_pack("{s:s, s:s, s:I, s:o, s:o, s:o, s:o}", "id", col_text(st, 0), "name",
+                           col_text(st, 1), "scopes", (json_int_t)sqlite3_column_int64(st, 2),
+                           "created_at", store_time_json(sqlite3_column_int64(st, 3)),
+                           "last_used_at", store_time_json(sqlite3_column_int64(st, 4)),
+                           "expires_at", store_time_json(sqlite3_column_int64(st, 5)), "revoked_at",
+                           store_time_json(sqlite3_column_int64(st, 6))));
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) {
+        json_decref(arr);
+        return STORE_ERR;
+    }
+    *out = arr;
+    return STORE_OK;
+}

@@ -56,6 +56,22 @@ if(TARGET loomd AND TARGET loomctl)
                      $<TARGET_FILE:loomd> $<TARGET_FILE:loomctl>)
     set_tests_properties(integration.daemon_curl PROPERTIES LABELS "integration;sanitize"
                          TIMEOUT 60 SKIP_RETURN_CODE 77)
+    add_test(NAME integration.daemon_tls
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_tls.sh
+                     $<TARGET_FILE:loomd> $<TARGET_FILE:loomctl>
+                     $<$<TARGET_EXISTS:loom-agent>:$<TARGET_FILE:loom-agent>>)
+    set_tests_properties(integration.daemon_tls PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 90 SKIP_RETURN_CODE 77)
+    add_test(NAME integration.daemon_tokens
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_tokens.sh
+                     $<TARGET_FILE:loomd>)
+    set_tests_properties(integration.daemon_tokens PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 60 SKIP_RETURN_CODE 77)
+    add_test(NAME integration.daemon_audit
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_audit.sh
+                     $<TARGET_FILE:loomd>)
+    set_tests_properties(integration.daemon_audit PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 60 SKIP_RETURN_CODE 77)
 endif()
 # Every error code the sources answer with is a row of api/errors.h (with its status).
 find_package(Python3 COMPONENTS Interpreter)

@@ -1,6 +1,6 @@
 /* loomctl: the command-line client of loomd. Global options (--url, --token,
- * --json) may come before or after the command; LOOM_URL and LOOM_TOKEN are
- * the defaults. Commands come from the table in commands.def. Exit codes:
+ * --json) may come before or after the command; LOOM_URL, LOOM_TOKEN and LOOM_CA
+ * (--ca) are the defaults. Commands come from the table in commands.def. Exit codes:
  * 0 ok, 1 the server refused (its message printed), 2 usage error,
  * 3 loomd unreachable. */
 #include <stdio.h>
@@ -24,8 +24,9 @@ static const struct command commands[] = {
 #define NCOMMANDS (sizeof commands / sizeof *commands)
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loomctl [--url URL] [--token TOKEN] [--json] COMMAND [ARGS]\n"
-               "  URL defaults to $LOOM_URL or http://127.0.0.1:8420; TOKEN to $LOOM_TOKEN.\n"
+    fprintf(f, "usage: loomctl [--url URL] [--token TOKEN] [--ca FILE] [--json] COMMAND [ARGS]\n"
+               "  URL defaults to $LOOM_URL or http://127.0.0.1:8420; TOKEN to $LOOM_TOKEN;\n"
+               "  FILE (CA bundle for https URLs) to $LOOM_CA.\n"
                "commands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(f, "  %-52s %s\n", commands[i].usage, commands[i].help);
@@ -41,6 +42,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
             cli.json = 1;
+        } else if (!strcmp(argv[i], "--ca") && i + 1 < argc) {
+            setenv("LOOM_CA", argv[++i], 1); /* read by client_new (api/client.h) */
         } else if ((!strcmp(argv[i], "--url") || !strcmp(argv[i], "--token")) && i + 1 < argc) {
             if (argv[i][2] == 'u')
                 cli.url = argv[++i];
