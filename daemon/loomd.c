@@ -46,8 +46,8 @@ const struct config_entry loomd_config_table[] = {
     {"header-limit", CONFIG_INT, OFF(header_limit), "32768", 4096, 1048576,
      "largest request line plus headers in bytes (431 above)"},
     {"stream-limit", CONFIG_INT, OFF(stream_limit), "0", 0, 65536,
-     "most open log-follow streams in all (0 or above: conn-limit less a quarter, at least 16,"
-     " kept for other requests)"},
+     "most open log-follow streams in all (0, or more than this: conn-limit less a quarter,"
+     " at least 16 connections kept for other requests)"},
     {"tenant-streams", CONFIG_INT, OFF(tenant_streams), "64", 1, 65536,
      "most open log-follow streams per tenant (429 TENANT_STREAM_LIMIT above)"},
     {"rate-limit", CONFIG_INT, OFF(rate_limit), "1000", 0, 1000000,
