@@ -44,7 +44,8 @@ const struct config_entry loomd_config_table[] = {
     {"header-timeout", CONFIG_INT, OFF(header_timeout), "10", 1, 3600,
      "seconds a new connection has to send its request line and headers"},
     {"header-limit", CONFIG_INT, OFF(header_limit), "32768", 4096, 1048576,
-     "largest request line plus headers in bytes (431 above)"},
+     "request line plus headers in bytes: each connection's buffer is this plus 20 KiB (for"
+     " the reply), a head that does not fit gets 431"},
     {"stream-limit", CONFIG_INT, OFF(stream_limit), "0", 0, 65536,
      "most open log-follow streams in all (0, or more than this: conn-limit less a quarter,"
      " at least 16 connections kept for other requests)"},
