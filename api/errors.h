@@ -58,6 +58,8 @@
     X(PAYLOAD_TOO_LARGE, 413, "the body is over --max-body")                                       \
     X(UNSUPPORTED_MEDIA_TYPE, 415, "a body that is not application/json")                          \
     X(RATE_LIMITED, 429, "too many requests for the tenant (see Retry-After)")                     \
+    X(TENANT_STREAM_LIMIT, 429, "the tenant has --tenant-streams streams open (logs, SSE)")        \
+    X(TOO_MANY_STREAMS, 429, "loomd holds --stream-limit open streams (room kept for others)")     \
     X(INTERNAL, 500, "an internal failure (out of memory, no randomness)")                         \
     X(LOG_READ_FAILED, 500, "a stored log could not be read")                                      \
     X(LOG_WRITE_FAILED, 500, "a log chunk could not be stored")                                    \

@@ -1,4 +1,5 @@
-/* GET /healthz and GET /metrics (Prometheus text format). */
+/* GET /healthz, GET /metrics (Prometheus text format) and the admin's
+ * GET /v1/system/connections (what the abuse limits see). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -24,4 +25,27 @@ int api_system_metrics(struct http_req *req) {
     http_reply_text(req, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
     free(buf);
     return 0;
+}
+
+static void add_tenant(void *arg, const char *tenant, int n) {
+    json_object_set_new(arg, tenant, json_integer(n));
+}
+
+int api_system_connections(struct http_req *req) {
+    struct http_conn_stats hs;
+    http_conn_stats(req->ld->http, &hs);
+    struct store_pool_stats ps;
+    store_pool_stats(req->ld->store, &ps);
+    json_t *by = json_object();
+    http_each_stream_tenant(req->ld->http, add_tenant, by);
+    return http_reply_json(
+        req, 200,
+        json_pack("{s:{s:i, s:i, s:I, s:I}, s:{s:i, s:I, s:I, s:o}, s:{s:I}, "
+                  "s:{s:i, s:i, s:i, s:i, s:i, s:i}}",
+                  "connections", "open", hs.connections, "in_flight", hs.inflight, "limit",
+                  (json_int_t)hs.conn_limit, "refused", (json_int_t)hs.refused_conns, "streams",
+                  "open", hs.streams, "limit", (json_int_t)hs.stream_total, "per_tenant_limit",
+                  (json_int_t)hs.stream_per_tenant, "by_tenant", by, "refused", "streams",
+                  (json_int_t)hs.refused_streams, "read_pool", "open", ps.open, "idle", ps.idle,
+                  "busy", ps.busy, "waiting", ps.waiting, "max", ps.max, "idle_max", ps.idle_max));
 }

@@ -34,5 +34,7 @@ int api_jobs_plan(struct http_req *req);
 /* daemon/api_system.c (anyone) */
 int api_system_healthz(struct http_req *req);
 int api_system_metrics(struct http_req *req);
+/* GET /v1/system/connections (admin): open connections, streams, read pool */
+int api_system_connections(struct http_req *req);
 
 #endif

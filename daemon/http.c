@@ -2,12 +2,16 @@
  * accumulation with a body cap, routing by table, authentication, rate
  * limiting, JSON parsing, reply helpers, streaming and long-poll waits,
  * graceful stop. See http.h for the contract and why threads per connection. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* POLLRDHUP */
+#endif
 #include "daemon/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -29,6 +33,16 @@
 #include "daemon/tls.h"
 
 #define MAX_EXTRA_HEADERS 6
+/* Most tenants with an open stream tracked at once (beyond: refused). */
+#define STREAM_TENANTS 256
+/* A stream's read callback waits at most this long before the layer checks
+ * whether the client is still there. */
+#define STREAM_POLL_MS 1000
+
+struct stream_count {
+    char tenant[64];
+    int n;
+};
 
 struct http_server {
     struct loomd *ld;
@@ -36,8 +50,18 @@ struct http_server {
     int listen_fd;
     int port;
     long max_body;
+    long conn_limit, conn_timeout_s;
     _Atomic int stopping;
     _Atomic int inflight;
+    struct http_limits lim;
+    _Atomic int conns;   /* open TCP connections (MHD_OPTION_NOTIFY_CONNECTION) */
+    _Atomic int streams; /* open streaming replies, all tenants */
+    pthread_mutex_t stream_mu;
+    struct stream_count stream_by[STREAM_TENANTS];
+    /* refusals by limit, and when each was last logged */
+    _Atomic uint64_t refused_streams, refused_conns;
+    _Atomic int64_t refused_log_ms;
+    struct MHD_OptionItem opts[8];
 };
 
 /* Per-request state, allocated on the first handler call. */
@@ -63,6 +87,8 @@ struct http_conn {
 
 struct stream_ctx {
     struct http_server *srv;
+    int fd; /* the client socket, watched for a close */
+    char tenant[64];
     http_stream_read read;
     void *ctx;
     void (*free_ctx)(void *);
@@ -240,28 +266,128 @@ int http_error_field(struct http_req *req, int status, const char *code, const c
     return rc;
 }
 
+/* 1 when the client closed its end (FIN or RST) or the socket failed. A
+ * follow stream's client sends nothing after its request, so readable with
+ * zero bytes to peek means it has gone. Done here because libmicrohttpd
+ * (thread per connection) only learns of a close when a write fails, and a
+ * quiet log gives it nothing to write: the socket would sit in CLOSE_WAIT. */
+static int peer_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL | POLLRDHUP)) return 1;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Never hands 0 to libmicrohttpd (which would retry at once, a busy loop):
+ * waits in slices of at most STREAM_POLL_MS (the read callback's own wait),
+ * checking between slices that the client is still there. */
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
     struct stream_ctx *s = cls;
-    if (atomic_load(&s->srv->stopping)) return MHD_CONTENT_READER_END_OF_STREAM;
-    ssize_t n = s->read(s->ctx, buf, max);
-    if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
-    return n;
+    for (;;) {
+        if (atomic_load(&s->srv->stopping)) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (peer_gone(s->fd)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        ssize_t n = s->read(s->ctx, buf, max);
+        if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n > 0) return n;
+    }
+}
+
+static int *stream_slot(struct http_server *srv, const char *tenant, int add) {
+    int free_i = -1;
+    for (int i = 0; i < STREAM_TENANTS; i++) {
+        if (srv->stream_by[i].n > 0 && strcmp(srv->stream_by[i].tenant, tenant) == 0)
+            return &srv->stream_by[i].n;
+        if (free_i < 0 && srv->stream_by[i].n == 0) free_i = i;
+    }
+    if (!add || free_i < 0) return NULL;
+    snprintf(srv->stream_by[free_i].tenant, sizeof srv->stream_by[free_i].tenant, "%s", tenant);
+    return &srv->stream_by[free_i].n;
 }
 
 static void stream_free(void *cls) {
     struct stream_ctx *s = cls;
     if (s->free_ctx) s->free_ctx(s->ctx);
+    pthread_mutex_lock(&s->srv->stream_mu);
+    int *n = stream_slot(s->srv, s->tenant, 0);
+    if (n && *n > 0) (*n)--;
+    pthread_mutex_unlock(&s->srv->stream_mu);
+    atomic_fetch_sub(&s->srv->streams, 1);
     free(s);
+}
+
+/* Logs a refusal by a limit at most once per 10 s (with the count since),
+ * so a flood is visible without filling the log. */
+static void log_refusal(struct http_server *srv, const char *what) {
+    int64_t now = clock_mono_ms(), last = atomic_load(&srv->refused_log_ms);
+    if (last && now - last < 10000) return;
+    if (!atomic_compare_exchange_strong(&srv->refused_log_ms, &last, now)) return;
+    log_warn("http: refused %s (totals: %llu streams over a limit, %llu connections over "
+             "conn-limit; open connections %d, streams %d)",
+             what, (unsigned long long)atomic_load(&srv->refused_streams),
+             (unsigned long long)atomic_load(&srv->refused_conns), atomic_load(&srv->conns),
+             atomic_load(&srv->streams));
+}
+
+/* Takes a stream place for the request's tenant; on refusal replies 429. */
+static int stream_admit(struct http_req *req, char *tenant, size_t tlen) {
+    struct http_server *srv = req->conn->srv;
+    snprintf(tenant, tlen, "%s", req->is_admin || !req->tenant_id[0] ? "(admin)" : req->tenant_id);
+    enum { ADMIT_OK, ADMIT_TOTAL, ADMIT_TENANT } why = ADMIT_OK;
+    pthread_mutex_lock(&srv->stream_mu);
+    int *n = stream_slot(srv, tenant, 1);
+    if (atomic_load(&srv->streams) >= srv->lim.stream_total) {
+        why = ADMIT_TOTAL;
+    } else if (!n || *n >= srv->lim.stream_per_tenant) {
+        why = ADMIT_TENANT;
+    } else {
+        (*n)++;
+        atomic_fetch_add(&srv->streams, 1);
+    }
+    pthread_mutex_unlock(&srv->stream_mu);
+    if (why == ADMIT_OK) return 0;
+    atomic_fetch_add(&srv->refused_streams, 1);
+    long limit = why == ADMIT_TOTAL ? srv->lim.stream_total : srv->lim.stream_per_tenant;
+    char what[160];
+    snprintf(what, sizeof what, "a stream of tenant %s (%s, limit %ld)", tenant,
+             why == ADMIT_TOTAL ? "stream-limit" : "tenant-streams", limit);
+    log_refusal(srv, what);
+    http_add_header(req, "Retry-After", "5");
+    if (why == ADMIT_TOTAL)
+        http_error(req, 429, "TOO_MANY_STREAMS",
+                   "loomd holds its most open streams (%ld, stream-limit)", limit);
+    else
+        http_error(req, 429, "TENANT_STREAM_LIMIT",
+                   "tenant %s holds its most open streams (%ld, tenant-streams)", tenant, limit);
+    return -1;
 }
 
 int http_reply_stream(struct http_req *req, int status, const char *content_type,
                       http_stream_read read, void *ctx, void (*free_ctx)(void *)) {
+    char tenant[64];
+    if (stream_admit(req, tenant, sizeof tenant) != 0) {
+        if (free_ctx) free_ctx(ctx);
+        return 0;
+    }
     struct stream_ctx *s = calloc(1, sizeof *s);
     if (!s) {
         if (free_ctx) free_ctx(ctx);
+        struct http_server *srv = req->conn->srv;
+        pthread_mutex_lock(&srv->stream_mu);
+        int *n = stream_slot(srv, tenant, 0);
+        if (n && *n > 0) (*n)--;
+        pthread_mutex_unlock(&srv->stream_mu);
+        atomic_fetch_sub(&srv->streams, 1);
         return http_error(req, 500, "INTERNAL", "out of memory");
     }
     s->srv = req->conn->srv;
+    snprintf(s->tenant, sizeof s->tenant, "%s", tenant);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(req->conn->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    s->fd = ci ? ci->connect_fd : -1;
     s->read = read;
     s->ctx = ctx;
     s->free_ctx = free_ctx;
@@ -634,6 +760,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->path_copy = strdup(url);
         c->req.method = c->method_copy;
         c->req.path = c->path_copy ? c->path_copy : "";
+        /* The head is in: from now on the idle timeout is conn-timeout, not
+         * the shorter header-timeout a new connection gets. */
+        MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->conn_timeout_s);
         if (atomic_load(&srv->stopping)) {
             http_add_header(&c->req, "Connection", "close");
             http_error(&c->req, 503, "SHUTTING_DOWN", "loomd is shutting down");
@@ -689,7 +818,70 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
         msg[--n] = 0;
+    struct http_server *srv = cls;
+    if (strstr(msg, "connection limit") || strstr(msg, "too many connections")) {
+        atomic_fetch_add(&srv->refused_conns, 1);
+        char what[600];
+        snprintf(what, sizeof what, "a connection: %s", msg);
+        log_refusal(srv, what);
+        return;
+    }
     log_debug("http: %s", msg);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)mc;
+    (void)socket_context;
+    struct http_server *srv = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add(&srv->conns, 1);
+    else
+        atomic_fetch_sub(&srv->conns, 1);
+}
+
+void http_conn_stats(struct http_server *srv, struct http_conn_stats *st) {
+    memset(st, 0, sizeof *st);
+    if (!srv) return;
+    st->connections = atomic_load(&srv->conns);
+    st->streams = atomic_load(&srv->streams);
+    st->inflight = atomic_load(&srv->inflight);
+    st->conn_limit = srv->conn_limit;
+    st->stream_total = srv->lim.stream_total;
+    st->stream_per_tenant = srv->lim.stream_per_tenant;
+    st->refused_streams = atomic_load(&srv->refused_streams);
+    st->refused_conns = atomic_load(&srv->refused_conns);
+}
+
+void http_each_stream_tenant(struct http_server *srv,
+                             void (*fn)(void *arg, const char *tenant, int n), void *arg) {
+    if (!srv) return;
+    pthread_mutex_lock(&srv->stream_mu);
+    for (int i = 0; i < STREAM_TENANTS; i++)
+        if (srv->stream_by[i].n > 0) fn(arg, srv->stream_by[i].tenant, srv->stream_by[i].n);
+    pthread_mutex_unlock(&srv->stream_mu);
+}
+
+/* The abuse-limit options, passed as one MHD_OPTION_ARRAY. Streams may take
+ * all connections but a reserve (a quarter, at least 16) so /healthz,
+ * loomctl and scrapes still get in when clients hold many streams. MHD's
+ * memory pool per connection holds the request head and the write buffer
+ * (16 KiB for streams), hence header-limit plus that. */
+static void limit_options(struct http_server *srv, const struct http_options *o) {
+    srv->lim = o->limits;
+    if (srv->lim.header_timeout_s <= 0) srv->lim.header_timeout_s = 10;
+    if (srv->lim.header_limit <= 0) srv->lim.header_limit = 32768;
+    long reserve = o->conn_limit / 4 > 16 ? o->conn_limit / 4 : 16;
+    long room = o->conn_limit - reserve > 1 ? o->conn_limit - reserve : 1;
+    if (srv->lim.stream_total <= 0 || srv->lim.stream_total > room) srv->lim.stream_total = room;
+    if (srv->lim.stream_per_tenant <= 0) srv->lim.stream_per_tenant = 64;
+    struct MHD_OptionItem *it = srv->opts;
+    *it++ = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT,
+                                    (intptr_t)srv->lim.header_timeout_s, NULL};
+    *it++ = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                                    (intptr_t)(srv->lim.header_limit + 16384 + 4096), NULL};
+    *it++ = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, srv};
+    *it++ = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
 }
 
 /* ---------------- lifecycle ---------------- */
@@ -735,6 +927,10 @@ struct http_server *http_start(struct loomd *ld, const struct http_options *o) {
     if (!srv) return NULL;
     srv->ld = ld;
     srv->max_body = o->max_body;
+    srv->conn_limit = o->conn_limit;
+    srv->conn_timeout_s = o->conn_timeout_s;
+    pthread_mutex_init(&srv->stream_mu, NULL);
+    limit_options(srv, o);
     srv->listen_fd = open_listener(o->listen, &srv->port);
     if (srv->listen_fd < 0) {
         free(srv);
@@ -753,12 +949,12 @@ struct http_server *http_start(struct loomd *ld, const struct http_options *o) {
         flags |= MHD_USE_TLS;
     else
         tls[0].option = MHD_OPTION_END;
-    srv->mhd = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
-        MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)o->conn_limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->conn_timeout_s,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_THREAD_STACK_SIZE,
-        (size_t)(1 << 20), MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
+                                mhd_log, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->conn_limit,
+                                MHD_OPTION_ARRAY, srv->opts, MHD_OPTION_NOTIFY_COMPLETED,
+                                on_completed, srv, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20),
+                                MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     if (!srv->mhd) {
         log_error("http: libmicrohttpd failed to start on %s", o->listen);
         close(srv->listen_fd);
@@ -784,5 +980,6 @@ void http_stop(struct http_server *srv, int grace_ms) {
                  atomic_load(&srv->inflight), grace_ms);
     MHD_stop_daemon(srv->mhd);
     if (fd != MHD_INVALID_SOCKET) close(fd);
+    pthread_mutex_destroy(&srv->stream_mu);
     free(srv);
 }

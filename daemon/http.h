@@ -149,6 +149,23 @@ int http_wait(struct http_server *srv, struct http_notify *n, uint64_t *gen, int
 int http_stopping(struct http_server *srv);
 
 /* ----- server lifecycle (daemon/loomd.c calls these) ----- */
+/* Abuse limits (docs/operations.md "Connection limits"). */
+struct http_limits {
+    long header_timeout_s;  /* a new connection must send its request head within this */
+    long header_limit;      /* bytes of request line + headers (431 above) */
+    long stream_total;      /* open streams, all tenants (0: conn_limit minus the reserve) */
+    long stream_per_tenant; /* open streams of one tenant (or of the admin token) */
+};
+/* Snapshot for GET /v1/system/connections. */
+struct http_conn_stats {
+    int connections, streams, inflight;
+    long conn_limit, stream_total, stream_per_tenant;
+    unsigned long long refused_streams, refused_conns;
+};
+void http_conn_stats(struct http_server *srv, struct http_conn_stats *st);
+/* Calls fn once per tenant with open streams (under the layer's lock: keep fn short). */
+void http_each_stream_tenant(struct http_server *srv,
+                             void (*fn)(void *arg, const char *tenant, int n), void *arg);
 struct http_options {
     const char *listen;       /* "127.0.0.1:8420"; port 0 = ephemeral */
     long max_body;            /* bytes */
@@ -156,6 +173,7 @@ struct http_options {
     long conn_timeout_s;      /* idle keep-alive timeout */
     const char *tls_cert_pem; /* PEM text: serve HTTPS only (NULL: plain HTTP) */
     const char *tls_key_pem;
+    struct http_limits limits;
 };
 /* Binds and starts serving. Returns NULL after logging why. */
 struct http_server *http_start(struct loomd *ld, const struct http_options *o);

@@ -46,6 +46,16 @@ const struct config_entry loomd_config_table[] = {
      "most concurrent HTTP connections (one thread each; long-polls hold one)"},
     {"conn-timeout", CONFIG_INT, OFF(conn_timeout), "120", 1, 86400,
      "seconds an idle connection is kept open"},
+    {"header-timeout", CONFIG_INT, OFF(header_timeout), "10", 1, 3600,
+     "seconds a new connection has to send its request line and headers"},
+    {"header-limit", CONFIG_INT, OFF(header_limit), "32768", 4096, 1048576,
+     "request line plus headers in bytes: each connection's buffer is this plus 20 KiB (for"
+     " the reply), a head that does not fit gets 431"},
+    {"stream-limit", CONFIG_INT, OFF(stream_limit), "0", 0, 65536,
+     "most open log-follow streams in all (0, or more than this: conn-limit less a quarter,"
+     " at least 16 connections kept for other requests)"},
+    {"tenant-streams", CONFIG_INT, OFF(tenant_streams), "64", 1, 65536,
+     "most open log-follow streams per tenant (429 TENANT_STREAM_LIMIT above)"},
     {"rate-limit", CONFIG_INT, OFF(rate_limit), "1000", 0, 1000000,
      "requests per second per tenant (0: unlimited); 429 above"},
     {"rate-burst", CONFIG_INT, OFF(rate_burst), "2000", 1, 10000000,
@@ -56,6 +66,10 @@ const struct config_entry loomd_config_table[] = {
      "fsync every commit (synchronous=FULL); false: NORMAL (survives kill -9, not power loss)"},
     {"store-batch", CONFIG_INT, OFF(store_batch), "256", 1, 100000,
      "most writes batched into one commit"},
+    {"store-read-max", CONFIG_INT, OFF(store_read_max), "32", 1, 4096,
+     "most SQLite read connections open at once (more readers wait up to 5 s, then 503)"},
+    {"store-read-idle", CONFIG_INT, OFF(store_read_idle), "4", 1, 4096,
+     "free SQLite read connections kept open after a burst (the rest are closed)"},
     {"price-per-gpu-hour", CONFIG_DOUBLE, OFF(price_gpu_hour), "2.0", 0, 1e6,
      "price of one GPU-hour for usage and cost reports"},
     {"node-timeout", CONFIG_INT, OFF(node_timeout), "15", 1, 3600,
@@ -166,7 +180,9 @@ int loomd_start(struct loomd *ld) {
     if (!ld->auth) return -1;
     snprintf(path, sizeof path, "%s/loom.db", ld->cfg.data_dir);
     struct store_options so = {.sync_full = ld->cfg.store_sync_full,
-                               .max_batch = (int)ld->cfg.store_batch};
+                               .max_batch = (int)ld->cfg.store_batch,
+                               .read_max = (int)ld->cfg.store_read_max,
+                               .read_idle = (int)ld->cfg.store_read_idle};
     ld->store = store_open(path, &so);
     if (!ld->store) return -1;
     ld->metrics = metrics_new(http_routes_count);
@@ -192,7 +208,11 @@ int loomd_start(struct loomd *ld) {
                               .conn_limit = ld->cfg.conn_limit,
                               .conn_timeout_s = ld->cfg.conn_timeout,
                               .tls_cert_pem = cert_pem,
-                              .tls_key_pem = key_pem};
+                              .tls_key_pem = key_pem,
+                              .limits = {.header_timeout_s = ld->cfg.header_timeout,
+                                         .header_limit = ld->cfg.header_limit,
+                                         .stream_total = ld->cfg.stream_limit,
+                                         .stream_per_tenant = ld->cfg.tenant_streams}};
     ld->http = http_start(ld, &ho);
     /* libmicrohttpd copies the PEM text at start. */
     free(cert_pem);

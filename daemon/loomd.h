@@ -23,16 +23,22 @@ struct loomd_config {
     char *data_dir;
     char *config;
     char *log_level;
-    char *jobs_dir;      /* default <data-dir>/jobs */
-    char *data_roots;    /* comma-separated allowed data roots ("" = anywhere) */
-    long max_body;       /* request body cap, bytes */
-    long conn_limit;     /* concurrent HTTP connections */
-    long conn_timeout;   /* idle connection timeout, s */
-    long rate_limit;     /* per-tenant requests/s (0 = off) */
-    long rate_burst;     /* per-tenant burst */
-    long shutdown_grace; /* s to finish in-flight requests on SIGTERM */
-    int store_sync_full; /* synchronous=FULL */
-    long store_batch;    /* max writes per group commit */
+    char *jobs_dir;       /* default <data-dir>/jobs */
+    char *data_roots;     /* comma-separated allowed data roots ("" = anywhere) */
+    long max_body;        /* request body cap, bytes */
+    long conn_limit;      /* concurrent HTTP connections */
+    long conn_timeout;    /* idle connection timeout, s */
+    long header_timeout;  /* s a new connection has to send its request head */
+    long header_limit;    /* bytes of request head */
+    long stream_limit;    /* open streams in all (0: conn_limit less the reserve) */
+    long tenant_streams;  /* open streams per tenant */
+    long rate_limit;      /* per-tenant requests/s (0 = off) */
+    long rate_burst;      /* per-tenant burst */
+    long shutdown_grace;  /* s to finish in-flight requests on SIGTERM */
+    int store_sync_full;  /* synchronous=FULL */
+    long store_batch;     /* max writes per group commit */
+    long store_read_max;  /* most SQLite read connections */
+    long store_read_idle; /* free read connections kept */
     double price_gpu_hour;
     long node_timeout;         /* s without heartbeat before a node is lost */
     long heartbeat;            /* s between agent heartbeats (told to agents) */

@@ -22,6 +22,7 @@ const struct http_route http_routes[] = {
     /* system */
     {"GET", "/healthz", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, api_system_healthz},
     {"GET", "/metrics", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, api_system_metrics},
+    {"GET", "/v1/system/connections", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, api_system_connections},
     /* tenants (admin) */
     {"POST", "/v1/tenants", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_tenants_create},
     {"GET", "/v1/tenants", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, api_tenants_list},

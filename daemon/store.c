@@ -58,7 +58,9 @@ struct store {
     int queued;
     int stopping;
     pthread_mutex_t pool_mu;
-    struct store_tx *pool;
+    pthread_cond_t pool_cv; /* a read connection was released */
+    struct store_tx *pool;  /* free read connections */
+    int pool_open, pool_free, pool_waiting;
     int schema_version;
     store_fn commit_hook; /* store_set_commit_hook; read by the writer under mu */
     void *commit_hook_arg;
@@ -376,15 +378,81 @@ void store_set_commit_hook(struct store *s, store_fn fn, void *arg) {
     pthread_mutex_unlock(&s->mu);
 }
 
-int store_read(struct store *s, store_fn fn, void *arg) {
+/* Waits at most this long for a read connection when read_max are busy. */
+#define POOL_WAIT_MS 5000
+
+/* Takes a free read connection, opens one while fewer than read_max are
+ * open, else waits for one to be released (STORE_ERR after POOL_WAIT_MS:
+ * callers answer 503). Bounded so a burst of requests cannot open hundreds
+ * of SQLite connections (each with its page cache and mmap). */
+static struct store_tx *pool_take(struct store *s) {
+    struct timespec end;
+    clock_gettime(CLOCK_REALTIME, &end);
+    end.tv_sec += POOL_WAIT_MS / 1000;
     pthread_mutex_lock(&s->pool_mu);
-    struct store_tx *tx = s->pool;
-    if (tx) s->pool = tx->next_free;
-    pthread_mutex_unlock(&s->pool_mu);
-    if (!tx) {
-        tx = conn_open(s, 1);
-        if (!tx) return STORE_ERR;
+    for (;;) {
+        struct store_tx *tx = s->pool;
+        if (tx) {
+            s->pool = tx->next_free;
+            s->pool_free--;
+            pthread_mutex_unlock(&s->pool_mu);
+            return tx;
+        }
+        if (s->pool_open < s->opt.read_max) {
+            s->pool_open++;
+            pthread_mutex_unlock(&s->pool_mu);
+            tx = conn_open(s, 1);
+            if (!tx) {
+                pthread_mutex_lock(&s->pool_mu);
+                s->pool_open--;
+                pthread_cond_signal(&s->pool_cv);
+                pthread_mutex_unlock(&s->pool_mu);
+            }
+            return tx;
+        }
+        s->pool_waiting++;
+        int rc = pthread_cond_timedwait(&s->pool_cv, &s->pool_mu, &end);
+        s->pool_waiting--;
+        if (rc == ETIMEDOUT) {
+            pthread_mutex_unlock(&s->pool_mu);
+            log_warn("store: all %d read connections busy for %d ms; read refused", s->opt.read_max,
+                     POOL_WAIT_MS);
+            return NULL;
+        }
     }
+}
+
+/* Returns a connection: kept when fewer than read_idle are free, else
+ * closed, so the pool shrinks back as soon as a burst is over. */
+static void pool_give(struct store *s, struct store_tx *tx) {
+    pthread_mutex_lock(&s->pool_mu);
+    if (s->pool_free < s->opt.read_idle) {
+        tx->next_free = s->pool;
+        s->pool = tx;
+        s->pool_free++;
+        tx = NULL;
+    } else {
+        s->pool_open--;
+    }
+    pthread_cond_signal(&s->pool_cv);
+    pthread_mutex_unlock(&s->pool_mu);
+    conn_close(tx);
+}
+
+void store_pool_stats(struct store *s, struct store_pool_stats *st) {
+    pthread_mutex_lock(&s->pool_mu);
+    st->open = s->pool_open;
+    st->idle = s->pool_free;
+    st->busy = s->pool_open - s->pool_free;
+    st->waiting = s->pool_waiting;
+    st->max = s->opt.read_max;
+    st->idle_max = s->opt.read_idle;
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+int store_read(struct store *s, store_fn fn, void *arg) {
+    struct store_tx *tx = pool_take(s);
+    if (!tx) return STORE_ERR;
     int rc;
     if (run_cached(tx, "BEGIN") != STORE_OK) {
         rc = STORE_ERR;
@@ -392,10 +460,7 @@ int store_read(struct store *s, store_fn fn, void *arg) {
         rc = fn(tx, arg);
         if (!sqlite3_get_autocommit(tx->db)) run_cached(tx, "COMMIT");
     }
-    pthread_mutex_lock(&s->pool_mu);
-    tx->next_free = s->pool;
-    s->pool = tx;
-    pthread_mutex_unlock(&s->pool_mu);
+    pool_give(s, tx);
     return rc;
 }
 
@@ -405,8 +470,12 @@ struct store *store_open(const char *path, const struct store_options *opts) {
     s->path = strdup(path);
     s->opt.sync_full = opts ? opts->sync_full : 1;
     s->opt.max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 256;
+    s->opt.read_max = opts && opts->read_max > 0 ? opts->read_max : 32;
+    s->opt.read_idle = opts && opts->read_idle > 0 ? opts->read_idle : 4;
+    if (s->opt.read_idle > s->opt.read_max) s->opt.read_idle = s->opt.read_max;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_cond_init(&s->pool_cv, NULL);
     pthread_cond_init(&s->work_cv, NULL);
     s->writer = conn_open(s, 0);
     if (!s->writer || migrate(s) != 0) goto fail;
@@ -442,6 +511,7 @@ void store_close(struct store *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->pool_mu);
+    pthread_cond_destroy(&s->pool_cv);
     pthread_cond_destroy(&s->work_cv);
     free(s->path);
     free(s);

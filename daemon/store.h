@@ -52,7 +52,15 @@ extern const int store_migrations_count;
 struct store_options {
     int sync_full; /* 1: synchronous=FULL (default), 0: NORMAL */
     int max_batch; /* most callbacks per group commit (default 256) */
+    int read_max;  /* most read connections open at once (0: 32); more readers wait */
+    int read_idle; /* free read connections kept open (0: 4); more are closed */
 };
+
+/* Read-pool snapshot (GET /v1/system/connections). */
+struct store_pool_stats {
+    int open, idle, busy, waiting, max, idle_max;
+};
+void store_pool_stats(struct store *s, struct store_pool_stats *st);
 
 /* Opens (creating if needed) the database at `path`, applies pending
  * migrations, starts the writer thread. Returns NULL after logging why.

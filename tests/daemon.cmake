@@ -99,3 +99,15 @@ add_executable(test_supervise ${CMAKE_CURRENT_LIST_DIR}/unit/test_supervise.c
 loom_warnings(test_supervise)
 add_test(NAME unit.supervise COMMAND test_supervise)
 set_tests_properties(unit.supervise PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+
+# Abuse limits: waves of dropped log-follow streams of a running job (loom-agent
+# + fake_worker) and half-open connections; /healthz and an authenticated GET
+# stay under 1 s and no CLOSE_WAIT piles up (tests/integration/test_abuse_limits.py).
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET fake_worker)
+    add_test(NAME integration.daemon_abuse_limits
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_abuse_limits.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.daemon_abuse_limits PROPERTIES LABELS "integration;sanitize"
+                         SKIP_RETURN_CODE 77 TIMEOUT 60)
+endif()

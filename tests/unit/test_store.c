@@ -1,9 +1,11 @@
 /* Unit tests of daemon/store*: migrations, tenants and tokens, jobs, the
  * transition table and its side effects, filtered listing and pagination,
  * idempotency keys, group commit under concurrent writers, per-callback
- * rollback inside a batch, and persistence across reopen. Each test uses a
+ * rollback inside a batch, persistence across reopen, and the bounded read
+ * pool. Each test uses a
  * fresh database in a temporary directory. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,6 +459,64 @@ static void test_job_json(void) {
     json_decref(o);
 }
 
+/* ---- read pool: bounded, shrinks back ---- */
+struct pool_probe {
+    struct store *s;
+    _Atomic int inside, peak_inside, peak_open;
+};
+
+static int slow_read(struct store_tx *tx, void *arg) {
+    (void)tx;
+    struct pool_probe *p = arg;
+    int n = atomic_fetch_add(&p->inside, 1) + 1;
+    int prev = atomic_load(&p->peak_inside);
+    while (n > prev && !atomic_compare_exchange_weak(&p->peak_inside, &prev, n)) {
+    }
+    struct store_pool_stats st;
+    store_pool_stats(p->s, &st);
+    prev = atomic_load(&p->peak_open);
+    while (st.open > prev && !atomic_compare_exchange_weak(&p->peak_open, &prev, st.open)) {
+    }
+    usleep(20000);
+    atomic_fetch_sub(&p->inside, 1);
+    return STORE_OK;
+}
+
+static void *pool_reader(void *arg) {
+    struct pool_probe *p = arg;
+    for (int i = 0; i < 5; i++)
+        if (store_read(p->s, slow_read, p) != STORE_OK) return (void *)1;
+    return NULL;
+}
+
+static void test_read_pool(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/pool.db", dir);
+    struct store_options o = {.sync_full = 0, .read_max = 3, .read_idle = 1};
+    struct store *s = store_open(path, &o);
+    CHECK(s != NULL);
+    if (!s) return;
+    struct pool_probe p = {.s = s};
+    enum { NTHREADS = 12 };
+    pthread_t th[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_create(&th[i], NULL, pool_reader, &p);
+    int failed = 0;
+    for (int i = 0; i < NTHREADS; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        failed += r != NULL;
+    }
+    CHECK(failed == 0); /* readers beyond read_max waited, none was refused */
+    CHECK(atomic_load(&p.peak_inside) == 3);
+    CHECK(atomic_load(&p.peak_open) <= 3);
+    struct store_pool_stats st;
+    store_pool_stats(s, &st);
+    CHECK(st.max == 3 && st.idle_max == 1);
+    CHECK(st.open == 1 && st.idle == 1 && st.busy == 0 && st.waiting == 0);
+    store_close(s);
+}
+
 int main(void) {
     log_init("test_store", LOG_WARN);
     snprintf(dir, sizeof dir, "/tmp/loom-test-store-XXXXXX");
@@ -470,6 +530,7 @@ int main(void) {
     test_idempotency();
     test_group_commit();
     test_job_json();
+    test_read_pool();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
