@@ -54,6 +54,70 @@ def loomctl_checks(qs, env):
         globals()["loomctl_section"](qs, env)
 
 
+def loomctl_section(qs, env):
+    ctl = os.path.join(BIN, "loomctl")
+    jid = json.load(open(os.path.join(qs, "submitted.json")))["id"]
+    rc, o, e = run([ctl, "get", jid], env)
+    fields = dict(l.split(None, 1) for l in o.splitlines() if len(l.split(None, 1)) == 2)
+    check(rc == 0 and fields.get("step") == "%d/%d" % (STEPS, STEPS), "get: step %s" % fields.get("step"))
+    for k in ("loss", "val_loss", "tokens_per_s"):
+        v = fields.get(k, "-")
+        check(re.match(r"^[0-9.]+$", v) is not None, "get: %s is a number (%s)" % (k, v))
+    check(re.match(r"^\d+s$", fields.get("elapsed", "")) is not None, "get: elapsed %s" % fields.get("elapsed"))
+    check("eta" in fields, "get: eta row")
+    rc, o, e = run([ctl, "list"], env)
+    lines = o.splitlines()
+    check(rc == 0 and "STEP" in lines[0] and "LOSS" in lines[0] and "VAL" in lines[0],
+          "list has progress columns: " + lines[0])
+    check(any(jid in l and "%d/%d" % (STEPS, STEPS) in l for l in lines), "list shows the job's step")
+    rc, o, e = run([ctl, "--json", "list"], env)
+    page = json.loads(o)
+    check(rc == 0 and "next_cursor" in page and page["items"][0]["id"] == jid,
+          "--json list keeps items and next_cursor: %s" % sorted(page))
+    rc, o, e = run([ctl, "logs", jid], env)
+    check(rc == 0 and re.search(r"^step %d/%d loss [0-9.]+ lr " % (STEPS, STEPS), o, re.M) is not None,
+          "logs prints step lines as text")
+    check(re.search(r"^eval step %d val_loss [0-9.]+" % STEPS, o, re.M) is not None, "logs prints eval lines")
+    check('"type"' not in o, "logs by default prints no JSON records")
+    rc, o, e = run([ctl, "logs", jid, "--raw"], env)
+    recs = [json.loads(l) for l in o.splitlines() if l.startswith("{")]
+    check(rc == 0 and any(r.get("type") == "step" and r.get("step") == STEPS for r in recs),
+          "logs --raw prints the JSON records")
+    rc, o, e = run([ctl, "metrics", jid], env)
+    check(rc == 0 and "VAL_LOSS" in o.splitlines()[0], "metrics has a VAL_LOSS column")
+    last = o.splitlines()[-1].split()
+    check(len(last) > 3 and re.match(r"^[0-9.]+$", last[3]) is not None,
+          "metrics: the last step's validation loss %s" % last[3:4])
+    rc, o, e = run([ctl, "get", "j-000000000000"], env)
+    check(rc == 1 and "404 JOB_NOT_FOUND: " in e, "get of an unknown job: " + e.strip())
+    rc, o, e = run([ctl, "logs", "j-000000000000"], env)
+    check(rc == 1 and "404 JOB_NOT_FOUND: " in e and "curl" not in e.lower() and "returned error" not in e,
+          "logs of an unknown job prints the API's code and message: " + e.strip())
+    rc, o, e = run([ctl, "logs", jid, "--rank", "99"], env)
+    check(rc == 1 and "INVALID_RANK" in e and "99" in e and "world size 1" in e,
+          "logs --rank 99 of a 1-rank job: " + e.strip())
+    rc, o, e = run([ctl, "--help"], env)
+    cmds = [l.split()[0] for l in o.splitlines()[3:] if l.startswith("  ")]
+    check(len(cmds) >= 15, "global help lists %d commands" % len(cmds))
+    for c in cmds:
+        rc, o2, e2 = run([ctl, c, "--help"], env)
+        check(rc == 0 and o2.startswith("usage: loomctl " + c), "%s --help prints its own usage" % c)
+    rc, o, e = run([ctl, "plan", "--help"], env)
+    check("..." not in o.splitlines()[0] or "see plan --help" in o, "plan usage line")
+    for opt in ("--local", "--nodes N", "--gpus-per-node G", "--gpu NAME", "--price P"):
+        check(opt in o, "plan --help lists " + opt)
+    rc, o, e = run([ctl, "logs", "--help"], env)
+    check("--raw" in o and "--follow" in o and "--stream" in o, "logs --help lists its options")
+    versions = set()
+    for b in ("loomctl", "loomd", "loom-agent", "loom-worker"):
+        rc, o, e = run([os.path.join(BIN, b), "--version"], env)
+        m = re.match(r"^%s (\d+\.\d+\.\d+)$" % b, o.strip())
+        check(rc == 0 and m is not None, "%s --version: %r" % (b, o.strip()))
+        if m:
+            versions.add(m.group(1))
+    check(len(versions) == 1, "one version string: %s" % versions)
+
+
 def main():
     if not os.path.isdir("/usr/share/common-licenses"):
         print("SKIP: /usr/share/common-licenses missing")
