@@ -105,6 +105,8 @@
     X(DATA_PATH_INVALID, 422, "a data path that is relative, has ./.., or globs a directory")      \
     X(DATA_PATH_FORBIDDEN, 422, "a data path that resolves outside the tenant's data roots")       \
     X(DATA_PATH_NOT_FOUND, 422, "a data path that matches nothing where loomd looks")              \
+    X(VOCAB_TOO_SMALL, 422, "the data's vocab_size (meta.json) is above model.vocab_size")         \
+    X(QUOTA_TOO_SMALL, 422, "the job's world size is above the tenant's gpu_quota")                \
     /* planner */                                                                                  \
     X(DOES_NOT_FIT, 422, "the per-GPU memory estimate is above the GPUs' memory")                  \
     X(LAYOUT_EXCEEDS_CLUSTER, 422, "dp*tp*pp above the cluster's GPUs")                            \

@@ -101,3 +101,12 @@ if(Python3_EXECUTABLE AND TARGET loomd AND TARGET loom-agent AND TARGET loom-wor
     set_tests_properties(integration.quickstart PROPERTIES LABELS integration TIMEOUT 120
                          SKIP_RETURN_CODE 77)
 endif()
+
+# Submit-time checks against what loomd sees (data files, meta.json vocabulary, tenant quota).
+if(Python3_EXECUTABLE AND TARGET loomd)
+    add_test(NAME integration.submit_checks
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_submit_checks.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.submit_checks PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 60)
+endif()
