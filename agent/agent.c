@@ -104,10 +104,11 @@ static int do_register(struct agent *a) {
         fclose(mf);
     }
     json_t *body = json_pack(
-        "{s:s, s:s, s:s, s:o, s:o, s:s, s:{s:I, s:I, s:s}}", "node", a->cfg->name, "hostname", host,
-        "kind", gpu_inv_kind(a->inv), "devices", gpu_inv_telemetry(a->inv), "tasks", tasks_json(a),
-        "version", "0.1", "host", "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN),
-        "mem_total_mib", (json_int_t)(mem_kib / 1024), "interconnect", a->cfg->interconnect);
+        "{s:s, s:s, s:s, s:o, s:o, s:s, s:{s:I, s:I, s:s}, s:o}", "node", a->cfg->name, "hostname",
+        host, "kind", gpu_inv_kind(a->inv), "devices", gpu_inv_telemetry(a->inv), "tasks",
+        tasks_json(a), "version", "0.1", "host", "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN),
+        "mem_total_mib", (json_int_t)(mem_kib / 1024), "interconnect", a->cfg->interconnect,
+        "inventory", gpu_inv_inventory(a->inv));
     long status = 0;
     json_t *reply = NULL;
     char err[512];

@@ -247,9 +247,16 @@ static char *stage_field(const char *dir, const char *job, const char *which, co
         utimensat(AT_FDCWD, blob, NULL, 0); /* last use, for LRU */
         const char *base = strrchr(g.gl_pathv[i], '/');
         snprintf(link, sizeof link, "%s/%s", view, base ? base + 1 : g.gl_pathv[i]);
-        unlink(link);
-        if (symlink(blob, link) != 0) {
+        /* Replaced by rename, never unlinked first: the ranks of a node stage the same
+         * view at once, and one rank's worker may already be opening the link. The
+         * temporary name is hidden, so no glob of the view matches it. */
+        char tmp[PATH_MAX + 300];
+        snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", view, base ? base + 1 : g.gl_pathv[i],
+                 (long)getpid());
+        unlink(tmp);
+        if (symlink(blob, tmp) != 0 || rename(tmp, link) != 0) {
             snprintf(err, errlen, "cannot link %s: %s", link, strerror(errno));
+            unlink(tmp);
             goto out;
         }
     }

@@ -52,7 +52,6 @@
     X(KIND_MISMATCH, 409, "the two nodes have different device kinds")                             \
     X(CHECK_NOT_RUNNING, 409, "the node check has no open part for the node")                      \
     X(RDZV_KEY_EXISTS, 409, "the rendezvous key is write-once and already set")                    \
-    X(RDZV_CONFLICT, 409, "the rendezvous key holds another value")                                \
     X(RDZV_FULL, 409, "the rendezvous holds too many keys")                                        \
     X(PAYLOAD_TOO_LARGE, 413, "the body is over --max-body")                                       \
     X(UNSUPPORTED_MEDIA_TYPE, 415, "a body that is not application/json")                          \
@@ -111,7 +110,13 @@
     X(DOES_NOT_FIT, 422, "the per-GPU memory estimate is above the GPUs' memory")                  \
     X(LAYOUT_EXCEEDS_CLUSTER, 422, "dp*tp*pp above the cluster's GPUs")                            \
     X(UNKNOWN_GPU, 422, "cluster.gpu is not in the GPU table (and no memory/TFLOPS given)")        \
-    X(UNKNOWN_LINK, 422, "cluster link is not in the link table")
+    X(UNKNOWN_LINK, 422, "cluster link is not in the link table")                                  \
+    /* GPU fleet: types, capacity, prices */                                                       \
+    X(UNKNOWN_GPU_TYPE, 422, "resources.gpu_type names a type not in api/gpu_types.c")             \
+    X(UNSCHEDULABLE, 422, "the cluster could never hold the job (ranks, tp, GPU type)")            \
+    X(INVALID_PRICES, 422, "prices: items is not an array of at most 64")                          \
+    X(INVALID_PRICE, 422, "prices: an item's gpu_type, price or currency is invalid")              \
+    X(DUPLICATE_PRICE, 422, "prices: a gpu_type is listed twice")
 
 enum loom_errcode {
 #define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,

@@ -5,6 +5,7 @@
  * q/kv widths, vocab, positions) so one table row describes every layer. */
 #include "api/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,16 +148,23 @@ fail:
     return -1;
 }
 
-const char *model_split_name(enum model_split s) {
-    switch (s) {
-    case MODEL_SPLIT_COLUMN:
-        return "column";
-    case MODEL_SPLIT_ROW:
-        return "row";
-    case MODEL_SPLIT_VOCAB:
-        return "vocab";
-    default:
-        return "replicated";
+void model_rope_inv_freq(const struct model_config *c, int HD, double *inv) {
+    const double pi = 3.14159265358979323846;
+    for (int d = 0; d < HD / 2; d++) {
+        double f = pow(c->rope_theta, -2.0 * d / HD);
+        if (c->rope_scaling == MODEL_ROPE_SCALE_LLAMA3) {
+            double lo_wl = c->rope_original_max_pos / c->rope_low_freq_factor;
+            double hi_wl = c->rope_original_max_pos / c->rope_high_freq_factor;
+            double wl = 2 * pi / f;
+            if (wl > lo_wl) {
+                f /= c->rope_factor;
+            } else if (wl >= hi_wl) { /* medium band: interpolate */
+                double s = (c->rope_original_max_pos / wl - c->rope_low_freq_factor) /
+                           (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (1 - s) * f / c->rope_factor + s * f;
+            }
+        }
+        inv[d] = f;
     }
 }
 
@@ -194,6 +202,23 @@ static const struct row llama_block[] = {
     {"self_attn.q_proj.weight", MODEL_T_LINEAR_W, D_Q, D_C, MODEL_SPLIT_COLUMN, 1, 0},
     {"self_attn.k_proj.weight", MODEL_T_LINEAR_W, D_KV, D_C, MODEL_SPLIT_COLUMN, 1, 0},
     {"self_attn.v_proj.weight", MODEL_T_LINEAR_W, D_KV, D_C, MODEL_SPLIT_COLUMN, 1, 0},
+    {"self_attn.o_proj.weight", MODEL_T_LINEAR_W, D_C, D_Q, MODEL_SPLIT_ROW, 1, 0},
+    {"post_attention_layernorm.weight", MODEL_T_NORM_W, D_C, D_NONE, MODEL_SPLIT_REPLICATED, 1, 0},
+    {"mlp.gate_proj.weight", MODEL_T_LINEAR_W, D_F, D_C, MODEL_SPLIT_COLUMN, 1, 0},
+    {"mlp.up_proj.weight", MODEL_T_LINEAR_W, D_F, D_C, MODEL_SPLIT_COLUMN, 1, 0},
+    {"mlp.down_proj.weight", MODEL_T_LINEAR_W, D_C, D_F, MODEL_SPLIT_ROW, 1, 0},
+};
+
+/* Qwen2: the llama block with q/k/v biases, stored after the three weights so
+ * that the weights stay adjacent (q|k|v) and so do the biases. */
+static const struct row qwen2_block[] = {
+    {"input_layernorm.weight", MODEL_T_NORM_W, D_C, D_NONE, MODEL_SPLIT_REPLICATED, 1, 0},
+    {"self_attn.q_proj.weight", MODEL_T_LINEAR_W, D_Q, D_C, MODEL_SPLIT_COLUMN, 1, 0},
+    {"self_attn.k_proj.weight", MODEL_T_LINEAR_W, D_KV, D_C, MODEL_SPLIT_COLUMN, 1, 0},
+    {"self_attn.v_proj.weight", MODEL_T_LINEAR_W, D_KV, D_C, MODEL_SPLIT_COLUMN, 1, 0},
+    {"self_attn.q_proj.bias", MODEL_T_LINEAR_B, D_Q, D_NONE, MODEL_SPLIT_COLUMN, 1, 0},
+    {"self_attn.k_proj.bias", MODEL_T_LINEAR_B, D_KV, D_NONE, MODEL_SPLIT_COLUMN, 1, 0},
+    {"self_attn.v_proj.bias", MODEL_T_LINEAR_B, D_KV, D_NONE, MODEL_SPLIT_COLUMN, 1, 0},
     {"self_attn.o_proj.weight", MODEL_T_LINEAR_W, D_C, D_Q, MODEL_SPLIT_ROW, 1, 0},
     {"post_attention_layernorm.weight", MODEL_T_NORM_W, D_C, D_NONE, MODEL_SPLIT_REPLICATED, 1, 0},
     {"mlp.gate_proj.weight", MODEL_T_LINEAR_W, D_F, D_C, MODEL_SPLIT_COLUMN, 1, 0},
@@ -276,9 +301,10 @@ int model_layout_init(struct model_layout *l, const struct model_config *c, int 
     if (tp < 1 || c->n_layer <= 0 || c->n_head <= 0 || c->n_kv_head <= 0 || c->d_model <= 0)
         return -1;
     int gpt2 = c->family == MODEL_GPT2;
-    const struct row *blk = gpt2 ? gpt2_block : llama_block;
-    size_t nblk =
-        gpt2 ? sizeof gpt2_block / sizeof *gpt2_block : sizeof llama_block / sizeof *llama_block;
+    const struct row *blk = gpt2 ? gpt2_block : c->qkv_bias ? qwen2_block : llama_block;
+    size_t nblk = gpt2          ? sizeof gpt2_block / sizeof *gpt2_block
+                  : c->qkv_bias ? sizeof qwen2_block / sizeof *qwen2_block
+                                : sizeof llama_block / sizeof *llama_block;
     int cap = (int)nblk * c->n_layer + 6;
     l->t = calloc((size_t)cap, sizeof *l->t);
     if (!l->t) return -1;

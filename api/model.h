@@ -28,6 +28,7 @@ enum model_family { MODEL_GPT2 = 0, MODEL_LLAMA = 1 };
 enum model_norm { MODEL_NORM_LAYERNORM = 0, MODEL_NORM_RMSNORM = 1 };
 enum model_act { MODEL_ACT_GELU = 0, MODEL_ACT_SWIGLU = 1 };
 enum model_pos { MODEL_POS_LEARNED = 0, MODEL_POS_ROPE = 1 };
+enum model_rope_scaling { MODEL_ROPE_SCALE_NONE = 0, MODEL_ROPE_SCALE_LLAMA3 = 1 };
 
 #define MODEL_NAME_MAX   24
 #define MODEL_VOCAB_PAD  128
@@ -51,6 +52,15 @@ struct model_config {
     enum model_pos pos;
     double rope_theta; /* 0 for learned positions */
     double norm_eps;
+    /* Imported Hugging Face architectures (worker/hf.h); 0 for the presets. */
+    int qkv_bias; /* llama family: q_proj, k_proj, v_proj carry biases (Qwen2) */
+    /* RoPE frequency scaling: MODEL_ROPE_SCALE_NONE, or LLAMA3 (Llama 3.1/3.2:
+     * inverse frequencies with wavelength above original_max / low_freq_factor
+     * divided by factor, below original_max / high_freq_factor kept, and
+     * smoothly interpolated in between; model_rope_inv_freq). */
+    int rope_scaling;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
     /* Pipeline split (from the spec's parallel.pp_balance; not a model
      * property, but every stage computation reads it here): 0, n_layer/pp
      * blocks a stage; 1, blocks placed so that the stages' work, the head's
@@ -84,6 +94,11 @@ void model_config_finalize(struct model_config *c);
  * numbers in err. `field` (may be NULL) receives the offending field name,
  * e.g. "n_kv_head". */
 int model_config_check(const struct model_config *c, char *err, size_t errlen, const char **field);
+
+/* RoPE inverse frequencies inv[d] = theta^(-2d/HD) for d < HD/2, with the
+ * config's frequency scaling applied (Hugging Face's
+ * _compute_llama3_parameters for LLAMA3), in double. */
+void model_rope_inv_freq(const struct model_config *c, int HD, double *inv);
 
 static inline int model_head_dim(const struct model_config *c) {
     return c->d_model / c->n_head;
@@ -176,7 +191,5 @@ int64_t model_n_matmul_params(const struct model_config *c);
 /* Training FLOPs per token at sequence length T (forward + backward):
  * 6 * N_matmul + 12 * n_layer * d_model * T (attention scores and values). */
 double model_flops_per_token(const struct model_config *c, int T);
-
-const char *model_split_name(enum model_split s); /* "replicated", "column", ... */
 
 #endif

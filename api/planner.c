@@ -18,32 +18,12 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
 
-/* Dense peaks from the vendors' data sheets (no sparsity). */
-static const struct planner_gpu_type gpu_types[] = {
-    {"A100-40GB", 40, 312, 19.5, 1.555, "nvlink3"}, {"A100-80GB", 80, 312, 19.5, 2.039, "nvlink3"},
-    {"H100-80GB", 80, 989, 67, 3.35, "nvlink4"},    {"H100-PCIe", 80, 756, 51, 2.0, "pcie5"},
-    {"H200", 141, 989, 67, 4.8, "nvlink4"},         {"B200", 180, 2250, 80, 8.0, "nvlink5"},
-    {"L40S", 48, 362, 91.6, 0.864, "pcie4"},        {"A10", 24, 125, 31.2, 0.6, "pcie4"},
-    {"RTX4090", 24, 165, 82.6, 1.008, "pcie4"},     {"cpu", 64, 0.2, 0.2, 0.05, "shm"},
-};
-
 static const struct planner_link_type link_types[] = {
     {"pcie3", 16, 0.8},     {"pcie4", 32, 0.8},     {"pcie5", 64, 0.8},      {"nvlink2", 300, 0.45},
     {"nvlink3", 600, 0.45}, {"nvlink4", 900, 0.45}, {"nvlink5", 1800, 0.45}, {"roce100", 12.5, 0.9},
     {"roce200", 25, 0.9},   {"roce400", 50, 0.9},   {"ib100", 12.5, 0.9},    {"ib200", 25, 0.9},
     {"ib400", 50, 0.9},     {"eth10", 1.25, 0.9},   {"eth25", 3.125, 0.9},   {"shm", 10, 1.0},
 };
-
-const struct planner_gpu_type *planner_gpu_types(size_t *n) {
-    *n = sizeof gpu_types / sizeof *gpu_types;
-    return gpu_types;
-}
-
-const struct planner_gpu_type *planner_gpu_find(const char *name) {
-    for (size_t i = 0; i < sizeof gpu_types / sizeof *gpu_types; i++)
-        if (strcasecmp(gpu_types[i].name, name) == 0) return &gpu_types[i];
-    return NULL;
-}
 
 const struct planner_link_type *planner_link_types(size_t *n) {
     *n = sizeof link_types / sizeof *link_types;
@@ -81,14 +61,11 @@ int planner_cluster_resolve(struct planner_cluster *c, enum jobspec_device dev,
         return loom_error_set(e, 422, "OUT_OF_RANGE", "cluster.gpus_per_node",
                               "cluster.gpus_per_node=%d is out of range [1, 64]", c->gpus_per_node);
     if (!c->gpu[0])
-        snprintf(c->gpu, sizeof c->gpu, "%s", dev == JOBSPEC_DEV_CPU ? "cpu" : "H100-80GB");
-    const struct planner_gpu_type *t = planner_gpu_find(c->gpu);
+        snprintf(c->gpu, sizeof c->gpu, "%s", dev == JOBSPEC_DEV_CPU ? "cpu" : "H100-SXM");
+    const struct gpu_type *t = gpu_type_find(c->gpu);
     if (!t && (c->gpu_mem_gib <= 0 || c->peak_tflops <= 0)) {
         char names[256] = "";
-        for (size_t i = 0; i < sizeof gpu_types / sizeof *gpu_types; i++) {
-            size_t l = strlen(names);
-            snprintf(names + l, sizeof names - l, "%s%s", i ? " " : "", gpu_types[i].name);
-        }
+        gpu_type_names(names, sizeof names);
         return loom_error_set(e, 422, "UNKNOWN_GPU", "cluster.gpu",
                               "unknown GPU type \"%s\" (known: %s; or give gpu_mem_gib and "
                               "peak_tflops)",
@@ -97,7 +74,7 @@ int planner_cluster_resolve(struct planner_cluster *c, enum jobspec_device dev,
     if (t) {
         snprintf(c->gpu, sizeof c->gpu, "%s", t->name);
         if (c->gpu_mem_gib <= 0) c->gpu_mem_gib = t->mem_gib;
-        if (c->hbm_tbps <= 0) c->hbm_tbps = t->hbm_tbps;
+        if (c->hbm_tbps <= 0) c->hbm_tbps = t->mem_tbps;
     }
     if (c->hbm_tbps <= 0) c->hbm_tbps = 1.0;
     if (!c->intra_link[0])
@@ -622,7 +599,7 @@ static int ctx_init(struct ctx *x, const struct loom_spec *s, const struct plann
     x->o = o;
     x->cuda = s->resources.device == JOBSPEC_DEV_CUDA;
     x->e = (!x->cuda || s->train.precision == JOBSPEC_PREC_FP32) ? 4 : 2;
-    const struct planner_gpu_type *t = planner_gpu_find(c->gpu);
+    const struct gpu_type *t = gpu_type_find(c->gpu);
     double tf = c->peak_tflops;
     if (tf <= 0 && t) tf = x->e == 4 ? t->fp32_tflops : t->bf16_tflops;
     if (tf <= 0) tf = 1;
@@ -685,7 +662,7 @@ int planner_estimate_job(const struct loom_spec *s, const char *gpu, double gpu_
     if (gpu) snprintf(c.gpu, sizeof c.gpu, "%s", gpu);
     if (gpu_mem_gib > 0) {
         c.gpu_mem_gib = gpu_mem_gib;
-        if (gpu && !planner_gpu_find(gpu))
+        if (gpu && !gpu_type_find(gpu))
             c.peak_tflops = s->resources.device == JOBSPEC_DEV_CPU ? 0.2 : 100; /* nominal */
     }
     return planner_estimate(s, &c, NULL, est, e);
@@ -1036,4 +1013,225 @@ out:
     free(list);
     json_decref(specj);
     return rc;
+}
+
+/* ---- the real fleet ---- */
+
+void planner_pool_cluster(const struct planner_pool *p, struct planner_cluster *c) {
+    planner_cluster_default(c);
+    c->nodes = p->nodes > 0 ? p->nodes : 1;
+    c->gpus_per_node = p->gpus_per_node < 1 ? 1 : p->gpus_per_node > 64 ? 64 : p->gpus_per_node;
+    snprintf(c->gpu, sizeof c->gpu, "%s", p->gpu);
+    c->gpu_mem_gib = p->gpu_mem_gib;
+    c->host_mem_gib = p->host_mem_gib;
+    c->price_per_gpu_hour = p->price_per_gpu_hour;
+    if (!gpu_type_find(p->gpu)) c->peak_tflops = 100; /* "unknown" / "mixed": nominal */
+}
+
+static int pool_is_cpu(const struct planner_pool *p) {
+    return strcmp(p->gpu, "cpu") == 0;
+}
+
+/* A pool the planner can describe: a known type, or reported memory. */
+static int pool_usable(const struct planner_pool *p) {
+    return p->gpus > 0 && (gpu_type_find(p->gpu) || p->gpu_mem_gib > 0);
+}
+
+int planner_fleet_candidates(const struct loom_spec *s, const struct planner_fleet *f,
+                             const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int *idx) {
+    int cpu = s->resources.device == JOBSPEC_DEV_CPU, n = 0;
+    if (!cpu && ntypes > 0) {
+        for (int t = 0; t < ntypes; t++)
+            for (int i = 0; i < f->n && n < PLANNER_MAX_POOLS; i++)
+                if (strcmp(f->pool[i].gpu, types[t]) == 0 && pool_usable(&f->pool[i])) idx[n++] = i;
+        return n;
+    }
+    for (int i = 0; i < f->n && n < PLANNER_MAX_POOLS; i++)
+        if (pool_is_cpu(&f->pool[i]) == cpu && pool_usable(&f->pool[i])) idx[n++] = i;
+    return n;
+}
+
+/* The pool's cluster, grown to the job when the planner would otherwise
+ * refuse the layout for size alone (the capacity rule is checked apart). */
+static void job_cluster(const struct loom_spec *s, const struct planner_pool *p,
+                        struct planner_cluster *c) {
+    planner_pool_cluster(p, c);
+    int world = s->parallel.dp * s->parallel.tp * s->parallel.pp;
+    if (c->gpus_per_node < s->parallel.tp) c->gpus_per_node = s->parallel.tp;
+    if (c->nodes * c->gpus_per_node < world)
+        c->nodes = (world + c->gpus_per_node - 1) / c->gpus_per_node;
+}
+
+/* "H100-SXM: 16 on 2 nodes, RTX4090: 2 on 1 node" for the pools of the spec's kind. */
+static void fleet_summary(const struct loom_spec *s, const struct planner_fleet *f, char *buf,
+                          size_t len) {
+    int cpu = s->resources.device == JOBSPEC_DEV_CPU;
+    size_t off = 0;
+    buf[0] = 0;
+    for (int i = 0; i < f->n && off < len; i++)
+        if (pool_is_cpu(&f->pool[i]) == cpu)
+            off += (size_t)snprintf(buf + off, len - off, "%s%s: %d on %d node%s", off ? ", " : "",
+                                    f->pool[i].gpu, f->pool[i].gpus, f->pool[i].nodes,
+                                    f->pool[i].nodes == 1 ? "" : "s");
+}
+
+int planner_fleet_check(const struct loom_spec *s, const struct planner_fleet *f,
+                        const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int allow_mixed,
+                        struct loom_error *e) {
+    int cpu = s->resources.device == JOBSPEC_DEV_CPU;
+    int world = s->parallel.dp * s->parallel.tp * s->parallel.pp, tp = s->parallel.tp;
+    int idx[PLANNER_MAX_POOLS], n = planner_fleet_candidates(s, f, types, ntypes, idx);
+    int of_kind = 0;
+    for (int i = 0; i < f->n; i++)
+        of_kind += pool_is_cpu(&f->pool[i]) == cpu;
+    char have[256];
+    fleet_summary(s, f, have, sizeof have);
+    if (!of_kind) { /* no node of the kind has joined yet: memory only, on a default node */
+        if (cpu) return 0;
+        struct planner_pool p = {.nodes = 1, .gpus = world, .gpus_per_node = 8};
+        snprintf(p.gpu, sizeof p.gpu, "%s", ntypes > 0 ? types[0] : "H100-SXM");
+        if (s->resources.gpus_per_node > p.gpus_per_node)
+            p.gpus_per_node = s->resources.gpus_per_node;
+        struct planner_cluster c;
+        job_cluster(s, &p, &c);
+        return planner_check_fit(s, &c, NULL, e);
+    }
+    if (!n) {
+        char want[128] = "";
+        size_t off = 0;
+        for (int t = 0; t < ntypes && off < sizeof want; t++)
+            off += (size_t)snprintf(want + off, sizeof want - off, "%s%s", t ? "|" : "", types[t]);
+        return loom_error_set(e, 422, "UNSCHEDULABLE", "resources.gpu_type",
+                              "no node of gpu_type %s in the cluster (it has %s)", want, have);
+    }
+    /* capacity: which candidate pools could ever hold the ranks */
+    int hold[PLANNER_MAX_POOLS], nh = 0, total = 0, biggest_node = 0, biggest_pool = 0;
+    for (int k = 0; k < n; k++) {
+        const struct planner_pool *p = &f->pool[idx[k]];
+        total += p->gpus;
+        if (p->gpus_per_node > biggest_node) biggest_node = p->gpus_per_node;
+        if (p->gpus > biggest_pool) biggest_pool = p->gpus;
+        if ((allow_mixed || p->gpus >= world) && p->gpus_per_node >= tp) hold[nh++] = idx[k];
+    }
+    if (tp > biggest_node)
+        return loom_error_set(e, 422, "UNSCHEDULABLE", "parallel.tp",
+                              "tp=%d needs %d devices on one node but the largest node has %d "
+                              "(cluster: %s)",
+                              tp, tp, biggest_node, have);
+    if (world > (allow_mixed ? total : biggest_pool))
+        return loom_error_set(
+            e, 422, "UNSCHEDULABLE", "parallel",
+            "dp*tp*pp = %d*%d*%d = %d ranks but the cluster can hold at most %d "
+            "%s (%s)",
+            s->parallel.dp, tp, s->parallel.pp, world, allow_mixed ? total : biggest_pool,
+            cpu               ? "cpu devices"
+            : allow_mixed     ? "GPUs of the types it allows"
+            : n > 1 || ntypes ? "GPUs of one type (resources.allow_mixed combines types)"
+                              : "GPUs",
+            have);
+    /* memory: the layout fits some pool that holds it (allow_mixed: every one) */
+    int fits_any = 0, fits_all = 1;
+    for (int k = 0; k < nh; k++) {
+        struct planner_cluster c;
+        struct planner_estimate est;
+        job_cluster(s, &f->pool[hold[k]], &c);
+        if (planner_estimate(s, &c, NULL, &est, e) != 0) return -1;
+        fits_any |= est.fits;
+        fits_all &= est.fits;
+    }
+    if (allow_mixed ? fits_all : fits_any) return 0;
+    /* refused: the first holding pool's estimate and layouts, and any other type present
+     * where the layout fits as submitted */
+    const struct planner_pool *p0 = &f->pool[hold[0]];
+    struct planner_cluster c0;
+    job_cluster(s, p0, &c0);
+    struct loom_error fit;
+    memset(&fit, 0, sizeof fit);
+    if (planner_check_fit(s, &c0, NULL, &fit) == 0) { /* mixed: another candidate failed */
+        snprintf(fit.message, sizeof fit.message,
+                 "the layout fits %s but not every type the "
+                 "job may mix",
+                 p0->gpu);
+    }
+    char other[200] = "";
+    for (int i = 0; i < f->n && !other[0]; i++) {
+        const struct planner_pool *p = &f->pool[i];
+        int listed = 0;
+        for (int k = 0; k < n; k++)
+            listed |= idx[k] == i;
+        if (pool_is_cpu(p) != cpu || (listed && !allow_mixed) || !pool_usable(p) ||
+            p->gpus < world || p->gpus_per_node < tp)
+            continue;
+        struct planner_cluster c;
+        struct planner_estimate est;
+        struct loom_error ign;
+        job_cluster(s, p, &c);
+        if (planner_estimate(s, &c, NULL, &est, &ign) == 0 && est.fits)
+            snprintf(other, sizeof other,
+                     "another GPU type in the cluster fits it as submitted: %s (%.1f GiB/GPU of "
+                     "%.0f; set resources.gpu_type to \"%s\"); ",
+                     p->gpu, est.mem.total / GIB, est.mem.gpu_bytes / GIB, p->gpu);
+    }
+    if (other[0])
+        return loom_error_set(e, 422, "DOES_NOT_FIT", "parallel", "does not fit %s; %son %s: %s",
+                              p0->gpu, other, p0->gpu, fit.message);
+    return loom_error_set(e, 422, "DOES_NOT_FIT", "parallel", "on %s: %s", p0->gpu, fit.message);
+}
+
+json_t *planner_fleet_costs(const struct loom_spec *s, const struct planner_fleet *f,
+                            const char **cheapest) {
+    json_t *arr = json_array();
+    double best = -1;
+    *cheapest = NULL;
+    int idx[PLANNER_MAX_POOLS], n = planner_fleet_candidates(s, f, NULL, 0, idx);
+    for (int k = 0; k < n; k++) {
+        const struct planner_pool *p = &f->pool[idx[k]];
+        struct planner_cluster c;
+        struct planner_estimate est;
+        struct loom_error ign;
+        const char *how = NULL;
+        planner_pool_cluster(p, &c);
+        int ok = planner_estimate(s, &c, NULL, &est, &ign) == 0;
+        if (ok && est.fits) {
+            how = "as submitted";
+        } else {
+            struct planner_candidate *list = NULL;
+            int nl = 0;
+            if (planner_recommend(s, &c, NULL, &list, &nl, &ign) == 0) {
+                int pick = planner_pick(list, nl);
+                if (pick >= 0) {
+                    est = list[pick].est;
+                    how = "recommended";
+                }
+            }
+            free(list);
+        }
+        json_t *o = json_pack("{s:s, s:i, s:i, s:f, s:b}", "gpu_type", p->gpu, "nodes", p->nodes,
+                              "gpus", p->gpus, "gpu_mem_gib",
+                              c.gpu_mem_gib > 0       ? c.gpu_mem_gib
+                              : gpu_type_find(p->gpu) ? gpu_type_find(p->gpu)->mem_gib
+                                                      : 0,
+                              "fits", ok && est.fits);
+        json_object_set_new(o, "layout", how ? json_string(how) : json_null());
+        if (how) {
+            char ls[200];
+            layout_str(ls, sizeof ls, &est);
+            json_object_set_new(o, "parallel", json_string(ls));
+            json_object_set_new(o, "step_s", json_real(est.step_s));
+            json_object_set_new(o, "hours", json_real(est.run_hours));
+            json_object_set_new(o, "gpu_hours", json_real(est.gpu_hours));
+        }
+        json_object_set_new(o, "per_gpu_hour",
+                            p->price_per_gpu_hour > 0 ? json_real(p->price_per_gpu_hour)
+                                                      : json_null());
+        json_object_set_new(o, "currency", p->currency[0] ? json_string(p->currency) : json_null());
+        double cost = how && p->price_per_gpu_hour > 0 ? est.gpu_hours * p->price_per_gpu_hour : -1;
+        json_object_set_new(o, "cost", cost >= 0 ? json_real(cost) : json_null());
+        if (ok && est.fits && cost >= 0 && (best < 0 || cost < best)) {
+            best = cost;
+            *cheapest = p->gpu;
+        }
+        json_array_append_new(arr, o);
+    }
+    return arr;
 }

@@ -16,24 +16,15 @@
 
 #include <jansson.h>
 
+#include "api/gpu_types.h"
 #include "api/jobspec.h"
 #include "api/model.h"
 
 #define PLANNER_NAME_MAX 32
 
-/* Known accelerator types (read-only table). Memory in GiB, dense peak
- * TFLOPS for bf16 and fp32 (no sparsity), HBM bandwidth in TB/s. */
-struct planner_gpu_type {
-    const char *name;
-    double mem_gib;
-    double bf16_tflops;
-    double fp32_tflops;
-    double hbm_tbps;
-    const char *intra_link; /* usual GPU-to-GPU link inside a node */
-};
-const struct planner_gpu_type *planner_gpu_types(size_t *n);
-const struct planner_gpu_type *planner_gpu_find(const char *name); /* case-insensitive */
-
+/* Accelerator types (memory, peak FLOP/s, bandwidth, usual link) come from
+ * api/gpu_types.h: cluster.gpu names a gpu_type (or an alias such as
+ * "H100-80GB"). */
 /* Known links: nominal GB/s as usually quoted and the fraction collectives
  * reach (NVLink figures count both directions). */
 struct planner_link_type {
@@ -49,7 +40,7 @@ const struct planner_link_type *planner_link_find(const char *name);
 struct planner_cluster {
     int nodes;
     int gpus_per_node;
-    char gpu[PLANNER_NAME_MAX];        /* type name, e.g. "H100-80GB"; "cpu" for cpu jobs */
+    char gpu[PLANNER_NAME_MAX];        /* gpu_type, e.g. "H100-SXM"; "cpu" for cpu jobs */
     double gpu_mem_gib;                /* 0: from type */
     double peak_tflops;                /* 0: from type and the spec's precision */
     double hbm_tbps;                   /* 0: from type */
@@ -76,7 +67,7 @@ struct planner_options {
 };
 void planner_options_default(struct planner_options *o);
 
-/* One node of 8 x H100-80GB, NVLink 4, 100 Gb RoCE, 2 TiB host memory. */
+/* One node of 8 x H100-SXM, NVLink 4, 100 Gb RoCE, 2 TiB host memory. */
 void planner_cluster_default(struct planner_cluster *c);
 /* Fill defaults from the named types. Errors: UNKNOWN_GPU, UNKNOWN_LINK,
  * OUT_OF_RANGE (field paths under "cluster."). */
@@ -153,7 +144,7 @@ int planner_estimate(const struct loom_spec *s, const struct planner_cluster *c,
 
 /* The estimate a worker logs at start (next to engine.mem): the cluster is
  * sized to the job (the spec's gpus_per_node, enough nodes for dp*tp*pp),
- * the GPU named by `gpu` (NULL: "H100-80GB" on cuda, "cpu" on cpu) and, when
+ * the GPU named by `gpu` (NULL: "H100-SXM" on cuda, "cpu" on cpu) and, when
  * gpu_mem_gib > 0, that much memory (e.g. from cudaMemGetInfo). Compare
  * est->mem.{params,grads,optimizer,activations,comm} (bytes) with
  * engine.mem. */
@@ -188,6 +179,61 @@ int planner_pick(const struct planner_candidate *list, int n);
  * feasible alternative on the same number of GPUs (or any, if none). */
 int planner_check_fit(const struct loom_spec *s, const struct planner_cluster *c,
                       const struct planner_options *o, struct loom_error *e);
+
+/* ---- the real fleet: one pool per GPU type ---- */
+
+/* The nodes of one gpu_type (or of the cpu kind) as loomd knows them. */
+struct planner_pool {
+    char gpu[GPU_TYPE_NAME_MAX]; /* gpu_type, or "cpu" */
+    int nodes;                   /* nodes of the type, in any state (drained or lost ones return) */
+    int gpus;                    /* their devices in total */
+    int gpus_per_node;           /* the largest node's devices */
+    double gpu_mem_gib;          /* the least memory a device reports (cpu: host memory / devices);
+                                    0: the type's */
+    double host_mem_gib;         /* the smallest node's host memory (0: planner default) */
+    double price_per_gpu_hour;   /* 0: no price set for the type */
+    char currency[8];            /* of the price ("" when none) */
+};
+
+#define PLANNER_MAX_POOLS 16
+struct planner_fleet {
+    int n;
+    struct planner_pool pool[PLANNER_MAX_POOLS];
+};
+
+/* The planner cluster of one pool (nodes, devices, type, memory, price). */
+void planner_pool_cluster(const struct planner_pool *p, struct planner_cluster *c);
+
+/* The job's candidate pools: the spec's device kind, restricted to `types`
+ * (normalized gpu_type names, ntypes of them; 0: any) in that order, else in
+ * fleet order. Returns how many indexes were written to idx (at most
+ * PLANNER_MAX_POOLS). */
+int planner_fleet_candidates(const struct loom_spec *s, const struct planner_fleet *f,
+                             const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int *idx);
+
+/* Submit-time check against the real fleet. 0 when the spec's layout fits the
+ * memory of some candidate pool that can hold its ranks (or when the fleet has
+ * no node of the job's kind yet: then the memory check runs on a default node
+ * of the first listed type, H100-SXM without one, sized to the job). Else -1:
+ *  - 422 UNSCHEDULABLE: no candidate pool could ever hold the ranks (world more
+ *    than its devices, allow_mixed: than all candidates' devices; tp more than
+ *    its largest node) or the listed types are absent; names the capacity;
+ *  - 422 DOES_NOT_FIT: the per-GPU estimate (planner_check_fit's message on the
+ *    first pool that holds the ranks) plus the best alternative: a layout that
+ *    fits there (ZeRO-3 over n GPUs, recompute, offload), or another GPU type
+ *    present in the cluster on which the layout fits as submitted. */
+int planner_fleet_check(const struct loom_spec *s, const struct planner_fleet *f,
+                        const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int allow_mixed,
+                        struct loom_error *e);
+
+/* What the spec costs on each pool of its device kind: [{"gpu_type","nodes","gpus",
+ * "gpu_mem_gib","fits","layout":"as submitted"|"recommended"|null,"step_s","hours",
+ * "gpu_hours","per_gpu_hour","currency","cost"}] (a pool the submitted layout
+ * does not fit is priced at its recommended layout; cost null without a price),
+ * and *cheapest (borrowed from f, NULL: none) the type of the lowest cost among
+ * pools where the layout fits as submitted. Caller owns the array. */
+json_t *planner_fleet_costs(const struct loom_spec *s, const struct planner_fleet *f,
+                            const char **cheapest);
 
 /* ---- JSON ---- */
 

@@ -107,10 +107,13 @@ int buf_grow_array(void *arr, size_t *cap, size_t need, size_t size, size_t min_
     size_t ncap;
     if (next_cap(*cap, need, min_cap ? min_cap : 1, &ncap) != 0) return -1;
     if (size && ncap > SIZE_MAX / size) return -1;
-    void **pp = arr;
-    void *p = realloc(*pp, ncap * size);
+    /* arr points at a T* of the caller's type: read and write it with memcpy,
+     * not through a void **, so no pointer object is accessed as another type. */
+    void *old, *p;
+    memcpy(&old, arr, sizeof old);
+    p = realloc(old, ncap * size);
     if (!p) return -1;
-    *pp = p;
+    memcpy(arr, &p, sizeof p);
     *cap = ncap;
     return 0;
 }

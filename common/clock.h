@@ -9,10 +9,6 @@
 
 #ifdef __cplusplus
 extern "C" {
-#ifdef __cplusplus
-}
-#endif
-
 #endif
 
 /* Monotonic clock, from an arbitrary origin. */

@@ -10,10 +10,18 @@
 
 static const char *const type_names[] = {"string", "int", "float", "bool"};
 
+static enum config_type base_type(const struct config_entry *e) {
+    return (enum config_type)(e->type & CONFIG_TYPE_MASK);
+}
+
+static int is_hidden(const struct config_entry *e) {
+    return (e->type & (CONFIG_TUNING | CONFIG_DEBUG)) != 0;
+}
+
 static int set_value(const struct config_entry *e, void *out, const char *val, const char *src) {
     char *base = (char *)out + e->offset;
     char *end = NULL;
-    switch (e->type) {
+    switch (base_type(e)) {
     case CONFIG_STR: {
         char **p = (char **)base;
         free(*p);
@@ -62,6 +70,8 @@ static int set_value(const struct config_entry *e, void *out, const char *val, c
             return -1;
         }
         return 0;
+    default:
+        break;
     }
     return -1;
 }
@@ -125,20 +135,42 @@ static int load_file(const struct config_entry *t, size_t n, void *out, const ch
     return rc;
 }
 
-void config_print_help(const struct config_entry *t, size_t n, const char *prog, const char *usage,
-                       FILE *f) {
+static void print_rows(const struct config_entry *t, size_t n, const char *prog, const char *usage,
+                       int all, FILE *f) {
     fprintf(f,
             "usage: %s %s\n\nsettings (flag --name, env LOOM_NAME, or 'name = value' in "
             "--config FILE):\n",
             prog, usage ? usage : "[options]");
+    size_t hidden = 0;
     for (size_t i = 0; i < n; i++) {
         const struct config_entry *e = &t[i];
+        if (is_hidden(e) && !all) {
+            hidden++;
+            continue;
+        }
+        enum config_type ty = base_type(e);
         char range[64] = "";
-        if ((e->type == CONFIG_INT || e->type == CONFIG_DOUBLE) && e->min <= e->max)
+        if ((ty == CONFIG_INT || ty == CONFIG_DOUBLE) && e->min <= e->max)
             snprintf(range, sizeof range, " [%g..%g]", e->min, e->max);
-        fprintf(f, "  --%-22s %-6s default %s%s\n      %s\n", e->name, type_names[e->type],
-                e->def ? e->def : "(none)", range, e->help);
+        const char *kind = e->type & CONFIG_DEBUG    ? " (debug)"
+                           : e->type & CONFIG_TUNING ? " (tuning)"
+                                                     : "";
+        fprintf(f, "  --%-22s %-6s default %s%s%s\n      %s\n", e->name, type_names[ty],
+                e->def ? e->def : "(none)", range, kind, e->help);
     }
+    if (hidden)
+        fprintf(f, "\n%zu tuning and debug settings are not shown: --help-all lists them\n",
+                hidden);
+}
+
+void config_print_help(const struct config_entry *t, size_t n, const char *prog, const char *usage,
+                       FILE *f) {
+    print_rows(t, n, prog, usage, 0, f);
+}
+
+void config_print_help_all(const struct config_entry *t, size_t n, const char *prog,
+                           const char *usage, FILE *f) {
+    print_rows(t, n, prog, usage, 1, f);
 }
 
 int config_load(const struct config_entry *t, size_t n, void *out, const char *prog,
@@ -152,6 +184,10 @@ int config_load(const struct config_entry *t, size_t n, void *out, const char *p
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             config_print_help(t, n, prog, usage, stdout);
+            return 1;
+        }
+        if (!strcmp(argv[i], "--help-all")) {
+            config_print_help_all(t, n, prog, usage, stdout);
             return 1;
         }
         if (!strcmp(argv[i], "--version")) {
@@ -195,7 +231,7 @@ int config_load(const struct config_entry *t, size_t n, void *out, const char *p
         }
         const char *val = eq ? eq + 1 : NULL;
         if (!val) {
-            if (e->type == CONFIG_BOOL && !(i + 1 < argc && is_bool_word(argv[i + 1]))) {
+            if (base_type(e) == CONFIG_BOOL && !(i + 1 < argc && is_bool_word(argv[i + 1]))) {
                 val = "true";
             } else if (i + 1 < argc) {
                 val = argv[++i];
@@ -212,7 +248,7 @@ int config_load(const struct config_entry *t, size_t n, void *out, const char *p
 
 void config_free(const struct config_entry *t, size_t n, void *out) {
     for (size_t i = 0; i < n; i++)
-        if (t[i].type == CONFIG_STR) {
+        if (base_type(&t[i]) == CONFIG_STR) {
             char **p = (char **)((char *)out + t[i].offset);
             free(*p);
             *p = NULL;

@@ -8,6 +8,7 @@
 #include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
+#include "daemon/nodes.h"
 #include "daemon/store.h"
 
 #include <errno.h>
@@ -37,6 +38,8 @@ struct node_row {
     const char *name, *kind, *hostname;
     char *devices;
     int64_t now;
+    const char *gpu_type;
+    const json_t *inventory;
 };
 
 static int upsert_node(struct store_tx *tx, void *arg) {
@@ -53,6 +56,7 @@ static int upsert_node(struct store_tx *tx, void *arg) {
     sqlite3_bind_int64(st, 5, r->now);
     int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
     sqlite3_reset(st);
+    if (rc == STORE_OK) rc = nodes_store_inventory(tx, r->name, r->gpu_type, r->inventory);
     return rc;
 }
 
@@ -79,7 +83,11 @@ int agent_api_register(struct http_req *req) {
     if (!json_is_array(devices) || json_array_size(devices) > 64)
         return http_error(req, 400, "INVALID_DEVICES", "devices must be an array of at most 64");
     int64_t now = store_now_ms();
-    struct node_row row = {name, kind, host ? host : "", json_dumps(devices, JSON_COMPACT), now};
+    char gpu_type[24];
+    nodes_gpu_type(kind, devices, gpu_type, sizeof gpu_type);
+    json_t *inventory = json_object_get(req->json, "inventory");
+    struct node_row row = {name, kind,     host ? host : "", json_dumps(devices, JSON_COMPACT),
+                           now,  gpu_type, inventory};
     int rc = store_write(req->ld->store, upsert_node, &row);
     free(row.devices);
     if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not record node");
@@ -110,6 +118,7 @@ int agent_api_register(struct http_req *req) {
     json_t *hostinfo = json_object_get(req->json, "host");
     json_decref(n->host);
     n->host = json_is_object(hostinfo) ? json_deep_copy(hostinfo) : json_object();
+    nodes_apply_inventory(n, inventory);
     n->lost = 0;
     n->seen = 1;
     n->last_hb_ms = now;

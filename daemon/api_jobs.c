@@ -7,12 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/gpu_types.h"
 #include "api/jobspec.h"
 #include "api/planner.h"
 #include "common/buf.h"
 #include "daemon/auth.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
+#include "daemon/nodes.h"
+#include "daemon/sched.h"
 #include "daemon/store.h"
 #include "daemon/submitcheck.h"
 
@@ -91,29 +94,68 @@ static int reply_job(struct http_req *req, int status, const struct store_job *j
     return 0;
 }
 
-/* The cluster loomd plans against: the planner's default node type (8 x
- * H100-80GB) unless configured otherwise. The nodes module may refine this
- * from registered nodes (GPU name, memory, links). */
-static void known_cluster(struct loomd *ld, struct planner_cluster *c) {
-    planner_cluster_default(c);
-    c->price_per_gpu_hour = ld->cfg.price_gpu_hour;
+/* ---- the real cluster (GPU fleet: daemon/nodes.h, api/planner.h) ---- */
+
+/* resources.gpu_type of a parsed spec, normalized (aliases resolved) and checked
+ * against the GPU type table (api/gpu_types.h). Returns the number of types,
+ * or -1 with err filled (422 UNKNOWN_GPU_TYPE). */
+static int job_types(const struct loom_spec *s, char (*types)[GPU_TYPE_NAME_MAX],
+                     struct loom_error *err) {
+    json_t *list = json_array();
+    char msg[400];
+    for (int i = 0; i < s->resources.n_gpu_types; i++)
+        json_array_append_new(list, json_string(s->resources.gpu_type[i]));
+    int n = gpu_type_list_parse(list, types, SCHED_MAX_JOB_TYPES, msg, sizeof msg);
+    json_decref(list);
+    if (n < 0) loom_error_set(err, 422, "UNKNOWN_GPU_TYPE", "resources.gpu_type", "%s", msg);
+    return n;
 }
 
-/* Submit-time fit: the planner's per-GPU memory estimate must fit the GPUs.
- * Only the per-GPU memory is judged here, so the cluster is taken as large
- * as the job (a job bigger than today's cluster waits for nodes, with a
- * pending_reason, rather than being refused). cpu jobs are not checked. */
+/* The cluster /v1/plan estimates on when the body names none: the pool of
+ * registered nodes the job would run on (its first listed gpu_type, else the
+ * first pool that holds its ranks), at that type's price; with no node of the
+ * job's kind, the planner's default node (of the first listed type). -1 with
+ * err when the spec names a GPU type not in the table. */
+static int known_cluster(struct loomd *ld, const json_t *body, const struct planner_fleet *f,
+                         struct planner_cluster *c, struct loom_error *err) {
+    planner_cluster_default(c);
+    c->price_per_gpu_hour = ld->cfg.price_gpu_hour;
+    char types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
+    struct loom_error ign;
+    struct loom_spec s;
+    json_t *specj = json_copy((json_t *)body);
+    json_object_del(specj, "cluster");
+    json_object_del(specj, "options");
+    int ok = specj && jobspec_parse(&s, specj, JOBSPEC_FOR_PLAN, &ign) == 0;
+    json_decref(specj);
+    if (!ok) return 0; /* planner_plan_json reports what is wrong */
+    int nt = job_types(&s, types, err);
+    if (nt < 0) return -1;
+    if (nt > 0) snprintf(c->gpu, sizeof c->gpu, "%s", types[0]);
+    int idx[PLANNER_MAX_POOLS], n = planner_fleet_candidates(&s, f, types, nt, idx), pick = -1;
+    int world = s.parallel.dp * s.parallel.tp * s.parallel.pp;
+    for (int k = 0; k < n && pick < 0; k++)
+        if (f->pool[idx[k]].gpus >= world) pick = idx[k];
+    if (pick < 0 && n > 0) pick = idx[0];
+    if (pick < 0) return 0;
+    planner_pool_cluster(&f->pool[pick], c);
+    if (c->price_per_gpu_hour <= 0) c->price_per_gpu_hour = ld->cfg.price_gpu_hour;
+    return 0;
+}
+
+/* Submit-time fit against the registered nodes (planner_fleet_check): the
+ * layout must fit the memory of a GPU type the job may use, and the cluster
+ * must be able to hold its ranks at all (UNSCHEDULABLE otherwise). Before any
+ * node of the job's kind has joined only the per-GPU memory is judged, on a
+ * default node sized to the job. */
 static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom_error *err) {
-    if (spec->resources.device != JOBSPEC_DEV_CUDA) return 0;
-    struct planner_cluster c;
-    known_cluster(ld, &c);
-    struct jobspec_derived d;
-    jobspec_derive(spec, &d);
-    if (c.gpus_per_node < spec->resources.gpus_per_node)
-        c.gpus_per_node = spec->resources.gpus_per_node;
-    int need = (d.world + c.gpus_per_node - 1) / c.gpus_per_node;
-    if (c.nodes < need) c.nodes = need;
-    return planner_check_fit(spec, &c, NULL, err);
+    char types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
+    int nt = job_types(spec, types, err);
+    if (nt < 0) return -1;
+    struct planner_fleet f;
+    nodes_fleet(ld, &f);
+    return planner_fleet_check(spec, &f, (const char(*)[GPU_TYPE_NAME_MAX])types, nt,
+                               spec->resources.allow_mixed, err);
 }
 
 /* ---------------- job references ---------------- */
@@ -505,10 +547,19 @@ int api_jobs_events(struct http_req *req) {
 
 int api_jobs_plan(struct http_req *req) {
     struct planner_cluster c;
-    known_cluster(req->ld, &c);
+    struct planner_fleet f;
     struct loom_error err;
     memset(&err, 0, sizeof err);
+    nodes_fleet(req->ld, &f);
+    if (known_cluster(req->ld, req->json, &f, &c, &err) != 0) return reply_spec_error(req, &err);
     json_t *out = NULL;
     if (planner_plan_json(req->json, &c, &out, &err) != 0) return reply_spec_error(req, &err);
+    /* cost on each GPU type of the cluster and the cheapest that fits it as given */
+    struct loom_spec s;
+    if (jobspec_parse(&s, json_object_get(out, "spec"), JOBSPEC_FOR_PLAN, &err) == 0) {
+        const char *cheapest = NULL;
+        json_object_set_new(out, "gpu_types", planner_fleet_costs(&s, &f, &cheapest));
+        json_object_set_new(out, "cheapest_fit", cheapest ? json_string(cheapest) : json_null());
+    }
     return http_reply_json(req, 200, out);
 }

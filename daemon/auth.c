@@ -1,6 +1,6 @@
 /* Authentication: bootstrap tokens, tenant token hashing and lookup. Only
  * SHA-256 hashes are kept in memory and in the store; comparisons are
- * constant-time (CRYPTO_memcmp). */
+ * constant-time (token_equal_mem). */
 #include "daemon/auth.h"
 
 #include <errno.h>
@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/token.h"
 #include "daemon/store.h"
 
 #define CACHE_SLOTS 1024 /* direct-mapped by hash; a collision just evicts */
@@ -49,12 +49,9 @@ void auth_hash(const char *token, unsigned char out[32]) {
 }
 
 int auth_new_token(char *buf, size_t len) {
-    unsigned char r[32];
-    if (len < 70 || RAND_bytes(r, sizeof r) != 1) return -1;
-    int n = snprintf(buf, len, "loom_");
-    for (size_t i = 0; i < sizeof r; i++)
-        n += snprintf(buf + n, len - (size_t)n, "%02x", r[i]);
-    return 0;
+    if (len < 70) return -1;
+    memcpy(buf, "loom_", 5);
+    return token_hex(buf + 5, len - 5, 32);
 }
 
 /* Token from env `var`, else from data_dir/file, else a new one written to
@@ -136,13 +133,13 @@ void auth_forget(struct auth *a) {
 int auth_is_admin(const struct auth *a, const char *token) {
     unsigned char h[32];
     auth_hash(token, h);
-    return CRYPTO_memcmp(h, a->admin, 32) == 0;
+    return token_equal_mem(h, a->admin, 32);
 }
 
 int auth_is_join(const struct auth *a, const char *token) {
     unsigned char h[32];
     auth_hash(token, h);
-    return CRYPTO_memcmp(h, a->join, 32) == 0;
+    return token_equal_mem(h, a->join, 32);
 }
 
 struct lookup {
@@ -165,7 +162,7 @@ int auth_tenant(struct auth *a, struct store *s, const char *token, char *tenant
     auth_hash(token, l.hash);
     struct cached_token *c = &a->tokens[slot_of(l.hash, CACHE_SLOTS)];
     pthread_mutex_lock(&a->mu);
-    if (c->used && CRYPTO_memcmp(c->hash, l.hash, 32) == 0) {
+    if (c->used && token_equal_mem(c->hash, l.hash, 32)) {
         snprintf(tenant_id, len, "%s", c->tenant);
         pthread_mutex_unlock(&a->mu);
         return 0;

@@ -12,15 +12,19 @@
 #include "daemon/cluster.h"
 
 #include "api/exit_codes.h"
+#include "api/gpu_types.h"
+#include "common/buf.h"
 #include "common/log.h"
+#include "common/token.h"
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
+#include "daemon/nodes.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
+#include "daemon/usage.h"
 
 #include <errno.h>
-#include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -39,6 +43,10 @@ struct jobinfo {
     int64_t created_at;
     int64_t queued_since; /* submit, or the retry's transition back to queued */
     char *out_dir, *pending;
+    /* resources.gpu_type (normalized, preference order) and allow_mixed */
+    char gpu_types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
+    const char *gpu_type_ptrs[SCHED_MAX_JOB_TYPES];
+    int ngpu_types, allow_mixed;
 };
 
 struct snapshot {
@@ -64,13 +72,7 @@ static void snapshot_free(struct snapshot *s) {
 
 static int snap_job(const struct store_job *j, void *arg) {
     struct snapshot *s = arg;
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 64;
-        struct jobinfo *p = realloc(s->jobs, sizeof *p * (size_t)cap);
-        if (!p) return -1;
-        s->jobs = p;
-        s->cap = cap;
-    }
+    if (BUF_GROW(s->jobs, s->cap, s->n + 1, 64) != 0) return -1;
     struct jobinfo *ji = &s->jobs[s->n];
     memset(ji, 0, sizeof *ji);
     snprintf(ji->id, sizeof ji->id, "%s", j->id);
@@ -102,6 +104,34 @@ static int snap_job(const struct store_job *j, void *arg) {
  * more CPU than the API it shares the machine with. */
 #define SCHED_QUEUE_DEPTH 1000
 
+/* GPU types of the queued jobs that name resources.gpu_type or allow_mixed
+ * (the snapshot reads no spec text). The partial index of schema 060 holds
+ * just those jobs, so untyped queues cost no JSON parsing here. */
+static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, json_extract(spec, '$.resources.gpu_type'), "
+            "json_extract(spec, '$.resources.allow_mixed') FROM jobs INDEXED BY jobs_gpu_placement "
+            "WHERE state = 'queued' AND (json_extract(spec, '$.resources.gpu_type') IS NOT NULL "
+            "OR json_extract(spec, '$.resources.allow_mixed') = 1)");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        struct jobinfo *ji = NULL;
+        for (int i = 0; i < s->n && !ji; i++)
+            if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].id, id)) ji = &s->jobs[i];
+        if (!ji) continue; /* beyond the queue depth */
+        const char *types = (const char *)sqlite3_column_text(st, 1);
+        json_t *tj = types ? json_loads(types, JSON_DECODE_ANY, NULL) : NULL;
+        ji->ngpu_types = gpu_type_list_parse(tj, ji->gpu_types, SCHED_MAX_JOB_TYPES, NULL, 0);
+        if (ji->ngpu_types < 0) ji->ngpu_types = 0; /* refused at submit; not reached */
+        json_decref(tj);
+        ji->allow_mixed = sqlite3_column_int(st, 2) == 1;
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
 static int snapshot_read(struct store_tx *tx, void *arg) {
     struct snapshot *s = arg;
     struct store_job_filter f = {0};
@@ -114,6 +144,7 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     f.by_priority = 1;
     f.limit = SCHED_QUEUE_DEPTH;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
+    if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st =
         store_stmt(tx, "SELECT id, gpu_quota, name FROM tenants WHERE gpu_quota > 0");
     if (!st) return STORE_ERR;
@@ -189,13 +220,7 @@ struct changes {
 };
 
 static struct change *ch_add(struct changes *cs, enum change_kind k, const char *job_id) {
-    if (cs->n == cs->cap) {
-        int cap = cs->cap ? cs->cap * 2 : 32;
-        struct change *p = realloc(cs->v, sizeof *p * (size_t)cap);
-        if (!p) return NULL;
-        cs->v = p;
-        cs->cap = cap;
-    }
+    if (BUF_GROW(cs->v, cs->cap, cs->n + 1, 32) != 0) return NULL;
     struct change *c = &cs->v[cs->n++];
     memset(c, 0, sizeof *c);
     c->kind = k;
@@ -295,27 +320,16 @@ static int apply_changes(struct store_tx *tx, void *arg) {
             }
             break;
         case CH_USAGE: {
-            st = store_stmt(tx, "INSERT INTO usage (tenant_id, job_id, attempt, node, gpu_model, "
-                                "gpus, start_ms, end_ms, gpu_seconds, cost) VALUES "
-                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-            if (!st) {
-                c->result = STORE_ERR;
-                break;
-            }
-            double secs = c->gpus * (double)(c->t1 - c->t0) / 1000.0;
-            if (secs < 0) secs = 0;
-            sqlite3_bind_text(st, 1, c->tenant_id, -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 2, c->job_id, -1, SQLITE_STATIC);
-            sqlite3_bind_int(st, 3, c->attempt);
-            sqlite3_bind_text(st, 4, c->node, -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 5, c->model, -1, SQLITE_STATIC);
-            sqlite3_bind_int(st, 6, c->gpus);
-            sqlite3_bind_int64(st, 7, c->t0);
-            sqlite3_bind_int64(st, 8, c->t1);
-            sqlite3_bind_double(st, 9, secs);
-            sqlite3_bind_double(st, 10, secs / 3600.0 * c->price);
-            c->result = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
-            sqlite3_reset(st);
+            struct usage_row row = {.tenant_id = c->tenant_id,
+                                    .job_id = c->job_id,
+                                    .attempt = c->attempt,
+                                    .node = c->node,
+                                    .gpu_model = c->model,
+                                    .gpus = c->gpus,
+                                    .t0 = c->t0,
+                                    .t1 = c->t1,
+                                    .price = c->price};
+            c->result = usage_insert(tx, &row);
             break;
         }
         }
@@ -516,14 +530,6 @@ static void finalize_attempt(struct cluster *c, struct changes *cs, struct clust
     }
 }
 
-static void rand_hex(char *out, size_t bytes) {
-    unsigned char r[16];
-    if (bytes > sizeof r) bytes = sizeof r;
-    if (RAND_bytes(r, (int)bytes) != 1) memset(r, 0, sizeof r);
-    for (size_t i = 0; i < bytes; i++)
-        sprintf(out + 2 * i, "%02x", r[i]);
-}
-
 /* ---- one pass of the loop ---- */
 
 /* What one pass works with: the jobs' snapshot, the store changes it
@@ -710,7 +716,7 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
     avoid_take(c, j->id, 1);
     struct cluster_attempt *a = calloc(1, sizeof *a);
     struct cluster_rank *ranks = calloc((size_t)j->world, sizeof *ranks);
-    if (!a || !ranks) {
+    if (!a || !ranks || auth_new_token(a->token, sizeof a->token) != 0) {
         free(a);
         free(ranks);
         return;
@@ -730,7 +736,6 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
     a->started_ms = now;
     a->last_progress_ms = now;
     a->rdzv = json_object();
-    if (auth_new_token(a->token, sizeof a->token) != 0) rand_hex(a->token, 16);
     json_t *pl = json_array();
     char summary[256] = "";
     size_t off = 0;
@@ -777,6 +782,7 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
         sn[i].name = n->name;
         sn[i].kind = n->kind;
         sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
+        sn[i].gpu_type = n->gpu_type;
         sn[i].state = n->lost || !n->seen                             ? SCHED_NODE_LOST
                       : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
                                                                       : SCHED_NODE_READY;
@@ -806,9 +812,20 @@ static void pass_place(struct pass *p) {
     for (int i = 0; i < snap->n; i++) {
         struct jobinfo *j = &snap->jobs[i];
         if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
-        sj[nq] = (struct sched_job){j->id,       j->tenant_id,  j->kind,
-                                    j->priority, j->created_at, j->world,
-                                    j->tp,       j->per_node,   avoid_take(c, j->id, 0)};
+        for (int t = 0; t < j->ngpu_types; t++)
+            j->gpu_type_ptrs[t] = j->gpu_types[t];
+        sj[nq] = (struct sched_job){j->id,
+                                    j->tenant_id,
+                                    j->kind,
+                                    j->priority,
+                                    j->created_at,
+                                    j->world,
+                                    j->tp,
+                                    j->per_node,
+                                    avoid_take(c, j->id, 0),
+                                    j->gpu_type_ptrs,
+                                    j->ngpu_types,
+                                    j->allow_mixed};
         qj[nq++] = j;
     }
     struct sched_cluster cl = {sn, c->nnodes, snap->quotas, snap->nq};
@@ -947,6 +964,7 @@ static int load_state(struct store_tx *tx, void *arg) {
         n->seen = 0;
     }
     sqlite3_reset(st);
+    if (nodes_load_inventory(tx, c) != STORE_OK) return STORE_ERR;
     st = store_stmt(tx, "SELECT a.job_id, a.attempt, a.tenant_id, a.token, a.placement, a.world, "
                         "a.started_at, j.spec, j.out_dir, j.state FROM attempts a JOIN jobs j ON "
                         "j.id = a.job_id WHERE a.state = 'active'");
@@ -1025,7 +1043,11 @@ int cluster_start(struct loomd *ld) {
     http_notify_init(&c->rdzv);
     http_notify_init(&c->logs);
     http_notify_init(&c->wake);
-    rand_hex(c->epoch, 8);
+    if (token_hex(c->epoch, sizeof c->epoch, 8) != 0) {
+        log_error("cluster: no random bytes for the epoch");
+        free(c);
+        return -1;
+    }
     snprintf(c->logs_dir, sizeof c->logs_dir, "%s/logs", ld->cfg.data_dir);
     if (mkdir(c->logs_dir, 0755) != 0 && errno != EEXIST) {
         log_error("cluster: cannot create %s: %s", c->logs_dir, strerror(errno));
@@ -1086,6 +1108,7 @@ void cluster_stop(struct loomd *ld) {
         json_decref(c->nodes[i].devices);
         json_decref(c->nodes[i].tasks);
         json_decref(c->nodes[i].host);
+        json_decref(c->nodes[i].inventory);
     }
     json_decref(c->prices);
     http_notify_destroy(&c->assign);

@@ -79,6 +79,10 @@ struct cluster_node {
     int seen;           /* registered or heard from since loomd started */
     int64_t last_hb_ms; /* wall ms of the last register/heartbeat */
     int64_t registered_at;
+    /* GPU fleet (daemon/nodes.h): api/gpu_types.h name, "cpu", "mixed" or "unknown";
+     * the agent's GPU inventory from registration (agent/gpu.h) */
+    char gpu_type[24];
+    json_t *inventory;
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */

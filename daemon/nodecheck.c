@@ -4,7 +4,6 @@
  * while (recent history for GET) and are always in the store. */
 #include "daemon/nodecheck.h"
 
-#include <openssl/rand.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +11,11 @@
 #include <strings.h>
 
 #include "common/log.h"
+#include "common/token.h"
 #include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
+#include "daemon/rdzv.h"
 #include "daemon/store.h"
 
 #define NC_MAX_CHECKS      256 /* kept in memory (finished ones are dropped first) */
@@ -115,16 +116,6 @@ double nodecheck_expected_gbps(const char *check_kind, const char *device_kind,
 
 static struct nodecheck *nc_of(struct loomd *ld) {
     return ld->nodecheck;
-}
-
-static void random_hex(char *out, size_t nbytes) {
-    unsigned char b[32];
-    if (nbytes > sizeof b) nbytes = sizeof b;
-    if (RAND_bytes(b, (int)nbytes) != 1)
-        for (size_t i = 0; i < nbytes; i++)
-            b[i] = (unsigned char)rand();
-    for (size_t i = 0; i < nbytes; i++)
-        sprintf(out + 2 * i, "%02x", b[i]);
 }
 
 static struct nc_check *find_check(struct nodecheck *nc, const char *id) {
@@ -587,7 +578,8 @@ static void node_facts(struct loomd *ld, const char *name, struct node_facts *f)
 /* Queues a check of `node` (with `peer`: a pair check) whose nodes were
  * validated by the caller (fa: facts of `node`). expect <= 0: the table's
  * figure; max_bytes <= 0: the device kind's default. Returns the check as
- * JSON (caller owns) or NULL when out of memory. No locks held by the caller. */
+ * JSON (caller owns) or NULL when out of memory or of random bytes. No locks
+ * held by the caller. */
 static json_t *queue_check(struct loomd *ld, const char *node, const char *peer,
                            const struct node_facts *fa, double expect, double min_ratio,
                            long max_bytes, int iters, int timeout_ms) {
@@ -595,8 +587,12 @@ static json_t *queue_check(struct loomd *ld, const char *node, const char *peer,
     struct nc_check *k = calloc(1, sizeof *k);
     if (!k) return NULL;
     snprintf(k->id, sizeof k->id, "c-");
-    random_hex(k->id + 2, 6);
-    random_hex(k->token, 16);
+    if (token_hex(k->id + 2, sizeof k->id - 2, 6) != 0 ||
+        token_hex(k->token, sizeof k->token, 16) != 0) {
+        log_error("nodecheck: no random bytes for a check id and token");
+        free(k);
+        return NULL;
+    }
     snprintf(k->kind, sizeof k->kind, "%s", peer ? "pair" : "node");
     snprintf(k->device_kind, sizeof k->device_kind, "%s", fa->kind);
     k->state = NC_QUEUED;
@@ -950,59 +946,34 @@ int nodecheck_agent_report(struct http_req *req) {
     return http_reply_json(req, 200, json_pack("{s:b}", "ok", 1));
 }
 
-/* ---------- rendezvous (same protocol as /v1/rdzv, check-scoped token) ---------- */
+/* ---------- rendezvous (rdzv.c's protocol, check-scoped token) ---------- */
 
-/* The running check `id` whose token is the request's bearer, else replies. */
-static struct nc_check *rdzv_check(struct http_req *req, struct nodecheck *nc) {
-    struct nc_check *k = find_check(nc, http_param(req, "id"));
-    if (!k || k->state != NC_RUNNING) return NULL;
-    const char *t = req->bearer ? req->bearer : "";
-    size_t n = strlen(k->token);
-    unsigned diff = strlen(t) != n;
-    for (size_t i = 0; i < n && t[i]; i++)
-        diff |= (unsigned)(t[i] ^ k->token[i]);
-    return diff ? NULL : k;
+/* The key table of the running check `id` whose token is the request's bearer. Caller holds mu. */
+static json_t *check_table(struct http_req *req, void *arg) {
+    struct nc_check *k = find_check(arg, http_param(req, "id"));
+    if (!k || k->state != NC_RUNNING || !token_equal(req->bearer, k->token)) return NULL;
+    return k->rdzv;
+}
+
+static int check_deny(struct http_req *req, void *arg) {
+    return http_error(req, 403, "RDZV_FORBIDDEN", "not a token of a running node check");
+}
+
+static struct rdzv_scope check_scope(struct nodecheck *nc) {
+    return (struct rdzv_scope){.mu = &nc->mu,
+                               .notify = &nc->rdzv,
+                               .max_wait_ms = NC_MAX_WAIT_MS,
+                               .arg = nc,
+                               .table = check_table,
+                               .deny = check_deny};
 }
 
 int nodecheck_rdzv_put(struct http_req *req) {
-    struct nodecheck *nc = nc_of(req->ld);
-    const char *key = http_param(req, "key");
-    json_t *v = json_object_get(req->json, "value");
-    if (!json_is_string(v))
-        return http_error_field(req, 422, "INVALID_FIELD", "value", "value must be a string");
-    pthread_mutex_lock(&nc->mu);
-    struct nc_check *k = rdzv_check(req, nc);
-    if (!k) {
-        pthread_mutex_unlock(&nc->mu);
-        return http_error(req, 403, "RDZV_FORBIDDEN", "not a token of a running node check");
-    }
-    json_t *old = json_object_get(k->rdzv, key);
-    int conflict = old && !json_equal(old, v);
-    if (!old) json_object_set(k->rdzv, key, v);
-    pthread_mutex_unlock(&nc->mu);
-    if (conflict) return http_error(req, 409, "RDZV_CONFLICT", "key '%s' holds another value", key);
-    http_notify_signal(&nc->rdzv);
-    return http_reply_json(req, 200, json_pack("{s:b}", "ok", 1));
+    struct rdzv_scope s = check_scope(nc_of(req->ld));
+    return rdzv_scope_put(req, &s);
 }
 
 int nodecheck_rdzv_get(struct http_req *req) {
-    struct nodecheck *nc = nc_of(req->ld);
-    const char *key = http_param(req, "key"), *w = http_query(req, "wait_ms");
-    int wait = w ? atoi(w) : 0;
-    if (wait < 0) wait = 0;
-    if (wait > NC_MAX_WAIT_MS) wait = NC_MAX_WAIT_MS;
-    int64_t deadline = store_now_ms() + wait;
-    uint64_t gen = http_notify_gen(&nc->rdzv);
-    for (;;) {
-        pthread_mutex_lock(&nc->mu);
-        struct nc_check *k = rdzv_check(req, nc);
-        json_t *v = k ? json_incref(json_object_get(k->rdzv, key)) : NULL;
-        pthread_mutex_unlock(&nc->mu);
-        if (!k)
-            return http_error(req, 403, "RDZV_FORBIDDEN", "not a token of a running node check");
-        if (v) return http_reply_json(req, 200, json_pack("{s:o}", "value", v));
-        int64_t left = deadline - store_now_ms();
-        if (left <= 0 || http_wait(req->ld->http, &nc->rdzv, &gen, (int)left) < 0) break;
-    }
-    return http_error(req, 404, "RDZV_KEY_NOT_FOUND", "key '%s' not written yet", key);
+    struct rdzv_scope s = check_scope(nc_of(req->ld));
+    return rdzv_scope_get(req, &s);
 }

@@ -2,6 +2,9 @@
  * in-memory cluster state under its mutex; drain flags go to the store. */
 #include "daemon/nodes.h"
 
+#include "api/gpu_types.h"
+#include "api/planner.h"
+#include "daemon/api_prices.h"
 #include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
@@ -52,6 +55,11 @@ static json_t *node_json(struct cluster *c, int ni) {
                           devs, "tasks", n->tasks ? json_incref(n->tasks) : json_array(),
                           "last_heartbeat", seen, "registered_at", reg, "drained", n->drained);
     if (o && n->host) json_object_set(o, "host", n->host);
+    if (o)
+        json_object_set_new(o, "gpu_type", json_string(n->gpu_type[0] ? n->gpu_type : "unknown"));
+    if (o)
+        json_object_set_new(o, "inventory",
+                            n->inventory ? json_incref(n->inventory) : json_object());
     nodecheck_annotate(c->ld, n->name, o); /* health, "degraded" (daemon/nodecheck.h) */
     return o;
 }
@@ -75,6 +83,115 @@ int nodes_get(struct http_req *req) {
     pthread_mutex_unlock(&c->mu);
     if (!o) return http_error(req, 404, "NODE_NOT_FOUND", "no node named %s", id ? id : "");
     return http_reply_json(req, 200, o);
+}
+
+void nodes_gpu_type(const char *kind, const json_t *devices, char *out, size_t len) {
+    const char *common = NULL;
+    int mixed = 0;
+    size_t i;
+    json_t *d;
+    if (kind && strcmp(kind, "cpu") == 0) {
+        snprintf(out, len, "cpu");
+        return;
+    }
+    json_array_foreach((json_t *)devices, i, d) {
+        const struct gpu_type *t = gpu_type_find(json_string_value(json_object_get(d, "gpu_type")));
+        if (!t || !t->cc) {
+            double mib = (double)json_integer_value(json_object_get(d, "mem_total_mib"));
+            t = gpu_type_normalize(json_string_value(json_object_get(d, "name")),
+                                   mib * 1024.0 * 1024.0);
+        }
+        const char *name = t ? t->name : "unknown";
+        if (!common)
+            common = name;
+        else if (strcmp(common, name) != 0)
+            mixed = 1;
+    }
+    snprintf(out, len, "%s", mixed ? "mixed" : common ? common : "unknown");
+}
+
+void nodes_apply_inventory(struct cluster_node *n, json_t *inventory) {
+    nodes_gpu_type(n->kind, n->devices, n->gpu_type, sizeof n->gpu_type);
+    json_decref(n->inventory);
+    n->inventory = json_is_object(inventory) ? json_incref(inventory) : json_object();
+}
+
+int nodes_store_inventory(struct store_tx *tx, const char *name, const char *gpu_type,
+                          const json_t *inventory) {
+    sqlite3_stmt *st =
+        store_stmt(tx, "UPDATE nodes SET gpu_type = ?, inventory = ? WHERE name = ?");
+    if (!st) return STORE_ERR;
+    char *text = json_is_object(inventory) ? json_dumps(inventory, JSON_COMPACT) : NULL;
+    sqlite3_bind_text(st, 1, gpu_type, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, text ? text : "{}", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    free(text);
+    return rc;
+}
+
+int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
+    sqlite3_stmt *st = store_stmt(tx, "SELECT name, inventory FROM nodes");
+    if (!st) return STORE_ERR;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        int ni = cluster_node_find(c, (const char *)sqlite3_column_text(st, 0));
+        if (ni < 0) continue;
+        json_t *inv = json_loads((const char *)sqlite3_column_text(st, 1), 0, NULL);
+        nodes_apply_inventory(&c->nodes[ni], inv);
+        json_decref(inv);
+    }
+    sqlite3_reset(st);
+    return STORE_OK;
+}
+
+void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
+    memset(f, 0, sizeof *f);
+    struct cluster *c = ld->cluster;
+    json_t *prices = prices_load(ld);
+    if (!c) {
+        json_decref(prices);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->nnodes; i++) {
+        const struct cluster_node *n = &c->nodes[i];
+        const char *type = !strcmp(n->kind, "cpu") ? "cpu"
+                           : n->gpu_type[0]        ? n->gpu_type
+                                                   : "unknown";
+        if (n->ndev <= 0) continue;
+        int k = 0;
+        while (k < f->n && strcmp(f->pool[k].gpu, type) != 0)
+            k++;
+        if (k == f->n) {
+            if (f->n == PLANNER_MAX_POOLS) continue;
+            struct planner_pool *p = &f->pool[f->n++];
+            snprintf(p->gpu, sizeof p->gpu, "%s", type);
+            json_t *tp = json_object_get(prices, type);
+            json_t *legacy = json_object_get(c->prices, n->gpu_model);
+            p->price_per_gpu_hour = tp ? json_number_value(json_object_get(tp, "per_gpu_hour"))
+                                    : json_is_number(legacy) ? json_number_value(legacy)
+                                                             : ld->cfg.price_gpu_hour;
+            snprintf(p->currency, sizeof p->currency, "%s",
+                     tp ? json_string_value(json_object_get(tp, "currency")) : "");
+        }
+        struct planner_pool *p = &f->pool[k];
+        p->nodes++;
+        p->gpus += n->ndev;
+        if (n->ndev > p->gpus_per_node) p->gpus_per_node = n->ndev;
+        size_t d;
+        json_t *dv;
+        json_array_foreach(n->devices, d, dv) {
+            double gib = (double)json_integer_value(json_object_get(dv, "mem_total_mib")) / 1024.0;
+            if (gib > 0 && (p->gpu_mem_gib <= 0 || gib < p->gpu_mem_gib)) p->gpu_mem_gib = gib;
+        }
+        double host =
+            (double)json_integer_value(json_object_get(n->host, "mem_total_mib")) / 1024.0;
+        if (host > 0 && (p->host_mem_gib <= 0 || host < p->host_mem_gib)) p->host_mem_gib = host;
+    }
+    pthread_mutex_unlock(&c->mu);
+    json_decref(prices);
 }
 
 struct drain_arg {

@@ -3,6 +3,7 @@
  * declare their handlers in their own headers. api/openapi.yaml lists the
  * same set of paths (a test checks it). */
 #include "daemon/agent_api.h"
+#include "daemon/api_prices.h"
 #include "daemon/handlers.h"
 #include "daemon/http.h"
 #include "daemon/joblogs.h"
@@ -41,6 +42,9 @@ const struct http_route http_routes[] = {
     {"POST", "/v1/nodes/{id}/drain", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_drain},
     {"POST", "/v1/nodes/{id}/undrain", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_undrain},
     {"GET", "/v1/usage", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, usage_get},
+    /* GPU prices per gpu_type (daemon/api_prices.h) */
+    {"PUT", "/v1/prices", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_prices_put},
+    {"GET", "/v1/prices", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_prices_get},
     {"POST", "/v1/agent/register", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_register},
     {"POST", "/v1/agent/heartbeat", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_heartbeat},
     {"GET", "/v1/agent/assignments", HTTP_AUTH_JOIN, HTTP_BODY_NONE, agent_api_assignments},

@@ -36,10 +36,48 @@ static uint64_t block_mask(int start, int tp) {
     return dev_mask(tp) << start;
 }
 
-static int eligible(const struct sched_node *n, const struct sched_job *j) {
+static const char *ntype(const struct sched_node *n) {
+    return n->gpu_type ? n->gpu_type : "";
+}
+
+static int type_listed(const struct sched_job *j, const char *t) {
+    for (int i = 0; i < j->ngpu_types; i++)
+        if (j->gpu_types[i] && strcmp(j->gpu_types[i], t) == 0) return 1;
+    return 0;
+}
+
+/* Ready and of the job's device kind. */
+static int eligible_kind(const struct sched_node *n, const struct sched_job *j) {
     if (n->state != SCHED_NODE_READY) return 0;
     const char *nk = n->kind ? n->kind : "cuda", *jk = j->kind ? j->kind : "cuda";
     return strcmp(nk, jk) == 0;
+}
+
+/* Under a type choice: `type` set, nodes of that type only; NULL, any type the
+ * job lists (every type when it lists none). */
+static int eligible_t(const struct sched_node *n, const struct sched_job *j, const char *type) {
+    if (!eligible_kind(n, j)) return 0;
+    if (type) return strcmp(ntype(n), type) == 0;
+    return j->ngpu_types <= 0 || type_listed(j, ntype(n));
+}
+
+static int eligible(const struct sched_node *n, const struct sched_job *j) {
+    return eligible_t(n, j, NULL);
+}
+
+/* The distinct types of the ready nodes of the job's kind, in node order, into
+ * types[] (c->nnodes entries). Returns the count. */
+static int kind_types(const struct sched_cluster *c, const struct sched_job *j,
+                      const char **types) {
+    int nt = 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        if (!eligible_kind(&c->nodes[i], j)) continue;
+        int seen = 0;
+        for (int k = 0; k < nt && !seen; k++)
+            seen = strcmp(types[k], ntype(&c->nodes[i])) == 0;
+        if (!seen) types[nt++] = ntype(&c->nodes[i]);
+    }
+    return nt;
 }
 
 /* Number of aligned tp-blocks of `avail` on a node with ndev devices. */
@@ -71,7 +109,7 @@ static int cand_cmp(const void *a, const void *b) {
  * holds devices free right now; blocks inside it are preferred. On success
  * writes world entries into `ranks` and returns 0; returns -1 when it does not
  * fit, -2 when out of memory. */
-static int place_one(const struct sched_cluster *c, const struct sched_job *j,
+static int place_one(const struct sched_cluster *c, const struct sched_job *j, const char *type,
                      const uint64_t *avail, const uint64_t *pref, struct sched_rank *ranks) {
     int tp = j->tp > 0 ? j->tp : 1;
     int groups = j->world / tp;
@@ -80,7 +118,7 @@ static int place_one(const struct sched_cluster *c, const struct sched_job *j,
     int nc = 0;
     for (int i = 0; i < c->nnodes; i++) {
         const struct sched_node *n = &c->nodes[i];
-        if (!eligible(n, j)) continue;
+        if (!eligible_t(n, j, type)) continue;
         int cap = node_blocks(avail[i], n->ndev, tp);
         if (j->max_per_node > 0 && cap > j->max_per_node / tp) cap = j->max_per_node / tp;
         if (cap <= 0) continue;
@@ -127,6 +165,177 @@ static int place_one(const struct sched_cluster *c, const struct sched_job *j,
     }
     free(cands);
     return 0;
+}
+
+static int count_nodes(const struct sched_rank *r, int n);
+
+/* Free devices in avail[] on nodes of `type` for job j. */
+static int type_free(const struct sched_cluster *c, const struct sched_job *j, const char *type,
+                     const uint64_t *avail) {
+    int f = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        if (eligible_t(&c->nodes[i], j, type)) f += popcount64(avail[i]);
+    return f;
+}
+
+/* place_one under the type rules (sched.h): one type per job unless
+ * allow_mixed; the first listed type that fits, or with no list the best of
+ * the cluster's types. Same returns as place_one. */
+static int place_typed(const struct sched_cluster *c, const struct sched_job *j,
+                       const uint64_t *avail, const uint64_t *pref, struct sched_rank *ranks) {
+    if (j->allow_mixed) return place_one(c, j, NULL, avail, pref, ranks);
+    if (j->ngpu_types > 0) {
+        for (int t = 0; t < j->ngpu_types; t++) {
+            if (!j->gpu_types[t]) continue;
+            int r = place_one(c, j, j->gpu_types[t], avail, pref, ranks);
+            if (r != -1) return r;
+        }
+        return -1;
+    }
+    int rc = -1;
+    const char **types = calloc((size_t)(c->nnodes > 0 ? c->nnodes : 1), sizeof *types);
+    struct sched_rank *tmp = calloc((size_t)(j->world > 0 ? j->world : 1), sizeof *tmp);
+    if (!types || !tmp) {
+        rc = -2;
+        goto out;
+    }
+    int nt = kind_types(c, j, types);
+    if (nt <= 1) { /* one type (or none): the plain placement */
+        rc = place_one(c, j, nt ? types[0] : NULL, avail, pref, ranks);
+        goto out;
+    }
+    int best_nodes = 0, best_free = 0;
+    const char *best = NULL;
+    for (int t = 0; t < nt; t++) {
+        int r = place_one(c, j, types[t], avail, pref, tmp);
+        if (r == -2) {
+            rc = -2;
+            goto out;
+        }
+        if (r != 0) continue;
+        int nodes = count_nodes(tmp, j->world), fr = type_free(c, j, types[t], avail);
+        if (!best || nodes < best_nodes || (nodes == best_nodes && fr < best_free) ||
+            (nodes == best_nodes && fr == best_free && strcmp(types[t], best) < 0)) {
+            best = types[t];
+            best_nodes = nodes;
+            best_free = fr;
+            memcpy(ranks, tmp, sizeof *tmp * (size_t)j->world);
+        }
+    }
+    rc = best ? 0 : -1;
+out:
+    free(types);
+    free(tmp);
+    return rc;
+}
+
+/* Job wording for typed reasons: "H100-SXM", "H100-SXM|A100-80GB" or NULL (any type). */
+static void type_label(const struct sched_job *j, char *buf, size_t len) {
+    size_t off = 0;
+    buf[0] = 0;
+    for (int t = 0; t < j->ngpu_types && off < len; t++)
+        if (j->gpu_types[t])
+            off += (size_t)snprintf(buf + off, len - off, "%s%s", off ? "|" : "", j->gpu_types[t]);
+}
+
+/* 1 when the job's reasons speak of GPU types: it names types, or it may not
+ * mix them and the ready nodes of its kind have several. */
+static int typed_job(const struct sched_cluster *c, const struct sched_job *j) {
+    if (j->ngpu_types > 0) return 1;
+    if (j->allow_mixed) return 0;
+    const char **types = calloc((size_t)(c->nnodes > 0 ? c->nnodes : 1), sizeof *types);
+    int nt = types ? kind_types(c, j, types) : 0;
+    free(types);
+    return nt > 1;
+}
+
+/* The type (of those the job may use) with the most devices in avail[]; with
+ * allow_mixed all of them count together (type NULL). */
+static const char *richest_type(const struct sched_cluster *c, const struct sched_job *j,
+                                const uint64_t *avail, int *free_out) {
+    *free_out = 0;
+    if (j->allow_mixed) {
+        *free_out = type_free(c, j, NULL, avail);
+        return NULL;
+    }
+    const char *best = NULL;
+    for (int i = 0; i < c->nnodes; i++) {
+        const char *t = ntype(&c->nodes[i]);
+        if (!eligible_t(&c->nodes[i], j, NULL)) continue;
+        int f = type_free(c, j, t, avail);
+        if (!best || f > *free_out) {
+            best = t;
+            *free_out = f;
+        }
+    }
+    return best;
+}
+
+/* "needs 8 x H100-SXM; largest free: 4 (H100-SXM: a 2, b 2)". */
+static void reason_typed_now(const struct sched_cluster *c, const struct sched_job *j,
+                             const uint64_t *avail, char *buf, size_t len) {
+    char label[128], nodes[160] = "", tpw[48] = "";
+    type_label(j, label, sizeof label);
+    int tp = j->tp > 0 ? j->tp : 1, fr = 0, listed = 0;
+    const char *t = richest_type(c, j, avail, &fr);
+    size_t no = 0;
+    for (int i = 0; i < c->nnodes && no < sizeof nodes; i++) {
+        int f = popcount64(avail[i]);
+        if (!eligible_t(&c->nodes[i], j, t) || !f) continue;
+        if (listed == 4) {
+            snprintf(nodes + no, sizeof nodes - no, ", ...");
+            break;
+        }
+        no += (size_t)snprintf(nodes + no, sizeof nodes - no, "%s%s %d", listed ? ", " : "",
+                               c->nodes[i].name, f);
+        listed++;
+    }
+    if (tp > 1) snprintf(tpw, sizeof tpw, " with tp=%d on one node", tp);
+    int named = listed && t && *t;
+    snprintf(buf, len, "needs %d x %s%s; largest free: %d%s%s%s%s%s%s", j->world,
+             label[0] ? label : "GPUs of one type", tpw, fr, listed ? " (" : "", named ? t : "",
+             named ? ": " : "", nodes, listed ? ")" : "",
+             label[0] ? "" : "; resources.allow_mixed lets it combine types");
+}
+
+/* A typed job that does not fit even on the idle cluster. Returns 0 when the
+ * plain reason (reason_never_fits) says it better (enough devices of a type,
+ * but tp / gpus_per_node shapes forbid it). */
+static int reason_typed_never(const struct sched_cluster *c, const struct sched_job *j, char *buf,
+                              size_t len) {
+    char label[128];
+    type_label(j, label, sizeof label);
+    uint64_t *all = calloc((size_t)(c->nnodes > 0 ? c->nnodes : 1), sizeof *all);
+    if (!all) return 0;
+    for (int i = 0; i < c->nnodes; i++)
+        all[i] = dev_mask(c->nodes[i].ndev);
+    int total = 0;
+    const char *t = richest_type(c, j, all, &total);
+    free(all);
+    if (total >= j->world) return 0;
+    if (!total && j->ngpu_types > 0) {
+        int off = snprintf(buf, len, "no ready node has gpu_type %s (ready:", label);
+        const char **types = calloc((size_t)(c->nnodes > 0 ? c->nnodes : 1), sizeof *types);
+        int nt = types ? kind_types(c, j, types) : 0;
+        for (int k = 0; k < nt && off > 0 && (size_t)off < len; k++) {
+            int n = 0;
+            for (int i = 0; i < c->nnodes; i++)
+                if (eligible_t(&c->nodes[i], j, types[k])) n += c->nodes[i].ndev;
+            off += snprintf(buf + off, len - (size_t)off, "%s%s x %d", k ? ", " : " ",
+                            *types[k] ? types[k] : "untyped", n);
+        }
+        free(types);
+        if (off > 0 && (size_t)off < len)
+            snprintf(buf + off, len - (size_t)off, "%s)", nt ? "" : " none");
+        return 1;
+    }
+    snprintf(buf, len, "needs %d x %s; the largest pool of one type is %s with %d%s", j->world,
+             label[0] ? label : "GPUs of one type", t && *t ? t : "(untyped)", total,
+             label[0] || j->allow_mixed ? "" : "; resources.allow_mixed lets it combine types");
+    if (j->allow_mixed)
+        snprintf(buf, len, "needs %d x %s; the ready nodes of those types have %d in total",
+                 j->world, label, total);
+    return 1;
 }
 
 static const char *dev_word(const struct sched_job *j) {
@@ -297,7 +506,7 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
         }
         d->ranks = calloc((size_t)j->world, sizeof *d->ranks);
         if (!d->ranks) goto out;
-        int fit = place_one(c, j, avail, NULL, d->ranks);
+        int fit = place_typed(c, j, avail, NULL, d->ranks);
         if (fit == -2) goto out;
         if (fit == 0 && j->avoid_node >= 0 && j->avoid_node < c->nnodes &&
             uses_node(d->ranks, j->world, j->avoid_node)) {
@@ -306,7 +515,7 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
             if (!alt) goto out;
             uint64_t saved = avail[j->avoid_node];
             avail[j->avoid_node] = 0;
-            int f2 = place_one(c, j, avail, NULL, alt);
+            int f2 = place_typed(c, j, avail, NULL, alt);
             avail[j->avoid_node] = saved;
             if (f2 == 0 && count_nodes(alt, j->world) <= count_nodes(d->ranks, j->world)) {
                 free(d->ranks);
@@ -324,16 +533,18 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
             continue;
         }
         /* Not now. Would it fit without the reservation, or on an idle cluster? */
-        int never = place_one(c, j, idle, NULL, d->ranks);
+        int never = place_typed(c, j, idle, NULL, d->ranks);
+        int typed = typed_job(c, j);
         if (never == -2) goto out;
         if (never != 0) {
-            reason_never_fits(c, j, d->reason, sizeof d->reason);
+            if (!typed || !reason_typed_never(c, j, d->reason, sizeof d->reason))
+                reason_never_fits(c, j, d->reason, sizeof d->reason);
         } else if (head) {
             uint64_t *unres = calloc((size_t)nn, sizeof *unres);
             if (!unres) goto out;
             for (int i = 0; i < c->nnodes; i++)
                 unres[i] = avail[i] | (reserved[i] & ~c->nodes[i].busy);
-            int f2 = place_one(c, j, unres, NULL, d->ranks);
+            int f2 = place_typed(c, j, unres, NULL, d->ranks);
             free(unres);
             if (f2 == -2) goto out;
             if (f2 == 0)
@@ -341,17 +552,22 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
                          "fits now, but the free devices are held for job %s (priority %d, "
                          "queued earlier; needs %d)",
                          head->id, head->priority, head->world);
+            else if (typed)
+                reason_typed_now(c, j, avail, d->reason, sizeof d->reason);
             else
                 reason_unfit_now(c, j, avail, d->reason, sizeof d->reason);
         } else {
             /* This is the head: reserve its placement on the idle cluster,
              * preferring devices that are free right now. */
-            reason_unfit_now(c, j, avail, d->reason, sizeof d->reason);
+            if (typed)
+                reason_typed_now(c, j, avail, d->reason, sizeof d->reason);
+            else
+                reason_unfit_now(c, j, avail, d->reason, sizeof d->reason);
             uint64_t *usable = calloc((size_t)nn, sizeof *usable);
             if (!usable) goto out;
             for (int i = 0; i < c->nnodes; i++)
                 usable[i] = idle[i];
-            int f3 = place_one(c, j, usable, avail, d->ranks);
+            int f3 = place_typed(c, j, usable, avail, d->ranks);
             free(usable);
             if (f3 == -2) goto out;
             if (f3 == 0) {

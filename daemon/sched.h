@@ -20,7 +20,13 @@
  *   start only on devices outside that reservation, so they never delay it.
  * - a retried job avoids the node its last attempt failed on when another
  *   placement needs no more nodes (a soft preference);
- * - every job left queued gets a pending reason a person can act on.
+ * - every job left queued gets a pending reason a person can act on;
+ * - GPU types: a job with gpu_types runs only on nodes of those types; one job's
+ *   ranks all sit on nodes of one type unless allow_mixed. Among the types that
+ *   can hold a job now, the listed order decides (first listed wins); a job with
+ *   no list takes the type whose placement needs the fewest nodes, then the
+ *   one with the fewest free devices (best fit, keeping large pools free), then
+ *   by name. Nodes with no type (NULL) are all of one type "".
  * Nodes that are drained or lost take no new work. */
 #ifndef LOOM_DAEMON_SCHED_H
 #define LOOM_DAEMON_SCHED_H
@@ -29,6 +35,7 @@
 
 #define SCHED_MAX_NODE_DEVICES 64
 #define SCHED_REASON_LEN       256
+#define SCHED_MAX_JOB_TYPES    8 /* resources.gpu_type entries a job may list */
 
 enum sched_node_state { SCHED_NODE_READY = 0, SCHED_NODE_DRAINED = 1, SCHED_NODE_LOST = 2 };
 
@@ -38,6 +45,7 @@ struct sched_node {
     int ndev;         /* devices 0..ndev-1, at most SCHED_MAX_NODE_DEVICES */
     uint64_t busy;    /* bit d set: device d is held by a running attempt */
     enum sched_node_state state;
+    const char *gpu_type; /* borrowed; api/gpu_types.h name ("H100-SXM", "cpu"); NULL: "" */
 };
 
 struct sched_quota {
@@ -55,16 +63,19 @@ struct sched_cluster {
 };
 
 struct sched_job {
-    const char *id;     /* borrowed */
-    const char *tenant; /* borrowed */
-    const char *kind;   /* "cuda" or "cpu": only nodes of that kind qualify */
-    int priority;       /* higher runs first */
-    int64_t submit_ms;  /* earlier runs first at equal priority */
-    int world;          /* ranks = devices needed (dp*tp*pp) */
-    int tp;             /* tensor-parallel group size; divides world */
-    int max_per_node;   /* cap on ranks per node (0: none) */
-    int avoid_node;     /* index of a node to avoid (the one its last attempt failed
-                           on), used only if avoiding it costs no extra node; -1: none */
+    const char *id;               /* borrowed */
+    const char *tenant;           /* borrowed */
+    const char *kind;             /* "cuda" or "cpu": only nodes of that kind qualify */
+    int priority;                 /* higher runs first */
+    int64_t submit_ms;            /* earlier runs first at equal priority */
+    int world;                    /* ranks = devices needed (dp*tp*pp) */
+    int tp;                       /* tensor-parallel group size; divides world */
+    int max_per_node;             /* cap on ranks per node (0: none) */
+    int avoid_node;               /* index of a node to avoid (the one its last attempt failed
+                                     on), used only if avoiding it costs no extra node; -1: none */
+    const char *const *gpu_types; /* acceptable node gpu_types, in preference order; borrowed */
+    int ngpu_types;               /* 0: any type */
+    int allow_mixed;              /* 1: ranks may sit on nodes of different types */
 };
 
 struct sched_rank {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/token.h"
 #include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
@@ -67,13 +68,7 @@ int staging_report(struct http_req *req) {
     if (c) {
         pthread_mutex_lock(&c->mu);
         struct cluster_attempt *a = cluster_attempt_find(c, job, attempt);
-        if (a && req->bearer) {
-            size_t n = strlen(a->token);
-            unsigned diff = strlen(req->bearer) != n;
-            for (size_t i = 0; i < n && req->bearer[i]; i++)
-                diff |= (unsigned)(req->bearer[i] ^ a->token[i]);
-            ok = !diff;
-        }
+        ok = a && token_equal(req->bearer, a->token);
         pthread_mutex_unlock(&c->mu);
     }
     if (!ok)

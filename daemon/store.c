@@ -6,7 +6,6 @@
 #include "daemon/store.h"
 
 #include <errno.h>
-#include <openssl/rand.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/token.h"
 
 #define STMT_CACHE 64
 
@@ -70,14 +70,16 @@ int64_t store_now_ms(void) {
     return clock_wall_ms();
 }
 
-void store_new_id(const char *prefix, char *out, size_t outlen) {
-    unsigned char r[6];
-    if (RAND_bytes(r, sizeof r) != 1) {
-        /* Fall back to a time-based value; uniqueness is still enforced by the schema. */
-        uint64_t t = (uint64_t)store_now_ms() ^ ((uint64_t)rand() << 20);
-        memcpy(r, &t, sizeof r);
+int store_new_id(const char *prefix, char *out, size_t outlen) {
+    size_t pl = strlen(prefix);
+    if (pl >= outlen) return STORE_ERR;
+    memcpy(out, prefix, pl);
+    if (token_hex(out + pl, outlen - pl, 6) != 0) {
+        log_error("store: no random bytes for a new %s id", prefix);
+        out[0] = '\0';
+        return STORE_ERR;
     }
-    snprintf(out, outlen, "%s%02x%02x%02x%02x%02x%02x", prefix, r[0], r[1], r[2], r[3], r[4], r[5]);
+    return STORE_OK;
 }
 
 sqlite3 *store_tx_db(struct store_tx *tx) {

@@ -82,8 +82,9 @@ int64_t store_now_ms(void);
 /* RFC 3339 UTC string ("2026-11-30T07:10:01.751Z") for ms, or JSON null
  * when ms <= 0. New reference. */
 json_t *store_time_json(int64_t ms);
-/* Writes `prefix` + 12 random hex digits into out (size >= strlen(prefix)+13). */
-void store_new_id(const char *prefix, char *out, size_t outlen);
+/* Writes `prefix` + 12 random hex digits into out (size >= strlen(prefix)+13).
+ * STORE_OK, or STORE_ERR (out is "") when no random bytes could be drawn. */
+int store_new_id(const char *prefix, char *out, size_t outlen);
 /* Schema version after migrations (highest applied). */
 int store_schema_version(struct store *s);
 
@@ -112,7 +113,7 @@ int store_token_insert(struct store_tx *tx, const char *tenant_id, const unsigne
 /* Marks token `token_id` of `tenant_id` revoked (idempotent). */
 int store_token_revoke(struct store_tx *tx, const char *tenant_id, const char *token_id);
 /* Looks up a live (not revoked) token by hash; writes its tenant id. The
- * stored hash is compared with CRYPTO_memcmp. STORE_NOT_FOUND if none. */
+ * stored hash is compared with token_equal_mem. STORE_NOT_FOUND if none. */
 int store_token_lookup(struct store_tx *tx, const unsigned char hash[32], char *tenant_id,
                        size_t len);
 

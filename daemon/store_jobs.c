@@ -205,7 +205,7 @@ static int insert_event(struct store_tx *tx, int64_t seq, int64_t at, const char
 
 int store_job_insert(struct store_tx *tx, const struct store_job_new *nj, struct store_job *out) {
     char id[24];
-    store_new_id("j-", id, sizeof id);
+    if (store_new_id("j-", id, sizeof id) != STORE_OK) return STORE_ERR;
     char *labels = nj->labels ? json_dumps(nj->labels, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     char out_dir[4096];
     snprintf(out_dir, sizeof out_dir, "%s/%s", nj->out_dir_root ? nj->out_dir_root : ".", id);

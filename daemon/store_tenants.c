@@ -1,9 +1,9 @@
 /* Tenants and their API tokens in the store. Tokens are kept only as SHA-256
  * hashes; the text is shown once when issued (daemon/auth.c makes it). */
-#include <openssl/crypto.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/token.h"
 #include "daemon/store.h"
 
 static const char *col_text(sqlite3_stmt *st, int i) {
@@ -16,7 +16,7 @@ int store_tenant_create(struct store_tx *tx, const char *name, const char *data_
     sqlite3_stmt *st = store_stmt(
         tx, "INSERT INTO tenants(id, name, data_roots, created_at, gpu_quota) VALUES (?,?,?,?,?)");
     if (!st) return STORE_ERR;
-    store_new_id("t-", id, idlen);
+    if (store_new_id("t-", id, idlen) != STORE_OK) return STORE_ERR;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 3, data_roots ? data_roots : "[]", -1, SQLITE_STATIC);
@@ -91,7 +91,7 @@ int store_token_insert(struct store_tx *tx, const char *tenant_id, const unsigne
     sqlite3_stmt *st =
         store_stmt(tx, "INSERT INTO tokens(id, tenant_id, hash, created_at) VALUES (?,?,?,?)");
     if (!st) return STORE_ERR;
-    store_new_id("k-", id, idlen);
+    if (store_new_id("k-", id, idlen) != STORE_OK) return STORE_ERR;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, tenant_id, -1, SQLITE_STATIC);
     sqlite3_bind_blob(st, 3, hash, 32, SQLITE_STATIC);
@@ -127,7 +127,7 @@ int store_token_lookup(struct store_tx *tx, const unsigned char hash[32], char *
         const void *h = sqlite3_column_blob(st, 1);
         /* The index lookup already matched; the constant-time compare keeps the
          * final decision free of early-exit timing on the stored value. */
-        if (h && sqlite3_column_bytes(st, 1) == 32 && CRYPTO_memcmp(h, hash, 32) == 0) {
+        if (h && sqlite3_column_bytes(st, 1) == 32 && token_equal_mem(h, hash, 32)) {
             snprintf(tenant_id, len, "%s", col_text(st, 0));
             out = STORE_OK;
         }

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "daemon/usage.h"
 
+#include "daemon/api_prices.h"
 #include "daemon/cluster.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
@@ -43,7 +44,49 @@ static const struct {
     {"month", "strftime('%Y-%m', start_ms / 1000, 'unixepoch')"},
     {"node", "node"},
     {"gpu_model", "gpu_model"},
+    {"gpu_type", "gpu_type"},
 };
+
+int usage_insert(struct store_tx *tx, const struct usage_row *r) {
+    double price = r->price;
+    char gpu_type[32] = "", currency[8] = "";
+    sqlite3_stmt *st = store_stmt(tx, "SELECT n.gpu_type, p.per_gpu_hour, p.currency FROM nodes n "
+                                      "LEFT JOIN gpu_prices p ON p.gpu_type = n.gpu_type "
+                                      "WHERE n.name = ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, r->node, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        snprintf(gpu_type, sizeof gpu_type, "%s", (const char *)sqlite3_column_text(st, 0));
+        if (sqlite3_column_type(st, 1) != SQLITE_NULL) {
+            price = sqlite3_column_double(st, 1);
+            snprintf(currency, sizeof currency, "%s", (const char *)sqlite3_column_text(st, 2));
+        }
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    st = store_stmt(tx, "INSERT INTO usage (tenant_id, job_id, attempt, node, gpu_model, gpus, "
+                        "start_ms, end_ms, gpu_seconds, cost, gpu_type, currency) VALUES "
+                        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    if (!st) return STORE_ERR;
+    double secs = r->gpus * (double)(r->t1 - r->t0) / 1000.0;
+    if (secs < 0) secs = 0;
+    sqlite3_bind_text(st, 1, r->tenant_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, r->job_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, r->attempt);
+    sqlite3_bind_text(st, 4, r->node, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, r->gpu_model, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 6, r->gpus);
+    sqlite3_bind_int64(st, 7, r->t0);
+    sqlite3_bind_int64(st, 8, r->t1);
+    sqlite3_bind_double(st, 9, secs);
+    sqlite3_bind_double(st, 10, secs / 3600.0 * price);
+    sqlite3_bind_text(st, 11, gpu_type, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 12, currency, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc;
+}
 
 struct usage_q {
     const char *expr;
@@ -96,7 +139,8 @@ int usage_get(struct http_req *req) {
         if (!strcmp(groups[i].name, group)) q.expr = groups[i].expr;
     if (!q.expr)
         return http_error(req, 400, "INVALID_GROUP_BY",
-                          "group_by=%s; use tenant, job, month, node or gpu_model", group);
+                          "group_by=%s; use tenant, job, month, node, gpu_model or gpu_type",
+                          group);
     q.tenant = req->is_admin ? http_query(req, "tenant") : req->tenant_id;
     q.rows = json_array();
     if (store_read(req->ld->store, usage_read, &q) != STORE_OK) {
@@ -112,6 +156,7 @@ int usage_get(struct http_req *req) {
      * with their usage so far, per node, so a running job's cost shows. */
     json_t *running = json_array();
     struct cluster *c = req->ld->cluster;
+    json_t *type_prices = prices_load(req->ld); /* before the cluster lock: a store read */
     if (c) {
         int64_t now = store_now_ms();
         pthread_mutex_lock(&c->mu);
@@ -129,14 +174,18 @@ int usage_get(struct http_req *req) {
                 if (!first) continue;
                 double secs = gpus * (double)(now - a->started_ms) / 1000.0;
                 json_t *p = json_object_get(c->prices, c->nodes[ni].gpu_model);
-                double price =
-                    json_is_number(p) ? json_number_value(p) : req->ld->cfg.price_gpu_hour;
-                json_array_append_new(running,
-                                      json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:f, s:f}",
-                                                "tenant", a->tenant_id, "job", a->job_id, "attempt",
-                                                a->attempt, "node", c->nodes[ni].name, "gpu_model",
-                                                c->nodes[ni].gpu_model, "gpus", gpus, "gpu_seconds",
-                                                secs, "cost", secs / 3600.0 * price));
+                json_t *tp = json_object_get(type_prices, c->nodes[ni].gpu_type);
+                double price = tp ? json_number_value(json_object_get(tp, "per_gpu_hour"))
+                               : json_is_number(p) ? json_number_value(p)
+                                                   : req->ld->cfg.price_gpu_hour;
+                json_t *row =
+                    json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:f, s:f}", "tenant", a->tenant_id,
+                              "job", a->job_id, "attempt", a->attempt, "node", c->nodes[ni].name,
+                              "gpu_model", c->nodes[ni].gpu_model, "gpus", gpus, "gpu_seconds",
+                              secs, "cost", secs / 3600.0 * price);
+                json_object_set_new(row, "gpu_type", json_string(c->nodes[ni].gpu_type));
+                if (tp) json_object_set(row, "currency", json_object_get(tp, "currency"));
+                json_array_append_new(running, row);
             }
         }
         pthread_mutex_unlock(&c->mu);
@@ -144,5 +193,6 @@ int usage_get(struct http_req *req) {
     json_object_set_new(reply, "running", running);
     if (req->ld->cluster && req->ld->cluster->prices)
         json_object_set(reply, "gpu_prices", req->ld->cluster->prices); /* read-only after start */
+    if (type_prices) json_object_set_new(reply, "gpu_type_prices", type_prices);
     return http_reply_json(req, 200, reply);
 }

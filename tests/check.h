@@ -9,7 +9,8 @@
  *   CHECK_STR(a, b)                  strcmp equal (NULL equals nothing)
  *
  * check_failures is per translation unit (static), so a test that forks
- * reads it in the child to pick the child's exit code. */
+ * reads it in the child to pick the child's exit code; such a test defines
+ * CHECK_WITH_PID before the include to prefix each failure with the pid. */
 #ifndef LOOM_TESTS_CHECK_H
 #define LOOM_TESTS_CHECK_H
 
@@ -17,11 +18,17 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#ifdef CHECK_WITH_PID
+#include <unistd.h>
+#endif
 
 static int check_failures;
 
 __attribute__((format(printf, 4, 5), unused)) static void
 check_fail(const char *file, int line, const char *expr, const char *fmt, ...) {
+#ifdef CHECK_WITH_PID
+    fprintf(stderr, "[pid %d] ", (int)getpid());
+#endif
     fprintf(stderr, "%s:%d: CHECK(%s) failed", file, line, expr);
     if (fmt[0]) {
         va_list ap;

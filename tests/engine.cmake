@@ -1,6 +1,6 @@
 # Tests of the training engine (worker/: backend, model, optimizer, train loop).
 if(TARGET loom_engine)
-    foreach(t ops optim train)
+    foreach(t ops optim train worker_tuning)
         add_executable(test_${t} ${CMAKE_CURRENT_LIST_DIR}/unit/test_${t}.c)
         target_link_libraries(test_${t} PRIVATE loom_engine)
         loom_warnings(test_${t})

@@ -1,7 +1,10 @@
-/* loom-data: prepare and check token shards for loom-worker.
+/* loom-data: prepare and check token shards for loom-worker; run a tokenizer.
  *
  *   loom-data prepare --in FILES|DIR[,...] --out DIR [--val-fraction F]
  *   loom-data check PATTERN [--vocab-size N]
+ *   loom-data encode --tokenizer PATH --in FILE [--allow-special]
+ *   loom-data decode --tokenizer PATH --in FILE
+ *   loom-data chat --tokenizer PATH --template llama3|chatml|mistral --in FILE.jsonl
  *
  * prepare tokenizes text with the byte-level tokenizer (vocab 256: a token is
  * a byte; token 0, NUL, starts every document) into .bin shards (version 1,
@@ -14,7 +17,19 @@
  * skipped (not text). The summary is one JSON line on stdout.
  *
  * check validates every shard matching PATTERN (header, size and, with
- * --vocab-size, every token) and prints one JSON line; exit 2 on bad data. */
+ * --vocab-size, every token) and prints one JSON line; exit 2 on bad data.
+ *
+ * encode prints one JSON array of token ids per line of FILE ("-": stdin; the
+ * newline itself is not encoded, no BOS/EOS is added; special tokens' text is
+ * plain text unless --allow-special). decode reads such lines and writes each
+ * decoded text followed by a newline, so decode(encode(F)) == F for a file
+ * ending in a newline. PATH is a tokenizer.json, a tokenizer.model or an HF
+ * directory (data/tok.h).
+ *
+ * chat renders each line's {"messages": [{"role", "content"}, ...]} with a chat
+ * template (data/chat.h) and prints {"ids": [...], "mask": [...]} (mask 1: a
+ * token the assistant wrote); --add-generation-prompt ends with an assistant
+ * header. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -32,6 +47,8 @@
 #include "common/config.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "data/chat.h"
+#include "data/tok.h"
 #include "worker/data.h"
 
 struct opts {
@@ -41,6 +58,10 @@ struct opts {
     long block_size;
     long shard_tokens;
     long vocab_size;
+    char *tokenizer;
+    int allow_special;
+    char *template;
+    int add_generation_prompt;
 };
 
 static const struct config_entry table[] = {
@@ -55,10 +76,21 @@ static const struct config_entry table[] = {
      "prepare: maximum tokens per shard file"},
     {"vocab-size", CONFIG_INT, offsetof(struct opts, vocab_size), "0", 0, UINT32_MAX,
      "check: reject tokens >= this (0: header and size checks only)"},
+    {"tokenizer", CONFIG_STR, offsetof(struct opts, tokenizer), NULL, 1, 0,
+     "encode/decode: tokenizer.json, tokenizer.model or an HF directory holding one"},
+    {"allow-special", CONFIG_BOOL, offsetof(struct opts, allow_special), "false", 1, 0,
+     "encode: special tokens written in the text become their ids"},
+    {"template", CONFIG_STR, offsetof(struct opts, template), NULL, 1, 0,
+     "chat: chat template: llama3, chatml or mistral"},
+    {"add-generation-prompt", CONFIG_BOOL, offsetof(struct opts, add_generation_prompt), "false", 1,
+     0, "chat: end with the header of an assistant turn"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 static const char usage[] = "prepare --in FILES|DIR --out DIR [--val-fraction F]\n"
-                            "       loom-data check PATTERN [--vocab-size N]";
+                            "       loom-data check PATTERN [--vocab-size N]\n"
+                            "       loom-data encode --tokenizer PATH --in FILE [--allow-special]\n"
+                            "       loom-data decode --tokenizer PATH --in FILE\n"
+                            "       loom-data chat --tokenizer PATH --template NAME --in FILE";
 
 /* ---- inputs ---------------------------------------------------------------- */
 
@@ -327,6 +359,205 @@ static int cmd_check(const struct opts *o, char **pos, int npos) {
     return rc;
 }
 
+/* ---- encode / decode -------------------------------------------------------- */
+
+/* The input of encode/decode: a whole file or stdin. */
+static unsigned char *read_input(const char *cmd, const char *in, size_t *len) {
+    if (!in) {
+        log_error("%s: --in FILE is required (\"-\" for stdin)", cmd);
+        return NULL;
+    }
+    unsigned char *b =
+        (unsigned char *)fs_read_file(strcmp(in, "-") == 0 ? "/dev/stdin" : in, 0, len);
+    if (!b) log_error("%s: cannot read %s: %s", cmd, in, strerror(errno));
+    return b;
+}
+
+static struct tok *open_tokenizer(const char *cmd, const char *path) {
+    char err[1024];
+    struct tok *t = NULL;
+    if (!path) {
+        log_error("%s: --tokenizer PATH is required", cmd);
+        return NULL;
+    }
+    if (tok_open(path, &t, err, sizeof err) != 0) log_error("%s: %s", cmd, err);
+    return t;
+}
+
+/* Lines of b[0..len): the last one needs no newline; a final newline ends no extra line. */
+#define FOR_EACH_LINE(b, len, line, n, lineno)                                                     \
+    for (size_t at_ = 0, n = 0, lineno = 1; at_ < (len); at_ += n + 1, lineno++)                   \
+        for (const char *line = (const char *)(b) + at_, *nl_ = memchr(line, '\n', (len)-at_);     \
+             line && ((n = nl_ ? (size_t)(nl_ - line) : (len)-at_), 1); line = NULL)
+
+static int cmd_encode(const struct opts *o) {
+    int rc = 1;
+    size_t len = 0;
+    struct tok_ids ids = {0};
+    struct tok *t = open_tokenizer("encode", o->tokenizer);
+    unsigned char *b = t ? read_input("encode", o->in, &len) : NULL;
+    char *out = NULL;
+    size_t cap = 0;
+    if (!b) goto out;
+    FOR_EACH_LINE(b, len, line, n, lineno) {
+        char err[1024];
+        ids.n = 0;
+        if (tok_encode(t, line, n, o->allow_special ? TOK_ALLOW_SPECIAL : 0, &ids, err,
+                       sizeof err) != 0) {
+            log_error("encode: %s line %zu: %s", o->in, lineno, err);
+            goto out;
+        }
+        if (cap < ids.n * 11 + 3) {
+            free(out);
+            cap = ids.n * 11 + 64;
+            if (!(out = malloc(cap))) {
+                log_error("encode: out of memory");
+                goto out;
+            }
+        }
+        size_t k = 0;
+        out[k++] = '[';
+        for (size_t i = 0; i < ids.n; i++) {
+            char d[12];
+            int nd = 0;
+            uint32_t v = ids.v[i];
+            do
+                d[nd++] = (char)('0' + v % 10);
+            while ((v /= 10));
+            if (i) out[k++] = ',';
+            while (nd)
+                out[k++] = d[--nd];
+        }
+        out[k++] = ']';
+        out[k++] = '\n';
+        fwrite(out, 1, k, stdout);
+    }
+    rc = fflush(stdout) == 0 ? 0 : 1;
+out:
+    free(out);
+    free(b);
+    tok_ids_free(&ids);
+    tok_free(t);
+    return rc;
+}
+
+static int cmd_decode(const struct opts *o) {
+    int rc = 1;
+    size_t len = 0;
+    struct tok_ids ids = {0};
+    struct tok *t = open_tokenizer("decode", o->tokenizer);
+    unsigned char *b = t ? read_input("decode", o->in, &len) : NULL;
+    if (!b) goto out;
+    FOR_EACH_LINE(b, len, line, n, lineno) {
+        char err[1024];
+        json_error_t je;
+        json_t *arr = json_loadb(line, n, 0, &je);
+        ids.n = 0;
+        int bad = !json_is_array(arr);
+        size_t i;
+        json_t *v;
+        json_array_foreach(arr, i, v) {
+            json_int_t x = json_integer_value(v);
+            if (bad || !json_is_integer(v) || x < 0 || x > UINT32_MAX) {
+                bad = 1;
+                break;
+            }
+            if (tok_ids_reserve(&ids, 1) != 0) break;
+            ids.v[ids.n++] = (uint32_t)x;
+        }
+        json_decref(arr);
+        if (bad) {
+            log_error("decode: %s line %zu: expected a JSON array of token ids, got \"%.*s\"",
+                      o->in, lineno, n > 60 ? 60 : (int)n, line);
+            goto out;
+        }
+        char *text = NULL;
+        size_t tn = 0;
+        if (tok_decode(t, ids.v, ids.n, &text, &tn, err, sizeof err) != 0) {
+            log_error("decode: %s line %zu: %s", o->in, lineno, err);
+            goto out;
+        }
+        fwrite(text, 1, tn, stdout);
+        fputc('\n', stdout);
+        free(text);
+    }
+    rc = fflush(stdout) == 0 ? 0 : 1;
+out:
+    free(b);
+    tok_ids_free(&ids);
+    tok_free(t);
+    return rc;
+}
+
+/* Append "[a,b,c]" of n values to b. */
+static int put_array(struct buf *b, const uint32_t *ids, const uint8_t *mask, size_t n) {
+    int rc = buf_append_ch(b, '[');
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = buf_printf(b, i ? ",%u" : "%u", ids ? ids[i] : (unsigned)mask[i]);
+    return rc ? rc : buf_append_ch(b, ']');
+}
+
+static int cmd_chat(const struct opts *o) {
+    int rc = 1;
+    size_t len = 0;
+    struct tok_ids ids = {0};
+    struct chat_mask mask = {0};
+    struct chat_msg *msgs = NULL;
+    struct buf line_out = BUF_INIT;
+    enum chat_template tpl;
+    if (chat_template_parse(o->template, &tpl) != 0) {
+        log_error("chat: --template \"%s\" is not one of llama3, chatml, mistral",
+                  o->template ? o->template : "");
+        return 2;
+    }
+    struct tok *t = open_tokenizer("chat", o->tokenizer);
+    unsigned char *b = t ? read_input("chat", o->in, &len) : NULL;
+    if (!b) goto out;
+    FOR_EACH_LINE(b, len, line, n, lineno) {
+        char err[1024];
+        json_error_t je;
+        json_t *root = json_loadb(line, n, 0, &je), *list = json_object_get(root, "messages");
+        size_t nm = json_array_size(list), i;
+        json_t *m;
+        free(msgs);
+        msgs = calloc(nm ? nm : 1, sizeof *msgs);
+        int bad = !json_is_array(list) || !msgs;
+        json_array_foreach(list, i, m) {
+            msgs[i].role = json_string_value(json_object_get(m, "role"));
+            msgs[i].content = json_string_value(json_object_get(m, "content"));
+        }
+        ids.n = mask.n = 0;
+        if (bad) {
+            log_error(
+                "chat: %s line %zu: expected {\"messages\": [{\"role\", \"content\"}...]}%s%s",
+                o->in, lineno, root ? "" : ": ", root ? "" : je.text);
+        } else if (chat_render(t, tpl, msgs, nm, o->add_generation_prompt, &ids, &mask, err,
+                               sizeof err) != 0) {
+            log_error("chat: %s line %zu: %s", o->in, lineno, err);
+            bad = 1;
+        }
+        json_decref(root);
+        if (bad) goto out;
+        buf_reset(&line_out);
+        if (buf_append_str(&line_out, "{\"ids\":") || put_array(&line_out, ids.v, NULL, ids.n) ||
+            buf_append_str(&line_out, ",\"mask\":") || put_array(&line_out, NULL, mask.v, mask.n) ||
+            buf_append_str(&line_out, "}\n")) {
+            log_error("chat: out of memory");
+            goto out;
+        }
+        fwrite(line_out.p, 1, line_out.len, stdout);
+    }
+    rc = fflush(stdout) == 0 ? 0 : 1;
+out:
+    free(msgs);
+    free(b);
+    buf_free(&line_out);
+    tok_ids_free(&ids);
+    chat_mask_free(&mask);
+    tok_free(t);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     struct opts o;
     memset(&o, 0, sizeof o);
@@ -342,6 +573,12 @@ int main(int argc, char **argv) {
         rc = cmd_prepare(&o, pos, npos);
     } else if (npos >= 1 && strcmp(pos[0], "check") == 0) {
         rc = cmd_check(&o, pos, npos);
+    } else if (npos == 1 && strcmp(pos[0], "encode") == 0) {
+        rc = cmd_encode(&o);
+    } else if (npos == 1 && strcmp(pos[0], "decode") == 0) {
+        rc = cmd_decode(&o);
+    } else if (npos == 1 && strcmp(pos[0], "chat") == 0) {
+        rc = cmd_chat(&o);
     } else {
         config_print_help(table, NTABLE, "loom-data", usage, stderr);
         rc = 2;

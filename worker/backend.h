@@ -86,8 +86,22 @@ struct backend_adamw {
     int step; /* 1-based, for bias correction */
 };
 
+/* What a backend can do beyond the calls below, so that engine code asks
+ * for a capability instead of comparing backend names. */
+struct backend_caps {
+    /* Device buffers that another process of the host can map (CUDA IPC)
+     * and a compute stream to order copies after: the dp pair transport
+     * (worker/nccl/dp_transport.h) can run on it. */
+    int pair_transport;
+    /* Its collectives run on the device (NCCL) and take uneven slices
+     * without a staging buffer of the engine's: ZeRO reports no comm memory
+     * by formula (worker/zero.c). */
+    int device_collectives;
+};
+
 struct backend {
-    const char *name;         /* "cpu" or "cuda" */
+    const char *name; /* "cpu" or "cuda": for logs and reports only */
+    struct backend_caps caps;
     enum backend_dtype dtype; /* compute dtype of params, grads, activations */
     size_t elt_size;          /* bytes per compute element */
     void *ctx;                /* opaque; passed as the first argument below */
@@ -115,6 +129,9 @@ struct backend {
     void (*to_f32)(void *ctx, float *dst, const void *src, size_t n);
     /* Wait for all issued work. */
     void (*sync)(void *ctx);
+    /* Optional (NULL: nothing is held): issue the work the backend holds
+     * back to fuse with a following call, without waiting (backend_flush). */
+    void (*flush)(void *ctx);
     /* Release the backend and its workspaces (not the engine's allocations,
      * which the engine frees first). Accepts NULL ctx. */
     void (*destroy)(void *ctx);
@@ -234,6 +251,27 @@ struct backend {
     void (*matmul_residual_fwd)(void *ctx, void *out, const void *inp, const void *W,
                                 const void *bias, const void *residual, int N, int IC, int OC);
 
+    /* ---- optional: imported models and generation (worker/hf.c,
+     * worker/hf_generate.c). NULL on a backend without them: the model then
+     * refuses a config that needs rope_set_freqs, and generation refuses the
+     * backend. ----
+     * rope_set_freqs: from now on rope_fwd / rope_bwd / rope_at use
+     * inv[0..half) (half = HD/2) as the inverse frequencies instead of
+     * theta^(-2d/HD) (RoPE scaling, api/model.h); inv == NULL restores them.
+     * 0 or negative (out of memory).
+     * rope_at: rope_fwd on N rows of x [N, stride] whose positions are
+     * pos0 + r (not r % T).
+     * attention_decode: the attention of one new query row per head against
+     * a cache of n rows: q [NH*HD] (the row's query heads), kv [n, 2*NKV*HD]
+     * (per row the NKV key heads, then the NKV value heads; the new row's
+     * own k|v included as row n-1), out [NH*HD] (overwritten); grouped-query
+     * heads and scale as attention_fwd. */
+    int (*rope_set_freqs)(void *ctx, const double *inv, int half);
+    void (*rope_at)(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0,
+                    float theta);
+    void (*attention_decode)(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
+                             int NKV, int HD);
+
     /* ---- optional: host memory and asynchronous copies (optimizer offload,
      * worker/offload.h). NULL on a backend without them (the CPU backend,
      * whose "device" memory is host memory): the caller then uses malloc and
@@ -269,12 +307,26 @@ static inline void *backend_at(const struct backend *b, const void *base, size_t
  * threads: OpenMP threads for the CPU backend (0: OMP default). Returns NULL
  * with a message logged on failure. */
 struct backend *backend_cpu_new(int threads);
+/* The same with the tuning rows given (worker/tuning.h; NULL: their
+ * defaults); backend_cpu_new reads them from the environment through the
+ * config table, for tests and benches. loom-worker passes what it parsed. */
+struct cpu_tuning;
+struct backend *backend_cpu_new_tuned(int threads, const struct cpu_tuning *t);
 /* Kernel set a CPU backend uses: "avx2" or "baseline" (LOOM_CPU_ISA=baseline
  * forces the latter; both give identical results). */
 const char *backend_cpu_isa(const struct backend *b);
 /* Implemented in worker/cuda/ (only built with CUDA; LOOM_HAVE_CUDA defined).
  * device: CUDA ordinal within CUDA_VISIBLE_DEVICES. */
 struct backend *backend_cuda_new(int device);
+/* The same with the CUDA tuning rows given (worker/tuning.h; NULL: their
+ * defaults); backend_cuda_new (worker/backend.c) reads them from the
+ * environment through the config table, for tests and benches. */
+struct cuda_tuning;
+struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t);
 void backend_free(struct backend *b); /* calls b->destroy(b->ctx), frees b; NULL ok */
+/* b->flush when the backend has one. */
+static inline void backend_flush(struct backend *b) {
+    if (b->flush) b->flush(b->ctx);
+}
 
 #endif

@@ -232,16 +232,11 @@ int ckpt_add(struct ckpt_writer *w, const char *name, enum st_dtype dtype, const
         return CKPT_EINVAL;
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->names[i], name) == 0) return CKPT_EINVAL;
-    if (w->n == w->cap) {
-        size_t nc = w->cap ? w->cap * 2 : 16;
-        struct st_tensor *nt = realloc(w->t, nc * sizeof *nt);
-        if (!nt) return CKPT_EIO;
-        w->t = nt;
-        char **nn = realloc(w->names, nc * sizeof *nn);
-        if (!nn) return CKPT_EIO;
-        w->names = nn;
-        w->cap = nc;
-    }
+    size_t cap_t = w->cap, cap_n = w->cap; /* both arrays grow together; w->cap once both did */
+    if (buf_grow_array(&w->t, &cap_t, w->n + 1, sizeof *w->t, 16) != 0 ||
+        buf_grow_array(&w->names, &cap_n, w->n + 1, sizeof *w->names, 16) != 0)
+        return CKPT_EIO;
+    w->cap = cap_t;
     char *copy = strdup(name);
     if (!copy) return CKPT_EIO;
     struct st_tensor *t = &w->t[w->n];

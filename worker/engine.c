@@ -184,6 +184,7 @@ struct engine *engine_new(const struct model_config *cfg, const struct engine_pl
     }
     e->n_params = (size_t)e->layout.rank_numel;
     e->p_hi = e->g_hi = p->windows_later ? 0 : e->n_params;
+    e->tp_host_sync = p->tp_host_sync;
     size_t bytes = (e->p_hi ? e->p_hi : 1) * be->elt_size; /* an empty window holds 1 */
     e->params = ealloc(e, bytes, &e->mem.params);
     e->grads = ealloc(e, bytes, &e->mem.grads);

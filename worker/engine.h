@@ -92,6 +92,9 @@ struct engine {
     int tp, dp, pp;
     int tp_idx, dp_idx, pp_idx;
     void *tp_group, *dp_group, *pp_group; /* comm layer handles; NULL at world 1 */
+    /* the tp-stream row off (engine_place.tp_host_sync): tp all-reduces go
+     * through the comm thread after a host sync, not onto the compute stream */
+    int tp_host_sync;
 
     struct backend *be; /* owned by the engine (backend_free in engine_free) */
     struct model_config cfg;
@@ -154,6 +157,9 @@ struct engine_place {
      * Then a sharded layout never holds the whole stage, not even at
      * start-up. 0 (default): both windows cover every parameter. */
     int windows_later;
+    /* 1: the tp-stream tuning row is off (worker/tuning.h; tp.c). 0 (default):
+     * tp all-reduces are ordered on the compute stream where the comm can. */
+    int tp_host_sync;
 };
 
 /* Check a place: world == tp*dp*pp and 0 <= rank < world. Returns 0, or -1

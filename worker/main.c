@@ -10,7 +10,9 @@
  * initialises from the seed, and runs the train loop (worker/train.h),
  * writing JSON lines on stdout and free text on stderr. Under an agent the
  * LOOM_RANK / LOOM_WORLD / LOOM_LOCAL_RANK / LOOM_RDZV variables fill the
- * flags of the same names (common/config.h maps LOOM_<NAME>).
+ * flags of the same names (common/config.h maps LOOM_<NAME>); the tuning
+ * and debug knobs are rows too (worker/tuning.h, --help-all), parsed here
+ * once and handed down.
  *
  * Exit codes: 0 success; 2 bad spec, bad data, or an unsupported request
  * (e.g. --device cuda on a build without CUDA); 143 stopped by SIGTERM or
@@ -35,11 +37,14 @@
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/data.h"
+#include "worker/hf_cli.h"
+#include "worker/hf_spec.h"
 #include "worker/launch.h"
 #include "worker/offload.h"
 #include "worker/par.h"
 #include "worker/safetensors.h"
 #include "worker/train.h"
+#include "worker/tuning.h"
 #include "worker/zero.h"
 
 static volatile sig_atomic_t g_stop;
@@ -53,8 +58,12 @@ struct opts {
     char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule, *offload;
     long rank, world, local_rank, threads, nproc, steps, offload_chunk_kib;
     int no_save;
+    struct hf_cli_opts hf;     /* model modes and fine-tuning (worker/hf_cli.h) */
+    struct worker_tuning tune; /* the tuning and debug rows (worker/tuning.h) */
 };
 
+/* The ordinary rows; main adds the tuning and debug rows of worker/tuning.c
+ * (--help-all lists them). */
 static const struct config_entry table[] = {
     {"spec", CONFIG_STR, offsetof(struct opts, spec), NULL, 1, 0, "job spec JSON file (required)"},
     {"device", CONFIG_STR, offsetof(struct opts, device), "", 1, 0,
@@ -88,6 +97,27 @@ static const struct config_entry table[] = {
     {"no-save", CONFIG_BOOL, offsetof(struct opts, no_save), "0", 0, 0,
      "do not write checkpoints; for benchmarks of models whose checkpoint would not fit the "
      "disk"},
+    /* fine-tuning contract (docs/engine.md "Hugging Face models") */
+    {"init-from", CONFIG_STR, offsetof(struct opts, hf.init_from), NULL, 1, 0,
+     "Hugging Face model directory to load (no --spec needed) for the modes below"},
+    {"score-tokens", CONFIG_STR, offsetof(struct opts, hf.score), NULL, 1, 0,
+     "print {\"type\":\"score\",\"logprobs\":[null,..]} for these comma-separated token ids"},
+    {"generate-tokens", CONFIG_STR, offsetof(struct opts, hf.generate), NULL, 1, 0,
+     "print {\"type\":\"generate\",\"tokens\":[..]}: new tokens after this prompt"},
+    {"max-new-tokens", CONFIG_INT, offsetof(struct opts, hf.max_new), "16", 0, 1 << 20,
+     "tokens --generate-tokens adds"},
+    {"temperature", CONFIG_DOUBLE, offsetof(struct opts, hf.temperature), "0", 0, 100,
+     "sampling temperature (0: greedy)"},
+    {"top-p", CONFIG_DOUBLE, offsetof(struct opts, hf.top_p), "1", 0, 1, "nucleus sampling mass"},
+    {"seed", CONFIG_INT, offsetof(struct opts, hf.seed), "0", 0, 9e15, "sampling seed"},
+    {"generate-recompute", CONFIG_BOOL, offsetof(struct opts, hf.recompute), "0", 0, 0,
+     "debug: generate by re-running the whole forward per token instead of the KV cache (what "
+     "a backend without decode operations does)"},
+    {"export-hf", CONFIG_STR, offsetof(struct opts, hf.export_hf), NULL, 1, 0,
+     "write the model as a Hugging Face directory (config, safetensors shards + index, "
+     "tokenizer files)"},
+    {"export-shard-mb", CONFIG_DOUBLE, offsetof(struct opts, hf.shard_mb), "5000", 0.001, 1e9,
+     "--export-hf / export.hf: most MB of tensors per safetensors file"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 
@@ -136,8 +166,9 @@ struct worker {
     struct engine *e;
     struct model *m;
     struct data_loader *train_dl, *val_dl;
-    struct zero *z;  /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
-    struct par *par; /* tp / pp > 1 (worker/par.h) */
+    struct zero *z;     /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
+    struct hf_spec hfs; /* model.init_from / export.hf (worker/hf_spec.h) */
+    struct par *par;    /* tp / pp > 1 (worker/par.h) */
     char ckpt_path[1024];
     char err[1024];
 };
@@ -282,94 +313,146 @@ static void emit_memory_plan(struct worker *w, const struct loom_spec *s) {
              have[2] / g, plan[3] / g, have[3] / g);
 }
 
-static int run(struct worker *w) {
-    struct opts *o = &w->o;
-    char *text = NULL;
-    size_t len = 0;
-    struct loom_error le;
-    int code = LOOM_EXIT_BAD_SPEC;
+/* ---- the run, in stages ---- */
 
-    text = read_file(o->spec, &len, w->err, sizeof w->err);
-    if (!text) {
-        report_error("SPEC_UNREADABLE", w->err);
-        return LOOM_EXIT_BAD_SPEC;
-    }
-    if (jobspec_parse_text(&w->spec, text, len, 0, &le) != 0) {
-        free(text);
-        report_error(le.code, le.message);
-        return LOOM_EXIT_BAD_SPEC;
-    }
+/* What the stages hand each other. Each stage returns 0 to go on, or the
+ * process exit code (api/exit_codes.h) after reporting the error; the last
+ * one returns LOOM_EXIT_OK or LOOM_EXIT_STOPPED. */
+struct run {
+    struct worker *w;
+    const char *device; /* "cpu" or "cuda" */
+    struct backend *be; /* until build_engine hands it to the engine */
+    struct data_src train_src, val_src;
+    struct model_opts mo;
+    struct train_opts to;
+    int64_t start, end; /* first step, one past the last of this process */
+    int train_rc;       /* train_run: 0 finished, 1 stopped */
+    struct train_step_info last;
+    double secs;
+};
+
+static int fail(struct worker *w, int code, const char *ecode, const char *msg) {
+    report_error(ecode, msg ? msg : w->err);
+    return code;
+}
+
+/* Read and validate the spec; check the device and the world size. */
+static int load_spec(struct run *r) {
+    struct worker *w = r->w;
+    struct opts *o = &w->o;
+    struct loom_error le;
+    size_t len = 0;
+    char *text = read_file(o->spec, &len, w->err, sizeof w->err);
+    if (!text) return fail(w, LOOM_EXIT_BAD_SPEC, "SPEC_UNREADABLE", NULL);
+    int prc = hf_spec_prepare(&text, &len, &w->hfs, &le) != 0 ||
+              jobspec_parse_text(&w->spec, text, len, 0, &le) != 0;
     free(text);
+    if (prc != 0) return fail(w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
+    /* the settings an HF init_from gives that the spec cannot express */
+    if (hf_spec_apply(&w->hfs, &w->spec, &le) != 0)
+        return fail(w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
     jobspec_derive(&w->spec, &w->der);
     const struct loom_spec *s = &w->spec;
-
-    const char *device =
-        o->device && *o->device ? o->device : jobspec_device_name(s->resources.device);
-    if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
-        snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", device);
-        report_error("INVALID_DEVICE", w->err);
-        return LOOM_EXIT_BAD_SPEC;
+    r->device = o->device && *o->device ? o->device : jobspec_device_name(s->resources.device);
+    if (strcmp(r->device, "cpu") != 0 && strcmp(r->device, "cuda") != 0) {
+        snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", r->device);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "INVALID_DEVICE", NULL);
     }
     if (w->der.world != o->world) {
         snprintf(w->err, sizeof w->err,
                  "the spec's layout dp=%d x tp=%d x pp=%d needs world=%d but this worker has "
                  "world=%ld (pass --world/--rank or LOOM_WORLD/LOOM_RANK)",
                  s->parallel.dp, s->parallel.tp, s->parallel.pp, w->der.world, o->world);
-        report_error("WORLD_MISMATCH", w->err);
-        return LOOM_EXIT_BAD_SPEC;
+        return fail(w, LOOM_EXIT_BAD_SPEC, "WORLD_MISMATCH", NULL);
     }
     if (s->parallel.zero_stage > 0 && s->parallel.dp == 1)
         log_info("zero_stage %d with dp=1: nothing to shard", s->parallel.zero_stage);
+    return 0;
+}
 
-    struct backend *be = NULL;
-    if (strcmp(device, "cuda") == 0) {
+static int open_backend(struct run *r) {
+    struct opts *o = &r->w->o;
+    if (strcmp(r->device, "cuda") == 0) {
 #ifdef LOOM_HAVE_CUDA
         /* the agent sets CUDA_VISIBLE_DEVICES to this rank's GPU: ordinal 0 */
-        be = backend_cuda_new(0);
-        if (!be) {
-            report_error("DEVICE_UNAVAILABLE", "the CUDA backend could not start (see stderr)");
-            return LOOM_EXIT_FAILED;
-        }
+        r->be = backend_cuda_new_tuned(0, &o->tune.cuda);
+        if (!r->be)
+            return fail(r->w, LOOM_EXIT_FAILED, "DEVICE_UNAVAILABLE",
+                        "the CUDA backend could not start (see stderr)");
 #else
-        report_error("CUDA_NOT_BUILT", "--device cuda requested but this loom-worker was built "
-                                       "without CUDA; use --device cpu or rebuild with CUDA");
-        return LOOM_EXIT_BAD_SPEC;
+        return fail(r->w, LOOM_EXIT_BAD_SPEC, "CUDA_NOT_BUILT",
+                    "--device cuda requested but this loom-worker was built without CUDA; use "
+                    "--device cpu or rebuild with CUDA");
 #endif
     } else {
-        be = backend_cpu_new((int)o->threads);
-        if (!be) return LOOM_EXIT_FAILED;
+        r->be = backend_cpu_new_tuned((int)o->threads, &o->tune.cpu);
+        if (!r->be) return LOOM_EXIT_FAILED;
     }
+    return 0;
+}
 
-    /* data */
-    int B = s->train.micro_batch, T = s->model.seq_len;
+/* The train shards and, when the spec names them, the validation shards. */
+static int open_data(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
     struct data_loader_opts dlo = {.pattern = s->data.train,
                                    .vocab_size = (uint32_t)s->model.vocab_size,
-                                   .B = B,
-                                   .T = T,
+                                   .B = s->train.micro_batch,
+                                   .T = s->model.seq_len,
                                    .dp_size = s->parallel.dp,
                                    .grad_accum = (int)w->der.grad_accum,
                                    .seed = s->train.seed,
                                    .shuffle = 1};
-    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
-        backend_free(be);
-        report_error("DATA_INVALID", w->err);
-        return LOOM_EXIT_BAD_SPEC;
-    }
-    struct data_src train_src = {w->train_dl, 0}, val_src = {NULL, 0};
+    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0)
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    r->train_src = (struct data_src){w->train_dl, 0};
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;
         vo.pattern = s->data.val;
         vo.grad_accum = 1;
         vo.shuffle = 0;
-        if (data_loader_open(&vo, &w->val_dl, w->err, sizeof w->err) != 0) {
-            backend_free(be);
-            report_error("DATA_INVALID", w->err);
-            return LOOM_EXIT_BAD_SPEC;
-        }
-        val_src.dl = w->val_dl;
+        if (data_loader_open(&vo, &w->val_dl, w->err, sizeof w->err) != 0)
+            return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+        r->val_src.dl = w->val_dl;
     }
+    return 0;
+}
 
-    /* engine and model */
+/* Optimizer offload when --offload or the spec asks for it. */
+static int setup_offload(struct run *r) {
+    struct worker *w = r->w;
+    struct opts *o = &w->o;
+    const struct loom_spec *s = &w->spec;
+    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
+                  (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
+    if (!offload) return 0;
+    struct offload_opts oo = {.chunk_bytes = (size_t)o->offload_chunk_kib << 10,
+                              .sync = strcmp(o->offload, "sync") == 0,
+                              .threads = (int)o->threads};
+    /* the agent sets OMP_NUM_THREADS for cpu ranks only: without it (or
+     * --threads) the node's cores are split among its ranks, so that two
+     * ranks' CPU updates do not oversubscribe the node */
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (!oo.threads && !(omp && *omp)) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int local = s->resources.gpus_per_node > 0 ? s->resources.gpus_per_node : 1;
+        if (local > w->der.world) local = w->der.world;
+        oo.threads = cores > local ? (int)(cores / local) : 1;
+    }
+    if (engine_offload_enable(w->e, &oo) != 0)
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot set up the optimizer offload (see stderr)");
+    log_info("optimizer offload on: fp32 master and moments in host memory, AdamW on the CPU (%d "
+             "threads; 0: OpenMP default)",
+             oo.threads);
+    return 0;
+}
+
+/* The engine (it takes the backend), the offload and the model. */
+static int build_engine(struct run *r) {
+    struct worker *w = r->w;
+    struct opts *o = &w->o;
+    const struct loom_spec *s = &w->spec;
     struct engine_place p = {.rank = (int)o->rank,
                              .world = (int)o->world,
                              .local_rank = (int)o->local_rank,
@@ -381,52 +464,40 @@ static int run(struct worker *w) {
                              /* with other ranks, the parameter and gradient windows
                               * are sized by ZeRO before the weights exist, so a
                               * sharded rank never holds the whole model */
-                             .windows_later = o->world > 1};
-    w->e = engine_new(&s->model, &p, be);
+                             .windows_later = o->world > 1,
+                             .tp_host_sync = !o->tune.comm.tp_stream};
+    w->e = engine_new(&s->model, &p, r->be);
+    r->be = NULL; /* the engine's now, freed by engine_new on failure too */
     if (!w->e) return LOOM_EXIT_FAILED;
-    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
-                  (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
-    if (offload) {
-        struct offload_opts oo = {.chunk_bytes = (size_t)o->offload_chunk_kib << 10,
-                                  .sync = strcmp(o->offload, "sync") == 0,
-                                  .threads = (int)o->threads};
-        /* the agent sets OMP_NUM_THREADS for cpu ranks only: without it (or
-         * --threads) the node's cores are split among its ranks, so that two
-         * ranks' CPU updates do not oversubscribe the node */
-        const char *omp = getenv("OMP_NUM_THREADS");
-        if (!oo.threads && !(omp && *omp)) {
-            long cores = sysconf(_SC_NPROCESSORS_ONLN);
-            int local = s->resources.gpus_per_node > 0 ? s->resources.gpus_per_node : 1;
-            if (local > w->der.world) local = w->der.world;
-            oo.threads = cores > local ? (int)(cores / local) : 1;
-        }
-        if (engine_offload_enable(w->e, &oo) != 0) {
-            report_error("OUT_OF_MEMORY", "cannot set up the optimizer offload (see stderr)");
-            return LOOM_EXIT_FAILED;
-        }
-        log_info("optimizer offload on: fp32 master and moments in host memory, AdamW on the "
-                 "CPU (%d threads; 0: OpenMP default)",
-                 oo.threads);
-    }
+    int code = setup_offload(r);
+    if (code) return code;
     /* world 1: the whole buffer is the shard; allocated before the weights are
      * initialised so that a bf16 backend keeps their unrounded fp32 master */
-    if (o->world == 1 && engine_opt_init(w->e) != 0) {
-        report_error("OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
-        return LOOM_EXIT_FAILED;
-    }
-    train_src.dp_rank = val_src.dp_rank = w->e->dp_idx;
-    struct model_opts mo = {
-        .B = B,
-        .T = T,
-        .threads = (int)o->threads,
-        .recompute = s->train.recompute == JOBSPEC_RECOMPUTE_FULL        ? MODEL_RECOMPUTE_FULL
-                     : s->train.recompute == JOBSPEC_RECOMPUTE_SELECTIVE ? MODEL_RECOMPUTE_SELECTIVE
-                                                                         : MODEL_RECOMPUTE_NONE};
-    w->m = model_new_ex(w->e, &mo);
-    if (!w->m) {
-        report_error("UNSUPPORTED", "the model could not be built for this layout (see stderr)");
-        return LOOM_EXIT_BAD_SPEC;
-    }
+    if (o->world == 1 && engine_opt_init(w->e) != 0)
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot allocate the optimizer state (see stderr)");
+    r->train_src.dp_rank = r->val_src.dp_rank = w->e->dp_idx;
+    enum jobspec_recompute rc = s->train.recompute;
+    r->mo = (struct model_opts){.B = s->train.micro_batch,
+                                .T = s->model.seq_len,
+                                .threads = (int)o->threads,
+                                .recompute = rc == JOBSPEC_RECOMPUTE_FULL ? MODEL_RECOMPUTE_FULL
+                                             : rc == JOBSPEC_RECOMPUTE_SELECTIVE
+                                                 ? MODEL_RECOMPUTE_SELECTIVE
+                                                 : MODEL_RECOMPUTE_NONE};
+    w->m = model_new_ex(w->e, &r->mo);
+    if (!w->m)
+        return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",
+                    "the model could not be built for this layout (see stderr)");
+    return 0;
+}
+
+/* world > 1: join the attempt (DP/ZeRO, then tp/pp); then the optimizer
+ * state of this rank's shard and the initial weights. */
+static int join_world(struct run *r) {
+    struct worker *w = r->w;
+    struct opts *o = &w->o;
+    const struct loom_spec *s = &w->spec;
     if (o->world > 1) {
         struct zero_setup_opts zo = {.rank = (int)o->rank,
                                      .world = (int)o->world,
@@ -434,161 +505,218 @@ static int run(struct worker *w) {
                                      .dp = s->parallel.dp,
                                      .pp = s->parallel.pp,
                                      .zero_stage = s->parallel.zero_stage,
-                                     .device = device,
+                                     .device = r->device,
                                      .rdzv = o->rdzv,
-                                     .token = getenv("LOOM_RDZV_TOKEN"),
-                                     .micro_tokens = B * T};
+                                     .token = getenv("LOOM_RDZV_TOKEN"), /* agent contract */
+                                     .micro_tokens = r->mo.B * r->mo.T,
+                                     .tune = &o->tune.comm};
         w->z = zero_setup(w->e, &zo, w->err, sizeof w->err);
-        if (!w->z) {
-            report_error("COMM_FAILED", w->err);
-            return LOOM_EXIT_FAILED;
-        }
+        if (!w->z) return fail(w, LOOM_EXIT_FAILED, "COMM_FAILED", NULL);
         if (s->parallel.tp > 1 || s->parallel.pp > 1) {
-            w->par = par_setup(w->e, w->z, w->m, &mo, o->pp_schedule, w->err, sizeof w->err);
-            if (!w->par) {
-                report_error("UNSUPPORTED", w->err);
-                return LOOM_EXIT_BAD_SPEC;
-            }
+            w->par = par_setup(w->e, w->z, w->m, &r->mo, o->pp_schedule, w->err, sizeof w->err);
+            if (!w->par) return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED", NULL);
         }
     }
-    if (engine_opt_init(w->e) != 0) { /* zero_new set a shard, or stage 0: everything */
-        report_error("OUT_OF_MEMORY", "cannot allocate the optimizer state (see stderr)");
-        return LOOM_EXIT_FAILED;
-    }
+    if (engine_opt_init(w->e) != 0) /* zero_new set a shard, or stage 0: everything */
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot allocate the optimizer state (see stderr)");
     /* into the windows, views and master that now exist (world > 1: this
      * rank's share only; the master gets the unrounded fp32 values) */
     if (model_init_params(w->m, s->train.seed) != 0) return LOOM_EXIT_FAILED;
-    int64_t start = resume(w);
-    if (start < 0) {
-        report_error("CHECKPOINT_INVALID", w->err);
-        return LOOM_EXIT_FAILED;
-    }
+    return 0;
+}
 
-    struct train_opts to;
-    memset(&to, 0, sizeof to);
-    to.steps = s->train.steps;
-    to.grad_accum = (int)w->der.grad_accum;
-    to.global_batch_tokens = s->train.global_batch_tokens;
-    to.optim = (struct optim_cfg){.lr = s->train.lr,
-                                  .min_lr = s->train.min_lr,
-                                  .warmup = s->train.warmup_steps,
-                                  .steps = s->train.steps,
-                                  .schedule =
-                                      s->train.schedule == JOBSPEC_SCHED_LINEAR     ? OPTIM_LINEAR
-                                      : s->train.schedule == JOBSPEC_SCHED_CONSTANT ? OPTIM_CONSTANT
-                                                                                    : OPTIM_COSINE,
-                                  .beta1 = s->train.beta1,
-                                  .beta2 = s->train.beta2,
-                                  .eps = s->train.eps,
-                                  .weight_decay = s->train.weight_decay,
-                                  .grad_clip = s->train.grad_clip};
-    to.train = (struct train_source){data_batch, &train_src};
-    if (w->par) par_train_opts(w->par, &to);
+/* A first attempt starts from model.init_from's weights (an HF directory);
+ * a checkpoint in the run directory wins over them (a retried attempt). */
+static int resume_stage(struct run *r) {
+    struct loom_error le;
+    if (hf_spec_init(&r->w->hfs, r->w->e, r->w->o.out, &le) != 0)
+        return fail(r->w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
+    r->start = resume(r->w);
+    if (r->start < 0) return fail(r->w, LOOM_EXIT_FAILED, "CHECKPOINT_INVALID", NULL);
+    return 0;
+}
+
+static enum optim_schedule optim_schedule_of(enum jobspec_schedule s) {
+    return s == JOBSPEC_SCHED_LINEAR     ? OPTIM_LINEAR
+           : s == JOBSPEC_SCHED_CONSTANT ? OPTIM_CONSTANT
+                                         : OPTIM_COSINE;
+}
+
+/* The train loop's options from the spec and the flags. */
+static void make_train_opts(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
+    struct train_opts *to = &r->to;
+    memset(to, 0, sizeof *to);
+    to->steps = s->train.steps;
+    to->grad_accum = (int)w->der.grad_accum;
+    to->global_batch_tokens = s->train.global_batch_tokens;
+    to->optim = (struct optim_cfg){.lr = s->train.lr,
+                                   .min_lr = s->train.min_lr,
+                                   .warmup = s->train.warmup_steps,
+                                   .steps = s->train.steps,
+                                   .schedule = optim_schedule_of(s->train.schedule),
+                                   .beta1 = s->train.beta1,
+                                   .beta2 = s->train.beta2,
+                                   .eps = s->train.eps,
+                                   .weight_decay = s->train.weight_decay,
+                                   .grad_clip = s->train.grad_clip};
+    to->train = (struct train_source){data_batch, &r->train_src};
+    if (w->par) par_train_opts(w->par, to);
     if (w->val_dl && s->train.eval_every > 0) {
-        to.val = (struct train_source){data_batch, &val_src};
-        to.eval_every = s->train.eval_every;
+        to->val = (struct train_source){data_batch, &r->val_src};
+        to->eval_every = s->train.eval_every;
         int64_t avail = data_loader_steps_per_epoch(w->val_dl);
-        to.eval_batches = s->train.eval_batches < avail ? s->train.eval_batches : avail;
-        if (to.eval_batches < 1) to.eval_batches = 1;
+        to->eval_batches = s->train.eval_batches < avail ? s->train.eval_batches : avail;
+        if (to->eval_batches < 1) to->eval_batches = 1;
     }
-    to.save = o->no_save ? NULL : save_checkpoint;
-    to.save_user = w;
-    if (o->no_save) log_info("--no-save: no checkpoint will be written");
-    to.save_every = s->checkpoint.every_steps;
-    to.stop = &g_stop;
-    to.out = w->e->rank == 0 ? stdout : NULL;
-    to.flops_per_token = w->der.flops_per_token;
-    int64_t end = o->steps > 0 && o->steps < to.steps ? o->steps : to.steps;
+    to->save = w->o.no_save ? NULL : save_checkpoint;
+    to->save_user = w;
+    if (w->o.no_save) log_info("--no-save: no checkpoint will be written");
+    to->save_every = s->checkpoint.every_steps;
+    to->stop = &g_stop;
+    to->out = w->e->rank == 0 ? stdout : NULL;
+    to->flops_per_token = w->der.flops_per_token;
+    r->end = w->o.steps > 0 && w->o.steps < to->steps ? w->o.steps : to->steps;
+}
 
+static int train(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
+    struct train_opts *to = &r->to;
+    make_train_opts(r);
     emit(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s}", "type",
-                   "start", "job", s->name, "device", be->name, "rank", w->e->rank, "world",
+                   "start", "job", s->name, "device", w->e->be->name, "rank", w->e->rank, "world",
                    w->e->world, "params", (json_int_t)w->der.n_params, "steps",
-                   (json_int_t)to.steps, "start_step", (json_int_t)start, "grad_accum",
-                   (json_int_t)to.grad_accum, "tokens_per_step", (json_int_t)to.global_batch_tokens,
-                   "micro_batch", (json_int_t)B, "family", model_family_name(s->model.family),
-                   "out", o->out));
-
+                   (json_int_t)to->steps, "start_step", (json_int_t)r->start, "grad_accum",
+                   (json_int_t)to->grad_accum, "tokens_per_step",
+                   (json_int_t)to->global_batch_tokens, "micro_batch", (json_int_t)r->mo.B,
+                   "family", model_family_name(s->model.family), "out", w->o.out));
     emit_memory_plan(w, s);
-
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    struct train_step_info last;
-    memset(&last, 0, sizeof last);
-    int64_t run_steps = to.steps;
-    to.steps = end; /* stop early for --steps; the schedule keeps the spec's length */
-    int rc = start < end ? train_run(w->m, &to, start, &last, w->err, sizeof w->err) : 0;
-    to.steps = run_steps;
+    int64_t run_steps = to->steps;
+    to->steps = r->end; /* stop early for --steps; the schedule keeps the spec's length */
+    int rc = r->start < r->end ? train_run(w->m, to, r->start, &r->last, w->err, sizeof w->err) : 0;
+    to->steps = run_steps;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
-    if (rc == -2) {
-        report_error("DATA_INVALID", w->err);
-        return LOOM_EXIT_BAD_SPEC;
-    }
-    if (rc < 0) {
-        report_error("TRAIN_FAILED", w->err);
-        return LOOM_EXIT_FAILED;
-    }
-    if (rc == 0 && o->export_path && w->par) { /* tp / pp > 1: gather every share */
-        struct model_layout full;
-        if (model_layout_init(&full, &s->model, 1) != 0) return LOOM_EXIT_FAILED;
-        float *h = malloc((size_t)full.numel * sizeof *h);
-        int erc = !h || par_gather_full(w->par, h) != 0 ? -1 : 0;
-        if (erc != 0)
-            snprintf(w->err, sizeof w->err, "gathering the weights failed");
-        else if (w->e->rank == 0)
-            erc = st_export_model(o->export_path, &s->model, &full, h, ST_F32, NULL, w->err,
-                                  sizeof w->err);
-        free(h);
-        model_layout_free(&full);
-        if (erc != 0) {
-            report_error("EXPORT_FAILED", w->err);
-            return LOOM_EXIT_FAILED;
+    r->secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (rc == -2) return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    if (rc < 0) return fail(w, LOOM_EXIT_FAILED, "TRAIN_FAILED", NULL);
+    r->train_rc = rc;
+    return 0;
+}
+
+/* --export with tp / pp > 1: every rank gathers its shares; rank 0 writes. */
+static int export_par(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
+    struct model_layout full;
+    if (model_layout_init(&full, &s->model, 1) != 0) return LOOM_EXIT_FAILED;
+    float *h = malloc((size_t)full.numel * sizeof *h);
+    int erc = !h || par_gather_full(w->par, h) != 0 ? -1 : 0;
+    if (erc != 0)
+        snprintf(w->err, sizeof w->err, "gathering the weights failed");
+    else if (w->e->rank == 0)
+        erc = st_export_model(w->o.export_path, &s->model, &full, h, ST_F32, NULL, w->err,
+                              sizeof w->err);
+    free(h);
+    model_layout_free(&full);
+    return erc != 0 ? fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL) : 0;
+}
+
+/* --export otherwise: the master weights (gathered over ZeRO shards). */
+static int export_flat(struct run *r) {
+    struct worker *w = r->w;
+    size_t n = w->e->n_params;
+    float *h = malloc(n * sizeof *h);
+    if (!h) return LOOM_EXIT_FAILED;
+    if (w->z) { /* every rank takes part in gathering the shards */
+        if (zero_gather_master(w->z, h) != 0) {
+            free(h);
+            return fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", "gathering the weights failed");
         }
-        if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
-    } else if (rc == 0 && o->export_path && (w->e->rank == 0 || w->z)) {
-        size_t n = w->e->n_params;
-        float *h = malloc(n * sizeof *h);
-        if (!h) return LOOM_EXIT_FAILED;
-        if (w->z) { /* every rank takes part in gathering the shards */
-            if (zero_gather_master(w->z, h) != 0) {
-                free(h);
-                report_error("EXPORT_FAILED", "gathering the weights failed");
-                return LOOM_EXIT_FAILED;
-            }
-        } else {
-            engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
-        }
-        int erc = w->e->rank != 0 ? 0
-                                  : st_export_model(o->export_path, &s->model, &w->e->layout, h,
-                                                    ST_F32, NULL, w->err, sizeof w->err);
-        free(h);
-        if (erc != 0) {
-            report_error("EXPORT_FAILED", w->err);
-            return LOOM_EXIT_FAILED;
-        }
-        if (w->e->rank == 0) log_info("exported the model to %s", o->export_path);
+    } else {
+        engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
     }
-    /* LOOM_DEBUG_PARAM_HASH=1: every rank holding all fp32 master weights
-     * (ZeRO 0 or one rank) logs their FNV-1a hash, for tests that check the
-     * data-parallel ranks stayed bit-identical (tests/gpu/call_s4g.sh) */
-    const char *ph = getenv("LOOM_DEBUG_PARAM_HASH");
-    if (ph && *ph == '1' && w->e->shard_off == 0 && w->e->shard_n == w->e->n_params) {
-        size_t n = w->e->n_params;
+    int erc = w->e->rank != 0 ? 0
+                              : st_export_model(w->o.export_path, &w->spec.model, &w->e->layout, h,
+                                                ST_F32, NULL, w->err, sizeof w->err);
+    free(h);
+    return erc != 0 ? fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL) : 0;
+}
+
+/* export.hf: RUN/export/hf, collective over every rank's shares. */
+static int export_hf(struct run *r) {
+    struct worker *w = r->w;
+    struct loom_error le;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/export/hf", w->o.out);
+    if (hf_export_engine(w->e, w->z, w->par, dir, w->hfs.hf, (uint64_t)(w->o.hf.shard_mb * 1e6),
+                         &le) != 0)
+        return fail(w, LOOM_EXIT_FAILED, le.code, le.message);
+    return 0;
+}
+
+static int export_model(struct run *r) {
+    struct worker *w = r->w;
+    if (r->train_rc != 0) return 0;
+    if (w->hfs.export_hf) {
+        int hc = export_hf(r);
+        if (hc != 0) return hc;
+    }
+    if (!w->o.export_path) return 0;
+    int code = 0;
+    if (w->par)
+        code = export_par(r);
+    else if (w->e->rank == 0 || w->z)
+        code = export_flat(r);
+    else
+        return 0;
+    if (code == 0 && w->e->rank == 0) log_info("exported the model to %s", w->o.export_path);
+    return code;
+}
+
+/* The debug-param-hash row (LOOM_DEBUG_PARAM_HASH=1): every rank holding all
+ * fp32 master weights (ZeRO 0 or one rank) logs their FNV-1a hash, for tests
+ * that check the data-parallel ranks stayed bit-identical
+ * (tests/gpu/call_s4g.sh). Then the summary line. */
+static int summary(struct run *r) {
+    struct worker *w = r->w;
+    struct engine *e = w->e;
+    if (w->o.tune.debug_param_hash && e->shard_off == 0 && e->shard_n == e->n_params) {
+        size_t n = e->n_params;
         float *h = malloc(n * sizeof(float));
         if (h) {
-            engine_opt_read(w->e, ENGINE_OPT_MASTER, h, 0, n);
-            log_info("param hash rank %d: %016llx (%zu parameters)", w->e->rank,
+            engine_opt_read(e, ENGINE_OPT_MASTER, h, 0, n);
+            log_info("param hash rank %d: %016llx (%zu parameters)", e->rank,
                      (unsigned long long)loom_fnv1a(LOOM_FNV1A_INIT, h, n * sizeof(float)), n);
         }
         free(h);
     }
-    int64_t done = start < end ? last.step : start;
-    double tokens = (double)(end > start ? end - start : 0) * (double)to.global_batch_tokens;
+    int64_t done = r->start < r->end ? r->last.step : r->start;
+    double tokens =
+        (double)(r->end > r->start ? r->end - r->start : 0) * (double)r->to.global_batch_tokens;
     emit(json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:b, s:s}", "type", "summary", "step",
-                   (json_int_t)done, "final_loss", last.loss, "seconds", secs, "tokens", tokens,
-                   "tokens_per_s", secs > 0 ? tokens / secs : 0.0, "stopped", rc == 1, "checkpoint",
-                   w->ckpt_path));
-    code = rc == 1 ? LOOM_EXIT_STOPPED : LOOM_EXIT_OK;
+                   (json_int_t)done, "final_loss", r->last.loss, "seconds", r->secs, "tokens",
+                   tokens, "tokens_per_s", r->secs > 0 ? tokens / r->secs : 0.0, "stopped",
+                   r->train_rc == 1, "checkpoint", w->ckpt_path));
+    return r->train_rc == 1 ? LOOM_EXIT_STOPPED : LOOM_EXIT_OK;
+}
+
+static int run(struct worker *w) {
+    static int (*const stages[])(struct run *) = {
+        load_spec,    open_backend, open_data,    build_engine, join_world,
+        resume_stage, train,        export_model, summary,
+    };
+    struct run r;
+    memset(&r, 0, sizeof r);
+    r.w = w;
+    int code = 0;
+    for (size_t i = 0; i < sizeof stages / sizeof *stages && code == 0; i++)
+        code = stages[i](&r);
+    backend_free(r.be); /* NULL once the engine took it */
     return code;
 }
 
@@ -596,18 +724,34 @@ int main(int argc, char **argv) {
     struct worker w;
     memset(&w, 0, sizeof w);
     log_init("loom-worker", LOG_INFO);
-    int rc = config_load(table, NTABLE, &w.o, "loom-worker", "--spec FILE [options]", argc, argv,
+    size_t nrows = 0;
+    struct config_entry *rows =
+        worker_config_table(table, NTABLE, offsetof(struct opts, tune), &nrows);
+    if (!rows) {
+        report_error("OUT_OF_MEMORY", "cannot build the config table");
+        return LOOM_EXIT_FAILED;
+    }
+    int rc = config_load(rows, nrows, &w.o, "loom-worker", "--spec FILE [options]", argc, argv,
                          NULL, NULL);
     if (rc != 0) {
-        config_free(table, NTABLE, &w.o);
+        config_free(rows, nrows, &w.o);
+        free(rows);
         return rc == 1 ? LOOM_EXIT_OK : LOOM_EXIT_BAD_SPEC;
     }
     int lvl = log_level_parse(w.o.log_level);
     if (lvl >= 0) log_init("loom-worker", (enum log_level)lvl);
+    if (hf_cli_wanted(&w.o.hf)) { /* model modes instead of training (worker/hf_cli.h) */
+        w.o.hf.spec = w.o.spec;
+        w.o.hf.out = w.o.spec ? w.o.out : NULL;
+        w.o.hf.device = w.o.device;
+        w.o.hf.threads = w.o.threads;
+        rc = hf_cli_run(&w.o.hf);
+        goto out;
+    }
     if (!w.o.spec) {
         report_error("USAGE", "--spec FILE is required");
-        config_free(table, NTABLE, &w.o);
-        return LOOM_EXIT_BAD_SPEC;
+        rc = LOOM_EXIT_BAD_SPEC;
+        goto out;
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -617,16 +761,18 @@ int main(int argc, char **argv) {
 
     if (w.o.nproc > 1) { /* local launcher: N ranks of this command (worker/launch.h) */
         rc = launch_local(argc, argv, (int)w.o.nproc);
-        config_free(table, NTABLE, &w.o);
-        return rc;
+        goto out;
     }
     rc = run(&w);
+    hf_spec_free(&w.hfs);
     par_free(w.par);
     zero_free(w.z);
     model_free(w.m);
     engine_free(w.e);
     data_loader_free(w.train_dl);
     data_loader_free(w.val_dl);
-    config_free(table, NTABLE, &w.o);
+out:
+    config_free(rows, nrows, &w.o);
+    free(rows);
     return rc;
 }

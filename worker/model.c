@@ -112,6 +112,16 @@ static int resolve(struct model *m) {
             if (k->n1w < 0 || k->qkvw < 0 || kw < 0 || vw < 0 || k->aow < 0 || k->n2w < 0 ||
                 k->fcw < 0 || up < 0 || k->mpw < 0)
                 return -1;
+            if (e->cfg.qkv_bias) { /* Qwen2: q|k|v biases, stacked like the weights */
+                k->qkvb = find(e, "model.layers.%d.self_attn.q_proj.bias", l, 1);
+                int kb = find(e, "model.layers.%d.self_attn.k_proj.bias", l, 1);
+                int vb = find(e, "model.layers.%d.self_attn.v_proj.bias", l, 1);
+                if (k->qkvb < 0 || kb < 0 || vb < 0) return -1;
+                if (!adjacent(e, k->qkvb, kb) || !adjacent(e, kb, vb)) {
+                    log_error("model: layer %d: q|k|v biases are not adjacent in the layout", l);
+                    return -1;
+                }
+            }
             if (!adjacent(e, k->qkvw, kw) || !adjacent(e, kw, vw) || !adjacent(e, k->fcw, up)) {
                 log_error("model: layer %d: q|k|v or gate|up are not adjacent in the layout", l);
                 return -1;
@@ -182,6 +192,20 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     m->Vp = (int)e->layout.t[m->wte].rank_shape[0]; /* vocabulary rows of this tp rank */
 
     struct backend *b = e->be;
+    if (c->pos == MODEL_POS_ROPE && c->rope_scaling != MODEL_ROPE_SCALE_NONE) {
+        if (!b->rope_set_freqs) {
+            log_error("model: RoPE scaling (llama3) is not implemented by the %s backend; "
+                      "use --device cpu",
+                      b->name);
+            goto fail;
+        }
+        double *inv = malloc((size_t)(m->HD / 2) * sizeof *inv);
+        int rrc = inv ? 0 : -1;
+        if (inv) model_rope_inv_freq(c, m->HD, inv);
+        if (rrc == 0) rrc = b->rope_set_freqs(b->ctx, inv, m->HD / 2);
+        free(inv);
+        if (rrc != 0) goto fail;
+    }
     struct backend_limits lim = {0};
     lim.B = B;
     lim.T = T;
@@ -537,6 +561,24 @@ static void block_fwd(struct model *m, int l, const void *x) {
         tp_allreduce(e, a->s1, (size_t)N * C);
         b->residual_fwd(b->ctx, s->r2, s->r1, a->s1, (size_t)N * C);
     }
+}
+
+int model_row_logits(struct model *m, int r, float *out) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    if (m->tp || !m->first || !m->last || r < 0 || r >= m->B * m->T) return -1;
+    void *lg = b->alloc(b->ctx, (size_t)m->Vp * b->elt_size);
+    float *f = b->alloc(b->ctx, (size_t)m->Vp * sizeof *f);
+    int rc = lg && f ? 0 : -1;
+    if (rc == 0) {
+        b->matmul_fwd(b->ctx, lg, backend_at(b, m->acts->nf, (size_t)r * m->C), P(m, m->head), NULL,
+                      1, m->C, m->Vp);
+        b->to_f32(b->ctx, f, lg, (size_t)m->V);
+        b->download(b->ctx, out, f, (size_t)m->V * sizeof *out);
+    }
+    b->free(b->ctx, lg);
+    b->free(b->ctx, f);
+    return rc;
 }
 
 void *model_stage_input(struct model *m) {

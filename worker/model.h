@@ -108,6 +108,12 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
  * for the embeddings). */
 void model_backward(struct model *m, void (*on_layer)(int layer, void *user), void *user);
 
+/* After model_forward on a single-process model (tp = pp = 1): the fp32
+ * logits of row r over the real vocabulary into host out[V] (the final
+ * norm's output of that row times the head; worker/hf_generate.c samples
+ * from them). Allocates and frees its own device buffers. 0 or -1. */
+int model_row_logits(struct model *m, int r, float *out);
+
 /* Pipeline stages (worker/pp.c). A stage that is not first takes its input
  * from model_stage_input (written before model_forward; `inputs` may be NULL
  * there); a stage that is not last leaves its output in model_stage_output

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,6 +70,46 @@ uint16_t st_f32_to_bf16(float f) {
 
 float st_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t st_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
+    if (a < 0x38800000u) { /* fp16 subnormal or zero: value / 2^-24, rounded to even */
+        if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23); /* 14 .. 24 */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = a - 0x38000000u; /* rebias the exponent 127 -> 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+float st_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else if (e) {
+        u = sign | ((e + 112) << 23) | (m << 13);
+    } else if (m) { /* subnormal: normalise */
+        int k = 0;
+        while (!(m & 0x400u)) {
+            m <<= 1;
+            k++;
+        }
+        u = sign | ((uint32_t)(113 - k) << 23) | ((m & 0x3ffu) << 13);
+    } else {
+        u = sign;
+    }
     float f;
     memcpy(&f, &u, 4);
     return f;
@@ -135,7 +176,7 @@ static int write_tensor(struct sink *s, const struct st_tensor *t, unsigned char
             if (convert) {
                 float f;
                 memcpy(&f, e, 4);
-                uint16_t h = st_f32_to_bf16(f);
+                uint16_t h = t->dtype == ST_F16 ? st_f32_to_f16(f) : st_f32_to_bf16(f);
                 memcpy(stage + k * dsz, &h, 2);
             } else {
                 memcpy(stage + k * dsz, e, dsz);
@@ -155,7 +196,8 @@ static int check_tensor(const struct st_tensor *t, char *err, size_t errlen) {
         return ST_EINVAL;
     }
     if (!st_dtype_name(t->dtype) || !st_dtype_name(t->src_dtype) ||
-        (t->src_dtype != t->dtype && !(t->src_dtype == ST_F32 && t->dtype == ST_BF16))) {
+        (t->src_dtype != t->dtype &&
+         !(t->src_dtype == ST_F32 && (t->dtype == ST_BF16 || t->dtype == ST_F16)))) {
         seterr(err, errlen, "tensor %s: unsupported dtype conversion %d -> %d", name,
                (int)t->src_dtype, (int)t->dtype);
         return ST_EINVAL;
@@ -293,6 +335,8 @@ out:
 
 struct st_file {
     int fd;
+    void *map; /* whole-file read-only mapping (st_data), or NULL */
+    size_t map_size;
     char *path;
     struct st_info *infos; /* sorted by offset */
     size_t n;
@@ -301,6 +345,7 @@ struct st_file {
 
 void st_close(struct st_file *f) {
     if (!f) return;
+    if (f->map) munmap(f->map, f->map_size);
     if (f->fd >= 0) close(f->fd);
     free(f->path);
     free(f->infos);
@@ -318,6 +363,11 @@ static int parse_entry(const char *path, const char *name, json_t *v, struct st_
     json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
     json_t *offs = json_object_get(v, "data_offsets");
     int d = json_is_string(dt) ? st_dtype_parse(json_string_value(dt)) : -1;
+    if (json_is_string(dt) && d < 0) {
+        seterr(err, errlen, "%s: tensor \"%s\": bad header entry (unknown dtype \"%s\")", path,
+               name, json_string_value(dt));
+        return ST_EDTYPE;
+    }
     if (!json_is_object(v) || d < 0 || !json_is_array(shape) ||
         json_array_size(shape) > ST_MAX_DIMS || !json_is_array(offs) ||
         json_array_size(offs) != 2) {
@@ -374,7 +424,7 @@ int st_open(const char *path, struct st_file **out, char *err, size_t errlen) {
         goto out;
     }
     uint64_t size = (uint64_t)st.st_size, hlen = 0;
-    rc = ST_EFORMAT;
+    rc = ST_EHEADER;
     if (size < 8 || pread(f->fd, &hlen, 8, 0) != 8) {
         seterr(err, errlen, "%s: not a safetensors file: %" PRIu64 " bytes", path, size);
         goto out;
@@ -386,6 +436,7 @@ int st_open(const char *path, struct st_file **out, char *err, size_t errlen) {
                path, hlen, size);
         goto out;
     }
+    rc = ST_EFORMAT;
     hbuf = malloc(hlen);
     if (!hbuf || pread(f->fd, hbuf, hlen, 8) != (ssize_t)hlen) {
         seterr(err, errlen, "%s: cannot read the header", path);
@@ -463,6 +514,38 @@ const struct st_info *st_find(const struct st_file *f, const char *name) {
     for (size_t i = 0; i < f->n; i++)
         if (strcmp(f->infos[i].name, name) == 0) return &f->infos[i];
     return NULL;
+}
+
+const void *st_data(struct st_file *f, const struct st_info *in, char *err, size_t errlen) {
+    if (!f->map) {
+        struct stat st;
+        if (fstat(f->fd, &st) != 0 || st.st_size <= 0) {
+            seterr(err, errlen, "%s: cannot stat: %s", f->path, strerror(errno));
+            return NULL;
+        }
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, f->fd, 0);
+        if (p == MAP_FAILED) {
+            seterr(err, errlen, "%s: cannot map: %s", f->path, strerror(errno));
+            return NULL;
+        }
+        f->map = p;
+        f->map_size = (size_t)st.st_size;
+    }
+    if (in->offset + in->nbytes > f->map_size) {
+        seterr(err, errlen, "%s: tensor \"%s\" lies past the end of the mapping", f->path,
+               in->name);
+        return NULL;
+    }
+    return (const unsigned char *)f->map + in->offset;
+}
+
+void st_release(struct st_file *f, const struct st_info *in) {
+    if (!f->map || in->nbytes == 0) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)f->map + in->offset, b = a + in->nbytes;
+    a = a / page * page; /* the pages a tensor touches, shared edges included (re-read on use) */
+    b = (b + page - 1) / page * page;
+    madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 const json_t *st_metadata(const struct st_file *f) {

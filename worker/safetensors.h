@@ -25,7 +25,18 @@
 
 #include <jansson.h>
 
-enum { ST_EINVAL = -1, ST_EIO = -2, ST_EFORMAT = -3, ST_ENOTFOUND = -4 };
+/* ST_EHEADER: the 8-byte header length is impossible for the file (under
+ * 2, over 100 MiB, or past the end: a truncated or foreign file); ST_EDTYPE:
+ * a tensor's dtype is not one of st_dtype's names (e.g. "F8_E4M3"); every
+ * other malformed header or data section is ST_EFORMAT. */
+enum {
+    ST_EINVAL = -1,
+    ST_EIO = -2,
+    ST_EFORMAT = -3,
+    ST_ENOTFOUND = -4,
+    ST_EHEADER = -5,
+    ST_EDTYPE = -6
+};
 
 enum st_dtype {
     ST_F64,
@@ -53,12 +64,16 @@ size_t st_dtype_size(enum st_dtype d);
 /* Parse a dtype name; returns -1 when unknown. */
 int st_dtype_parse(const char *name);
 
-/* fp32 <-> bf16 (round to nearest even; NaN stays NaN). */
+/* fp32 <-> bf16 and fp16 (round to nearest even; NaN stays NaN; fp16
+ * overflows to infinity, subnormals are kept). Every bf16 / fp16 value is
+ * exact in fp32, so a round trip from the narrow type gives the same bits. */
 uint16_t st_f32_to_bf16(float f);
 float st_bf16_to_f32(uint16_t h);
+uint16_t st_f32_to_f16(float f);
+float st_f16_to_f32(uint16_t h);
 
 /* One tensor to write. `data` holds prod(shape) elements of `src_dtype`
- * (row-major); it is written as `dtype`: the same dtype, or F32 -> BF16.
+ * (row-major); it is written as `dtype`: the same dtype, or F32 -> BF16 / F16.
  * With transpose = 1 (2-D only) the memory is [shape[1]][shape[0]] and is
  * written transposed, i.e. the file gets shape [shape[0], shape[1]]. */
 struct st_tensor {
@@ -97,6 +112,17 @@ void st_close(struct st_file *f); /* accepts NULL */
 size_t st_count(const struct st_file *f);
 const struct st_info *st_at(const struct st_file *f, size_t i); /* file order */
 const struct st_info *st_find(const struct st_file *f, const char *name);
+/* The bytes of tensor `in` (of this file) through a read-only shared
+ * mapping of the whole file, made on the first call and kept until
+ * st_close: only the pages a caller touches are read from disk, so a rank
+ * that copies its slices of a large model never reads the rest. NULL when
+ * the mapping fails (message in err). */
+const void *st_data(struct st_file *f, const struct st_info *in, char *err, size_t errlen);
+/* Drop the mapping's pages of tensor `in` from this process (madvise
+ * MADV_DONTNEED; the file's pages stay in the page cache, evictable), after
+ * its bytes were used, so that reading a model tensor by tensor never keeps
+ * the model resident. No-op without a mapping. */
+void st_release(struct st_file *f, const struct st_info *in);
 /* "__metadata__" object (borrowed; NULL when absent). */
 const json_t *st_metadata(const struct st_file *f);
 /* Read tensor `name` into dst as `dtype`: the stored dtype, or F32 from a BF16

@@ -31,18 +31,6 @@ static enum comm_dtype cdt(const struct engine *e) {
     return e->be->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
 }
 
-#if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
-/* read once: it is asked ~200 times a step */
-static int tp_stream_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("LOOM_TP_STREAM");
-        on = !v || strcmp(v, "0") != 0;
-    }
-    return on;
-}
-#endif
-
 static void allreduce(struct engine *e, void *buf, size_t n, enum comm_dtype dt, enum comm_op op) {
     if (e->tp <= 1 || n == 0) return;
     struct comm *c = e->tp_group;
@@ -55,10 +43,10 @@ static void allreduce(struct engine *e, void *buf, size_t n, enum comm_dtype dt,
 void tp_allreduce(struct engine *e, void *buf, size_t n) {
 #if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
     /* activations on the critical path: on the compute stream itself, no
-     * host round trip (comm_allreduce_stream); LOOM_TP_STREAM=0 for the
-     * comm-thread path */
+     * host round trip (comm_allreduce_stream); the tp-stream row off
+     * (LOOM_TP_STREAM=0, e->tp_host_sync) for the comm-thread path */
     void *st = backend_cuda_stream(e->be);
-    if (e->tp > 1 && n > 0 && st && e->tp_group && tp_stream_enabled()) {
+    if (e->tp > 1 && n > 0 && st && e->tp_group && !e->tp_host_sync) {
         backend_cuda_flush(e->be); /* held work (a matmul) produces buf */
         int rc = comm_allreduce_stream(e->tp_group, buf, n, cdt(e), COMM_SUM, st);
         if (rc < 0) die("tensor-parallel all-reduce failed: %s", comm_error(e->tp_group));

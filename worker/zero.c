@@ -20,10 +20,11 @@
 #include "worker/offload.h"
 #include "worker/pp.h"
 #include "worker/tp.h"
+#include "worker/nccl/dp_transport.h"
+#include "worker/tuning.h"
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
 #include "worker/cuda/cuda_backend.h"
 #include "worker/nccl/nccl_order.h"
-#include "worker/nccl/pair.h"
 #endif
 
 #define ZERO_MAX_RANGES 8
@@ -68,19 +69,18 @@ struct zero {
     int nreqs, capreqs;
     int failed;
     int ordered; /* nccl on the cuda backend: collectives wait for a device fence */
-    /* stage 0, cuda, dp == 2: gradients summed by the copy engines
-     * (worker/nccl/pair.h) instead of NCCL all-reduces; NULL otherwise */
-    struct pair_ar *pair;
-    size_t pair_bytes; /* its receive area, counted in e->mem.comm */
-    /* with the pair: the layer -1 group's gradients except the position
+    /* stage 0, dp == 2 on a backend with caps.pair_transport: gradients
+     * summed by a transport beside the comm layer (worker/nccl/dp_transport.h,
+     * the copy engines) instead of NCCL all-reduces; NULL otherwise */
+    const struct dp_transport_ops *tops;
+    struct dp_transport *tr;
+    /* with the transport: the layer -1 group's gradients except the position
      * embedding are summed early (final once the head's backward is done),
      * and the token embedding's own part goes to the peer as per-token rows
-     * (see hook_embedding_bwd); emb_rows: this rank's rows [N][C] */
+     * (hook_embedding_bwd) */
     int emb_x;
     struct zrange early[ZERO_MAX_RANGES], late[ZERO_MAX_RANGES];
     int nearly, nlate;
-    void *emb_rows;
-    size_t emb_rows_bytes, emb_n; /* rows area (256-aligned: the ids follow), tokens */
     /* stage >= 2: gradient scratch; stage 3: parameter gather slots */
     struct zslot gs[ZERO_SLOTS], ps[ZERO_SLOTS];
     int nslots, gnext, cur;
@@ -319,64 +319,26 @@ static int push_req(struct zero *z, struct comm_req *r) {
     return 0;
 }
 
-#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
 static void pair_start_all(struct zero *z, const struct zrange *r, int n, int layer) {
     for (int k = 0; k < n; k++)
-        if (pair_ar_start(z->pair, r[k].lo - z->lo, r[k].hi - z->lo) != 0) {
-            log_error("zero: gradient exchange of layer %d: %s", layer, pair_ar_error(z->pair));
+        if (z->tops->start(z->tr, r[k].lo, r[k].hi) != 0) {
+            log_error("zero: gradient exchange of layer %d: %s", layer, z->tops->error(z->tr));
             z->failed = 1;
         }
 }
 
-/* The embedding backward of the last micro-step with the pair (emb_x): the
- * token embedding's gradient is the head's part (already summed over both
- * ranks early, in reduce_group) plus each rank's per-token rows; instead of
- * the dense gradient (79 MB at GPT-2 124M) the rows go to the peer (at most
- * N x C, 25 MB at micro-batch 16) with their token ids, and both ranks add
- * rank 0's rows, then rank 1's, into the summed gradient: the same sums, in
- * the same order, so both hold the same bits. The position embedding's
- * gradient stays local here and is summed at the tail (layer -1). */
+/* The embedding backward with the transport's exchange (emb_x): earlier
+ * micro-steps sum locally (with the head's part); the last one goes through
+ * the transport (dp_transport.h, embedding_bwd). */
 static void hook_embedding_bwd(struct engine *e, void *user, void *dwte, void *dwpe,
                                const void *dout, const int32_t *tokens, int B, int T, int C) {
     struct zero *z = user;
     struct backend *b = e->be;
-    size_t N = (size_t)B * T;
-    if (!e->micro_last || z->failed) { /* earlier micro-steps: summed with the head's part */
+    if (!e->micro_last || z->failed) {
         b->embedding_bwd(b->ctx, dwte, dwpe, dout, tokens, B, T, C);
         return;
     }
-    if (N > z->emb_n) { /* the rows would not fit the peer's side area */
-        log_error("zero: embedding exchange: %zu tokens over the %zu it was sized for", N,
-                  z->emb_n);
-        z->failed = 1;
-        return;
-    }
-    if (dwpe) b->embedding_bwd(b->ctx, NULL, dwpe, dout, tokens, B, T, C);
-    int nu = 0;
-    const int32_t *ids = backend_cuda_embed_rows(b, z->emb_rows, &nu, dout, tokens, B, T, C);
-    backend_cuda_flush(b);
-    void *cs = backend_cuda_stream(b);
-    size_t ids_off = z->emb_rows_bytes;
-    int s_rows = pair_ar_side_send(z->pair, 0, z->emb_rows, (size_t)nu * C * b->elt_size);
-    int s_ids = pair_ar_side_send(z->pair, ids_off, ids, N * sizeof(int32_t));
-    if (s_rows < 0 || s_ids < 0 || pair_ar_wait_mark(z->pair, cs) != 0 ||
-        pair_ar_side_wait(z->pair, s_rows, cs) != 0 || pair_ar_side_wait(z->pair, s_ids, cs) != 0) {
-        log_error("zero: embedding exchange: %s", pair_ar_error(z->pair));
-        z->failed = 1;
-        return;
-    }
-    const void *prow = pair_ar_side_ptr(z->pair, 0);
-    const int32_t *pids = pair_ar_side_ptr(z->pair, ids_off);
-    for (int k = 0; k < 2; k++) {
-        if ((k == 0) == (z->rank == 0))
-            backend_cuda_embed_scatter(b, dwte, z->emb_rows, ids, nu, C);
-        else
-            backend_cuda_embed_scatter(b, dwte, prow, pids, (int)N, C);
-    }
-    if (pair_ar_side_release(z->pair, cs, 2) != 0) {
-        log_error("zero: embedding exchange: %s", pair_ar_error(z->pair));
-        z->failed = 1;
-    }
+    if (z->tops->embedding_bwd(z->tr, dwte, dwpe, dout, tokens, B, T, C) != 0) z->failed = 1;
 }
 
 /* Before grad_sync with the embedding exchange: the compute stream may wait
@@ -384,13 +346,12 @@ static void hook_embedding_bwd(struct engine *e, void *user, void *dwte, void *d
 static int hook_compute_sync(struct engine *e, void *user) {
     struct zero *z = user;
     (void)e;
-    if (pair_ar_sync_compute(z->pair) != 0) {
-        log_error("zero: %s", pair_ar_error(z->pair));
+    if (z->tops->compute_sync(z->tr) != 0) {
+        log_error("zero: %s", z->tops->error(z->tr));
         return -1;
     }
     return 0;
 }
-#endif
 
 /* Start reducing one layer's gradients over dp (async, in the order the
  * backward finishes layers): all-reduce for stage 0, reduce-scatter into the
@@ -400,20 +361,18 @@ static void reduce_group(struct zero *z, int layer) {
     struct engine *e = z->e;
     if (g->reduced) return;
     g->reduced = 1;
-#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
-    if (z->pair) {
-        backend_cuda_flush(e->be); /* the fence must follow the held work */
+    if (z->tr) {
+        backend_flush(e->be); /* the fence must follow the held work */
         const struct zrange *r = g->r;
         int n = g->n;
         if (z->emb_x && layer == z->L - 1) { /* the head's part is final: sum it now */
             pair_start_all(z, z->early, z->nearly, -1);
-            if (pair_ar_mark(z->pair) != 0) z->failed = 1;
+            if (z->tops->mark(z->tr) != 0) z->failed = 1;
         }
         if (z->emb_x && layer == -1) r = z->late, n = z->nlate;
         pair_start_all(z, r, n, layer);
         return;
     }
-#endif
     for (int k = 0; k < g->n; k++) /* the layer's gradients are final on the device */
         comm_ready(z, engine_grads_at(e, g->r[k].lo), g->r[k].hi - g->r[k].lo);
     for (int k = 0; k < g->n; k++) {
@@ -469,12 +428,10 @@ static int hook_grad_sync(struct engine *e, void *user) {
     }
     for (int l = z->L - 1; l >= -1; l--)
         reduce_group(z, l);
-#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
-    if (z->pair && pair_ar_finish(z->pair) != 0) {
-        log_error("zero: gradient exchange: %s", pair_ar_error(z->pair));
+    if (z->tr && z->tops->finish(z->tr) != 0) {
+        log_error("zero: gradient exchange: %s", z->tops->error(z->tr));
         rc = -1;
     }
-#endif
     for (int i = 0; i < z->nreqs; i++)
         if (comm_wait(z->reqs[i]) != 0) rc = -1;
     z->nreqs = 0;
@@ -750,7 +707,7 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
      * is reported there (its own internal buffers are not the engine's). */
     struct engine_mem m;
     zero_mem_model(e, stage, z->P, &m);
-    e->mem.comm = strcmp(e->be->name, "cuda") == 0 ? 0 : m.comm;
+    e->mem.comm = e->be->caps.device_collectives ? 0 : m.comm;
     return z;
 nomem:
     snprintf(err, errlen, "zero: out of memory");
@@ -790,13 +747,8 @@ void zero_free(struct zero *z) {
     free(z->cnt);
     free(z->counts);
     free(z->g);
+    if (z->tr) z->tops->close(z->tr);
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
-    if (z->pair) e->mem.comm -= z->pair_bytes;
-    if (z->emb_rows) {
-        e->mem.comm -= z->emb_rows_bytes + z->emb_n * sizeof(int32_t); /* the side area */
-        engine_release(e, z->emb_rows, z->emb_n * e->cfg.d_model * e->be->elt_size, &e->mem.comm);
-    }
-    pair_ar_free(z->pair);
     if (z->ordered) nccl_order_detach();
 #endif
     comm_groups_free(&z->groups);
@@ -804,7 +756,6 @@ void zero_free(struct zero *z) {
     free(z);
 }
 
-#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
 /* The layer -1 group of this stage split for the embedding exchange: early =
  * every tensor but the position embedding (final once the head's backward
  * is done), late = the position embedding; contiguous ones merged. -1 when
@@ -831,10 +782,58 @@ static int emb_split(struct zero *z) {
     }
     return have_embed ? 0 : -1;
 }
+
+/* The dp pair transport, where this build has one (worker/nccl/dp_pair.c). */
+static const struct dp_transport_ops *pair_transport(void) {
+#if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
+    return dp_pair_transport();
+#else
+    return NULL;
 #endif
+}
+
+/* Stage 0 over two dp ranks: the gradients are summed by the pair transport
+ * (the copy engines, dp_transport.h: no NCCL kernels holding SMs during the
+ * backward); falls back to the comm layer's all-reduces where it cannot be
+ * set up. dp-pair off (LOOM_DP_PAIR=0) keeps NCCL (for comparison); tp 1,
+ * pp 1 only: the layouts it was tested and measured in (2 GPUs); with tp or
+ * pp the dp pairs also need more GPUs than have been lent so far. */
+static void pair_setup(struct zero *z, const struct zero_setup_opts *o,
+                       const struct comm_tuning *tu, int timeout_ms) {
+    struct engine *e = z->e;
+    const struct dp_transport_ops *ops = pair_transport();
+    if (!ops || !e->be->caps.pair_transport || !z->ordered || z->stage != 0 || z->P != 2 ||
+        o->tp != 1 || o->pp != 1 || (tu && !tu->dp_pair))
+        return;
+    /* dp-emb-exchange off (LOOM_DP_EMB_EXCHANGE=0): the token embedding's
+     * gradient is summed dense at the tail like the rest of its group */
+    struct dp_transport_opts to = {.lo = z->lo,
+                                   .hi = z->hi,
+                                   .timeout_ms = timeout_ms,
+                                   .chunk_kib = tu ? tu->pair_chunk_kib : 0,
+                                   .trace = tu ? tu->pair_trace : 0,
+                                   .priority = tu ? tu->pair_priority : NULL};
+    if (o->micro_tokens > 0 && (!tu || tu->dp_emb_exchange) && emb_split(z) == 0 && z->nearly > 0)
+        to.emb_tokens = (size_t)o->micro_tokens;
+    char perr[256];
+    z->tr = ops->open(e, z->dp, &to, &z->emb_x, perr, sizeof perr);
+    if (!z->tr) {
+        log_warn("zero: %s; dp gradients go through NCCL all-reduces", perr);
+        return;
+    }
+    z->tops = ops;
+    if (z->emb_x) {
+        e->hooks.embedding_bwd = hook_embedding_bwd;
+        e->hooks.compute_sync = hook_compute_sync;
+    }
+    log_info("zero: dp gradients summed by the copy engines (%.1f MiB receive area%s)",
+             (z->hi - z->lo) * e->be->elt_size / 1048576.0,
+             z->emb_x ? "; token embedding exchanged as per-token rows" : "");
+}
 
 struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char *err,
                         size_t errlen) {
+    const struct comm_tuning *tu = o->tune;
     struct comm_world_opts wo = {.device = o->device,
                                  .rank = o->rank,
                                  .world = o->world,
@@ -842,10 +841,14 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
                                  .token = o->token,
                                  .timeout_ms = o->timeout_ms,
                                  .cuda_device = o->cuda_device};
-    const char *t = getenv("LOOM_COMM_TIMEOUT_MS");
-    if (!wo.timeout_ms && t && *t) wo.timeout_ms = atoi(t);
-    const char *be = getenv("LOOM_COMM_BACKEND");
-    if (be && *be) wo.backend = be;
+    if (tu) {
+        if (!wo.timeout_ms) wo.timeout_ms = (int)tu->timeout_ms;
+        if (tu->backend && *tu->backend) wo.backend = tu->backend;
+        wo.iface = tu->iface;
+        wo.host = tu->host;
+        wo.nccl_stream_priority = tu->nccl_stream_priority;
+        wo.nccl_cta_policy = tu->nccl_cta_policy;
+    }
     struct comm_world *w = comm_world_new(&wo, err, errlen);
     if (!w) return NULL;
     struct comm_layout l = {o->tp, o->dp, o->pp};
@@ -863,54 +866,13 @@ struct zero *zero_setup(struct engine *e, const struct zero_setup_opts *o, char 
     z->world = w;
     z->groups = g;
 #if defined(LOOM_HAVE_NCCL) && defined(LOOM_HAVE_CUDA)
-    /* LOOM_COMM_ORDER=sync keeps the host sync (for comparison) */
-    const char *ord = getenv("LOOM_COMM_ORDER");
+    /* comm-order=sync (LOOM_COMM_ORDER) keeps the host sync (for comparison) */
+    const char *ord = tu ? tu->order : NULL;
     z->ordered = strcmp(comm_world_backend(w), "nccl") == 0 && backend_cuda_stream(e->be) &&
                  !(ord && strcmp(ord, "sync") == 0) &&
                  nccl_order_attach(backend_cuda_stream(e->be)) == 0;
-    /* stage 0 over two dp ranks: the gradients are summed by the copy engines
-     * (pair.h: no NCCL kernels holding SMs during the backward); falls back
-     * to NCCL all-reduces where the peer's memory cannot be mapped.
-     * LOOM_DP_PAIR=0 keeps NCCL (for comparison). */
-    const char *pe = getenv("LOOM_DP_PAIR");
-    /* tp 1, pp 1: the layouts it was tested and measured in (2 GPUs); with
-     * tp or pp the dp pairs also need more GPUs than have been lent so far */
-    if (z->ordered && z->stage == 0 && z->P == 2 && o->tp == 1 && o->pp == 1 &&
-        !(pe && strcmp(pe, "0") == 0)) {
-        char perr[256];
-        size_t n = z->hi - z->lo;
-        /* LOOM_DP_EMB_EXCHANGE=0: the token embedding's gradient is summed
-         * dense at the tail like the rest of its group (for comparison) */
-        const char *ex = getenv("LOOM_DP_EMB_EXCHANGE");
-        size_t side = 0, es = e->be->elt_size;
-        if (o->micro_tokens > 0 && !(ex && strcmp(ex, "0") == 0) && emb_split(z) == 0 &&
-            z->nearly > 0) {
-            z->emb_n = (size_t)o->micro_tokens;
-            z->emb_rows_bytes = (z->emb_n * (size_t)e->cfg.d_model * es + 255) & ~(size_t)255;
-            side = z->emb_rows_bytes + z->emb_n * sizeof(int32_t);
-        }
-        z->pair = pair_ar_new(g.dp, engine_grads_at(e, z->lo), n, es, backend_cuda_stream(e->be),
-                              side, wo.timeout_ms, perr, sizeof(perr));
-        if (z->pair && side) {
-            z->emb_rows = engine_alloc(e, z->emb_n * (size_t)e->cfg.d_model * es, &e->mem.comm);
-            z->emb_x = z->emb_rows != NULL;
-            if (z->emb_x) {
-                e->mem.comm += side;
-                e->hooks.embedding_bwd = hook_embedding_bwd;
-                e->hooks.compute_sync = hook_compute_sync;
-            }
-        }
-        if (z->pair) {
-            z->pair_bytes = n * es;
-            e->mem.comm += z->pair_bytes;
-            log_info("zero: dp gradients summed by the copy engines (%.1f MiB receive area%s)",
-                     z->pair_bytes / 1048576.0,
-                     z->emb_x ? "; token embedding exchanged as per-token rows" : "");
-        } else {
-            log_warn("zero: %s; dp gradients go through NCCL all-reduces", perr);
-        }
-    }
 #endif
+    pair_setup(z, o, tu, wo.timeout_ms);
     e->tp_group = g.tp;
     e->dp_group = g.dp;
     e->pp_group = g.pp;
@@ -928,15 +890,6 @@ struct comm *zero_world_comm(struct zero *z) {
 int zero_barrier(void *ctx) {
     struct zero *z = ctx;
     return z->groups.world ? comm_barrier(z->groups.world, NULL) : 0;
-}
-
-int zero_agree(void *ctx, int *ok) {
-    struct zero *z = ctx;
-    if (!z->groups.world) return 0;
-    int32_t v = *ok ? 1 : 0;
-    if (comm_allreduce(z->groups.world, &v, 1, COMM_I32, COMM_MIN, NULL) != 0) return -1;
-    *ok = v;
-    return 0;
 }
 
 int zero_gather_master(struct zero *z, float *h) {

@@ -70,6 +70,7 @@
 #include "worker/engine.h"
 
 struct zero;
+struct comm_tuning;
 
 /* Everything a rank needs to join its attempt and set up DP/ZeRO. */
 struct zero_setup_opts {
@@ -79,11 +80,13 @@ struct zero_setup_opts {
     const char *device; /* "cpu" or "cuda" */
     const char *rdzv;   /* file:DIR or http://.../v1/rdzv/JOB/ATTEMPT */
     const char *token;  /* LOOM_RDZV_TOKEN; may be NULL */
-    int timeout_ms;     /* 0: LOOM_COMM_TIMEOUT_MS or the comm default */
+    int timeout_ms;     /* 0: tune->timeout_ms or the comm default */
     int cuda_device;
     /* tokens of a micro-step (micro-batch x T): sizes the embedding exchange
      * of the CUDA pair path (zero.c; 0: no exchange) */
     int micro_tokens;
+    /* the comm tuning rows (worker/tuning.h); NULL: their defaults */
+    const struct comm_tuning *tune;
 };
 
 /* Join the world, build the tp/dp/pp communicators and install ZeRO on `e`
@@ -101,8 +104,6 @@ int zero_stage(const struct zero *z);         /* in effect: at most 1 with one d
 struct comm *zero_world_comm(struct zero *z); /* NULL unless made by zero_setup */
 /* Barrier over the whole world (ckpt_barrier_fn; ctx = struct zero *). */
 int zero_barrier(void *ctx);
-/* Logical AND over the world (ckpt_agree_fn; ctx = struct zero *). */
-int zero_agree(void *ctx, int *ok);
 
 /* The per-rank memory by category that stage `stage` at `dp` ranks keeps
  * for engine e (formulas above); activations are copied from e->mem. */

@@ -23,6 +23,10 @@ typedef int (*cli_fn)(struct cli *cli, int argc, char **argv);
  * "loomctl: STATUS CODE: message" to stderr and returns -1 (out is NULL).
  * Else returns 0 with *out the parsed reply (caller owns; may be NULL). */
 int cli_call(struct cli *cli, const char *method, const char *path, json_t *body, json_t **out);
+/* GET path for a command that prints a table unless --json: with --json the
+ * reply is printed here (returns 1: the command is done); -1 after an error
+ * (printed by cli_call); 0 with *out for the caller to print (caller frees). */
+int cli_get(struct cli *cli, const char *path, json_t **out);
 /* Prints `j` as indented JSON on stdout. */
 void cli_print_json(json_t *j);
 /* Reads a JSON file ("-" = stdin); prints the parse error and returns NULL. */

@@ -207,12 +207,8 @@ int cmd_metrics(struct cli *cli, int argc, char **argv) {
     cli_urlencode(job, enc, sizeof enc);
     snprintf(path, sizeof path, "/v1/jobs/%s/metrics?rank=%s", enc, rank);
     json_t *out = NULL;
-    if (cli_call(cli, "GET", path, NULL, &out)) return 1;
-    if (cli->json) {
-        cli_print_json(out);
-        json_decref(out);
-        return 0;
-    }
+    int got = cli_get(cli, path, &out);
+    if (got != 0) return got < 0;
     printf("%7s %7s %10s %10s %10s %9s %12s %6s %5s %8s\n", "STEP", "ATTEMPT", "LOSS", "VAL_LOSS",
            "LR", "GRAD_NORM", "TOKENS/S", "MFU", "UTIL", "MEM_GIB");
     size_t i;

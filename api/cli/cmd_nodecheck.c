@@ -84,98 +84,87 @@ static int history(struct cli *cli, const char *node) {
     return 0;
 }
 
-int cmd_node_check(struct cli *cli, int argc, char **argv) {
-    const char *node = NULL, *peer = NULL;
-    int all = 0, wait = 1, clear = 0, hist = 0;
-    json_t *opts = json_object();
+struct check_args {
+    const char *node, *peer;
+    int all, wait, clear, hist;
+    json_t *opts; /* the POST body's options (caller frees) */
+};
+
+/* Parses argv into a; 0, or -1 on a usage error (usage printed). */
+static int parse_args(int argc, char **argv, struct check_args *a) {
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--all"))
-            all = 1;
-        else if (!strcmp(a, "--no-wait"))
-            wait = 0;
-        else if (!strcmp(a, "--clear"))
-            clear = 1;
-        else if (!strcmp(a, "--history"))
-            hist = 1;
-        else if (!strcmp(a, "--force"))
-            json_object_set_new(opts, "force", json_true());
-        else if (!strcmp(a, "--peer") && v)
-            peer = argv[++i];
-        else if (!strcmp(a, "--expect-busbw") && v)
-            json_object_set_new(opts, "expect_busbw_gbps", json_real(atof(argv[++i])));
-        else if (!strcmp(a, "--min-ratio") && v)
-            json_object_set_new(opts, "min_ratio", json_real(atof(argv[++i])));
-        else if (!strcmp(a, "--max-bytes") && v)
-            json_object_set_new(opts, "max_bytes", json_integer(atoll(argv[++i])));
-        else if (a[0] != '-' && !node)
-            node = a;
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(o, "--all"))
+            a->all = 1;
+        else if (!strcmp(o, "--no-wait"))
+            a->wait = 0;
+        else if (!strcmp(o, "--clear"))
+            a->clear = 1;
+        else if (!strcmp(o, "--history"))
+            a->hist = 1;
+        else if (!strcmp(o, "--force"))
+            json_object_set_new(a->opts, "force", json_true());
+        else if (!strcmp(o, "--peer") && v)
+            a->peer = argv[++i];
+        else if (!strcmp(o, "--expect-busbw") && v)
+            json_object_set_new(a->opts, "expect_busbw_gbps", json_real(atof(argv[++i])));
+        else if (!strcmp(o, "--min-ratio") && v)
+            json_object_set_new(a->opts, "min_ratio", json_real(atof(argv[++i])));
+        else if (!strcmp(o, "--max-bytes") && v)
+            json_object_set_new(a->opts, "max_bytes", json_integer(atoll(argv[++i])));
+        else if (o[0] != '-' && !a->node)
+            a->node = o;
         else {
             usage();
-            json_decref(opts);
-            return 2;
+            return -1;
         }
     }
-    if (hist) {
-        json_decref(opts);
-        return history(cli, node);
-    }
-    if ((!node && !all) || (node && all) || (clear && !node)) {
-        usage();
-        json_decref(opts);
-        return 2;
-    }
-    if (clear) {
-        char enc[256], path[512];
-        cli_urlencode(node, enc, sizeof enc);
-        snprintf(path, sizeof path, "/v1/nodes/%s/degraded", enc);
-        json_t *out = NULL;
-        json_decref(opts);
-        if (cli_call(cli, "DELETE", path, NULL, &out)) return 1;
-        printf("node %s: %lld degraded mark(s) cleared\n", node,
-               (long long)json_integer_value(json_object_get(out, "cleared")));
-        json_decref(out);
-        return 0;
-    }
-    json_t *ids = json_array();
+    return 0;
+}
+
+static int clear_marks(struct cli *cli, const char *node) {
+    char enc[256], path[512];
+    cli_urlencode(node, enc, sizeof enc);
+    snprintf(path, sizeof path, "/v1/nodes/%s/degraded", enc);
+    json_t *out = NULL;
+    if (cli_call(cli, "DELETE", path, NULL, &out)) return 1;
+    printf("node %s: %lld degraded mark(s) cleared\n", node,
+           (long long)json_integer_value(json_object_get(out, "cleared")));
+    json_decref(out);
+    return 0;
+}
+
+/* --all: every checkable node alone, then neighbouring pairs in a ring. 0, or 1 when
+ * something could not be queued (what could be is in ids). */
+static int queue_all(struct cli *cli, json_t *opts, json_t **ids) {
+    json_t *nodes = NULL;
+    if (cli_call(cli, "GET", "/v1/nodes", NULL, &nodes)) return 1;
     int rc = 0;
-    if (node) {
-        if (queue(cli, node, opts, peer, &ids)) rc = 1;
-    } else {
-        json_t *nodes = NULL;
-        if (cli_call(cli, "GET", "/v1/nodes", NULL, &nodes)) {
-            rc = 1;
-        } else {
-            const char *names[MAX_CHECKS];
-            int n = 0;
-            size_t i;
-            json_t *nd;
-            json_array_foreach(json_object_get(nodes, "nodes"), i, nd) {
-                const char *st = cli_str(nd, "state");
-                if (n < MAX_CHECKS &&
-                    (!strcmp(st, "ready") || !strcmp(st, "drained") || !strcmp(st, "degraded")))
-                    names[n++] = cli_str(nd, "name");
-                else
-                    fprintf(stderr, "loomctl: skipping node %s (%s)\n", cli_str(nd, "name"), st);
-            }
-            for (int k = 0; k < n; k++)
-                if (queue(cli, names[k], opts, NULL, &ids)) rc = 1;
-            /* pairs in a ring: each node is measured against two neighbours,
-             * so a bad link and a bad node can be told apart */
-            for (int k = 0; n > 1 && k < (n == 2 ? 1 : n); k++)
-                if (queue(cli, names[k], opts, names[(k + 1) % n], &ids)) rc = 1;
-            json_decref(nodes);
-        }
+    const char *names[MAX_CHECKS];
+    int n = 0;
+    size_t i;
+    json_t *nd;
+    json_array_foreach(json_object_get(nodes, "nodes"), i, nd) {
+        const char *st = cli_str(nd, "state");
+        if (n < MAX_CHECKS &&
+            (!strcmp(st, "ready") || !strcmp(st, "drained") || !strcmp(st, "degraded")))
+            names[n++] = cli_str(nd, "name");
+        else
+            fprintf(stderr, "loomctl: skipping node %s (%s)\n", cli_str(nd, "name"), st);
     }
-    json_decref(opts);
-    if (!json_array_size(ids) || !wait) {
-        size_t i;
-        json_t *id;
-        json_array_foreach(ids, i, id) printf("queued %s\n", json_string_value(id));
-        json_decref(ids);
-        return rc;
-    }
-    /* Wait for every check (each part has 180 s on loomd's side). */
+    for (int k = 0; k < n; k++)
+        if (queue(cli, names[k], opts, NULL, ids)) rc = 1;
+    /* pairs in a ring: each node is measured against two neighbours,
+     * so a bad link and a bad node can be told apart */
+    for (int k = 0; n > 1 && k < (n == 2 ? 1 : n); k++)
+        if (queue(cli, names[k], opts, names[(k + 1) % n], ids)) rc = 1;
+    json_decref(nodes);
+    return rc;
+}
+
+/* Waits for every check in ids (each part has 180 s on loomd's side), prints them and
+ * gives the exit code: rc, else 4 when one did not pass, 1 when one could not be read. */
+static int wait_all(struct cli *cli, json_t *ids, int rc) {
     json_t *results = json_array();
     size_t i;
     json_t *id;
@@ -204,6 +193,37 @@ int cmd_node_check(struct cli *cli, int argc, char **argv) {
     }
     if (json_array_size(results) < json_array_size(ids) && rc == 0) rc = 1;
     json_decref(results);
+    return rc;
+}
+
+int cmd_node_check(struct cli *cli, int argc, char **argv) {
+    struct check_args a = {.wait = 1, .opts = json_object()};
+    int rc = 0;
+    json_t *ids = NULL;
+    if (parse_args(argc, argv, &a) != 0) {
+        rc = 2;
+    } else if (a.hist) {
+        rc = history(cli, a.node);
+    } else if ((!a.node && !a.all) || (a.node && a.all) || (a.clear && !a.node)) {
+        usage();
+        rc = 2;
+    } else if (a.clear) {
+        rc = clear_marks(cli, a.node);
+    } else {
+        ids = json_array();
+        if (a.node)
+            rc = queue(cli, a.node, a.opts, a.peer, &ids) ? 1 : 0;
+        else
+            rc = queue_all(cli, a.opts, &ids);
+        if (json_array_size(ids) && a.wait) {
+            rc = wait_all(cli, ids, rc);
+        } else {
+            size_t i;
+            json_t *id;
+            json_array_foreach(ids, i, id) printf("queued %s\n", json_string_value(id));
+        }
+    }
+    json_decref(a.opts);
     json_decref(ids);
     return rc;
 }

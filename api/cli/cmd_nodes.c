@@ -7,19 +7,16 @@
 
 int cmd_nodes(struct cli *cli, int argc, char **argv) {
     json_t *out = NULL;
-    if (cli_call(cli, "GET", "/v1/nodes", NULL, &out)) return 1;
-    if (cli->json) {
-        cli_print_json(out);
-        json_decref(out);
-        return 0;
-    }
-    printf("%-20s %-8s %-5s %-24s %5s %5s %5s  %s\n", "NODE", "STATE", "KIND", "MODEL", "TOTAL",
-           "USED", "FREE", "LAST HEARTBEAT");
+    int got = cli_get(cli, "/v1/nodes", &out);
+    if (got != 0) return got < 0;
+    printf("%-20s %-8s %-5s %-10s %-24s %5s %5s %5s  %s\n", "NODE", "STATE", "KIND", "GPU_TYPE",
+           "MODEL", "TOTAL", "USED", "FREE", "LAST HEARTBEAT");
     size_t i;
     json_t *n;
     json_array_foreach(json_object_get(out, "nodes"), i, n) {
-        printf("%-20s %-8s %-5s %-24s %5lld %5lld %5lld  %s\n", cli_str(n, "name"),
-               cli_str(n, "state"), cli_str(n, "kind"), cli_str(n, "gpu_model"),
+        printf("%-20s %-8s %-5s %-10s %-24s %5lld %5lld %5lld  %s\n", cli_str(n, "name"),
+               cli_str(n, "state"), cli_str(n, "kind"), cli_str(n, "gpu_type"),
+               cli_str(n, "gpu_model"),
                (long long)json_integer_value(json_object_get(n, "devices_total")),
                (long long)json_integer_value(json_object_get(n, "devices_used")),
                (long long)json_integer_value(json_object_get(n, "devices_free")),
@@ -40,12 +37,8 @@ int cmd_node(struct cli *cli, int argc, char **argv) {
     cli_urlencode(argv[1], enc, sizeof enc);
     snprintf(path, sizeof path, "/v1/nodes/%s", enc);
     json_t *out = NULL;
-    if (cli_call(cli, "GET", path, NULL, &out)) return 1;
-    if (cli->json) {
-        cli_print_json(out);
-        json_decref(out);
-        return 0;
-    }
+    int got = cli_get(cli, path, &out);
+    if (got != 0) return got < 0;
     printf("node %s: %s, %s, %lld/%lld devices used, last heartbeat %s\n", cli_str(out, "name"),
            cli_str(out, "state"), cli_str(out, "kind"),
            (long long)json_integer_value(json_object_get(out, "devices_used")),

@@ -22,12 +22,8 @@ int cmd_usage(struct cli *cli, int argc, char **argv) {
     char path[1200];
     snprintf(path, sizeof path, "/v1/usage%s", q);
     json_t *out = NULL;
-    if (cli_call(cli, "GET", path, NULL, &out)) return 1;
-    if (cli->json) {
-        cli_print_json(out);
-        json_decref(out);
-        return 0;
-    }
+    int got = cli_get(cli, path, &out);
+    if (got != 0) return got < 0;
     printf("%-24s %12s %12s %6s\n", cli_str(out, "group_by"), "GPU-HOURS", "COST", "ROWS");
     size_t i;
     json_t *r;

@@ -32,6 +32,15 @@ int cli_call(struct cli *cli, const char *method, const char *path, json_t *body
     return 0;
 }
 
+int cli_get(struct cli *cli, const char *path, json_t **out) {
+    if (cli_call(cli, "GET", path, NULL, out)) return -1;
+    if (!cli->json) return 0;
+    cli_print_json(*out);
+    json_decref(*out);
+    *out = NULL;
+    return 1;
+}
+
 void cli_print_json(json_t *j) {
     if (!j) return;
     char *s = json_dumps(j, JSON_INDENT(2));

@@ -1,7 +1,7 @@
-/* Causal attention kernel speed on one GPU: lk_attn_fwd and lk_attn_bwd on
- * the fused qkv layout of the engine, for GPT-2 124M (B 16, H 12, T 1024,
- * hd 64) and GPT-2 1558M (B 8, H 25), each kernel variant
- * (LOOM_ATTN_FWD/BWD_VARIANT 0-5) in the same process. Times come from
+/* Causal attention kernel speed on one GPU: dev_attn_fwd and dev_attn_bwd
+ * (dev/cuda: k_attn.cu with every variant) on the fused qkv layout of the
+ * engine, for GPT-2 124M (B 16, H 12, T 1024, hd 64) and GPT-2 1558M (B 8,
+ * H 25), each kernel variant (0-5; 5 ships) in the same process. Times come from
  * CUDA events around each call, median of 30 after 5 warm-ups; TFLOP/s
  * counts causal work: fwd 2*B*H*T^2*hd (two matmuls over half of T x T),
  * bwd 2.5x that. Checks beside the times: each variant's backward repeats
@@ -20,6 +20,7 @@
 
 #include "tests/gpu/bench_util.h"
 #include "worker/cuda/cudnn_attn.h"
+#include "dev/cuda/dev_kernels.h"
 #include "worker/cuda/kernels.h"
 
 struct shape {
@@ -90,16 +91,15 @@ int main(int argc, char **argv) {
         CK(cudaMalloc((void **)&out, nout * 2));
         CK(cudaMalloc((void **)&dqkv, nqkv * 2));
         CK(cudaMalloc((void **)&lse, (size_t)B * H * T * 4));
-        CK(cudaMalloc((void **)&scratch, lk_attn_scratch_bytes(B, T, H, Hkv, hd)));
+        CK(cudaMalloc((void **)&scratch, dev_attn_scratch_bytes(B, T, H, Hkv, hd)));
         const uint16_t *q = qkv, *k = qkv + H * hd, *v = qkv + (H + Hkv) * hd;
         uint16_t *dq = dqkv, *dk = dqkv + H * hd, *dv = dqkv + (H + Hkv) * hd;
         uint16_t *ref_out = NULL, *ref_d = NULL;
         for (int vi = 0; vi < NVAR; vi++) {
             struct lcudnn_attn *cda = NULL;
-            if (vi < NKATTN) {
-                setenv("LOOM_ATTN_FWD_VARIANT", variants[vi], 1);
-                setenv("LOOM_ATTN_BWD_VARIANT", variants[vi], 1);
-            } else {
+            /* k_attn.cu's variants from dev/cuda (5 ships) */
+            int var = vi < NKATTN ? atoi(variants[vi]) : 5;
+            if (vi >= NKATTN) {
                 char why[640];
                 cda = lcudnn_attn_new(s, B, T, H, hd, ld, H * hd, vi == NKATTN, why, sizeof why);
                 if (!cda || Hkv != H) {
@@ -112,11 +112,11 @@ int main(int argc, char **argv) {
             }
 #define FWD()                                                                                      \
     (cda ? (void)lcudnn_attn_fwd(cda, out, lse, qkv)                                               \
-         : lk_attn_fwd(out, lse, q, k, v, ld, ld, H * hd, B, T, H, Hkv, hd, s))
+         : dev_attn_fwd(var, out, lse, q, k, v, ld, ld, H * hd, B, T, H, Hkv, hd, s))
 #define BWD()                                                                                      \
     (cda ? (void)lcudnn_attn_bwd(cda, dqkv, dout, out, lse, qkv)                                   \
-         : lk_attn_bwd(dq, dk, dv, scratch, dout, out, lse, q, k, v, ld, ld, H * hd, B, T, H, Hkv, \
-                       hd, 0, s))
+         : dev_attn_bwd(var, dq, dk, dv, scratch, dout, out, lse, q, k, v, ld, ld, H * hd, B, T,   \
+                        H, Hkv, hd, 0, s))
             float fwd_ms = 0, bwd_ms = 0;
             for (int pass = 0; pass < 2; pass++) {
                 for (int it = 0; it < warm + iters; it++) {
@@ -172,8 +172,6 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             CK(cudaFree(bufs[i]));
     }
-    unsetenv("LOOM_ATTN_FWD_VARIANT");
-    unsetenv("LOOM_ATTN_BWD_VARIANT");
     free(ms);
     printf("%s\n", bad ? "FAIL" : "ok");
     return bad;

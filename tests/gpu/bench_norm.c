@@ -1,8 +1,8 @@
-/* Norm kernel speed on one GPU: lk_norm_fwd, lk_residual_norm_fwd and
- * lk_norm_bwd (dx, dw and db) for the GPT-2 124M shape (N 16384 = 16 x 1024
- * rows, C 768), GPT-2 1558M (N 8192, C 1600) and a Llama RMSNorm (N 16384,
- * C 2048), each kernel variant (lk_norm_set_variant 0-4, LOOM_NORM_VARIANT's
- * values) in the same process. Times come from CUDA events around each call,
+/* Norm kernel speed on one GPU: dev_norm_fwd, dev_residual_norm_fwd and
+ * dev_norm_bwd (dev/cuda: k_norm.cu with every generation; dx, dw and db)
+ * for the GPT-2 124M shape (N 16384 = 16 x 1024 rows, C 768), GPT-2 1558M
+ * (N 8192, C 1600) and a Llama RMSNorm (N 16384, C 2048), each kernel
+ * generation (0-4; 1 ships) in the same process. Times come from CUDA events around each call,
  * median of `iters` (default 30) after 5 warm-ups. GB/s counts the bf16
  * tensors each call must move: fwd reads x and writes out (2 N C x 2 bytes),
  * residual fwd reads a, b and writes res, out (4 N C x 2), bwd reads x, dout
@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "tests/gpu/bench_util.h"
+#include "dev/cuda/dev_kernels.h"
 #include "worker/cuda/kernels.h"
 
 struct shape {
@@ -81,19 +82,20 @@ struct bufs {
     uint16_t *x, *b2, *w, *bias, *out, *res, *dout, *dx, *dw, *db;
     uint16_t *dx0, *dw0, *db0; /* initial gradients */
     float *mean, *rstd, *mean0, *rstd0, *scratch;
+    int var; /* the generation (dev/cuda/dev_kernels.h) */
 };
 
 static void run_op(struct bufs *B, enum op o, cudaStream_t s) {
     const uint16_t *bias = B->rms ? NULL : B->bias;
     float *mean = B->rms ? NULL : B->mean;
     if (o == OP_FWD)
-        lk_norm_fwd(B->out, mean, B->rstd, B->x, B->w, bias, B->N, B->C, 1e-5f, B->rms, s);
+        dev_norm_fwd(B->var, B->out, mean, B->rstd, B->x, B->w, bias, B->N, B->C, 1e-5f, B->rms, s);
     else if (o == OP_RES)
-        lk_residual_norm_fwd(B->res, B->out, mean, B->rstd, B->x, B->b2, B->w, bias, B->N, B->C,
-                             1e-5f, B->rms, s);
+        dev_residual_norm_fwd(B->var, B->res, B->out, mean, B->rstd, B->x, B->b2, B->w, bias, B->N,
+                              B->C, 1e-5f, B->rms, s);
     else
-        lk_norm_bwd(B->dx, B->dw, B->rms ? NULL : B->db, B->scratch, B->dout, B->x, B->w,
-                    B->rms ? NULL : B->mean0, B->rstd0, B->N, B->C, B->rms, s);
+        dev_norm_bwd(B->var, B->dx, B->dw, B->rms ? NULL : B->db, B->scratch, B->dout, B->x, B->w,
+                     B->rms ? NULL : B->mean0, B->rstd0, B->N, B->C, B->rms, s);
 }
 
 static void reset_grads(struct bufs *B) {
@@ -132,9 +134,9 @@ int main(int argc, char **argv) {
         CK(cudaMalloc((void **)&B.rstd, (size_t)p->N * 4));
         CK(cudaMalloc((void **)&B.mean0, (size_t)p->N * 4));
         CK(cudaMalloc((void **)&B.rstd0, (size_t)p->N * 4));
-        CK(cudaMalloc((void **)&B.scratch, lk_norm_scratch_bytes(p->N, p->C)));
+        CK(cudaMalloc((void **)&B.scratch, dev_norm_scratch_bytes(p->N, p->C)));
         /* the backward's statistics: variant 0's forward of x */
-        lk_norm_set_variant(0);
+        B.var = 0;
         run_op(&B, OP_FWD, s);
         CK(cudaMemcpyAsync(B.mean0, B.mean, (size_t)p->N * 4, cudaMemcpyDeviceToDevice, s));
         CK(cudaMemcpyAsync(B.rstd0, B.rstd, (size_t)p->N * 4, cudaMemcpyDeviceToDevice, s));
@@ -145,7 +147,7 @@ int main(int argc, char **argv) {
         float best_ms = 0, v0_ms = 0;
         int best = -1;
         for (int v = 0; v < NVAR; v++) {
-            lk_norm_set_variant(v);
+            B.var = v;
             float t[OP_N];
             for (int o = 0; o < OP_N; o++) {
                 if (o == OP_BWD) reset_grads(&B);
@@ -233,7 +235,6 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             CK(cudaFree(all[i]));
     }
-    lk_norm_set_variant(0);
     free(ms);
     printf("%s\n", bad ? "FAIL" : "ok");
     return bad;

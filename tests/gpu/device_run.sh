@@ -112,14 +112,10 @@ if [ "$what" != bench ]; then
     fi
 fi
 if [ "$what" = all ] || [ "$what" = tune ]; then
-    # attention kernel variants (speed knobs only): GPU ms per step by class
-    for v in "0 1" "0 0" "1 1"; do
-        set -- $v
-        LOOM_ATTN_FWD_VARIANT=$1 LOOM_ATTN_BWD_VARIANT=$2 "$BIN/loom-gpu-bench" --steps 12 \
-            --warmup 4 --profile 2 >"$OUT/var_$1$2.out" 2>&1
-        echo "variant fwd=$1 bwd=$2: $(grep -o '"step_ms_median":[0-9.]*' "$OUT/var_$1$2.out") \
-$(grep -o '"attention":[0-9.]*' "$OUT/var_$1$2.out")"
-    done
+    # attention kernel variants (speed only): the worker runs the chosen one;
+    # bench_attn times every variant of dev/cuda in one process
+    "$BIN/bench_attn" >"$OUT/bench_attn.out" 2>&1
+    grep -E '^RESULT|^ok|^FAIL' "$OUT/bench_attn.out" | head -20
     nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     if [ -n "$nc" ] && [ "${NCU:-0}" = 1 ]; then
         timeout 180 "$nc" --clock-control none -k regex:'attn|xent|norm|gelu|adamw' \

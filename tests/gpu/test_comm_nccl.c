@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/nccl/pair.h"
+#define CHECK_WITH_PID
 #include "tests/check.h"
 #include "worker/safetensors.h" /* st_f32_to_bf16, st_bf16_to_f32 */
 
@@ -235,8 +236,8 @@ static int pair_collective(int rank, int world, const char *rdzv) {
     char err[256];
     /* 256 KiB chunks: the larger ranges are cut into several, on both copy
      * streams, with odd element counts at the ends */
-    setenv("LOOM_PAIR_CHUNK_KIB", "256", 1);
-    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 65536, 20000, err, sizeof(err));
+    const struct pair_ar_tuning tune = {.chunk_kib = 256};
+    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 65536, 20000, &tune, err, sizeof(err));
     CHECK(p != NULL, "pair_ar_new: %s", err);
     uint32_t *sd = NULL, *hs = NULL, *got = NULL;
     const int ns = 1000;
@@ -323,7 +324,7 @@ static int pair_killed(int rank, int world, const char *rdzv) {
     cudaMalloc((void **)&d, n * 2);
     cudaMemsetAsync(d, 0, n * 2, cs);
     char err[256];
-    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 0, 3000, err, sizeof(err));
+    struct pair_ar *p = pair_ar_new(c, d, n, 2, cs, 0, 3000, NULL, err, sizeof(err));
     if (!p) {
         fprintf(stderr, "rank %d: pair_ar_new: %s\n", rank, err);
         _exit(1);

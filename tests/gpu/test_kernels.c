@@ -16,9 +16,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dev/cuda/dev_kernels.h"
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/kernels.h"
+#include "worker/tuning.h"
 
 /* Relative-error bounds (bf16 storage has 2^-8 relative precision). */
 #define TOL_ELEM  6e-3 /* one bf16 rounding of an fp32 result */
@@ -216,17 +218,53 @@ static void test_matmul(int N, int IC, int OC, int bias) {
 
 static uint16_t *t_bits(const struct tens *t);
 
-/* Norm forward and backward through the backend against the cpu, with the
- * norm kernels' variant `var` (lk_norm_set_variant); the backward is run a
- * second time from the same gradients and must repeat bit for bit. The
- * workspace is reserved for the shape (the norm scratch depends on N, C). */
+/* The norm generation that ships (k_norm.cu); the others are in dev/cuda. */
+#define NORM_SHIPS 1
+
+/* The norm calls of test_norm: the shipping generation through the backend,
+ * the others from dev/cuda, called the way the backend calls lk_norm_*
+ * (after a sync, so that no held work is pending). */
+static void norm_fwd_call(int var, int rms, void *y, float *mean, float *rstd, const void *x,
+                          const void *w, const void *b, int N, int C) {
+    if (var == NORM_SHIPS && rms) {
+        gpu->rmsnorm_fwd(gpu->ctx, y, rstd, x, w, N, C, 1e-5f);
+    } else if (var == NORM_SHIPS) {
+        gpu->layernorm_fwd(gpu->ctx, y, mean, rstd, x, w, b, N, C, 1e-5f);
+    } else {
+        gpu->sync(gpu->ctx);
+        dev_norm_fwd(var, y, rms ? NULL : mean, rstd, x, w, rms ? NULL : b, N, C, 1e-5f, rms,
+                     (lcuda_stream)backend_cuda_stream(gpu));
+    }
+}
+
+static void norm_bwd_call(int var, int rms, void *dx, void *dw, void *db, const void *dy,
+                          const void *x, const void *w, const float *mean, const float *rstd, int N,
+                          int C) {
+    if (var == NORM_SHIPS && rms) {
+        gpu->rmsnorm_bwd(gpu->ctx, dx, dw, dy, x, w, rstd, N, C);
+    } else if (var == NORM_SHIPS) {
+        gpu->layernorm_bwd(gpu->ctx, dx, dw, db, dy, x, w, mean, rstd, N, C);
+    } else {
+        gpu->sync(gpu->ctx);
+        float *scratch = gpu->alloc(gpu->ctx, dev_norm_scratch_bytes(N, C));
+        dev_norm_bwd(var, dx, dw, rms ? NULL : db, scratch, dy, x, w, rms ? NULL : mean, rstd, N, C,
+                     rms, (lcuda_stream)backend_cuda_stream(gpu));
+        gpu->sync(gpu->ctx);
+        gpu->free(gpu->ctx, scratch);
+    }
+}
+
+/* Norm forward and backward against the cpu, with the norm kernels'
+ * generation `var` (NORM_SHIPS: the backend's; else dev/cuda's); the
+ * backward is run a second time from the same gradients and must repeat bit
+ * for bit. The workspace is reserved for the shape (the norm scratch depends
+ * on N, C). */
 static void test_norm(int N, int C, int rms, int var) {
     char shape[64];
     snprintf(shape, sizeof shape, "N%d C%d v%d", N, C, var);
     const char *nm = rms ? "rmsnorm" : "layernorm";
     char what[40];
     reserve_both(1, N, C, 1, 1, 64, C, 64);
-    lk_norm_set_variant(var);
     struct tens x, w, b, y, mean, rstd, dy, dx, dw, db;
     t_rand(&x, (size_t)N * C, 0, 2, 0.5f);
     t_rand(&w, C, 0, 0.3f, 1);
@@ -234,13 +272,11 @@ static void test_norm(int N, int C, int rms, int var) {
     t_out(&y, (size_t)N * C, 0);
     t_out(&mean, N, 1);
     t_out(&rstd, N, 1);
-    if (rms) {
+    if (rms)
         cpu->rmsnorm_fwd(cpu->ctx, y.c, rstd.c, x.c, w.c, N, C, 1e-5f);
-        gpu->rmsnorm_fwd(gpu->ctx, y.g, rstd.g, x.g, w.g, N, C, 1e-5f);
-    } else {
+    else
         cpu->layernorm_fwd(cpu->ctx, y.c, mean.c, rstd.c, x.c, w.c, b.c, N, C, 1e-5f);
-        gpu->layernorm_fwd(gpu->ctx, y.g, mean.g, rstd.g, x.g, w.g, b.g, N, C, 1e-5f);
-    }
+    norm_fwd_call(var, rms, y.g, mean.g, rstd.g, x.g, w.g, b.g, N, C);
     snprintf(what, sizeof what, "%s_fwd", nm);
     t_check(&y, what, shape, TOL_MM, 0);
     snprintf(what, sizeof what, "%s rstd", nm);
@@ -257,10 +293,7 @@ static void test_norm(int N, int C, int rms, int var) {
             cpu->rmsnorm_bwd(cpu->ctx, dx.c, dw.c, dy.c, x.c, w.c, rstd.c, N, C);
         else if (pass == 0)
             cpu->layernorm_bwd(cpu->ctx, dx.c, dw.c, db.c, dy.c, x.c, w.c, mean.c, rstd.c, N, C);
-        if (rms)
-            gpu->rmsnorm_bwd(gpu->ctx, dx.g, dw.g, dy.g, x.g, w.g, rstd.g, N, C);
-        else
-            gpu->layernorm_bwd(gpu->ctx, dx.g, dw.g, db.g, dy.g, x.g, w.g, mean.g, rstd.g, N, C);
+        norm_bwd_call(var, rms, dx.g, dw.g, db.g, dy.g, x.g, w.g, mean.g, rstd.g, N, C);
         if (pass == 0) {
             snprintf(what, sizeof what, "%s_bwd dinp", nm);
             t_check(&dx, what, shape, TOL_MM, 1);
@@ -334,7 +367,9 @@ static void norm_verdict(int ok, const char *what, const char *shape, double rel
         printf("%-4s %-22s %-26s\n", ok ? "ok" : "FAIL", what, shape);
 }
 
-/* lk_norm_* called directly, every variant on the same inputs. Residual
+/* dev_norm_* (dev/cuda) called directly, every generation on the same
+ * inputs, and the shipping lk_norm_* beside generation NORM_SHIPS: the same
+ * bits for res, out and every gradient. Residual
  * forward: res bit for bit and out, rstd (and mean) within bounds of
  * variant 0's. Backward (from variant 0's forward results): dx, dw, db
  * within TOL_MM of variant 0's increments; the full call repeats bit for
@@ -354,7 +389,9 @@ static void test_norm_paths(int N, int C, int rms) {
     void *res0 = gpu->alloc(gpu->ctx, n * 2);
     float *mean = gpu->alloc(gpu->ctx, N * 4), *rstd = gpu->alloc(gpu->ctx, N * 4);
     float *mean0 = gpu->alloc(gpu->ctx, N * 4), *rstd0 = gpu->alloc(gpu->ctx, N * 4);
-    float *scratch = gpu->alloc(gpu->ctx, lk_norm_scratch_bytes(N, C));
+    size_t sb = dev_norm_scratch_bytes(N, C);
+    if (lk_norm_scratch_bytes(N, C) > sb) sb = lk_norm_scratch_bytes(N, C);
+    float *scratch = gpu->alloc(gpu->ctx, sb);
     float *hm = malloc(N * 4), *hr = malloc(N * 4), *hm0 = malloc(N * 4), *hr0 = malloc(N * 4);
     uint16_t *ref_res = NULL, *ref_out = NULL, *ref[3] = {NULL, NULL, NULL};
     void *gd[3] = {dx, dw, db};
@@ -365,9 +402,17 @@ static void test_norm_paths(int N, int C, int rms) {
         char shape[64], what[40];
         snprintf(shape, sizeof shape, "N%d C%d v%d", N, C, var);
         const char *nm = rms ? "rms" : "ln";
-        lk_norm_set_variant(var);
-        lk_residual_norm_fwd(res, out, rms ? NULL : mean, rstd, a, a2, w, b, N, C, eps, rms, st);
+        dev_residual_norm_fwd(var, res, out, rms ? NULL : mean, rstd, a, a2, w, b, N, C, eps, rms,
+                              st);
         uint16_t *r = norm_bits(res, n), *o = norm_bits(out, n);
+        if (var == NORM_SHIPS) { /* the product carries this generation */
+            lk_residual_norm_fwd(res, out, rms ? NULL : mean, rstd, a, a2, w, b, N, C, eps, rms,
+                                 st);
+            uint16_t *r1 = norm_bits(res, n), *o1 = norm_bits(out, n);
+            snprintf(what, sizeof what, "%s res+norm ships", nm);
+            norm_verdict(!memcmp(r1, r, n * 2) && !memcmp(o1, o, n * 2), what, shape, -1);
+            free(r1), free(o1);
+        }
         gpu->download(gpu->ctx, hr, rstd, N * 4);
         if (!rms) gpu->download(gpu->ctx, hm, mean, N * 4);
         if (var == 0) {
@@ -403,8 +448,8 @@ static void test_norm_paths(int N, int C, int rms) {
                 gpu->upload(gpu->ctx, gd[i], gh[i], gn[i] * 2);
             void *cdx = call == 2 ? NULL : dx;
             void *cdw = call == 3 ? NULL : dw, *cdb = call == 3 || rms ? NULL : db;
-            lk_norm_bwd(cdx, cdw, cdb, scratch, dy, res0, w, rms ? NULL : mean0, rstd0, N, C, rms,
-                        st);
+            dev_norm_bwd(var, cdx, cdw, cdb, scratch, dy, res0, w, rms ? NULL : mean0, rstd0, N, C,
+                         rms, st);
             for (int i = 0; i < ng; i++) {
                 if ((call == 2 && i == 0) || (call == 3 && i > 0)) continue;
                 uint16_t *g = norm_bits(gd[i], gn[i]);
@@ -423,6 +468,20 @@ static void test_norm_paths(int N, int C, int rms) {
         }
         snprintf(what, sizeof what, "%s_bwd repeats", nm);
         norm_verdict(repeat, what, shape, -1);
+        if (var == NORM_SHIPS) { /* lk_norm_bwd: the same bits as dev generation 1 */
+            for (int i = 0; i < ng; i++)
+                gpu->upload(gpu->ctx, gd[i], gh[i], gn[i] * 2);
+            lk_norm_bwd(dx, dw, rms ? NULL : db, scratch, dy, res0, w, rms ? NULL : mean0, rstd0, N,
+                        C, rms, st);
+            int ships = 1;
+            for (int i = 0; i < ng; i++) {
+                uint16_t *g = norm_bits(gd[i], gn[i]);
+                ships &= memcmp(g, full[i], gn[i] * 2) == 0;
+                free(g);
+            }
+            snprintf(what, sizeof what, "%s_bwd ships", nm);
+            norm_verdict(ships, what, shape, -1);
+        }
         snprintf(what, sizeof what, "%s_bwd no dx: dw bits", nm);
         norm_verdict(wonly, what, shape, -1);
         snprintf(what, sizeof what, "%s_bwd dx only", nm);
@@ -440,7 +499,6 @@ static void test_norm_paths(int N, int C, int rms) {
             free(full[i]);
         }
     }
-    lk_norm_set_variant(0);
     for (int i = 0; i < 3; i++)
         free(ref[i]);
     free(ref_res), free(ref_out), free(hm), free(hr), free(hm0), free(hr0);
@@ -528,6 +586,44 @@ static uint16_t *t_bits(const struct tens *t) {
     return b;
 }
 
+/* The attention kernels attention_case runs: -1 the backend's (the ones
+ * that ship, or cuDNN's), else that variant of dev/cuda/attn_variants.cu
+ * (forward and backward variant alike; dev_kernels.h lists them). */
+static int attn_var = -1;
+
+/* The backend's attention calls, or dev_attn_* called as the backend calls
+ * lk_attn_* (q, k, v strided inside qkv; the backward accumulates). */
+static void attn_fwd_call(void *out, float *lse, const void *qkv, int B, int T, int NH, int NKV,
+                          int HD) {
+    if (attn_var < 0) {
+        gpu->attention_fwd(gpu->ctx, out, lse, qkv, B, T, NH, NKV, HD);
+        return;
+    }
+    const lbf16 *q = qkv;
+    int ld = (NH + 2 * NKV) * HD;
+    gpu->sync(gpu->ctx);
+    dev_attn_fwd(attn_var, out, lse, q, q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH,
+                 NKV, HD, (lcuda_stream)backend_cuda_stream(gpu));
+}
+
+static void attn_bwd_call(void *dqkv, const void *dout, const void *qkv, const void *out,
+                          const float *lse, int B, int T, int NH, int NKV, int HD) {
+    if (attn_var < 0) {
+        gpu->attention_bwd(gpu->ctx, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD);
+        return;
+    }
+    const lbf16 *q = qkv;
+    lbf16 *dq = dqkv;
+    int ld = (NH + 2 * NKV) * HD;
+    gpu->sync(gpu->ctx);
+    float *scratch = gpu->alloc(gpu->ctx, dev_attn_scratch_bytes(B, T, NH, NKV, HD));
+    dev_attn_bwd(attn_var, dq, dq + NH * HD, dq + (NH + NKV) * HD, scratch, dout, out, lse, q,
+                 q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD, 1,
+                 (lcuda_stream)backend_cuda_stream(gpu));
+    gpu->sync(gpu->ctx);
+    gpu->free(gpu->ctx, scratch);
+}
+
 /* One attention case against the cpu: forward, then the backward from the
  * cpu's own forward results on both sides (only the backward kernels
  * differ), run twice from the same inputs: the two must give the same bits.
@@ -542,7 +638,7 @@ static void attention_case(int B, int T, int NH, int NKV, int HD, const char *sh
     t_out(&out, (size_t)N * NH * HD, 0);
     t_out(&lse, (size_t)B * NH * T, 1);
     cpu->attention_fwd(cpu->ctx, out.c, lse.c, qkv.c, B, T, NH, NKV, HD);
-    gpu->attention_fwd(gpu->ctx, out.g, lse.g, qkv.g, B, T, NH, NKV, HD);
+    attn_fwd_call(out.g, lse.g, qkv.g, B, T, NH, NKV, HD);
     t_check(&out, "attention_fwd out", shape, TOL_ATTN, 0);
     t_check(&lse, "attention_fwd lse", shape, 1e-3, 0);
     memcpy(out.h, out.c, out.n * sizeof(float));
@@ -560,7 +656,7 @@ static void attention_case(int B, int T, int NH, int NKV, int HD, const char *sh
         t_rand(&dqkv, qkv.n, 0, 0.05f, 0);
     }
     cpu->attention_bwd(cpu->ctx, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NKV, HD);
-    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+    attn_bwd_call(dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
     t_check(&dqkv, "attention_bwd dqkv", shape, TOL_ATTNB, !zeroed);
     uint16_t *first = t_bits(&dqkv), *again;
     if (zeroed) {
@@ -569,7 +665,7 @@ static void attention_case(int B, int T, int NH, int NKV, int HD, const char *sh
         memcpy(dqkv.h, dqkv.init, dqkv.n * sizeof(float));
         t_upload(&dqkv);
     }
-    gpu->attention_bwd(gpu->ctx, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+    attn_bwd_call(dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
     again = t_bits(&dqkv);
     int same = memcmp(first, again, bytes) == 0;
     checks++, failures += !same;
@@ -578,14 +674,54 @@ static void attention_case(int B, int T, int NH, int NKV, int HD, const char *sh
     t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
 }
 
-/* k_attn.cu's kernels; `var` is the variant (LOOM_ATTN_FWD/BWD_VARIANT, set
- * by the caller; the backward's dQ shares are summed in an order kept by
- * counters, so it repeats bit for bit). */
+/* k_attn.cu's kernels (var 5: the backend's, the ones that ship) or a
+ * dev/cuda variant (var 0-4; the fused backward's dQ shares are summed in
+ * an order kept by counters, so it repeats bit for bit). */
 static void test_attention(int B, int T, int NH, int NKV, int HD, int var) {
     char shape[64];
     snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d v%d", B, T, NH, NKV, HD, var);
     reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
+    attn_var = var == 5 ? -1 : var;
     attention_case(B, T, NH, NKV, HD, shape, 0);
+    attn_var = -1;
+}
+
+/* The product carries the chosen attention kernels: the backend's forward
+ * and backward give the bits of dev/cuda's forward 2 / backward 5 on the
+ * same inputs (the backward accumulating into the same initial gradient). */
+static void test_attention_ships(int B, int T, int NH, int NKV, int HD) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d", B, T, NH, NKV, HD);
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
+    int N = B * T, W = (NH + 2 * NKV) * HD;
+    struct tens qkv, out, lse, dout, dqkv;
+    t_rand(&qkv, (size_t)N * W, 0, 1.5f, 0);
+    t_out(&out, (size_t)N * NH * HD, 0);
+    t_out(&lse, (size_t)B * NH * T, 1);
+    t_rand(&dout, out.n, 0, 1, 0);
+    t_rand(&dqkv, qkv.n, 0, 0.05f, 0);
+    uint16_t *o[2], *d[2];
+    float *l[2];
+    for (int k = 0; k < 2; k++) { /* 0: the backend; 1: dev/cuda */
+        attn_var = k ? 2 : -1;    /* forward 2 */
+        attn_fwd_call(out.g, lse.g, qkv.g, B, T, NH, NKV, HD);
+        memcpy(dqkv.h, dqkv.init, dqkv.n * sizeof(float));
+        t_upload(&dqkv);
+        attn_var = k ? 5 : -1; /* backward 5 */
+        attn_bwd_call(dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HD);
+        o[k] = t_bits(&out);
+        d[k] = t_bits(&dqkv);
+        l[k] = malloc(lse.n * sizeof(float));
+        gpu->download(gpu->ctx, l[k], lse.g, lse.n * sizeof(float));
+    }
+    attn_var = -1;
+    int same = !memcmp(o[0], o[1], out.n * 2) && !memcmp(l[0], l[1], lse.n * sizeof(float)) &&
+               !memcmp(d[0], d[1], dqkv.n * 2);
+    checks++, failures += !same;
+    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "attention ships v2/v5", shape);
+    for (int k = 0; k < 2; k++)
+        free(o[k]), free(d[k]), free(l[k]);
+    t_free(&qkv), t_free(&out), t_free(&lse), t_free(&dout), t_free(&dqkv);
 }
 
 /* cuDNN's fused attention through the backend (`gpu` is then a backend made
@@ -807,7 +943,7 @@ static void test_fused(int N, int IC, int OC) {
     lcuda_stream st = (lcuda_stream)backend_cuda_stream(gpu);
     struct lcuda_arena ar;
     lcuda_arena_init(&ar, "test-blas", 80u << 20);
-    struct lk_blas *bl = lk_blas_new(st, &ar);
+    struct lk_blas *bl = lk_blas_new(st, &ar, 0, NULL);
     struct tens x, w, b, acc, pre, y, t, dout, dx, lw, lb, res, ln, mean, rstd;
     t_rand(&x, (size_t)N * IC, 0, 1, 0);
     t_rand(&w, (size_t)OC * IC, 0, 0.1f, 0);
@@ -871,23 +1007,12 @@ static void test_fused(int N, int IC, int OC) {
 
 /* ---- linear layers with measured algorithm choice (LOOM_BLAS_TUNE) ---- */
 
-/* A handle made with the given LOOM_BLAS_TUNE / LOOM_BLAS_ALGO_CACHE (NULL:
- * unset); lk_blas_new reads them once, so they are restored at once. */
+/* A handle made with the given blas-tune / blas-algo-cache rows (the
+ * values of LOOM_BLAS_TUNE / LOOM_BLAS_ALGO_CACHE; NULL: unset). */
 static struct lk_blas *blas_with_env(lcuda_stream st, struct lcuda_arena *ar, const char *name,
                                      const char *tune, const char *table) {
     lcuda_arena_init(ar, name, 80u << 20);
-    if (tune)
-        setenv("LOOM_BLAS_TUNE", tune, 1);
-    else
-        unsetenv("LOOM_BLAS_TUNE");
-    if (table)
-        setenv("LOOM_BLAS_ALGO_CACHE", table, 1);
-    else
-        unsetenv("LOOM_BLAS_ALGO_CACHE");
-    struct lk_blas *b = lk_blas_new(st, ar);
-    unsetenv("LOOM_BLAS_TUNE");
-    unsetenv("LOOM_BLAS_ALGO_CACHE");
-    return b;
+    return lk_blas_new(st, ar, tune && !strcmp(tune, "1"), table);
 }
 
 enum tv_kind { TV_FWD, TV_DGRAD, TV_WGRAD };
@@ -1120,12 +1245,12 @@ int main(void) {
     rng_state = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) * 2654435761u + 1;
     printf("seed %llu (LOOM_TEST_SEED repeats it)\n", (unsigned long long)rng_state);
     cpu = backend_cpu_new(0);
-    /* k_attn.cu's kernels here; cuDNN's attention on a second backend below */
-    setenv("LOOM_ATTN_CUDNN", "0", 1);
-    gpu = backend_cuda_new(0);
-    setenv("LOOM_ATTN_CUDNN", "1", 1);
-    struct backend *gpu_cudnn = backend_cuda_new(0);
-    unsetenv("LOOM_ATTN_CUDNN");
+    /* k_attn.cu's kernels here (the attn-cudnn row off); cuDNN's attention on
+     * a second backend below */
+    struct cuda_tuning ct = {.fuse_dgelu = 1, .attn_cudnn = "0"};
+    gpu = backend_cuda_new_tuned(0, &ct);
+    ct.attn_cudnn = "1";
+    struct backend *gpu_cudnn = backend_cuda_new_tuned(0, &ct);
     if (!cpu || !gpu || !gpu_cudnn) return 1;
     /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
      * shapes of every table only. */
@@ -1136,7 +1261,8 @@ int main(void) {
         {64, 64, 192, 1}, {512, 256, 40, 0}, {256, 768, 2304, 1}, {128, 1024, 768, 1}};
     for (size_t i = 0; i < (quick ? 2 : sizeof mm / sizeof mm[0]); i++)
         test_matmul(mm[i][0], mm[i][1], mm[i][2], mm[i][3]);
-    /* norms: every kernel variant (LOOM_NORM_VARIANT 0-4); C 520 and 1600
+    /* norms: every kernel generation (0-4: dev/cuda; NORM_SHIPS through the
+     * backend); C 520 and 1600
      * leave the last 256-column vector partly empty, 4096 is past the
      * one-pass kernels (variant 0's kernels), N 300 and 1000 end in a
      * partial row block */
@@ -1151,7 +1277,6 @@ int main(void) {
                                 {97, 520, 0},  {200, 1024, 0}, {64, 64, 1},     {70, 4096, 1}};
     for (size_t i = 0; i < (quick ? 2 : sizeof np / sizeof np[0]); i++)
         test_norm_paths(np[i][0], np[i][1], np[i][2]);
-    lk_norm_set_variant(0);
     reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
     test_act(64, 256);
     if (!quick) test_act(37, 3072);
@@ -1161,15 +1286,12 @@ int main(void) {
     static const int at[][5] = {{1, 64, 1, 1, 64},  {2, 128, 2, 1, 32},  {1, 192, 2, 2, 128},
                                 {2, 128, 4, 4, 64}, {1, 256, 4, 2, 64},  {1, 320, 3, 1, 64},
                                 {2, 384, 4, 2, 32}, {1, 256, 2, 1, 128}, {1, 1024, 2, 2, 64}};
-    static const char *attn_vars[] = {"5", "0", "1", "2", "3", "4"}; /* default first */
-    for (size_t v = 0; v < (quick ? 1 : sizeof attn_vars / sizeof attn_vars[0]); v++) {
-        setenv("LOOM_ATTN_FWD_VARIANT", attn_vars[v], 1);
-        setenv("LOOM_ATTN_BWD_VARIANT", attn_vars[v], 1);
+    static const int attn_vars[] = {5, 0, 1, 2, 3, 4}; /* the shipping one first */
+    for (size_t v = 0; v < (quick ? 1 : sizeof attn_vars / sizeof attn_vars[0]); v++)
         for (size_t i = 0; i < (quick ? 3 : sizeof at / sizeof at[0]); i++)
-            test_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], atoi(attn_vars[v]));
-    }
-    unsetenv("LOOM_ATTN_FWD_VARIANT");
-    unsetenv("LOOM_ATTN_BWD_VARIANT");
+            test_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], attn_vars[v]);
+    for (size_t i = 0; i < (quick ? 2 : sizeof at / sizeof at[0]); i++)
+        test_attention_ships(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4]);
     {
         struct backend *k_attn_gpu = gpu;
         gpu = gpu_cudnn;

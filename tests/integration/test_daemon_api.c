@@ -17,13 +17,8 @@
 #include "tests/check.h"
 
 #define CHECK_RESP(r, st, code)                                                                    \
-    do {                                                                                           \
-        if ((r)->status != (st) || strcmp(hresp_code(r), (code)) != 0) {                           \
-            fprintf(stderr, "%s:%d: want %d %s, got %ld %s\n", __FILE__, __LINE__, (st), (code),   \
-                    (r)->status, (r)->body ? (r)->body : "");                                      \
-            check_failures++;                                                                      \
-        }                                                                                          \
-    } while (0)
+    CHECK((r)->status == (st) && strcmp(hresp_code(r), (code)) == 0, "want %d %s, got %ld %s",     \
+          (st), (code), (r)->status, (r)->body ? (r)->body : "")
 
 static const char *ADMIN = "admin-secret-for-tests";
 static char tmp[256], url[128], data_root[512];

@@ -28,6 +28,7 @@
 #include "common/log.h"
 #include "worker/comm/comm.h"
 #include "worker/comm/rdzv.h"
+#define CHECK_WITH_PID
 #include "tests/check.h"
 
 /* Deterministic data: value i of rank r for case seed s (splitmix64). */

@@ -539,7 +539,177 @@ static void test_bad_inputs(void) {
     CHECK(planner_cluster_resolve(&c, JOBSPEC_DEV_CUDA, &e) == 0 && c.intra_gbps > 0);
 }
 
+/* ---- the real fleet (planner_fleet_check / planner_fleet_costs) ---- */
+
+static struct planner_pool pool(const char *type, int nodes, int per_node, double mem_gib,
+                                double price) {
+    struct planner_pool p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.gpu, sizeof p.gpu, "%s", type);
+    p.nodes = nodes;
+    p.gpus_per_node = per_node;
+    p.gpus = nodes * per_node;
+    p.gpu_mem_gib = mem_gib;
+    p.price_per_gpu_hour = price;
+    if (price > 0) snprintf(p.currency, sizeof p.currency, "USD");
+    return p;
+}
+
+/* Full fine-tune of Llama 2 7B (bf16 weights and grads, fp32 AdamW: ~16 B a
+ * parameter, ~100 GiB before activations): no single 24 GiB RTX 4090 holds it,
+ * one 141 GiB H200 does. */
+#define LLAMA7B_FT                                                                                 \
+    "{'model':{'family':'llama','preset':'7b'},'parallel':{'dp':1},"                               \
+    "'train':{'micro_batch':1,'global_batch_tokens':4096,'recompute':'full','steps':100}}"
+
+static void test_fleet_fit(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct loom_error e;
+    char types[2][GPU_TYPE_NAME_MAX];
+    struct planner_fleet f = {2,
+                              {pool("RTX4090", 1, 1, 23.6, 0.4), pool("H200", 1, 1, 140.4, 3.5)}};
+    CHECK(load(LLAMA7B_FT, NULL, &s, &c) == 0);
+    /* the estimate itself: > 24 GiB and < 140 GiB per GPU */
+    struct planner_pool p1 = pool("H200", 1, 1, 140.4, 0);
+    struct planner_estimate est;
+    planner_pool_cluster(&p1, &c);
+    CHECK(planner_estimate(&s, &c, NULL, &est, &e) == 0);
+    printf("llama2-7b full fine-tune: %.1f GiB/GPU\n", est.mem.total / GIB);
+    CHECK(est.fits && est.mem.total / GIB > 100 && est.mem.total / GIB < 140.4);
+
+    snprintf(types[0], sizeof types[0], "RTX4090");
+    memset(&e, 0, sizeof e);
+    CHECK(planner_fleet_check(&s, &f, (const char(*)[GPU_TYPE_NAME_MAX])types, 1, 0, &e) == -1);
+    CHECK(e.status == 422 && strcmp(e.code, "DOES_NOT_FIT") == 0);
+    CHECK(strstr(e.message, "does not fit RTX4090") != NULL && strstr(e.message, "> 24 GiB"));
+    CHECK(strstr(e.message, "fits it as submitted: H200") != NULL);
+    CHECK(strstr(e.message, "resources.gpu_type to \"H200\"") != NULL);
+    printf("fleet RTX4090: %s\n", e.message);
+    snprintf(types[0], sizeof types[0], "H200");
+    CHECK(planner_fleet_check(&s, &f, (const char(*)[GPU_TYPE_NAME_MAX])types, 1, 0, &e) == 0);
+    CHECK(planner_fleet_check(&s, &f, NULL, 0, 0, &e) == 0); /* untyped: H200 holds it */
+
+    /* eight RTX 4090 in a node: the alternative is a sharded layout on them */
+    struct planner_fleet f8 = {1, {pool("RTX4090", 1, 8, 23.6, 0.4)}};
+    CHECK(load("{'model':{'family':'llama','preset':'7b'},'parallel':{'dp':8},"
+               "'train':{'micro_batch':1,'global_batch_tokens':32768}}",
+               NULL, &s, &c) == 0);
+    memset(&e, 0, sizeof e);
+    CHECK(planner_fleet_check(&s, &f8, NULL, 0, 0, &e) == -1 && !strcmp(e.code, "DOES_NOT_FIT"));
+    CHECK(strstr(e.message, "best feasible on 8 GPUs") && strstr(e.message, "zero_stage=3"));
+    printf("fleet 8 x RTX4090: %s\n", e.message);
+
+    /* capacity: dp=8 on 3 cpu devices is refused, naming the capacity */
+    struct planner_fleet cpu3 = {1, {pool("cpu", 2, 2, 16, 0)}};
+    cpu3.pool[0].gpus = 3;
+    CHECK(load("{'model':{'family':'gpt2','n_layer':2,'n_head':2,'d_model':64,'d_ff':256,"
+               "'vocab_size':256,'seq_len':32},'parallel':{'dp':8},'resources':{'device':'cpu'},"
+               "'train':{'precision':'fp32','micro_batch':4,'global_batch_tokens':1024}}",
+               NULL, &s, &c) == 0);
+    memset(&e, 0, sizeof e);
+    CHECK(planner_fleet_check(&s, &cpu3, NULL, 0, 0, &e) == -1);
+    CHECK(!strcmp(e.code, "UNSCHEDULABLE") && strstr(e.message, "8 ranks") &&
+          strstr(e.message, "at most 3 cpu devices"));
+    printf("fleet cpu x 3: %s\n", e.message);
+    /* the same job before any cpu node joined: accepted (it waits) */
+    struct planner_fleet none;
+    memset(&none, 0, sizeof none);
+    CHECK(planner_fleet_check(&s, &none, NULL, 0, 0, &e) == 0);
+
+    /* types: absent type, tp wider than a node, mixing */
+    struct planner_fleet mix = {
+        2, {pool("H100-SXM", 1, 4, 79.6, 2.0), pool("A100-80GB", 1, 4, 80, 1.2)}};
+    CHECK(load("{'model':{'family':'gpt2','preset':'124m'},'parallel':{'dp':8},"
+               "'train':{'micro_batch':8,'global_batch_tokens':65536}}",
+               NULL, &s, &c) == 0);
+    memset(&e, 0, sizeof e);
+    CHECK(planner_fleet_check(&s, &mix, NULL, 0, 0, &e) == -1 && !strcmp(e.code, "UNSCHEDULABLE"));
+    CHECK(strstr(e.message, "at most 4 GPUs of one type") != NULL);
+    CHECK(planner_fleet_check(&s, &mix, NULL, 0, 1, &e) == 0); /* allow_mixed: 4 + 4 */
+    snprintf(types[0], sizeof types[0], "H200");
+    CHECK(planner_fleet_check(&s, &mix, (const char(*)[GPU_TYPE_NAME_MAX])types, 1, 0, &e) == -1);
+    CHECK(!strcmp(e.code, "UNSCHEDULABLE") && strstr(e.message, "no node of gpu_type H200") &&
+          strstr(e.message, "H100-SXM: 4 on 1 node"));
+    CHECK(load("{'model':{'family':'gpt2','preset':'350m'},'parallel':{'dp':1,'tp':8},"
+               "'train':{'micro_batch':8,'global_batch_tokens':8192}}",
+               NULL, &s, &c) == 0);
+    CHECK(planner_fleet_check(&s, &mix, NULL, 0, 1, &e) == -1 && !strcmp(e.code, "UNSCHEDULABLE") &&
+          strstr(e.message, "tp=8") && strstr(e.message, "largest node has 4"));
+}
+
+/* cpu devices plan against the node's real memory: a plan of ~44 GiB a rank is
+ * refused on a 24 GiB node and accepted on a 64 GiB one. */
+static void test_fleet_cpu_memory(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct loom_error e;
+    CHECK(load("{'model':{'family':'gpt2','preset':'1558m'},'parallel':{'dp':1},"
+               "'resources':{'device':'cpu'},'train':{'precision':'fp32','micro_batch':4,"
+               "'global_batch_tokens':4096}}",
+               NULL, &s, &c) == 0);
+    struct planner_pool big = pool("cpu", 1, 1, 64, 0);
+    struct planner_estimate est;
+    planner_pool_cluster(&big, &c);
+    CHECK(planner_estimate(&s, &c, NULL, &est, &e) == 0);
+    printf("gpt2-1558m fp32 on a cpu device: %.1f GiB\n", est.mem.total / GIB);
+    CHECK(est.mem.total / GIB > 24 && est.mem.total / GIB < 64);
+    struct planner_fleet small = {1, {pool("cpu", 1, 1, 24, 0)}}, large = {1, {big}};
+    memset(&e, 0, sizeof e);
+    CHECK(planner_fleet_check(&s, &small, NULL, 0, 0, &e) == -1 &&
+          !strcmp(e.code, "DOES_NOT_FIT") && strstr(e.message, "> 24 GiB"));
+    CHECK(planner_fleet_check(&s, &large, NULL, 0, 0, &e) == 0);
+}
+
+/* cost per GPU type and the cheapest that fits as submitted */
+static void test_fleet_costs(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_fleet f = {3,
+                              {pool("RTX4090", 1, 1, 23.6, 0.4), pool("H200", 1, 1, 140.4, 3.5),
+                               pool("A100-80GB", 1, 1, 80, 0)}};
+    CHECK(load(LLAMA7B_FT, NULL, &s, &c) == 0);
+    const char *cheapest = NULL;
+    json_t *a = planner_fleet_costs(&s, &f, &cheapest);
+    CHECK(json_array_size(a) == 3);
+    CHECK(cheapest && strcmp(cheapest, "H200") == 0); /* the only one it fits */
+    json_t *rtx = json_array_get(a, 0), *h200 = json_array_get(a, 1), *a100 = json_array_get(a, 2);
+    CHECK(!json_is_true(json_object_get(rtx, "fits")) &&
+          json_is_true(json_object_get(h200, "fits")));
+    double gh = json_number_value(json_object_get(h200, "gpu_hours"));
+    CHECK(gh > 0 && fabs(json_number_value(json_object_get(h200, "cost")) - 3.5 * gh) < 1e-9 * gh);
+    CHECK(!strcmp(json_string_value(json_object_get(h200, "currency")), "USD"));
+    CHECK(json_is_null(json_object_get(a100, "cost"))); /* no price for A100 here */
+    json_decref(a);
+    /* a small job fits all three: the cheapest is the lowest gpu_hours x price */
+    CHECK(load("{'model':{'family':'gpt2','preset':'124m'},'parallel':{'dp':1},"
+               "'train':{'micro_batch':8,'global_batch_tokens':8192,'steps':1000}}",
+               NULL, &s, &c) == 0);
+    f.pool[2].price_per_gpu_hour = 1.2;
+    a = planner_fleet_costs(&s, &f, &cheapest);
+    double best = -1;
+    const char *want = NULL;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *o = json_array_get(a, i);
+        CHECK(json_is_true(json_object_get(o, "fits")));
+        double cost = json_number_value(json_object_get(o, "cost"));
+        double expect =
+            json_number_value(json_object_get(o, "gpu_hours")) * f.pool[i].price_per_gpu_hour;
+        CHECK(fabs(cost - expect) <= 1e-9 * expect);
+        if (best < 0 || cost < best) {
+            best = cost;
+            want = f.pool[i].gpu;
+        }
+    }
+    CHECK(cheapest && want && strcmp(cheapest, want) == 0);
+    printf("gpt2-124m cheapest type: %s (%.4f)\n", cheapest ? cheapest : "-", best);
+    json_decref(a);
+}
+
 int main(void) {
+    test_fleet_fit();
+    test_fleet_cpu_memory();
+    test_fleet_costs();
     test_pp_balance();
     test_pair_area();
     test_cudnn_workspace();

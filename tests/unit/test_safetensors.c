@@ -352,6 +352,74 @@ static void test_export(void) {
     free(params);
 }
 
+/* fp16 conversions against IEEE 754 binary16 encodings worked out by hand:
+ * normals, rounding to nearest even, overflow, subnormals, underflow. */
+static void test_f16(void) {
+    static const struct {
+        float f;
+        uint16_t h;
+    } cases[] = {
+        {1.0f, 0x3c00},
+        {-2.0f, 0xc000},
+        {65504.0f, 0x7bff},
+        {65519.0f, 0x7bff},
+        {65520.0f, 0x7c00},
+        {1e9f, 0x7c00},
+        {0.1f, 0x2e66},
+        {1.0f / 3, 0x3555},
+        {0x1p-14f, 0x0400},
+        {0x1p-24f, 0x0001},
+        {0x1p-25f, 0x0000},
+        {0x1.8p-25f, 0x0001},
+        {0x1.8p-24f, 0x0002},
+        {0x1p-15f, 0x0200},
+        {1.0f + 0x1p-11f, 0x3c00},
+        {1.0f + 0x1.8p-10f, 0x3c02},
+        {1.0f + 0x1.8p-11f, 0x3c01},
+        {-0.0f, 0x8000},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint16_t h = st_f32_to_f16(cases[i].f);
+        if (h != cases[i].h)
+            fprintf(stderr, "f16(%a) = %04x, want %04x\n", (double)cases[i].f, h, cases[i].h);
+        CHECK(h == cases[i].h);
+    }
+    CHECK((st_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (st_f32_to_f16(NAN) & 0x3ff) != 0);
+    /* every finite fp16 value survives fp16 -> fp32 -> fp16 bit for bit */
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000; h++)
+        if ((h & 0x7c00) != 0x7c00 && st_f32_to_f16(st_f16_to_f32((uint16_t)h)) != h) bad++;
+    CHECK(bad == 0);
+    CHECK(st_f16_to_f32(0x0001) == 0x1p-24f && st_f16_to_f32(0x7bff) == 65504.0f);
+}
+
+/* The stable codes a caller maps to errors: a header length that cannot
+ * fit the file, and an unknown dtype name. */
+static void test_codes(void) {
+    static const struct {
+        const char *body;
+        int64_t hlen;
+        size_t data;
+        int want;
+    } cases[] = {
+        {"{}", 1 << 30, 0, ST_EHEADER},
+        {"{}", 100, 0, ST_EHEADER},
+        {"", 0, 0, ST_EHEADER},
+        {"{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", -1, 2, ST_EDTYPE},
+        {"{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", -1, 8, ST_EFORMAT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[512], err[512] = "";
+        snprintf(path, sizeof path, "%s/code%zu.safetensors", dir, i);
+        write_file(path, cases[i].body, cases[i].hlen, cases[i].data);
+        struct st_file *f = NULL;
+        int rc = st_open(path, &f, err, sizeof err);
+        if (rc != cases[i].want) fprintf(stderr, "code case %zu: rc %d (%s)\n", i, rc, err);
+        CHECK(rc == cases[i].want && f == NULL);
+        st_close(f);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write") == 0) {
         struct model_config c;
@@ -372,6 +440,8 @@ int main(int argc, char **argv) {
     test_write_read();
     test_sha256();
     test_malformed();
+    test_f16();
+    test_codes();
     test_export();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

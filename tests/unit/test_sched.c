@@ -1,7 +1,10 @@
 /* Table-driven tests of the gang scheduler (daemon/sched.c): each case is a
  * cluster state (nodes, busy devices, states, quotas) and a queue, with the
  * expected placement of every job ("a0 a1 b0" = rank 0 on node a device 0,
- * ...) or, for a job left queued, a fragment its pending reason must contain. */
+ * ...) or, for a job left queued, a fragment its pending reason must contain.
+ * The GPU-type cases run over mixed fleets (H100-SXM, A100-80GB, RTX4090
+ * nodes): a job's resources.gpu_type restricts its nodes, its ranks never mix
+ * types unless allow_mixed, and its pending reason names the shortage. */
 #include "daemon/sched.h"
 
 #include <stdio.h>
@@ -10,12 +13,14 @@
 
 #define MAXN 6
 #define MAXJ 6
+#define MAXT 4
 
 struct tnode {
     const char *name, *kind;
     int ndev;
     uint64_t busy;
     enum sched_node_state state;
+    const char *gpu_type; /* NULL: untyped */
 };
 
 struct tjob {
@@ -25,6 +30,8 @@ struct tjob {
     int world, tp, per_node;
     const char *expect; /* placement, or "-fragment of reason" */
     int avoid1;         /* 1-based index of the node to avoid (0: none) */
+    const char *types;  /* resources.gpu_type, space-separated in preference order; NULL: any */
+    int mixed;          /* resources.allow_mixed */
 };
 
 struct tcase {
@@ -35,17 +42,23 @@ struct tcase {
 };
 
 #define CPU(n, d)                                                                                  \
-    { n, "cpu", d, 0, SCHED_NODE_READY }
+    { n, "cpu", d, 0, SCHED_NODE_READY, NULL }
 #define GPU(n, d)                                                                                  \
-    { n, "cuda", d, 0, SCHED_NODE_READY }
+    { n, "cuda", d, 0, SCHED_NODE_READY, NULL }
 #define GPUB(n, d, b)                                                                              \
-    { n, "cuda", d, b, SCHED_NODE_READY }
+    { n, "cuda", d, b, SCHED_NODE_READY, NULL }
 #define GPUS(n, d, s)                                                                              \
-    { n, "cuda", d, 0, s }
+    { n, "cuda", d, 0, s, NULL }
+/* typed GPU node: type, devices, busy mask */
+#define TGPU(n, ty, d, b)                                                                          \
+    { n, "cuda", d, b, SCHED_NODE_READY, ty }
 #define JOB(id, p, t, w, tp, e)                                                                    \
-    { id, "t1", "cuda", p, t, w, tp, 0, e, 0 }
+    { id, "t1", "cuda", p, t, w, tp, 0, e, 0, NULL, 0 }
 #define JOBA(id, w, avoid1, e)                                                                     \
-    { id, "t1", "cuda", 50, 1, w, 1, 0, e, avoid1 }
+    { id, "t1", "cuda", 50, 1, w, 1, 0, e, avoid1, NULL, 0 }
+/* typed job: submit order t, world w, tp, types ("A B" or NULL), allow_mixed, expect */
+#define TJOB(id, t, w, tp, ty, mx, e)                                                              \
+    { id, "t1", "cuda", 50, t, w, tp, 0, e, 0, ty, mx }
 
 static const struct tcase cases[] = {
     {"single rank on the fullest node that fits (best fit)",
@@ -55,7 +68,7 @@ static const struct tcase cases[] = {
     {"4 ranks across two 2-device cpu nodes",
      {CPU("a", 2), CPU("b", 2)},
      {{0}},
-     {{"j1", "t1", "cpu", 50, 1, 4, 1, 0, "a0 a1 b0 b1", 0}}},
+     {{"j1", "t1", "cpu", 50, 1, 4, 1, 0, "a0 a1 b0 b1", 0, NULL, 0}}},
     {"pack onto the fewest nodes",
      {GPU("a", 2), GPU("b", 4), GPU("c", 2)},
      {{0}},
@@ -107,11 +120,11 @@ static const struct tcase cases[] = {
      {{"t1", 4, 2, "team-one"}, {"t2", 0, 0, NULL}},
      {JOB("j1", 90, 1, 4, 1, "-tenant team-one quota: holds 2 of 4"),
       JOB("j2", 50, 2, 2, 1, "a0 a1"),
-      {"j3", "t2", "cuda", 10, 3, 6, 1, 0, "a2 a3 a4 a5 a6 a7", 0}}},
+      {"j3", "t2", "cuda", 10, 3, 6, 1, 0, "a2 a3 a4 a5 a6 a7", 0, NULL, 0}}},
     {"quota-blocked head does not reserve",
      {GPU("a", 2)},
      {{"t1", 1, 1, NULL}},
-     {JOB("j1", 90, 1, 2, 1, "-quota"), {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0}}},
+     {JOB("j1", 90, 1, 2, 1, "-quota"), {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0, NULL, 0}}},
     {"a retry avoids the node its last attempt failed on",
      {GPU("a", 4), GPU("b", 4)},
      {{0}},
@@ -123,11 +136,75 @@ static const struct tcase cases[] = {
     {"gpus_per_node cap can make a job never fit",
      {GPU("a", 4), GPU("b", 4)},
      {{0}},
-     {{"j1", "t1", "cuda", 50, 1, 6, 1, 2, "-at most 2 per node (resources.gpus_per_node)", 0}}},
+     {{"j1", "t1", "cuda", 50, 1, 6, 1, 2, "-at most 2 per node (resources.gpus_per_node)", 0, NULL,
+       0}}},
     {"gpus_per_node caps ranks per node",
      {GPU("a", 4), GPU("b", 4)},
      {{0}},
-     {{"j1", "t1", "cuda", 50, 1, 4, 1, 2, "a0 a1 b0 b1", 0}}},
+     {{"j1", "t1", "cuda", 50, 1, 4, 1, 2, "a0 a1 b0 b1", 0, NULL, 0}}},
+
+    /* ---- GPU types over mixed fleets ---- */
+    {"gpu_type restricts the nodes: H100 job skips the fuller A100 node",
+     {TGPU("a", "A100-80GB", 8, 0x3), TGPU("h", "H100-SXM", 8, 0)},
+     {{0}},
+     {TJOB("j1", 1, 2, 1, "H100-SXM", 0, "h0 h1"), TJOB("j2", 2, 2, 1, "A100-80GB", 0, "a2 a3")}},
+    {"shortage of the asked type is named: needs 8 x H100-SXM; largest free: 4",
+     {TGPU("h", "H100-SXM", 8, 0x0f), TGPU("a", "A100-80GB", 8, 0)},
+     {{0}},
+     {TJOB("j1", 1, 8, 1, "H100-SXM", 0, "-needs 8 x H100-SXM; largest free: 4 (H100-SXM: h 4)")}},
+    {"no node of the type at all: the reason lists what the cluster has",
+     {TGPU("a", "A100-80GB", 8, 0), TGPU("r", "RTX4090", 2, 0)},
+     {{0}},
+     {TJOB("j1", 1, 1, 1, "H200", 0,
+           "-no ready node has gpu_type H200 (ready: A100-80GB x 8, RTX4090 x 2)")}},
+    {"more than the cluster's pool of the type: never fits",
+     {TGPU("h1", "H100-SXM", 4, 0), TGPU("h2", "H100-SXM", 4, 0), TGPU("a", "A100-80GB", 8, 0)},
+     {{0}},
+     {TJOB("j1", 1, 12, 1, "H100-SXM", 0, "-largest pool of one type is H100-SXM with 8")}},
+    {"ranks never mix types: 8 free over 4 H100 + 4 A100 places nothing",
+     {TGPU("h", "H100-SXM", 8, 0x0f), TGPU("a", "A100-80GB", 8, 0x0f)},
+     {{0}},
+     {TJOB("j1", 1, 8, 1, NULL, 0, "-needs 8 x GPUs of one type; largest free: 4")}},
+    {"allow_mixed combines them",
+     {TGPU("h", "H100-SXM", 8, 0x0f), TGPU("a", "A100-80GB", 8, 0x0f)},
+     {{0}},
+     {TJOB("j1", 1, 8, 1, NULL, 1, "h4 h5 h6 h7 a4 a5 a6 a7")}},
+    {"untyped job takes one type: the one that needs the fewest nodes",
+     {TGPU("a1", "A100-80GB", 4, 0), TGPU("a2", "A100-80GB", 4, 0), TGPU("h", "H100-SXM", 8, 0)},
+     {{0}},
+     {TJOB("j1", 1, 8, 1, NULL, 0, "h0 h1 h2 h3 h4 h5 h6 h7")}},
+    {"untyped job, equal nodes: the type with fewer free devices (best fit)",
+     {TGPU("h", "H100-SXM", 8, 0), TGPU("r", "RTX4090", 2, 0)},
+     {{0}},
+     {TJOB("j1", 1, 2, 1, NULL, 0, "r0 r1"),
+      TJOB("j2", 2, 8, 8, NULL, 0, "h0 h1 h2 h3 h4 h5 h6 h7")}},
+    {"a type list is a preference order: first listed type that fits",
+     {TGPU("h", "H100-SXM", 8, 0xfc), TGPU("a", "A100-80GB", 8, 0), TGPU("r", "RTX4090", 2, 0)},
+     {{0}},
+     {TJOB("j1", 1, 4, 1, "H100-SXM A100-80GB", 0, "a0 a1 a2 a3"),
+      TJOB("j2", 2, 2, 1, "H100-SXM A100-80GB", 0, "h0 h1"),
+      TJOB("j3", 3, 2, 1, "RTX4090 H100-SXM", 0, "r0 r1")}},
+    {"multi-node job of one type across two H100 nodes, not onto the A100 node",
+     {TGPU("p", "H100-SXM", 8, 0xf0), TGPU("a", "A100-80GB", 8, 0), TGPU("q", "H100-SXM", 8, 0xf0)},
+     {{0}},
+     {TJOB("j1", 1, 8, 2, "H100-SXM", 0, "p0 p1 p2 p3 q0 q1 q2 q3")}},
+    {"mixed with a list: only listed types, combined",
+     {TGPU("h", "H100-SXM", 4, 0x3), TGPU("a", "A100-80GB", 4, 0x3), TGPU("r", "RTX4090", 2, 0)},
+     {{0}},
+     {TJOB("j1", 1, 4, 1, "H100-SXM A100-80GB", 1, "h2 h3 a2 a3"),
+      TJOB("j2", 2, 4, 1, "H100-SXM A100-80GB", 1,
+           "-needs 4 x H100-SXM|A100-80GB; largest free: 0")}},
+    {"tp groups of a typed job: largest free names the type's nodes",
+     {TGPU("h", "H100-SXM", 8, 0x55), TGPU("a", "A100-80GB", 8, 0)},
+     {{0}},
+     {TJOB("j1", 1, 4, 4, "H100-SXM", 0,
+           "-needs 4 x H100-SXM with tp=4 on one node; largest free: 4")}},
+    {"a typed head reserves only its type: an A100 job backfills",
+     {TGPU("h", "H100-SXM", 8, 0x0f), TGPU("a", "A100-80GB", 8, 0)},
+     {{0}},
+     {{"head", "t1", "cuda", 90, 1, 8, 1, 0, "-needs 8 x H100-SXM", 0, "H100-SXM", 0},
+      TJOB("small", 2, 8, 1, "A100-80GB", 0, "a0 a1 a2 a3 a4 a5 a6 a7"),
+      TJOB("h4", 3, 4, 1, "H100-SXM", 0, "-held for job head")}},
 };
 
 static int failures;
@@ -155,13 +232,25 @@ int main(void) {
             nodes[nn].ndev = tc->nodes[nn].ndev;
             nodes[nn].busy = tc->nodes[nn].busy;
             nodes[nn].state = tc->nodes[nn].state;
+            nodes[nn].gpu_type = tc->nodes[nn].gpu_type;
         }
         while (nq < 2 && tc->quotas[nq].tenant)
             nq++;
+        char tbuf[MAXJ][MAXT][24];
+        const char *tptr[MAXJ][MAXT];
         for (; nj < MAXJ && tc->jobs[nj].id; nj++) {
             const struct tjob *t = &tc->jobs[nj];
-            jobs[nj] = (struct sched_job){t->id,    t->tenant, t->kind,     t->prio,      t->submit,
-                                          t->world, t->tp,     t->per_node, t->avoid1 - 1};
+            int nt = 0;
+            for (const char *p = t->types; p && *p && nt < MAXT;) {
+                size_t l = strcspn(p, " ");
+                snprintf(tbuf[nj][nt], sizeof tbuf[nj][nt], "%.*s", (int)l, p);
+                tptr[nj][nt] = tbuf[nj][nt];
+                nt++;
+                p += l + (p[l] == ' ');
+            }
+            jobs[nj] = (struct sched_job){t->id,         t->tenant, t->kind, t->prio,
+                                          t->submit,     t->world,  t->tp,   t->per_node,
+                                          t->avoid1 - 1, tptr[nj],  nt,      t->mixed};
         }
         struct sched_cluster cl = {nodes, nn, tc->quotas, nq};
         int placed = sched_place(&cl, jobs, nj, dec);
@@ -208,18 +297,34 @@ int main(void) {
         struct sched_decision dec[MAXJ];
         static const char *names[MAXN] = {"n0", "n1", "n2", "n3", "n4", "n5"};
         static const char *ids[MAXJ] = {"j0", "j1", "j2", "j3", "j4", "j5"};
+        static const char *const types[3] = {"H100-SXM", "A100-80GB", "RTX4090"};
         for (int i = 0; i < MAXN; i++) {
             seed = seed * 1103515245 + 12345;
             nodes[i] =
-                (struct sched_node){names[i], "cuda", 8, (seed >> 8) & 0xff,
-                                    (seed >> 20) % 5 == 0 ? SCHED_NODE_DRAINED : SCHED_NODE_READY};
+                (struct sched_node){names[i],
+                                    "cuda",
+                                    8,
+                                    (seed >> 8) & 0xff,
+                                    (seed >> 20) % 5 == 0 ? SCHED_NODE_DRAINED : SCHED_NODE_READY,
+                                    types[(seed >> 24) % 3]};
         }
         for (int j = 0; j < MAXJ; j++) {
             seed = seed * 1103515245 + 12345;
             int tp = 1 << ((seed >> 9) % 4);
             int world = tp * (1 + (int)((seed >> 13) % 4));
-            jobs[j] = (struct sched_job){ids[j], "t", "cuda", (int)((seed >> 17) % 3),   j,
-                                         world,  tp,  0,      j % 3 == 0 ? j % MAXN : -1};
+            int mixed = (seed >> 27) % 4 == 0;
+            jobs[j] = (struct sched_job){ids[j],
+                                         "t",
+                                         "cuda",
+                                         (int)((seed >> 17) % 3),
+                                         j,
+                                         world,
+                                         tp,
+                                         0,
+                                         j % 3 == 0 ? j % MAXN : -1,
+                                         (seed >> 29) % 2 ? &types[(seed >> 25) % 3] : NULL,
+                                         (seed >> 29) % 2 ? 1 : 0,
+                                         mixed};
         }
         struct sched_cluster cl = {nodes, MAXN, NULL, 0};
         if (sched_place(&cl, jobs, MAXJ, dec) < 0) {
@@ -243,6 +348,16 @@ int main(void) {
                     failures++;
                 }
                 used[n] |= bit;
+                if (!jobs[j].allow_mixed &&
+                    strcmp(nodes[n].gpu_type, nodes[dec[j].ranks[0].node].gpu_type) != 0) {
+                    fprintf(stderr, "FAIL random %d: job %d mixes GPU types\n", iter, j);
+                    failures++;
+                }
+                if (jobs[j].ngpu_types && strcmp(nodes[n].gpu_type, jobs[j].gpu_types[0]) != 0) {
+                    fprintf(stderr, "FAIL random %d: job %d on a type it did not ask for\n", iter,
+                            j);
+                    failures++;
+                }
                 int g0 = r - r % jobs[j].tp;
                 if (dec[j].ranks[g0].node != n || d != dec[j].ranks[g0].device + r % jobs[j].tp ||
                     dec[j].ranks[g0].device % jobs[j].tp) {

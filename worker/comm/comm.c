@@ -101,6 +101,12 @@ int comm_world_opts_from_env(struct comm_world_opts *o) {
     if ((s = getenv("LOOM_RDZV")) && *s) o->rdzv = s;
     if ((s = getenv("LOOM_RDZV_TOKEN")) && *s) o->token = s;
     if ((s = getenv("LOOM_COMM_TIMEOUT_MS")) && *s) o->timeout_ms = atoi(s);
+    /* the comm rows of loom-worker's table by the same names, for programs
+     * without that table (the node check probe) */
+    if ((s = getenv("LOOM_COMM_IFACE")) && *s) o->iface = s;
+    if ((s = getenv("LOOM_COMM_HOST")) && *s) o->host = s;
+    if ((s = getenv("LOOM_NCCL_STREAM_PRIORITY")) && *s) o->nccl_stream_priority = s;
+    if ((s = getenv("LOOM_NCCL_CTA_POLICY")) && *s) o->nccl_cta_policy = s;
     return found;
 }
 
@@ -155,6 +161,12 @@ struct comm_world *comm_world_new(const struct comm_world_opts *o, char *err, si
     w->bw.size = o->world;
     w->bw.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : COMM_DEFAULT_TIMEOUT_MS;
     w->bw.cuda_device = o->cuda_device;
+    snprintf(w->bw.iface, sizeof w->bw.iface, "%s", o->iface ? o->iface : "");
+    snprintf(w->bw.host, sizeof w->bw.host, "%s", o->host ? o->host : "");
+    snprintf(w->bw.nccl_stream_priority, sizeof w->bw.nccl_stream_priority, "%s",
+             o->nccl_stream_priority ? o->nccl_stream_priority : "");
+    snprintf(w->bw.nccl_cta_policy, sizeof w->bw.nccl_cta_policy, "%s",
+             o->nccl_cta_policy ? o->nccl_cta_policy : "");
     if (o->world > 1) {
         /* A peer that dies closes its sockets; a later write to one raises
          * SIGPIPE, whose default action would kill this rank instead of
@@ -399,9 +411,6 @@ int comm_rank(const struct comm *c) {
 int comm_size(const struct comm *c) {
     return c->size;
 }
-const char *comm_name(const struct comm *c) {
-    return c->name;
-}
 const char *comm_error(const struct comm *c) {
     return c->err;
 }
@@ -474,15 +483,6 @@ int comm_wait(struct comm_req *r) {
     free(r->counts);
     free(r);
     return rc;
-}
-
-int comm_test(struct comm_req *r) {
-    if (!r) return 1;
-    if (r->kind == OP_SEND || r->kind == OP_RECV) return 0; /* only comm_wait knows */
-    pthread_mutex_lock(&r->c->mu);
-    int d = r->done;
-    pthread_mutex_unlock(&r->c->mu);
-    return d;
 }
 
 static int nothing_to_do(struct comm_req **req) {

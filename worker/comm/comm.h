@@ -65,10 +65,19 @@ struct comm_world_opts {
     const char *token; /* bearer token for an http rendezvous; may be NULL */
     int timeout_ms;    /* rendezvous and per-operation timeout; 0: default */
     int cuda_device;   /* nccl: the device this rank uses */
+    /* Tuning rows (worker/tuning.h; NULL: the default). gloo: the network
+     * interface or the address to listen on (default: loopback for a file
+     * rendezvous, else the host name). nccl: "high" puts the comm stream at
+     * the device's highest priority; "efficiency" or "zero" the CTA policy. */
+    const char *iface, *host;
+    const char *nccl_stream_priority, *nccl_cta_policy;
 };
 
 /* Fill the rank fields of `o` from the environment contract: LOOM_RANK,
- * LOOM_WORLD, LOOM_RDZV, LOOM_RDZV_TOKEN, LOOM_COMM_TIMEOUT_MS (optional).
+ * LOOM_WORLD, LOOM_RDZV, LOOM_RDZV_TOKEN, LOOM_COMM_TIMEOUT_MS (optional),
+ * and the comm tuning variables LOOM_COMM_IFACE, LOOM_COMM_HOST,
+ * LOOM_NCCL_STREAM_PRIORITY, LOOM_NCCL_CTA_POLICY. For programs other than
+ * loom-worker, which parses these as config rows (worker/tuning.h).
  * Fields already set (rank >= 0 / non-NULL strings) are kept only when the
  * variable is absent. Returns 1 when LOOM_WORLD was found, 0 when not. The
  * strings point into the environment (not copied). */
@@ -93,7 +102,6 @@ struct comm *comm_new(struct comm_world *w, const char *name, const int *ranks, 
 void comm_free(struct comm *c); /* accepts NULL; waits for queued work first */
 int comm_rank(const struct comm *c);
 int comm_size(const struct comm *c);
-const char *comm_name(const struct comm *c);
 const char *comm_error(const struct comm *c); /* "" when none */
 
 /* ---- Rank layout: tp fastest, then dp, then pp (Megatron order):
@@ -179,8 +187,6 @@ int comm_barrier(struct comm *c, struct comm_req **req);
 /* Complete an asynchronous operation and free the handle (NULL: returns 0).
  * Returns the operation's status. */
 int comm_wait(struct comm_req *req);
-/* Non-blocking check: 1 done (still call comm_wait), 0 pending. */
-int comm_test(struct comm_req *req);
 
 #ifdef __cplusplus
 }

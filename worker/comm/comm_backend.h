@@ -27,6 +27,9 @@ struct comm_backend_world {
     int cuda_device;
     int rdzv_is_file; /* 1 when all ranks share a directory (likely one host) */
     struct rdzv *rdzv;
+    /* tuning rows (worker/tuning.h), copied from comm_world_opts; "" unset */
+    char iface[64], host[256];                          /* gloo: where to listen */
+    char nccl_stream_priority[16], nccl_cta_policy[16]; /* nccl */
 };
 
 struct comm_backend_comm {

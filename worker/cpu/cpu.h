@@ -25,8 +25,8 @@ static inline int cpu_thread_id(void) {
 /* Parallel regions run on one thread below par_min work (roughly flops; on
  * a busy 2-core machine a barrier costs more than a small kernel). The split
  * never changes results: each element is computed by one iteration. The
- * environment variable LOOM_CPU_PAR_MIN overrides the default (tests set 0
- * to run every region threaded). */
+ * cpu-par-min tuning row (LOOM_CPU_PAR_MIN, worker/tuning.h) overrides the
+ * default (tests set 0 to run every region threaded); it must equal this. */
 #define CPU_PAR_MIN_DEFAULT (1u << 18)
 #define CPU_PAR(c, work)    ((size_t)(work) >= (c)->par_min)
 
@@ -41,6 +41,8 @@ struct cpu_ctx {
     float *rope_tab;     /* [T, HD/2] cos then [T, HD/2] sin */
     int rope_T, rope_HD;
     float rope_theta;
+    double *rope_inv; /* [HD/2] scaled inverse frequencies (rope_set_freqs), or NULL */
+    int rope_half;
     double *partials; /* sumsq chunk partials */
     size_t partials_n;
 };
@@ -104,6 +106,15 @@ void cpu_attention_bwd(void *ctx, void *dqkv, const void *dout, const void *qkv,
                        const float *lse, int B, int T, int NH, int NKV, int HD);
 void cpu_classifier(void *ctx, float *losses, void *dinp, void *dW, const void *inp, const void *W,
                     const int32_t *targets, int N, int C, int V, int Vp, float grad_scale);
+/* Imported models and generation (worker/cpu/cpu_decode.c; struct backend). */
+int cpu_rope_set_freqs(void *ctx, const double *inv, int half);
+void cpu_rope_at(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0, float theta);
+void cpu_attention_decode(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
+                          int NKV, int HD);
+/* Angle of RoPE pair d at position t: t * theta^(-2d/HD), or t * rope_inv[d]
+ * after rope_set_freqs (shared by the table and rope_at). */
+double cpu_rope_angle(const struct cpu_ctx *cx, int t, int d, int HD, float theta);
+
 /* Vocabulary-parallel classifier (worker/cpu/cpu_vocab.c; struct backend). */
 void cpu_classifier_vp(void *ctx, float *lse, float *tl, void *dinp, void *dW, const void *inp,
                        const void *W, const int32_t *targets, const float *lse_in, int N, int C,

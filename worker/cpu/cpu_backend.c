@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "worker/cpu/cpu.h"
+#include "worker/tuning.h"
 
 #define CX ((struct cpu_ctx *)ctx)
 
@@ -150,11 +151,12 @@ static void cpu_destroy(void *ctx) {
     free(cx->attn_scratch);
     free(cx->logits);
     free(cx->rope_tab);
+    free(cx->rope_inv);
     free(cx->partials);
     free(cx);
 }
 
-struct backend *backend_cpu_new(int threads) {
+struct backend *backend_cpu_new_tuned(int threads, const struct cpu_tuning *t) {
     struct backend *b = calloc(1, sizeof *b);
     struct cpu_ctx *cx = calloc(1, sizeof *cx);
     if (!b || !cx) {
@@ -163,9 +165,8 @@ struct backend *backend_cpu_new(int threads) {
         log_error("cpu backend: out of memory");
         return NULL;
     }
-    cx->k = cpu_kernels_select(getenv("LOOM_CPU_ISA"));
-    const char *pm = getenv("LOOM_CPU_PAR_MIN");
-    cx->par_min = pm && *pm ? (size_t)strtoull(pm, NULL, 10) : CPU_PAR_MIN_DEFAULT;
+    cx->k = cpu_kernels_select(t ? t->isa : NULL);
+    cx->par_min = t ? (size_t)t->par_min : CPU_PAR_MIN_DEFAULT;
 #ifdef _OPENMP
     cx->nt = threads > 0 ? threads : omp_get_max_threads();
 #else
@@ -210,10 +211,24 @@ struct backend *backend_cpu_new(int threads) {
         .sumsq = cpu_sumsq,
         .scale = cpu_scale,
         .classifier_vp = cpu_classifier_vp,
+        .rope_set_freqs = cpu_rope_set_freqs,
+        .rope_at = cpu_rope_at,
+        .attention_decode = cpu_attention_decode,
     };
     return b;
 }
 
 const char *backend_cpu_isa(const struct backend *b) {
     return ((const struct cpu_ctx *)b->ctx)->k->name;
+}
+
+struct backend *backend_cpu_new(int threads) {
+    struct worker_tuning t;
+    if (worker_tuning_from_env(&t) != 0) {
+        worker_tuning_free(&t);
+        return NULL;
+    }
+    struct backend *b = backend_cpu_new_tuned(threads, &t.cpu);
+    worker_tuning_free(&t);
+    return b;
 }

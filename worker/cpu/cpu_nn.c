@@ -290,7 +290,13 @@ void cpu_swiglu_bwd(void *ctx, void *dinp_, const void *inp_, const void *dout_,
 
 /* ---- RoPE ---- */
 
-/* cos/sin table [T, HD/2] for (T, HD, theta), rebuilt when they change. */
+double cpu_rope_angle(const struct cpu_ctx *cx, int t, int d, int HD, float theta) {
+    if (cx->rope_inv && cx->rope_half == HD / 2) return t * cx->rope_inv[d];
+    return t * pow((double)theta, -2.0 * d / HD);
+}
+
+/* cos/sin table [T, HD/2] for (T, HD, theta), rebuilt when they change
+ * (rope_set_freqs drops it). */
 static const float *rope_table(struct cpu_ctx *cx, int T, int HD, float theta) {
     if (cx->rope_tab && cx->rope_T == T && cx->rope_HD == HD && cx->rope_theta == theta)
         return cx->rope_tab;
@@ -300,7 +306,7 @@ static const float *rope_table(struct cpu_ctx *cx, int T, int HD, float theta) {
     if (!cx->rope_tab) die("rope table: out of memory (T=%d HD=%d)", T, HD);
     for (int t = 0; t < T; t++)
         for (int d = 0; d < h; d++) {
-            double ang = t * pow((double)theta, -2.0 * d / HD);
+            double ang = cpu_rope_angle(cx, t, d, HD, theta);
             cx->rope_tab[(size_t)t * h + d] = (float)cos(ang);
             cx->rope_tab[(size_t)T * h + (size_t)t * h + d] = (float)sin(ang);
         }

@@ -43,17 +43,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/gpu_types.h"
 #include "common/log.h"
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cudnn_attn.h"
 #include "worker/cuda/kernels.h"
+#include "worker/tuning.h"
 
 #define MAX_ALLOCS     1024
 #define MAX_PENDING    16
 #define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk */
-#define CUDA_PEAK_BF16 989e12
-#define COPY_RING      4096 /* ticket events of the async copies */
+#define CUDA_PEAK_BF16 989e12            /* MFU denominator for a device not in api/gpu_types.c */
+#ifndef LOOM_CUDA_ARCHS
+#define LOOM_CUDA_ARCHS "" /* the build's CMAKE_CUDA_ARCHITECTURES (worker/cuda/CMakeLists.txt) */
+#endif
+#define COPY_RING 4096 /* ticket events of the async copies */
 
 struct cuda_alloc {
     void *p;
@@ -94,8 +99,8 @@ struct cuda_ctx {
         int N, IC, OC;
     } mm;
     /* the input-gradient GEMM of a matmul_bwd held back one call, to fuse a
-     * following gelu_bwd of its output (DGELU epilogue); LOOM_FUSE_DGELU=0:
-     * never held (A/B) */
+     * following gelu_bwd of its output (DGELU epilogue); the fuse-dgelu row
+     * off (LOOM_FUSE_DGELU=0): never held (A/B) */
     int fuse_off;
     struct {
         int on;
@@ -116,9 +121,13 @@ struct cuda_ctx {
     cudaEvent_t ring[COPY_RING];
     uint64_t ticket; /* last issued */
     /* attention through cuDNN's fused engines for the reserved shape
-     * (LOOM_ATTN_CUDNN: 1 deterministic, the default; nd nondeterministic;
+     * (the attn-cudnn row, LOOM_ATTN_CUDNN: 1 deterministic, the default; nd nondeterministic;
      * 0 off); NULL: k_attn.cu's kernels */
     int cudnn_mode;
+    /* the blas-tune and blas-algo-cache rows, for lk_blas_new in reserve */
+    int blas_tune;
+    char *blas_cache;
+    int cc; /* the device's compute capability x10 (90 = sm_90) */
     struct lcudnn_attn *cda;
     char cda_why[640]; /* why not, when cda is NULL */
 };
@@ -190,6 +199,8 @@ static void cu_require(struct cuda_ctx *c, const char *what) {
     }
 }
 
+static int cudnn_supports(int cc, int hd, char *why, size_t len);
+
 static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     struct cuda_ctx *c = CX;
     if (c->reserved) pz_flush(c);
@@ -221,7 +232,7 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     size_t b_tok = (size_t)(3 * N + 1) * sizeof(int32_t);
     size_t total = b_attn + b_norm + b_bias + b_sum + b_logits + b_tok + (64u << 20) + (8 << 10);
     lcuda_arena_init(&c->ws, "workspace", total);
-    c->blas = lk_blas_new((lcuda_stream)c->s, &c->ws);
+    c->blas = lk_blas_new((lcuda_stream)c->s, &c->ws, c->blas_tune, c->blas_cache);
     c->attn_scratch = lcuda_arena_alloc(&c->ws, b_attn);
     c->norm_scratch = lcuda_arena_alloc(&c->ws, b_norm);
     c->bias_scratch = lcuda_arena_alloc(&c->ws, b_bias);
@@ -242,7 +253,10 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     c->reserved = 1;
     snprintf(c->cda_why, sizeof c->cda_why, "%s",
              !c->cudnn_mode ? "LOOM_ATTN_CUDNN=0" : "grouped-query attention (NKV < NH)");
-    if (c->cudnn_mode && lim->NH == lim->NKV) {
+    if (c->cudnn_mode && lim->NH == lim->NKV &&
+        !cudnn_supports(c->cc, lim->HD, c->cda_why, sizeof c->cda_why))
+        log_info("cuda backend: attention through k_attn.cu (cuDNN: %s)", c->cda_why);
+    else if (c->cudnn_mode && lim->NH == lim->NKV) {
         char *why = c->cda_why;
         c->cda = lcudnn_attn_new(c->s, lim->B, lim->T, lim->NH, lim->HD, qkv, lim->NH * lim->HD,
                                  c->cudnn_mode == 1, why, sizeof c->cda_why);
@@ -360,6 +374,7 @@ static void cu_destroy(void *ctx) {
     if (c->blas) pz_flush(c);
     cudaStreamSynchronize(c->s);
     lk_blas_free(c->blas);
+    free(c->blas_cache);
     lcudnn_attn_free(c->cda);
     lcuda_arena_free(&c->ws);
     if (c->h_tok) cudaFreeHost(c->h_tok);
@@ -782,13 +797,88 @@ static void cu_copy_fence(void *ctx) {
     }
 }
 
-struct backend *backend_cuda_new(int device) {
+/* cuDNN's fused attention per architecture family (cuDNN's SDPA support matrix,
+ * docs/planner.md "GPU types"): the oldest cuDNN that runs it and the largest head
+ * dimension of its backward. Graph finalization stays the final word (a shape the
+ * engines reject falls back to k_attn.cu). */
+static const struct {
+    int cc_lo, cc_hi; /* compute capability x10, inclusive */
+    long min_version; /* cudnnGetVersion() */
+    int max_hd_bwd;
+} cudnn_sdpa[] = {
+    {80, 89, 90000, 128},   /* Ampere, Ada */
+    {90, 99, 90000, 256},   /* Hopper */
+    {100, 109, 90700, 256}, /* Blackwell B200 / B300 */
+    {120, 129, 90800, 128}, /* Blackwell RTX */
+};
+
+static int cudnn_supports(int cc, int hd, char *why, size_t len) {
+    long v = lcudnn_version();
+    for (size_t i = 0; i < sizeof cudnn_sdpa / sizeof *cudnn_sdpa; i++) {
+        if (cc < cudnn_sdpa[i].cc_lo || cc > cudnn_sdpa[i].cc_hi) continue;
+        if (v && v < cudnn_sdpa[i].min_version) {
+            snprintf(why, len, "cuDNN %ld does not run fused attention on sm_%d (needs %ld)", v, cc,
+                     cudnn_sdpa[i].min_version);
+            return 0;
+        }
+        if (hd > cudnn_sdpa[i].max_hd_bwd) {
+            snprintf(why, len, "head dim %d exceeds cuDNN's %d on sm_%d", hd,
+                     cudnn_sdpa[i].max_hd_bwd, cc);
+            return 0;
+        }
+        return 1;
+    }
+    snprintf(why, len, "no cuDNN fused attention known for sm_%d", cc);
+    return 0;
+}
+
+/* The start-up gate: 0 when device `device` can run Loom's kernels (sm_80 or newer and
+ * code for it in this build), else -1 with a GPU_UNSUPPORTED line naming the GPU.
+ * Loom's kernels use bf16 mma.sync, ldmatrix and cp.async (sm_80) and nothing
+ * sm_90-only, so one code path serves every supported device. */
+static int device_gate(int device, struct cudaDeviceProp *p) {
+    if (cudaGetDeviceProperties(p, device) != cudaSuccess) {
+        cudaGetLastError();
+        log_error("cuda backend: cannot read the properties of device %d", device);
+        return -1;
+    }
+    int cc = p->major * 10 + p->minor;
+    if (cc < 80) {
+        log_error("GPU_UNSUPPORTED: device %d is %s with compute capability %d.%d; Loom's CUDA "
+                  "backend needs 8.0 or newer (A100, A10, L40S, L4, RTX 3090/4090, H100, H20, "
+                  "H200); use --device cpu or another node",
+                  device, p->name, p->major, p->minor);
+        return -1;
+    }
+    if (!gpu_build_runs_on(LOOM_CUDA_ARCHS, cc)) {
+        log_error("GPU_UNSUPPORTED: device %d is %s with compute capability %d.%d, but this "
+                  "loom-worker was built for CUDA architectures \"%s\" only; rebuild with "
+                  "-DCMAKE_CUDA_ARCHITECTURES including %d-real (or a PTX %d-virtual at or "
+                  "below it)",
+                  device, p->name, p->major, p->minor, LOOM_CUDA_ARCHS, cc, cc);
+        return -1;
+    }
+    return 0;
+}
+
+static void cu_flush(void *ctx) {
+    pz_flush(CX);
+}
+
+/* b was made here (the backend_cuda_* extras accept any backend) */
+static int is_cuda(const struct backend *b) {
+    return b && b->destroy == cu_destroy;
+}
+
+struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
         cudaGetLastError();
         log_error("cuda backend: device %d not available (%d CUDA devices)", device, n);
         return NULL;
     }
+    struct cudaDeviceProp prop;
+    if (device_gate(device, &prop) != 0) return NULL;
     CUDA_CHECK(cudaSetDevice(device));
     struct backend *b = calloc(1, sizeof *b);
     struct cuda_ctx *c = calloc(1, sizeof *c);
@@ -799,16 +889,25 @@ struct backend *backend_cuda_new(int device) {
         return NULL;
     }
     c->device = device;
+    c->cc = prop.major * 10 + prop.minor;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking));
-    const char *fd = getenv("LOOM_FUSE_DGELU");
-    c->fuse_off = fd && strcmp(fd, "0") == 0;
-    const char *ac = getenv("LOOM_ATTN_CUDNN");
+    /* NULL: the rows' defaults (worker/tuning.c) */
+    const char *ac = t ? t->attn_cudnn : NULL;
+    c->fuse_off = t && !t->fuse_dgelu;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
+    c->blas_tune = t && t->blas_tune;
+    c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
     b->name = "cuda";
+    b->caps = (struct backend_caps){.pair_transport = 1, .device_collectives = 1};
+    b->flush = cu_flush;
     b->dtype = BACKEND_BF16;
     b->elt_size = 2;
     b->ctx = c;
-    b->peak_flops = CUDA_PEAK_BF16;
+    const struct gpu_type *gt = gpu_type_normalize(prop.name, (double)prop.totalGlobalMem);
+    b->peak_flops = gt ? gt->bf16_tflops * 1e12 : CUDA_PEAK_BF16;
+    log_info("cuda backend: device %d %s (sm_%d, %d SMs, %.1f GiB), gpu_type %s", device, prop.name,
+             c->cc, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), gt ? gt->name : "unknown");
     b->reserve = cu_reserve;
     b->alloc = cu_alloc;
     b->free = cu_free;
@@ -854,7 +953,7 @@ struct backend *backend_cuda_new(int device) {
 }
 
 int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return -1;
+    if (!is_cuda(b)) return -1;
     const struct cuda_ctx *c = b->ctx;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
@@ -883,24 +982,24 @@ void backend_cuda_embed_scatter(struct backend *b, void *dwte, const void *rows,
 }
 
 const char *backend_cuda_attn_path(const struct backend *b) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return "not a CUDA backend";
+    if (!is_cuda(b)) return "not a CUDA backend";
     const struct cuda_ctx *c = b->ctx;
     return c->cda ? "cudnn" : c->cda_why;
 }
 
 void *backend_cuda_stream(const struct backend *b) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return NULL;
+    if (!is_cuda(b)) return NULL;
     return ((const struct cuda_ctx *)b->ctx)->s;
 }
 
 int backend_cuda_held(const struct backend *b, int what) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return 0;
+    if (!is_cuda(b)) return 0;
     const struct cuda_ctx *c = b->ctx;
     return what == 1 ? c->mm.on : what == 2 ? c->aw.on : what == 3 ? c->mb.on : 0;
 }
 
 void backend_cuda_issue_held(const struct backend *b, int what) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return;
+    if (!is_cuda(b)) return;
     struct cuda_ctx *c = b->ctx;
     if (what == 1) mm_flush(c);
     if (what == 2) aw_flush(c);
@@ -908,6 +1007,6 @@ void backend_cuda_issue_held(const struct backend *b, int what) {
 }
 
 void backend_cuda_flush(const struct backend *b) {
-    if (!b || !b->name || strcmp(b->name, "cuda") != 0) return;
+    if (!is_cuda(b)) return;
     pz_flush(b->ctx);
 }

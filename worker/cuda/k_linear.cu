@@ -9,7 +9,7 @@
  * bytes) is looked up in a per-handle cache, so steady-state steps only
  * build descriptors. What fills the cache:
  * - Default: the first result of cublasLtMatmulAlgoGetHeuristic.
- * - LOOM_BLAS_TUNE=1 (read by lk_blas_new): the first time a configuration
+ * - LOOM_BLAS_TUNE=1 (the blas-tune row, given to lk_blas_new): the first time a configuration
  *   is met, up to LK_CANDS heuristic results (asked with the real pointer
  *   alignments and the LK_WS_BYTES workspace) are each run once and then
  *   timed with CUDA events on the layer's stream, LK_TUNE_ROUNDS rounds of
@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 extern "C" {
+#include "common/clock.h"
 #include "common/log.h"
 }
 #include "worker/cuda/kernels.h"
@@ -167,12 +168,6 @@ static int overlap(const void *p, size_t pn, const void *q, size_t qn) {
     if (!p || !q || !pn || !qn) return 0;
     uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
     return a < b + qn && b < a + pn;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 /* The configuration attributes of an algorithm (-1 where unreadable). */
@@ -322,15 +317,14 @@ out:
     free(tmp);
 }
 
-extern "C" struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena) {
+extern "C" struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena, int tune,
+                                       const char *p) {
     struct lk_blas *b = (struct lk_blas *)calloc(1, sizeof *b);
     if (!b) lcuda_fail(__FILE__, __LINE__, "calloc", "out of host memory");
     CUBLAS_CHECK(cublasLtCreate(&b->lt));
     b->s = (cudaStream_t)s;
     b->ws = lcuda_arena_alloc(arena, LK_WS_BYTES);
-    const char *e = getenv("LOOM_BLAS_TUNE");
-    b->tune = e && !strcmp(e, "1");
-    const char *p = getenv("LOOM_BLAS_ALGO_CACHE");
+    b->tune = tune != 0;
     if (p && *p) {
         b->table_path = strdup(p);
         if (!b->table_path) lcuda_fail(__FILE__, __LINE__, "strdup", "out of host memory");
@@ -455,7 +449,7 @@ static int lt_tune(struct lk_blas *b, const char *what, const struct mm_call *c,
             return 0;
         }
     }
-    double t_start = now_ms();
+    double t_start = clock_mono_msf();
     float best[LK_CANDS];
     int ok[LK_CANDS];
     for (int i = 0; i < nc; i++) {
@@ -485,7 +479,7 @@ static int lt_tune(struct lk_blas *b, const char *what, const struct mm_call *c,
         if (ok[i] && (pick < 0 || best[i] < best[pick])) pick = i;
     if (pick < 0) pick = 0; /* nothing ran: #0, which the real call then checks */
     if (ok[0] && best[pick] > LK_TUNE_MARGIN * best[0]) pick = 0;
-    b->st.tune_ms += now_ms() - t_start;
+    b->st.tune_ms += clock_mono_msf() - t_start;
     char ad[200];
     algo_describe(&res[pick].algo, ad, sizeof ad);
     if (ok[0])

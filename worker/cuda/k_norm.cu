@@ -4,23 +4,19 @@
  * weight/bias gradients are column sums over fixed row blocks (one fp32
  * partial row per block), then summed over the blocks in a fixed order.
  *
- * Kernel generations, chosen by LOOM_NORM_VARIANT (read once; see
- * lk_norm_set_variant in kernels.h):
- * 0 the first kernels: the backward reads x and dout twice (a dx kernel,
- *   then a column-sum pass), the forward for C % 256 != 0 reads x 3 times;
- *   their bf8 struct copies compile to 4-byte loads and stores;
- * 1 one backward pass for C <= 2048: each warp keeps its rows' dout * xhat
- *   and dout column sums (registers for C <= 768, shared memory above), the
- *   CTA adds its warps' sums in a fixed order and writes one partial row;
- *   forward and residual forward keep the row in registers for any
- *   C <= 2048; 16-byte loads and stores (uint4);
- * 2 as 1 with the column sums in shared memory for every C (more CTAs fit
- *   on an SM than with 1's register sums at C <= 768);
- * 3 as 1 with 8 rows a warp instead of 4 (half the CTAs and partials);
- * 4 variant 0's kernels with 16-byte loads and stores (same results as 0).
- * Variants 1-3 fall back to 4's kernels for C > 2048 and for a backward
- * without dw and db. Each variant is bit-reproducible; they differ from
- * each other by fp32 summation order. */
+ * The kernels (variant 1 of the generations measured, fastest or tied at
+ * every shape on H200: docs/perf.md, "Single-GPU step IV"): one backward
+ * pass for C <= 2048: each warp keeps its rows' dout * xhat and dout column
+ * sums (registers for C <= 768, shared memory above), the CTA adds its
+ * warps' sums in a fixed order and writes one partial row; forward and
+ * residual forward keep the row in registers for any C <= 2048; 16-byte
+ * loads and stores (uint4). For C > 2048 and for a backward without dw and
+ * db, the first generation's kernels with 16-byte loads (the "wide
+ * fallback": a dx kernel, then a column-sum pass). Bit-reproducible. The
+ * other generations (0: the first kernels with 4-byte loads; 2: shared
+ * memory column sums for every C; 3: 8 rows a warp; 4: the fallback for
+ * every C) are in dev/cuda/norm_variants.cu with the test and bench that
+ * compare them. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -696,82 +692,44 @@ static void v1_bwd_launch(bf *dx, float *part, const bf *dout, const bf *x, cons
  * sums a vector would not fit beside the row. Returns R, the rows of each
  * partial row; lk_norm_scratch_bytes sizes for the smallest R of a C. */
 template <int NV>
-static int v1_bwd(int var, bf *dx, float *part, const bf *dout, const bf *x, const bf *w,
-                  const float *mean, const float *rstd, int N, int C, int rms, cudaStream_t st) {
+static int v1_bwd(bf *dx, float *part, const bf *dout, const bf *x, const bf *w, const float *mean,
+                  const float *rstd, int N, int C, int rms, cudaStream_t st) {
 #define V1_ARGS dx, part, dout, x, w, mean, rstd, N, C, rms, st
     if constexpr (NV <= 3) {
-        if (var == 2) {
-            v1_bwd_launch<NV, 8, 32, true, 3>(V1_ARGS);
-            return 32;
-        }
-        if (var == 3) {
-            v1_bwd_launch<NV, 8, 64, false, 2>(V1_ARGS);
-            return 64;
-        }
         v1_bwd_launch<NV, 8, 32, false, 2>(V1_ARGS);
         return 32;
     } else if constexpr (NV <= 7) {
-        if (var == 3) {
-            v1_bwd_launch<NV, 8, 64, true, 2>(V1_ARGS);
-            return 64;
-        }
         v1_bwd_launch<NV, 8, 32, true, 2>(V1_ARGS);
         return 32;
     } else {
-        if (var == 3) {
-            v1_bwd_launch<NV, 4, 32, true, 3>(V1_ARGS);
-            return 32;
-        }
         v1_bwd_launch<NV, 4, 16, true, 3>(V1_ARGS);
         return 16;
     }
 #undef V1_ARGS
 }
 
-static int g_norm_variant = -1;
-
-static int norm_variant(void) {
-    if (g_norm_variant < 0) {
-        const char *e = getenv("LOOM_NORM_VARIANT");
-        /* 1: fastest or tied at every shape measured on H200 (docs/perf.md,
-         * "Single-GPU step IV") */
-        g_norm_variant = e && *e ? atoi(e) : 1;
-    }
-    return g_norm_variant;
-}
-
-extern "C" void lk_norm_set_variant(int v) {
-    g_norm_variant = v;
-}
-
-extern "C" int lk_norm_variant(void) {
-    return norm_variant();
-}
-
 static void check_c(int C) {
     if (C % 8) lcuda_fail(__FILE__, __LINE__, "norm", "C must be a multiple of 8");
 }
 
-/* Variant 0's dispatch (WIDE: its kernels with 16-byte loads). a2 != NULL:
- * the residual forward (generic kernel). */
-template <bool WIDE>
+/* The wide fallback's dispatch. a2 != NULL: the residual forward (generic
+ * kernel). */
 static void v0_fwd(bf *out, float *mean, float *rstd, bf *res, const bf *a, const bf *a2,
                    const bf *w, const bf *bias, int N, int C, float eps, int rms, cudaStream_t st) {
     int nv = a2 ? 0 : reg_nv(C);
     if (nv) {
 #define FWD_REG(NV)                                                                                \
-    norm_fwd_reg_kernel<NV, WIDE>                                                                  \
+    norm_fwd_reg_kernel<NV, true>                                                                  \
         <<<(N + 7) / 8, 256, 0, st>>>(out, mean, rstd, a, w, bias, N, eps, rms)
         NV_SWITCH(nv, FWD_REG);
 #undef FWD_REG
     } else {
-        norm_fwd_kernel<WIDE>
+        norm_fwd_kernel<true>
             <<<(N + 7) / 8, 256, 0, st>>>(out, mean, rstd, res, a, a2, w, bias, N, C, eps, rms);
     }
     CUDA_CHECK_LAUNCH();
 }
 
-template <bool WIDE>
 static void v0_bwd(bf *dx, bf *dw, bf *dbias, float *scratch, const bf *dout, const bf *x,
                    const bf *w, const float *mean, const float *rstd, int N, int C, int rms,
                    cudaStream_t st) {
@@ -779,12 +737,12 @@ static void v0_bwd(bf *dx, bf *dw, bf *dbias, float *scratch, const bf *dout, co
         int nv = reg_nv(C);
         if (nv) {
 #define BWD_REG(NV)                                                                                \
-    norm_bwd_dx_reg_kernel<NV, WIDE>                                                               \
+    norm_bwd_dx_reg_kernel<NV, true>                                                               \
         <<<(N + 7) / 8, 256, 0, st>>>(dx, dout, x, w, mean, rstd, N, rms)
             NV_SWITCH(nv, BWD_REG);
 #undef BWD_REG
         } else {
-            norm_bwd_dx_kernel<WIDE>
+            norm_bwd_dx_kernel<true>
                 <<<(N + 7) / 8, 256, 0, st>>>(dx, dout, x, w, mean, rstd, N, C, rms);
         }
         CUDA_CHECK_LAUNCH();
@@ -792,23 +750,17 @@ static void v0_bwd(bf *dx, bf *dw, bf *dbias, float *scratch, const bf *dout, co
     if (!dw && !dbias) return;
     int nchunk = (N + ROWCHK - 1) / ROWCHK;
     dim3 grid((C + 255) / 256, nchunk);
-    norm_bwd_wpart_kernel<WIDE><<<grid, 256, 0, st>>>(scratch, dout, x, mean, rstd, N, C, rms);
+    norm_bwd_wpart_kernel<true><<<grid, 256, 0, st>>>(scratch, dout, x, mean, rstd, N, C, rms);
     CUDA_CHECK_LAUNCH();
     norm_bwd_wfinal_kernel<<<(C + 255) / 256, 256, 0, st>>>(dw, dbias, scratch, nchunk, C);
     CUDA_CHECK_LAUNCH();
-}
-
-/* The one-pass kernels serve variants 1-3 (and any other value but 0 and
- * 4) for C <= 2048. */
-static int v1_on(int var, int C) {
-    return var != 0 && var != 4 ? v1_nv(C) : 0;
 }
 
 extern "C" void lk_norm_fwd(lbf16 *out, float *mean, float *rstd, const lbf16 *x, const lbf16 *w,
                             const lbf16 *bias, int N, int C, float eps, int rms, lcuda_stream s) {
     check_c(C);
     cudaStream_t st = (cudaStream_t)s;
-    int var = norm_variant(), nv1 = v1_on(var, C);
+    int nv1 = v1_nv(C);
     if (nv1) {
 #define FWD_V1(NV)                                                                                 \
     norm_fwd_v1_kernel<NV, false><<<(N + 7) / 8, 256, 0, st>>>((bf *)out, mean, rstd, NULL,        \
@@ -817,12 +769,9 @@ extern "C" void lk_norm_fwd(lbf16 *out, float *mean, float *rstd, const lbf16 *x
         NV_SWITCH(nv1, FWD_V1);
 #undef FWD_V1
         CUDA_CHECK_LAUNCH();
-    } else if (var) {
-        v0_fwd<true>((bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w,
-                     (const bf *)bias, N, C, eps, rms, st);
     } else {
-        v0_fwd<false>((bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w,
-                      (const bf *)bias, N, C, eps, rms, st);
+        v0_fwd((bf *)out, mean, rstd, NULL, (const bf *)x, NULL, (const bf *)w, (const bf *)bias, N,
+               C, eps, rms, st);
     }
 }
 
@@ -832,7 +781,7 @@ extern "C" void lk_residual_norm_fwd(lbf16 *res, lbf16 *out, float *mean, float 
                                      lcuda_stream s) {
     check_c(C);
     cudaStream_t st = (cudaStream_t)s;
-    int var = norm_variant(), nv1 = v1_on(var, C);
+    int nv1 = v1_nv(C);
     if (nv1) {
 #define RES_V1(NV)                                                                                 \
     norm_fwd_v1_kernel<NV, true><<<(N + 7) / 8, 256, 0, st>>>(                                     \
@@ -841,12 +790,9 @@ extern "C" void lk_residual_norm_fwd(lbf16 *res, lbf16 *out, float *mean, float 
         NV_SWITCH(nv1, RES_V1);
 #undef RES_V1
         CUDA_CHECK_LAUNCH();
-    } else if (var) {
-        v0_fwd<true>((bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,
-                     (const bf *)bias, N, C, eps, rms, st);
     } else {
-        v0_fwd<false>((bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,
-                      (const bf *)bias, N, C, eps, rms, st);
+        v0_fwd((bf *)out, mean, rstd, (bf *)res, (const bf *)a, (const bf *)b, (const bf *)w,
+               (const bf *)bias, N, C, eps, rms, st);
     }
 }
 
@@ -868,23 +814,20 @@ extern "C" void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, 
                             int N, int C, int rms, lcuda_stream s) {
     check_c(C);
     cudaStream_t st = (cudaStream_t)s;
-    int var = norm_variant(), nv1 = v1_on(var, C);
+    int nv1 = v1_nv(C);
     if (nv1 && (dw || dbias)) {
         int R = 0;
 #define BWD_V1(NV)                                                                                 \
-    R = v1_bwd<NV>(var, (bf *)dx, scratch, (const bf *)dout, (const bf *)x, (const bf *)w, mean,   \
-                   rstd, N, C, rms, st)
+    R = v1_bwd<NV>((bf *)dx, scratch, (const bf *)dout, (const bf *)x, (const bf *)w, mean, rstd,  \
+                   N, C, rms, st)
         NV_SWITCH(nv1, BWD_V1);
 #undef BWD_V1
         int ncol = dbias ? 2 * C : C;
         norm_bwd_wsum_kernel<<<(ncol + 31) / 32, 512, 0, st>>>((bf *)dw, (bf *)dbias, scratch,
                                                                (N + R - 1) / R, C, ncol);
         CUDA_CHECK_LAUNCH();
-    } else if (var) {
-        v0_bwd<true>((bf *)dx, (bf *)dw, (bf *)dbias, scratch, (const bf *)dout, (const bf *)x,
-                     (const bf *)w, mean, rstd, N, C, rms, st);
     } else {
-        v0_bwd<false>((bf *)dx, (bf *)dw, (bf *)dbias, scratch, (const bf *)dout, (const bf *)x,
-                      (const bf *)w, mean, rstd, N, C, rms, st);
+        v0_bwd((bf *)dx, (bf *)dw, (bf *)dbias, scratch, (const bf *)dout, (const bf *)x,
+               (const bf *)w, mean, rstd, N, C, rms, st);
     }
 }

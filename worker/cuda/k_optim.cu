@@ -375,8 +375,9 @@ __global__ void adamw_multi_kernel(bf *param, float *master, const bf *grad, flo
     }
 }
 
-/* Variant 1 (the default; LOOM_ADAMW_VARIANT=0 selects the grid-stride
- * kernel above): two quads per thread and
+/* The multi-range kernel for 16-byte aligned ranges (the grid-stride kernel
+ * above serves the others; as the vectorised path it lost the measurement
+ * and lives on in dev/cuda/adamw_variants.cu): two quads per thread and
  * iteration with every load issued before any math (more bytes in flight
  * per thread), streaming cache hints (each byte is touched once), and one
  * block per 256 quads with no grid-stride cap. Same arithmetic per element
@@ -470,20 +471,6 @@ __global__ void adamw_tail_kernel(bf *param, float *master, const bf *grad, floa
     param[i] = __float2bfloat16(w);
 }
 
-static int g_adamw_variant = -1;
-
-static int adamw_variant(void) {
-    if (g_adamw_variant < 0) {
-        const char *e = getenv("LOOM_ADAMW_VARIANT");
-        g_adamw_variant = e ? atoi(e) : 1;
-    }
-    return g_adamw_variant;
-}
-
-extern "C" void lk_adamw_set_variant(int v) {
-    g_adamw_variant = v;
-}
-
 extern "C" void lk_adamw_multi(lbf16 *param, float *master, const lbf16 *grad, float *m, float *v,
                                const struct lk_adamw_segs *segs, float lr, float beta1, float beta2,
                                float eps, float grad_scale, int step, lcuda_stream s) {
@@ -495,7 +482,7 @@ extern "C" void lk_adamw_multi(lbf16 *param, float *master, const lbf16 *grad, f
     int vec =
         !(((uintptr_t)param | (uintptr_t)master | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) &
           15);
-    if (vec && adamw_variant() == 1) {
+    if (vec) {
         size_t n4 = n / 4;
         if (n4) {
             adamw_multi2_kernel<<<(unsigned)((n4 + 511) / 512), 256, 0, (cudaStream_t)s>>>(

@@ -29,13 +29,15 @@ extern "C" {
 typedef uint16_t lbf16;
 
 /* cuBLASLt handle + workspace, bound to one stream. Created at start-up.
- * lk_blas_new reads LOOM_BLAS_TUNE=1 (time up to 8 heuristic algorithms the
- * first time each GEMM configuration is met and keep the fastest) and
- * LOOM_BLAS_ALGO_CACHE=path (a table of those choices, read instead of
- * timing when the file exists, written when tuning) once; k_linear.cu's top
- * comment has the details. Default: the heuristic's first algorithm. */
+ * tune (the blas-tune row, LOOM_BLAS_TUNE=1): time up to 8 heuristic
+ * algorithms the first time each GEMM configuration is met and keep the
+ * fastest; algo_cache (blas-algo-cache, LOOM_BLAS_ALGO_CACHE; NULL or "":
+ * none): a table of those choices, read instead of timing when the file
+ * exists, written when tuning (copied). k_linear.cu's top comment has the
+ * details. Default: the heuristic's first algorithm. */
 struct lk_blas;
-struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena);
+struct lk_blas *lk_blas_new(lcuda_stream s, struct lcuda_arena *arena, int tune,
+                            const char *algo_cache);
 void lk_blas_free(struct lk_blas *b); /* accepts NULL */
 /* How the handle's algorithms were chosen so far (tests, logs). */
 struct lk_blas_stats {
@@ -81,16 +83,8 @@ void lk_norm_bwd(lbf16 *dx, lbf16 *dw, lbf16 *dbias, float *scratch, const lbf16
                  const lbf16 *x, const lbf16 *w, const float *mean, const float *rstd, int N, int C,
                  int rms, lcuda_stream s);
 size_t lk_norm_scratch_bytes(int N, int C);
-/* Kernel generation of the norm functions (k_norm.cu): 0 the two-pass
- * backward, 1 (default) one pass over x and dout with the weight/bias column
- * sums in registers (C <= 768) or shared memory, 2 the same with shared
- * memory for every C, 3 as 1 with twice the rows a CTA, 4 variant 0 with
- * 16-byte loads; 1-3 need C <= 2048 (above, 4's kernels are used). Results
- * differ between variants by fp32 summation order only; each repeats bit
- * for bit. LOOM_NORM_VARIANT sets it at the first call; the setter (tests,
- * benchmarks) overrides it. lk_norm_variant returns the one in use. */
-void lk_norm_set_variant(int v);
-int lk_norm_variant(void);
+/* The norm kernels are one generation (k_norm.cu); the others measured are
+ * in dev/cuda/dev_kernels.h (dev_norm_*). */
 
 /* ---- elementwise ---- */
 void lk_gelu_fwd(lbf16 *out, const lbf16 *inp, size_t n, lcuda_stream s);
@@ -194,10 +188,9 @@ struct lk_adamw_segs {
 void lk_adamw_multi(lbf16 *param, float *master, const lbf16 *grad, float *m, float *v,
                     const struct lk_adamw_segs *segs, float lr, float beta1, float beta2, float eps,
                     float grad_scale, int step, lcuda_stream s);
-/* Kernel variant of lk_adamw_multi (1 default: two quads a thread with
- * streaming hints, 0.85 vs 0.90 ms for 124M parameters on an H200, same
- * bits; 0: grid-stride); LOOM_ADAMW_VARIANT sets it at start. */
-void lk_adamw_set_variant(int v);
+/* (two quads a thread with streaming hints, 0.85 vs 0.90 ms for 124M
+ * parameters on an H200 against the grid-stride variant, same bits; that
+ * one is dev_adamw_multi in dev/cuda/dev_kernels.h) */
 /* pbf = bf16(p), n elements. */
 void lk_f32_to_bf16(lbf16 *dst, const float *src, size_t n, lcuda_stream s);
 void lk_bf16_to_f32(float *dst, const lbf16 *src, size_t n, lcuda_stream s);

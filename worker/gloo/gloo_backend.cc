@@ -203,11 +203,12 @@ void *world_init(const struct comm_backend_world *w, char *err, size_t errlen) {
     World *gw = nullptr;
     int rc = guarded(err, errlen, [&] {
         gloo::transport::tcp::attr attr;
-        /* Where this rank listens: LOOM_COMM_IFACE (a network interface),
-         * LOOM_COMM_HOST (an address or name), else loopback when the
-         * rendezvous is a shared directory (one host), else this host's name. */
-        const char *iface = getenv("LOOM_COMM_IFACE");
-        const char *host = getenv("LOOM_COMM_HOST");
+        /* Where this rank listens: the comm-iface row (LOOM_COMM_IFACE, a
+         * network interface), comm-host (LOOM_COMM_HOST, an address or name),
+         * else loopback when the rendezvous is a shared directory (one host),
+         * else this host's name. */
+        const char *iface = w->iface;
+        const char *host = w->host;
         char hn[256] = "127.0.0.1";
         if (iface && *iface) {
             attr.iface = iface;

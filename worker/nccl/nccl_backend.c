@@ -285,12 +285,13 @@ static void *comm_init(const struct comm_backend_comm *c, char *err, size_t errl
         memcpy(&id, val, sizeof(id));
         free(val);
     }
-    /* LOOM_NCCL_STREAM_PRIORITY=high: the comm stream at the device's highest
-     * priority, so a collective's blocks are scheduled ahead of queued compute
-     * blocks instead of waiting for SMs (measured in docs/perf.md). */
+    /* nccl-stream-priority=high (LOOM_NCCL_STREAM_PRIORITY): the comm stream
+     * at the device's highest priority, so a collective's blocks are scheduled
+     * ahead of queued compute blocks instead of waiting for SMs (measured in
+     * docs/perf.md). */
     int lo_prio = 0, hi_prio = 0, prio = 0;
-    const char *ps = getenv("LOOM_NCCL_STREAM_PRIORITY");
-    if (ps && strcmp(ps, "high") == 0 &&
+    const char *ps = c->world->nccl_stream_priority;
+    if (strcmp(ps, "high") == 0 &&
         cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio) == cudaSuccess)
         prio = hi_prio;
     if (cudaStreamCreateWithPriority(&nc->stream, cudaStreamNonBlocking, prio) != cudaSuccess ||
@@ -301,12 +302,12 @@ static void *comm_init(const struct comm_backend_comm *c, char *err, size_t errl
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     cfg.commName = c->name;
-    /* LOOM_NCCL_CTA_POLICY=efficiency|zero: fewer (or no) SMs for NCCL's
-     * kernels, leaving them to the compute that the collectives overlap
-     * (A/B in docs/perf.md) */
-    const char *cp = getenv("LOOM_NCCL_CTA_POLICY");
-    if (cp && strcmp(cp, "efficiency") == 0) cfg.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
-    if (cp && strcmp(cp, "zero") == 0) cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+    /* nccl-cta-policy=efficiency|zero (LOOM_NCCL_CTA_POLICY): fewer (or no)
+     * SMs for NCCL's kernels, leaving them to the compute that the
+     * collectives overlap (A/B in docs/perf.md) */
+    const char *cp = c->world->nccl_cta_policy;
+    if (strcmp(cp, "efficiency") == 0) cfg.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
+    if (strcmp(cp, "zero") == 0) cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
     ncclResult_t r = ncclCommInitRankConfig(&nc->comm, c->size, id, c->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
         snprintf(err, errlen, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));

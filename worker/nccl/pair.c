@@ -164,7 +164,8 @@ static void release(struct pair_ar *p, int peer_mapped) {
 }
 
 struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, void *compute_stream,
-                            size_t side_bytes, int timeout_ms, char *err, size_t errlen) {
+                            size_t side_bytes, int timeout_ms, const struct pair_ar_tuning *t,
+                            char *err, size_t errlen) {
     if (comm_size(c) != 2 || elt != 2 || !buf || !compute_stream || n == 0) {
         snprintf(err, errlen,
                  "pair all-reduce: needs 2 ranks and a bf16 device buffer (size %d, elt %zu)",
@@ -186,12 +187,11 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
     p->timeout_ms = timeout_ms > 0 ? timeout_ms : COMM_DEFAULT_TIMEOUT_MS;
     p->step = 1;
     p->recv_bytes = (n * elt + 255) & ~(size_t)255;
-    /* LOOM_PAIR_CHUNK_KIB (default 8192): ranges are cut into chunks of
-     * about this size (at most 16 a range), copied alternately on two
-     * streams, each added as soon as it has arrived */
-    const char *ck = getenv("LOOM_PAIR_CHUNK_KIB"), *tr = getenv("LOOM_PAIR_TRACE");
-    p->chunk = (size_t)(ck && atoi(ck) > 0 ? atoi(ck) : 8192) * 1024;
-    p->trace = tr && *tr ? atoi(tr) : 0;
+    /* pair-chunk-kib (default 8192): ranges are cut into chunks of about
+     * this size (at most 16 a range), copied alternately on two streams,
+     * each added as soon as it has arrived */
+    p->chunk = (size_t)(t && t->chunk_kib > 0 ? t->chunk_kib : 8192) * 1024;
+    p->trace = t ? (int)t->trace : 0;
     int ok = 1, mapped = 0;
     char *dh = NULL;
     cudaIpcMemHandle_t h[2];
@@ -207,10 +207,10 @@ struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, voi
         snprintf(p->err, sizeof(p->err), "pair all-reduce: out of memory");
         ok = 0;
     }
-    /* LOOM_PAIR_PRIORITY=high: the copy and add streams at the device's
-     * highest priority (their blocks are scheduled ahead of the backward's
-     * pending ones), else the default */
-    const char *pr = getenv("LOOM_PAIR_PRIORITY");
+    /* pair-priority=high: the copy and add streams at the device's highest
+     * priority (their blocks are scheduled ahead of the backward's pending
+     * ones), else the default */
+    const char *pr = t ? t->priority : NULL;
     int lo_pri = 0, hi_pri = 0;
     if (pr && strcmp(pr, "high") == 0) cudaDeviceGetStreamPriorityRange(&lo_pri, &hi_pri);
     (void)lo_pri;

@@ -12,7 +12,7 @@
  * commutative, so both hold identical bits (the same value NCCL's two-rank
  * sum gives).
  *
- * A range is cut into chunks (about LOOM_PAIR_CHUNK_KIB, default 8 MiB; at
+ * A range is cut into chunks (about pair-chunk-kib, LOOM_PAIR_CHUNK_KIB, default 8 MiB; at
  * most 16 a range) copied alternately on two copy streams (two copy engines
  * busy), and each chunk is added as soon as it has arrived, so the adds of a
  * large range overlap its later copies. Synchronisation is on the device,
@@ -30,7 +30,8 @@
  * host, bounded by the timeout, so a dead peer fails the step instead of
  * hanging it. Ranges must be started in the same order on both ranks (as
  * with any collective). Used by worker/zero.c for ZeRO stage 0 on CUDA when
- * dp == 2 (LOOM_DP_PAIR=0 falls back to NCCL). */
+ * dp == 2 (LOOM_DP_PAIR=0 falls back to NCCL), through the transport interface of
+ * worker/nccl/dp_transport.h. */
 #ifndef LOOM_NCCL_PAIR_H
 #define LOOM_NCCL_PAIR_H
 
@@ -47,8 +48,16 @@ struct pair_ar;
  * peer mapping, no stream memory operations); both ranks then agree to
  * return NULL, so the caller can fall back to NCCL. side_bytes: the size of
  * the side area for pair_ar_side_send (0: none). */
+/* The pair-* tuning rows (worker/tuning.h). */
+struct pair_ar_tuning {
+    long chunk_kib;       /* chunk size (<= 0: 8192) */
+    long trace;           /* log chunk timings of this many steps (0: none) */
+    const char *priority; /* "high": copy and add streams at the highest priority */
+};
+/* t: NULL for the defaults. */
 struct pair_ar *pair_ar_new(struct comm *c, void *buf, size_t n, size_t elt, void *compute_stream,
-                            size_t side_bytes, int timeout_ms, char *err, size_t errlen);
+                            size_t side_bytes, int timeout_ms, const struct pair_ar_tuning *t,
+                            char *err, size_t errlen);
 /* Start the sum of elements [lo, hi) of buf with the peer, after the work
  * issued so far on the compute stream. No host wait. At most 1024 chunks a
  * step. 0, or -1 (err in pair_ar_error). */

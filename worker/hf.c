@@ -1,0 +1,846 @@
+/* Hugging Face directories: config.json -> model_config, weights -> the
+ * engine's flat buffers, and the way back (contract in hf.h).
+ *
+ * Config fields are read through one table per architecture family (HF key,
+ * where it goes, default, whether it is required). A weight is addressed by
+ * its Loom tensor (api/model.h, which uses the HF names); the per-element
+ * map from a tp rank's share to the file is: split (column blocks, row
+ * columns, vocabulary rows) -> full tensor element -> file element
+ * (transposed for GPT-2's Conv1D weights, vocabulary rows past vocab_size
+ * zero). Assumes a little-endian host, like safetensors.c. */
+#include "worker/hf.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "common/fsutil.h"
+#include "common/log.h"
+
+#define HF_SHARD_DEFAULT 5000000000ull     /* 5 GB, what transformers writes by default */
+#define HF_STAGE_ELEMS   ((size_t)1 << 22) /* 16 MiB of fp32 rows per conversion pass */
+
+static const char *const arch_names[HF_NARCH] = {
+    [HF_ARCH_LLAMA] = "LlamaForCausalLM",
+    [HF_ARCH_MISTRAL] = "MistralForCausalLM",
+    [HF_ARCH_QWEN2] = "Qwen2ForCausalLM",
+    [HF_ARCH_GPT2] = "GPT2LMHeadModel",
+};
+/* config.json "model_type" of each, used when "architectures" is absent. */
+static const char *const arch_types[HF_NARCH] = {"llama", "mistral", "qwen2", "gpt2"};
+
+const char *hf_arch_name(enum hf_arch a) {
+    return (unsigned)a < HF_NARCH ? arch_names[a] : "?";
+}
+
+const char *hf_torch_dtype(enum st_dtype d) {
+    return d == ST_BF16 ? "bfloat16" : d == ST_F16 ? "float16" : "float32";
+}
+
+struct hf_tensor {
+    int file;                 /* index into files */
+    const struct st_info *in; /* borrowed from the st_file */
+    int transpose;            /* file [in, out] for a Loom [out, in] weight */
+};
+
+struct hf_model {
+    char dir[PATH_MAX];
+    enum hf_arch arch;
+    struct model_config cfg;
+    json_t *config; /* config.json */
+    enum st_dtype dtype;
+    struct st_file **files;
+    char **file_names;
+    int nfiles;
+    struct model_layout layout; /* tp = 1, for the tensor list */
+    struct hf_tensor *t;        /* [layout.n] */
+    uint64_t bytes_read;
+};
+
+const struct model_config *hf_config(const struct hf_model *h) {
+    return &h->cfg;
+}
+enum hf_arch hf_model_arch(const struct hf_model *h) {
+    return h->arch;
+}
+enum st_dtype hf_model_dtype(const struct hf_model *h) {
+    return h->dtype;
+}
+const char *hf_model_dir(const struct hf_model *h) {
+    return h->dir;
+}
+uint64_t hf_bytes_read(const struct hf_model *h) {
+    return h->bytes_read;
+}
+
+int hf_eos_tokens(const struct hf_model *h, int *ids, int max) {
+    json_t *v = json_object_get(h->config, "eos_token_id");
+    int n = 0;
+    if (json_is_integer(v) && max > 0) ids[n++] = (int)json_integer_value(v);
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v) && n < max; i++)
+        if (json_is_integer(json_array_get(v, i)))
+            ids[n++] = (int)json_integer_value(json_array_get(v, i));
+    return n;
+}
+
+void hf_free(struct hf_model *h) {
+    if (!h) return;
+    for (int i = 0; i < h->nfiles; i++) {
+        st_close(h->files[i]);
+        free(h->file_names[i]);
+    }
+    free(h->files);
+    free(h->file_names);
+    free(h->t);
+    model_layout_free(&h->layout);
+    json_decref(h->config);
+    free(h);
+}
+
+/* ---- config.json ---- */
+
+enum cf_kind { CF_INT, CF_DOUBLE, CF_BOOL };
+
+/* One config.json key. `alt` is an older spelling (GPT-2's n_ctx). An
+ * absent optional key keeps `def`; a required one is HF_CONFIG_INVALID. */
+struct cf_row {
+    const char *key, *alt;
+    enum cf_kind kind;
+    size_t off; /* into struct model_config */
+    double def;
+    int required;
+};
+
+#define CI(f) offsetof(struct model_config, f)
+
+static const struct cf_row llama_rows[] = {
+    {"hidden_size", NULL, CF_INT, CI(d_model), 0, 1},
+    {"intermediate_size", NULL, CF_INT, CI(d_ff), 0, 1},
+    {"num_hidden_layers", NULL, CF_INT, CI(n_layer), 0, 1},
+    {"num_attention_heads", NULL, CF_INT, CI(n_head), 0, 1},
+    {"num_key_value_heads", NULL, CF_INT, CI(n_kv_head), -1, 0}, /* -1: n_head */
+    {"vocab_size", NULL, CF_INT, CI(vocab_size), 0, 1},
+    {"max_position_embeddings", NULL, CF_INT, CI(seq_len), 2048, 0},
+    {"rms_norm_eps", NULL, CF_DOUBLE, CI(norm_eps), 1e-6, 0},
+    {"rope_theta", NULL, CF_DOUBLE, CI(rope_theta), 10000.0, 0},
+    {"tie_word_embeddings", NULL, CF_BOOL, CI(tied_embeddings), 0, 0},
+};
+
+static const struct cf_row gpt2_rows[] = {
+    {"n_embd", NULL, CF_INT, CI(d_model), 0, 1},
+    {"n_layer", NULL, CF_INT, CI(n_layer), 0, 1},
+    {"n_head", NULL, CF_INT, CI(n_head), 0, 1},
+    {"vocab_size", NULL, CF_INT, CI(vocab_size), 0, 1},
+    {"n_positions", "n_ctx", CF_INT, CI(seq_len), 1024, 0},
+    {"layer_norm_epsilon", NULL, CF_DOUBLE, CI(norm_eps), 1e-5, 0},
+    {"n_inner", NULL, CF_INT, CI(d_ff), -1, 0}, /* -1 (or null): 4 * n_embd */
+};
+
+static int read_rows(const json_t *j, const struct cf_row *rows, size_t n, struct model_config *c,
+                     const char *path, struct loom_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        const struct cf_row *r = &rows[i];
+        json_t *v = json_object_get(j, r->key);
+        if ((!v || json_is_null(v)) && r->alt) v = json_object_get(j, r->alt);
+        void *dst = (char *)c + r->off;
+        if (!v || json_is_null(v)) {
+            if (r->required)
+                return loom_error_set(err, 422, "HF_CONFIG_INVALID", r->key,
+                                      "%s: \"%s\" is required", path, r->key);
+            if (r->kind == CF_DOUBLE)
+                *(double *)dst = r->def;
+            else
+                *(int *)dst = (int)r->def;
+            continue;
+        }
+        int ok = r->kind == CF_BOOL  ? json_is_boolean(v)
+                 : r->kind == CF_INT ? json_is_integer(v) && json_integer_value(v) >= 0 &&
+                                           json_integer_value(v) <= INT_MAX
+                                     : json_is_number(v);
+        if (!ok)
+            return loom_error_set(err, 422, "HF_CONFIG_INVALID", r->key, "%s: \"%s\" must be %s",
+                                  path, r->key,
+                                  r->kind == CF_BOOL  ? "true or false"
+                                  : r->kind == CF_INT ? "a non-negative integer"
+                                                      : "a number");
+        if (r->kind == CF_DOUBLE)
+            *(double *)dst = json_number_value(v);
+        else if (r->kind == CF_BOOL)
+            *(int *)dst = json_is_true(v);
+        else
+            *(int *)dst = (int)json_integer_value(v);
+    }
+    return 0;
+}
+
+/* A config.json value must be absent, null or `want` (a feature Loom lacks
+ * otherwise). want: "false", "silu" style strings compared to the JSON. */
+static int need_value(const json_t *j, const char *key, const char *const *ok, const char *path,
+                      struct loom_error *err) {
+    json_t *v = json_object_get(j, key);
+    if (!v || json_is_null(v)) return 0;
+    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    const char *txt = json_is_string(v) ? json_string_value(v) : s;
+    for (; *ok; ok++)
+        if (txt && strcmp(txt, *ok) == 0) {
+            free(s);
+            return 0;
+        }
+    loom_error_set(err, 422, "HF_CONFIG_UNSUPPORTED", key,
+                   "%s: %s = %s is not supported by Loom's implementation of this architecture",
+                   path, key, s ? s : "?");
+    free(s);
+    return -1;
+}
+
+static int parse_rope_scaling(const json_t *j, struct model_config *c, const char *path,
+                              struct loom_error *err) {
+    json_t *rs = json_object_get(j, "rope_scaling");
+    if (!rs || json_is_null(rs)) return 0;
+    json_t *ty = json_object_get(rs, "rope_type");
+    if (!ty) ty = json_object_get(rs, "type");
+    const char *t = json_string_value(ty);
+    if (t && strcmp(t, "default") == 0) return 0;
+    if (!t || strcmp(t, "llama3") != 0)
+        return loom_error_set(err, 422, "HF_CONFIG_UNSUPPORTED", "rope_scaling",
+                              "%s: rope_scaling type \"%s\" is not supported (supported: llama3)",
+                              path, t ? t : "?");
+    static const struct {
+        const char *key;
+        size_t off;
+    } keys[] = {{"factor", CI(rope_factor)},
+                {"low_freq_factor", CI(rope_low_freq_factor)},
+                {"high_freq_factor", CI(rope_high_freq_factor)}};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        json_t *v = json_object_get(rs, keys[i].key);
+        if (!json_is_number(v) || json_number_value(v) <= 0)
+            return loom_error_set(err, 422, "HF_CONFIG_INVALID", "rope_scaling",
+                                  "%s: rope_scaling.%s must be a positive number", path,
+                                  keys[i].key);
+        *(double *)((char *)c + keys[i].off) = json_number_value(v);
+    }
+    json_t *om = json_object_get(rs, "original_max_position_embeddings");
+    if (!json_is_integer(om) || json_integer_value(om) <= 0 || json_integer_value(om) > INT_MAX)
+        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "rope_scaling",
+                              "%s: rope_scaling.original_max_position_embeddings must be a "
+                              "positive integer",
+                              path);
+    if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
+        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "rope_scaling",
+                              "%s: rope_scaling high_freq_factor=%g must exceed low_freq_factor=%g",
+                              path, c->rope_high_freq_factor, c->rope_low_freq_factor);
+    c->rope_original_max_pos = (int)json_integer_value(om);
+    c->rope_scaling = MODEL_ROPE_SCALE_LLAMA3;
+    return 0;
+}
+
+static int find_arch(const json_t *j, const char *path, struct loom_error *err) {
+    json_t *a = json_object_get(j, "architectures");
+    const char *name = json_string_value(json_array_get(a, 0));
+    const char *type = json_string_value(json_object_get(j, "model_type"));
+    for (int i = 0; i < HF_NARCH; i++)
+        if (name ? strcmp(name, arch_names[i]) == 0 : type && strcmp(type, arch_types[i]) == 0)
+            return i;
+    char list[256] = "";
+    for (int i = 0; i < HF_NARCH; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                 arch_names[i]);
+    return loom_error_set(err, 422, "UNSUPPORTED_ARCHITECTURE", "architectures",
+                          "%s: architecture \"%s\" is not supported; supported: %s", path,
+                          name   ? name
+                          : type ? type
+                                 : "(none given)",
+                          list);
+}
+
+static int parse_config(struct hf_model *h, const char *path, struct loom_error *err) {
+    json_error_t je;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return loom_error_set(err, 422, "HF_CONFIG_MISSING", "init_from",
+                              "%s: no config.json in the model directory (%s)", path,
+                              strerror(errno));
+    h->config = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(h->config))
+        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "config.json",
+                              "%s: not a JSON object (line %d: %s)", path, je.line, je.text);
+    const json_t *j = h->config;
+    int a = find_arch(j, path, err);
+    if (a < 0) return -1;
+    h->arch = (enum hf_arch)a;
+    struct model_config *c = &h->cfg;
+    memset(c, 0, sizeof *c);
+    if (h->arch == HF_ARCH_GPT2) {
+        model_config_family_defaults(c, MODEL_GPT2);
+        if (read_rows(j, gpt2_rows, sizeof gpt2_rows / sizeof *gpt2_rows, c, path, err) != 0)
+            return -1;
+        c->n_kv_head = c->n_head;
+        if (c->d_ff < 0) c->d_ff = 4 * c->d_model;
+        static const char *const gelu[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
+        static const char *const no[] = {"false", NULL};
+        static const char *const yes[] = {"true", NULL};
+        if (need_value(j, "activation_function", gelu, path, err) != 0 ||
+            need_value(j, "scale_attn_by_inverse_layer_idx", no, path, err) != 0 ||
+            need_value(j, "reorder_and_upcast_attn", no, path, err) != 0 ||
+            need_value(j, "scale_attn_weights", yes, path, err) != 0)
+            return -1;
+    } else {
+        model_config_family_defaults(c, MODEL_LLAMA);
+        if (read_rows(j, llama_rows, sizeof llama_rows / sizeof *llama_rows, c, path, err) != 0)
+            return -1;
+        if (c->n_kv_head < 0) c->n_kv_head = c->n_head;
+        static const char *const silu[] = {"silu", NULL};
+        static const char *const no[] = {"false", NULL};
+        if (need_value(j, "hidden_act", silu, path, err) != 0 ||
+            need_value(j, "attention_bias", no, path, err) != 0 ||
+            need_value(j, "mlp_bias", no, path, err) != 0)
+            return -1;
+        if (h->arch == HF_ARCH_QWEN2) {
+            c->qkv_bias = 1;
+            if (need_value(j, "use_sliding_window", no, path, err) != 0) return -1;
+        }
+        json_t *hd = json_object_get(j, "head_dim");
+        if (json_is_integer(hd) && c->n_head > 0 &&
+            json_integer_value(hd) != (json_int_t)(c->d_model / c->n_head))
+            return loom_error_set(err, 422, "HF_CONFIG_UNSUPPORTED", "head_dim",
+                                  "%s: head_dim=%" JSON_INTEGER_FORMAT
+                                  " differs from hidden_size/num_attention_heads = %d/%d; Loom "
+                                  "needs them equal",
+                                  path, json_integer_value(hd), c->d_model, c->n_head);
+        if (parse_rope_scaling(j, c, path, err) != 0) return -1;
+        json_t *sw = json_object_get(j, "sliding_window");
+        if (h->arch == HF_ARCH_MISTRAL && json_is_integer(sw) && json_integer_value(sw) > 0 &&
+            json_integer_value(sw) < c->seq_len) /* no sequence may exceed the window */
+            c->seq_len = (int)json_integer_value(sw);
+    }
+    model_config_finalize(c);
+    char msg[256];
+    const char *field = NULL;
+    if (model_config_check(c, msg, sizeof msg, &field) != 0)
+        return loom_error_set(err, 422, "HF_CONFIG_INVALID", field ? field : "config.json",
+                              "%s: %s", path, msg);
+    snprintf(c->preset, sizeof c->preset, "%s", "");
+    return 0;
+}
+
+int hf_config_parse(const char *path, struct model_config *c, enum hf_arch *arch,
+                    struct loom_error *err) {
+    struct hf_model *h = calloc(1, sizeof *h);
+    if (!h) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory");
+    int rc = parse_config(h, path, err);
+    if (rc == 0) {
+        *c = h->cfg;
+        *arch = h->arch;
+    }
+    hf_free(h);
+    return rc;
+}
+
+/* ---- weights ---- */
+
+static int st_error(int rc, const char *msg, struct loom_error *err) {
+    const char *code = rc == ST_EDTYPE                        ? "HF_DTYPE"
+                       : rc == ST_EHEADER || rc == ST_EFORMAT ? "SAFETENSORS_HEADER"
+                                                              : "HF_IO";
+    return loom_error_set(err, 422, code, "weights", "%s", msg);
+}
+
+static int add_file(struct hf_model *h, const char *name, struct loom_error *err) {
+    for (int i = 0; i < h->nfiles; i++)
+        if (strcmp(h->file_names[i], name) == 0) return i;
+    if (strchr(name, '/') || strcmp(name, "..") == 0)
+        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "weight_map",
+                              "%s: weight_map names file \"%s\" outside the directory", h->dir,
+                              name);
+    struct st_file **nf = realloc(h->files, (size_t)(h->nfiles + 1) * sizeof *nf);
+    if (nf) h->files = nf;
+    char **nn = realloc(h->file_names, (size_t)(h->nfiles + 1) * sizeof *nn);
+    if (nn) h->file_names = nn;
+    if (!nf || !nn) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory");
+    char path[PATH_MAX + 256], msg[768];
+    snprintf(path, sizeof path, "%s/%s", h->dir, name);
+    struct st_file *f = NULL;
+    int rc = st_open(path, &f, msg, sizeof msg);
+    if (rc != 0) return st_error(rc, msg, err);
+    h->files[h->nfiles] = f;
+    h->file_names[h->nfiles] = strdup(name);
+    return h->nfiles++;
+}
+
+/* The HF file name of Loom tensor `name`: the same, or for GPT-2 the name
+ * without "transformer." (the original checkpoints omit the prefix). */
+static const struct st_info *lookup(struct hf_model *h, const char *name, int *file) {
+    for (int pass = 0; pass < 2; pass++) {
+        const char *n = name;
+        if (pass == 1) {
+            if (h->arch != HF_ARCH_GPT2 || strncmp(name, "transformer.", 12) != 0) break;
+            n = name + 12;
+        }
+        for (int i = 0; i < h->nfiles; i++) {
+            const struct st_info *in = st_find(h->files[i], n);
+            if (in) {
+                *file = i;
+                return in;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t at = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, i ? ", " : "", shape[i]);
+    if (at < n) snprintf(buf + at, n - at, "]");
+}
+
+static int check_tensors(struct hf_model *h, struct loom_error *err) {
+    const struct model_config *c = &h->cfg;
+    if (model_layout_init(&h->layout, c, 1) != 0)
+        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "config.json",
+                              "%s: cannot lay out the model", h->dir);
+    h->t = calloc((size_t)h->layout.n, sizeof *h->t);
+    if (!h->t) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory");
+    for (int i = 0; i < h->layout.n; i++) {
+        const struct model_tensor *t = &h->layout.t[i];
+        int f = -1;
+        const struct st_info *in = lookup(h, t->name, &f);
+        if (!in)
+            return loom_error_set(err, 422, "HF_TENSOR_MISSING", t->name,
+                                  "%s: tensor %s is missing from the weights (%s, %d layers%s)",
+                                  h->dir, t->name, arch_names[h->arch], c->n_layer,
+                                  c->tied_embeddings ? ", tied embeddings" : "");
+        if (in->dtype != ST_F32 && in->dtype != ST_BF16 && in->dtype != ST_F16)
+            return loom_error_set(err, 422, "HF_DTYPE", t->name,
+                                  "%s/%s: tensor %s has dtype %s; supported: BF16, F16, F32",
+                                  h->dir, h->file_names[f], t->name, st_dtype_name(in->dtype));
+        int64_t want[2] = {t->shape[0], t->shape[1]};
+        int tr = h->arch == HF_ARCH_GPT2 && t->kind == MODEL_T_LINEAR_W;
+        if (t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD) want[0] = c->vocab_size;
+        if (tr) {
+            want[0] = t->shape[1];
+            want[1] = t->shape[0];
+        }
+        int ok = in->ndim == t->ndim && in->shape[0] == want[0] &&
+                 (t->ndim == 1 || in->shape[1] == want[1]);
+        if (!ok) {
+            char got[96], exp[96];
+            shape_str(got, sizeof got, in->ndim, in->shape);
+            shape_str(exp, sizeof exp, t->ndim, want);
+            return loom_error_set(err, 422, "HF_SHAPE_MISMATCH", t->name,
+                                  "%s/%s: tensor %s has shape %s but config.json implies %s "
+                                  "(hidden %d, heads %d/%d, ffn %d, vocab %d)",
+                                  h->dir, h->file_names[f], t->name, got, exp, c->d_model,
+                                  c->n_head, c->n_kv_head, c->d_ff, c->vocab_size);
+        }
+        h->t[i] = (struct hf_tensor){.file = f, .in = in, .transpose = tr};
+        if (t->kind == MODEL_T_EMBED) h->dtype = in->dtype;
+    }
+    return 0;
+}
+
+static int open_weights(struct hf_model *h, struct loom_error *err) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", h->dir);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        json_error_t je;
+        json_t *ix = json_load_file(path, 0, &je);
+        json_t *wm = json_object_get(ix, "weight_map");
+        if (!json_is_object(wm)) {
+            json_decref(ix);
+            return loom_error_set(err, 422, "HF_CONFIG_INVALID", "weight_map",
+                                  "%s: no \"weight_map\" object (%s)", path, je.text);
+        }
+        const char *k;
+        json_t *v;
+        int rc = 0;
+        json_object_foreach(wm, k, v) {
+            if (!json_is_string(v)) {
+                rc = loom_error_set(err, 422, "HF_CONFIG_INVALID", "weight_map",
+                                    "%s: weight_map[\"%s\"] is not a file name", path, k);
+                break;
+            }
+            int f = add_file(h, json_string_value(v), err);
+            if (f < 0) {
+                rc = -1;
+                break;
+            }
+            if (!st_find(h->files[f], k)) {
+                rc = loom_error_set(err, 422, "HF_TENSOR_MISSING", k,
+                                    "%s: the index puts %s in %s, which does not hold it", path, k,
+                                    json_string_value(v));
+                break;
+            }
+        }
+        json_decref(ix);
+        return rc;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", h->dir);
+    if (stat(path, &st) != 0)
+        return loom_error_set(err, 422, "HF_WEIGHTS_MISSING", "init_from",
+                              "%s: neither model.safetensors nor model.safetensors.index.json "
+                              "(only safetensors weights are read)",
+                              h->dir);
+    return add_file(h, "model.safetensors", err) < 0 ? -1 : 0;
+}
+
+int hf_open(const char *dir, struct hf_model **out, struct loom_error *err) {
+    *out = NULL;
+    struct hf_model *h = calloc(1, sizeof *h);
+    if (!h) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory");
+    snprintf(h->dir, sizeof h->dir, "%s", dir);
+    size_t dl = strlen(h->dir);
+    while (dl > 1 && h->dir[dl - 1] == '/')
+        h->dir[--dl] = '\0';
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.json", h->dir);
+    if (parse_config(h, path, err) != 0 || open_weights(h, err) != 0 ||
+        check_tensors(h, err) != 0) {
+        hf_free(h);
+        return -1;
+    }
+    *out = h;
+    return 0;
+}
+
+/* ---- loading ---- */
+
+static inline float elem(const unsigned char *p, size_t i, enum st_dtype d) {
+    uint16_t u;
+    switch (d) {
+    case ST_BF16:
+        memcpy(&u, p + 2 * i, 2);
+        return st_bf16_to_f32(u);
+    case ST_F16:
+        memcpy(&u, p + 2 * i, 2);
+        return st_f16_to_f32(u);
+    default: {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    }
+}
+
+/* n contiguous elements from element i0 on, with the dtype switch outside
+ * the loop. */
+static void run(float *o, const unsigned char *p, size_t i0, size_t n, enum st_dtype d) {
+    const unsigned char *q = p + i0 * st_dtype_size(d);
+    uint16_t u;
+    if (d == ST_F32) {
+        memcpy(o, q, n * sizeof *o);
+    } else if (d == ST_BF16) {
+        for (size_t j = 0; j < n; j++) {
+            memcpy(&u, q + 2 * j, 2);
+            o[j] = st_bf16_to_f32(u);
+        }
+    } else {
+        for (size_t j = 0; j < n; j++) {
+            memcpy(&u, q + 2 * j, 2);
+            o[j] = st_f16_to_f32(u);
+        }
+    }
+}
+
+/* The part [*a, *b) of tensor i's rank range that this engine holds (its
+ * window, or all of it behind a view); 0 when none. */
+static int held_range(const struct engine *e, int i, size_t *a, size_t *b) {
+    const struct model_tensor *t = &e->layout.t[i];
+    size_t lo = (size_t)t->rank_offset, hi = lo + (size_t)t->rank_numel;
+    if (e->pview[i]) {
+        *a = lo;
+        *b = hi;
+        return 1;
+    }
+    *a = lo > e->p_lo ? lo : e->p_lo;
+    *b = hi < e->p_hi ? hi : e->p_hi;
+    return *a < *b;
+}
+
+/* Rows [r0, r1) of tensor t's share for tp rank idx into out (rank row
+ * layout), read from the file tensor. */
+static void fill_rows(const struct model_tensor *t, const struct hf_tensor *ht,
+                      const unsigned char *src, int V, int tp, int idx, int64_t r0, int64_t r1,
+                      float *out) {
+    int64_t d0 = t->shape[0], rc = t->rank_shape[1];
+    int64_t cols_f = t->ndim == 2 ? ht->in->shape[1] : 1;
+    enum st_dtype dt = ht->in->dtype;
+    for (int64_t i = r0; i < r1; i++) {
+        int64_t gi = i, gj0 = 0;
+        switch (t->split) {
+        case MODEL_SPLIT_COLUMN: {
+            int64_t blk = d0 / t->parts, per = blk / tp;
+            gi = (i / per) * blk + idx * per + i % per;
+            break;
+        }
+        case MODEL_SPLIT_ROW:
+            gj0 = idx * rc;
+            break;
+        case MODEL_SPLIT_VOCAB:
+            gi = idx * t->rank_shape[0] + i;
+            break;
+        default:
+            break;
+        }
+        float *o = out + (i - r0) * rc;
+        if ((t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD) && (gi >= V || gi >= d0)) {
+            memset(o, 0, (size_t)rc * sizeof *o);
+            continue;
+        }
+        if (ht->transpose) /* Loom (gi, gj) is file (gj, gi); file rows are d1 */
+            for (int64_t j = 0; j < rc; j++)
+                o[j] = elem(src, (size_t)((gj0 + j) * cols_f + gi), dt);
+        else
+            run(o, src, (size_t)(gi * cols_f + gj0), (size_t)rc, dt);
+    }
+}
+
+int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
+    const struct model_config *c = &h->cfg, *ec = &e->cfg;
+    if (ec->family != c->family || ec->n_layer != c->n_layer || ec->d_model != c->d_model ||
+        ec->n_head != c->n_head || ec->n_kv_head != c->n_kv_head || ec->d_ff != c->d_ff ||
+        ec->vocab_size != c->vocab_size || ec->tied_embeddings != c->tied_embeddings ||
+        ec->qkv_bias != c->qkv_bias || (c->family == MODEL_GPT2 && ec->seq_len != c->seq_len))
+        return loom_error_set(err, 422, "HF_SHAPE_MISMATCH", "model",
+                              "%s: the engine's model (layers %d, d_model %d, heads %d/%d, d_ff "
+                              "%d, vocab %d) is not the directory's (%d, %d, %d/%d, %d, %d)",
+                              h->dir, ec->n_layer, ec->d_model, ec->n_head, ec->n_kv_head, ec->d_ff,
+                              ec->vocab_size, c->n_layer, c->d_model, c->n_head, c->n_kv_head,
+                              c->d_ff, c->vocab_size);
+    /* rows are converted through a staging buffer of at most HF_STAGE_ELEMS
+     * floats (one row when a row is wider), so host memory stays bounded */
+    size_t maxrow = 1;
+    for (int i = 0; i < e->layout.n; i++)
+        if ((size_t)e->layout.t[i].rank_shape[1] > maxrow)
+            maxrow = (size_t)e->layout.t[i].rank_shape[1];
+    size_t cap = maxrow > HF_STAGE_ELEMS ? maxrow : HF_STAGE_ELEMS;
+    float *buf = malloc(cap * sizeof *buf);
+    if (!buf) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory (%zu floats)", cap);
+    int rc = 0;
+    uint64_t total = 0;
+    for (int i = 0; i < e->layout.n && rc == 0; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        const struct hf_tensor *ht = &h->t[i]; /* same order: the same config's layout */
+        total += ht->in->nbytes;
+        size_t a, b;
+        if (!held_range(e, i, &a, &b)) continue;
+        int64_t rc1 = t->rank_shape[1];
+        int64_t r0 = (int64_t)(a - (size_t)t->rank_offset) / rc1;
+        int64_t r1 = ((int64_t)(b - (size_t)t->rank_offset) + rc1 - 1) / rc1;
+        char msg[512];
+        const unsigned char *src = st_data(h->files[ht->file], ht->in, msg, sizeof msg);
+        if (!src) {
+            rc = loom_error_set(err, 422, "HF_IO", t->name, "%s", msg);
+            break;
+        }
+        int64_t step = (int64_t)(cap / (size_t)rc1);
+        for (int64_t q = r0; q < r1 && rc == 0; q += step) {
+            int64_t q1 = q + step < r1 ? q + step : r1;
+            fill_rows(t, ht, src, c->vocab_size, e->tp, e->tp_idx, q, q1, buf);
+            if (engine_params_from_host(e, (size_t)t->rank_offset + (size_t)(q * rc1), buf,
+                                        (size_t)((q1 - q) * rc1)) != 0)
+                rc = loom_error_set(err, 500, "HF_IO", NULL, "out of memory uploading %s", t->name);
+        }
+        st_release(h->files[ht->file], ht->in);
+        /* bytes of the file this touched: the share's fraction of the tensor */
+        h->bytes_read += ht->in->nbytes * (uint64_t)((r1 - r0) * rc1) / (uint64_t)t->numel;
+    }
+    free(buf);
+    e->be->sync(e->be->ctx);
+    if (rc == 0)
+        log_info("hf: rank %d loaded its share of %s (%llu of %llu bytes of weights)", e->rank,
+                 h->dir, (unsigned long long)h->bytes_read, (unsigned long long)total);
+    return rc;
+}
+
+/* ---- export ---- */
+
+/* Copy a file byte for byte (atomically replacing dst). 0, 1 when src does
+ * not exist, -1 on error. */
+static int copy_file(const char *src, const char *dst) {
+    size_t n = 0;
+    char *data = fs_read_file(src, 0, &n);
+    if (!data) return errno == ENOENT ? 1 : -1;
+    int rc = fs_write_atomic(dst, data, n, 0644, 0);
+    free(data);
+    return rc;
+}
+
+static int write_json(const char *dir, const char *name, json_t *j) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    int rc = s ? fs_write_atomic(path, s, strlen(s), 0644, 0) : -1;
+    free(s);
+    return rc;
+}
+
+/* config.json for c when there is no source to start from. */
+static json_t *config_for(const struct model_config *c, enum st_dtype dt) {
+    if (c->family == MODEL_GPT2)
+        return json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:n, s:s, s:f, s:b, s:s}",
+                         "architectures", arch_names[HF_ARCH_GPT2], "model_type", "gpt2", "n_embd",
+                         c->d_model, "n_layer", c->n_layer, "n_head", c->n_head, "n_positions",
+                         c->seq_len, "vocab_size", c->vocab_size, "n_inner", "activation_function",
+                         "gelu_new", "layer_norm_epsilon", c->norm_eps, "tie_word_embeddings", 1,
+                         "torch_dtype", hf_torch_dtype(dt));
+    json_t *j = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s, "
+                          "s:s, s:b, s:b}",
+                          "architectures", arch_names[c->qkv_bias ? HF_ARCH_QWEN2 : HF_ARCH_LLAMA],
+                          "model_type", c->qkv_bias ? "qwen2" : "llama", "hidden_size", c->d_model,
+                          "intermediate_size", c->d_ff, "num_hidden_layers", c->n_layer,
+                          "num_attention_heads", c->n_head, "num_key_value_heads", c->n_kv_head,
+                          "vocab_size", c->vocab_size, "max_position_embeddings", c->seq_len,
+                          "rms_norm_eps", c->norm_eps, "rope_theta", c->rope_theta,
+                          "tie_word_embeddings", c->tied_embeddings, "hidden_act", "silu",
+                          "torch_dtype", hf_torch_dtype(dt), "attention_bias", 0, "mlp_bias", 0);
+    if (j && c->rope_scaling == MODEL_ROPE_SCALE_LLAMA3)
+        json_object_set_new(j, "rope_scaling",
+                            json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
+                                      c->rope_factor, "low_freq_factor", c->rope_low_freq_factor,
+                                      "high_freq_factor", c->rope_high_freq_factor,
+                                      "original_max_position_embeddings",
+                                      c->rope_original_max_pos));
+    return j;
+}
+
+/* Tokenizer and chat-template files a tokenizer loader may look for. */
+static const char *const tokenizer_files[] = {
+    "tokenizer.json",      "tokenizer_config.json",
+    "tokenizer.model",     "special_tokens_map.json",
+    "vocab.json",          "merges.txt",
+    "added_tokens.json",   "vocab.txt",
+    "chat_template.jinja", "chat_template.json",
+};
+
+int hf_export(const struct hf_export_opts *o, const struct model_config *c,
+              const struct model_layout *full, const float *params, struct loom_error *err) {
+    if (full->tp != 1 || (o->dtype != ST_F32 && o->dtype != ST_BF16 && o->dtype != ST_F16))
+        return loom_error_set(err, 422, "EXPORT_FAILED", "export",
+                              "export needs a tp = 1 layout and dtype F32, BF16 or F16");
+    if (fs_mkdir_p(o->dir, 0755, 0) != 0)
+        return loom_error_set(err, 422, "EXPORT_FAILED", "export", "%s: cannot create: %s", o->dir,
+                              strerror(errno));
+    uint64_t cap = o->shard_bytes ? o->shard_bytes : HF_SHARD_DEFAULT;
+    size_t esz = st_dtype_size(o->dtype);
+    struct st_tensor *t = calloc((size_t)full->n, sizeof *t);
+    int *shard = calloc((size_t)full->n, sizeof *shard);
+    json_t *wm = json_object(), *md = json_pack("{s:s}", "format", "pt"), *cfg = NULL;
+    int rc = -1, n = 0, nshards = 0;
+    uint64_t total = 0, in_shard = 0;
+    if (!t || !shard || !wm || !md) {
+        loom_error_set(err, 500, "EXPORT_FAILED", NULL, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < full->n; i++) { /* the tensors and their shard, in layout order */
+        const struct model_tensor *mt = &full->t[i];
+        struct st_tensor *s = &t[n];
+        s->name = mt->name;
+        s->dtype = o->dtype;
+        s->src_dtype = ST_F32;
+        s->data = params + mt->offset;
+        s->ndim = mt->ndim;
+        s->shape[0] = mt->shape[0];
+        s->shape[1] = mt->shape[1];
+        if (mt->kind == MODEL_T_EMBED || mt->kind == MODEL_T_LM_HEAD) {
+            s->shape[0] = c->vocab_size; /* the padding rows are Loom's */
+        } else if (mt->kind == MODEL_T_LINEAR_W && c->family == MODEL_GPT2) {
+            s->shape[0] = mt->shape[1]; /* Conv1D [in, out] */
+            s->shape[1] = mt->shape[0];
+            s->transpose = 1;
+        }
+        uint64_t bytes = (uint64_t)s->shape[0] * (uint64_t)(s->ndim == 2 ? s->shape[1] : 1) * esz;
+        if (n == 0 || (in_shard > 0 && in_shard + bytes > cap)) {
+            nshards++;
+            in_shard = 0;
+        }
+        in_shard += bytes;
+        total += bytes;
+        shard[n++] = nshards - 1;
+    }
+    char name[64], path[PATH_MAX + 128], msg[512];
+    for (int k = 0; k < nshards; k++) {
+        int a = 0;
+        while (shard[a] != k)
+            a++;
+        int b = a;
+        while (b < n && shard[b] == k)
+            b++;
+        if (nshards == 1)
+            snprintf(name, sizeof name, "model.safetensors");
+        else
+            snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, nshards);
+        snprintf(path, sizeof path, "%s/%s", o->dir, name);
+        if (st_write(path, t + a, (size_t)(b - a), md, NULL, NULL, msg, sizeof msg) != 0) {
+            loom_error_set(err, 500, "EXPORT_FAILED", "export", "%s", msg);
+            goto out;
+        }
+        for (int i = a; i < b; i++)
+            json_object_set_new(wm, t[i].name, json_string(name));
+    }
+    json_t *ix =
+        json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
+    int wrc = write_json(o->dir, "model.safetensors.index.json", ix);
+    json_decref(ix);
+    if (wrc != 0) goto ioerr;
+    /* config.json: the source's with this dtype, or one for c */
+    if (o->src_dir) {
+        snprintf(path, sizeof path, "%s/config.json", o->src_dir);
+        cfg = json_load_file(path, JSON_REJECT_DUPLICATES, NULL);
+    }
+    if (json_is_object(cfg)) {
+        json_object_set_new(cfg, "torch_dtype", json_string(hf_torch_dtype(o->dtype)));
+        if (json_object_get(cfg, "dtype")) /* the newer transformers spelling */
+            json_object_set_new(cfg, "dtype", json_string(hf_torch_dtype(o->dtype)));
+    } else {
+        json_decref(cfg);
+        cfg = config_for(c, o->dtype);
+    }
+    if (!cfg || write_json(o->dir, "config.json", cfg) != 0) goto ioerr;
+    int have_gen = 0;
+    char dst[PATH_MAX + 128];
+    if (o->src_dir) {
+        snprintf(path, sizeof path, "%s/generation_config.json", o->src_dir);
+        snprintf(dst, sizeof dst, "%s/generation_config.json", o->dir);
+        int crc = copy_file(path, dst);
+        if (crc < 0) goto ioerr;
+        have_gen = crc == 0;
+        for (size_t i = 0; i < sizeof tokenizer_files / sizeof *tokenizer_files; i++) {
+            snprintf(path, sizeof path, "%s/%s", o->src_dir, tokenizer_files[i]);
+            snprintf(dst, sizeof dst, "%s/%s", o->dir, tokenizer_files[i]);
+            if (copy_file(path, dst) < 0) goto ioerr;
+        }
+    }
+    if (!have_gen) { /* what transformers derives from the model config */
+        json_t *g = json_pack("{s:b}", "_from_model_config", 1);
+        static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+            json_t *v = json_object_get(cfg, keys[i]);
+            if (v && !json_is_null(v)) json_object_set(g, keys[i], v);
+        }
+        int grc = write_json(o->dir, "generation_config.json", g);
+        json_decref(g);
+        if (grc != 0) goto ioerr;
+    }
+    log_info("hf: exported %s (%d tensors, %.1f MB %s in %d file%s)", o->dir, n, total / 1e6,
+             st_dtype_name(o->dtype), nshards, nshards == 1 ? "" : "s");
+    rc = 0;
+    goto out;
+ioerr:
+    loom_error_set(err, 500, "EXPORT_FAILED", "export", "%s: cannot write: %s", o->dir,
+                   strerror(errno ? errno : EIO));
+out:
+    json_decref(cfg);
+    json_decref(wm);
+    json_decref(md);
+    free(t);
+    free(shard);
+    return rc;
+}

@@ -1,0 +1,87 @@
+/* The tuning and debug rows of loom-worker's config table (worker/tuning.h).
+ * Names map to the environment as every row does: cpu-isa is LOOM_CPU_ISA. */
+#include "worker/tuning.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/config.h"
+
+#define T     CONFIG_TUNING
+#define D     CONFIG_DEBUG
+#define AT(f) offsetof(struct worker_tuning, f)
+
+const struct config_entry worker_tuning_rows[] = {
+    {"cpu-isa", CONFIG_STR | T, AT(cpu.isa), NULL, 1, 0,
+     "CPU kernel set: baseline forces the portable kernels (identical results); default: AVX2 "
+     "when the CPU has it"},
+    {"cpu-par-min", CONFIG_INT | T, AT(cpu.par_min), "262144", 0, 1e15,
+     "CPU backend: elementwise kernels smaller than this run on one thread"},
+    {"fuse-dgelu", CONFIG_BOOL | T, AT(cuda.fuse_dgelu), "1", 0, 0,
+     "CUDA: fuse the GELU backward into the next matmul backward's epilogue"},
+    {"attn-cudnn", CONFIG_STR | T, AT(cuda.attn_cudnn), "1", 1, 0,
+     "CUDA attention: 1 cuDNN fused engines (deterministic), nd (nondeterministic), 0 the "
+     "built-in flash kernels"},
+    {"blas-tune", CONFIG_BOOL | T, AT(cuda.blas_tune), "0", 0, 0,
+     "CUDA: choose cuBLASLt algorithms by timing the candidates of each GEMM shape"},
+    {"blas-algo-cache", CONFIG_STR | T, AT(cuda.blas_algo_cache), NULL, 1, 0,
+     "CUDA: file of GEMM algorithm choices, read at start and written by blas-tune"},
+    {"comm-timeout-ms", CONFIG_INT | T, AT(comm.timeout_ms), "0", 0, 1e9,
+     "rendezvous and per-operation timeout (0: 300000)"},
+    {"comm-backend", CONFIG_STR | T, AT(comm.backend), NULL, 1, 0,
+     "comm backend: auto, local, gloo or nccl (default auto: nccl on cuda, gloo on cpu)"},
+    {"comm-order", CONFIG_STR | T, AT(comm.order), NULL, 1, 0,
+     "sync: wait on the host before each NCCL call instead of ordering on the stream"},
+    {"comm-iface", CONFIG_STR | T, AT(comm.iface), NULL, 1, 0,
+     "Gloo: the network interface to listen on"},
+    {"comm-host", CONFIG_STR | T, AT(comm.host), NULL, 1, 0,
+     "Gloo: the address or name to listen on (default: loopback for a file rendezvous, else the "
+     "host name)"},
+    {"nccl-stream-priority", CONFIG_STR | T, AT(comm.nccl_stream_priority), "default", 1, 0,
+     "NCCL comm stream priority: high or default"},
+    {"nccl-cta-policy", CONFIG_STR | T, AT(comm.nccl_cta_policy), "default", 1, 0,
+     "NCCL CTA policy: default, efficiency or zero"},
+    {"dp-pair", CONFIG_BOOL | T, AT(comm.dp_pair), "1", 0, 0,
+     "two dp ranks on cuda (stage 0): sum gradients with the copy engines, not NCCL"},
+    {"dp-emb-exchange", CONFIG_BOOL | T, AT(comm.dp_emb_exchange), "1", 0, 0,
+     "with dp-pair: exchange the token embedding gradient as per-token rows"},
+    {"pair-chunk-kib", CONFIG_INT | T, AT(comm.pair_chunk_kib), "8192", 1, 1 << 22,
+     "dp pair transport: chunk size, KiB"},
+    {"pair-priority", CONFIG_STR | T, AT(comm.pair_priority), "default", 1, 0,
+     "dp pair transport: copy and add stream priority, high or default"},
+    {"pair-trace", CONFIG_INT | D, AT(comm.pair_trace), "0", 0, 1e6,
+     "dp pair transport: log chunk timings for this many steps"},
+    {"tp-stream", CONFIG_BOOL | T, AT(comm.tp_stream), "1", 0, 0,
+     "tp all-reduces ordered on the compute stream (0: host sync before each)"},
+    {"debug-param-hash", CONFIG_BOOL | D, AT(debug_param_hash), "0", 0, 0,
+     "log the FNV-1a hash of the fp32 weights at the end (ranks holding all of them)"},
+};
+const size_t worker_tuning_nrows = sizeof worker_tuning_rows / sizeof *worker_tuning_rows;
+
+#undef T
+#undef D
+#undef AT
+
+struct config_entry *worker_config_table(const struct config_entry *base, size_t nbase,
+                                         size_t tuning_offset, size_t *n) {
+    struct config_entry *t = malloc((nbase + worker_tuning_nrows) * sizeof *t);
+    if (!t) return NULL;
+    memcpy(t, base, nbase * sizeof *t);
+    for (size_t i = 0; i < worker_tuning_nrows; i++) {
+        t[nbase + i] = worker_tuning_rows[i];
+        t[nbase + i].offset += tuning_offset;
+    }
+    *n = nbase + worker_tuning_nrows;
+    return t;
+}
+
+int worker_tuning_from_env(struct worker_tuning *t) {
+    memset(t, 0, sizeof *t);
+    char *argv[] = {"loom-worker", NULL};
+    return config_load(worker_tuning_rows, worker_tuning_nrows, t, "loom-worker", NULL, 1, argv,
+                       NULL, NULL);
+}
+
+void worker_tuning_free(struct worker_tuning *t) {
+    if (t) config_free(worker_tuning_rows, worker_tuning_nrows, t);
+}
