@@ -108,6 +108,15 @@ def loomctl_section(qs, env):
         check(opt in o, "plan --help lists " + opt)
     rc, o, e = run([ctl, "logs", "--help"], env)
     check("--raw" in o and "--follow" in o and "--stream" in o, "logs --help lists its options")
+    # The agent's long-polls have their own histogram, not the request-latency one.
+    import urllib.request
+    text = urllib.request.urlopen(env["LOOM_URL"] + "/metrics", timeout=10).read().decode()
+    lat = [l for l in text.splitlines() if l.startswith("loom_http_request_duration_seconds_count")]
+    lp = [l for l in text.splitlines() if l.startswith("loom_http_long_poll_duration_seconds_count")]
+    check(lat and not any("/v1/agent/assignments" in l for l in lat),
+          "request latency leaves out the assignments long-poll (%d routes)" % len(lat))
+    check(any('route="/v1/agent/assignments"' in l for l in lp),
+          "long-poll histogram has the assignments route")
     versions = set()
     for b in ("loomctl", "loomd", "loom-agent", "loom-worker"):
         rc, o, e = run([os.path.join(BIN, b), "--version"], env)
