@@ -117,6 +117,23 @@ def loomctl_section(qs, env):
           "request latency leaves out the assignments long-poll (%d routes)" % len(lat))
     check(any('route="/v1/agent/assignments"' in l for l in lp),
           "long-poll histogram has the assignments route")
+    # The node check of a one-device node runs what makes sense there and names what it skipped.
+    adm = dict(env, LOOM_TOKEN=open(os.path.join(qs, "admin.token")).read().strip())
+    rc, o, e = run([ctl, "--json", "node-check", "node-0"], adm, timeout=60)
+    try:
+        res = json.loads(o)
+    except ValueError:
+        res = {}
+    if isinstance(res, list):
+        res = res[0] if res else {}
+    res = res.get("check", res)
+    reason = res.get("reason", "")
+    summ = res.get("summary") or {}
+    check(rc == 0 and res.get("state") == "passed", "1-device node check passes: %s %s" % (rc, o[-300:] + e[-300:]))
+    check("one device" in reason and "skipped bandwidth" in reason and "latency" in reason
+          and "GB/s" not in reason, "it says what it skipped and why: " + reason)
+    check(summ.get("peak_busbw_gbps") is None and summ.get("skipped"),
+          "no bandwidth figure, a skipped list: %s" % summ.get("skipped"))
     versions = set()
     for b in ("loomctl", "loomd", "loom-agent", "loom-worker"):
         rc, o, e = run([os.path.join(BIN, b), "--version"], env)
