@@ -309,7 +309,8 @@ def sc_crash(c):
                    labels={"fake_crash_step": "5", "fake_crash_rank": "1",
                            "fake_crash_attempt": "0"})
     env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
-    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", jid, "--rank", "0", "-f"],
+    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", jid, "--rank", "0", "-f",
+                                 "--stream", "stderr"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     c.wait(lambda: c.job(jid)["attempt"] == 1, 15, "retry to attempt 1")
     t_fail = time.time()
