@@ -24,6 +24,9 @@ static const struct cli_option options[] = {
     {"tenant-update", "--gpu-quota N", "new GPU quota"},
     {"tenant-update", "--data-root DIR", "new data roots (repeatable; replaces the list)"},
     {"plan", "--local", "estimate here without asking loomd"},
+    {"plan", "--cluster FILE",
+     "what-if: the cluster from a JSON file (keys as the flags below: "
+     "nodes, gpus_per_node, gpu, ...); flags override it"},
     {"plan", "--alternatives N", "rank N alternative layouts"},
     {"plan", "--nodes N", "cluster: number of nodes"},
     {"plan", "--gpus-per-node G", "cluster: GPUs per node"},

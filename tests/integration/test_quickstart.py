@@ -134,6 +134,18 @@ def loomctl_section(qs, env):
           and "GB/s" not in reason, "it says what it skipped and why: " + reason)
     check(summ.get("peak_busbw_gbps") is None and summ.get("skipped"),
           "no bandwidth figure, a skipped list: %s" % summ.get("skipped"))
+    # plan --cluster FILE: the same plan as the same cluster given as flags, another than the default.
+    spec = os.path.join(qs, "job.json")
+    cf = os.path.join(qs, "whatif.json")
+    json.dump({"nodes": 4, "gpus_per_node": 2, "gpu": "H100-SXM"}, open(cf, "w"))
+    r1 = run([ctl, "--json", "plan", "--local", spec, "--cluster", cf], env)
+    r2 = run([ctl, "--json", "plan", "--local", spec, "--nodes", "4", "--gpus-per-node", "2",
+              "--gpu", "H100-SXM"], env)
+    r3 = run([ctl, "--json", "plan", "--local", spec], env)
+    r4 = run([ctl, "--json", "plan", "--local", spec, "--cluster", cf, "--nodes", "1"], env)
+    check(r1[0] == 0 and r1[1] == r2[1], "plan --cluster FILE equals the same flags (%s)" % r1[2][-200:])
+    check(r1[1] != r3[1], "plan --cluster FILE differs from the default cluster")
+    check(r4[0] == 0 and r4[1] != r1[1], "a flag after --cluster overrides the file")
     versions = set()
     for b in ("loomctl", "loomd", "loom-agent", "loom-worker"):
         rc, o, e = run([os.path.join(BIN, b), "--version"], env)
