@@ -1018,7 +1018,7 @@ static int lora_rules(const struct loom_spec *s, struct loom_error *e) {
     return 0;
 }
 
-/* Rules of the fine-tuning fields (../shared/ARCHITECTURE.md "Fine-tuning
+/* Rules of the fine-tuning fields (docs/architecture.md "Fine-tuning
  * contract"). */
 static int finetune_rules(const struct loom_spec *s, unsigned flags, struct loom_error *e) {
     if (s->train.lora.enabled && lora_rules(s, e) != 0) return -1;

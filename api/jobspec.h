@@ -3,7 +3,7 @@
  *
  * jobspec_parse() reads a jansson object strictly: unknown fields are
  * rejected by their JSON path ("train.lrr"), every field's type and range is
- * checked, then the cross-field rules of ../shared/ARCHITECTURE.md run, each
+ * checked, then the cross-field rules of docs/architecture.md run, each
  * with its own stable error code (the table in docs/internals/api.md) and a
  * message that names the numbers. Absent fields take the defaults listed
  * there. jobspec_to_json() writes the canonical form (every field, defaults
@@ -68,7 +68,7 @@ enum jobspec_recompute {
     JOBSPEC_RECOMPUTE_FULL
 };
 enum jobspec_device { JOBSPEC_DEV_CUDA = 0, JOBSPEC_DEV_CPU };
-/* Fine-tuning contract (../shared/ARCHITECTURE.md "Fine-tuning contract"). */
+/* Fine-tuning contract (docs/architecture.md "Fine-tuning contract"). */
 enum jobspec_data_format {
     JOBSPEC_FMT_BIN = 0, /* token shards (.bin) */
     JOBSPEC_FMT_TEXT,

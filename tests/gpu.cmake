@@ -37,7 +37,7 @@ if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     loom_warnings(loom-gpu-bench)
 endif()
 # All-reduce bus bandwidth through the comm layer on NCCL (not a test; run by
-# tests/gpu/device_run.sh dist beside tests/gpu/torch_allreduce.py).
+# tests/gpu/device/bench_comm.sh beside tests/gpu/torch_allreduce.py).
 if(LOOM_HAVE_CUDA AND TARGET loom_nccl)
     add_executable(bench_nccl_allreduce ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_nccl_allreduce.c)
     target_link_libraries(bench_nccl_allreduce PRIVATE loom_engine CUDA::cudart_static m)
@@ -65,7 +65,7 @@ if(LOOM_HAVE_CUDA AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent
                      $<TARGET_FILE_DIR:loom-worker>)
     set_tests_properties(gpu.cluster PROPERTIES LABELS gpu TIMEOUT 400 SKIP_RETURN_CODE 77)
 endif()
-# Kernel micro-benchmarks on one GPU (not tests; run by tests/gpu/call_*.sh):
+# Kernel micro-benchmarks on one GPU (not tests; run by tests/gpu/device/bench_step.sh micro):
 # AdamW variants' bandwidth, attention variants on the GPT-2 124M and 1558M
 # shapes, norm variants on the GPT-2 124M / 1558M and a Llama RMSNorm shape,
 # each variant in one process with agreement and bit-repeat checks.

@@ -1,7 +1,7 @@
 #!/bin/sh
-# The README's test command: set-up, a clean build, every test (ctest), then a
-# sanitizer build of the host code (address,undefined) running the unit and
-# integration tests again. GPU tests report "no GPU" and are not counted as passed.
+# The README's test command: set-up, a build in build/ (reused when it exists;
+# .ci/run removes it first), every test (ctest), then a sanitizer build of the
+# host code (address,undefined, build-asan/) running the sanitize-labelled tests again. GPU tests report "no GPU" and are not counted as passed.
 set -e
 cd "$(dirname "$0")/.."
 ./tools/setup.sh

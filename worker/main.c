@@ -681,7 +681,7 @@ static int export_model(struct run *r) {
 /* The debug-param-hash row (LOOM_DEBUG_PARAM_HASH=1): every rank holding all
  * fp32 master weights (ZeRO 0 or one rank) logs their FNV-1a hash, for tests
  * that check the data-parallel ranks stayed bit-identical
- * (tests/gpu/call_s4g.sh). Then the summary line. */
+ * (tests/gpu/device/check_all.sh curves). Then the summary line. */
 static int summary(struct run *r) {
     struct worker *w = r->w;
     struct engine *e = w->e;

@@ -1,5 +1,5 @@
 /* loom-gpu-bench: training-step throughput of the engine on the CUDA
- * backend, for comparison with ../shared/peers/gpt2_torch_bench.py.
+ * backend, for comparison with the PyTorch peer gpt2_torch_bench.py (see docs/perf.md).
  *
  * Runs the engine's own model and train_step (the code loom-worker runs)
  * on uniform random tokens, as the peer does, after `warmup` steps; reports

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Side-by-side training throughput on one GPU: Loom (the engine's model and
 # train_step on the CUDA backend, driven by loom-gpu-bench) and the PyTorch
-# peer (../shared/peers/gpt2_torch_bench.py: torch.compile, bf16 autocast,
+# peer (the PyTorch peer gpt2_torch_bench.py (see docs/perf.md): torch.compile, bf16 autocast,
 # SDPA flash attention, fused AdamW), one after the other, same shapes.
 # Prints tokens/s, MFU (6N + 12*L*C*T FLOPs per token vs 989 TFLOP/s), peak
 # memory and the ratio loom / torch.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Multi-GPU checks and benchmarks of loom-worker on the GPU machine (run by
-tests/gpu/device_run.sh; needs numpy).
+"""Multi-GPU checks and benchmarks of loom-worker on the GPU machine (ctest
+gpu.dist.curves; tests/gpu/device/check_all.sh curves, bench_gpt2.sh and
+bench_dist.sh).
 
   dist_check.py curves BIN DIR [layouts]
       A small GPT-2 (4 layers, d 256, vocab 4096, T 256) on a learnable

@@ -18,7 +18,7 @@
 #define G2  "'model':{'family':'gpt2','preset':'124m'}"
 #define DT  "'data':{'train':'/data/fw/train_*.bin'}"
 #define MIN G2 "," DT
-/* ../shared/ARCHITECTURE.md "Fine-tuning contract", every field set */
+/* docs/architecture.md "Fine-tuning contract", every field set */
 #define FT_EXAMPLE                                                                                 \
     "{'model':{'family':'llama','preset':'1b','init_from':'/data/models/Llama-3.2-1B'},"           \
     "'data':{'train':'/data/chat/*.jsonl','format':'chat','tokenizer':'/data/models/"              \
