@@ -181,13 +181,16 @@ LOOM_TOKEN=$tok
 export LOOM_TOKEN
 
 steps=${LOOM_QUICKSTART_STEPS:-40}
-precision=fp32 mbs=8 layers=4 dmodel=128 heads=4 seq=128
+precision=fp32 mbs=8 layers=4 dmodel=128 heads=4 seq=128 lr=3e-3 minlr=3e-4 warmup=5
 if [ "$device" = cuda ]; then
     # About 25M parameters, 16k tokens a step: 1000 steps read most of the
-    # corpus once (no epoch of repeats), in a few minutes on one GPU.
+    # corpus once (no epoch of repeats), in a few minutes on one GPU. A lower
+    # peak rate and a longer warm-up than the small CPU model's keep bf16
+    # training of the wider model stable.
     steps=${LOOM_QUICKSTART_STEPS:-1000}
-    precision=bf16 mbs=32 layers=8 dmodel=512 heads=8 seq=512
+    precision=bf16 mbs=32 layers=8 dmodel=512 heads=8 seq=512 lr=1e-3 minlr=1e-4 warmup=50
 fi
+[ "$warmup" -lt "$steps" ] || warmup=$((steps / 10))
 if [ "${LOOM_QUICKSTART_MODEL:-}" = tiny ]; then
     mbs=4 layers=2 dmodel=64 heads=4 seq=64
 fi
@@ -202,8 +205,8 @@ cat >"$QS/job.json" <<JSON
             "vocab_size": 256, "seq_len": $seq},
   "data": {"train": "$QS/data/train_*.bin", "val": "$QS/data/val_*.bin"},
   "parallel": {"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0},
-  "train": {"steps": $steps, "micro_batch": $mbs, "lr": 3e-3, "min_lr": 3e-4,
-            "warmup_steps": 5, "schedule": "cosine", "precision": "$precision",
+  "train": {"steps": $steps, "micro_batch": $mbs, "lr": $lr, "min_lr": $minlr,
+            "warmup_steps": $warmup, "schedule": "cosine", "precision": "$precision",
             "eval_every": $every, "eval_batches": 8},
   "checkpoint": {"every_steps": $every, "keep": 2},
   "resources": {"device": "$device", "gpus_per_node": 1},
