@@ -62,6 +62,22 @@
     X(STORE_UNAVAILABLE, 503, "the store is unavailable; retry")                                   \
     X(SHUTTING_DOWN, 503, "loomd is stopping")                                                     \
     X(TOO_MANY_NODES, 503, "the cluster holds its most nodes")                                     \
+    /* event stream, webhooks, artifacts (daemon/events.h, webhooks.h, artifacts.h) */             \
+    X(INVALID_LAST_EVENT_ID, 400, "events: Last-Event-ID is not a non-negative event seq")         \
+    X(UNKNOWN_EVENT_TYPE, 400, "an event type outside job.queued ... export.ready")                \
+    X(INVALID_WEBHOOK_URL, 400, "webhooks: url is missing, malformed or not http/https")           \
+    X(WEBHOOK_HOST_UNRESOLVED, 400, "webhooks: the url's host does not resolve")                   \
+    X(WEBHOOK_PRIVATE_ADDRESS, 400,                                                                \
+      "webhooks: the host is loopback/private (see --webhook-allow-private)")                      \
+    X(INVALID_WEBHOOK_EVENTS, 400, "webhooks: events is not a list of event types or *")           \
+    X(INVALID_WEBHOOK_SECRET, 400, "webhooks: secret is not a string of 16-256 characters")        \
+    X(WEBHOOK_NOT_FOUND, 404, "no such webhook (or another tenant's, or deleted)")                 \
+    X(ARTIFACT_NOT_FOUND, 404, "no such artifact of the job (or a path leaving its directory)")    \
+    X(TOO_MANY_WEBHOOKS, 409, "the tenant has 100 webhooks")                                       \
+    X(ARTIFACT_IN_CHECKPOINT, 409, "one file of a checkpoint: delete the whole checkpoint")        \
+    X(CHECKPOINT_IN_USE, 409, "the newest checkpoint of a job that has not finished")              \
+    X(RANGE_NOT_SATISFIABLE, 416, "Range is malformed, several ranges, or past the end")           \
+    X(ARTIFACT_DELETE_FAILED, 500, "an artifact could not be deleted")                             \
     /* body fields (non-spec routes) */                                                            \
     X(INVALID_FIELD, 422, "a body field of a non-spec route has the wrong type or value")          \
     X(INVALID_SPEC, 422, "the job spec is invalid (fallback when no finer code applies)")          \
@@ -116,7 +132,10 @@
     X(UNSCHEDULABLE, 422, "the cluster could never hold the job (ranks, tp, GPU type)")            \
     X(INVALID_PRICES, 422, "prices: items is not an array of at most 64")                          \
     X(INVALID_PRICE, 422, "prices: an item's gpu_type, price or currency is invalid")              \
-    X(DUPLICATE_PRICE, 422, "prices: a gpu_type is listed twice")
+    X(DUPLICATE_PRICE, 422, "prices: a gpu_type is listed twice")                                  \
+    /* tenant QoS */                                                                               \
+    X(PRIORITY_TOO_HIGH, 422, "the job's priority is above the tenant's max_priority")             \
+    X(BUDGET_EXHAUSTED, 409, "the tenant used its gpu_hours_per_month this month")
 
 enum loom_errcode {
 #define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,

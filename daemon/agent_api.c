@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "daemon/cluster.h"
+#include "daemon/events.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/nodes.h"
@@ -209,8 +210,33 @@ struct metric_rows {
     int64_t now;
 };
 
+/* Rank 0's checkpoint and export records become events (daemon/events.h),
+ * in the transaction that stores the batch. */
+static int record_events(struct store_tx *tx, json_t *items) {
+    size_t i;
+    json_t *it;
+    json_array_foreach(items, i, it) {
+        json_t *rec = json_object_get(it, "record");
+        const char *type = json_string_value(json_object_get(rec, "type"));
+        const char *job = json_string_value(json_object_get(it, "job"));
+        if (!job || !type || json_integer_value(json_object_get(it, "rank")) != 0) continue;
+        const char *path = json_string_value(json_object_get(rec, "path"));
+        const char *kind = json_string_value(json_object_get(rec, "kind"));
+        int rc = STORE_OK;
+        if (!strcmp(type, "checkpoint"))
+            rc = events_checkpoint_saved(
+                tx, job, (int)json_integer_value(json_object_get(it, "attempt")),
+                (long)json_integer_value(json_object_get(rec, "step")), path);
+        else if (!strcmp(type, "export") && kind)
+            rc = events_export_ready(tx, job, kind, path);
+        if (rc != STORE_OK && rc != STORE_NOT_FOUND) return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
 static int insert_metrics(struct store_tx *tx, void *arg) {
     struct metric_rows *m = arg;
+    if (record_events(tx, m->items) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "INSERT OR IGNORE INTO job_metrics (job_id, attempt, rank, "
                                       "step, at, record) VALUES (?, ?, ?, ?, ?, ?)");
     if (!st) return STORE_ERR;

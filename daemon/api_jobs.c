@@ -6,6 +6,7 @@
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/gpu_types.h"
 #include "api/jobspec.h"
@@ -213,6 +214,60 @@ static int check_job_refs(struct http_req *req, const struct loom_spec *spec) {
     return -1;
 }
 
+/* ---------------- tenant QoS ---------------- */
+
+struct qos_op {
+    const char *tenant_id;
+    int64_t month_start_ms;
+    struct store_tenant_qos q;
+    double used_hours;
+};
+
+static int qos_cb(struct store_tx *tx, void *arg) {
+    struct qos_op *op = arg;
+    int rc = store_tenant_qos_get(tx, op->tenant_id, &op->q);
+    if (rc) return rc;
+    if (op->q.gpu_hours_per_month <= 0) return STORE_OK;
+    return store_tenant_gpu_hours(tx, op->tenant_id, op->month_start_ms, &op->used_hours);
+}
+
+/* The first millisecond of the calendar month (UTC) holding now_ms. */
+static int64_t month_start_ms(int64_t now_ms) {
+    time_t t = (time_t)(now_ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    tm.tm_mday = 1;
+    tm.tm_hour = tm.tm_min = tm.tm_sec = 0;
+    return (int64_t)timegm(&tm) * 1000;
+}
+
+/* 0, or -1 after replying. A priority above max_priority is refused, not
+ * clamped: a job that silently runs at another priority than asked would
+ * surprise its owner (docs/operations.md). */
+static int check_qos(struct http_req *req, const struct loom_spec *spec) {
+    struct qos_op op = {.tenant_id = req->tenant_id,
+                        .month_start_ms = month_start_ms(store_now_ms())};
+    int rc = store_read(req->ld->store, qos_cb, &op);
+    if (rc == STORE_NOT_FOUND) return 0; /* admin or a tenant row without QoS */
+    if (rc != STORE_OK) {
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
+        return -1;
+    }
+    if (op.q.max_priority >= 0 && spec->priority > op.q.max_priority) {
+        API_ERROR_FIELD(req, PRIORITY_TOO_HIGH, "priority",
+                        "priority %d is above the tenant's max_priority %ld", spec->priority,
+                        op.q.max_priority);
+        return -1;
+    }
+    if (op.q.gpu_hours_per_month > 0 && op.used_hours >= op.q.gpu_hours_per_month) {
+        API_ERROR(req, BUDGET_EXHAUSTED,
+                  "BUDGET_EXHAUSTED: the tenant used %.2f of its %.2f GPU-hours this month",
+                  op.used_hours, op.q.gpu_hours_per_month);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---------------- submit ---------------- */
 
 struct submit_op {
@@ -285,6 +340,7 @@ int api_jobs_submit(struct http_req *req) {
         }
     }
     if (check_job_refs(req, spec) != 0) goto out;
+    if (check_qos(req, spec) != 0) goto out;
     if (check_fit(req->ld, spec, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;

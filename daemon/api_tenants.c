@@ -10,6 +10,7 @@
 
 struct tenant_op {
     long gpu_quota;
+    struct store_tenant_qos qos; /* PATCH: fields to set (negative: keep) */
     const char *name;
     const char *roots;
     const char *tenant_id;
@@ -82,7 +83,20 @@ int api_tenants_create(struct http_req *req) {
 }
 
 static int list_cb(struct store_tx *tx, void *arg) {
-    return store_tenant_list(tx, arg);
+    json_t **arr = arg;
+    int rc = store_tenant_list(tx, arr);
+    if (rc) return rc;
+    size_t i;
+    json_t *t;
+    json_array_foreach(*arr, i, t) { /* QoS fields, as GET /v1/tenants/{id} shows them */
+        rc = store_tenant_qos_json(tx, json_string_value(json_object_get(t, "id")), t);
+        if (rc) {
+            json_decref(*arr);
+            *arr = NULL;
+            return rc;
+        }
+    }
+    return STORE_OK;
 }
 
 int api_tenants_list(struct http_req *req) {
@@ -94,7 +108,9 @@ int api_tenants_list(struct http_req *req) {
 
 static int get_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
-    return store_tenant_get(tx, op->tenant_id, &op->out);
+    int rc = store_tenant_get(tx, op->tenant_id, &op->out);
+    if (rc) return rc;
+    return store_tenant_qos_json(tx, op->tenant_id, op->out);
 }
 
 int api_tenants_get(struct http_req *req) {
@@ -142,23 +158,71 @@ static int parse_quota_roots(struct http_req *req, long *quota, char **roots_tex
     return 0;
 }
 
+/* ---- QoS: max_priority, max_running_jobs, gpu_hours_per_month ---- */
+
+static int is_qos_field(const char *k) {
+    return !strcmp(k, "max_priority") || !strcmp(k, "max_running_jobs") ||
+           !strcmp(k, "gpu_hours_per_month");
+}
+
+/* Validates the QoS fields of a PATCH body into *q (absent: -2 / -1 = keep);
+ * on error replies and returns -1. */
+static int parse_qos(struct http_req *req, struct store_tenant_qos *q) {
+    q->max_priority = -2;
+    q->max_running_jobs = -1;
+    q->gpu_hours_per_month = -1;
+    json_t *v = json_object_get(req->json, "max_priority");
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 100) {
+            API_ERROR_FIELD(req, INVALID_FIELD, "max_priority",
+                            "'max_priority' must be an integer in [0, 100] (-1 = no limit)");
+            return -1;
+        }
+        q->max_priority = (long)json_integer_value(v);
+    }
+    v = json_object_get(req->json, "max_running_jobs");
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000) {
+            API_ERROR_FIELD(req, INVALID_FIELD, "max_running_jobs",
+                            "'max_running_jobs' must be an integer in [0, 1000000] (0 = no limit)");
+            return -1;
+        }
+        q->max_running_jobs = (long)json_integer_value(v);
+    }
+    v = json_object_get(req->json, "gpu_hours_per_month");
+    if (v) {
+        if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > 1e9) {
+            API_ERROR_FIELD(req, INVALID_FIELD, "gpu_hours_per_month",
+                            "'gpu_hours_per_month' must be a number in [0, 1e9] (0 = no limit)");
+            return -1;
+        }
+        q->gpu_hours_per_month = json_number_value(v);
+    }
+    return 0;
+}
+
 static int update_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
     int rc = store_tenant_update(tx, op->tenant_id, op->gpu_quota, op->roots);
     if (rc) return rc;
-    return store_tenant_get(tx, op->tenant_id, &op->out);
+    rc = store_tenant_qos_update(tx, op->tenant_id, &op->qos);
+    if (rc) return rc;
+    return get_cb(tx, arg);
 }
 
 int api_tenants_update(struct http_req *req) {
     const char *k;
     json_t *v;
     json_object_foreach(req->json, k, v) {
-        if (strcmp(k, "data_roots") && strcmp(k, "gpu_quota"))
+        if (strcmp(k, "data_roots") && strcmp(k, "gpu_quota") && !is_qos_field(k))
             return API_ERROR_FIELD(req, UNKNOWN_FIELD, k,
-                                   "unknown field '%s' (gpu_quota and data_roots can change)", k);
+                                   "unknown field '%s' (gpu_quota, data_roots, max_priority, "
+                                   "max_running_jobs and gpu_hours_per_month can change)",
+                                   k);
     }
     struct tenant_op op = {.tenant_id = http_param(req, "id")};
     char *roots = NULL;
+    if (parse_qos(req, &op.qos) != 0) return 0;
     if (parse_quota_roots(req, &op.gpu_quota, &roots) != 0) return 0;
     op.roots = roots;
     int rc = store_write(req->ld->store, update_cb, &op);

@@ -13,6 +13,7 @@
 
 #include "api/exit_codes.h"
 #include "api/gpu_types.h"
+#include "api/jobspec.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/token.h"
@@ -20,6 +21,8 @@
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
+#include "daemon/deps.h"
+#include "daemon/fairshare.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
 #include "daemon/usage.h"
@@ -47,6 +50,10 @@ struct jobinfo {
     char gpu_types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
     const char *gpu_type_ptrs[SCHED_MAX_JOB_TYPES];
     int ngpu_types, allow_mixed;
+    /* `after` (queued jobs only): DEPS_READY unless snap_deps found one */
+    enum deps_verdict deps;
+    char deps_reason[SCHED_REASON_LEN];
+    double fair_usage; /* the tenant's decayed GPU-hours (queued jobs; snap_fair_share) */
 };
 
 struct snapshot {
@@ -56,6 +63,7 @@ struct snapshot {
     char (*quota_tenants)[24];
     char (*quota_names)[64];
     int nq;
+    long fs_half_life_s; /* in: --fair-share-half-life (0: fair share off) */
 };
 
 static void snapshot_free(struct snapshot *s) {
@@ -132,6 +140,93 @@ static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* The state of one job by id (any tenant: `after` was checked at submit to
+ * name the tenant's own jobs); NULL when there is none. */
+static const char *dep_state(struct store_tx *tx, const char *id, char *buf, size_t len) {
+    sqlite3_stmt *st = store_stmt(tx, "SELECT state FROM jobs WHERE id = ?");
+    if (!st) return "queued"; /* unknown for now: keep waiting */
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+    const char *out = NULL;
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        snprintf(buf, len, "%s", (const char *)sqlite3_column_text(st, 0));
+        out = buf;
+    }
+    sqlite3_reset(st);
+    return out;
+}
+
+/* `after` of the queued jobs in the snapshot, decided by deps_decide(). Only
+ * jobs whose spec has a non-empty `after` are read. */
+static int snap_deps(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, json_extract(spec, '$.after') FROM jobs WHERE state = 'queued' AND "
+            "json_array_length(spec, '$.after') > 0");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        struct jobinfo *ji = NULL;
+        for (int i = 0; i < s->n && !ji; i++)
+            if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].id, id)) ji = &s->jobs[i];
+        if (!ji) continue; /* beyond the queue depth */
+        json_t *after = json_loads((const char *)sqlite3_column_text(st, 1), 0, NULL);
+        const char *ids[JOBSPEC_AFTER_MAX], *states[JOBSPEC_AFTER_MAX];
+        char bufs[JOBSPEC_AFTER_MAX][16];
+        int n = 0;
+        size_t k;
+        json_t *v;
+        json_array_foreach(after, k, v) {
+            if (n == JOBSPEC_AFTER_MAX || !json_is_string(v)) break;
+            ids[n] = json_string_value(v);
+            states[n] = dep_state(tx, ids[n], bufs[n], sizeof bufs[n]);
+            n++;
+        }
+        ji->deps = deps_decide(ids, states, n, ji->deps_reason, sizeof ji->deps_reason);
+        json_decref(after);
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+/* Fair share: each queued job gets its tenant's decayed GPU-hours. Usage is
+ * summed per tenant and hour of start in SQL (one row per tenant-hour within
+ * the horizon, ordered by tenant), then each tenant's total is handed to its
+ * queued jobs once. */
+static void fair_assign(struct snapshot *s, const char *tenant, double usage) {
+    for (int i = 0; i < s->n; i++)
+        if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].tenant_id, tenant))
+            s->jobs[i].fair_usage = usage;
+}
+
+static int snap_fair_share(struct store_tx *tx, struct snapshot *s) {
+    if (s->fs_half_life_s <= 0) return STORE_OK;
+    int64_t now = store_now_ms();
+    int64_t horizon = (int64_t)s->fs_half_life_s * 1000 * FAIRSHARE_HORIZON_HALF_LIVES;
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT tenant_id, start_ms / 3600000, SUM(gpu_seconds) FROM usage "
+                       "WHERE start_ms >= ? GROUP BY 1, 2 ORDER BY 1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, now - horizon);
+    char cur[24] = "";
+    double sum = 0.0;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *tenant = (const char *)sqlite3_column_text(st, 0);
+        if (strcmp(cur, tenant)) {
+            if (cur[0]) fair_assign(s, cur, sum);
+            snprintf(cur, sizeof cur, "%s", tenant);
+            sum = 0.0;
+        }
+        /* usage counts from the middle of the hour it started in */
+        struct fairshare_row row = {sqlite3_column_double(st, 2) / 3600.0,
+                                    sqlite3_column_int64(st, 1) * 3600000 + 1800000};
+        sum += fairshare_usage(&row, 1, now, s->fs_half_life_s);
+    }
+    if (cur[0]) fair_assign(s, cur, sum);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
 static int snapshot_read(struct store_tx *tx, void *arg) {
     struct snapshot *s = arg;
     struct store_job_filter f = {0};
@@ -145,8 +240,10 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     f.limit = SCHED_QUEUE_DEPTH;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
-    sqlite3_stmt *st =
-        store_stmt(tx, "SELECT id, gpu_quota, name FROM tenants WHERE gpu_quota > 0");
+    if (snap_deps(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_fair_share(tx, s) != STORE_OK) return STORE_ERR;
+    sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota, name, max_running_jobs FROM tenants "
+                                      "WHERE gpu_quota > 0 OR max_running_jobs > 0");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int n = s->nq + 1;
@@ -161,6 +258,8 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
         snprintf(s->quota_names[s->nq], 64, "%s", (const char *)sqlite3_column_text(st, 2));
         s->quotas[s->nq].max_gpus = sqlite3_column_int(st, 1);
         s->quotas[s->nq].used_gpus = 0;
+        s->quotas[s->nq].max_running = sqlite3_column_int(st, 3);
+        s->quotas[s->nq].running = 0;
         s->nq++;
     }
     sqlite3_reset(st);
@@ -586,6 +685,8 @@ static int gather(struct pass *p, const struct cluster_attempt *a, const struct 
     in->max_retries = j ? j->max_retries : 0;
     in->world = a->world;
     in->running = a->running;
+    json_t *limit = a->spec ? json_object_get(a->spec, "max_runtime_s") : NULL;
+    in->max_runtime_s = json_is_integer(limit) ? (long)json_integer_value(limit) : 0;
     in->started_ms = a->started_ms;
     in->last_progress_ms = a->last_progress_ms;
     in->now_ms = p->now;
@@ -787,14 +888,19 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
                       : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
                                                                       : SCHED_NODE_READY;
     }
-    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        int held = 0;
         for (int r = 0; r < a->world; r++) {
             if (a->ranks[r].released) continue;
             if (a->ranks[r].device < 64)
                 sn[a->ranks[r].node].busy |= (uint64_t)1 << a->ranks[r].device;
             for (int q = 0; q < p->snap.nq; q++)
                 if (!strcmp(p->snap.quotas[q].tenant, a->tenant_id)) p->snap.quotas[q].used_gpus++;
+            held = 1;
         }
+        for (int q = 0; held && q < p->snap.nq; q++) /* QoS max_running_jobs */
+            if (!strcmp(p->snap.quotas[q].tenant, a->tenant_id)) p->snap.quotas[q].running++;
+    }
 }
 
 /* 5. placement */
@@ -812,6 +918,18 @@ static void pass_place(struct pass *p) {
     for (int i = 0; i < snap->n; i++) {
         struct jobinfo *j = &snap->jobs[i];
         if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
+        if (j->deps == DEPS_FAILED) {
+            ch_transition(&p->cs, j->id, JOB_MASK(JOB_QUEUED), JOB_FAILED, j->attempt,
+                          j->deps_reason, NULL);
+            continue;
+        }
+        if (j->deps == DEPS_WAIT) {
+            if (!j->pending || strcmp(j->pending, j->deps_reason)) {
+                struct change *ch = ch_add(&p->cs, CH_PENDING, j->id);
+                if (ch) ch->text = strdup(j->deps_reason);
+            }
+            continue;
+        }
         for (int t = 0; t < j->ngpu_types; t++)
             j->gpu_type_ptrs[t] = j->gpu_types[t];
         sj[nq] = (struct sched_job){j->id,
@@ -825,7 +943,8 @@ static void pass_place(struct pass *p) {
                                     avoid_take(c, j->id, 0),
                                     j->gpu_type_ptrs,
                                     j->ngpu_types,
-                                    j->allow_mixed};
+                                    j->allow_mixed,
+                                    j->fair_usage};
         qj[nq++] = j;
     }
     struct sched_cluster cl = {sn, c->nnodes, snap->quotas, snap->nq};
@@ -879,6 +998,7 @@ static void loop_pass(struct loomd *ld) {
     p.cs.price = ld->cfg.price_gpu_hour;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    p.snap.fs_half_life_s = ld->cfg.fair_share_half_life;
     if (store_read(ld->store, snapshot_read, &p.snap) != STORE_OK) {
         snapshot_free(&p.snap);
         return;

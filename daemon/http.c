@@ -77,6 +77,19 @@ int http_match(const char *pattern, const char *path, char **names, char **value
         u++;
         const char *pe = strchr(p, '/'), *ue = strchr(u, '/');
         size_t pl = pe ? (size_t)(pe - p) : strlen(p), ul = ue ? (size_t)(ue - u) : strlen(u);
+        if (!pe && pl >= 3 && p[0] == '{' && p[pl - 2] == '*' && p[pl - 1] == '}') {
+            /* {name*} as the last segment takes the rest of the path (one or
+             * more non-empty segments): artifact paths have slashes, and
+             * libmicrohttpd decodes %2F before we see the URL. */
+            size_t rl = strlen(u);
+            if (rl == 0 || strstr(u, "//") || u[rl - 1] == '/') goto fail;
+            if (names && *n < max) {
+                names[*n] = strndup(p + 1, pl - 3);
+                values[*n] = strndup(u, rl);
+                (*n)++;
+            }
+            return 1;
+        }
         if (pl >= 2 && p[0] == '{' && p[pl - 1] == '}') {
             if (ul == 0) goto fail;
             if (names && *n < max) {
@@ -251,6 +264,17 @@ int http_reply_stream(struct http_req *req, int status, const char *content_type
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, s, stream_free);
     if (!r) {
         stream_free(s);
+        return http_error(req, 500, "INTERNAL", "out of memory");
+    }
+    finish_response(req->conn, status, r, content_type);
+    return 0;
+}
+
+int http_reply_fd(struct http_req *req, int status, const char *content_type, int fd,
+                  uint64_t offset, uint64_t len) {
+    struct MHD_Response *r = MHD_create_response_from_fd_at_offset64(len, fd, offset);
+    if (!r) {
+        close(fd);
         return http_error(req, 500, "INTERNAL", "out of memory");
     }
     finish_response(req->conn, status, r, content_type);

@@ -12,7 +12,8 @@
  * Adding a route: one row in the table in daemon/routes.c, e.g.
  *   {"GET", "/v1/nodes/{id}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodes_get},
  * and declare the handler in your module's header. Path patterns are literal
- * segments and {name} segments (one whole segment each). The layer, before
+ * segments and {name} segments (one whole segment each); a last segment
+ * {name*} takes the rest of the path, slashes included (artifact paths). The layer, before
  * calling the handler: matches the route (404 NOT_FOUND / 405
  * METHOD_NOT_ALLOWED), authenticates (401 UNAUTHORIZED / 403 FORBIDDEN),
  * applies the per-tenant rate limit (429 RATE_LIMITED), checks Content-Type
@@ -116,6 +117,12 @@ void http_add_header(struct http_req *req, const char *name, const char *value);
 typedef ssize_t (*http_stream_read)(void *ctx, char *buf, size_t max);
 int http_reply_stream(struct http_req *req, int status, const char *content_type,
                       http_stream_read read, void *ctx, void (*free_ctx)(void *));
+
+/* Reply with len bytes of the open file fd from offset (sendfile where the
+ * platform has it). fd is owned by the layer from here on (closed when the
+ * reply is done, also on error). */
+int http_reply_fd(struct http_req *req, int status, const char *content_type, int fd,
+                  uint64_t offset, uint64_t len);
 
 /* A wake-up channel for long-polls and streams: producers call
  * http_notify_signal after they changed something; waiters sleep in

@@ -1,7 +1,9 @@
 /* The loomd context: configuration table, start-up in dependency order
  * (data dir, store, auth, modules, HTTP) and the graceful stop in reverse. */
 #include "daemon/cluster.h"
+#include "daemon/events.h"
 #include "daemon/nodecheck.h"
+#include "daemon/webhooks.h"
 #include "daemon/loomd.h"
 
 #include <errno.h>
@@ -60,8 +62,21 @@ const struct config_entry loomd_config_table[] = {
      "seconds a long-poll waits at most"},
     {"hang-timeout", CONFIG_INT, OFF(hang_timeout), "600", 5, 86400,
      "seconds without a training step before an attempt counts as hung"},
+    {"fair-share-half-life", CONFIG_INT, OFF(fair_share_half_life), "604800", 0, 315360000,
+     "seconds for a tenant's past GPU-hours to weigh half in the fair-share order (0: off)"},
     {"nodecheck-on-join", CONFIG_BOOL, OFF(nodecheck_on_join), "false", 1, 0,
      "run a node check (all-reduce over its devices) when a never-checked node joins"},
+    {"events-heartbeat", CONFIG_INT, OFF(events_heartbeat), "15", 1, 3600,
+     "seconds between heartbeat comments on a GET /v1/events Server-Sent Events stream"},
+    {"webhook-allow-private", CONFIG_BOOL, OFF(webhook_allow_private), "false", 1, 0,
+     "allow webhook targets on loopback, private and link-local addresses (tests, closed "
+     "networks)"},
+    {"webhook-timeout", CONFIG_INT, OFF(webhook_timeout), "10", 1, 300,
+     "seconds one webhook delivery attempt may take (connect: at most 5)"},
+    {"webhook-retry-base-ms", CONFIG_INT, OFF(webhook_retry_base_ms), "1000", 10, 3600000,
+     "tuning: delay before the first webhook retry; doubles per attempt up to 1 h"},
+    {"webhook-retry-for", CONFIG_INT, OFF(webhook_retry_for), "86400", 1, 2592000,
+     "seconds a webhook delivery is retried before it is marked failed"},
 };
 const size_t loomd_config_count = sizeof loomd_config_table / sizeof *loomd_config_table;
 
@@ -74,6 +89,10 @@ struct loomd_module {
 };
 static const struct loomd_module modules[] = {
     {"none", NULL, NULL}, /* keeps the table non-empty */
+    /* event wake-ups, then webhook delivery (waits on them): before every
+     * module that changes jobs */
+    {"events", events_start, events_stop},
+    {"webhooks", webhooks_start, webhooks_stop},
     /* node checks (before cluster: its scheduler loop asks nodecheck_avoid) */
     {"nodecheck", nodecheck_start, nodecheck_stop},
     /* nodes, attempts, scheduler loop: daemon/cluster.h */

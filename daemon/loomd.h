@@ -34,11 +34,19 @@ struct loomd_config {
     int store_sync_full; /* synchronous=FULL */
     long store_batch;    /* max writes per group commit */
     double price_gpu_hour;
-    long node_timeout;     /* s without heartbeat before a node is lost */
-    long heartbeat;        /* s between agent heartbeats (told to agents) */
-    long longpoll_timeout; /* s a long-poll waits at most */
-    long hang_timeout;     /* s without a step before an attempt counts as hung */
-    int nodecheck_on_join; /* check a never-checked node when it joins (daemon/nodecheck.h) */
+    long node_timeout;         /* s without heartbeat before a node is lost */
+    long heartbeat;            /* s between agent heartbeats (told to agents) */
+    long longpoll_timeout;     /* s a long-poll waits at most */
+    long hang_timeout;         /* s without a step before an attempt counts as hung */
+    int nodecheck_on_join;     /* check a never-checked node when it joins (daemon/nodecheck.h) */
+    long fair_share_half_life; /* s; fair-share usage decay (daemon/fairshare.h), 0: off */
+
+    /* event stream and webhooks (daemon/events.h, daemon/webhooks.h) */
+    long events_heartbeat;      /* s between SSE heartbeat comments */
+    int webhook_allow_private;  /* webhook targets may be loopback/private */
+    long webhook_timeout;       /* s a webhook delivery may take */
+    long webhook_retry_base_ms; /* first retry delay; doubles per attempt (tuning) */
+    long webhook_retry_for;     /* s after which an undelivered event is given up */
 };
 
 extern const struct config_entry loomd_config_table[];
@@ -50,6 +58,8 @@ struct metrics;
 struct ratelimit;
 struct auth;
 struct cluster;
+struct events;
+struct webhooks;
 
 struct loomd {
     struct loomd_config cfg;
@@ -60,6 +70,8 @@ struct loomd {
     struct auth *auth;
     struct cluster *cluster;     /* nodes, attempts, scheduler loop (daemon/cluster.h) */
     struct nodecheck *nodecheck; /* node checks and degraded marks (daemon/nodecheck.h) */
+    struct events *events;       /* event stream wake-ups (daemon/events.h) */
+    struct webhooks *webhooks;   /* webhook delivery thread (daemon/webhooks.h) */
     int port;                    /* bound port */
     /* Signalled after a job is submitted or cancelled (the scheduler and the
      * attempt supervisor wait on it with http_wait). */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api/client.h"
 #include "common/log.h"
 #include "daemon/loomd.h"
 
@@ -25,6 +26,8 @@ int main(int argc, char **argv) {
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* libcurl (webhook deliveries) is initialised once, before any thread. */
+    client_global_init();
     /* One descriptor per connection (and per SQLite connection): raise the
      * soft limit to the hard one so --conn-limit is reachable. */
     struct rlimit rl;

@@ -12,6 +12,7 @@
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
+#include "daemon/webhooks.h"
 #include "daemon/store.h"
 
 /* Other modules: one row each, e.g. {sched_metrics_write}. */
@@ -21,6 +22,8 @@ static const metrics_collector collectors[] = {
     cluster_metrics_write,
     /* node checks: degraded nodes, measured vs expected bandwidth (daemon/nodecheck.h) */
     nodecheck_metrics_write,
+    /* event stream and webhook deliveries (daemon/webhooks.h) */
+    webhooks_metrics_write,
 };
 
 static const int statuses[] = {200, 201, 202, 204, 400, 401, 403, 404, 405,

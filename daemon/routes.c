@@ -4,6 +4,8 @@
  * same set of paths (a test checks it). */
 #include "daemon/agent_api.h"
 #include "daemon/api_prices.h"
+#include "daemon/artifacts.h"
+#include "daemon/events.h"
 #include "daemon/handlers.h"
 #include "daemon/http.h"
 #include "daemon/joblogs.h"
@@ -13,6 +15,7 @@
 #include "daemon/staging.h"
 #include "daemon/ui.h"
 #include "daemon/usage.h"
+#include "daemon/webhooks.h"
 
 const struct http_route http_routes[] = {
     /* system */
@@ -63,6 +66,19 @@ const struct http_route http_routes[] = {
     {"GET", "/v1/nodechecks/{id}/rdzv/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, nodecheck_rdzv_get},
     /* data staging reports from loom-stage (daemon/staging.h) */
     {"POST", "/v1/jobs/{id}/staging", HTTP_AUTH_BEARER, HTTP_BODY_JSON, staging_report},
+    /* event stream, webhooks, artifacts (daemon/events.h, webhooks.h, artifacts.h) */
+    {"GET", "/v1/events", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_events_list},
+    {"POST", "/v1/webhooks", HTTP_AUTH_TENANT, HTTP_BODY_JSON, api_webhooks_create},
+    {"GET", "/v1/webhooks", HTTP_AUTH_TENANT, HTTP_BODY_NONE, api_webhooks_list},
+    {"GET", "/v1/webhooks/{id}", HTTP_AUTH_TENANT, HTTP_BODY_NONE, api_webhooks_get},
+    {"DELETE", "/v1/webhooks/{id}", HTTP_AUTH_TENANT, HTTP_BODY_NONE, api_webhooks_delete},
+    {"GET", "/v1/webhooks/{id}/deliveries", HTTP_AUTH_TENANT, HTTP_BODY_NONE,
+     api_webhooks_deliveries},
+    {"GET", "/v1/jobs/{id}/artifacts", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, artifacts_api_list},
+    {"GET", "/v1/jobs/{id}/artifacts/{path*}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE,
+     artifacts_api_get},
+    {"DELETE", "/v1/jobs/{id}/artifacts/{path*}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE,
+     artifacts_api_delete},
     /* web view: static files embedded in the binary (daemon/ui.h) */
     {"GET", "/ui", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_index},
     {"GET", "/ui/{file}", HTTP_AUTH_ANYONE, HTTP_BODY_NONE, ui_get},

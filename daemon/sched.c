@@ -20,6 +20,7 @@ static int order_cmp(const void *a, const void *b) {
     const struct sched_job *x = ((const struct order_item *)a)->job;
     const struct sched_job *y = ((const struct order_item *)b)->job;
     if (x->priority != y->priority) return x->priority > y->priority ? -1 : 1;
+    if (x->fair_usage != y->fair_usage) return x->fair_usage < y->fair_usage ? -1 : 1;
     if (x->submit_ms != y->submit_ms) return x->submit_ms < y->submit_ms ? -1 : 1;
     int s = strcmp(x->id ? x->id : "", y->id ? y->id : "");
     if (s) return s;
@@ -498,6 +499,12 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
             continue;
         }
         struct sched_quota *q = find_quota(quotas, c->nquotas, j->tenant);
+        if (q && q->max_running > 0 && q->running >= q->max_running) {
+            snprintf(d->reason, sizeof d->reason,
+                     "tenant %s max_running_jobs: %d of %d jobs running",
+                     q->name ? q->name : j->tenant, q->running, q->max_running);
+            continue;
+        }
         if (q && q->max_gpus > 0 && q->used_gpus + j->world > q->max_gpus) {
             snprintf(d->reason, sizeof d->reason,
                      "tenant %s quota: holds %d of %d GPUs, job needs %d more",
@@ -529,7 +536,10 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
             placed++;
             for (int r = 0; r < j->world; r++)
                 avail[d->ranks[r].node] &= ~((uint64_t)1 << d->ranks[r].device);
-            if (q) q->used_gpus += j->world;
+            if (q) {
+                q->used_gpus += j->world;
+                q->running++;
+            }
             continue;
         }
         /* Not now. Would it fit without the reservation, or on an idle cluster? */

@@ -12,8 +12,11 @@
  *   on an aligned block of tp adjacent devices (devices tp*k .. tp*k+tp-1);
  * - pack onto the fewest nodes; among equally few, best fit (the fullest node
  *   that still holds the remainder) so large blocks stay free;
- * - order: priority (higher first), then submit time, then id;
- * - per-tenant quota on concurrently held devices (max_gpus <= 0: no limit);
+ * - order: priority (higher first), then the tenant's decayed GPU-hours
+ *   (fair share, daemon/fairshare.h: less recent use first), then submit
+ *   time, then id;
+ * - per-tenant quota on concurrently held devices (max_gpus <= 0: no limit)
+ *   and on jobs running at once (max_running <= 0: no limit);
  * - backfill: the first job (in order) that does not fit now but would fit once
  *   running work ends is the head; it gets a reservation (the devices of its
  *   placement on the cluster with every running attempt gone). Later jobs may
@@ -53,6 +56,8 @@ struct sched_quota {
     int max_gpus;       /* <= 0: unlimited */
     int used_gpus;      /* devices held now by the tenant's running attempts */
     const char *name;   /* shown in pending reasons (NULL: the tenant id) */
+    int max_running;    /* QoS max_running_jobs: jobs running at once; <= 0: unlimited */
+    int running;        /* the tenant's jobs holding an attempt now */
 };
 
 struct sched_cluster {
@@ -76,6 +81,7 @@ struct sched_job {
     const char *const *gpu_types; /* acceptable node gpu_types, in preference order; borrowed */
     int ngpu_types;               /* 0: any type */
     int allow_mixed;              /* 1: ranks may sit on nodes of different types */
+    double fair_usage;            /* the tenant's decayed GPU-hours (fair share); 0: none */
 };
 
 struct sched_rank {

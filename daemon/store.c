@@ -60,6 +60,8 @@ struct store {
     pthread_mutex_t pool_mu;
     struct store_tx *pool;
     int schema_version;
+    store_fn commit_hook; /* store_set_commit_hook; read by the writer under mu */
+    void *commit_hook_arg;
     /* metrics (updated by the writer thread, read by scrapes) */
     _Atomic uint64_t commit_count, commit_ops, commit_fail;
     _Atomic uint64_t commit_bucket[NBUCKETS + 1];
@@ -257,8 +259,9 @@ int store_schema_version(struct store *s) {
     return s->schema_version;
 }
 
-/* Runs one batch: BEGIN, each op in a savepoint, COMMIT; marks ops done. */
-static void run_batch(struct store *s, struct write_op *batch) {
+/* Runs one batch: BEGIN, each op in a savepoint, COMMIT; marks ops done.
+ * hook (may be NULL) runs after a successful COMMIT. */
+static void run_batch(struct store *s, struct write_op *batch, store_fn hook, void *hook_arg) {
     struct store_tx *tx = s->writer;
     double t0 = clock_mono_msf();
     int nops = 0;
@@ -295,6 +298,7 @@ static void run_batch(struct store *s, struct write_op *batch) {
             op->rc = STORE_ERR;
         atomic_fetch_add(&s->commit_fail, 1);
     }
+    if (ok && hook) hook(tx, hook_arg);
     double ms = clock_mono_msf() - t0;
     size_t b = 0;
     while (b < NBUCKETS && ms > commit_buckets[b])
@@ -326,8 +330,10 @@ static void *writer_main(void *arg) {
         if (!s->head) s->tail = NULL;
         last->next = NULL;
         s->queued -= n;
+        store_fn hook = s->commit_hook;
+        void *hook_arg = s->commit_hook_arg;
         pthread_mutex_unlock(&s->mu);
-        run_batch(s, batch);
+        run_batch(s, batch, hook, hook_arg);
         pthread_mutex_lock(&s->mu);
         for (struct write_op *op = batch; op;) {
             struct write_op *next = op->next; /* op may vanish once done is seen */
@@ -361,6 +367,13 @@ int store_write(struct store *s, store_fn fn, void *arg) {
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&op.cv);
     return op.rc;
+}
+
+void store_set_commit_hook(struct store *s, store_fn fn, void *arg) {
+    pthread_mutex_lock(&s->mu);
+    s->commit_hook = fn;
+    s->commit_hook_arg = arg;
+    pthread_mutex_unlock(&s->mu);
 }
 
 int store_read(struct store *s, store_fn fn, void *arg) {

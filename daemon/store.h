@@ -69,6 +69,11 @@ typedef int (*store_fn)(struct store_tx *tx, void *arg);
 int store_write(struct store *s, store_fn fn, void *arg);
 /* Read: runs fn on a pooled read-only connection in a read transaction. */
 int store_read(struct store *s, store_fn fn, void *arg);
+/* Post-commit hook: fn(tx, arg) runs on the writer thread after every group
+ * commit that succeeded, outside any transaction (it may read through
+ * store_stmt; it must not write). One hook per store; fn NULL removes it.
+ * Used to wake waiters only once what they wait for is durable (events). */
+void store_set_commit_hook(struct store *s, store_fn fn, void *arg);
 
 /* Cached prepared statement for `sql` on this transaction's connection, reset
  * and with bindings cleared. NULL after logging on a prepare error. */
@@ -107,6 +112,22 @@ int store_tenant_update(struct store_tx *tx, const char *id, long gpu_quota,
  * or returns STORE_NOT_FOUND. */
 int store_tenant_get(struct store_tx *tx, const char *id, json_t **out);
 int store_tenant_list(struct store_tx *tx, json_t **out); /* JSON array */
+
+/* Tenant QoS (schema 090): the admin's limits. max_priority -1, max_running_jobs
+ * 0 and gpu_hours_per_month 0 mean no limit. */
+struct store_tenant_qos {
+    long max_priority;
+    long max_running_jobs;
+    double gpu_hours_per_month;
+};
+/* Sets the fields that are >= 0 (max_priority: >= -1; pass -2 to keep it);
+ * STORE_NOT_FOUND when there is no such tenant. */
+int store_tenant_qos_update(struct store_tx *tx, const char *id, const struct store_tenant_qos *q);
+int store_tenant_qos_get(struct store_tx *tx, const char *id, struct store_tenant_qos *q);
+/* Adds max_priority, max_running_jobs, gpu_hours_per_month to a tenant object. */
+int store_tenant_qos_json(struct store_tx *tx, const char *id, json_t *obj);
+/* GPU-hours of the tenant's usage rows that started at or after since_ms. */
+int store_tenant_gpu_hours(struct store_tx *tx, const char *id, int64_t since_ms, double *hours);
 /* Stores the SHA-256 `hash` of a new token for the tenant; id gets "k-...". */
 int store_token_insert(struct store_tx *tx, const char *tenant_id, const unsigned char hash[32],
                        char *id, size_t idlen);

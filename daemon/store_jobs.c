@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "daemon/events.h"
 #include "daemon/store.h"
 
 static const char *const state_names[JOB_STATE_COUNT] = {
@@ -242,6 +243,13 @@ int store_job_insert(struct store_tx *tx, const struct store_job_new *nj, struct
     }
     int64_t seq = sqlite3_last_insert_rowid(store_tx_db(tx));
     if (insert_event(tx, seq, now, NULL, "queued", 0, "submitted")) goto out;
+    {
+        json_t *d = json_pack("{s:s, s:s, s:i, s:s}", "name", nj->name ? nj->name : "", "state",
+                              "queued", "attempt", 0, "reason", "submitted");
+        int64_t ev = events_emit(tx, "job.queued", id, nj->tenant_id, d);
+        json_decref(d);
+        if (ev < 0) goto out;
+    }
     if (nj->labels) {
         sqlite3_stmt *ls =
             store_stmt(tx, "INSERT OR IGNORE INTO job_labels(job_seq, key, value) VALUES (?,?,?)");
@@ -416,6 +424,19 @@ int store_job_transition(struct store_tx *tx, const char *id, unsigned from_mask
     if (insert_event(tx, j.seq, now, state_names[j.state], state_names[to], attempt, reason)) {
         ret = STORE_ERR;
         goto out;
+    }
+    /* The typed event of the stream (daemon/events.h), same transaction. */
+    const char *etype = events_type_for_transition((int)j.state, (int)to, reason);
+    if (etype) {
+        json_t *d = json_pack("{s:s, s:s, s:s, s:i, s:s}", "name", j.name ? j.name : "", "state",
+                              state_names[to], "from", state_names[j.state], "attempt", attempt,
+                              "reason", reason);
+        int64_t ev = events_emit(tx, etype, j.id, j.tenant_id, d);
+        json_decref(d);
+        if (ev < 0) {
+            ret = STORE_ERR;
+            goto out;
+        }
     }
     ret = STORE_OK;
     if (out) ret = store_job_get(tx, NULL, id, out);

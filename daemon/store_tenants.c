@@ -137,3 +137,61 @@ int store_token_lookup(struct store_tx *tx, const unsigned char hash[32], char *
     sqlite3_reset(st);
     return out;
 }
+
+/* ---------------- QoS (schema 090) ---------------- */
+
+int store_tenant_qos_update(struct store_tx *tx, const char *id, const struct store_tenant_qos *q) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "UPDATE tenants SET "
+            "max_priority = CASE WHEN ?2 >= -1 THEN ?2 ELSE max_priority END, "
+            "max_running_jobs = CASE WHEN ?3 >= 0 THEN ?3 ELSE max_running_jobs END, "
+            "gpu_hours_per_month = CASE WHEN ?4 >= 0 THEN ?4 ELSE gpu_hours_per_month END "
+            "WHERE id = ?1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, q->max_priority);
+    sqlite3_bind_int64(st, 3, q->max_running_jobs);
+    sqlite3_bind_double(st, 4, q->gpu_hours_per_month);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return STORE_ERR;
+    return sqlite3_changes(store_tx_db(tx)) ? STORE_OK : STORE_NOT_FOUND;
+}
+
+int store_tenant_qos_get(struct store_tx *tx, const char *id, struct store_tenant_qos *q) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT max_priority, max_running_jobs, gpu_hours_per_month FROM tenants WHERE id = ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        q->max_priority = (long)sqlite3_column_int64(st, 0);
+        q->max_running_jobs = (long)sqlite3_column_int64(st, 1);
+        q->gpu_hours_per_month = sqlite3_column_double(st, 2);
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? STORE_OK : rc == SQLITE_DONE ? STORE_NOT_FOUND : STORE_ERR;
+}
+
+int store_tenant_qos_json(struct store_tx *tx, const char *id, json_t *obj) {
+    struct store_tenant_qos q;
+    int rc = store_tenant_qos_get(tx, id, &q);
+    if (rc) return rc;
+    json_object_set_new(obj, "max_priority", json_integer(q.max_priority));
+    json_object_set_new(obj, "max_running_jobs", json_integer(q.max_running_jobs));
+    json_object_set_new(obj, "gpu_hours_per_month", json_real(q.gpu_hours_per_month));
+    return STORE_OK;
+}
+
+int store_tenant_gpu_hours(struct store_tx *tx, const char *id, int64_t since_ms, double *hours) {
+    sqlite3_stmt *st = store_stmt(
+        tx,
+        "SELECT COALESCE(SUM(gpu_seconds), 0) FROM usage WHERE tenant_id = ? AND start_ms >= ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, since_ms);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *hours = sqlite3_column_double(st, 0) / 3600.0;
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? STORE_OK : STORE_ERR;
+}

@@ -28,6 +28,7 @@ static const char *const cause_names[] = {
     [STOP_CANCELLED] = "cancelled",
     [STOP_SUPERSEDED] = "superseded",
     [STOP_NOT_RECORDED] = "not_recorded",
+    [STOP_TIME_LIMIT] = "time_limit",
 };
 
 const char *stop_cause_name(enum stop_cause cause) {
@@ -45,7 +46,7 @@ int supervise_retries_left(int attempt, int max_retries) {
 
 int supervise_is_failure(enum stop_cause cause) {
     return cause == STOP_RANK_FAILED || cause == STOP_NODE_LOST || cause == STOP_HANG ||
-           cause == STOP_START_TIMEOUT;
+           cause == STOP_START_TIMEOUT || cause == STOP_TIME_LIMIT;
 }
 
 const char *supervise_end_state(enum stop_cause cause, int all_exited_ok) {
@@ -138,6 +139,14 @@ static void judge_progress(const struct supervise_input *in, struct supervise_de
             d->started = 1;
             snprintf(d->start_reason, sizeof d->start_reason, "all ranks started");
         }
+    } else if (in->max_runtime_s > 0 && in->now_ms - in->started_ms > in->max_runtime_s * 1000) {
+        /* Not retried: another attempt would hit the same limit. The stop
+         * path sends SIGTERM, so the worker writes its final checkpoint. */
+        stop(d, STOP_TIME_LIMIT, -1, -1);
+        snprintf(d->why, sizeof d->why, "ran %lld s, over max_runtime_s=%ld",
+                 (long long)((in->now_ms - in->started_ms) / 1000), in->max_runtime_s);
+        snprintf(d->reason, sizeof d->reason, "TIME_LIMIT attempt %d %s; not retried", in->attempt,
+                 d->why);
     } else if (!in->running && running + exited == in->world) {
         d->started = 1;
         snprintf(d->start_reason, sizeof d->start_reason,

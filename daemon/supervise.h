@@ -12,8 +12,9 @@
  * Precedence, first match wins: the job no longer runs this attempt; cancel
  * requested; the placement write has not committed (wait); a rank exited
  * non-zero (the first to fail is the cause); a rank's node is lost; every
- * rank exited 0; every rank runs (started); no step progress for the hang
- * timeout; not all ranks running within the start timeout. */
+ * rank exited 0; the attempt ran past max_runtime_s (time limit); every rank
+ * runs (started); no step progress for the hang timeout; not all ranks
+ * running within the start timeout. */
 #ifndef LOOM_DAEMON_SUPERVISE_H
 #define LOOM_DAEMON_SUPERVISE_H
 
@@ -32,6 +33,7 @@ enum stop_cause {
     STOP_CANCELLED,     /* the job is cancelling */
     STOP_SUPERSEDED,    /* the job ended, was retried or is gone: not ours to judge */
     STOP_NOT_RECORDED,  /* the placement's store write failed (set by the loop) */
+    STOP_TIME_LIMIT,    /* the attempt ran past the job's max_runtime_s: failed, not retried */
 };
 
 /* The job as the store shows it, relative to this attempt. */
@@ -65,7 +67,8 @@ struct supervise_input {
     int attempt;     /* this attempt's number (0: the first try) */
     int max_retries; /* the job's max_retries */
     int world;
-    int running; /* the job already moved to running */
+    int running;        /* the job already moved to running */
+    long max_runtime_s; /* the job's max_runtime_s, counted from placement; 0: no limit */
     int64_t started_ms, last_progress_ms, now_ms;
     const struct supervise_rank *ranks; /* world entries */
     const struct supervise_node *nodes;

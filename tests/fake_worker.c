@@ -21,7 +21,11 @@
  * With --out DIR it checkpoints (DIR/fake-ckpt.RANK holds the step) every
  * checkpoint.every_steps and resumes from it, like the real worker.
  * With world > 1 and an http LOOM_RDZV, rank 0 publishes a value and the
- * other ranks wait for it, exercising the rendezvous endpoint. */
+ * other ranks wait for it, exercising the rendezvous endpoint.
+ *   fake_artifacts    "1": rank 0 also writes the real worker's artifact layout
+ *                     (OUT/checkpoints/step_NNNNNNNN/{rank_00000.bin,manifest.json}
+ *                     at each checkpoint, OUT/export/hf and OUT/export/lora at
+ *                     the end, with "export" records), pseudo-random bytes. */
 #include "api/client.h"
 #include "common/clock.h"
 
@@ -30,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,6 +115,70 @@ static int rendezvous(const char *rdzv, const char *token, int rank, int world) 
     return rc;
 }
 
+/* A file of n pseudo-random bytes (xorshift seeded by `seed`). */
+static int write_noise(const char *path, long n, unsigned seed) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    unsigned x = seed * 2654435761u + 1;
+    for (long i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        fputc((int)(x & 0xff), f);
+    }
+    return fclose(f);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* fake_artifacts: one checkpoint directory, written aside and renamed. */
+static void fake_checkpoint_dir(const char *out, long step) {
+    char dir[1100], tmp[1100], file[1200], man[1300];
+    snprintf(dir, sizeof dir, "%s/checkpoints", out);
+    mkdir(dir, 0755);
+    snprintf(tmp, sizeof tmp, "%s/checkpoints/.tmp.step_%08ld", out, step);
+    snprintf(dir, sizeof dir, "%s/checkpoints/step_%08ld", out, step);
+    mkdir(tmp, 0755);
+    snprintf(file, sizeof file, "%s/rank_00000.bin", tmp);
+    long bytes = 65536 + step * 1000;
+    if (write_noise(file, bytes, (unsigned)step) != 0) return;
+    snprintf(man, sizeof man,
+             "{\"format\":\"loom-checkpoint\",\"version\":1,\"step\":%ld,\"world\":1,"
+             "\"shards\":[{\"rank\":0,\"file\":\"rank_00000.bin\",\"bytes\":%ld}]}\n",
+             step, bytes);
+    snprintf(file, sizeof file, "%s/manifest.json", tmp);
+    write_text(file, man);
+    if (rename(tmp, dir) == 0)
+        printf("{\"type\":\"checkpoint\",\"step\":%ld,\"path\":\"%s\"}\n", step, dir);
+}
+
+/* fake_artifacts: the exports at the end of the job. */
+static void fake_exports(const char *out) {
+    char dir[1100], file[1200];
+    snprintf(dir, sizeof dir, "%s/export", out);
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/export/hf", out);
+    mkdir(dir, 0755);
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    write_text(file, "{\"model_type\":\"gpt2\"}\n");
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    write_noise(file, 300000, 7);
+    printf("{\"type\":\"export\",\"kind\":\"hf\",\"path\":\"%s\"}\n", dir);
+    snprintf(dir, sizeof dir, "%s/export/lora", out);
+    mkdir(dir, 0755);
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    write_text(file, "{\"r\":8,\"lora_alpha\":16}\n");
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    write_noise(file, 50000, 11);
+    printf("{\"type\":\"export\",\"kind\":\"lora\",\"path\":\"%s\"}\n", dir);
+}
+
 int main(int argc, char **argv) {
     const char *spec_path = NULL, *out = NULL;
     for (int i = 1; i + 1 < argc; i++) {
@@ -143,6 +212,7 @@ int main(int argc, char **argv) {
     long crash_attempt = opt("fake_crash_attempt", -1), crash_code = opt("fake_crash_code", 3);
     long hang_step = opt("fake_hang_step", -1), hang_rank = opt("fake_hang_rank", -1);
     long hang_attempt = opt("fake_hang_attempt", -1);
+    int artifacts = opt("fake_artifacts", 0) != 0;
     if (opt("fake_ignore_term", 0)) signal(SIGTERM, SIG_IGN);
     note_pid();
     if (opt("fake_child", 0) && fork() == 0) {
@@ -203,11 +273,13 @@ int main(int argc, char **argv) {
             FILE *f = fopen(tmp, "w");
             if (f) {
                 fprintf(f, "%ld\n", s);
-                if (fclose(f) == 0 && rename(tmp, ckpt) == 0)
+                if (fclose(f) == 0 && rename(tmp, ckpt) == 0 && !(artifacts && rank == 0))
                     printf("{\"type\":\"checkpoint\",\"step\":%ld,\"path\":\"%s\"}\n", s, ckpt);
             }
+            if (artifacts && rank == 0) fake_checkpoint_dir(out, s);
         }
     }
+    if (artifacts && rank == 0 && out && *out) fake_exports(out);
     printf("{\"type\":\"summary\",\"steps\":%ld,\"resumed_from\":%ld}\n", steps, start);
     fprintf(stderr, "fake_worker: done\n");
     int code = (int)opt("fake_exit_code", 0);

@@ -97,6 +97,9 @@ struct backend_caps {
      * without a staging buffer of the engine's: ZeRO reports no comm memory
      * by formula (worker/zero.c). */
     int device_collectives;
+    /* Attention covers whole tiles of this many positions (0 or 1: any
+     * count): a forward over a few tokens (scoring) pads up to it. */
+    int attn_pos_multiple;
 };
 
 struct backend {

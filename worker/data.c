@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/fsutil.h"
 #include "common/hash.h"
 
 struct data_shard {
@@ -32,6 +33,8 @@ struct data_shard {
     const unsigned char *map; /* whole file */
     size_t map_len;
     int64_t nsamples;
+    const unsigned char *mask; /* the .mask shard beside it (whole file), or NULL */
+    size_t mask_len;
 };
 
 struct data_loader {
@@ -61,6 +64,29 @@ static size_t token_bytes(int version) {
 }
 
 /* ---- shard writing --------------------------------------------------------- */
+
+int data_mask_write(const char *path, const uint8_t *mask, size_t n, char *err, size_t errlen) {
+    if (!path || (n && !mask) || n > INT32_MAX) {
+        seterr(err, errlen, "%s: invalid mask shard (%zu tokens)", path ? path : "(null)", n);
+        return DATA_EINVAL;
+    }
+    unsigned char *b = malloc(DATA_HEADER_BYTES + n);
+    if (!b) {
+        seterr(err, errlen, "out of memory");
+        return DATA_EIO;
+    }
+    int32_t header[DATA_HEADER_INTS] = {0};
+    header[0] = DATA_MASK_MAGIC;
+    header[1] = 1;
+    header[2] = (int32_t)n;
+    memcpy(b, header, sizeof header);
+    for (size_t i = 0; i < n; i++)
+        b[DATA_HEADER_BYTES + i] = mask[i] ? 1 : 0;
+    int rc = fs_write_atomic(path, b, DATA_HEADER_BYTES + n, 0644, 0);
+    if (rc != 0) seterr(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+    free(b);
+    return rc == 0 ? 0 : DATA_EIO;
+}
 
 int data_shard_write(const char *path, int version, const uint32_t *tokens, size_t n, char *err,
                      size_t errlen) {
@@ -228,7 +254,61 @@ out:
     return rc;
 }
 
+/* Map the loss mask X.mask of shard X.bin when there is one (see data_mask_write). */
+static int mask_open(struct data_shard *s, char *err, size_t errlen) {
+    size_t l = strlen(s->path);
+    if (l < 4 || strcmp(s->path + l - 4, ".bin") != 0) return 0;
+    char *mp = NULL;
+    if (asprintf(&mp, "%.*s.mask", (int)(l - 4), s->path) < 0) {
+        seterr(err, errlen, "out of memory");
+        return DATA_EIO;
+    }
+    int rc = DATA_EIO;
+    int32_t h[DATA_HEADER_INTS] = {0};
+    struct stat st;
+    int fd = open(mp, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = errno == ENOENT ? 0 : DATA_EIO;
+        if (rc) seterr(err, errlen, "%s: cannot open: %s", mp, strerror(errno));
+        free(mp);
+        return rc;
+    }
+    if (fstat(fd, &st) != 0 ||
+        (st.st_size >= DATA_HEADER_BYTES && pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h)) {
+        seterr(err, errlen, "%s: cannot read: %s", mp, strerror(errno ? errno : EIO));
+        goto out;
+    }
+    rc = DATA_EFORMAT;
+    if (h[0] != DATA_MASK_MAGIC || h[1] != 1) {
+        seterr(err, errlen, "%s: not a loss-mask shard (magic %d, version %d; expected %d, 1)", mp,
+               h[0], h[1], DATA_MASK_MAGIC);
+        goto out;
+    }
+    if ((uint64_t)(uint32_t)h[2] != s->ntok ||
+        (uint64_t)st.st_size != DATA_HEADER_BYTES + s->ntok) {
+        seterr(err, errlen,
+               "%s: %" PRId64 " bytes with a header of %d tokens, but %s holds %" PRIu64
+               " tokens (expected %" PRIu64 " bytes)",
+               mp, (int64_t)st.st_size, h[2], s->path, s->ntok, DATA_HEADER_BYTES + s->ntok);
+        goto out;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        seterr(err, errlen, "%s: mmap failed: %s", mp, strerror(errno));
+        rc = DATA_EIO;
+        goto out;
+    }
+    s->mask = m;
+    s->mask_len = (size_t)st.st_size;
+    rc = 0;
+out:
+    close(fd);
+    free(mp);
+    return rc;
+}
+
 static void shard_close(struct data_shard *s) {
+    if (s->mask) munmap((void *)s->mask, s->mask_len);
     if (s->map) munmap((void *)s->map, s->map_len);
     free(s->path);
     memset(s, 0, sizeof *s);
@@ -421,6 +501,8 @@ int data_loader_open(const struct data_loader_opts *opts, struct data_loader **o
         rc = shard_open(paths[i], &dl->shards[i], err, errlen);
         if (rc) goto out;
         dl->nshards++;
+        rc = mask_open(&dl->shards[i], err, errlen);
+        if (rc) goto out;
         dl->tokens += dl->shards[i].ntok;
     }
     dl->scanned =
@@ -481,6 +563,13 @@ int64_t data_loader_steps_per_epoch(const struct data_loader *dl) {
 uint64_t data_loader_tokens(const struct data_loader *dl) {
     return dl->tokens;
 }
+size_t data_loader_num_masked(const struct data_loader *dl) {
+    size_t n = 0;
+    for (size_t i = 0; i < dl->nshards; i++)
+        n += dl->shards[i].mask != NULL;
+    return n;
+}
+
 size_t data_loader_num_shards(const struct data_loader *dl) {
     return dl->nshards;
 }
@@ -560,6 +649,16 @@ int data_loader_batch(const struct data_loader *dl, int64_t step, int micro_step
         for (int b = 0; b < B; b++) {
             memcpy(inputs + (size_t)b * T, w + (size_t)b * (T + 1), (size_t)T * sizeof *w);
             memcpy(targets + (size_t)b * T, w + (size_t)b * (T + 1) + 1, (size_t)T * sizeof *w);
+            /* A masked target becomes -1, which every backend's classifier skips (no loss,
+             * no gradient, not counted). */
+            int64_t g = data_loader_sample(dl, step, micro_step, dp_rank, b);
+            size_t si = shard_of(dl, g);
+            const struct data_shard *s = &dl->shards[si];
+            if (!s->mask) continue;
+            const unsigned char *mk =
+                s->mask + DATA_HEADER_BYTES + (uint64_t)(g - dl->first[si]) * (uint64_t)T + 1;
+            for (int t = 0; t < T; t++)
+                if (!mk[t]) targets[(size_t)b * T + t] = -1;
         }
     free(w);
     return rc;

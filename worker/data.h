@@ -67,6 +67,14 @@ enum {
 int data_shard_write(const char *path, int version, const uint32_t *tokens, size_t n, char *err,
                      size_t errlen);
 
+/* Loss-mask shards (`train_000.mask` beside `train_000.bin`): the same 1024-byte
+ * header with magic DATA_MASK_MAGIC, version 1 and the token count, then one
+ * byte per token of the token shard: 1 when the loss counts the prediction of
+ * that token (it is a target), 0 when it is skipped. Written by
+ * `loom-data prepare` for chat and completion data. */
+#define DATA_MASK_MAGIC 20240521
+int data_mask_write(const char *path, const uint8_t *mask, size_t n, char *err, size_t errlen);
+
 /* Check one shard's header and size (does not read the tokens). On success
  * stores the version and token count (either pointer may be NULL). */
 int data_shard_check(const char *path, int *version, uint64_t *ntokens, char *err, size_t errlen);
@@ -138,6 +146,8 @@ int64_t data_loader_samples_per_step(const struct data_loader *dl);
 int64_t data_loader_steps_per_epoch(const struct data_loader *dl);
 uint64_t data_loader_tokens(const struct data_loader *dl);
 size_t data_loader_num_shards(const struct data_loader *dl);
+/* How many of the shards have a loss-mask shard beside them. */
+size_t data_loader_num_masked(const struct data_loader *dl);
 
 /* ---- position (checkpoint manifest) ---------------------------------------- */
 

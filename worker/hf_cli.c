@@ -25,7 +25,7 @@ int hf_cli_wanted(const struct hf_cli_opts *o) {
     return o->init_from || o->score || o->generate || o->export_hf;
 }
 
-static void cli_error(const char *code, const char *msg) {
+void hf_cli_error(const char *code, const char *msg) {
     json_t *j = json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message", msg);
     char *s = json_dumps(j, JSON_COMPACT);
     if (s) printf("%s\n", s);
@@ -35,7 +35,7 @@ static void cli_error(const char *code, const char *msg) {
     log_error("%s: %s", code, msg);
 }
 
-static void emit(json_t *j) {
+void hf_cli_emit(json_t *j) {
     char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
     if (s) printf("%s\n", s);
     fflush(stdout);
@@ -171,6 +171,13 @@ static int build(struct cli *c, int T, int gen) {
         return LOOM_EXIT_FAILED;
     }
     if ((o->recompute || !be->rope_at || !be->attention_decode) && gen > T) T = gen;
+    /* pad the positions to the attention's tile (the padding rows sit after
+     * the real ones, which causal attention keeps them out of) */
+    int tile = be->caps.attn_pos_multiple;
+    if (tile > 1 && T % tile != 0) {
+        int padded = (T + tile - 1) / tile * tile;
+        T = padded <= c->cfg.seq_len ? padded : T;
+    }
     struct model_opts mo = {.B = 1, .T = T, .threads = (int)o->threads};
     c->m = model_new_ex(c->e, &mo);
     if (!c->m) {
@@ -202,7 +209,7 @@ static int do_score(struct cli *c, const int32_t *t, int n) {
     json_array_append_new(a, json_null());
     for (int i = 1; i < n; i++)
         json_array_append_new(a, json_real(lp[i]));
-    emit(json_pack("{s:s, s:o}", "type", "score", "logprobs", a));
+    hf_cli_emit(json_pack("{s:s, s:o}", "type", "score", "logprobs", a));
     free(lp);
     return 0;
 }
@@ -225,7 +232,7 @@ static int do_generate(struct cli *c, const int32_t *t, int n) {
     json_t *a = json_array();
     for (int i = 0; i < got; i++)
         json_array_append_new(a, json_integer(out[i]));
-    emit(json_pack("{s:s, s:o}", "type", "generate", "tokens", a));
+    hf_cli_emit(json_pack("{s:s, s:o}", "type", "generate", "tokens", a));
     free(out);
     return 0;
 }
@@ -261,8 +268,8 @@ int hf_export_engine(struct engine *e, struct zero *z, struct par *par, const ch
                                     .shard_bytes = shard_bytes};
         rc = hf_export(&xo, &e->cfg, &full, h, err);
         if (rc == 0)
-            emit(json_pack("{s:s, s:s, s:s}", "type", "export", "dir", dir, "dtype",
-                           st_dtype_name(xo.dtype)));
+            hf_cli_emit(json_pack("{s:s, s:s, s:s}", "type", "export", "dir", dir, "dtype",
+                                  st_dtype_name(xo.dtype)));
     }
 out:
     free(h);
@@ -303,11 +310,12 @@ int hf_cli_run(const struct hf_cli_opts *o) {
         goto out;
     }
     if ((code = build(&c, ns > 0 ? ns : 1, gt ? ng + (int)o->max_new : 0)) != 0) goto out;
-    emit(json_pack("{s:s, s:s, s:s, s:I, s:i, s:s, s:s}", "type", "model", "architecture",
-                   c.hf ? hf_arch_name(hf_model_arch(c.hf)) : model_family_name(c.cfg.family),
-                   "dtype", c.hf ? st_dtype_name(hf_model_dtype(c.hf)) : "F32", "params",
-                   (json_int_t)model_n_params(&c.cfg), "seq_len", c.cfg.seq_len, "weights",
-                   c.ckpt[0] ? c.ckpt : hf_model_dir(c.hf), "device", c.e->be->name));
+    hf_cli_emit(
+        json_pack("{s:s, s:s, s:s, s:I, s:i, s:s, s:s}", "type", "model", "architecture",
+                  c.hf ? hf_arch_name(hf_model_arch(c.hf)) : model_family_name(c.cfg.family),
+                  "dtype", c.hf ? st_dtype_name(hf_model_dtype(c.hf)) : "F32", "params",
+                  (json_int_t)model_n_params(&c.cfg), "seq_len", c.cfg.seq_len, "weights",
+                  c.ckpt[0] ? c.ckpt : hf_model_dir(c.hf), "device", c.e->be->name));
     if (st && (code = do_score(&c, st, ns)) != 0) goto out;
     if (gt && (code = do_generate(&c, gt, ng)) != 0) goto out;
     if (o->export_hf) {
@@ -318,7 +326,7 @@ int hf_cli_run(const struct hf_cli_opts *o) {
         }
     }
 out:
-    if (code) cli_error(c.le.code[0] ? c.le.code : "FAILED", c.le.message);
+    if (code) hf_cli_error(c.le.code[0] ? c.le.code : "FAILED", c.le.message);
     free(st);
     free(gt);
     model_free(c.m);

@@ -15,6 +15,8 @@
 #ifndef LOOM_WORKER_HF_CLI_H
 #define LOOM_WORKER_HF_CLI_H
 
+#include <jansson.h>
+
 struct hf_cli_opts {
     char *init_from, *score, *generate, *export_hf;
     long max_new, seed;
@@ -30,5 +32,12 @@ int hf_cli_wanted(const struct hf_cli_opts *o);
 /* Run the modes asked for (score, then generate, then export); returns the
  * process exit code. */
 int hf_cli_run(const struct hf_cli_opts *o);
+
+/* loom-worker's stdout protocol, used by the model modes and by training
+ * (worker/main.c): one {"type":"error","code","message"} line on stdout and
+ * the same text on stderr; one JSON line on stdout (takes the reference to
+ * j; NULL writes nothing). Both flush stdout. */
+void hf_cli_error(const char *code, const char *msg);
+void hf_cli_emit(json_t *j);
 
 #endif

@@ -121,25 +121,6 @@ static const struct config_entry table[] = {
 };
 #define NTABLE (sizeof table / sizeof *table)
 
-/* One {"type":"error"} line on stdout and the same text on stderr. */
-static void report_error(const char *code, const char *msg) {
-    json_t *j = json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message", msg);
-    char *s = json_dumps(j, JSON_COMPACT);
-    if (s) printf("%s\n", s);
-    fflush(stdout);
-    free(s);
-    json_decref(j);
-    log_error("%s: %s", code, msg);
-}
-
-static void emit(json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
-    if (s) printf("%s\n", s);
-    fflush(stdout);
-    free(s);
-    json_decref(j);
-}
-
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
     char *buf = fs_read_file(path, 0, len);
     if (!buf) snprintf(err, errlen, "cannot open spec %s: %s", path, strerror(errno));
@@ -216,8 +197,8 @@ static int save_checkpoint(void *user, int64_t done) {
                     (json_int_t)done);
     rc = ckpt_commit(cw, man, w->ckpt_path, sizeof w->ckpt_path, w->err, sizeof w->err);
     if (rc == 0)
-        emit(json_pack("{s:s, s:I, s:s}", "type", "checkpoint", "step", (json_int_t)done, "path",
-                       w->ckpt_path));
+        hf_cli_emit(json_pack("{s:s, s:I, s:s}", "type", "checkpoint", "step", (json_int_t)done,
+                              "path", w->ckpt_path));
     else
         log_error("checkpoint at step %lld: %s", (long long)done, w->err);
 out:
@@ -300,10 +281,10 @@ static void emit_memory_plan(struct worker *w, const struct loom_spec *s) {
     }
     /* host memory: the planner's offload share of one rank beside what this
      * rank's offload allocated (master, moments, transfer buffer) */
-    emit(json_pack("{s:s, s:i, s:o, s:o, s:f, s:f, s:{s:f, s:f}}", "type", "memory", "rank",
-                   w->e->rank, "planned_gib", pj, "allocated_gib", aj, "planned_total_gib",
-                   ptot / g, "allocated_total_gib", atot / g, "host_gib", "planned", host_plan / g,
-                   "allocated", (double)m->host / g));
+    hf_cli_emit(json_pack("{s:s, s:i, s:o, s:o, s:f, s:f, s:{s:f, s:f}}", "type", "memory", "rank",
+                          w->e->rank, "planned_gib", pj, "allocated_gib", aj, "planned_total_gib",
+                          ptot / g, "allocated_total_gib", atot / g, "host_gib", "planned",
+                          host_plan / g, "allocated", (double)m->host / g));
     if (m->host)
         log_info("memory: host (optimizer offload) planner %.3f GiB, allocated %.3f GiB",
                  host_plan / g, (double)m->host / g);
@@ -332,7 +313,7 @@ struct run {
 };
 
 static int fail(struct worker *w, int code, const char *ecode, const char *msg) {
-    report_error(ecode, msg ? msg : w->err);
+    hf_cli_error(ecode, msg ? msg : w->err);
     return code;
 }
 
@@ -403,8 +384,34 @@ static int open_data(struct run *r) {
                                    .grad_accum = (int)w->der.grad_accum,
                                    .seed = s->train.seed,
                                    .shuffle = 1};
-    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0)
+    if (s->train.packing == JOBSPEC_PACK_DOCUMENT) {
+        snprintf(w->err, sizeof w->err,
+                 "train.packing \"document\" (attention kept within documents) is not built "
+                 "yet; use \"concat\" (the default)");
         return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
+    if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
+        /* Text, jsonl, chat and completion data are tokenized offline (docs/data.md). */
+        size_t l = strlen(w->err);
+        if (s->data.format != JOBSPEC_FMT_BIN && l < sizeof w->err)
+            snprintf(w->err + l, sizeof w->err - l,
+                     " (data.format %s: the worker reads shards; tokenize with `loom-data "
+                     "prepare --tokenizer PATH --format %s` and point data.train at its "
+                     "train_*.bin)",
+                     jobspec_data_format_name(s->data.format),
+                     jobspec_data_format_name(s->data.format));
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
+    /* A loss on part of the tokens needs the .mask shards prepare writes: without them the
+     * run would silently train on every token. */
+    if (s->train.loss_on != JOBSPEC_LOSS_ALL && data_loader_num_masked(w->train_dl) == 0) {
+        snprintf(w->err, sizeof w->err,
+                 "train.loss_on \"%s\" needs loss-mask shards (train_NNN.mask beside "
+                 "train_NNN.bin, written by loom-data prepare) but %.200s has none",
+                 s->train.loss_on == JOBSPEC_LOSS_ASSISTANT ? "assistant" : "completion",
+                 s->data.train);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+    }
     r->train_src = (struct data_src){w->train_dl, 0};
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;
@@ -586,13 +593,13 @@ static int train(struct run *r) {
     const struct loom_spec *s = &w->spec;
     struct train_opts *to = &r->to;
     make_train_opts(r);
-    emit(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s}", "type",
-                   "start", "job", s->name, "device", w->e->be->name, "rank", w->e->rank, "world",
-                   w->e->world, "params", (json_int_t)w->der.n_params, "steps",
-                   (json_int_t)to->steps, "start_step", (json_int_t)r->start, "grad_accum",
-                   (json_int_t)to->grad_accum, "tokens_per_step",
-                   (json_int_t)to->global_batch_tokens, "micro_batch", (json_int_t)r->mo.B,
-                   "family", model_family_name(s->model.family), "out", w->o.out));
+    hf_cli_emit(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s}",
+                          "type", "start", "job", s->name, "device", w->e->be->name, "rank",
+                          w->e->rank, "world", w->e->world, "params", (json_int_t)w->der.n_params,
+                          "steps", (json_int_t)to->steps, "start_step", (json_int_t)r->start,
+                          "grad_accum", (json_int_t)to->grad_accum, "tokens_per_step",
+                          (json_int_t)to->global_batch_tokens, "micro_batch", (json_int_t)r->mo.B,
+                          "family", model_family_name(s->model.family), "out", w->o.out));
     emit_memory_plan(w, s);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -698,10 +705,10 @@ static int summary(struct run *r) {
     int64_t done = r->start < r->end ? r->last.step : r->start;
     double tokens =
         (double)(r->end > r->start ? r->end - r->start : 0) * (double)r->to.global_batch_tokens;
-    emit(json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:b, s:s}", "type", "summary", "step",
-                   (json_int_t)done, "final_loss", r->last.loss, "seconds", r->secs, "tokens",
-                   tokens, "tokens_per_s", r->secs > 0 ? tokens / r->secs : 0.0, "stopped",
-                   r->train_rc == 1, "checkpoint", w->ckpt_path));
+    hf_cli_emit(json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:b, s:s}", "type", "summary", "step",
+                          (json_int_t)done, "final_loss", r->last.loss, "seconds", r->secs,
+                          "tokens", tokens, "tokens_per_s", r->secs > 0 ? tokens / r->secs : 0.0,
+                          "stopped", r->train_rc == 1, "checkpoint", w->ckpt_path));
     return r->train_rc == 1 ? LOOM_EXIT_STOPPED : LOOM_EXIT_OK;
 }
 
@@ -728,7 +735,7 @@ int main(int argc, char **argv) {
     struct config_entry *rows =
         worker_config_table(table, NTABLE, offsetof(struct opts, tune), &nrows);
     if (!rows) {
-        report_error("OUT_OF_MEMORY", "cannot build the config table");
+        hf_cli_error("OUT_OF_MEMORY", "cannot build the config table");
         return LOOM_EXIT_FAILED;
     }
     int rc = config_load(rows, nrows, &w.o, "loom-worker", "--spec FILE [options]", argc, argv,
@@ -749,7 +756,7 @@ int main(int argc, char **argv) {
         goto out;
     }
     if (!w.o.spec) {
-        report_error("USAGE", "--spec FILE is required");
+        hf_cli_error("USAGE", "--spec FILE is required");
         rc = LOOM_EXIT_BAD_SPEC;
         goto out;
     }

@@ -100,6 +100,7 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     info->lr = lr;
     info->grad_norm = norm;
     info->tokens = o->global_batch_tokens;
+    info->loss_tokens = (int64_t)sums[1];
     info->ms_step = t_end - t0;
     info->ms_comm = comm;
     info->ms_compute = info->ms_step - comm;
@@ -165,6 +166,7 @@ static void emit_step(const struct model *m, const struct train_opts *o, int64_t
     json_t *extra = o->step_extra ? o->step_extra(o->step_extra_user) : NULL;
     if (extra) json_object_update(j, extra);
     json_decref(extra);
+    json_object_set_new(j, "loss_tokens", json_integer((json_int_t)in->loss_tokens));
     emit(o->out, j);
 }
 

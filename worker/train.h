@@ -11,7 +11,8 @@
  *   {"type":"step","step":N,"loss":..,"lr":..,"grad_norm":..,"tokens":..,
  *    "tokens_per_s":..,"mfu":..|null,"ms":{"compute":..,"comm_exposed":..,
  *    "step":..},"mem_gib":..,"mem":{"params":..,"grads":..,"optimizer":..,
- *    "activations":..,"comm":..}}
+ *    "activations":..,"comm":..},"loss_tokens":..}
+ *   ("loss_tokens": targets the loss counted; below "tokens" with loss-mask shards)
  *   {"type":"eval","step":N,"val_loss":..,"tokens":..}
  * "step" counts completed optimizer steps (1 after the first). Only rank 0
  * writes lines when world > 1 (the caller passes out = NULL elsewhere).
@@ -76,6 +77,7 @@ struct train_step_info {
     int64_t step; /* completed optimizer steps after this one (train_run) */
     double loss, lr, grad_norm;
     int64_t tokens;
+    int64_t loss_tokens; /* targets the loss counted (tokens minus masked ones), all dp ranks */
     double ms_compute, ms_comm, ms_step;
     double
         ms_optimizer; /* wall time of the optimizer step (part of ms_compute; offloaded or not) */

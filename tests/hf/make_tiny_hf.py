@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hfio  # noqa: E402
 
-V, C, L, NH, NKV, F, POS = 300, 64, 2, 4, 2, 96, 128
+V, C, L, NH, NKV, F, POS = 300, 128, 2, 4, 2, 96, 128
 
 MODELS = {
     # name: (architecture, dtype, tied, extra config, shards)

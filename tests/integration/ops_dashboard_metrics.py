@@ -25,9 +25,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
+
+from loomtest import http, wait_for  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 SRC = os.path.abspath(sys.argv[2])
@@ -47,32 +46,11 @@ def fail(msg):
 
 
 def call(url, method="GET", body=None, token=ADMIN):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw = r.read().decode()
-            return r.status, (json.loads(raw) if "json" in r.headers.get("Content-Type", "")
-                              else raw)
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http(url, method, body, token, timeout=10, by_type=True, error_json=False)
 
 
 def wait(fn, secs, what):
-    end = time.time() + secs
-    while time.time() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("timed out waiting for " + what)
+    return wait_for(fn, secs, what, errors=(OSError, ValueError, KeyError), exc=RuntimeError)
 
 
 def parse_metrics(text):

@@ -18,7 +18,6 @@ comm layer) for each check. Asserts:
   - `--clear` puts the node back to ready, and a passing check clears a mark.
 Usage: ops_nodecheck.py BIN_DIR
 Exit 0 pass, 1 fail, 77 skip."""
-import json
 import os
 import shutil
 import signal
@@ -26,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+
+from loomtest import Fail, daemon_env, http, wait_for  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 ADMIN = "nc-admin"
@@ -38,10 +37,6 @@ SMALL = ["--max-bytes", "262144"]
 PASS = SMALL + ["--expect-busbw", "0.001"]
 
 
-class Fail(Exception):
-    pass
-
-
 def check(cond, msg):
     if not cond:
         raise Fail(msg)
@@ -50,10 +45,7 @@ def check(cond, msg):
 class Cluster:
     def __init__(self):
         self.tmp = tempfile.mkdtemp(prefix="loom-nc-")
-        self.env = dict(os.environ, LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN,
-                        OMP_NUM_THREADS="1")
-        for k in ("LOOM_URL", "LOOM_TOKEN", "LOOM_CONFIG"):
-            self.env.pop(k, None)
+        self.env = daemon_env(LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN, OMP_NUM_THREADS="1")
         self.procs = {}
         self.log = open(os.path.join(self.tmp, "log"), "ab")
         try:
@@ -87,34 +79,11 @@ class Cluster:
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait(self, fn, secs, what):
-        end = time.time() + secs
-        last = None
-        while time.time() < end:
-            try:
-                v = fn()
-                if v:
-                    return v
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                last = e
-            time.sleep(0.1)
-        raise Fail("timed out waiting for %s (%s)" % (what, last))
+        return wait_for(fn, secs, what, errors=(OSError, ValueError, KeyError, TypeError),
+                        last=True)
 
     def call(self, method, path, body=None, token=ADMIN):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if token:
-            req.add_header("Authorization", "Bearer " + token)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                return e.code, json.loads(raw)
-            except ValueError:
-                return e.code, raw.decode()
+        return http(self.url + path, method, body, token)
 
     def nodes(self):
         st, r = self.call("GET", "/v1/nodes")

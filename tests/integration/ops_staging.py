@@ -22,16 +22,11 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
+
+from loomtest import Fail, http, wait_for  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 ADMIN, JOIN = "st-admin", "st-join"
-
-
-class Fail(Exception):
-    pass
 
 
 def check(cond, msg):
@@ -49,16 +44,7 @@ def shard(path, ntok, seed):
 
 
 def wait(fn, secs, what):
-    end = time.time() + secs
-    while time.time() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
-    raise Fail("timed out waiting for " + what)
+    return wait_for(fn, secs, what, errors=(OSError, ValueError, KeyError))
 
 
 def main():
@@ -90,16 +76,7 @@ def main():
             stderr=subprocess.STDOUT))
 
         def call(method, path, body=None, token=ADMIN):
-            data = json.dumps(body).encode() if body is not None else None
-            req = urllib.request.Request(url + path, data=data, method=method)
-            if data is not None:
-                req.add_header("Content-Type", "application/json")
-            req.add_header("Authorization", "Bearer " + token)
-            try:
-                with urllib.request.urlopen(req, timeout=30) as r:
-                    return r.status, json.loads(r.read() or b"null")
-            except urllib.error.HTTPError as e:
-                return e.code, json.loads(e.read() or b"null")
+            return http(url + path, method, body, token)
 
         wait(lambda: call("GET", "/v1/nodes")[1]["nodes"], 10, "node registered")
         st, t = call("POST", "/v1/tenants", {"name": "acme"})

@@ -11,13 +11,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+
+from loomtest import Fail, daemon_env, free_port, http  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 SCENARIO = sys.argv[2]
@@ -26,21 +25,9 @@ ADMIN = "admin-token-for-tests"
 JOIN = "join-token-for-tests"
 
 
-class Fail(Exception):
-    pass
-
-
 def check(cond, msg):
     if not cond:
         raise Fail(msg)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def pid_alive(pid):
@@ -67,10 +54,8 @@ class Cluster:
         self.hang_timeout = hang_timeout
         self.loomd = None
         self.agents = {}
-        self.env = dict(os.environ, LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN,
-                        FAKE_PID_DIR=self.pids_dir)
-        for k in ("LOOM_URL", "LOOM_TOKEN", "LOOM_CONFIG"):
-            self.env.pop(k, None)
+        self.env = daemon_env(LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN,
+                              FAKE_PID_DIR=self.pids_dir)
         try:
             self.start_loomd()
             for i in range(nodes):
@@ -110,26 +95,7 @@ class Cluster:
     def request(self, method, path, body=None, token="tenant"):
         if token == "tenant":
             token = self.token
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if token:
-            req.add_header("Authorization", "Bearer " + token)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                raw = r.read()
-                if "json" in (r.headers.get("Content-Type") or ""):
-                    return r.status, json.loads(raw)
-                return r.status, raw.decode()
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                return e.code, json.loads(raw)
-            except ValueError:
-                return e.code, raw.decode()
-        except (urllib.error.URLError, ConnectionError, socket.timeout):
-            return 0, None
+        return http(self.url + path, method, body, token, by_type=True, offline=True)
 
     def get(self, path, token="tenant"):
         return self.request("GET", path, token=token)

@@ -14,25 +14,19 @@ API only:
   - usage: an attempt on the H100 node (lost: no heartbeats) is billed at the
     H100-SXM price; group_by=gpu_type.
 Usage: test_fleet.py BIN_DIR. Exit 0 pass, 1 fail."""
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
+
+from loomtest import Fail, daemon_env, free_port, http, wait_for  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 ADMIN = "admin-token-for-fleet"
 JOIN = "join-token-for-fleet"
-
-
-class Fail(Exception):
-    pass
 
 
 def check(cond, msg):
@@ -41,23 +35,13 @@ def check(cond, msg):
     print("ok:", msg)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 class Loomd:
     def __init__(self, tmp):
         self.tmp = tmp
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
         self.proc = None
-        self.env = dict(os.environ, LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN)
-        for k in ("LOOM_URL", "LOOM_TOKEN", "LOOM_CONFIG"):
-            self.env.pop(k, None)
+        self.env = daemon_env(LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN)
 
     def start(self):
         log = open(os.path.join(self.tmp, "loomd.log"), "ab")
@@ -78,32 +62,11 @@ class Loomd:
             self.proc = None
 
     def request(self, method, path, body=None, token=ADMIN):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if token:
-            req.add_header("Authorization", "Bearer " + token)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                return e.code, json.loads(raw)
-            except ValueError:
-                return e.code, raw.decode()
-        except (urllib.error.URLError, ConnectionError, socket.timeout):
-            return 0, None
+        return http(self.url + path, method, body, token, offline=True)
 
 
 def wait(cond, timeout, what):
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise Fail("timed out waiting for " + what)
+    wait_for(cond, timeout, what, errors=())
 
 
 def devices(name, mib, n, gpu_type=None):

@@ -15,7 +15,6 @@ and asserts, with the check token:
   - once the check has ended its keys are gone (403).
 Usage: test_rdzv_scopes.py BIN_DIR
 Exit 0 pass, 1 fail, 77 skip."""
-import json
 import os
 import shutil
 import subprocess
@@ -23,8 +22,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
+
+import loomtest  # noqa: E402
+from loomtest import http  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 ADMIN = "rz-admin"
@@ -39,21 +39,7 @@ def check(cond, msg):
 
 
 def call(url, method, path, body=None, token=None, raw=None):
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url + path, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        text = e.read()
-        try:
-            return e.code, json.loads(text)
-        except ValueError:
-            return e.code, text.decode()
+    return http(url + path, method, body, token, raw)
 
 
 def code(reply):
@@ -61,16 +47,7 @@ def code(reply):
 
 
 def wait_for(fn, secs, what):
-    end = time.time() + secs
-    while time.time() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("timed out waiting for " + what)
+    return loomtest.wait_for(fn, secs, what, step=0.05, exc=RuntimeError)
 
 
 def register(url, node):

@@ -425,6 +425,42 @@ static void test_val_and_vocab(void) {
     data_paths_free(paths);
 }
 
+/* Loss masks: shard_001.mask beside shard_001.bin turns the targets whose token is masked
+ * into -1; shard_000 has no mask (every target counts); a mask of the wrong size is refused
+ * naming it. */
+static void test_mask(void) {
+    static const size_t lens[] = {17, 33};
+    make_set("mask", 2, lens, 2);
+    char p[600], err[512] = "";
+    uint8_t m[33];
+    for (int i = 0; i < 33; i++)
+        m[i] = (uint8_t)(i % 3 != 0); /* tokens 0, 3, 6, ... are not targets */
+    path_in(p, sizeof p, "mask/shard_001.mask");
+    CHECK(data_mask_write(p, m, 33, err, sizeof err) == 0);
+    const int T = 8, B = 1;
+    struct data_loader *dl = open_dl("mask", B, T, 1, 1, 1, 0);
+    if (!dl) return;
+    int32_t in[8], tg[8];
+    /* sequential: samples 0, 1 are shard 0, samples 2..5 shard 1 */
+    CHECK(data_loader_batch(dl, 1, 0, 0, in, tg, err, sizeof err) == 0);
+    for (int t = 0; t < T; t++)
+        CHECK(tg[t] == 8 + t + 1);
+    for (int w = 0; w < 4; w++) {
+        CHECK(data_loader_batch(dl, 2 + w, 0, 0, in, tg, err, sizeof err) == 0);
+        for (int t = 0; t < T; t++) {
+            int tok = w * T + t + 1; /* index in shard 1 of the token predicted */
+            CHECK(in[t] == 1000000 + tok - 1);
+            CHECK(tg[t] == (tok % 3 ? 1000000 + tok : -1));
+        }
+    }
+    data_loader_free(dl);
+    CHECK(data_mask_write(p, m, 32, err, sizeof err) == 0);
+    path_in(p, sizeof p, "mask");
+    struct data_loader_opts o = {.pattern = p, .B = 1, .T = 8, .dp_size = 1, .grad_accum = 1};
+    CHECK(data_loader_open(&o, &dl, err, sizeof err) == DATA_EFORMAT);
+    CHECK(strstr(err, "shard_001.mask") && strstr(err, "33 tokens"));
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/loom_test_data_XXXXXX");
     if (!mkdtemp(dir)) {
@@ -437,6 +473,7 @@ int main(void) {
     test_disjoint_epoch_layout();
     test_determinism_resume();
     test_val_and_vocab();
+    test_mask();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (check_failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -10,14 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 struct want {
     const char *file;
@@ -141,10 +134,5 @@ int main(int argc, char **argv) {
         test_case(argv[1], &cases[i]);
     test_h100_sockets(argv[1]);
     test_bad(argv[1]);
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_gpu_inventory: all checks passed\n");
-    return 0;
+    return check_summary("test_gpu_inventory");
 }

@@ -9,14 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "tests/check.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -166,10 +159,5 @@ int main(void) {
     test_normalize();
     test_find();
     test_facts();
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_gpu_types: all checks passed\n");
-    return 0;
+    return check_summary("test_gpu_types");
 }

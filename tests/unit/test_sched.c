@@ -117,14 +117,29 @@ static const struct tcase cases[] = {
      {JOB("j1", 50, 1, 1, 1, "-no ready node offers GPUs")}},
     {"tenant quota on concurrent GPUs",
      {GPU("a", 8)},
-     {{"t1", 4, 2, "team-one"}, {"t2", 0, 0, NULL}},
+     {{"t1", 4, 2, "team-one", 0, 0}, {"t2", 0, 0, NULL, 0, 0}},
      {JOB("j1", 90, 1, 4, 1, "-tenant team-one quota: holds 2 of 4"),
       JOB("j2", 50, 2, 2, 1, "a0 a1"),
       {"j3", "t2", "cuda", 10, 3, 6, 1, 0, "a2 a3 a4 a5 a6 a7", 0, NULL, 0}}},
     {"quota-blocked head does not reserve",
      {GPU("a", 2)},
-     {{"t1", 1, 1, NULL}},
+     {{"t1", 1, 1, NULL, 0, 0}},
      {JOB("j1", 90, 1, 2, 1, "-quota"), {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0, NULL, 0}}},
+    {"QoS max_running_jobs: one already running, limit 2: one more starts",
+     {GPU("a", 8)},
+     {{"t1", 0, 0, "team-one", 2, 1}},
+     {JOB("j1", 90, 1, 1, 1, "a0"),
+      JOB("j2", 50, 2, 1, 1, "-tenant team-one max_running_jobs: 2 of 2 jobs running"),
+      {"j3", "t2", "cuda", 10, 3, 1, 1, 0, "a1", 0, NULL, 0}}},
+    {"QoS max_running_jobs reached: nothing of the tenant starts, others do",
+     {GPU("a", 4)},
+     {{"t1", 0, 0, NULL, 1, 1}},
+     {JOB("j1", 90, 1, 1, 1, "-tenant t1 max_running_jobs: 1 of 1 jobs running"),
+      {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0, NULL, 0}}},
+    {"QoS max_running_jobs 0 is no limit",
+     {GPU("a", 4)},
+     {{"t1", 0, 0, NULL, 0, 7}},
+     {JOB("j1", 90, 1, 1, 1, "a0"), JOB("j2", 50, 2, 1, 1, "a1")}},
     {"a retry avoids the node its last attempt failed on",
      {GPU("a", 4), GPU("b", 4)},
      {{0}},
@@ -248,9 +263,9 @@ int main(void) {
                 nt++;
                 p += l + (p[l] == ' ');
             }
-            jobs[nj] = (struct sched_job){t->id,         t->tenant, t->kind, t->prio,
-                                          t->submit,     t->world,  t->tp,   t->per_node,
-                                          t->avoid1 - 1, tptr[nj],  nt,      t->mixed};
+            jobs[nj] = (struct sched_job){
+                t->id,       t->tenant,     t->kind,  t->prio, t->submit, t->world, t->tp,
+                t->per_node, t->avoid1 - 1, tptr[nj], nt,      t->mixed,  0.0};
         }
         struct sched_cluster cl = {nodes, nn, tc->quotas, nq};
         int placed = sched_place(&cl, jobs, nj, dec);
@@ -324,7 +339,8 @@ int main(void) {
                                          j % 3 == 0 ? j % MAXN : -1,
                                          (seed >> 29) % 2 ? &types[(seed >> 25) % 3] : NULL,
                                          (seed >> 29) % 2 ? 1 : 0,
-                                         mixed};
+                                         mixed,
+                                         0.0};
         }
         struct sched_cluster cl = {nodes, MAXN, NULL, 0};
         if (sched_place(&cl, jobs, MAXJ, dec) < 0) {

@@ -238,7 +238,7 @@ static const struct tcase cases[] = {
      OUT(STOP_NONE, 0, 0, -1, -1, "", "")},
 };
 
-static void run_case(const struct tcase *tc) {
+static void run_case(const struct tcase *tc, long max_runtime_s) {
     struct supervise_rank ranks[MAXR];
     struct supervise_node nodes[3];
     for (int i = 0; i < 3; i++)
@@ -253,6 +253,7 @@ static void run_case(const struct tcase *tc) {
         .max_retries = tc->in.max_retries,
         .world = tc->in.world,
         .running = tc->in.running,
+        .max_runtime_s = max_runtime_s,
         .started_ms = tc->in.started,
         .last_progress_ms = tc->in.progress,
         .now_ms = tc->in.now,
@@ -306,7 +307,59 @@ static const struct tend ends[] = {
     {STOP_SUPERSEDED, 1, "succeeded"}, {STOP_RANK_FAILED, 0, "failed"},
     {STOP_NODE_LOST, 0, "failed"},     {STOP_HANG, 0, "failed"},
     {STOP_START_TIMEOUT, 0, "failed"}, {STOP_NOT_RECORDED, 0, "failed"},
-    {STOP_HANG, 1, "succeeded"},
+    {STOP_HANG, 1, "succeeded"},       {STOP_TIME_LIMIT, 0, "failed"},
+};
+
+/* max_runtime_s (time limit): counted from placement, not retried, after
+ * failures and success, before the start and the timeouts. */
+struct tlimit {
+    long max_runtime_s;
+    struct tcase c;
+};
+
+static const struct tlimit limits[] = {
+    {2,
+     {"running 2.5 s with max_runtime_s=2: time limit, failed even with retries left",
+      IN(ACTIVE, 0, 3, 1, T0, T0 + 2400, T0 + 2500, 600, 0, 2, RUN(0), RUN(1)),
+      OUT(STOP_TIME_LIMIT, 0, NO_RETRY, -1, -1, "ran 2 s, over max_runtime_s=2",
+          "TIME_LIMIT attempt 0 ran 2 s, over max_runtime_s=2; not retried")}},
+    {2,
+     {"exactly at the limit: keep going",
+      IN(ACTIVE, 0, 3, 1, T0, T0 + 1900, T0 + 2000, 600, 0, 1, RUN(0)),
+      OUT(STOP_NONE, 0, 0, -1, -1, "", "")}},
+    {2,
+     {"one ms past the limit", IN(ACTIVE, 1, 3, 1, T0, T0 + 1900, T0 + 2001, 600, 0, 1, RUN(0)),
+      OUT(STOP_TIME_LIMIT, 0, NO_RETRY, -1, -1, "ran 2 s, over max_runtime_s=2",
+          "TIME_LIMIT attempt 1")}},
+    {0,
+     {"max_runtime_s 0 is no limit",
+      IN(ACTIVE, 0, 3, 1, T0, T0 + 90000000, T0 + 90000001, 600, 0, 1, RUN(0)),
+      OUT(STOP_NONE, 0, 0, -1, -1, "", "")}},
+    {1,
+     {"a rank failure past the limit is still the rank failure",
+      IN(ACTIVE, 0, 3, 1, T0, T0, T0 + 5000, 600, 0, 1, EXIT(0, LOOM_EXIT_FAILED, T0 + 4000)),
+      OUT(STOP_RANK_FAILED, 0, RETRY, 0, 0, "rank 0 on node a exited non-zero", "")}},
+    {1,
+     {"every rank exited 0 past the limit: succeeded",
+      IN(ACTIVE, 0, 3, 1, T0, T0, T0 + 5000, 600, 0, 1, OK(0, T0 + 4000)),
+      OUT(STOP_SUCCEEDED, 0, 0, -1, -1, "all 1 ranks exited 0", "")}},
+    {1,
+     {"a lost node past the limit is still node loss",
+      IN(ACTIVE, 0, 3, 1, T0, T0, T0 + 5000, 600, LOST_A, 1, RUN(0)),
+      OUT(STOP_NODE_LOST, 0, RETRY, 0, 0, "node a lost (no heartbeat for 15 s); rank 0 was on it",
+          "")}},
+    {10,
+     {"still starting past the limit: time limit before the start timeout",
+      IN(ACTIVE, 0, 3, 0, T0, T0, T0 + 70000, 600, 0, 2, RUN(0), PEND(1)),
+      OUT(STOP_TIME_LIMIT, 0, NO_RETRY, -1, -1, "ran 70 s, over max_runtime_s=10", "")}},
+    {10,
+     {"hung past the limit: the time limit wins over the hang timeout",
+      IN(ACTIVE, 0, 3, 1, T0, T0, T0 + 40000, 20, 0, 1, RUN(0)),
+      OUT(STOP_TIME_LIMIT, 0, NO_RETRY, -1, -1, "ran 40 s, over max_runtime_s=10", "")}},
+    {1,
+     {"cancel past the limit is still a cancel",
+      IN(SUPERVISE_JOB_CANCELLING, 0, 3, 1, T0, T0, T0 + 5000, 600, 0, 1, RUN(0)),
+      OUT(STOP_CANCELLED, 0, 0, -1, -1, "cancelled", "")}},
 };
 
 struct texpire {
@@ -324,7 +377,10 @@ static const struct texpire expiries[] = {
 int main(void) {
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < ncases; i++)
-        run_case(&cases[i]);
+        run_case(&cases[i], 0);
+    int nlimits = (int)(sizeof limits / sizeof limits[0]);
+    for (int i = 0; i < nlimits; i++)
+        run_case(&limits[i].c, limits[i].max_runtime_s);
 
     /* Every cause appears in the table. */
     for (int c = STOP_NONE; c <= STOP_SUPERSEDED; c++) {
@@ -348,13 +404,14 @@ int main(void) {
               supervise_retries_left(0, 0) == 0,
           "retries left");
     /* Cause names are distinct (logs and tests tell them apart). */
-    for (int a = STOP_NONE; a <= STOP_NOT_RECORDED; a++)
-        for (int b = a + 1; b <= STOP_NOT_RECORDED; b++)
+    for (int a = STOP_NONE; a <= STOP_TIME_LIMIT; a++)
+        for (int b = a + 1; b <= STOP_TIME_LIMIT; b++)
             CHECK(strcmp(stop_cause_name((enum stop_cause)a), stop_cause_name((enum stop_cause)b)),
                   "cause names %d and %d collide", a, b);
     CHECK(!strcmp(stop_cause_name((enum stop_cause)99), "?"), "name of an unknown cause");
 
-    printf("test_supervise: %d cases, %zu end states, %zu node expiries\n", ncases,
-           sizeof ends / sizeof ends[0], sizeof expiries / sizeof expiries[0]);
+    CHECK(supervise_is_failure(STOP_TIME_LIMIT), "a time limit is a failure");
+    printf("test_supervise: %d + %d time-limit cases, %zu end states, %zu node expiries\n", ncases,
+           nlimits, sizeof ends / sizeof ends[0], sizeof expiries / sizeof expiries[0]);
     return check_summary("test_supervise");
 }

@@ -898,7 +898,9 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
     b->name = "cuda";
-    b->caps = (struct backend_caps){.pair_transport = 1, .device_collectives = 1};
+    /* k_attn.cu works on 64-position tiles (cuDNN's engines take any count) */
+    b->caps = (struct backend_caps){
+        .pair_transport = 1, .device_collectives = 1, .attn_pos_multiple = 64};
     b->flush = cu_flush;
     b->dtype = BACKEND_BF16;
     b->elt_size = 2;

@@ -1,0 +1,230 @@
+/* Events: the type table, the transition -> type mapping, events_emit (event
+ * row + webhook outbox rows in the caller's transaction) and the post-commit
+ * wake-up. See events.h for the contract. */
+#include "daemon/events.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/loomd.h"
+
+const char *const events_types[] = {
+    "job.queued", "job.started",   "job.retrying",     "job.preempted", "job.succeeded",
+    "job.failed", "job.cancelled", "checkpoint.saved", "export.ready",
+};
+const int events_types_count = (int)(sizeof events_types / sizeof *events_types);
+
+int events_type_valid(const char *type) {
+    for (int i = 0; type && i < events_types_count; i++)
+        if (!strcmp(type, events_types[i])) return 1;
+    return 0;
+}
+
+/* Event type by target state (the retry case is decided in code). */
+static const char *const type_by_state[JOB_STATE_COUNT] = {
+    [JOB_QUEUED] = "job.queued",       [JOB_STARTING] = NULL,
+    [JOB_RUNNING] = "job.started",     [JOB_CANCELLING] = NULL,
+    [JOB_SUCCEEDED] = "job.succeeded", [JOB_FAILED] = "job.failed",
+    [JOB_CANCELLED] = "job.cancelled",
+};
+
+const char *events_type_for_transition(int from, int to, const char *reason) {
+    if (to < 0 || to >= JOB_STATE_COUNT) return NULL;
+    if (to == JOB_QUEUED && (from == JOB_STARTING || from == JOB_RUNNING)) {
+        if (reason && !strncmp(reason, "PREEMPTED", 9)) return "job.preempted";
+        return "job.retrying";
+    }
+    if (to == JOB_QUEUED && from >= 0) return NULL; /* not a transition the table allows */
+    return type_by_state[to];
+}
+
+/* The job's tenant and out_dir (out_dir may be NULL when not wanted). */
+static int job_owner(struct store_tx *tx, const char *job_id, char *tenant, size_t tlen,
+                     char **out_dir) {
+    sqlite3_stmt *st = store_stmt(tx, "SELECT tenant_id, out_dir FROM jobs WHERE id = ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, job_id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        snprintf(tenant, tlen, "%s", (const char *)sqlite3_column_text(st, 0));
+        if (out_dir) {
+            const unsigned char *d = sqlite3_column_text(st, 1);
+            *out_dir = d ? strdup((const char *)d) : NULL;
+        }
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? STORE_OK : rc == SQLITE_DONE ? STORE_NOT_FOUND : STORE_ERR;
+}
+
+int64_t events_emit(struct store_tx *tx, const char *type, const char *job_id,
+                    const char *tenant_id, json_t *data) {
+    char tenant[32];
+    if (!tenant_id) {
+        int rc = job_owner(tx, job_id, tenant, sizeof tenant, NULL);
+        if (rc) return rc;
+        tenant_id = tenant;
+    }
+    json_t *d = data ? json_deep_copy(data) : json_object();
+    if (!json_is_object(d)) {
+        json_decref(d);
+        d = json_object();
+    }
+    json_object_set_new(d, "job_id", json_string(job_id));
+    char *text = json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(d);
+    if (!text) return STORE_ERR;
+    int64_t now = store_now_ms(), seq = STORE_ERR;
+    sqlite3_stmt *st = store_stmt(
+        tx, "INSERT INTO events(type, job_id, tenant_id, created_at, data) VALUES (?,?,?,?,?)");
+    if (!st) goto out;
+    sqlite3_bind_text(st, 1, type, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, job_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, tenant_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, now);
+    sqlite3_bind_text(st, 5, text, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) {
+        log_error("events: insert: %s", sqlite3_errmsg(store_tx_db(tx)));
+        goto out;
+    }
+    int64_t new_seq = sqlite3_last_insert_rowid(store_tx_db(tx));
+    /* The outbox: one row per subscribed webhook, in this same transaction,
+     * so a committed event always has its deliveries (webhooks.h). */
+    st = store_stmt(tx, "INSERT OR IGNORE INTO webhook_deliveries(webhook_id, event_seq, state, "
+                        "next_at, created_at) SELECT w.id, ?1, 'pending', ?2, ?2 FROM webhooks w "
+                        "WHERE w.tenant_id = ?3 AND w.deleted_at IS NULL AND EXISTS (SELECT 1 "
+                        "FROM json_each(w.events) e WHERE e.value = ?4 OR e.value = '*')");
+    if (!st) goto out;
+    sqlite3_bind_int64(st, 1, new_seq);
+    sqlite3_bind_int64(st, 2, now);
+    sqlite3_bind_text(st, 3, tenant_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, type, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) {
+        log_error("events: outbox insert: %s", sqlite3_errmsg(store_tx_db(tx)));
+        goto out;
+    }
+    seq = new_seq;
+out:
+    free(text);
+    return seq;
+}
+
+/* 1 when job_id already has an event of `type` whose data.key equals value. */
+static int already(struct store_tx *tx, const char *job_id, const char *type, const char *key,
+                   sqlite3_int64 ival, const char *sval) {
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT 1 FROM events WHERE job_id = ?1 AND type = ?2 AND json_extract(data, '$.%s')"
+             " = ?3 LIMIT 1",
+             key);
+    sqlite3_stmt *st = store_stmt(tx, sql);
+    if (!st) return -1;
+    sqlite3_bind_text(st, 1, job_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, type, -1, SQLITE_STATIC);
+    if (sval)
+        sqlite3_bind_text(st, 3, sval, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_int64(st, 3, ival);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW;
+}
+
+/* path relative to out_dir when it lies under it, else as given. */
+static const char *relative_to(const char *path, const char *root) {
+    size_t n = root ? strlen(root) : 0;
+    if (n && path && !strncmp(path, root, n) && path[n] == '/') return path + n + 1;
+    return path ? path : "";
+}
+
+int events_checkpoint_saved(struct store_tx *tx, const char *job_id, int attempt, long step,
+                            const char *path) {
+    char tenant[32];
+    char *out_dir = NULL;
+    int rc = job_owner(tx, job_id, tenant, sizeof tenant, &out_dir);
+    if (rc) return rc;
+    int dup = already(tx, job_id, "checkpoint.saved", "step", step, NULL);
+    int64_t seq = 0;
+    if (dup < 0) {
+        seq = STORE_ERR;
+    } else if (!dup) {
+        json_t *d = json_pack("{s:I, s:i, s:s}", "step", (json_int_t)step, "attempt", attempt,
+                              "path", relative_to(path, out_dir));
+        seq = events_emit(tx, "checkpoint.saved", job_id, tenant, d);
+        json_decref(d);
+    }
+    free(out_dir);
+    return seq < 0 ? (int)seq : STORE_OK;
+}
+
+int events_export_ready(struct store_tx *tx, const char *job_id, const char *kind,
+                        const char *path) {
+    char tenant[32];
+    char *out_dir = NULL;
+    int rc = job_owner(tx, job_id, tenant, sizeof tenant, &out_dir);
+    if (rc) return rc;
+    int dup = already(tx, job_id, "export.ready", "kind", 0, kind);
+    int64_t seq = 0;
+    if (dup < 0) {
+        seq = STORE_ERR;
+    } else if (!dup) {
+        json_t *d = json_pack("{s:s, s:s}", "kind", kind, "path", relative_to(path, out_dir));
+        seq = events_emit(tx, "export.ready", job_id, tenant, d);
+        json_decref(d);
+    }
+    free(out_dir);
+    return seq < 0 ? (int)seq : STORE_OK;
+}
+
+/* ---- wake-ups ---- */
+
+static int read_max_seq(struct store_tx *tx, void *arg) {
+    int64_t *out = arg;
+    sqlite3_stmt *st = store_stmt(tx, "SELECT COALESCE(MAX(seq), 0) FROM events");
+    if (!st) return STORE_ERR;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *out = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? STORE_OK : STORE_ERR;
+}
+
+/* Writer thread, after each commit: a MAX over the primary key is a single
+ * b-tree descent, cheap next to the commit's fsync. */
+static int on_commit(struct store_tx *tx, void *arg) {
+    struct events *ev = arg;
+    int64_t seq = 0;
+    if (read_max_seq(tx, &seq) == STORE_OK && seq > atomic_load(&ev->last_seq)) {
+        atomic_store(&ev->last_seq, seq);
+        http_notify_signal(&ev->notify);
+    }
+    return STORE_OK;
+}
+
+int events_start(struct loomd *ld) {
+    struct events *ev = calloc(1, sizeof *ev);
+    if (!ev) return -1;
+    http_notify_init(&ev->notify);
+    int64_t seq = 0;
+    if (store_read(ld->store, read_max_seq, &seq) != STORE_OK) {
+        http_notify_destroy(&ev->notify);
+        free(ev);
+        return -1;
+    }
+    atomic_store(&ev->last_seq, seq);
+    ld->events = ev;
+    store_set_commit_hook(ld->store, on_commit, ev);
+    return 0;
+}
+
+void events_stop(struct loomd *ld) {
+    struct events *ev = ld->events;
+    if (!ev) return;
+    store_set_commit_hook(ld->store, NULL, NULL);
+    http_notify_destroy(&ev->notify);
+    free(ev);
+    ld->events = NULL;
+}

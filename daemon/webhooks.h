@@ -1,0 +1,74 @@
+/* Webhooks: tenants subscribe a URL to event types; loomd POSTs each event
+ * there, signed, at least once.
+ *
+ * Outbox: events_emit() (daemon/events.h) inserts one `webhook_deliveries`
+ * row per subscribed webhook in the transaction of the event (migration 071),
+ * so a committed event always has its pending deliveries, across kill -9.
+ * One delivery thread walks the due rows (state pending, next_at <= now),
+ * POSTs with libcurl and records the outcome in a durable write: 2xx is
+ * delivered; anything else is retried with exponential backoff
+ * (--webhook-retry-base-ms doubling, capped at 1 h) until --webhook-retry-for
+ * (24 h) has passed since the event, then failed. A crash after the target
+ * answered 2xx and before that write commits re-sends the event once more:
+ * receivers dedupe on Loom-Event-Id (the event seq).
+ *
+ * Request: POST url, body {"id":SEQ,"type","created_at","data"}, headers
+ * Content-Type: application/json, Loom-Event-Id: SEQ, Loom-Delivery-Id,
+ * Loom-Signature: t=UNIX,v1=HEX(HMAC-SHA256(secret, "<t>.<body>")).
+ *
+ * Targets: http(s) only; a host resolving to a loopback, private, link-local,
+ * CGNAT, multicast or otherwise non-public address is refused unless loomd
+ * runs with --webhook-allow-private. The host is resolved when the webhook
+ * is created and again before every delivery, and curl is pinned to the
+ * address that was checked (CURLOPT_RESOLVE), so DNS rebinding cannot turn a
+ * checked name into an internal address. Redirects are not followed. */
+#ifndef LOOM_DAEMON_WEBHOOKS_H
+#define LOOM_DAEMON_WEBHOOKS_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "daemon/http.h"
+
+struct loomd;
+
+/* hex HMAC-SHA256(secret, "<t>.<body>") into out (65 bytes). 0 or -1. */
+int webhooks_sign(const char *secret, long long t, const char *body, size_t len, char out[65]);
+
+/* 1 when an address must not be a webhook target without
+ * --webhook-allow-private (loopback, RFC 1918, CGNAT, link-local, unique-local,
+ * multicast, unspecified, reserved, documentation, IPv4-mapped forms of
+ * those), 0 when it is public. family AF_INET (addr: struct in_addr) or
+ * AF_INET6 (struct in6_addr). Pure. */
+int webhooks_addr_private(int family, const void *addr);
+/* The same for an IP literal; -1 when `ip` is not one. */
+int webhooks_ip_private(const char *ip);
+
+/* Checks a target URL: scheme http/https, a host, and (unless allow_private)
+ * every address the host resolves to is public. On success returns 0 and,
+ * when pin is non-NULL, writes "host:port:addr" (for CURLOPT_RESOLVE) there.
+ * On failure returns -1 with an upper-case code and a message. */
+int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pinlen, char *code,
+                       size_t codelen, char *msg, size_t msglen);
+
+/* Retry delay in ms after `attempts` failed attempts (>= 1). Pure. */
+int64_t webhooks_backoff_ms(int attempts, int64_t base_ms);
+
+/* Prometheus text (daemon/metrics.c collector row): loom_events_last_seq,
+ * loom_webhook_attempts_total{result}, loom_webhook_deliveries{state}. */
+void webhooks_metrics_write(struct loomd *ld, FILE *f);
+
+/* Module table entries: the delivery thread. */
+int webhooks_start(struct loomd *ld);
+void webhooks_stop(struct loomd *ld);
+
+/* Routes (daemon/api_webhooks.c; tenant tokens). */
+int api_webhooks_create(struct http_req *req);
+int api_webhooks_list(struct http_req *req);
+int api_webhooks_get(struct http_req *req);
+int api_webhooks_delete(struct http_req *req);
+int api_webhooks_deliveries(struct http_req *req);
+
+#endif

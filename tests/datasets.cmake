@@ -1,0 +1,18 @@
+# Datasets beyond .bin shards: `loom-data prepare --tokenizer` (text, jsonl, chat, completion
+# to .bin + .mask shards) against @huggingface/tokenizers on golden examples, its error
+# cases and counts (tests/datasets/prepare_test.py; node and the npm packages of tests/tok,
+# installed by tools/setup.sh; missing ones fail the test); and the masked loss of the worker
+# on cpu against a torch reference cross-entropy over the unmasked targets
+# (tests/datasets/test_masked_loss.py; python3 with numpy and torch, else skipped).
+add_test(NAME integration.datasets.prepare
+         COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/datasets/prepare_test.py
+                 $<TARGET_FILE:loom-data>)
+set_tests_properties(integration.datasets.prepare PROPERTIES LABELS integration TIMEOUT 300)
+if(TARGET loom-worker)
+    add_test(NAME integration.datasets.masked_loss
+             COMMAND sh -c "for p in /usr/bin/python3 python3; do if \"$p\" -c 'import numpy, torch' 2>/dev/null; then exec \"$p\" \"$0\" \"$1\"; fi; done; echo 'SKIP: no python3 with numpy and torch'; exit 77"
+                     ${CMAKE_CURRENT_LIST_DIR}/datasets/test_masked_loss.py
+                     $<TARGET_FILE:loom-worker>)
+    set_tests_properties(integration.datasets.masked_loss PROPERTIES LABELS "integration;sanitize"
+                         SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()

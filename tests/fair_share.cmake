@@ -1,0 +1,27 @@
+# Fair shared fleet: tenant QoS, time limits and job dependencies against a
+# real loomd with loom-agents running fake_worker (tests/integration/test_fair_share.py).
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
+    foreach(sc qos time_limit after fair_share)
+        add_test(NAME integration.fair_share.${sc}
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_fair_share.py
+                         ${CMAKE_BINARY_DIR}/bin ${sc})
+        set_tests_properties(integration.fair_share.${sc} PROPERTIES LABELS "integration;sanitize"
+                             SKIP_RETURN_CODE 77 TIMEOUT 120)
+    endforeach()
+endif()
+
+# The dependency decision is a pure function (like supervise.c): its test
+# compiles daemon/deps.c alone.
+add_executable(test_deps ${CMAKE_CURRENT_LIST_DIR}/unit/test_deps.c ${CMAKE_SOURCE_DIR}/daemon/deps.c)
+loom_warnings(test_deps)
+add_test(NAME unit.deps COMMAND test_deps)
+set_tests_properties(unit.deps PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+
+# Fair share: the usage decay and the scheduler's equal-priority order (both pure).
+add_executable(test_fairshare ${CMAKE_CURRENT_LIST_DIR}/unit/test_fairshare.c
+               ${CMAKE_SOURCE_DIR}/daemon/fairshare.c ${CMAKE_SOURCE_DIR}/daemon/sched.c)
+target_link_libraries(test_fairshare PRIVATE m)
+loom_warnings(test_fairshare)
+add_test(NAME unit.fairshare COMMAND test_fairshare)
+set_tests_properties(unit.fairshare PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)

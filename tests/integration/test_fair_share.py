@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Fair shared fleet integration tests: a real loomd and loom-agents with
+--cpu-devices running tests/fake_worker (the cluster of test_cluster.py).
+
+Scenarios:
+  qos         PATCH /v1/tenants/{id} QoS fields: validation (nothing changes),
+              PRIORITY_TOO_HIGH naming both values, max_running_jobs holding
+              jobs queued with a pending_reason naming the limit,
+              BUDGET_EXHAUSTED once this month's usage reached the budget.
+  time_limit  max_runtime_s ends a job: failed, event reason TIME_LIMIT, the
+              worker stopped by SIGTERM (no rank left alive).
+  fair_share  after one tenant used the cluster, another tenant's job of the
+              same priority starts before its earlier-submitted job.
+  after       `after` holds a job until its dependencies succeed; a failed
+              dependency fails the dependent job with DEPENDENCY_FAILED <id>.
+
+Usage: test_fair_share.py BIN_DIR SCENARIO. Exit 0 pass, 1 fail, 77 skip."""
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIO = sys.argv[2]
+sys.argv = [sys.argv[0], sys.argv[1], "none"]  # test_cluster reads BIN_DIR SCENARIO
+sys.path.insert(0, HERE)
+import test_cluster as tc  # noqa: E402
+
+check = tc.check
+ADMIN = tc.ADMIN
+
+
+def spec_of(c, world=1, steps=10, step_ms=100, priority=50, labels=None, **extra):
+    lab = {"fake_step_ms": str(step_ms)}
+    lab.update(labels or {})
+    s = {
+        "name": "fs",
+        "model": {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "d_ff": 256,
+                  "vocab_size": 256, "seq_len": 32},
+        "data": {"train": os.path.join(c.data, "train_000.bin")},
+        "parallel": {"dp": world, "tp": 1, "pp": 1},
+        "train": {"steps": steps, "global_batch_tokens": 128 * world, "micro_batch": 4,
+                  "precision": "fp32"},
+        "resources": {"device": "cpu", "gpus_per_node": 2},
+        "labels": lab,
+        "priority": priority,
+        "max_retries": 0,
+    }
+    s.update(extra)
+    return s
+
+
+def reasons_to(c, jid, state):
+    return [r for (_f, to, _a, r) in tc.event_reasons(c, jid) if to == state]
+
+
+def submit(c, expect=201, **kw):
+    st, j = c.request("POST", "/v1/jobs", spec_of(c, **kw))
+    check(st == expect, "submit (expect %d): %s %s" % (expect, st, j))
+    return j["id"] if expect == 201 else j
+
+
+def patch(c, body):
+    return c.request("PATCH", "/v1/tenants/" + c.tenant, body, token=ADMIN)
+
+
+def sc_qos(c):
+    # Validation: bad values are refused with the field named; nothing changes.
+    for body, field in (({"max_priority": 101}, "max_priority"),
+                        ({"max_priority": "high"}, "max_priority"),
+                        ({"max_running_jobs": -1}, "max_running_jobs"),
+                        ({"gpu_hours_per_month": -0.5}, "gpu_hours_per_month"),
+                        ({"max_priority": 10, "gpu_quota": -3}, "gpu_quota")):
+        st, r = patch(c, body)
+        check(st == 422 and r["error"]["code"] == "INVALID_FIELD" and
+              field in r["error"]["message"], "PATCH %s refused: %s %s" % (body, st, r))
+    st, t = c.get("/v1/tenants/" + c.tenant, token=ADMIN)
+    check(st == 200 and t["max_priority"] == -1 and t["max_running_jobs"] == 0 and
+          t["gpu_hours_per_month"] == 0, "defaults unchanged after refused PATCHes: %s" % t)
+    st, r = patch(c, {"max_priority": 60, "max_running_jobs": 1})
+    check(st == 200 and r["max_priority"] == 60 and r["max_running_jobs"] == 1,
+          "PATCH sets max_priority and max_running_jobs: %s %s" % (st, r))
+    st, lst = c.get("/v1/tenants", token=ADMIN)
+    mine = [t for t in lst["items"] if t["id"] == c.tenant] if st == 200 else []
+    check(len(mine) == 1 and mine[0]["max_priority"] == 60 and mine[0]["max_running_jobs"] == 1,
+          "the tenant list shows the QoS fields: %s" % mine)
+    st, r = c.request("PATCH", "/v1/tenants/" + c.tenant, {"max_priority": 1}, token=c.token)
+    check(st == 403, "a tenant cannot set its own QoS: %s" % st)
+
+    # Priority above the limit: refused (not clamped), both values named.
+    r = submit(c, expect=422, priority=61)
+    check(r["error"]["code"] == "PRIORITY_TOO_HIGH" and "61" in r["error"]["message"] and
+          "60" in r["error"]["message"], "PRIORITY_TOO_HIGH names 61 and 60: %s" % r)
+    st, lst = c.get("/v1/jobs")
+    check(st == 200 and len(lst["items"]) == 0, "the refused submit stored no job")
+
+    # max_running_jobs=1: the second job waits with the limit as its reason.
+    a = submit(c, priority=60, steps=15, step_ms=100)
+    b = submit(c, priority=60, steps=2, step_ms=50)
+    c.wait_state(a, ("running",), 20)
+
+    def b_waits():
+        j = c.job(b)
+        return j["state"] == "queued" and "max_running_jobs" in (j.get("pending_reason") or "")
+    c.wait(b_waits, 10, "second job queued on max_running_jobs")
+    check("1 of 1" in c.job(b)["pending_reason"], "reason names the limit: %s" %
+          c.job(b)["pending_reason"])
+    c.wait_state(a, ("succeeded",), 30)
+    c.wait_state(b, ("succeeded",), 30)
+
+    # Budget: the first job used some GPU-seconds this month; a budget below
+    # that refuses new jobs, 0 lifts the limit again.
+    st, r = patch(c, {"gpu_hours_per_month": 0.0001})
+    check(st == 200 and abs(r["gpu_hours_per_month"] - 0.0001) < 1e-12, "budget set: %s" % r)
+    r = submit(c, expect=409, priority=10)
+    check(r["error"]["code"] == "BUDGET_EXHAUSTED" and "GPU-hours" in r["error"]["message"],
+          "BUDGET_EXHAUSTED names the usage and the budget: %s" % r)
+    st, r = patch(c, {"gpu_hours_per_month": 0})
+    check(st == 200, "budget lifted")
+    submit(c, priority=10, steps=1, step_ms=10)
+
+
+def sc_time_limit(c):
+    jid = submit(c, world=2, steps=1000, step_ms=100, max_runtime_s=2)
+    c.wait_state(jid, ("running",), 20)
+    t0 = time.time()
+    c.wait_state(jid, ("failed",), 20)
+    check(time.time() - t0 < 10, "ended near its limit (%.1f s after running)" % (time.time() - t0))
+    reasons = reasons_to(c, jid, "failed")
+    check(len(reasons) == 1 and reasons[0].startswith("TIME_LIMIT") and
+          "max_runtime_s=2" in reasons[0], "failed with a TIME_LIMIT reason: %s" % reasons)
+    c.wait(lambda: not c.alive_workers(jid), 10, "no worker left alive (SIGTERM)")
+    # Without a limit the same job keeps running past 2 s.
+    free = submit(c, world=1, steps=40, step_ms=100)
+    c.wait_state(free, ("running",), 20)
+    time.sleep(3)
+    check(c.job(free)["state"] == "running", "a job without max_runtime_s keeps running")
+    c.request("POST", "/v1/jobs/%s/cancel" % free)
+
+
+def sc_after(c):
+    a = submit(c, steps=10, step_ms=100)
+    b = submit(c, steps=2, step_ms=20, after=[a])
+
+    def b_waits():
+        j = c.job(b)
+        return j["state"] == "queued" and ("waiting for " + a) in (j.get("pending_reason") or "")
+    c.wait(b_waits, 10, "dependent job waits for its dependency")
+    c.wait_state(a, ("succeeded",), 30)
+    c.wait_state(b, ("succeeded",), 30)
+    ja, jb = c.job(a), c.job(b)
+    check(jb["started_at"] >= ja["finished_at"], "b started after a finished: %s >= %s" %
+          (jb["started_at"], ja["finished_at"]))
+
+    bad = submit(c, steps=10, step_ms=50, labels={"fake_crash_step": "2"})
+    dep = submit(c, steps=2, step_ms=20, after=[bad])
+    c.wait_state(bad, ("failed",), 30)
+    c.wait_state(dep, ("failed",), 20)
+    reasons = reasons_to(c, dep, "failed")
+    check(len(reasons) == 1 and reasons[0].startswith("DEPENDENCY_FAILED " + bad),
+          "DEPENDENCY_FAILED names %s: %s" % (bad, reasons))
+    check(c.job(dep).get("started_at") is None, "the dependent job never started")
+
+
+def sc_fair_share(c):
+    # acme uses the whole cluster (4 cpu devices) for a while: usage rows.
+    used = submit(c, world=4, steps=10, step_ms=100)
+    c.wait_state(used, ("succeeded",), 30)
+    st, u = c.get("/v1/usage?group_by=tenant", token=ADMIN)
+    check(st == 200, "usage readable: %s %s" % (st, u))
+    other, other_token = c.new_tenant("beta")
+    # A blocker holds the cluster; then acme submits first, beta second, at
+    # one priority. When the blocker ends beta (no usage) must start first.
+    blocker = submit(c, world=4, steps=15, step_ms=100)
+    c.wait_state(blocker, ("running",), 20)
+    a = submit(c, world=4, steps=5, step_ms=100)
+    time.sleep(0.05)
+    st, j = c.request("POST", "/v1/jobs", spec_of(c, world=4, steps=5, step_ms=100),
+                      token=other_token)
+    check(st == 201, "beta submits: %s %s" % (st, j))
+    b = j["id"]
+    c.wait_state(b, ("running", "succeeded"), 30, token=other_token)
+    check(c.job(a)["state"] == "queued",
+          "acme's earlier job still waits while beta's runs: %s" % c.job(a)["state"])
+    c.wait_state(a, ("succeeded",), 30)
+    jb = c.job(b, token=other_token)
+    check(jb["started_at"] < c.job(a)["started_at"], "beta started before acme")
+
+
+SCENARIOS = {"qos": sc_qos, "time_limit": sc_time_limit, "after": sc_after,
+             "fair_share": sc_fair_share}
+
+
+def main():
+    if SCENARIO not in SCENARIOS:
+        print("unknown scenario", SCENARIO)
+        return 1
+    if not os.access(tc.WORKER, os.X_OK):
+        print("SKIP: %s not built" % tc.WORKER)
+        return 77
+    c = tc.Cluster(nodes=2, devices=2)
+    ok = False
+    try:
+        SCENARIOS[SCENARIO](c)
+        ok = True
+        print("PASS", SCENARIO)
+        return 0
+    except tc.Fail as e:
+        print("FAIL %s: %s" % (SCENARIO, e))
+        return 1
+    finally:
+        c.close(ok)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+# Tests of the platform API: the event stream, webhooks and artifacts
+# (daemon/events.h, daemon/webhooks.h, daemon/artifacts.h).
+if(TARGET loom_daemon)
+    add_executable(test_platform_api ${CMAKE_CURRENT_LIST_DIR}/unit/test_platform_api.c)
+    target_link_libraries(test_platform_api PRIVATE loom_daemon)
+    loom_warnings(test_platform_api)
+    # The signature reference is the openssl command line (an independent HMAC).
+    find_program(LOOM_OPENSSL_BIN openssl)
+    if(NOT LOOM_OPENSSL_BIN)
+        set(LOOM_OPENSSL_BIN openssl) # tools/setup.sh installs it; the test fails without
+    endif()
+    add_test(NAME unit.platform_api COMMAND test_platform_api ${LOOM_OPENSSL_BIN})
+    set_tests_properties(unit.platform_api PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+endif()
+# Integration: loomd + loom-agents + fake_worker on loopback, one ctest per scenario.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl)
+    foreach(sc events sse webhooks webhook_private webhook_crash artifacts)
+        add_test(NAME integration.platform.${sc}
+                 COMMAND ${Python3_EXECUTABLE}
+                         ${CMAKE_CURRENT_LIST_DIR}/integration/test_platform_api.py
+                         ${CMAKE_BINARY_DIR}/bin ${sc})
+        set_tests_properties(integration.platform.${sc} PROPERTIES LABELS "integration;sanitize"
+                             SKIP_RETURN_CODE 77 TIMEOUT 180)
+    endforeach()
+endif()
+# Benchmark (not a test): build/bin/bench_events build/bin/loomd [--subscribers N] [--jobs J]
+# [--rate R]; results in docs/perf.md.
+if(TARGET loomd)
+    add_executable(bench_events ${CMAKE_CURRENT_LIST_DIR}/bench/bench_events.c)
+    target_link_libraries(bench_events PRIVATE loom_daemon_harness Threads::Threads)
+    loom_warnings(bench_events)
+endif()

@@ -1,0 +1,331 @@
+/* Unit tests of the platform API's pure parts: webhook signatures against the
+ * openssl command line (an independent HMAC-SHA256), the private-address
+ * classifier, URL checks, backoff, the Range parser, the artifact path
+ * classifier, the transition -> event type table, and the {name*} route
+ * segment. Usage: test_platform_api [openssl binary] */
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/check.h"
+#include "daemon/artifacts.h"
+#include "daemon/events.h"
+#include "daemon/http.h"
+#include "daemon/store.h"
+#include "daemon/webhooks.h"
+
+/* HMAC-SHA256 by `openssl dgst -sha256 -hmac KEY` over the bytes "<t>.<body>". */
+static int openssl_hmac(const char *openssl, const char *key, long long t, const char *body,
+                        char out[65]) {
+    char path[] = "/tmp/test_platform_api.XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "%lld.%s", t, body);
+    fclose(f);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' dgst -sha256 -hmac '%s' -r '%s'", openssl, key, path);
+    FILE *p = popen(cmd, "r");
+    int rc = -1;
+    if (p && fscanf(p, "%64s", out) == 1 && strlen(out) == 64) rc = 0;
+    if (p) pclose(p);
+    unlink(path);
+    return rc;
+}
+
+static void test_signatures(const char *openssl) {
+    static const struct {
+        const char *secret, *body;
+        long long t;
+    } cases[] = {
+        {"whsec_0123456789abcdef", "{\"id\":1,\"type\":\"job.queued\"}", 1796120799},
+        {"k", "", 0},
+        {"a longer secret with spaces", "{\"data\":{\"x\":\"\\u00e9\"}}", 1700000000},
+        {"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+         "[1,2,3]", 42},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char ours[65], ref[65];
+        CHECK(webhooks_sign(cases[i].secret, cases[i].t, cases[i].body, strlen(cases[i].body),
+                            ours) == 0);
+        if (openssl_hmac(openssl, cases[i].secret, cases[i].t, cases[i].body, ref) != 0) {
+            fprintf(stderr, "openssl (%s) did not run\n", openssl);
+            CHECK(0);
+            continue;
+        }
+        if (strcmp(ours, ref)) fprintf(stderr, "case %zu: %s != openssl %s\n", i, ours, ref);
+        CHECK(strcmp(ours, ref) == 0);
+    }
+    /* The body is signed with its timestamp: another t gives another MAC. */
+    char a[65], b[65];
+    webhooks_sign("s", 1, "x", 1, a);
+    webhooks_sign("s", 2, "x", 1, b);
+    CHECK(strcmp(a, b) != 0);
+}
+
+static void test_private(void) {
+    static const struct {
+        const char *ip;
+        int priv;
+    } cases[] = {
+        {"127.0.0.1", 1},
+        {"127.255.255.254", 1},
+        {"10.0.0.1", 1},
+        {"172.16.0.1", 1},
+        {"172.31.255.255", 1},
+        {"172.32.0.1", 0},
+        {"172.15.255.255", 0},
+        {"192.168.1.1", 1},
+        {"192.169.0.1", 0},
+        {"169.254.169.254", 1},
+        {"100.64.0.1", 1},
+        {"100.127.255.255", 1},
+        {"100.128.0.1", 0},
+        {"0.0.0.0", 1},
+        {"224.0.0.1", 1},
+        {"239.255.255.250", 1},
+        {"255.255.255.255", 1},
+        {"198.18.0.1", 1},
+        {"198.20.0.1", 0},
+        {"192.0.2.5", 1},
+        {"8.8.8.8", 0},
+        {"93.184.216.34", 0},
+        {"1.1.1.1", 0},
+        {"::1", 1},
+        {"::", 1},
+        {"fe80::1", 1},
+        {"fc00::1", 1},
+        {"fd12:3456::1", 1},
+        {"ff02::1", 1},
+        {"2001:db8::1", 1},
+        {"::ffff:127.0.0.1", 1},
+        {"::ffff:10.1.2.3", 1},
+        {"::ffff:8.8.8.8", 0},
+        {"64:ff9b::a00:1", 1},
+        {"64:ff9b::808:808", 0},
+        {"2002:c0a8:0101::1", 1},
+        {"2002:0808:0808::1", 0},
+        {"2606:4700:4700::1111", 0},
+        {"2a00:1450:4001::1", 0},
+        {"::127.0.0.1", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int got = webhooks_ip_private(cases[i].ip);
+        if (got != cases[i].priv)
+            fprintf(stderr, "%s: private=%d, want %d\n", cases[i].ip, got, cases[i].priv);
+        CHECK(got == cases[i].priv);
+    }
+    CHECK(webhooks_ip_private("localhost") == -1);
+    CHECK(webhooks_ip_private("1.2.3") == -1);
+}
+
+static void test_urls(void) {
+    static const struct {
+        const char *url;
+        int allow;
+        const char *code; /* NULL: accepted */
+    } cases[] = {
+        {"http://127.0.0.1:8080/hook", 1, NULL},
+        {"http://127.0.0.1:8080/hook", 0, "WEBHOOK_PRIVATE_ADDRESS"},
+        {"http://[::1]:9/x", 0, "WEBHOOK_PRIVATE_ADDRESS"},
+        {"https://93.184.216.34/h", 0, NULL},
+        {"ftp://93.184.216.34/h", 1, "INVALID_WEBHOOK_URL"},
+        {"file:///etc/passwd", 1, "INVALID_WEBHOOK_URL"},
+        {"gopher://127.0.0.1/", 1, "INVALID_WEBHOOK_URL"},
+        {"not a url", 1, "INVALID_WEBHOOK_URL"},
+        {"", 1, "INVALID_WEBHOOK_URL"},
+        {"http://no-such-host.invalid/", 1, "WEBHOOK_HOST_UNRESOLVED"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char pin[400] = "", code[64] = "", msg[512] = "";
+        int rc = webhooks_check_url(cases[i].url, cases[i].allow, pin, sizeof pin, code,
+                                    sizeof code, msg, sizeof msg);
+        if (cases[i].code) {
+            CHECK(rc == -1 && !strcmp(code, cases[i].code));
+            if (rc != -1 || strcmp(code, cases[i].code))
+                fprintf(stderr, "%s: rc %d code %s (%s)\n", cases[i].url, rc, code, msg);
+        } else {
+            CHECK(rc == 0 && pin[0]);
+        }
+    }
+    char pin[400], code[64], msg[512];
+    CHECK(webhooks_check_url("http://127.0.0.1:8080/x", 1, pin, sizeof pin, code, sizeof code, msg,
+                             sizeof msg) == 0);
+    CHECK(!strcmp(pin, "127.0.0.1:8080:127.0.0.1"));
+    CHECK(webhooks_check_url("http://[::1]:81/", 1, pin, sizeof pin, code, sizeof code, msg,
+                             sizeof msg) == 0);
+    CHECK(!strcmp(pin, "::1:81:[::1]"));
+    CHECK(webhooks_check_url("https://93.184.216.34/", 0, pin, sizeof pin, code, sizeof code, msg,
+                             sizeof msg) == 0);
+    CHECK(!strcmp(pin, "93.184.216.34:443:93.184.216.34"));
+}
+
+static void test_backoff(void) {
+    static const struct {
+        int attempts;
+        int64_t base, want;
+    } cases[] = {{1, 1000, 1000},     {2, 1000, 2000},      {3, 1000, 4000}, {10, 1000, 512000},
+                 {13, 1000, 3600000}, {100, 1000, 3600000}, {0, 200, 200},   {5, 200, 3200}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        CHECK(webhooks_backoff_ms(cases[i].attempts, cases[i].base) == cases[i].want);
+}
+
+static void test_ranges(void) {
+    static const struct {
+        const char *h;
+        uint64_t size;
+        int rc;
+        uint64_t off, len;
+    } cases[] = {
+        {NULL, 100, 0, 0, 0},
+        {"bytes=0-9", 100, 1, 0, 10},
+        {"bytes=10-", 100, 1, 10, 90},
+        {"bytes=-10", 100, 1, 90, 10},
+        {"bytes=-1000", 100, 1, 0, 100},
+        {"bytes=90-1000", 100, 1, 90, 10},
+        {"bytes=99-99", 100, 1, 99, 1},
+        {"bytes=100-", 100, -1, 0, 0},
+        {"bytes=100-200", 100, -1, 0, 0},
+        {"bytes=5-2", 100, -1, 0, 0},
+        {"bytes=0-1,4-5", 100, -1, 0, 0},
+        {"bytes=-0", 100, -1, 0, 0},
+        {"bytes=-", 100, -1, 0, 0},
+        {"bytes=x-1", 100, -1, 0, 0},
+        {"bytes=1-x", 100, -1, 0, 0},
+        {"bytes=1", 100, -1, 0, 0},
+        {"items=0-1", 100, -1, 0, 0},
+        {"bytes=0-", 0, -1, 0, 0},
+        {"bytes=-5", 0, -1, 0, 0},
+        {"bytes=99999999999999999999999-", 100, -1, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint64_t off = 7, len = 7;
+        int rc = artifacts_parse_range(cases[i].h, cases[i].size, &off, &len);
+        CHECK(rc == cases[i].rc);
+        if (rc == 1) CHECK(off == cases[i].off && len == cases[i].len);
+        if (rc != cases[i].rc)
+            fprintf(stderr, "Range %s: %d, want %d\n", cases[i].h ? cases[i].h : "(none)", rc,
+                    cases[i].rc);
+    }
+}
+
+static void test_classify(void) {
+    static const struct {
+        const char *rel;
+        enum artifact_kind kind;
+        long step;
+        int dir;
+    } cases[] = {
+        {"checkpoints/step_00000200/manifest.json", ARTIFACT_CHECKPOINT, 200, 0},
+        {"checkpoints/step_00000200/rank_00001.safetensors", ARTIFACT_CHECKPOINT, 200, 0},
+        {"checkpoints/step_00000200", ARTIFACT_CHECKPOINT, 200, 1},
+        {"checkpoints/.tmp.step_00000200/x", ARTIFACT_NONE, -1, 0},
+        {"checkpoints/step_/x", ARTIFACT_NONE, -1, 0},
+        {"checkpoints/step_12a/x", ARTIFACT_NONE, -1, 0},
+        {"checkpoints/step_1/a/b", ARTIFACT_NONE, -1, 0},
+        {"checkpoints", ARTIFACT_NONE, -1, 0},
+        {"export/hf/config.json", ARTIFACT_MODEL, -1, 0},
+        {"export/hf/sub/model-00001-of-00002.safetensors", ARTIFACT_MODEL, -1, 0},
+        {"export/hf", ARTIFACT_MODEL, -1, 1},
+        {"export/hfx/a", ARTIFACT_NONE, -1, 0},
+        {"export/lora/adapter_model.safetensors", ARTIFACT_ADAPTER, -1, 0},
+        {"export/lora", ARTIFACT_ADAPTER, -1, 1},
+        {"logs/0.0.stderr.log", ARTIFACT_LOG, -1, 0},
+        {"logs/a/b", ARTIFACT_NONE, -1, 0},
+        {"spec.json", ARTIFACT_NONE, -1, 0},
+        {"export/hf/../../x", ARTIFACT_NONE, -1, 0},
+        {"export/hf/./x", ARTIFACT_NONE, -1, 0},
+        {"export/hf//x", ARTIFACT_NONE, -1, 0},
+        {"/etc/passwd", ARTIFACT_NONE, -1, 0},
+        {"logs/..", ARTIFACT_NONE, -1, 0},
+        {"", ARTIFACT_NONE, -1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        long step = 99;
+        int dir = 9;
+        enum artifact_kind k = artifacts_classify(cases[i].rel, &step, &dir);
+        int ok = k == cases[i].kind &&
+                 (k == ARTIFACT_NONE || (step == cases[i].step && dir == cases[i].dir));
+        if (!ok)
+            fprintf(stderr, "classify %s: kind %d step %ld dir %d\n", cases[i].rel, k, step, dir);
+        CHECK(ok);
+    }
+}
+
+static void test_event_types(void) {
+    static const struct {
+        int from, to;
+        const char *reason, *want;
+    } cases[] = {
+        {-1, JOB_QUEUED, "submitted", "job.queued"},
+        {JOB_QUEUED, JOB_STARTING, "placed", NULL},
+        {JOB_STARTING, JOB_RUNNING, "every rank started", "job.started"},
+        {JOB_RUNNING, JOB_QUEUED, "rank 1 exited with 3", "job.retrying"},
+        {JOB_STARTING, JOB_QUEUED, "node lost", "job.retrying"},
+        {JOB_RUNNING, JOB_QUEUED, "PREEMPTED by j-1", "job.preempted"},
+        {JOB_RUNNING, JOB_SUCCEEDED, "", "job.succeeded"},
+        {JOB_RUNNING, JOB_FAILED, "no retries left", "job.failed"},
+        {JOB_QUEUED, JOB_FAILED, "DEPENDENCY_FAILED", "job.failed"},
+        {JOB_RUNNING, JOB_CANCELLING, "cancel", NULL},
+        {JOB_CANCELLING, JOB_CANCELLED, "every rank stopped", "job.cancelled"},
+        {JOB_QUEUED, JOB_CANCELLED, "cancelled by tenant", "job.cancelled"},
+        {JOB_RUNNING, 99, "", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *t = events_type_for_transition(cases[i].from, cases[i].to, cases[i].reason);
+        CHECK(cases[i].want ? t && !strcmp(t, cases[i].want) : t == NULL);
+        if (t) CHECK(events_type_valid(t));
+    }
+    CHECK(events_types_count == 9);
+    CHECK(!events_type_valid("job.nope") && !events_type_valid(NULL) && !events_type_valid("*"));
+}
+
+static void test_rest_segment(void) {
+    static const struct {
+        const char *path;
+        const char *value; /* NULL: no match */
+    } cases[] = {
+        {"/v1/jobs/j-1/artifacts/a", "a"},
+        {"/v1/jobs/j-1/artifacts/checkpoints/step_1/manifest.json",
+         "checkpoints/step_1/manifest.json"},
+        {"/v1/jobs/j-1/artifacts/", NULL},
+        {"/v1/jobs/j-1/artifacts", NULL},
+        {"/v1/jobs/j-1/artifacts/a//b", NULL},
+        {"/v1/jobs/j-1/artifacts/a/", NULL},
+        {"/v1/jobs//artifacts/a", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *names[HTTP_MAX_PARAMS], *values[HTTP_MAX_PARAMS];
+        int n = 0;
+        int m = http_match("/v1/jobs/{id}/artifacts/{path*}", cases[i].path, names, values,
+                           HTTP_MAX_PARAMS, &n);
+        if (cases[i].value) {
+            CHECK(m == 1 && n == 2 && !strcmp(names[1], "path") &&
+                  !strcmp(values[1], cases[i].value) && !strcmp(values[0], "j-1"));
+        } else {
+            CHECK(m == 0 && n == 0);
+        }
+        for (int k = 0; k < n; k++) {
+            free(names[k]);
+            free(values[k]);
+        }
+    }
+    int n = 0;
+    /* An ordinary {name} segment still takes exactly one segment. */
+    CHECK(!http_match("/v1/jobs/{id}", "/v1/jobs/a/b", NULL, NULL, 0, &n));
+}
+
+int main(int argc, char **argv) {
+    const char *openssl = argc > 1 ? argv[1] : "openssl";
+    test_signatures(openssl);
+    test_private();
+    test_urls();
+    test_backoff();
+    test_ranges();
+    test_classify();
+    test_event_types();
+    test_rest_segment();
+    return check_summary("platform_api");
+}
