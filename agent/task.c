@@ -83,12 +83,17 @@ static void write_exit_file(struct task *t) {
 }
 
 static struct task *task_alloc(const char *work_dir, const char *job, int attempt, int rank) {
+    /* A job id longer than the field is not one loomd issued (a stray
+     * directory under tasks/): refused rather than truncated. */
+    size_t jl = strlen(job);
+    if (jl >= sizeof((struct task *)0)->job) return NULL;
     struct task *t = calloc(1, sizeof *t);
     if (!t) return NULL;
-    snprintf(t->job, sizeof t->job, "%s", job);
+    memcpy(t->job, job, jl + 1);
     t->attempt = attempt;
     t->rank = rank;
-    snprintf(t->key, sizeof t->key, "%s.%d.%d", job, attempt, rank);
+    /* The precision bounds the id for the compiler too (-Wformat-truncation). */
+    snprintf(t->key, sizeof t->key, "%.*s.%d.%d", (int)(sizeof t->job - 1), t->job, attempt, rank);
     task_dir_path(work_dir, job, attempt, rank, t->dir, sizeof t->dir);
     t->last_step = -1;
     t->exit_code = LOOM_EXIT_UNKNOWN;
@@ -430,6 +435,7 @@ struct task *task_scan_dir(const char *work_dir, int adopt, int64_t now_ms) {
         char *a = strrchr(name, '.');
         if (!a) continue;
         *a = 0;
+        if (strlen(name) >= sizeof((struct task *)0)->job) continue; /* not a task of ours */
         struct task *t = task_alloc(work_dir, name, atoi(a + 1), atoi(r + 1));
         if (!t) break;
         char fpath[1200];

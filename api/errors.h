@@ -23,7 +23,7 @@
     X(INVALID_CURSOR, 400, "a list cursor that loomd did not issue")                               \
     X(INVALID_IDEMPOTENCY_KEY, 400, "Idempotency-Key is empty or longer than 255 characters")      \
     X(INVALID_STREAM, 400, "logs: stream is not stderr or stdout")                                 \
-    X(INVALID_RANK, 400, "logs: rank is negative")                                                 \
+    X(INVALID_RANK, 400, "logs, metrics: rank is not in 0..world_size-1")                          \
     X(INVALID_TIME, 400, "usage: from/to is not RFC 3339, YYYY-MM-DD or milliseconds")             \
     X(INVALID_GROUP_BY, 400, "usage: group_by is not one of the listed keys")                      \
     X(INVALID_RDZV_VALUE, 400, "rendezvous: the body is not {\"value\": \"<base64>\"}")            \
@@ -124,6 +124,8 @@
     X(DATA_PATH_INVALID, 422, "a data path that is relative, has ./.., or globs a directory")      \
     X(DATA_PATH_FORBIDDEN, 422, "a data path that resolves outside the tenant's data roots")       \
     X(DATA_PATH_NOT_FOUND, 422, "a data path that matches nothing where loomd looks")              \
+    X(VOCAB_TOO_SMALL, 422, "the data's vocab_size (meta.json) is above model.vocab_size")         \
+    X(QUOTA_TOO_SMALL, 422, "the job's world size is above the tenant's gpu_quota")                \
     /* planner */                                                                                  \
     X(DOES_NOT_FIT, 422, "the per-GPU memory estimate is above the GPUs' memory")                  \
     X(LAYOUT_EXCEEDS_CLUSTER, 422, "dp*tp*pp above the cluster's GPUs")                            \

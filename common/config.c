@@ -1,5 +1,6 @@
 /* Config tables: defaults < file < environment < flags. See config.h. */
 #include "common/config.h"
+#include "common/version.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -187,6 +188,10 @@ int config_load(const struct config_entry *t, size_t n, void *out, const char *p
         }
         if (!strcmp(argv[i], "--help-all")) {
             config_print_help_all(t, n, prog, usage, stdout);
+            return 1;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("%s %s\n", prog, LOOM_VERSION);
             return 1;
         }
         if (!strcmp(argv[i], "--config") && i + 1 < argc)

@@ -42,7 +42,8 @@ struct config_entry {
 /* Fill `out` from defaults, file, env and argv. `positional` (may be NULL)
  * receives arguments that are not flags, up to *npositional; on return
  * *npositional holds the count. A `--config FILE` flag is honoured when the
- * table has an entry named "config". Returns 0, 1 when --help or --help-all was printed, or
+ * table has an entry named "config". Returns 0, 1 when --help, --help-all or --version was
+ * printed, or
  * -1 after printing a message that names the bad setting and value to stderr. */
 int config_load(const struct config_entry *table, size_t n, void *out, const char *prog,
                 const char *usage, int argc, char **argv, char **positional, int *npositional);

@@ -18,6 +18,7 @@
 #include "daemon/nodes.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
+#include "daemon/submitcheck.h"
 
 #define LIST_DEFAULT 50
 #define LIST_MAX     1000
@@ -324,6 +325,19 @@ int api_jobs_submit(struct http_req *req) {
     if (jobspec_check_paths(spec, roots.v, roots.n, 0, &err) != 0) {
         reply_spec_error(req, &err);
         goto out;
+    }
+    /* What loomd can see of the data and the tenant (daemon/submitcheck.c). */
+    {
+        struct jobspec_derived dd;
+        jobspec_derive(spec, &dd);
+        int configured = !(roots.n == 1 && !strcmp(roots.v[0], "/") &&
+                           !(req->ld->cfg.data_roots && *req->ld->cfg.data_roots));
+        if (submitcheck_data(spec, roots.v, roots.n, configured, &err) != 0 ||
+            submitcheck_vocab(spec, &err) != 0 ||
+            submitcheck_quota(req->ld->store, req->tenant_id, dd.world, &err) != 0) {
+            reply_spec_error(req, &err);
+            goto out;
+        }
     }
     if (check_job_refs(req, spec) != 0) goto out;
     if (check_qos(req, spec) != 0) goto out;

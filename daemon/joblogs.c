@@ -22,7 +22,7 @@
 struct job_lookup {
     const char *tenant; /* NULL for admin */
     const char *id;
-    int found, attempt;
+    int found, attempt, world_size;
     enum job_state state;
 };
 
@@ -34,6 +34,7 @@ static int lookup_job(struct store_tx *tx, void *arg) {
     if (rc == STORE_OK) {
         l->found = 1;
         l->attempt = j.attempt;
+        l->world_size = j.world_size;
         l->state = j.state;
     }
     store_job_clear(&j);
@@ -118,16 +119,34 @@ static void follow_free(void *ctx) {
     free(ctx);
 }
 
+/* Parses ?rank= into *rank (default 0); a rank outside 0..world_size-1
+ * answers 400 INVALID_RANK naming both numbers and returns -1. */
+static int rank_check(struct http_req *req, const struct job_lookup *l, const char *rs, int *rank) {
+    char *end = NULL;
+    long r = rs ? strtol(rs, &end, 10) : 0;
+    if (rs && (end == rs || *end)) {
+        http_error(req, 400, "INVALID_RANK", "rank=%s is not a number", rs);
+        return -1;
+    }
+    if (r < 0 || (l->world_size > 0 && r >= l->world_size)) {
+        http_error(req, 400, "INVALID_RANK", "rank=%ld; job %s has world size %d (ranks 0..%d)", r,
+                   l->id, l->world_size, l->world_size - 1);
+        return -1;
+    }
+    *rank = (int)r;
+    return 0;
+}
+
 int joblogs_logs(struct http_req *req) {
     struct job_lookup l = {0};
     if (find_job(req, &l) != 0) return 0;
     const char *rs = http_query(req, "rank"), *as = http_query(req, "attempt");
     const char *stream = http_query(req, "stream"), *fl = http_query(req, "follow");
-    int rank = rs ? atoi(rs) : 0;
+    int rank = 0;
     if (!stream) stream = "stderr";
     if (strcmp(stream, "stderr") && strcmp(stream, "stdout"))
         return http_error(req, 400, "INVALID_STREAM", "stream=%s; use stderr or stdout", stream);
-    if (rank < 0) return http_error(req, 400, "INVALID_RANK", "rank=%d", rank);
+    if (rank_check(req, &l, rs, &rank) != 0) return 0;
     struct cluster *c = req->ld->cluster;
     char path[1400];
     int attempt = as ? atoi(as) : l.attempt;
@@ -210,7 +229,9 @@ int joblogs_metrics(struct http_req *req) {
     struct job_lookup l = {0};
     if (find_job(req, &l) != 0) return 0;
     const char *rs = http_query(req, "rank");
-    struct series_q q = {l.id, rs ? atoi(rs) : 0, json_array(), json_array()};
+    int rank = 0;
+    if (rank_check(req, &l, rs, &rank) != 0) return 0;
+    struct series_q q = {l.id, rank, json_array(), json_array()};
     if (store_read(req->ld->store, series_read, &q) != STORE_OK) {
         json_decref(q.series);
         json_decref(q.evals);

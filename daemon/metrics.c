@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/cluster.h"
 #include "daemon/http.h"
@@ -75,6 +76,28 @@ void metrics_observe(struct metrics *m, size_t route, int status, double seconds
     atomic_fetch_add(&r->lat_sum_us, (uint64_t)(seconds * 1e6));
 }
 
+/* Routes that hold a request open until something happens (agent and
+ * rendezvous long-polls, followed logs, waited events): their durations are
+ * waits, not latency, so they go to their own histogram and do not drown the
+ * request-latency one. */
+static const char *const long_polls[][2] = {
+    {"GET", "/v1/agent/assignments"},
+    {"GET", "/v1/agent/checks"},
+    {"GET", "/v1/rdzv/{job}/{attempt}/{key}"},
+    {"GET", "/v1/nodechecks/{id}/rdzv/{key}"},
+    {"GET", "/v1/jobs/{id}/logs"},
+    {"GET", "/v1/events"},
+};
+
+static int is_long_poll(const struct metrics *m, size_t i) {
+    if (i >= m->nroutes) return 0;
+    for (size_t k = 0; k < sizeof long_polls / sizeof *long_polls; k++)
+        if (!strcmp(http_routes[i].method, long_polls[k][0]) &&
+            !strcmp(http_routes[i].pattern, long_polls[k][1]))
+            return 1;
+    return 0;
+}
+
 static void route_label(const struct metrics *m, size_t i, char *buf, size_t len) {
     if (i >= m->nroutes)
         snprintf(buf, len, "method=\"other\",route=\"unmatched\"");
@@ -121,26 +144,37 @@ void metrics_write(struct loomd *ld, FILE *f) {
                         (unsigned long long)v);
         }
     }
-    fprintf(f, "# HELP loom_http_request_duration_seconds Request latency by route.\n"
-               "# TYPE loom_http_request_duration_seconds histogram\n");
-    for (size_t i = 0; i <= m->nroutes; i++) {
-        uint64_t total = 0;
-        for (size_t b = 0; b <= NLAT; b++)
-            total += atomic_load(&m->r[i].lat[b]);
-        if (!total) continue;
-        route_label(m, i, lbl, sizeof lbl);
-        uint64_t cum = 0;
-        for (size_t b = 0; b < NLAT; b++) {
-            cum += atomic_load(&m->r[i].lat[b]);
-            fprintf(f, "loom_http_request_duration_seconds_bucket{%s,le=\"%g\"} %llu\n", lbl,
-                    lat_buckets[b], (unsigned long long)cum);
+    static const struct {
+        const char *name, *help;
+        int long_poll;
+    } hists[] = {
+        {"loom_http_request_duration_seconds", "Request latency by route (long-polls excluded).",
+         0},
+        {"loom_http_long_poll_duration_seconds",
+         "How long long-poll routes (agent assignments and checks, rendezvous, followed logs, "
+         "waited events) held a request.",
+         1},
+    };
+    for (size_t h = 0; h < sizeof hists / sizeof *hists; h++) {
+        const char *name = hists[h].name;
+        fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, hists[h].help, name);
+        for (size_t i = 0; i <= m->nroutes; i++) {
+            if (is_long_poll(m, i) != hists[h].long_poll) continue;
+            uint64_t total = 0;
+            for (size_t b = 0; b <= NLAT; b++)
+                total += atomic_load(&m->r[i].lat[b]);
+            if (!total) continue;
+            route_label(m, i, lbl, sizeof lbl);
+            uint64_t cum = 0;
+            for (size_t b = 0; b < NLAT; b++) {
+                cum += atomic_load(&m->r[i].lat[b]);
+                fprintf(f, "%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, lat_buckets[b],
+                        (unsigned long long)cum);
+            }
+            fprintf(f, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)total);
+            fprintf(f, "%s_sum{%s} %.6f\n", name, lbl, atomic_load(&m->r[i].lat_sum_us) / 1e6);
+            fprintf(f, "%s_count{%s} %llu\n", name, lbl, (unsigned long long)total);
         }
-        fprintf(f, "loom_http_request_duration_seconds_bucket{%s,le=\"+Inf\"} %llu\n", lbl,
-                (unsigned long long)total);
-        fprintf(f, "loom_http_request_duration_seconds_sum{%s} %.6f\n", lbl,
-                atomic_load(&m->r[i].lat_sum_us) / 1e6);
-        fprintf(f, "loom_http_request_duration_seconds_count{%s} %llu\n", lbl,
-                (unsigned long long)total);
     }
     store_metrics_write(ld->store, f);
     write_jobs(ld, f);

@@ -427,9 +427,30 @@ static void finish(struct nodecheck *nc, struct nc_check *k, int64_t now, const 
         else
             snprintf(what, sizeof what, "all-reduce bus bandwidth over %d devices of %s", k->world,
                      k->parts[0].node);
+        json_t *skipped = json_object_get(k->summary, "skipped");
         if (!k->summary) {
             k->state = NC_FAILED;
             snprintf(k->reason, sizeof k->reason, "no rank reported a summary");
+        } else if (json_array_size(skipped) > 0 &&
+                   json_is_null(json_object_get(k->summary, "peak_busbw_gbps"))) {
+            /* One device: the probe ran what makes sense there and says
+             * what it skipped; there is no bandwidth to judge. */
+            k->state = NC_PASSED;
+            size_t n = (size_t)snprintf(
+                k->reason, sizeof k->reason,
+                "one device on %s: ran all-reduce sum and device memory "
+                "(%lld bytes) checks; skipped",
+                k->parts[0].node,
+                (long long)json_integer_value(json_object_get(k->summary, "memory_bytes")));
+            size_t i;
+            json_t *sk;
+            json_array_foreach(skipped, i, sk) {
+                if (n >= sizeof k->reason) break;
+                n += (size_t)snprintf(k->reason + n, sizeof k->reason - n, "%s %s (%s)",
+                                      i ? ";" : "", json_string_value(json_object_get(sk, "test")),
+                                      json_string_value(json_object_get(sk, "why")));
+            }
+            op->mark = 0;
         } else if (peak < k->min_ratio * k->expect_gbps) {
             k->state = NC_DEGRADED;
             snprintf(k->reason, sizeof k->reason,
@@ -534,6 +555,8 @@ void nodecheck_metrics_write(struct loomd *ld, FILE *f) {
                       (k->nparts < 2 || !strcmp(seen[s]->parts[1].node, k->parts[1].node));
             if (dup || nseen >= NC_MAX_CHECKS) continue;
             seen[nseen++] = k;
+            /* A one-device check measures no bandwidth: no sample. */
+            if (json_is_null(json_object_get(k->summary, "peak_busbw_gbps"))) continue;
             double v = which ? k->expect_gbps
                              : json_number_value(json_object_get(k->summary, "peak_busbw_gbps"));
             for (int p = 0; p < k->nparts; p++)

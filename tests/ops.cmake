@@ -90,3 +90,23 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loom-worker
     set_tests_properties(integration.ops_staging PROPERTIES LABELS "integration" TIMEOUT 120
                          SKIP_RETURN_CODE 77)
 endif()
+
+# deploy/quickstart.sh with the built binaries and a tiny model (token files, stop, refusal to
+# wipe a running cluster's directory) and loomctl's output against the cluster it keeps.
+if(Python3_EXECUTABLE AND TARGET loomd AND TARGET loom-agent AND TARGET loom-worker
+   AND TARGET loomctl AND TARGET loom-data)
+    add_test(NAME integration.quickstart
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_quickstart.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.quickstart PROPERTIES LABELS integration TIMEOUT 120
+                         SKIP_RETURN_CODE 77)
+endif()
+
+# Submit-time checks against what loomd sees (data files, meta.json vocabulary, tenant quota).
+if(Python3_EXECUTABLE AND TARGET loomd)
+    add_test(NAME integration.submit_checks
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_submit_checks.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.submit_checks PROPERTIES LABELS "integration;sanitize"
+                         TIMEOUT 60)
+endif()

@@ -6,7 +6,7 @@ set -e
 cd "$(dirname "$0")/.."
 ./tools/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs" -LE gpu
 # GPU tests: run them where a GPU is, and say so where none is.
@@ -17,7 +17,7 @@ else
 fi
 if [ "${LOOM_SKIP_SANITIZE:-0}" != 1 ]; then
     cmake -S . -B build-asan -DLOOM_CUDA=OFF -DLOOM_SANITIZE=address,undefined \
-        -DCMAKE_BUILD_TYPE=Debug
+        -DCMAKE_BUILD_TYPE=Debug -DLOOM_WERROR=ON
     cmake --build build-asan -j "$jobs"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         ctest --test-dir build-asan --output-on-failure -j "$jobs" -L sanitize

@@ -128,6 +128,39 @@ static int parse(int argc, char **argv, struct opts *o) {
     return 0;
 }
 
+/* One device: an all-reduce over one rank copies nothing between devices,
+ * so a bandwidth or latency figure would only time a no-op (the old report
+ * of "5.57e+04 GB/s, latency 0 us"). What still makes sense: the collective
+ * path works and sums correctly, and the device memory of the largest size
+ * can be allocated, written and read back. The summary names what ran and
+ * what was skipped and why; bandwidth and latency are null. */
+static int single_device(struct comm *c, struct buf *b, size_t maxn, struct opts o, int rank,
+                         const char *backend) {
+    if (buf_fill(b, maxn, 1.0f) != 0 || !buf_check(b, maxn, 1.0f)) {
+        fail_line(rank, "device memory: a written buffer did not read back");
+        return 1;
+    }
+    size_t cnt = o.min_bytes / sizeof(float);
+    if (buf_fill(b, cnt, 1.0f) != 0 || comm_allreduce(c, b->dev, cnt, COMM_F32, COMM_SUM, NULL) ||
+        !buf_check(b, cnt, 1.0f)) {
+        fail_line(rank, comm_error(c)[0] ? comm_error(c) : "all-reduce over one rank: wrong sum");
+        return 1;
+    }
+#ifdef LOOM_HAVE_CUDA
+    if (!strcmp(o.device, "cuda")) cudaDeviceSynchronize();
+#endif
+    printf("{\"type\":\"summary\",\"test\":\"allreduce\",\"world\":1,\"backend\":\"%s\","
+           "\"device\":\"%s\",\"peak_busbw_gbps\":null,\"peak_algbw_gbps\":null,"
+           "\"latency_us\":null,\"checked\":true,"
+           "\"ran\":[\"allreduce_sum\",\"device_memory\"],\"memory_bytes\":%zu,"
+           "\"skipped\":[{\"test\":\"bandwidth\",\"why\":\"one device: an all-reduce over one "
+           "rank moves no data between devices\"},{\"test\":\"latency\",\"why\":\"one device: "
+           "no peer to exchange with\"}]}\n",
+           backend, o.device, maxn * sizeof(float));
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     struct opts o;
     if (parse(argc, argv, &o) != 0) return 2;
@@ -164,6 +197,10 @@ int main(int argc, char **argv) {
         goto out;
     }
     const float want = (float)n * (float)(n + 1) / 2.0f;
+    if (n == 1) {
+        rc = single_device(c, &b, maxn, o, rank, comm_world_backend(w));
+        goto out;
+    }
     double peak = 0, lat_us = 0, peak_alg = 0;
     size_t peak_bytes = 0;
     for (size_t bytes = o.min_bytes;; bytes *= 2) {

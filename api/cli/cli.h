@@ -5,6 +5,7 @@
 #define LOOM_CLI_CLI_H
 
 #include <jansson.h>
+#include <stdio.h>
 
 #include "api/client.h"
 
@@ -34,6 +35,17 @@ json_t *cli_read_json_file(const char *path);
 const char *cli_str(json_t *obj, const char *key);
 /* URL-encodes s into out (percent-encoding of everything but unreserved). */
 void cli_urlencode(const char *s, char *out, size_t len);
+
+/* Prints `loomctl NAME --help`: usage, help and the command's options. */
+void cli_command_help(const char *name, const char *usage, const char *help, FILE *f);
+/* Progress of a job from its step records: fills what it finds, returns 0.
+ * The job object is the API's (borrowed); `metrics` may be NULL. */
+struct cli_progress {
+    long long step, total;
+    double loss, val_loss, tokens_per_s; /* NaN when unknown */
+    double elapsed_s, eta_s;             /* negative when unknown */
+};
+void cli_progress_of(json_t *job, json_t *metrics, struct cli_progress *p);
 
 /* Prototypes of every command, from commands.def. */
 #define CLI_COMMAND(name, fn, usage, help) int fn(struct cli *cli, int argc, char **argv);

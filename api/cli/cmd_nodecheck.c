@@ -38,10 +38,11 @@ static void print_row(json_t *c) {
     }
     json_t *s = json_object_get(c, "summary");
     char bw[32] = "-", lat[32] = "-";
-    if (json_is_object(s)) {
+    /* A one-device check has null bandwidth and latency (skipped): "-". */
+    if (json_is_number(json_object_get(s, "peak_busbw_gbps")))
         snprintf(bw, sizeof bw, "%.3g", json_number_value(json_object_get(s, "peak_busbw_gbps")));
+    if (json_is_number(json_object_get(s, "latency_us")))
         snprintf(lat, sizeof lat, "%.0f", json_number_value(json_object_get(s, "latency_us")));
-    }
     printf("%-15s %-5s %-25s %-9s %9s %9.3g %8s  %s\n", cli_str(c, "id"), cli_str(c, "kind"), nodes,
            cli_str(c, "state"), bw, json_number_value(json_object_get(c, "expect_busbw_gbps")), lat,
            cli_str(c, "reason"));

@@ -194,7 +194,21 @@ int cmd_plan(struct cli *cli, int argc, char **argv) {
             used = 1;
         }
         if (used) continue;
-        if (!strcmp(argv[i], "--local"))
+        if (!strcmp(argv[i], "--cluster") && i + 1 < argc) {
+            /* What-if: a cluster description (the "cluster" object's keys)
+             * from a file; flags given on the command line override it. */
+            json_t *f = cli_read_json_file(argv[++i]);
+            if (!json_is_object(f)) {
+                if (f)
+                    fprintf(stderr, "loomctl plan: %s: the cluster must be a JSON object\n",
+                            argv[i]);
+                json_decref(f);
+                goto out;
+            }
+            json_object_update(f, cluster);
+            json_decref(cluster);
+            cluster = f;
+        } else if (!strcmp(argv[i], "--local"))
             local = 1;
         else if (!strcmp(argv[i], "--alternatives") && i + 1 < argc)
             alternatives = strtol(argv[++i], NULL, 10);

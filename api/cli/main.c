@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/cli/cli.h"
+#include "common/version.h"
 
 struct command {
     const char *name;
@@ -24,10 +25,13 @@ static const struct command commands[] = {
 #define NCOMMANDS (sizeof commands / sizeof *commands)
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loomctl [--url URL] [--token TOKEN] [--ca FILE] [--json] COMMAND [ARGS]\n"
-               "  URL defaults to $LOOM_URL or http://127.0.0.1:8420; TOKEN to $LOOM_TOKEN;\n"
-               "  FILE (CA bundle for https URLs) to $LOOM_CA.\n"
-               "commands:\n");
+    fprintf(f,
+            "usage: loomctl [--url URL] [--token TOKEN] [--ca FILE] [--json] [--version] COMMAND "
+            "[ARGS]\n"
+            "  loomctl COMMAND --help: the command's options.\n"
+            "  URL defaults to $LOOM_URL or http://127.0.0.1:8420; TOKEN to $LOOM_TOKEN;\n"
+            "  FILE (CA bundle for https URLs) to $LOOM_CA.\n"
+            "commands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(f, "  %-52s %s\n", commands[i].usage, commands[i].help);
 }
@@ -49,8 +53,19 @@ int main(int argc, char **argv) {
                 cli.url = argv[++i];
             else
                 cli.token = argv[++i];
+        } else if (!strcmp(argv[i], "--version")) {
+            printf("loomctl %s\n", LOOM_VERSION);
+            free(rest);
+            return 0;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
+            /* After a command name: that command's help. */
+            const struct command *c = NULL;
+            for (size_t k = 0; nrest > 0 && k < NCOMMANDS; k++)
+                if (!strcmp(commands[k].name, rest[0])) c = &commands[k];
+            if (c)
+                cli_command_help(c->name, c->usage, c->help, stdout);
+            else
+                usage(stdout);
             free(rest);
             return 0;
         } else {

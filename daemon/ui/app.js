@@ -422,6 +422,10 @@ function jobView(view, id) {
   const cLoss = h('canvas', { class: 'chart', id: 'chart-loss' });
   const cTps = h('canvas', { class: 'chart', id: 'chart-tps' });
   const cUtil = h('canvas', { class: 'chart', id: 'chart-util' });
+  /* On cpu devices the agent reports the host's load, not a GPU's busy time
+   * (a flat 100 % line while a rank computes): the card is hidden there. */
+  const utilCard = h('section', { class: 'card', id: 'card-util' },
+    h('h2', { text: 'GPU utilization (%) per rank' }), cUtil);
   const events = h('tbody');
   const rankSel = h('select', { id: 'log-rank', 'aria-label': 'rank' });
   const streamSel = h('select', { id: 'log-stream', 'aria-label': 'stream' },
@@ -435,7 +439,7 @@ function jobView(view, id) {
       h('section', { class: 'card' }, h('h2', { text: 'Loss' }), cLoss)),
     h('div', { class: 'grid' },
       h('section', { class: 'card' }, h('h2', { text: 'Tokens per second' }), cTps),
-      h('section', { class: 'card' }, h('h2', { text: 'GPU utilization (%) per rank' }), cUtil)),
+      utilCard),
     h('section', { class: 'card' }, h('h2', { text: 'Logs' }),
       h('div', { class: 'toolbar' }, rankSel, streamSel,
         h('label', {}, follow, ' follow')), logs),
@@ -514,6 +518,9 @@ function jobView(view, id) {
     lineChart(cTps, [{ name: 'tokens/s', color: COLORS[2],
       points: s0.map((r) => [r.step, r.tokens_per_s]) }],
       { xlabel: 'step', yMin: 0, empty: 'no steps yet' });
+    const cpu = ((job && job.spec && job.spec.resources) || {}).device === 'cpu';
+    utilCard.hidden = cpu;
+    if (cpu) return;
     const util = Object.keys(series).map((r) => ({ name: 'rank ' + r,
       color: COLORS[r % COLORS.length],
       points: series[r].filter((x) => x.util_pct !== undefined).map((x) => [x.step, x.util_pct]) }));

@@ -275,7 +275,8 @@ def sc_crash(c):
                    labels={"fake_crash_step": "5", "fake_crash_rank": "1",
                            "fake_crash_attempt": "0"})
     env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
-    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", jid, "--rank", "0", "-f"],
+    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", jid, "--rank", "0", "-f",
+                                 "--stream", "stderr"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     c.wait(lambda: c.job(jid)["attempt"] == 1, 15, "retry to attempt 1")
     t_fail = time.time()
@@ -544,7 +545,9 @@ def sc_quota_priority(c):
     high = c.submit(world=2, steps=5, step_ms=50, priority=90, name="high")
     # Following a queued job's log waits for it to start, then streams it.
     env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
-    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", low, "-f"], env=env,
+    # (stderr: the worker's text log; the default stream is stdout's step records as text)
+    follower = subprocess.Popen([os.path.join(BIN, "loomctl"), "logs", low, "-f", "--stream",
+                                 "stderr"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(3.5)
     check(follower.poll() is None, "logs -f of a queued job keeps waiting")

@@ -780,6 +780,11 @@ int main(int argc, char **argv) {
     if (!mkdtemp(tmp)) return 1;
     snprintf(data_root, sizeof data_root, "%s/data", tmp);
     mkdir(data_root, 0700);
+    /* loomd sees this root, so submit checks that train_*.bin matches a file. */
+    char shard[600];
+    snprintf(shard, sizeof shard, "%s/train_000.bin", data_root);
+    FILE *sf = fopen(shard, "w");
+    if (sf) fclose(sf);
     char dd[512], roots[600];
     snprintf(dd, sizeof dd, "%s/loomd", tmp);
     snprintf(roots, sizeof roots, "%s", data_root);
