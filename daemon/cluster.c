@@ -115,6 +115,13 @@ static int snap_job(const struct store_job *j, void *arg) {
 /* GPU types of the queued jobs that name resources.gpu_type or allow_mixed
  * (the snapshot reads no spec text). The partial index of schema 060 holds
  * just those jobs, so untyped queues cost no JSON parsing here. */
+/* The queued job `id` of the snapshot, or NULL (beyond the queue depth). */
+static struct jobinfo *snap_queued(struct snapshot *s, const char *id) {
+    for (int i = 0; i < s->n; i++)
+        if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].id, id)) return &s->jobs[i];
+    return NULL;
+}
+
 static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
     sqlite3_stmt *st = store_stmt(
         tx, "SELECT id, json_extract(spec, '$.resources.gpu_type'), "
@@ -125,9 +132,7 @@ static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         const char *id = (const char *)sqlite3_column_text(st, 0);
-        struct jobinfo *ji = NULL;
-        for (int i = 0; i < s->n && !ji; i++)
-            if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].id, id)) ji = &s->jobs[i];
+        struct jobinfo *ji = snap_queued(s, id);
         if (!ji) continue; /* beyond the queue depth */
         const char *types = (const char *)sqlite3_column_text(st, 1);
         json_t *tj = types ? json_loads(types, JSON_DECODE_ANY, NULL) : NULL;
@@ -165,9 +170,7 @@ static int snap_deps(struct store_tx *tx, struct snapshot *s) {
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         const char *id = (const char *)sqlite3_column_text(st, 0);
-        struct jobinfo *ji = NULL;
-        for (int i = 0; i < s->n && !ji; i++)
-            if (s->jobs[i].state == JOB_QUEUED && !strcmp(s->jobs[i].id, id)) ji = &s->jobs[i];
+        struct jobinfo *ji = snap_queued(s, id);
         if (!ji) continue; /* beyond the queue depth */
         json_t *after = json_loads((const char *)sqlite3_column_text(st, 1), 0, NULL);
         const char *ids[JOBSPEC_AFTER_MAX], *states[JOBSPEC_AFTER_MAX];
