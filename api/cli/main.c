@@ -29,8 +29,8 @@ static void usage(FILE *f) {
             "usage: loomctl [--url URL] [--token TOKEN] [--ca FILE] [--json] [--version] COMMAND "
             "[ARGS]\n"
             "  loomctl COMMAND --help: the command's options.\n"
-            "  URL defaults to $LOOM_URL or http://127.0.0.1:8420; TOKEN to $LOOM_TOKEN;\n"
-            "  FILE (CA bundle for https URLs) to $LOOM_CA.\n"
+            "  URL defaults to $LOOM_URL or http://127.0.0.1:8420, TOKEN to $LOOM_TOKEN, FILE (CA "
+            "bundle for https URLs) to $LOOM_CA.\n"
             "commands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(f, "  %-52s %s\n", commands[i].usage, commands[i].help);
