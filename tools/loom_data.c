@@ -251,6 +251,29 @@ static int push_token(struct prep *p, uint32_t t) {
 struct strv;
 static int cmd_prepare_tok(struct opts *o, struct strv *files);
 
+/* Writes meta (consumed) to OUT/meta.json, then prints it on stdout as the
+ * one-line summary record (without its "sources", with type, out and the
+ * bytes read). 0 or -1 (logged). */
+static int write_meta(json_t *meta, const char *out, uint64_t bytes) {
+    char mpath[PATH_MAX];
+    snprintf(mpath, sizeof mpath, "%s/meta.json", out);
+    if (json_dump_file(meta, mpath,
+                       JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) != 0) {
+        log_error("prepare: cannot write %s", mpath);
+        json_decref(meta);
+        return -1;
+    }
+    json_object_del(meta, "sources");
+    json_object_set_new(meta, "type", json_string("prepare"));
+    json_object_set_new(meta, "out", json_string(out));
+    json_object_set_new(meta, "bytes", json_integer((json_int_t)bytes));
+    char *line = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    printf("%s\n", line);
+    free(line);
+    json_decref(meta);
+    return 0;
+}
+
 static int cmd_prepare(struct opts *o, char **pos, int npos) {
     int rc = 1;
     struct strv files = {0};
@@ -324,22 +347,7 @@ static int cmd_prepare(struct opts *o, char **pos, int npos) {
                   (json_int_t)o->block_size, "documents", (json_int_t)docs, "train_tokens",
                   (json_int_t)p.train.total, "val_tokens", (json_int_t)p.val.total, "train_shards",
                   p.train.shards, "val_shards", p.val.shards, "sources", sources);
-    char mpath[PATH_MAX];
-    snprintf(mpath, sizeof mpath, "%s/meta.json", o->out);
-    if (json_dump_file(meta, mpath,
-                       JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) != 0) {
-        log_error("prepare: cannot write %s", mpath);
-        json_decref(meta);
-        goto out;
-    }
-    json_object_del(meta, "sources");
-    json_object_set_new(meta, "type", json_string("prepare"));
-    json_object_set_new(meta, "out", json_string(o->out));
-    json_object_set_new(meta, "bytes", json_integer((json_int_t)bytes));
-    char *line = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
-    printf("%s\n", line);
-    free(line);
-    json_decref(meta);
+    if (write_meta(meta, o->out, bytes) != 0) goto out;
     rc = 0;
 out:
     json_decref(sources);
@@ -878,22 +886,7 @@ static int cmd_prepare_tok(struct opts *o, struct strv *files) {
     if (p.fmt == TF_CHAT) json_object_set_new(meta, "chat_template", json_string(o->chat_template));
     if (p.fmt == TF_JSONL)
         json_object_set_new(meta, "text_key", json_string(o->text_key ? o->text_key : "text"));
-    char mpath[PATH_MAX];
-    snprintf(mpath, sizeof mpath, "%s/meta.json", o->out);
-    if (json_dump_file(meta, mpath,
-                       JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) != 0) {
-        log_error("prepare: cannot write %s", mpath);
-        json_decref(meta);
-        goto out;
-    }
-    json_object_del(meta, "sources");
-    json_object_set_new(meta, "type", json_string("prepare"));
-    json_object_set_new(meta, "out", json_string(o->out));
-    json_object_set_new(meta, "bytes", json_integer((json_int_t)bytes));
-    char *line = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
-    printf("%s\n", line);
-    free(line);
-    json_decref(meta);
+    if (write_meta(meta, o->out, bytes) != 0) goto out;
     rc = 0;
 out:
     EVP_MD_CTX_free(md);
