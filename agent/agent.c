@@ -16,6 +16,7 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -31,6 +32,81 @@
 #define METRICS_BATCH  500
 #define SHIP_PERIOD_MS 300
 
+/* The bearer of every agent request (agent.h): the node credential loomd
+ * issued at registration, else the join token. */
+struct agent_cred {
+    pthread_mutex_t mu;
+    char token[128];
+    char join[128];
+    int is_node; /* token is a node credential */
+    unsigned gen;
+};
+
+void agent_cred_apply(struct agent_cred *cr, struct client *cl, unsigned *seen) {
+    if (!cr) return;
+    pthread_mutex_lock(&cr->mu);
+    if (*seen != cr->gen && client_set_token(cl, cr->token) == 0) *seen = cr->gen;
+    pthread_mutex_unlock(&cr->mu);
+}
+
+static void cred_set(struct agent_cred *cr, const char *token, int is_node) {
+    pthread_mutex_lock(&cr->mu);
+    snprintf(cr->token, sizeof cr->token, "%s", token ? token : "");
+    cr->is_node = is_node;
+    cr->gen++;
+    pthread_mutex_unlock(&cr->mu);
+}
+
+static int cred_is_node(struct agent_cred *cr) {
+    pthread_mutex_lock(&cr->mu);
+    int v = cr->is_node;
+    pthread_mutex_unlock(&cr->mu);
+    return v;
+}
+
+static void cred_path(const struct agent_config *cfg, char *out, size_t len) {
+    snprintf(out, len, "%s/node.credential", cfg->work_dir);
+}
+
+/* Keeps the credential for the next start: written to a temporary file of
+ * mode 0600 and renamed into place. */
+static int cred_save(const struct agent_config *cfg, const char *token) {
+    char path[1200], tmp[1300];
+    cred_path(cfg, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = NULL;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) f = fdopen(fd, "w");
+    if (!f) {
+        if (fd >= 0) close(fd);
+        log_error("cannot write %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    int ok = fprintf(f, "%s\n", token) > 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        log_error("cannot store the node credential in %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static void cred_load(const struct agent_config *cfg, struct agent_cred *cr) {
+    char path[1200], tok[128] = "";
+    cred_path(cfg, path, sizeof path);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(tok, sizeof tok, f)) tok[0] = 0;
+        fclose(f);
+        tok[strcspn(tok, "\r\n")] = 0;
+    }
+    if (tok[0])
+        cred_set(cr, tok, 1);
+    else
+        cred_set(cr, cr->join, 0);
+}
+
 /* Shared by the main thread and the poll thread, reference counted: at
  * shutdown the main thread does not wait for a long-poll in flight (up to
  * --poll-wait-ms); the poll thread keeps its reference and copies of the
@@ -39,7 +115,8 @@ struct agent_desired {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* signalled when a new desired set arrives */
     int refs;
-    char *coordinator, *token, *name;
+    char *coordinator, *name;
+    struct agent_cred cred;
     long poll_wait_ms, retry_max_ms;
     json_t *tasks; /* array from the last assignments reply; NULL before the first */
     char version[128];
@@ -53,6 +130,8 @@ struct agent {
     const struct agent_config *cfg;
     struct gpu_inv *inv;
     struct client *cl; /* main thread */
+    unsigned cred_seen;
+    int pending_logged;
     struct task *tasks;
     json_t *metrics; /* queued metric items */
     struct agent_desired *d;
@@ -112,9 +191,42 @@ static int do_register(struct agent *a) {
     long status = 0;
     json_t *reply = NULL;
     char err[512];
+    struct agent_cred *cr = &a->d->cred;
+    agent_cred_apply(cr, a->cl, &a->cred_seen);
+    int by_node = cred_is_node(cr);
     int rc = client_request(a->cl, "POST", "/v1/agent/register", body, &status, &reply, NULL, err,
                             sizeof err);
     json_decref(body);
+    const char *cred = json_string_value(json_object_get(reply, "credential"));
+    if (rc == 0 && (status == 200 || status == 202) && cred) {
+        /* Issued at the first registration with the join token; valid once approved. */
+        if (cred_save(a->cfg, cred) != 0)
+            log_warn("the node credential is kept in memory only: a restarted agent must be "
+                     "approved again");
+        cred_set(cr, cred, 1);
+    }
+    if (rc == 0 && status == 202) {
+        if (!a->pending_logged)
+            log_warn("node %s is pending: waiting for an admin to approve it (loomctl node-approve "
+                     "%s)",
+                     a->cfg->name, a->cfg->name);
+        a->pending_logged = 1;
+        json_decref(reply);
+        return 1;
+    }
+    if (rc == 0 && status == 401 && by_node) {
+        /* Revoked (or a loomd that lost its store): apply again with the join token. */
+        log_error("register: loomd refused the node credential of %s (revoked?); applying "
+                  "again with the join token",
+                  a->cfg->name);
+        char path[1200];
+        cred_path(a->cfg, path, sizeof path);
+        unlink(path);
+        cred_set(cr, cr->join, 0);
+        a->pending_logged = 0;
+        json_decref(reply);
+        return -1;
+    }
     if (rc != 0 || status != 200) {
         if (rc != 0)
             log_warn("register: %s", err);
@@ -124,6 +236,7 @@ static int do_register(struct agent *a) {
         json_decref(reply);
         return -1;
     }
+    a->pending_logged = 0;
     log_info("registered as node %s with %d %s device(s)", a->cfg->name, gpu_inv_count(a->inv),
              gpu_inv_kind(a->inv));
     /* Exits the new loomd has just been told about count as reported. */
@@ -139,13 +252,15 @@ static void do_heartbeat(struct agent *a) {
     long status = 0;
     json_t *reply = NULL;
     char err[512];
+    agent_cred_apply(&a->d->cred, a->cl, &a->cred_seen);
     int rc = client_request(a->cl, "POST", "/v1/agent/heartbeat", body, &status, &reply, NULL, err,
                             sizeof err);
     json_decref(body);
     if (rc != 0) {
         log_debug("heartbeat: %s", err);
-    } else if (status == 404) {
-        log_warn("heartbeat: loomd does not know node %s; re-registering", a->cfg->name);
+    } else if (status == 404 || status == 401 || status == 403) {
+        log_warn("heartbeat: loomd refused node %s (HTTP %ld %s); re-registering", a->cfg->name,
+                 status, client_error_message(reply) ? client_error_message(reply) : "");
         pthread_mutex_lock(&a->d->mu);
         a->d->registered = 0;
         pthread_mutex_unlock(&a->d->mu);
@@ -167,8 +282,8 @@ static void desired_release(struct agent_desired *d) {
     if (!last) return;
     json_decref(d->tasks);
     free(d->coordinator);
-    free(d->token);
     free(d->name);
+    pthread_mutex_destroy(&d->cred.mu);
     pthread_cond_destroy(&d->cv);
     pthread_mutex_destroy(&d->mu);
     free(d);
@@ -176,7 +291,8 @@ static void desired_release(struct agent_desired *d) {
 
 static void *poll_main(void *arg) {
     struct agent_desired *d = arg;
-    struct client *c = client_new(d->coordinator, d->token);
+    struct client *c = client_new(d->coordinator, NULL);
+    unsigned cred_seen = 0;
     if (!c) {
         desired_release(d);
         return NULL;
@@ -199,6 +315,7 @@ static void *poll_main(void *arg) {
         long status = 0;
         json_t *reply = NULL;
         char err[512];
+        agent_cred_apply(&d->cred, c, &cred_seen);
         int rc = client_request(c, "GET", path, NULL, &status, &reply, NULL, err, sizeof err);
         if (rc == 0 && status == 200 && json_is_array(json_object_get(reply, "tasks"))) {
             const char *v = json_string_value(json_object_get(reply, "version"));
@@ -211,7 +328,7 @@ static void *poll_main(void *arg) {
             pthread_mutex_unlock(&d->mu);
             backoff = 200;
         } else {
-            if (rc == 0 && status == 404) {
+            if (rc == 0 && (status == 404 || status == 401 || status == 403)) {
                 pthread_mutex_lock(&d->mu);
                 d->registered = 0;
                 pthread_mutex_unlock(&d->mu);
@@ -465,11 +582,16 @@ static int ship(struct agent *a) {
  * with the desired set, ship metrics and logs, heartbeat. */
 static void agent_tick(struct agent *a, int64_t now) {
     const struct agent_config *cfg = a->cfg;
+    agent_cred_apply(&a->d->cred, a->cl, &a->cred_seen);
     pthread_mutex_lock(&a->d->mu);
     int reg = a->d->registered;
     pthread_mutex_unlock(&a->d->mu);
     if (!reg && now >= a->next_register_ms) {
-        if (do_register(a) == 0) {
+        int r = do_register(a);
+        if (r == 1) { /* pending approval: ask again each heartbeat period */
+            a->next_register_ms = now + cfg->heartbeat_ms;
+            a->backoff_ms = 200;
+        } else if (r == 0) {
             pthread_mutex_lock(&a->d->mu);
             a->d->registered = 1;
             a->d->version[0] = 0; /* fetch the desired set at once */
@@ -536,8 +658,14 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     a.d->refs = 1;
     a.d->stop = stop;
     a.d->coordinator = strdup(cfg->coordinator);
-    a.d->token = cfg->join_token ? strdup(cfg->join_token) : NULL;
+    pthread_mutex_init(&a.d->cred.mu, NULL);
+    snprintf(a.d->cred.join, sizeof a.d->cred.join, "%s", cfg->join_token ? cfg->join_token : "");
     a.d->name = strdup(cfg->name);
+    /* The threads' view of the config: the same, plus the shared credential. */
+    struct agent_config tcfg = *cfg;
+    tcfg.cred = &a.d->cred;
+    cfg = &tcfg;
+    a.cfg = cfg;
     a.d->poll_wait_ms = cfg->poll_wait_ms;
     a.d->retry_max_ms = cfg->retry_max_ms;
     int rc = -1;
@@ -553,7 +681,8 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
         goto out;
     }
     a.inv = gpu_inv_new((int)cfg->cpu_devices);
-    a.cl = client_new(cfg->coordinator, cfg->join_token);
+    cred_load(cfg, &a.d->cred);
+    a.cl = client_new(cfg->coordinator, NULL);
     a.metrics = json_array();
     if (!a.inv || !a.cl || !a.metrics) goto out;
     client_set_timeout_ms(a.cl, 5000);

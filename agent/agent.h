@@ -24,8 +24,17 @@ struct agent_config {
     int adopt;
     char *log_level;
     char *config;
-    char *ca; /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
+    char *ca;                /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
+    struct agent_cred *cred; /* set by agent_run for its threads (agent_cred_apply) */
 };
+
+struct client;
+/* The bearer the agent's clients send: the node's own credential once loomd
+ * issued one (kept in <work-dir>/node.credential, mode 0600), else the join
+ * token (docs/internals/agent.md "Admission"). Before each request a thread
+ * calls agent_cred_apply with its client and its own *seen (start at 0):
+ * the client's token is replaced when the credential changed. */
+void agent_cred_apply(struct agent_cred *cr, struct client *cl, unsigned *seen);
 
 /* Run until *stop becomes non-zero (signal handler). Workers are left
  * running on return (a restarted agent re-adopts them). Returns 0, or -1 when

@@ -34,6 +34,7 @@ struct nodecheck_agent {
     const struct gpu_inv *inv;
     volatile sig_atomic_t *stop;
     struct client *cl;
+    unsigned cred_seen; /* agent_cred_apply */
     char probe[PATH_MAX];
     char dir[PATH_MAX];
     pthread_t thread;
@@ -226,6 +227,7 @@ static void run_part(struct nodecheck_agent *n, json_t *chk) {
         long status_code = 0;
         json_t *reply = NULL;
         char cerr[256];
+        agent_cred_apply(n->cfg->cred, n->cl, &n->cred_seen);
         int rc = client_request(n->cl, "POST", path, body, &status_code, &reply, NULL, cerr,
                                 sizeof cerr);
         json_decref(reply);
@@ -250,6 +252,7 @@ static void *thread_main(void *arg) {
                  NC_POLL_WAIT_MS);
         long status = 0;
         json_t *reply = NULL;
+        agent_cred_apply(n->cfg->cred, n->cl, &n->cred_seen);
         int rc = client_request(n->cl, "GET", path, NULL, &status, &reply, NULL, NULL, 0);
         if (rc != 0 || status != 200) {
             /* loomd away, not yet registered, or an older loomd without checks */

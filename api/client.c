@@ -48,6 +48,18 @@ struct client *client_new(const char *base_url, const char *token) {
     return c;
 }
 
+int client_set_token(struct client *c, const char *token) {
+    char *auth = NULL;
+    if (token && *token) {
+        size_t len = strlen(token) + 32;
+        if (!(auth = malloc(len))) return -1;
+        snprintf(auth, len, "Authorization: Bearer %s", token);
+    }
+    free(c->auth);
+    c->auth = auth;
+    return 0;
+}
+
 void client_free(struct client *c) {
     if (!c) return;
     if (c->curl) curl_easy_cleanup(c->curl);

@@ -21,6 +21,10 @@ void client_free(struct client *c); /* accepts NULL */
 /* Total per-request timeout in milliseconds (default 30000); connect timeout
  * is min(total, 5000). Long-polls set a longer total. */
 void client_set_timeout_ms(struct client *c, long total_ms);
+/* Replaces the bearer token (NULL or "" drops the header); 0, or -1 when out
+ * of memory (the old token is kept). The agent swaps its join token for the
+ * node credential with it. */
+int client_set_token(struct client *c, const char *token);
 /* Extra request header such as "Idempotency-Key: abc" (NULL clears). */
 void client_set_header(struct client *c, const char *header);
 

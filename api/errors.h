@@ -139,7 +139,15 @@
     X(DUPLICATE_PRICE, 422, "prices: a gpu_type is listed twice")                                  \
     /* tenant QoS */                                                                               \
     X(PRIORITY_TOO_HIGH, 422, "the job's priority is above the tenant's max_priority")             \
-    X(BUDGET_EXHAUSTED, 409, "the tenant used its gpu_hours_per_month this month")
+    X(BUDGET_EXHAUSTED, 409, "the tenant used its gpu_hours_per_month this month")                 \
+    /* node admission (daemon/nodes.h) */                                                          \
+    X(NODE_NOT_APPROVED, 403, "agent: the node is pending or rejected, not approved")              \
+    X(NODE_MISMATCH, 403, "agent: the node credential belongs to another node")                    \
+    X(NODE_REJECTED, 403, "agent: an admin rejected this node (DELETE it to let it apply again)")  \
+    X(NODE_CREDENTIAL_REQUIRED, 409,                                                               \
+      "agent: the node is approved; it registers with its credential")                             \
+    X(NODE_NOT_PENDING, 409, "approve/reject: the node is not pending (revoked nodes re-apply)")   \
+    X(INVALID_GRACE, 422, "token rotation: grace_s is not an integer in 0..604800")
 
 enum loom_errcode {
 #define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,

@@ -5,8 +5,10 @@
 #include "daemon/agent_api.h"
 
 #include "common/log.h"
+#include "daemon/auth.h"
 #include "daemon/cluster.h"
 #include "daemon/events.h"
+#include "daemon/handlers.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/nodes.h"
@@ -14,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +73,66 @@ static void record_tasks(struct cluster *c, int ni, json_t *tasks, int64_t now) 
     json_array_foreach(n->tasks, i, t) cluster_task_report(c, ni, t, now);
 }
 
+/* What a registration does, decided from the caller (join token or node
+ * credential) and the node's admission. */
+struct reg_plan {
+    int admission; /* after this registration */
+    int issue;     /* a new credential is issued (and replaces any old one) */
+    int event;     /* a node.pending / node.approved event is recorded */
+};
+
+/* Caller holds c->mu. 0 and *p, or an API error written to req (-1). */
+static int plan_register(struct http_req *req, struct cluster *c, const char *name,
+                         struct reg_plan *p) {
+    int ni = cluster_node_find(c, name);
+    const struct cluster_node *n = ni >= 0 ? &c->nodes[ni] : NULL;
+    int autoa = req->ld->cfg.auto_approve;
+    memset(p, 0, sizeof *p);
+    if (req->node[0]) { /* a node credential: pending or approved */
+        if (strcmp(req->node, name) != 0) {
+            API_ERROR(req, NODE_MISMATCH, "the credential is node %s's, not %s's", req->node, name);
+            return -1;
+        }
+        p->admission = n ? n->admission : NODE_PENDING;
+        return 0;
+    }
+    int cur = n ? n->admission : NODE_REVOKED;
+    if (cur == NODE_REJECTED) {
+        API_ERROR(req, NODE_REJECTED,
+                  "node %s was rejected; an admin can DELETE /v1/nodes/%s to let it apply again",
+                  name, name);
+        return -1;
+    }
+    if (cur == NODE_APPROVED && n->has_cred && !autoa) {
+        API_ERROR(req, NODE_CREDENTIAL_REQUIRED,
+                  "node %s is approved and registers with its own credential, not the join "
+                  "token (restore the agent's node.credential, or DELETE /v1/nodes/%s and approve "
+                  "it again)",
+                  name, name);
+        return -1;
+    }
+    p->issue = 1;
+    p->admission = cur == NODE_APPROVED || autoa ? NODE_APPROVED : NODE_PENDING;
+    p->event = p->admission != cur;
+    return 0;
+}
+
+struct reg_write {
+    struct node_row *row;
+    const struct reg_plan *plan;
+    const unsigned char *cred;
+};
+
+static int register_cb(struct store_tx *tx, void *arg) {
+    struct reg_write *w = arg;
+    int rc = upsert_node(tx, w->row);
+    if (rc == STORE_OK && w->plan->issue)
+        rc = nodes_store_admission(tx, w->row->name, w->plan->admission, w->cred, NULL);
+    if (rc == STORE_OK && w->plan->event)
+        rc = nodes_emit_event(tx, w->row->name, w->plan->admission, NULL);
+    return rc;
+}
+
 int agent_api_register(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
@@ -83,13 +146,30 @@ int agent_api_register(struct http_req *req) {
         return http_error(req, 400, "INVALID_DEVICE_KIND", "kind must be \"cuda\" or \"cpu\"");
     if (!json_is_array(devices) || json_array_size(devices) > 64)
         return http_error(req, 400, "INVALID_DEVICES", "devices must be an array of at most 64");
+    struct reg_plan plan;
+    pthread_mutex_lock(&c->mu);
+    int full = cluster_node_find(c, name) < 0 && c->nnodes >= CLUSTER_MAX_NODES;
+    int planned = full ? -1 : plan_register(req, c, name, &plan);
+    pthread_mutex_unlock(&c->mu);
+    if (full)
+        return http_error(req, 503, "TOO_MANY_NODES", "the cluster holds at most %d nodes",
+                          CLUSTER_MAX_NODES);
+    if (planned != 0) return 0; /* answered */
+    char cred_text[80] = "";
+    unsigned char cred[32];
+    if (plan.issue) {
+        if (auth_new_token(cred_text, sizeof cred_text) != 0)
+            return API_ERROR(req, INTERNAL, "no randomness for a node credential");
+        auth_hash(cred_text, cred);
+    }
     int64_t now = store_now_ms();
     char gpu_type[24];
     nodes_gpu_type(kind, devices, gpu_type, sizeof gpu_type);
     json_t *inventory = json_object_get(req->json, "inventory");
     struct node_row row = {name, kind,     host ? host : "", json_dumps(devices, JSON_COMPACT),
                            now,  gpu_type, inventory};
-    int rc = store_write(req->ld->store, upsert_node, &row);
+    struct reg_write w = {&row, &plan, cred};
+    int rc = store_write(req->ld->store, register_cb, &w);
     free(row.devices);
     if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not record node");
 
@@ -120,29 +200,49 @@ int agent_api_register(struct http_req *req) {
     json_decref(n->host);
     n->host = json_is_object(hostinfo) ? json_deep_copy(hostinfo) : json_object();
     nodes_apply_inventory(n, inventory);
-    n->lost = 0;
-    n->seen = 1;
+    n->admission = plan.admission;
+    if (plan.issue) {
+        memcpy(n->cred, cred, sizeof n->cred);
+        n->has_cred = 1;
+    }
     n->last_hb_ms = now;
-    record_tasks(c, ni, json_object_get(req->json, "tasks"), now);
+    int approved = plan.admission == NODE_APPROVED;
+    if (approved) {
+        /* Tasks a pending node reports are not believed: it may not touch attempts. */
+        n->lost = 0;
+        n->seen = 1;
+        record_tasks(c, ni, json_object_get(req->json, "tasks"), now);
+    }
     cluster_changed(c);
     char epoch[20];
     snprintf(epoch, sizeof epoch, "%s", c->epoch);
     pthread_mutex_unlock(&c->mu);
     http_notify_signal(&c->assign);
     cluster_kick(req->ld);
-    log_info("cluster: node %s registered (%s, %d device(s))%s", name, kind,
-             (int)json_array_size(devices), was_lost ? " after being lost" : "");
-    return http_reply_json(req, 200,
-                           json_pack("{s:s, s:I, s:s, s:I}", "node", name, "heartbeat_ms",
-                                     (json_int_t)req->ld->cfg.heartbeat * 1000, "epoch", epoch,
-                                     "node_timeout_ms",
-                                     (json_int_t)req->ld->cfg.node_timeout * 1000));
+    log_info("cluster: node %s registered (%s, %d device(s))%s%s", name, kind,
+             (int)json_array_size(devices), was_lost ? " after being lost" : "",
+             approved ? "" : ": pending approval (POST /v1/nodes/NAME/approve)");
+    json_t *reply = json_pack("{s:s, s:s, s:I, s:s, s:I}", "node", name, "state",
+                              nodes_admission_name(plan.admission), "heartbeat_ms",
+                              (json_int_t)req->ld->cfg.heartbeat * 1000, "epoch", epoch,
+                              "node_timeout_ms", (json_int_t)req->ld->cfg.node_timeout * 1000);
+    if (plan.issue) json_object_set_new(reply, "credential", json_string(cred_text));
+    OPENSSL_cleanse(cred_text, sizeof cred_text);
+    return http_reply_json(req, approved ? 200 : 202, reply);
+}
+
+/* The node named in an agent request must be the credential's node. */
+static int node_matches(struct http_req *req, const char *name) {
+    if (!name || !req->node[0] || !strcmp(name, req->node)) return 1;
+    API_ERROR(req, NODE_MISMATCH, "the credential is node %s's, not %s's", req->node, name);
+    return 0;
 }
 
 int agent_api_heartbeat(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
     if (!name) return http_error(req, 400, "INVALID_NODE_NAME", "node is required");
+    if (!node_matches(req, name)) return 0;
     int64_t now = store_now_ms();
     pthread_mutex_lock(&c->mu);
     int ni = cluster_node_find(c, name);
@@ -178,6 +278,7 @@ int agent_api_assignments(struct http_req *req) {
     if (wait_ms < 0) wait_ms = 0;
     if (wait_ms > cap) wait_ms = cap;
     if (!name) return http_error(req, 400, "INVALID_NODE_NAME", "node is required");
+    if (!node_matches(req, name)) return 0;
     uint64_t gen = http_notify_gen(&c->assign);
     char cur[64];
     for (;;) {
@@ -273,6 +374,7 @@ int agent_api_metrics(struct http_req *req) {
     json_t *items = json_object_get(req->json, "items");
     if (!json_is_array(items))
         return http_error(req, 400, "INVALID_METRICS", "items must be an array");
+    if (!node_matches(req, name)) return 0;
     int64_t now = store_now_ms();
     pthread_mutex_lock(&c->mu);
     int ni = name ? cluster_node_find(c, name) : -1;
@@ -321,6 +423,7 @@ int agent_api_logs(struct http_req *req) {
     json_int_t attempt = json_integer_value(json_object_get(req->json, "attempt"));
     json_int_t rank = json_integer_value(json_object_get(req->json, "rank"));
     json_int_t offset = json_integer_value(json_object_get(req->json, "offset"));
+    if (!node_matches(req, json_string_value(json_object_get(req->json, "node")))) return 0;
     if (!safe_name(job) || !stream || (strcmp(stream, "stdout") && strcmp(stream, "stderr")) ||
         !data || attempt < 0 || rank < 0 || offset < 0)
         return http_error(req, 400, "INVALID_LOG_CHUNK",

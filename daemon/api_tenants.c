@@ -1,6 +1,7 @@
 /* Admin routes: create and list tenants, issue and revoke their API tokens.
  * A token's text is returned once, at issue; only its SHA-256 is stored. */
 #include <ctype.h>
+#include <openssl/crypto.h>
 #include <string.h>
 
 #include "daemon/auth.h"
@@ -375,4 +376,61 @@ int api_tenants_token_revoke(struct http_req *req) {
     return http_reply_json(
         req, 200,
         json_pack("{s:s, s:s, s:b}", "id", op.token_id, "tenant_id", op.tenant_id, "revoked", 1));
+}
+
+#define MAX_GRACE_S (7L * 86400) /* rotation: the old token lives at most a week on */
+
+struct rotate_op {
+    const char *tenant_id, *token_id;
+    unsigned char hash[32];
+    int64_t grace_ms, expires_at, old_expires_at;
+    unsigned scopes;
+    char id[32], name[64];
+};
+
+static int rotate_cb(struct store_tx *tx, void *arg) {
+    struct rotate_op *r = arg;
+    return store_token_rotate(tx, r->tenant_id, r->token_id, r->hash, r->grace_ms, r->id,
+                              sizeof r->id, &r->scopes, &r->expires_at, &r->old_expires_at, r->name,
+                              sizeof r->name);
+}
+
+/* POST /v1/tenants/{id}/tokens/{tid}/rotate {"grace_s"?: 0..604800}: a new
+ * secret with the same name, scopes and expiry; the old one is revoked at
+ * once (grace_s 0, the default) or stays valid grace_s more seconds. */
+int api_tenants_token_rotate(struct http_req *req) {
+    struct rotate_op r = {.tenant_id = http_param(req, "id"), .token_id = http_param(req, "tid")};
+    const char *k;
+    json_t *v;
+    json_object_foreach(req->json, k, v) {
+        if (strcmp(k, "grace_s"))
+            return API_ERROR_FIELD(req, UNKNOWN_FIELD, k, "unknown field '%s' (grace_s is allowed)",
+                                   k);
+    }
+    json_t *g = json_object_get(req->json, "grace_s");
+    if (g &&
+        (!json_is_integer(g) || json_integer_value(g) < 0 || json_integer_value(g) > MAX_GRACE_S))
+        return API_ERROR_FIELD(req, INVALID_GRACE, "grace_s",
+                               "'grace_s' must be an integer in [0, %ld] (0: the old token is "
+                               "revoked at once)",
+                               MAX_GRACE_S);
+    r.grace_ms = g ? (int64_t)json_integer_value(g) * 1000 : 0;
+    char token[80];
+    if (auth_new_token(token, sizeof token) != 0)
+        return API_ERROR(req, INTERNAL, "no randomness available");
+    auth_hash(token, r.hash);
+    int rc = store_write(req->ld->store, rotate_cb, &r);
+    if (rc == STORE_OK) auth_forget(req->ld->auth); /* the old token's cached expiry */
+    if (rc == STORE_NOT_FOUND)
+        return API_ERROR(req, TOKEN_NOT_FOUND,
+                         "tenant '%s' has no live token '%s' (revoked, expired or unknown)",
+                         r.tenant_id, r.token_id);
+    if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not rotate the token");
+    json_t *out =
+        json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:{s:s, s:o, s:b}}", "id", r.id, "tenant_id",
+                  r.tenant_id, "token", token, "name", r.name, "scopes", auth_scopes_json(r.scopes),
+                  "expires_at", store_time_json(r.expires_at), "rotated_from", "id", r.token_id,
+                  "expires_at", store_time_json(r.old_expires_at), "revoked", r.grace_ms == 0);
+    OPENSSL_cleanse(token, sizeof token);
+    return http_reply_json(req, 201, out);
 }

@@ -887,9 +887,9 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
         sn[i].kind = n->kind;
         sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
         sn[i].gpu_type = n->gpu_type;
-        sn[i].state = n->lost || !n->seen                             ? SCHED_NODE_LOST
-                      : n->drained || nodecheck_avoid(c->ld, n->name) ? SCHED_NODE_DRAINED
-                                                                      : SCHED_NODE_READY;
+        sn[i].state = n->lost || !n->seen || n->admission != NODE_APPROVED ? SCHED_NODE_LOST
+                      : n->drained || nodecheck_avoid(c->ld, n->name)      ? SCHED_NODE_DRAINED
+                                                                           : SCHED_NODE_READY;
     }
     for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
         int held = 0;

@@ -83,6 +83,11 @@ struct cluster_node {
      * the agent's GPU inventory from registration (agent/gpu.h) */
     char gpu_type[24];
     json_t *inventory;
+    /* admission (daemon/nodes.h): enum node_admission; SHA-256 of the node's
+     * own credential (has_cred 0: none issued, or cleared by reject/revoke) */
+    int admission;
+    int has_cred;
+    unsigned char cred[32];
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */

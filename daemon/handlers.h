@@ -21,6 +21,7 @@ int api_tenants_get(struct http_req *req);
 int api_tenants_update(struct http_req *req);
 int api_tenants_token_create(struct http_req *req);
 int api_tenants_token_list(struct http_req *req);
+int api_tenants_token_rotate(struct http_req *req); /* POST .../tokens/{tid}/rotate */
 int api_tenants_token_revoke(struct http_req *req);
 
 /* daemon/api_jobs.c (tenant) */

@@ -29,6 +29,7 @@
 #include "daemon/auth.h"
 #include "daemon/loomd.h"
 #include "daemon/metrics.h"
+#include "daemon/nodes.h"
 #include "daemon/ratelimit.h"
 #include "daemon/tls.h"
 
@@ -513,9 +514,23 @@ static int authenticate(struct http_conn *c) {
     }
     req->bearer = tok;
     if (need == HTTP_AUTH_BEARER) return 0;
-    if (need == HTTP_AUTH_JOIN) {
-        if (auth_is_join(ld->auth, tok)) return 0;
-        http_error(req, 401, "UNAUTHORIZED", "invalid join token");
+    if (need == HTTP_AUTH_JOIN || need == HTTP_AUTH_NODE) {
+        /* A node credential (daemon/nodes.h); the join token only registers. */
+        int adm = nodes_auth(ld, tok, req->node, sizeof req->node);
+        if (adm == NODE_APPROVED || (adm > 0 && need == HTTP_AUTH_JOIN)) return 0;
+        if (adm > 0) {
+            http_error(req, 403, "NODE_NOT_APPROVED",
+                       "node %s is %s: an admin must approve it (POST /v1/nodes/%s/approve)",
+                       req->node, nodes_admission_name(adm), req->node);
+            return -1;
+        }
+        req->node[0] = 0;
+        if (need == HTTP_AUTH_JOIN && auth_is_join(ld->auth, tok)) return 0;
+        http_add_header(req, "WWW-Authenticate", "Bearer");
+        http_error(req, 401, "UNAUTHORIZED",
+                   need == HTTP_AUTH_JOIN
+                       ? "invalid join token or node credential"
+                       : "unknown or revoked node credential (the join token only registers)");
         return -1;
     }
     if (auth_is_admin(ld->auth, tok)) {

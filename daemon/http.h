@@ -39,7 +39,9 @@ enum http_auth {
     HTTP_AUTH_ADMIN,     /* the admin token only */
     HTTP_AUTH_TENANT,    /* a tenant token (req->tenant_id set); admin gets 403 */
     HTTP_AUTH_ANY_TOKEN, /* a tenant token or the admin token (req->is_admin) */
-    HTTP_AUTH_JOIN,      /* the agents' cluster join token */
+    HTTP_AUTH_JOIN,      /* agent registration: the join token or a node credential
+                            (req->node set for a credential, pending nodes too) */
+    HTTP_AUTH_NODE,      /* the credential of an approved node (req->node); daemon/nodes.h */
     HTTP_AUTH_BEARER,    /* any bearer token, checked by the handler itself
                             (attempt-scoped rendezvous tokens): req->bearer */
 };
@@ -85,6 +87,7 @@ struct http_req {
     char token_id[32];  /* the tenant token's id ("k-..."); "admin" for the admin token */
     unsigned scopes;    /* the tenant token's AUTH_SCOPE_* bits (daemon/auth.h) */
     const char *bearer; /* raw bearer token (HTTP_AUTH_BEARER routes) */
+    char node[64];      /* the node whose credential was used (HTTP_AUTH_JOIN/NODE) */
     /* internal */
     struct http_conn *conn;
 };

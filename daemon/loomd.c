@@ -81,6 +81,9 @@ const struct config_entry loomd_config_table[] = {
      "seconds without a training step before an attempt counts as hung"},
     {"fair-share-half-life", CONFIG_INT, OFF(fair_share_half_life), "604800", 0, 315360000,
      "seconds for a tenant's past GPU-hours to weigh half in the fair-share order (0: off)"},
+    {"auto-approve", CONFIG_BOOL, OFF(auto_approve), "false", 1, 0,
+     "approve every node that registers with the join token (tests, quickstart); else a new "
+     "node is pending until POST /v1/nodes/{id}/approve"},
     {"nodecheck-on-join", CONFIG_BOOL, OFF(nodecheck_on_join), "false", 1, 0,
      "run a node check (all-reduce over its devices) when a never-checked node joins"},
     {"events-heartbeat", CONFIG_INT, OFF(events_heartbeat), "15", 1, 3600,

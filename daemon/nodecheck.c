@@ -890,6 +890,9 @@ int nodecheck_agent_poll(struct http_req *req) {
     struct nodecheck *nc = nc_of(req->ld);
     const char *node = http_query(req, "node"), *w = http_query(req, "wait_ms");
     if (!node || !*node) return http_error(req, 400, "INVALID_QUERY", "node= is required");
+    if (req->node[0] && strcmp(node, req->node)) /* the credential's node only (nodes.h) */
+        return http_error(req, 403, "NODE_MISMATCH", "the credential is node %s's, not %s's",
+                          req->node, node);
     check_on_join(req->ld, node);
     int wait = w ? atoi(w) : 0;
     if (wait < 0) wait = 0;
@@ -926,6 +929,9 @@ int nodecheck_agent_report(struct http_req *req) {
     const char *id = http_param(req, "id");
     const char *node = json_string_value(json_object_get(req->json, "node"));
     if (!node) return http_error_field(req, 422, "INVALID_FIELD", "node", "node is required");
+    if (req->node[0] && strcmp(node, req->node))
+        return http_error(req, 403, "NODE_MISMATCH", "the credential is node %s's, not %s's",
+                          req->node, node);
     struct row_op op = {0};
     int finished = 0;
     pthread_mutex_lock(&nc->mu);

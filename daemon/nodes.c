@@ -4,18 +4,43 @@
 
 #include "api/gpu_types.h"
 #include "api/planner.h"
+#include "common/log.h"
+#include "common/token.h"
 #include "daemon/api_prices.h"
+#include "daemon/auth.h"
 #include "daemon/cluster.h"
+#include "daemon/events.h"
+#include "daemon/handlers.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
 #include "daemon/store.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+static const char *const admission_names[] = {
+    [NODE_APPROVED] = "approved",
+    [NODE_PENDING] = "pending",
+    [NODE_REJECTED] = "rejected",
+    [NODE_REVOKED] = "revoked",
+};
+#define NADMISSION ((int)(sizeof admission_names / sizeof *admission_names))
+
+const char *nodes_admission_name(int admission) {
+    return admission >= 0 && admission < NADMISSION ? admission_names[admission] : "approved";
+}
+
+int nodes_admission_parse(const char *name) {
+    for (int i = 0; name && i < NADMISSION; i++)
+        if (!strcmp(name, admission_names[i])) return i;
+    return NODE_APPROVED;
+}
+
 static const char *node_state(const struct cluster_node *n) {
+    if (n->admission != NODE_APPROVED) return nodes_admission_name(n->admission);
     if (n->lost) return "lost";
     if (!n->seen) return "unknown";
     return n->drained ? "drained" : "ready";
@@ -28,8 +53,30 @@ static void iso_time(int64_t ms, char *buf, size_t len) {
     strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-/* Caller holds c->mu. */
-static json_t *node_json(struct cluster *c, int ni) {
+/* The device fields a tenant sees: capacity, never what runs there (the
+ * admin's view adds telemetry and "task": "JOB/RANK"). */
+static const char *const tenant_device_keys[] = {"index", "name", "gpu_type", "mem_total_mib"};
+
+static json_t *tenant_devices(const json_t *devs) {
+    json_t *out = json_array();
+    size_t i;
+    json_t *d;
+    json_array_foreach((json_t *)devs, i, d) {
+        json_t *o = json_object();
+        for (size_t k = 0; k < sizeof tenant_device_keys / sizeof *tenant_device_keys; k++) {
+            json_t *v = json_object_get(d, tenant_device_keys[k]);
+            if (v) json_object_set(o, tenant_device_keys[k], v);
+        }
+        json_array_append_new(out, o);
+    }
+    return out;
+}
+
+/* Caller holds c->mu. full: the admin's view (tasks with job ids and task
+ * states, per-device telemetry and task, hostname, admission); else a
+ * tenant's view: state, capacity, GPU types and the hardware inventory, no
+ * job id or task state of anyone. */
+static json_t *node_json(struct cluster *c, int ni, int full) {
     struct cluster_node *n = &c->nodes[ni];
     int used = 0;
     json_t *devs = json_deep_copy(n->devices ? n->devices : json_array());
@@ -45,21 +92,33 @@ static json_t *node_json(struct cluster *c, int ni) {
                 json_object_set_new(d, "task", json_string(who));
             }
         }
+    if (!full) {
+        json_t *t = tenant_devices(devs);
+        json_decref(devs);
+        devs = t;
+    }
     char seen[32], reg[32];
     iso_time(n->last_hb_ms, seen, sizeof seen);
     iso_time(n->registered_at, reg, sizeof reg);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:o, s:o, s:s, s:s, s:b}", "id",
-                          n->name, "name", n->name, "state", node_state(n), "kind", n->kind,
-                          "gpu_model", n->gpu_model, "devices_total", n->ndev, "devices_used", used,
-                          "devices_free", n->lost || n->drained ? 0 : n->ndev - used, "devices",
-                          devs, "tasks", n->tasks ? json_incref(n->tasks) : json_array(),
-                          "last_heartbeat", seen, "registered_at", reg, "drained", n->drained);
-    if (o && n->host) json_object_set(o, "host", n->host);
-    if (o)
+    int usable = !n->lost && !n->drained && n->admission == NODE_APPROVED;
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:o, s:s, s:b}", "id", n->name,
+                          "name", n->name, "state", node_state(n), "kind", n->kind, "gpu_model",
+                          n->gpu_model, "devices_total", n->ndev, "devices_used", used,
+                          "devices_free", usable ? n->ndev - used : 0, "devices", devs,
+                          "last_heartbeat", seen, "drained", n->drained);
+    if (o) {
         json_object_set_new(o, "gpu_type", json_string(n->gpu_type[0] ? n->gpu_type : "unknown"));
-    if (o)
+        /* hardware: cpus, memory, interconnect; GPU models, SMs, NVLink/PCIe topology */
+        if (n->host) json_object_set(o, "host", n->host);
         json_object_set_new(o, "inventory",
                             n->inventory ? json_incref(n->inventory) : json_object());
+    }
+    if (o && full) {
+        json_object_set_new(o, "tasks", n->tasks ? json_incref(n->tasks) : json_array());
+        json_object_set_new(o, "registered_at", json_string(reg));
+        json_object_set_new(o, "admission", json_string(nodes_admission_name(n->admission)));
+        json_object_set_new(o, "hostname", json_string(n->hostname));
+    }
     nodecheck_annotate(c->ld, n->name, o); /* health, "degraded" (daemon/nodecheck.h) */
     return o;
 }
@@ -69,7 +128,7 @@ int nodes_list(struct http_req *req) {
     json_t *arr = json_array();
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->nnodes; i++)
-        json_array_append_new(arr, node_json(c, i));
+        json_array_append_new(arr, node_json(c, i, req->is_admin));
     pthread_mutex_unlock(&c->mu);
     return http_reply_json(req, 200, json_pack("{s:o}", "nodes", arr));
 }
@@ -79,7 +138,7 @@ int nodes_get(struct http_req *req) {
     const char *id = http_param(req, "id");
     pthread_mutex_lock(&c->mu);
     int ni = id ? cluster_node_find(c, id) : -1;
-    json_t *o = ni >= 0 ? node_json(c, ni) : NULL;
+    json_t *o = ni >= 0 ? node_json(c, ni, req->is_admin) : NULL;
     pthread_mutex_unlock(&c->mu);
     if (!o) return http_error(req, 404, "NODE_NOT_FOUND", "no node named %s", id ? id : "");
     return http_reply_json(req, 200, o);
@@ -132,18 +191,149 @@ int nodes_store_inventory(struct store_tx *tx, const char *name, const char *gpu
     return rc;
 }
 
+static int hex_to_hash(const char *hex, unsigned char out[32]) {
+    if (!hex || strlen(hex) != 64) return -1;
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
+        out[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
-    sqlite3_stmt *st = store_stmt(tx, "SELECT name, inventory FROM nodes");
+    sqlite3_stmt *st = store_stmt(tx, "SELECT name, inventory, admission, cred_hash FROM nodes");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int ni = cluster_node_find(c, (const char *)sqlite3_column_text(st, 0));
         if (ni < 0) continue;
+        struct cluster_node *n = &c->nodes[ni];
         json_t *inv = json_loads((const char *)sqlite3_column_text(st, 1), 0, NULL);
-        nodes_apply_inventory(&c->nodes[ni], inv);
+        nodes_apply_inventory(n, inv);
         json_decref(inv);
+        n->admission = nodes_admission_parse((const char *)sqlite3_column_text(st, 2));
+        n->has_cred = hex_to_hash((const char *)sqlite3_column_text(st, 3), n->cred) == 0;
     }
     sqlite3_reset(st);
     return STORE_OK;
+}
+
+int nodes_auth(struct loomd *ld, const char *token, char *node, size_t len) {
+    struct cluster *c = ld->cluster;
+    if (!c || !token) return -1;
+    unsigned char h[32];
+    auth_hash(token, h);
+    int found = -1;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].has_cred && token_equal_mem(h, c->nodes[i].cred, 32) && found < 0)
+            found = i;
+    int adm = found >= 0 ? c->nodes[found].admission : -1;
+    if (found >= 0) snprintf(node, len, "%s", c->nodes[found].name);
+    pthread_mutex_unlock(&c->mu);
+    return adm;
+}
+
+int nodes_store_admission(struct store_tx *tx, const char *name, int admission,
+                          const unsigned char cred[32], const char *by) {
+    sqlite3_stmt *st = store_stmt(tx, "UPDATE nodes SET admission = ?1, cred_hash = ?2, "
+                                      "admitted_at = coalesce(?3, admitted_at), admitted_by = "
+                                      "coalesce(?4, admitted_by) WHERE name = ?5");
+    if (!st) return STORE_ERR;
+    char hex[65];
+    for (int i = 0; cred && i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", cred[i]);
+    sqlite3_bind_text(st, 1, nodes_admission_name(admission), -1, SQLITE_STATIC);
+    if (cred)
+        sqlite3_bind_text(st, 2, hex, 64, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(st, 2);
+    if (by) {
+        sqlite3_bind_int64(st, 3, store_now_ms());
+        sqlite3_bind_text(st, 4, by, -1, SQLITE_STATIC);
+    }
+    sqlite3_bind_text(st, 5, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc;
+}
+
+int nodes_emit_event(struct store_tx *tx, const char *name, int admission, const char *by) {
+    char type[32];
+    snprintf(type, sizeof type, "node.%s", nodes_admission_name(admission));
+    json_t *d = json_pack("{s:s, s:s}", "node", name, "by", by ? by : "join token");
+    int64_t seq = events_emit(tx, type, "", "", d);
+    json_decref(d);
+    return seq > 0 ? STORE_OK : STORE_ERR;
+}
+
+struct admit_arg {
+    const char *name, *by;
+    int to;
+    const unsigned char *cred; /* kept on approve, cleared otherwise */
+};
+
+static int admit_cb(struct store_tx *tx, void *arg) {
+    struct admit_arg *a = arg;
+    int rc = nodes_store_admission(tx, a->name, a->to, a->cred, a->by);
+    if (rc == STORE_OK) rc = nodes_emit_event(tx, a->name, a->to, a->by);
+    return rc;
+}
+
+/* approve and reject act on pending nodes (repeating one is a no-op);
+ * revoke on any node. */
+static int admit(struct http_req *req, int to) {
+    struct cluster *c = req->ld->cluster;
+    const char *id = http_param(req, "id");
+    unsigned char cred[32];
+    pthread_mutex_lock(&c->mu);
+    int ni = id ? cluster_node_find(c, id) : -1;
+    int cur = ni >= 0 ? c->nodes[ni].admission : -1;
+    int has = ni >= 0 && c->nodes[ni].has_cred;
+    if (has) memcpy(cred, c->nodes[ni].cred, 32);
+    pthread_mutex_unlock(&c->mu);
+    if (ni < 0) return API_ERROR(req, NODE_NOT_FOUND, "no node named %s", id ? id : "");
+    if (cur != to) {
+        if (to != NODE_REVOKED && (cur != NODE_PENDING || !has))
+            return API_ERROR(req, NODE_NOT_PENDING,
+                             "node %s is %s; only a pending node can be %s (a revoked node "
+                             "applies again when its agent registers)",
+                             id, nodes_admission_name(cur),
+                             to == NODE_APPROVED ? "approved" : "rejected");
+        struct admit_arg a = {id, req->token_id, to, to == NODE_APPROVED ? cred : NULL};
+        if (store_write(req->ld->store, admit_cb, &a) != STORE_OK)
+            return API_ERROR(req, STORE_UNAVAILABLE, "could not record the admission of %s", id);
+        pthread_mutex_lock(&c->mu);
+        struct cluster_node *n = &c->nodes[ni];
+        n->admission = to;
+        if (to != NODE_APPROVED) {
+            n->has_cred = 0;
+            memset(n->cred, 0, sizeof n->cred);
+        }
+        if (to == NODE_REVOKED) n->lost = 1; /* its ranks: the lost-node handling */
+        cluster_changed(c);
+        pthread_mutex_unlock(&c->mu);
+        http_notify_signal(&c->assign);
+        cluster_kick(req->ld);
+        log_info("cluster: node %s %s by %s", id, nodes_admission_name(to), req->token_id);
+    }
+    pthread_mutex_lock(&c->mu);
+    json_t *o = node_json(c, ni, 1);
+    pthread_mutex_unlock(&c->mu);
+    return http_reply_json(req, 200, o);
+}
+
+int nodes_approve(struct http_req *req) {
+    return admit(req, NODE_APPROVED);
+}
+
+int nodes_reject(struct http_req *req) {
+    return admit(req, NODE_REJECTED);
+}
+
+int nodes_revoke(struct http_req *req) {
+    return admit(req, NODE_REVOKED);
 }
 
 void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
@@ -222,7 +412,7 @@ static int drain(struct http_req *req, int on) {
         return http_error(req, 503, "STORE_UNAVAILABLE", "could not record the drain flag");
     pthread_mutex_lock(&c->mu);
     c->nodes[ni].drained = on;
-    json_t *o = node_json(c, ni);
+    json_t *o = node_json(c, ni, 1);
     pthread_mutex_unlock(&c->mu);
     cluster_kick(req->ld);
     return http_reply_json(req, 200, o);
@@ -254,9 +444,10 @@ void cluster_metrics_write(struct loomd *ld, FILE *f) {
     struct cluster *c = ld->cluster;
     if (!c) return;
     pthread_mutex_lock(&c->mu);
-    static const char *const states[] = {"ready", "drained", "lost", "unknown"};
+    static const char *const states[] = {"ready",   "drained",  "lost",   "unknown",
+                                         "pending", "rejected", "revoked"};
     fprintf(f, "# HELP loom_nodes Nodes by state.\n# TYPE loom_nodes gauge\n");
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < (int)(sizeof states / sizeof *states); s++) {
         int cnt = 0;
         for (int i = 0; i < c->nnodes; i++)
             if (!strcmp(node_state(&c->nodes[i]), states[s])) cnt++;

@@ -24,6 +24,34 @@ int nodes_get(struct http_req *req);
 int nodes_drain(struct http_req *req);
 int nodes_undrain(struct http_req *req);
 
+/* Node admission. A node registering with the join token gets its own
+ * credential (a random "loom_" token; loomd keeps its SHA-256 only) in the
+ * reply and is `pending` until an admin approves it, unless --auto-approve.
+ * Every later agent call carries the credential instead of the join token;
+ * pending nodes get no task. Reject (pending only) and DELETE (revoke, any
+ * state) clear the credential: the agent's calls then get 401, the scheduler
+ * places nothing on the node and its running ranks are handled as on a lost
+ * node. A rejected node cannot apply again until it is deleted; a revoked one
+ * applies again as pending. Each change is an audit row (the HTTP layer) and
+ * a node.* event (job_id "", admin only). */
+enum node_admission { NODE_APPROVED = 0, NODE_PENDING, NODE_REJECTED, NODE_REVOKED };
+const char *nodes_admission_name(int admission);
+int nodes_admission_parse(const char *name); /* NODE_*, or NODE_APPROVED for NULL/unknown */
+/* Looks `token` up among the node credentials: the node's admission
+ * (NODE_APPROVED, NODE_PENDING; name into node) or -1 when no node has it.
+ * Constant-time compares; takes c->mu (any thread, not with it held). */
+int nodes_auth(struct loomd *ld, const char *token, char *node, size_t len);
+/* Inside a store write: the admission columns of node `name`; cred NULL
+ * clears the credential, by: the admin's token id (NULL at registration). */
+int nodes_store_admission(struct store_tx *tx, const char *name, int admission,
+                          const unsigned char cred[32], const char *by);
+/* Inside a store write: a node.<admission> event for node `name`. */
+int nodes_emit_event(struct store_tx *tx, const char *name, int admission, const char *by);
+/* POST /v1/nodes/{id}/approve, POST /v1/nodes/{id}/reject, DELETE /v1/nodes/{id} (admin). */
+int nodes_approve(struct http_req *req);
+int nodes_reject(struct http_req *req);
+int nodes_revoke(struct http_req *req);
+
 /* The node's gpu_type from its device array (registration or telemetry): each
  * device's "gpu_type" when the agent sent a known one, else normalized from its
  * "name" and "mem_total_mib" (agents that predate the field). "cpu" for cpu

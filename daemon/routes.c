@@ -33,6 +33,8 @@ const struct http_route http_routes[] = {
     {"GET", "/v1/tenants/{id}/tokens", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, api_tenants_token_list},
     {"DELETE", "/v1/tenants/{id}/tokens/{tid}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE,
      api_tenants_token_revoke},
+    {"POST", "/v1/tenants/{id}/tokens/{tid}/rotate", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT,
+     api_tenants_token_rotate},
     /* audit log (admin; daemon/audit.h) */
     {"GET", "/v1/audit", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, audit_api_list},
     /* jobs: tenants see their own; the admin token sees all (?tenant= narrows) */
@@ -49,15 +51,19 @@ const struct http_route http_routes[] = {
     {"GET", "/v1/nodes/{id}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodes_get},
     {"POST", "/v1/nodes/{id}/drain", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_drain},
     {"POST", "/v1/nodes/{id}/undrain", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_undrain},
+    /* node admission (daemon/nodes.h) */
+    {"POST", "/v1/nodes/{id}/approve", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_approve},
+    {"POST", "/v1/nodes/{id}/reject", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_reject},
+    {"DELETE", "/v1/nodes/{id}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, nodes_revoke},
     {"GET", "/v1/usage", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, usage_get},
     /* GPU prices per gpu_type (daemon/api_prices.h) */
     {"PUT", "/v1/prices", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_prices_put},
     {"GET", "/v1/prices", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_prices_get},
     {"POST", "/v1/agent/register", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_register},
-    {"POST", "/v1/agent/heartbeat", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_heartbeat},
-    {"GET", "/v1/agent/assignments", HTTP_AUTH_JOIN, HTTP_BODY_NONE, agent_api_assignments},
-    {"POST", "/v1/agent/metrics", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_metrics},
-    {"POST", "/v1/agent/logs", HTTP_AUTH_JOIN, HTTP_BODY_JSON, agent_api_logs},
+    {"POST", "/v1/agent/heartbeat", HTTP_AUTH_NODE, HTTP_BODY_JSON, agent_api_heartbeat},
+    {"GET", "/v1/agent/assignments", HTTP_AUTH_NODE, HTTP_BODY_NONE, agent_api_assignments},
+    {"POST", "/v1/agent/metrics", HTTP_AUTH_NODE, HTTP_BODY_JSON, agent_api_metrics},
+    {"POST", "/v1/agent/logs", HTTP_AUTH_NODE, HTTP_BODY_JSON, agent_api_logs},
     {"PUT", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_JSON, rdzv_put},
     {"GET", "/v1/rdzv/{job}/{attempt}/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, rdzv_get_key},
     /* node checks (daemon/nodecheck.h) */
@@ -65,8 +71,8 @@ const struct http_route http_routes[] = {
     {"DELETE", "/v1/nodes/{id}/degraded", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, nodecheck_api_clear},
     {"GET", "/v1/nodechecks", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodecheck_api_list},
     {"GET", "/v1/nodechecks/{id}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, nodecheck_api_get},
-    {"GET", "/v1/agent/checks", HTTP_AUTH_JOIN, HTTP_BODY_NONE, nodecheck_agent_poll},
-    {"POST", "/v1/agent/checks/{id}", HTTP_AUTH_JOIN, HTTP_BODY_JSON, nodecheck_agent_report},
+    {"GET", "/v1/agent/checks", HTTP_AUTH_NODE, HTTP_BODY_NONE, nodecheck_agent_poll},
+    {"POST", "/v1/agent/checks/{id}", HTTP_AUTH_NODE, HTTP_BODY_JSON, nodecheck_agent_report},
     {"PUT", "/v1/nodechecks/{id}/rdzv/{key}", HTTP_AUTH_BEARER, HTTP_BODY_JSON, nodecheck_rdzv_put},
     {"GET", "/v1/nodechecks/{id}/rdzv/{key}", HTTP_AUTH_BEARER, HTTP_BODY_NONE, nodecheck_rdzv_get},
     /* data staging reports from loom-stage (daemon/staging.h) */

@@ -161,6 +161,16 @@ int store_token_issue(struct store_tx *tx, const char *tenant_id, const unsigned
 /* The live (not revoked) token with this hash, expired or not (the caller
  * decides). STORE_NOT_FOUND if none. */
 int store_token_find(struct store_tx *tx, const unsigned char hash[32], struct store_token *out);
+/* Rotation of token `token_id` of `tenant_id` (live: not revoked, not
+ * expired): a new token (SHA-256 `hash`) with the old one's name, scopes and
+ * expiry, id into new_id; the old one is revoked now (grace_ms 0) or expires
+ * at now + grace_ms (sooner if it expired sooner), written to old_expires_at;
+ * out_scopes and out_expires_at get the new token's. STORE_NOT_FOUND if no
+ * live token. */
+int store_token_rotate(struct store_tx *tx, const char *tenant_id, const char *token_id,
+                       const unsigned char hash[32], int64_t grace_ms, char *new_id, size_t idlen,
+                       unsigned *out_scopes, int64_t *out_expires_at, int64_t *old_expires_at,
+                       char *name, size_t namelen);
 /* Records a use of token `id` at `now_ms` (last_used_at). */
 int store_token_touch(struct store_tx *tx, const char *id, int64_t now_ms);
 /* The tenant's tokens as a JSON array of {id,name,scopes,created_at,

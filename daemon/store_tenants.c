@@ -219,6 +219,46 @@ int store_token_issue(struct store_tx *tx, const char *tenant_id, const unsigned
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+int store_token_rotate(struct store_tx *tx, const char *tenant_id, const char *token_id,
+                       const unsigned char hash[32], int64_t grace_ms, char *new_id, size_t idlen,
+                       unsigned *out_scopes, int64_t *out_expires_at, int64_t *old_expires_at,
+                       char *name, size_t namelen) {
+    int64_t now = store_now_ms();
+    sqlite3_stmt *st = store_stmt(tx, "SELECT name, scopes, COALESCE(expires_at, 0) FROM tokens "
+                                      "WHERE id = ? AND tenant_id = ? AND revoked_at IS NULL AND "
+                                      "(expires_at IS NULL OR expires_at > ?)");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, token_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, tenant_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, now);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        snprintf(name, namelen, "%s", col_text(st, 0));
+        *out_scopes = (unsigned)sqlite3_column_int64(st, 1);
+        *out_expires_at = sqlite3_column_int64(st, 2);
+    }
+    sqlite3_reset(st);
+    if (rc == SQLITE_DONE) return STORE_NOT_FOUND;
+    if (rc != SQLITE_ROW) return STORE_ERR;
+    rc = store_token_issue(tx, tenant_id, hash, name, *out_scopes, *out_expires_at, new_id, idlen);
+    if (rc != STORE_OK) return rc;
+    if (grace_ms <= 0) {
+        *old_expires_at = now;
+        return store_token_revoke(tx, tenant_id, token_id);
+    }
+    int64_t until = now + grace_ms;
+    if (*out_expires_at > 0 && *out_expires_at < until) until = *out_expires_at;
+    *old_expires_at = until;
+    st = store_stmt(tx, "UPDATE tokens SET expires_at = ? WHERE id = ? AND tenant_id = ?");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, until);
+    sqlite3_bind_text(st, 2, token_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, tenant_id, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
 int store_token_find(struct store_tx *tx, const unsigned char hash[32], struct store_token *out) {
     sqlite3_stmt *st =
         store_stmt(tx, "SELECT tenant_id, hash, id, scopes, COALESCE(expires_at, 0) FROM tokens "

@@ -149,7 +149,7 @@ secret "$QS/join.token" "$LOOM_JOIN_TOKEN"
 export LOOM_ADMIN_TOKEN LOOM_JOIN_TOKEN
 
 echo "== starting loomd (log: $QS/loomd.log)"
-"$BIN/loomd" --listen 127.0.0.1:0 --data-dir "$QS/loomd" --data-roots "$QS/data" \
+"$BIN/loomd" --auto-approve --listen 127.0.0.1:0 --data-dir "$QS/loomd" --data-roots "$QS/data" \
     >"$QS/loomd.log" 2>&1 &
 pids="$! $pids"
 echo $! >"$QS/loomd.pid"

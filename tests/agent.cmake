@@ -25,6 +25,13 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
         set_tests_properties(integration.cluster.${sc} PROPERTIES LABELS "integration;sanitize"
                              SKIP_RETURN_CODE 77 TIMEOUT 120)
     endforeach()
+    # Node admission (loomd without --auto-approve): pending, approve, reject,
+    # revoke, the tenant's view of nodes, restart (docs/operations.md).
+    add_test(NAME integration.node_admission
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_node_admission.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.node_admission PROPERTIES LABELS "integration;sanitize"
+                         SKIP_RETURN_CODE 77 TIMEOUT 180)
     # The real loom-worker (tiny GPT-2 on the cpu backend) under agents. Not
     # in the sanitizer run: the engine's own tests cover its sanitizer state.
     foreach(sc real_worker real_worker_retry)

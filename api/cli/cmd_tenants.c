@@ -126,6 +126,37 @@ int cmd_tenants_token_revoke(struct cli *cli, int argc, char **argv) {
     return finish(cli, rc, out, revoked_row);
 }
 
+static void rotated_row(json_t *t) {
+    json_t *old = json_object_get(t, "rotated_from");
+    printf("token id %s for tenant %s (shown once):\n%s\n", cli_str(t, "id"),
+           cli_str(t, "tenant_id"), cli_str(t, "token"));
+    printf("old token %s: %s %s\n", cli_str(old, "id"),
+           json_is_true(json_object_get(old, "revoked")) ? "revoked at" : "valid until",
+           cli_str(old, "expires_at"));
+}
+
+int cmd_tenants_token_rotate(struct cli *cli, int argc, char **argv) {
+    if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--grace"))) {
+        fprintf(stderr, "usage: loomctl token-rotate TENANT_ID TOKEN_ID [--grace SECONDS]\n");
+        return 2;
+    }
+    char e1[256], e2[256], path[640];
+    cli_urlencode(argv[1], e1, sizeof e1);
+    cli_urlencode(argv[2], e2, sizeof e2);
+    snprintf(path, sizeof path, "/v1/tenants/%s/tokens/%s/rotate", e1, e2);
+    char *end = NULL;
+    long grace = argc == 5 ? strtol(argv[4], &end, 10) : 0;
+    if (argc == 5 && (!*argv[4] || *end || grace < 0)) {
+        fprintf(stderr, "loomctl: --grace takes a number of seconds, not '%s'\n", argv[4]);
+        return 2;
+    }
+    json_t *body = json_pack("{s:I}", "grace_s", (json_int_t)grace);
+    json_t *out = NULL;
+    int rc = cli_call(cli, "POST", path, body, &out);
+    json_decref(body);
+    return finish(cli, rc, out, rotated_row);
+}
+
 static void health_row(json_t *t) {
     printf("loomd %s\n", cli_str(t, "status"));
 }

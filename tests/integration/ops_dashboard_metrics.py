@@ -150,7 +150,7 @@ def main():
     try:
         dd = os.path.join(tmp, "loomd")
         procs.append(subprocess.Popen(
-            [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:0", "--data-dir", dd,
+            [os.path.join(BIN, "loomd"), "--auto-approve", "--listen", "127.0.0.1:0", "--data-dir", dd,
              "--heartbeat", "1", "--store-sync-full", "false"], env=env, stdout=log,
             stderr=subprocess.STDOUT))
         addr = os.path.join(dd, "loomd.addr")

@@ -64,7 +64,7 @@ class Cluster:
         if os.path.exists(addr):
             os.unlink(addr)
         self.procs["loomd"] = subprocess.Popen(
-            [os.path.join(BIN, "loomd"), "--listen", getattr(self, "listen", "127.0.0.1:0"),
+            [os.path.join(BIN, "loomd"), "--auto-approve", "--listen", getattr(self, "listen", "127.0.0.1:0"),
              "--data-dir", dd, "--heartbeat", "1", "--store-sync-full", "false"] + list(extra),
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = self.wait(lambda: open(addr).read().strip(), 10, "loomd.addr")

@@ -39,7 +39,7 @@ class LimitCluster(tc.Cluster):
     def start_loomd(self):
         os.makedirs(os.path.join(self.tmp, "loomd"), exist_ok=True)
         self.loomd = subprocess.Popen(
-            [os.path.join(tc.BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
+            [os.path.join(tc.BIN, "loomd"), "--auto-approve", "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
              os.path.join(self.tmp, "loomd"), "--heartbeat", "1", "--store-sync-full", "false",
              "--rate-limit", "0", "--conn-limit", "1024", "--tenant-streams", str(WAVE),
              "--header-timeout", str(HEADER_TIMEOUT), "--store-read-max", str(READ_MAX),

@@ -56,7 +56,7 @@ start_fails "key given as certificate refused" "holds no PEM certificate" \
     --tls-cert "$T/srv.key" --tls-key "$T/srv.key"
 
 LOOM_ADMIN_TOKEN=tls-admin LOOM_JOIN_TOKEN=j "$LOOMD" --listen 127.0.0.1:0 --data-dir "$T/d" \
-    --log-level warn --tls-cert "$T/srv.pem" --tls-key "$T/srv.key" >"$T/loomd.log" 2>&1 &
+    --log-level warn --auto-approve --tls-cert "$T/srv.pem" --tls-key "$T/srv.key" >"$T/loomd.log" 2>&1 &
 PID=$!
 i=0
 while [ ! -s "$T/d/loomd.addr" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i + 1)); done

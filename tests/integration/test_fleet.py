@@ -46,7 +46,7 @@ class Loomd:
     def start(self):
         log = open(os.path.join(self.tmp, "loomd.log"), "ab")
         self.proc = subprocess.Popen(
-            [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
+            [os.path.join(BIN, "loomd"), "--auto-approve", "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
              os.path.join(self.tmp, "loomd"), "--node-timeout", "2", "--heartbeat", "1",
              "--store-sync-full", "false"], env=self.env, stdout=log, stderr=subprocess.STDOUT)
         wait(lambda: self.request("GET", "/healthz", token=None)[0] == 200, 10, "loomd up")
@@ -80,6 +80,9 @@ def devices(name, mib, n, gpu_type=None):
     return out
 
 
+CREDS = {}  # node -> the credential loomd issued at registration
+
+
 def register(d, node, devs, inventory=None):
     body = {"node": node, "hostname": node, "kind": "cuda", "devices": devs, "tasks": [],
             "version": "0.1", "host": {"cpus": 64, "mem_total_mib": 1048576,
@@ -88,6 +91,7 @@ def register(d, node, devs, inventory=None):
         body["inventory"] = inventory
     st, r = d.request("POST", "/v1/agent/register", body, token=JOIN)
     check(st == 200, "register %s: %s %s" % (node, st, r))
+    CREDS[node] = r["credential"]  # the node's own credential, for its later calls
 
 
 class Heart(threading.Thread):
@@ -102,7 +106,7 @@ class Heart(threading.Thread):
         while not self.stop.wait(0.3):
             for node, devs in list(self.alive.items()):
                 self.d.request("POST", "/v1/agent/heartbeat",
-                               {"node": node, "devices": devs, "tasks": []}, token=JOIN)
+                               {"node": node, "devices": devs, "tasks": []}, token=CREDS[node])
 
 
 SMALL = {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "d_ff": 256,

@@ -38,7 +38,7 @@ class Cluster(tc.Cluster):
     def start_loomd(self):
         os.makedirs(os.path.join(self.tmp, "loomd"), exist_ok=True)
         self.loomd = subprocess.Popen(
-            [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
+            [os.path.join(BIN, "loomd"), "--auto-approve", "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
              os.path.join(self.tmp, "loomd"), "--node-timeout", str(self.node_timeout),
              "--hang-timeout", str(self.hang_timeout), "--heartbeat", "1",
              "--store-sync-full", "false"] + self.extra,

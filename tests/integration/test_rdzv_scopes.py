@@ -50,18 +50,23 @@ def wait_for(fn, secs, what):
     return loomtest.wait_for(fn, secs, what, step=0.05, exc=RuntimeError)
 
 
+CREDS = {}  # node -> the credential loomd issued at registration
+
+
 def register(url, node):
     st, r = call(url, "POST", "/v1/agent/register",
                  {"node": node, "kind": "cpu", "hostname": node,
                   "devices": [{"index": 0, "name": "cpu"}, {"index": 1, "name": "cpu"}]},
                  token=JOIN)
     check(st == 200, "register %s: %s %s" % (node, st, r))
+    CREDS[node] = r["credential"]
 
 
 def take_check(url, node, check_id):
     """The part of check_id handed to `node` (as its agent would get it)."""
     def poll():
-        st, r = call(url, "GET", "/v1/agent/checks?node=%s&wait_ms=1000" % node, token=JOIN)
+        st, r = call(url, "GET", "/v1/agent/checks?node=%s&wait_ms=1000" % node,
+                     token=CREDS[node])
         parts = [p for p in (r or {}).get("checks", []) if p.get("id") == check_id]
         return parts[0] if st == 200 and parts else None
     return wait_for(poll, 10, "the part of check " + check_id)
@@ -127,7 +132,8 @@ def scenario(url):
 
     # The check ends (its one part reports); its keys are gone.
     st, r = call(url, "POST", "/v1/agent/checks/" + ck["id"],
-                 {"node": "node-a", "ok": False, "error": "ended by the test"}, token=JOIN)
+                 {"node": "node-a", "ok": False, "error": "ended by the test"},
+                 token=CREDS["node-a"])
     check(st == 200, "report: %s %s" % (st, r))
     st, r = call(url, "GET", base + "/k1", token=tok)
     check(st == 403 and code(r) == "RDZV_FORBIDDEN", "after the end: %s %s" % (st, r))
@@ -141,7 +147,7 @@ def main():
     env = dict(os.environ, LOOM_ADMIN_TOKEN=ADMIN, LOOM_JOIN_TOKEN=JOIN)
     dd = os.path.join(tmp, "loomd")
     log = open(os.path.join(tmp, "log"), "ab")
-    p = subprocess.Popen([os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:0", "--data-dir",
+    p = subprocess.Popen([os.path.join(BIN, "loomd"), "--auto-approve", "--listen", "127.0.0.1:0", "--data-dir",
                           dd, "--store-sync-full", "false"], env=env, stdout=log,
                          stderr=subprocess.STDOUT)
     rc = 1

@@ -137,7 +137,7 @@ async function main() {
   const data = path.join(tmp, 'train_000.bin');
   writeShard(data, 65536);
   const dd = path.join(tmp, 'loomd');
-  start('loomd', ['--listen', '127.0.0.1:0', '--data-dir', dd, '--heartbeat', '1',
+  start('loomd', ['--auto-approve', '--listen', '127.0.0.1:0', '--data-dir', dd, '--heartbeat', '1',
     '--store-sync-full', 'false'], env);
   URL_ = (await waitFor(() => fs.existsSync(path.join(dd, 'loomd.addr')) &&
     fs.readFileSync(path.join(dd, 'loomd.addr'), 'utf8').trim(), 10000, 'loomd.addr'));
