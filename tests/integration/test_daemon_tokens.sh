@@ -3,7 +3,8 @@
 # POST /v1/tenants/{id}/tokens with name/scopes/expires_in_s, the listing
 # (never the token text or hash), 403 INSUFFICIENT_SCOPE for a read token on
 # submit/cancel, 401 TOKEN_EXPIRED after expiry, the admin scope only on the
-# tenant named "admin", bad fields refused, and the store holding hashes only.
+# tenant named "admin", bad fields refused, rotation (grace or at once), and
+# the store holding hashes only.
 # Usage: test_daemon_tokens.sh LOOMD
 set -u
 LOOMD=$1
@@ -132,6 +133,48 @@ st=$(req GET "/v1/tenants/$TEN/tokens" tok-admin)
 [ "$(jget '["items"].__len__()' <"$T/r.json")" = 5 ]; check "refused bodies issued nothing" $?
 st=$(req GET "/v1/tenants/t-000000000000/tokens" tok-admin)
 [ "$st" = 404 ] && code_is TENANT_NOT_FOUND; check "tokens of an unknown tenant: 404" $?
+
+# Rotation: a new secret with the same name and scopes; the old one is revoked
+# at once (grace_s 0, the default) or stays valid for the grace.
+st=$(req POST "/v1/tenants/$TEN/tokens" tok-admin '{"name":"rot","scopes":["read"]}')
+ROT=$(jget '["token"]' <"$T/r.json")
+ROT_ID=$(jget '["id"]' <"$T/r.json")
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT_ID/rotate" tok-admin '{"grace_s":6}')
+ROT2=$(jget '["token"]' <"$T/r.json")
+ROT2_ID=$(jget '["id"]' <"$T/r.json")
+[ "$st" = 201 ] && [ "$(jget '["name"]' <"$T/r.json")" = rot ] &&
+    [ "$(jget '["scopes"]' <"$T/r.json")" = "['read']" ] && [ "$ROT2" != "$ROT" ] &&
+    [ "$(jget '["rotated_from"]["id"]' <"$T/r.json")" = "$ROT_ID" ] &&
+    [ "$(jget '["rotated_from"]["revoked"]' <"$T/r.json")" = False ]
+check "rotate with grace 6 s: new secret, same name and scopes" $?
+s1=$(req GET /v1/jobs "$ROT")
+c1=$(jget '.get("error",{}).get("message")' <"$T/r.json")
+s2=$(req GET /v1/jobs "$ROT2")
+[ "$s1" = 200 ] && [ "$s2" = 200 ]
+check "both secrets work during the grace ($s1 $s2 $c1)" $?
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT2_ID/rotate" tok-admin '{"grace_s":-1}')
+[ "$st" = 422 ] && code_is INVALID_GRACE; check "grace_s -1: 422 INVALID_GRACE" $?
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT2_ID/rotate" tok-admin '{"grace_s":604801}')
+[ "$st" = 422 ] && code_is INVALID_GRACE; check "grace_s over a week: 422 INVALID_GRACE" $?
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT2_ID/rotate" tok-admin '{"grace":1}')
+[ "$st" = 422 ] && code_is UNKNOWN_FIELD; check "unknown rotation field: 422" $?
+[ "$(req GET /v1/jobs "$ROT2")" = 200 ]; check "refused rotations changed nothing" $?
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT_ID/rotate" "$FULL" '{}')
+[ "$st" = 403 ]; check "a tenant token cannot rotate: $st" $?
+sleep 6.2
+st=$(req GET /v1/jobs "$ROT")
+[ "$st" = 401 ] && code_is TOKEN_EXPIRED; check "old secret expired after the grace ($st)" $?
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT_ID/rotate" tok-admin '{}')
+[ "$st" = 404 ] && code_is TOKEN_NOT_FOUND; check "an expired token cannot be rotated" $?
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT2_ID/rotate" tok-admin)
+ROT3=$(jget '["token"]' <"$T/r.json")
+[ "$st" = 201 ] && [ "$(jget '["rotated_from"]["revoked"]' <"$T/r.json")" = True ]
+check "rotate without a body: old one revoked at once" $?
+st=$(req GET /v1/jobs "$ROT2")
+[ "$st" = 401 ] && code_is UNAUTHORIZED; check "the revoked secret gets 401 at once" $?
+[ "$(req GET /v1/jobs "$ROT3")" = 200 ]; check "the newest secret works" $?
+st=$(req POST "/v1/tenants/$TEN/tokens/$ROT2_ID/rotate" tok-admin '{}')
+[ "$st" = 404 ]; check "a revoked token cannot be rotated again" $?
 
 kill "$PID"
 wait "$PID"
