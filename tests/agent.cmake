@@ -32,6 +32,14 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
                      ${CMAKE_BINARY_DIR}/bin)
     set_tests_properties(integration.node_admission PROPERTIES LABELS "integration;sanitize"
                          SKIP_RETURN_CODE 77 TIMEOUT 180)
+    # Tenant isolation of every route in daemon/routes.c (a route without a
+    # row in the test's matrix fails it).
+    add_test(NAME integration.isolation_matrix
+             COMMAND ${Python3_EXECUTABLE}
+                     ${CMAKE_CURRENT_LIST_DIR}/integration/test_isolation_matrix.py
+                     ${CMAKE_BINARY_DIR}/bin ${CMAKE_SOURCE_DIR})
+    set_tests_properties(integration.isolation_matrix PROPERTIES LABELS "integration;sanitize"
+                         SKIP_RETURN_CODE 77 TIMEOUT 180)
     # The real loom-worker (tiny GPT-2 on the cpu backend) under agents. Not
     # in the sanitizer run: the engine's own tests cover its sanitizer state.
     foreach(sc real_worker real_worker_retry)

@@ -80,7 +80,8 @@ class Cluster:
             [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
              os.path.join(self.tmp, "loomd"), "--node-timeout", str(self.node_timeout),
              "--hang-timeout", str(self.hang_timeout), "--heartbeat", "1",
-             "--store-sync-full", "false"] + (["--auto-approve"] if self.auto_approve else []),
+             "--store-sync-full", "false"] + (["--auto-approve"] if self.auto_approve else []) +
+            list(getattr(self, "loomd_extra", [])),
             env=self.env, stdout=self.log("loomd"), stderr=subprocess.STDOUT)
         self.wait(lambda: self.get("/healthz", token=None)[0] == 200, 10, "loomd up")
 
