@@ -630,6 +630,13 @@ static int load_model(struct bpe *b, json_t *root, char *err, size_t errlen) {
         }
         b->unk_id = e->val;
     }
+    for (int c = 0; c < 256 && b->byte_fallback && !b->byte_level && b->unk_id < 0; c++)
+        if (!b->byte_ok[c]) {
+            ERR("%s: byte_fallback without an unk_token needs all 256 <0xAB> tokens; <0x%02X> "
+                "is missing",
+                b->path, c);
+            return -1;
+        }
     if (pairmap_init(&b->merges, json_array_size(merges)) != 0) goto oom;
     size_t r;
     json_array_foreach(merges, r, v) {
@@ -1071,9 +1078,14 @@ static size_t char_symbols(struct bpe_enc *e, const char *p, size_t n) {
             cl = 2;
         if (i + cl > n) cl = n - i;
         const struct sm_ent *t = strmap_find(&b->vocab, p + i, cl);
+        /* As the library: byte fallback only when every byte of the character has its
+         * <0xAB> token, else unk (a vocabulary may lack some). */
+        int bytes_ok = b->byte_fallback;
+        for (size_t j = 0; j < cl && bytes_ok; j++)
+            bytes_ok = b->byte_ok[(unsigned char)p[i + j]];
         if (t) {
             e->sym[k++] = t->val;
-        } else if (b->byte_fallback) {
+        } else if (bytes_ok) {
             for (size_t j = 0; j < cl; j++)
                 e->sym[k++] = b->byte_id[(unsigned char)p[i + j]];
         } else if (!(k > 0 && e->sym[k - 1] == (uint32_t)b->unk_id)) {
