@@ -59,9 +59,11 @@ if(TARGET loomd AND TARGET loomctl)
     add_test(NAME integration.daemon_tls
              COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_tls.sh
                      $<TARGET_FILE:loomd> $<TARGET_FILE:loomctl>
-                     $<$<TARGET_EXISTS:loom-agent>:$<TARGET_FILE:loom-agent>>)
+                     $<$<TARGET_EXISTS:loom-agent>:$<TARGET_FILE:loom-agent>>
+                     $<$<TARGET_EXISTS:loom-worker>:$<TARGET_FILE:loom-worker>>
+                     $<$<TARGET_EXISTS:loom-data>:$<TARGET_FILE:loom-data>>)
     set_tests_properties(integration.daemon_tls PROPERTIES LABELS "integration;sanitize"
-                         TIMEOUT 90 SKIP_RETURN_CODE 77)
+                         TIMEOUT 180 SKIP_RETURN_CODE 77)
     add_test(NAME integration.daemon_tokens
              COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_tokens.sh
                      $<TARGET_FILE:loomd>)

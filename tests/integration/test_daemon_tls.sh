@@ -4,12 +4,16 @@
 # must verify the server, plain HTTP on the port and a client without the CA
 # must fail, and bad key files must stop start-up with a message naming them.
 # With LOOM_AGENT, a loom-agent --ca registers over HTTPS and one without the
-# CA does not. Usage: test_daemon_tls.sh LOOMD LOOMCTL [LOOM_AGENT]. Exit 77 (not run) without curl,
+# CA does not. With LOOM_WORKER and LOOM_DATA too, a dp=2 job's two loom-worker ranks meet
+# through loomd's rendezvous over HTTPS and finish.
+# Usage: test_daemon_tls.sh LOOMD LOOMCTL [LOOM_AGENT [LOOM_WORKER LOOM_DATA]]. Exit 77 (not run) without curl,
 # openssl or a libmicrohttpd built with TLS.
 set -u
 LOOMD=$1
 LOOMCTL=$2
 AGENT=${3:-}
+WORKER=${4:-}
+LOOMDATA=${5:-}
 command -v curl >/dev/null 2>&1 || { echo "SKIP: no curl binary"; exit 77; }
 command -v openssl >/dev/null 2>&1 || { echo "SKIP: no openssl binary"; exit 77; }
 T=$(mktemp -d /tmp/loom-test-tls-XXXXXX)
@@ -91,7 +95,8 @@ check "loomctl without the CA: exit 3, certificate error (exit $r)" $?
 
 if [ -n "$AGENT" ]; then
     LOOM_JOIN_TOKEN=j "$AGENT" --coordinator "$URL" --ca "$T/ca.pem" --name tls-node \
-        --cpu-devices 1 --work-dir "$T/agent" --heartbeat-ms 200 --log-level warn \
+        --cpu-devices 2 --work-dir "$T/agent" --heartbeat-ms 200 --log-level warn \
+        ${WORKER:+--worker "$WORKER"} \
         >"$T/agent.log" 2>&1 &
     APID=$!
     LOOM_JOIN_TOKEN=j "$AGENT" --coordinator "$URL" --name no-ca-node --cpu-devices 1 \
@@ -113,6 +118,47 @@ if [ -n "$AGENT" ]; then
     grep -qi "certificate" "$T/agent2.log"; check "agent without the CA logs the certificate problem" $?
     "$LOOMCTL" --url "$URL" --token tls-admin --ca "$T/ca.pem" nodes >"$T/nodes.out" 2>&1
     ! grep -q no-ca-node "$T/nodes.out"; check "loom-agent without the CA is not registered" $?
+    if [ -n "$WORKER" ] && [ -n "$LOOMDATA" ]; then
+        # The workers' channel: two loom-worker ranks on tls-node meet through loomd's
+        # rendezvous over HTTPS (LOOM_RDZV is an https URL; they inherit LOOM_CA from
+        # the agent) and train to the end.
+        python3 -c "print(' '.join('loom trains over tls %d' % i for i in range(3000)))" \
+            >"$T/corpus.txt"
+        "$LOOMDATA" prepare --in "$T/corpus.txt" --out "$T/shards" >"$T/prep.log" 2>&1
+        check "loom-data prepare" $?
+        TEN=$("$LOOMCTL" --url "$URL" --token tls-admin --ca "$T/ca.pem" --json \
+            tenant-create tls-jobs --data-root "$T" | python3 -c \
+            'import json,sys; print(json.load(sys.stdin)["id"])')
+        TOK=$("$LOOMCTL" --url "$URL" --token tls-admin --ca "$T/ca.pem" --json \
+            token-create "$TEN" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+        cat >"$T/job.json" <<JOB
+{"name":"tls-dp2","model":{"family":"gpt2","n_layer":2,"n_head":2,"d_model":32,"d_ff":128,
+ "vocab_size":256,"seq_len":16},"data":{"train":"$T/shards/train_*.bin"},
+ "parallel":{"dp":2,"tp":1,"pp":1},"train":{"steps":4,"global_batch_tokens":128,
+ "micro_batch":4,"precision":"fp32"},"resources":{"device":"cpu","gpus_per_node":2},
+ "max_retries":0}
+JOB
+        LOOM_CA="$T/ca.pem" "$LOOMCTL" --url "$URL" --token "$TOK" --json submit "$T/job.json" \
+            >"$T/sub.json" 2>&1
+        JOBID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' \
+            "$T/sub.json" 2>/dev/null)
+        [ -n "$JOBID" ]; check "dp=2 job submitted over TLS ($JOBID)" $?
+        state=
+        i=0
+        while [ $i -lt 600 ]; do
+            state=$(LOOM_CA="$T/ca.pem" "$LOOMCTL" --url "$URL" --token "$TOK" --json get \
+                "$JOBID" 2>/dev/null | python3 -c \
+                'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null)
+            case "$state" in succeeded | failed | cancelled) break ;; esac
+            sleep 0.1
+            i=$((i + 1))
+        done
+        [ "$state" = succeeded ]; check "two workers met over HTTPS and finished ($state)" $?
+        if [ "$state" != succeeded ]; then
+            LOOM_CA="$T/ca.pem" "$LOOMCTL" --url "$URL" --token "$TOK" logs "$JOBID" --rank 0 \
+                --stream stderr 2>&1 | tail -20
+        fi
+    fi
     kill "$APID" "$APID2"
     wait "$APID" "$APID2" 2>/dev/null
 fi
