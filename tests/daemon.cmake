@@ -68,7 +68,7 @@ if(TARGET loomd AND TARGET loomctl)
              COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_tokens.sh
                      $<TARGET_FILE:loomd>)
     set_tests_properties(integration.daemon_tokens PROPERTIES LABELS "integration;sanitize"
-                         TIMEOUT 60 SKIP_RETURN_CODE 77)
+                         TIMEOUT 120 SKIP_RETURN_CODE 77)
     add_test(NAME integration.daemon_audit
              COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/integration/test_daemon_audit.sh
                      $<TARGET_FILE:loomd>)
