@@ -79,6 +79,14 @@ const struct config_entry loomd_config_table[] = {
      "seconds a long-poll waits at most"},
     {"hang-timeout", CONFIG_INT, OFF(hang_timeout), "600", 5, 86400,
      "seconds without a training step before an attempt counts as hung"},
+    {"preempt-below-priority", CONFIG_INT, OFF(preempt_below), "0", 0, 101,
+     "a job that does not set preemptible is preemptible when its priority is below this (0: "
+     "only jobs that ask)"},
+    {"preempt-min-runtime", CONFIG_INT, OFF(preempt_min_runtime), "300", 0, 86400,
+     "seconds a job runs before it may be preempted (again): anti-thrash"},
+    {"preempt-grace", CONFIG_INT, OFF(preempt_grace), "60", 1, 86400,
+     "seconds a preempted job has to checkpoint, on top of two of its steps and its "
+     "checkpoint-time estimate, before SIGKILL"},
     {"fair-share-half-life", CONFIG_INT, OFF(fair_share_half_life), "604800", 0, 315360000,
      "seconds for a tenant's past GPU-hours to weigh half in the fair-share order (0: off)"},
     {"nodecheck-on-join", CONFIG_BOOL, OFF(nodecheck_on_join), "false", 1, 0,
