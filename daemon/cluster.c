@@ -314,7 +314,9 @@ struct change {
     int64_t t0, t1;
     char node[64], model[96];
     int gpus;
-    double price; /* per GPU-hour for this row's model */
+    double price;      /* per GPU-hour for this row's model */
+    const char *cause; /* usage rows: supervise_bill_cause() (static) */
+    int billed;
     int result;
 };
 
@@ -433,7 +435,9 @@ static int apply_changes(struct store_tx *tx, void *arg) {
                                     .gpus = c->gpus,
                                     .t0 = c->t0,
                                     .t1 = c->t1,
-                                    .price = c->price};
+                                    .price = c->price,
+                                    .cause = c->cause,
+                                    .billed = c->billed};
             c->result = usage_insert(tx, &row);
             break;
         }
@@ -638,6 +642,8 @@ static void finalize_attempt(struct cluster *c, struct changes *cs, struct clust
         u->price = json_is_number(p) ? json_number_value(p) : cs->price;
         u->t0 = a->started_ms;
         u->t1 = now;
+        u->cause = supervise_bill_cause(a->stop_cause);
+        u->billed = usage_cause_billed(c->ld->cfg.bill_causes, u->cause);
     }
     struct change *e = ch_add(cs, CH_ATTEMPT_END, a->job_id);
     if (e) {

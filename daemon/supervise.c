@@ -37,6 +37,23 @@ const char *stop_cause_name(enum stop_cause cause) {
     return cause_names[cause];
 }
 
+const char *supervise_bill_cause(enum stop_cause cause) {
+    switch (cause) {
+    case STOP_PREEMPTED:
+        return "preempted";
+    case STOP_NODE_LOST:
+        return "node_lost";
+    case STOP_HANG:
+    case STOP_START_TIMEOUT:
+        return "hang";
+    case STOP_SUPERSEDED:
+    case STOP_NOT_RECORDED:
+        return "infra";
+    default:
+        return "user";
+    }
+}
+
 int supervise_node_expired(int64_t last_hb_ms, int64_t now_ms, long node_timeout_s) {
     return now_ms - last_hb_ms > (int64_t)node_timeout_s * 1000;
 }

@@ -107,6 +107,12 @@ int supervise_is_failure(enum stop_cause cause);
  * "failed". */
 const char *supervise_end_state(enum stop_cause cause, int all_exited_ok);
 
+/* Who an attempt's end is attributed to, for billing: "user" (it succeeded,
+ * failed by its own exit, was cancelled or hit its time limit), "preempted",
+ * "node_lost", "hang" (no progress, or never started) or "infra" (loomd
+ * stopped it: superseded, placement not recorded). */
+const char *supervise_bill_cause(enum stop_cause cause);
+
 /* Stable lower-case name of a cause ("rank_failed"), for logs and tests. */
 const char *stop_cause_name(enum stop_cause cause);
 

@@ -7,6 +7,13 @@ if(TARGET loom_daemon)
     loom_warnings(test_store)
     add_test(NAME unit.store COMMAND test_store)
     set_tests_properties(unit.store PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+
+    # Billing: hour-cut usage rows, end causes and the --bill-causes policy.
+    add_executable(test_billing ${CMAKE_CURRENT_LIST_DIR}/unit/test_billing.c)
+    target_link_libraries(test_billing PRIVATE loom_daemon)
+    loom_warnings(test_billing)
+    add_test(NAME unit.billing COMMAND test_billing)
+    set_tests_properties(unit.billing PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
 endif()
 
 # Integration: the real loomd driven with libcurl.

@@ -213,6 +213,21 @@ def sc_preempt(c):
           "a job.preempted event names the high job: %s %s" % (st, e))
     jh = c.job(hid, token=other_token)
     check(jh["started_at"] < j["finished_at"], "the high job ran before the low one finished")
+    # Billing: the preempted attempt is billed once, under cause "preempted",
+    # and the CSV invoice has a line per month, tenant and GPU type.
+    st, u = c.get("/v1/usage?group_by=cause")
+    causes = {r["key"]: r for r in u.get("rows", [])} if st == 200 else {}
+    check("preempted" in causes and "user" in causes and causes["preempted"]["cost"] > 0,
+          "usage by cause shows the billed preempted attempt: %s %s" % (st, u))
+    st, csv = c.get("/v1/usage?format=csv", token=ADMIN)
+    lines = csv.strip().splitlines() if st == 200 and isinstance(csv, str) else []
+    check(lines and lines[0] == "month,tenant,gpu_type,currency,gpu_hours,billed_gpu_hours,cost"
+          and any(("," + c.tenant + ",") in ln for ln in lines[1:]) and
+          any(("," + other + ",") in ln for ln in lines[1:]),
+          "CSV invoice lists both tenants: %s %r" % (st, csv))
+    st, r = c.get("/v1/usage?format=xml")
+    check(st == 400 and r["error"]["code"] == "INVALID_FORMAT" and "xml" in r["error"]["message"],
+          "format=xml refused: %s %s" % (st, r))
     got = losses(c, jid)
     check(sorted(got) == list(range(1, 201)), "every step recorded once: %d steps" % len(got))
     diff = [s for s in want if got.get(s) != want[s]]
