@@ -604,15 +604,50 @@ int api_jobs_events(struct http_req *req) {
 
 /* ---------------- plan ---------------- */
 
+/* model.init_from resolved as at submit (daemon/initfrom.h), so a plan of
+ * {"model": {"init_from": DIR}} has the directory's sizes. Only for a
+ * tenant's token (its data roots and jobs); the admin's plan is as given.
+ * 0 with *body a new reference, or -1 after replying. */
+static int plan_body(struct http_req *req, json_t **body) {
+    *body = NULL;
+    if (!req->tenant_id[0]) {
+        *body = json_incref(req->json);
+        return 0;
+    }
+    struct roots roots = {0};
+    struct loom_error err;
+    memset(&err, 0, sizeof err);
+    if (load_roots(req, &roots) != 0) {
+        free(roots.buf);
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
+        return -1;
+    }
+    int configured = !(roots.n == 1 && !strcmp(roots.v[0], "/") &&
+                       !(req->ld->cfg.data_roots && *req->ld->cfg.data_roots));
+    struct initfrom_ctx ic = {.st = req->ld->store,
+                              .tenant_id = req->tenant_id,
+                              .roots = roots.v,
+                              .nroots = roots.n,
+                              .strict = configured && submitcheck_roots_visible(roots.v, roots.n)};
+    int rc = initfrom_resolve(&ic, req->json, body, &err);
+    free(roots.buf);
+    if (rc != 0) reply_spec_error(req, &err);
+    return rc;
+}
+
 int api_jobs_plan(struct http_req *req) {
     struct planner_cluster c;
     struct planner_fleet f;
     struct loom_error err;
+    json_t *body = NULL;
     memset(&err, 0, sizeof err);
+    if (plan_body(req, &body) != 0) return 0;
     nodes_fleet(req->ld, &f);
-    if (known_cluster(req->ld, req->json, &f, &c, &err) != 0) return reply_spec_error(req, &err);
+    int rc = known_cluster(req->ld, body, &f, &c, &err);
     json_t *out = NULL;
-    if (planner_plan_json(req->json, &c, &out, &err) != 0) return reply_spec_error(req, &err);
+    if (rc == 0) rc = planner_plan_json(body, &c, &out, &err);
+    json_decref(body);
+    if (rc != 0) return reply_spec_error(req, &err);
     /* cost on each GPU type of the cluster and the cheapest that fits it as given */
     struct loom_spec s;
     if (jobspec_parse(&s, json_object_get(out, "spec"), JOBSPEC_FOR_PLAN, &err) == 0) {

@@ -143,6 +143,17 @@ def sc_hf(c):
           "first loss %s, torch reference %s" % (got[1], ref))
     check(got[2] < got[1], "the second step learned: %s" % got)
 
+    # /v1/plan reads the directory too: its echoed spec and memory estimate have the sizes
+    st, r = c.request("POST", "/v1/plan", {"model": {"init_from": llama, "seq_len": SEQ},
+                                           "resources": {"device": "cpu"}})
+    check(st == 200 and r["spec"]["model"].get("d_model") == cfg["hidden_size"] and
+          r["spec"]["model"].get("n_kv_head") == cfg["num_key_value_heads"],
+          "plan of init_from only: %s %s" % (st, r))
+    st, r = c.request("POST", "/v1/plan", {"model": {"init_from": llama, "n_layer": 5},
+                                           "resources": {"device": "cpu"}})
+    check(st == 422 and r["error"]["code"] == "INIT_FROM_MISMATCH", "plan mismatch: %s %s"
+          % (st, r))
+
     # a spec stating sizes that agree is accepted as it was before (cancelled at once)
     st, r = submit(c, spec(c, {"init_from": llama, "family": "llama", "n_layer": 2,
                                "d_model": cfg["hidden_size"], "seq_len": SEQ}, steps=1))
