@@ -40,9 +40,9 @@ int hf_config_parse(const char *path, struct model_config *c, enum hf_arch *arch
 struct hf_model_source {
     const struct model_config *cfg; /* the shape */
     const char *what;               /* for messages: "/m/llama/config.json", "job j-1" */
-    int max_seq;   /* most positions (HF: cfg->seq_len); 0: no limit (RoPE fork) */
-    int exact_seq; /* learned positions: seq_len must equal cfg->seq_len (gpt2) */
-    int def_seq;   /* seq_len when the spec gives none */
+    int max_seq;                    /* most positions (HF: cfg->seq_len); 0: no limit (RoPE fork) */
+    int exact_seq;                  /* learned positions: seq_len must equal cfg->seq_len (gpt2) */
+    int def_seq;                    /* seq_len when the spec gives none */
 };
 
 /* The explicit spec "model" object (family, n_layer, n_head, n_kv_head,
