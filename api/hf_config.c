@@ -281,6 +281,7 @@ void hf_model_source_init(struct hf_model_source *src, const struct model_config
         .max_seq = c->seq_len,
         .exact_seq = gpt2,
         .def_seq = gpt2 || c->seq_len < HF_SPEC_SEQ_DEFAULT ? c->seq_len : HF_SPEC_SEQ_DEFAULT,
+        .seq_code = LOOM_E_HF_CONFIG_UNSUPPORTED,
     };
 }
 
@@ -395,14 +396,14 @@ json_t *jobspec_model_from(const struct hf_model_source *src, const json_t *spec
     json_t *sl = json_object_get(spec_model, "seq_len");
     json_int_t seq = json_is_integer(sl) ? json_integer_value(sl) : src->def_seq;
     if (src->exact_seq && seq != c->seq_len) {
-        loom_err(e, LOOM_E_HF_CONFIG_UNSUPPORTED, "model.seq_len",
+        loom_err(e, src->seq_code, "model.seq_len",
                  "model.seq_len=%lld: a gpt2 model from %s keeps its %d learned positions, so "
                  "seq_len must be %d",
                  (long long)seq, src->what, c->seq_len, c->seq_len);
         return NULL;
     }
     if (src->max_seq > 0 && seq > src->max_seq) {
-        loom_err(e, LOOM_E_HF_CONFIG_UNSUPPORTED, "model.seq_len",
+        loom_err(e, src->seq_code, "model.seq_len",
                  "model.seq_len=%lld exceeds the %d positions of %s", (long long)seq, src->max_seq,
                  src->what);
         return NULL;

@@ -43,6 +43,9 @@ struct hf_model_source {
     int max_seq;                    /* most positions (HF: cfg->seq_len); 0: no limit (RoPE fork) */
     int exact_seq;                  /* learned positions: seq_len must equal cfg->seq_len (gpt2) */
     int def_seq;                    /* seq_len when the spec gives none */
+    /* the code of a seq_len the source cannot take: HF_CONFIG_UNSUPPORTED
+     * (a directory's positions), INIT_FROM_MISMATCH (a parent job's) */
+    enum loom_errcode seq_code;
 };
 
 /* The explicit spec "model" object (family, n_layer, n_head, n_kv_head,

@@ -191,7 +191,8 @@ static int resolve_job(const struct initfrom_ctx *c, json_t *body, json_t *model
                                 .what = what,
                                 .max_seq = 0,
                                 .exact_seq = ps->model.pos == MODEL_POS_LEARNED,
-                                .def_seq = ps->model.seq_len};
+                                .def_seq = ps->model.seq_len,
+                                .seq_code = LOOM_E_INIT_FROM_MISMATCH};
     json_t *m = jobspec_model_from(&s, model, e);
     if (!m) goto out;
     char ckpt[JOBSPEC_PATH_MAX], name[JOBSPEC_PATH_MAX];

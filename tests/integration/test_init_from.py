@@ -239,6 +239,23 @@ def sc_fork(c):
     check(abs(l1 - plosses[2]) <= 1e-6 * abs(plosses[2]),
           "fork@1 first loss %s != parent step 2 loss %s" % (l1, plosses[2]))
 
+    # a parent trained from a random init (no HF source): the shape is its spec's; gpt2 keeps
+    # its learned positions, so a fork may not change seq_len
+    g = {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "vocab_size": 300,
+         "seq_len": SEQ}
+    gp = run_ok(c, spec(c, g, steps=2, name="gpt2-parent"), "gpt2 parent")
+    gl = losses(c, gp["id"])
+    gf = run_ok(c, spec(c, {"init_from": "job:%s@1" % gp["id"]}, steps=1, name="gpt2-fork"),
+                "gpt2 fork")
+    check("init_hf" not in gf["spec"]["model"] and gf["spec"]["model"]["d_ff"] == 256,
+          "gpt2 fork model: %s" % gf["spec"]["model"])
+    l1 = losses(c, gf["id"])[1]
+    print("gpt2 fork of %s@1: first loss %.7f, parent's step-2 loss %.7f" % (gp["id"], l1, gl[2]))
+    check(abs(l1 - gl[2]) <= 1e-6 * abs(gl[2]), "gpt2 fork %s != parent step 2 %s" % (l1, gl[2]))
+    refused(c, spec(c, {"init_from": "job:" + gp["id"], "seq_len": 2 * SEQ}), 422,
+            "INIT_FROM_MISMATCH", ("learned positions", "seq_len must be %d" % SEQ),
+            what="gpt2 fork seq_len")
+
     refused(c, spec(c, {"init_from": "job:%s@7" % pid}), 409, "CHECKPOINT_NOT_FOUND",
             ("step 7", "1, 2"), what="unsaved step")
     refused(c, spec(c, {"init_from": "job:" + pid, "n_layer": 4}), 422, "INIT_FROM_MISMATCH",
