@@ -111,3 +111,12 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET fake_worker)
     set_tests_properties(integration.daemon_abuse_limits PROPERTIES LABELS "integration;sanitize"
                          SKIP_RETURN_CODE 77 TIMEOUT 60)
 endif()
+
+# The straggler / comm-bound diagnosis (daemon/diagnose.c): pure, compiled alone.
+add_executable(test_diagnose ${CMAKE_CURRENT_LIST_DIR}/unit/test_diagnose.c
+               ${CMAKE_SOURCE_DIR}/daemon/diagnose.c)
+target_include_directories(test_diagnose PRIVATE ${CMAKE_SOURCE_DIR})
+target_link_libraries(test_diagnose PRIVATE PkgConfig::JANSSON m)
+loom_warnings(test_diagnose)
+add_test(NAME unit.diagnose COMMAND test_diagnose)
+set_tests_properties(unit.diagnose PROPERTIES LABELS "unit;sanitize")
