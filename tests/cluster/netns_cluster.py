@@ -353,7 +353,9 @@ def sc_nodeloss(run):
             return st == 200 and any(p["step"] >= n for p in m["series"])
 
         c.wait(lambda: step_at_least(9), 40, "step 9")
-        victim = placement_nodes(c.job(jid))[1]
+        placed = placement_nodes(c.job(jid))
+        check_worker_env(run, c, placed)
+        victim = placed[1]
         vi = int(victim[4:])
         t0 = time.time()
         sh("ip", "-n", run.net["hosts"][vi], "link", "set", "eth0", "down")
@@ -380,6 +382,43 @@ def sc_nodeloss(run):
         c.close()
         sh("ip", "-n", run.net["hosts"][3], "link", "set", "eth0", "up", check=False)
         sh("ip", "-n", run.net["hosts"][2], "link", "set", "eth0", "up", check=False)
+
+
+def worker_env(ns):
+    """The environments of the loom-worker processes in host namespace ns."""
+    out = []
+    for p in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        try:
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                if not f.read().split(b"\0")[0].endswith(b"loom-worker"):
+                    continue
+            with open("/proc/%s/environ" % p, "rb") as f:
+                env = dict(kv.split("=", 1) for kv in f.read().decode().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        out.append(env)
+    return out
+
+
+def check_worker_env(run, c, placed):
+    """Each rank listens on its own host's address, knows rank 0's, and
+    loomd's desired set carries rank 0's address (master_addr)."""
+    addr0 = run.net["addrs"][int(placed[0][4:])]
+    for rank, node in placed.items():
+        i = int(node[4:])
+        envs = [e for e in worker_env(run.net["hosts"][i]) if e.get("LOOM_RANK") == str(rank)]
+        check(envs, "no worker of rank %d on %s" % (rank, node))
+        e = envs[0]
+        check(e.get("LOOM_COMM_HOST") == run.net["addrs"][i],
+              "rank %d listens on %s, want %s" % (rank, e.get("LOOM_COMM_HOST"),
+                                                  run.net["addrs"][i]))
+        check(e.get("LOOM_MASTER_ADDR") == addr0,
+              "rank %d: LOOM_MASTER_ADDR %s, want %s" % (rank, e.get("LOOM_MASTER_ADDR"), addr0))
+        check(e.get("LOOM_RANK_STEPS") == "1", "rank %d: LOOM_RANK_STEPS unset" % rank)
+        st, a = c.request("GET", "/v1/agent/assignments?node=%s" % node, token=JOIN)
+        check(st == 200 and all(t.get("master_addr") == addr0 for t in a["tasks"]),
+              "assignments of %s: %s %s" % (node, st, a))
+    print("  workers listen on their host's address; LOOM_MASTER_ADDR=%s" % addr0)
 
 
 def diag_events(c, jid, code):
