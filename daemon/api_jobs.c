@@ -345,6 +345,11 @@ int api_jobs_submit(struct http_req *req) {
         reply_spec_error(req, &err);
         goto out;
     }
+    /* A job that does not say whether it may be preempted is preemptible
+     * below the cluster's threshold (--preempt-below-priority); the stored
+     * spec records the answer. */
+    if (!json_object_get(req->json, "preemptible") && spec->priority < req->ld->cfg.preempt_below)
+        spec->preemptible = 1;
     canon = jobspec_dumps(spec);
     if (!canon) {
         API_ERROR(req, INTERNAL, "out of memory");
