@@ -13,6 +13,9 @@ Scenarios:
               same priority starts before its earlier-submitted job.
   after       `after` holds a job until its dependencies succeed; a failed
               dependency fails the dependent job with DEPENDENCY_FAILED <id>.
+  array       an `array` of 3 learning rates makes 3 jobs labelled with one
+              array id; a bad member stores nothing; another tenant cannot
+              cancel it; POST /v1/arrays/{id}/cancel cancels all 3.
   preempt     the real cpu loom-worker on one device: a preemptible low-
               priority job runs, another tenant's high-priority job arrives;
               the low one checkpoints within its grace and is requeued
@@ -168,6 +171,45 @@ def sc_after(c):
     check(c.job(dep).get("started_at") is None, "the dependent job never started")
 
 
+def sc_array(c):
+    st, lst = c.get("/v1/jobs")
+    before = len(lst["items"])
+    st, r = c.request("POST", "/v1/jobs", spec_of(c, steps=400, step_ms=100,
+                                                  array={"model.n_layer": [2, 0]}))
+    check(st == 422 and "model.n_layer" in json.dumps(r), "a bad member is refused: %s %s" %
+          (st, r))
+    st, lst = c.get("/v1/jobs")
+    check(len(lst["items"]) == before, "the refused array stored nothing")
+    st, r = c.request("POST", "/v1/jobs", spec_of(c, steps=400, step_ms=100,
+                                                  array={"train.lr": [1e-4, 3e-4, 1e-3]}))
+    check(st == 201 and r["array_id"].startswith("a-") and len(r["items"]) == 3,
+          "an array of 3 makes 3 jobs: %s %s" % (st, r))
+    aid = r["array_id"]
+    ids = [j["id"] for j in r["items"]]
+    lrs = []
+    for i, jid in enumerate(ids):
+        j = c.job(jid)
+        lrs.append(j["spec"]["train"]["lr"])
+        check(j["labels"].get("loom.array") == aid and j["labels"].get("loom.array_index") ==
+              str(i) and "array" not in j["spec"], "member %d labelled, no array key: %s" % (i, j))
+    check(lrs == [1e-4, 3e-4, 1e-3], "each member has its value: %s" % lrs)
+    st, lst = c.get("/v1/jobs?label=loom.array=" + aid)
+    check(st == 200 and sorted(j["id"] for j in lst["items"]) == sorted(ids),
+          "the array lists by its label: %s" % lst)
+    c.wait_state(ids[0], ("running",), 20)
+    other, other_token = c.new_tenant("beta")
+    st, r = c.request("POST", "/v1/arrays/%s/cancel" % aid, {}, token=other_token)
+    check(st == 404, "another tenant cannot cancel it: %s %s" % (st, r))
+    check(all(c.job(j)["state"] in ("queued", "starting", "running") for j in ids),
+          "nothing was cancelled by the other tenant")
+    st, r = c.request("POST", "/v1/arrays/a-000000000000/cancel", {})
+    check(st == 404 and r["error"]["code"] == "NOT_FOUND", "unknown array: %s %s" % (st, r))
+    st, r = c.request("POST", "/v1/arrays/%s/cancel" % aid, {})
+    check(st == 200 and r["jobs"] == 3, "cancel the array: %s %s" % (st, r))
+    for jid in ids:
+        c.wait_state(jid, ("cancelled",), 20)
+
+
 def losses(c, jid, token="tenant"):
     st, m = c.get("/v1/jobs/%s/metrics" % jid, token=token)
     check(st == 200, "metrics of %s: %s %s" % (jid, st, m))
@@ -261,7 +303,7 @@ def sc_fair_share(c):
 
 
 SCENARIOS = {"qos": sc_qos, "time_limit": sc_time_limit, "after": sc_after,
-             "fair_share": sc_fair_share, "preempt": sc_preempt}
+             "fair_share": sc_fair_share, "preempt": sc_preempt, "array": sc_array}
 
 
 def main():
