@@ -380,8 +380,8 @@ def sc_nodeloss(run):
         run.curve_matches(c, jid, steps, "dp2 across a node loss")
     finally:
         c.close()
-        sh("ip", "-n", run.net["hosts"][3], "link", "set", "eth0", "up", check=False)
-        sh("ip", "-n", run.net["hosts"][2], "link", "set", "eth0", "up", check=False)
+        for h in run.net["hosts"][1:]:  # whichever host lost its link gets it back
+            sh("ip", "-n", h, "link", "set", "eth0", "up", check=False)
 
 
 def worker_env(ns):
