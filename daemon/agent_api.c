@@ -317,7 +317,13 @@ static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, lon
                      const json_t *rec, json_t *notes) {
     double st, cp, cm;
     if (a->world < 2 || diag_times(rec, &st, &cp, &cm) != 0) return;
-    if (!a->diag && !(a->diag = diag_new(a->world))) return;
+    if (!a->diag) {
+        /* peers: the ranks of one pipeline stage (dp x tp, tp fastest then dp) */
+        const json_t *par = json_object_get(a->spec, "parallel");
+        long pp = (long)json_integer_value(json_object_get(par, "pp"));
+        a->diag = diag_new(a->world, pp > 1 ? a->world / (int)pp : a->world);
+        if (!a->diag) return;
+    }
     struct diag_finding f[4];
     int n = diag_add(a->diag, step, rank, st, cp, cm, f, 4);
     for (int i = 0; i < n; i++) {

@@ -13,6 +13,7 @@ struct diag_slot {
 
 struct diag {
     int world;
+    int group; /* ranks per peer group (pipeline stage) */
     long next; /* the next step to judge; -1 before the first record */
     struct diag_slot slots[DIAG_SLOTS];
     int *slow_streak;   /* per rank */
@@ -21,11 +22,12 @@ struct diag {
     double *scratch; /* world values */
 };
 
-struct diag *diag_new(int world) {
+struct diag *diag_new(int world, int group) {
     if (world < 1) return NULL;
     struct diag *d = calloc(1, sizeof *d);
     if (!d) return NULL;
     d->world = world;
+    d->group = group > 0 && group < world ? group : world;
     d->next = -1;
     size_t w = (size_t)world;
     int ok = (d->slow_streak = calloc(w, sizeof(int))) &&
@@ -85,10 +87,11 @@ static void break_streaks(struct diag *d) {
 static int judge(struct diag *d, const struct diag_slot *s, struct diag_finding *out, int max) {
     int n = 0, W = d->world;
     if (W < 2) return 0; /* nothing to compare, no communication */
-    for (int r = 0; r < W; r++) {
-        int k = 0;
-        for (int j = 0; j < W; j++)
+    for (int r = 0; r < W && d->group > 1; r++) {
+        int k = 0, g0 = r / d->group * d->group;
+        for (int j = g0; j < g0 + d->group && j < W; j++)
             if (j != r) d->scratch[k++] = s->compute_ms[j];
+        if (k == 0) continue;
         double peer = median(d->scratch, k);
         double c = s->compute_ms[r];
         double floor = DIAG_MIN_GAP_FRAC * s->step_ms[r];

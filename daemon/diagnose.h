@@ -10,7 +10,7 @@
  * show the same gap as communication wait. Hence the rules, judged on each
  * step once every rank has reported it, in step order:
  *   STRAGGLER rank r  compute_r > DIAG_STRAGGLER_RATIO x the median compute
- *                     of the other ranks, and by at least DIAG_MIN_GAP_MS and
+ *                     of the other ranks of its pipeline stage, and by at least DIAG_MIN_GAP_MS and
  *                     DIAG_MIN_GAP_FRAC of its step (scheduling noise on
  *                     millisecond steps is not a straggler), for DIAG_STREAK
  *                     consecutive steps;
@@ -49,9 +49,13 @@ struct diag_finding {
 
 struct diag;
 
-/* A new state for `world` ranks (NULL when out of memory or world < 1).
- * diag_free accepts NULL. */
-struct diag *diag_new(int world);
+/* A new state for `world` ranks whose peers come in groups of `group`
+ * consecutive ranks: the ranks of one pipeline stage (dp x tp of them, the
+ * layout's order), which do the same work; stages differ by design (the last
+ * one holds the classifier), so a rank is compared with its own stage only
+ * and a stage of one rank is never a straggler. group <= 0 or >= world: one
+ * group. NULL when out of memory or world < 1. diag_free accepts NULL. */
+struct diag *diag_new(int world, int group);
 void diag_free(struct diag *d);
 
 /* Adds rank's timing for `step`. Judges every step that is now complete (in

@@ -36,10 +36,11 @@ struct tcase {
     int skip_rank, skip_step; /* a record that never arrives (skip_step 0: none) */
     int nexp;
     struct expect exp[3];
+    int group; /* ranks per pipeline stage (0: all one group) */
 };
 
 static const struct tcase cases[] = {
-    {"equal ranks", 2, 20, 50, -1, 0, 0, 1, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}},
+    {"equal ranks", 2, 20, 50, -1, 0, 0, 1, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
     {"rank 1 twice as slow for 5 steps",
      2,
      12,
@@ -53,8 +54,9 @@ static const struct tcase cases[] = {
      0,
      0,
      1,
-     {{DIAG_STRAGGLER, 1, 7}}},
-    {"slow for 4 steps only", 2, 12, 40, 1, 3, 6, 2.0, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}},
+     {{DIAG_STRAGGLER, 1, 7}},
+     0},
+    {"slow for 4 steps only", 2, 12, 40, 1, 3, 6, 2.0, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
     {"slow for 12 steps: reported once",
      2,
      14,
@@ -68,8 +70,9 @@ static const struct tcase cases[] = {
      0,
      0,
      1,
-     {{DIAG_STRAGGLER, 0, 5}}},
-    {"1.29x: below the ratio", 2, 10, 40, 1, 1, 10, 1.29, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}},
+     {{DIAG_STRAGGLER, 0, 5}},
+     0},
+    {"1.29x: below the ratio", 2, 10, 40, 1, 1, 10, 1.29, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
     {"1.31x: above the ratio",
      2,
      10,
@@ -83,9 +86,10 @@ static const struct tcase cases[] = {
      0,
      0,
      1,
-     {{DIAG_STRAGGLER, 1, 5}}},
+     {{DIAG_STRAGGLER, 1, 5}},
+     0},
     /* 3 ms against 1 ms: 3x, but 2 ms is under 5% of a 100 ms step */
-    {"gap under the noise floor", 2, 10, 1, 1, 1, 10, 3.0, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}},
+    {"gap under the noise floor", 2, 10, 1, 1, 1, 10, 3.0, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
     {"world 4: the peers' median",
      4,
      10,
@@ -99,7 +103,8 @@ static const struct tcase cases[] = {
      0,
      0,
      1,
-     {{DIAG_STRAGGLER, 2, 5}}},
+     {{DIAG_STRAGGLER, 2, 5}},
+     0},
     {"comm-bound on every rank",
      2,
      10,
@@ -113,8 +118,9 @@ static const struct tcase cases[] = {
      0,
      0,
      1,
-     {{DIAG_COMM_BOUND, 0, 5}}},
-    {"exactly 20%: not above", 2, 10, 30, -1, 0, 0, 1, {0.2, 0.2}, BY_STEP, 0, 0, 0, {{0}}},
+     {{DIAG_COMM_BOUND, 0, 5}},
+     0},
+    {"exactly 20%: not above", 2, 10, 30, -1, 0, 0, 1, {0.2, 0.2}, BY_STEP, 0, 0, 0, {{0}}, 0},
     /* a straggler's peer waits, the straggler does not: not comm-bound */
     {"one rank waiting is not comm-bound",
      2,
@@ -129,7 +135,8 @@ static const struct tcase cases[] = {
      0,
      0,
      1,
-     {{DIAG_STRAGGLER, 1, 5}}},
+     {{DIAG_STRAGGLER, 1, 5}},
+     0},
     {"both findings",
      2,
      10,
@@ -143,7 +150,8 @@ static const struct tcase cases[] = {
      0,
      0,
      2,
-     {{DIAG_STRAGGLER, 1, 5}, {DIAG_COMM_BOUND, 1, 5}}},
+     {{DIAG_STRAGGLER, 1, 5}, {DIAG_COMM_BOUND, 1, 5}},
+     0},
     {"rank-major arrival",
      2,
      10,
@@ -157,7 +165,8 @@ static const struct tcase cases[] = {
      0,
      0,
      1,
-     {{DIAG_STRAGGLER, 1, 5}}},
+     {{DIAG_STRAGGLER, 1, 5}},
+     0},
     /* step 4 of rank 0 never arrives: judging waits until step 4 + DIAG_SLOTS
      * arrives, then gives it up; the streak restarts after the gap (judged
      * then: steps 5..9) */
@@ -174,19 +183,53 @@ static const struct tcase cases[] = {
      0,
      4,
      1,
-     {{DIAG_STRAGGLER, 1, 4 + DIAG_STREAK}}},
-    {"world 1: nothing to compare", 1, 10, 40, 0, 1, 10, 3.0, {0.9}, BY_STEP, 0, 0, 0, {{0}}},
+     {{DIAG_STRAGGLER, 1, 4 + DIAG_STREAK}},
+     0},
+    /* pp2 x dp2: stage 1 (ranks 2, 3) holds the classifier and is slower by
+     * design; only rank 3, slow against its stage peer 2, is a straggler */
+    {"pp stages compared within themselves",
+     4,
+     10,
+     30,
+     3,
+     1,
+     10,
+     1.5,
+     {0.1, 0.1, 0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 3, 5}},
+     2},
+    {"a stage of one rank has no peers",
+     2,
+     10,
+     30,
+     1,
+     1,
+     10,
+     3.0,
+     {0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     0,
+     {{0}},
+     1},
+    {"world 1: nothing to compare", 1, 10, 40, 0, 1, 10, 3.0, {0.9}, BY_STEP, 0, 0, 0, {{0}}, 0},
 };
 
 static void times(const struct tcase *c, int step, int rank, double *st, double *cp, double *cm) {
     *st = STEP_MS;
     *cp = c->compute;
+    if (c->group > 0 && rank >= c->group) *cp *= 2; /* the later stage: more work by design */
     if (rank == c->slow_rank && step >= c->slow_from && step <= c->slow_to) *cp *= c->factor;
     *cm = c->comm[rank] * STEP_MS;
 }
 
 static void run_case(const struct tcase *c) {
-    struct diag *d = diag_new(c->world);
+    struct diag *d = diag_new(c->world, c->group);
     CHECK(d != NULL, "%s: diag_new", c->name);
     if (!d) return;
     struct diag_finding got[16];
@@ -251,7 +294,7 @@ static void test_advice(void) {
 int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case(&cases[i]);
-    CHECK(diag_new(0) == NULL, "world 0");
+    CHECK(diag_new(0, 0) == NULL, "world 0");
     diag_free(NULL);
     test_times();
     test_advice();
