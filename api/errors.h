@@ -31,6 +31,7 @@
     X(INVALID_NODE_NAME, 400, "agent: the node name is missing or malformed")                      \
     X(INVALID_DEVICE_KIND, 400, "agent: kind is not cuda or cpu")                                  \
     X(INVALID_DEVICES, 400, "agent: devices is not an array of at most 64")                        \
+    X(INVALID_COMM_ADDR, 400, "agent: comm_addr/comm_iface is too long or has odd characters")     \
     X(INVALID_METRICS, 400, "agent: metrics items is not an array")                                \
     X(INVALID_LOG_CHUNK, 400, "agent: a log chunk is malformed")                                   \
     X(UNAUTHORIZED, 401, "missing, unknown, expired or revoked token")                             \
