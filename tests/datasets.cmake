@@ -16,3 +16,15 @@ if(TARGET loom-worker)
     set_tests_properties(integration.datasets.masked_loss PROPERTIES LABELS "integration;sanitize"
                          SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
+
+# Tokenizing inside a job: loom-stage (the agent's staging step) tokenizes jsonl, completion
+# and webdataset data (tars made by Python's tarfile) into the node cache before the worker
+# starts; ids against a byte-level tokenizer written by the test, the cache reused by a second
+# job, 1 and 2 threads equal, bad records fail the job (tests/datasets/stage_tokenize_test.py).
+if(TARGET loom-stage)
+    add_test(NAME integration.datasets.stage_tokenize
+             COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/datasets/stage_tokenize_test.py
+                     $<TARGET_FILE:loom-stage>)
+    set_tests_properties(integration.datasets.stage_tokenize PROPERTIES
+                         LABELS "integration;sanitize" TIMEOUT 120)
+endif()
