@@ -664,6 +664,29 @@ int data_loader_batch(const struct data_loader *dl, int64_t step, int micro_step
     return rc;
 }
 
+int64_t data_loader_step_loss_tokens(const struct data_loader *dl, int64_t step) {
+    const int T = dl->o.T;
+    int64_t n = 0;
+    if (step < 0) return -1;
+    for (int m = 0; m < dl->o.grad_accum; m++)
+        for (int r = 0; r < dl->o.dp_size; r++)
+            for (int b = 0; b < dl->o.B; b++) {
+                int64_t g = data_loader_sample(dl, step, m, r, b);
+                size_t si = shard_of(dl, g);
+                const struct data_shard *s = &dl->shards[si];
+                if (!s->mask) {
+                    n += T;
+                    continue;
+                }
+                /* the mask bytes of the window's targets (its tokens 1..T) */
+                const unsigned char *mk =
+                    s->mask + DATA_HEADER_BYTES + (uint64_t)(g - dl->first[si]) * (uint64_t)T + 1;
+                for (int t = 0; t < T; t++)
+                    n += mk[t] != 0;
+            }
+    return n;
+}
+
 /* ---- position -------------------------------------------------------------- */
 
 void data_loader_position(const struct data_loader *dl, int64_t step, struct data_position *pos) {

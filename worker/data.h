@@ -148,6 +148,11 @@ uint64_t data_loader_tokens(const struct data_loader *dl);
 size_t data_loader_num_shards(const struct data_loader *dl);
 /* How many of the shards have a loss-mask shard beside them. */
 size_t data_loader_num_masked(const struct data_loader *dl);
+/* Targets that count in the loss in optimizer step `step`: over all its G windows (every
+ * micro-step and dp rank), the targets whose mask byte is 1 (all T of a window whose shard
+ * has no mask). A pure function of the step, so every rank knows the step's total before its
+ * backward pass without communicating. -1 on a bad step. */
+int64_t data_loader_step_loss_tokens(const struct data_loader *dl, int64_t step);
 
 /* ---- position (checkpoint manifest) ---------------------------------------- */
 

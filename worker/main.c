@@ -146,6 +146,10 @@ static int data_batch(void *user, int64_t step, int micro, int32_t *in, int32_t 
     return data_loader_batch(d->dl, step, micro, d->dp_rank, in, tg, err, errlen);
 }
 
+static int64_t data_step_loss_tokens(void *user, int64_t step) {
+    return data_loader_step_loss_tokens(((struct data_src *)user)->dl, step);
+}
+
 struct worker {
     struct opts o;
     struct loom_spec spec;
@@ -624,6 +628,10 @@ static void make_train_opts(struct run *r) {
                                    .weight_decay = s->train.weight_decay,
                                    .grad_clip = s->train.grad_clip};
     to->train = (struct train_source){data_batch, &r->train_src};
+    if (data_loader_num_masked(w->train_dl) > 0) { /* mean over the counted targets */
+        to->step_loss_tokens = data_step_loss_tokens;
+        to->step_loss_tokens_user = &r->train_src;
+    }
     if (w->par) par_train_opts(w->par, to);
     if (w->val_dl && s->train.eval_every > 0) {
         to->val = (struct train_source){data_batch, &r->val_src};
