@@ -24,6 +24,15 @@ if(TARGET loom-worker)
                      $<TARGET_FILE:loom-worker>)
     set_tests_properties(integration.datasets.loss_norm PROPERTIES LABELS "integration;sanitize"
                          SKIP_RETURN_CODE 77 TIMEOUT 300)
+    # train.packing "document" on cpu: three documents in one window equal each document run
+    # on its own (Llama with RoPE, GPT-2 with learned positions) against float64 torch
+    # autograd (tests/datasets/test_packing.py).
+    add_test(NAME integration.datasets.packing
+             COMMAND sh -c "for p in /usr/bin/python3 python3; do if \"$p\" -c 'import numpy, torch' 2>/dev/null; then exec \"$p\" \"$0\" \"$1\"; fi; done; echo 'SKIP: no python3 with numpy and torch'; exit 77"
+                     ${CMAKE_CURRENT_LIST_DIR}/datasets/test_packing.py
+                     $<TARGET_FILE:loom-worker>)
+    set_tests_properties(integration.datasets.packing PROPERTIES LABELS "integration;sanitize"
+                         SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 
 # Tokenizing inside a job: loom-stage (the agent's staging step) tokenizes jsonl, completion

@@ -687,6 +687,29 @@ int64_t data_loader_step_loss_tokens(const struct data_loader *dl, int64_t step)
     return n;
 }
 
+int data_meta_eos(const char *pattern, int64_t *eos, char *err, size_t errlen) {
+    char **paths = NULL, mp[4200];
+    size_t n = 0;
+    int rc = data_glob(pattern, &paths, &n, err, errlen);
+    if (rc != 0) return rc;
+    const char *slash = strrchr(paths[0], '/');
+    snprintf(mp, sizeof mp, "%.*smeta.json", slash ? (int)(slash - paths[0] + 1) : 0, paths[0]);
+    data_paths_free(paths);
+    json_error_t je;
+    json_t *m = json_load_file(mp, 0, &je), *v = json_object_get(m, "eos_token");
+    rc = json_is_integer(v) && json_integer_value(v) >= 0 ? 0 : DATA_EINVAL;
+    if (rc == 0)
+        *eos = (int64_t)json_integer_value(v);
+    else
+        seterr(err, errlen,
+               "train.packing \"document\" needs the EOS id that ends each document: %s %s "
+               "(write the shards with `loom-data prepare --tokenizer`, or let the job "
+               "tokenize its data)",
+               mp, m ? "has no integer \"eos_token\"" : "cannot be read");
+    json_decref(m);
+    return rc;
+}
+
 /* ---- position -------------------------------------------------------------- */
 
 void data_loader_position(const struct data_loader *dl, int64_t step, struct data_position *pos) {

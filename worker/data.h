@@ -87,6 +87,12 @@ int data_shard_check(const char *path, int *version, uint64_t *ntokens, char *er
 int data_glob(const char *pattern, char ***paths, size_t *count, char *err, size_t errlen);
 void data_paths_free(char **paths);
 
+/* The EOS id that ends every document of a tokenized data set: "eos_token" of the meta.json
+ * that `loom-data prepare --tokenizer` (and the staging step) write beside the shards, read
+ * from the directory of the first file `pattern` matches. 0, or DATA_EINVAL / DATA_EIO with a
+ * message naming the file (train.packing "document" needs it). */
+int data_meta_eos(const char *pattern, int64_t *eos, char *err, size_t errlen);
+
 /* ---- loader ---------------------------------------------------------------- */
 
 enum { DATA_CHECK_AUTO = 0, DATA_CHECK_OPEN = 1, DATA_CHECK_READ = 2 };
