@@ -678,9 +678,12 @@ static int read_tar(struct reader *r, const char *path, char *err, size_t errlen
                 bufs[n] = buf;
                 names[n] = nm;
                 if (got != size) {
-                    ERR("%s member %s: truncated (%lld of %lld bytes): %s", path, name,
-                        (long long)got, (long long)size,
-                        got < 0 ? archive_error_string(a) : "end of archive");
+                    if (got < 0)
+                        ERR("%s member %s: cannot read it (%lld bytes): %s", path, name,
+                            (long long)size, archive_error_string(a));
+                    else
+                        ERR("%s member %s: truncated (%lld of %lld bytes)", path, name,
+                            (long long)got, (long long)size);
                     n++;
                     rc = PREP_EDATA;
                     break;
