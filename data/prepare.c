@@ -611,7 +611,7 @@ static int read_file(struct reader *r, const char *path, char *err, size_t errle
         if (n == BATCH_ITEMS || bytes >= BATCH_BYTES || at >= len) {
             rc = run_batch(r->p, r->ws, r->nw, r->items, n, path, err, errlen);
             n = bytes = 0;
-            progress(r, r->done + (at < len ? at : len));
+            if (rc == PREP_OK) progress(r, r->done + (at < len ? at : len));
         }
     }
 out:
@@ -712,8 +712,8 @@ static int read_tar(struct reader *r, const char *path, char *err, size_t errlen
                 free(names[i]);
             }
             n = bytes = 0;
-            progress(r, r->done + (uint64_t)archive_filter_bytes(a, -1));
             if (rc != PREP_OK) break;
+            progress(r, r->done + (uint64_t)archive_filter_bytes(a, -1));
         }
         if (end) break;
     }

@@ -5,9 +5,9 @@
 
 loom-stage runs as the agent runs it (worker command line, LOOM_* environment) with
 LOOM_STAGE_WORKER = a script that saves the spec it is given, so the test sees what the worker
-would read. The tokenizer is a byte-level tokenizer.json written here (GPT-2's byte-to-unicode
-table, no merges: token id = byte value, <|endoftext|> = 256), so the expected ids of any text
-are its UTF-8 bytes then 256, computed here without Loom. Asserts:
+would read. The tokenizer is a byte-level tokenizer.json (tests/datasets/bytetok.py: GPT-2's
+byte-to-unicode table, no merges: token id = byte value, <|endoftext|> = 256), so the expected
+ids of any text are its UTF-8 bytes then 256, computed without Loom. Asserts:
   - the staged spec points data.train at DIR/tokens/KEY/train_*.bin whose tokens (read with
     struct from the documented shard layout) are the records' bytes + EOS, in order;
   - progress lines (phase tokenizing, 0 to 1) and a result line (phase tokenized);
@@ -32,6 +32,10 @@ import sys
 import tarfile
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bytetok import encode as enc  # noqa: E402
+from bytetok import write_tokenizer  # noqa: E402
+
 STAGE = os.path.abspath(sys.argv[1])
 failures = 0
 
@@ -41,41 +45,6 @@ def check(cond, what):
     print(("ok: " if cond else "FAIL: ") + what, file=sys.stderr)
     if not cond:
         failures += 1
-
-
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-def write_tokenizer(path):
-    b2u = bytes_to_unicode()
-    tj = {
-        "version": "1.0",
-        "added_tokens": [{"id": 256, "content": "<|endoftext|>", "single_word": False,
-                          "lstrip": False, "rstrip": False, "normalized": False,
-                          "special": True}],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": True},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False,
-                  "vocab": {b2u[b]: b for b in range(256)}, "merges": []},
-    }
-    with open(path, "w") as f:
-        json.dump(tj, f)
 
 
 def read_shard(path, magic=20240520):
@@ -94,10 +63,6 @@ def shards(pattern, magic=20240520):
     for p in sorted(glob.glob(pattern)):
         out += read_shard(p, magic)
     return out
-
-
-def enc(text):
-    return list(text.encode()) + [256]
 
 
 class Stage:
