@@ -205,8 +205,9 @@ def main():
         wait(lambda: state(j5) == "failed", 60, "bad jsonl job fails")
         ev = events(j5)
         print("job 5: " + " | ".join(e for e in ev if "tokeniz" in e))
-        check(any(e.startswith("tokenizing on ") and " failed: " in e and "bad.jsonl line 2" in e and
-                  '"text"' in e and "the job fails" in e for e in ev),
+        check(any(e.startswith("tokenizing on ") and " failed: " in e and
+                  "bad.jsonl line 2" in e and '"text"' in e and "the job fails" in e
+                  for e in ev),
               "bad record event: %s" % ev)
         check(any("not retried" in e for e in ev), "bad data is not retried: %s" % ev)
         print("PASS: data staging")
