@@ -173,11 +173,15 @@ int main(int argc, char **argv) {
         json_t *spec = json_load_file(argv[spec_i], 0, &je);
         int tokenized = 0;
         int trc = spec ? tokenize(dir, spec, &tokenized) : 0;
-        if (trc != 0) return trc;
+        if (trc != 0) {
+            json_decref(spec);
+            return trc;
+        }
         if (tokenized) {
             snprintf(staged, sizeof staged, "%s.staged.json", argv[spec_i]);
             if (json_dump_file(spec, staged, JSON_COMPACT) != 0) {
                 fprintf(stderr, "loom-stage: cannot write %s\n", staged);
+                json_decref(spec);
                 return 1;
             }
             argv[spec_i] = staged;
