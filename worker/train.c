@@ -82,14 +82,22 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     /* offload: the shard's gradients start down now (those not already on
      * their way), overlapping the norm */
     if (!m->lora) offload_fetch_grads(e);
-    double norm = sqrt(m->lora ? lora_grad_norm_sq(m->lora) : optim_grad_norm_sq(e));
+    /* Masked data: the mean over the step's counted targets (all micro-steps and ranks),
+     * not over its token count; the gradients are linear in their scale, so the factor is
+     * applied to the norm and the optimizer's grad_scale instead of re-running anything. */
+    double gfac = 1.0;
+    if (o->step_loss_tokens) {
+        int64_t counted = o->step_loss_tokens(o->step_loss_tokens_user, step);
+        if (counted > 0) gfac = (double)o->global_batch_tokens / (double)counted;
+    }
+    double norm = gfac * sqrt(m->lora ? lora_grad_norm_sq(m->lora) : optim_grad_norm_sq(e));
     double lr = optim_lr(&o->optim, step);
     double clip = optim_clip_scale(norm, o->optim.grad_clip);
     double t_opt = clock_mono_msf();
     if (m->lora)
-        lora_adamw(m->lora, &o->optim, lr, clip, step + 1);
+        lora_adamw(m->lora, &o->optim, lr, clip * gfac, step + 1);
     else
-        optim_step(e, &o->optim, lr, clip, step + 1);
+        optim_step(e, &o->optim, lr, clip * gfac, step + 1);
     /* the loss sums and the stop request travel in one host all-reduce (one
      * round trip per step instead of two), made while the device runs the
      * AdamW just issued: its latency (a staged NCCL call, ~0.1 ms) is hidden
