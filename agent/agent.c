@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "agent/agent.h"
 
+#include "agent/commaddr.h"
 #include "agent/gpu.h"
 #include "agent/nodecheck.h"
 #include "agent/task.h"
@@ -140,6 +141,7 @@ struct agent {
     int64_t next_hb_ms, next_ship_ms, next_register_ms;
     long backoff_ms;
     int hb_now;
+    struct comm_addr comm; /* where this node's workers listen, chosen at registration */
 };
 
 static const char *state_name(enum task_state s) {
@@ -173,7 +175,30 @@ static json_t *tasks_json(struct agent *a) {
 
 /* ---- registration and heartbeat (main thread) ---- */
 
+/* Chooses the workers' listen address from this end of the connection to
+ * loomd (a request first when none was made yet) and the overrides. */
+static void choose_comm_addr(struct agent *a) {
+    char err[256];
+    if (!client_local_ip(a->cl)[0]) {
+        long status = 0;
+        json_t *reply = NULL;
+        if (client_request(a->cl, "GET", "/healthz", NULL, &status, &reply, NULL, err,
+                           sizeof err) != 0)
+            log_debug("healthz: %s", err);
+        json_decref(reply);
+    }
+    struct comm_addr prev = a->comm;
+    if (commaddr_choose(a->cfg->comm_iface, a->cfg->comm_host, client_local_ip(a->cl), &a->comm,
+                        err, sizeof err) != 0)
+        log_warn("%s; workers keep their own default", err);
+    if (strcmp(prev.addr, a->comm.addr) || strcmp(prev.iface, a->comm.iface))
+        log_info("workers listen on %s (interface %s, from %s)",
+                 a->comm.addr[0] ? a->comm.addr : "their default",
+                 a->comm.iface[0] ? a->comm.iface : "?", a->comm.why);
+}
+
 static int do_register(struct agent *a) {
+    choose_comm_addr(a);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     long long mem_kib = 0;
@@ -188,6 +213,8 @@ static int do_register(struct agent *a) {
         tasks_json(a), "version", "0.1", "host", "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN),
         "mem_total_mib", (json_int_t)(mem_kib / 1024), "interconnect", a->cfg->interconnect,
         "inventory", gpu_inv_inventory(a->inv));
+    json_object_set_new(body, "comm_addr", json_string(a->comm.addr));
+    json_object_set_new(body, "comm_iface", json_string(a->comm.iface));
     long status = 0;
     json_t *reply = NULL;
     char err[512];
@@ -355,7 +382,9 @@ static struct task *find_task(struct agent *a, const char *job, int attempt, int
     return NULL;
 }
 
-static int desired_has(json_t *desired, const struct task *t) {
+/* The desired entry for task t, or NULL. An entry with stop_grace_ms asks
+ * for the task to stop with that grace (a preempted attempt checkpoints). */
+static json_t *desired_find(json_t *desired, const struct task *t) {
     size_t i;
     json_t *v;
     json_array_foreach(desired, i, v) {
@@ -363,9 +392,9 @@ static int desired_has(json_t *desired, const struct task *t) {
         if (job && !strcmp(job, t->job) &&
             json_integer_value(json_object_get(v, "attempt")) == t->attempt &&
             json_integer_value(json_object_get(v, "rank")) == t->rank)
-            return 1;
+            return v;
     }
-    return 0;
+    return NULL;
 }
 
 /* Cores per cpu device (at least 1), so the node's cpu ranks together use
@@ -381,7 +410,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
     const char *job = json_string_value(json_object_get(v, "job"));
     int attempt = (int)json_integer_value(json_object_get(v, "attempt"));
     int rank = (int)json_integer_value(json_object_get(v, "rank"));
-    if (!job || find_task(a, job, attempt, rank)) return;
+    if (!job || json_object_get(v, "stop_grace_ms") || find_task(a, job, attempt, rank)) return;
     char dir[1024];
     struct stat st;
     task_dir_path(a->cfg->work_dir, job, attempt, rank, dir, sizeof dir);
@@ -403,6 +432,10 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         .rdzv_token = json_string_value(json_object_get(v, "rdzv_token")),
         .worker = a->cfg->worker,
         .threads = cpu_threads_per_device(a),
+        .comm_iface = !strcmp(a->comm.why ? a->comm.why : "", "comm-iface") ? a->comm.iface : NULL,
+        .comm_host = a->comm.addr,
+        .comm_ifname = a->comm.iface,
+        .master_addr = json_string_value(json_object_get(v, "master_addr")),
     };
     if (s.out_dir && *s.out_dir) {
         char tmp[1024];
@@ -475,7 +508,13 @@ static void reconcile(struct agent *a, int64_t now) {
     struct task **pp = &a->tasks;
     while (*pp) {
         struct task *t = *pp;
-        int want = desired_has(a->desired, t);
+        json_t *d = desired_find(a->desired, t);
+        json_t *grace = d ? json_object_get(d, "stop_grace_ms") : NULL;
+        int want = d && !grace;
+        if (grace && t->state == TASK_RUNNING) {
+            const char *why = json_string_value(json_object_get(d, "stop_reason"));
+            task_stop(t, now, (int)json_integer_value(grace), why ? why : "stopped by loomd");
+        }
         if (!want && t->state == TASK_RUNNING)
             task_stop(t, now, (int)a->cfg->stop_grace_ms, "no longer assigned by loomd");
         if (!want && t->state == TASK_EXITED && t->final_reported && logs_shipped(t) &&

@@ -24,8 +24,9 @@ struct agent_config {
     int adopt;
     char *log_level;
     char *config;
-    char *ca;                /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
-    struct agent_cred *cred; /* set by agent_run for its threads (agent_cred_apply) */
+    char *ca; /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
+    char *comm_iface, *comm_host; /* overrides of the workers' listen address (commaddr.h) */
+    struct agent_cred *cred;      /* set by agent_run for its threads (agent_cred_apply) */
 };
 
 struct client;

@@ -58,10 +58,12 @@ struct cluster_attempt {
     enum stop_cause stop_cause; /* why it is stopping (STOP_NONE while active) */
     int running;                /* job moved to running */
     int64_t started_ms, stop_ms, last_progress_ms, running_ms;
+    int stop_grace_ms; /* > 0: agents stop its ranks with this SIGTERM grace (preemption) */
     char stop_reason[256];
     struct cluster_rank *ranks; /* world entries */
     json_t *rdzv;               /* key -> value (rendezvous) */
     json_t *last_step;          /* rank 0's latest step record (for /metrics) */
+    struct diag *diag;          /* per-rank step timing diagnosis (daemon/diagnose.h), owned */
     struct cluster_attempt *next;
 };
 
@@ -83,6 +85,10 @@ struct cluster_node {
      * the agent's GPU inventory from registration (agent/gpu.h) */
     char gpu_type[24];
     json_t *inventory;
+    /* where its workers listen (agent/commaddr.h): rank 0's is every rank's
+     * LOOM_MASTER_ADDR; "" when the agent advertised none */
+    char comm_addr[64];
+    char comm_iface[32];
     /* admission (daemon/nodes.h): enum node_admission; SHA-256 of the node's
      * own credential (has_cred 0: none issued, or cleared by reject/revoke) */
     int admission;

@@ -118,6 +118,9 @@ static json_t *node_json(struct cluster *c, int ni, int full) {
         json_object_set_new(o, "registered_at", json_string(reg));
         json_object_set_new(o, "admission", json_string(nodes_admission_name(n->admission)));
         json_object_set_new(o, "hostname", json_string(n->hostname));
+        /* where its workers listen (agent/commaddr.h) */
+        json_object_set_new(o, "comm",
+                            json_pack("{s:s, s:s}", "addr", n->comm_addr, "iface", n->comm_iface));
     }
     nodecheck_annotate(c->ld, n->name, o); /* health, "degraded" (daemon/nodecheck.h) */
     return o;

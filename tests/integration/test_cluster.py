@@ -40,8 +40,9 @@ def pid_alive(pid):
 
 class Cluster:
     def __init__(self, nodes=2, devices=2, node_timeout=5, hang_timeout=5, worker=None,
-                 auto_approve=True):
+                 loomd_args=(), auto_approve=True):
         self.worker = worker or WORKER
+        self.loomd_args = list(loomd_args)
         self.auto_approve = auto_approve  # loomd --auto-approve (docs/operations.md)
         self.tmp = tempfile.mkdtemp(prefix="loom-cluster-")
         self.port = free_port()
@@ -81,7 +82,7 @@ class Cluster:
              os.path.join(self.tmp, "loomd"), "--node-timeout", str(self.node_timeout),
              "--hang-timeout", str(self.hang_timeout), "--heartbeat", "1",
              "--store-sync-full", "false"] + (["--auto-approve"] if self.auto_approve else []) +
-            list(getattr(self, "loomd_extra", [])),
+            self.loomd_args,
             env=self.env, stdout=self.log("loomd"), stderr=subprocess.STDOUT)
         self.wait(lambda: self.get("/healthz", token=None)[0] == 200, 10, "loomd up")
 

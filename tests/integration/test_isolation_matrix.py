@@ -241,8 +241,7 @@ def main():
         if not os.access(os.path.join(tc.BIN, b), os.X_OK):
             print("SKIP: %s not built" % b)
             return 77
-    tc.Cluster.loomd_extra = ["--webhook-allow-private"]
-    c = tc.Cluster(nodes=1, devices=2)
+    c = tc.Cluster(nodes=1, devices=2, loomd_args=["--webhook-allow-private"])
     ok = False
     try:
         scenario(c)
