@@ -726,18 +726,28 @@ static void test_attention_ships(int B, int T, int NH, int NKV, int HD) {
 
 /* cuDNN's fused attention through the backend (`gpu` is then a backend made
  * with LOOM_ATTN_CUDNN=1), the backward into a zeroed gradient (calls that
- * accumulate use k_attn.cu). Where cuDNN is not available the case says NOT
- * RUN and counts neither way. */
-static void test_attention_cudnn(int B, int T, int NH, int HD) {
+ * accumulate use k_attn.cu); NKV < NH: grouped-query attention, dK / dV
+ * summed over each kv head's query heads. Where cuDNN is not available the
+ * case says NOT RUN and counts neither way, except that a grouped shape the
+ * multi-head shape of the same size builds for must build too (a GQA graph
+ * cuDNN rejects would silently leave Llama models on k_attn.cu). */
+static void test_attention_cudnn(int B, int T, int NH, int NKV, int HD) {
     char shape[64];
-    snprintf(shape, sizeof shape, "B%d T%d H%d hd%d cudnn", B, T, NH, HD);
-    reserve_both(B, T, NH * HD, NH, NH, HD, 64, 64);
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d cudnn", B, T, NH, NKV, HD);
+    int mha_ok = 1;
+    if (NKV != NH) {
+        reserve_both(B, T, NH * HD, NH, NH, HD, 64, 64);
+        mha_ok = strcmp(backend_cuda_attn_path(gpu), "cudnn") == 0;
+    }
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
     const char *path = backend_cuda_attn_path(gpu);
     if (strcmp(path, "cudnn") != 0) {
-        printf("NOT RUN cuDNN attention %s: %s\n", shape, path);
+        int bad = NKV != NH && mha_ok;
+        checks += bad, failures += bad;
+        printf("%s cuDNN attention %s: %s\n", bad ? "FAIL" : "NOT RUN", shape, path);
         return;
     }
-    attention_case(B, T, NH, NH, HD, shape, 1);
+    attention_case(B, T, NH, NKV, HD, shape, 1);
 }
 
 static void test_embed(int B, int T, int C, int Vp) {
@@ -1247,7 +1257,7 @@ int main(void) {
     cpu = backend_cpu_new(0);
     /* k_attn.cu's kernels here (the attn-cudnn row off); cuDNN's attention on
      * a second backend below */
-    struct cuda_tuning ct = {.fuse_dgelu = 1, .attn_cudnn = "0"};
+    struct cuda_tuning ct = {.fuse_dgelu = 1, .attn_cudnn = "0", .attn_cudnn_gqa = 1};
     gpu = backend_cuda_new_tuned(0, &ct);
     ct.attn_cudnn = "1";
     struct backend *gpu_cudnn = backend_cuda_new_tuned(0, &ct);
@@ -1295,10 +1305,15 @@ int main(void) {
     {
         struct backend *k_attn_gpu = gpu;
         gpu = gpu_cudnn;
-        static const int ac[][4] = {
-            {2, 256, 4, 64}, {1, 1024, 2, 64}, {2, 128, 2, 128}, {4, 512, 12, 64}};
+        /* B T NH NKV HD: multi-head, then grouped-query (groups of 2, 4 and
+         * 8 query heads, one kv head, Llama 3.2 1B's 32/8 and 3B's 24/8) */
+        static const int ac[][5] = {
+            {2, 256, 4, 4, 64},   {1, 1024, 2, 2, 64}, {2, 128, 2, 2, 128},
+            {4, 512, 12, 12, 64}, {2, 256, 4, 2, 64},  {1, 512, 8, 2, 128},
+            {1, 256, 8, 1, 64},   {1, 384, 32, 8, 64}, {1, 256, 24, 8, 128}};
         for (size_t i = 0; i < (quick ? 1 : sizeof ac / sizeof ac[0]); i++)
-            test_attention_cudnn(ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
+            test_attention_cudnn(ac[i][0], ac[i][1], ac[i][2], ac[i][3], ac[i][4]);
+        if (quick) test_attention_cudnn(2, 256, 4, 2, 64);
         gpu = k_attn_gpu;
         reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
     }

@@ -124,6 +124,9 @@ struct cuda_ctx {
      * (the attn-cudnn row, LOOM_ATTN_CUDNN: 1 deterministic, the default; nd nondeterministic;
      * 0 off); NULL: k_attn.cu's kernels */
     int cudnn_mode;
+    /* the attn-cudnn-gqa row off (LOOM_ATTN_CUDNN_GQA=0): grouped-query attention
+     * (NKV < NH) stays on k_attn.cu */
+    int cudnn_gqa_off;
     /* the blas-tune and blas-algo-cache rows, for lk_blas_new in reserve */
     int blas_tune;
     char *blas_cache;
@@ -251,15 +254,16 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     CUDA_CHECK(cudaEventRecord(c->buf_ev, c->s));
     c->tok_valid = 0;
     c->reserved = 1;
+    int gqa = lim->NKV != lim->NH, want = c->cudnn_mode && !(gqa && c->cudnn_gqa_off);
     snprintf(c->cda_why, sizeof c->cda_why, "%s",
-             !c->cudnn_mode ? "LOOM_ATTN_CUDNN=0" : "grouped-query attention (NKV < NH)");
-    if (c->cudnn_mode && lim->NH == lim->NKV &&
-        !cudnn_supports(c->cc, lim->HD, c->cda_why, sizeof c->cda_why))
+             !c->cudnn_mode ? "LOOM_ATTN_CUDNN=0"
+                            : "grouped-query attention (NKV < NH) with LOOM_ATTN_CUDNN_GQA=0");
+    if (want && !cudnn_supports(c->cc, lim->HD, c->cda_why, sizeof c->cda_why))
         log_info("cuda backend: attention through k_attn.cu (cuDNN: %s)", c->cda_why);
-    else if (c->cudnn_mode && lim->NH == lim->NKV) {
+    else if (want) {
         char *why = c->cda_why;
-        c->cda = lcudnn_attn_new(c->s, lim->B, lim->T, lim->NH, lim->HD, qkv, lim->NH * lim->HD,
-                                 c->cudnn_mode == 1, why, sizeof c->cda_why);
+        c->cda = lcudnn_attn_new(c->s, lim->B, lim->T, lim->NH, lim->NKV, lim->HD, qkv,
+                                 lim->NH * lim->HD, c->cudnn_mode == 1, why, sizeof c->cda_why);
         if (c->cda) {
             int ef, eb;
             lcudnn_attn_engines(c->cda, &ef, &eb);
@@ -581,7 +585,8 @@ static void cu_rope_bwd(void *ctx, void *dx, int N, int T, int stride, int n_hea
 
 /* the cuDNN plans are for the reserved shape only */
 static int cda_fits(const struct cuda_ctx *c, int B, int T, int NH, int NKV, int HD) {
-    return B == c->lim.B && T == c->lim.T && NH == c->lim.NH && NKV == NH && HD == c->lim.HD;
+    return B == c->lim.B && T == c->lim.T && NH == c->lim.NH && NKV == c->lim.NKV &&
+           HD == c->lim.HD;
 }
 
 static void cu_attention_fwd(void *ctx, void *out, float *lse, const void *qkv, int B, int T,
@@ -894,6 +899,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     /* NULL: the rows' defaults (worker/tuning.c) */
     const char *ac = t ? t->attn_cudnn : NULL;
     c->fuse_off = t && !t->fuse_dgelu;
+    c->cudnn_gqa_off = t && !t->attn_cudnn_gqa;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
