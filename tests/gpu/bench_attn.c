@@ -103,8 +103,8 @@ int main(int argc, char **argv) {
             int var = vi < NKATTN ? atoi(variants[vi]) : 5;
             if (vi >= NKATTN) {
                 char why[640];
-                cda = lcudnn_attn_new(s, B, T, H, Hkv, hd, ld, H * hd, vi == NKATTN, why,
-                                      sizeof why);
+                cda =
+                    lcudnn_attn_new(s, B, T, H, Hkv, hd, ld, H * hd, vi == NKATTN, why, sizeof why);
                 if (!cda) {
                     printf("RESULT {\"bench\":\"attn\",\"shape\":\"%s\",\"variant\":\"%s\","
                            "\"available\":false,\"why\":\"%s\"}\n",
