@@ -405,13 +405,12 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     if (last) m->workspace += 256.0 * mc->padded_vocab / tp * 4 * 2;
     if (x->cuda) {
         m->workspace += 32 * MIB; /* cuBLAS */
-        /* multi-head attention runs through cuDNN's fused engines where
-         * libcudnn.so.9 is found: their deterministic backward keeps dP
-         * (micro-batch x heads x T x T, bf16) in a workspace, beside fp32
-         * softmax sums (worker/cuda/cudnn_attn.h); counted even where the
-         * worker then falls back to k_attn.cu */
-        if (mc->n_kv_head == mc->n_head)
-            m->workspace += N * mc->seq_len * (NH / tp) * 2 + N * (NH / tp) * 4;
+        /* attention (multi-head and grouped-query) runs through cuDNN's
+         * fused engines where libcudnn.so.9 is found: their deterministic
+         * backward keeps dP (micro-batch x query heads x T x T, bf16) in a
+         * workspace, beside fp32 softmax sums (worker/cuda/cudnn_attn.h);
+         * counted even where the worker then falls back to k_attn.cu */
+        m->workspace += N * mc->seq_len * (NH / tp) * 2 + N * (NH / tp) * 4;
         m->reserved = 1 * GIB; /* CUDA context and allocator slack */
     }
     m->total =

@@ -372,6 +372,16 @@ static void test_cudnn_workspace(void) {
     CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
     double want = 8.0 * 12 * 1024 * 1024 * 2 + 8.0 * 12 * 1024 * 4; /* 8 more sequences */
     CHECK(fabs((a.mem.workspace - b.mem.workspace) - want) < 0.01 * want);
+    /* grouped-query attention too (Llama 3.2 1B: 32 query heads, T 2048): per
+     * query head */
+    const char *gqa = "{'model':{'family':'llama','preset':'1b','seq_len':2048},"
+                      "'train':{'micro_batch':%d,'global_batch_tokens':16384}}";
+    snprintf(buf, sizeof buf, gqa, 4);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    snprintf(buf, sizeof buf, gqa, 2);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    want = 2.0 * 32 * 2048 * 2048 * 2 + 2.0 * 32 * 2048 * 4; /* 2 more sequences */
+    CHECK(fabs((a.mem.workspace - b.mem.workspace) - want) < 0.01 * want);
 }
 
 /* ---- pipeline split by work (parallel.pp_balance) ---- */
