@@ -611,6 +611,7 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
     int B = m->B, T = m->T, N = B * T, C = m->C;
     if (m->first) b->upload(b->ctx, m->tokens, inputs, (size_t)N * sizeof(int32_t));
     if (m->last) b->upload(b->ctx, m->targets, targets, (size_t)N * sizeof(int32_t));
+    if (m->lora) lora_set_training(m->lora, grad_scale > 0); /* dropout in training only */
 
     if (m->first) {
         if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, -1);
