@@ -64,7 +64,7 @@ struct lora {
     struct model *m;
     int r, N, n, gpt2;
     double alpha, scale;
-    float dropout;
+    double dropout;
     int site_w[LORA_NSITES], site_in[LORA_NSITES];
     struct lora_ad *ad; /* [n], layer-major */
     size_t total;       /* arena elements */
@@ -85,6 +85,7 @@ struct lora {
     uint64_t seed;      /* train.seed */
     int64_t step, micro; /* for the dropout masks (lora_begin_micro) */
     int training;
+    float *ckpt_h; /* host copy of the shard's state while a checkpoint is written */
 };
 
 static uint64_t splitmix(uint64_t *s) {
@@ -138,6 +139,7 @@ void lora_free(struct lora *l) {
     e->mem.grads -= l->bytes[1];
     e->mem.optimizer -= l->bytes[2];
     e->mem.activations -= l->bytes[3];
+    free(l->ckpt_h);
     free(l->ad);
     free(l);
 }
@@ -287,7 +289,7 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
     l->N = m->B * m->T;
     l->alpha = o->alpha;
     l->scale = o->alpha / o->rank;
-    l->dropout = (float)o->dropout;
+    l->dropout = o->dropout;
     l->seed = o->seed;
     l->gpt2 = e->cfg.family == MODEL_GPT2;
     int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, AC = m->NH * m->HD;
@@ -415,7 +417,7 @@ void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const v
         if (a->layer != layer || a->tg->site != site) continue;
         const void *x = inp;
         if (dropping(l)) {
-            b->dropout(b->ctx, l->xd, inp, (size_t)N * a->in, l->dropout, drop_seed(l, a));
+            b->dropout(b->ctx, l->xd, inp, (size_t)N * a->in, (float)l->dropout, drop_seed(l, a));
             x = l->xd;
         }
         /* u = scale * A x, kept for the backward */
@@ -461,10 +463,10 @@ void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const 
         /* dropout: the forward's mask again, on the input and on its gradient */
         uint64_t ds = drop_seed(l, a);
         size_t n = (size_t)N * a->in;
-        b->dropout(b->ctx, l->xd, inp, n, l->dropout, ds);
+        b->dropout(b->ctx, l->xd, inp, n, (float)l->dropout, ds);
         b->zero(b->ctx, l->yd, n * es);
         b->matmul_bwd(b->ctx, l->yd, dA, NULL, l->dax, l->xd, A, N, a->in, r);
-        b->dropout(b->ctx, l->yd, l->yd, n, l->dropout, ds);
+        b->dropout(b->ctx, l->yd, l->yd, n, (float)l->dropout, ds);
         b->accumulate(b->ctx, dinp, l->yd, n);
     }
 }
@@ -569,7 +571,10 @@ void lora_view(const struct lora *l, int i, struct lora_view *v) {
 int lora_ckpt_add(struct lora *l, struct ckpt_writer *cw) {
     struct backend *b = l->m->e->be;
     size_t n = l->sh_n;
-    float *h = malloc((n ? n : 1) * 3 * sizeof *h);
+    /* the writer reads the arrays until ckpt_commit: kept until the next
+     * checkpoint or lora_free */
+    free(l->ckpt_h);
+    float *h = l->ckpt_h = malloc((n ? n : 1) * 3 * sizeof *h);
     if (!h) return -1;
     b->download(b->ctx, h, l->master, n * sizeof(float));
     b->download(b->ctx, h + n, l->mom_m, n * sizeof(float));
@@ -579,7 +584,6 @@ int lora_ckpt_add(struct lora *l, struct ckpt_writer *cw) {
                      ckpt_add_f32(cw, "lora_adam_v", h + 2 * n, n) != 0
                  ? -1
                  : 0;
-    free(h);
     return rc;
 }
 

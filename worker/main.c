@@ -700,7 +700,9 @@ static int join_world(struct run *r) {
  * a checkpoint in the run directory wins over them (a retried attempt). */
 static int resume_stage(struct run *r) {
     struct loom_error le;
-    if (hf_spec_init(&r->w->hfs, r->w->e, r->w->o.out, &le) != 0)
+    /* a LoRA checkpoint holds the adapters only: the frozen base always
+     * comes from init_from (out_dir NULL: loaded whatever the run dir holds) */
+    if (hf_spec_init(&r->w->hfs, r->w->e, r->w->lora ? NULL : r->w->o.out, &le) != 0)
         return fail(r->w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
     r->start = resume(r->w);
     if (r->start < 0) return fail(r->w, LOOM_EXIT_FAILED, "CHECKPOINT_INVALID", NULL);
