@@ -321,9 +321,9 @@ static double align64(double n) {
 }
 
 struct lora_facts {
-    double arena; /* adapter elements of one block, each tensor padded to 64 (lora.c's arena) */
-    int per_layer;         /* adapters of one block */
-    double wmax, imax;     /* widest site output and input (scratch rows) */
+    double arena;  /* adapter elements of one block, each tensor padded to 64 (lora.c's arena) */
+    int per_layer; /* adapters of one block */
+    double wmax, imax; /* widest site output and input (scratch rows) */
 };
 
 /* (in, out) of each spec target, as lora.c places them. */
@@ -335,9 +335,9 @@ static void lora_facts_init(const struct loom_spec *s, struct lora_facts *lf) {
     static const struct {
         const char *name;
         int in, out; /* 0 C, 1 q, 2 kv, 3 F, 4 QKV */
-    } tab[] = {{"q", 0, 1},    {"k", 0, 2},    {"v", 0, 2},     {"o", 1, 0},  {"gate", 0, 3},
-               {"up", 0, 3},   {"down", 3, 0}, {"attn", 0, 4},  {"proj", 1, 0}, {"fc", 0, 3},
-               {"fc2", 3, 0}};
+    } tab[] = {{"q", 0, 1},    {"k", 0, 2},  {"v", 0, 2},    {"o", 1, 0},
+               {"gate", 0, 3}, {"up", 0, 3}, {"down", 3, 0}, {"attn", 0, 4},
+               {"proj", 1, 0}, {"fc", 0, 3}, {"fc2", 3, 0}};
     double dim[5] = {C, q, kv, F, QKV};
     double r = s->train.lora.rank;
     memset(lf, 0, sizeof *lf);
@@ -359,8 +359,8 @@ static void lora_facts_init(const struct loom_spec *s, struct lora_facts *lf) {
  * master (aliasing the values on fp32) and moments, sharded over dp with
  * ZeRO 1-2, their saved products (N x r per adapter) and scratch. As
  * lora_new and engine_place.frozen allocate. */
-static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct lay *L,
-                     int layers, double P, double N, struct planner_mem *m) {
+static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct lay *L, int layers,
+                     double P, double N, struct planner_mem *m) {
     const struct loom_spec *s = x->s;
     double e = x->e, r = s->train.lora.rank;
     struct lora_facts lf;

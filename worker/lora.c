@@ -74,15 +74,15 @@ struct lora {
     float *master, *mom_m, *mom_v;
     int master_aliased;
     size_t sh_off, sh_n;
-    void *gsh;          /* ZeRO >= 1: the reduced gradient shard, compute dtype [sh_n] */
-    int zero;           /* adapter ZeRO stage (0..2) */
-    struct comm *dp;    /* dp communicator (NULL: one rank) */
-    void *tmp;          /* [N, max site width] scratch */
-    void *dax;          /* [N, r] scratch */
-    void *xd, *yd;      /* [N, max site input] dropout scratch (NULL without dropout) */
-    float *acc;         /* fp32 [1] device scalar for the norm */
-    size_t bytes[4];    /* params, grads, optimizer, activations: what this holds */
-    uint64_t seed;      /* train.seed */
+    void *gsh;           /* ZeRO >= 1: the reduced gradient shard, compute dtype [sh_n] */
+    int zero;            /* adapter ZeRO stage (0..2) */
+    struct comm *dp;     /* dp communicator (NULL: one rank) */
+    void *tmp;           /* [N, max site width] scratch */
+    void *dax;           /* [N, r] scratch */
+    void *xd, *yd;       /* [N, max site input] dropout scratch (NULL without dropout) */
+    float *acc;          /* fp32 [1] device scalar for the norm */
+    size_t bytes[4];     /* params, grads, optimizer, activations: what this holds */
+    uint64_t seed;       /* train.seed */
     int64_t step, micro; /* for the dropout masks (lora_begin_micro) */
     int training;
     float *ckpt_h; /* host copy of the shard's state while a checkpoint is written */
@@ -425,8 +425,8 @@ void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const v
         b->scale(b->ctx, a->u, (size_t)N * r, (float)l->scale);
         void *y = backend_at(b, out, (size_t)a->col);
         if (a->out == W && b->matmul_residual_fwd) { /* the whole width: add in the GEMM */
-            b->matmul_residual_fwd(b->ctx, out, a->u, backend_at(b, l->p, a->offB), NULL, out, N,
-                                   r, W);
+            b->matmul_residual_fwd(b->ctx, out, a->u, backend_at(b, l->p, a->offB), NULL, out, N, r,
+                                   W);
         } else {
             b->matmul_fwd(b->ctx, l->tmp, a->u, backend_at(b, l->p, a->offB), NULL, N, r, a->out);
             b->axpy_2d(b->ctx, y, W, l->tmp, a->out, N, a->out, 1.0f, 1);
@@ -528,8 +528,8 @@ int lora_adamw(struct lora *l, const struct optim_cfg *c, double lr, double grad
     b->adamw(b->ctx, &a);
     if (l->zero < 1) return 0;
     b->sync(b->ctx);
-    int rc = comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total, cdtype(b),
-                             NULL);
+    int rc =
+        comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total, cdtype(b), NULL);
     if (rc != 0) log_error("lora: parameter all-gather over dp failed: %s", comm_error(l->dp));
     return rc;
 }
@@ -630,9 +630,8 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
         b->from_f32(b->ctx, backend_at(b, l->p, l->sh_off), l->master, n);
     }
     b->sync(b->ctx);
-    if (l->zero >= 1 &&
-        comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total, cdtype(b), NULL) !=
-            0) {
+    if (l->zero >= 1 && comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total,
+                                        cdtype(b), NULL) != 0) {
         snprintf(err, errlen, "all-gather of the adapters failed: %s", comm_error(l->dp));
         goto out;
     }

@@ -153,10 +153,10 @@ struct worker {
     struct engine *e;
     struct model *m;
     struct data_loader *train_dl, *val_dl;
-    struct zero *z;     /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
-    struct hf_spec hfs; /* model.init_from / export.hf (worker/hf_spec.h) */
-    struct par *par;    /* tp / pp > 1 (worker/par.h) */
-    struct lora *lora;  /* train.lora (worker/lora.h) */
+    struct zero *z;       /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
+    struct hf_spec hfs;   /* model.init_from / export.hf (worker/hf_spec.h) */
+    struct par *par;      /* tp / pp > 1 (worker/par.h) */
+    struct lora *lora;    /* train.lora (worker/lora.h) */
     char lora_init[1024]; /* model.init_from named a PEFT adapter: its directory */
     char ckpt_path[1024];
     char err[1024];
@@ -184,8 +184,8 @@ static int save_lora_checkpoint(struct worker *w, int64_t done) {
         ckpt_abort(cw);
         return -1;
     }
-    ckpt_set_rank_meta(cw, json_pack("{s:i, s:i, s:i, s:o}", "dp", e->dp_idx, "tp", e->tp_idx,
-                                     "pp", e->pp_idx, "lora", lora_ckpt_meta(w->lora)));
+    ckpt_set_rank_meta(cw, json_pack("{s:i, s:i, s:i, s:o}", "dp", e->dp_idx, "tp", e->tp_idx, "pp",
+                                     e->pp_idx, "lora", lora_ckpt_meta(w->lora)));
     struct data_position pos;
     data_loader_position(w->train_dl, done, &pos);
     man = json_pack("{s:o, s:o, s:{s:s}, s:{s:i, s:i, s:i, s:i}, s:{s:I}, s:s}", "spec",

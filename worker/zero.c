@@ -815,8 +815,7 @@ static void pair_setup(struct zero *z, const struct zero_setup_opts *o,
     struct engine *e = z->e;
     const struct dp_transport_ops *ops = pair_transport();
     if (!ops || e->frozen || !e->be->caps.pair_transport || !z->ordered || z->stage != 0 ||
-        z->P != 2 ||
-        o->tp != 1 || o->pp != 1 || (tu && !tu->dp_pair))
+        z->P != 2 || o->tp != 1 || o->pp != 1 || (tu && !tu->dp_pair))
         return;
     /* dp-emb-exchange off (LOOM_DP_EMB_EXCHANGE=0): the token embedding's
      * gradient is summed dense at the tail like the rest of its group */

@@ -203,16 +203,17 @@ static void test_curve(double p) {
     double lc[STEPS], lg[STEPS];
     struct run rc, rg;
     char what[128];
-    int ok = run_new(&rc, 0, 1, p) == 0 && steps(&rc, STEPS, lc) == 0 && run_new(&rg, 1, 1, p) == 0 &&
-             steps(&rg, STEPS, lg) == 0;
+    int ok = run_new(&rc, 0, 1, p) == 0 && steps(&rc, STEPS, lc) == 0 &&
+             run_new(&rg, 1, 1, p) == 0 && steps(&rg, STEPS, lg) == 0;
     double worst = 0, mean = 0;
     for (int i = 0; ok && i < STEPS; i++) {
         double d = fabs(lg[i] - lc[i]) / fabs(lc[i]);
         worst = d > worst ? d : worst;
         mean += d / STEPS;
     }
-    if (ok) printf("dropout %.2f: cpu %.5f -> %.5f, cuda %.5f -> %.5f\n", p, lc[0], lc[STEPS - 1],
-                   lg[0], lg[STEPS - 1]);
+    if (ok)
+        printf("dropout %.2f: cpu %.5f -> %.5f, cuda %.5f -> %.5f\n", p, lc[0], lc[STEPS - 1],
+               lg[0], lg[STEPS - 1]);
     snprintf(what, sizeof what, "LoRA curve cuda vs cpu, dropout %.2f (worst, mean relative)", p);
     result(ok && worst <= TOL_STEP && mean <= TOL_MEAN, what, "%.3g, %.3g", worst, mean);
     snprintf(what, sizeof what, "LoRA loss falls on cuda, dropout %.2f (first, last)", p);

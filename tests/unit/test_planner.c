@@ -353,7 +353,8 @@ static void test_lora_8b(void) {
      * elements (C 4096, kv 1024, F 14336), 32 blocks */
     double r = 16, C = 4096, KV = 1024, F = 14336;
     double per = pad64(r * C) * 5 + pad64(r * C) + pad64(r * F) + /* A: q k v gate up, o, down */
-                 pad64(C * r) * 3 + pad64(KV * r) * 2 + pad64(F * r) * 2; /* B: q o down, k v, gate up */
+                 pad64(C * r) * 3 + pad64(KV * r) * 2 +
+                 pad64(F * r) * 2; /* B: q o down, k v, gate up */
     double A = 32 * per;
     /* Llama 3 8B: 8,030,261,248 parameters, frozen in bf16 */
     double P = 8030261248.0;

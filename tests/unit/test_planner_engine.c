@@ -163,8 +163,8 @@ int main(int argc, char **argv) {
         printf("%s lora %-5s %-4s B=%d T=%3d r=%d dropout=%g: params %zu/%.0f grads %zu/%.0f "
                "optimizer %zu/%.0f activations %zu/%.0f (real/estimate, bytes)\n",
                cuda ? "cuda" : "cpu", k->family, k->preset, k->B, k->T, k->rank, k->dropout,
-               r->params, est.mem.params, r->grads, est.mem.grads, r->optimizer,
-               est.mem.optimizer, r->activations, est.mem.activations);
+               r->params, est.mem.params, r->grads, est.mem.grads, r->optimizer, est.mem.optimizer,
+               r->activations, est.mem.activations);
         CHECK(ok);
         lora_free(l);
         model_free(m);
