@@ -76,6 +76,10 @@ void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const v
 void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const void *dout,
               const void *inp);
 
+/* 1 when (layer, site) has an adapter (the model fuses the projection with
+ * its residual add where it has none). */
+int lora_site_used(const struct lora *l, int layer, enum lora_site site);
+
 void lora_zero_grads(struct lora *l);
 /* dp > 1: sum the adapter gradients over the dp group (an all-reduce; ZeRO
  * 1-2: a reduce-scatter into this rank's shard). Only the adapters travel.
