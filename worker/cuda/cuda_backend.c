@@ -49,6 +49,7 @@
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cudnn_attn.h"
+#include "worker/cuda/k_lora.h"
 #include "worker/cuda/kernels.h"
 #include "worker/tuning.h"
 
@@ -812,6 +813,19 @@ static void cu_scale(void *ctx, void *x, size_t n, float s) {
     lk_scale(x, n, s, ST);
 }
 
+/* ---- LoRA helpers (optional members; worker/cuda/k_lora.cu) */
+
+static void cu_axpy_2d(void *ctx, void *dst, int ldd, const void *src, int lds, int rows, int cols,
+                       float alpha, int beta) {
+    FLUSH();
+    lk_lora_axpy_2d(dst, ldd, src, lds, rows, cols, alpha, beta, ST);
+}
+
+static void cu_dropout(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed) {
+    FLUSH();
+    lk_lora_dropout(out, inp, n, p, seed, ST);
+}
+
 /* ---- async host copies (optional members; worker/offload.h) */
 
 static void *cu_host_alloc(void *ctx, size_t bytes) {
@@ -1041,6 +1055,8 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->h2d_async = cu_h2d_async;
     b->wait = cu_wait;
     b->copy_fence = cu_copy_fence;
+    b->axpy_2d = cu_axpy_2d;
+    b->dropout = cu_dropout;
     return b;
 }
 
