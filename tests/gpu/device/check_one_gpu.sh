@@ -26,4 +26,5 @@ python3 tests/hf/make_tiny_hf.py "$OUT/tiny" >/dev/null 2>&1
 s="$s worker_score=$?"
 grep -h "cuda backend: device" "$OUT/worker_device.err" | head -2
 rm -rf "$OUT/tiny"
+timeout 300 "$BIN/test_lora_cuda" >"$OUT/lora_cuda.log" 2>&1; r=$?; grep -E "^(PASS|FAIL)|memory" "$OUT/lora_cuda.log"; s="$s lora_cuda=$r"
 echo "SUMMARY:$s $(el)"
