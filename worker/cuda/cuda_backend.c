@@ -130,6 +130,13 @@ struct cuda_ctx {
     int cc; /* the device's compute capability x10 (90 = sm_90) */
     struct lcudnn_attn *cda;
     char cda_why[640]; /* why not, when cda is NULL */
+    /* imported models and generation (k_decode.cu): rope_set_freqs' inverse
+     * frequencies (device fp32 [rope_half]; NULL: theta^(-2i/HD)) and the
+     * decode attention's split scratch, made on first use */
+    float *rope_inv;
+    int rope_half;
+    float *dec_scratch;
+    size_t dec_bytes;
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -393,6 +400,8 @@ static void cu_destroy(void *ctx) {
     }
     for (int i = 0; i < MAX_ALLOCS; i++)
         if (c->allocs[i].p) cudaFree(c->allocs[i].p);
+    cudaFree(c->rope_inv);
+    cudaFree(c->dec_scratch);
     cudaStreamDestroy(c->s);
     free(c);
 }
@@ -570,13 +579,19 @@ static void cu_swiglu_bwd(void *ctx, void *dinp, const void *inp, const void *do
 static void cu_rope_fwd(void *ctx, void *x, int N, int T, int stride, int n_heads, int HD,
                         float theta) {
     FLUSH();
-    lk_rope(x, N, T, n_heads, HD, stride, theta, 0, ST);
+    if (CX->rope_inv && CX->rope_half == HD / 2)
+        lk_rope_ex(x, N, T, 0, n_heads, HD, stride, theta, CX->rope_inv, 0, ST);
+    else
+        lk_rope(x, N, T, n_heads, HD, stride, theta, 0, ST);
 }
 
 static void cu_rope_bwd(void *ctx, void *dx, int N, int T, int stride, int n_heads, int HD,
                         float theta) {
     FLUSH();
-    lk_rope(dx, N, T, n_heads, HD, stride, theta, 1, ST);
+    if (CX->rope_inv && CX->rope_half == HD / 2)
+        lk_rope_ex(dx, N, T, 0, n_heads, HD, stride, theta, CX->rope_inv, 1, ST);
+    else
+        lk_rope(dx, N, T, n_heads, HD, stride, theta, 1, ST);
 }
 
 /* the cuDNN plans are for the reserved shape only */
@@ -723,6 +738,67 @@ static void cu_sumsq(void *ctx, float *acc, const void *grad, size_t n) {
 static void cu_scale(void *ctx, void *x, size_t n, float s) {
     FLUSH();
     lk_scale(x, n, s, ST);
+}
+
+/* ---- imported models and generation (optional members; k_decode.cu) */
+
+/* RoPE scaling: the table replaces theta^(-2i/HD) in rope_fwd, rope_bwd and
+ * rope_at (fp32 on the device; the host computed it in double). */
+static int cu_rope_set_freqs(void *ctx, const double *inv, int half) {
+    struct cuda_ctx *c = CX;
+    FLUSH();
+    CUDA_CHECK(cudaStreamSynchronize(c->s)); /* no kernel still reads the old table */
+    cudaFree(c->rope_inv);
+    c->rope_inv = NULL;
+    c->rope_half = 0;
+    if (!inv || half < 1) return 0;
+    float *h = malloc((size_t)half * sizeof *h);
+    if (!h) return -1;
+    for (int i = 0; i < half; i++)
+        h[i] = (float)inv[i];
+    if (cudaMalloc((void **)&c->rope_inv, (size_t)half * sizeof *h) != cudaSuccess) {
+        cudaGetLastError();
+        c->rope_inv = NULL;
+        free(h);
+        log_error("cuda backend: out of device memory for %d RoPE frequencies", half);
+        return -1;
+    }
+    CUDA_CHECK(cudaMemcpy(c->rope_inv, h, (size_t)half * sizeof *h, cudaMemcpyHostToDevice));
+    free(h);
+    c->rope_half = half;
+    return 0;
+}
+
+static void cu_rope_at(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0,
+                       float theta) {
+    FLUSH();
+    const float *inv = CX->rope_inv && CX->rope_half == HD / 2 ? CX->rope_inv : NULL;
+    lk_rope_ex(x, N, 0, pos0, n_heads, HD, stride, theta, inv, 0, ST);
+}
+
+/* The split scratch grows on first use for a shape: generation runs outside
+ * the training step, whose memory reserve() fixes. */
+static void cu_attention_decode(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
+                                int NKV, int HD) {
+    struct cuda_ctx *c = CX;
+    FLUSH();
+    if (n < 1 || NKV < 1 || NH % NKV != 0 || HD < 1 || HD > LK_DECODE_MAX_HD) {
+        fprintf(stderr,
+                "cuda backend: attention_decode needs n >= 1, NH %% NKV == 0 and HD <= %d "
+                "(n=%d NH=%d NKV=%d HD=%d)\n",
+                LK_DECODE_MAX_HD, n, NH, NKV, HD);
+        exit(1);
+    }
+    size_t need = lk_attn_decode_scratch_bytes(NH, HD);
+    if (need > c->dec_bytes) {
+        CUDA_CHECK(cudaStreamSynchronize(c->s));
+        cudaFree(c->dec_scratch);
+        c->dec_scratch = NULL;
+        c->dec_bytes = 0;
+        CUDA_CHECK(cudaMalloc((void **)&c->dec_scratch, need));
+        c->dec_bytes = need;
+    }
+    lk_attn_decode(out, c->dec_scratch, q, kv, n, NH, NKV, HD, ST);
 }
 
 /* ---- async host copies (optional members; worker/offload.h) */
@@ -942,6 +1018,9 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->classifier = cu_classifier;
     b->classifier_vp = cu_classifier_vp;
     b->matmul_residual_fwd = cu_matmul_residual_fwd;
+    b->rope_set_freqs = cu_rope_set_freqs;
+    b->rope_at = cu_rope_at;
+    b->attention_decode = cu_attention_decode;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->scale = cu_scale;
