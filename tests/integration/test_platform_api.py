@@ -340,6 +340,94 @@ def sc_event_ring(c):
           "live SSE event after the restart")
 
 
+def spec_file(c, name, steps, step_ms, labels=None, max_retries=1):
+    """A job spec like Cluster.submit's, written to a file for loomctl."""
+    lab = {"fake_step_ms": str(step_ms)}
+    lab.update(labels or {})
+    spec = {
+        "name": name,
+        "model": {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "d_ff": 256,
+                  "vocab_size": 256, "seq_len": 32},
+        "data": {"train": os.path.join(c.data, "train_000.bin")},
+        "parallel": {"dp": 1, "tp": 1, "pp": 1},
+        "train": {"steps": steps, "global_batch_tokens": 128, "micro_batch": 4,
+                  "precision": "fp32"},
+        "resources": {"device": "cpu", "gpus_per_node": 2},
+        "labels": lab, "max_retries": max_retries,
+    }
+    path = os.path.join(c.tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return path
+
+
+def sc_cli_wait(c):
+    """loomctl submit --wait / --follow and loomctl wait: they return when the
+    job ends, with the exit code of its outcome (api/exit_codes.h: 0
+    succeeded, 4 failed, 5 cancelled, 6 timeout, 1 API error), --follow
+    prints the events and step records."""
+    env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
+    ctl = os.path.join(BIN, "loomctl")
+
+    def run(*args, timeout=90):
+        return subprocess.run([ctl] + list(args), env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    r = run("submit", spec_file(c, "ok", 4, 50), "--wait")
+    jid = r.stdout.split()[1] if r.stdout.startswith("submitted ") else "?"
+    check(r.returncode == 0 and ("job %s succeeded" % jid) in r.stdout,
+          "submit --wait: rc %d %s %s" % (r.returncode, r.stdout, r.stderr))
+    check(c.job(jid)["state"] == "succeeded", "the job did succeed")
+    r = run("submit", spec_file(c, "follow", 5, 100, {"fake_step_ms": "100"}), "--follow")
+    out = r.stdout
+    check(r.returncode == 0, "submit --follow rc %d: %s %s" % (r.returncode, out, r.stderr))
+    for want in ("job.queued", "job.started", "step 5/5 loss", "job.succeeded", "succeeded"):
+        check(want in out, "--follow prints %r: %s" % (want, out))
+    check(out.index("job.queued") < out.index("job.started") < out.index("job.succeeded"),
+          "--follow prints events in order: %s" % out)
+    steps = [ln.split()[1] for ln in out.splitlines() if ln.startswith("step ")]
+    check(steps == ["%d/5" % k for k in range(1, 6)], "each step record once, in order: %s"
+          % steps)
+    # A job that fails: exit 4 (the fake worker crashes at step 2, no retries left).
+    r = run("submit", spec_file(c, "bad", 4, 50, {"fake_crash_step": "2"}, max_retries=0),
+            "--wait")
+    check(r.returncode == 4 and "failed" in r.stdout, "failed job: rc %d %s %s" %
+          (r.returncode, r.stdout, r.stderr))
+    # A cancelled job: exit 5, seen by `loomctl wait` on a job submitted over HTTP.
+    jl = c.submit(world=1, steps=1000, step_ms=100)
+    c.wait_state(jl, "running", 20)
+    r = run("wait", jl, "--timeout", "1")
+    check(r.returncode == 6 and "--timeout" in r.stderr, "wait --timeout: rc %d %s" %
+          (r.returncode, r.stderr))
+    threading.Timer(1.0, lambda: c.request("POST", "/v1/jobs/%s/cancel" % jl)).start()
+    t0 = time.time()
+    r = run("wait", jl)
+    check(r.returncode == 5 and "cancelled" in r.stdout, "cancelled job: rc %d %s %s" %
+          (r.returncode, r.stdout, r.stderr))
+    check(time.time() - t0 < 15, "wait returned %.1f s after the cancel" % (time.time() - t0))
+    # JSON: the final job object.
+    r = run("--json", "wait", jid)
+    check(r.returncode == 0 and json.loads(r.stdout)["state"] == "succeeded", "--json wait: %s"
+          % r.stdout)
+    # Errors: an unknown job, another tenant's job (404, exit 1), bad usage (exit 2).
+    r = run("wait", "j-000000000000")
+    check(r.returncode == 1 and "JOB_NOT_FOUND" in r.stderr, "unknown job: %d %s" %
+          (r.returncode, r.stderr))
+    _, tok_b = c.new_tenant("cli-b")
+    r = subprocess.run([ctl, "wait", jid], env=dict(env, LOOM_TOKEN=tok_b), capture_output=True,
+                       text=True, timeout=30)
+    check(r.returncode == 1 and "JOB_NOT_FOUND" in r.stderr, "other tenant's job: %d %s" %
+          (r.returncode, r.stderr))
+    for args in (("wait",), ("wait", jid, "--timeout", "x"), ("submit", "f.json", "--timeout",
+                                                              "5"), ("submit", "f.json", "--bogus")):
+        r = run(*args)
+        check(r.returncode == 2, "usage %s: rc %d %s" % (args, r.returncode, r.stderr))
+    # loomd unreachable: exit 3.
+    r = subprocess.run([ctl, "wait", jid], env=dict(env, LOOM_URL="http://127.0.0.1:1"),
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 3, "unreachable: %d %s" % (r.returncode, r.stderr))
+
+
 def sc_webhooks(c):
     """Signed deliveries, 500 once then retried, deliveries log, validation,
     isolation, delete."""
@@ -604,6 +692,7 @@ SCENARIOS = {
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
     "event_ring": (sc_event_ring, {"nodes": 0}),
+    "cli_wait": (sc_cli_wait, {"nodes": 1}),
 }
 
 
