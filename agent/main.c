@@ -49,6 +49,10 @@ static const struct config_entry table[] = {
     {"config", CONFIG_STR, C(config), NULL, 1, 0, "config file (name = value lines)"},
     {"ca", CONFIG_STR, C(ca), NULL, 1, 0,
      "PEM CA bundle to verify an https coordinator (also LOOM_CA; workers inherit it)"},
+    {"job-root", CONFIG_STR, C(job_root), NULL, 1, 0,
+     "keep job directories on this node under DIR/<job> (no storage shared with loomd)"},
+    {"artifact-listen", CONFIG_STR, C(artifact_listen), NULL, 1, 0,
+     "HOST:PORT to serve --job-root's artifacts to loomd (port 0: any)"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 

@@ -32,6 +32,7 @@
     X(INVALID_DEVICES, 400, "agent: devices is not an array of at most 64")                        \
     X(INVALID_METRICS, 400, "agent: metrics items is not an array")                                \
     X(INVALID_LOG_CHUNK, 400, "agent: a log chunk is malformed")                                   \
+    X(INVALID_ARTIFACT_SERVER, 400, "agent: artifacts is not {url: http://..., token}")            \
     X(UNAUTHORIZED, 401, "missing, unknown, expired or revoked token")                             \
     X(TOKEN_EXPIRED, 401, "the tenant token is past its expires_at")                               \
     X(FORBIDDEN, 403, "a token of the wrong kind for this route")                                  \

@@ -25,6 +25,7 @@ import urllib.parse
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_cluster as tc  # noqa: E402  (reads BIN and SCENARIO from argv)
 from test_cluster import ADMIN, BIN, Fail, check  # noqa: E402
+from test_cluster import JOIN as JOIN_TOKEN  # noqa: E402
 
 SECRET = "test-secret-0123456789"
 
@@ -685,6 +686,110 @@ def sc_artifacts(c):
     c.request("POST", "/v1/jobs/%s/cancel" % jr)
 
 
+class NodeLocalCluster(Cluster):
+    """Agents keep job directories on their own disks (--job-root) and serve
+    them to loomd (--artifact-listen): nothing of a job's out_dir is where
+    loomd looks, so every artifact byte comes through the agent."""
+
+    def start_agent(self, name, devices, extra=()):
+        root = os.path.join(self.tmp, name + "-jobs")
+        return super().start_agent(name, devices, list(extra) + [
+            "--job-root", root, "--artifact-listen", "127.0.0.1:0"])
+
+
+def sc_artifacts_node(c):
+    """Artifacts served from the agent that holds them (no shared storage):
+    listing and downloads (whole, Range, ETag/304, 416) checked with hashlib
+    against the agent-side files, confinement through loomd and at the
+    agent's own route, its token, tenant isolation, a bad registration."""
+    import sqlite3
+    jid = c.submit(world=1, steps=6, step_ms=30, ckpt=2, labels={"fake_artifacts": "1"})
+    j = c.wait_state(jid, "succeeded", 30)
+    local = os.path.join(c.tmp, "node-1-jobs", jid)
+    check(os.path.isdir(os.path.join(local, "export", "hf")), "the export is on the node's disk")
+    check(not os.path.exists(os.path.join(j["out_dir"], "export")),
+          "nothing under loomd's out_dir %s" % j["out_dir"])
+    os.symlink("/etc/passwd", os.path.join(local, "export", "hf", "evil"))
+    os.makedirs(os.path.join(local, "checkpoints", ".tmp.step_00000099"))
+    with open(os.path.join(local, "checkpoints", ".tmp.step_00000099", "rank_00000.bin"),
+              "wb") as f:
+        f.write(b"partial")
+    st, r = c.get("/v1/jobs/%s/artifacts" % jid)
+    check(st == 200, "list: %s %s" % (st, r))
+    items = {i["path"]: i for i in r["items"]}
+    want = {"checkpoints/step_%08d/%s" % (s, f) for s in (2, 4, 6)
+            for f in ("manifest.json", "rank_00000.bin")}
+    want |= {"export/hf/config.json", "export/hf/model.safetensors",
+             "export/lora/adapter_config.json", "export/lora/adapter_model.safetensors"}
+    check(want == {p for p in items if not p.startswith("logs/")},
+          "listed from the node: %s" % sorted(items))
+    check([p for p in items if p.startswith("logs/")], "logs (loomd's copies) listed too")
+    check([i["path"] for i in r["items"]] == sorted(items), "sorted by path")
+    kinds = {"checkpoints": "checkpoint", "export/hf": "model", "export/lora": "adapter"}
+    for p in want:
+        it = items[p]
+        data = open(os.path.join(local, p), "rb").read()
+        check(it["kind"] == [v for k, v in kinds.items() if p.startswith(k)][0], "kind of " + p)
+        check(it["size"] == len(data) and it["sha256"] == sha(data), "size/sha of %s" % p)
+        st, hd, body = c.raw("GET", art_path(jid, p))
+        check(st == 200 and body == data and hd.get("etag") == '"%s"' % sha(data),
+              "download %s through loomd: %s %s" % (p, st, hd))
+    big = "export/hf/model.safetensors"
+    data = open(os.path.join(local, big), "rb").read()
+    n = len(data)
+    for rng, a, b in (("bytes=0-99", 0, 99), ("bytes=100-", 100, n - 1),
+                      ("bytes=-50", n - 50, n - 1), ("bytes=1000-2000", 1000, 2000)):
+        st, hd, body = c.raw("GET", art_path(jid, big), headers={"Range": rng})
+        check(st == 206 and sha(body) == sha(data[a:b + 1]) and
+              hd.get("content-range") == "bytes %d-%d/%d" % (a, b, n),
+              "Range %s: %s %s" % (rng, st, hd))
+    st, hd, body = c.raw("GET", art_path(jid, big), headers={"Range": "bytes=%d-" % (n + 5)})
+    check(st == 416 and b"RANGE_NOT_SATISFIABLE" in body and
+          hd.get("content-range") == "bytes */%d" % n, "416: %s %s" % (st, hd))
+    st, hd, body = c.raw("GET", art_path(jid, big), headers={"If-None-Match": '"%s"' % sha(data)})
+    check(st == 304 and body == b"", "If-None-Match: %s" % st)
+    for p in ("export/hf/evil", "export/hf/../../../../../etc/passwd", "spec.json",
+              "checkpoints/.tmp.step_00000099/rank_00000.bin", "export/hf/%2e%2e/%2e%2e/x",
+              "export/hf/nope"):
+        st, hd, body = c.raw("GET", "/v1/jobs/%s/artifacts/%s" % (jid, p))
+        check(st == 404 and b"ARTIFACT_NOT_FOUND" in body, "%s: %s %s" % (p, st, body))
+    # Isolation.
+    _, tok_b = c.new_tenant("node-b")
+    for p in ("/v1/jobs/%s/artifacts" % jid, art_path(jid, big)):
+        st, hd, body = c.raw("GET", p, token=tok_b)
+        check(st == 404 and b"JOB_NOT_FOUND" in body, "tenant B %s: %s" % (p, st))
+    # The agent's own route: its token only, confined to the job directory.
+    db = sqlite3.connect("file:%s?mode=ro" % os.path.join(c.tmp, "loomd", "loom.db"), uri=True)
+    url, tok = db.execute("SELECT artifact_url, artifact_token FROM nodes WHERE name = "
+                          "'node-1'").fetchone()
+    db.close()
+    check(url.startswith("http://127.0.0.1:") and len(tok) == 64, "registered: %s" % url)
+    port = int(url.rsplit(":", 1)[1])
+
+    def agent_get(path, token):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", path, headers={"Authorization": "Bearer " + token} if token else {})
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        return r.status, body
+
+    st, body = agent_get("/v1/node/artifacts/%s/%s" % (jid, big), tok)
+    check(st == 200 and body == data, "the agent serves its token's bearer: %s" % st)
+    for token in (None, JOIN_TOKEN, tok[:-1] + ("0" if tok[-1] != "0" else "1")):
+        st, body = agent_get("/v1/node/artifacts/%s/%s" % (jid, big), token)
+        check(st == 401, "agent refuses token %r: %s" % (token, st))
+    for p in ("%s/../../node-1/x" % jid, "%s/export/hf/evil" % jid, "..", "../%s" % jid,
+              "%s/export/hf/%%2e%%2e/%%2e%%2e/%%2e%%2e/etc/passwd" % jid, "j-nope/x", "%s//x" % jid):
+        st, body = agent_get("/v1/node/artifacts/" + p, tok)
+        check(st == 404, "agent confines %s: %s %s" % (p, st, body[:100]))
+    # A registration with a bad artifact server is refused.
+    st, r = c.request("POST", "/v1/agent/register",
+                      {"node": "node-x", "kind": "cpu", "devices": [],
+                       "artifacts": {"url": "ftp://x", "token": "t" * 40}}, token=JOIN_TOKEN)
+    check(st == 400 and code_of(r) == "INVALID_ARTIFACT_SERVER", "bad register: %s %s" % (st, r))
+
+
 SCENARIOS = {
     "events": (sc_events, {}),
     "sse": (sc_sse, {"nodes": 1}),
@@ -693,6 +798,7 @@ SCENARIOS = {
     "artifacts": (sc_artifacts, {"nodes": 1}),
     "event_ring": (sc_event_ring, {"nodes": 0}),
     "cli_wait": (sc_cli_wait, {"nodes": 1}),
+    "artifacts_node": (sc_artifacts_node, {"nodes": 1}),
 }
 
 
@@ -712,6 +818,8 @@ def main():
     name = tc.SCENARIO
     if name == "webhook_private":
         fn, kw, cls = sc_webhook_private, {"nodes": 0}, PlainCluster
+    elif name == "artifacts_node":
+        fn, kw, cls = sc_artifacts_node, {"nodes": 1}, NodeLocalCluster
     elif name == "event_ring":
         fn, kw, cls = sc_event_ring, {"nodes": 0}, RingCluster
     else:
