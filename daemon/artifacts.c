@@ -585,6 +585,18 @@ static json_t *sorted_items(json_t *items) {
     return out;
 }
 
+/* An unnamed read-write file in dir: O_TMPFILE, or (file systems without
+ * it) a named one removed at once. -1 with errno. */
+static int spool_file(const char *dir) {
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
+    char path[PATH_MAX];
+    pathf(path, sizeof path, "%s/.artifact-spool.XXXXXX", dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0) unlink(path);
+    return fd;
+}
+
 /* GET of one artifact from the job's nodes: the bytes land in an unnamed
  * temporary file in loomd's data dir, then are served like a local file.
  * (A copy first, not a pass-through stream: the reply then has its length
@@ -595,7 +607,7 @@ static int proxy_get(struct http_req *req, const struct job_nodes *jn, const cha
                      const char *rel) {
     const char *range = http_header(req, "Range"), *inm = http_header(req, "If-None-Match");
     for (int i = 0; i < jn->n; i++) {
-        struct fetch f = {.fd = open(req->ld->cfg.data_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)};
+        struct fetch f = {.fd = spool_file(req->ld->cfg.data_dir)};
         if (f.fd < 0) return API_ERROR(req, INTERNAL, "no temporary file: %s", strerror(errno));
         long st = node_get(&jn->v[i], job, rel, range, inm, &f);
         if (st == 200 || st == 206) {

@@ -1,6 +1,7 @@
 /* Events: the type table, the transition -> type mapping, events_emit (event
  * row + webhook outbox rows in the caller's transaction), the in-memory ring
  * of the newest events and the post-commit fan-out. See events.h for the contract. */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include "daemon/events.h"
 
 #include <stdlib.h>
@@ -352,7 +353,13 @@ int events_start(struct loomd *ld) {
     struct events *ev = calloc(1, sizeof *ev);
     if (!ev) return -1;
     http_notify_init(&ev->notify);
-    pthread_rwlock_init(&ev->ring_mu, NULL);
+    /* Writer preference: the commit hook must not wait behind a steady
+     * stream of readers (a thousand streams take the read lock per event). */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&ev->ring_mu, &ra);
+    pthread_rwlockattr_destroy(&ra);
     ev->cap = ld->cfg.events_ring > 0 ? (int)ld->cfg.events_ring : 4096;
     ev->ring = calloc((size_t)ev->cap, sizeof *ev->ring);
     int64_t seq = 0;
