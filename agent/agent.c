@@ -8,6 +8,7 @@
 #include "agent/agent.h"
 #include "agent/artifacts.h"
 
+#include "agent/commaddr.h"
 #include "agent/gpu.h"
 #include "agent/nodecheck.h"
 #include "agent/task.h"
@@ -64,6 +65,7 @@ struct agent {
     int hb_now;
     struct agent_artifacts *arts; /* artifact server (agent/artifacts.h), NULL: off */
     char artifact_url[300];       /* its URL, reported at registration */
+    struct comm_addr comm;        /* where this node's workers listen, chosen at registration */
 };
 
 static const char *state_name(enum task_state s) {
@@ -97,7 +99,30 @@ static json_t *tasks_json(struct agent *a) {
 
 /* ---- registration and heartbeat (main thread) ---- */
 
+/* Chooses the workers' listen address from this end of the connection to
+ * loomd (a request first when none was made yet) and the overrides. */
+static void choose_comm_addr(struct agent *a) {
+    char err[256];
+    if (!client_local_ip(a->cl)[0]) {
+        long status = 0;
+        json_t *reply = NULL;
+        if (client_request(a->cl, "GET", "/healthz", NULL, &status, &reply, NULL, err,
+                           sizeof err) != 0)
+            log_debug("healthz: %s", err);
+        json_decref(reply);
+    }
+    struct comm_addr prev = a->comm;
+    if (commaddr_choose(a->cfg->comm_iface, a->cfg->comm_host, client_local_ip(a->cl), &a->comm,
+                        err, sizeof err) != 0)
+        log_warn("%s; workers keep their own default", err);
+    if (strcmp(prev.addr, a->comm.addr) || strcmp(prev.iface, a->comm.iface))
+        log_info("workers listen on %s (interface %s, from %s)",
+                 a->comm.addr[0] ? a->comm.addr : "their default",
+                 a->comm.iface[0] ? a->comm.iface : "?", a->comm.why);
+}
+
 static int do_register(struct agent *a) {
+    choose_comm_addr(a);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     long long mem_kib = 0;
@@ -116,6 +141,8 @@ static int do_register(struct agent *a) {
         json_object_set_new(body, "artifacts",
                             json_pack("{s:s, s:s}", "url", a->artifact_url, "token",
                                       agent_artifacts_token(a->arts)));
+    json_object_set_new(body, "comm_addr", json_string(a->comm.addr));
+    json_object_set_new(body, "comm_iface", json_string(a->comm.iface));
     long status = 0;
     json_t *reply = NULL;
     char err[512];
@@ -303,6 +330,10 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         .rdzv_token = json_string_value(json_object_get(v, "rdzv_token")),
         .worker = a->cfg->worker,
         .threads = cpu_threads_per_device(a),
+        .comm_iface = !strcmp(a->comm.why ? a->comm.why : "", "comm-iface") ? a->comm.iface : NULL,
+        .comm_host = a->comm.addr,
+        .comm_ifname = a->comm.iface,
+        .master_addr = json_string_value(json_object_get(v, "master_addr")),
     };
     if (s.out_dir && *s.out_dir) {
         char tmp[1024];

@@ -53,6 +53,10 @@ static const struct config_entry table[] = {
      "keep job directories on this node under DIR/<job> (no storage shared with loomd)"},
     {"artifact-listen", CONFIG_STR, C(artifact_listen), NULL, 1, 0,
      "HOST:PORT to serve --job-root's artifacts to loomd (port 0: any)"},
+    {"comm-iface", CONFIG_STR, C(comm_iface), NULL, 1, 0,
+     "interface for worker-to-worker traffic (default: the one that reaches loomd)"},
+    {"comm-host", CONFIG_STR, C(comm_host), NULL, 1, 0,
+     "address workers listen on (default: this end of the connection to loomd)"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 

@@ -275,6 +275,15 @@ struct backend {
     void (*attention_decode)(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
                              int NKV, int HD);
 
+    /* ---- optional: documents packed in a row (train.packing "document"). NULL on a backend
+     * without it: the worker then refuses that packing. ----
+     * set_doc_starts: from now on, until called with NULL, row r (of N = B*T) belongs to the
+     * document that starts at position starts[r] of its sequence (starts[r] <= r % T, equal
+     * along a document): embedding_fwd/bwd and rope_fwd/bwd use the position r % T -
+     * starts[r], and attention_fwd/bwd let a query attend only to keys of its own document.
+     * The array (host memory) is read, not copied, by every later call. */
+    void (*set_doc_starts)(void *ctx, const int32_t *starts, int N);
+
     /* ---- optional: host memory and asynchronous copies (optimizer offload,
      * worker/offload.h). NULL on a backend without them (the CPU backend,
      * whose "device" memory is host memory): the caller then uses malloc and

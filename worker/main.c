@@ -60,6 +60,7 @@ struct opts {
     char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule, *offload;
     long rank, world, local_rank, threads, nproc, steps, offload_chunk_kib;
     int no_save;
+    int rank_steps;            /* --rank-steps: every rank writes rank_step lines */
     char *export_lora;         /* --export-lora DIR */
     struct hf_cli_opts hf;     /* model modes and fine-tuning (worker/hf_cli.h) */
     struct worker_tuning tune; /* the tuning and debug rows (worker/tuning.h) */
@@ -100,6 +101,9 @@ static const struct config_entry table[] = {
     {"no-save", CONFIG_BOOL, offsetof(struct opts, no_save), "0", 0, 0,
      "do not write checkpoints; for benchmarks of models whose checkpoint would not fit the "
      "disk"},
+    {"rank-steps", CONFIG_BOOL, offsetof(struct opts, rank_steps), "0", 0, 0,
+     "ranks other than 0 write {\"type\":\"rank_step\"} timing lines on stdout (set by "
+     "loom-agent: LOOM_RANK_STEPS=1)"},
     /* fine-tuning contract (docs/engine.md "Hugging Face models") */
     {"init-from", CONFIG_STR, offsetof(struct opts, hf.init_from), NULL, 1, 0,
      "Hugging Face model directory to load (no --spec needed) for the modes below"},
@@ -138,12 +142,31 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen) 
 struct data_src {
     struct data_loader *dl;
     int dp_rank;
+    /* train.packing "document": documents end at eos; starts[B*T] (owned by the train
+     * source, shared with val) tells the backend where each row's document starts */
+    struct backend *be;
+    int32_t *starts;
+    int64_t eos;
+    int B, T;
 };
 
 static int data_batch(void *user, int64_t step, int micro, int32_t *in, int32_t *tg, char *err,
                       size_t errlen) {
     struct data_src *d = user;
-    return data_loader_batch(d->dl, step, micro, d->dp_rank, in, tg, err, errlen);
+    int rc = data_loader_batch(d->dl, step, micro, d->dp_rank, in, tg, err, errlen);
+    if (rc != 0 || !d->starts) return rc;
+    /* a document starts at a row's first position and after every EOS */
+    for (int b = 0; b < d->B; b++)
+        for (int t = 0; t < d->T; t++) {
+            size_t r = (size_t)b * d->T + t;
+            d->starts[r] = t == 0 ? 0 : in[r - 1] == d->eos ? t : d->starts[r - 1];
+        }
+    d->be->set_doc_starts(d->be->ctx, d->starts, d->B * d->T);
+    return 0;
+}
+
+static int64_t data_step_loss_tokens(void *user, int64_t step) {
+    return data_loader_step_loss_tokens(((struct data_src *)user)->dl, step);
 }
 
 struct worker {
@@ -391,11 +414,20 @@ static int open_data(struct run *r) {
                                    .grad_accum = (int)w->der.grad_accum,
                                    .seed = s->train.seed,
                                    .shuffle = 1};
+    int64_t eos = -1;
     if (s->train.packing == JOBSPEC_PACK_DOCUMENT) {
-        snprintf(w->err, sizeof w->err,
-                 "train.packing \"document\" (attention kept within documents) is not built "
-                 "yet; use \"concat\" (the default)");
-        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+        /* attention kept within documents: the backend's segment support, and where
+         * documents end (the EOS id prepare recorded in meta.json beside the shards) */
+        if (!r->be->set_doc_starts || s->parallel.tp > 1 || s->parallel.pp > 1) {
+            snprintf(w->err, sizeof w->err,
+                     "train.packing \"document\" (attention kept within documents) is built on "
+                     "the cpu backend without tp/pp only (device %s, tp %d, pp %d); use "
+                     "\"concat\" (the default)",
+                     r->be->set_doc_starts ? "cpu" : "cuda", s->parallel.tp, s->parallel.pp);
+            return fail(w, LOOM_EXIT_BAD_SPEC, "PACKING_UNSUPPORTED", NULL);
+        }
+        if (data_meta_eos(s->data.train, &eos, w->err, sizeof w->err) != 0)
+            return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
     }
     if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
         /* Text, jsonl, chat and completion data are tokenized offline (docs/data.md). */
@@ -419,7 +451,14 @@ static int open_data(struct run *r) {
                  s->data.train);
         return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
     }
-    r->train_src = (struct data_src){w->train_dl, 0};
+    r->train_src = (struct data_src){.dl = w->train_dl};
+    if (eos >= 0) {
+        size_t n = (size_t)s->train.micro_batch * (size_t)s->model.seq_len;
+        r->train_src = (struct data_src){
+            w->train_dl,     0, r->be, calloc(n, sizeof(int32_t)), eos, s->train.micro_batch,
+            s->model.seq_len};
+        if (!r->train_src.starts) return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", NULL);
+    }
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;
         vo.pattern = s->data.val;
@@ -427,6 +466,7 @@ static int open_data(struct run *r) {
         vo.shuffle = 0;
         if (data_loader_open(&vo, &w->val_dl, w->err, sizeof w->err) != 0)
             return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+        r->val_src = r->train_src;
         r->val_src.dl = w->val_dl;
     }
     return 0;
@@ -624,6 +664,10 @@ static void make_train_opts(struct run *r) {
                                    .weight_decay = s->train.weight_decay,
                                    .grad_clip = s->train.grad_clip};
     to->train = (struct train_source){data_batch, &r->train_src};
+    if (data_loader_num_masked(w->train_dl) > 0) { /* mean over the counted targets */
+        to->step_loss_tokens = data_step_loss_tokens;
+        to->step_loss_tokens_user = &r->train_src;
+    }
     if (w->par) par_train_opts(w->par, to);
     if (w->val_dl && s->train.eval_every > 0) {
         to->val = (struct train_source){data_batch, &r->val_src};
@@ -638,6 +682,9 @@ static void make_train_opts(struct run *r) {
     to->save_every = s->checkpoint.every_steps;
     to->stop = &g_stop;
     to->out = w->e->rank == 0 ? stdout : NULL;
+    to->rank_out = w->e->rank != 0 && w->o.rank_steps ? stdout : NULL;
+    to->rank = w->e->rank;
+    to->slow_ms = w->o.tune.debug_slow_rank == w->e->rank ? w->o.tune.debug_slow_ms : 0;
     to->flops_per_token = w->der.flops_per_token;
     r->end = w->o.steps > 0 && w->o.steps < to->steps ? w->o.steps : to->steps;
 }
@@ -809,7 +856,8 @@ static int run(struct worker *w) {
     int code = 0;
     for (size_t i = 0; i < sizeof stages / sizeof *stages && code == 0; i++)
         code = stages[i](&r);
-    backend_free(r.be); /* NULL once the engine took it */
+    backend_free(r.be);       /* NULL once the engine took it */
+    free(r.train_src.starts); /* val_src shares it; the backend is not used past here */
     return code;
 }
 

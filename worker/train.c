@@ -44,6 +44,11 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         lora_zero_grads(m->lora);
     else
         engine_zero_grads(e);
+    /* Test knob (a straggler): before the forward, as a slow device is slow
+     * all through its compute, so its gradients reach the reductions late
+     * and its peers wait in grad_sync. (A sleep after the backward would be
+     * hidden: the per-layer reductions already run in the background.) */
+    if (o->slow_ms > 0) clock_sleep_ms(o->slow_ms);
     if (o->micro_steps) {
         int rc = o->micro_steps(o->micro_user, m, o, step, inputs, targets, sums, err, errlen);
         if (rc != 0) return rc;
@@ -77,14 +82,22 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     /* offload: the shard's gradients start down now (those not already on
      * their way), overlapping the norm */
     if (!m->lora) offload_fetch_grads(e);
-    double norm = sqrt(m->lora ? lora_grad_norm_sq(m->lora) : optim_grad_norm_sq(e));
+    /* Masked data: the mean over the step's counted targets (all micro-steps and ranks),
+     * not over its token count; the gradients are linear in their scale, so the factor is
+     * applied to the norm and the optimizer's grad_scale instead of re-running anything. */
+    double gfac = 1.0;
+    if (o->step_loss_tokens) {
+        int64_t counted = o->step_loss_tokens(o->step_loss_tokens_user, step);
+        if (counted > 0) gfac = (double)o->global_batch_tokens / (double)counted;
+    }
+    double norm = gfac * sqrt(m->lora ? lora_grad_norm_sq(m->lora) : optim_grad_norm_sq(e));
     double lr = optim_lr(&o->optim, step);
     double clip = optim_clip_scale(norm, o->optim.grad_clip);
     double t_opt = clock_mono_msf();
     if (m->lora)
-        lora_adamw(m->lora, &o->optim, lr, clip, step + 1);
+        lora_adamw(m->lora, &o->optim, lr, clip * gfac, step + 1);
     else
-        optim_step(e, &o->optim, lr, clip, step + 1);
+        optim_step(e, &o->optim, lr, clip * gfac, step + 1);
     /* the loss sums and the stop request travel in one host all-reduce (one
      * round trip per step instead of two), made while the device runs the
      * AdamW just issued: its latency (a staged NCCL call, ~0.1 ms) is hidden
@@ -152,8 +165,21 @@ static void emit(FILE *out, json_t *j) {
     json_decref(j);
 }
 
+/* A rank other than 0: its timing only (the loss and norms are rank 0's). */
+static void emit_rank_step(const struct train_opts *o, int64_t done,
+                           const struct train_step_info *in) {
+    emit(o->rank_out,
+         json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f}}", "type", "rank_step", "step",
+                   (json_int_t)done, "rank", o->rank, "ms", "step", in->ms_step, "compute",
+                   in->ms_compute, "comm_exposed", in->ms_comm, "optimizer", in->ms_optimizer));
+}
+
 static void emit_step(const struct model *m, const struct train_opts *o, int64_t done,
                       const struct train_step_info *in) {
+    if (!o->out) {
+        if (o->rank_out) emit_rank_step(o, done, in);
+        return;
+    }
     const struct engine *e = m->e;
     const struct engine_mem *mm = &e->mem;
     double tps = in->ms_step > 0 ? (double)in->tokens / (in->ms_step / 1e3) : 0;

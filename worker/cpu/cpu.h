@@ -43,7 +43,8 @@ struct cpu_ctx {
     float rope_theta;
     double *rope_inv; /* [HD/2] scaled inverse frequencies (rope_set_freqs), or NULL */
     int rope_half;
-    double *partials; /* sumsq chunk partials */
+    const int32_t *doc_start; /* [N] document start per row (set_doc_starts), or NULL */
+    double *partials;         /* sumsq chunk partials */
     size_t partials_n;
 };
 
@@ -109,6 +110,8 @@ void cpu_classifier(void *ctx, float *losses, void *dinp, void *dW, const void *
 /* Imported models and generation (worker/cpu/cpu_decode.c; struct backend). */
 int cpu_rope_set_freqs(void *ctx, const double *inv, int half);
 void cpu_rope_at(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0, float theta);
+/* Documents packed in a row (struct backend's set_doc_starts; worker/cpu/cpu_nn.c). */
+void cpu_set_doc_starts(void *ctx, const int32_t *starts, int N);
 void cpu_attention_decode(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
                           int NKV, int HD);
 /* Angle of RoPE pair d at position t: t * theta^(-2d/HD), or t * rope_inv[d]
