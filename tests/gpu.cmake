@@ -29,6 +29,12 @@ if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     loom_warnings(test_gpu_train)
     add_test(NAME gpu.train COMMAND test_gpu_train)
     set_tests_properties(gpu.train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
+    # LoRA on cuda vs cpu: curves, step-1 loss, frozen-base memory (tests/gpu/test_lora_cuda.c)
+    add_executable(test_lora_cuda ${CMAKE_CURRENT_LIST_DIR}/gpu/test_lora_cuda.c)
+    target_link_libraries(test_lora_cuda PRIVATE loom_engine m)
+    loom_warnings(test_lora_cuda)
+    add_test(NAME gpu.lora COMMAND test_lora_cuda)
+    set_tests_properties(gpu.lora PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 # The benchmark driver used by tests/bench/gpu_bench.sh (not a test).
 if(LOOM_HAVE_CUDA AND TARGET loom_engine)
@@ -68,9 +74,10 @@ endif()
 # Kernel micro-benchmarks on one GPU (not tests; run by tests/gpu/device/bench_step.sh micro):
 # AdamW variants' bandwidth, attention variants on the GPT-2 124M and 1558M
 # shapes, norm variants on the GPT-2 124M / 1558M and a Llama RMSNorm shape,
-# each variant in one process with agreement and bit-repeat checks.
+# each variant in one process with agreement and bit-repeat checks; bench_elem: the
+# elem-vec row's SwiGLU, RoPE and sum-of-squares kernels against the scalar ones (Llama 1B).
 if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
-    foreach(b bench_adamw bench_attn bench_norm)
+    foreach(b bench_adamw bench_attn bench_norm bench_elem)
         add_executable(${b} ${CMAKE_CURRENT_LIST_DIR}/gpu/${b}.c)
         target_link_libraries(${b} PRIVATE loom_dev_cuda loom_cuda CUDA::cudart_static m)
         loom_warnings(${b})

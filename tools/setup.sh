@@ -5,7 +5,7 @@
 set -e
 pkgs="build-essential cmake pkg-config git ca-certificates curl python3 python3-yaml clang-format \
 libmicrohttpd-dev libjansson-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev libgloo-dev \
-libomp-dev python3-numpy python3-torch openssl clang libclang-rt-dev"
+libomp-dev python3-numpy python3-torch openssl clang libclang-rt-dev libopenapi-client-perl"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -176,10 +176,11 @@ struct worker {
     struct engine *e;
     struct model *m;
     struct data_loader *train_dl, *val_dl;
-    struct zero *z;     /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
-    struct hf_spec hfs; /* model.init_from / export.hf (worker/hf_spec.h) */
-    struct par *par;    /* tp / pp > 1 (worker/par.h) */
-    struct lora *lora;  /* train.lora (worker/lora.h) */
+    struct zero *z;       /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
+    struct hf_spec hfs;   /* model.init_from / export.hf (worker/hf_spec.h) */
+    struct par *par;      /* tp / pp > 1 (worker/par.h) */
+    struct lora *lora;    /* train.lora (worker/lora.h) */
+    char lora_init[1024]; /* model.init_from named a PEFT adapter: its directory */
     char ckpt_path[1024];
     char err[1024];
 };
@@ -189,11 +190,50 @@ static int barrier_none(void *ctx) {
     return 0;
 }
 
+/* train.lora: the frozen base is rebuilt from model.init_from / the seed on
+ * every attempt, so a checkpoint holds the adapter state only. */
+static int save_lora_checkpoint(struct worker *w, int64_t done) {
+    struct engine *e = w->e;
+    struct ckpt_writer *cw = NULL;
+    json_t *man = NULL;
+    struct ckpt_opts co = {.out_dir = w->o.out,
+                           .rank = e->rank,
+                           .world = e->world,
+                           .barrier = w->z ? zero_barrier : barrier_none,
+                           .barrier_ctx = w->z,
+                           .keep = w->spec.checkpoint.keep};
+    if (ckpt_begin(&co, done, &cw, w->err, sizeof w->err) != 0) return -1;
+    if (lora_ckpt_add(w->lora, cw) != 0) {
+        ckpt_abort(cw);
+        return -1;
+    }
+    ckpt_set_rank_meta(cw, json_pack("{s:i, s:i, s:i, s:o}", "dp", e->dp_idx, "tp", e->tp_idx, "pp",
+                                     e->pp_idx, "lora", lora_ckpt_meta(w->lora)));
+    struct data_position pos;
+    data_loader_position(w->train_dl, done, &pos);
+    man = json_pack("{s:o, s:o, s:{s:s}, s:{s:i, s:i, s:i, s:i}, s:{s:I}, s:s}", "spec",
+                    jobspec_to_json(&w->spec), "data", data_position_to_json(&pos), "rng", "seed",
+                    "derived from train.seed; LoRA dropout masks from (seed, adapter, step, "
+                    "micro-step)",
+                    "layout", "dp", e->dp, "tp", e->tp, "pp", e->pp, "zero_stage",
+                    w->spec.parallel.zero_stage, "train", "step", (json_int_t)done, "contents",
+                    "lora");
+    int rc = ckpt_commit(cw, man, w->ckpt_path, sizeof w->ckpt_path, w->err, sizeof w->err);
+    if (rc == 0)
+        hf_cli_emit(json_pack("{s:s, s:I, s:s}", "type", "checkpoint", "step", (json_int_t)done,
+                              "path", w->ckpt_path));
+    else
+        log_error("checkpoint at step %lld: %s", (long long)done, w->err);
+    json_decref(man);
+    return rc;
+}
+
 static int save_checkpoint(void *user, int64_t done) {
     struct worker *w = user;
     struct engine *e = w->e;
     struct ckpt_writer *cw = NULL;
     int rc = -1;
+    if (w->lora) return save_lora_checkpoint(w, done);
     size_t n = e->shard_n;
     float *master = malloc((n ? n : 1) * sizeof(float));
     float *mom_m = malloc((n ? n : 1) * sizeof(float));
@@ -255,8 +295,17 @@ static int64_t resume(struct worker *w) {
     if (data && data_position_from_json(data, &pos, w->err, sizeof w->err) == 0 &&
         data_loader_check_position(w->train_dl, &pos, w->err, sizeof w->err) != 0)
         log_warn("resuming from %s although the data changed: %s", path, w->err);
+    int is_lora = json_object_get(ckpt_manifest(r), "contents") != NULL;
     ckpt_close(r);
-    if (zero_load_checkpoint(e, path, w->err, sizeof w->err) != 0) return -1;
+    if (!!is_lora != !!w->lora) {
+        snprintf(w->err, sizeof w->err,
+                 "%.700s is a %s checkpoint but this spec %s train.lora: use a new --out", path,
+                 is_lora ? "LoRA adapter" : "full-model", w->lora ? "has" : "has no");
+        return -1;
+    }
+    if (w->lora ? lora_ckpt_load(w->lora, path, e->rank, w->err, sizeof w->err) != 0
+                : zero_load_checkpoint(e, path, w->err, sizeof w->err) != 0)
+        return -1;
     log_info("resumed from %s (step %lld)", path, (long long)step);
     return step;
 }
@@ -347,6 +396,49 @@ static int fail(struct worker *w, int code, const char *ecode, const char *msg) 
     return code;
 }
 
+/* model.init_from naming a PEFT adapter directory (adapter_config.json):
+ * the base is its base_model_name_or_path (an HF directory) and the adapters
+ * continue from it (resume_stage). Rewrites the spec text's init_from to
+ * the base and keeps the adapter directory in w->lora_init. 0, or -1 with a
+ * message in w->err. */
+static int peft_init_redirect(struct worker *w, char **text, size_t *len) {
+    json_error_t je;
+    json_t *j = json_loadb(*text, *len, 0, &je);
+    const char *init = json_string_value(json_object_get(json_object_get(j, "model"), "init_from"));
+    char cfgp[1100];
+    struct stat st;
+    int rc = 0;
+    if (!init || snprintf(cfgp, sizeof cfgp, "%s/adapter_config.json", init) >= (int)sizeof cfgp ||
+        stat(cfgp, &st) != 0)
+        goto out; /* not a PEFT directory (or no spec JSON: the parser reports it) */
+    json_t *cfg = json_load_file(cfgp, 0, &je);
+    const char *base = json_string_value(json_object_get(cfg, "base_model_name_or_path"));
+    if (!base || !*base) {
+        snprintf(w->err, sizeof w->err,
+                 "model.init_from %.300s is a PEFT adapter but %.400s has no "
+                 "base_model_name_or_path (the base model's HF directory)",
+                 init, cfgp);
+        json_decref(cfg);
+        rc = -1;
+        goto out;
+    }
+    snprintf(w->lora_init, sizeof w->lora_init, "%s", init);
+    json_object_set_new(json_object_get(j, "model"), "init_from", json_string(base));
+    json_decref(cfg);
+    char *nt = json_dumps(j, JSON_COMPACT);
+    if (!nt) {
+        snprintf(w->err, sizeof w->err, "out of memory");
+        rc = -1;
+        goto out;
+    }
+    free(*text);
+    *text = nt;
+    *len = strlen(nt);
+out:
+    json_decref(j);
+    return rc;
+}
+
 /* Read and validate the spec; check the device and the world size. */
 static int load_spec(struct run *r) {
     struct worker *w = r->w;
@@ -355,6 +447,10 @@ static int load_spec(struct run *r) {
     size_t len = 0;
     char *text = read_file(o->spec, &len, w->err, sizeof w->err);
     if (!text) return fail(w, LOOM_EXIT_BAD_SPEC, "SPEC_UNREADABLE", NULL);
+    if (peft_init_redirect(w, &text, &len) != 0) {
+        free(text);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_INIT_INVALID", NULL);
+    }
     int prc = hf_spec_prepare(&text, &len, &w->hfs, &le) != 0 ||
               jobspec_parse_text(&w->spec, text, len, 0, &le) != 0;
     free(text);
@@ -502,26 +598,40 @@ static int setup_offload(struct run *r) {
     return 0;
 }
 
-/* train.lora: the adapters over the model (refused where unsupported). */
-static int lora_stage(struct run *r) {
+/* train.lora: what is refused before anything is allocated. */
+static int lora_check(struct run *r) {
     struct worker *w = r->w;
     const struct loom_spec *s = &w->spec;
     if (!s->train.lora.enabled) {
         if (w->o.export_lora)
             return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
                         "--export-lora needs train.lora in the spec");
+        if (w->lora_init[0])
+            return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
+                        "model.init_from names a PEFT adapter but the spec has no train.lora");
         return 0;
-    }
-    if (s->parallel.zero_stage > 0 && s->parallel.dp > 1) {
-        snprintf(w->err, sizeof w->err,
-                 "train.lora with dp=%d supports zero_stage 0 only (the adapters are small and "
-                 "replicated); this spec has zero_stage %d",
-                 s->parallel.dp, s->parallel.zero_stage);
-        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
     }
     if (s->train.quantize_base != JOBSPEC_QUANT_NONE)
         return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
                     "train.quantize_base is not supported with train.lora yet");
+    /* before the world is joined, so that a refused rank does not leave the
+     * others waiting at the rendezvous */
+    if (s->parallel.tp != 1 || s->parallel.pp != 1 || s->parallel.zero_stage > 2) {
+        snprintf(w->err, sizeof w->err,
+                 "train.lora supports data parallelism with zero_stage 0-2 (tp=1 pp=1); this "
+                 "spec has tp=%d pp=%d zero_stage=%d",
+                 s->parallel.tp, s->parallel.pp, s->parallel.zero_stage);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    }
+    return 0;
+}
+
+/* train.lora: the adapters over the model, after the world is joined (the
+ * dp communicator carries their gradients); refused where unsupported. */
+static int lora_stage(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
+    if (!s->train.lora.enabled) return 0;
     const char *tg[JOBSPEC_LORA_TARGETS_MAX];
     for (int i = 0; i < s->train.lora.n_targets; i++)
         tg[i] = s->train.lora.targets[i];
@@ -530,15 +640,17 @@ static int lora_stage(struct run *r) {
                            .dropout = s->train.lora.dropout,
                            .targets = tg,
                            .n_targets = s->train.lora.n_targets,
-                           .seed = (uint64_t)s->train.seed};
+                           .seed = (uint64_t)s->train.seed,
+                           .dp = w->z ? zero_dp_comm(w->z) : NULL,
+                           .zero_stage = s->parallel.zero_stage};
     const char *code = "LORA_UNSUPPORTED";
     w->lora = lora_new(w->m, &lo, &code, w->err, sizeof w->err);
     if (!w->lora)
         return fail(w, strcmp(code, "OUT_OF_MEMORY") == 0 ? LOOM_EXIT_FAILED : LOOM_EXIT_BAD_SPEC,
                     code, NULL);
     w->m->lora = w->lora;
-    log_info("lora: %d adapters of rank %d (scale %g); base weights frozen", lora_count(w->lora),
-             lora_rank(w->lora), lora_scale(w->lora));
+    log_info("lora: %d adapters of rank %d (scale %g, %zu parameters); base weights frozen",
+             lora_count(w->lora), lora_rank(w->lora), lora_scale(w->lora), lora_numel(w->lora));
     return 0;
 }
 
@@ -559,7 +671,11 @@ static int build_engine(struct run *r) {
                               * are sized by ZeRO before the weights exist, so a
                               * sharded rank never holds the whole model */
                              .windows_later = o->world > 1,
-                             .tp_host_sync = !o->tune.comm.tp_stream};
+                             .tp_host_sync = !o->tune.comm.tp_stream,
+                             /* train.lora: the base is frozen (no grads, master, moments) */
+                             .frozen = s->train.lora.enabled};
+    int lc = lora_check(r);
+    if (lc) return lc;
     w->e = engine_new(&s->model, &p, r->be);
     r->be = NULL; /* the engine's now, freed by engine_new on failure too */
     if (!w->e) return LOOM_EXIT_FAILED;
@@ -583,7 +699,7 @@ static int build_engine(struct run *r) {
     if (!w->m)
         return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",
                     "the model could not be built for this layout (see stderr)");
-    return lora_stage(r);
+    return 0;
 }
 
 /* world > 1: join the attempt (DP/ZeRO, then tp/pp); then the optimizer
@@ -617,23 +733,25 @@ static int join_world(struct run *r) {
     /* into the windows, views and master that now exist (world > 1: this
      * rank's share only; the master gets the unrounded fp32 values) */
     if (model_init_params(w->m, s->train.seed) != 0) return LOOM_EXIT_FAILED;
-    return 0;
+    return lora_stage(r);
 }
 
 /* A first attempt starts from model.init_from's weights (an HF directory);
  * a checkpoint in the run directory wins over them (a retried attempt). */
 static int resume_stage(struct run *r) {
     struct loom_error le;
-    if (hf_spec_init(&r->w->hfs, r->w->e, r->w->o.out, &le) != 0)
+    /* a LoRA checkpoint holds the adapters only: the frozen base always
+     * comes from init_from (out_dir NULL: loaded whatever the run dir holds) */
+    if (hf_spec_init(&r->w->hfs, r->w->e, r->w->lora ? NULL : r->w->o.out, &le) != 0)
         return fail(r->w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
     r->start = resume(r->w);
     if (r->start < 0) return fail(r->w, LOOM_EXIT_FAILED, "CHECKPOINT_INVALID", NULL);
-    if (r->start > 0 && r->w->lora) {
-        snprintf(r->w->err, sizeof r->w->err,
-                 "the run directory %s has a checkpoint at step %lld, but train.lora adapters "
-                 "are not checkpointed yet: resuming would restart them; use a new --out",
-                 r->w->o.out, (long long)r->start);
-        return fail(r->w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    /* a PEFT adapter named by model.init_from: the adapters continue from it
+     * (a checkpoint of this run, when there is one, wins) */
+    if (r->start == 0 && r->w->lora && r->w->lora_init[0]) {
+        if (lora_load_peft(r->w->lora, r->w->lora_init, r->w->err, sizeof r->w->err) != 0)
+            return fail(r->w, LOOM_EXIT_BAD_SPEC, "LORA_INIT_INVALID", NULL);
+        log_info("lora: adapters from the PEFT directory %s", r->w->lora_init);
     }
     return 0;
 }

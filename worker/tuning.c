@@ -22,6 +22,12 @@ const struct config_entry worker_tuning_rows[] = {
     {"attn-cudnn", CONFIG_STR | T, AT(cuda.attn_cudnn), "1", 1, 0,
      "CUDA attention: 1 cuDNN fused engines (deterministic), nd (nondeterministic), 0 the "
      "built-in flash kernels"},
+    {"attn-cudnn-gqa", CONFIG_BOOL | T, AT(cuda.attn_cudnn_gqa), "1", 0, 0,
+     "CUDA attention: cuDNN's engines also for grouped-query attention (fewer kv heads than "
+     "query heads); 0 keeps those on the built-in kernels"},
+    {"elem-vec", CONFIG_BOOL | T, AT(cuda.elem_vec), "1", 0, 0,
+     "CUDA: 16-byte vector kernels for SwiGLU, RoPE (a cos/sin table) and the gradient norm's "
+     "sum of squares; 0 the one-element-per-thread kernels"},
     {"blas-tune", CONFIG_BOOL | T, AT(cuda.blas_tune), "0", 0, 0,
      "CUDA: choose cuBLASLt algorithms by timing the candidates of each GEMM shape"},
     {"blas-algo-cache", CONFIG_STR | T, AT(cuda.blas_algo_cache), NULL, 1, 0,

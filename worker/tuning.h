@@ -32,7 +32,9 @@ struct cpu_tuning {
 struct cuda_tuning {
     int fuse_dgelu;   /* fuse-dgelu: GELU backward fused into the matmul backward */
     char *attn_cudnn; /* attn-cudnn: "1" cuDNN (deterministic), "nd" (nondeterministic), "0" off */
-    int blas_tune;    /* blas-tune: GEMM algorithms chosen by timing */
+    int attn_cudnn_gqa;    /* attn-cudnn-gqa: cuDNN also for grouped-query attention */
+    int elem_vec;          /* elem-vec: 16-byte SwiGLU / RoPE / sum-of-squares kernels */
+    int blas_tune;         /* blas-tune: GEMM algorithms chosen by timing */
     char *blas_algo_cache; /* blas-algo-cache: file of recorded GEMM choices; NULL: none */
 };
 

@@ -74,13 +74,19 @@ static void test_cudnn_fallback(void) {
     long v = lcudnn_version();
     CHECK(v == 0 || (v >= 90000 && v < 100000), "cuDNN version %ld", v);
     struct lcudnn_attn *a =
-        lcudnn_attn_new(NULL, 2, 128, 2, 64, 3 * 2 * 64, 2 * 64, 1, why, sizeof why);
+        lcudnn_attn_new(NULL, 2, 128, 2, 2, 64, 3 * 2 * 64, 2 * 64, 1, why, sizeof why);
     CHECK(a || why[0], "no plans and no reason");
     if (!a) printf("cuDNN attention not available here (version %ld): %s\n", v, why);
     lcudnn_attn_free(a);
     why[0] = 0;
-    a = lcudnn_attn_new(NULL, 1, 64, 1, 7, 21, 7, 1, why, sizeof why);
+    a = lcudnn_attn_new(NULL, 1, 64, 1, 1, 7, 21, 7, 1, why, sizeof why);
     CHECK(!a && why[0], "head size 7: %s", a ? "accepted" : "no reason");
+    lcudnn_attn_free(a);
+    /* 6 query heads do not group over 4 kv heads: refused before cuDNN is asked */
+    why[0] = 0;
+    a = lcudnn_attn_new(NULL, 1, 64, 6, 4, 64, 14 * 64, 6 * 64, 1, why, sizeof why);
+    CHECK(!a && strstr(why, "6 query heads") && strstr(why, "4 kv heads"), "H 6 / Hkv 4: %s",
+          a ? "accepted" : why);
     lcudnn_attn_free(a);
 }
 

@@ -563,20 +563,123 @@ static void test_act(int N, int F) {
     t_free(&r);
 }
 
-static void test_rope(int B, int T, int NH, int NKV, int HD) {
+/* Llama 3's RoPE scaling ("rope_type": "llama3", as Hugging Face's
+ * _compute_llama3_parameters writes it), fp64: inverse frequencies whose
+ * wavelength is past orig / lo divided by factor, those under orig / hi
+ * kept, the band between interpolated. */
+static void llama3_inv_freq(double *inv, int HD, double theta, double factor, double lo, double hi,
+                            double orig) {
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < HD / 2; i++) {
+        double f = 1.0 / pow(theta, (2.0 * i) / HD), wl = 2 * pi / f;
+        double scaled = wl > orig / lo ? f / factor : f;
+        if (!(wl < orig / hi) && !(wl > orig / lo)) {
+            double sm = (orig / wl - lo) / (hi - lo);
+            scaled = (1 - sm) * scaled / factor + sm * scaled;
+        }
+        inv[i] = scaled;
+    }
+}
+
+/* RoPE in place on the q and k heads of fused qkv rows, forward then
+ * backward, against the cpu (B > 1: positions wrap at T); scaled = 1: both backends given Llama 3
+ * frequencies (an original context of 64 positions, so that at T >= 128
+ * every band, scaled, interpolated and kept, is in use), and the gpu
+ * result must also differ from the unscaled rotation (the frequencies are
+ * used, not dropped). */
+static void test_rope(int B, int T, int NH, int NKV, int HD, int scaled) {
     char shape[64];
-    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d", B, T, NH, NKV, HD);
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d%s", B, T, NH, NKV, HD,
+             scaled ? " llama3" : "");
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
     int N = B * T, stride = (NH + 2 * NKV) * HD;
+    double inv[256];
+    if (scaled) {
+        llama3_inv_freq(inv, HD, 10000.0, 8.0, 1.0, 4.0, 64.0);
+        if (cpu->rope_set_freqs(cpu->ctx, inv, HD / 2) || !gpu->rope_set_freqs ||
+            gpu->rope_set_freqs(gpu->ctx, inv, HD / 2)) {
+            checks++, failures++;
+            printf("FAIL rope_set_freqs         %s\n", shape);
+            return;
+        }
+    }
     struct tens x;
     t_rand(&x, (size_t)N * stride, 0, 1, 0);
     memset(x.init, 0, x.n * sizeof(float));
     cpu->rope_fwd(cpu->ctx, x.c, N, T, stride, NH + NKV, HD, 10000.f);
     gpu->rope_fwd(gpu->ctx, x.g, N, T, stride, NH + NKV, HD, 10000.f);
     t_check(&x, "rope_fwd", shape, TOL_ELEM, 0);
+    if (scaled) { /* the unscaled rotation of the same input is far from it */
+        float *plain = malloc(x.n * sizeof(float));
+        memcpy(plain, x.h, x.n * sizeof(float));
+        cpu->rope_set_freqs(cpu->ctx, NULL, 0);
+        cpu->rope_fwd(cpu->ctx, plain, N, T, stride, NH + NKV, HD, 10000.f);
+        cpu->rope_set_freqs(cpu->ctx, inv, HD / 2);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < x.n; i++) {
+            double d = (double)plain[i] - ((float *)x.c)[i];
+            num += d * d, den += (double)plain[i] * plain[i];
+        }
+        int far = den > 0 && sqrt(num / den) > 100 * TOL_ELEM;
+        checks++, failures += !far;
+        printf("%-4s %-22s %-26s rel=%.2e\n", far ? "ok" : "FAIL", "rope llama3 != plain", shape,
+               den > 0 ? sqrt(num / den) : 0.0);
+        free(plain);
+    }
     cpu->rope_bwd(cpu->ctx, x.c, N, T, stride, NH + NKV, HD, 10000.f);
     gpu->rope_bwd(gpu->ctx, x.g, N, T, stride, NH + NKV, HD, 10000.f);
     t_check(&x, "rope_bwd", shape, TOL_ELEM * 2, 0);
+    if (scaled) {
+        cpu->rope_set_freqs(cpu->ctx, NULL, 0);
+        gpu->rope_set_freqs(gpu->ctx, NULL, 0);
+    }
     t_free(&x);
+}
+
+/* The gradient norm's sum of squares against the cpu: an aligned start and
+ * a length with a tail past the vectors (the 16-byte kernel), and a start
+ * one element in (not 16-byte aligned: the scalar kernel). */
+static void test_sumsq(size_t n) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "n%zu", n);
+    struct tens g, acc;
+    t_rand(&g, n + 1, 0, 0.02f, 0);
+    t_alloc(&acc, 1, 1);
+    acc.h[0] = 0.5f;
+    t_upload(&acc);
+    cpu->sumsq(cpu->ctx, acc.c, g.c, n);
+    gpu->sumsq(gpu->ctx, acc.g, g.g, n);
+    t_check(&acc, "sumsq aligned", shape, 1e-5, 1);
+    cpu->sumsq(cpu->ctx, acc.c, (float *)g.c + 1, n);
+    gpu->sumsq(gpu->ctx, acc.g, (uint16_t *)g.g + 1, n);
+    t_check(&acc, "sumsq offset", shape, 1e-5, 1);
+    float first, again;
+    gpu->download(gpu->ctx, &first, acc.g, 4);
+    gpu->upload(gpu->ctx, acc.g, &acc.init[0], 4);
+    gpu->sumsq(gpu->ctx, acc.g, g.g, n);
+    gpu->sumsq(gpu->ctx, acc.g, (uint16_t *)g.g + 1, n);
+    gpu->download(gpu->ctx, &again, acc.g, 4);
+    int same = memcmp(&first, &again, 4) == 0;
+    checks++, failures += !same;
+    printf("%-4s %-22s %-26s\n", same ? "ok" : "FAIL", "sumsq repeats", shape);
+    t_free(&g), t_free(&acc);
+}
+
+/* SwiGLU, RoPE (plain and Llama 3 scaled) and the sum of squares on `gpu`
+ * (the elem-vec row's either setting) */
+static void elem_cases(int quick) {
+    reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
+    test_act(64, 256);
+    test_act(13, 100); /* F not a multiple of 8: the scalar SwiGLU kernels */
+    if (!quick) test_act(37, 3072);
+    test_rope(2, 64, 4, 2, 64, 0);
+    test_rope(1, 128, 2, 2, 128, 0);
+    test_rope(2, 128, 4, 2, 64, 1);
+    test_rope(1, 256, 2, 1, 128, 1);
+    if (!quick) test_rope(1, 96, 3, 1, 40, 0); /* hd 40: not a multiple of 16 (scalar) */
+    test_sumsq(5000);
+    if (!quick) test_sumsq(3u << 20);
+    reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
 }
 
 /* Download a bf16 gpu tensor's raw bits (caller frees). */
@@ -726,18 +829,28 @@ static void test_attention_ships(int B, int T, int NH, int NKV, int HD) {
 
 /* cuDNN's fused attention through the backend (`gpu` is then a backend made
  * with LOOM_ATTN_CUDNN=1), the backward into a zeroed gradient (calls that
- * accumulate use k_attn.cu). Where cuDNN is not available the case says NOT
- * RUN and counts neither way. */
-static void test_attention_cudnn(int B, int T, int NH, int HD) {
+ * accumulate use k_attn.cu); NKV < NH: grouped-query attention, dK / dV
+ * summed over each kv head's query heads. Where cuDNN is not available the
+ * case says NOT RUN and counts neither way, except that a grouped shape the
+ * multi-head shape of the same size builds for must build too (a GQA graph
+ * cuDNN rejects would silently leave Llama models on k_attn.cu). */
+static void test_attention_cudnn(int B, int T, int NH, int NKV, int HD) {
     char shape[64];
-    snprintf(shape, sizeof shape, "B%d T%d H%d hd%d cudnn", B, T, NH, HD);
-    reserve_both(B, T, NH * HD, NH, NH, HD, 64, 64);
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d cudnn", B, T, NH, NKV, HD);
+    int mha_ok = 1;
+    if (NKV != NH) {
+        reserve_both(B, T, NH * HD, NH, NH, HD, 64, 64);
+        mha_ok = strcmp(backend_cuda_attn_path(gpu), "cudnn") == 0;
+    }
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
     const char *path = backend_cuda_attn_path(gpu);
     if (strcmp(path, "cudnn") != 0) {
-        printf("NOT RUN cuDNN attention %s: %s\n", shape, path);
+        int bad = NKV != NH && mha_ok;
+        checks += bad, failures += bad;
+        printf("%s cuDNN attention %s: %s\n", bad ? "FAIL" : "NOT RUN", shape, path);
         return;
     }
-    attention_case(B, T, NH, NH, HD, shape, 1);
+    attention_case(B, T, NH, NKV, HD, shape, 1);
 }
 
 static void test_embed(int B, int T, int C, int Vp) {
@@ -1247,11 +1360,15 @@ int main(void) {
     cpu = backend_cpu_new(0);
     /* k_attn.cu's kernels here (the attn-cudnn row off); cuDNN's attention on
      * a second backend below */
-    struct cuda_tuning ct = {.fuse_dgelu = 1, .attn_cudnn = "0"};
+    struct cuda_tuning ct = {
+        .fuse_dgelu = 1, .attn_cudnn = "0", .attn_cudnn_gqa = 1, .elem_vec = 1};
     gpu = backend_cuda_new_tuned(0, &ct);
     ct.attn_cudnn = "1";
     struct backend *gpu_cudnn = backend_cuda_new_tuned(0, &ct);
-    if (!cpu || !gpu || !gpu_cudnn) return 1;
+    /* the elem-vec row off: the one-element-per-thread kernels */
+    ct.attn_cudnn = "0", ct.elem_vec = 0;
+    struct backend *gpu_scalar = backend_cuda_new_tuned(0, &ct);
+    if (!cpu || !gpu || !gpu_cudnn || !gpu_scalar) return 1;
     /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
      * shapes of every table only. */
     int quick = getenv("LOOM_TEST_QUICK") != NULL;
@@ -1277,11 +1394,13 @@ int main(void) {
                                 {97, 520, 0},  {200, 1024, 0}, {64, 64, 1},     {70, 4096, 1}};
     for (size_t i = 0; i < (quick ? 2 : sizeof np / sizeof np[0]); i++)
         test_norm_paths(np[i][0], np[i][1], np[i][2]);
-    reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
-    test_act(64, 256);
-    if (!quick) test_act(37, 3072);
-    test_rope(2, 64, 4, 2, 64);
-    test_rope(1, 128, 2, 2, 128);
+    elem_cases(quick);
+    {
+        struct backend *vec_gpu = gpu;
+        gpu = gpu_scalar;
+        elem_cases(quick);
+        gpu = vec_gpu;
+    }
     /* T % 128 == 64 shapes exercise scheme 2's half-empty 128-query CTA */
     static const int at[][5] = {{1, 64, 1, 1, 64},  {2, 128, 2, 1, 32},  {1, 192, 2, 2, 128},
                                 {2, 128, 4, 4, 64}, {1, 256, 4, 2, 64},  {1, 320, 3, 1, 64},
@@ -1295,10 +1414,15 @@ int main(void) {
     {
         struct backend *k_attn_gpu = gpu;
         gpu = gpu_cudnn;
-        static const int ac[][4] = {
-            {2, 256, 4, 64}, {1, 1024, 2, 64}, {2, 128, 2, 128}, {4, 512, 12, 64}};
+        /* B T NH NKV HD: multi-head, then grouped-query (groups of 2, 4 and
+         * 8 query heads, one kv head, Llama 3.2 1B's 32/8 and 3B's 24/8) */
+        static const int ac[][5] = {
+            {2, 256, 4, 4, 64},   {1, 1024, 2, 2, 64}, {2, 128, 2, 2, 128},
+            {4, 512, 12, 12, 64}, {2, 256, 4, 2, 64},  {1, 512, 8, 2, 128},
+            {1, 256, 8, 1, 64},   {1, 384, 32, 8, 64}, {1, 256, 24, 8, 128}};
         for (size_t i = 0; i < (quick ? 1 : sizeof ac / sizeof ac[0]); i++)
-            test_attention_cudnn(ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
+            test_attention_cudnn(ac[i][0], ac[i][1], ac[i][2], ac[i][3], ac[i][4]);
+        if (quick) test_attention_cudnn(2, 256, 4, 2, 64);
         gpu = k_attn_gpu;
         reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
     }
@@ -1318,6 +1442,8 @@ int main(void) {
     test_blas_tune(64, 128, 256);
     if (!quick) test_blas_tune(1024, 768, 3072);
 
+    backend_free(gpu_scalar);
+    backend_free(gpu_cudnn);
     backend_free(gpu);
     backend_free(cpu);
     printf("%d of %d checks passed\n", checks - failures, checks);

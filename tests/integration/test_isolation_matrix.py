@@ -33,8 +33,8 @@ import test_cluster as tc  # noqa: E402
 ADMIN = tc.ADMIN
 check = tc.check
 
-# (method, pattern) -> (kind, concrete path with {job} {hook} {tenant} {token}
-# {node} {check} {art} of tenant A's objects, body or None)
+# (method, pattern) -> (kind, concrete path with {job} {array} {hook} {tenant}
+# {token} {node} {check} {art} of tenant A's objects, body or None)
 MATRIX = {
     ("GET", "/healthz"): ("public", "/healthz", None),
     ("GET", "/metrics"): ("public", "/metrics", None),
@@ -56,6 +56,7 @@ MATRIX = {
     ("GET", "/v1/jobs"): ("list", "/v1/jobs?limit=1000", None),
     ("GET", "/v1/jobs/{id}"): ("foreign", "/v1/jobs/{job}", None),
     ("POST", "/v1/jobs/{id}/cancel"): ("foreign", "/v1/jobs/{job}/cancel", None),
+    ("POST", "/v1/arrays/{id}/cancel"): ("foreign", "/v1/arrays/{array}/cancel", None),
     ("GET", "/v1/jobs/{id}/events"): ("foreign", "/v1/jobs/{job}/events", None),
     ("POST", "/v1/plan"): ("create", "/v1/plan", "SPEC"),
     ("GET", "/v1/jobs/{id}/logs"): ("foreign", "/v1/jobs/{job}/logs?rank=0", None),
@@ -197,7 +198,15 @@ def scenario(c):
     c.wait_state(running, "running", 20, token=tok_a)
     c.wait(lambda: running in json.dumps(c.get("/v1/nodes", token=ADMIN)[1]), 10,
            "the admin's node view shows the running job")
-    secrets = [job, running, h["id"], ta["id"], ka["id"], tok_a]
+    # And a job array of A whose members wait behind it (B's array cancel must not reach it).
+    sa = spec(c, "a-array")
+    sa["train"]["steps"] = 100000
+    sa["array"] = {"train.lr": [1e-3, 2e-3]}
+    st, arr = c.request("POST", "/v1/jobs", sa, token=tok_a)
+    check(st == 201 and arr.get("array_id"), "A submits an array: %s %s" % (st, arr))
+    ids["array"] = arr["array_id"]
+    members = [m["id"] for m in arr["items"]]
+    secrets = [job, running, h["id"], ta["id"], ka["id"], tok_a, arr["array_id"]] + members
     before = snapshot(c, ids, tok_a)
 
     counts = {}
@@ -217,7 +226,7 @@ def scenario(c):
             check(not leaked, "%s names A's %s" % (what, leaked))
         if kind == "foreign":
             code = (r or {}).get("error", {}).get("code", "")
-            check(code.endswith("_NOT_FOUND"), "%s: a *_NOT_FOUND code" % what)
+            check(code.endswith("NOT_FOUND"), "%s: a *NOT_FOUND code" % what)
         if kind == "public" and pattern == "/metrics":
             check(tok_a not in text, "the token never appears in /metrics")
         counts[kind] = counts.get(kind, 0) + 1
@@ -232,6 +241,10 @@ def scenario(c):
     check(job in json.dumps(r), "the admin token sees A's job")
     st, r = c.get("/v1/jobs/" + running, token=tok_a)
     check(st == 200 and r["state"] == "running", "A's running job still runs: %s" % r)
+    for m in members:
+        st, r = c.get("/v1/jobs/" + m, token=tok_a)
+        check(st == 200 and r["state"] not in ("cancelling", "cancelled"),
+              "A's array member %s not cancelled: %s" % (m, r.get("state")))
     print("isolation matrix: %d routes, %s" % (len(MATRIX), ", ".join(
         "%s %d" % kv for kv in sorted(counts.items()))))
 

@@ -33,6 +33,7 @@ static void test_defaults(void) {
     check(t.cpu.par_min == 262144, "cpu-par-min 2^18");
     check(t.cuda.fuse_dgelu == 1, "fuse-dgelu on");
     check(streq(t.cuda.attn_cudnn, "1"), "attn-cudnn 1");
+    check(t.cuda.attn_cudnn_gqa == 1, "attn-cudnn-gqa on");
     check(t.cuda.blas_tune == 0 && t.cuda.blas_algo_cache == NULL, "blas off");
     check(t.comm.timeout_ms == 0 && t.comm.backend == NULL, "comm defaults");
     check(t.comm.dp_pair == 1 && t.comm.dp_emb_exchange == 1 && t.comm.tp_stream == 1,
@@ -62,6 +63,9 @@ static int pair_off(const struct worker_tuning *t) {
 static int cudnn_nd(const struct worker_tuning *t) {
     return streq(t->cuda.attn_cudnn, "nd");
 }
+static int cudnn_gqa_off(const struct worker_tuning *t) {
+    return t->cuda.attn_cudnn_gqa == 0;
+}
 static int hash_on(const struct worker_tuning *t) {
     return t->debug_param_hash == 1;
 }
@@ -80,6 +84,7 @@ static const struct env_case env_cases[] = {
     {"LOOM_PAIR_CHUNK_KIB", "256", 1, chunk_256},
     {"LOOM_DP_PAIR", "0", 1, pair_off},
     {"LOOM_ATTN_CUDNN", "nd", 1, cudnn_nd},
+    {"LOOM_ATTN_CUDNN_GQA", "0", 1, cudnn_gqa_off},
     {"LOOM_DEBUG_PARAM_HASH", "1", 1, hash_on},
     {"LOOM_COMM_BACKEND", "gloo", 1, gloo},
     {"LOOM_COMM_TIMEOUT_MS", "4000", 1, timeout_4000},

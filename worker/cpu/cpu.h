@@ -123,4 +123,9 @@ void cpu_classifier_vp(void *ctx, float *lse, float *tl, void *dinp, void *dW, c
                        const void *W, const int32_t *targets, const float *lse_in, int N, int C,
                        int Vv, int Vr, float grad_scale);
 
+/* LoRA helpers (worker/cpu/cpu_lora.c; struct backend axpy_2d, dropout). */
+void cpu_axpy_2d(void *ctx, void *dst, int ldd, const void *src, int lds, int rows, int cols,
+                 float alpha, int beta);
+void cpu_dropout(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed);
+
 #endif

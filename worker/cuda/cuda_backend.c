@@ -39,6 +39,7 @@
  * ring is complete. copy_fence makes the compute stream wait for both copy
  * streams. */
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,7 @@
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cudnn_attn.h"
+#include "worker/cuda/k_lora.h"
 #include "worker/cuda/kernels.h"
 #include "worker/tuning.h"
 
@@ -124,12 +126,38 @@ struct cuda_ctx {
      * (the attn-cudnn row, LOOM_ATTN_CUDNN: 1 deterministic, the default; nd nondeterministic;
      * 0 off); NULL: k_attn.cu's kernels */
     int cudnn_mode;
+    /* the attn-cudnn-gqa row off (LOOM_ATTN_CUDNN_GQA=0): grouped-query attention
+     * (NKV < NH) stays on k_attn.cu */
+    int cudnn_gqa_off;
+    /* the elem-vec row off (LOOM_ELEM_VEC=0): SwiGLU, RoPE and the gradient
+     * norm's sum of squares one element per thread */
+    int elem_scalar;
+    /* RoPE: scaled inverse frequencies (rope_set_freqs; NULL: theta^(-2i/HD)),
+     * and the device tables for the last (T, HD, theta) asked: inverse
+     * frequencies in fp64 and fp32 and lk_rope_tab's cos / sin; the tables
+     * live in the workspace (lim.T x lim.HD / 2 at most) */
+    double *rope_inv;
+    int rope_half;
+    double *d_rope_inv;
+    float *d_rope_inv32, *d_rope_tab;
+    int rope_T, rope_HD, rope_valid;
+    float rope_theta;
+    double rope_h64[512]; /* host sources of the frequency copies */
+    float rope_h32[512];
     /* the blas-tune and blas-algo-cache rows, for lk_blas_new in reserve */
     int blas_tune;
     char *blas_cache;
     int cc; /* the device's compute capability x10 (90 = sm_90) */
     struct lcudnn_attn *cda;
     char cda_why[640]; /* why not, when cda is NULL */
+    /* imported models and generation (k_decode.cu): rope_set_freqs' inverse
+     * frequencies for rope_at at any position (device fp32 [dec_rope_half];
+     * NULL: theta^(-2i/HD)) and the decode attention's split scratch, made on
+     * first use */
+    float *dec_rope_inv;
+    int dec_rope_half;
+    float *dec_scratch;
+    size_t dec_bytes;
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -230,7 +258,10 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     size_t b_sum = lk_sum_scratch_bytes(0);
     size_t b_logits = (size_t)c->cls_chunk * Vp * 2;
     size_t b_tok = (size_t)(3 * N + 1) * sizeof(int32_t);
-    size_t total = b_attn + b_norm + b_bias + b_sum + b_logits + b_tok + (64u << 20) + (8 << 10);
+    size_t rhalf = lim->HD > 1 ? (size_t)lim->HD / 2 : 1;
+    size_t b_rope = rhalf * 12 + (size_t)lim->T * rhalf * 8 + 768;
+    size_t total =
+        b_attn + b_norm + b_bias + b_sum + b_logits + b_tok + b_rope + (64u << 20) + (8 << 10);
     lcuda_arena_init(&c->ws, "workspace", total);
     c->blas = lk_blas_new((lcuda_stream)c->s, &c->ws, c->blas_tune, c->blas_cache);
     c->attn_scratch = lcuda_arena_alloc(&c->ws, b_attn);
@@ -241,6 +272,10 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     c->d_order = lcuda_arena_alloc(&c->ws, b_tok);
     c->d_starts = c->d_order + N;
     c->d_uniq = c->d_starts + N + 1;
+    c->d_rope_inv = lcuda_arena_alloc(&c->ws, rhalf * 8);
+    c->d_rope_inv32 = lcuda_arena_alloc(&c->ws, rhalf * 4);
+    c->d_rope_tab = lcuda_arena_alloc(&c->ws, (size_t)lim->T * rhalf * 8);
+    c->rope_valid = 0;
     if (cudaMallocHost((void **)&c->h_tok, (size_t)N * sizeof(int32_t)) != cudaSuccess ||
         cudaMallocHost((void **)&c->h_buf, b_tok) != cudaSuccess) {
         log_error("cuda backend: cannot pin %zu bytes of host memory", b_tok);
@@ -251,15 +286,16 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     CUDA_CHECK(cudaEventRecord(c->buf_ev, c->s));
     c->tok_valid = 0;
     c->reserved = 1;
+    int gqa = lim->NKV != lim->NH, want = c->cudnn_mode && !(gqa && c->cudnn_gqa_off);
     snprintf(c->cda_why, sizeof c->cda_why, "%s",
-             !c->cudnn_mode ? "LOOM_ATTN_CUDNN=0" : "grouped-query attention (NKV < NH)");
-    if (c->cudnn_mode && lim->NH == lim->NKV &&
-        !cudnn_supports(c->cc, lim->HD, c->cda_why, sizeof c->cda_why))
+             !c->cudnn_mode ? "LOOM_ATTN_CUDNN=0"
+                            : "grouped-query attention (NKV < NH) with LOOM_ATTN_CUDNN_GQA=0");
+    if (want && !cudnn_supports(c->cc, lim->HD, c->cda_why, sizeof c->cda_why))
         log_info("cuda backend: attention through k_attn.cu (cuDNN: %s)", c->cda_why);
-    else if (c->cudnn_mode && lim->NH == lim->NKV) {
+    else if (want) {
         char *why = c->cda_why;
-        c->cda = lcudnn_attn_new(c->s, lim->B, lim->T, lim->NH, lim->HD, qkv, lim->NH * lim->HD,
-                                 c->cudnn_mode == 1, why, sizeof c->cda_why);
+        c->cda = lcudnn_attn_new(c->s, lim->B, lim->T, lim->NH, lim->NKV, lim->HD, qkv,
+                                 lim->NH * lim->HD, c->cudnn_mode == 1, why, sizeof c->cda_why);
         if (c->cda) {
             int ef, eb;
             lcudnn_attn_engines(c->cda, &ef, &eb);
@@ -376,6 +412,7 @@ static void cu_destroy(void *ctx) {
     lk_blas_free(c->blas);
     free(c->blas_cache);
     lcudnn_attn_free(c->cda);
+    free(c->rope_inv);
     lcuda_arena_free(&c->ws);
     if (c->h_tok) cudaFreeHost(c->h_tok);
     if (c->h_buf) cudaFreeHost(c->h_buf);
@@ -393,6 +430,8 @@ static void cu_destroy(void *ctx) {
     }
     for (int i = 0; i < MAX_ALLOCS; i++)
         if (c->allocs[i].p) cudaFree(c->allocs[i].p);
+    cudaFree(c->dec_rope_inv);
+    cudaFree(c->dec_scratch);
     cudaStreamDestroy(c->s);
     free(c);
 }
@@ -557,31 +596,109 @@ static void cu_gelu_bwd(void *ctx, void *dinp, const void *inp, const void *dout
 static void cu_swiglu_fwd(void *ctx, void *out, const void *inp, int N, int F) {
     FLUSH();
     const lbf16 *in = inp;
-    lk_swiglu_fwd(out, in, in + F, N, F, 2 * F, ST);
+    lk_swiglu_fwd(out, in, in + F, N, F, 2 * F, !CX->elem_scalar, ST);
 }
 
 static void cu_swiglu_bwd(void *ctx, void *dinp, const void *inp, const void *dout, int N, int F) {
     const lbf16 *in = inp;
     lbf16 *d = dinp;
     int fresh = pz_take(CX, dinp, (size_t)N * 2 * F * 2);
-    lk_swiglu_bwd(d, d + F, dout, in, in + F, N, F, 2 * F, !fresh, ST);
+    lk_swiglu_bwd(d, d + F, dout, in, in + F, N, F, 2 * F, !fresh, !CX->elem_scalar, ST);
+}
+
+static int cu_rope_set_freqs(void *ctx, const double *inv, int half) {
+    struct cuda_ctx *c = CX;
+    free(c->rope_inv);
+    c->rope_inv = NULL;
+    c->rope_half = 0;
+    c->rope_valid = 0;
+    FLUSH();
+    CUDA_CHECK(cudaStreamSynchronize(c->s)); /* no kernel still reads the old decode table */
+    cudaFree(c->dec_rope_inv);
+    c->dec_rope_inv = NULL;
+    c->dec_rope_half = 0;
+    if (!inv) return 0;
+    c->rope_inv = malloc((size_t)(half > 0 ? half : 1) * sizeof *c->rope_inv);
+    if (!c->rope_inv) return -1;
+    memcpy(c->rope_inv, inv, (size_t)half * sizeof *inv);
+    c->rope_half = half;
+    /* rope_at (generation) reads an fp32 copy at any position, outside the
+     * reserved shape's tables */
+    float h[512];
+    if (half < 1 || half > 512) return 0;
+    for (int i = 0; i < half; i++)
+        h[i] = (float)inv[i];
+    if (cudaMalloc((void **)&c->dec_rope_inv, (size_t)half * sizeof *h) != cudaSuccess) {
+        cudaGetLastError();
+        c->dec_rope_inv = NULL;
+        log_error("cuda backend: out of device memory for %d RoPE frequencies", half);
+        return -1;
+    }
+    CUDA_CHECK(cudaMemcpy(c->dec_rope_inv, h, (size_t)half * sizeof *h, cudaMemcpyHostToDevice));
+    c->dec_rope_half = half;
+    return 0;
+}
+
+/* Brings the device tables to (T, HD, theta): 1 when they hold it, 0 when
+ * the shape is past the reserved one (then only the unscaled scalar kernel
+ * can run it). The inverse frequencies are computed here in fp64 and copied
+ * from a host buffer that stays alive (the copy is stream-ordered). */
+static int rope_tables(struct cuda_ctx *c, int T, int HD, float theta) {
+    int half = HD / 2;
+    if (!c->reserved || HD != c->lim.HD || T > c->lim.T || half < 1) return 0;
+    if (c->rope_valid && c->rope_T == T && c->rope_HD == HD && c->rope_theta == theta) return 1;
+    double *h64 = c->rope_h64;
+    float *h32 = c->rope_h32;
+    if (half > 512) return 0;
+    int scaled = c->rope_inv && c->rope_half == half;
+    for (int i = 0; i < half; i++) {
+        h64[i] = scaled ? c->rope_inv[i] : pow((double)theta, -2.0 * i / HD);
+        h32[i] = (float)h64[i];
+    }
+    CUDA_CHECK(cudaMemcpyAsync(c->d_rope_inv, h64, (size_t)half * 8, cudaMemcpyHostToDevice, c->s));
+    CUDA_CHECK(
+        cudaMemcpyAsync(c->d_rope_inv32, h32, (size_t)half * 4, cudaMemcpyHostToDevice, c->s));
+    lk_rope_table(c->d_rope_tab, c->d_rope_inv, T, half, (lcuda_stream)c->s);
+    c->rope_T = T, c->rope_HD = HD, c->rope_theta = theta, c->rope_valid = 1;
+    return 1;
+}
+
+/* the table kernel (16-byte vectors) where the elem-vec row, the shape and
+ * alignment allow it; else one pair per thread, with the scaled fp32
+ * frequencies when rope_set_freqs set them */
+static void rope_apply(struct cuda_ctx *c, void *x, int N, int T, int stride, int n_heads, int HD,
+                       float theta, int inverse) {
+    int tabs = rope_tables(c, T, HD, theta);
+    if (tabs && !c->elem_scalar &&
+        lk_rope_tab(x, c->d_rope_tab, N, T, n_heads, HD, stride, inverse, (lcuda_stream)c->s) == 0)
+        return;
+    const float *inv = tabs && c->rope_inv ? c->d_rope_inv32 : NULL;
+    if (!inv && c->rope_inv) {
+        fprintf(stderr,
+                "cuda backend: RoPE with scaled frequencies past the reserved shape "
+                "(T %d, HD %d)\n",
+                T, HD);
+        exit(1);
+    }
+    lk_rope(x, N, T, n_heads, HD, stride, theta, inv, inverse, (lcuda_stream)c->s);
 }
 
 static void cu_rope_fwd(void *ctx, void *x, int N, int T, int stride, int n_heads, int HD,
                         float theta) {
     FLUSH();
-    lk_rope(x, N, T, n_heads, HD, stride, theta, 0, ST);
+    rope_apply(CX, x, N, T, stride, n_heads, HD, theta, 0);
 }
 
 static void cu_rope_bwd(void *ctx, void *dx, int N, int T, int stride, int n_heads, int HD,
                         float theta) {
     FLUSH();
-    lk_rope(dx, N, T, n_heads, HD, stride, theta, 1, ST);
+    rope_apply(CX, dx, N, T, stride, n_heads, HD, theta, 1);
 }
 
 /* the cuDNN plans are for the reserved shape only */
 static int cda_fits(const struct cuda_ctx *c, int B, int T, int NH, int NKV, int HD) {
-    return B == c->lim.B && T == c->lim.T && NH == c->lim.NH && NKV == NH && HD == c->lim.HD;
+    return B == c->lim.B && T == c->lim.T && NH == c->lim.NH && NKV == c->lim.NKV &&
+           HD == c->lim.HD;
 }
 
 static void cu_attention_fwd(void *ctx, void *out, float *lse, const void *qkv, int B, int T,
@@ -717,12 +834,59 @@ static void cu_adamw(void *ctx, const struct backend_adamw *a) {
 static void cu_sumsq(void *ctx, float *acc, const void *grad, size_t n) {
     FLUSH();
     cu_require(CX, "sumsq");
-    lk_sumsq_acc(acc, grad, n, CX->sum_scratch, ST);
+    lk_sumsq_acc(acc, grad, n, CX->sum_scratch, !CX->elem_scalar, ST);
 }
 
 static void cu_scale(void *ctx, void *x, size_t n, float s) {
     FLUSH();
     lk_scale(x, n, s, ST);
+}
+
+/* ---- LoRA helpers (optional members; worker/cuda/k_lora.cu) */
+
+static void cu_axpy_2d(void *ctx, void *dst, int ldd, const void *src, int lds, int rows, int cols,
+                       float alpha, int beta) {
+    FLUSH();
+    lk_lora_axpy_2d(dst, ldd, src, lds, rows, cols, alpha, beta, ST);
+}
+
+static void cu_dropout(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed) {
+    FLUSH();
+    lk_lora_dropout(out, inp, n, p, seed, ST);
+}
+
+/* ---- imported models and generation (optional members; k_decode.cu) */
+
+static void cu_rope_at(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0,
+                       float theta) {
+    FLUSH();
+    const float *inv = CX->dec_rope_inv && CX->dec_rope_half == HD / 2 ? CX->dec_rope_inv : NULL;
+    lk_rope_ex(x, N, 0, pos0, n_heads, HD, stride, theta, inv, 0, ST);
+}
+
+/* The split scratch grows on first use for a shape: generation runs outside
+ * the training step, whose memory reserve() fixes. */
+static void cu_attention_decode(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
+                                int NKV, int HD) {
+    struct cuda_ctx *c = CX;
+    FLUSH();
+    if (n < 1 || NKV < 1 || NH % NKV != 0 || HD < 1 || HD > LK_DECODE_MAX_HD) {
+        fprintf(stderr,
+                "cuda backend: attention_decode needs n >= 1, NH %% NKV == 0 and HD <= %d "
+                "(n=%d NH=%d NKV=%d HD=%d)\n",
+                LK_DECODE_MAX_HD, n, NH, NKV, HD);
+        exit(1);
+    }
+    size_t need = lk_attn_decode_scratch_bytes(NH, HD);
+    if (need > c->dec_bytes) {
+        CUDA_CHECK(cudaStreamSynchronize(c->s));
+        cudaFree(c->dec_scratch);
+        c->dec_scratch = NULL;
+        c->dec_bytes = 0;
+        CUDA_CHECK(cudaMalloc((void **)&c->dec_scratch, need));
+        c->dec_bytes = need;
+    }
+    lk_attn_decode(out, c->dec_scratch, q, kv, n, NH, NKV, HD, ST);
 }
 
 /* ---- async host copies (optional members; worker/offload.h) */
@@ -894,6 +1058,8 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     /* NULL: the rows' defaults (worker/tuning.c) */
     const char *ac = t ? t->attn_cudnn : NULL;
     c->fuse_off = t && !t->fuse_dgelu;
+    c->cudnn_gqa_off = t && !t->attn_cudnn_gqa;
+    c->elem_scalar = t && !t->elem_vec;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
@@ -935,6 +1101,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->swiglu_bwd = cu_swiglu_bwd;
     b->rope_fwd = cu_rope_fwd;
     b->rope_bwd = cu_rope_bwd;
+    b->rope_set_freqs = cu_rope_set_freqs;
     b->attention_fwd = cu_attention_fwd;
     b->attention_bwd = cu_attention_bwd;
     b->residual_fwd = cu_residual_fwd;
@@ -942,6 +1109,8 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->classifier = cu_classifier;
     b->classifier_vp = cu_classifier_vp;
     b->matmul_residual_fwd = cu_matmul_residual_fwd;
+    b->rope_at = cu_rope_at;
+    b->attention_decode = cu_attention_decode;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->scale = cu_scale;
@@ -951,6 +1120,8 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->h2d_async = cu_h2d_async;
     b->wait = cu_wait;
     b->copy_fence = cu_copy_fence;
+    b->axpy_2d = cu_axpy_2d;
+    b->dropout = cu_dropout;
     return b;
 }
 

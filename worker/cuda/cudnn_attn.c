@@ -18,9 +18,10 @@
 
 #ifndef LOOM_CUDNN_HEADERS
 
-struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int D, int ld_qkv, int ld_o,
-                                    int deterministic, char *why, size_t whylen) {
-    (void)stream, (void)B, (void)T, (void)H, (void)D, (void)ld_qkv, (void)ld_o, (void)deterministic;
+struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int Hkv, int D, int ld_qkv,
+                                    int ld_o, int deterministic, char *why, size_t whylen) {
+    (void)stream, (void)B, (void)T, (void)H, (void)Hkv, (void)D, (void)ld_qkv, (void)ld_o,
+        (void)deterministic;
     snprintf(why, whylen, "built without cuDNN headers");
     return NULL;
 }
@@ -312,7 +313,7 @@ struct plan {
 struct lcudnn_attn {
     cudnnHandle_t h;
     cudaStream_t s;
-    int B, T, H, D, ld, ldo, det;
+    int B, T, H, Hkv, D, ld, ldo, det;
     struct plan fwd, bwd;
     void *ws; /* max of the two plans' workspaces */
     size_t ws_bytes;
@@ -403,20 +404,25 @@ fail:
 }
 
 /* Dims and strides of the graphs' tensors: Q, K, V (and their gradients)
- * are views of the fused qkv rows, Kt / Vt the same with the last two
- * swapped; O and dO rows of ld_o; S the B x H x T x T scores (virtual), St
- * their transposed view; R the B x H x T x 1 row statistics; OO the virtual
- * dO * O product as cudnn-frontend lays it out; acc the packed fp32 dQ. */
+ * are views of the fused qkv rows (K and V with Hkv heads), Kt / Vt the same
+ * with the last two swapped; O and dO rows of ld_o; S the B x H x T x T
+ * scores (virtual), St their transposed view; R the B x H x T x 1 row
+ * statistics; OO the virtual dO * O product as cudnn-frontend lays it out;
+ * acc the packed fp32 dQ; full the packed per-query-head dK / dV of grouped-
+ * query attention (virtual), summed over each group of H / Hkv heads. The
+ * matmuls broadcast K and V over the group: query head h reads kv head
+ * h / (H / Hkv), as k_attn.cu does. */
 struct shapes {
-    int64_t dq[4], sq[4], dkt[4], skt[4], dO[4], sO[4], sOO[4], sacc[4], dS[4], sS[4], sST[4],
-        dR[4], sR[4];
+    int64_t dq[4], sq[4], dk[4], dkt[4], skt[4], dO[4], sO[4], sOO[4], sacc[4], dS[4], sS[4],
+        sST[4], dR[4], sR[4];
 };
 
 static struct shapes shapes_of(const struct lcudnn_attn *a) {
-    int64_t B = a->B, H = a->H, T = a->T, D = a->D, ld = a->ld, ldo = a->ldo;
+    int64_t B = a->B, H = a->H, Hk = a->Hkv, T = a->T, D = a->D, ld = a->ld, ldo = a->ldo;
     struct shapes p = {.dq = {B, H, T, D},
                        .sq = {T * ld, D, ld, 1},
-                       .dkt = {B, H, D, T},
+                       .dk = {B, Hk, T, D},
+                       .dkt = {B, Hk, D, T},
                        .skt = {T * ld, D, 1, ld},
                        .dO = {B, H, T, D},
                        .sO = {T * ldo, D, ldo, 1},
@@ -437,7 +443,7 @@ static int build_fwd(struct lcudnn_attn *a) {
                           BO = CUDNN_DATA_BOOLEAN;
     cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, sh.dq, sh.sq, false, false);
     cudnnBackendDescriptor_t kt = tensor(g, U_K, BF, sh.dkt, sh.skt, false, false);
-    cudnnBackendDescriptor_t v = tensor(g, U_V, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t v = tensor(g, U_V, BF, sh.dk, sh.sq, false, false);
     cudnnBackendDescriptor_t o = tensor(g, U_O, BF, sh.dO, sh.sO, false, false);
     cudnnBackendDescriptor_t stats = tensor(g, U_STATS, F, sh.dR, sh.sR, false, false);
     cudnnBackendDescriptor_t scale = scalar(g, U_SCALE), neginf = scalar(g, U_NEGINF);
@@ -484,8 +490,8 @@ static int build_bwd(struct lcudnn_attn *a) {
     cudnnBackendDescriptor_t dout = tensor(g, U_DO, BF, sh.dO, sh.sO, false, false);
     cudnnBackendDescriptor_t stats = tensor(g, U_STATS, F, sh.dR, sh.sR, false, false);
     cudnnBackendDescriptor_t ddq = tensor(g, U_DQ, BF, sh.dq, sh.sq, false, false);
-    cudnnBackendDescriptor_t ddk = tensor(g, U_DK, BF, sh.dq, sh.sq, false, false);
-    cudnnBackendDescriptor_t ddv = tensor(g, U_DV, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t ddk = tensor(g, U_DK, BF, sh.dk, sh.sq, false, false);
+    cudnnBackendDescriptor_t ddv = tensor(g, U_DV, BF, sh.dk, sh.sq, false, false);
     cudnnBackendDescriptor_t ssum = tensor(g, U_SSUM, F, sh.dR, sh.sR, false, false);
     cudnnBackendDescriptor_t scale = scalar(g, U_SCALE), neginf = scalar(g, U_NEGINF),
                              one = scalar(g, U_ONE);
@@ -505,7 +511,12 @@ static int build_bwd(struct lcudnn_attn *a) {
     cudnnBackendDescriptor_t ds = tensor(g, 113, F, sh.dS, sh.sS, true, false);
     cudnnBackendDescriptor_t ds2 = tensor(g, 114, F, sh.dS, sh.sS, true, false);
     cudnnBackendDescriptor_t dst = tensor(g, 115, BF, sh.dS, sh.sST, true, false);
-    cudnnBackendDescriptor_t k2 = tensor(g, 116, F, sh.dq, sh.sq, true, false);
+    cudnnBackendDescriptor_t k2 = tensor(g, 116, F, sh.dk, sh.sq, true, false);
+    /* grouped-query attention: dK and dV per query head, then summed per group
+     * (cudnn-frontend's dK_fullhead / dV_fullhead, bf16 and packed) */
+    const bool gqa = a->Hkv != a->H;
+    cudnnBackendDescriptor_t dvfull = gqa ? tensor(g, 117, BF, sh.dq, sh.sacc, true, false) : NULL;
+    cudnnBackendDescriptor_t dkfull = gqa ? tensor(g, 118, BF, sh.dq, sh.sacc, true, false) : NULL;
     /* softmax sums: rowsum(dO * O) */
     pointwise(g, CUDNN_POINTWISE_MUL, F, -1, dout, o, NULL, t);
     reduction(g, CUDNN_REDUCE_TENSOR_ADD, t, r);
@@ -521,7 +532,12 @@ static int build_bwd(struct lcudnn_attn *a) {
     pointwise(g, CUDNN_POINTWISE_EXP, F, -1, s4, NULL, NULL, e);
     /* dV = P^T dO */
     reshape(g, e, pt);
-    matmul(g, pt, dout, ddv);
+    if (gqa) {
+        matmul(g, pt, dout, dvfull);
+        reduction(g, CUDNN_REDUCE_TENSOR_ADD, dvfull, ddv);
+    } else {
+        matmul(g, pt, dout, ddv);
+    }
     /* dS = P * (dO V^T - sums) * scale */
     matmul(g, dout, vt, dp);
     pointwise(g, CUDNN_POINTWISE_SUB, F, -1, dp, ssum, NULL, dp2);
@@ -529,7 +545,12 @@ static int build_bwd(struct lcudnn_attn *a) {
     pointwise(g, CUDNN_POINTWISE_MUL, F, -1, ds, scale, NULL, ds2);
     /* dK = dS^T Q */
     reshape(g, ds2, dst);
-    matmul(g, dst, q, ddk);
+    if (gqa) {
+        matmul(g, dst, q, dkfull);
+        reduction(g, CUDNN_REDUCE_TENSOR_ADD, dkfull, ddk);
+    } else {
+        matmul(g, dst, q, ddk);
+    }
     /* dQ = dS K */
     reshape(g, kt, k2);
     if (a->det) {
@@ -568,7 +589,7 @@ int lcudnn_attn_fwd(struct lcudnn_attn *a, void *out, float *lse, const void *qk
     int64_t uids[] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEGINF};
     void *ptrs[] = {(void *)q,
                     (void *)(q + (size_t)a->H * a->D),
-                    (void *)(q + (size_t)2 * a->H * a->D),
+                    (void *)(q + (size_t)(a->H + a->Hkv) * a->D),
                     out,
                     lse,
                     &a->scale,
@@ -580,14 +601,14 @@ int lcudnn_attn_bwd(struct lcudnn_attn *a, void *dqkv, const void *dout, const v
                     const float *lse, const void *qkv) {
     const uint16_t *q = qkv;
     uint16_t *dq = dqkv;
-    size_t hk = (size_t)a->H * a->D;
+    size_t hk = (size_t)a->H * a->D, hv = (size_t)(a->H + a->Hkv) * a->D;
     if (!a->det && cudaMemsetAsync(a->dqacc, 0, (size_t)a->B * a->H * a->T * a->D * 4, a->s))
         return -1;
     int64_t uids[] = {U_Q,  U_K,  U_V,    U_O,     U_DO,     U_STATS, U_DQ,
                       U_DK, U_DV, U_SSUM, U_SCALE, U_NEGINF, U_ONE,   U_DQACC};
     void *ptrs[] = {
-        (void *)q, (void *)(q + hk), (void *)(q + 2 * hk), (void *)out, (void *)dout, (void *)lse,
-        dq,        dq + hk,          dq + 2 * hk,          a->ssum,     &a->scale,    &a->neginf,
+        (void *)q, (void *)(q + hk), (void *)(q + hv), (void *)out, (void *)dout, (void *)lse,
+        dq,        dq + hk,          dq + hv,          a->ssum,     &a->scale,    &a->neginf,
         &a->one,   a->dqacc};
     return run(a, &a->bwd, a->det ? 13 : 14, uids, ptrs);
 }
@@ -605,8 +626,12 @@ void lcudnn_attn_free(struct lcudnn_attn *a) {
     free(a);
 }
 
-struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int D, int ld_qkv, int ld_o,
-                                    int deterministic, char *why, size_t whylen) {
+struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int Hkv, int D, int ld_qkv,
+                                    int ld_o, int deterministic, char *why, size_t whylen) {
+    if (Hkv < 1 || Hkv > H || H % Hkv) {
+        snprintf(why, whylen, "%d query heads are not a multiple of %d kv heads", H, Hkv);
+        return NULL;
+    }
     if (!lib_ok(why, whylen)) return NULL;
     struct lcudnn_attn *a = calloc(1, sizeof *a);
     if (!a) {
@@ -614,7 +639,8 @@ struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int D, in
         return NULL;
     }
     a->s = stream;
-    a->B = B, a->T = T, a->H = H, a->D = D, a->ld = ld_qkv, a->ldo = ld_o, a->det = deterministic;
+    a->B = B, a->T = T, a->H = H, a->Hkv = Hkv, a->D = D, a->ld = ld_qkv, a->ldo = ld_o,
+    a->det = deterministic;
     a->scale = 1.0f / sqrtf((float)D);
     a->neginf = -INFINITY;
     a->one = 1.0f;

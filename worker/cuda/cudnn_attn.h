@@ -1,6 +1,7 @@
 /* Causal attention through cuDNN's fused flash-attention engines (the
  * backend graph API), an alternative to k_attn.cu's kernels for multi-head
- * attention (H == Hkv) on the engine's fused qkv layout.
+ * (H == Hkv) and grouped-query attention (H a multiple of Hkv) on the
+ * engine's fused qkv layout.
  *
  * cuDNN is optional at build and at run time: the module is compiled against
  * cudnn_graph.h when the toolkit has it, and libcudnn.so.9 is opened with
@@ -26,11 +27,14 @@
 struct lcudnn_attn;
 
 /* Plans for one shape: q/k/v rows of ld_qkv elements (q of head h at h*D,
- * k at (H+h)*D, v at (2H+h)*D), out and dout rows of ld_o. stream is a
- * cudaStream_t. deterministic selects the backward graph. NULL with `why`
- * filled when cuDNN or an engine for this shape is not available. */
-struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int D, int ld_qkv, int ld_o,
-                                    int deterministic, char *why, size_t whylen);
+ * k of kv head j at (H+j)*D, v at (H+Hkv+j)*D; query head h uses kv head
+ * h / (H / Hkv)), out and dout rows of ld_o. stream is a cudaStream_t.
+ * deterministic selects the backward graph. NULL with `why` filled when
+ * cuDNN or an engine for this shape is not available, or H is not a
+ * multiple of Hkv. The backward writes dK / dV with Hkv heads (each the sum
+ * over its group of query heads). */
+struct lcudnn_attn *lcudnn_attn_new(void *stream, int B, int T, int H, int Hkv, int D, int ld_qkv,
+                                    int ld_o, int deterministic, char *why, size_t whylen);
 int lcudnn_attn_fwd(struct lcudnn_attn *a, void *out, float *lse, const void *qkv);
 int lcudnn_attn_bwd(struct lcudnn_attn *a, void *dqkv, const void *dout, const void *out,
                     const float *lse, const void *qkv);

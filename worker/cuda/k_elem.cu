@@ -136,23 +136,86 @@ __global__ void swiglu_bwd_kernel(bf *dgate, bf *dup, const bf *dout, const bf *
     }
 }
 
+/* The 16-byte forms: thread v takes 8 columns of one row (F and ld multiples
+ * of 8, every pointer 16-byte aligned), so each load is one vector and the
+ * row / column split is one 32-bit division per 8 elements. */
+__global__ void swiglu_fwd_vec_kernel(bf *out, const bf *gate, const bf *up, int N, int F, int ld) {
+    unsigned F8 = (unsigned)F / 8;
+    size_t n8 = (size_t)N * F8;
+    for (size_t v = blockIdx.x * (size_t)blockDim.x + threadIdx.x; v < n8;
+         v += (size_t)gridDim.x * blockDim.x) {
+        size_t r = v / F8, c = (v - r * F8) * 8;
+        float g[8], u[8], o[8];
+        ld8(g, gate + r * ld + c);
+        ld8(u, up + r * ld + c);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] = g[j] / (1.f + __expf(-g[j])) * u[j];
+        st8(out + v * 8, o);
+    }
+}
+__global__ void swiglu_bwd_vec_kernel(bf *dgate, bf *dup, const bf *dout, const bf *gate,
+                                      const bf *up, int N, int F, int ld, int acc) {
+    unsigned F8 = (unsigned)F / 8;
+    size_t n8 = (size_t)N * F8;
+    for (size_t v = blockIdx.x * (size_t)blockDim.x + threadIdx.x; v < n8;
+         v += (size_t)gridDim.x * blockDim.x) {
+        size_t r = v / F8, c = (v - r * F8) * 8, at = r * ld + c;
+        float g[8], u[8], d[8], dg[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f},
+                                du[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        ld8(g, gate + at);
+        ld8(u, up + at);
+        ld8(d, dout + v * 8);
+        if (acc) {
+            ld8(dg, dgate + at);
+            ld8(du, dup + at);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sg = 1.f / (1.f + __expf(-g[j]));
+            du[j] += d[j] * (g[j] * sg);
+            dg[j] += d[j] * u[j] * sg * (1.f + g[j] * (1.f - sg));
+        }
+        st8(dup + at, du);
+        st8(dgate + at, dg);
+    }
+}
+
+static int swiglu_vec(int fast, int F, int ld, const void *a, const void *b, const void *c,
+                      const void *d) {
+    return fast && F % 8 == 0 && ld % 8 == 0 && aligned16(a, b, c) && aligned16(d, d, d);
+}
+
 extern "C" void lk_swiglu_fwd(lbf16 *out, const lbf16 *gate, const lbf16 *up, int N, int F,
-                              int ld_in, lcuda_stream s) {
-    swiglu_fwd_kernel<<<grid_for((size_t)N * F, 256), 256, 0, (cudaStream_t)s>>>(
-        (bf *)out, (const bf *)gate, (const bf *)up, N, F, ld_in);
+                              int ld_in, int fast, lcuda_stream s) {
+    if (swiglu_vec(fast, F, ld_in, out, gate, up, up)) {
+        swiglu_fwd_vec_kernel<<<grid_for((size_t)N * F / 8, 256), 256, 0, (cudaStream_t)s>>>(
+            (bf *)out, (const bf *)gate, (const bf *)up, N, F, ld_in);
+    } else {
+        swiglu_fwd_kernel<<<grid_for((size_t)N * F, 256), 256, 0, (cudaStream_t)s>>>(
+            (bf *)out, (const bf *)gate, (const bf *)up, N, F, ld_in);
+    }
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lk_swiglu_bwd(lbf16 *dgate, lbf16 *dup, const lbf16 *dout, const lbf16 *gate,
-                              const lbf16 *up, int N, int F, int ld_in, int accumulate,
+                              const lbf16 *up, int N, int F, int ld_in, int accumulate, int fast,
                               lcuda_stream s) {
-    swiglu_bwd_kernel<<<grid_for((size_t)N * F, 256), 256, 0, (cudaStream_t)s>>>(
-        (bf *)dgate, (bf *)dup, (const bf *)dout, (const bf *)gate, (const bf *)up, N, F, ld_in,
-        accumulate);
+    if (swiglu_vec(fast, F, ld_in, dgate, dup, dout, gate) && aligned16(up, up, up)) {
+        swiglu_bwd_vec_kernel<<<grid_for((size_t)N * F / 8, 256), 256, 0, (cudaStream_t)s>>>(
+            (bf *)dgate, (bf *)dup, (const bf *)dout, (const bf *)gate, (const bf *)up, N, F, ld_in,
+            accumulate);
+    } else {
+        swiglu_bwd_kernel<<<grid_for((size_t)N * F, 256), 256, 0, (cudaStream_t)s>>>(
+            (bf *)dgate, (bf *)dup, (const bf *)dout, (const bf *)gate, (const bf *)up, N, F, ld_in,
+            accumulate);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
-/* One thread per (row, head, pair i < hd/2). */
-__global__ void rope_kernel(bf *x, int N, int T, int H, int hd, int ld, float theta, float sign) {
+/* One thread per (row, head, pair i < hd/2); inv: the inverse frequencies
+ * (RoPE scaling) or NULL for theta^(-2i/hd). */
+__global__ void rope_kernel(bf *x, int N, int T, int H, int hd, int ld, float theta, float sign,
+                            const float *inv) {
     int half = hd / 2;
     size_t n = (size_t)N * H * half;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
@@ -162,7 +225,7 @@ __global__ void rope_kernel(bf *x, int N, int T, int H, int hd, int ld, float th
         int h = (int)(rh % H);
         size_t row = rh / H;
         int pos = (int)(row % T);
-        float freq = powf(theta, -2.0f * i / hd);
+        float freq = inv ? inv[i] : powf(theta, -2.0f * i / hd);
         float sn, cs;
         sincosf(pos * freq, &sn, &cs);
         sn *= sign;
@@ -174,11 +237,74 @@ __global__ void rope_kernel(bf *x, int N, int T, int H, int hd, int ld, float th
 }
 
 extern "C" void lk_rope(lbf16 *x, int N, int T, int n_heads, int hd, int ld, float theta,
-                        int inverse, lcuda_stream s) {
+                        const float *inv, int inverse, lcuda_stream s) {
     size_t n = (size_t)N * n_heads * (hd / 2);
     rope_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)x, N, T, n_heads, hd, ld,
-                                                               theta, inverse ? -1.f : 1.f);
+                                                               theta, inverse ? -1.f : 1.f, inv);
     CUDA_CHECK_LAUNCH();
+}
+
+/* tab[t][i] = cos(t * inv[i]), tab[T + t][i] = sin(...) for t < T, i < half:
+ * fp64 angles and functions (once per shape), rounded to fp32. */
+__global__ void rope_table_kernel(float *tab, const double *inv, int T, int half) {
+    size_t n = (size_t)T * half;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(k / half), i = (int)(k % half);
+        double sn, cs;
+        sincos((double)t * inv[i], &sn, &cs);
+        tab[k] = (float)cs;
+        tab[n + k] = (float)sn;
+    }
+}
+
+/* One thread per (row, head, 8 consecutive pairs): two 16-byte loads of x
+ * (columns i.. and half + i..) and the pairs' cos / sin from the table. */
+__global__ void rope_vec_kernel(bf *x, const float *tab, int N, int T, int H, int hd, int ld,
+                                float sign) {
+    int half = hd / 2, g8 = half / 8;
+    size_t n = (size_t)N * H * g8, tn = (size_t)T * half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(idx % g8) * 8;
+        size_t rh = idx / g8;
+        int h = (int)(rh % H);
+        size_t row = rh / H;
+        int pos = (int)(row % T);
+        const float4 *cp = (const float4 *)(tab + (size_t)pos * half + i);
+        const float4 *sp = (const float4 *)(tab + tn + (size_t)pos * half + i);
+        float4 c0 = cp[0], c1 = cp[1], s0 = sp[0], s1 = sp[1];
+        float cs[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        float sn[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+        bf *p = x + row * ld + (size_t)h * hd + i;
+        float a[8], b[8], oa[8], ob[8];
+        ld8(a, p);
+        ld8(b, p + half);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sj = sign * sn[j];
+            oa[j] = a[j] * cs[j] - b[j] * sj;
+            ob[j] = b[j] * cs[j] + a[j] * sj;
+        }
+        st8(p, oa);
+        st8(p + half, ob);
+    }
+}
+
+extern "C" void lk_rope_table(float *tab, const double *inv, int T, int half, lcuda_stream s) {
+    rope_table_kernel<<<grid_for((size_t)T * half, 256), 256, 0, (cudaStream_t)s>>>(tab, inv, T,
+                                                                                    half);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" int lk_rope_tab(lbf16 *x, const float *tab, int N, int T, int n_heads, int hd, int ld,
+                           int inverse, lcuda_stream s) {
+    if (hd % 16 || ld % 8 || ((uintptr_t)x & 15) || ((uintptr_t)tab & 15)) return -1;
+    size_t n = (size_t)N * n_heads * (hd / 16);
+    rope_vec_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)s>>>((bf *)x, tab, N, T, n_heads, hd,
+                                                                   ld, inverse ? -1.f : 1.f);
+    CUDA_CHECK_LAUNCH();
+    return 0;
 }
 
 /* out = a + b (acc = 0) or out += a (b unused, acc = 1); out may alias a. */

@@ -92,17 +92,28 @@ void lk_gelu_fwd(lbf16 *out, const lbf16 *inp, size_t n, lcuda_stream s);
 void lk_gelu_bwd(lbf16 *dinp, const lbf16 *inp, const lbf16 *dout, size_t n, int accumulate,
                  lcuda_stream s);
 /* out = silu(gate) * up, elementwise; rows of F, gate and up with their own
- * row strides (elements) so a fused [N][2F] projection can be used in place. */
+ * row strides (elements) so a fused [N][2F] projection can be used in place.
+ * fast = 1: 16-byte vector kernels where F, ld_in and the pointers allow
+ * (the elem-vec row), else one element per thread. */
 void lk_swiglu_fwd(lbf16 *out, const lbf16 *gate, const lbf16 *up, int N, int F, int ld_in,
-                   lcuda_stream s);
+                   int fast, lcuda_stream s);
 void lk_swiglu_bwd(lbf16 *dgate, lbf16 *dup, const lbf16 *dout, const lbf16 *gate, const lbf16 *up,
-                   int N, int F, int ld_in, int accumulate, lcuda_stream s);
+                   int N, int F, int ld_in, int accumulate, int fast, lcuda_stream s);
 /* Rotary embedding in place (rotate-half convention of Llama / Hugging Face:
- * pairs (i, i + hd/2), angle pos * theta^(-2i/hd), pos = row % T). x rows of
- * `ld` elements, n_heads heads of hd at columns h*hd. inverse=1 rotates by
- * -angle (the backward pass). */
-void lk_rope(lbf16 *x, int N, int T, int n_heads, int hd, int ld, float theta, int inverse,
-             lcuda_stream s);
+ * pairs (i, i + hd/2), angle pos * inv_i, pos = row % T, inv_i =
+ * theta^(-2i/hd), or inv[i] (device, fp32) when inv is not NULL: RoPE
+ * scaling). x rows of `ld` elements, n_heads heads of hd at columns h*hd.
+ * inverse=1 rotates by -angle (the backward pass). One thread per pair. */
+void lk_rope(lbf16 *x, int N, int T, int n_heads, int hd, int ld, float theta, const float *inv,
+             int inverse, lcuda_stream s);
+/* The cos / sin table of lk_rope_tab: tab [2][T][half] fp32 from the device
+ * inverse frequencies inv[half] (fp64 angles). */
+void lk_rope_table(float *tab, const double *inv, int T, int half, lcuda_stream s);
+/* lk_rope with the table's cos / sin, 8 pairs per thread in 16-byte vectors;
+ * -1 (nothing launched) unless hd % 16 == 0, ld % 8 == 0 and x and tab are
+ * 16-byte aligned. T: the table's rows (positions row % T). */
+int lk_rope_tab(lbf16 *x, const float *tab, int N, int T, int n_heads, int hd, int ld, int inverse,
+                lcuda_stream s);
 void lk_add(lbf16 *out, const lbf16 *a, const lbf16 *b, size_t n, lcuda_stream s);
 /* dst += src; x *= sc. */
 void lk_accumulate(lbf16 *dst, const lbf16 *src, size_t n, lcuda_stream s);
@@ -129,6 +140,24 @@ void lk_embed_scatter_add(lbf16 *dwte, const lbf16 *rows, const int32_t *uniq, i
 /* Host helper: fill order[N], starts[N+1], uniq[N] from host tokens[N];
  * returns n_uniq. */
 int lk_embed_buckets(const int32_t *tokens, int N, int32_t *order, int32_t *starts, int32_t *uniq);
+
+/* ---- generation and imported models (k_decode.cu) ---- */
+/* lk_rope with row r at position pos0 + (T > 0 ? r % T : r), and with the
+ * inverse frequencies inv[0..hd/2) (device fp32; RoPE scaling) instead of
+ * theta^(-2i/hd) when inv is not NULL. With inv NULL, T > 0 and pos0 0 it
+ * gives lk_rope's bits. */
+void lk_rope_ex(lbf16 *x, int N, int T, int pos0, int n_heads, int hd, int ld, float theta,
+                const float *inv, int inverse, lcuda_stream s);
+/* One new query row per head against a key/value cache of n >= 1 rows:
+ * q [H*hd], kv [n][2*Hkv*hd] (per row the Hkv key heads, then the Hkv value
+ * heads), out [H*hd] = softmax(q k^T / sqrt(hd)) v per head (kv head
+ * h / (H / Hkv)). hd <= LK_DECODE_MAX_HD; fp32 scores and sums, bf16 out.
+ * scratch: lk_attn_decode_scratch_bytes(H, hd) (any n). */
+#define LK_DECODE_MAX_HD    256
+#define LK_DECODE_MAX_SPLIT 64
+void lk_attn_decode(lbf16 *out, float *scratch, const lbf16 *q, const lbf16 *kv, int n, int H,
+                    int Hkv, int hd, lcuda_stream s);
+size_t lk_attn_decode_scratch_bytes(int H, int hd);
 
 /* ---- attention (flash-style, causal, never materialises T x T) ---- */
 /* out[N][ld_o] (head h at h*hd) = softmax(q k^T / sqrt(hd), causal) v;
@@ -169,8 +198,9 @@ size_t lk_sum_scratch_bytes(size_t n);
 
 /* ---- optimiser ---- */
 /* *acc += sum of squares of g[0..n) (fp32, fixed order). scratch:
- * lk_sum_scratch_bytes. */
-void lk_sumsq_acc(float *acc, const lbf16 *g, size_t n, float *scratch, lcuda_stream s);
+ * lk_sum_scratch_bytes. fast = 1: 16-byte vector loads when g is aligned
+ * (the elem-vec row; another fixed order). */
+void lk_sumsq_acc(float *acc, const lbf16 *g, size_t n, float *scratch, int fast, lcuda_stream s);
 /* Fused AdamW over one contiguous range (torch.optim.AdamW math, see
  * worker/backend.h): g = grad * grad_scale; moments and fp32 master updated,
  * bf16 param written. step is 1-based. */
