@@ -141,7 +141,7 @@ class Cluster:
         os.makedirs(d)
         with open(os.path.join(d, "gpu_prices.json"), "w") as f:
             json.dump({"cpu": 0.5}, f)
-        self.spawn("loomd", None, [os.path.join(bin_dir, "loomd"), "--listen",
+        self.spawn("loomd", None, [os.path.join(bin_dir, "loomd"), "--auto-approve", "--listen",
                                    "%s:%d" % (net["addrs"][0], PORT), "--data-dir", d,
                                    "--node-timeout", str(node_timeout), "--hang-timeout", "60",
                                    "--heartbeat", "1", "--store-sync-full", "false"], self.env)
@@ -419,7 +419,9 @@ def check_worker_env(run, c, placed):
         check(e.get("LOOM_MASTER_ADDR") == addr0,
               "rank %d: LOOM_MASTER_ADDR %s, want %s" % (rank, e.get("LOOM_MASTER_ADDR"), addr0))
         check(e.get("LOOM_RANK_STEPS") == "1", "rank %d: LOOM_RANK_STEPS unset" % rank)
-        st, a = c.request("GET", "/v1/agent/assignments?node=%s" % node, token=JOIN)
+        with open(os.path.join(c.tmp, node, "node.credential")) as f:  # the node's own bearer
+            cred = f.read().strip()
+        st, a = c.request("GET", "/v1/agent/assignments?node=%s" % node, token=cred)
         check(st == 200 and all(t.get("master_addr") == addr0 for t in a["tasks"]),
               "assignments of %s: %s %s" % (node, st, a))
     print("  workers listen on their host's address; LOOM_MASTER_ADDR=%s" % addr0)
