@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "agent/agent.h"
 
+#include "agent/commaddr.h"
 #include "agent/gpu.h"
 #include "agent/nodecheck.h"
 #include "agent/task.h"
@@ -61,6 +62,7 @@ struct agent {
     int64_t next_hb_ms, next_ship_ms, next_register_ms;
     long backoff_ms;
     int hb_now;
+    struct comm_addr comm; /* where this node's workers listen, chosen at registration */
 };
 
 static const char *state_name(enum task_state s) {
@@ -94,7 +96,30 @@ static json_t *tasks_json(struct agent *a) {
 
 /* ---- registration and heartbeat (main thread) ---- */
 
+/* Chooses the workers' listen address from this end of the connection to
+ * loomd (a request first when none was made yet) and the overrides. */
+static void choose_comm_addr(struct agent *a) {
+    char err[256];
+    if (!client_local_ip(a->cl)[0]) {
+        long status = 0;
+        json_t *reply = NULL;
+        if (client_request(a->cl, "GET", "/healthz", NULL, &status, &reply, NULL, err,
+                           sizeof err) != 0)
+            log_debug("healthz: %s", err);
+        json_decref(reply);
+    }
+    struct comm_addr prev = a->comm;
+    if (commaddr_choose(a->cfg->comm_iface, a->cfg->comm_host, client_local_ip(a->cl), &a->comm,
+                        err, sizeof err) != 0)
+        log_warn("%s; workers keep their own default", err);
+    if (strcmp(prev.addr, a->comm.addr) || strcmp(prev.iface, a->comm.iface))
+        log_info("workers listen on %s (interface %s, from %s)",
+                 a->comm.addr[0] ? a->comm.addr : "their default",
+                 a->comm.iface[0] ? a->comm.iface : "?", a->comm.why);
+}
+
 static int do_register(struct agent *a) {
+    choose_comm_addr(a);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     long long mem_kib = 0;
@@ -109,6 +134,8 @@ static int do_register(struct agent *a) {
         tasks_json(a), "version", "0.1", "host", "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN),
         "mem_total_mib", (json_int_t)(mem_kib / 1024), "interconnect", a->cfg->interconnect,
         "inventory", gpu_inv_inventory(a->inv));
+    json_object_set_new(body, "comm_addr", json_string(a->comm.addr));
+    json_object_set_new(body, "comm_iface", json_string(a->comm.iface));
     long status = 0;
     json_t *reply = NULL;
     char err[512];
@@ -288,6 +315,10 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         .rdzv_token = json_string_value(json_object_get(v, "rdzv_token")),
         .worker = a->cfg->worker,
         .threads = cpu_threads_per_device(a),
+        .comm_iface = !strcmp(a->comm.why ? a->comm.why : "", "comm-iface") ? a->comm.iface : NULL,
+        .comm_host = a->comm.addr,
+        .comm_ifname = a->comm.iface,
+        .master_addr = json_string_value(json_object_get(v, "master_addr")),
     };
     if (s.out_dir && *s.out_dir) {
         char tmp[1024];

@@ -25,6 +25,7 @@ struct agent_config {
     char *log_level;
     char *config;
     char *ca; /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
+    char *comm_iface, *comm_host; /* overrides of the workers' listen address (commaddr.h) */
 };
 
 /* Run until *stop becomes non-zero (signal handler). Workers are left

@@ -49,6 +49,10 @@ static const struct config_entry table[] = {
     {"config", CONFIG_STR, C(config), NULL, 1, 0, "config file (name = value lines)"},
     {"ca", CONFIG_STR, C(ca), NULL, 1, 0,
      "PEM CA bundle to verify an https coordinator (also LOOM_CA; workers inherit it)"},
+    {"comm-iface", CONFIG_STR, C(comm_iface), NULL, 1, 0,
+     "interface for worker-to-worker traffic (default: the one that reaches loomd)"},
+    {"comm-host", CONFIG_STR, C(comm_host), NULL, 1, 0,
+     "address workers listen on (default: this end of the connection to loomd)"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 

@@ -100,11 +100,15 @@ static struct task *task_alloc(const char *work_dir, const char *job, int attemp
     return t;
 }
 
+/* Contract variables the agent sets: 9 always, 5 comm and timing, OMP_NUM_THREADS. */
+#define TASK_ENV_VARS 16
+
 static int is_contract_var(const char *e) {
     static const char *const names[] = {
-        "LOOM_JOB=",         "LOOM_ATTEMPT=",    "LOOM_RANK=",       "LOOM_WORLD=",
-        "LOOM_LOCAL_RANK=",  "LOOM_RDZV=",       "LOOM_RDZV_TOKEN=", "CUDA_VISIBLE_DEVICES=",
-        "NCCL_NVLS_ENABLE=", "LOOM_JOIN_TOKEN=", "LOOM_TOKEN=",      "LOOM_ADMIN_TOKEN="};
+        "LOOM_JOB=",         "LOOM_ATTEMPT=",    "LOOM_RANK=",        "LOOM_WORLD=",
+        "LOOM_LOCAL_RANK=",  "LOOM_RDZV=",       "LOOM_RDZV_TOKEN=",  "CUDA_VISIBLE_DEVICES=",
+        "NCCL_NVLS_ENABLE=", "LOOM_JOIN_TOKEN=", "LOOM_TOKEN=",       "LOOM_ADMIN_TOKEN=",
+        "LOOM_COMM_HOST=",   "LOOM_COMM_IFACE=", "LOOM_MASTER_ADDR=", "LOOM_RANK_STEPS="};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strncmp(e, names[i], strlen(names[i]))) return 1;
     return 0;
@@ -113,11 +117,11 @@ static int is_contract_var(const char *e) {
 /* The worker's environment: ours without the contract variables, then
  * the contract's for this rank. The strings made here go into vars[] (the
  * caller frees them, also on failure); NULL when out of memory. */
-static char **task_env(const struct task_spec *s, char *vars[10]) {
+static char **task_env(const struct task_spec *s, char *vars[TASK_ENV_VARS]) {
     int ne = 0;
     while (environ[ne])
         ne++;
-    char **envp = calloc((size_t)ne + 12, sizeof *envp);
+    char **envp = calloc((size_t)ne + TASK_ENV_VARS + 2, sizeof *envp);
     if (!envp) return NULL;
     int k = 0;
     for (int i = 0; i < ne; i++)
@@ -133,11 +137,36 @@ static char **task_env(const struct task_spec *s, char *vars[10]) {
         asprintf(&vars[7], "CUDA_VISIBLE_DEVICES=%s",
                  cpu ? "" : (s->device_uuid && *s->device_uuid ? s->device_uuid : "0")) < 0 ||
         asprintf(&vars[8], "NCCL_NVLS_ENABLE=0") < 0) {
-        memset(vars, 0, 10 * sizeof *vars);
+        memset(vars, 0, TASK_ENV_VARS * sizeof *vars);
         free(envp);
         return NULL;
     }
     int nv = 9;
+    /* The listen address (agent/commaddr.h). The agent's own LOOM_COMM_*
+     * values were its overrides and are already folded into these. */
+    int cuda = s->device_kind && !strcmp(s->device_kind, "cuda");
+    const char *user_nccl = getenv("NCCL_SOCKET_IFNAME");
+    struct {
+        int on;
+        const char *fmt, *val;
+    } comm[] = {
+        {s->comm_iface && *s->comm_iface, "LOOM_COMM_IFACE=%s", s->comm_iface},
+        {s->comm_host && *s->comm_host, "LOOM_COMM_HOST=%s", s->comm_host},
+        /* "=name": NCCL matches the exact name, not every name with the prefix */
+        {cuda && s->comm_ifname && *s->comm_ifname && !(user_nccl && *user_nccl),
+         "NCCL_SOCKET_IFNAME==%s", s->comm_ifname},
+        {s->master_addr && *s->master_addr, "LOOM_MASTER_ADDR=%s", s->master_addr},
+        /* every rank reports its step timing (loomd's straggler diagnosis) */
+        {1, "LOOM_RANK_STEPS=%s", "1"},
+    };
+    for (size_t i = 0; i < sizeof comm / sizeof *comm; i++) {
+        if (!comm[i].on) continue;
+        if (asprintf(&vars[nv++], comm[i].fmt, comm[i].val) < 0) {
+            vars[--nv] = NULL;
+            free(envp);
+            return NULL;
+        }
+    }
     /* CPU ranks share the node's cores: without a limit every rank starts one
      * OpenMP thread per core and N ranks oversubscribe the machine N times. */
     if (cpu && s->threads > 0 && !getenv("OMP_NUM_THREADS") &&
@@ -184,7 +213,7 @@ __attribute__((noreturn)) static void exec_child(const char *dir, const char *wo
 struct task *task_start(const char *work_dir, const struct task_spec *s, int64_t now_ms) {
     struct task *t = NULL;
     char **envp = NULL;
-    char *vars[10] = {0};
+    char *vars[TASK_ENV_VARS] = {0};
     int outfd = -1, errfd = -1, nullfd = -1;
     char path[1100], spec_path[1100], tasks[1100];
 
@@ -265,7 +294,7 @@ fail:
     task_free(t);
     t = NULL;
 out:
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < TASK_ENV_VARS; i++)
         free(vars[i]);
     free(envp);
     if (outfd >= 0) close(outfd);

@@ -53,6 +53,12 @@ struct task_spec {
     const char *rdzv, *rdzv_token;
     const char *worker; /* path of the worker binary */
     int threads;        /* cpu tasks: OMP_NUM_THREADS when the agent's env has none (0: unset) */
+    /* Where the worker listens (agent/commaddr.h), each NULL or "" to leave
+     * the worker's own default: LOOM_COMM_IFACE (an interface override),
+     * else LOOM_COMM_HOST (an address); NCCL_SOCKET_IFNAME on cuda unless
+     * the agent's environment has one; LOOM_MASTER_ADDR, rank 0's advertised
+     * address as loomd gave it. */
+    const char *comm_iface, *comm_host, *comm_ifname, *master_addr;
 };
 
 /* Path of the task directory for (job, attempt, rank) under work_dir. */

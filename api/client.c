@@ -16,6 +16,7 @@ struct client {
     char *header; /* one extra header or NULL */
     char *ca;     /* CA bundle (PEM) for https:// URLs, from LOOM_CA; NULL: system CAs */
     long timeout_ms;
+    char local_ip[64]; /* this end's address on the last connection ("" before one) */
 };
 
 void client_global_init(void) {
@@ -122,6 +123,11 @@ int client_request(struct client *c, const char *method, const char *path, json_
         goto out;
     }
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+    /* libcurl's getsockname() of the connection it used, kept before the
+     * next request resets the handle */
+    char *lip = NULL;
+    if (curl_easy_getinfo(h, CURLINFO_LOCAL_IP, &lip) == CURLE_OK && lip)
+        snprintf(c->local_ip, sizeof c->local_ip, "%s", lip);
     if (buf.len > 0 && out) *out = json_loadb(buf.p, buf.len, 0, NULL);
     if (raw && buf.p && (!out || !*out)) {
         *raw = buf_release(&buf);
@@ -133,6 +139,10 @@ out:
     free(url);
     buf_free(&buf);
     return rc;
+}
+
+const char *client_local_ip(const struct client *c) {
+    return c->local_ip;
 }
 
 static json_t *error_obj(json_t *reply) {

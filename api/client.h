@@ -33,6 +33,12 @@ void client_set_header(struct client *c, const char *header);
 int client_request(struct client *c, const char *method, const char *path, json_t *body,
                    long *status, json_t **out, char **raw, char *errbuf, size_t errlen);
 
+/* The local address (numeric IPv4 or IPv6) of the connection the last
+ * successful request used: the address of the interface through which this
+ * host reaches the server. "" before any request. Borrowed; valid until the
+ * next request or client_free. */
+const char *client_local_ip(const struct client *c);
+
 /* Convenience for error replies {"error":{"code","message"}}: returns the
  * message (borrowed from `reply`) or NULL. */
 const char *client_error_message(json_t *reply);

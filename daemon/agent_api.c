@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "daemon/cluster.h"
+#include "daemon/diagnose.h"
 #include "daemon/events.h"
 #include "daemon/http.h"
 #include "daemon/loomd.h"
@@ -37,6 +38,7 @@ void agent_api_log_path(const char *logs_dir, const char *job, int attempt, int 
 
 struct node_row {
     const char *name, *kind, *hostname;
+    const char *comm_addr, *comm_iface;
     char *devices;
     int64_t now;
     const char *gpu_type;
@@ -46,15 +48,18 @@ struct node_row {
 static int upsert_node(struct store_tx *tx, void *arg) {
     struct node_row *r = arg;
     sqlite3_stmt *st = store_stmt(
-        tx, "INSERT INTO nodes (name, kind, devices, hostname, registered_at, last_seen) VALUES "
-            "(?1, ?2, ?3, ?4, ?5, ?5) ON CONFLICT(name) DO UPDATE SET kind = ?2, devices = ?3, "
-            "hostname = ?4, last_seen = ?5");
+        tx, "INSERT INTO nodes (name, kind, devices, hostname, registered_at, last_seen, "
+            "comm_addr, comm_iface) VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7) ON CONFLICT(name) DO "
+            "UPDATE SET kind = ?2, devices = ?3, hostname = ?4, last_seen = ?5, comm_addr = ?6, "
+            "comm_iface = ?7");
     if (!st) return STORE_ERR;
     sqlite3_bind_text(st, 1, r->name, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, r->kind, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 3, r->devices ? r->devices : "[]", -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 4, r->hostname, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 5, r->now);
+    sqlite3_bind_text(st, 6, r->comm_addr, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 7, r->comm_iface, -1, SQLITE_STATIC);
     int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
     sqlite3_reset(st);
     if (rc == STORE_OK) rc = nodes_store_inventory(tx, r->name, r->gpu_type, r->inventory);
@@ -70,6 +75,19 @@ static void record_tasks(struct cluster *c, int ni, json_t *tasks, int64_t now) 
     json_array_foreach(n->tasks, i, t) cluster_task_report(c, ni, t, now);
 }
 
+/* An advertised listen address or interface name: short, and only the
+ * characters of numeric IPv4/IPv6 addresses (with a %scope), host names and
+ * interface names, so it can go into a worker's environment as it is. */
+static int comm_token_ok(const char *s, size_t max) {
+    if (!s) return 1; /* absent: an older agent, none advertised */
+    if (strlen(s) >= max) return 0;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              strchr(".:-_%", *p)))
+            return 0;
+    return 1;
+}
+
 int agent_api_register(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
@@ -83,12 +101,24 @@ int agent_api_register(struct http_req *req) {
         return http_error(req, 400, "INVALID_DEVICE_KIND", "kind must be \"cuda\" or \"cpu\"");
     if (!json_is_array(devices) || json_array_size(devices) > 64)
         return http_error(req, 400, "INVALID_DEVICES", "devices must be an array of at most 64");
+    const char *caddr = json_string_value(json_object_get(req->json, "comm_addr"));
+    const char *ciface = json_string_value(json_object_get(req->json, "comm_iface"));
+    if (!comm_token_ok(caddr, sizeof c->nodes[0].comm_addr) ||
+        !comm_token_ok(ciface, sizeof c->nodes[0].comm_iface))
+        return http_error(req, 400, "INVALID_COMM_ADDR",
+                          "comm_addr '%.80s' / comm_iface '%.40s': at most %zu / %zu characters "
+                          "of [A-Za-z0-9.:_%%-]",
+                          caddr ? caddr : "", ciface ? ciface : "",
+                          sizeof c->nodes[0].comm_addr - 1, sizeof c->nodes[0].comm_iface - 1);
+    if (!caddr) caddr = "";
+    if (!ciface) ciface = "";
     int64_t now = store_now_ms();
     char gpu_type[24];
     nodes_gpu_type(kind, devices, gpu_type, sizeof gpu_type);
     json_t *inventory = json_object_get(req->json, "inventory");
-    struct node_row row = {name, kind,     host ? host : "", json_dumps(devices, JSON_COMPACT),
-                           now,  gpu_type, inventory};
+    struct node_row row = {name,  kind,     host ? host : "",
+                           caddr, ciface,   json_dumps(devices, JSON_COMPACT),
+                           now,   gpu_type, inventory};
     int rc = store_write(req->ld->store, upsert_node, &row);
     free(row.devices);
     if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not record node");
@@ -111,6 +141,8 @@ int agent_api_register(struct http_req *req) {
     int was_lost = n->lost;
     snprintf(n->kind, sizeof n->kind, "%s", kind);
     snprintf(n->hostname, sizeof n->hostname, "%s", host ? host : "");
+    snprintf(n->comm_addr, sizeof n->comm_addr, "%s", caddr);
+    snprintf(n->comm_iface, sizeof n->comm_iface, "%s", ciface);
     json_decref(n->devices);
     n->devices = json_incref(devices);
     n->ndev = (int)json_array_size(devices);
@@ -208,6 +240,7 @@ int agent_api_assignments(struct http_req *req) {
 struct metric_rows {
     json_t *items; /* borrowed */
     int64_t now;
+    json_t *notes; /* borrowed: diagnosis events {job, attempt, reason} */
 };
 
 /* Rank 0's checkpoint and export records become events (daemon/events.h),
@@ -237,6 +270,14 @@ static int record_events(struct store_tx *tx, json_t *items) {
 static int insert_metrics(struct store_tx *tx, void *arg) {
     struct metric_rows *m = arg;
     if (record_events(tx, m->items) != STORE_OK) return STORE_ERR;
+    size_t k;
+    json_t *note;
+    json_array_foreach(m->notes, k, note) {
+        int rc = store_job_note(tx, json_string_value(json_object_get(note, "job")),
+                                (int)json_integer_value(json_object_get(note, "attempt")),
+                                json_string_value(json_object_get(note, "reason")));
+        if (rc != STORE_OK && rc != STORE_NOT_FOUND) return STORE_ERR;
+    }
     sqlite3_stmt *st = store_stmt(tx, "INSERT OR IGNORE INTO job_metrics (job_id, attempt, rank, "
                                       "step, at, record) VALUES (?, ?, ?, ?, ?, ?)");
     if (!st) return STORE_ERR;
@@ -246,7 +287,9 @@ static int insert_metrics(struct store_tx *tx, void *arg) {
         json_t *rec = json_object_get(it, "record");
         const char *type = json_string_value(json_object_get(rec, "type"));
         const char *job = json_string_value(json_object_get(it, "job"));
-        if (!job || !type || (strcmp(type, "step") && strcmp(type, "eval"))) continue;
+        if (!job || !type ||
+            (strcmp(type, "step") && strcmp(type, "eval") && strcmp(type, "rank_step")))
+            continue;
         char *text = json_dumps(rec, JSON_COMPACT);
         if (!text) continue;
         /* eval records share the step's key space shifted so they never collide */
@@ -267,6 +310,47 @@ static int insert_metrics(struct store_tx *tx, void *arg) {
     return STORE_OK;
 }
 
+/* Caller holds c->mu. Feeds one rank's step timing to the attempt's
+ * diagnosis (daemon/diagnose.h) and appends a job event note
+ * {job, attempt, reason} to `notes` for each finding. */
+static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, long step,
+                     const json_t *rec, json_t *notes) {
+    double st, cp, cm;
+    if (a->world < 2 || diag_times(rec, &st, &cp, &cm) != 0) return;
+    if (!a->diag) {
+        /* peers: the ranks of one pipeline stage (dp x tp, tp fastest then dp) */
+        const json_t *par = json_object_get(a->spec, "parallel");
+        long pp = (long)json_integer_value(json_object_get(par, "pp"));
+        a->diag = diag_new(a->world, pp > 1 ? a->world / (int)pp : a->world);
+        if (!a->diag) return;
+    }
+    struct diag_finding f[4];
+    int n = diag_add(a->diag, step, rank, st, cp, cm, f, 4);
+    for (int i = 0; i < n; i++) {
+        char why[512];
+        if (f[i].kind == DIAG_STRAGGLER) {
+            int ni = a->ranks[f[i].rank].node;
+            snprintf(why, sizeof why,
+                     "STRAGGLER rank=%d node=%s (+%.0f%% compute: %.1f ms a step against its "
+                     "peers' median %.1f ms for %d consecutive steps to step %ld; rule: above "
+                     "%.1fx)",
+                     f[i].rank, ni >= 0 && ni < c->nnodes ? c->nodes[ni].name : "?",
+                     100 * f[i].value, f[i].compute_ms, f[i].peer_ms, DIAG_STREAK, f[i].step,
+                     DIAG_STRAGGLER_RATIO);
+            log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
+        } else {
+            snprintf(why, sizeof why,
+                     "COMM_BOUND exposed communication is %.0f%% of the step on every rank (least: "
+                     "rank %d) for %d consecutive steps to step %ld (rule: above %.0f%%); %s",
+                     100 * f[i].value, f[i].rank, DIAG_STREAK, f[i].step, 100 * DIAG_COMM_FRAC,
+                     diag_comm_advice(a->spec));
+            log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
+        }
+        json_array_append_new(notes, json_pack("{s:s, s:i, s:s}", "job", a->job_id, "attempt",
+                                               a->attempt, "reason", why));
+    }
+}
+
 int agent_api_metrics(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
@@ -274,6 +358,7 @@ int agent_api_metrics(struct http_req *req) {
     if (!json_is_array(items))
         return http_error(req, 400, "INVALID_METRICS", "items must be an array");
     int64_t now = store_now_ms();
+    json_t *notes = json_array();
     pthread_mutex_lock(&c->mu);
     int ni = name ? cluster_node_find(c, name) : -1;
     size_t i;
@@ -282,12 +367,15 @@ int agent_api_metrics(struct http_req *req) {
         json_t *rec = json_object_get(it, "record");
         const char *type = json_string_value(json_object_get(rec, "type"));
         const char *job = json_string_value(json_object_get(it, "job"));
-        if (!job || !type || strcmp(type, "step")) continue;
+        int rank_step = type && !strcmp(type, "rank_step");
+        if (!job || !type || (strcmp(type, "step") && !rank_step)) continue;
         struct cluster_attempt *a =
             cluster_attempt_find(c, job, (int)json_integer_value(json_object_get(it, "attempt")));
         int r = (int)json_integer_value(json_object_get(it, "rank"));
         if (!a || r < 0 || r >= a->world) continue;
         json_int_t step = json_integer_value(json_object_get(rec, "step"));
+        diagnose(c, a, r, (long)step, rec, notes);
+        if (rank_step) continue; /* timing only: progress is rank 0's step lines */
         if (step > a->ranks[r].last_step) {
             a->ranks[r].last_step = (long)step;
             a->last_progress_ms = now;
@@ -304,8 +392,10 @@ int agent_api_metrics(struct http_req *req) {
         }
     }
     pthread_mutex_unlock(&c->mu);
-    struct metric_rows m = {items, now};
-    if (store_write(req->ld->store, insert_metrics, &m) != STORE_OK)
+    struct metric_rows m = {items, now, notes};
+    int wrc = store_write(req->ld->store, insert_metrics, &m);
+    json_decref(notes);
+    if (wrc != STORE_OK)
         return http_error(req, 503, "STORE_UNAVAILABLE", "could not store metrics");
     cluster_kick(req->ld);
     return http_reply_json(req, 200, json_pack("{s:b}", "ok", 1));

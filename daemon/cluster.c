@@ -22,6 +22,7 @@
 #include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
 #include "daemon/deps.h"
+#include "daemon/diagnose.h"
 #include "daemon/fairshare.h"
 #include "daemon/preempt.h"
 #include "daemon/sched.h"
@@ -495,6 +496,7 @@ static void attempt_free(struct cluster_attempt *a) {
     free(a->ranks);
     json_decref(a->rdzv);
     json_decref(a->last_step);
+    diag_free(a->diag);
     free(a);
 }
 
@@ -554,11 +556,16 @@ json_t *cluster_desired(struct cluster *c, int ni) {
              * (its loop check is a per-call table since 2.13; Debian 12 has
              * 2.14), so replies may serialise it concurrently, after the
              * mutex is released or the attempt freed. */
-            json_array_append_new(
-                arr, json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:O, s:s, s:s, s:s}", "job",
-                               a->job_id, "attempt", a->attempt, "rank", r, "world", a->world,
-                               "local_rank", rk->local_rank, "device", rk->device, "spec", a->spec,
-                               "out_dir", a->out_dir, "rdzv", rdzv, "rdzv_token", a->token));
+            json_t *task =
+                json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:O, s:s, s:s, s:s}", "job", a->job_id,
+                          "attempt", a->attempt, "rank", r, "world", a->world, "local_rank",
+                          rk->local_rank, "device", rk->device, "spec", a->spec, "out_dir",
+                          a->out_dir, "rdzv", rdzv, "rdzv_token", a->token);
+            /* rank 0's advertised address, for the workers' rendezvous */
+            int n0 = a->ranks[0].node;
+            if (task && n0 >= 0 && n0 < c->nnodes && c->nodes[n0].comm_addr[0])
+                json_object_set_new(task, "master_addr", json_string(c->nodes[n0].comm_addr));
+            json_array_append_new(arr, task);
         }
     }
     return arr;
@@ -1195,7 +1202,8 @@ static int load_state(struct store_tx *tx, void *arg) {
     struct cluster *c = arg;
     int64_t now = store_now_ms();
     sqlite3_stmt *st =
-        store_stmt(tx, "SELECT name, kind, devices, drained, hostname, registered_at FROM nodes");
+        store_stmt(tx, "SELECT name, kind, devices, drained, hostname, registered_at, comm_addr, "
+                       "comm_iface FROM nodes");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW && c->nnodes < CLUSTER_MAX_NODES) {
         struct cluster_node *n = &c->nodes[c->nnodes++];
@@ -1214,6 +1222,9 @@ static int load_state(struct store_tx *tx, void *arg) {
         n->drained = sqlite3_column_int(st, 3);
         snprintf(n->hostname, sizeof n->hostname, "%s", (const char *)sqlite3_column_text(st, 4));
         n->registered_at = sqlite3_column_int64(st, 5);
+        snprintf(n->comm_addr, sizeof n->comm_addr, "%s", (const char *)sqlite3_column_text(st, 6));
+        snprintf(n->comm_iface, sizeof n->comm_iface, "%s",
+                 (const char *)sqlite3_column_text(st, 7));
         n->tasks = json_array();
         n->last_hb_ms = now; /* a grace of one node timeout to reconnect */
         n->seen = 0;

@@ -63,6 +63,7 @@ struct cluster_attempt {
     struct cluster_rank *ranks; /* world entries */
     json_t *rdzv;               /* key -> value (rendezvous) */
     json_t *last_step;          /* rank 0's latest step record (for /metrics) */
+    struct diag *diag;          /* per-rank step timing diagnosis (daemon/diagnose.h), owned */
     struct cluster_attempt *next;
 };
 
@@ -84,6 +85,10 @@ struct cluster_node {
      * the agent's GPU inventory from registration (agent/gpu.h) */
     char gpu_type[24];
     json_t *inventory;
+    /* where its workers listen (agent/commaddr.h): rank 0's is every rank's
+     * LOOM_MASTER_ADDR; "" when the agent advertised none */
+    char comm_addr[64];
+    char comm_iface[32];
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */

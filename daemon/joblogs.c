@@ -225,6 +225,69 @@ static int series_read(struct store_tx *tx, void *arg) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* Every rank's step timing (rank 0's step records, the others' rank_step
+ * records): [{step, rank, attempt, node, ms}], a newer attempt's row
+ * replacing an older one's for the same (step, rank). */
+struct ranks_q {
+    const char *job;
+    json_t *rows;
+};
+
+static int ranks_read(struct store_tx *tx, void *arg) {
+    struct ranks_q *q = arg;
+    json_t *nodes = json_object(); /* "attempt.rank" -> node */
+    sqlite3_stmt *st = store_stmt(tx, "SELECT attempt, placement FROM attempts WHERE job_id = ?");
+    if (!st) goto fail;
+    sqlite3_bind_text(st, 1, q->job, -1, SQLITE_STATIC);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        json_t *pl = json_loads((const char *)sqlite3_column_text(st, 1), 0, NULL);
+        size_t i;
+        json_t *p;
+        json_array_foreach(pl, i, p) {
+            char key[32];
+            snprintf(key, sizeof key, "%d.%d", sqlite3_column_int(st, 0),
+                     (int)json_integer_value(json_object_get(p, "rank")));
+            json_t *node = json_object_get(p, "node");
+            if (json_is_string(node)) json_object_set(nodes, key, node);
+        }
+        json_decref(pl);
+    }
+    sqlite3_reset(st);
+    st = store_stmt(tx, "SELECT attempt, rank, step, record FROM job_metrics WHERE job_id = ? AND "
+                        "step >= 0 ORDER BY step, rank, attempt");
+    if (!st) goto fail;
+    sqlite3_bind_text(st, 1, q->job, -1, SQLITE_STATIC);
+    int rc;
+    long last_step = -1, last_rank = -1;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        json_t *rec = json_loads((const char *)sqlite3_column_text(st, 3), 0, NULL);
+        json_t *ms = json_object_get(rec, "ms");
+        if (!json_is_object(ms)) {
+            json_decref(rec);
+            continue;
+        }
+        int attempt = sqlite3_column_int(st, 0), rank = sqlite3_column_int(st, 1);
+        long step = (long)sqlite3_column_int64(st, 2);
+        char key[32];
+        snprintf(key, sizeof key, "%d.%d", attempt, rank);
+        json_t *node = json_object_get(nodes, key);
+        json_t *row = json_pack("{s:I, s:i, s:i, s:O, s:O}", "step", (json_int_t)step, "rank", rank,
+                                "attempt", attempt, "node", node ? node : json_null(), "ms", ms);
+        json_decref(rec);
+        if (step == last_step && rank == last_rank && json_array_size(q->rows) > 0)
+            json_array_set_new(q->rows, json_array_size(q->rows) - 1, row);
+        else
+            json_array_append_new(q->rows, row);
+        last_step = step, last_rank = rank;
+    }
+    sqlite3_reset(st);
+    json_decref(nodes);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+fail:
+    json_decref(nodes);
+    return STORE_ERR;
+}
+
 int joblogs_metrics(struct http_req *req) {
     struct job_lookup l = {0};
     if (find_job(req, &l) != 0) return 0;
@@ -237,7 +300,14 @@ int joblogs_metrics(struct http_req *req) {
         json_decref(q.evals);
         return http_error(req, 503, "STORE_UNAVAILABLE", "could not read metrics");
     }
+    struct ranks_q rq = {l.id, json_array()};
+    if (store_read(req->ld->store, ranks_read, &rq) != STORE_OK) {
+        json_decref(q.series);
+        json_decref(q.evals);
+        json_decref(rq.rows);
+        return http_error(req, 503, "STORE_UNAVAILABLE", "could not read metrics");
+    }
     return http_reply_json(req, 200,
-                           json_pack("{s:s, s:i, s:o, s:o}", "job", l.id, "rank", q.rank, "series",
-                                     q.series, "evals", q.evals));
+                           json_pack("{s:s, s:i, s:o, s:o, s:o}", "job", l.id, "rank", q.rank,
+                                     "series", q.series, "evals", q.evals, "ranks", rq.rows));
 }

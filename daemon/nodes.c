@@ -55,6 +55,9 @@ static json_t *node_json(struct cluster *c, int ni) {
                           devs, "tasks", n->tasks ? json_incref(n->tasks) : json_array(),
                           "last_heartbeat", seen, "registered_at", reg, "drained", n->drained);
     if (o && n->host) json_object_set(o, "host", n->host);
+    if (o) /* where its workers listen (agent/commaddr.h) */
+        json_object_set_new(o, "comm",
+                            json_pack("{s:s, s:s}", "addr", n->comm_addr, "iface", n->comm_iface));
     if (o)
         json_object_set_new(o, "gpu_type", json_string(n->gpu_type[0] ? n->gpu_type : "unknown"));
     if (o)

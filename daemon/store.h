@@ -284,6 +284,10 @@ int store_job_transition(struct store_tx *tx, const char *id, unsigned from_mask
 int store_job_set_pending(struct store_tx *tx, const char *id, const char *pending_reason);
 /* Events of a job, oldest first, as a JSON array of {id,at,from,to,attempt,reason}. */
 int store_job_events(struct store_tx *tx, int64_t job_seq, json_t **out);
+/* Write callback: an event row that records an observation without a state
+ * change (from = to = the job's current state), e.g. a diagnosis
+ * (daemon/diagnose.h). STORE_OK, STORE_NOT_FOUND or STORE_ERR. */
+int store_job_note(struct store_tx *tx, const char *id, int attempt, const char *reason);
 /* Jobs counted by tenant and state: JSON object {tenant: {state: n}}. */
 int store_job_counts(struct store_tx *tx, json_t **out);
 

@@ -51,3 +51,10 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
                      ${CMAKE_BINARY_DIR}/bin --latency-jobs 5 --tiny-jobs 20 --node-timeout 3)
     set_tests_properties(bench.sched_smoke PROPERTIES LABELS integration TIMEOUT 120)
 endif()
+
+# The workers' listen address (agent/commaddr.c), against the loopback interface.
+add_executable(test_commaddr ${CMAKE_CURRENT_LIST_DIR}/unit/test_commaddr.c)
+target_link_libraries(test_commaddr PRIVATE loom_agent_lib)
+loom_warnings(test_commaddr)
+add_test(NAME unit.commaddr COMMAND test_commaddr)
+set_tests_properties(unit.commaddr PROPERTIES LABELS "unit;sanitize")

@@ -125,3 +125,12 @@ add_executable(test_preempt ${CMAKE_CURRENT_LIST_DIR}/unit/test_preempt.c
 loom_warnings(test_preempt)
 add_test(NAME unit.preempt COMMAND test_preempt)
 set_tests_properties(unit.preempt PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+
+# The straggler / comm-bound diagnosis (daemon/diagnose.c): pure, compiled alone.
+add_executable(test_diagnose ${CMAKE_CURRENT_LIST_DIR}/unit/test_diagnose.c
+               ${CMAKE_SOURCE_DIR}/daemon/diagnose.c)
+target_include_directories(test_diagnose PRIVATE ${CMAKE_SOURCE_DIR})
+target_link_libraries(test_diagnose PRIVATE PkgConfig::JANSSON m)
+loom_warnings(test_diagnose)
+add_test(NAME unit.diagnose COMMAND test_diagnose)
+set_tests_properties(unit.diagnose PROPERTIES LABELS "unit;sanitize")

@@ -60,6 +60,7 @@ struct opts {
     char *spec, *device, *out, *rdzv, *export_path, *log_level, *pp_schedule, *offload;
     long rank, world, local_rank, threads, nproc, steps, offload_chunk_kib;
     int no_save;
+    int rank_steps;            /* --rank-steps: every rank writes rank_step lines */
     char *export_lora;         /* --export-lora DIR */
     struct hf_cli_opts hf;     /* model modes and fine-tuning (worker/hf_cli.h) */
     struct worker_tuning tune; /* the tuning and debug rows (worker/tuning.h) */
@@ -100,6 +101,9 @@ static const struct config_entry table[] = {
     {"no-save", CONFIG_BOOL, offsetof(struct opts, no_save), "0", 0, 0,
      "do not write checkpoints; for benchmarks of models whose checkpoint would not fit the "
      "disk"},
+    {"rank-steps", CONFIG_BOOL, offsetof(struct opts, rank_steps), "0", 0, 0,
+     "ranks other than 0 write {\"type\":\"rank_step\"} timing lines on stdout (set by "
+     "loom-agent: LOOM_RANK_STEPS=1)"},
     /* fine-tuning contract (docs/engine.md "Hugging Face models") */
     {"init-from", CONFIG_STR, offsetof(struct opts, hf.init_from), NULL, 1, 0,
      "Hugging Face model directory to load (no --spec needed) for the modes below"},
@@ -638,6 +642,9 @@ static void make_train_opts(struct run *r) {
     to->save_every = s->checkpoint.every_steps;
     to->stop = &g_stop;
     to->out = w->e->rank == 0 ? stdout : NULL;
+    to->rank_out = w->e->rank != 0 && w->o.rank_steps ? stdout : NULL;
+    to->rank = w->e->rank;
+    to->slow_ms = w->o.tune.debug_slow_rank == w->e->rank ? w->o.tune.debug_slow_ms : 0;
     to->flops_per_token = w->der.flops_per_token;
     r->end = w->o.steps > 0 && w->o.steps < to->steps ? w->o.steps : to->steps;
 }

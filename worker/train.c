@@ -44,6 +44,11 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         lora_zero_grads(m->lora);
     else
         engine_zero_grads(e);
+    /* Test knob (a straggler): before the forward, as a slow device is slow
+     * all through its compute, so its gradients reach the reductions late
+     * and its peers wait in grad_sync. (A sleep after the backward would be
+     * hidden: the per-layer reductions already run in the background.) */
+    if (o->slow_ms > 0) clock_sleep_ms(o->slow_ms);
     if (o->micro_steps) {
         int rc = o->micro_steps(o->micro_user, m, o, step, inputs, targets, sums, err, errlen);
         if (rc != 0) return rc;
@@ -152,8 +157,21 @@ static void emit(FILE *out, json_t *j) {
     json_decref(j);
 }
 
+/* A rank other than 0: its timing only (the loss and norms are rank 0's). */
+static void emit_rank_step(const struct train_opts *o, int64_t done,
+                           const struct train_step_info *in) {
+    emit(o->rank_out,
+         json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f}}", "type", "rank_step", "step",
+                   (json_int_t)done, "rank", o->rank, "ms", "step", in->ms_step, "compute",
+                   in->ms_compute, "comm_exposed", in->ms_comm, "optimizer", in->ms_optimizer));
+}
+
 static void emit_step(const struct model *m, const struct train_opts *o, int64_t done,
                       const struct train_step_info *in) {
+    if (!o->out) {
+        if (o->rank_out) emit_rank_step(o, done, in);
+        return;
+    }
     const struct engine *e = m->e;
     const struct engine_mem *mm = &e->mem;
     double tps = in->ms_step > 0 ? (double)in->tokens / (in->ms_step / 1e3) : 0;

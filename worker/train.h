@@ -15,7 +15,11 @@
  *   ("loss_tokens": targets the loss counted; below "tokens" with loss-mask shards)
  *   {"type":"eval","step":N,"val_loss":..,"tokens":..}
  * "step" counts completed optimizer steps (1 after the first). Only rank 0
- * writes lines when world > 1 (the caller passes out = NULL elsewhere).
+ * writes these lines when world > 1 (the caller passes out = NULL elsewhere).
+ * The other ranks may write their own timing on opts.rank_out, one line a
+ * step, for loomd's per-rank view and straggler diagnosis:
+ *   {"type":"rank_step","step":N,"rank":R,"ms":{"step":..,"compute":..,
+ *    "comm_exposed":..,"optimizer":..}}
  * Only the engine thread runs this. */
 #ifndef LOOM_WORKER_TRAIN_H
 #define LOOM_WORKER_TRAIN_H
@@ -53,7 +57,13 @@ struct train_opts {
     int64_t save_every;
     volatile sig_atomic_t *stop; /* set by a signal handler; NULL: none */
     FILE *out;                   /* JSON lines; NULL: silent */
-    double flops_per_token;      /* for MFU (model_flops_per_token) */
+    /* Where a rank without `out` writes its rank_step lines (NULL: none),
+     * its rank, and the test knob debug-slow-ms (worker/tuning.h): sleep
+     * this long in every step, before the forward (0: never). */
+    FILE *rank_out;
+    int rank;
+    long slow_ms;
+    double flops_per_token; /* for MFU (model_flops_per_token) */
     /* Optional replacement of the micro-step loop (pipeline schedules,
      * worker/pp.h): runs all grad_accum micro-steps of `step` on this rank
      * (batches, forward, backward, point-to-point) and ADDS the loss sum and

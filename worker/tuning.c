@@ -61,6 +61,11 @@ const struct config_entry worker_tuning_rows[] = {
      "tp all-reduces ordered on the compute stream (0: host sync before each)"},
     {"debug-param-hash", CONFIG_BOOL | D, AT(debug_param_hash), "0", 0, 0,
      "log the FNV-1a hash of the fp32 weights at the end (ranks holding all of them)"},
+    /* test knobs: a deliberately slow rank for the straggler diagnosis tests */
+    {"debug-slow-rank", CONFIG_INT | D, AT(debug_slow_rank), "-1", -1, 1e6,
+     "tests: the rank that sleeps debug-slow-ms in every step (a straggler); -1: none"},
+    {"debug-slow-ms", CONFIG_INT | D, AT(debug_slow_ms), "0", 0, 60000,
+     "tests: how long debug-slow-rank sleeps per step, counted as compute"},
 };
 const size_t worker_tuning_nrows = sizeof worker_tuning_rows / sizeof *worker_tuning_rows;
 

@@ -59,6 +59,8 @@ struct worker_tuning {
     struct cuda_tuning cuda;
     struct comm_tuning comm;
     int debug_param_hash; /* debug-param-hash: log the FNV-1a hash of the weights */
+    long debug_slow_rank; /* debug-slow-rank: this rank (-1: none) sleeps ... */
+    long debug_slow_ms;   /* debug-slow-ms: ... this long in every step's compute (tests) */
 };
 
 /* The rows, with offsets into struct worker_tuning; worker_config_table adds

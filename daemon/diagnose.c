@@ -1,0 +1,184 @@
+/* Straggler and communication-bound diagnosis: see diagnose.h. */
+#include "daemon/diagnose.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct diag_slot {
+    long step; /* -1: empty */
+    int have;  /* ranks reported */
+    double *step_ms, *compute_ms, *comm_ms;
+    unsigned char *seen;
+};
+
+struct diag {
+    int world;
+    int group; /* ranks per peer group (pipeline stage) */
+    long next; /* the next step to judge; -1 before the first record */
+    struct diag_slot slots[DIAG_SLOTS];
+    int *slow_streak;   /* per rank */
+    int *slow_reported; /* per rank */
+    int comm_streak, comm_reported;
+    double *scratch; /* world values */
+};
+
+struct diag *diag_new(int world, int group) {
+    if (world < 1) return NULL;
+    struct diag *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->world = world;
+    d->group = group > 0 && group < world ? group : world;
+    d->next = -1;
+    size_t w = (size_t)world;
+    int ok = (d->slow_streak = calloc(w, sizeof(int))) &&
+             (d->slow_reported = calloc(w, sizeof(int))) &&
+             (d->scratch = calloc(w, sizeof(double)));
+    for (int i = 0; ok && i < DIAG_SLOTS; i++) {
+        struct diag_slot *s = &d->slots[i];
+        s->step = -1;
+        ok = (s->step_ms = calloc(w, sizeof(double))) &&
+             (s->compute_ms = calloc(w, sizeof(double))) &&
+             (s->comm_ms = calloc(w, sizeof(double))) && (s->seen = calloc(w, 1));
+    }
+    if (!ok) {
+        diag_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void diag_free(struct diag *d) {
+    if (!d) return;
+    for (int i = 0; i < DIAG_SLOTS; i++) {
+        free(d->slots[i].step_ms);
+        free(d->slots[i].compute_ms);
+        free(d->slots[i].comm_ms);
+        free(d->slots[i].seen);
+    }
+    free(d->slow_streak);
+    free(d->slow_reported);
+    free(d->scratch);
+    free(d);
+}
+
+static void slot_reset(struct diag *d, struct diag_slot *s, long step) {
+    s->step = step;
+    s->have = 0;
+    memset(s->seen, 0, (size_t)d->world);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v). */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void break_streaks(struct diag *d) {
+    memset(d->slow_streak, 0, (size_t)d->world * sizeof(int));
+    d->comm_streak = 0;
+}
+
+/* Judges one complete step; returns the findings written. */
+static int judge(struct diag *d, const struct diag_slot *s, struct diag_finding *out, int max) {
+    int n = 0, W = d->world;
+    if (W < 2) return 0; /* nothing to compare, no communication */
+    for (int r = 0; r < W && d->group > 1; r++) {
+        int k = 0, g0 = r / d->group * d->group;
+        for (int j = g0; j < g0 + d->group && j < W; j++)
+            if (j != r) d->scratch[k++] = s->compute_ms[j];
+        if (k == 0) continue;
+        double peer = median(d->scratch, k);
+        double c = s->compute_ms[r];
+        double floor = DIAG_MIN_GAP_FRAC * s->step_ms[r];
+        if (floor < DIAG_MIN_GAP_MS) floor = DIAG_MIN_GAP_MS;
+        int slow = c > DIAG_STRAGGLER_RATIO * peer && c - peer >= floor;
+        d->slow_streak[r] = slow ? d->slow_streak[r] + 1 : 0;
+        if (slow && d->slow_streak[r] >= DIAG_STREAK && !d->slow_reported[r] && n < max) {
+            d->slow_reported[r] = 1;
+            out[n++] = (struct diag_finding){.kind = DIAG_STRAGGLER,
+                                             .step = s->step,
+                                             .rank = r,
+                                             .value = peer > 0 ? c / peer - 1 : 0,
+                                             .compute_ms = c,
+                                             .peer_ms = peer};
+        }
+    }
+    double least = 2;
+    int who = 0;
+    for (int r = 0; r < W; r++) {
+        double f = s->step_ms[r] > 0 ? s->comm_ms[r] / s->step_ms[r] : 0;
+        if (f < least) least = f, who = r;
+    }
+    int bound = least > DIAG_COMM_FRAC;
+    d->comm_streak = bound ? d->comm_streak + 1 : 0;
+    if (bound && d->comm_streak >= DIAG_STREAK && !d->comm_reported && n < max) {
+        d->comm_reported = 1;
+        out[n++] = (struct diag_finding){
+            .kind = DIAG_COMM_BOUND, .step = s->step, .rank = who, .value = least};
+    }
+    return n;
+}
+
+int diag_add(struct diag *d, long step, int rank, double step_ms, double compute_ms, double comm_ms,
+             struct diag_finding *out, int max) {
+    if (!d || rank < 0 || rank >= d->world || step < 0) return 0;
+    if (d->next < 0) d->next = step;
+    if (step < d->next) return 0; /* judged already, or before the first one held */
+    if (step >= d->next + DIAG_SLOTS) {
+        /* Steps the oldest slots wait for are given up: a gap breaks the
+         * streaks (consecutive means consecutive judged steps). */
+        d->next = step - DIAG_SLOTS + 1;
+        break_streaks(d);
+    }
+    struct diag_slot *s = &d->slots[step % DIAG_SLOTS];
+    if (s->step != step) slot_reset(d, s, step);
+    if (!s->seen[rank]) {
+        s->seen[rank] = 1;
+        s->have++;
+    }
+    s->step_ms[rank] = step_ms;
+    s->compute_ms[rank] = compute_ms;
+    s->comm_ms[rank] = comm_ms;
+    int n = 0;
+    for (;;) {
+        struct diag_slot *q = &d->slots[d->next % DIAG_SLOTS];
+        if (q->step != d->next || q->have < d->world) break;
+        n += judge(d, q, out + n, max - n);
+        q->step = -1;
+        d->next++;
+    }
+    return n;
+}
+
+int diag_times(const json_t *record, double *step_ms, double *compute_ms, double *comm_ms) {
+    const json_t *ms = json_object_get(record, "ms");
+    const json_t *st = json_object_get(ms, "step"), *cp = json_object_get(ms, "compute"),
+                 *cm = json_object_get(ms, "comm_exposed");
+    if (!json_is_number(st) || !json_is_number(cp) || !json_is_number(cm)) return -1;
+    *step_ms = json_number_value(st);
+    *compute_ms = json_number_value(cp);
+    *comm_ms = json_number_value(cm);
+    return 0;
+}
+
+/* The planner's communication terms (docs/planner.md) in words, the
+ * costliest first. */
+const char *diag_comm_advice(const json_t *spec) {
+    const json_t *par = json_object_get(spec, "parallel");
+    long zero = (long)json_integer_value(json_object_get(par, "zero_stage"));
+    long tp = (long)json_integer_value(json_object_get(par, "tp"));
+    if (zero >= 3)
+        return "ZeRO stage 3 gathers every parameter twice a step: stage 1 sends about a third "
+               "as much where the optimizer state fits";
+    if (zero == 2) return "ZeRO stage 2 reduces every micro-step: stage 1 reduces once a step";
+    if (tp > 1)
+        return "tp all-reduces run twice per block and pass: keep tp inside one node (NVLink) "
+               "and grow dp or pp across nodes";
+    return "a larger micro-batch or more gradient accumulation spreads each gradient exchange "
+           "over more tokens";
+}

@@ -1,0 +1,76 @@
+/* Diagnosis of a running attempt from every rank's step timing: a rank that
+ * is persistently slower than its peers (STRAGGLER) and a layout whose steps
+ * are persistently communication-bound (COMM_BOUND).
+ *
+ * Input: one record per (step, rank), the worker's "ms" object: the step's
+ * wall time, `comm_exposed` (time blocked in the gradient synchronisation
+ * after the backward) and `compute` (the rest). In synchronous training every
+ * rank's step takes the same wall time (the others wait for the slowest in
+ * the collective), so a straggler shows in its compute time, and its peers
+ * show the same gap as communication wait. Hence the rules, judged on each
+ * step once every rank has reported it, in step order:
+ *   STRAGGLER rank r  compute_r > DIAG_STRAGGLER_RATIO x the median compute
+ *                     of the other ranks of its pipeline stage, and by at least DIAG_MIN_GAP_MS and
+ *                     DIAG_MIN_GAP_FRAC of its step (scheduling noise on
+ *                     millisecond steps is not a straggler), for DIAG_STREAK
+ *                     consecutive steps;
+ *   COMM_BOUND        comm_exposed / step > DIAG_COMM_FRAC on every rank
+ *                     (the least-waiting rank included, so a straggler's
+ *                     peers waiting for it do not count) for DIAG_STREAK
+ *                     consecutive steps.
+ * Each finding is reported once per attempt (per rank for STRAGGLER).
+ * Cost: O(world) per record, O(world log world) per judged step; no I/O.
+ *
+ * The state is per attempt, owned by the caller (daemon/cluster.h keeps it
+ * in the attempt, under the cluster mutex); the functions are pure
+ * otherwise (tests/unit/test_diagnose.c). */
+#ifndef LOOM_DAEMON_DIAGNOSE_H
+#define LOOM_DAEMON_DIAGNOSE_H
+
+#include <jansson.h>
+
+#define DIAG_STRAGGLER_RATIO 1.3
+#define DIAG_MIN_GAP_MS      1.0
+#define DIAG_MIN_GAP_FRAC    0.05
+#define DIAG_COMM_FRAC       0.20
+#define DIAG_STREAK          5
+#define DIAG_SLOTS           16 /* steps held while waiting for every rank */
+
+enum diag_kind { DIAG_STRAGGLER = 0, DIAG_COMM_BOUND = 1 };
+
+struct diag_finding {
+    enum diag_kind kind;
+    long step;                  /* the step that completed the streak */
+    int rank;                   /* STRAGGLER: the slow rank; COMM_BOUND: the least-waiting rank */
+    double value;               /* STRAGGLER: compute over the peers' median - 1 (0.45 = +45%);
+                                 * COMM_BOUND: the least comm_exposed / step over the ranks */
+    double compute_ms, peer_ms; /* STRAGGLER: its compute, the peers' median */
+};
+
+struct diag;
+
+/* A new state for `world` ranks whose peers come in groups of `group`
+ * consecutive ranks: the ranks of one pipeline stage (dp x tp of them, the
+ * layout's order), which do the same work; stages differ by design (the last
+ * one holds the classifier), so a rank is compared with its own stage only
+ * and a stage of one rank is never a straggler. group <= 0 or >= world: one
+ * group. NULL when out of memory or world < 1. diag_free accepts NULL. */
+struct diag *diag_new(int world, int group);
+void diag_free(struct diag *d);
+
+/* Adds rank's timing for `step`. Judges every step that is now complete (in
+ * order) and writes up to max findings to out; returns how many. Records of
+ * steps already judged or too old to wait for are ignored; a step that is
+ * pushed out before every rank reported it breaks the streaks. */
+int diag_add(struct diag *d, long step, int rank, double step_ms, double compute_ms, double comm_ms,
+             struct diag_finding *out, int max);
+
+/* The worker's "ms" object of a step or rank_step record -> the three
+ * times; 0, or -1 when a field is missing. */
+int diag_times(const json_t *record, double *step_ms, double *compute_ms, double *comm_ms);
+
+/* The advice for a COMM_BOUND layout from the job spec's parallel and
+ * train sections (static text). */
+const char *diag_comm_advice(const json_t *spec);
+
+#endif

@@ -1,0 +1,302 @@
+/* Table-driven tests of the straggler / communication-bound diagnosis
+ * (daemon/diagnose.c). Each case generates every rank's timing for a run of
+ * steps (a step of STEP_MS wall time; per-rank compute, with one rank slowed
+ * by a factor over a range of steps; per-rank exposed communication as a
+ * fraction of the step), feeds it in step order, rank-major order or with
+ * one record missing, and lists the findings expected: kind, rank, and the
+ * step that completed the streak. Then the record parser and the advice. */
+#include "daemon/diagnose.h"
+
+#include "tests/check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define STEP_MS 100.0
+#define MAXW    4
+
+enum order { BY_STEP = 0, RANK_MAJOR = 1 };
+
+struct expect {
+    enum diag_kind kind;
+    int rank;
+    long step;
+};
+
+struct tcase {
+    const char *name;
+    int world, steps;
+    double compute;         /* ms, every rank */
+    int slow_rank;          /* -1: none */
+    int slow_from, slow_to; /* steps [from, to] are slow */
+    double factor;          /* its compute x factor there */
+    double comm[MAXW];      /* exposed communication / step, per rank */
+    enum order order;
+    int skip_rank, skip_step; /* a record that never arrives (skip_step 0: none) */
+    int nexp;
+    struct expect exp[3];
+    int group; /* ranks per pipeline stage (0: all one group) */
+};
+
+static const struct tcase cases[] = {
+    {"equal ranks", 2, 20, 50, -1, 0, 0, 1, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
+    {"rank 1 twice as slow for 5 steps",
+     2,
+     12,
+     40,
+     1,
+     3,
+     7,
+     2.0,
+     {0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 1, 7}},
+     0},
+    {"slow for 4 steps only", 2, 12, 40, 1, 3, 6, 2.0, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
+    {"slow for 12 steps: reported once",
+     2,
+     14,
+     40,
+     0,
+     1,
+     12,
+     2.0,
+     {0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 0, 5}},
+     0},
+    {"1.29x: below the ratio", 2, 10, 40, 1, 1, 10, 1.29, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
+    {"1.31x: above the ratio",
+     2,
+     10,
+     40,
+     1,
+     1,
+     10,
+     1.31,
+     {0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 1, 5}},
+     0},
+    /* 3 ms against 1 ms: 3x, but 2 ms is under 5% of a 100 ms step */
+    {"gap under the noise floor", 2, 10, 1, 1, 1, 10, 3.0, {0.1, 0.1}, BY_STEP, 0, 0, 0, {{0}}, 0},
+    {"world 4: the peers' median",
+     4,
+     10,
+     30,
+     2,
+     1,
+     10,
+     1.5,
+     {0.1, 0.1, 0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 2, 5}},
+     0},
+    {"comm-bound on every rank",
+     2,
+     10,
+     30,
+     -1,
+     0,
+     0,
+     1,
+     {0.25, 0.3},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_COMM_BOUND, 0, 5}},
+     0},
+    {"exactly 20%: not above", 2, 10, 30, -1, 0, 0, 1, {0.2, 0.2}, BY_STEP, 0, 0, 0, {{0}}, 0},
+    /* a straggler's peer waits, the straggler does not: not comm-bound */
+    {"one rank waiting is not comm-bound",
+     2,
+     10,
+     30,
+     1,
+     1,
+     10,
+     2.0,
+     {0.6, 0.05},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 1, 5}},
+     0},
+    {"both findings",
+     2,
+     10,
+     30,
+     1,
+     1,
+     10,
+     2.0,
+     {0.5, 0.3},
+     BY_STEP,
+     0,
+     0,
+     2,
+     {{DIAG_STRAGGLER, 1, 5}, {DIAG_COMM_BOUND, 1, 5}},
+     0},
+    {"rank-major arrival",
+     2,
+     10,
+     40,
+     1,
+     1,
+     10,
+     2.0,
+     {0.1, 0.1},
+     RANK_MAJOR,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 1, 5}},
+     0},
+    /* step 4 of rank 0 never arrives: judging waits until step 4 + DIAG_SLOTS
+     * arrives, then gives it up; the streak restarts after the gap (judged
+     * then: steps 5..9) */
+    {"a lost record breaks the streak",
+     2,
+     30,
+     40,
+     1,
+     1,
+     30,
+     2.0,
+     {0.1, 0.1},
+     BY_STEP,
+     0,
+     4,
+     1,
+     {{DIAG_STRAGGLER, 1, 4 + DIAG_STREAK}},
+     0},
+    /* pp2 x dp2: stage 1 (ranks 2, 3) holds the classifier and is slower by
+     * design; only rank 3, slow against its stage peer 2, is a straggler */
+    {"pp stages compared within themselves",
+     4,
+     10,
+     30,
+     3,
+     1,
+     10,
+     1.5,
+     {0.1, 0.1, 0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     1,
+     {{DIAG_STRAGGLER, 3, 5}},
+     2},
+    {"a stage of one rank has no peers",
+     2,
+     10,
+     30,
+     1,
+     1,
+     10,
+     3.0,
+     {0.1, 0.1},
+     BY_STEP,
+     0,
+     0,
+     0,
+     {{0}},
+     1},
+    {"world 1: nothing to compare", 1, 10, 40, 0, 1, 10, 3.0, {0.9}, BY_STEP, 0, 0, 0, {{0}}, 0},
+};
+
+static void times(const struct tcase *c, int step, int rank, double *st, double *cp, double *cm) {
+    *st = STEP_MS;
+    *cp = c->compute;
+    if (c->group > 0 && rank >= c->group) *cp *= 2; /* the later stage: more work by design */
+    if (rank == c->slow_rank && step >= c->slow_from && step <= c->slow_to) *cp *= c->factor;
+    *cm = c->comm[rank] * STEP_MS;
+}
+
+static void run_case(const struct tcase *c) {
+    struct diag *d = diag_new(c->world, c->group);
+    CHECK(d != NULL, "%s: diag_new", c->name);
+    if (!d) return;
+    struct diag_finding got[16];
+    int n = 0;
+    int outer = c->order == BY_STEP ? c->steps : c->world;
+    int inner = c->order == BY_STEP ? c->world : c->steps;
+    for (int i = 0; i < outer; i++)
+        for (int j = 0; j < inner; j++) {
+            int step = (c->order == BY_STEP ? i : j) + 1, rank = c->order == BY_STEP ? j : i;
+            if (step == c->skip_step && rank == c->skip_rank) continue;
+            double st, cp, cm;
+            times(c, step, rank, &st, &cp, &cm);
+            n += diag_add(d, step, rank, st, cp, cm, got + n, 16 - n);
+        }
+    CHECK(n == c->nexp, "%s: %d finding(s), want %d", c->name, n, c->nexp);
+    for (int i = 0; i < n && i < c->nexp; i++) {
+        CHECK(got[i].kind == c->exp[i].kind && got[i].rank == c->exp[i].rank &&
+                  got[i].step == c->exp[i].step,
+              "%s: finding %d is kind %d rank %d step %ld, want kind %d rank %d step %ld", c->name,
+              i, got[i].kind, got[i].rank, got[i].step, c->exp[i].kind, c->exp[i].rank,
+              c->exp[i].step);
+        if (got[i].kind == DIAG_STRAGGLER)
+            CHECK_NEAR(got[i].value, c->factor - 1, 1e-9);
+        else
+            CHECK(got[i].value > DIAG_COMM_FRAC, "%s: comm fraction %g", c->name, got[i].value);
+    }
+    diag_free(d);
+}
+
+static void test_times(void) {
+    json_t *ok = json_loads("{\"ms\":{\"step\":10,\"compute\":7.5,\"comm_exposed\":2.5}}", 0, NULL);
+    json_t *bad = json_loads("{\"ms\":{\"step\":10,\"compute\":7.5}}", 0, NULL);
+    double st = 0, cp = 0, cm = 0;
+    CHECK_EQ_INT(diag_times(ok, &st, &cp, &cm), 0);
+    CHECK_NEAR(st, 10, 0);
+    CHECK_NEAR(cp, 7.5, 0);
+    CHECK_NEAR(cm, 2.5, 0);
+    CHECK_EQ_INT(diag_times(bad, &st, &cp, &cm), -1);
+    CHECK_EQ_INT(diag_times(NULL, &st, &cp, &cm), -1);
+    json_decref(ok);
+    json_decref(bad);
+}
+
+static void test_advice(void) {
+    static const struct {
+        const char *spec, *fragment;
+    } rows[] = {
+        {"{\"parallel\":{\"dp\":4,\"zero_stage\":3}}", "stage 1"},
+        {"{\"parallel\":{\"dp\":4,\"zero_stage\":2}}", "every micro-step"},
+        {"{\"parallel\":{\"dp\":2,\"tp\":4,\"zero_stage\":1}}", "keep tp inside one node"},
+        {"{\"parallel\":{\"dp\":2}}", "larger micro-batch"},
+        {"{}", "larger micro-batch"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        json_t *s = json_loads(rows[i].spec, 0, NULL);
+        const char *a = diag_comm_advice(s);
+        CHECK(a && strstr(a, rows[i].fragment), "advice for %s: %s", rows[i].spec, a);
+        json_decref(s);
+    }
+}
+
+int main(void) {
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        run_case(&cases[i]);
+    CHECK(diag_new(0, 0) == NULL, "world 0");
+    diag_free(NULL);
+    test_times();
+    test_advice();
+    return check_summary("test_diagnose");
+}
