@@ -6,6 +6,7 @@
  * answers "unknown node". */
 #define _GNU_SOURCE
 #include "agent/agent.h"
+#include "agent/artifacts.h"
 
 #include "agent/commaddr.h"
 #include "agent/gpu.h"
@@ -62,7 +63,9 @@ struct agent {
     int64_t next_hb_ms, next_ship_ms, next_register_ms;
     long backoff_ms;
     int hb_now;
-    struct comm_addr comm; /* where this node's workers listen, chosen at registration */
+    struct agent_artifacts *arts; /* artifact server (agent/artifacts.h), NULL: off */
+    char artifact_url[300];       /* its URL, reported at registration */
+    struct comm_addr comm;        /* where this node's workers listen, chosen at registration */
 };
 
 static const char *state_name(enum task_state s) {
@@ -134,6 +137,10 @@ static int do_register(struct agent *a) {
         tasks_json(a), "version", "0.1", "host", "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN),
         "mem_total_mib", (json_int_t)(mem_kib / 1024), "interconnect", a->cfg->interconnect,
         "inventory", gpu_inv_inventory(a->inv));
+    if (a->artifact_url[0])
+        json_object_set_new(body, "artifacts",
+                            json_pack("{s:s, s:s}", "url", a->artifact_url, "token",
+                                      agent_artifacts_token(a->arts)));
     json_object_set_new(body, "comm_addr", json_string(a->comm.addr));
     json_object_set_new(body, "comm_iface", json_string(a->comm.iface));
     long status = 0;
@@ -300,6 +307,14 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
     if (stat(dir, &st) == 0) return; /* started before (and forgotten): never twice */
     int device = (int)json_integer_value(json_object_get(v, "device"));
     char *spec = json_dumps(json_object_get(v, "spec"), JSON_COMPACT);
+    /* --job-root: the job's directory is node-local, <job-root>/<job>, not
+     * loomd's path (no shared storage; loomd proxies artifact downloads). */
+    char local_out[1100];
+    const char *out_dir = json_string_value(json_object_get(v, "out_dir"));
+    if (a->cfg->job_root && *a->cfg->job_root && out_dir && *out_dir) {
+        snprintf(local_out, sizeof local_out, "%s/%s", a->cfg->job_root, job);
+        out_dir = local_out;
+    }
     struct task_spec s = {
         .job = job,
         .attempt = attempt,
@@ -310,7 +325,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         .device_kind = gpu_inv_kind(a->inv),
         .device_uuid = gpu_inv_uuid(a->inv, device),
         .spec_json = spec ? spec : "{}",
-        .out_dir = json_string_value(json_object_get(v, "out_dir")),
+        .out_dir = out_dir,
         .rdzv = json_string_value(json_object_get(v, "rdzv")),
         .rdzv_token = json_string_value(json_object_get(v, "rdzv_token")),
         .worker = a->cfg->worker,
@@ -591,6 +606,19 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
         log_error("cannot create work dir %s: %s", cfg->work_dir, strerror(errno));
         goto out;
     }
+    if (cfg->artifact_listen && *cfg->artifact_listen) {
+        if (cfg->job_root && *cfg->job_root && mkdir(cfg->job_root, 0755) != 0 && errno != EEXIST)
+            log_warn("cannot create job root %s: %s", cfg->job_root, strerror(errno));
+        a.arts = agent_artifacts_start(cfg->artifact_listen, cfg->job_root);
+        if (!a.arts) goto out;
+        char host[256];
+        const char *colon = strrchr(cfg->artifact_listen, ':');
+        snprintf(host, sizeof host, "%.*s", (int)(colon - cfg->artifact_listen),
+                 cfg->artifact_listen);
+        if (!strcmp(host, "0.0.0.0")) gethostname(host, sizeof host - 1);
+        snprintf(a.artifact_url, sizeof a.artifact_url, "http://%s:%d", host,
+                 agent_artifacts_port(a.arts));
+    }
     a.inv = gpu_inv_new((int)cfg->cpu_devices);
     a.cl = client_new(cfg->coordinator, cfg->join_token);
     a.metrics = json_array();
@@ -620,6 +648,7 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     log_info("agent stopping; %s", "workers keep running and are re-adopted on restart");
     rc = 0;
 out:
+    agent_artifacts_stop(a.arts);
     if (have_poller) {
         /* Do not wait out a long-poll in flight: the thread holds its own
          * reference and frees it when its request returns. */

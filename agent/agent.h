@@ -26,6 +26,8 @@ struct agent_config {
     char *config;
     char *ca; /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
     char *comm_iface, *comm_host; /* overrides of the workers' listen address (commaddr.h) */
+    char *job_root;               /* node-local job directories <job_root>/<job> (NULL: loomd's) */
+    char *artifact_listen; /* HOST:PORT of the artifact server (agent/artifacts.h), NULL: off */
 };
 
 /* Run until *stop becomes non-zero (signal handler). Workers are left

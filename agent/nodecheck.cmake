@@ -13,6 +13,8 @@ endif()
 # loom-stage: stages a job's data into the node-local cache, then execs the
 # worker (agent/stage.h, agent/stage/main.c). Lives here to keep
 # agent/CMakeLists.txt to one include line for the ops tools.
-add_executable(loom-stage ${CMAKE_CURRENT_LIST_DIR}/stage/main.c)
-target_link_libraries(loom-stage PRIVATE loom_agent_lib PkgConfig::CRYPTO)
+# Raw data (jsonl, chat, ...) is tokenized there through the data library (loom_prep).
+add_executable(loom-stage ${CMAKE_CURRENT_LIST_DIR}/stage/main.c
+                          ${CMAKE_CURRENT_LIST_DIR}/stage/tokenize.c)
+target_link_libraries(loom-stage PRIVATE loom_agent_lib loom_prep PkgConfig::CRYPTO)
 loom_warnings(loom-stage)

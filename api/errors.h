@@ -34,6 +34,7 @@
     X(INVALID_COMM_ADDR, 400, "agent: comm_addr/comm_iface is too long or has odd characters")     \
     X(INVALID_METRICS, 400, "agent: metrics items is not an array")                                \
     X(INVALID_LOG_CHUNK, 400, "agent: a log chunk is malformed")                                   \
+    X(INVALID_ARTIFACT_SERVER, 400, "agent: artifacts is not {url: http://..., token}")            \
     X(UNAUTHORIZED, 401, "missing, unknown, expired or revoked token")                             \
     X(TOKEN_EXPIRED, 401, "the tenant token is past its expires_at")                               \
     X(FORBIDDEN, 403, "a token of the wrong kind for this route")                                  \

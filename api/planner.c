@@ -309,6 +309,81 @@ static double slowest_stage(const struct model_config *mc, int pp, double fl_blo
     return worst;
 }
 
+/* ---- LoRA (worker/lora.c) ---- */
+
+/* NF4 with double quantisation (bitsandbytes' QLoRA layout): 4-bit codes,
+ * one 8-bit absmax per 64-weight block and one fp32 scale per 256 of those
+ * blocks: 0.5 + 1/64 + 4/(64*256) bytes a weight. */
+#define NF4_BYTES (0.5 + 1.0 / 64 + 4.0 / (64.0 * 256.0))
+
+static double align64(double n) {
+    return ceil(n / 64) * 64;
+}
+
+struct lora_facts {
+    double arena;  /* adapter elements of one block, each tensor padded to 64 (lora.c's arena) */
+    int per_layer; /* adapters of one block */
+    double wmax, imax; /* widest site output and input (scratch rows) */
+};
+
+/* (in, out) of each spec target, as lora.c places them. */
+static void lora_facts_init(const struct loom_spec *s, struct lora_facts *lf) {
+    const struct model_config *mc = &s->model;
+    double C = mc->d_model, hd = (double)mc->d_model / mc->n_head;
+    double q = mc->n_head * hd, kv = mc->n_kv_head * hd, F = mc->d_ff;
+    double QKV = q + 2 * kv, fcw = mc->act == MODEL_ACT_SWIGLU ? 2 * F : F;
+    static const struct {
+        const char *name;
+        int in, out; /* 0 C, 1 q, 2 kv, 3 F, 4 QKV */
+    } tab[] = {{"q", 0, 1},    {"k", 0, 2},  {"v", 0, 2},    {"o", 1, 0},
+               {"gate", 0, 3}, {"up", 0, 3}, {"down", 3, 0}, {"attn", 0, 4},
+               {"proj", 1, 0}, {"fc", 0, 3}, {"fc2", 3, 0}};
+    double dim[5] = {C, q, kv, F, QKV};
+    double r = s->train.lora.rank;
+    memset(lf, 0, sizeof *lf);
+    for (int i = 0; i < s->train.lora.n_targets; i++)
+        for (size_t k = 0; k < sizeof tab / sizeof *tab; k++)
+            if (strcmp(s->train.lora.targets[i], tab[k].name) == 0) {
+                lf->arena += align64(r * dim[tab[k].in]) + align64(dim[tab[k].out] * r);
+                lf->per_layer++;
+            }
+    lf->wmax = QKV > C ? QKV : C;
+    if (fcw > lf->wmax) lf->wmax = fcw;
+    lf->imax = C > q ? C : q;
+    if (F > lf->imax) lf->imax = F;
+}
+
+/* train.lora: the base frozen (its values only: no gradients, master or
+ * moments; in NF4 with train.quantize_base, plus one block dequantized to
+ * the compute dtype at a time), the adapters with values, gradients, an fp32
+ * master (aliasing the values on fp32) and moments, sharded over dp with
+ * ZeRO 1-2, their saved products (N x r per adapter) and scratch. As
+ * lora_new and engine_place.frozen allocate. */
+static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct lay *L, int layers,
+                     double P, double N, struct planner_mem *m) {
+    const struct loom_spec *s = x->s;
+    double e = x->e, r = s->train.lora.rank;
+    struct lora_facts lf;
+    lora_facts_init(s, &lf);
+    double A = layers * lf.arena;
+    double base = P * e;
+    if (s->train.quantize_base == JOBSPEC_QUANT_NF4) {
+        double lin = layers * f->layer_mm; /* block linear weights (tp = 1) */
+        base = lin * NF4_BYTES + (P - lin) * e + f->layer_mm * e;
+    }
+    int dp = L->dp, zs = dp > 1 ? L->zero : 0;
+    double shard = zs >= 1 ? ceil(A / dp) : A;
+    m->params = base + A * e;
+    m->grads = A * e + (zs >= 1 ? shard * e : 0);
+    m->optimizer = shard * ((e < 4 ? 4 : 0) + 8) + 20; /* + the fp32 norm scalars (16 + 4) */
+    double acts = (double)layers * lf.per_layer * N * r * e + N * lf.wmax * e + N * r * e;
+    if (s->train.lora.dropout > 0) acts += 2 * N * lf.imax * e;
+    m->act_other += acts;
+    m->activations += acts;
+    m->comm = 0; /* adapters reduce in place (NCCL) or through the host all-reduce */
+    m->host_per_rank = m->host_per_node = 0;
+}
+
 /* Memory of stage `st` (bytes per GPU). */
 static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struct lay *L,
                       int64_t ga, int st, struct planner_mem *m) {
@@ -401,6 +476,7 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     }
     if (tp > 1) m->comm += N * C * e;
     if (pp > 1) m->comm += 2 * N * C * e;
+    if (x->s->train.lora.enabled) lora_mem(x, f, L, layers, P, N, m);
     /* workspace: classifier chunk (256 rows of logits and their gradient) */
     if (last) m->workspace += 256.0 * mc->padded_vocab / tp * 4 * 2;
     if (x->cuda) {

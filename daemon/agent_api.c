@@ -43,6 +43,7 @@ struct node_row {
     int64_t now;
     const char *gpu_type;
     const json_t *inventory;
+    const char *art_url, *art_token; /* agent/artifacts.h; "" when none */
 };
 
 static int upsert_node(struct store_tx *tx, void *arg) {
@@ -63,6 +64,16 @@ static int upsert_node(struct store_tx *tx, void *arg) {
     int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
     sqlite3_reset(st);
     if (rc == STORE_OK) rc = nodes_store_inventory(tx, r->name, r->gpu_type, r->inventory);
+    if (rc == STORE_OK) {
+        st = store_stmt(tx,
+                        "UPDATE nodes SET artifact_url = ?2, artifact_token = ?3 WHERE name = ?1");
+        if (!st) return STORE_ERR;
+        sqlite3_bind_text(st, 1, r->name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, r->art_url, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, r->art_token, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+        sqlite3_reset(st);
+    }
     return rc;
 }
 
@@ -116,9 +127,26 @@ int agent_api_register(struct http_req *req) {
     char gpu_type[24];
     nodes_gpu_type(kind, devices, gpu_type, sizeof gpu_type);
     json_t *inventory = json_object_get(req->json, "inventory");
-    struct node_row row = {name,  kind,     host ? host : "",
-                           caddr, ciface,   json_dumps(devices, JSON_COMPACT),
-                           now,   gpu_type, inventory};
+    /* The node's artifact server (agent/artifacts.h), optional. */
+    json_t *arts = json_object_get(req->json, "artifacts");
+    const char *art_url = json_string_value(json_object_get(arts, "url"));
+    const char *art_token = json_string_value(json_object_get(arts, "token"));
+    if (arts && (!art_url || strncmp(art_url, "http://", 7) || strlen(art_url) > 255 ||
+                 !art_token || strlen(art_token) < 32 || strlen(art_token) > 128))
+        return http_error(req, 400, "INVALID_ARTIFACT_SERVER",
+                          "artifacts must be {\"url\": \"http://HOST:PORT\" (at most 255 "
+                          "characters), \"token\": 32-128 characters}");
+    struct node_row row = {name,
+                           kind,
+                           host ? host : "",
+                           caddr,
+                           ciface,
+                           json_dumps(devices, JSON_COMPACT),
+                           now,
+                           gpu_type,
+                           inventory,
+                           art_url ? art_url : "",
+                           art_token ? art_token : ""};
     int rc = store_write(req->ld->store, upsert_node, &row);
     free(row.devices);
     if (rc != STORE_OK) return http_error(req, 503, "STORE_UNAVAILABLE", "could not record node");

@@ -18,14 +18,8 @@
 #define PAGE_MAX     1000
 #define SSE_BATCH    100
 
-struct filter {
-    char tenant[32]; /* "" = every tenant (admin) */
-    char job[32];    /* "" = every job */
-    char type[32];   /* "" = every type */
-};
-
 struct query {
-    const struct filter *f;
+    const struct events_filter *f;
     int64_t since;
     int limit;
     json_t *items; /* out: array */
@@ -51,18 +45,32 @@ static int run_query(struct store_tx *tx, void *arg) {
     sqlite3_bind_int(st, 5, q->limit);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        int64_t seq = sqlite3_column_int64(st, 0);
-        json_t *data = json_loads((const char *)sqlite3_column_text(st, 4), 0, NULL);
-        json_array_append_new(q->items,
-                              json_pack("{s:I, s:s, s:s, s:o, s:o}", "seq", (json_int_t)seq, "type",
-                                        (const char *)sqlite3_column_text(st, 1), "job_id",
-                                        (const char *)sqlite3_column_text(st, 2), "created_at",
-                                        store_time_json(sqlite3_column_int64(st, 3)), "data",
-                                        data ? data : json_object()));
-        q->last = seq;
+        json_array_append_new(q->items, events_row_item(st));
+        q->last = sqlite3_column_int64(st, 0);
     }
     sqlite3_reset(st);
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+static int visit_item(void *arg, const struct events_entry *e) {
+    struct query *q = arg;
+    json_t *it = json_loadb(e->item, e->item_len, 0, NULL);
+    if (!it) return -1;
+    json_array_append_new(q->items, it);
+    q->last = e->seq;
+    return 0;
+}
+
+/* One page after q->since: from the ring when it covers the cursor, else
+ * from the store. *scanned: every event <= it was considered (returned or
+ * filtered out). */
+static int read_page(struct loomd *ld, struct query *q, int64_t *scanned) {
+    if (events_ring_read(ld->events, q->since, q->f, q->limit, visit_item, q, scanned)) return 0;
+    int64_t visible = atomic_load(&ld->events->last_seq); /* committed before the query */
+    if (store_read(ld->store, run_query, q) != STORE_OK) return -1;
+    *scanned = q->last ? q->last : q->since;
+    if ((int)json_array_size(q->items) < q->limit && visible > *scanned) *scanned = visible;
+    return 0;
 }
 
 /* Strict decimal in [min, max]; 0 ok, -1 otherwise. */
@@ -88,7 +96,7 @@ static int check_job(struct store_tx *tx, void *arg) {
 }
 
 /* Parses and checks the query; replies with an error and returns -1. */
-static int parse_filter(struct http_req *req, struct filter *f) {
+static int parse_filter(struct http_req *req, struct events_filter *f) {
     memset(f, 0, sizeof *f);
     const char *tenant = http_query(req, "tenant");
     if (!req->is_admin)
@@ -132,9 +140,8 @@ static int parse_filter(struct http_req *req, struct filter *f) {
 
 struct sse {
     struct loomd *ld;
-    struct filter f;
-    int64_t cursor;  /* seq of the last event sent */
-    int64_t checked; /* every event <= checked was queried already */
+    struct events_filter f;
+    int64_t cursor; /* every event <= cursor was considered (sent or filtered out) */
     uint64_t gen;
     int64_t last_write_ms;
     int heartbeat_ms;
@@ -155,9 +162,19 @@ static int sse_append(struct sse *s, const char *text, size_t n) {
     return 0;
 }
 
-/* Queries the next batch and formats it as SSE frames: "id: SEQ",
- * "event: TYPE", "data: JSON" (one line: compact JSON has no newline). */
+static int visit_frame(void *arg, const struct events_entry *e) {
+    return sse_append(arg, e->frame, e->frame_len);
+}
+
+/* The next batch as SSE frames ("id: SEQ", "event: TYPE", "data: JSON"):
+ * ready-made from the ring, or formatted from a store query when the cursor
+ * is older than the ring. Advances s->cursor past everything considered. */
 static int sse_fill(struct sse *s) {
+    int64_t scanned;
+    if (events_ring_read(s->ld->events, s->cursor, &s->f, SSE_BATCH, visit_frame, s, &scanned)) {
+        s->cursor = scanned;
+        return 0;
+    }
     int64_t visible = atomic_load(&s->ld->events->last_seq);
     struct query q = {&s->f, s->cursor, SSE_BATCH, json_array(), 0};
     int rc = store_read(s->ld->store, run_query, &q);
@@ -179,10 +196,12 @@ static int sse_fill(struct sse *s) {
         free(data);
         if (!ok) break;
     }
-    if (q.last) s->cursor = q.last;
-    /* A full batch may have more behind it; otherwise all up to `visible`
-     * was seen. */
-    if ((int)json_array_size(q.items) < SSE_BATCH && visible > s->checked) s->checked = visible;
+    /* A full batch may have more behind it; otherwise every event up to
+     * `visible` (committed before the query) was considered. */
+    if ((int)json_array_size(q.items) < SSE_BATCH && visible > q.last)
+        s->cursor = visible > s->cursor ? visible : s->cursor;
+    else if (q.last)
+        s->cursor = q.last;
     json_decref(q.items);
     return 0;
 }
@@ -194,13 +213,13 @@ static ssize_t sse_read(void *arg, char *buf, size_t max) {
         s->poff = s->plen = 0;
         int64_t now = clock_mono_ms();
         int left = (int)(s->last_write_ms + s->heartbeat_ms - now);
-        if (atomic_load(&ev->last_seq) <= s->checked && left > 0) {
+        if (atomic_load(&ev->last_seq) <= s->cursor && left > 0) {
             /* Nothing new: sleep until a commit adds events, the heartbeat
              * is due, or loomd stops. */
             int w = http_wait(s->ld->http, &ev->notify, &s->gen, left < 1000 ? left : 1000);
             if (w < 0) return -1;
         }
-        if (atomic_load(&ev->last_seq) > s->checked && sse_fill(s) != 0) return -1;
+        if (atomic_load(&ev->last_seq) > s->cursor && sse_fill(s) != 0) return -1;
         now = clock_mono_ms();
         if (s->plen == 0 && now - s->last_write_ms >= s->heartbeat_ms)
             sse_append(s, ": heartbeat\n\n", 13);
@@ -218,7 +237,7 @@ static int wants_sse(struct http_req *req) {
     return a && strcasestr(a, "text/event-stream") != NULL;
 }
 
-static int reply_sse(struct http_req *req, const struct filter *f, int64_t since) {
+static int reply_sse(struct http_req *req, const struct events_filter *f, int64_t since) {
     const char *last_id = http_header(req, "Last-Event-ID");
     if (last_id && *last_id && parse_i64(last_id, 0, INT64_MAX, &since) != 0)
         return API_ERROR(req, INVALID_LAST_EVENT_ID,
@@ -242,7 +261,7 @@ static int reply_sse(struct http_req *req, const struct filter *f, int64_t since
 /* ---------------- pages and long-poll ---------------- */
 
 int api_events_list(struct http_req *req) {
-    struct filter f;
+    struct events_filter f;
     int64_t since = 0, wait = 0, limit = PAGE_DEFAULT;
     const char *v = http_query(req, "since");
     if (v && parse_i64(v, 0, INT64_MAX, &since) != 0)
@@ -262,18 +281,18 @@ int api_events_list(struct http_req *req) {
     int64_t deadline = clock_mono_ms() + wait * 1000;
     struct query q = {&f, since, (int)limit, NULL, 0};
     for (;;) {
-        int64_t visible = atomic_load(&ev->last_seq);
+        int64_t scanned = since;
         json_decref(q.items);
         q.items = json_array();
         q.last = 0;
-        if (store_read(req->ld->store, run_query, &q) != STORE_OK) {
+        if (read_page(req->ld, &q, &scanned) != 0) {
             json_decref(q.items);
             return API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
         }
         if (json_array_size(q.items) > 0) break;
-        /* Nothing visible up to `visible`: sleep until a later commit. */
+        /* Nothing up to `scanned`: sleep until a later commit. */
         int stop = 0;
-        while (atomic_load(&ev->last_seq) <= visible) {
+        while (atomic_load(&ev->last_seq) <= scanned) {
             int64_t left = deadline - clock_mono_ms();
             if (left <= 0 || http_wait(req->ld->http, &ev->notify, &gen, (int)left) < 0) {
                 stop = 1;

@@ -9,14 +9,18 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
-#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+
+#include "common/buf.h"
+#include "common/byterange.h"
 #include "common/log.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
@@ -97,47 +101,8 @@ enum artifact_kind artifacts_classify(const char *rel, long *step, int *is_dir_p
     return ARTIFACT_NONE;
 }
 
-/* Strict unsigned decimal of [p, e); -1 when empty or not digits. */
-static int parse_u64(const char *p, const char *e, uint64_t *out) {
-    if (p == e) return -1;
-    uint64_t v = 0;
-    for (; p < e; p++) {
-        if (*p < '0' || *p > '9' || v > (UINT64_MAX - 9) / 10) return -1;
-        v = v * 10 + (uint64_t)(*p - '0');
-    }
-    *out = v;
-    return 0;
-}
-
 int artifacts_parse_range(const char *h, uint64_t size, uint64_t *off, uint64_t *len) {
-    if (!h) return 0;
-    while (*h == ' ')
-        h++;
-    if (strncmp(h, "bytes=", 6)) return -1;
-    const char *spec = h + 6, *end = spec + strlen(spec);
-    while (end > spec && end[-1] == ' ')
-        end--;
-    if (memchr(spec, ',', (size_t)(end - spec))) return -1; /* one range only */
-    const char *dash = memchr(spec, '-', (size_t)(end - spec));
-    if (!dash) return -1;
-    uint64_t a = 0, b = 0;
-    if (dash == spec) { /* suffix: the last N bytes */
-        if (parse_u64(dash + 1, end, &b) || b == 0 || size == 0) return -1;
-        if (b > size) b = size;
-        *off = size - b;
-        *len = b;
-        return 1;
-    }
-    if (parse_u64(spec, dash, &a) || a >= size) return -1;
-    if (dash + 1 == end) {
-        b = size - 1;
-    } else {
-        if (parse_u64(dash + 1, end, &b) || b < a) return -1;
-        if (b >= size) b = size - 1;
-    }
-    *off = a;
-    *len = b - a + 1;
-    return 1;
+    return byterange_parse(h, size, off, len);
 }
 
 /* ---------------- the job and its roots ---------------- */
@@ -204,27 +169,7 @@ static int resolve(const struct jobref *j, const char *rel, char *out, size_t ou
 /* ---------------- checksums ---------------- */
 
 static int sha256_file(const char *path, char out[65]) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    unsigned char *buf = malloc(1 << 20);
-    int ret = -1;
-    if (!ctx || !buf || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) goto out;
-    ssize_t n;
-    while ((n = read(fd, buf, 1 << 20)) > 0)
-        if (EVP_DigestUpdate(ctx, buf, (size_t)n) != 1) goto out;
-    if (n < 0) goto out;
-    unsigned char md[32];
-    unsigned int mdlen = 0;
-    if (EVP_DigestFinal_ex(ctx, md, &mdlen) != 1 || mdlen != 32) goto out;
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
-    ret = 0;
-out:
-    EVP_MD_CTX_free(ctx);
-    free(buf);
-    close(fd);
-    return ret;
+    return byterange_sha256_file(path, out);
 }
 
 struct art {
@@ -422,14 +367,285 @@ static void scan_job(const struct jobref *j, struct art_list *l, json_t *sums) {
     if (l->n > 1) qsort(l->v, (size_t)l->n, sizeof *l->v, cmp_rel);
 }
 
+static int artifact_not_found(struct http_req *req, const char *job, const char *rel);
+static const char *content_type_of(const char *rel);
+
+/* ---------------- node-local job directories (proxy) ---------------- */
+
+/* When the agents keep job directories on their own disks (loom-agent
+ * --job-root --artifact-listen), the job's nodes reported an artifact server
+ * at registration (nodes.artifact_url, migration 110) and loomd asks them:
+ * the listing merges what each node holds (a checkpoint's shards may be
+ * spread over several), a download is fetched from the first node that has
+ * the file. Logs stay loomd's own copies. */
+#define PROXY_NODES 16
+
+struct node_srv {
+    char url[256];
+    char token[130];
+};
+
+struct job_nodes {
+    const char *job;
+    struct node_srv v[PROXY_NODES];
+    int n;
+};
+
+static int job_nodes_cb(struct store_tx *tx, void *arg) {
+    struct job_nodes *jn = arg;
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT n.artifact_url, n.artifact_token, MAX(a.attempt) AS att FROM attempts a, "
+            "json_each(a.placement) p JOIN nodes n ON n.name = json_extract(p.value, '$.node') "
+            "WHERE a.job_id = ?1 AND n.artifact_url <> '' GROUP BY n.name ORDER BY att DESC, "
+            "n.name");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, jn->job, -1, SQLITE_STATIC);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW && jn->n < PROXY_NODES) {
+        struct node_srv *ns = &jn->v[jn->n++];
+        snprintf(ns->url, sizeof ns->url, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(ns->token, sizeof ns->token, "%s", (const char *)sqlite3_column_text(st, 1));
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+struct fetch {
+    int fd;    /* body goes here (-1: into mem) */
+    char *mem; /* body when fd < 0 */
+    size_t len, cap;
+    int failed;
+    char etag[80], content_range[96];
+};
+
+static size_t fetch_body(char *p, size_t sz, size_t nm, void *arg) {
+    struct fetch *f = arg;
+    size_t n = sz * nm;
+    if (f->fd >= 0) {
+        for (size_t off = 0; off < n;) {
+            ssize_t w = write(f->fd, p + off, n - off);
+            if (w <= 0) {
+                f->failed = 1;
+                return 0;
+            }
+            off += (size_t)w;
+        }
+        f->len += n;
+        return n;
+    }
+    if (f->len + n > (64u << 20)) { /* a listing, not a file: bounded */
+        f->failed = 1;
+        return 0;
+    }
+    if (buf_grow_array(&f->mem, &f->cap, f->len + n + 1, 1, 4096) != 0) return 0;
+    memcpy(f->mem + f->len, p, n);
+    f->len += n;
+    f->mem[f->len] = 0;
+    return n;
+}
+
+static void header_value(const char *line, size_t n, const char *name, char *out, size_t olen) {
+    size_t k = strlen(name);
+    if (n <= k + 1 || strncasecmp(line, name, k) || line[k] != ':') return;
+    const char *v = line + k + 1;
+    while (v < line + n && *v == ' ')
+        v++;
+    size_t vl = (size_t)(line + n - v);
+    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
+        vl--;
+    snprintf(out, olen, "%.*s", (int)vl, v);
+}
+
+static size_t fetch_header(char *p, size_t sz, size_t nm, void *arg) {
+    struct fetch *f = arg;
+    header_value(p, sz * nm, "ETag", f->etag, sizeof f->etag);
+    header_value(p, sz * nm, "Content-Range", f->content_range, sizeof f->content_range);
+    return sz * nm;
+}
+
+/* One GET to a node's artifact server: rel NULL lists the job; returns the
+ * HTTP status (0: transport failure, logged). range/inm forwarded (NULL: none). */
+static long node_get(const struct node_srv *ns, const char *job, const char *rel, const char *range,
+                     const char *inm, struct fetch *f) {
+    CURL *h = curl_easy_init();
+    if (!h) return 0;
+    char url[PATH_MAX + 400], auth[200], hr[200], hi[200];
+    int n = snprintf(url, sizeof url, "%s/v1/node/artifacts/%s", ns->url, job);
+    for (const char *p = rel; p && *p && n < (int)sizeof url - 8;) {
+        /* Each segment escaped on its own; the slashes stay. */
+        const char *e = strchr(p, '/');
+        int sl = e ? (int)(e - p) : (int)strlen(p);
+        char *esc = curl_easy_escape(h, p, sl);
+        n += snprintf(url + n, sizeof url - (size_t)n, "/%s", esc ? esc : "");
+        curl_free(esc);
+        p = e ? e + 1 : p + sl;
+    }
+    struct curl_slist *hdr = NULL;
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", ns->token);
+    hdr = curl_slist_append(hdr, auth);
+    if (range) {
+        snprintf(hr, sizeof hr, "Range: %.150s", range);
+        hdr = curl_slist_append(hdr, hr);
+    }
+    if (inm) {
+        snprintf(hi, sizeof hi, "If-None-Match: %.150s", inm);
+        hdr = curl_slist_append(hdr, hi);
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 3600L * 1000);
+    /* A stalled node: under 1 KiB/s for 60 s ends the transfer. */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, fetch_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, f);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, fetch_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, f);
+    long status = 0;
+    CURLcode rc = curl_easy_perform(h);
+    if (rc == CURLE_OK && !f->failed)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    else
+        log_warn("artifacts: %s: %s", url,
+                 rc == CURLE_OK ? "write failed" : curl_easy_strerror(rc));
+    curl_slist_free_all(hdr);
+    curl_easy_cleanup(h);
+    return status;
+}
+
+/* The job's nodes with an artifact server; jn->n == 0: the files are local. */
+static int job_nodes(struct http_req *req, const char *job, struct job_nodes *jn) {
+    memset(jn, 0, sizeof *jn);
+    jn->job = job;
+    if (store_read(req->ld->store, job_nodes_cb, jn) != STORE_OK) {
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
+        return -1;
+    }
+    return 0;
+}
+
+/* Adds to items the artifacts node ns holds (not yet in `seen`). */
+static void node_list(const struct node_srv *ns, const char *job, json_t *items, json_t *seen) {
+    struct fetch f = {.fd = -1};
+    long st = node_get(ns, job, NULL, NULL, NULL, &f);
+    json_t *r = st == 200 && f.mem ? json_loads(f.mem, 0, NULL) : NULL;
+    free(f.mem);
+    json_t *files = json_object_get(r, "items"), *have = json_object();
+    size_t i;
+    json_t *it;
+    json_array_foreach(files, i, it) {
+        const char *p = json_string_value(json_object_get(it, "path"));
+        if (p) json_object_set_new(have, p, json_true());
+    }
+    json_array_foreach(files, i, it) {
+        const char *rel = json_string_value(json_object_get(it, "path"));
+        long step;
+        int is_dir;
+        enum artifact_kind k = rel ? artifacts_classify(rel, &step, &is_dir) : ARTIFACT_NONE;
+        if (k == ARTIFACT_NONE || k == ARTIFACT_LOG || is_dir || json_object_get(seen, rel))
+            continue;
+        if (k == ARTIFACT_CHECKPOINT) { /* complete saves only: the step has its manifest */
+            char man[PATH_MAX];
+            pathf(man, sizeof man, "%.*s/manifest.json", (int)(strrchr(rel, '/') - rel), rel);
+            if (!json_object_get(have, man)) continue;
+        }
+        json_t *sha = json_object_get(it, "sha256");
+        json_array_append_new(
+            items,
+            json_pack("{s:s, s:s, s:o, s:O, s:O, s:o}", "path", rel, "kind", artifacts_kind_name(k),
+                      "step", step >= 0 ? json_integer(step) : json_null(), "size",
+                      json_object_get(it, "size"), "sha256", sha ? sha : json_null(), "created_at",
+                      store_time_json(json_integer_value(json_object_get(it, "mtime_ms")))));
+        json_object_set_new(seen, rel, json_true());
+    }
+    json_decref(have);
+    json_decref(r);
+}
+
+static int cmp_item(const void *a, const void *b) {
+    return strcmp(json_string_value(json_object_get(*(json_t *const *)a, "path")),
+                  json_string_value(json_object_get(*(json_t *const *)b, "path")));
+}
+
+/* Sorts a JSON array of items by path. */
+static json_t *sorted_items(json_t *items) {
+    size_t n = json_array_size(items);
+    json_t **v = calloc(n ? n : 1, sizeof *v);
+    json_t *out = json_array();
+    for (size_t i = 0; v && i < n; i++)
+        v[i] = json_array_get(items, i);
+    if (v && n > 1) qsort(v, n, sizeof *v, cmp_item);
+    for (size_t i = 0; v && i < n; i++)
+        json_array_append(out, v[i]);
+    free(v);
+    json_decref(items);
+    return out;
+}
+
+/* An unnamed read-write file in dir: O_TMPFILE, or (file systems without
+ * it) a named one removed at once. -1 with errno. */
+static int spool_file(const char *dir) {
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
+    char path[PATH_MAX];
+    pathf(path, sizeof path, "%s/.artifact-spool.XXXXXX", dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0) unlink(path);
+    return fd;
+}
+
+/* GET of one artifact from the job's nodes: the bytes land in an unnamed
+ * temporary file in loomd's data dir, then are served like a local file.
+ * (A copy first, not a pass-through stream: the reply then has its length
+ * and status before the first byte, and a node failing mid-way is an error
+ * reply instead of a cut body. Range is forwarded, so a piece costs only
+ * its own bytes.) */
+static int proxy_get(struct http_req *req, const struct job_nodes *jn, const char *job,
+                     const char *rel) {
+    const char *range = http_header(req, "Range"), *inm = http_header(req, "If-None-Match");
+    for (int i = 0; i < jn->n; i++) {
+        struct fetch f = {.fd = spool_file(req->ld->cfg.data_dir)};
+        if (f.fd < 0) return API_ERROR(req, INTERNAL, "no temporary file: %s", strerror(errno));
+        long st = node_get(&jn->v[i], job, rel, range, inm, &f);
+        if (st == 200 || st == 206) {
+            if (f.etag[0]) http_add_header(req, "ETag", f.etag);
+            http_add_header(req, "Accept-Ranges", "bytes");
+            if (st == 206 && f.content_range[0])
+                http_add_header(req, "Content-Range", f.content_range);
+            return http_reply_fd(req, (int)st, content_type_of(rel), f.fd, 0, f.len);
+        }
+        close(f.fd);
+        if (st == 304) {
+            if (f.etag[0]) http_add_header(req, "ETag", f.etag);
+            return http_reply_text(req, 304, NULL, "", 0);
+        }
+        if (st == 416) {
+            if (f.content_range[0]) http_add_header(req, "Content-Range", f.content_range);
+            return API_ERROR(req, RANGE_NOT_SATISFIABLE,
+                             "Range '%.100s' is not one satisfiable byte range of the file",
+                             range ? range : "");
+        }
+        /* 404 or a node that is down: try the next holder. */
+    }
+    return artifact_not_found(req, job, rel);
+}
+
 /* ---------------- routes ---------------- */
 
 int artifacts_api_list(struct http_req *req) {
     struct jobref j;
     if (load_job(req, &j) != 0) return 0;
+    struct job_nodes jn;
+    if (job_nodes(req, j.id, &jn) != 0) return 0;
     struct art_list l = {.job_id = j.id};
     json_t *sums = json_object();
-    scan_job(&j, &l, sums);
+    if (jn.n) /* node-local directories: loomd has only the logs */
+        scan_tree(&l, j.logs_dir, "logs", ARTIFACT_LOG, -1, 0);
+    else
+        scan_job(&j, &l, sums);
     fill_hashes(req->ld->store, &l, sums);
     json_decref(sums);
     json_t *items = json_array();
@@ -444,6 +660,13 @@ int artifacts_api_list(struct http_req *req) {
                                         store_time_json(a->mtime_ns / 1000000)));
     }
     list_free(&l);
+    if (jn.n) {
+        json_t *seen = json_object();
+        for (int i = 0; i < jn.n; i++)
+            node_list(&jn.v[i], j.id, items, seen);
+        json_decref(seen);
+        items = sorted_items(items);
+    }
     return http_reply_json(req, 200, json_pack("{s:o}", "items", items));
 }
 
@@ -467,6 +690,11 @@ int artifacts_api_get(struct http_req *req) {
     char abs[PATH_MAX];
     struct stat st;
     enum artifact_kind kind = artifacts_classify(rel, &step, &is_dir);
+    if (kind != ARTIFACT_NONE && kind != ARTIFACT_LOG && !is_dir) {
+        struct job_nodes jn;
+        if (job_nodes(req, j.id, &jn) != 0) return 0;
+        if (jn.n) return proxy_get(req, &jn, j.id, rel);
+    }
     if (kind == ARTIFACT_NONE || is_dir || resolve(&j, rel, abs, sizeof abs) != 0 ||
         stat(abs, &st) != 0 || !S_ISREG(st.st_mode))
         return artifact_not_found(req, j.id, rel);

@@ -9,14 +9,20 @@
  * exists if and only if its change committed. `seq` grows monotonically and
  * is the replay cursor.
  *
- * Wake-ups: the store's post-commit hook reads the newest seq; when it grew,
- * events->notify is signalled, so long-polls and streams wake only once the
- * event is durable, and compare seqs before they query (no query per wake-up
- * for a subscriber whose filter cannot have changed). */
+ * Fan-out: the store's post-commit hook (writer thread) reads the events the
+ * commit added, once, and appends them to an in-memory ring of the newest
+ * `--events-ring` events, each held as its API item (JSON text) and as its
+ * ready SSE frame; then it publishes the newest seq and signals
+ * events->notify. Long-polls and streams wake only once the event is
+ * durable, and read from the ring under a read lock (a filter test and a
+ * memcpy per event): no store query per subscriber per commit. A cursor
+ * older than the ring (a replay from far back, or after a restart: the ring
+ * is refilled from the store's newest rows at start) reads the store. */
 #ifndef LOOM_DAEMON_EVENTS_H
 #define LOOM_DAEMON_EVENTS_H
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -25,11 +31,46 @@
 
 struct loomd;
 
+/* One event held in the ring. */
+struct events_entry {
+    int64_t seq;
+    char tenant[32], job[32], type[32];
+    char *item;  /* {"seq","type","job_id","created_at","data"}, compact JSON */
+    char *frame; /* "id: SEQ\nevent: TYPE\ndata: ITEM\n\n" */
+    size_t item_len, frame_len;
+};
+
 /* Module state (ld->events). */
 struct events {
     struct http_notify notify; /* signalled after a commit that added events */
-    _Atomic int64_t last_seq;  /* newest committed seq */
+    _Atomic int64_t last_seq;  /* newest committed seq (in the ring once published) */
+    pthread_rwlock_t ring_mu;  /* guards the ring fields below */
+    struct events_entry *ring; /* circular, in seq order */
+    int cap, head, count;      /* head: index of the oldest entry */
+    int64_t floor;             /* every event with seq > floor is in the ring */
 };
+
+/* What a reader wants: empty strings match everything. */
+struct events_filter {
+    char tenant[32]; /* "" = every tenant (admin) */
+    char job[32];    /* "" = every job */
+    char type[32];   /* "" = every type */
+};
+
+/* Called under the ring's read lock for each matching entry (must not block
+ * or call back into events); non-zero stops the scan. */
+typedef int (*events_visit)(void *arg, const struct events_entry *e);
+
+/* Any thread: visits the ring's entries with seq > since matching f, in seq
+ * order, at most max of them. Returns 1 when the ring covers `since` (then
+ * *scanned is the seq up to which every event was considered: events in
+ * (since, *scanned] that were not visited do not match or are beyond max), 0
+ * when `since` is older than the ring (read the store instead). */
+int events_ring_read(struct events *ev, int64_t since, const struct events_filter *f, int max,
+                     events_visit fn, void *arg, int64_t *scanned);
+/* The API item of a stored event row (columns seq, type, job_id, created_at,
+ * data), as the store path and the ring both serve it. New reference. */
+json_t *events_row_item(sqlite3_stmt *st);
 
 /* The event types, in the order of the docs. */
 extern const char *const events_types[];

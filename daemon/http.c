@@ -9,6 +9,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -289,10 +292,13 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream_ctx *s = cls;
     for (;;) {
         if (atomic_load(&s->srv->stopping)) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (peer_gone(s->fd)) return MHD_CONTENT_READER_END_WITH_ERROR;
         ssize_t n = s->read(s->ctx, buf, max);
         if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
         if (n > 0) return n;
+        /* Only after a quiet slice: while data flows, a gone client makes
+         * the write fail, and a poll per chunk would be one more system
+         * call per event for every stream. */
+        if (peer_gone(s->fd)) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
@@ -414,33 +420,37 @@ int http_reply_fd(struct http_req *req, int status, const char *content_type, in
 
 /* ---------------- notify / long-poll ---------------- */
 
+/* The wake-up is a futex on the generation word, not a mutex and condition
+ * variable: pthread_cond_broadcast wakes every waiter only for each of them
+ * to re-take the mutex in turn, and with a thousand event-stream threads on
+ * one notify that convoy was most of the fan-out's time (perf: lll_lock_wait
+ * and lll_lock_wake). A futex wake lets all of them run with nothing shared
+ * to take; they then read what changed under their module's own locks. */
+static void futex_wake_all(_Atomic uint32_t *w) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleeps while *w == val, at most rel; a changed value, a signal or a
+ * spurious wake return early (the caller re-checks). */
+static void futex_wait(_Atomic uint32_t *w, uint32_t val, const struct timespec *rel) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, val, rel, NULL, 0);
+}
+
 void http_notify_init(struct http_notify *n) {
-    pthread_mutex_init(&n->mu, NULL);
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&n->cv, &a);
-    pthread_condattr_destroy(&a);
-    n->gen = 0;
+    atomic_store(&n->gen, 0);
 }
 
 void http_notify_destroy(struct http_notify *n) {
-    pthread_mutex_destroy(&n->mu);
-    pthread_cond_destroy(&n->cv);
+    (void)n;
 }
 
 void http_notify_signal(struct http_notify *n) {
-    pthread_mutex_lock(&n->mu);
-    n->gen++;
-    pthread_cond_broadcast(&n->cv);
-    pthread_mutex_unlock(&n->mu);
+    atomic_fetch_add(&n->gen, 1);
+    futex_wake_all(&n->gen);
 }
 
 uint64_t http_notify_gen(struct http_notify *n) {
-    pthread_mutex_lock(&n->mu);
-    uint64_t g = n->gen;
-    pthread_mutex_unlock(&n->mu);
-    return g;
+    return atomic_load(&n->gen);
 }
 
 int http_stopping(struct http_server *srv) {
@@ -448,44 +458,21 @@ int http_stopping(struct http_server *srv) {
 }
 
 int http_wait(struct http_server *srv, struct http_notify *n, uint64_t *gen, int timeout_ms) {
-    struct timespec now, end;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    end = now;
-    end.tv_sec += timeout_ms / 1000;
-    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (end.tv_nsec >= 1000000000L) {
-        end.tv_sec++;
-        end.tv_nsec -= 1000000000L;
-    }
-    int ret = 0;
-    pthread_mutex_lock(&n->mu);
+    int64_t end = clock_mono_ms() + timeout_ms;
     for (;;) {
-        if (n->gen != *gen) {
-            *gen = n->gen;
-            ret = 1;
-            break;
+        uint32_t g = atomic_load(&n->gen);
+        if (g != (uint32_t)*gen) {
+            *gen = g;
+            return 1;
         }
-        if (http_stopping(srv)) {
-            ret = -1;
-            break;
-        }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
-            break;
+        if (http_stopping(srv)) return -1;
+        int64_t left = end - clock_mono_ms();
+        if (left <= 0) return 0;
         /* Wake at least every 200 ms to notice shutdown. */
-        struct timespec slice = now;
-        slice.tv_nsec += 200000000L;
-        if (slice.tv_nsec >= 1000000000L) {
-            slice.tv_sec++;
-            slice.tv_nsec -= 1000000000L;
-        }
-        if (slice.tv_sec > end.tv_sec ||
-            (slice.tv_sec == end.tv_sec && slice.tv_nsec > end.tv_nsec))
-            slice = end;
-        pthread_cond_timedwait(&n->cv, &n->mu, &slice);
+        if (left > 200) left = 200;
+        struct timespec rel = {(time_t)(left / 1000), (long)(left % 1000) * 1000000L};
+        futex_wait(&n->gen, g, &rel);
     }
-    pthread_mutex_unlock(&n->mu);
-    return ret;
 }
 
 /* ---------------- request processing ---------------- */

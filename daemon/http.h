@@ -25,6 +25,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -128,11 +129,10 @@ int http_reply_fd(struct http_req *req, int status, const char *content_type, in
 
 /* A wake-up channel for long-polls and streams: producers call
  * http_notify_signal after they changed something; waiters sleep in
- * http_wait until it is signalled. */
+ * http_wait until it is signalled. A generation counter that is also a
+ * futex word (http.c says why not a condition variable). */
 struct http_notify {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t gen;
+    _Atomic uint32_t gen;
 };
 void http_notify_init(struct http_notify *n);
 void http_notify_destroy(struct http_notify *n);

@@ -97,6 +97,9 @@ const struct config_entry loomd_config_table[] = {
      "run a node check (all-reduce over its devices) when a never-checked node joins"},
     {"events-heartbeat", CONFIG_INT, OFF(events_heartbeat), "15", 1, 3600,
      "seconds between heartbeat comments on a GET /v1/events Server-Sent Events stream"},
+    {"events-ring", CONFIG_INT | CONFIG_TUNING, OFF(events_ring), "4096", 16, 1000000,
+     "newest events held in memory for streams and long-polls (older cursors read "
+     "the store)"},
     {"webhook-allow-private", CONFIG_BOOL, OFF(webhook_allow_private), "false", 1, 0,
      "allow webhook targets on loopback, private and link-local addresses (tests, closed "
      "networks)"},

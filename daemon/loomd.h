@@ -53,6 +53,7 @@ struct loomd_config {
 
     /* event stream and webhooks (daemon/events.h, daemon/webhooks.h) */
     long events_heartbeat;      /* s between SSE heartbeat comments */
+    long events_ring;           /* newest events kept in memory for streams (tuning) */
     int webhook_allow_private;  /* webhook targets may be loopback/private */
     long webhook_timeout;       /* s a webhook delivery may take */
     long webhook_retry_base_ms; /* first retry delay; doubles per attempt (tuning) */

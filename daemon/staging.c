@@ -1,6 +1,8 @@
 /* POST /v1/jobs/{id}/staging: a staging report becomes a job event (see
- * daemon/staging.h). The event keeps the job's state (from = to = current)
- * and the reporting attempt; nothing else changes. */
+ * daemon/staging.h). Reports with "phase" come from tokenizing raw data on the node:
+ * "tokenizing" with "progress" (0..1, done_bytes, total_bytes) or with "error" (fatal: the
+ * job fails), and "tokenized" with the counts of the result. The event keeps the job's state (from
+ * = to = current) and the reporting attempt; nothing else changes. */
 #include "daemon/staging.h"
 
 #include <stdio.h>
@@ -77,18 +79,42 @@ int staging_report(struct http_req *req) {
                           job);
     const char *host = json_string_value(json_object_get(b, "host"));
     const char *err = json_string_value(json_object_get(b, "error"));
+    const char *phase = json_string_value(json_object_get(b, "phase"));
     char reason[700], bytes[32], copied[32];
+    if (!host) host = "?";
     human((double)json_integer_value(json_object_get(b, "bytes")), bytes, sizeof bytes);
     human((double)json_integer_value(json_object_get(b, "copied_bytes")), copied, sizeof copied);
-    if (err)
-        snprintf(reason, sizeof reason,
-                 "data staging on %.100s failed (%.400s); reading the source", host ? host : "?",
+    if (phase && !strcmp(phase, "tokenizing") && err)
+        /* the worker cannot read raw data: the job fails (loom-stage exits 2 or 1) */
+        snprintf(reason, sizeof reason, "tokenizing on %.100s failed: %.500s; the job fails", host,
                  err);
+    else if (phase && !strcmp(phase, "tokenizing")) {
+        double f = json_number_value(json_object_get(b, "progress"));
+        human((double)json_integer_value(json_object_get(b, "done_bytes")), bytes, sizeof bytes);
+        human((double)json_integer_value(json_object_get(b, "total_bytes")), copied, sizeof copied);
+        snprintf(reason, sizeof reason, "tokenizing on %.100s: %d%% (%s of %s)", host,
+                 (int)(f * 100 + 1e-9), bytes, copied);
+    } else if (phase && !strcmp(phase, "tokenized")) {
+        long long splits = (long long)json_integer_value(json_object_get(b, "splits"));
+        long long hits = (long long)json_integer_value(json_object_get(b, "cache_hits"));
+        const char *key = json_string_value(json_object_get(b, "key"));
+        snprintf(reason, sizeof reason,
+                 "data tokenized on %.100s%s: %lld examples, %lld train tokens (%lld in the "
+                 "loss), %lld val tokens in %.2f s (cache %.12s)",
+                 host, hits == splits ? " (found in the cache)" : "",
+                 (long long)json_integer_value(json_object_get(b, "examples")),
+                 (long long)json_integer_value(json_object_get(b, "train_tokens")),
+                 (long long)json_integer_value(json_object_get(b, "loss_tokens")),
+                 (long long)json_integer_value(json_object_get(b, "val_tokens")),
+                 json_number_value(json_object_get(b, "seconds")), key ? key : "?");
+    } else if (err)
+        snprintf(reason, sizeof reason,
+                 "data staging on %.100s failed (%.400s); reading the source", host, err);
     else
         snprintf(
             reason, sizeof reason,
             "data staged on %.100s: %lld files, %s (%lld from the cache, %s copied) in %.2f s%s",
-            host ? host : "?", (long long)json_integer_value(json_object_get(b, "files")), bytes,
+            host, (long long)json_integer_value(json_object_get(b, "files")), bytes,
             (long long)json_integer_value(json_object_get(b, "cache_hits")), copied,
             json_number_value(json_object_get(b, "seconds")),
             json_integer_value(json_object_get(b, "evicted")) ? ", evicted old files" : "");

@@ -35,6 +35,7 @@ void chat_mask_free(struct chat_mask *m) {
 
 struct render {
     struct tok *t;
+    struct tok_enc *enc; /* NULL: t's own encoder */
     struct tok_ids *ids;
     struct chat_mask *mask;
     struct buf run; /* text since the last marker */
@@ -76,7 +77,9 @@ static int add_text(struct render *r, const char *s, size_t n, int assistant) {
 static int flush(struct render *r) {
     if (r->run.len == 0) return 0;
     size_t n0 = r->ids->n;
-    if (tok_encode(r->t, r->run.p, r->run.len, 0, r->ids, r->err, r->errlen) != 0) return -1;
+    if ((r->enc ? tok_encode_with(r->enc, r->run.p, r->run.len, 0, r->ids, r->err, r->errlen)
+                : tok_encode(r->t, r->run.p, r->run.len, 0, r->ids, r->err, r->errlen)) != 0)
+        return -1;
     size_t n1 = r->ids->n;
     if (buf_grow_array(&r->mask->v, &r->mask->cap, n1, 1, 256) != 0) {
         snprintf(r->err, r->errlen, "chat: out of memory");
@@ -191,8 +194,19 @@ static int render_mistral(struct render *r, const struct chat_msg *m, size_t n, 
 int chat_render(struct tok *t, enum chat_template tpl, const struct chat_msg *msgs, size_t n,
                 int add_generation_prompt, struct tok_ids *ids, struct chat_mask *mask, char *err,
                 size_t errlen) {
-    struct render r = {
-        .t = t, .ids = ids, .mask = mask, .run = BUF_INIT, .err = err, .errlen = errlen};
+    return chat_render_with(t, NULL, tpl, msgs, n, add_generation_prompt, ids, mask, err, errlen);
+}
+
+int chat_render_with(struct tok *t, struct tok_enc *enc, enum chat_template tpl,
+                     const struct chat_msg *msgs, size_t n, int add_generation_prompt,
+                     struct tok_ids *ids, struct chat_mask *mask, char *err, size_t errlen) {
+    struct render r = {.t = t,
+                       .enc = enc,
+                       .ids = ids,
+                       .mask = mask,
+                       .run = BUF_INIT,
+                       .err = err,
+                       .errlen = errlen};
     for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content || !*msgs[i].role) {
             ERR("chat: message %zu needs a role and a content", i);

@@ -49,6 +49,11 @@ int chat_render(struct tok *t, enum chat_template tpl, const struct chat_msg *ms
                 int add_generation_prompt, struct tok_ids *ids, struct chat_mask *mask, char *err,
                 size_t errlen);
 
+/* chat_render through a per-thread encoder of t (data/tok.h): several threads may render with
+ * one t at once, each with its own enc. */
+int chat_render_with(struct tok *t, struct tok_enc *enc, enum chat_template tpl,
+                     const struct chat_msg *msgs, size_t n, int add_generation_prompt,
+                     struct tok_ids *ids, struct chat_mask *mask, char *err, size_t errlen);
 void chat_mask_free(struct chat_mask *m);
 
 #endif

@@ -31,3 +31,12 @@ if(TARGET loom-worker AND LOOM_HAVE_CUDA)
                      ${CMAKE_CURRENT_LIST_DIR}/hf/test_hf.py $<TARGET_FILE:loom-worker> cuda)
     set_tests_properties(gpu.hf.score PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
 endif()
+# the CUDA backend's decode operations (attention_decode, rope_at, rope_set_freqs;
+# worker/cuda/k_decode.cu) against double references computed in the test
+if(TARGET loom_engine AND LOOM_HAVE_CUDA)
+    add_executable(test_gpu_decode ${CMAKE_CURRENT_LIST_DIR}/gpu/test_decode.c)
+    target_link_libraries(test_gpu_decode PRIVATE loom_engine m)
+    loom_warnings(test_gpu_decode)
+    add_test(NAME gpu.decode COMMAND test_gpu_decode)
+    set_tests_properties(gpu.decode PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()

@@ -15,7 +15,7 @@ endif()
 # Integration: loomd + loom-agents + fake_worker on loopback, one ctest per scenario.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl)
-    foreach(sc events sse webhooks webhook_private webhook_crash artifacts)
+    foreach(sc events sse webhooks webhook_private webhook_crash artifacts event_ring cli_wait artifacts_node)
         add_test(NAME integration.platform.${sc}
                  COMMAND ${Python3_EXECUTABLE}
                          ${CMAKE_CURRENT_LIST_DIR}/integration/test_platform_api.py
@@ -30,4 +30,21 @@ if(TARGET loomd)
     add_executable(bench_events ${CMAKE_CURRENT_LIST_DIR}/bench/bench_events.c)
     target_link_libraries(bench_events PRIVATE loom_daemon_harness Threads::Threads)
     loom_warnings(bench_events)
+endif()
+# The API contract: api/openapi.yaml against the route table and the handlers' error statuses,
+# and against third-party tools (Debian's JSON::Validator lints it; OpenAPI::Client, generated
+# from it, drives a real loomd).
+if(Python3_FOUND)
+    add_test(NAME unit.openapi_errors
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/check_openapi_errors.py
+                     ${CMAKE_SOURCE_DIR})
+    set_tests_properties(unit.openapi_errors PROPERTIES LABELS unit SKIP_RETURN_CODE 77)
+endif()
+find_program(LOOM_PERL_BIN perl)
+if(LOOM_PERL_BIN AND TARGET loomd)
+    add_test(NAME integration.openapi_client
+             COMMAND ${LOOM_PERL_BIN} ${CMAKE_CURRENT_LIST_DIR}/integration/test_openapi_client.pl
+                     ${CMAKE_BINARY_DIR}/bin ${CMAKE_SOURCE_DIR}/api/openapi.yaml)
+    set_tests_properties(integration.openapi_client PROPERTIES LABELS integration
+                         SKIP_RETURN_CODE 77 TIMEOUT 120)
 endif()

@@ -16,12 +16,13 @@
  * deterministic and spread over the whole corpus. Files holding NUL bytes are
  * skipped (not text). The summary is one JSON line on stdout.
  *
- * prepare --tokenizer PATH --format text|jsonl|chat|completion tokenizes examples (a text
- * file, a jsonl line's --text-key field, a chat's messages through --chat-template, a
+ * prepare --tokenizer PATH --format text|jsonl|chat|completion|webdataset tokenizes examples (a
+ * text file, a jsonl line's --text-key field, a chat's messages through --chat-template, a
  * prompt/completion pair) with that tokenizer, EOS after each, into version 1 or 2 shards
  * split by example, plus DIR/X.mask loss-mask shards (worker/data.h) for chat and completion
  * data; empty, all-masked and overlong (--seq-len, --overlong) examples are counted in
- * meta.json with a SHA-256 of tokenizer, options and inputs (docs/data.md).
+ * meta.json with a SHA-256 of tokenizer, options and inputs (docs/data.md); the work is
+ * data/prepare.c's, on --threads threads.
  *
  * check validates every shard matching PATTERN (header, size and, with
  * --vocab-size, every token) and prints one JSON line; exit 2 on bad data.
@@ -49,13 +50,13 @@
 #include <sys/stat.h>
 
 #include <jansson.h>
-#include <openssl/evp.h>
 
 #include "common/buf.h"
 #include "common/config.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "data/chat.h"
+#include "data/prepare.h"
 #include "data/tok.h"
 #include "worker/data.h"
 
@@ -76,6 +77,7 @@ struct opts {
     long seq_len;
     char *overlong;
     char *loss_on;
+    long threads;
 };
 
 static const struct config_entry table[] = {
@@ -99,7 +101,8 @@ static const struct config_entry table[] = {
     {"add-generation-prompt", CONFIG_BOOL, offsetof(struct opts, add_generation_prompt), "false", 1,
      0, "chat: end with the header of an assistant turn"},
     {"format", CONFIG_STR, offsetof(struct opts, format), NULL, 1, 0,
-     "prepare with --tokenizer: text (a file is a document), jsonl, chat or completion"},
+     "prepare with --tokenizer: text (a file is a document), jsonl, chat, completion or "
+     "webdataset (tar shards of .txt / .json members)"},
     {"text-key", CONFIG_STR, offsetof(struct opts, text_key), NULL, 1, 0,
      "prepare --format jsonl: the field holding the text (default text)"},
     {"chat-template", CONFIG_STR, offsetof(struct opts, chat_template), NULL, 1, 0,
@@ -110,16 +113,19 @@ static const struct config_entry table[] = {
      "prepare: an example longer than --seq-len is cut (truncate) or left out (drop)"},
     {"loss-on", CONFIG_STR, offsetof(struct opts, loss_on), NULL, 1, 0,
      "prepare: all, or assistant (chat) / completion (completion): writes .mask shards"},
+    {"threads", CONFIG_INT, offsetof(struct opts, threads), "1", 1, 64,
+     "prepare with --tokenizer: encoding threads (the shards do not depend on it)"},
 };
 #define NTABLE (sizeof table / sizeof *table)
-static const char usage[] = "prepare --in FILES|DIR --out DIR [--val-fraction F]\n"
-                            "       loom-data prepare --tokenizer PATH --format text|jsonl|chat|"
-                            "completion [--text-key K] [--chat-template T] [--seq-len N "
-                            "--overlong truncate|drop] [--loss-on all] --in FILES --out DIR\n"
-                            "       loom-data check PATTERN [--vocab-size N]\n"
-                            "       loom-data encode --tokenizer PATH --in FILE [--allow-special]\n"
-                            "       loom-data decode --tokenizer PATH --in FILE\n"
-                            "       loom-data chat --tokenizer PATH --template NAME --in FILE";
+static const char usage[] =
+    "prepare --in FILES|DIR --out DIR [--val-fraction F]\n"
+    "       loom-data prepare --tokenizer PATH --format text|jsonl|chat|"
+    "completion|webdataset [--threads N] [--text-key K] [--chat-template T] [--seq-len N "
+    "--overlong truncate|drop] [--loss-on all] --in FILES --out DIR\n"
+    "       loom-data check PATTERN [--vocab-size N]\n"
+    "       loom-data encode --tokenizer PATH --in FILE [--allow-special]\n"
+    "       loom-data decode --tokenizer PATH --in FILE\n"
+    "       loom-data chat --tokenizer PATH --template NAME --in FILE";
 
 /* ---- inputs ---------------------------------------------------------------- */
 
@@ -535,369 +541,28 @@ out:
 
 /* ---- prepare with a tokenizer ----------------------------------------------- */
 
-/* One output split of a tokenized corpus: token shard and, when masked, the mask shard. */
-struct tsplit {
-    const char *name;
-    uint32_t *tok;
-    uint8_t *mask;
-    size_t n, cap;
-    int shards, version, masked;
-    uint64_t total, counted, examples;
-};
-
-static int tsplit_flush(struct tsplit *s, const char *out) {
-    if (s->n == 0) return 0;
-    char path[PATH_MAX], err[512];
-    snprintf(path, sizeof path, "%s/%s_%03d.bin", out, s->name, s->shards);
-    if (data_shard_write(path, s->version, s->tok, s->n, err, sizeof err) != 0) goto fail;
-    snprintf(path, sizeof path, "%s/%s_%03d.mask", out, s->name, s->shards);
-    if (s->masked && data_mask_write(path, s->mask, s->n, err, sizeof err) != 0) goto fail;
-    s->shards++;
-    s->total += s->n;
-    s->n = 0;
-    return 0;
-fail:
-    log_error("prepare: %s", err);
-    return -1;
-}
-
-static int tsplit_add(struct tsplit *s, const uint32_t *t, const uint8_t *m, size_t n,
-                      const char *out) {
-    s->examples++;
-    while (n) {
-        size_t k = s->cap - s->n < n ? s->cap - s->n : n;
-        memcpy(s->tok + s->n, t, k * sizeof *t);
-        for (size_t i = 0; i < k; i++)
-            s->counted += m[i];
-        memcpy(s->mask + s->n, m, k);
-        s->n += k;
-        t += k;
-        m += k;
-        n -= k;
-        if (s->n == s->cap && tsplit_flush(s, out) != 0) return -1;
-    }
-    return 0;
-}
-
-/* Counts of what prepare kept and skipped (meta.json and the summary line). */
-struct tcounts {
-    uint64_t examples, kept, empty, all_masked, truncated, dropped;
-};
-
-struct tprep {
-    const struct opts *o;
-    struct tok *t;
-    enum { TF_TEXT, TF_JSONL, TF_CHAT, TF_COMPLETION } fmt;
-    enum chat_template tpl;
-    int masked; /* loss_on assistant / completion */
-    uint32_t eos;
-    struct tok_ids ids;
-    struct chat_mask mask;
-    struct tsplit train, val;
-    struct tcounts c;
-};
-
-static const char *const fmt_names[] = {"text", "jsonl", "chat", "completion"};
-
-static int mask_push(struct chat_mask *m, uint8_t v, size_t upto) {
-    while (m->n < upto) {
-        if (buf_grow_array(&m->v, &m->cap, m->n + 1, 1, 256) != 0) return -1;
-        m->v[m->n++] = v;
-    }
-    return 0;
-}
-
-/* Encode a string field and mark its tokens with `v`. */
-static int enc_field(struct tprep *p, const char *s, uint8_t v, char *err, size_t errlen) {
-    if (tok_encode(p->t, s, strlen(s), 0, &p->ids, err, errlen) != 0) return -1;
-    return mask_push(&p->mask, v, p->ids.n);
-}
-
-/* Render one example (a line of jsonl/chat/completion, or a text file) into p->ids/p->mask.
- * Returns 0, or -1 with a message naming the field in err. */
-static int render_example(struct tprep *p, const char *line, size_t n, char *err, size_t errlen) {
-    int rc = -1;
-    json_error_t je;
-    json_t *root = NULL;
-    struct chat_msg *msgs = NULL;
-    p->ids.n = p->mask.n = 0;
-    if (p->fmt == TF_TEXT) {
-        if (tok_encode(p->t, line, n, 0, &p->ids, err, errlen) != 0) return -1;
-        return mask_push(&p->mask, 1, p->ids.n);
-    }
-    if (!(root = json_loadb(line, n, 0, &je)) || !json_is_object(root)) {
-        snprintf(err, errlen, "not a JSON object%s%s", root ? "" : ": ", root ? "" : je.text);
-        goto out;
-    }
-    if (p->fmt == TF_JSONL) {
-        const char *key = p->o->text_key ? p->o->text_key : "text";
-        json_t *v = json_object_get(root, key);
-        if (!json_is_string(v)) {
-            snprintf(err, errlen, "field \"%s\" is %s, expected a string", key,
-                     v ? "not a string" : "missing");
-            goto out;
-        }
-        rc = enc_field(p, json_string_value(v), 1, err, errlen);
-    } else if (p->fmt == TF_COMPLETION) {
-        json_t *pr = json_object_get(root, "prompt"), *co = json_object_get(root, "completion");
-        if (!json_is_string(pr) || !json_is_string(co)) {
-            snprintf(err, errlen, "field \"%s\" is %s, expected a string",
-                     json_is_string(pr) ? "completion" : "prompt",
-                     (json_is_string(pr) ? co : pr) ? "not a string" : "missing");
-            goto out;
-        }
-        if (enc_field(p, json_string_value(pr), p->masked ? 0 : 1, err, errlen) != 0 ||
-            enc_field(p, json_string_value(co), 1, err, errlen) != 0)
-            goto out;
-        rc = 0;
-    } else {
-        json_t *list = json_object_get(root, "messages"), *m;
-        size_t nm = json_array_size(list), i;
-        if (!json_is_array(list)) {
-            snprintf(err, errlen, "field \"messages\" is %s, expected an array",
-                     list ? "not an array" : "missing");
-            goto out;
-        }
-        if (!(msgs = calloc(nm ? nm : 1, sizeof *msgs))) goto out;
-        json_array_foreach(list, i, m) {
-            msgs[i].role = json_string_value(json_object_get(m, "role"));
-            msgs[i].content = json_string_value(json_object_get(m, "content"));
-            if (!msgs[i].role || !msgs[i].content) {
-                snprintf(err, errlen, "field \"messages[%zu].%s\" is missing or not a string", i,
-                         msgs[i].role ? "content" : "role");
-                goto out;
-            }
-        }
-        if (nm == 0) {
-            rc = 0;
-            goto out;
-        }
-        struct chat_mask cm = {0};
-        size_t before = p->ids.n;
-        rc = chat_render(p->t, p->tpl, msgs, nm, 0, &p->ids, &cm, err, errlen);
-        if (rc == 0)
-            for (size_t k = 0; k < p->ids.n - before && rc == 0; k++)
-                rc = mask_push(&p->mask, p->masked ? cm.v[k] : 1, p->mask.n + 1);
-        chat_mask_free(&cm);
-    }
-out:
-    free(msgs);
-    json_decref(root);
-    return rc;
-}
-
-/* Count, cut and store the rendered example; example index i decides train or val. */
-static int store_example(struct tprep *p) {
-    const struct opts *o = p->o;
-    p->c.examples++;
-    if (p->ids.n == 0) {
-        p->c.empty++;
-        return 0;
-    }
-    /* EOS ends every document. It counts in the loss when the last content token does,
-     * except after a chat with loss on the assistant: the template's own end marker is what
-     * the assistant learns to write. */
-    if (p->ids.v[p->ids.n - 1] != p->eos) {
-        uint8_t last = p->fmt == TF_CHAT && p->masked ? 0 : p->mask.v[p->mask.n - 1];
-        if (tok_ids_reserve(&p->ids, 1) != 0 || mask_push(&p->mask, last, p->mask.n + 1) != 0)
-            return -1;
-        p->ids.v[p->ids.n++] = p->eos;
-    }
-    if (o->seq_len > 0 && p->ids.n > (size_t)o->seq_len) {
-        if (strcmp(o->overlong, "drop") == 0) {
-            p->c.dropped++;
-            return 0;
-        }
-        p->c.truncated++;
-        p->ids.n = p->mask.n = (size_t)o->seq_len;
-    }
-    size_t ones = 0;
-    for (size_t i = 0; i < p->mask.n; i++)
-        ones += p->mask.v[i];
-    if (ones == 0) {
-        p->c.all_masked++;
-        return 0;
-    }
-    uint64_t i = p->c.kept++;
-    double f = o->val_fraction;
-    int to_val = (uint64_t)((double)(i + 1) * f) > (uint64_t)((double)i * f);
-    return tsplit_add(to_val ? &p->val : &p->train, p->ids.v, p->mask.v, p->ids.n, o->out);
-}
-
-static int sha_file(EVP_MD_CTX *md, const char *path) {
-    size_t len = 0;
-    char *b = fs_read_file(path, 0, &len);
-    if (!b) return -1;
-    EVP_DigestUpdate(md, path, strlen(path) + 1);
-    EVP_DigestUpdate(md, b, len);
-    free(b);
-    return 0;
-}
-
+/* The work is data/prepare.c's (shared with the agent's staging step). */
 static int cmd_prepare_tok(struct opts *o, struct strv *files) {
-    int rc = 1;
-    char err[1024];
-    struct tprep p = {.o = o};
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    const char *fmt = o->format ? o->format : "text";
-    int f = -1;
-    for (int i = 0; i < 4; i++)
-        if (strcmp(fmt, fmt_names[i]) == 0) f = i;
-    if (f < 0) {
-        log_error("prepare: --format \"%s\" is not one of text, jsonl, chat, completion", fmt);
-        rc = 2;
-        goto out;
+    struct prep_opts po = {.tokenizer = o->tokenizer,
+                           .format = o->format,
+                           .text_key = o->text_key,
+                           .chat_template = o->chat_template,
+                           .loss_on = o->loss_on,
+                           .seq_len = o->seq_len,
+                           .overlong = o->overlong,
+                           .val_fraction = o->val_fraction,
+                           .shard_tokens = o->shard_tokens,
+                           .threads = (int)o->threads};
+    struct prep_files in = {files->v, files->n, files->cap}; /* borrowed, not freed */
+    char err[1024] = "";
+    json_t *meta = NULL;
+    int rc = prep_run(&po, &in, o->out, &meta, err, sizeof err);
+    if (rc != PREP_OK) {
+        log_error("prepare: %s", err);
+        return rc;
     }
-    p.fmt = f;
-    const char *def_loss = p.fmt == TF_CHAT         ? "assistant"
-                           : p.fmt == TF_COMPLETION ? "completion"
-                                                    : "all";
-    const char *loss = o->loss_on ? o->loss_on : def_loss;
-    if (strcmp(loss, "all") != 0 && strcmp(loss, def_loss) != 0) {
-        log_error("prepare: --loss-on \"%s\" does not fit --format %s (use all or %s)", loss, fmt,
-                  def_loss);
-        rc = 2;
-        goto out;
-    }
-    p.masked = strcmp(loss, "all") != 0;
-    if (strcmp(o->overlong, "truncate") != 0 && strcmp(o->overlong, "drop") != 0) {
-        log_error("prepare: --overlong \"%s\" is not one of truncate, drop", o->overlong);
-        rc = 2;
-        goto out;
-    }
-    if (p.fmt == TF_CHAT && chat_template_parse(o->chat_template, &p.tpl) != 0) {
-        log_error("prepare: --chat-template \"%s\" is not one of llama3, chatml, mistral",
-                  o->chat_template ? o->chat_template : "");
-        rc = 2;
-        goto out;
-    }
-    if (!(p.t = open_tokenizer("prepare", o->tokenizer))) goto out;
-    int64_t eos = tok_token_id(p.t, "eos");
-    if (eos < 0) {
-        log_error("prepare: %s: the tokenizer has no EOS token", o->tokenizer);
-        goto out;
-    }
-    p.eos = (uint32_t)eos;
-    uint32_t vocab = tok_vocab_size(p.t);
-    int version = vocab > 65536 ? 2 : 1;
-    p.train = (struct tsplit){
-        .name = "train", .cap = (size_t)o->shard_tokens, .version = version, .masked = p.masked};
-    p.val = p.train;
-    p.val.name = "val";
-    p.train.tok = malloc(p.train.cap * 4);
-    p.val.tok = malloc(p.val.cap * 4);
-    p.train.mask = malloc(p.train.cap);
-    p.val.mask = malloc(p.val.cap);
-    if (!md || !p.train.tok || !p.val.tok || !p.train.mask || !p.val.mask) {
-        log_error("prepare: out of memory");
-        goto out;
-    }
-    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-    /* The tokenizer's files take part in the content hash (a directory: the files tok_open
-     * may read in it). */
-    struct stat st;
-    if (stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode)) {
-        static const char *const names[] = {"tokenizer.json", "tokenizer.model",
-                                            "tokenizer_config.json"};
-        for (size_t i = 0; i < 3; i++) {
-            char tp[PATH_MAX];
-            snprintf(tp, sizeof tp, "%s/%s", o->tokenizer, names[i]);
-            sha_file(md, tp);
-        }
-    } else if (sha_file(md, o->tokenizer) != 0) {
-        log_error("prepare: cannot read %s: %s", o->tokenizer, strerror(errno));
-        goto out;
-    }
-    char optstr[512];
-    snprintf(optstr, sizeof optstr, "%s|%s|%s|%s|%ld|%s|%g", fmt, loss,
-             o->text_key ? o->text_key : "text", o->chat_template ? o->chat_template : "",
-             o->seq_len, o->overlong, o->val_fraction);
-    EVP_DigestUpdate(md, optstr, strlen(optstr));
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < files->n; i++) {
-        size_t len = 0;
-        char *b = fs_read_file(files->v[i], 0, &len);
-        if (!b) {
-            log_error("prepare: %s: cannot read: %s", files->v[i], strerror(errno));
-            goto out;
-        }
-        EVP_DigestUpdate(md, b, len);
-        bytes += len;
-        int bad = 0;
-        if (p.fmt == TF_TEXT) {
-            if (render_example(&p, b, len, err, sizeof err) != 0) {
-                log_error("prepare: %s: %s", files->v[i], err);
-                bad = 1;
-            } else if (store_example(&p) != 0) {
-                bad = 1;
-            }
-        } else {
-            FOR_EACH_LINE(b, len, line, n, lineno) {
-                if (bad) break;
-                size_t k = 0;
-                while (k < n && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r'))
-                    k++;
-                if (k == n) continue; /* blank lines separate nothing */
-                if (render_example(&p, line, n, err, sizeof err) != 0) {
-                    log_error("prepare: %s line %zu: %s", files->v[i], lineno, err);
-                    bad = 1;
-                } else if (store_example(&p) != 0) {
-                    bad = 1;
-                }
-            }
-        }
-        free(b);
-        if (bad) {
-            rc = 2;
-            goto out;
-        }
-    }
-    if (tsplit_flush(&p.train, o->out) != 0 || tsplit_flush(&p.val, o->out) != 0) goto out;
-    if (p.train.total == 0) {
-        log_error("prepare: no training examples remain: %" PRIu64 " read, %" PRIu64
-                  " empty, %" PRIu64 " with every token masked, %" PRIu64 " dropped as longer "
-                  "than --seq-len %ld",
-                  p.c.examples, p.c.empty, p.c.all_masked, p.c.dropped, o->seq_len);
-        rc = 2;
-        goto out;
-    }
-    unsigned char dig[32];
-    char hex[65];
-    EVP_DigestFinal_ex(md, dig, NULL);
-    for (int i = 0; i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-    json_t *sources = json_array();
-    for (size_t i = 0; i < files->n; i++)
-        json_array_append_new(sources, json_string(files->v[i]));
-    json_t *meta = json_pack(
-        "{s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:f,s:I,s:s,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,"
-        "s:I,s:I,s:i,s:i,s:b,s:s,s:o}",
-        "tokenizer", o->tokenizer, "tokenizer_kind", tok_kind(p.t), "vocab_size", (int)vocab,
-        "eos_token", (json_int_t)p.eos, "format", fmt, "loss_on", loss, "shard_version", version,
-        "val_fraction", o->val_fraction, "seq_len", (json_int_t)o->seq_len, "overlong", o->overlong,
-        "examples", "read", (json_int_t)p.c.examples, "kept", (json_int_t)p.c.kept, "empty",
-        (json_int_t)p.c.empty, "all_masked", (json_int_t)p.c.all_masked, "truncated",
-        (json_int_t)p.c.truncated, "dropped", (json_int_t)p.c.dropped, "train_examples",
-        (json_int_t)p.train.examples, "val_examples", (json_int_t)p.val.examples, "train_tokens",
-        (json_int_t)p.train.total, "val_tokens", (json_int_t)p.val.total, "train_loss_tokens",
-        (json_int_t)p.train.counted, "val_loss_tokens", (json_int_t)p.val.counted, "train_shards",
-        p.train.shards, "val_shards", p.val.shards, "mask", p.masked, "content_sha256", hex,
-        "sources", sources);
-    if (p.fmt == TF_CHAT) json_object_set_new(meta, "chat_template", json_string(o->chat_template));
-    if (p.fmt == TF_JSONL)
-        json_object_set_new(meta, "text_key", json_string(o->text_key ? o->text_key : "text"));
-    if (write_meta(meta, o->out, bytes) != 0) goto out;
-    rc = 0;
-out:
-    EVP_MD_CTX_free(md);
-    free(p.train.tok);
-    free(p.val.tok);
-    free(p.train.mask);
-    free(p.val.mask);
-    tok_ids_free(&p.ids);
-    chat_mask_free(&p.mask);
-    tok_free(p.t);
-    return rc;
+    uint64_t bytes = (uint64_t)json_integer_value(json_object_get(meta, "input_bytes"));
+    return write_meta(meta, o->out, bytes) == 0 ? 0 : 1;
 }
 
 /* Append "[a,b,c]" of n values to b. */

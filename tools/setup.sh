@@ -5,7 +5,7 @@
 set -e
 pkgs="build-essential cmake pkg-config git ca-certificates curl python3 python3-yaml clang-format \
 libmicrohttpd-dev libjansson-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev libgloo-dev \
-libomp-dev python3-numpy python3-torch openssl clang libclang-rt-dev"
+libomp-dev python3-numpy python3-torch openssl clang libclang-rt-dev libopenapi-client-perl"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -18,11 +18,13 @@ if [ -n "$missing" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
 
-# Tokenizers (data/tok*): PCRE2, utf8proc and SentencePiece to build; the tokenizer tests
+# Tokenizers (data/tok*): PCRE2, utf8proc and SentencePiece to build, libarchive for
+# webdataset tar shards (data/prepare.c); the tokenizer tests
 # compare with SentencePiece's own tools and Python module, and with npm packages (GPT-2,
 # Llama 3, tiktoken, Hugging Face's JS tokenizers) installed from tests/tok/package-lock.json
 # into the git-ignored tests/tok/node_modules.
-tok_pkgs="libpcre2-dev libutf8proc-dev libsentencepiece-dev sentencepiece python3-sentencepiece"
+tok_pkgs="libpcre2-dev libutf8proc-dev libsentencepiece-dev sentencepiece python3-sentencepiece \
+libarchive-dev"
 command -v node >/dev/null 2>&1 || tok_pkgs="$tok_pkgs nodejs"
 command -v npm >/dev/null 2>&1 || tok_pkgs="$tok_pkgs npm"
 tok_missing=""

@@ -275,6 +275,29 @@ struct backend {
     void (*attention_decode)(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
                              int NKV, int HD);
 
+    /* ---- optional: documents packed in a row (train.packing "document"). NULL on a backend
+     * without it: the worker then refuses that packing. ----
+     * set_doc_starts: from now on, until called with NULL, row r (of N = B*T) belongs to the
+     * document that starts at position starts[r] of its sequence (starts[r] <= r % T, equal
+     * along a document): embedding_fwd/bwd and rope_fwd/bwd use the position r % T -
+     * starts[r], and attention_fwd/bwd let a query attend only to keys of its own document.
+     * The array (host memory) is read, not copied, by every later call. */
+    void (*set_doc_starts)(void *ctx, const int32_t *starts, int N);
+
+    /* ---- optional: LoRA adapters (worker/lora.c). NULL on a backend
+     * without them: lora_new refuses it. ----
+     * axpy_2d: for r < rows, c < cols (compute dtype, fp32 arithmetic):
+     *   dst[r*ldd + c] = (beta ? dst[r*ldd + c] : 0) + alpha * src[r*lds + c]
+     * (a column range of a fused projection's output, or gathering one into
+     * a contiguous buffer); dst and src do not overlap.
+     * dropout: out[i] = lora_keep(seed, i, p) ? inp[i] / (1 - p) : 0 for
+     * i < n (worker/lora_mask.h: the same mask on every backend, a pure
+     * function of seed and i, so the backward regenerates it); out may equal
+     * inp. */
+    void (*axpy_2d)(void *ctx, void *dst, int ldd, const void *src, int lds, int rows, int cols,
+                    float alpha, int beta);
+    void (*dropout)(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed);
+
     /* ---- optional: host memory and asynchronous copies (optimizer offload,
      * worker/offload.h). NULL on a backend without them (the CPU backend,
      * whose "device" memory is host memory): the caller then uses malloc and

@@ -664,6 +664,52 @@ int data_loader_batch(const struct data_loader *dl, int64_t step, int micro_step
     return rc;
 }
 
+int64_t data_loader_step_loss_tokens(const struct data_loader *dl, int64_t step) {
+    const int T = dl->o.T;
+    int64_t n = 0;
+    if (step < 0) return -1;
+    for (int m = 0; m < dl->o.grad_accum; m++)
+        for (int r = 0; r < dl->o.dp_size; r++)
+            for (int b = 0; b < dl->o.B; b++) {
+                int64_t g = data_loader_sample(dl, step, m, r, b);
+                size_t si = shard_of(dl, g);
+                const struct data_shard *s = &dl->shards[si];
+                if (!s->mask) {
+                    n += T;
+                    continue;
+                }
+                /* the mask bytes of the window's targets (its tokens 1..T) */
+                const unsigned char *mk =
+                    s->mask + DATA_HEADER_BYTES + (uint64_t)(g - dl->first[si]) * (uint64_t)T + 1;
+                for (int t = 0; t < T; t++)
+                    n += mk[t] != 0;
+            }
+    return n;
+}
+
+int data_meta_eos(const char *pattern, int64_t *eos, char *err, size_t errlen) {
+    char **paths = NULL, mp[4200];
+    size_t n = 0;
+    int rc = data_glob(pattern, &paths, &n, err, errlen);
+    if (rc != 0) return rc;
+    const char *slash = strrchr(paths[0], '/');
+    snprintf(mp, sizeof mp, "%.*smeta.json", slash ? (int)(slash - paths[0] + 1) : 0, paths[0]);
+    data_paths_free(paths);
+    json_error_t je;
+    json_t *m = json_load_file(mp, 0, &je), *v = json_object_get(m, "eos_token");
+    rc = json_is_integer(v) && json_integer_value(v) >= 0 ? 0 : DATA_EINVAL;
+    if (rc == 0)
+        *eos = (int64_t)json_integer_value(v);
+    else
+        seterr(err, errlen,
+               "train.packing \"document\" needs the EOS id that ends each document: %s %s "
+               "(write the shards with `loom-data prepare --tokenizer`, or let the job "
+               "tokenize its data)",
+               mp, m ? "has no integer \"eos_token\"" : "cannot be read");
+    json_decref(m);
+    return rc;
+}
+
 /* ---- position -------------------------------------------------------------- */
 
 void data_loader_position(const struct data_loader *dl, int64_t step, struct data_position *pos) {

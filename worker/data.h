@@ -87,6 +87,12 @@ int data_shard_check(const char *path, int *version, uint64_t *ntokens, char *er
 int data_glob(const char *pattern, char ***paths, size_t *count, char *err, size_t errlen);
 void data_paths_free(char **paths);
 
+/* The EOS id that ends every document of a tokenized data set: "eos_token" of the meta.json
+ * that `loom-data prepare --tokenizer` (and the staging step) write beside the shards, read
+ * from the directory of the first file `pattern` matches. 0, or DATA_EINVAL / DATA_EIO with a
+ * message naming the file (train.packing "document" needs it). */
+int data_meta_eos(const char *pattern, int64_t *eos, char *err, size_t errlen);
+
 /* ---- loader ---------------------------------------------------------------- */
 
 enum { DATA_CHECK_AUTO = 0, DATA_CHECK_OPEN = 1, DATA_CHECK_READ = 2 };
@@ -148,6 +154,11 @@ uint64_t data_loader_tokens(const struct data_loader *dl);
 size_t data_loader_num_shards(const struct data_loader *dl);
 /* How many of the shards have a loss-mask shard beside them. */
 size_t data_loader_num_masked(const struct data_loader *dl);
+/* Targets that count in the loss in optimizer step `step`: over all its G windows (every
+ * micro-step and dp rank), the targets whose mask byte is 1 (all T of a window whose shard
+ * has no mask). A pure function of the step, so every rank knows the step's total before its
+ * backward pass without communicating. -1 on a bad step. */
+int64_t data_loader_step_loss_tokens(const struct data_loader *dl, int64_t step);
 
 /* ---- position (checkpoint manifest) ---------------------------------------- */
 

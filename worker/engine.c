@@ -75,8 +75,11 @@ int engine_set_windows(struct engine *e, size_t plo, size_t phi, size_t glo, siz
                   ghi, e->n_params);
         return -1;
     }
+    if (e->frozen) /* no gradient window at all */
+        glo = ghi = 0;
     if (move_window(e, &e->params, &e->p_lo, &e->p_hi, plo, phi, &e->mem.params) != 0 ||
-        move_window(e, &e->grads, &e->g_lo, &e->g_hi, glo, ghi, &e->mem.grads) != 0) {
+        (!e->frozen &&
+         move_window(e, &e->grads, &e->g_lo, &e->g_hi, glo, ghi, &e->mem.grads) != 0)) {
         log_error("engine: out of memory for the parameter / gradient windows");
         return -1;
     }
@@ -94,6 +97,7 @@ int engine_set_windows(struct engine *e, size_t plo, size_t phi, size_t glo, siz
 
 void engine_zero_grads(struct engine *e) {
     struct backend *b = e->be;
+    if (!e->grads) return; /* frozen */
     b->zero(b->ctx, e->grads, (e->g_hi - e->g_lo) * b->elt_size);
     for (int i = 0; i < e->layout.n; i++)
         if (e->gview[i])
@@ -122,6 +126,7 @@ int engine_set_shard(struct engine *e, size_t off, size_t n) {
     e->mem.optimizer = e->scalar ? 4 * sizeof(float) : 0;
     e->shard_off = off;
     e->shard_n = n;
+    if (e->frozen) return 0; /* nothing is optimized */
     if (e->offload) {
         if (off < e->p_lo || off + n > e->p_hi) {
             log_error("engine: shard [%zu, %zu) outside the params window [%zu, %zu)", off, off + n,
@@ -185,19 +190,21 @@ struct engine *engine_new(const struct model_config *cfg, const struct engine_pl
     e->n_params = (size_t)e->layout.rank_numel;
     e->p_hi = e->g_hi = p->windows_later ? 0 : e->n_params;
     e->tp_host_sync = p->tp_host_sync;
+    e->frozen = p->frozen;
+    if (e->frozen) e->g_hi = 0;
     size_t bytes = (e->p_hi ? e->p_hi : 1) * be->elt_size; /* an empty window holds 1 */
     e->params = ealloc(e, bytes, &e->mem.params);
-    e->grads = ealloc(e, bytes, &e->mem.grads);
+    e->grads = e->frozen ? NULL : ealloc(e, bytes, &e->mem.grads);
     e->pview = calloc((size_t)e->layout.n, sizeof(void *));
     e->gview = calloc((size_t)e->layout.n, sizeof(void *));
-    if (!e->params || !e->grads || !e->pview || !e->gview) {
+    if (!e->params || (!e->grads && !e->frozen) || !e->pview || !e->gview) {
         log_error("engine: out of memory for %zu parameters", e->n_params);
         goto fail;
     }
     e->scalar = ealloc(e, 4 * sizeof(float), &e->mem.optimizer);
     if (!e->scalar) goto fail;
     be->zero(be->ctx, e->params, bytes);
-    be->zero(be->ctx, e->grads, bytes);
+    if (e->grads) be->zero(be->ctx, e->grads, bytes);
     e->shard_off = 0;
     e->shard_n = e->n_params;
     if (!p->opt_later && engine_set_shard(e, 0, e->n_params) != 0) goto fail;
@@ -293,7 +300,7 @@ int engine_params_from_host(struct engine *e, size_t off, const float *src, size
 }
 
 int engine_opt_ready(const struct engine *e) {
-    return e->opt_m != NULL;
+    return e->frozen || e->opt_m != NULL;
 }
 
 int engine_opt_init(struct engine *e) {
@@ -340,8 +347,35 @@ static float *opt_array(const struct engine *e, enum engine_opt which) {
     return which == ENGINE_OPT_M ? e->opt_m : which == ENGINE_OPT_V ? e->opt_v : e->master;
 }
 
+/* Frozen: the shard's parameters as fp32 into host dst (the "master"). */
+static void frozen_params_read(struct engine *e, float *dst, size_t off, size_t n) {
+    struct backend *b = e->be;
+    const void *src = engine_params_at(e, e->shard_off + off);
+    if (b->dtype == BACKEND_F32) {
+        b->download(b->ctx, dst, src, n * sizeof(float));
+        return;
+    }
+    /* bf16: converted in slices through a small fp32 device buffer */
+    size_t chunk = n < ((size_t)1 << 24) ? n : ((size_t)1 << 24);
+    float *f = b->alloc(b->ctx, chunk * sizeof(float));
+    if (!f) die("engine: out of memory reading %zu frozen parameters", n);
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        b->to_f32(b->ctx, f, backend_at(b, src, i), k);
+        b->download(b->ctx, dst + i, f, k * sizeof(float));
+    }
+    b->free(b->ctx, f);
+}
+
 void engine_opt_read(struct engine *e, enum engine_opt which, float *dst, size_t off, size_t n) {
     struct backend *b = e->be;
+    if (e->frozen && n) {
+        if (which == ENGINE_OPT_MASTER)
+            frozen_params_read(e, dst, off, n);
+        else
+            memset(dst, 0, n * sizeof(float)); /* a frozen tensor has no moments */
+        return;
+    }
     const float *p = opt_array(e, which);
     if (!n || !p) return;
     if (e->opt_host)

@@ -134,6 +134,11 @@ struct engine {
     int micro_last;
     float *scalar; /* fp32 [4] device scratch for reductions (grad norm) */
 
+    /* 1: the base parameters are frozen (engine_place.frozen, LoRA): no
+     * gradient window, master or moments exist; engine_opt_read of the master
+     * reads the parameters (fp32-converted), of the moments zeros. */
+    int frozen;
+
     /* 1 when every dp rank holds the same optimizer range (DP without ZeRO):
      * the shard's squared grad norm is then not summed over dp. */
     int shard_replicated;
@@ -160,6 +165,10 @@ struct engine_place {
     /* 1: the tp-stream tuning row is off (worker/tuning.h; tp.c). 0 (default):
      * tp all-reduces are ordered on the compute stream where the comm can. */
     int tp_host_sync;
+    /* 1: every parameter is frozen (train.lora trains separate adapters,
+     * worker/lora.h): no gradient buffer, fp32 master or moments are ever
+     * allocated (e->mem grads 0, optimizer the 16-byte norm scalar). */
+    int frozen;
 };
 
 /* Check a place: world == tp*dp*pp and 0 <= rank < world. Returns 0, or -1

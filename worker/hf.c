@@ -20,6 +20,7 @@
 
 #include <jansson.h>
 
+#include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 
@@ -379,6 +380,7 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
     if (!buf) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory (%zu floats)", cap);
     int rc = 0;
     uint64_t total = 0;
+    double t0 = clock_mono_s();
     for (int i = 0; i < e->layout.n && rc == 0; i++) {
         const struct model_tensor *t = &e->layout.t[i];
         const struct hf_tensor *ht = &h->t[i]; /* same order: the same config's layout */
@@ -408,9 +410,12 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
     }
     free(buf);
     e->be->sync(e->be->ctx);
+    double dt = clock_mono_s() - t0;
     if (rc == 0)
-        log_info("hf: rank %d loaded its share of %s (%llu of %llu bytes of weights)", e->rank,
-                 h->dir, (unsigned long long)h->bytes_read, (unsigned long long)total);
+        log_info("hf: rank %d loaded its share of %s (%llu of %llu bytes of weights) in %.3f s "
+                 "(%.2f GB/s)",
+                 e->rank, h->dir, (unsigned long long)h->bytes_read, (unsigned long long)total, dt,
+                 dt > 0 ? (double)h->bytes_read / dt / 1e9 : 0.0);
     return rc;
 }
 

@@ -219,6 +219,8 @@ int hf_generate(struct model *m, const int32_t *prompt, int n, const struct hf_s
                       n + o->max_new, m->T);
             return -1;
         }
+        log_info("generate: re-running the forward over the sequence for each new token (%s)",
+                 recompute ? "--generate-recompute" : "the backend has no decode operations");
         return generate_recompute(m, prompt, n, o, out);
     }
     struct dec d;
@@ -249,6 +251,8 @@ int hf_generate(struct model *m, const int32_t *prompt, int n, const struct hf_s
     if (!d.x || !d.h || !d.qkv || !d.att || !d.tmp || !d.fch || !d.fca || !d.logits || !d.mean ||
         !d.rstd || !d.lf32 || !d.tok)
         goto out;
+    log_info("generate: key/value cache of %d positions x %d blocks (%.1f MiB on %s)", d.cap, m->L,
+             (double)m->L * d.cap * kvw * es / 1048576.0, b->name);
     uint64_t rng = o->seed ^ 0x6c6f6f6d2d67656eull; /* "loom-gen" */
     for (int i = 0; i < n; i++)
         step(&d, prompt[i], i);

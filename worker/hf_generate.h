@@ -7,7 +7,8 @@
  * head_dim]) and runs one token at a time through the blocks with the
  * backend's rope_at and attention_decode (backend.h): the prompt is fed
  * token by token too, so every position sees exactly the keys before it.
- * Backends without those operations (CUDA) generate by re-running the
+ * Both backends have them (cpu fp32, cuda bf16 cache: worker/cuda/
+ * k_decode.cu); a backend without them would generate by re-running the
  * training forward over the sequence for every token instead. One process
  * (tp = pp = 1). Only the engine thread calls these. */
 #ifndef LOOM_WORKER_HF_GENERATE_H
@@ -36,7 +37,8 @@ struct hf_sample_opts {
  * o->max_new); returns the number generated, or -1 (message logged: tp/pp
  * > 1, n + max_new beyond seq_len, out of memory). With the backend's
  * decode operations and recompute = 0 through the KV cache; otherwise
- * (the CUDA backend, or recompute = 1 to check one path against the other)
+ * (recompute = 1 to check one path against the other, or a backend
+ * without them)
  * by re-running the whole forward for every new token, which needs m built
  * with B = 1 and T >= n + max_new. The same seed draws the same stream on
  * both paths. */

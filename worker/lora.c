@@ -1,7 +1,11 @@
-/* LoRA adapters: forward / backward at the projection sites, AdamW, PEFT
- * export and merging. See lora.h. The adapters are small (r x in and
- * out x r per projection) and the backend is the cpu one, whose device
- * memory is host memory, so the products are plain loops here. */
+/* LoRA adapters: forward / backward at the projection sites through the
+ * backend's op table, AdamW, data-parallel sync and ZeRO over the adapter
+ * state, checkpoints, PEFT export / import and merging. See lora.h.
+ *
+ * Every adapter lives in one flat arena (A then B of each adapter, each
+ * tensor starting on a 64-element boundary, the gaps zero), so that the
+ * optimizer, the gradient norm, the dp all-reduce and the checkpoint each
+ * see one contiguous range, as the engine's own flat buffers do. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -10,9 +14,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/log.h"
+#include "worker/checkpoint.h"
+#include "worker/comm/comm.h"
 #include "worker/lora.h"
 #include "worker/model.h"
 #include "worker/safetensors.h"
+
+#define LORA_ALIGN 64 /* elements: 128 bytes in bf16, what cuBLASLt likes for its operands */
 
 /* One spec target: where it sits in a block. */
 struct lora_target {
@@ -46,17 +55,37 @@ struct lora_ad {
     const struct lora_target *tg;
     int layer, tensor; /* base tensor index in the layout */
     int in, out, col;  /* col: first output column of the site this adapter adds to */
-    float *A, *B, *dA, *dB, *mA, *vA, *mB, *vB;
-    float *ax; /* [N, r]: A inp of the last forward */
+    size_t offA, offB; /* element offsets of A [r, in] and B [out, r] in the arena */
+    void *u;           /* [N, r] compute dtype: scale * A x of the last forward */
+    uint64_t key;      /* the adapter's dropout stream (hash of its name) */
 };
 
 struct lora {
     struct model *m;
     int r, N, n, gpt2;
     double alpha, scale;
+    double dropout;
     int site_w[LORA_NSITES], site_in[LORA_NSITES];
     struct lora_ad *ad; /* [n], layer-major */
-    float *t;           /* [N, r] backward scratch */
+    size_t total;       /* arena elements */
+    void *p, *g;        /* compute dtype [total]: adapter values and gradients */
+    /* fp32 optimizer state of the shard [sh_off, sh_off + sh_n) of the arena
+     * (ZeRO 0: everything); master == p + sh_off on an fp32 backend */
+    float *master, *mom_m, *mom_v;
+    int master_aliased;
+    size_t sh_off, sh_n;
+    void *gsh;           /* ZeRO >= 1: the reduced gradient shard, compute dtype [sh_n] */
+    int zero;            /* adapter ZeRO stage (0..2) */
+    struct comm *dp;     /* dp communicator (NULL: one rank) */
+    void *tmp;           /* [N, max site width] scratch */
+    void *dax;           /* [N, r] scratch */
+    void *xd, *yd;       /* [N, max site input] dropout scratch (NULL without dropout) */
+    float *acc;          /* fp32 [1] device scalar for the norm */
+    size_t bytes[4];     /* params, grads, optimizer, activations: what this holds */
+    uint64_t seed;       /* train.seed */
+    int64_t step, micro; /* for the dropout masks (lora_begin_micro) */
+    int training;
+    float *ckpt_h; /* host copy of the shard's state while a checkpoint is written */
 };
 
 static uint64_t splitmix(uint64_t *s) {
@@ -66,100 +95,108 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* U(-bound, bound) from a stream keyed by (seed, name). */
-static void fill_uniform(float *h, size_t n, uint64_t seed, const char *name, double bound) {
-    uint64_t s = seed ^ 0x6c6f72612d696e69ull; /* "lora-ini" */
+static uint64_t name_hash(uint64_t s, const char *name) {
     for (const char *p = name; *p; p++)
         s = (s ^ (unsigned char)*p) * 0x100000001b3ull;
+    return s;
+}
+
+/* U(-bound, bound) from a stream keyed by (seed, name). */
+static void fill_uniform(float *h, size_t n, uint64_t seed, const char *name, double bound) {
+    uint64_t s = name_hash(seed ^ 0x6c6f72612d696e69ull, name); /* "lora-ini" */
     for (size_t i = 0; i < n; i++) {
         double u = (double)(splitmix(&s) >> 11) * (1.0 / 9007199254740992.0);
         h[i] = (float)((2.0 * u - 1.0) * bound);
     }
 }
 
+static size_t align_up(size_t n) {
+    return (n + LORA_ALIGN - 1) / LORA_ALIGN * LORA_ALIGN;
+}
+
+/* Device allocation counted in the engine's memory category `cat` and in
+ * l->bytes[k] (given back in lora_free). */
+static void *lalloc(struct lora *l, int k, size_t bytes) {
+    struct engine *e = l->m->e;
+    size_t *cat[4] = {&e->mem.params, &e->mem.grads, &e->mem.optimizer, &e->mem.activations};
+    bytes = bytes ? bytes : 1;
+    void *p = engine_alloc(e, bytes, cat[k]);
+    if (p) l->bytes[k] += bytes;
+    return p;
+}
+
 void lora_free(struct lora *l) {
     if (!l) return;
-    for (int i = 0; i < l->n; i++) {
-        struct lora_ad *a = &l->ad[i];
-        free(a->A);
-        free(a->B);
-        free(a->dA);
-        free(a->dB);
-        free(a->mA);
-        free(a->vA);
-        free(a->mB);
-        free(a->vB);
-        free(a->ax);
-    }
+    struct engine *e = l->m->e;
+    struct backend *b = e->be;
+    void *bufs[] = {l->p, l->g, l->mom_m, l->mom_v, l->gsh, l->tmp, l->dax, l->xd, l->yd, l->acc};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        b->free(b->ctx, bufs[i]);
+    if (!l->master_aliased) b->free(b->ctx, l->master);
+    for (int i = 0; l->ad && i < l->n; i++)
+        b->free(b->ctx, l->ad[i].u);
+    e->mem.params -= l->bytes[0];
+    e->mem.grads -= l->bytes[1];
+    e->mem.optimizer -= l->bytes[2];
+    e->mem.activations -= l->bytes[3];
+    free(l->ckpt_h);
     free(l->ad);
-    free(l->t);
     free(l);
 }
 
-static int refuse(const char **code, const char *c, char *err, size_t errlen, const char *msg) {
+static void refuse(const char **code, const char *c, char *err, size_t errlen, const char *msg) {
     *code = c;
     snprintf(err, errlen, "%s", msg);
-    return -1;
 }
 
-struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **code, char *err,
-                      size_t errlen) {
-    struct engine *e = m->e;
-    char msg[512];
-    if (strcmp(e->be->name, "cpu") != 0 || e->be->elt_size != sizeof(float)) {
-        snprintf(msg, sizeof msg,
-                 "train.lora runs on the cpu backend (fp32) only; this backend is %s", e->be->name);
-        refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
-        return NULL;
+/* Why the place or backend cannot carry adapters, or NULL. */
+static const char *unsupported(const struct engine *e, const struct lora_opts *o, char *msg,
+                               size_t n) {
+    const struct backend *b = e->be;
+    if (!b->axpy_2d || !b->dropout) {
+        snprintf(msg, n, "train.lora: the %s backend has no LoRA operations", b->name);
+        return msg;
     }
     if (e->tp != 1 || e->pp != 1 || e->world != e->dp) {
-        snprintf(msg, sizeof msg,
+        snprintf(msg, n,
                  "train.lora supports data parallelism only (tp=1 pp=1); this layout has "
                  "world=%d dp=%d tp=%d pp=%d",
                  e->world, e->dp, e->tp, e->pp);
-        refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
-        return NULL;
+        return msg;
     }
     if (e->offload) {
-        refuse(code, "LORA_UNSUPPORTED", err, errlen,
-               "train.lora does not combine with optimizer offload (the adapters' optimizer "
-               "state is small); turn offload off");
-        return NULL;
+        snprintf(msg, n,
+                 "train.lora does not combine with optimizer offload (the adapters' optimizer "
+                 "state is small); turn offload off");
+        return msg;
     }
-    if (o->dropout != 0) {
-        snprintf(msg, sizeof msg, "train.lora.dropout=%g: only dropout 0 is supported", o->dropout);
-        refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
-        return NULL;
+    if (o->zero_stage < 0 || o->zero_stage > 2) {
+        snprintf(msg, n,
+                 "train.lora with zero_stage %d: the adapter state shards with stages 0-2 (the "
+                 "frozen base has no optimizer state to shard)",
+                 o->zero_stage);
+        return msg;
+    }
+    if (o->dropout < 0 || o->dropout >= 1) {
+        snprintf(msg, n, "train.lora.dropout=%g outside [0, 1)", o->dropout);
+        return msg;
     }
     if (o->rank < 1 || o->alpha <= 0 || o->n_targets < 1) {
-        snprintf(msg, sizeof msg, "train.lora: rank=%d alpha=%g targets=%d invalid", o->rank,
-                 o->alpha, o->n_targets);
-        refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
-        return NULL;
+        snprintf(msg, n, "train.lora: rank=%d alpha=%g targets=%d invalid", o->rank, o->alpha,
+                 o->n_targets);
+        return msg;
     }
-    struct lora *l = calloc(1, sizeof *l);
-    if (!l) goto oom;
-    l->m = m;
-    l->r = o->rank;
-    l->N = m->B * m->T;
-    l->alpha = o->alpha;
-    l->scale = o->alpha / o->rank;
-    l->gpt2 = e->cfg.family == MODEL_GPT2;
-    int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, AC = m->NH * m->HD;
-    l->site_w[LORA_SITE_QKV] = m->QKV;
-    l->site_in[LORA_SITE_QKV] = m->C;
-    l->site_w[LORA_SITE_O] = m->C;
-    l->site_in[LORA_SITE_O] = AC;
-    l->site_w[LORA_SITE_FC] = m->F * (swiglu ? 2 : 1);
-    l->site_in[LORA_SITE_FC] = m->C;
-    l->site_w[LORA_SITE_DOWN] = m->C;
-    l->site_in[LORA_SITE_DOWN] = m->F;
+    return NULL;
+}
+
+/* The adapters of every block, in table order within a block (so that the
+ * adapters of a site are in column order). 0, or -1 with a message. */
+static int place_adapters(struct lora *l, const struct lora_opts *o, char *msg, size_t mlen) {
+    struct model *m = l->m;
+    struct engine *e = m->e;
     const struct lora_target *tab = l->gpt2 ? targets_gpt2 : targets_llama;
-    l->ad = calloc((size_t)m->L * o->n_targets, sizeof *l->ad);
-    l->t = malloc((size_t)l->N * l->r * sizeof *l->t);
-    if (!l->ad || !l->t) goto oom;
+    size_t off = 0;
     for (int layer = 0; layer < m->L; layer++) {
-        /* in table order, so that the adapters of a site are in column order */
         for (const struct lora_target *tg = tab; tg->spec; tg++) {
             int want = 0;
             for (int k = 0; k < o->n_targets; k++)
@@ -172,10 +209,8 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
                      l->gpt2 ? "transformer.h" : "model.layers", layer, tg->module);
             a->tensor = engine_tensor_find(e, a->base);
             if (a->tensor < 0) {
-                snprintf(msg, sizeof msg, "train.lora: tensor %s is not in the model", a->base);
-                refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
-                lora_free(l);
-                return NULL;
+                snprintf(msg, mlen, "train.lora: tensor %s is not in the model", a->base);
+                return -1;
             }
             const struct model_tensor *t = &e->layout.t[a->tensor];
             a->in = l->site_in[tg->site];
@@ -188,29 +223,125 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
                 a->col = (int)((t->rank_offset - e->layout.t[first].rank_offset) / (int64_t)a->in);
             }
             if (t->shape[1] != a->in || a->col + a->out > l->site_w[tg->site]) {
-                snprintf(msg, sizeof msg, "train.lora: %s has shape [%lld, %lld], expected in=%d",
+                snprintf(msg, mlen, "train.lora: %s has shape [%lld, %lld], expected in=%d",
                          a->base, (long long)t->shape[0], (long long)t->shape[1], a->in);
-                refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
-                lora_free(l);
-                return NULL;
+                return -1;
             }
-            size_t na = (size_t)l->r * a->in, nb = (size_t)a->out * l->r;
-            a->A = malloc(na * sizeof(float));
-            a->B = calloc(nb, sizeof(float));
-            a->dA = calloc(na, sizeof(float));
-            a->dB = calloc(nb, sizeof(float));
-            a->mA = calloc(na, sizeof(float));
-            a->vA = calloc(na, sizeof(float));
-            a->mB = calloc(nb, sizeof(float));
-            a->vB = calloc(nb, sizeof(float));
-            a->ax = calloc((size_t)l->N * l->r, sizeof(float));
+            a->offA = off;
+            off = align_up(off + (size_t)l->r * a->in);
+            a->offB = off;
+            off = align_up(off + (size_t)a->out * l->r);
+            a->key = name_hash(0xcbf29ce484222325ull, a->base);
             l->n++;
-            if (!a->A || !a->B || !a->dA || !a->dB || !a->mA || !a->vA || !a->mB || !a->vB ||
-                !a->ax)
-                goto oom;
-            fill_uniform(a->A, na, o->seed, a->base, 1.0 / sqrt((double)a->in));
         }
     }
+    l->total = off;
+    return 0;
+}
+
+/* The optimizer state of [off, off + n) of the arena, master from p. */
+static int alloc_opt(struct lora *l, size_t off, size_t n) {
+    struct backend *b = l->m->e->be;
+    size_t bytes = (n ? n : 1) * sizeof(float);
+    l->sh_off = off;
+    l->sh_n = n;
+    l->mom_m = lalloc(l, 2, bytes);
+    l->mom_v = lalloc(l, 2, bytes);
+    if (b->dtype == BACKEND_F32) {
+        l->master = (float *)backend_at(b, l->p, off);
+        l->master_aliased = 1;
+    } else {
+        l->master = lalloc(l, 2, bytes);
+        if (l->master) b->to_f32(b->ctx, l->master, backend_at(b, l->p, off), n);
+    }
+    if (!l->mom_m || !l->mom_v || !l->master) return -1;
+    b->zero(b->ctx, l->mom_m, bytes);
+    b->zero(b->ctx, l->mom_v, bytes);
+    return 0;
+}
+
+/* A from its stream, B = 0, into p (and the master where it has one). */
+static int init_values(struct lora *l, uint64_t seed) {
+    float *h = calloc(l->total ? l->total : 1, sizeof *h);
+    if (!h) return -1;
+    for (int i = 0; i < l->n; i++) {
+        const struct lora_ad *a = &l->ad[i];
+        fill_uniform(h + a->offA, (size_t)l->r * a->in, seed, a->base, 1.0 / sqrt((double)a->in));
+    }
+    int rc = lora_set_values(l, h);
+    free(h);
+    return rc;
+}
+
+struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **code, char *err,
+                      size_t errlen) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    char msg[512];
+    if (unsupported(e, o, msg, sizeof msg)) {
+        refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
+        return NULL;
+    }
+    struct lora *l = calloc(1, sizeof *l);
+    if (!l) goto oom;
+    l->m = m;
+    l->r = o->rank;
+    l->N = m->B * m->T;
+    l->alpha = o->alpha;
+    l->scale = o->alpha / o->rank;
+    l->dropout = o->dropout;
+    l->seed = o->seed;
+    l->gpt2 = e->cfg.family == MODEL_GPT2;
+    int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, AC = m->NH * m->HD;
+    l->site_w[LORA_SITE_QKV] = m->QKV;
+    l->site_in[LORA_SITE_QKV] = m->C;
+    l->site_w[LORA_SITE_O] = m->C;
+    l->site_in[LORA_SITE_O] = AC;
+    l->site_w[LORA_SITE_FC] = m->F * (swiglu ? 2 : 1);
+    l->site_in[LORA_SITE_FC] = m->C;
+    l->site_w[LORA_SITE_DOWN] = m->C;
+    l->site_in[LORA_SITE_DOWN] = m->F;
+    l->ad = calloc((size_t)m->L * o->n_targets, sizeof *l->ad);
+    if (!l->ad) goto oom;
+    if (place_adapters(l, o, msg, sizeof msg) != 0) {
+        lora_free(l);
+        refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
+        return NULL;
+    }
+    int wmax = 0, imax = 0;
+    for (int s = 0; s < LORA_NSITES; s++) {
+        if (l->site_w[s] > wmax) wmax = l->site_w[s];
+        if (l->site_in[s] > imax) imax = l->site_in[s];
+    }
+    size_t es = b->elt_size, N = (size_t)l->N;
+    l->p = lalloc(l, 0, l->total * es);
+    l->g = lalloc(l, 1, l->total * es);
+    l->tmp = lalloc(l, 3, N * wmax * es);
+    l->dax = lalloc(l, 3, N * l->r * es);
+    l->acc = lalloc(l, 2, sizeof(float));
+    if (!l->p || !l->g || !l->tmp || !l->dax || !l->acc) goto oom;
+    if (l->dropout > 0) {
+        l->xd = lalloc(l, 3, N * imax * es);
+        l->yd = lalloc(l, 3, N * imax * es);
+        if (!l->xd || !l->yd) goto oom;
+    }
+    for (int i = 0; i < l->n; i++) {
+        l->ad[i].u = lalloc(l, 3, N * l->r * es);
+        if (!l->ad[i].u) goto oom;
+    }
+    b->zero(b->ctx, l->p, l->total * es);
+    b->zero(b->ctx, l->g, l->total * es);
+    /* ZeRO over the adapter state: this rank's shard of the arena */
+    l->dp = o->dp;
+    int P = l->dp ? comm_size(l->dp) : 1;
+    l->zero = P > 1 ? o->zero_stage : 0;
+    size_t off = 0, cnt = l->total;
+    if (l->zero >= 1) {
+        comm_shard_range(l->total, P, comm_rank(l->dp), &off, &cnt);
+        l->gsh = lalloc(l, 1, cnt * es);
+        if (!l->gsh) goto oom;
+    }
+    if (alloc_opt(l, off, cnt) != 0 || init_values(l, o->seed) != 0) goto oom;
     return l;
 oom:
     lora_free(l);
@@ -218,174 +349,195 @@ oom:
     return NULL;
 }
 
-void lora_fwd(struct lora *l, int layer, enum lora_site site, float *out, const float *inp) {
+int lora_set_values(struct lora *l, const float *h) {
+    struct backend *b = l->m->e->be;
+    size_t n = l->total;
+    if (b->dtype == BACKEND_F32) { /* p is the master */
+        b->upload(b->ctx, l->p, h, n * sizeof(float));
+        return 0;
+    }
+    float *f = b->alloc(b->ctx, (n ? n : 1) * sizeof(float));
+    if (!f) return -1;
+    b->upload(b->ctx, f, h, n * sizeof(float));
+    b->from_f32(b->ctx, l->p, f, n);
+    if (l->master) b->copy(b->ctx, l->master, f + l->sh_off, l->sh_n * sizeof(float));
+    b->sync(b->ctx);
+    b->free(b->ctx, f);
+    return 0;
+}
+
+/* The arena as fp32 on the host (h[total]): the fp32 master where it holds
+ * the whole arena, else the compute-dtype values. */
+static int get_values(struct lora *l, float *h) {
+    struct backend *b = l->m->e->be;
+    size_t n = l->total;
+    if (l->master && l->sh_n == n) {
+        b->download(b->ctx, h, l->master, n * sizeof(float));
+        return 0;
+    }
+    if (b->dtype == BACKEND_F32) {
+        b->download(b->ctx, h, l->p, n * sizeof(float));
+        return 0;
+    }
+    float *f = b->alloc(b->ctx, (n ? n : 1) * sizeof(float));
+    if (!f) return -1;
+    b->to_f32(b->ctx, f, l->p, n);
+    b->download(b->ctx, h, f, n * sizeof(float));
+    b->free(b->ctx, f);
+    return 0;
+}
+
+void lora_begin_micro(struct lora *l, int64_t step, int64_t micro) {
+    l->step = step;
+    l->micro = micro;
+}
+
+void lora_set_training(struct lora *l, int training) {
+    l->training = training;
+}
+
+/* The dropout seed of adapter a in the current micro-step. */
+static uint64_t drop_seed(const struct lora *l, const struct lora_ad *a) {
+    uint64_t s = l->seed ^ 0x6c6f72612d64726full; /* "lora-dro" */
+    s ^= a->key;
+    s = splitmix(&s) ^ (uint64_t)l->step;
+    s = splitmix(&s) ^ (uint64_t)l->micro;
+    return splitmix(&s);
+}
+
+static int dropping(const struct lora *l) {
+    return l->dropout > 0 && l->training;
+}
+
+void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const void *inp) {
+    struct backend *b = l->m->e->be;
     int r = l->r, N = l->N, W = l->site_w[site];
-    float s = (float)l->scale;
     for (int i = 0; i < l->n; i++) {
         struct lora_ad *a = &l->ad[i];
         if (a->layer != layer || a->tg->site != site) continue;
-        int in = a->in, on = a->out, col = a->col;
-        const float *A = a->A, *B = a->B;
-        float *ax = a->ax;
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + (size_t)n * in;
-            float *u = ax + (size_t)n * r;
-            for (int j = 0; j < r; j++) {
-                const float *aj = A + (size_t)j * in;
-                float acc = 0;
-                for (int c = 0; c < in; c++)
-                    acc += aj[c] * x[c];
-                u[j] = acc;
-            }
-            float *y = out + (size_t)n * W + col;
-            for (int o = 0; o < on; o++) {
-                const float *bo = B + (size_t)o * r;
-                float acc = 0;
-                for (int j = 0; j < r; j++)
-                    acc += bo[j] * u[j];
-                y[o] += s * acc;
-            }
+        const void *x = inp;
+        if (dropping(l)) {
+            b->dropout(b->ctx, l->xd, inp, (size_t)N * a->in, (float)l->dropout, drop_seed(l, a));
+            x = l->xd;
+        }
+        /* u = scale * A x, kept for the backward */
+        b->matmul_fwd(b->ctx, a->u, x, backend_at(b, l->p, a->offA), NULL, N, a->in, r);
+        b->scale(b->ctx, a->u, (size_t)N * r, (float)l->scale);
+        void *y = backend_at(b, out, (size_t)a->col);
+        if (a->out == W && b->matmul_residual_fwd) { /* the whole width: add in the GEMM */
+            b->matmul_residual_fwd(b->ctx, out, a->u, backend_at(b, l->p, a->offB), NULL, out, N, r,
+                                   W);
+        } else {
+            b->matmul_fwd(b->ctx, l->tmp, a->u, backend_at(b, l->p, a->offB), NULL, N, r, a->out);
+            b->axpy_2d(b->ctx, y, W, l->tmp, a->out, N, a->out, 1.0f, 1);
         }
     }
 }
 
-void lora_bwd(struct lora *l, int layer, enum lora_site site, float *dinp, const float *dout,
-              const float *inp) {
+void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const void *dout,
+              const void *inp) {
+    struct backend *b = l->m->e->be;
     int r = l->r, N = l->N, W = l->site_w[site];
-    float s = (float)l->scale;
-    float *t = l->t;
+    size_t es = b->elt_size;
     for (int i = 0; i < l->n; i++) {
         struct lora_ad *a = &l->ad[i];
         if (a->layer != layer || a->tg->site != site) continue;
-        int in = a->in, on = a->out, col = a->col;
-        const float *A = a->A, *B = a->B, *ax = a->ax;
-        /* t = s * g B, g = dout[:, col:col+on] */
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) {
-            const float *g = dout + (size_t)n * W + col;
-            float *tn = t + (size_t)n * r;
-            for (int j = 0; j < r; j++)
-                tn[j] = 0;
-            for (int o = 0; o < on; o++) {
-                const float *bo = B + (size_t)o * r;
-                for (int j = 0; j < r; j++)
-                    tn[j] += g[o] * bo[j];
-            }
-            for (int j = 0; j < r; j++)
-                tn[j] *= s;
+        /* g: the adapter's columns of dout */
+        const void *g = dout;
+        if (a->out != W) {
+            b->axpy_2d(b->ctx, l->tmp, a->out, backend_at(b, dout, (size_t)a->col), W, N, a->out,
+                       1.0f, 0);
+            g = l->tmp;
         }
-        /* dB[o, j] += s * sum_n g[n, o] ax[n, j] */
-#pragma omp parallel for schedule(static)
-        for (int o = 0; o < on; o++) {
-            float *db = a->dB + (size_t)o * r;
-            for (int n = 0; n < N; n++) {
-                float g = s * dout[(size_t)n * W + col + o];
-                const float *u = ax + (size_t)n * r;
-                for (int j = 0; j < r; j++)
-                    db[j] += g * u[j];
-            }
+        /* d u = g B, dB += g^T u; then d(A x) = scale * d u */
+        b->zero(b->ctx, l->dax, (size_t)N * r * es);
+        b->matmul_bwd(b->ctx, l->dax, backend_at(b, l->g, a->offB), NULL, g, a->u,
+                      backend_at(b, l->p, a->offB), N, r, a->out);
+        b->scale(b->ctx, l->dax, (size_t)N * r, (float)l->scale);
+        void *dA = backend_at(b, l->g, a->offA);
+        const void *A = backend_at(b, l->p, a->offA);
+        if (!dropping(l)) {
+            b->matmul_bwd(b->ctx, dinp, dA, NULL, l->dax, inp, A, N, a->in, r);
+            continue;
         }
-        /* dA[j, c] += sum_n t[n, j] inp[n, c] */
-#pragma omp parallel for schedule(static)
-        for (int j = 0; j < r; j++) {
-            float *da = a->dA + (size_t)j * in;
-            for (int n = 0; n < N; n++) {
-                float tj = t[(size_t)n * r + j];
-                const float *x = inp + (size_t)n * in;
-                for (int c = 0; c < in; c++)
-                    da[c] += tj * x[c];
-            }
-        }
-        /* dinp[n, c] += sum_j t[n, j] A[j, c] */
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) {
-            float *dx = dinp + (size_t)n * in;
-            const float *tn = t + (size_t)n * r;
-            for (int j = 0; j < r; j++) {
-                const float *aj = A + (size_t)j * in;
-                for (int c = 0; c < in; c++)
-                    dx[c] += tn[j] * aj[c];
-            }
-        }
+        /* dropout: the forward's mask again, on the input and on its gradient */
+        uint64_t ds = drop_seed(l, a);
+        size_t n = (size_t)N * a->in;
+        b->dropout(b->ctx, l->xd, inp, n, (float)l->dropout, ds);
+        b->zero(b->ctx, l->yd, n * es);
+        b->matmul_bwd(b->ctx, l->yd, dA, NULL, l->dax, l->xd, A, N, a->in, r);
+        b->dropout(b->ctx, l->yd, l->yd, n, (float)l->dropout, ds);
+        b->accumulate(b->ctx, dinp, l->yd, n);
     }
-}
-
-int lora_grad_sync(struct lora *l) {
-    struct engine *e = l->m->e;
-    if (e->dp == 1 || !e->hooks.allreduce_sum) return 0;
-    size_t n = 0;
-    for (int i = 0; i < l->n; i++)
-        n += (size_t)l->r * (l->ad[i].in + l->ad[i].out);
-    /* the comm layer's host all-reduce takes doubles: the adapters are small */
-    double *buf = malloc((n ? n : 1) * sizeof *buf);
-    if (!buf) return -1;
-    size_t k = 0;
-    for (int i = 0; i < l->n; i++) {
-        const struct lora_ad *a = &l->ad[i];
-        for (size_t j = 0; j < (size_t)l->r * a->in; j++)
-            buf[k++] = a->dA[j];
-        for (size_t j = 0; j < (size_t)a->out * l->r; j++)
-            buf[k++] = a->dB[j];
-    }
-    int rc = e->hooks.allreduce_sum(e, e->hooks.user, buf, (int)n);
-    k = 0;
-    for (int i = 0; i < l->n && rc == 0; i++) {
-        struct lora_ad *a = &l->ad[i];
-        for (size_t j = 0; j < (size_t)l->r * a->in; j++)
-            a->dA[j] = (float)buf[k++];
-        for (size_t j = 0; j < (size_t)a->out * l->r; j++)
-            a->dB[j] = (float)buf[k++];
-    }
-    free(buf);
-    return rc;
 }
 
 void lora_zero_grads(struct lora *l) {
-    for (int i = 0; i < l->n; i++) {
-        struct lora_ad *a = &l->ad[i];
-        memset(a->dA, 0, (size_t)l->r * a->in * sizeof(float));
-        memset(a->dB, 0, (size_t)a->out * l->r * sizeof(float));
-    }
+    struct backend *b = l->m->e->be;
+    b->zero(b->ctx, l->g, l->total * b->elt_size);
+}
+
+static enum comm_dtype cdtype(const struct backend *b) {
+    return b->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
+}
+
+int lora_grad_sync(struct lora *l) {
+    struct backend *b = l->m->e->be;
+    if (!l->dp || comm_size(l->dp) == 1) return 0;
+    b->sync(b->ctx); /* the backward is done before the comm reads the gradients */
+    int rc = l->zero >= 1
+                 ? comm_reduce_scatter(l->dp, l->g, l->gsh, l->total, cdtype(b), COMM_SUM, NULL)
+                 : comm_allreduce(l->dp, l->g, l->total, cdtype(b), COMM_SUM, NULL);
+    if (rc != 0) log_error("lora: gradient sync over dp failed: %s", comm_error(l->dp));
+    return rc;
+}
+
+/* The gradient of this rank's shard. */
+static const void *shard_grad(const struct lora *l) {
+    struct backend *b = l->m->e->be;
+    return l->zero >= 1 ? l->gsh : backend_at(b, l->g, l->sh_off);
 }
 
 double lora_grad_norm_sq(const struct lora *l) {
-    double s = 0;
-    for (int i = 0; i < l->n; i++) {
-        const struct lora_ad *a = &l->ad[i];
-        size_t na = (size_t)l->r * a->in, nb = (size_t)a->out * l->r;
-        for (size_t k = 0; k < na; k++)
-            s += (double)a->dA[k] * a->dA[k];
-        for (size_t k = 0; k < nb; k++)
-            s += (double)a->dB[k] * a->dB[k];
-    }
+    struct engine *e = l->m->e;
+    struct backend *b = e->be;
+    float h = 0;
+    b->zero(b->ctx, l->acc, sizeof(float));
+    b->sumsq(b->ctx, l->acc, shard_grad(l), l->sh_n);
+    b->download(b->ctx, &h, l->acc, sizeof h);
+    double s = h;
+    if (l->zero >= 1 && e->hooks.allreduce_sum) e->hooks.allreduce_sum(e, e->hooks.user, &s, 1);
     return s;
 }
 
-/* The cpu backend's AdamW formula (fp32), with the adapter as its own master. */
-static void adamw(float *w, const float *grad, float *m, float *v, size_t n,
-                  const struct optim_cfg *c, double lr, double gs, int64_t step) {
-    float b1 = (float)c->beta1, b2 = (float)c->beta2;
-    float c1 = 1.0f - powf(b1, (float)step), c2 = 1.0f - powf(b2, (float)step);
-    float flr = (float)lr, eps = (float)c->eps, wd = (float)c->weight_decay, fgs = (float)gs;
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * fgs;
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mh = mi / c1, vh = vi / c2;
-        w[i] -= flr * (mh / (sqrtf(vh) + eps) + wd * w[i]);
-    }
+int lora_adamw(struct lora *l, const struct optim_cfg *c, double lr, double grad_scale,
+               int64_t step) {
+    struct backend *b = l->m->e->be;
+    struct backend_adamw a = {.param = backend_at(b, l->p, l->sh_off),
+                              .master = l->master,
+                              .grad = shard_grad(l),
+                              .m = l->mom_m,
+                              .v = l->mom_v,
+                              .n = l->sh_n,
+                              .lr = (float)lr,
+                              .beta1 = (float)c->beta1,
+                              .beta2 = (float)c->beta2,
+                              .eps = (float)c->eps,
+                              .weight_decay = (float)c->weight_decay,
+                              .grad_scale = (float)grad_scale,
+                              .step = (int)step};
+    b->adamw(b->ctx, &a);
+    if (l->zero < 1) return 0;
+    b->sync(b->ctx);
+    int rc =
+        comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total, cdtype(b), NULL);
+    if (rc != 0) log_error("lora: parameter all-gather over dp failed: %s", comm_error(l->dp));
+    return rc;
 }
 
-void lora_adamw(struct lora *l, const struct optim_cfg *c, double lr, double grad_scale,
-                int64_t step) {
-    for (int i = 0; i < l->n; i++) {
-        struct lora_ad *a = &l->ad[i];
-        adamw(a->A, a->dA, a->mA, a->vA, (size_t)l->r * a->in, c, lr, grad_scale, step);
-        adamw(a->B, a->dB, a->mB, a->vB, (size_t)a->out * l->r, c, lr, grad_scale, step);
-    }
+int lora_site_used(const struct lora *l, int layer, enum lora_site site) {
+    for (int i = 0; i < l->n; i++)
+        if (l->ad[i].layer == layer && l->ad[i].tg->site == site) return 1;
+    return 0;
 }
 
 int lora_count(const struct lora *l) {
@@ -400,17 +552,103 @@ double lora_scale(const struct lora *l) {
     return l->scale;
 }
 
+size_t lora_numel(const struct lora *l) {
+    size_t n = 0;
+    for (int i = 0; i < l->n; i++)
+        n += (size_t)l->r * (l->ad[i].in + l->ad[i].out);
+    return n;
+}
+
 void lora_view(const struct lora *l, int i, struct lora_view *v) {
     const struct lora_ad *a = &l->ad[i];
+    struct backend *b = l->m->e->be;
     *v = (struct lora_view){.base = a->base,
                             .layer = a->layer,
                             .in = a->in,
                             .out = a->out,
-                            .A = a->A,
-                            .B = a->B,
-                            .dA = a->dA,
-                            .dB = a->dB};
+                            .A = backend_at(b, l->p, a->offA),
+                            .B = backend_at(b, l->p, a->offB),
+                            .dA = backend_at(b, l->g, a->offA),
+                            .dB = backend_at(b, l->g, a->offB)};
 }
+
+/* ---- checkpoints: this rank's optimizer shard of the arena ---- */
+
+int lora_ckpt_add(struct lora *l, struct ckpt_writer *cw) {
+    struct backend *b = l->m->e->be;
+    size_t n = l->sh_n;
+    /* the writer reads the arrays until ckpt_commit: kept until the next
+     * checkpoint or lora_free */
+    free(l->ckpt_h);
+    float *h = l->ckpt_h = malloc((n ? n : 1) * 3 * sizeof *h);
+    if (!h) return -1;
+    b->download(b->ctx, h, l->master, n * sizeof(float));
+    b->download(b->ctx, h + n, l->mom_m, n * sizeof(float));
+    b->download(b->ctx, h + 2 * n, l->mom_v, n * sizeof(float));
+    int rc = ckpt_add_f32(cw, "lora_master", h, n) != 0 ||
+                     ckpt_add_f32(cw, "lora_adam_m", h + n, n) != 0 ||
+                     ckpt_add_f32(cw, "lora_adam_v", h + 2 * n, n) != 0
+                 ? -1
+                 : 0;
+    return rc;
+}
+
+json_t *lora_ckpt_meta(const struct lora *l) {
+    return json_pack("{s:I, s:I, s:I, s:i, s:i, s:f}", "total", (json_int_t)l->total, "offset",
+                     (json_int_t)l->sh_off, "count", (json_int_t)l->sh_n, "zero_stage", l->zero,
+                     "rank", l->r, "alpha", l->alpha);
+}
+
+int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t errlen) {
+    struct backend *b = l->m->e->be;
+    struct ckpt_reader *r = NULL;
+    int rc = -1;
+    size_t n = l->sh_n;
+    float *h = malloc((n ? n : 1) * 3 * sizeof *h);
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (ckpt_open(dir, rank, &r, err, errlen) != 0) goto out;
+    const json_t *meta = json_object_get(ckpt_rank_meta(r), "lora");
+    json_int_t total = json_integer_value(json_object_get(meta, "total"));
+    json_int_t off = json_integer_value(json_object_get(meta, "offset"));
+    json_int_t cnt = json_integer_value(json_object_get(meta, "count"));
+    if (!meta || (size_t)total != l->total || (size_t)off != l->sh_off || (size_t)cnt != n) {
+        snprintf(err, errlen,
+                 "%s holds LoRA adapter state total=%lld offset=%lld count=%lld for rank %d, but "
+                 "this run's adapters have total=%zu offset=%zu count=%zu (resume with the same "
+                 "train.lora, dp and zero_stage)",
+                 dir, (long long)total, (long long)off, (long long)cnt, rank, l->total, l->sh_off,
+                 n);
+        goto out;
+    }
+    if (ckpt_read_f32(r, "lora_master", h, n, err, errlen) != 0 ||
+        ckpt_read_f32(r, "lora_adam_m", h + n, n, err, errlen) != 0 ||
+        ckpt_read_f32(r, "lora_adam_v", h + 2 * n, n, err, errlen) != 0)
+        goto out;
+    b->upload(b->ctx, l->mom_m, h + n, n * sizeof(float));
+    b->upload(b->ctx, l->mom_v, h + 2 * n, n * sizeof(float));
+    if (l->master_aliased) {
+        b->upload(b->ctx, l->master, h, n * sizeof(float));
+    } else {
+        b->upload(b->ctx, l->master, h, n * sizeof(float));
+        b->from_f32(b->ctx, backend_at(b, l->p, l->sh_off), l->master, n);
+    }
+    b->sync(b->ctx);
+    if (l->zero >= 1 && comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total,
+                                        cdtype(b), NULL) != 0) {
+        snprintf(err, errlen, "all-gather of the adapters failed: %s", comm_error(l->dp));
+        goto out;
+    }
+    rc = 0;
+out:
+    ckpt_close(r);
+    free(h);
+    return rc;
+}
+
+/* ---- PEFT ---- */
 
 /* "base_model.model.<module>.lora_X.weight" from the base weight's name. */
 static void peft_name(char *dst, size_t n, const char *base, const char *which) {
@@ -419,14 +657,15 @@ static void peft_name(char *dst, size_t n, const char *base, const char *which) 
     snprintf(dst, n, "base_model.model.%.*s.%s.weight", cut, base, which);
 }
 
-int lora_export_peft(const struct lora *l, const char *dir, const char *base_name, char *err,
+int lora_export_peft(struct lora *l, const char *dir, const char *base_name, char *err,
                      size_t errlen) {
     int rc = -1;
     char path[1200];
     struct st_tensor *ts = calloc((size_t)l->n * 2 + 1, sizeof *ts);
     char(*names)[MODEL_TENSOR_MAX + 48] = calloc((size_t)l->n * 2 + 1, sizeof *names);
+    float *h = malloc((l->total ? l->total : 1) * sizeof *h);
     json_t *cfg = NULL, *mods = NULL;
-    if (!ts || !names) {
+    if (!ts || !names || !h || get_values(l, h) != 0) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
@@ -443,13 +682,13 @@ int lora_export_peft(const struct lora *l, const char *dir, const char *base_nam
                                        .src_dtype = ST_F32,
                                        .ndim = 2,
                                        .shape = {l->r, a->in},
-                                       .data = a->A};
+                                       .data = h + a->offA};
         ts[2 * i + 1] = (struct st_tensor){.name = names[2 * i + 1],
                                            .dtype = ST_F32,
                                            .src_dtype = ST_F32,
                                            .ndim = 2,
                                            .shape = {a->out, l->r},
-                                           .data = a->B};
+                                           .data = h + a->offB};
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     if (st_write(path, ts, (size_t)l->n * 2, NULL, NULL, NULL, err, errlen) != 0) goto out;
@@ -461,11 +700,11 @@ int lora_export_peft(const struct lora *l, const char *dir, const char *base_nam
                 json_array_append_new(mods, json_string(tg->peft));
                 break;
             }
-    cfg =
-        json_pack("{s:s, s:s, s:i, s:f, s:f, s:o, s:s, s:s, s:b, s:b, s:b}", "peft_type", "LORA",
-                  "task_type", "CAUSAL_LM", "r", l->r, "lora_alpha", l->alpha, "lora_dropout", 0.0,
-                  "target_modules", mods, "base_model_name_or_path", base_name ? base_name : "",
-                  "bias", "none", "fan_in_fan_out", l->gpt2, "inference_mode", 1, "use_rslora", 0);
+    cfg = json_pack("{s:s, s:s, s:i, s:f, s:f, s:o, s:s, s:s, s:b, s:b, s:b}", "peft_type", "LORA",
+                    "task_type", "CAUSAL_LM", "r", l->r, "lora_alpha", l->alpha, "lora_dropout",
+                    (double)l->dropout, "target_modules", mods, "base_model_name_or_path",
+                    base_name ? base_name : "", "bias", "none", "fan_in_fan_out", l->gpt2,
+                    "inference_mode", 1, "use_rslora", 0);
     mods = NULL; /* cfg's */
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     if (!cfg || json_dump_file(cfg, path, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) != 0) {
@@ -478,6 +717,76 @@ out:
     json_decref(mods);
     free(ts);
     free(names);
+    free(h);
+    return rc;
+}
+
+/* One PEFT tensor by name into h (fp32), shape-checked. */
+static int peft_tensor(const char *path, struct st_file *sf, const char *name, int64_t d0,
+                       int64_t d1, float *h, char *err, size_t errlen) {
+    const struct st_info *t = st_find(sf, name);
+    if (!t) {
+        snprintf(err, errlen, "%s has no tensor %s", path, name);
+        return -1;
+    }
+    if (t->ndim != 2 || t->shape[0] != d0 || t->shape[1] != d1) {
+        snprintf(err, errlen, "%s: %s has shape [%lld, %lld], expected [%lld, %lld]", path, name,
+                 t->ndim > 0 ? (long long)t->shape[0] : -1LL,
+                 t->ndim > 1 ? (long long)t->shape[1] : -1LL, (long long)d0, (long long)d1);
+        return -1;
+    }
+    return st_read(sf, name, ST_F32, h, (size_t)(d0 * d1) * sizeof(float), err, errlen);
+}
+
+int lora_load_peft(struct lora *l, const char *dir, char *err, size_t errlen) {
+    char path[1200];
+    int rc = -1;
+    json_error_t je;
+    struct st_file *sf = NULL;
+    float *h = calloc(l->total ? l->total : 1, sizeof *h);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    json_t *cfg = json_load_file(path, 0, &je);
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    if (!cfg) {
+        snprintf(err, errlen, "cannot read %s: %s", path, je.text);
+        goto out;
+    }
+    json_int_t r = json_integer_value(json_object_get(cfg, "r"));
+    double alpha = json_number_value(json_object_get(cfg, "lora_alpha"));
+    const char *pt = json_string_value(json_object_get(cfg, "peft_type"));
+    if (!pt || strcmp(pt, "LORA") != 0 || r != l->r || fabs(alpha - l->alpha) > 1e-9 * l->alpha ||
+        json_is_true(json_object_get(cfg, "use_rslora"))) {
+        snprintf(err, errlen,
+                 "%s: peft_type=%s r=%lld lora_alpha=%g use_rslora=%s, but train.lora has rank=%d "
+                 "alpha=%g (a LORA adapter of the same rank and alpha, without rslora, is needed)",
+                 path, pt ? pt : "(none)", (long long)r, alpha,
+                 json_is_true(json_object_get(cfg, "use_rslora")) ? "true" : "false", l->r,
+                 l->alpha);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    if (st_open(path, &sf, err, errlen) != 0) goto out;
+    for (int i = 0; i < l->n; i++) {
+        const struct lora_ad *a = &l->ad[i];
+        char na[MODEL_TENSOR_MAX + 48], nb[MODEL_TENSOR_MAX + 48];
+        peft_name(na, sizeof na, a->base, "lora_A");
+        peft_name(nb, sizeof nb, a->base, "lora_B");
+        if (peft_tensor(path, sf, na, l->r, a->in, h + a->offA, err, errlen) != 0 ||
+            peft_tensor(path, sf, nb, a->out, l->r, h + a->offB, err, errlen) != 0)
+            goto out;
+    }
+    if (lora_set_values(l, h) != 0) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    st_close(sf);
+    json_decref(cfg);
+    free(h);
     return rc;
 }
 
@@ -490,17 +799,19 @@ int lora_merge(struct lora *l) {
         if (n > maxn) maxn = n;
     }
     float *w = malloc(maxn * sizeof *w);
-    if (!w) return -1;
+    float *h = malloc((l->total ? l->total : 1) * sizeof *h);
+    if (!w || !h || get_values(l, h) != 0) goto out;
     for (int i = 0; i < l->n; i++) {
         const struct lora_ad *a = &l->ad[i];
         const struct model_tensor *t = &e->layout.t[a->tensor];
+        const float *A = h + a->offA, *B = h + a->offB;
         size_t off = (size_t)t->rank_offset, n = (size_t)a->out * a->in;
         engine_opt_read(e, ENGINE_OPT_MASTER, w, off - e->shard_off, n);
         for (int o = 0; o < a->out; o++)
             for (int c = 0; c < a->in; c++) {
                 double acc = 0;
                 for (int j = 0; j < l->r; j++)
-                    acc += (double)a->B[(size_t)o * l->r + j] * a->A[(size_t)j * a->in + c];
+                    acc += (double)B[(size_t)o * l->r + j] * A[(size_t)j * a->in + c];
                 w[(size_t)o * a->in + c] += (float)(l->scale * acc);
             }
         if (engine_params_from_host(e, off, w, n) != 0) goto out;
@@ -508,5 +819,6 @@ int lora_merge(struct lora *l) {
     rc = 0;
 out:
     free(w);
+    free(h);
     return rc;
 }

@@ -142,12 +142,31 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen) 
 struct data_src {
     struct data_loader *dl;
     int dp_rank;
+    /* train.packing "document": documents end at eos; starts[B*T] (owned by the train
+     * source, shared with val) tells the backend where each row's document starts */
+    struct backend *be;
+    int32_t *starts;
+    int64_t eos;
+    int B, T;
 };
 
 static int data_batch(void *user, int64_t step, int micro, int32_t *in, int32_t *tg, char *err,
                       size_t errlen) {
     struct data_src *d = user;
-    return data_loader_batch(d->dl, step, micro, d->dp_rank, in, tg, err, errlen);
+    int rc = data_loader_batch(d->dl, step, micro, d->dp_rank, in, tg, err, errlen);
+    if (rc != 0 || !d->starts) return rc;
+    /* a document starts at a row's first position and after every EOS */
+    for (int b = 0; b < d->B; b++)
+        for (int t = 0; t < d->T; t++) {
+            size_t r = (size_t)b * d->T + t;
+            d->starts[r] = t == 0 ? 0 : in[r - 1] == d->eos ? t : d->starts[r - 1];
+        }
+    d->be->set_doc_starts(d->be->ctx, d->starts, d->B * d->T);
+    return 0;
+}
+
+static int64_t data_step_loss_tokens(void *user, int64_t step) {
+    return data_loader_step_loss_tokens(((struct data_src *)user)->dl, step);
 }
 
 struct worker {
@@ -157,10 +176,11 @@ struct worker {
     struct engine *e;
     struct model *m;
     struct data_loader *train_dl, *val_dl;
-    struct zero *z;     /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
-    struct hf_spec hfs; /* model.init_from / export.hf (worker/hf_spec.h) */
-    struct par *par;    /* tp / pp > 1 (worker/par.h) */
-    struct lora *lora;  /* train.lora (worker/lora.h) */
+    struct zero *z;       /* DP/ZeRO and the comm layer when world > 1 (worker/zero.h) */
+    struct hf_spec hfs;   /* model.init_from / export.hf (worker/hf_spec.h) */
+    struct par *par;      /* tp / pp > 1 (worker/par.h) */
+    struct lora *lora;    /* train.lora (worker/lora.h) */
+    char lora_init[1024]; /* model.init_from named a PEFT adapter: its directory */
     char ckpt_path[1024];
     char err[1024];
 };
@@ -170,11 +190,50 @@ static int barrier_none(void *ctx) {
     return 0;
 }
 
+/* train.lora: the frozen base is rebuilt from model.init_from / the seed on
+ * every attempt, so a checkpoint holds the adapter state only. */
+static int save_lora_checkpoint(struct worker *w, int64_t done) {
+    struct engine *e = w->e;
+    struct ckpt_writer *cw = NULL;
+    json_t *man = NULL;
+    struct ckpt_opts co = {.out_dir = w->o.out,
+                           .rank = e->rank,
+                           .world = e->world,
+                           .barrier = w->z ? zero_barrier : barrier_none,
+                           .barrier_ctx = w->z,
+                           .keep = w->spec.checkpoint.keep};
+    if (ckpt_begin(&co, done, &cw, w->err, sizeof w->err) != 0) return -1;
+    if (lora_ckpt_add(w->lora, cw) != 0) {
+        ckpt_abort(cw);
+        return -1;
+    }
+    ckpt_set_rank_meta(cw, json_pack("{s:i, s:i, s:i, s:o}", "dp", e->dp_idx, "tp", e->tp_idx, "pp",
+                                     e->pp_idx, "lora", lora_ckpt_meta(w->lora)));
+    struct data_position pos;
+    data_loader_position(w->train_dl, done, &pos);
+    man = json_pack("{s:o, s:o, s:{s:s}, s:{s:i, s:i, s:i, s:i}, s:{s:I}, s:s}", "spec",
+                    jobspec_to_json(&w->spec), "data", data_position_to_json(&pos), "rng", "seed",
+                    "derived from train.seed; LoRA dropout masks from (seed, adapter, step, "
+                    "micro-step)",
+                    "layout", "dp", e->dp, "tp", e->tp, "pp", e->pp, "zero_stage",
+                    w->spec.parallel.zero_stage, "train", "step", (json_int_t)done, "contents",
+                    "lora");
+    int rc = ckpt_commit(cw, man, w->ckpt_path, sizeof w->ckpt_path, w->err, sizeof w->err);
+    if (rc == 0)
+        hf_cli_emit(json_pack("{s:s, s:I, s:s}", "type", "checkpoint", "step", (json_int_t)done,
+                              "path", w->ckpt_path));
+    else
+        log_error("checkpoint at step %lld: %s", (long long)done, w->err);
+    json_decref(man);
+    return rc;
+}
+
 static int save_checkpoint(void *user, int64_t done) {
     struct worker *w = user;
     struct engine *e = w->e;
     struct ckpt_writer *cw = NULL;
     int rc = -1;
+    if (w->lora) return save_lora_checkpoint(w, done);
     size_t n = e->shard_n;
     float *master = malloc((n ? n : 1) * sizeof(float));
     float *mom_m = malloc((n ? n : 1) * sizeof(float));
@@ -236,8 +295,17 @@ static int64_t resume(struct worker *w) {
     if (data && data_position_from_json(data, &pos, w->err, sizeof w->err) == 0 &&
         data_loader_check_position(w->train_dl, &pos, w->err, sizeof w->err) != 0)
         log_warn("resuming from %s although the data changed: %s", path, w->err);
+    int is_lora = json_object_get(ckpt_manifest(r), "contents") != NULL;
     ckpt_close(r);
-    if (zero_load_checkpoint(e, path, w->err, sizeof w->err) != 0) return -1;
+    if (!!is_lora != !!w->lora) {
+        snprintf(w->err, sizeof w->err,
+                 "%.700s is a %s checkpoint but this spec %s train.lora: use a new --out", path,
+                 is_lora ? "LoRA adapter" : "full-model", w->lora ? "has" : "has no");
+        return -1;
+    }
+    if (w->lora ? lora_ckpt_load(w->lora, path, e->rank, w->err, sizeof w->err) != 0
+                : zero_load_checkpoint(e, path, w->err, sizeof w->err) != 0)
+        return -1;
     log_info("resumed from %s (step %lld)", path, (long long)step);
     return step;
 }
@@ -328,6 +396,49 @@ static int fail(struct worker *w, int code, const char *ecode, const char *msg) 
     return code;
 }
 
+/* model.init_from naming a PEFT adapter directory (adapter_config.json):
+ * the base is its base_model_name_or_path (an HF directory) and the adapters
+ * continue from it (resume_stage). Rewrites the spec text's init_from to
+ * the base and keeps the adapter directory in w->lora_init. 0, or -1 with a
+ * message in w->err. */
+static int peft_init_redirect(struct worker *w, char **text, size_t *len) {
+    json_error_t je;
+    json_t *j = json_loadb(*text, *len, 0, &je);
+    const char *init = json_string_value(json_object_get(json_object_get(j, "model"), "init_from"));
+    char cfgp[1100];
+    struct stat st;
+    int rc = 0;
+    if (!init || snprintf(cfgp, sizeof cfgp, "%s/adapter_config.json", init) >= (int)sizeof cfgp ||
+        stat(cfgp, &st) != 0)
+        goto out; /* not a PEFT directory (or no spec JSON: the parser reports it) */
+    json_t *cfg = json_load_file(cfgp, 0, &je);
+    const char *base = json_string_value(json_object_get(cfg, "base_model_name_or_path"));
+    if (!base || !*base) {
+        snprintf(w->err, sizeof w->err,
+                 "model.init_from %.300s is a PEFT adapter but %.400s has no "
+                 "base_model_name_or_path (the base model's HF directory)",
+                 init, cfgp);
+        json_decref(cfg);
+        rc = -1;
+        goto out;
+    }
+    snprintf(w->lora_init, sizeof w->lora_init, "%s", init);
+    json_object_set_new(json_object_get(j, "model"), "init_from", json_string(base));
+    json_decref(cfg);
+    char *nt = json_dumps(j, JSON_COMPACT);
+    if (!nt) {
+        snprintf(w->err, sizeof w->err, "out of memory");
+        rc = -1;
+        goto out;
+    }
+    free(*text);
+    *text = nt;
+    *len = strlen(nt);
+out:
+    json_decref(j);
+    return rc;
+}
+
 /* Read and validate the spec; check the device and the world size. */
 static int load_spec(struct run *r) {
     struct worker *w = r->w;
@@ -336,6 +447,10 @@ static int load_spec(struct run *r) {
     size_t len = 0;
     char *text = read_file(o->spec, &len, w->err, sizeof w->err);
     if (!text) return fail(w, LOOM_EXIT_BAD_SPEC, "SPEC_UNREADABLE", NULL);
+    if (peft_init_redirect(w, &text, &len) != 0) {
+        free(text);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_INIT_INVALID", NULL);
+    }
     int prc = hf_spec_prepare(&text, &len, &w->hfs, &le) != 0 ||
               jobspec_parse_text(&w->spec, text, len, 0, &le) != 0;
     free(text);
@@ -395,11 +510,20 @@ static int open_data(struct run *r) {
                                    .grad_accum = (int)w->der.grad_accum,
                                    .seed = s->train.seed,
                                    .shuffle = 1};
+    int64_t eos = -1;
     if (s->train.packing == JOBSPEC_PACK_DOCUMENT) {
-        snprintf(w->err, sizeof w->err,
-                 "train.packing \"document\" (attention kept within documents) is not built "
-                 "yet; use \"concat\" (the default)");
-        return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+        /* attention kept within documents: the backend's segment support, and where
+         * documents end (the EOS id prepare recorded in meta.json beside the shards) */
+        if (!r->be->set_doc_starts || s->parallel.tp > 1 || s->parallel.pp > 1) {
+            snprintf(w->err, sizeof w->err,
+                     "train.packing \"document\" (attention kept within documents) is built on "
+                     "the cpu backend without tp/pp only (device %s, tp %d, pp %d); use "
+                     "\"concat\" (the default)",
+                     r->be->set_doc_starts ? "cpu" : "cuda", s->parallel.tp, s->parallel.pp);
+            return fail(w, LOOM_EXIT_BAD_SPEC, "PACKING_UNSUPPORTED", NULL);
+        }
+        if (data_meta_eos(s->data.train, &eos, w->err, sizeof w->err) != 0)
+            return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
     }
     if (data_loader_open(&dlo, &w->train_dl, w->err, sizeof w->err) != 0) {
         /* Text, jsonl, chat and completion data are tokenized offline (docs/data.md). */
@@ -423,7 +547,14 @@ static int open_data(struct run *r) {
                  s->data.train);
         return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
     }
-    r->train_src = (struct data_src){w->train_dl, 0};
+    r->train_src = (struct data_src){.dl = w->train_dl};
+    if (eos >= 0) {
+        size_t n = (size_t)s->train.micro_batch * (size_t)s->model.seq_len;
+        r->train_src = (struct data_src){
+            w->train_dl,     0, r->be, calloc(n, sizeof(int32_t)), eos, s->train.micro_batch,
+            s->model.seq_len};
+        if (!r->train_src.starts) return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", NULL);
+    }
     if (s->data.val[0]) {
         struct data_loader_opts vo = dlo;
         vo.pattern = s->data.val;
@@ -431,6 +562,7 @@ static int open_data(struct run *r) {
         vo.shuffle = 0;
         if (data_loader_open(&vo, &w->val_dl, w->err, sizeof w->err) != 0)
             return fail(w, LOOM_EXIT_BAD_SPEC, "DATA_INVALID", NULL);
+        r->val_src = r->train_src;
         r->val_src.dl = w->val_dl;
     }
     return 0;
@@ -466,26 +598,40 @@ static int setup_offload(struct run *r) {
     return 0;
 }
 
-/* train.lora: the adapters over the model (refused where unsupported). */
-static int lora_stage(struct run *r) {
+/* train.lora: what is refused before anything is allocated. */
+static int lora_check(struct run *r) {
     struct worker *w = r->w;
     const struct loom_spec *s = &w->spec;
     if (!s->train.lora.enabled) {
         if (w->o.export_lora)
             return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
                         "--export-lora needs train.lora in the spec");
+        if (w->lora_init[0])
+            return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
+                        "model.init_from names a PEFT adapter but the spec has no train.lora");
         return 0;
-    }
-    if (s->parallel.zero_stage > 0 && s->parallel.dp > 1) {
-        snprintf(w->err, sizeof w->err,
-                 "train.lora with dp=%d supports zero_stage 0 only (the adapters are small and "
-                 "replicated); this spec has zero_stage %d",
-                 s->parallel.dp, s->parallel.zero_stage);
-        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
     }
     if (s->train.quantize_base != JOBSPEC_QUANT_NONE)
         return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
                     "train.quantize_base is not supported with train.lora yet");
+    /* before the world is joined, so that a refused rank does not leave the
+     * others waiting at the rendezvous */
+    if (s->parallel.tp != 1 || s->parallel.pp != 1 || s->parallel.zero_stage > 2) {
+        snprintf(w->err, sizeof w->err,
+                 "train.lora supports data parallelism with zero_stage 0-2 (tp=1 pp=1); this "
+                 "spec has tp=%d pp=%d zero_stage=%d",
+                 s->parallel.tp, s->parallel.pp, s->parallel.zero_stage);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    }
+    return 0;
+}
+
+/* train.lora: the adapters over the model, after the world is joined (the
+ * dp communicator carries their gradients); refused where unsupported. */
+static int lora_stage(struct run *r) {
+    struct worker *w = r->w;
+    const struct loom_spec *s = &w->spec;
+    if (!s->train.lora.enabled) return 0;
     const char *tg[JOBSPEC_LORA_TARGETS_MAX];
     for (int i = 0; i < s->train.lora.n_targets; i++)
         tg[i] = s->train.lora.targets[i];
@@ -494,15 +640,17 @@ static int lora_stage(struct run *r) {
                            .dropout = s->train.lora.dropout,
                            .targets = tg,
                            .n_targets = s->train.lora.n_targets,
-                           .seed = (uint64_t)s->train.seed};
+                           .seed = (uint64_t)s->train.seed,
+                           .dp = w->z ? zero_dp_comm(w->z) : NULL,
+                           .zero_stage = s->parallel.zero_stage};
     const char *code = "LORA_UNSUPPORTED";
     w->lora = lora_new(w->m, &lo, &code, w->err, sizeof w->err);
     if (!w->lora)
         return fail(w, strcmp(code, "OUT_OF_MEMORY") == 0 ? LOOM_EXIT_FAILED : LOOM_EXIT_BAD_SPEC,
                     code, NULL);
     w->m->lora = w->lora;
-    log_info("lora: %d adapters of rank %d (scale %g); base weights frozen", lora_count(w->lora),
-             lora_rank(w->lora), lora_scale(w->lora));
+    log_info("lora: %d adapters of rank %d (scale %g, %zu parameters); base weights frozen",
+             lora_count(w->lora), lora_rank(w->lora), lora_scale(w->lora), lora_numel(w->lora));
     return 0;
 }
 
@@ -523,7 +671,11 @@ static int build_engine(struct run *r) {
                               * are sized by ZeRO before the weights exist, so a
                               * sharded rank never holds the whole model */
                              .windows_later = o->world > 1,
-                             .tp_host_sync = !o->tune.comm.tp_stream};
+                             .tp_host_sync = !o->tune.comm.tp_stream,
+                             /* train.lora: the base is frozen (no grads, master, moments) */
+                             .frozen = s->train.lora.enabled};
+    int lc = lora_check(r);
+    if (lc) return lc;
     w->e = engine_new(&s->model, &p, r->be);
     r->be = NULL; /* the engine's now, freed by engine_new on failure too */
     if (!w->e) return LOOM_EXIT_FAILED;
@@ -547,7 +699,7 @@ static int build_engine(struct run *r) {
     if (!w->m)
         return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",
                     "the model could not be built for this layout (see stderr)");
-    return lora_stage(r);
+    return 0;
 }
 
 /* world > 1: join the attempt (DP/ZeRO, then tp/pp); then the optimizer
@@ -581,23 +733,25 @@ static int join_world(struct run *r) {
     /* into the windows, views and master that now exist (world > 1: this
      * rank's share only; the master gets the unrounded fp32 values) */
     if (model_init_params(w->m, s->train.seed) != 0) return LOOM_EXIT_FAILED;
-    return 0;
+    return lora_stage(r);
 }
 
 /* A first attempt starts from model.init_from's weights (an HF directory);
  * a checkpoint in the run directory wins over them (a retried attempt). */
 static int resume_stage(struct run *r) {
     struct loom_error le;
-    if (hf_spec_init(&r->w->hfs, r->w->e, r->w->o.out, &le) != 0)
+    /* a LoRA checkpoint holds the adapters only: the frozen base always
+     * comes from init_from (out_dir NULL: loaded whatever the run dir holds) */
+    if (hf_spec_init(&r->w->hfs, r->w->e, r->w->lora ? NULL : r->w->o.out, &le) != 0)
         return fail(r->w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
     r->start = resume(r->w);
     if (r->start < 0) return fail(r->w, LOOM_EXIT_FAILED, "CHECKPOINT_INVALID", NULL);
-    if (r->start > 0 && r->w->lora) {
-        snprintf(r->w->err, sizeof r->w->err,
-                 "the run directory %s has a checkpoint at step %lld, but train.lora adapters "
-                 "are not checkpointed yet: resuming would restart them; use a new --out",
-                 r->w->o.out, (long long)r->start);
-        return fail(r->w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    /* a PEFT adapter named by model.init_from: the adapters continue from it
+     * (a checkpoint of this run, when there is one, wins) */
+    if (r->start == 0 && r->w->lora && r->w->lora_init[0]) {
+        if (lora_load_peft(r->w->lora, r->w->lora_init, r->w->err, sizeof r->w->err) != 0)
+            return fail(r->w, LOOM_EXIT_BAD_SPEC, "LORA_INIT_INVALID", NULL);
+        log_info("lora: adapters from the PEFT directory %s", r->w->lora_init);
     }
     return 0;
 }
@@ -628,6 +782,10 @@ static void make_train_opts(struct run *r) {
                                    .weight_decay = s->train.weight_decay,
                                    .grad_clip = s->train.grad_clip};
     to->train = (struct train_source){data_batch, &r->train_src};
+    if (data_loader_num_masked(w->train_dl) > 0) { /* mean over the counted targets */
+        to->step_loss_tokens = data_step_loss_tokens;
+        to->step_loss_tokens_user = &r->train_src;
+    }
     if (w->par) par_train_opts(w->par, to);
     if (w->val_dl && s->train.eval_every > 0) {
         to->val = (struct train_source){data_batch, &r->val_src};
@@ -816,7 +974,8 @@ static int run(struct worker *w) {
     int code = 0;
     for (size_t i = 0; i < sizeof stages / sizeof *stages && code == 0; i++)
         code = stages[i](&r);
-    backend_free(r.be); /* NULL once the engine took it */
+    backend_free(r.be);       /* NULL once the engine took it */
+    free(r.train_src.starts); /* val_src shares it; the backend is not used past here */
     return code;
 }
 

@@ -543,8 +543,10 @@ static void block_fwd(struct model *m, int l, const void *x) {
     b->attention_fwd(b->ctx, s->atty, s->lse, s->qkv, B, T, m->NH, m->NKV, m->HD);
     /* projections + residual: one fused call where the backend has it (and
      * no tp all-reduce sits between them) */
-    int fuse = b->matmul_residual_fwd && e->tp == 1 && !m->lora;
-    if (fuse) {
+    int fuse = b->matmul_residual_fwd && e->tp == 1;
+    int fuse_o = fuse && !(m->lora && lora_site_used(m->lora, l, LORA_SITE_O));
+    int fuse_down = fuse && !(m->lora && lora_site_used(m->lora, l, LORA_SITE_DOWN));
+    if (fuse_o) {
         b->matmul_residual_fwd(b->ctx, s->r1, s->atty, P(m, k->aow), row_bias(m, k->aob), x, N,
                                m->NH * m->HD, C);
     } else {
@@ -558,7 +560,7 @@ static void block_fwd(struct model *m, int l, const void *x) {
     b->matmul_fwd(b->ctx, s->fch, s->n2, P(m, k->fcw), P(m, k->fcb), N, C, fcw);
     if (m->lora) lora_fwd(m->lora, l, LORA_SITE_FC, s->fch, s->n2);
     act_fwd(m, s);
-    if (fuse) {
+    if (fuse_down) {
         b->matmul_residual_fwd(b->ctx, s->r2, s->fca, P(m, k->mpw), row_bias(m, k->mpb), s->r1, N,
                                m->F, C);
     } else {
@@ -611,6 +613,7 @@ double model_forward(struct model *m, const int32_t *inputs, const int32_t *targ
     int B = m->B, T = m->T, N = B * T, C = m->C;
     if (m->first) b->upload(b->ctx, m->tokens, inputs, (size_t)N * sizeof(int32_t));
     if (m->last) b->upload(b->ctx, m->targets, targets, (size_t)N * sizeof(int32_t));
+    if (m->lora) lora_set_training(m->lora, grad_scale > 0); /* dropout in training only */
 
     if (m->first) {
         if (e->hooks.layer_pre_forward) e->hooks.layer_pre_forward(e, e->hooks.user, -1);

@@ -59,6 +59,7 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         int64_t cnt = 0;
         int last = micro == o->grad_accum - 1;
         e->micro_last = last; /* gradients added into the shard in it are final */
+        if (m->lora) lora_begin_micro(m->lora, step, micro); /* its dropout masks */
         sums[0] += model_forward(m, inputs, targets, gs, &cnt);
         sums[1] += (double)cnt;
         struct layer_cb cb = {e, last};
@@ -82,14 +83,27 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     /* offload: the shard's gradients start down now (those not already on
      * their way), overlapping the norm */
     if (!m->lora) offload_fetch_grads(e);
-    double norm = sqrt(m->lora ? lora_grad_norm_sq(m->lora) : optim_grad_norm_sq(e));
+    /* Masked data: the mean over the step's counted targets (all micro-steps and ranks),
+     * not over its token count; the gradients are linear in their scale, so the factor is
+     * applied to the norm and the optimizer's grad_scale instead of re-running anything. */
+    double gfac = 1.0;
+    if (o->step_loss_tokens) {
+        int64_t counted = o->step_loss_tokens(o->step_loss_tokens_user, step);
+        if (counted > 0) gfac = (double)o->global_batch_tokens / (double)counted;
+    }
+    double norm = gfac * sqrt(m->lora ? lora_grad_norm_sq(m->lora) : optim_grad_norm_sq(e));
     double lr = optim_lr(&o->optim, step);
     double clip = optim_clip_scale(norm, o->optim.grad_clip);
     double t_opt = clock_mono_msf();
-    if (m->lora)
-        lora_adamw(m->lora, &o->optim, lr, clip, step + 1);
-    else
-        optim_step(e, &o->optim, lr, clip, step + 1);
+    if (m->lora) {
+        if (lora_adamw(m->lora, &o->optim, lr, clip * gfac, step + 1) != 0) {
+            snprintf(err, errlen, "adapter parameter synchronisation failed at step %lld",
+                     (long long)step);
+            return -1;
+        }
+    } else {
+        optim_step(e, &o->optim, lr, clip * gfac, step + 1);
+    }
     /* the loss sums and the stop request travel in one host all-reduce (one
      * round trip per step instead of two), made while the device runs the
      * AdamW just issued: its latency (a staged NCCL call, ~0.1 ms) is hidden

@@ -76,6 +76,13 @@ struct train_opts {
      * bubble); returns a new object or NULL. Called on the rank with out. */
     json_t *(*step_extra)(void *user);
     void *step_extra_user;
+    /* Optional: the targets that count in the loss over the whole of `step` (every
+     * micro-step and dp rank; data_loader_step_loss_tokens). When set and > 0 the step's
+     * loss and gradient are the mean over those tokens: the gradient, accumulated at scale
+     * 1/global_batch_tokens, is rescaled by global_batch_tokens / count before the norm, the
+     * clip and the optimizer. NULL: every token counts (the scale stays 1/global). */
+    int64_t (*step_loss_tokens)(void *user, int64_t step);
+    void *step_loss_tokens_user;
     /* Optional replacement of model_forward for evaluation (no gradients),
      * e.g. a pipelined forward (worker/pp.h); user = micro_user. Returns this
      * rank's loss sum and token count like model_forward. */

@@ -665,6 +665,18 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
     z->counts = calloc((size_t)z->P, sizeof(size_t));
     if (!z->off || !z->cnt || !z->counts) goto nomem;
     pp_stage_range(e, &z->lo, &z->hi);
+    if (e->frozen) { /* LoRA: the base never changes, so none of it travels; the adapters
+                      * synchronise themselves (worker/lora.c) over zero_dp_comm */
+        z->stage = 0;
+        if (engine_set_windows(e, z->lo, z->hi, 0, 0) != 0 ||
+            engine_set_shard(e, z->lo, z->hi - z->lo) != 0) {
+            snprintf(err, errlen, "zero: out of memory for the frozen parameters");
+            zero_free(z);
+            return NULL;
+        }
+        e->hooks = (struct engine_hooks){.user = z, .allreduce_sum = hook_allreduce_sum};
+        return z;
+    }
     for (int i = 0; i < z->P; i++) {
         comm_shard_range(z->hi - z->lo, z->P, i, &z->off[i], &z->cnt[i]);
         z->off[i] += z->lo;
@@ -802,8 +814,8 @@ static void pair_setup(struct zero *z, const struct zero_setup_opts *o,
                        const struct comm_tuning *tu, int timeout_ms) {
     struct engine *e = z->e;
     const struct dp_transport_ops *ops = pair_transport();
-    if (!ops || !e->be->caps.pair_transport || !z->ordered || z->stage != 0 || z->P != 2 ||
-        o->tp != 1 || o->pp != 1 || (tu && !tu->dp_pair))
+    if (!ops || e->frozen || !e->be->caps.pair_transport || !z->ordered || z->stage != 0 ||
+        z->P != 2 || o->tp != 1 || o->pp != 1 || (tu && !tu->dp_pair))
         return;
     /* dp-emb-exchange off (LOOM_DP_EMB_EXCHANGE=0): the token embedding's
      * gradient is summed dense at the tail like the rest of its group */
@@ -885,6 +897,10 @@ int zero_stage(const struct zero *z) {
 
 struct comm *zero_world_comm(struct zero *z) {
     return z->groups.world;
+}
+
+struct comm *zero_dp_comm(struct zero *z) {
+    return z->dp;
 }
 
 int zero_barrier(void *ctx) {

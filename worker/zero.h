@@ -102,6 +102,7 @@ void zero_free(struct zero *z); /* NULL ok; frees the comms zero_setup made */
 
 int zero_stage(const struct zero *z);         /* in effect: at most 1 with one dp rank */
 struct comm *zero_world_comm(struct zero *z); /* NULL unless made by zero_setup */
+struct comm *zero_dp_comm(struct zero *z);    /* the dp communicator */
 /* Barrier over the whole world (ckpt_barrier_fn; ctx = struct zero *). */
 int zero_barrier(void *ctx);
 

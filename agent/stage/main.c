@@ -14,7 +14,16 @@
  * (POST /v1/jobs/{id}/staging with the attempt's token), which records a job
  * event. Ranks of one job on one node serialise on the cache lock: the first
  * copies, the others find the files cached. If staging fails the worker reads
- * the original paths (the event says why). */
+ * the original paths (the event says why).
+ *
+ * Raw data (data.format text, jsonl, chat, completion, webdataset) is tokenized first into
+ * LOOM_STAGE_DIR/tokens (agent/stage/tokenize.h; LOOM_STAGE_THREADS encoding threads,
+ * default 2) and the spec pointed at the shards; those are node-local already, so they are
+ * not copied again. Local rank 0 reports the progress (a {"type":"stage","phase":
+ * "tokenizing","progress"} line and a staging report per 10% or 5 s) and the result. A
+ * tokenizing failure cannot fall back (the worker reads shards only): loom-stage prints the
+ * worker's error record ({"type":"error","code":"DATA_INVALID","message"}), reports it to
+ * loomd as fatal and exits 2 (bad data: the job fails without retry) or 1. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -24,7 +33,11 @@
 #include <unistd.h>
 
 #include "agent/stage.h"
+#include "agent/stage/tokenize.h"
 #include "api/client.h"
+#include "api/exit_codes.h"
+#include "common/clock.h"
+#include "data/prepare.h"
 
 /* loomd's base URL from LOOM_RDZV (http://host:port/v1/rdzv/JOB/ATTEMPT). */
 static int coordinator_of(char *out, size_t len) {
@@ -62,6 +75,80 @@ static void report(json_t *line) {
     json_decref(body);
 }
 
+static int is_rank0(void) {
+    const char *lr = getenv("LOOM_LOCAL_RANK");
+    return !lr || !strcmp(lr, "0");
+}
+
+static void emit(json_t *line) {
+    char *s = json_dumps(line, JSON_COMPACT);
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+}
+
+struct progress {
+    double last_s;
+    int last_tenth;
+};
+
+/* Tokenizing progress: a line and a report to loomd at every tenth and at most every 5 s
+ * between them (never more than once a second). */
+static void on_progress(void *user, uint64_t done, uint64_t total) {
+    struct progress *p = user;
+    double now = clock_mono_s(), f = total ? (double)done / (double)total : 1.0;
+    int tenth = (int)(f * 10);
+    if (tenth == 10 && p->last_tenth == 10) return; /* the end is said once */
+    if (done != 0 && done != total && now - p->last_s < 1.0) return;
+    if (done != 0 && done != total && tenth == p->last_tenth && now - p->last_s < 5.0) return;
+    p->last_s = now;
+    p->last_tenth = tenth;
+    json_t *line =
+        json_pack("{s:s,s:s,s:f,s:I,s:I}", "type", "stage", "phase", "tokenizing", "progress", f,
+                  "done_bytes", (json_int_t)done, "total_bytes", (json_int_t)total);
+    emit(line);
+    report(line);
+    json_decref(line);
+}
+
+/* Tokenizes raw data into the cache; 0 (spec rewritten, or nothing to do) or the exit
+ * status the job fails with. *tokenized tells whether the data is now cached shards. */
+static int tokenize(const char *dir, json_t *spec, int *tokenized) {
+    const char *th = getenv("LOOM_STAGE_THREADS");
+    int threads = th && *th ? atoi(th) : 2;
+    struct progress pr = {0, -1};
+    struct stage_tok_report r;
+    char err[1024] = "";
+    int rank0 = is_rank0();
+    int rc = stage_tokenize_spec(dir, spec, threads, rank0 ? on_progress : NULL, &pr, &r, err,
+                                 sizeof err);
+    *tokenized = r.tokenized;
+    if (!r.tokenized) return 0;
+    if (rc == PREP_OK && rank0) {
+        json_t *line = json_pack("{s:s,s:s,s:i,s:i,s:s,s:I,s:I,s:I,s:I,s:f}", "type", "stage",
+                                 "phase", "tokenized", "splits", r.splits, "cache_hits", r.hits,
+                                 "key", r.key, "examples", (json_int_t)r.examples, "train_tokens",
+                                 (json_int_t)r.train_tokens, "val_tokens", (json_int_t)r.val_tokens,
+                                 "loss_tokens", (json_int_t)r.loss_tokens, "seconds", r.seconds);
+        emit(line);
+        report(line);
+        json_decref(line);
+    }
+    if (rc == PREP_OK) return 0;
+    json_t *line =
+        json_pack("{s:s,s:s,s:s}", "type", "error", "code", "DATA_INVALID", "message", err);
+    emit(line);
+    json_decref(line);
+    fprintf(stderr, "loom-stage: tokenizing failed: %s\n", err);
+    if (rank0) {
+        json_t *rep = json_pack("{s:s,s:s,s:s,s:b}", "type", "stage", "phase", "tokenizing",
+                                "error", err, "fatal", 1);
+        report(rep);
+        json_decref(rep);
+    }
+    return rc == PREP_EDATA ? LOOM_EXIT_BAD_SPEC : 1;
+}
+
 int main(int argc, char **argv) {
     char worker[PATH_MAX + 16];
     const char *w = getenv("LOOM_STAGE_WORKER");
@@ -80,6 +167,28 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--spec")) spec_i = i + 1;
     char staged[PATH_MAX + 16];
+    /* Raw data is tokenized whether or not files are staged: the worker reads shards only. */
+    if (spec_i > 0) {
+        json_error_t je;
+        json_t *spec = json_load_file(argv[spec_i], 0, &je);
+        int tokenized = 0;
+        int trc = spec ? tokenize(dir, spec, &tokenized) : 0;
+        if (trc != 0) {
+            json_decref(spec);
+            return trc;
+        }
+        if (tokenized) {
+            snprintf(staged, sizeof staged, "%s.staged.json", argv[spec_i]);
+            if (json_dump_file(spec, staged, JSON_COMPACT) != 0) {
+                fprintf(stderr, "loom-stage: cannot write %s\n", staged);
+                json_decref(spec);
+                return 1;
+            }
+            argv[spec_i] = staged;
+            dir = NULL; /* the shards are in the node-local cache already */
+        }
+        json_decref(spec);
+    }
     if (dir && *dir && spec_i > 0) {
         json_error_t je;
         json_t *spec = json_load_file(argv[spec_i], 0, &je);
@@ -100,8 +209,7 @@ int main(int argc, char **argv) {
                 rc = -1;
             }
         }
-        const char *lr = getenv("LOOM_LOCAL_RANK");
-        if (!lr || !strcmp(lr, "0")) {
+        if (is_rank0()) {
             json_t *line =
                 json_pack("{s:s, s:i, s:i, s:I, s:I, s:f, s:i, s:I}", "type", "stage", "files",
                           rc == 0 ? r.files : 0, "cache_hits", rc == 0 ? r.hits : 0, "bytes",

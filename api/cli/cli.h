@@ -47,6 +47,15 @@ struct cli_progress {
 };
 void cli_progress_of(json_t *job, json_t *metrics, struct cli_progress *p);
 
+/* Blocks until job `id` ends (api/cli/cmd_wait.c): with `follow`, prints its
+ * events and step records as they come. timeout_s <= 0: no limit. Returns
+ * the exit code (enum loomctl_exit in api/exit_codes.h). */
+int cli_job_wait(struct cli *cli, const char *id, int follow, double timeout_s);
+/* The exit code a terminal event type means, or -1 for other types. */
+int cli_outcome_of(const char *type);
+/* Parses a --timeout value in seconds; 0 or -1 (message printed). */
+int cli_parse_timeout(const char *v, double *out);
+
 /* Prototypes of every command, from commands.def. */
 #define CLI_COMMAND(name, fn, usage, help) int fn(struct cli *cli, int argc, char **argv);
 #include "api/cli/commands.def"

@@ -175,13 +175,31 @@ static void print_job(json_t *j, json_t *metrics, json_t *events) {
 }
 
 int cmd_jobs_submit(struct cli *cli, int argc, char **argv) {
-    if (need_args(argc, 2, "submit FILE.json [--idempotency-key KEY]")) return 2;
+    static const char usage[] =
+        "submit FILE.json [--idempotency-key KEY] [--wait | --follow] [--timeout S]";
+    if (need_args(argc, 2, usage)) return 2;
     const char *file = NULL, *key = NULL;
+    int wait = 0, follow = 0;
+    double timeout = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--idempotency-key") && i + 1 < argc)
+        if (!strcmp(argv[i], "--idempotency-key") && i + 1 < argc) {
             key = argv[++i];
-        else
+        } else if (!strcmp(argv[i], "--wait")) {
+            wait = 1;
+        } else if (!strcmp(argv[i], "--follow") || !strcmp(argv[i], "-f")) {
+            follow = 1;
+        } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
+            if (cli_parse_timeout(argv[++i], &timeout) != 0) return 2;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "loomctl: unknown option '%s'\nusage: loomctl %s\n", argv[i], usage);
+            return 2;
+        } else {
             file = argv[i];
+        }
+    }
+    if (timeout > 0 && !wait && !follow) {
+        fprintf(stderr, "loomctl: --timeout goes with --wait or --follow\n");
+        return 2;
     }
     if (!file) return need_args(0, 1, "submit FILE.json") ? 2 : 2;
     json_t *spec = cli_read_json_file(file);
@@ -195,10 +213,17 @@ int cmd_jobs_submit(struct cli *cli, int argc, char **argv) {
     int rc = cli_call(cli, "POST", "/v1/jobs", spec, &out);
     json_decref(spec);
     if (rc) return fail(rc);
-    if (cli->json)
+    if (cli->json && !wait && !follow)
         cli_print_json(out);
-    else
+    else if (!cli->json)
         printf("submitted %s (%s)\n", cli_str(out, "id"), cli_str(out, "state"));
+    if (wait || follow) {
+        char id[64];
+        snprintf(id, sizeof id, "%s", cli_str(out, "id"));
+        json_decref(out);
+        fflush(stdout);
+        return cli_job_wait(cli, id, follow, timeout);
+    }
     json_decref(out);
     return 0;
 }

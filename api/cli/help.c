@@ -13,6 +13,11 @@ struct cli_option {
 
 static const struct cli_option options[] = {
     {"submit", "--idempotency-key KEY", "retrying with the same key never submits twice"},
+    {"submit", "--wait", "block until the job ends; exit 0 succeeded, 4 failed, 5 cancelled"},
+    {"submit", "--follow, -f", "like --wait, printing the job's events and step records"},
+    {"submit", "--timeout S", "with --wait/--follow: give up after S seconds (exit 6)"},
+    {"wait", "--follow, -f", "print the job's events and step records while waiting"},
+    {"wait", "--timeout S", "give up after S seconds (exit 6)"},
     {"list", "--state S", "only jobs in state S (queued, running, succeeded, ...)"},
     {"list", "--name N", "only jobs named N"},
     {"list", "--label K=V", "only jobs with label K=V"},

@@ -1,15 +1,30 @@
-/* Benchmark (not a test): N long-poll subscribers on GET /v1/events while a
- * client submits jobs; reports the latency from an event's creation (its
- * created_at, set inside the transaction that commits it) to a subscriber
- * holding the reply, as p50/p99/max over every (event, subscriber) pair.
+/* Benchmark (not a test): N subscribers on GET /v1/events while clients
+ * submit jobs; reports the latency from an event's creation (its created_at,
+ * set inside the transaction that commits it) to a subscriber holding it, as
+ * p50/p99/max over every (event, subscriber) pair.
  *
- * Usage: bench_events LOOMD [--subscribers N] [--jobs J] [--rate PER_S] [--dir DIR]
+ * Subscribers long-poll (a thread each, libcurl) or, with --sse, hold one
+ * Server-Sent Events stream each, all read by one epoll thread over plain
+ * sockets (HTTP/1.0, so the body is the raw stream): a thousand client
+ * threads would compete with loomd for the same cores and measure the
+ * benchmark's own scheduling rather than loomd's fan-out.
+ *
+ * Usage: bench_events LOOMD [--subscribers N] [--jobs J] [--rate PER_S]
+ *                     [--submitters K] [--sse] [--dir DIR]
  * Results and the measuring conditions are in docs/perf.md. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,8 +36,11 @@
 struct bench {
     const char *url;
     char token[128];
-    int subscribers, jobs, rate;
+    int subscribers, jobs, rate, submitters, sse;
     _Atomic int done;
+    _Atomic int submitted; /* jobs handed out to submitters */
+    _Atomic int acked;     /* 201 replies */
+    const char *spec;
     _Atomic long long last_seq; /* set once every submit was acknowledged */
     pthread_mutex_t mu;
     double *lat; /* ms */
@@ -39,6 +57,16 @@ static long long parse_ms(const char *s) {
     tm.tm_year -= 1900;
     tm.tm_mon -= 1;
     return (long long)timegm(&tm) * 1000 + ms;
+}
+
+static void record(struct bench *b, double ms) {
+    pthread_mutex_lock(&b->mu);
+    if (b->nlat == b->cap) {
+        b->cap = b->cap ? b->cap * 2 : 4096;
+        b->lat = realloc(b->lat, sizeof *b->lat * b->cap);
+    }
+    b->lat[b->nlat++] = ms;
+    pthread_mutex_unlock(&b->mu);
 }
 
 static void *subscriber(void *arg) {
@@ -59,19 +87,147 @@ static void *subscriber(void *arg) {
         json_t *it;
         json_array_foreach(json_object_get(r.json, "items"), i, it) {
             long long at = parse_ms(json_string_value(json_object_get(it, "created_at")));
-            pthread_mutex_lock(&b->mu);
-            if (b->nlat == b->cap) {
-                b->cap = b->cap ? b->cap * 2 : 4096;
-                b->lat = realloc(b->lat, sizeof *b->lat * b->cap);
-            }
-            b->lat[b->nlat++] = (double)(now - at);
-            pthread_mutex_unlock(&b->mu);
+            record(b, (double)(now - at));
         }
         since = json_integer_value(json_object_get(r.json, "next"));
         hresp_free(&r);
     }
     hreq_thread_done();
     return NULL;
+}
+
+/* One SSE stream: its socket and the bytes of a line not yet complete. */
+struct stream {
+    int fd;
+    char line[4096];
+    size_t len;
+    long long last_id;
+};
+
+static int sse_connect(struct bench *b, struct stream *st) {
+    int port = 0;
+    char host[64] = "";
+    if (sscanf(b->url, "http://%63[^:]:%d", host, &port) != 2) return -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    st->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (st->fd < 0 || connect(st->fd, (struct sockaddr *)&sa, sizeof sa) != 0) return -1;
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "GET /v1/events?since=0 HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+                     "Accept: text/event-stream\r\n\r\n",
+                     host, b->token);
+    if (write(st->fd, req, (size_t)n) != n) return -1;
+    fcntl(st->fd, F_SETFL, fcntl(st->fd, F_GETFL) | O_NONBLOCK);
+    return 0;
+}
+
+/* A complete line of a stream (the response head's lines pass through
+ * too: they start with neither "id: " nor "data: "). */
+static void sse_line(struct bench *b, struct stream *st, const char *line, long long now) {
+    if (!strncmp(line, "id: ", 4)) st->last_id = atoll(line + 4);
+    if (strncmp(line, "data: ", 6) != 0) return;
+    const char *at = strstr(line, "\"created_at\":\"");
+    if (at) record(b, (double)(now - parse_ms(at + 14)));
+}
+
+/* Reads every stream until each has seen the last seq (or 30 s pass after
+ * the submits end). Returns the number of streams that got everything. */
+static int sse_run(struct bench *b, struct stream *sts) {
+    int ep = epoll_create1(0);
+    for (int i = 0; i < b->subscribers; i++) {
+        struct epoll_event e = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+        epoll_ctl(ep, EPOLL_CTL_ADD, sts[i].fd, &e);
+    }
+    struct epoll_event evs[256];
+    char buf[65536];
+    long long end_at = 0;
+    int complete = 0;
+    for (;;) {
+        long long stop = atomic_load(&b->last_seq);
+        if (stop > 0) {
+            complete = 0;
+            for (int i = 0; i < b->subscribers; i++)
+                complete += sts[i].last_id >= stop;
+            if (complete == b->subscribers) break;
+            if (!end_at) end_at = clock_mono_ms() + 30000;
+            if (clock_mono_ms() > end_at) break;
+        }
+        int n = epoll_wait(ep, evs, 256, 100);
+        long long now = clock_wall_ms();
+        for (int k = 0; k < n; k++) {
+            struct stream *st = &sts[evs[k].data.u32];
+            ssize_t r;
+            while ((r = read(st->fd, buf, sizeof buf)) > 0) {
+                for (ssize_t j = 0; j < r; j++) {
+                    if (buf[j] == '\n') {
+                        st->line[st->len < sizeof st->line ? st->len : sizeof st->line - 1] = 0;
+                        sse_line(b, st, st->line, now);
+                        st->len = 0;
+                    } else if (st->len < sizeof st->line - 1) {
+                        st->line[st->len++] = buf[j];
+                    }
+                }
+            }
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+                epoll_ctl(ep, EPOLL_CTL_DEL, st->fd, NULL);
+            }
+        }
+    }
+    close(ep);
+    return complete;
+}
+
+static void *submitter(void *arg) {
+    struct bench *b = arg;
+    double t0 = clock_mono_msf();
+    int k;
+    while ((k = atomic_fetch_add(&b->submitted, 1)) < b->jobs) {
+        double due = t0 + 1000.0 * k / b->rate;
+        while (clock_mono_msf() < due)
+            clock_sleep_us(200);
+        struct hresp r;
+        if (hreq(b->url, "POST", "/v1/jobs", b->token, NULL, b->spec, strlen(b->spec), NULL, &r) ==
+                0 &&
+            r.status == 201)
+            atomic_fetch_add(&b->acked, 1);
+        hresp_free(&r);
+    }
+    hreq_thread_done();
+    return NULL;
+}
+
+/* Joins the submitters, then publishes the last seq: the submits' events
+ * are seqs 1..acked (one job.queued each; nothing else runs). */
+struct joiner_args {
+    pthread_t *sub;
+    int n;
+    struct bench *b;
+};
+static void *join_submitters(void *arg) {
+    struct joiner_args *j = arg;
+    for (int i = 0; i < j->n; i++)
+        pthread_join(j->sub[i], NULL);
+    atomic_store(&j->b->last_seq, atomic_load(&j->b->acked));
+    return NULL;
+}
+
+/* CPU time (user + system, ms) the process has used so far, from
+ * /proc/PID/stat: a measure of loomd's fan-out work that does not depend on
+ * how busy the machine is, unlike the latencies. */
+static double proc_cpu_ms(pid_t pid) {
+    char path[64], line[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(line, 1, sizeof line - 1, f);
+    fclose(f);
+    line[n] = 0;
+    const char *p = strrchr(line, ')'); /* the command name may hold spaces */
+    unsigned long long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
 }
 
 static int cmp(const void *a, const void *b) {
@@ -82,30 +238,42 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_events LOOMD [--subscribers N] [--jobs J] [--rate R] "
-                        "[--dir DIR]\n");
+                        "[--submitters K] [--sse] [--dir DIR]\n");
         return 2;
     }
-    struct bench b = {.subscribers = 100, .jobs = 500, .rate = 50};
+    struct bench b = {.subscribers = 100, .jobs = 500, .rate = 50, .submitters = 1};
     char dir[512] = "";
-    for (int i = 2; i + 1 < argc; i += 2) {
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--sse")) {
+            b.sse = 1;
+            continue;
+        }
+        if (i + 1 >= argc) break;
         if (!strcmp(argv[i], "--subscribers")) b.subscribers = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--jobs")) b.jobs = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--rate")) b.rate = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--submitters")) b.submitters = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--dir")) snprintf(dir, sizeof dir, "%s", argv[i + 1]);
+        i++;
+    }
+    if (b.submitters < 1) b.submitters = 1;
+    /* One descriptor per stream, here and in loomd. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
     }
     if (!dir[0]) snprintf(dir, sizeof dir, "/tmp/bench_events.%d", (int)getpid());
     pthread_mutex_init(&b.mu, NULL);
     struct loomd_proc p;
-    const char *extra[] = {"--conn-limit", "4096", "--rate-limit", "0", NULL};
+    const char *extra[] = {
+        "--conn-limit", "4096",           "--rate-limit", "0", "--tenant-streams",
+        "4096",         "--stream-limit", "3072",         NULL};
     if (loomd_spawn(&p, argv[1], dir, ADMIN, extra) != 0) return 1;
     b.url = p.url;
     char tenant[64];
     if (make_tenant(p.url, ADMIN, "bench", tenant, sizeof tenant, b.token, sizeof b.token) != 0)
         return 1;
-    pthread_t *th = calloc((size_t)b.subscribers, sizeof *th);
-    for (int i = 0; i < b.subscribers; i++)
-        pthread_create(&th[i], NULL, subscriber, &b);
-    clock_sleep_ms(500); /* every subscriber is waiting */
     char data[600], spec[1200];
     snprintf(data, sizeof data, "%s/train.bin", dir);
     FILE *df = fopen(data, "w");
@@ -118,31 +286,58 @@ int main(int argc, char **argv) {
         "\"micro_batch\":4,\"precision\":\"fp32\"},\"resources\":{\"device\":\"cpu\","
         "\"gpus_per_node\":1}}",
         data);
-    double t0 = clock_mono_msf();
-    int ok = 0;
-    for (int k = 0; k < b.jobs; k++) {
-        double due = t0 + 1000.0 * k / b.rate;
-        while (clock_mono_msf() < due)
-            clock_sleep_us(200);
-        struct hresp r;
-        if (hreq(p.url, "POST", "/v1/jobs", b.token, NULL, spec, strlen(spec), NULL, &r) == 0 &&
-            r.status == 201)
-            ok++;
-        hresp_free(&r);
+    b.spec = spec;
+    pthread_t *th = calloc((size_t)b.subscribers, sizeof *th);
+    struct stream *sts = calloc((size_t)b.subscribers, sizeof *sts);
+    for (int i = 0; i < b.subscribers; i++) {
+        if (!b.sse) {
+            pthread_create(&th[i], NULL, subscriber, &b);
+        } else if (sse_connect(&b, &sts[i]) != 0) {
+            fprintf(stderr, "stream %d: connect: %s\n", i, strerror(errno));
+            return 1;
+        }
     }
-    /* The submits' events are seqs 1..ok (one job.queued each, nothing else runs). */
-    atomic_store(&b.last_seq, ok);
-    for (int i = 0; i < b.subscribers; i++)
-        pthread_join(th[i], NULL);
+    clock_sleep_ms(b.sse ? 2000 : 500); /* every subscriber is waiting */
+    double cpu0 = proc_cpu_ms(p.pid);
+    pthread_t *sub = calloc((size_t)b.submitters, sizeof *sub);
+    for (int i = 0; i < b.submitters; i++)
+        pthread_create(&sub[i], NULL, submitter, &b);
+    /* The submitters set last_seq when done; the SSE reader runs here. */
+    pthread_t waiter;
+    int complete = 0;
+    if (b.sse) {
+        struct joiner_args j = {sub, b.submitters, &b};
+        pthread_create(&waiter, NULL, join_submitters, &j);
+        complete = sse_run(&b, sts);
+        pthread_join(waiter, NULL);
+        for (int i = 0; i < b.subscribers; i++)
+            close(sts[i].fd);
+    } else {
+        for (int i = 0; i < b.submitters; i++)
+            pthread_join(sub[i], NULL);
+        /* The submits' events are seqs 1..ok (one job.queued each, nothing else runs). */
+        atomic_store(&b.last_seq, atomic_load(&b.acked));
+        for (int i = 0; i < b.subscribers; i++)
+            pthread_join(th[i], NULL);
+        complete = b.subscribers;
+    }
+    int ok = atomic_load(&b.acked);
+    double cpu = proc_cpu_ms(p.pid) - cpu0;
     qsort(b.lat, b.nlat, sizeof *b.lat, cmp);
     size_t n = b.nlat;
-    printf("subscribers %d, jobs %d acknowledged of %d at %d/s: %zu deliveries (want %lld)\n",
-           b.subscribers, ok, b.jobs, b.rate, n, (long long)ok * b.subscribers);
+    printf("%s subscribers %d (%d complete), jobs %d acknowledged of %d at %d/s by %d "
+           "submitters: %zu deliveries (want %lld)\n",
+           b.sse ? "SSE" : "long-poll", b.subscribers, complete, ok, b.jobs, b.rate, b.submitters,
+           n, (long long)ok * b.subscribers);
     if (n)
         printf("event created -> subscriber has it: p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
                b.lat[n / 2], b.lat[(size_t)(n * 0.99)], b.lat[n - 1]);
+    printf("loomd CPU time: %.0f ms in all, %.2f ms per event, %.1f us per delivery\n", cpu,
+           ok ? cpu / ok : 0.0, n ? cpu * 1000.0 / (double)n : 0.0);
     loomd_signal_wait(&p, 15);
     free(th);
+    free(sub);
+    free(sts);
     free(b.lat);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

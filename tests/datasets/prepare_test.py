@@ -9,12 +9,14 @@ are built by tests/tok's generators (GPT-2, vocabulary 50257: version 1 shards; 
 vocabulary 128256: version 2 shards). A missing reference (node, the npm packages that
 tools/setup.sh installs) fails the test with a message.
 """
+import io
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -205,6 +207,55 @@ def run(w):
     check(rc == 0, f"chat all: exit {rc} {err[-300:]}")
     if rc == 0:
         compare("chat llama3 loss_on all", out, s, ids, mask, c, 2, False)
+
+    # webdataset: a tar (Python's tarfile) of .txt documents and .json records (text and
+    # completion), a member of another kind skipped; ids equal the reference of each member
+    # read as jsonl / completion, loss on every token
+    members = [("s000.txt", "A plain text member\nwith two lines and caf\u00e9."),
+               ("s001.json", json.dumps({"text": "a json record \U0001f389"})),
+               ("s001.cls", "7"),
+               ("s002.json", json.dumps({"prompt": "Q: 3 + 4 =", "completion": " 7"}))]
+    tar = os.path.join(w, "shard-000.tar")
+    with tarfile.open(tar, "w") as tf:
+        for name, text in members:
+            data = text.encode()
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    refs = []
+    for name, text in members:
+        if name.endswith(".cls"):
+            continue
+        one = os.path.join(w, "member.jsonl")
+        rec = json.loads(text) if name.endswith(".json") else {"text": text}
+        write(one, [json.dumps(rec)])
+        r = node(os.path.join(HERE, "prepare_ref.mjs"),
+                 "completion" if "prompt" in rec else "jsonl", gpt2, one)[0]
+        refs.append({"ids": r["ids"], "mask": [1] * len(r["ids"])})
+    ids, mask, c = expect(refs, EOS_GPT2, True)
+    out = os.path.join(w, "o-wds")
+    rc, s, err = prepare(out, "--tokenizer", gpt2, "--format", "webdataset", "--threads", "2",
+                         "--in", tar)
+    check(rc == 0 and s and s.get("skipped_members") == 1,
+          f"webdataset: exit {rc}, one member skipped {err[-300:]}")
+    if rc == 0:
+        compare("webdataset", out, s, ids, mask, c, 1, False)
+    with open(tar, "r+b") as f:  # a truncated member is refused, naming it
+        f.truncate(512 + 10)
+    rc, s, err = prepare(os.path.join(w, "o-wds-bad"), "--tokenizer", gpt2, "--format",
+                         "webdataset", "--in", tar)
+    check(rc == 2 and "shard-000.tar" in err, f"webdataset truncated: exit {rc} {err[-200:]}")
+
+    # the same records on 1 and 2 threads: identical shards
+    src = os.path.join(w, "many.jsonl")
+    write(src, [json.dumps({"text": f"record {i}: " + "word " * (i % 13)}) for i in range(3000)])
+    outs = []
+    for th in ("1", "2"):
+        out = os.path.join(w, f"o-th{th}")
+        rc, s, err = prepare(out, "--tokenizer", gpt2, "--format", "jsonl", "--threads", th,
+                             "--in", src)
+        outs.append(open(os.path.join(out, "train_000.bin"), "rb").read() if rc == 0 else None)
+    check(outs[0] is not None and outs[0] == outs[1], "threads: 1 and 2 give identical shards")
 
     # validation split by example
     src = os.path.join(w, "four.jsonl")

@@ -112,11 +112,12 @@ def main():
     check(rc == 2 and st is None and "needs loss-mask shards" in err,
           f"loss_on completion without masks: exit {rc}")
     spec["train"]["loss_on"] = "all"
-    # attention within documents is not built: refused, not silently trained as concat
+    # attention within documents needs to know where documents end (tests/datasets/
+    # test_packing.py trains it): shards without meta.json are refused, not trained as concat
     spec["train"]["packing"] = "document"
     json.dump(spec, open(sp, "w"))
     rc, st, err = run(sp, os.path.join(tmp, "run-doc"))
-    check(rc == 2 and st is None and "not built yet" in err, f"packing document: exit {rc}")
+    check(rc == 2 and st is None and "meta.json" in err, f"packing document: exit {rc}")
     subprocess.run(["rm", "-rf", tmp])
     print(f"{'FAIL' if failures else 'PASS'}: {failures} failure(s)", file=sys.stderr)
     sys.exit(1 if failures else 0)

@@ -1,6 +1,24 @@
 """Independent reference forward of the Hugging Face architectures (torch, CPU).
 
-  ref_forward.py DIR TOKENS N   ->  {"logprobs": [null, ...], "greedy": [...]}
+  ref_forward.py DIR TOKENS N   ->  {"logprobs": [null, ...], "top": [null, ...],
+                                     "logit_std": s, "greedy": [...], "margins": [...]}
+
+logprobs[i] = log p(tokens[i] | tokens[:i]); top[i] = the largest log p(v | tokens[:i])
+over the vocabulary (top[i] - logprobs[i] is how far tokens[i] is from the argmax);
+logit_std = the standard deviation of the logits of the scored rows (the scale that
+bf16 rounding errors of the logits are proportional to); greedy = N argmax tokens
+after TOKENS and margins[k] = the gap between the best and second-best logit at
+greedy step k.
+
+  ref_forward.py DIR --determined LEN STEPS TIE SEED
+      -> {"prompt": [...], "greedy": [...], "margins": [...], "logit_std": s, "tries": n}
+
+searches prompts of LEN random tokens (a seeded stream) for the first whose STEPS greedy
+tokens are all determined by more than TIE * logit_std (best minus second-best logit), so
+that a lower-precision implementation must produce exactly those tokens, and none repeats
+the token before it (the tied models' easy case, which depends little on the earlier
+positions); "prompt" is null
+when 3000 candidates gave none.
 
 Written from the architectures' math as transformers defines it (modeling_llama,
 modeling_mistral, modeling_qwen2, modeling_gpt2), in float64, with no cache:
@@ -131,17 +149,52 @@ def logits(cfg, w, toks):
     return fn(cfg, w, torch.tensor(toks))
 
 
+def determined(d, length, steps, tie, seed):
+    import random
+
+    cfg, w = load(d)
+    V, rnd = cfg["vocab_size"], random.Random(seed)
+    for tries in range(1, 3001):
+        seq = [rnd.randrange(V) for _ in range(length)]
+        std, margins = None, []
+        for _ in range(steps):
+            lg = logits(cfg, w, seq)
+            if std is None:
+                std = lg[:-1].std().item()
+            two = torch.topk(lg[-1], 2).values
+            margins.append((two[0] - two[1]).item())
+            nxt = int(torch.argmax(lg[-1]).item())
+            if margins[-1] <= tie * std or nxt == seq[-1]:
+                break
+            seq.append(nxt)
+        if len(seq) == length + steps:
+            return {"prompt": seq[:length], "greedy": seq[length:], "margins": margins,
+                    "logit_std": std, "tries": tries}
+    return {"prompt": None, "tries": 3000}
+
+
 def main():
+    if sys.argv[2] == "--determined":
+        a = sys.argv
+        print(json.dumps(determined(a[1], int(a[3]), int(a[4]), float(a[5]), int(a[6]))))
+        return
     d, toks, n = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
     cfg, w = load(d)
-    lp = torch.log_softmax(logits(cfg, w, toks), dim=-1)
+    lg = logits(cfg, w, toks)
+    lp = torch.log_softmax(lg, dim=-1)
     scores = [None] + [lp[i - 1, toks[i]].item() for i in range(1, len(toks))]
-    seq, greedy = list(toks), []
+    top = [None] + [lp[i - 1].max().item() for i in range(1, len(toks))]
+    std = lg[: max(len(toks) - 1, 1)].std().item() if len(toks) > 1 else lg.std().item()
+    seq, greedy, margins = list(toks), [], []
     for _ in range(n):
-        nxt = int(torch.argmax(logits(cfg, w, seq)[-1]).item())
+        last = logits(cfg, w, seq)[-1]
+        two = torch.topk(last, 2).values
+        nxt = int(torch.argmax(last).item())
         greedy.append(nxt)
+        margins.append((two[0] - two[1]).item())
         seq.append(nxt)
-    print(json.dumps({"logprobs": scores, "greedy": greedy}))
+    print(json.dumps({"logprobs": scores, "top": top, "logit_std": std, "greedy": greedy,
+                      "margins": margins}))
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ s/n_layer: {type: integer, minimum: 1, maximum: 1024}/n_layer: {type: integer, m
 s/^        after: {type: array/        after: {type: string/|after is array in the table
 s/keep: {type: integer, minimum: 1, maximum: 1000, default: 3}/keep: {type: integer, minimum: 1, maximum: 1000, default: 4}/|checkpoint.keep: default 3
 s/^        priority:/        priorty: {type: integer}\n        priority:/|the schema lists priorty
-s/budget_gib: {type: number, exclusiveMinimum: 0/budget_gib: {type: number, minimum: 0/|train.recompute.budget_gib: the table's minimum is exclusive 0
-s/dropout: {type: number, minimum: 0, exclusiveMaximum: 1/dropout: {type: number, minimum: 0, maximum: 1/|train.lora.dropout: the table's maximum is exclusive 1
+s/budget_gib: {type: number, minimum: 0, exclusiveMinimum: true/budget_gib: {type: number, minimum: 0/|train.recompute.budget_gib: the table's minimum is exclusive 0
+s/dropout: {type: number, minimum: 0, maximum: 1, exclusiveMaximum: true/dropout: {type: number, minimum: 0, maximum: 1/|train.lora.dropout: the table's maximum is exclusive 1
 s/default: truncate}/default: drop}/|data.overlong: default truncate
 s/^            init_from: {type: string/            init_frm: {type: string/|field model.init_from
 s/chat_template: {type: string, enum: \[llama3, chatml, mistral\]}/chat_template: {type: string, enum: [none, llama3, chatml, mistral]}/|data.chat_template names llama3|chatml|mistral

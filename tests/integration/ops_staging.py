@@ -9,7 +9,11 @@ shards (train glob of 2 shards + a val file). Asserts:
     them is a race under the cache lock); the second job's: 3 from the
     cache, 0 B copied;
   - the cache holds one blob per distinct file, equal to its source;
-  - the staging route refuses tokens other than the attempt's (403).
+  - the staging route refuses tokens other than the attempt's (403);
+  - a jsonl job (byte-level tokenizer, tests/datasets/bytetok.py) is tokenized by loom-stage
+    before its worker starts and succeeds on the shards; its events show the progress (0% to
+    100%) and the result; a second jsonl job on the same data finds it in the cache; a jsonl
+    file with a bad record fails its job, the event naming the file, the line and the field.
 Usage: ops_staging.py BIN_DIR
 Exit 0 pass, 1 fail, 77 skip."""
 import glob
@@ -24,6 +28,9 @@ import sys
 import tempfile
 
 from loomtest import Fail, http, wait_for  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "datasets"))
+import bytetok  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 ADMIN, JOIN = "st-admin", "st-join"
@@ -139,6 +146,70 @@ def main():
         check(set(os.path.basename(b) for b in blobs) == want, "blobs named by content")
         st, r = call("POST", "/v1/jobs/%s/staging" % j2, {"attempt": 0}, token=tok)
         check(st == 403, "staging route with a tenant token: %s" % st)
+
+        # raw jsonl: tokenized on the node before the worker starts
+        tokdir = os.path.join(tmp, "tok")
+        os.makedirs(tokdir)
+        bytetok.write_tokenizer(os.path.join(tokdir, "tokenizer.json"))
+        raw = os.path.join(data, "chat.jsonl")
+        with open(raw, "w") as f:
+            for i in range(40):
+                f.write(json.dumps({"text": "record %d: tokenized inside the job" % i}) + "\n")
+        bad = os.path.join(data, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no"}) + "\n")
+
+        def submit_raw(name, path):
+            spec = {"name": name,
+                    "model": {"family": "gpt2", "n_layer": 1, "n_head": 2, "d_model": 32,
+                              "d_ff": 64, "vocab_size": bytetok.VOCAB, "seq_len": 16},
+                    "data": {"train": path, "format": "jsonl", "tokenizer": tokdir},
+                    "train": {"steps": 2, "global_batch_tokens": 64, "micro_batch": 4,
+                              "precision": "fp32"},
+                    "resources": {"device": "cpu", "gpus_per_node": 1}, "max_retries": 0}
+            st, j = call("POST", "/v1/jobs", spec, token=tok)
+            check(st == 201, "submit %s: %s" % (name, j))
+            return j["id"]
+
+        def events(jid):
+            return [e["reason"] for e in call("GET", "/v1/jobs/%s/events" % jid,
+                                              token=tok)[1]["items"]]
+
+        def state(jid):
+            return call("GET", "/v1/jobs/" + jid, token=tok)[1]["state"]
+
+        j3 = submit_raw("raw", raw)
+        wait(lambda: state(j3) in ("succeeded", "failed"), 60, "jsonl job ends")
+        ev = events(j3)
+        print("job 3: " + " | ".join(e for e in ev if "tokeniz" in e))
+        check(state(j3) == "succeeded", "jsonl job succeeded: %s" % ev)
+        # the host in the events is the node's hostname
+        check(any(e.startswith("tokenizing on ") and ": 0% (" in e for e in ev) and
+              any(e.startswith("tokenizing on ") and ": 100% (" in e for e in ev),
+              "tokenizing progress events: %s" % ev)
+        done = [e for e in ev if e.startswith("data tokenized on ")]
+        check(len(done) == 1 and "40 examples" in done[0] and "cache" in done[0] and
+              "found in the cache" not in done[0], "tokenized event: %s" % done)
+        sp = json.load(open(glob.glob(os.path.join(tmp, "agent", "tasks", j3 + ".0.0",
+                                                   "*.staged.json"))[0]))
+        check(sp["data"]["train"].startswith(cache + "/tokens/") and
+              sp["data"]["train"].endswith("/train_*.bin"), "worker read the shards: %s" % sp)
+        j4 = submit_raw("raw-again", raw)
+        wait(lambda: state(j4) in ("succeeded", "failed"), 60, "second jsonl job ends")
+        ev = events(j4)
+        check(state(j4) == "succeeded" and
+              any(e.startswith("data tokenized on ") and "(found in the cache)" in e
+                  for e in ev),
+              "second jsonl job finds the cache: %s" % ev)
+        j5 = submit_raw("raw-bad", bad)
+        wait(lambda: state(j5) == "failed", 60, "bad jsonl job fails")
+        ev = events(j5)
+        print("job 5: " + " | ".join(e for e in ev if "tokeniz" in e))
+        check(any(e.startswith("tokenizing on ") and " failed: " in e and
+                  "bad.jsonl line 2" in e and '"text"' in e and "the job fails" in e
+                  for e in ev),
+              "bad record event: %s" % ev)
+        check(any("not retried" in e for e in ev), "bad data is not retried: %s" % ev)
         print("PASS: data staging")
         ok = True
         return 0

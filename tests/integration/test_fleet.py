@@ -48,6 +48,9 @@ class Loomd:
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
              os.path.join(self.tmp, "loomd"), "--node-timeout", "2", "--heartbeat", "1",
+             # the usage check below bills an attempt lost with its node (not billed by
+             # default), so that its cost shows the type price
+             "--bill-causes", "user,preempted,node_lost",
              "--store-sync-full", "false"], env=self.env, stdout=log, stderr=subprocess.STDOUT)
         wait(lambda: self.request("GET", "/healthz", token=None)[0] == 200, 10, "loomd up")
 
@@ -266,6 +269,9 @@ def main():
         h = rows["H100-SXM"]
         check(h["gpu_hours"] > 0 and abs(h["cost"] - h["gpu_hours"] * 2.5) <= 1e-6 * h["cost"],
               "H100 usage billed at 2.5 per GPU-hour: %s" % h)
+        st, u = d.request("GET", "/v1/usage?group_by=cause", token=tenant)
+        check(st == 200 and "node_lost" in {r["key"] for r in u["rows"]},
+              "the lost attempt's usage has cause node_lost: %s" % u.get("rows"))
 
         # ---- prices survive a restart ----
         d.stop()

@@ -25,6 +25,7 @@ import urllib.parse
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_cluster as tc  # noqa: E402  (reads BIN and SCENARIO from argv)
 from test_cluster import ADMIN, BIN, Fail, check  # noqa: E402
+from test_cluster import JOIN as JOIN_TOKEN  # noqa: E402
 
 SECRET = "test-secret-0123456789"
 
@@ -278,6 +279,154 @@ def sc_sse(c):
     st, hd, body = c.raw("GET", "/v1/events", headers={"Accept": "text/event-stream",
                                                         "Last-Event-ID": "abc"})
     check(st == 400 and b"INVALID_LAST_EVENT_ID" in body, "bad Last-Event-ID: %s" % body)
+
+
+def sc_event_ring(c):
+    """loomd keeps the newest events in memory (--events-ring 16 here) and
+    reads older cursors from the store: pages, filters and SSE give exactly
+    the same items on both sides of the ring's floor and across it, also
+    after a restart (the ring is refilled from the store)."""
+    _, tok_b = c.new_tenant("ring-b")
+    jobs = []
+    for k in range(30):
+        jobs.append((c.submit(world=1, steps=1, step_ms=10, token=tok_b if k % 3 == 2 else
+                              "tenant"), k % 3 == 2))
+    own = [j for j, b in jobs if not b]
+
+    def check_all(label):
+        # Ground truth: one page per event with limit=1 walks every cursor.
+        truth = c.all_events()
+        check([e["job_id"] for e in truth if e["type"] == "job.queued"] == own,
+              "%s: own job.queued events in order" % label)
+        seqs = [e["seq"] for e in truth]
+        for k in range(len(seqs)):
+            st, r = c.get("/v1/events?since=%d&limit=1000" % seqs[k])
+            check(st == 200 and r["items"] == truth[k + 1:],
+                  "%s: replay after seq %d (%d items)" % (label, seqs[k], len(r["items"])))
+        st, r = c.get("/v1/events?since=0&limit=1000")
+        check(r["items"] == truth, "%s: since=0 gives every event" % label)
+        # A filter and a limit that ends inside the ring.
+        j = own[-3]
+        st, r = c.get("/v1/events?since=0&job=%s" % j)
+        check([e["job_id"] for e in r["items"]] == [j], "%s: job filter" % label)
+        st, r = c.get("/v1/events?since=%d&limit=2" % seqs[-6])
+        check(r["items"] == truth[-5:-3] and r["next"] == truth[-4]["seq"],
+              "%s: limit inside the ring: %s" % (label, r))
+        # The admin sees the other tenant's events too, in seq order.
+        st, r = c.get("/v1/events?since=0&limit=1000", token=ADMIN)
+        check(len(r["items"]) == 30 and [e["seq"] for e in r["items"]] ==
+              sorted(e["seq"] for e in r["items"]), "%s: admin sees all 30" % label)
+        # SSE from the start crosses from the store into the ring.
+        events, _, _ = read_sse(c, {"Last-Event-ID": "0"}, len(truth))
+        check([json.loads(e["data"]) for e in events[:len(truth)]] == truth,
+              "%s: SSE from 0 gives the pages' items (%d of %d)" % (label, len(events),
+                                                                    len(truth)))
+        return truth
+
+    truth = check_all("live")
+    c.loomd.send_signal(signal.SIGTERM)
+    c.loomd.wait()
+    c.start_loomd()
+    again = check_all("after restart")
+    check(again == truth, "the same events after the restart")
+    # A live event still reaches a stream and a long-poll after the restart.
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault(
+        "r", read_sse(c, {"Last-Event-ID": str(truth[-1]["seq"])}, 1)))
+    th.start()
+    time.sleep(0.5)
+    jl = c.submit(world=1, steps=1, step_ms=10)
+    th.join(20)
+    check(out["r"][0] and json.loads(out["r"][0][0]["data"])["job_id"] == jl,
+          "live SSE event after the restart")
+
+
+def spec_file(c, name, steps, step_ms, labels=None, max_retries=1):
+    """A job spec like Cluster.submit's, written to a file for loomctl."""
+    lab = {"fake_step_ms": str(step_ms)}
+    lab.update(labels or {})
+    spec = {
+        "name": name,
+        "model": {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "d_ff": 256,
+                  "vocab_size": 256, "seq_len": 32},
+        "data": {"train": os.path.join(c.data, "train_000.bin")},
+        "parallel": {"dp": 1, "tp": 1, "pp": 1},
+        "train": {"steps": steps, "global_batch_tokens": 128, "micro_batch": 4,
+                  "precision": "fp32"},
+        "resources": {"device": "cpu", "gpus_per_node": 2},
+        "labels": lab, "max_retries": max_retries,
+    }
+    path = os.path.join(c.tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return path
+
+
+def sc_cli_wait(c):
+    """loomctl submit --wait / --follow and loomctl wait: they return when the
+    job ends, with the exit code of its outcome (api/exit_codes.h: 0
+    succeeded, 4 failed, 5 cancelled, 6 timeout, 1 API error), --follow
+    prints the events and step records."""
+    env = dict(c.env, LOOM_URL=c.url, LOOM_TOKEN=c.token)
+    ctl = os.path.join(BIN, "loomctl")
+
+    def run(*args, timeout=90):
+        return subprocess.run([ctl] + list(args), env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    r = run("submit", spec_file(c, "ok", 4, 50), "--wait")
+    jid = r.stdout.split()[1] if r.stdout.startswith("submitted ") else "?"
+    check(r.returncode == 0 and ("job %s succeeded" % jid) in r.stdout,
+          "submit --wait: rc %d %s %s" % (r.returncode, r.stdout, r.stderr))
+    check(c.job(jid)["state"] == "succeeded", "the job did succeed")
+    r = run("submit", spec_file(c, "follow", 5, 100, {"fake_step_ms": "100"}), "--follow")
+    out = r.stdout
+    check(r.returncode == 0, "submit --follow rc %d: %s %s" % (r.returncode, out, r.stderr))
+    for want in ("job.queued", "job.started", "step 5/5 loss", "job.succeeded", "succeeded"):
+        check(want in out, "--follow prints %r: %s" % (want, out))
+    check(out.index("job.queued") < out.index("job.started") < out.index("job.succeeded"),
+          "--follow prints events in order: %s" % out)
+    steps = [ln.split()[1] for ln in out.splitlines() if ln.startswith("step ")]
+    check(steps == ["%d/5" % k for k in range(1, 6)], "each step record once, in order: %s"
+          % steps)
+    # A job that fails: exit 4 (the fake worker crashes at step 2, no retries left).
+    r = run("submit", spec_file(c, "bad", 4, 50, {"fake_crash_step": "2"}, max_retries=0),
+            "--wait")
+    check(r.returncode == 4 and "failed" in r.stdout, "failed job: rc %d %s %s" %
+          (r.returncode, r.stdout, r.stderr))
+    # A cancelled job: exit 5, seen by `loomctl wait` on a job submitted over HTTP.
+    jl = c.submit(world=1, steps=1000, step_ms=100)
+    c.wait_state(jl, "running", 20)
+    r = run("wait", jl, "--timeout", "1")
+    check(r.returncode == 6 and "--timeout" in r.stderr, "wait --timeout: rc %d %s" %
+          (r.returncode, r.stderr))
+    threading.Timer(1.0, lambda: c.request("POST", "/v1/jobs/%s/cancel" % jl)).start()
+    t0 = time.time()
+    r = run("wait", jl)
+    check(r.returncode == 5 and "cancelled" in r.stdout, "cancelled job: rc %d %s %s" %
+          (r.returncode, r.stdout, r.stderr))
+    check(time.time() - t0 < 15, "wait returned %.1f s after the cancel" % (time.time() - t0))
+    # JSON: the final job object.
+    r = run("--json", "wait", jid)
+    check(r.returncode == 0 and json.loads(r.stdout)["state"] == "succeeded", "--json wait: %s"
+          % r.stdout)
+    # Errors: an unknown job, another tenant's job (404, exit 1), bad usage (exit 2).
+    r = run("wait", "j-000000000000")
+    check(r.returncode == 1 and "JOB_NOT_FOUND" in r.stderr, "unknown job: %d %s" %
+          (r.returncode, r.stderr))
+    _, tok_b = c.new_tenant("cli-b")
+    r = subprocess.run([ctl, "wait", jid], env=dict(env, LOOM_TOKEN=tok_b), capture_output=True,
+                       text=True, timeout=30)
+    check(r.returncode == 1 and "JOB_NOT_FOUND" in r.stderr, "other tenant's job: %d %s" %
+          (r.returncode, r.stderr))
+    for args in (("wait",), ("wait", jid, "--timeout", "x"), ("submit", "f.json", "--timeout",
+                                                              "5"), ("submit", "f.json", "--bogus")):
+        r = run(*args)
+        check(r.returncode == 2, "usage %s: rc %d %s" % (args, r.returncode, r.stderr))
+    # loomd unreachable: exit 3.
+    r = subprocess.run([ctl, "wait", jid], env=dict(env, LOOM_URL="http://127.0.0.1:1"),
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 3, "unreachable: %d %s" % (r.returncode, r.stderr))
 
 
 def sc_webhooks(c):
@@ -537,17 +686,128 @@ def sc_artifacts(c):
     c.request("POST", "/v1/jobs/%s/cancel" % jr)
 
 
+class NodeLocalCluster(Cluster):
+    """Agents keep job directories on their own disks (--job-root) and serve
+    them to loomd (--artifact-listen): nothing of a job's out_dir is where
+    loomd looks, so every artifact byte comes through the agent."""
+
+    def start_agent(self, name, devices, extra=()):
+        root = os.path.join(self.tmp, name + "-jobs")
+        return super().start_agent(name, devices, list(extra) + [
+            "--job-root", root, "--artifact-listen", "127.0.0.1:0"])
+
+
+def sc_artifacts_node(c):
+    """Artifacts served from the agent that holds them (no shared storage):
+    listing and downloads (whole, Range, ETag/304, 416) checked with hashlib
+    against the agent-side files, confinement through loomd and at the
+    agent's own route, its token, tenant isolation, a bad registration."""
+    import sqlite3
+    jid = c.submit(world=1, steps=6, step_ms=30, ckpt=2, labels={"fake_artifacts": "1"})
+    j = c.wait_state(jid, "succeeded", 30)
+    local = os.path.join(c.tmp, "node-1-jobs", jid)
+    check(os.path.isdir(os.path.join(local, "export", "hf")), "the export is on the node's disk")
+    check(not os.path.exists(os.path.join(j["out_dir"], "export")),
+          "nothing under loomd's out_dir %s" % j["out_dir"])
+    os.symlink("/etc/passwd", os.path.join(local, "export", "hf", "evil"))
+    os.makedirs(os.path.join(local, "checkpoints", ".tmp.step_00000099"))
+    with open(os.path.join(local, "checkpoints", ".tmp.step_00000099", "rank_00000.bin"),
+              "wb") as f:
+        f.write(b"partial")
+    st, r = c.get("/v1/jobs/%s/artifacts" % jid)
+    check(st == 200, "list: %s %s" % (st, r))
+    items = {i["path"]: i for i in r["items"]}
+    want = {"checkpoints/step_%08d/%s" % (s, f) for s in (2, 4, 6)
+            for f in ("manifest.json", "rank_00000.bin")}
+    want |= {"export/hf/config.json", "export/hf/model.safetensors",
+             "export/lora/adapter_config.json", "export/lora/adapter_model.safetensors"}
+    check(want == {p for p in items if not p.startswith("logs/")},
+          "listed from the node: %s" % sorted(items))
+    check([p for p in items if p.startswith("logs/")], "logs (loomd's copies) listed too")
+    check([i["path"] for i in r["items"]] == sorted(items), "sorted by path")
+    kinds = {"checkpoints": "checkpoint", "export/hf": "model", "export/lora": "adapter"}
+    for p in want:
+        it = items[p]
+        data = open(os.path.join(local, p), "rb").read()
+        check(it["kind"] == [v for k, v in kinds.items() if p.startswith(k)][0], "kind of " + p)
+        check(it["size"] == len(data) and it["sha256"] == sha(data), "size/sha of %s" % p)
+        st, hd, body = c.raw("GET", art_path(jid, p))
+        check(st == 200 and body == data and hd.get("etag") == '"%s"' % sha(data),
+              "download %s through loomd: %s %s" % (p, st, hd))
+    big = "export/hf/model.safetensors"
+    data = open(os.path.join(local, big), "rb").read()
+    n = len(data)
+    for rng, a, b in (("bytes=0-99", 0, 99), ("bytes=100-", 100, n - 1),
+                      ("bytes=-50", n - 50, n - 1), ("bytes=1000-2000", 1000, 2000)):
+        st, hd, body = c.raw("GET", art_path(jid, big), headers={"Range": rng})
+        check(st == 206 and sha(body) == sha(data[a:b + 1]) and
+              hd.get("content-range") == "bytes %d-%d/%d" % (a, b, n),
+              "Range %s: %s %s" % (rng, st, hd))
+    st, hd, body = c.raw("GET", art_path(jid, big), headers={"Range": "bytes=%d-" % (n + 5)})
+    check(st == 416 and b"RANGE_NOT_SATISFIABLE" in body and
+          hd.get("content-range") == "bytes */%d" % n, "416: %s %s" % (st, hd))
+    st, hd, body = c.raw("GET", art_path(jid, big), headers={"If-None-Match": '"%s"' % sha(data)})
+    check(st == 304 and body == b"", "If-None-Match: %s" % st)
+    for p in ("export/hf/evil", "export/hf/../../../../../etc/passwd", "spec.json",
+              "checkpoints/.tmp.step_00000099/rank_00000.bin", "export/hf/%2e%2e/%2e%2e/x",
+              "export/hf/nope"):
+        st, hd, body = c.raw("GET", "/v1/jobs/%s/artifacts/%s" % (jid, p))
+        check(st == 404 and b"ARTIFACT_NOT_FOUND" in body, "%s: %s %s" % (p, st, body))
+    # Isolation.
+    _, tok_b = c.new_tenant("node-b")
+    for p in ("/v1/jobs/%s/artifacts" % jid, art_path(jid, big)):
+        st, hd, body = c.raw("GET", p, token=tok_b)
+        check(st == 404 and b"JOB_NOT_FOUND" in body, "tenant B %s: %s" % (p, st))
+    # The agent's own route: its token only, confined to the job directory.
+    db = sqlite3.connect("file:%s?mode=ro" % os.path.join(c.tmp, "loomd", "loom.db"), uri=True)
+    url, tok = db.execute("SELECT artifact_url, artifact_token FROM nodes WHERE name = "
+                          "'node-1'").fetchone()
+    db.close()
+    check(url.startswith("http://127.0.0.1:") and len(tok) == 64, "registered: %s" % url)
+    port = int(url.rsplit(":", 1)[1])
+
+    def agent_get(path, token):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", path, headers={"Authorization": "Bearer " + token} if token else {})
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        return r.status, body
+
+    st, body = agent_get("/v1/node/artifacts/%s/%s" % (jid, big), tok)
+    check(st == 200 and body == data, "the agent serves its token's bearer: %s" % st)
+    for token in (None, JOIN_TOKEN, tok[:-1] + ("0" if tok[-1] != "0" else "1")):
+        st, body = agent_get("/v1/node/artifacts/%s/%s" % (jid, big), token)
+        check(st == 401, "agent refuses token %r: %s" % (token, st))
+    for p in ("%s/../../node-1/x" % jid, "%s/export/hf/evil" % jid, "..", "../%s" % jid,
+              "%s/export/hf/%%2e%%2e/%%2e%%2e/%%2e%%2e/etc/passwd" % jid, "j-nope/x", "%s//x" % jid):
+        st, body = agent_get("/v1/node/artifacts/" + p, tok)
+        check(st == 404, "agent confines %s: %s %s" % (p, st, body[:100]))
+    # A registration with a bad artifact server is refused.
+    st, r = c.request("POST", "/v1/agent/register",
+                      {"node": "node-x", "kind": "cpu", "devices": [],
+                       "artifacts": {"url": "ftp://x", "token": "t" * 40}}, token=JOIN_TOKEN)
+    check(st == 400 and code_of(r) == "INVALID_ARTIFACT_SERVER", "bad register: %s %s" % (st, r))
+
+
 SCENARIOS = {
     "events": (sc_events, {}),
     "sse": (sc_sse, {"nodes": 1}),
     "webhooks": (sc_webhooks, {"nodes": 1}),
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
+    "event_ring": (sc_event_ring, {"nodes": 0}),
+    "cli_wait": (sc_cli_wait, {"nodes": 1}),
+    "artifacts_node": (sc_artifacts_node, {"nodes": 1}),
 }
 
 
 class PlainCluster(Cluster):
     extra = []
+
+
+class RingCluster(Cluster):
+    extra = Cluster.extra + ["--events-ring", "16"]
 
 
 def main():
@@ -558,6 +818,10 @@ def main():
     name = tc.SCENARIO
     if name == "webhook_private":
         fn, kw, cls = sc_webhook_private, {"nodes": 0}, PlainCluster
+    elif name == "artifacts_node":
+        fn, kw, cls = sc_artifacts_node, {"nodes": 1}, NodeLocalCluster
+    elif name == "event_ring":
+        fn, kw, cls = sc_event_ring, {"nodes": 0}, RingCluster
     else:
         (fn, kw), cls = SCENARIOS[name], Cluster
     c = cls(**kw)

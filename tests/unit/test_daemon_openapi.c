@@ -102,13 +102,17 @@ static void set_attr(struct prop *p, char *kv) {
             size_t l = strlen(p->enums);
             snprintf(p->enums + l, sizeof p->enums - l, "%s%s", l ? "|" : "", trim(t));
         }
+    } else if (!strcmp(k, "exclusiveMinimum") && (!strcmp(v, "true") || !strcmp(v, "false"))) {
+        p->min_excl = v[0] == 't'; /* OpenAPI 3.0: a flag on minimum */
+    } else if (!strcmp(k, "exclusiveMaximum") && (!strcmp(v, "true") || !strcmp(v, "false"))) {
+        p->max_excl = v[0] == 't';
     } else if (!strcmp(k, "minimum") || !strcmp(k, "exclusiveMinimum")) {
         p->has_min = 1;
-        p->min_excl = k[0] == 'e';
+        if (k[0] == 'e') p->min_excl = 1; /* the 3.1 form: the bound itself */
         p->min = strtod(v, NULL);
     } else if (!strcmp(k, "maximum") || !strcmp(k, "exclusiveMaximum")) {
         p->has_max = 1;
-        p->max_excl = k[0] == 'e';
+        if (k[0] == 'e') p->max_excl = 1;
         p->max = strtod(v, NULL);
     } else if (!strcmp(k, "default")) {
         p->has_def = 1;

@@ -454,6 +454,22 @@ static void test_mask(void) {
         }
     }
     data_loader_free(dl);
+    /* A step's counted targets, over every micro-step and dp rank: the targets the batches
+     * of that step leave at >= 0 (shuffled, dp 2 x accum 2 x B 1 = 4 of the 6 windows). */
+    dl = open_dl("mask", 1, T, 2, 2, 7, 1);
+    for (int64_t step = 0; dl && step < 5; step++) {
+        int64_t want = 0;
+        for (int mi = 0; mi < 2; mi++)
+            for (int r = 0; r < 2; r++) {
+                CHECK(data_loader_batch(dl, step, mi, r, in, tg, err, sizeof err) == 0);
+                for (int t = 0; t < T; t++)
+                    want += tg[t] >= 0;
+            }
+        CHECK(data_loader_step_loss_tokens(dl, step) == want);
+        CHECK(want < 4 * T); /* 4 of 6 windows: at least 2 from the masked shard */
+    }
+    CHECK(!dl || data_loader_step_loss_tokens(dl, -1) == -1);
+    data_loader_free(dl);
     CHECK(data_mask_write(p, m, 32, err, sizeof err) == 0);
     path_in(p, sizeof p, "mask");
     struct data_loader_opts o = {.pattern = p, .B = 1, .T = 8, .dp_size = 1, .grad_accum = 1};

@@ -1,7 +1,10 @@
 /* LoRA adapters (worker/lora.c) on the CPU backend, tiny GPT-2 and Llama models:
  * - adapter gradients (dA, dB) against central finite differences of the loss;
  * - with B = 0 the loss equals the base model's;
- * - the base weights get no gradient (the gradient buffer stays zero). */
+ * - the base weights get no gradient (the gradient buffer stays zero);
+ * - with dropout (PEFT: on the adapter input) the gradients are those of the
+ *   loss under the same masks (finite differences of training forwards), and
+ *   an eval forward drops nothing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,7 @@ struct fcase {
     const char *const *targets;
     int n_targets;
     int recompute;
+    double dropout;
 };
 
 static const char *const llama_all[] = {"q", "k", "v", "o", "gate", "up", "down"};
@@ -24,10 +28,17 @@ static const char *const llama_some[] = {"k", "up"};
 static const char *const gpt2_all[] = {"attn", "proj", "fc", "fc2"};
 
 static const struct fcase cases[] = {
-    {"llama all targets", MODEL_LLAMA, llama_all, 7, MODEL_RECOMPUTE_NONE},
-    {"llama k+up, full recompute", MODEL_LLAMA, llama_some, 2, MODEL_RECOMPUTE_FULL},
-    {"gpt2 all targets", MODEL_GPT2, gpt2_all, 4, MODEL_RECOMPUTE_SELECTIVE},
+    {"llama all targets", MODEL_LLAMA, llama_all, 7, MODEL_RECOMPUTE_NONE, 0},
+    {"llama k+up, full recompute", MODEL_LLAMA, llama_some, 2, MODEL_RECOMPUTE_FULL, 0},
+    {"gpt2 all targets", MODEL_GPT2, gpt2_all, 4, MODEL_RECOMPUTE_SELECTIVE, 0},
+    {"llama all targets, dropout 0.3", MODEL_LLAMA, llama_all, 7, MODEL_RECOMPUTE_NONE, 0.3},
+    {"llama k+up, dropout 0.5, full recompute", MODEL_LLAMA, llama_some, 2, MODEL_RECOMPUTE_FULL,
+     0.5},
 };
+
+/* A forward whose loss is evaluated with the training dropout masks (a
+ * gradient scale too small to matter turns training on). */
+#define TRAIN_GS 1e-30f
 
 static struct model_config config(enum model_family f) {
     struct model_config c;
@@ -77,8 +88,12 @@ static void run_case(const struct fcase *fc) {
         tg[i] = (int32_t)((i * 5 + 1) % c.vocab_size);
     }
     double base = loss(m, in, tg, 0.0f);
-    struct lora_opts lo = {
-        .rank = 3, .alpha = 6, .targets = fc->targets, .n_targets = fc->n_targets, .seed = 9};
+    struct lora_opts lo = {.rank = 3,
+                           .alpha = 6,
+                           .dropout = fc->dropout,
+                           .targets = fc->targets,
+                           .n_targets = fc->n_targets,
+                           .seed = 9};
     const char *code = NULL;
     char err[256];
     struct lora *l = lora_new(m, &lo, &code, err, sizeof err);
@@ -95,6 +110,13 @@ static void run_case(const struct fcase *fc) {
         lora_view(l, i, &v);
         for (int k = 0; k < v.out * 3; k++)
             v.B[k] = (float)(0.4 * (urand() - 0.5));
+    }
+    float fgs = fc->dropout > 0 ? TRAIN_GS : 0.0f; /* the loss the gradients are of */
+    if (fc->dropout > 0) {
+        double ev = loss(m, in, tg, 0.0f), ev2 = loss(m, in, tg, 0.0f), tr = loss(m, in, tg, fgs);
+        CHECK(ev == ev2 && fabs(tr - ev) > 1e-6 * fabs(ev),
+              "%s: eval forwards drop nothing (%.9g, %.9g), a training forward does (%.9g)",
+              fc->name, ev, ev2, tr);
     }
     engine_zero_grads(e);
     lora_zero_grads(l);
@@ -120,9 +142,9 @@ static void run_case(const struct fcase *fc) {
                 size_t k = (size_t)(urand() * (double)n);
                 float w0 = w[k];
                 w[k] = (float)(w0 + h);
-                double lp = loss(m, in, tg, 0.0f);
+                double lp = loss(m, in, tg, fgs);
                 w[k] = (float)(w0 - h);
-                double lm = loss(m, in, tg, 0.0f);
+                double lm = loss(m, in, tg, fgs);
                 w[k] = w0;
                 double fd = (lp - lm) / (2 * h), an = dw[k];
                 if (fabs(an) > gmax) gmax = fabs(an);
@@ -148,7 +170,7 @@ out:
 int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case(&cases[i]);
-    /* refusals: dropout, bad rank */
+    /* refusals: dropout 1, ZeRO-3 */
     struct model_config c = config(MODEL_LLAMA);
     struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
     struct engine *e = engine_new(&c, &p, backend_cpu_new(1));
@@ -156,10 +178,16 @@ int main(void) {
     const char *code = NULL;
     char err[256] = "";
     struct lora_opts lo = {
-        .rank = 2, .alpha = 4, .dropout = 0.1, .targets = llama_all, .n_targets = 7};
+        .rank = 2, .alpha = 4, .dropout = 1, .targets = llama_all, .n_targets = 7};
     CHECK(m && !lora_new(m, &lo, &code, err, sizeof err) && code &&
-              strcmp(code, "LORA_UNSUPPORTED") == 0 && strstr(err, "dropout=0.1"),
-          "dropout refused: %s %s", code ? code : "-", err);
+              strcmp(code, "LORA_UNSUPPORTED") == 0 && strstr(err, "dropout=1"),
+          "dropout 1 refused: %s %s", code ? code : "-", err);
+    lo.dropout = 0;
+    lo.zero_stage = 3;
+    code = NULL;
+    CHECK(m && !lora_new(m, &lo, &code, err, sizeof err) && code &&
+              strcmp(code, "LORA_UNSUPPORTED") == 0 && strstr(err, "zero_stage 3"),
+          "zero_stage 3 refused: %s %s", code ? code : "-", err);
     model_free(m);
     engine_free(e);
     return check_summary("test_lora_grad");

@@ -328,6 +328,62 @@ static void test_estimate_job(void) {
     CHECK(planner_estimate_job(&s, NULL, 0, &a, &e) == 0 && a.fits);
 }
 
+/* ---- LoRA / QLoRA memory: a Llama 3 8B job on one 24 GB card ---- */
+static double pad64(double n) {
+    return ceil(n / 64) * 64;
+}
+
+static void test_lora_8b(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate lora, full, nf4, z1;
+    struct loom_error e;
+    const char *base = "{'model':{'family':'llama','preset':'8b','seq_len':2048},"
+                       "'train':{'micro_batch':1,'global_batch_tokens':2048,'recompute':'full'%s}}";
+    char spec[512];
+    snprintf(spec, sizeof spec, base, "");
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "RTX4090", 0, &full, &e) == 0);
+    snprintf(spec, sizeof spec, base, ",'lora':{'rank':16,'alpha':32}");
+    CHECK(load(spec, NULL, &s, &c) == 0);
+    CHECK(s.train.lora.enabled && s.train.lora.n_targets == 7);
+    CHECK(planner_estimate_job(&s, "RTX4090", 0, &lora, &e) == 0);
+    snprintf(spec, sizeof spec, base, ",'lora':{'rank':16,'alpha':32},'quantize_base':'nf4'");
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "RTX4090", 0, &nf4, &e) == 0);
+    /* the adapters by hand: r x in + out x r per projection, each tensor padded to 64
+     * elements (C 4096, kv 1024, F 14336), 32 blocks */
+    double r = 16, C = 4096, KV = 1024, F = 14336;
+    double per = pad64(r * C) * 5 + pad64(r * C) + pad64(r * F) + /* A: q k v gate up, o, down */
+                 pad64(C * r) * 3 + pad64(KV * r) * 2 +
+                 pad64(F * r) * 2; /* B: q o down, k v, gate up */
+    double A = 32 * per;
+    /* Llama 3 8B: 8,030,261,248 parameters, frozen in bf16 */
+    double P = 8030261248.0;
+    CHECK_NEAR(lora.mem.params, P * 2 + A * 2, 1);
+    CHECK_NEAR(lora.mem.grads, A * 2, 1);
+    CHECK_NEAR(lora.mem.optimizer, A * 12 + 20, 1);
+    CHECK(full.mem.grads == P * 2 && !full.fits && lora.fits);
+    printf("8b lora r16 on RTX4090: %.2f GiB (params %.2f, grads %.3f, optimizer %.3f, activations "
+           "%.2f), %.0fM adapter parameters; full fine-tuning %.1f GiB: %s\n",
+           lora.mem.total / GIB, lora.mem.params / GIB, lora.mem.grads / GIB,
+           lora.mem.optimizer / GIB, lora.mem.activations / GIB, A / 1e6, full.mem.total / GIB,
+           full.reason);
+    /* NF4: block linear weights at 0.5 + 1/64 + 4/16384 bytes, embeddings, norms and head
+     * in bf16, one block dequantized to bf16 */
+    double lin = 32 * (C * (C + 2 * KV) + C * C + 3 * C * F);
+    double nf4p = lin * (0.5 + 1.0 / 64 + 4.0 / 16384) + (P - lin) * 2 + lin / 32 * 2 + A * 2;
+    CHECK_NEAR(nf4.mem.params, nf4p, 1);
+    CHECK(nf4.fits && nf4.mem.total < lora.mem.total - 9 * GIB);
+    printf("8b qlora nf4: %.2f GiB (params %.2f GiB)\n", nf4.mem.total / GIB, nf4.mem.params / GIB);
+    /* dp 2 with ZeRO 1: the adapter optimizer state halves, a gradient shard is added */
+    snprintf(spec, sizeof spec,
+             "{'model':{'family':'llama','preset':'8b','seq_len':2048},'parallel':{'dp':2,"
+             "'zero_stage':1},'train':{'micro_batch':1,'global_batch_tokens':4096,"
+             "'recompute':'full','lora':{'rank':16,'alpha':32}}}");
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "RTX4090", 0, &z1, &e) == 0);
+    CHECK_NEAR(z1.mem.optimizer, ceil(A / 2) * 12 + 20, 1);
+    CHECK_NEAR(z1.mem.grads, A * 2 + ceil(A / 2) * 2, 1);
+}
+
 /* ---- dp2 ZeRO-0 on one node: the copy-engine receive area ---- */
 static void test_pair_area(void) {
     struct loom_spec s;
@@ -717,6 +773,7 @@ static void test_fleet_costs(void) {
 }
 
 int main(void) {
+    test_lora_8b();
     test_fleet_fit();
     test_fleet_cpu_memory();
     test_fleet_costs();

@@ -5,11 +5,14 @@
  * Tolerance: +-10% per category (the issue's bar); the parameter and gradient
  * buffers must match exactly since both come from the same layout table.
  * With the argument "cuda" the same table runs on the CUDA backend (bf16;
- * exits 77 when built without CUDA or no GPU is found). */
+ * exits 77 when built without CUDA or no GPU is found).
+ * train.lora cases: the frozen base (engine_place.frozen) and the adapters
+ * (worker/lora.c); params, grads and optimizer must match exactly. */
 #include "api/planner.h"
 #include "tests/check.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
+#include "worker/lora.h"
 #include "worker/model.h"
 
 #ifdef LOOM_HAVE_CUDA
@@ -30,6 +33,18 @@ static const struct lcase cases[] = {
     {"gpt2", "tiny", 2, 64, 1, 0},   {"gpt2", "tiny", 4, 32, 2, 1},  {"gpt2", "mini", 2, 128, 1, 0},
     {"gpt2", "mini", 1, 128, 4, 1},  {"llama", "tiny", 2, 64, 1, 0}, {"llama", "tiny", 3, 64, 2, 1},
     {"llama", "mini", 2, 128, 1, 0}, {"llama", "mini", 4, 64, 4, 1},
+};
+
+struct lora_case {
+    const char *family, *preset, *targets; /* JSON list body */
+    int B, T, rank;
+    double dropout;
+};
+
+static const struct lora_case lora_cases[] = {
+    {"llama", "tiny", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0},
+    {"llama", "mini", "\"q\",\"v\"", 2, 128, 16, 0.1},
+    {"gpt2", "tiny", "\"attn\",\"proj\",\"fc\",\"fc2\"", 2, 64, 4, 0.05},
 };
 
 static int within(double est, double real, double tol) {
@@ -94,6 +109,64 @@ int main(int argc, char **argv) {
                est.mem.params, r->grads, est.mem.grads, r->optimizer, est.mem.optimizer,
                r->activations, est.mem.activations, 100 * (est_sum - real_sum) / real_sum);
         CHECK(ok);
+        model_free(m);
+        engine_free(e);
+    }
+    for (size_t i = 0; i < sizeof lora_cases / sizeof *lora_cases; i++) {
+        const struct lora_case *k = &lora_cases[i];
+        char text[768];
+        snprintf(text, sizeof text,
+                 "{\"model\":{\"family\":\"%s\",\"preset\":\"%s\",\"seq_len\":%d},"
+                 "\"resources\":{\"device\":\"%s\"},\"train\":{\"micro_batch\":%d,"
+                 "\"lora\":{\"rank\":%d,\"alpha\":16,\"dropout\":%g,\"targets\":[%s]}}}",
+                 k->family, k->preset, k->T, cuda ? "cuda" : "cpu", k->B, k->rank, k->dropout,
+                 k->targets);
+        struct loom_spec s;
+        struct loom_error err;
+        if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0) {
+            fprintf(stderr, "lora case %zu: %s %s\n", i, err.code, err.message);
+            check_failures++;
+            continue;
+        }
+        struct planner_estimate est;
+        CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
+        struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = 1};
+        struct backend *be = NULL;
+#ifdef LOOM_HAVE_CUDA
+        if (cuda) be = backend_cuda_new(0);
+#endif
+        if (!cuda) be = backend_cpu_new(1);
+        struct engine *e = be ? engine_new(&s.model, &p, be) : NULL;
+        struct model *m = e ? model_new(e, k->B, k->T, 1) : NULL;
+        const char *tg[JOBSPEC_LORA_TARGETS_MAX];
+        for (int t = 0; t < s.train.lora.n_targets; t++)
+            tg[t] = s.train.lora.targets[t];
+        struct lora_opts lo = {.rank = s.train.lora.rank,
+                               .alpha = s.train.lora.alpha,
+                               .dropout = s.train.lora.dropout,
+                               .targets = tg,
+                               .n_targets = s.train.lora.n_targets,
+                               .seed = 1};
+        const char *code = NULL;
+        char lerr[256] = "";
+        struct lora *l = m ? lora_new(m, &lo, &code, lerr, sizeof lerr) : NULL;
+        CHECK(l != NULL, "lora case %zu: %s", i, lerr);
+        if (!l) {
+            model_free(m);
+            engine_free(e);
+            continue;
+        }
+        const struct engine_mem *r = &e->mem;
+        int ok = est.mem.params == (double)r->params && est.mem.grads == (double)r->grads &&
+                 est.mem.optimizer == (double)r->optimizer &&
+                 within(est.mem.activations, (double)r->activations, 0.10);
+        printf("%s lora %-5s %-4s B=%d T=%3d r=%d dropout=%g: params %zu/%.0f grads %zu/%.0f "
+               "optimizer %zu/%.0f activations %zu/%.0f (real/estimate, bytes)\n",
+               cuda ? "cuda" : "cpu", k->family, k->preset, k->B, k->T, k->rank, k->dropout,
+               r->params, est.mem.params, r->grads, est.mem.grads, r->optimizer, est.mem.optimizer,
+               r->activations, est.mem.activations);
+        CHECK(ok);
+        lora_free(l);
         model_free(m);
         engine_free(e);
     }

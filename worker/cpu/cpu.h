@@ -43,7 +43,8 @@ struct cpu_ctx {
     float rope_theta;
     double *rope_inv; /* [HD/2] scaled inverse frequencies (rope_set_freqs), or NULL */
     int rope_half;
-    double *partials; /* sumsq chunk partials */
+    const int32_t *doc_start; /* [N] document start per row (set_doc_starts), or NULL */
+    double *partials;         /* sumsq chunk partials */
     size_t partials_n;
 };
 
@@ -109,6 +110,8 @@ void cpu_classifier(void *ctx, float *losses, void *dinp, void *dW, const void *
 /* Imported models and generation (worker/cpu/cpu_decode.c; struct backend). */
 int cpu_rope_set_freqs(void *ctx, const double *inv, int half);
 void cpu_rope_at(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0, float theta);
+/* Documents packed in a row (struct backend's set_doc_starts; worker/cpu/cpu_nn.c). */
+void cpu_set_doc_starts(void *ctx, const int32_t *starts, int N);
 void cpu_attention_decode(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
                           int NKV, int HD);
 /* Angle of RoPE pair d at position t: t * theta^(-2d/HD), or t * rope_inv[d]
@@ -119,5 +122,10 @@ double cpu_rope_angle(const struct cpu_ctx *cx, int t, int d, int HD, float thet
 void cpu_classifier_vp(void *ctx, float *lse, float *tl, void *dinp, void *dW, const void *inp,
                        const void *W, const int32_t *targets, const float *lse_in, int N, int C,
                        int Vv, int Vr, float grad_scale);
+
+/* LoRA helpers (worker/cpu/cpu_lora.c; struct backend axpy_2d, dropout). */
+void cpu_axpy_2d(void *ctx, void *dst, int ldd, const void *src, int lds, int rows, int cols,
+                 float alpha, int beta);
+void cpu_dropout(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed);
 
 #endif

@@ -214,6 +214,9 @@ struct backend *backend_cpu_new_tuned(int threads, const struct cpu_tuning *t) {
         .rope_set_freqs = cpu_rope_set_freqs,
         .rope_at = cpu_rope_at,
         .attention_decode = cpu_attention_decode,
+        .set_doc_starts = cpu_set_doc_starts,
+        .axpy_2d = cpu_axpy_2d,
+        .dropout = cpu_dropout,
     };
     return b;
 }

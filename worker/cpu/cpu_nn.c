@@ -26,6 +26,22 @@ static inline float dot(const float *a, const float *b, int n) {
     return s;
 }
 
+/* ---- documents packed in a row (set_doc_starts) ---- */
+
+void cpu_set_doc_starts(void *ctx, const int32_t *starts, int N) {
+    (void)N;
+    CX->doc_start = starts;
+}
+
+/* Position of row r in its document, and the first key position a query row may see. */
+static inline int doc_pos(const struct cpu_ctx *cx, int r, int T) {
+    return cx->doc_start ? r % T - cx->doc_start[r] : r % T;
+}
+
+static inline int doc_first(const struct cpu_ctx *cx, size_t row) {
+    return cx->doc_start ? cx->doc_start[row] : 0;
+}
+
 /* ---- embeddings ---- */
 
 void cpu_embedding_fwd(void *ctx, void *out_, const int32_t *tokens, const void *wte_,
@@ -38,7 +54,7 @@ void cpu_embedding_fwd(void *ctx, void *out_, const int32_t *tokens, const void 
         const float *e = wte + (size_t)tokens[r] * C;
         float *o = out + (size_t)r * C;
         if (wpe) {
-            const float *p = wpe + (size_t)(r % T) * C;
+            const float *p = wpe + (size_t)doc_pos(CX, r, T) * C;
             for (int c = 0; c < C; c++)
                 o[c] = e[c] + p[c];
         } else {
@@ -62,7 +78,7 @@ void cpu_embedding_bwd(void *ctx, void *dwte_, void *dwpe_, const void *dout_,
             for (int c = c0; c < c1; c++)
                 e[c] += d[c];
             if (dwpe) {
-                float *p = dwpe + (size_t)(r % T) * C;
+                float *p = dwpe + (size_t)doc_pos(CX, r, T) * C;
                 for (int c = c0; c < c1; c++)
                     p[c] += d[c];
             }
@@ -323,7 +339,7 @@ static void rope_apply(struct cpu_ctx *cx, float *x, int N, int T, int stride, i
 #pragma omp parallel for num_threads(cx->nt) if (CPU_PAR(cx, (size_t)N * n_heads * HD))            \
     schedule(static)
     for (int r = 0; r < N; r++) {
-        int t = r % T;
+        int t = doc_pos(cx, r, T);
         const float *cs = tab + (size_t)t * h, *sn = tab + (size_t)T * h + (size_t)t * h;
         for (int hd = 0; hd < n_heads; hd++) {
             float *v = x + (size_t)r * stride + (size_t)hd * HD;
@@ -362,10 +378,14 @@ void cpu_attention_fwd(void *ctx, void *out_, float *lse, const void *qkv_, int 
             int t = (int)(idx % T), h = (int)((idx / T) % NH), b = (int)(idx / ((long)T * NH));
             int kvh = h / grp;
             const float *base = qkv + (size_t)b * T * S;
+            /* packed documents: the keys of the query's own document are rows s..t, a causal
+             * row of t - s over keys starting at row s */
+            int s0 = doc_first(cx, (size_t)b * T + t);
+            const float *kb = base + (size_t)s0 * S;
             cx->k->attn_fwd_row(out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD,
                                 lse + ((size_t)b * NH + h) * T + t, base + (size_t)t * S + h * HD,
-                                base + (size_t)(NH + kvh) * HD,
-                                base + (size_t)(NH + NKV + kvh) * HD, (size_t)S, t, HD, scale, p);
+                                kb + (size_t)(NH + kvh) * HD, kb + (size_t)(NH + NKV + kvh) * HD,
+                                (size_t)S, t - s0, HD, scale, p);
         }
     }
 }
@@ -388,14 +408,16 @@ void cpu_attention_bwd(void *ctx, void *dqkv_, const void *dout_, const void *qk
             int b = task / NKV, kvh = task % NKV;
             for (int h = kvh * grp; h < (kvh + 1) * grp; h++) {
                 for (int t = 0; t < T; t++) {
-                    size_t row = (size_t)b * T + t, kb = (size_t)b * T * S;
+                    size_t row = (size_t)b * T + t;
+                    int s0 = doc_first(cx, row); /* the document's first row (see forward) */
+                    size_t kb = ((size_t)b * T + (size_t)s0) * S;
                     cx->k->attn_bwd_row(
                         dqkv + row * S + (size_t)h * HD, dqkv + kb + (size_t)(NH + kvh) * HD,
                         dqkv + kb + (size_t)(NH + NKV + kvh) * HD, qkv + row * S + (size_t)h * HD,
                         qkv + kb + (size_t)(NH + kvh) * HD,
                         qkv + kb + (size_t)(NH + NKV + kvh) * HD,
                         dout + row * NH * HD + (size_t)h * HD, out + row * NH * HD + (size_t)h * HD,
-                        lse[((size_t)b * NH + h) * T + t], (size_t)S, t, HD, scale, p);
+                        lse[((size_t)b * NH + h) * T + t], (size_t)S, t - s0, HD, scale, p);
                 }
             }
         }

@@ -49,6 +49,7 @@
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cudnn_attn.h"
+#include "worker/cuda/k_lora.h"
 #include "worker/cuda/kernels.h"
 #include "worker/tuning.h"
 
@@ -149,6 +150,14 @@ struct cuda_ctx {
     int cc; /* the device's compute capability x10 (90 = sm_90) */
     struct lcudnn_attn *cda;
     char cda_why[640]; /* why not, when cda is NULL */
+    /* imported models and generation (k_decode.cu): rope_set_freqs' inverse
+     * frequencies for rope_at at any position (device fp32 [dec_rope_half];
+     * NULL: theta^(-2i/HD)) and the decode attention's split scratch, made on
+     * first use */
+    float *dec_rope_inv;
+    int dec_rope_half;
+    float *dec_scratch;
+    size_t dec_bytes;
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -421,6 +430,8 @@ static void cu_destroy(void *ctx) {
     }
     for (int i = 0; i < MAX_ALLOCS; i++)
         if (c->allocs[i].p) cudaFree(c->allocs[i].p);
+    cudaFree(c->dec_rope_inv);
+    cudaFree(c->dec_scratch);
     cudaStreamDestroy(c->s);
     free(c);
 }
@@ -601,11 +612,30 @@ static int cu_rope_set_freqs(void *ctx, const double *inv, int half) {
     c->rope_inv = NULL;
     c->rope_half = 0;
     c->rope_valid = 0;
+    FLUSH();
+    CUDA_CHECK(cudaStreamSynchronize(c->s)); /* no kernel still reads the old decode table */
+    cudaFree(c->dec_rope_inv);
+    c->dec_rope_inv = NULL;
+    c->dec_rope_half = 0;
     if (!inv) return 0;
     c->rope_inv = malloc((size_t)(half > 0 ? half : 1) * sizeof *c->rope_inv);
     if (!c->rope_inv) return -1;
     memcpy(c->rope_inv, inv, (size_t)half * sizeof *inv);
     c->rope_half = half;
+    /* rope_at (generation) reads an fp32 copy at any position, outside the
+     * reserved shape's tables */
+    float h[512];
+    if (half < 1 || half > 512) return 0;
+    for (int i = 0; i < half; i++)
+        h[i] = (float)inv[i];
+    if (cudaMalloc((void **)&c->dec_rope_inv, (size_t)half * sizeof *h) != cudaSuccess) {
+        cudaGetLastError();
+        c->dec_rope_inv = NULL;
+        log_error("cuda backend: out of device memory for %d RoPE frequencies", half);
+        return -1;
+    }
+    CUDA_CHECK(cudaMemcpy(c->dec_rope_inv, h, (size_t)half * sizeof *h, cudaMemcpyHostToDevice));
+    c->dec_rope_half = half;
     return 0;
 }
 
@@ -810,6 +840,53 @@ static void cu_sumsq(void *ctx, float *acc, const void *grad, size_t n) {
 static void cu_scale(void *ctx, void *x, size_t n, float s) {
     FLUSH();
     lk_scale(x, n, s, ST);
+}
+
+/* ---- LoRA helpers (optional members; worker/cuda/k_lora.cu) */
+
+static void cu_axpy_2d(void *ctx, void *dst, int ldd, const void *src, int lds, int rows, int cols,
+                       float alpha, int beta) {
+    FLUSH();
+    lk_lora_axpy_2d(dst, ldd, src, lds, rows, cols, alpha, beta, ST);
+}
+
+static void cu_dropout(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed) {
+    FLUSH();
+    lk_lora_dropout(out, inp, n, p, seed, ST);
+}
+
+/* ---- imported models and generation (optional members; k_decode.cu) */
+
+static void cu_rope_at(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0,
+                       float theta) {
+    FLUSH();
+    const float *inv = CX->dec_rope_inv && CX->dec_rope_half == HD / 2 ? CX->dec_rope_inv : NULL;
+    lk_rope_ex(x, N, 0, pos0, n_heads, HD, stride, theta, inv, 0, ST);
+}
+
+/* The split scratch grows on first use for a shape: generation runs outside
+ * the training step, whose memory reserve() fixes. */
+static void cu_attention_decode(void *ctx, void *out, const void *q, const void *kv, int n, int NH,
+                                int NKV, int HD) {
+    struct cuda_ctx *c = CX;
+    FLUSH();
+    if (n < 1 || NKV < 1 || NH % NKV != 0 || HD < 1 || HD > LK_DECODE_MAX_HD) {
+        fprintf(stderr,
+                "cuda backend: attention_decode needs n >= 1, NH %% NKV == 0 and HD <= %d "
+                "(n=%d NH=%d NKV=%d HD=%d)\n",
+                LK_DECODE_MAX_HD, n, NH, NKV, HD);
+        exit(1);
+    }
+    size_t need = lk_attn_decode_scratch_bytes(NH, HD);
+    if (need > c->dec_bytes) {
+        CUDA_CHECK(cudaStreamSynchronize(c->s));
+        cudaFree(c->dec_scratch);
+        c->dec_scratch = NULL;
+        c->dec_bytes = 0;
+        CUDA_CHECK(cudaMalloc((void **)&c->dec_scratch, need));
+        c->dec_bytes = need;
+    }
+    lk_attn_decode(out, c->dec_scratch, q, kv, n, NH, NKV, HD, ST);
 }
 
 /* ---- async host copies (optional members; worker/offload.h) */
@@ -1032,6 +1109,8 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->classifier = cu_classifier;
     b->classifier_vp = cu_classifier_vp;
     b->matmul_residual_fwd = cu_matmul_residual_fwd;
+    b->rope_at = cu_rope_at;
+    b->attention_decode = cu_attention_decode;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->scale = cu_scale;
@@ -1041,6 +1120,8 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->h2d_async = cu_h2d_async;
     b->wait = cu_wait;
     b->copy_fence = cu_copy_fence;
+    b->axpy_2d = cu_axpy_2d;
+    b->dropout = cu_dropout;
     return b;
 }
 

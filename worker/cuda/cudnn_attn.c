@@ -443,7 +443,7 @@ static int build_fwd(struct lcudnn_attn *a) {
                           BO = CUDNN_DATA_BOOLEAN;
     cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, sh.dq, sh.sq, false, false);
     cudnnBackendDescriptor_t kt = tensor(g, U_K, BF, sh.dkt, sh.skt, false, false);
-    cudnnBackendDescriptor_t v = tensor(g, U_V, BF, sh.dq, sh.sq, false, false);
+    cudnnBackendDescriptor_t v = tensor(g, U_V, BF, sh.dk, sh.sq, false, false);
     cudnnBackendDescriptor_t o = tensor(g, U_O, BF, sh.dO, sh.sO, false, false);
     cudnnBackendDescriptor_t stats = tensor(g, U_STATS, F, sh.dR, sh.sR, false, false);
     cudnnBackendDescriptor_t scale = scalar(g, U_SCALE), neginf = scalar(g, U_NEGINF);

@@ -141,6 +141,24 @@ void lk_embed_scatter_add(lbf16 *dwte, const lbf16 *rows, const int32_t *uniq, i
  * returns n_uniq. */
 int lk_embed_buckets(const int32_t *tokens, int N, int32_t *order, int32_t *starts, int32_t *uniq);
 
+/* ---- generation and imported models (k_decode.cu) ---- */
+/* lk_rope with row r at position pos0 + (T > 0 ? r % T : r), and with the
+ * inverse frequencies inv[0..hd/2) (device fp32; RoPE scaling) instead of
+ * theta^(-2i/hd) when inv is not NULL. With inv NULL, T > 0 and pos0 0 it
+ * gives lk_rope's bits. */
+void lk_rope_ex(lbf16 *x, int N, int T, int pos0, int n_heads, int hd, int ld, float theta,
+                const float *inv, int inverse, lcuda_stream s);
+/* One new query row per head against a key/value cache of n >= 1 rows:
+ * q [H*hd], kv [n][2*Hkv*hd] (per row the Hkv key heads, then the Hkv value
+ * heads), out [H*hd] = softmax(q k^T / sqrt(hd)) v per head (kv head
+ * h / (H / Hkv)). hd <= LK_DECODE_MAX_HD; fp32 scores and sums, bf16 out.
+ * scratch: lk_attn_decode_scratch_bytes(H, hd) (any n). */
+#define LK_DECODE_MAX_HD    256
+#define LK_DECODE_MAX_SPLIT 64
+void lk_attn_decode(lbf16 *out, float *scratch, const lbf16 *q, const lbf16 *kv, int n, int H,
+                    int Hkv, int hd, lcuda_stream s);
+size_t lk_attn_decode_scratch_bytes(int H, int hd);
+
 /* ---- attention (flash-style, causal, never materialises T x T) ---- */
 /* out[N][ld_o] (head h at h*hd) = softmax(q k^T / sqrt(hd), causal) v;
  * lse[B][H][T] fp32 saves the log-sum-exp for the backward pass.

@@ -1,0 +1,26 @@
+/* CUDA kernels of the LoRA adapters (k_lora.cu; backend.h axpy_2d and
+ * dropout). bf16 storage, fp32 arithmetic; enqueued on `s`. */
+#ifndef LOOM_CUDA_K_LORA_H
+#define LOOM_CUDA_K_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/cuda/cuda_util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst[r*ldd + c] = (beta ? dst[r*ldd + c] : 0) + alpha * src[r*lds + c]. */
+void lk_lora_axpy_2d(uint16_t *dst, int ldd, const uint16_t *src, int lds, int rows, int cols,
+                     float alpha, int beta, lcuda_stream s);
+/* out[i] = lora_keep(seed, i, p) ? inp[i] / (1 - p) : 0 (out may equal inp). */
+void lk_lora_dropout(uint16_t *out, const uint16_t *inp, size_t n, float p, uint64_t seed,
+                     lcuda_stream s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
