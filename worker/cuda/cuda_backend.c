@@ -674,11 +674,17 @@ static void rope_apply(struct cuda_ctx *c, void *x, int N, int T, int stride, in
         return;
     const float *inv = tabs && c->rope_inv ? c->d_rope_inv32 : NULL;
     if (!inv && c->rope_inv) {
-        fprintf(stderr,
-                "cuda backend: RoPE with scaled frequencies past the reserved shape "
-                "(T %d, HD %d)\n",
-                T, HD);
-        exit(1);
+        /* past the reserved shape (generation's longer sequences): the fp32 copy
+         * rope_set_freqs made for rope_at serves any length */
+        if (!c->dec_rope_inv || c->dec_rope_half != HD / 2) {
+            fprintf(stderr,
+                    "cuda backend: RoPE with scaled frequencies for head size %d, set for %d\n",
+                    HD, 2 * c->rope_half);
+            exit(1);
+        }
+        lk_rope_ex(x, N, T, 0, n_heads, HD, stride, theta, c->dec_rope_inv, inverse,
+                   (lcuda_stream)c->s);
+        return;
     }
     lk_rope(x, N, T, n_heads, HD, stride, theta, inv, inverse, (lcuda_stream)c->s);
 }
