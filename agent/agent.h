@@ -27,7 +27,8 @@ struct agent_config {
     char *ca; /* CA bundle for an https coordinator (sets LOOM_CA, api/client.h) */
     char *comm_iface, *comm_host; /* overrides of the workers' listen address (commaddr.h) */
     char *job_root;               /* node-local job directories <job_root>/<job> (NULL: loomd's) */
-    char *artifact_listen; /* HOST:PORT of the artifact server (agent/artifacts.h), NULL: off */
+    char *artifact_listen;  /* HOST:PORT of the artifact server (agent/artifacts.h), NULL: off */
+    double cpu_peak_gflops; /* cpu devices' peak for MFU (agent/cpupeak.h); 0: measure it */
 };
 
 /* Run until *stop becomes non-zero (signal handler). Workers are left

@@ -89,6 +89,8 @@ struct cluster_node {
      * LOOM_MASTER_ADDR; "" when the agent advertised none */
     char comm_addr[64];
     char comm_iface[32];
+    /* one cpu device's measured fp32 peak (agent/cpupeak.h), GFLOP/s; 0: none */
+    double cpu_peak_gflops;
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */

@@ -60,6 +60,9 @@ static json_t *node_json(struct cluster *c, int ni) {
                             json_pack("{s:s, s:s}", "addr", n->comm_addr, "iface", n->comm_iface));
     if (o)
         json_object_set_new(o, "gpu_type", json_string(n->gpu_type[0] ? n->gpu_type : "unknown"));
+    if (o) /* one cpu device's measured peak (agent/cpupeak.h), null when none */
+        json_object_set_new(o, "cpu_peak_gflops",
+                            n->cpu_peak_gflops > 0 ? json_real(n->cpu_peak_gflops) : json_null());
     if (o)
         json_object_set_new(o, "inventory",
                             n->inventory ? json_incref(n->inventory) : json_object());
@@ -136,7 +139,7 @@ int nodes_store_inventory(struct store_tx *tx, const char *name, const char *gpu
 }
 
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
-    sqlite3_stmt *st = store_stmt(tx, "SELECT name, inventory FROM nodes");
+    sqlite3_stmt *st = store_stmt(tx, "SELECT name, inventory, cpu_peak_gflops FROM nodes");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int ni = cluster_node_find(c, (const char *)sqlite3_column_text(st, 0));
@@ -144,6 +147,7 @@ int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
         json_t *inv = json_loads((const char *)sqlite3_column_text(st, 1), 0, NULL);
         nodes_apply_inventory(&c->nodes[ni], inv);
         json_decref(inv);
+        c->nodes[ni].cpu_peak_gflops = sqlite3_column_double(st, 2);
     }
     sqlite3_reset(st);
     return STORE_OK;
