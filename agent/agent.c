@@ -300,6 +300,7 @@ static int cpu_threads_per_device(const struct agent *a) {
     int t = cores > 0 ? (int)(cores / n) : 1;
     return t > 0 ? t : 1;
 }
+
 /* The cpu peak for MFU: --cpu-peak-gflops, else measured once now, with one
  * device's threads, by the worker's own GEMM (bounded at 2 s). */
 static void set_cpu_peak(struct agent *a) {
