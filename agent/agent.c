@@ -9,6 +9,7 @@
 #include "agent/artifacts.h"
 
 #include "agent/commaddr.h"
+#include "agent/cpupeak.h"
 #include "agent/gpu.h"
 #include "agent/nodecheck.h"
 #include "agent/task.h"
@@ -145,6 +146,7 @@ struct agent {
     struct agent_artifacts *arts; /* artifact server (agent/artifacts.h), NULL: off */
     char artifact_url[300];       /* its URL, reported at registration */
     struct comm_addr comm;        /* where this node's workers listen, chosen at registration */
+    double cpu_peak_gflops;       /* one cpu device's fp32 GEMM peak (agent/cpupeak.h), 0: none */
 };
 
 static const char *state_name(enum task_state s) {
@@ -222,6 +224,8 @@ static int do_register(struct agent *a) {
                                       agent_artifacts_token(a->arts)));
     json_object_set_new(body, "comm_addr", json_string(a->comm.addr));
     json_object_set_new(body, "comm_iface", json_string(a->comm.iface));
+    if (a->cpu_peak_gflops > 0)
+        json_object_set_new(body, "cpu_peak_gflops", json_real(a->cpu_peak_gflops));
     long status = 0;
     json_t *reply = NULL;
     char err[512];
@@ -413,6 +417,23 @@ static int cpu_threads_per_device(const struct agent *a) {
     int t = cores > 0 ? (int)(cores / n) : 1;
     return t > 0 ? t : 1;
 }
+
+/* The cpu peak for MFU: --cpu-peak-gflops, else measured once now, with one
+ * device's threads, by the worker's own GEMM (bounded at 2 s). */
+static void set_cpu_peak(struct agent *a) {
+    int threads = cpu_threads_per_device(a);
+    if (a->cfg->cpu_peak_gflops > 0) {
+        a->cpu_peak_gflops = a->cfg->cpu_peak_gflops;
+        log_info("cpu peak: %.1f GFLOP/s per device (--cpu-peak-gflops)", a->cpu_peak_gflops);
+        return;
+    }
+    int64_t t0 = clock_mono_ms();
+    a->cpu_peak_gflops = cpupeak_measure(a->cfg->worker, threads, 2000);
+    if (a->cpu_peak_gflops > 0)
+        log_info("cpu peak: %.1f GFLOP/s per device (%d thread(s), measured in %lld ms)",
+                 a->cpu_peak_gflops, threads, (long long)(clock_mono_ms() - t0));
+}
+
 static void start_one(struct agent *a, json_t *v, int64_t now) {
     const char *job = json_string_value(json_object_get(v, "job"));
     int attempt = (int)json_integer_value(json_object_get(v, "attempt"));
@@ -447,6 +468,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         .rdzv_token = json_string_value(json_object_get(v, "rdzv_token")),
         .worker = a->cfg->worker,
         .threads = cpu_threads_per_device(a),
+        .cpu_peak_gflops = a->cpu_peak_gflops,
         .comm_iface = !strcmp(a->comm.why ? a->comm.why : "", "comm-iface") ? a->comm.iface : NULL,
         .comm_host = a->comm.addr,
         .comm_ifname = a->comm.iface,
@@ -755,6 +777,8 @@ int agent_run(const struct agent_config *cfg, volatile sig_atomic_t *stop) {
     client_set_timeout_ms(a.cl, 5000);
     if (access(cfg->worker, X_OK) != 0)
         log_warn("worker binary %s is not executable: tasks will fail to start", cfg->worker);
+    else if (cpu_threads_per_device(&a) > 0)
+        set_cpu_peak(&a);
     a.tasks = task_scan_dir(cfg->work_dir, cfg->adopt, clock_mono_ms());
     for (struct task *t = a.tasks; t; t = t->next) {
         t->ship_off[0] = t->ship_off[1] = 0; /* loomd tells us its length */

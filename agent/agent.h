@@ -29,6 +29,7 @@ struct agent_config {
     char *job_root;               /* node-local job directories <job_root>/<job> (NULL: loomd's) */
     char *artifact_listen;   /* HOST:PORT of the artifact server (agent/artifacts.h), NULL: off */
     struct agent_cred *cred; /* set by agent_run for its threads (agent_cred_apply) */
+    double cpu_peak_gflops;  /* cpu devices' peak for MFU (agent/cpupeak.h); 0: measure it */
 };
 
 struct client;

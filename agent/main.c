@@ -57,6 +57,8 @@ static const struct config_entry table[] = {
      "interface for worker-to-worker traffic (default: the one that reaches loomd)"},
     {"comm-host", CONFIG_STR, C(comm_host), NULL, 1, 0,
      "address workers listen on (default: this end of the connection to loomd)"},
+    {"cpu-peak-gflops", CONFIG_DOUBLE, C(cpu_peak_gflops), "0", 0, 1e7,
+     "fp32 peak GFLOP/s of one cpu device, for MFU (0: measure it at start, about 0.5 s)"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 

@@ -100,8 +100,9 @@ static struct task *task_alloc(const char *work_dir, const char *job, int attemp
     return t;
 }
 
-/* Contract variables the agent sets: 9 always, 5 comm and timing, OMP_NUM_THREADS. */
-#define TASK_ENV_VARS 16
+/* Contract variables the agent sets: 9 always, 5 comm and timing, OMP_NUM_THREADS,
+ * LOOM_CPU_PEAK_GFLOPS. */
+#define TASK_ENV_VARS 17
 
 static int is_contract_var(const char *e) {
     static const char *const names[] = {
@@ -111,7 +112,7 @@ static int is_contract_var(const char *e) {
         "LOOM_COMM_HOST=",   "LOOM_COMM_IFACE=", "LOOM_MASTER_ADDR=", "LOOM_RANK_STEPS="};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strncmp(e, names[i], strlen(names[i]))) return 1;
-    return 0;
+    return !strncmp(e, "LOOM_CPU_PEAK_GFLOPS=", 21); /* agent/cpupeak.h */
 }
 
 /* The worker's environment: ours without the contract variables, then
@@ -171,6 +172,13 @@ static char **task_env(const struct task_spec *s, char *vars[TASK_ENV_VARS]) {
      * OpenMP thread per core and N ranks oversubscribe the machine N times. */
     if (cpu && s->threads > 0 && !getenv("OMP_NUM_THREADS") &&
         asprintf(&vars[nv++], "OMP_NUM_THREADS=%d", s->threads) < 0) {
+        vars[--nv] = NULL;
+        free(envp);
+        return NULL;
+    }
+    /* The node's measured peak (agent/cpupeak.h): the worker's mfu on cpu. */
+    if (cpu && s->cpu_peak_gflops > 0 &&
+        asprintf(&vars[nv++], "LOOM_CPU_PEAK_GFLOPS=%.3f", s->cpu_peak_gflops) < 0) {
         vars[--nv] = NULL;
         free(envp);
         return NULL;

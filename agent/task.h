@@ -53,6 +53,7 @@ struct task_spec {
     const char *rdzv, *rdzv_token;
     const char *worker; /* path of the worker binary */
     int threads;        /* cpu tasks: OMP_NUM_THREADS when the agent's env has none (0: unset) */
+    double cpu_peak_gflops; /* cpu tasks: LOOM_CPU_PEAK_GFLOPS, one device's peak (0: unset) */
     /* Where the worker listens (agent/commaddr.h), each NULL or "" to leave
      * the worker's own default: LOOM_COMM_IFACE (an interface override),
      * else LOOM_COMM_HOST (an address); NCCL_SOCKET_IFNAME on cuda unless

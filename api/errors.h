@@ -32,6 +32,7 @@
     X(INVALID_DEVICE_KIND, 400, "agent: kind is not cuda or cpu")                                  \
     X(INVALID_DEVICES, 400, "agent: devices is not an array of at most 64")                        \
     X(INVALID_COMM_ADDR, 400, "agent: comm_addr/comm_iface is too long or has odd characters")     \
+    X(INVALID_CPU_PEAK, 400, "agent: cpu_peak_gflops is not a number in (0, 1e7]")                 \
     X(INVALID_METRICS, 400, "agent: metrics items is not an array")                                \
     X(INVALID_LOG_CHUNK, 400, "agent: a log chunk is malformed")                                   \
     X(INVALID_ARTIFACT_SERVER, 400, "agent: artifacts is not {url: http://..., token}")            \

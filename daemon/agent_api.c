@@ -47,6 +47,7 @@ struct node_row {
     const char *gpu_type;
     const json_t *inventory;
     const char *art_url, *art_token; /* agent/artifacts.h; "" when none */
+    double cpu_peak_gflops;          /* agent/cpupeak.h; 0 when none */
 };
 
 static int upsert_node(struct store_tx *tx, void *arg) {
@@ -74,6 +75,14 @@ static int upsert_node(struct store_tx *tx, void *arg) {
         sqlite3_bind_text(st, 1, r->name, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 2, r->art_url, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 3, r->art_token, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+        sqlite3_reset(st);
+    }
+    if (rc == STORE_OK) {
+        st = store_stmt(tx, "UPDATE nodes SET cpu_peak_gflops = ?2 WHERE name = ?1");
+        if (!st) return STORE_ERR;
+        sqlite3_bind_text(st, 1, r->name, -1, SQLITE_STATIC);
+        sqlite3_bind_double(st, 2, r->cpu_peak_gflops);
         rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
         sqlite3_reset(st);
     }
@@ -186,6 +195,17 @@ int agent_api_register(struct http_req *req) {
                           sizeof c->nodes[0].comm_addr - 1, sizeof c->nodes[0].comm_iface - 1);
     if (!caddr) caddr = "";
     if (!ciface) ciface = "";
+    /* The cpu peak (agent/cpupeak.h): absent or null from an agent that has none. */
+    json_t *peak = json_object_get(req->json, "cpu_peak_gflops");
+    double cpu_peak = json_is_number(peak) ? json_number_value(peak) : 0;
+    if (peak && !json_is_null(peak) && !(json_is_number(peak) && cpu_peak > 0 && cpu_peak <= 1e7)) {
+        char *text = json_dumps(peak, JSON_ENCODE_ANY | JSON_COMPACT);
+        int hr = http_error(req, 400, "INVALID_CPU_PEAK",
+                            "cpu_peak_gflops %.40s: expected a number in (0, 1e7] GFLOP/s",
+                            text ? text : "?");
+        free(text);
+        return hr;
+    }
     struct reg_plan plan;
     pthread_mutex_lock(&c->mu);
     int full = cluster_node_find(c, name) < 0 && c->nnodes >= CLUSTER_MAX_NODES;
@@ -225,7 +245,8 @@ int agent_api_register(struct http_req *req) {
                            gpu_type,
                            inventory,
                            art_url ? art_url : "",
-                           art_token ? art_token : ""};
+                           art_token ? art_token : "",
+                           cpu_peak};
     struct reg_write w = {&row, &plan, cred};
     int rc = store_write(req->ld->store, register_cb, &w);
     free(row.devices);
@@ -251,6 +272,7 @@ int agent_api_register(struct http_req *req) {
     snprintf(n->hostname, sizeof n->hostname, "%s", host ? host : "");
     snprintf(n->comm_addr, sizeof n->comm_addr, "%s", caddr);
     snprintf(n->comm_iface, sizeof n->comm_iface, "%s", ciface);
+    n->cpu_peak_gflops = cpu_peak;
     json_decref(n->devices);
     n->devices = json_incref(devices);
     n->ndev = (int)json_array_size(devices);

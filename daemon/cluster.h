@@ -94,6 +94,8 @@ struct cluster_node {
     int admission;
     int has_cred;
     unsigned char cred[32];
+    /* one cpu device's measured fp32 peak (agent/cpupeak.h), GFLOP/s; 0: none */
+    double cpu_peak_gflops;
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */

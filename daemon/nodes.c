@@ -110,6 +110,9 @@ static json_t *node_json(struct cluster *c, int ni, int full) {
         json_object_set_new(o, "gpu_type", json_string(n->gpu_type[0] ? n->gpu_type : "unknown"));
         /* hardware: cpus, memory, interconnect; GPU models, SMs, NVLink/PCIe topology */
         if (n->host) json_object_set(o, "host", n->host);
+        /* one cpu device's measured peak (agent/cpupeak.h), null when none */
+        json_object_set_new(o, "cpu_peak_gflops",
+                            n->cpu_peak_gflops > 0 ? json_real(n->cpu_peak_gflops) : json_null());
         json_object_set_new(o, "inventory",
                             n->inventory ? json_incref(n->inventory) : json_object());
     }
@@ -206,6 +209,9 @@ static int hex_to_hash(const char *hex, unsigned char out[32]) {
 
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
     sqlite3_stmt *st = store_stmt(tx, "SELECT name, inventory, admission, cred_hash FROM nodes");
+    /* one cpu device's measured peak (agent/cpupeak.h), null when none */
+    json_object_set_new(o, "cpu_peak_gflops",
+                        n->cpu_peak_gflops > 0 ? json_real(n->cpu_peak_gflops) : json_null());
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int ni = cluster_node_find(c, (const char *)sqlite3_column_text(st, 0));
@@ -216,6 +222,9 @@ int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
         json_decref(inv);
         n->admission = nodes_admission_parse((const char *)sqlite3_column_text(st, 2));
         n->has_cred = hex_to_hash((const char *)sqlite3_column_text(st, 3), n->cred) == 0;
+        /* one cpu device's measured peak (agent/cpupeak.h), null when none */
+        json_object_set_new(o, "cpu_peak_gflops",
+                            n->cpu_peak_gflops > 0 ? json_real(n->cpu_peak_gflops) : json_null());
     }
     sqlite3_reset(st);
     return STORE_OK;

@@ -235,9 +235,11 @@ int main(int argc, char **argv) {
     printf("{\"type\":\"start\",\"job\":\"%s\",\"attempt\":%d,\"rank\":%d,\"world\":%d,"
            "\"resume_step\":%ld}\n",
            job, attempt, rank, world, start);
-    fprintf(stderr, "fake_worker: job %s attempt %d rank %d/%d starting at step %ld, omp %s\n", job,
-            attempt, rank, world, start,
-            getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "-");
+    fprintf(stderr,
+            "fake_worker: job %s attempt %d rank %d/%d starting at step %ld, omp %s, cpu peak %s\n",
+            job, attempt, rank, world, start,
+            getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "-",
+            getenv("LOOM_CPU_PEAK_GFLOPS") ? getenv("LOOM_CPU_PEAK_GFLOPS") : "-");
     if (rendezvous(getenv("LOOM_RDZV"), getenv("LOOM_RDZV_TOKEN"), rank, world) != 0) {
         printf("{\"type\":\"error\",\"message\":\"rendezvous failed\"}\n");
         json_decref(spec);

@@ -37,6 +37,7 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
+#include "worker/cpu_peak.h"
 #include "worker/data.h"
 #include "worker/hf_cli.h"
 #include "worker/hf_spec.h"
@@ -61,6 +62,7 @@ struct opts {
     long rank, world, local_rank, threads, nproc, steps, offload_chunk_kib;
     int no_save;
     int rank_steps;            /* --rank-steps: every rank writes rank_step lines */
+    int bench_gemm;            /* --bench-gemm: print the cpu GEMM peak and exit */
     char *export_lora;         /* --export-lora DIR */
     struct hf_cli_opts hf;     /* model modes and fine-tuning (worker/hf_cli.h) */
     struct worker_tuning tune; /* the tuning and debug rows (worker/tuning.h) */
@@ -104,6 +106,9 @@ static const struct config_entry table[] = {
     {"rank-steps", CONFIG_BOOL, offsetof(struct opts, rank_steps), "0", 0, 0,
      "ranks other than 0 write {\"type\":\"rank_step\"} timing lines on stdout (set by "
      "loom-agent: LOOM_RANK_STEPS=1)"},
+    {"bench-gemm", CONFIG_BOOL, offsetof(struct opts, bench_gemm), "0", 0, 0,
+     "measure the cpu backend's fp32 GEMM peak (about 0.5 s, --threads), print "
+     "{\"type\":\"cpu_peak\",\"gflops\":..} and exit (run by loom-agent at start)"},
     /* fine-tuning contract (docs/engine.md "Hugging Face models") */
     {"init-from", CONFIG_STR, offsetof(struct opts, hf.init_from), NULL, 1, 0,
      "Hugging Face model directory to load (no --spec needed) for the modes below"},
@@ -494,6 +499,7 @@ static int open_backend(struct run *r) {
     } else {
         r->be = backend_cpu_new_tuned((int)o->threads, &o->tune.cpu);
         if (!r->be) return LOOM_EXIT_FAILED;
+        cpu_peak_from_env(r->be); /* the agent's calibration: a real mfu on cpu */
     }
     return 0;
 }
@@ -979,6 +985,20 @@ static int run(struct worker *w) {
     return code;
 }
 
+/* --bench-gemm: the cpu peak for MFU (worker/cpu_peak.h). */
+static int bench_gemm(struct opts *o) {
+    struct backend *be = backend_cpu_new_tuned((int)o->threads, &o->tune.cpu);
+    if (!be) return LOOM_EXIT_FAILED;
+    double g = cpu_peak_measure(be, 0.5);
+    if (g > 0)
+        hf_cli_emit(json_pack("{s:s, s:f, s:I, s:s}", "type", "cpu_peak", "gflops", g, "threads",
+                              (json_int_t)o->threads, "isa", backend_cpu_isa(be)));
+    else
+        hf_cli_error("OUT_OF_MEMORY", "cannot allocate the GEMM benchmark's buffers");
+    backend_free(be);
+    return g > 0 ? LOOM_EXIT_OK : LOOM_EXIT_FAILED;
+}
+
 int main(int argc, char **argv) {
     struct worker w;
     memset(&w, 0, sizeof w);
@@ -1005,6 +1025,10 @@ int main(int argc, char **argv) {
         w.o.hf.device = w.o.device;
         w.o.hf.threads = w.o.threads;
         rc = hf_cli_run(&w.o.hf);
+        goto out;
+    }
+    if (w.o.bench_gemm) {
+        rc = bench_gemm(&w.o);
         goto out;
     }
     if (!w.o.spec) {

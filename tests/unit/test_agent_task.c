@@ -4,6 +4,7 @@
  * SIGKILL for a worker that ignores SIGTERM, no zombie and no orphan left in
  * the process group, pid-file re-adoption and kill-on-restart, the
  * never-start-twice marker, and the cpu / no-driver inventory. */
+#include "agent/cpupeak.h"
 #include "agent/gpu.h"
 #include "agent/task.h"
 #include "common/clock.h"
@@ -90,8 +91,10 @@ int main(int argc, char **argv) {
                           .rdzv = "",
                           .rdzv_token = "tok",
                           .worker = worker,
-                          .threads = 3};
-    unsetenv("OMP_NUM_THREADS"); /* the agent's own setting would win */
+                          .threads = 3,
+                          .cpu_peak_gflops = 41.5};
+    unsetenv("OMP_NUM_THREADS");            /* the agent's own setting would win */
+    setenv("LOOM_CPU_PEAK_GFLOPS", "7", 1); /* the agent's override: replaced by the spec's */
     struct task *t = task_start(work, &s, clock_mono_ms());
     CHECK(t != NULL);
     if (t) {
@@ -110,6 +113,7 @@ int main(int argc, char **argv) {
         char *log = task_read_log(t, 1, 1 << 16, &n);
         CHECK(log && n > 0 && strstr(log, "rank 1/1"));
         CHECK(log && strstr(log, "omp 3")); /* cpu ranks share the node's cores */
+        CHECK(log && strstr(log, "cpu peak 41.500"), "%s", log ? log : ""); /* agent/cpupeak.h */
         free(log);
         task_free(t);
     }
@@ -192,6 +196,41 @@ int main(int argc, char **argv) {
     g = gpu_inv_new(0);
     CHECK(g && !strcmp(gpu_inv_kind(g), "cuda") && gpu_inv_count(g) >= 0);
     gpu_inv_free(g);
+
+    /* The worker's --bench-gemm line (agent/cpupeak.h): the number, or 0. */
+    static const struct {
+        const char *out;
+        double want;
+    } peaks[] = {
+        {"{\"type\":\"cpu_peak\",\"gflops\":41.25,\"threads\":2}\n", 41.25},
+        {"log noise\n{\"type\":\"cpu_peak\",\"gflops\":3}", 3},
+        {"{\"type\":\"step\",\"gflops\":41.25}\n", 0},
+        {"{\"type\":\"cpu_peak\",\"gflops\":\"fast\"}\n", 0},
+        {"{\"type\":\"cpu_peak\",\"gflops\":-1}\n", 0},
+        {"{\"type\":\"cpu_peak\",\"gflops\":2e7}\n", 0},
+        {"", 0},
+    };
+    for (size_t i = 0; i < sizeof peaks / sizeof *peaks; i++)
+        CHECK_NEAR(cpupeak_parse(peaks[i].out), peaks[i].want, 0);
+    /* A worker that knows no bench mode (fake_worker exits 2): no peak, promptly. */
+    int64_t m0 = clock_mono_ms();
+    CHECK(cpupeak_measure(worker, 1, 2000) == 0);
+    CHECK(clock_mono_ms() - m0 < 1500);
+    CHECK(cpupeak_measure("/nonexistent/loom-worker", 1, 2000) == 0);
+    /* One that hangs is killed at the bound. */
+    char slow[1200];
+    snprintf(slow, sizeof slow, "%s/slow-worker", base);
+    FILE *sf = fopen(slow, "w");
+    CHECK(sf != NULL);
+    if (sf) {
+        fputs("#!/bin/sh\nexec sleep 30\n", sf);
+        fclose(sf);
+        chmod(slow, 0755);
+        m0 = clock_mono_ms();
+        CHECK(cpupeak_measure(slow, 1, 300) == 0);
+        int64_t took = clock_mono_ms() - m0;
+        CHECK(took >= 250 && took < 2000, "took %lld ms", (long long)took);
+    }
 
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
