@@ -299,6 +299,47 @@ int engine_params_from_host(struct engine *e, size_t off, const float *src, size
     return 0;
 }
 
+/* Upload compute-dtype host src (flat [off, off+n)) where it meets [lo, hi)
+ * into dst (device, holding flat [lo, hi)). */
+static void put_raw(struct backend *b, void *dst, size_t lo, size_t hi, const void *src, size_t off,
+                    size_t n) {
+    size_t a = off > lo ? off : lo, z = off + n < hi ? off + n : hi;
+    if (!dst || z <= a) return;
+    b->upload(b->ctx, backend_at(b, dst, a - lo), backend_at(b, src, a - off),
+              (z - a) * b->elt_size);
+}
+
+int engine_params_from_host_raw(struct engine *e, size_t off, const void *src, size_t n) {
+    struct backend *b = e->be;
+    if (n == 0) return 0;
+    put_raw(b, e->params, e->p_lo, e->p_hi, src, off, n);
+    for (int i = 0; i < e->layout.n; i++) {
+        size_t lo = (size_t)e->layout.t[i].rank_offset;
+        if (e->pview[i])
+            put_raw(b, e->pview[i], lo, lo + (size_t)e->layout.t[i].rank_numel, src, off, n);
+    }
+    size_t lo = off > e->shard_off ? off : e->shard_off;
+    size_t hi = off + n < e->shard_off + e->shard_n ? off + n : e->shard_off + e->shard_n;
+    if (!e->master || e->master_aliased || lo >= hi) return 0;
+    if (e->opt_host) { /* offload: the master in host memory, widened here */
+        for (size_t k = lo; k < hi; k++) {
+            if (b->dtype == BACKEND_F32) {
+                memcpy(e->master + (k - e->shard_off), (const float *)src + (k - off), 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, (const uint16_t *)src + (k - off), 2);
+                uint32_t u = (uint32_t)h << 16;
+                memcpy(e->master + (k - e->shard_off), &u, 4);
+            }
+        }
+        return 0;
+    }
+    /* the shard lies in the params window, just written: widen it there */
+    b->to_f32(b->ctx, e->master + (lo - e->shard_off), engine_params_at(e, lo), hi - lo);
+    b->sync(b->ctx);
+    return 0;
+}
+
 int engine_opt_ready(const struct engine *e) {
     return e->frozen || e->opt_m != NULL;
 }

@@ -242,6 +242,14 @@ int engine_tensor_find(const struct engine *e, const char *name);
  * memory). */
 int engine_params_from_host(struct engine *e, size_t off, const float *src, size_t n);
 
+/* The same from host values already in the compute dtype (b->elt_size
+ * bytes each, e.g. bf16 weights for a bf16 backend): uploaded as they are,
+ * with no fp32 pass, and the master, where the range meets the shard,
+ * widened from them (exact). For values that are exact in the compute
+ * dtype the result is bit for bit engine_params_from_host's. src may be
+ * page-locked (b->host_alloc) for full-speed copies. Returns 0. */
+int engine_params_from_host_raw(struct engine *e, size_t off, const void *src, size_t n);
+
 /* Record `bytes` allocated for a category in e->mem (helper for model.c). */
 void *engine_alloc(struct engine *e, size_t bytes, size_t *category);
 

@@ -13,10 +13,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -25,7 +27,8 @@
 #include "common/log.h"
 
 #define HF_SHARD_DEFAULT 5000000000ull     /* 5 GB, what transformers writes by default */
-#define HF_STAGE_ELEMS   ((size_t)1 << 22) /* 16 MiB of fp32 rows per conversion pass */
+#define HF_STAGE_ELEMS   ((size_t)1 << 22) /* 16 MiB of fp32 rows per thread and pass */
+#define HF_MAX_THREADS   64
 
 const char *hf_torch_dtype(enum st_dtype d) {
     return d == ST_BF16 ? "bfloat16" : d == ST_F16 ? "float16" : "float32";
@@ -49,7 +52,12 @@ struct hf_model {
     struct model_layout layout; /* tp = 1, for the tensor list */
     struct hf_tensor *t;        /* [layout.n] */
     uint64_t bytes_read;
+    int threads; /* conversion threads of hf_load (0: the online cores) */
 };
+
+void hf_set_threads(struct hf_model *h, int n) {
+    h->threads = n > 0 ? n : 0;
+}
 
 const struct model_config *hf_config(const struct hf_model *h) {
     return &h->cfg;
@@ -267,15 +275,35 @@ int hf_open(const char *dir, struct hf_model **out, struct loom_error *err) {
 
 /* ---- loading ---- */
 
+/* bf16 / fp16 -> fp32 inline here (the st_* converters are another
+ * translation unit, a call per element): the same bits as st_bf16_to_f32
+ * and st_f16_to_f32, which handle the fp16 cases the fast path leaves. */
+static inline float bf16_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float f16_f32(uint16_t h) {
+    uint32_t e = (h >> 10) & 0x1fu;
+    if (e == 0 || e == 0x1f) return st_f16_to_f32(h); /* zero, subnormal, inf, NaN */
+    /* normal: exponent rebased by 127 - 15 = 112, mantissa shifted into place */
+    uint32_t u = ((uint32_t)(h & 0x8000u) << 16) | ((((uint32_t)h & 0x7fffu) << 13) + (112u << 23));
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 static inline float elem(const unsigned char *p, size_t i, enum st_dtype d) {
     uint16_t u;
     switch (d) {
     case ST_BF16:
         memcpy(&u, p + 2 * i, 2);
-        return st_bf16_to_f32(u);
+        return bf16_f32(u);
     case ST_F16:
         memcpy(&u, p + 2 * i, 2);
-        return st_f16_to_f32(u);
+        return f16_f32(u);
     default: {
         float f;
         memcpy(&f, p + 4 * i, 4);
@@ -285,8 +313,9 @@ static inline float elem(const unsigned char *p, size_t i, enum st_dtype d) {
 }
 
 /* n contiguous elements from element i0 on, with the dtype switch outside
- * the loop. */
-static void run(float *o, const unsigned char *p, size_t i0, size_t n, enum st_dtype d) {
+ * the loop (the bf16 loop vectorises: a load, a shift, a store). */
+static void run(float *restrict o, const unsigned char *restrict p, size_t i0, size_t n,
+                enum st_dtype d) {
     const unsigned char *q = p + i0 * st_dtype_size(d);
     uint16_t u;
     if (d == ST_F32) {
@@ -294,12 +323,12 @@ static void run(float *o, const unsigned char *p, size_t i0, size_t n, enum st_d
     } else if (d == ST_BF16) {
         for (size_t j = 0; j < n; j++) {
             memcpy(&u, q + 2 * j, 2);
-            o[j] = st_bf16_to_f32(u);
+            o[j] = bf16_f32(u);
         }
     } else {
         for (size_t j = 0; j < n; j++) {
             memcpy(&u, q + 2 * j, 2);
-            o[j] = st_f16_to_f32(u);
+            o[j] = f16_f32(u);
         }
     }
 }
@@ -320,10 +349,11 @@ static int held_range(const struct engine *e, int i, size_t *a, size_t *b) {
 }
 
 /* Rows [r0, r1) of tensor t's share for tp rank idx into out (rank row
- * layout), read from the file tensor. */
+ * layout), read from the file tensor: as fp32, or with raw = 1 as the
+ * file's own dtype (its bytes copied, for a backend of that dtype). */
 static void fill_rows(const struct model_tensor *t, const struct hf_tensor *ht,
                       const unsigned char *src, int V, int tp, int idx, int64_t r0, int64_t r1,
-                      float *out) {
+                      void *out, int raw) {
     int64_t d0 = t->shape[0], rc = t->rank_shape[1];
     int64_t cols_f = t->ndim == 2 ? ht->in->shape[1] : 1;
     enum st_dtype dt = ht->in->dtype;
@@ -344,17 +374,79 @@ static void fill_rows(const struct model_tensor *t, const struct hf_tensor *ht,
         default:
             break;
         }
-        float *o = out + (i - r0) * rc;
+        size_t esz = raw ? st_dtype_size(dt) : sizeof(float);
+        unsigned char *ob = (unsigned char *)out + (size_t)((i - r0) * rc) * esz;
+        float *o = (float *)(void *)ob;
         if ((t->kind == MODEL_T_EMBED || t->kind == MODEL_T_LM_HEAD) && (gi >= V || gi >= d0)) {
-            memset(o, 0, (size_t)rc * sizeof *o);
+            memset(ob, 0, (size_t)rc * esz);
             continue;
         }
-        if (ht->transpose) /* Loom (gi, gj) is file (gj, gi); file rows are d1 */
+        if (raw && ht->transpose)
+            for (int64_t j = 0; j < rc; j++)
+                memcpy(ob + (size_t)j * esz, src + (size_t)((gj0 + j) * cols_f + gi) * esz, esz);
+        else if (raw)
+            memcpy(ob, src + (size_t)(gi * cols_f + gj0) * esz, (size_t)rc * esz);
+        else if (ht->transpose) /* Loom (gi, gj) is file (gj, gi); file rows are d1 */
             for (int64_t j = 0; j < rc; j++)
                 o[j] = elem(src, (size_t)((gj0 + j) * cols_f + gi), dt);
         else
             run(o, src, (size_t)(gi * cols_f + gj0), (size_t)rc, dt);
     }
+}
+
+/* One thread's rows [r0, r1) of a conversion pass into out (the pass's
+ * buffer, already offset to row r0). */
+struct fill_job {
+    const struct model_tensor *t;
+    const struct hf_tensor *ht;
+    const unsigned char *src;
+    int V, tp, idx;
+    int64_t r0, r1;
+    void *out;
+    int raw;
+};
+
+static void *fill_main(void *arg) {
+    const struct fill_job *j = arg;
+    fill_rows(j->t, j->ht, j->src, j->V, j->tp, j->idx, j->r0, j->r1, j->out, j->raw);
+    return NULL;
+}
+
+/* Rows [q0, q1) into out with up to nt threads (pthreads over contiguous
+ * row blocks; the calling thread takes the first). Rows are independent and
+ * each is converted the same way whichever thread does it, so the result is
+ * that of one thread. Threads that cannot be started leave their block to
+ * the caller. */
+static void fill_parallel(const struct model_tensor *t, const struct hf_tensor *ht,
+                          const unsigned char *src, int V, int tp, int idx, int64_t q0, int64_t q1,
+                          void *out, int raw, int nt) {
+    int64_t rows = q1 - q0, rc = t->rank_shape[1];
+    /* blocks of at least 4096 elements: below that a thread costs more
+     * than it converts */
+    int64_t min_rows = 4096 / (rc > 0 ? rc : 1) + 1;
+    if ((int64_t)nt > rows / min_rows) nt = (int)(rows / min_rows);
+    if (nt < 1) nt = 1;
+    struct fill_job job[HF_MAX_THREADS];
+    pthread_t tid[HF_MAX_THREADS];
+    int started[HF_MAX_THREADS] = {0};
+    int64_t per = (rows + nt - 1) / nt;
+    for (int k = 0; k < nt; k++) {
+        int64_t a = q0 + k * per, b = a + per < q1 ? a + per : q1;
+        size_t esz = raw ? st_dtype_size(ht->in->dtype) : sizeof(float);
+        job[k] = (struct fill_job){
+            t,  ht, src, V, tp, idx, a, b, (unsigned char *)out + (size_t)((a - q0) * rc) * esz,
+            raw};
+        if (k > 0 && a < b) started[k] = pthread_create(&tid[k], NULL, fill_main, &job[k]) == 0;
+    }
+    for (int k = 0; k < nt; k++)
+        if (k == 0 || (!started[k] && job[k].r0 < job[k].r1)) fill_main(&job[k]);
+    for (int k = 1; k < nt; k++)
+        if (started[k]) pthread_join(tid[k], NULL);
+}
+
+static int load_threads(const struct hf_model *h) {
+    long n = h->threads > 0 ? h->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > HF_MAX_THREADS ? HF_MAX_THREADS : (int)n;
 }
 
 int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
@@ -370,13 +462,24 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
                               ec->vocab_size, c->n_layer, c->d_model, c->n_head, c->n_kv_head,
                               c->d_ff, c->vocab_size);
     /* rows are converted through a staging buffer of at most HF_STAGE_ELEMS
-     * floats (one row when a row is wider), so host memory stays bounded */
+     * floats (one row when a row is wider) per conversion thread, so host
+     * memory stays bounded */
     size_t maxrow = 1;
     for (int i = 0; i < e->layout.n; i++)
         if ((size_t)e->layout.t[i].rank_shape[1] > maxrow)
             maxrow = (size_t)e->layout.t[i].rank_shape[1];
+    int nt = load_threads(h);
     size_t cap = maxrow > HF_STAGE_ELEMS ? maxrow : HF_STAGE_ELEMS;
-    float *buf = malloc(cap * sizeof *buf);
+    cap *= (size_t)nt;
+    /* one buffer for the whole load; page-locked where the backend has such
+     * memory (cuda), so each pass reaches the device at full copy speed */
+    struct backend *be = e->be;
+    int pinned = be->host_alloc != NULL;
+    float *buf = pinned ? be->host_alloc(be->ctx, cap * sizeof *buf) : NULL;
+    if (!buf) {
+        pinned = 0;
+        buf = malloc(cap * sizeof *buf);
+    }
     if (!buf) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory (%zu floats)", cap);
     int rc = 0;
     uint64_t total = 0;
@@ -396,26 +499,33 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
             rc = loom_error_set(err, 422, "HF_IO", t->name, "%s", msg);
             break;
         }
+        /* a bf16 file into a bf16 backend goes over as it is (no fp32 pass:
+         * half the bytes, and the values are exact in both) */
+        int raw = be->dtype == BACKEND_BF16 && ht->in->dtype == ST_BF16 && be->elt_size == 2;
         int64_t step = (int64_t)(cap / (size_t)rc1);
         for (int64_t q = r0; q < r1 && rc == 0; q += step) {
             int64_t q1 = q + step < r1 ? q + step : r1;
-            fill_rows(t, ht, src, c->vocab_size, e->tp, e->tp_idx, q, q1, buf);
-            if (engine_params_from_host(e, (size_t)t->rank_offset + (size_t)(q * rc1), buf,
-                                        (size_t)((q1 - q) * rc1)) != 0)
+            size_t off = (size_t)t->rank_offset + (size_t)(q * rc1), n = (size_t)((q1 - q) * rc1);
+            fill_parallel(t, ht, src, c->vocab_size, e->tp, e->tp_idx, q, q1, buf, raw, nt);
+            if ((raw ? engine_params_from_host_raw(e, off, buf, n)
+                     : engine_params_from_host(e, off, buf, n)) != 0)
                 rc = loom_error_set(err, 500, "HF_IO", NULL, "out of memory uploading %s", t->name);
         }
         st_release(h->files[ht->file], ht->in);
         /* bytes of the file this touched: the share's fraction of the tensor */
         h->bytes_read += ht->in->nbytes * (uint64_t)((r1 - r0) * rc1) / (uint64_t)t->numel;
     }
-    free(buf);
     e->be->sync(e->be->ctx);
+    if (pinned)
+        be->host_free(be->ctx, buf);
+    else
+        free(buf);
     double dt = clock_mono_s() - t0;
     if (rc == 0)
         log_info("hf: rank %d loaded its share of %s (%llu of %llu bytes of weights) in %.3f s "
-                 "(%.2f GB/s)",
+                 "(%.2f GB/s, %d conversion thread%s)",
                  e->rank, h->dir, (unsigned long long)h->bytes_read, (unsigned long long)total, dt,
-                 dt > 0 ? (double)h->bytes_read / dt / 1e9 : 0.0);
+                 dt > 0 ? (double)h->bytes_read / dt / 1e9 : 0.0, nt, nt == 1 ? "" : "s");
     return rc;
 }
 

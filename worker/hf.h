@@ -63,6 +63,10 @@ int hf_eos_tokens(const struct hf_model *h, int *ids, int max);
  * rows that meet e's parameter window or views are read. Padded vocabulary
  * rows are zero. Logs the bytes read. */
 int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err);
+/* Threads hf_load converts with (pthreads over row blocks of each pass;
+ * 0, the default: the online cores, at most 64). The result does not depend
+ * on the count. */
+void hf_set_threads(struct hf_model *h, int n);
 /* Bytes of tensor data hf_load read so far (for tests and logs). */
 uint64_t hf_bytes_read(const struct hf_model *h);
 

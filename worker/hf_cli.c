@@ -202,8 +202,9 @@ static int build(struct cli *c, int T, int gen) {
             return LOOM_EXIT_FAILED;
         }
         log_info("weights from checkpoint %s", c->ckpt);
-    } else if (hf_load(c->hf, c->e, &c->le) != 0) {
-        return LOOM_EXIT_BAD_SPEC;
+    } else {
+        hf_set_threads(c->hf, (int)o->threads);
+        if (hf_load(c->hf, c->e, &c->le) != 0) return LOOM_EXIT_BAD_SPEC;
     }
     return 0;
 }

@@ -39,6 +39,7 @@
 #include "worker/checkpoint.h"
 #include "worker/cpu_peak.h"
 #include "worker/data.h"
+#include "worker/hf.h"
 #include "worker/hf_cli.h"
 #include "worker/hf_spec.h"
 #include "worker/launch.h"
@@ -748,6 +749,7 @@ static int resume_stage(struct run *r) {
     struct loom_error le;
     /* a LoRA checkpoint holds the adapters only: the frozen base always
      * comes from init_from (out_dir NULL: loaded whatever the run dir holds) */
+    if (r->w->hfs.hf) hf_set_threads(r->w->hfs.hf, (int)r->w->o.threads);
     if (hf_spec_init(&r->w->hfs, r->w->e, r->w->lora ? NULL : r->w->o.out, &le) != 0)
         return fail(r->w, LOOM_EXIT_BAD_SPEC, le.code, le.message);
     r->start = resume(r->w);
