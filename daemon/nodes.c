@@ -208,10 +208,8 @@ static int hex_to_hash(const char *hex, unsigned char out[32]) {
 }
 
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
-    sqlite3_stmt *st = store_stmt(tx, "SELECT name, inventory, admission, cred_hash FROM nodes");
-    /* one cpu device's measured peak (agent/cpupeak.h), null when none */
-    json_object_set_new(o, "cpu_peak_gflops",
-                        n->cpu_peak_gflops > 0 ? json_real(n->cpu_peak_gflops) : json_null());
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT name, inventory, admission, cred_hash, cpu_peak_gflops FROM nodes");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int ni = cluster_node_find(c, (const char *)sqlite3_column_text(st, 0));
@@ -222,9 +220,7 @@ int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
         json_decref(inv);
         n->admission = nodes_admission_parse((const char *)sqlite3_column_text(st, 2));
         n->has_cred = hex_to_hash((const char *)sqlite3_column_text(st, 3), n->cred) == 0;
-        /* one cpu device's measured peak (agent/cpupeak.h), null when none */
-        json_object_set_new(o, "cpu_peak_gflops",
-                            n->cpu_peak_gflops > 0 ? json_real(n->cpu_peak_gflops) : json_null());
+        n->cpu_peak_gflops = sqlite3_column_double(st, 4);
     }
     sqlite3_reset(st);
     return STORE_OK;
