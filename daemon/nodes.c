@@ -208,8 +208,8 @@ static int hex_to_hash(const char *hex, unsigned char out[32]) {
 }
 
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
-    sqlite3_stmt *st = store_stmt(
-        tx, "SELECT name, inventory, admission, cred_hash, cpu_peak_gflops FROM nodes");
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT name, inventory, admission, cred_hash, cpu_peak_gflops FROM nodes");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int ni = cluster_node_find(c, (const char *)sqlite3_column_text(st, 0));

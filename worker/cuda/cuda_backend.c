@@ -678,8 +678,8 @@ static void rope_apply(struct cuda_ctx *c, void *x, int N, int T, int stride, in
          * rope_set_freqs made for rope_at serves any length */
         if (!c->dec_rope_inv || c->dec_rope_half != HD / 2) {
             fprintf(stderr,
-                    "cuda backend: RoPE with scaled frequencies for head size %d, set for %d\n",
-                    HD, 2 * c->rope_half);
+                    "cuda backend: RoPE with scaled frequencies for head size %d, set for %d\n", HD,
+                    2 * c->rope_half);
             exit(1);
         }
         lk_rope_ex(x, N, T, 0, n_heads, HD, stride, theta, c->dec_rope_inv, inverse,
