@@ -20,31 +20,10 @@ struct event_op {
     const char *reason;
 };
 
+/* One job_events row with the job's state unchanged (store_job_note). */
 static int add_event(struct store_tx *tx, void *arg) {
     struct event_op *op = arg;
-    sqlite3_stmt *q = store_stmt(tx, "SELECT seq, state FROM jobs WHERE id = ?");
-    if (!q) return STORE_ERR;
-    sqlite3_bind_text(q, 1, op->job, -1, SQLITE_STATIC);
-    if (sqlite3_step(q) != SQLITE_ROW) {
-        sqlite3_reset(q);
-        return STORE_NOT_FOUND;
-    }
-    sqlite3_int64 seq = sqlite3_column_int64(q, 0);
-    char state[32];
-    snprintf(state, sizeof state, "%s", (const char *)sqlite3_column_text(q, 1));
-    sqlite3_reset(q);
-    sqlite3_stmt *st = store_stmt(tx, "INSERT INTO job_events(job_seq, at, from_state, to_state, "
-                                      "attempt, reason) VALUES (?,?,?,?,?,?)");
-    if (!st) return STORE_ERR;
-    sqlite3_bind_int64(st, 1, seq);
-    sqlite3_bind_int64(st, 2, store_now_ms());
-    sqlite3_bind_text(st, 3, state, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 4, state, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int(st, 5, op->attempt);
-    sqlite3_bind_text(st, 6, op->reason, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+    return store_job_note(tx, op->job, op->attempt, op->reason);
 }
 
 static void human(double b, char *out, size_t len) {
