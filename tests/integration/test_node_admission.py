@@ -39,7 +39,10 @@ def node(c, name, token=ADMIN):
 
 
 def cred_of(c, name):
+    # the agent writes the file (atomically, by rename) after loomd's reply to its
+    # registration, which is also when the node shows as pending: wait for it
     path = os.path.join(c.tmp, name, "node.credential")
+    c.wait(lambda: os.path.exists(path), 10, "%s's node.credential" % name)
     with open(path) as f:
         tok = f.read().strip()
     mode = stat.S_IMODE(os.stat(path).st_mode)
