@@ -116,7 +116,7 @@ static int strmap_put(struct strmap *m, const char *p, size_t n, uint32_t val) {
         m->pool = np;
         m->pool_cap = nc;
     }
-    memcpy(m->pool + m->pool_n, p, n);
+    if (n) memcpy(m->pool + m->pool_n, p, n); /* an empty key: the pool may still be NULL */
     m->ent[m->n] = (struct sm_ent){h, (uint32_t)m->pool_n, (uint32_t)n, val};
     m->pool_n += n;
     size_t j = h & m->mask;
@@ -361,15 +361,15 @@ static int load_normalizer(struct bpe *b, json_t *n, char *err, size_t errlen) {
                 pat);
             return -1;
         }
+        if (!*pat) { /* checked before anything is owned by the step */
+            ERR("%s: Replace normalizer with an empty pattern", b->path);
+            return -1;
+        }
         s->kind = NORM_REPLACE;
         s->a = strdup(pat);
         s->alen = strlen(pat);
         s->b = strdup(content);
         s->blen = strlen(content);
-        if (s->alen == 0) {
-            ERR("%s: Replace normalizer with an empty pattern", b->path);
-            return -1;
-        }
         b->nnorm++;
         return 0;
     }
