@@ -18,6 +18,8 @@
  *
  * Hash tables are written here (open addressing over FNV-1a) because none of the libraries
  * Loom may use (jansson, PCRE2, utf8proc) offers one. */
+/* Ids at most this - 1: 16M, 4x the largest vocab_size a job spec takes (api/jobspec.c). */
+#define TOK_BPE_MAX_ID (1 << 24)
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -717,7 +719,13 @@ static int load_model(struct bpe *b, json_t *root, char *err, size_t errlen) {
         b->first_any[c] = 1;
         if (!b->added[k].special) b->first_plain[c] = 1;
     }
-    /* Decode table: vocabulary bytes, then added tokens' text over them. */
+    /* Decode table: vocabulary bytes, then added tokens' text over them. Its size is the
+     * largest id + 1: refuse ids past any real vocabulary rather than allocate for them. */
+    if (max_id > TOK_BPE_MAX_ID) {
+        ERR("%s: token id %llu is past the largest supported id %d", b->path,
+            (unsigned long long)(max_id - 1), TOK_BPE_MAX_ID - 1);
+        return -1;
+    }
     b->vocab_size = (uint32_t)max_id;
     b->dec_off = calloc(max_id ? max_id : 1, sizeof *b->dec_off);
     b->dec_len = malloc((max_id ? max_id : 1) * sizeof *b->dec_len);
