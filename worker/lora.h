@@ -60,8 +60,9 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
                       size_t errlen);
 void lora_free(struct lora *l); /* NULL ok */
 
-/* The dropout masks are a function of (seed, adapter, step, micro-step):
- * the train loop names the micro-step before its forward, and the model
+/* The dropout masks are a function of (seed, adapter, step, micro): the
+ * train loop names the micro-batch (its index in the global batch, micro-step
+ * * dp + dp rank) before its forward, and the model
  * says whether a forward trains (eval forwards drop nothing). */
 void lora_begin_micro(struct lora *l, int64_t step, int64_t micro);
 void lora_set_training(struct lora *l, int training);
