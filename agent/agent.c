@@ -238,7 +238,9 @@ static struct task *find_task(struct agent *a, const char *job, int attempt, int
     return NULL;
 }
 
-static int desired_has(json_t *desired, const struct task *t) {
+/* The desired entry for task t, or NULL. An entry with stop_grace_ms asks
+ * for the task to stop with that grace (a preempted attempt checkpoints). */
+static json_t *desired_find(json_t *desired, const struct task *t) {
     size_t i;
     json_t *v;
     json_array_foreach(desired, i, v) {
@@ -246,9 +248,9 @@ static int desired_has(json_t *desired, const struct task *t) {
         if (job && !strcmp(job, t->job) &&
             json_integer_value(json_object_get(v, "attempt")) == t->attempt &&
             json_integer_value(json_object_get(v, "rank")) == t->rank)
-            return 1;
+            return v;
     }
-    return 0;
+    return NULL;
 }
 
 /* Cores per cpu device (at least 1), so the node's cpu ranks together use
@@ -264,7 +266,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
     const char *job = json_string_value(json_object_get(v, "job"));
     int attempt = (int)json_integer_value(json_object_get(v, "attempt"));
     int rank = (int)json_integer_value(json_object_get(v, "rank"));
-    if (!job || find_task(a, job, attempt, rank)) return;
+    if (!job || json_object_get(v, "stop_grace_ms") || find_task(a, job, attempt, rank)) return;
     char dir[1024];
     struct stat st;
     task_dir_path(a->cfg->work_dir, job, attempt, rank, dir, sizeof dir);
@@ -358,7 +360,13 @@ static void reconcile(struct agent *a, int64_t now) {
     struct task **pp = &a->tasks;
     while (*pp) {
         struct task *t = *pp;
-        int want = desired_has(a->desired, t);
+        json_t *d = desired_find(a->desired, t);
+        json_t *grace = d ? json_object_get(d, "stop_grace_ms") : NULL;
+        int want = d && !grace;
+        if (grace && t->state == TASK_RUNNING) {
+            const char *why = json_string_value(json_object_get(d, "stop_reason"));
+            task_stop(t, now, (int)json_integer_value(grace), why ? why : "stopped by loomd");
+        }
         if (!want && t->state == TASK_RUNNING)
             task_stop(t, now, (int)a->cfg->stop_grace_ms, "no longer assigned by loomd");
         if (!want && t->state == TASK_EXITED && t->final_reported && logs_shipped(t) &&

@@ -26,6 +26,7 @@
     X(INVALID_RANK, 400, "logs, metrics: rank is not in 0..world_size-1")                          \
     X(INVALID_TIME, 400, "usage: from/to is not RFC 3339, YYYY-MM-DD or milliseconds")             \
     X(INVALID_GROUP_BY, 400, "usage: group_by is not one of the listed keys")                      \
+    X(INVALID_FORMAT, 400, "usage: format is not json or csv")                                     \
     X(INVALID_RDZV_VALUE, 400, "rendezvous: the body is not {\"value\": \"<base64>\"}")            \
     X(INVALID_NODE_NAME, 400, "agent: the node name is missing or malformed")                      \
     X(INVALID_DEVICE_KIND, 400, "agent: kind is not cuda or cpu")                                  \

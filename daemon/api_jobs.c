@@ -2,8 +2,11 @@
  * list (filters, cursor pagination), get, cancel, events, and plan (validate
  * without storing). A tenant only ever sees its own jobs: every read is
  * scoped by tenant id, so another tenant's job answers 404. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -298,6 +301,121 @@ static int submit_cb(struct store_tx *tx, void *arg) {
     return rc;
 }
 
+/* ---------------- job arrays ---------------- */
+
+/* An `array` submission makes one job per member (jobspec_array_member),
+ * each labelled loom.array=<a-...> and loom.array_index=<i>, all in one
+ * transaction: every member is checked like a single job first, and one bad
+ * member stores nothing. */
+struct array_op {
+    int n;
+    struct store_job_new *nj;
+    struct store_job *jobs;
+};
+
+static int array_submit_cb(struct store_tx *tx, void *arg) {
+    struct array_op *op = arg;
+    for (int i = 0; i < op->n; i++) {
+        int rc = store_job_insert(tx, &op->nj[i], &op->jobs[i]);
+        if (rc) return rc;
+    }
+    return STORE_OK;
+}
+
+static int submit_array(struct http_req *req, const struct loom_spec *parent,
+                        const struct roots *roots) {
+    size_t n = jobspec_array_size(parent);
+    struct array_op op = {(int)n, calloc(n, sizeof *op.nj), calloc(n, sizeof *op.jobs)};
+    struct loom_spec *m = calloc(n, sizeof *m);
+    char **canon = calloc(n, sizeof *canon), **names = calloc(n, sizeof *names);
+    json_t **labels = calloc(n, sizeof *labels);
+    json_t *items = NULL;
+    struct loom_error err;
+    memset(&err, 0, sizeof err);
+    char aid[16];
+    unsigned char rnd[6];
+    int ret = 0, rc;
+    if (!op.nj || !op.jobs || !m || !canon || !names || !labels || RAND_bytes(rnd, 6) != 1) {
+        API_ERROR(req, INTERNAL, "out of memory");
+        goto out;
+    }
+    snprintf(aid, sizeof aid, "a-%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3], rnd[4],
+             rnd[5]);
+    for (size_t i = 0; i < n; i++) {
+        json_t *body = jobspec_array_member(parent, req->json, i);
+        rc = body ? jobspec_parse(&m[i], body, 0, &err) : -1;
+        if (rc == 0 && !json_object_get(body, "preemptible") &&
+            m[i].priority < req->ld->cfg.preempt_below)
+            m[i].preemptible = 1;
+        json_decref(body);
+        if (rc == 0) rc = jobspec_check_paths(&m[i], roots->v, roots->n, 0, &err);
+        if (rc == 0) rc = submitcheck_vocab(&m[i], &err);
+        if (rc == 0) rc = check_fit(req->ld, &m[i], &err);
+        if (rc != 0) {
+            char msg[sizeof err.message];
+            memcpy(msg, err.message, sizeof msg);
+            snprintf(err.message, sizeof err.message, "array member %zu: %.*s", i,
+                     (int)sizeof err.message - 40, msg);
+            reply_spec_error(req, &err);
+            goto out;
+        }
+        canon[i] = jobspec_dumps(&m[i]);
+        labels[i] = json_object();
+        names[i] = NULL;
+        if (!canon[i] || !labels[i] || asprintf(&names[i], "%s-%zu", m[i].name, i) < 0) {
+            names[i] = NULL;
+            API_ERROR(req, INTERNAL, "out of memory");
+            goto out;
+        }
+        for (int k = 0; k < m[i].n_labels; k++)
+            json_object_set_new(labels[i], m[i].labels[k].key, json_string(m[i].labels[k].value));
+        char idx[24];
+        snprintf(idx, sizeof idx, "%zu", i);
+        json_object_set_new(labels[i], "loom.array", json_string(aid));
+        json_object_set_new(labels[i], "loom.array_index", json_string(idx));
+        struct jobspec_derived d;
+        jobspec_derive(&m[i], &d);
+        op.nj[i] = (struct store_job_new){.tenant_id = req->tenant_id,
+                                          .name = names[i],
+                                          .spec_json = canon[i],
+                                          .labels = labels[i],
+                                          .priority = m[i].priority,
+                                          .max_retries = m[i].max_retries,
+                                          .world_size = d.world,
+                                          .tp = m[i].parallel.tp,
+                                          .gpus_per_node = m[i].resources.gpus_per_node,
+                                          .device = jobspec_device_name(m[i].resources.device),
+                                          .out_dir_root = req->ld->cfg.jobs_dir};
+    }
+    rc = store_write(req->ld->store, array_submit_cb, &op);
+    if (rc != STORE_OK) {
+        reply_store_error(req, rc, "");
+        goto out;
+    }
+    http_notify_signal(&req->ld->jobs_changed);
+    items = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(items, store_job_to_json(&op.jobs[i]));
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/jobs?label=loom.array=%s", aid);
+    http_add_header(req, "Location", loc);
+    http_reply_json(req, 201, json_pack("{s:s, s:o}", "array_id", aid, "items", items));
+out:
+    for (size_t i = 0; i < n; i++) {
+        if (op.jobs) store_job_clear(&op.jobs[i]);
+        if (canon) free(canon[i]);
+        if (names) free(names[i]);
+        if (labels) json_decref(labels[i]);
+    }
+    free(op.nj);
+    free(op.jobs);
+    free(m);
+    free(canon);
+    free(names);
+    free(labels);
+    return ret;
+}
+
 int api_jobs_submit(struct http_req *req) {
     struct loom_spec *spec = malloc(sizeof *spec);
     struct loom_error err;
@@ -345,6 +463,21 @@ int api_jobs_submit(struct http_req *req) {
         reply_spec_error(req, &err);
         goto out;
     }
+    if (jobspec_array_size(spec) > 1) {
+        if (key)
+            API_ERROR(req, INVALID_IDEMPOTENCY_KEY,
+                      "Idempotency-Key is not taken with an array submission (%zu jobs); submit "
+                      "without it, or each member on its own",
+                      jobspec_array_size(spec));
+        else
+            submit_array(req, spec, &roots);
+        goto out;
+    }
+    /* A job that does not say whether it may be preempted is preemptible
+     * below the cluster's threshold (--preempt-below-priority); the stored
+     * spec records the answer. */
+    if (!json_object_get(req->json, "preemptible") && spec->priority < req->ld->cfg.preempt_below)
+        spec->preemptible = 1;
     canon = jobspec_dumps(spec);
     if (!canon) {
         API_ERROR(req, INTERNAL, "out of memory");
@@ -618,4 +751,50 @@ int api_jobs_plan(struct http_req *req) {
         json_object_set_new(out, "cheapest_fit", cheapest ? json_string(cheapest) : json_null());
     }
     return http_reply_json(req, 200, out);
+}
+
+/* ---------------- job arrays: cancel ---------------- */
+
+struct array_cancel_op {
+    const char *tenant_id, *array_id;
+    int found, changed;
+};
+
+static int array_cancel_cb(struct store_tx *tx, void *arg) {
+    struct array_cancel_op *op = arg;
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT j.id FROM jobs j JOIN job_labels l ON l.job_seq = j.seq WHERE l.key = "
+            "'loom.array' AND l.value = ?1 AND (?2 IS NULL OR j.tenant_id = ?2) ORDER BY j.seq");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, op->array_id, -1, SQLITE_STATIC);
+    if (op->tenant_id) sqlite3_bind_text(st, 2, op->tenant_id, -1, SQLITE_STATIC);
+    char(*ids)[24] = NULL;
+    int n = 0, cap = 0, rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (BUF_GROW(ids, cap, n + 1, 16) != 0) break;
+        snprintf(ids[n++], 24, "%s", (const char *)sqlite3_column_text(st, 0));
+    }
+    sqlite3_reset(st);
+    int ret = rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+    op->found = n;
+    for (int i = 0; ret == STORE_OK && i < n; i++) {
+        struct job_op one = {.tenant_id = op->tenant_id, .id = ids[i]};
+        ret = cancel_cb(tx, &one);
+        op->changed |= one.changed;
+        store_job_clear(&one.job);
+    }
+    free(ids);
+    return ret;
+}
+
+/* POST /v1/arrays/{id}/cancel: cancels every member of the tenant's array. */
+int api_arrays_cancel(struct http_req *req) {
+    struct array_cancel_op op = {req->is_admin ? NULL : req->tenant_id, http_param(req, "id"), 0,
+                                 0};
+    int rc = store_write(req->ld->store, array_cancel_cb, &op);
+    if (rc != STORE_OK) return reply_store_error(req, rc, op.array_id);
+    if (!op.found) return http_error(req, 404, "NOT_FOUND", "array %s not found", op.array_id);
+    if (op.changed) http_notify_signal(&req->ld->jobs_changed);
+    return http_reply_json(req, 200,
+                           json_pack("{s:s, s:i}", "array_id", op.array_id, "jobs", op.found));
 }

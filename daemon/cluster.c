@@ -23,6 +23,7 @@
 #include "daemon/nodes.h"
 #include "daemon/deps.h"
 #include "daemon/fairshare.h"
+#include "daemon/preempt.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
 #include "daemon/usage.h"
@@ -41,6 +42,7 @@ struct jobinfo {
     char tenant_id[24];
     enum job_state state;
     int attempt, priority, max_retries, world;
+    int preemptions; /* attempts lost to preemption (no retry used) */
     int tp, per_node;
     char kind[8];
     int64_t created_at;
@@ -89,6 +91,7 @@ static int snap_job(const struct store_job *j, void *arg) {
     ji->attempt = j->attempt;
     ji->priority = j->priority;
     ji->max_retries = j->max_retries;
+    ji->preemptions = j->preemptions;
     ji->world = j->world_size;
     ji->created_at = j->created_at;
     ji->queued_since = j->attempt > 0 && j->updated_at > 0 ? j->updated_at : j->created_at;
@@ -311,7 +314,9 @@ struct change {
     int64_t t0, t1;
     char node[64], model[96];
     int gpus;
-    double price; /* per GPU-hour for this row's model */
+    double price;      /* per GPU-hour for this row's model */
+    const char *cause; /* usage rows: supervise_bill_cause() (static) */
+    int billed;
     int result;
 };
 
@@ -430,7 +435,9 @@ static int apply_changes(struct store_tx *tx, void *arg) {
                                     .gpus = c->gpus,
                                     .t0 = c->t0,
                                     .t1 = c->t1,
-                                    .price = c->price};
+                                    .price = c->price,
+                                    .cause = c->cause,
+                                    .billed = c->billed};
             c->result = usage_insert(tx, &row);
             break;
         }
@@ -522,6 +529,19 @@ void cluster_task_report(struct cluster *c, int ni, json_t *task, int64_t now) {
 json_t *cluster_desired(struct cluster *c, int ni) {
     json_t *arr = json_array();
     for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        if (a->phase == ATTEMPT_STOPPING && a->stop_grace_ms > 0) {
+            /* A preempted attempt: its ranks are told how long they have to
+             * checkpoint (the agent never starts such an entry). */
+            for (int r = 0; r < a->world; r++) {
+                struct cluster_rank *rk = &a->ranks[r];
+                if (rk->node != ni || rk->state == RANK_EXITED || rk->released) continue;
+                json_array_append_new(arr,
+                                      json_pack("{s:s, s:i, s:i, s:i, s:s}", "job", a->job_id,
+                                                "attempt", a->attempt, "rank", r, "stop_grace_ms",
+                                                a->stop_grace_ms, "stop_reason", a->stop_reason));
+            }
+            continue;
+        }
         if (a->phase != ATTEMPT_ACTIVE) continue;
         for (int r = 0; r < a->world; r++) {
             struct cluster_rank *rk = &a->ranks[r];
@@ -622,6 +642,8 @@ static void finalize_attempt(struct cluster *c, struct changes *cs, struct clust
         u->price = json_is_number(p) ? json_number_value(p) : cs->price;
         u->t0 = a->started_ms;
         u->t1 = now;
+        u->cause = supervise_bill_cause(a->stop_cause);
+        u->billed = usage_cause_billed(c->ld->cfg.bill_causes, u->cause);
     }
     struct change *e = ch_add(cs, CH_ATTEMPT_END, a->job_id);
     if (e) {
@@ -686,6 +708,7 @@ static int gather(struct pass *p, const struct cluster_attempt *a, const struct 
     in->job = job_view(j, a);
     in->attempt = a->attempt;
     in->max_retries = j ? j->max_retries : 0;
+    in->preemptions = j ? j->preemptions : 0;
     in->world = a->world;
     in->running = a->running;
     json_t *limit = a->spec ? json_object_get(a->spec, "max_runtime_s") : NULL;
@@ -796,8 +819,9 @@ static void pass_orphans(struct pass *p) {
                           "no rank was running", NULL);
         else if (j->state == JOB_STARTING || j->state == JOB_RUNNING)
             ch_transition(&p->cs, j->id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
-                          supervise_retries_left(j->attempt, j->max_retries) > 0 ? JOB_QUEUED
-                                                                                 : JOB_FAILED,
+                          supervise_retries_left(j->attempt, j->preemptions, j->max_retries) > 0
+                              ? JOB_QUEUED
+                              : JOB_FAILED,
                           j->attempt, "attempt state was lost (loomd restarted without it)",
                           "retrying: attempt state was lost");
     }
@@ -906,6 +930,102 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
     }
 }
 
+/* Another attempt of the job is still stopping (a preempted one writing its
+ * checkpoint, or a failed one): the next may not start beside it, since both
+ * would use the job's checkpoint directory. */
+static const struct cluster_attempt *older_attempt(struct cluster *c, const char *job_id) {
+    for (const struct cluster_attempt *a = c->attempts; a; a = a->next)
+        if (!strcmp(a->job_id, job_id)) return a;
+    return NULL;
+}
+
+/* SIGTERM grace for a preempted attempt: --preempt-grace plus two of its
+ * steps (as observed) plus a checkpoint-time estimate (16 bytes a parameter:
+ * weights, fp32 master and AdamW moments, written at 1 GB/s). */
+static int preempt_grace_ms(const struct pass *p, const struct cluster_attempt *a) {
+    int64_t ms = (int64_t)p->ld->cfg.preempt_grace * 1000;
+    long steps = a->ranks[0].last_step;
+    if (steps > 0 && a->last_progress_ms > a->running_ms)
+        ms += 2 * (a->last_progress_ms - a->running_ms) / steps;
+    struct loom_spec *s = malloc(sizeof *s);
+    struct loom_error e;
+    if (s && a->spec && jobspec_parse(s, a->spec, 0, &e) == 0)
+        ms += model_n_params(&s->model) * 16 / 1000000;
+    free(s);
+    return ms > 86400000 ? 86400000 : (int)ms;
+}
+
+/* 6. preemption: the backfill head (the first job in order that would fit
+ * on the idle cluster but not now) may stop running preemptible jobs of lower
+ * priority (daemon/preempt.h). One preemption is in flight at a time; the
+ * head starts on the freed devices once they are released. */
+static void pass_preempt(struct pass *p, struct sched_node *sn, const struct sched_job *sj,
+                         const struct sched_decision *sd, int nq) {
+    struct cluster *c = p->c;
+    int head = -1;
+    for (int k = 0; k < nq && head < 0; k++)
+        if (sd[k].reserved) head = k;
+    if (head < 0) return;
+    int nv = 0;
+    size_t tot = 0, off = 0;
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        if (a->phase == ATTEMPT_STOPPING && a->stop_cause == STOP_PREEMPTED) return;
+        nv++;
+        tot += (size_t)a->world;
+    }
+    for (int k = 0; k < nq; k++) /* devices placed in this pass are taken */
+        for (int r = 0; sd[k].placed && r < sj[k].world; r++)
+            sn[sd[k].ranks[r].node].busy |= (uint64_t)1 << sd[k].ranks[r].device;
+    struct preempt_victim *v = calloc((size_t)(nv ? nv : 1), sizeof *v);
+    struct cluster_attempt **va = calloc((size_t)(nv ? nv : 1), sizeof *va);
+    struct sched_rank *rk = calloc(tot ? tot : 1, sizeof *rk);
+    int *chosen = calloc((size_t)(nv ? nv : 1), sizeof *chosen);
+    if (!v || !va || !rk || !chosen) goto out;
+    nv = 0;
+    int64_t min_ms = (int64_t)p->ld->cfg.preempt_min_runtime * 1000;
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        const struct jobinfo *j = snap_find(&p->snap, a->job_id);
+        if (a->phase != ATTEMPT_ACTIVE || !a->running || !j) continue;
+        struct sched_rank *r = rk + off;
+        off += (size_t)a->world;
+        int n = 0;
+        for (int q = 0; q < a->world; q++)
+            if (!a->ranks[q].released && a->ranks[q].device < SCHED_MAX_NODE_DEVICES)
+                r[n++] = (struct sched_rank){a->ranks[q].node, a->ranks[q].device};
+        int preemptible = a->spec && json_is_true(json_object_get(a->spec, "preemptible"));
+        v[nv] = (struct preempt_victim){a->job_id,
+                                        a->tenant_id,
+                                        j->priority,
+                                        a->running_ms,
+                                        preemptible && p->now - a->running_ms >= min_ms,
+                                        r,
+                                        n};
+        va[nv++] = a;
+    }
+    struct sched_cluster cl = {sn, c->nnodes, p->snap.quotas, p->snap.nq};
+    char why[256];
+    if (preempt_choose(&cl, &sj[head], v, nv, chosen, why, sizeof why) <= 0) goto out;
+    for (int i = 0; i < nv; i++) {
+        if (!chosen[i]) continue;
+        struct cluster_attempt *a = va[i];
+        char reason[256], pending[200];
+        snprintf(reason, sizeof reason, "PREEMPTED by %s (priority %d over %d)", sj[head].id,
+                 sj[head].priority, v[i].priority);
+        snprintf(pending, sizeof pending,
+                 "preempted by %s; resumes from its checkpoint when devices free up", sj[head].id);
+        a->stop_grace_ms = preempt_grace_ms(p, a);
+        stop_attempt(c, a, p->now, STOP_PREEMPTED, reason);
+        ch_transition(&p->cs, a->job_id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING), JOB_QUEUED,
+                      a->attempt, reason, pending);
+        log_info("cluster: %s; SIGTERM grace %d ms", reason, a->stop_grace_ms);
+    }
+out:
+    free(v);
+    free(va);
+    free(rk);
+    free(chosen);
+}
+
 /* 5. placement */
 static void pass_place(struct pass *p) {
     struct cluster *c = p->c;
@@ -921,6 +1041,17 @@ static void pass_place(struct pass *p) {
     for (int i = 0; i < snap->n; i++) {
         struct jobinfo *j = &snap->jobs[i];
         if (j->state != JOB_QUEUED || cluster_attempt_find(c, j->id, j->attempt)) continue;
+        const struct cluster_attempt *old = older_attempt(c, j->id);
+        if (old) {
+            char why[SCHED_REASON_LEN];
+            snprintf(why, sizeof why, "waiting for attempt %d to stop (%s)", old->attempt,
+                     old->stop_cause == STOP_PREEMPTED ? "writing its checkpoint" : "ending");
+            if (!j->pending || strcmp(j->pending, why)) {
+                struct change *ch = ch_add(&p->cs, CH_PENDING, j->id);
+                if (ch) ch->text = strdup(why);
+            }
+            continue;
+        }
         if (j->deps == DEPS_FAILED) {
             ch_transition(&p->cs, j->id, JOB_MASK(JOB_QUEUED), JOB_FAILED, j->attempt,
                           j->deps_reason, NULL);
@@ -961,6 +1092,7 @@ static void pass_place(struct pass *p) {
             if (ch) ch->text = strdup(sd[k].reason);
         }
     }
+    pass_preempt(p, sn, sj, sd, nq);
     sched_decisions_free(sd, nq);
 out:
     free(sn);

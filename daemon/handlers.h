@@ -28,6 +28,7 @@ int api_jobs_submit(struct http_req *req);
 int api_jobs_list(struct http_req *req);
 int api_jobs_get(struct http_req *req);
 int api_jobs_cancel(struct http_req *req);
+int api_arrays_cancel(struct http_req *req); /* POST /v1/arrays/{id}/cancel */
 int api_jobs_events(struct http_req *req);
 int api_jobs_plan(struct http_req *req);
 

@@ -5,6 +5,7 @@
 #include "daemon/nodecheck.h"
 #include "daemon/webhooks.h"
 #include "daemon/loomd.h"
+#include "daemon/usage.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -79,6 +80,17 @@ const struct config_entry loomd_config_table[] = {
      "seconds a long-poll waits at most"},
     {"hang-timeout", CONFIG_INT, OFF(hang_timeout), "600", 5, 86400,
      "seconds without a training step before an attempt counts as hung"},
+    {"bill-causes", CONFIG_STR, OFF(bill_causes), "user,preempted", UNBOUNDED,
+     "attempt ends that are billed, comma-separated from user, preempted, node_lost, hang, "
+     "infra (the others are recorded at cost 0)"},
+    {"preempt-below-priority", CONFIG_INT, OFF(preempt_below), "0", 0, 101,
+     "a job that does not set preemptible is preemptible when its priority is below this (0: "
+     "only jobs that ask)"},
+    {"preempt-min-runtime", CONFIG_INT, OFF(preempt_min_runtime), "300", 0, 86400,
+     "seconds a job runs before it may be preempted (again): anti-thrash"},
+    {"preempt-grace", CONFIG_INT, OFF(preempt_grace), "60", 1, 86400,
+     "seconds a preempted job has to checkpoint, on top of two of its steps and its "
+     "checkpoint-time estimate, before SIGKILL"},
     {"fair-share-half-life", CONFIG_INT, OFF(fair_share_half_life), "604800", 0, 315360000,
      "seconds for a tenant's past GPU-hours to weigh half in the fair-share order (0: off)"},
     {"nodecheck-on-join", CONFIG_BOOL, OFF(nodecheck_on_join), "false", 1, 0,
@@ -138,6 +150,14 @@ int loomd_config_load(struct loomd *ld, int argc, char **argv) {
         return -1;
     }
     log_init("loomd", (enum log_level)lvl);
+    char bad[64];
+    if (usage_policy_check(ld->cfg.bill_causes, bad, sizeof bad) != 0) {
+        fprintf(stderr,
+                "loomd: --bill-causes '%s': '%s' is not one of user, preempted, node_lost, hang, "
+                "infra\n",
+                ld->cfg.bill_causes, bad);
+        return -1;
+    }
     return 0;
 }
 

@@ -46,6 +46,10 @@ struct loomd_config {
     long hang_timeout;         /* s without a step before an attempt counts as hung */
     int nodecheck_on_join;     /* check a never-checked node when it joins (daemon/nodecheck.h) */
     long fair_share_half_life; /* s; fair-share usage decay (daemon/fairshare.h), 0: off */
+    char *bill_causes;         /* --bill-causes: attempt ends billed (daemon/usage.h) */
+    long preempt_below;        /* implicit preemptible below this priority (0: none) */
+    long preempt_min_runtime;  /* s running before a job may be preempted */
+    long preempt_grace;        /* s of SIGTERM grace for a preempted job, plus its estimate */
 
     /* event stream and webhooks (daemon/events.h, daemon/webhooks.h) */
     long events_heartbeat;      /* s between SSE heartbeat comments */

@@ -41,6 +41,7 @@ const struct http_route http_routes[] = {
     {"GET", "/v1/jobs/{id}", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_jobs_get},
     {"POST", "/v1/jobs/{id}/cancel", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_JSON_OPT, api_jobs_cancel},
     {"GET", "/v1/jobs/{id}/events", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, api_jobs_events},
+    {"POST", "/v1/arrays/{id}/cancel", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_JSON_OPT, api_arrays_cancel},
     {"POST", "/v1/plan", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_JSON, api_jobs_plan},
     /* cluster: nodes, logs, metrics, usage, agents, rendezvous (docs/internals/agent.md) */
     {"GET", "/v1/jobs/{id}/logs", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, joblogs_logs},

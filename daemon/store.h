@@ -205,6 +205,7 @@ struct store_job {
     int tp;               /* parallel.tp (tensor-parallel group size) */
     char device[8];       /* resources.device: "cuda" or "cpu" */
     int gpus_per_node;    /* resources.gpus_per_node */
+    int preemptions;      /* attempts lost to preemption (they use no retry) */
     char *spec;           /* canonical spec JSON text */
     char *labels;         /* JSON object text */
     char *out_dir;        /* checkpoint/output dir, same for every attempt */

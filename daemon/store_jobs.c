@@ -63,12 +63,12 @@ void store_job_clear(struct store_job *j) {
 #define JOB_COLS                                                                                   \
     "seq, id, tenant_id, name, state, attempt, priority, max_retries, world_size, spec, labels, "  \
     "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at, tp, "    \
-    "device, gpus_per_node"
+    "device, gpus_per_node, preemptions"
 
 #define JOB_COLS_NO_SPEC                                                                           \
     "seq, id, tenant_id, name, state, attempt, priority, max_retries, world_size, NULL, labels, "  \
     "out_dir, pending_reason, placement, created_at, updated_at, started_at, finished_at, tp, "    \
-    "device, gpus_per_node"
+    "device, gpus_per_node, preemptions"
 
 static void job_from_row(sqlite3_stmt *st, struct store_job *j) {
     memset(j, 0, sizeof *j);
@@ -95,6 +95,7 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j) {
     const unsigned char *dev = sqlite3_column_text(st, 19);
     snprintf(j->device, sizeof j->device, "%s", dev ? (const char *)dev : "cuda");
     j->gpus_per_node = sqlite3_column_int(st, 20);
+    j->preemptions = sqlite3_column_int(st, 21);
 }
 
 json_t *store_time_json(int64_t ms) {
@@ -126,6 +127,7 @@ json_t *store_job_to_json(const struct store_job *j) {
     json_object_set_new(o, "attempt", json_integer(j->attempt));
     json_object_set_new(o, "priority", json_integer(j->priority));
     json_object_set_new(o, "max_retries", json_integer(j->max_retries));
+    json_object_set_new(o, "preemptions", json_integer(j->preemptions));
     json_object_set_new(o, "world_size", json_integer(j->world_size));
     json_object_set_new(o, "labels", json_or(j->labels, json_object()));
     json_object_set_new(o, "pending_reason",
@@ -386,6 +388,8 @@ int store_job_transition(struct store_tx *tx, const char *id, unsigned from_mask
     int64_t now = store_now_ms();
     int retry = to == JOB_QUEUED && (j.state == JOB_STARTING || j.state == JOB_RUNNING);
     int attempt = j.attempt + (retry ? 1 : 0);
+    /* A requeue for a higher-priority job uses no retry (migration 140). */
+    int preempted = retry && ch && ch->reason && !strncmp(ch->reason, "PREEMPTED", 9);
     const char *pending = NULL;
     if (to == JOB_QUEUED)
         pending = ch && ch->pending_reason ? ch->pending_reason : "waiting for resources";
@@ -393,7 +397,8 @@ int store_job_transition(struct store_tx *tx, const char *id, unsigned from_mask
         tx, "UPDATE jobs SET state = ?2, attempt = ?3, pending_reason = ?4, updated_at = ?5, "
             "placement = CASE WHEN ?6 THEN NULL WHEN ?7 IS NOT NULL THEN ?7 ELSE placement END, "
             "started_at = CASE WHEN ?6 THEN NULL WHEN ?8 THEN ?5 ELSE started_at END, "
-            "finished_at = CASE WHEN ?9 THEN ?5 ELSE finished_at END WHERE seq = ?1");
+            "finished_at = CASE WHEN ?9 THEN ?5 ELSE finished_at END, "
+            "preemptions = preemptions + ?10 WHERE seq = ?1");
     if (!st) {
         ret = STORE_ERR;
         goto out;
@@ -413,6 +418,7 @@ int store_job_transition(struct store_tx *tx, const char *id, unsigned from_mask
         sqlite3_bind_null(st, 7);
     sqlite3_bind_int(st, 8, to == JOB_RUNNING);
     sqlite3_bind_int(st, 9, job_state_terminal(to));
+    sqlite3_bind_int(st, 10, preempted);
     rc = sqlite3_step(st);
     sqlite3_reset(st);
     if (rc != SQLITE_DONE) {

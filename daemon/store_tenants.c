@@ -185,8 +185,8 @@ int store_tenant_qos_json(struct store_tx *tx, const char *id, json_t *obj) {
 
 int store_tenant_gpu_hours(struct store_tx *tx, const char *id, int64_t since_ms, double *hours) {
     sqlite3_stmt *st = store_stmt(
-        tx,
-        "SELECT COALESCE(SUM(gpu_seconds), 0) FROM usage WHERE tenant_id = ? AND start_ms >= ?");
+        tx, "SELECT COALESCE(SUM(gpu_seconds), 0) FROM usage WHERE tenant_id = ? AND start_ms >= ? "
+            "AND billed = 1");
     if (!st) return STORE_ERR;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 2, since_ms);

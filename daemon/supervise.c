@@ -29,6 +29,7 @@ static const char *const cause_names[] = {
     [STOP_SUPERSEDED] = "superseded",
     [STOP_NOT_RECORDED] = "not_recorded",
     [STOP_TIME_LIMIT] = "time_limit",
+    [STOP_PREEMPTED] = "preempted",
 };
 
 const char *stop_cause_name(enum stop_cause cause) {
@@ -36,12 +37,29 @@ const char *stop_cause_name(enum stop_cause cause) {
     return cause_names[cause];
 }
 
+const char *supervise_bill_cause(enum stop_cause cause) {
+    switch (cause) {
+    case STOP_PREEMPTED:
+        return "preempted";
+    case STOP_NODE_LOST:
+        return "node_lost";
+    case STOP_HANG:
+    case STOP_START_TIMEOUT:
+        return "hang";
+    case STOP_SUPERSEDED:
+    case STOP_NOT_RECORDED:
+        return "infra";
+    default:
+        return "user";
+    }
+}
+
 int supervise_node_expired(int64_t last_hb_ms, int64_t now_ms, long node_timeout_s) {
     return now_ms - last_hb_ms > (int64_t)node_timeout_s * 1000;
 }
 
-int supervise_retries_left(int attempt, int max_retries) {
-    return max_retries - attempt;
+int supervise_retries_left(int attempt, int preemptions, int max_retries) {
+    return max_retries - (attempt - preemptions);
 }
 
 int supervise_is_failure(enum stop_cause cause) {
@@ -52,6 +70,7 @@ int supervise_is_failure(enum stop_cause cause) {
 const char *supervise_end_state(enum stop_cause cause, int all_exited_ok) {
     if (all_exited_ok) return "succeeded";
     if (cause == STOP_CANCELLED) return "cancelled";
+    if (cause == STOP_PREEMPTED) return "preempted";
     if (cause == STOP_SUPERSEDED) return "stopped";
     return "failed";
 }
@@ -86,10 +105,10 @@ static void retry_or_fail(const struct supervise_input *in, struct supervise_dec
     if (no_retry) {
         snprintf(d->reason, sizeof d->reason, "attempt %d failed: %s; not retried", in->attempt,
                  d->why);
-    } else if (supervise_retries_left(in->attempt, in->max_retries) > 0) {
+    } else if (supervise_retries_left(in->attempt, in->preemptions, in->max_retries) > 0) {
         d->retry = 1;
         snprintf(d->reason, sizeof d->reason, "attempt %d failed: %s; retrying (retry %d of %d)",
-                 in->attempt, d->why, in->attempt + 1, in->max_retries);
+                 in->attempt, d->why, in->attempt - in->preemptions + 1, in->max_retries);
         snprintf(d->pending, sizeof d->pending, "retrying after: %.*s", 270, d->why);
     } else {
         snprintf(d->reason, sizeof d->reason,

@@ -34,6 +34,7 @@ enum stop_cause {
     STOP_SUPERSEDED,    /* the job ended, was retried or is gone: not ours to judge */
     STOP_NOT_RECORDED,  /* the placement's store write failed (set by the loop) */
     STOP_TIME_LIMIT,    /* the attempt ran past the job's max_runtime_s: failed, not retried */
+    STOP_PREEMPTED,     /* stopped for a higher-priority job (set by the loop): requeued */
 };
 
 /* The job as the store shows it, relative to this attempt. */
@@ -66,6 +67,7 @@ struct supervise_input {
     enum supervise_job job;
     int attempt;     /* this attempt's number (0: the first try) */
     int max_retries; /* the job's max_retries */
+    int preemptions; /* attempts the job lost to preemption: they use no retry */
     int world;
     int running;        /* the job already moved to running */
     long max_runtime_s; /* the job's max_runtime_s, counted from placement; 0: no limit */
@@ -93,15 +95,23 @@ void supervise_decide(const struct supervise_input *in, struct supervise_decisio
 /* A node whose last heartbeat is more than node_timeout_s old is lost. */
 int supervise_node_expired(int64_t last_hb_ms, int64_t now_ms, long node_timeout_s);
 
-/* Retries left for a job on `attempt` (0-based) with `max_retries`; <= 0: none. */
-int supervise_retries_left(int attempt, int max_retries);
+/* Retries left for a job on `attempt` (0-based) with `max_retries`, of whose
+ * attempts `preemptions` were preempted (those are no failures); <= 0: none. */
+int supervise_retries_left(int attempt, int preemptions, int max_retries);
 
 /* Is this cause a failure (retried or failed per the budget)? */
 int supervise_is_failure(enum stop_cause cause);
 
 /* The attempts row's end state once every rank is gone: "succeeded" when
- * every rank exited 0, else "cancelled", "stopped" (superseded) or "failed". */
+ * every rank exited 0, else "cancelled", "preempted", "stopped" (superseded) or
+ * "failed". */
 const char *supervise_end_state(enum stop_cause cause, int all_exited_ok);
+
+/* Who an attempt's end is attributed to, for billing: "user" (it succeeded,
+ * failed by its own exit, was cancelled or hit its time limit), "preempted",
+ * "node_lost", "hang" (no progress, or never started) or "infra" (loomd
+ * stopped it: superseded, placement not recorded). */
+const char *supervise_bill_cause(enum stop_cause cause);
 
 /* Stable lower-case name of a cause ("rank_failed"), for logs and tests. */
 const char *stop_cause_name(enum stop_cause cause);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "daemon/usage.h"
 
+#include "common/buf.h"
 #include "daemon/api_prices.h"
 #include "daemon/cluster.h"
 #include "daemon/http.h"
@@ -45,7 +46,42 @@ static const struct {
     {"node", "node"},
     {"gpu_model", "gpu_model"},
     {"gpu_type", "gpu_type"},
+    {"cause", "cause"},
 };
+
+int usage_cause_billed(const char *policy, const char *cause) {
+    size_t n = strlen(cause);
+    for (const char *p = policy ? policy : ""; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, cause, n)) return 1;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+int usage_policy_check(const char *policy, char *bad, size_t len) {
+    static const char *const causes[] = {"user", "preempted", "node_lost", "hang", "infra"};
+    for (const char *p = policy ? policy : ""; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int ok = 0;
+        for (size_t i = 0; i < sizeof causes / sizeof causes[0]; i++)
+            ok |= strlen(causes[i]) == n && !strncmp(p, causes[i], n);
+        if (!ok) {
+            snprintf(bad, len, "%.*s", (int)n, p);
+            return -1;
+        }
+        p += n + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+int64_t usage_hour_end(int64_t t_ms) {
+    const int64_t hour = 3600000;
+    int64_t h = t_ms >= 0 ? t_ms / hour : (t_ms - hour + 1) / hour;
+    return (h + 1) * hour;
+}
 
 int usage_insert(struct store_tx *tx, const struct usage_row *r) {
     double price = r->price;
@@ -65,26 +101,36 @@ int usage_insert(struct store_tx *tx, const struct usage_row *r) {
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     st = store_stmt(tx, "INSERT INTO usage (tenant_id, job_id, attempt, node, gpu_model, gpus, "
-                        "start_ms, end_ms, gpu_seconds, cost, gpu_type, currency) VALUES "
-                        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                        "start_ms, end_ms, gpu_seconds, cost, gpu_type, currency, cause, billed) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     if (!st) return STORE_ERR;
-    double secs = r->gpus * (double)(r->t1 - r->t0) / 1000.0;
-    if (secs < 0) secs = 0;
-    sqlite3_bind_text(st, 1, r->tenant_id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, r->job_id, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 3, r->attempt);
-    sqlite3_bind_text(st, 4, r->node, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 5, r->gpu_model, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 6, r->gpus);
-    sqlite3_bind_int64(st, 7, r->t0);
-    sqlite3_bind_int64(st, 8, r->t1);
-    sqlite3_bind_double(st, 9, secs);
-    sqlite3_bind_double(st, 10, secs / 3600.0 * price);
-    sqlite3_bind_text(st, 11, gpu_type, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 12, currency, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
+    int rc = STORE_OK;
+    int64_t t1 = r->t1 > r->t0 ? r->t1 : r->t0;
+    /* One row per UTC hour: a month (or hour) boundary inside the attempt
+     * splits it exactly. A zero-length attempt still gets its one row. */
+    for (int64_t a = r->t0; rc == STORE_OK && (a < t1 || a == r->t0);) {
+        int64_t b = usage_hour_end(a) < t1 ? usage_hour_end(a) : t1;
+        double secs = r->gpus * (double)(b - a) / 1000.0;
+        sqlite3_bind_text(st, 1, r->tenant_id, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, r->job_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 3, r->attempt);
+        sqlite3_bind_text(st, 4, r->node, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 5, r->gpu_model, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 6, r->gpus);
+        sqlite3_bind_int64(st, 7, a);
+        sqlite3_bind_int64(st, 8, b);
+        sqlite3_bind_double(st, 9, secs);
+        sqlite3_bind_double(st, 10, r->billed ? secs / 3600.0 * price : 0.0);
+        sqlite3_bind_text(st, 11, gpu_type, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 12, currency, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 13, r->cause ? r->cause : "user", -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 14, r->billed ? 1 : 0);
+        rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+        if (b == a) break;
+        a = b;
+    }
     return rc;
 }
 
@@ -123,6 +169,51 @@ static int usage_read(struct store_tx *tx, void *arg) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* The invoice: one CSV line per month, tenant, GPU type and currency. The
+ * rows are cut at hour boundaries (usage_insert), so a month holds exactly
+ * the time spent in it. */
+struct invoice_q {
+    const char *tenant; /* NULL: all */
+    int64_t from, to;
+    struct buf out;
+};
+
+static int invoice_read(struct store_tx *tx, void *arg) {
+    struct invoice_q *q = arg;
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT strftime('%Y-%m', start_ms / 1000, 'unixepoch') AS m, tenant_id, gpu_type, "
+            "currency, SUM(gpu_seconds), SUM(CASE WHEN billed THEN gpu_seconds ELSE 0 END), "
+            "SUM(cost) FROM usage WHERE start_ms >= ?1 AND start_ms < ?2 AND (?3 IS NULL OR "
+            "tenant_id = ?3) GROUP BY m, tenant_id, gpu_type, currency "
+            "ORDER BY m, tenant_id, gpu_type, currency");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, q->from);
+    sqlite3_bind_int64(st, 2, q->to);
+    if (q->tenant) sqlite3_bind_text(st, 3, q->tenant, -1, SQLITE_STATIC);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *cur = (const char *)sqlite3_column_text(st, 3);
+        buf_printf(&q->out, "%s,%s,%s,%s,%.6f,%.6f,%.6f\n", sqlite3_column_text(st, 0),
+                   sqlite3_column_text(st, 1), sqlite3_column_text(st, 2), cur && *cur ? cur : "",
+                   sqlite3_column_double(st, 4) / 3600.0, sqlite3_column_double(st, 5) / 3600.0,
+                   sqlite3_column_double(st, 6));
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+static int usage_csv(struct http_req *req, const char *tenant, int64_t from, int64_t to) {
+    struct invoice_q q = {tenant, from, to, BUF_INIT};
+    buf_printf(&q.out, "month,tenant,gpu_type,currency,gpu_hours,billed_gpu_hours,cost\n");
+    if (store_read(req->ld->store, invoice_read, &q) != STORE_OK || !q.out.p) {
+        buf_free(&q.out);
+        return http_error(req, 503, "STORE_UNAVAILABLE", "could not read the usage ledger");
+    }
+    int rc = http_reply_text(req, 200, "text/csv; charset=utf-8", q.out.p, q.out.len);
+    buf_free(&q.out);
+    return rc;
+}
+
 int usage_get(struct http_req *req) {
     const char *from = http_query(req, "from"), *to = http_query(req, "to");
     const char *group = http_query(req, "group_by");
@@ -134,6 +225,12 @@ int usage_get(struct http_req *req) {
                           from);
     if (to && usage_parse_time(to, &q.to) != 0)
         return http_error(req, 400, "INVALID_TIME", "to=%s is not RFC 3339, YYYY-MM-DD or ms", to);
+    const char *format = http_query(req, "format");
+    if (format && strcmp(format, "csv") && strcmp(format, "json"))
+        return http_error(req, 400, "INVALID_FORMAT", "format=%s; use json or csv", format);
+    if (format && !strcmp(format, "csv"))
+        return usage_csv(req, req->is_admin ? http_query(req, "tenant") : req->tenant_id, q.from,
+                         q.to);
     if (!group) group = "tenant";
     for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
         if (!strcmp(groups[i].name, group)) q.expr = groups[i].expr;

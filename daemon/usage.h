@@ -14,6 +14,7 @@
 #ifndef LOOM_DAEMON_USAGE_H
 #define LOOM_DAEMON_USAGE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct http_req;
@@ -28,12 +29,22 @@ struct usage_row {
     int gpus;
     int64_t t0, t1; /* ms */
     double price;
+    const char *cause; /* supervise_bill_cause(); NULL: "user" */
+    int billed;        /* 0: recorded with cost 0 (the policy does not bill the cause) */
 };
-/* Inserts the row inside a store write, billed at the type price when one is
- * set. Returns a STORE_* code. */
+/* Inserts the usage inside a store write, one ledger row for each UTC hour
+ * [t0, t1) touches (prorated), billed at the type price when one is set.
+ * Returns a STORE_* code. */
 int usage_insert(struct store_tx *tx, const struct usage_row *r);
 
 int usage_get(struct http_req *req);
+/* Is `cause` in the comma-separated policy list (--bill-causes)? */
+int usage_cause_billed(const char *policy, const char *cause);
+/* 0 when every entry of the list is a cause name; else -1 with the first
+ * wrong entry in bad. */
+int usage_policy_check(const char *policy, char *bad, size_t len);
+/* The end of the UTC hour holding t_ms (the first ms of the next hour). */
+int64_t usage_hour_end(int64_t t_ms);
 /* Parses a time bound; returns 0 and *ms, or -1 when malformed. */
 int usage_parse_time(const char *s, int64_t *ms);
 

@@ -7,6 +7,13 @@ if(TARGET loom_daemon)
     loom_warnings(test_store)
     add_test(NAME unit.store COMMAND test_store)
     set_tests_properties(unit.store PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
+
+    # Billing: hour-cut usage rows, end causes and the --bill-causes policy.
+    add_executable(test_billing ${CMAKE_CURRENT_LIST_DIR}/unit/test_billing.c)
+    target_link_libraries(test_billing PRIVATE loom_daemon)
+    loom_warnings(test_billing)
+    add_test(NAME unit.billing COMMAND test_billing)
+    set_tests_properties(unit.billing PROPERTIES LABELS "unit;sanitize" TIMEOUT 60)
 endif()
 
 # Integration: the real loomd driven with libcurl.
@@ -111,3 +118,10 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET fake_worker)
     set_tests_properties(integration.daemon_abuse_limits PROPERTIES LABELS "integration;sanitize"
                          SKIP_RETURN_CODE 77 TIMEOUT 60)
 endif()
+
+# Preemption's victim choice is pure (daemon/preempt.c over daemon/sched.c).
+add_executable(test_preempt ${CMAKE_CURRENT_LIST_DIR}/unit/test_preempt.c
+               ${CMAKE_SOURCE_DIR}/daemon/preempt.c ${CMAKE_SOURCE_DIR}/daemon/sched.c)
+loom_warnings(test_preempt)
+add_test(NAME unit.preempt COMMAND test_preempt)
+set_tests_properties(unit.preempt PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)

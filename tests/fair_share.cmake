@@ -2,7 +2,7 @@
 # real loomd with loom-agents running fake_worker (tests/integration/test_fair_share.py).
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
-    foreach(sc qos time_limit after fair_share)
+    foreach(sc qos time_limit after fair_share preempt array)
         add_test(NAME integration.fair_share.${sc}
                  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_fair_share.py
                          ${CMAKE_BINARY_DIR}/bin ${sc})

@@ -39,8 +39,10 @@ def pid_alive(pid):
 
 
 class Cluster:
-    def __init__(self, nodes=2, devices=2, node_timeout=5, hang_timeout=5, worker=None):
+    def __init__(self, nodes=2, devices=2, node_timeout=5, hang_timeout=5, worker=None,
+                 loomd_args=()):
         self.worker = worker or WORKER
+        self.loomd_args = list(loomd_args)
         self.tmp = tempfile.mkdtemp(prefix="loom-cluster-")
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
@@ -78,7 +80,7 @@ class Cluster:
             [os.path.join(BIN, "loomd"), "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
              os.path.join(self.tmp, "loomd"), "--node-timeout", str(self.node_timeout),
              "--hang-timeout", str(self.hang_timeout), "--heartbeat", "1",
-             "--store-sync-full", "false"],
+             "--store-sync-full", "false"] + self.loomd_args,
             env=self.env, stdout=self.log("loomd"), stderr=subprocess.STDOUT)
         self.wait(lambda: self.get("/healthz", token=None)[0] == 200, 10, "loomd up")
 

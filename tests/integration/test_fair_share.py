@@ -13,8 +13,18 @@ Scenarios:
               same priority starts before its earlier-submitted job.
   after       `after` holds a job until its dependencies succeed; a failed
               dependency fails the dependent job with DEPENDENCY_FAILED <id>.
+  array       an `array` of 3 learning rates makes 3 jobs labelled with one
+              array id; a bad member stores nothing; another tenant cannot
+              cancel it; POST /v1/arrays/{id}/cancel cancels all 3.
+  preempt     the real cpu loom-worker on one device: a preemptible low-
+              priority job runs, another tenant's high-priority job arrives;
+              the low one checkpoints within its grace and is requeued
+              (PREEMPTED by <job>, job.preempted, no retry used), the high one
+              runs, the low one resumes from that checkpoint and succeeds, and
+              its losses equal an uninterrupted run's, bit for bit.
 
 Usage: test_fair_share.py BIN_DIR SCENARIO. Exit 0 pass, 1 fail, 77 skip."""
+import json
 import os
 import sys
 import time
@@ -161,6 +171,112 @@ def sc_after(c):
     check(c.job(dep).get("started_at") is None, "the dependent job never started")
 
 
+def sc_array(c):
+    st, lst = c.get("/v1/jobs")
+    before = len(lst["items"])
+    st, r = c.request("POST", "/v1/jobs", spec_of(c, steps=400, step_ms=100,
+                                                  array={"model.n_layer": [2, 0]}))
+    check(st == 422 and "model.n_layer" in json.dumps(r), "a bad member is refused: %s %s" %
+          (st, r))
+    st, lst = c.get("/v1/jobs")
+    check(len(lst["items"]) == before, "the refused array stored nothing")
+    st, r = c.request("POST", "/v1/jobs", spec_of(c, steps=400, step_ms=100,
+                                                  array={"train.lr": [1e-4, 3e-4, 1e-3]}))
+    check(st == 201 and r["array_id"].startswith("a-") and len(r["items"]) == 3,
+          "an array of 3 makes 3 jobs: %s %s" % (st, r))
+    aid = r["array_id"]
+    ids = [j["id"] for j in r["items"]]
+    lrs = []
+    for i, jid in enumerate(ids):
+        j = c.job(jid)
+        lrs.append(j["spec"]["train"]["lr"])
+        check(j["labels"].get("loom.array") == aid and j["labels"].get("loom.array_index") ==
+              str(i) and "array" not in j["spec"], "member %d labelled, no array key: %s" % (i, j))
+    check(lrs == [1e-4, 3e-4, 1e-3], "each member has its value: %s" % lrs)
+    st, lst = c.get("/v1/jobs?label=loom.array=" + aid)
+    check(st == 200 and sorted(j["id"] for j in lst["items"]) == sorted(ids),
+          "the array lists by its label: %s" % lst)
+    c.wait_state(ids[0], ("running",), 20)
+    other, other_token = c.new_tenant("beta")
+    st, r = c.request("POST", "/v1/arrays/%s/cancel" % aid, {}, token=other_token)
+    check(st == 404, "another tenant cannot cancel it: %s %s" % (st, r))
+    check(all(c.job(j)["state"] in ("queued", "starting", "running") for j in ids),
+          "nothing was cancelled by the other tenant")
+    st, r = c.request("POST", "/v1/arrays/a-000000000000/cancel", {})
+    check(st == 404 and r["error"]["code"] == "NOT_FOUND", "unknown array: %s %s" % (st, r))
+    st, r = c.request("POST", "/v1/arrays/%s/cancel" % aid, {})
+    check(st == 200 and r["jobs"] == 3, "cancel the array: %s %s" % (st, r))
+    for jid in ids:
+        c.wait_state(jid, ("cancelled",), 20)
+
+
+def losses(c, jid, token="tenant"):
+    st, m = c.get("/v1/jobs/%s/metrics" % jid, token=token)
+    check(st == 200, "metrics of %s: %s %s" % (jid, st, m))
+    return {p["step"]: p["loss"] for p in m["series"]}
+
+
+def sc_preempt(c):
+    low = tc.real_spec(c, 1, 200, 20)
+    low.update({"priority": 10, "preemptible": True, "max_retries": 0})
+    # The reference: the same job, never interrupted.
+    st, j = c.request("POST", "/v1/jobs", low)
+    check(st == 201, "reference submit: %s %s" % (st, j))
+    ref = j["id"]
+    c.wait_state(ref, ("succeeded",), 120)
+    want = losses(c, ref)
+    check(len(want) == 200, "reference recorded 200 steps: %d" % len(want))
+
+    st, j = c.request("POST", "/v1/jobs", low)
+    jid = j["id"]
+    c.wait_state(jid, ("running",), 30)
+    c.wait(lambda: len(losses(c, jid)) >= 30, 60, "the low job past step 30")
+    other, other_token = c.new_tenant("beta")
+    high = tc.real_spec(c, 1, 5, 0)
+    high.update({"priority": 90, "max_retries": 0})
+    high.pop("checkpoint")
+    st, h = c.request("POST", "/v1/jobs", high, token=other_token)
+    check(st == 201, "high submit: %s %s" % (st, h))
+    hid = h["id"]
+    c.wait_state(hid, ("succeeded",), 90, token=other_token)
+    c.wait_state(jid, ("succeeded",), 120)
+    ev = tc.event_reasons(c, jid)
+    pre = [e for e in ev if e[1] == "queued" and e[3].startswith("PREEMPTED by " + hid)]
+    check(len(pre) == 1, "one requeue with reason PREEMPTED by %s: %s" % (hid, ev))
+    j = c.job(jid)
+    check(j["attempt"] == 1 and j["preemptions"] == 1 and j["max_retries"] == 0,
+          "succeeded on attempt 1 after one preemption with max_retries 0: %s" % j)
+    st, out = c.get("/v1/jobs/%s/logs?rank=0&stream=stdout&attempt=1" % jid)
+    start = json.loads(out.splitlines()[0]) if st == 200 and out.strip() else {}
+    check(start.get("type") == "start" and start.get("start_step", 0) >= 30,
+          "attempt 1 resumed from the checkpoint written at the stop: %s" % start)
+    st, e = c.get("/v1/events?job=%s&type=job.preempted" % jid)
+    check(st == 200 and len(e["items"]) == 1 and hid in e["items"][0]["data"]["reason"],
+          "a job.preempted event names the high job: %s %s" % (st, e))
+    jh = c.job(hid, token=other_token)
+    check(jh["started_at"] < j["finished_at"], "the high job ran before the low one finished")
+    # Billing: the preempted attempt is billed once, under cause "preempted",
+    # and the CSV invoice has a line per month, tenant and GPU type.
+    st, u = c.get("/v1/usage?group_by=cause")
+    causes = {r["key"]: r for r in u.get("rows", [])} if st == 200 else {}
+    check("preempted" in causes and "user" in causes and causes["preempted"]["cost"] > 0,
+          "usage by cause shows the billed preempted attempt: %s %s" % (st, u))
+    st, csv = c.get("/v1/usage?format=csv", token=ADMIN)
+    lines = csv.strip().splitlines() if st == 200 and isinstance(csv, str) else []
+    check(lines and lines[0] == "month,tenant,gpu_type,currency,gpu_hours,billed_gpu_hours,cost"
+          and any(("," + c.tenant + ",") in ln for ln in lines[1:]) and
+          any(("," + other + ",") in ln for ln in lines[1:]),
+          "CSV invoice lists both tenants: %s %r" % (st, csv))
+    st, r = c.get("/v1/usage?format=xml")
+    check(st == 400 and r["error"]["code"] == "INVALID_FORMAT" and "xml" in r["error"]["message"],
+          "format=xml refused: %s %s" % (st, r))
+    got = losses(c, jid)
+    check(sorted(got) == list(range(1, 201)), "every step recorded once: %d steps" % len(got))
+    diff = [s for s in want if got.get(s) != want[s]]
+    check(not diff, "losses after the resume equal the uninterrupted run's bit for bit; "
+          "first differing steps %s" % diff[:5])
+
+
 def sc_fair_share(c):
     # acme uses the whole cluster (4 cpu devices) for a while: usage rows.
     used = submit(c, world=4, steps=10, step_ms=100)
@@ -187,7 +303,7 @@ def sc_fair_share(c):
 
 
 SCENARIOS = {"qos": sc_qos, "time_limit": sc_time_limit, "after": sc_after,
-             "fair_share": sc_fair_share}
+             "fair_share": sc_fair_share, "preempt": sc_preempt, "array": sc_array}
 
 
 def main():
@@ -197,7 +313,12 @@ def main():
     if not os.access(tc.WORKER, os.X_OK):
         print("SKIP: %s not built" % tc.WORKER)
         return 77
-    c = tc.Cluster(nodes=2, devices=2)
+    if SCENARIO == "preempt":
+        c = tc.Cluster(nodes=1, devices=1, hang_timeout=60,
+                       worker=os.path.join(tc.BIN, "loom-worker"),
+                       loomd_args=["--preempt-min-runtime", "0", "--preempt-grace", "10"])
+    else:
+        c = tc.Cluster(nodes=2, devices=2)
     ok = False
     try:
         SCENARIOS[SCENARIO](c)

@@ -400,12 +400,18 @@ int main(void) {
         CHECK(lost == x->lost, "node expiry hb %lld now %lld timeout %ld: %d, expected %d",
               (long long)x->last_hb, (long long)x->now, x->timeout_s, lost, x->lost);
     }
-    CHECK(supervise_retries_left(0, 3) == 3 && supervise_retries_left(3, 3) == 0 &&
-              supervise_retries_left(0, 0) == 0,
+    CHECK(supervise_retries_left(0, 0, 3) == 3 && supervise_retries_left(3, 0, 3) == 0 &&
+              supervise_retries_left(0, 0, 0) == 0,
           "retries left");
+    /* Preempted attempts use no retry: attempt 3 after 2 preemptions has had
+     * one failure. */
+    CHECK(supervise_retries_left(3, 2, 3) == 2 && supervise_retries_left(5, 5, 0) == 0 &&
+              supervise_retries_left(4, 1, 3) == 0,
+          "retries left with preemptions");
+    CHECK_STR(supervise_end_state(STOP_PREEMPTED, 0), "preempted");
     /* Cause names are distinct (logs and tests tell them apart). */
-    for (int a = STOP_NONE; a <= STOP_TIME_LIMIT; a++)
-        for (int b = a + 1; b <= STOP_TIME_LIMIT; b++)
+    for (int a = STOP_NONE; a <= STOP_PREEMPTED; a++)
+        for (int b = a + 1; b <= STOP_PREEMPTED; b++)
             CHECK(strcmp(stop_cause_name((enum stop_cause)a), stop_cause_name((enum stop_cause)b)),
                   "cause names %d and %d collide", a, b);
     CHECK(!strcmp(stop_cause_name((enum stop_cause)99), "?"), "name of an unknown cause");
