@@ -102,7 +102,7 @@
     X(INVALID_JOB_ID, 422, "an after entry that is not a job id")                                  \
     X(INVALID_ARRAY_KEY, 422, "an array key that is not a one-value spec field")                   \
     X(ARRAY_TOO_LARGE, 422, "the array expands to more than 256 jobs")                             \
-    X(UNKNOWN_JOB, 422, "after or model.init_from names a job the tenant does not have")           \
+    X(UNKNOWN_JOB, 422, "after names a job the tenant does not have")                              \
     /* job spec: cross-field rules */                                                              \
     X(WORLD_TOO_LARGE, 422, "dp*tp*pp above 16384")                                                \
     X(TP_HEADS, 422, "tp does not divide n_head")                                                  \
@@ -140,7 +140,16 @@
     X(DUPLICATE_PRICE, 422, "prices: a gpu_type is listed twice")                                  \
     /* tenant QoS */                                                                               \
     X(PRIORITY_TOO_HIGH, 422, "the job's priority is above the tenant's max_priority")             \
-    X(BUDGET_EXHAUSTED, 409, "the tenant used its gpu_hours_per_month this month")
+    X(BUDGET_EXHAUSTED, 409, "the tenant used its gpu_hours_per_month this month")                 \
+    /* model.init_from: HF directories and forks (api/hf_config.h, daemon/initfrom.h) */           \
+    X(HF_CONFIG_MISSING, 422, "model.init_from: the directory has no config.json")                 \
+    X(HF_CONFIG_INVALID, 422, "model.init_from: config.json is not JSON or lacks a size")          \
+    X(HF_CONFIG_UNSUPPORTED, 422, "model.init_from: a feature or seq_len Loom does not implement") \
+    X(UNSUPPORTED_ARCHITECTURE, 422, "config.json names an architecture outside the four")         \
+    X(INIT_FROM_MISMATCH, 422, "a size the spec states differs from model.init_from's model")      \
+    X(INIT_FROM_NOT_FOUND, 422, "model.init_from names a directory that does not exist")           \
+    X(INIT_FROM_UNSUPPORTED, 422, "a fork of a job whose checkpoints cannot start one (LoRA)")     \
+    X(CHECKPOINT_NOT_FOUND, 409, "model.init_from job:<id>[@<step>]: no such saved checkpoint")
 
 enum loom_errcode {
 #define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,

@@ -128,6 +128,7 @@ const char *jobspec_data_format_name(enum jobspec_data_format v) {
 typedef struct jobspec_field field_t;
 
 static int check_init_from(const char *path, const char *v, struct loom_error *e);
+static int check_plain_path(const char *path, const char *v, struct loom_error *e);
 static int check_tokenizer(const char *path, const char *v, struct loom_error *e);
 static int check_text_key(const char *path, const char *v, struct loom_error *e);
 static int check_gpu_type(const char *path, const char *v, struct loom_error *e);
@@ -197,6 +198,10 @@ static const field_t fields[] = {
     DBL("model.norm_eps", model.norm_eps, 0, 1e-12, 1e-2, 0, "LayerNorm/RMSNorm epsilon"),
     STR("model.init_from", init_from, "", check_init_from, FL_OMIT,
         "absolute HF model directory, job:<id> or job:<id>@<step>; default random init"),
+    STR("model.init_checkpoint", init_checkpoint, "", check_plain_path, FL_OMIT,
+        "set by loomd for init_from job:<id>: the checkpoint directory it resolved to"),
+    STR("model.init_hf", init_hf, "", check_plain_path, FL_OMIT,
+        "set by loomd for init_from job:<id>: the HF directory that job's model came from"),
     SECTION("data", 0, "training data"),
     STR("data.train", data.train, "", NULL, 0,
         "required (not for plan): absolute path, glob in the last component"),
@@ -514,6 +519,16 @@ static int check_init_from(const char *path, const char *v, struct loom_error *e
                         "%s=\"%.200s\" %s (an HF model directory, job:<id> or "
                         "job:<id>@<step>)",
                         path, v, why);
+    return 0;
+}
+
+int jobspec_check_init_from(const char *field, const char *v, struct loom_error *e) {
+    return check_init_from(field, v, e);
+}
+
+static int check_plain_path(const char *path, const char *v, struct loom_error *e) {
+    const char *why = plain_path_problem(v);
+    if (why) return loom_err(e, LOOM_E_INVALID_INIT_FROM, path, "%s=\"%.200s\" %s", path, v, why);
     return 0;
 }
 

@@ -113,6 +113,13 @@ struct loom_spec {
     /* model.init_from: "" (random init), an absolute HF directory, "job:<id>"
      * (that job's newest checkpoint) or "job:<id>@<step>". */
     char init_from[JOBSPEC_PATH_MAX];
+    /* Set by loomd when init_from names a job (daemon/initfrom.h): the
+     * checkpoint directory it resolved to, and the HF directory that job's
+     * model came from ("" when none: its architecture settings and the
+     * export's source files). A worker starts from init_checkpoint's weights
+     * with a fresh optimizer at step 0. */
+    char init_checkpoint[JOBSPEC_PATH_MAX];
+    char init_hf[JOBSPEC_PATH_MAX];
 
     struct {
         char train[JOBSPEC_PATH_MAX]; /* absolute; glob allowed in the last component */
@@ -303,6 +310,11 @@ size_t jobspec_array_size(const struct loom_spec *s);
  * fastest). New reference, or NULL when out of memory or `i` is out of
  * range. jobspec_parse already checked that every member is a valid spec. */
 json_t *jobspec_array_member(const struct loom_spec *s, const json_t *body, size_t i);
+
+/* model.init_from's format: an absolute path without '.', '..' or glob
+ * characters, "job:<id>" or "job:<id>@<step>". 0, or -1 with
+ * INVALID_INIT_FROM naming `field`. */
+int jobspec_check_init_from(const char *field, const char *v, struct loom_error *e);
 
 /* ---- data-path confinement ---- */
 

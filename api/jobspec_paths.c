@@ -222,5 +222,8 @@ int jobspec_check_paths(const struct loom_spec *s, const char *const *roots, siz
     if (s->init_from[0] == '/' &&
         jobspec_path_confined(s->init_from, roots, nroots, flags, "model.init_from", e) != 0)
         return -1;
+    if (s->init_hf[0] &&
+        jobspec_path_confined(s->init_hf, roots, nroots, flags, "model.init_hf", e) != 0)
+        return -1;
     return 0;
 }

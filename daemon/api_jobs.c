@@ -17,6 +17,7 @@
 #include "common/buf.h"
 #include "daemon/auth.h"
 #include "daemon/handlers.h"
+#include "daemon/initfrom.h"
 #include "daemon/loomd.h"
 #include "daemon/nodes.h"
 #include "daemon/sched.h"
@@ -164,8 +165,8 @@ static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom
 
 /* ---------------- job references ---------------- */
 
-/* The jobs a spec names (after, model.init_from job:<id>[@<step>]) must be
- * jobs of the submitting tenant. */
+/* The jobs `after` names must be jobs of the submitting tenant
+ * (model.init_from job:<id> is resolved, and checked, by daemon/initfrom.c). */
 struct refs_op {
     const char *tenant_id;
     const char *ids[JOBSPEC_AFTER_MAX + 1];
@@ -193,13 +194,6 @@ static int refs_cb(struct store_tx *tx, void *arg) {
 /* 0, or -1 after replying (UNKNOWN_JOB naming the field and the id). */
 static int check_job_refs(struct http_req *req, const struct loom_spec *spec) {
     struct refs_op op = {.tenant_id = req->tenant_id, .missing = -1};
-    char init_id[JOBSPEC_ID_MAX];
-    if (strncmp(spec->init_from, "job:", 4) == 0) {
-        snprintf(init_id, sizeof init_id, "%.*s", (int)strcspn(spec->init_from + 4, "@"),
-                 spec->init_from + 4);
-        op.ids[op.n] = init_id;
-        op.fields[op.n++] = "model.init_from";
-    }
     for (int i = 0; i < spec->n_after; i++) {
         op.ids[op.n] = spec->after[i];
         op.fields[op.n++] = "after";
@@ -421,7 +415,7 @@ int api_jobs_submit(struct http_req *req) {
     struct loom_error err;
     struct roots roots = {0};
     char *canon = NULL;
-    json_t *labels = NULL;
+    json_t *labels = NULL, *body = NULL;
     struct submit_op op;
     memset(&op, 0, sizeof op);
     memset(&err, 0, sizeof err);
@@ -432,12 +426,22 @@ int api_jobs_submit(struct http_req *req) {
                   IDEM_KEY_MAX);
         goto out;
     }
-    if (jobspec_parse(spec, req->json, JOBSPEC_ARRAY_MEMBERS, &err) != 0) {
-        reply_spec_error(req, &err);
-        goto out;
-    }
     if (load_roots(req, &roots) != 0) {
         API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
+        goto out;
+    }
+    int configured = !(roots.n == 1 && !strcmp(roots.v[0], "/") &&
+                       !(req->ld->cfg.data_roots && *req->ld->cfg.data_roots));
+    /* model.init_from (an HF directory, a job) fills the model's shape in
+     * before the spec is parsed (daemon/initfrom.h) */
+    struct initfrom_ctx ic = {.st = req->ld->store,
+                              .tenant_id = req->tenant_id,
+                              .roots = roots.v,
+                              .nroots = roots.n,
+                              .strict = configured && submitcheck_roots_visible(roots.v, roots.n)};
+    if (initfrom_resolve(&ic, req->json, &body, &err) != 0 ||
+        jobspec_parse(spec, body, JOBSPEC_ARRAY_MEMBERS, &err) != 0) {
+        reply_spec_error(req, &err);
         goto out;
     }
     if (jobspec_check_paths(spec, roots.v, roots.n, 0, &err) != 0) {
@@ -448,8 +452,6 @@ int api_jobs_submit(struct http_req *req) {
     {
         struct jobspec_derived dd;
         jobspec_derive(spec, &dd);
-        int configured = !(roots.n == 1 && !strcmp(roots.v[0], "/") &&
-                           !(req->ld->cfg.data_roots && *req->ld->cfg.data_roots));
         if (submitcheck_data(spec, roots.v, roots.n, configured, &err) != 0 ||
             submitcheck_vocab(spec, &err) != 0 ||
             submitcheck_quota(req->ld->store, req->tenant_id, dd.world, &err) != 0) {
@@ -528,6 +530,7 @@ int api_jobs_submit(struct http_req *req) {
 out:
     store_job_clear(&op.job);
     json_decref(labels);
+    json_decref(body);
     free(canon);
     free(roots.buf);
     free(spec);
@@ -734,15 +737,50 @@ int api_jobs_events(struct http_req *req) {
 
 /* ---------------- plan ---------------- */
 
+/* model.init_from resolved as at submit (daemon/initfrom.h), so a plan of
+ * {"model": {"init_from": DIR}} has the directory's sizes. Only for a
+ * tenant's token (its data roots and jobs); the admin's plan is as given.
+ * 0 with *body a new reference, or -1 after replying. */
+static int plan_body(struct http_req *req, json_t **body) {
+    *body = NULL;
+    if (!req->tenant_id[0]) {
+        *body = json_incref(req->json);
+        return 0;
+    }
+    struct roots roots = {0};
+    struct loom_error err;
+    memset(&err, 0, sizeof err);
+    if (load_roots(req, &roots) != 0) {
+        free(roots.buf);
+        API_ERROR(req, STORE_UNAVAILABLE, "the store is unavailable; retry");
+        return -1;
+    }
+    int configured = !(roots.n == 1 && !strcmp(roots.v[0], "/") &&
+                       !(req->ld->cfg.data_roots && *req->ld->cfg.data_roots));
+    struct initfrom_ctx ic = {.st = req->ld->store,
+                              .tenant_id = req->tenant_id,
+                              .roots = roots.v,
+                              .nroots = roots.n,
+                              .strict = configured && submitcheck_roots_visible(roots.v, roots.n)};
+    int rc = initfrom_resolve(&ic, req->json, body, &err);
+    free(roots.buf);
+    if (rc != 0) reply_spec_error(req, &err);
+    return rc;
+}
+
 int api_jobs_plan(struct http_req *req) {
     struct planner_cluster c;
     struct planner_fleet f;
     struct loom_error err;
+    json_t *body = NULL;
     memset(&err, 0, sizeof err);
+    if (plan_body(req, &body) != 0) return 0;
     nodes_fleet(req->ld, &f);
-    if (known_cluster(req->ld, req->json, &f, &c, &err) != 0) return reply_spec_error(req, &err);
+    int rc = known_cluster(req->ld, body, &f, &c, &err);
     json_t *out = NULL;
-    if (planner_plan_json(req->json, &c, &out, &err) != 0) return reply_spec_error(req, &err);
+    if (rc == 0) rc = planner_plan_json(body, &c, &out, &err);
+    json_decref(body);
+    if (rc != 0) return reply_spec_error(req, &err);
     /* cost on each GPU type of the cluster and the cheapest that fits it as given */
     struct loom_spec s;
     if (jobspec_parse(&s, json_object_get(out, "spec"), JOBSPEC_FOR_PLAN, &err) == 0) {

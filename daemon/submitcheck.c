@@ -8,7 +8,7 @@
 
 #include "daemon/store.h"
 
-static int all_roots_visible(const char *const *roots, size_t n) {
+int submitcheck_roots_visible(const char *const *roots, size_t n) {
     struct stat st;
     for (size_t i = 0; i < n; i++)
         if (stat(roots[i], &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
@@ -17,7 +17,7 @@ static int all_roots_visible(const char *const *roots, size_t n) {
 
 int submitcheck_data(const struct loom_spec *s, const char *const *roots, size_t nroots,
                      int roots_configured, struct loom_error *e) {
-    if (!roots_configured || !all_roots_visible(roots, nroots)) return 0;
+    if (!roots_configured || !submitcheck_roots_visible(roots, nroots)) return 0;
     static const struct {
         const char *field;
         size_t off;

@@ -12,6 +12,10 @@
 
 struct store;
 
+/* 1 when every one of the n roots is a directory loomd can see (and n > 0):
+ * loomd then has the nodes' view of the data (shared storage). */
+int submitcheck_roots_visible(const char *const *roots, size_t n);
+
 /* data.train and data.val must match at least one file when loomd has data
  * roots (the tenant's or --data-roots) and every one of them is a directory
  * it can see: loomd then has the same view of the data as the nodes (shared

@@ -1,8 +1,8 @@
 /* Hugging Face directories: config.json -> model_config, weights -> the
  * engine's flat buffers, and the way back (contract in hf.h).
  *
- * Config fields are read through one table per architecture family (HF key,
- * where it goes, default, whether it is required). A weight is addressed by
+ * config.json is parsed by api/hf_config.c (shared with loomd, which reads
+ * it at submit for the stored spec's sizes). A weight is addressed by
  * its Loom tensor (api/model.h, which uses the HF names); the per-element
  * map from a tp rank's share to the file is: split (column blocks, row
  * columns, vocabulary rows) -> full tensor element -> file element
@@ -25,19 +25,6 @@
 
 #define HF_SHARD_DEFAULT 5000000000ull     /* 5 GB, what transformers writes by default */
 #define HF_STAGE_ELEMS   ((size_t)1 << 22) /* 16 MiB of fp32 rows per conversion pass */
-
-static const char *const arch_names[HF_NARCH] = {
-    [HF_ARCH_LLAMA] = "LlamaForCausalLM",
-    [HF_ARCH_MISTRAL] = "MistralForCausalLM",
-    [HF_ARCH_QWEN2] = "Qwen2ForCausalLM",
-    [HF_ARCH_GPT2] = "GPT2LMHeadModel",
-};
-/* config.json "model_type" of each, used when "architectures" is absent. */
-static const char *const arch_types[HF_NARCH] = {"llama", "mistral", "qwen2", "gpt2"};
-
-const char *hf_arch_name(enum hf_arch a) {
-    return (unsigned)a < HF_NARCH ? arch_names[a] : "?";
-}
 
 const char *hf_torch_dtype(enum st_dtype d) {
     return d == ST_BF16 ? "bfloat16" : d == ST_F16 ? "float16" : "float32";
@@ -103,243 +90,10 @@ void hf_free(struct hf_model *h) {
     free(h);
 }
 
-/* ---- config.json ---- */
-
-enum cf_kind { CF_INT, CF_DOUBLE, CF_BOOL };
-
-/* One config.json key. `alt` is an older spelling (GPT-2's n_ctx). An
- * absent optional key keeps `def`; a required one is HF_CONFIG_INVALID. */
-struct cf_row {
-    const char *key, *alt;
-    enum cf_kind kind;
-    size_t off; /* into struct model_config */
-    double def;
-    int required;
-};
-
-#define CI(f) offsetof(struct model_config, f)
-
-static const struct cf_row llama_rows[] = {
-    {"hidden_size", NULL, CF_INT, CI(d_model), 0, 1},
-    {"intermediate_size", NULL, CF_INT, CI(d_ff), 0, 1},
-    {"num_hidden_layers", NULL, CF_INT, CI(n_layer), 0, 1},
-    {"num_attention_heads", NULL, CF_INT, CI(n_head), 0, 1},
-    {"num_key_value_heads", NULL, CF_INT, CI(n_kv_head), -1, 0}, /* -1: n_head */
-    {"vocab_size", NULL, CF_INT, CI(vocab_size), 0, 1},
-    {"max_position_embeddings", NULL, CF_INT, CI(seq_len), 2048, 0},
-    {"rms_norm_eps", NULL, CF_DOUBLE, CI(norm_eps), 1e-6, 0},
-    {"rope_theta", NULL, CF_DOUBLE, CI(rope_theta), 10000.0, 0},
-    {"tie_word_embeddings", NULL, CF_BOOL, CI(tied_embeddings), 0, 0},
-};
-
-static const struct cf_row gpt2_rows[] = {
-    {"n_embd", NULL, CF_INT, CI(d_model), 0, 1},
-    {"n_layer", NULL, CF_INT, CI(n_layer), 0, 1},
-    {"n_head", NULL, CF_INT, CI(n_head), 0, 1},
-    {"vocab_size", NULL, CF_INT, CI(vocab_size), 0, 1},
-    {"n_positions", "n_ctx", CF_INT, CI(seq_len), 1024, 0},
-    {"layer_norm_epsilon", NULL, CF_DOUBLE, CI(norm_eps), 1e-5, 0},
-    {"n_inner", NULL, CF_INT, CI(d_ff), -1, 0}, /* -1 (or null): 4 * n_embd */
-};
-
-static int read_rows(const json_t *j, const struct cf_row *rows, size_t n, struct model_config *c,
-                     const char *path, struct loom_error *err) {
-    for (size_t i = 0; i < n; i++) {
-        const struct cf_row *r = &rows[i];
-        json_t *v = json_object_get(j, r->key);
-        if ((!v || json_is_null(v)) && r->alt) v = json_object_get(j, r->alt);
-        void *dst = (char *)c + r->off;
-        if (!v || json_is_null(v)) {
-            if (r->required)
-                return loom_error_set(err, 422, "HF_CONFIG_INVALID", r->key,
-                                      "%s: \"%s\" is required", path, r->key);
-            if (r->kind == CF_DOUBLE)
-                *(double *)dst = r->def;
-            else
-                *(int *)dst = (int)r->def;
-            continue;
-        }
-        int ok = r->kind == CF_BOOL  ? json_is_boolean(v)
-                 : r->kind == CF_INT ? json_is_integer(v) && json_integer_value(v) >= 0 &&
-                                           json_integer_value(v) <= INT_MAX
-                                     : json_is_number(v);
-        if (!ok)
-            return loom_error_set(err, 422, "HF_CONFIG_INVALID", r->key, "%s: \"%s\" must be %s",
-                                  path, r->key,
-                                  r->kind == CF_BOOL  ? "true or false"
-                                  : r->kind == CF_INT ? "a non-negative integer"
-                                                      : "a number");
-        if (r->kind == CF_DOUBLE)
-            *(double *)dst = json_number_value(v);
-        else if (r->kind == CF_BOOL)
-            *(int *)dst = json_is_true(v);
-        else
-            *(int *)dst = (int)json_integer_value(v);
-    }
-    return 0;
-}
-
-/* A config.json value must be absent, null or `want` (a feature Loom lacks
- * otherwise). want: "false", "silu" style strings compared to the JSON. */
-static int need_value(const json_t *j, const char *key, const char *const *ok, const char *path,
-                      struct loom_error *err) {
-    json_t *v = json_object_get(j, key);
-    if (!v || json_is_null(v)) return 0;
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    const char *txt = json_is_string(v) ? json_string_value(v) : s;
-    for (; *ok; ok++)
-        if (txt && strcmp(txt, *ok) == 0) {
-            free(s);
-            return 0;
-        }
-    loom_error_set(err, 422, "HF_CONFIG_UNSUPPORTED", key,
-                   "%s: %s = %s is not supported by Loom's implementation of this architecture",
-                   path, key, s ? s : "?");
-    free(s);
-    return -1;
-}
-
-static int parse_rope_scaling(const json_t *j, struct model_config *c, const char *path,
-                              struct loom_error *err) {
-    json_t *rs = json_object_get(j, "rope_scaling");
-    if (!rs || json_is_null(rs)) return 0;
-    json_t *ty = json_object_get(rs, "rope_type");
-    if (!ty) ty = json_object_get(rs, "type");
-    const char *t = json_string_value(ty);
-    if (t && strcmp(t, "default") == 0) return 0;
-    if (!t || strcmp(t, "llama3") != 0)
-        return loom_error_set(err, 422, "HF_CONFIG_UNSUPPORTED", "rope_scaling",
-                              "%s: rope_scaling type \"%s\" is not supported (supported: llama3)",
-                              path, t ? t : "?");
-    static const struct {
-        const char *key;
-        size_t off;
-    } keys[] = {{"factor", CI(rope_factor)},
-                {"low_freq_factor", CI(rope_low_freq_factor)},
-                {"high_freq_factor", CI(rope_high_freq_factor)}};
-    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-        json_t *v = json_object_get(rs, keys[i].key);
-        if (!json_is_number(v) || json_number_value(v) <= 0)
-            return loom_error_set(err, 422, "HF_CONFIG_INVALID", "rope_scaling",
-                                  "%s: rope_scaling.%s must be a positive number", path,
-                                  keys[i].key);
-        *(double *)((char *)c + keys[i].off) = json_number_value(v);
-    }
-    json_t *om = json_object_get(rs, "original_max_position_embeddings");
-    if (!json_is_integer(om) || json_integer_value(om) <= 0 || json_integer_value(om) > INT_MAX)
-        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "rope_scaling",
-                              "%s: rope_scaling.original_max_position_embeddings must be a "
-                              "positive integer",
-                              path);
-    if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
-        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "rope_scaling",
-                              "%s: rope_scaling high_freq_factor=%g must exceed low_freq_factor=%g",
-                              path, c->rope_high_freq_factor, c->rope_low_freq_factor);
-    c->rope_original_max_pos = (int)json_integer_value(om);
-    c->rope_scaling = MODEL_ROPE_SCALE_LLAMA3;
-    return 0;
-}
-
-static int find_arch(const json_t *j, const char *path, struct loom_error *err) {
-    json_t *a = json_object_get(j, "architectures");
-    const char *name = json_string_value(json_array_get(a, 0));
-    const char *type = json_string_value(json_object_get(j, "model_type"));
-    for (int i = 0; i < HF_NARCH; i++)
-        if (name ? strcmp(name, arch_names[i]) == 0 : type && strcmp(type, arch_types[i]) == 0)
-            return i;
-    char list[256] = "";
-    for (int i = 0; i < HF_NARCH; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                 arch_names[i]);
-    return loom_error_set(err, 422, "UNSUPPORTED_ARCHITECTURE", "architectures",
-                          "%s: architecture \"%s\" is not supported; supported: %s", path,
-                          name   ? name
-                          : type ? type
-                                 : "(none given)",
-                          list);
-}
+/* ---- config.json (api/hf_config.c, shared with loomd) ---- */
 
 static int parse_config(struct hf_model *h, const char *path, struct loom_error *err) {
-    json_error_t je;
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return loom_error_set(err, 422, "HF_CONFIG_MISSING", "init_from",
-                              "%s: no config.json in the model directory (%s)", path,
-                              strerror(errno));
-    h->config = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!json_is_object(h->config))
-        return loom_error_set(err, 422, "HF_CONFIG_INVALID", "config.json",
-                              "%s: not a JSON object (line %d: %s)", path, je.line, je.text);
-    const json_t *j = h->config;
-    int a = find_arch(j, path, err);
-    if (a < 0) return -1;
-    h->arch = (enum hf_arch)a;
-    struct model_config *c = &h->cfg;
-    memset(c, 0, sizeof *c);
-    if (h->arch == HF_ARCH_GPT2) {
-        model_config_family_defaults(c, MODEL_GPT2);
-        if (read_rows(j, gpt2_rows, sizeof gpt2_rows / sizeof *gpt2_rows, c, path, err) != 0)
-            return -1;
-        c->n_kv_head = c->n_head;
-        if (c->d_ff < 0) c->d_ff = 4 * c->d_model;
-        static const char *const gelu[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
-        static const char *const no[] = {"false", NULL};
-        static const char *const yes[] = {"true", NULL};
-        if (need_value(j, "activation_function", gelu, path, err) != 0 ||
-            need_value(j, "scale_attn_by_inverse_layer_idx", no, path, err) != 0 ||
-            need_value(j, "reorder_and_upcast_attn", no, path, err) != 0 ||
-            need_value(j, "scale_attn_weights", yes, path, err) != 0)
-            return -1;
-    } else {
-        model_config_family_defaults(c, MODEL_LLAMA);
-        if (read_rows(j, llama_rows, sizeof llama_rows / sizeof *llama_rows, c, path, err) != 0)
-            return -1;
-        if (c->n_kv_head < 0) c->n_kv_head = c->n_head;
-        static const char *const silu[] = {"silu", NULL};
-        static const char *const no[] = {"false", NULL};
-        if (need_value(j, "hidden_act", silu, path, err) != 0 ||
-            need_value(j, "attention_bias", no, path, err) != 0 ||
-            need_value(j, "mlp_bias", no, path, err) != 0)
-            return -1;
-        if (h->arch == HF_ARCH_QWEN2) {
-            c->qkv_bias = 1;
-            if (need_value(j, "use_sliding_window", no, path, err) != 0) return -1;
-        }
-        json_t *hd = json_object_get(j, "head_dim");
-        if (json_is_integer(hd) && c->n_head > 0 &&
-            json_integer_value(hd) != (json_int_t)(c->d_model / c->n_head))
-            return loom_error_set(err, 422, "HF_CONFIG_UNSUPPORTED", "head_dim",
-                                  "%s: head_dim=%" JSON_INTEGER_FORMAT
-                                  " differs from hidden_size/num_attention_heads = %d/%d; Loom "
-                                  "needs them equal",
-                                  path, json_integer_value(hd), c->d_model, c->n_head);
-        if (parse_rope_scaling(j, c, path, err) != 0) return -1;
-        json_t *sw = json_object_get(j, "sliding_window");
-        if (h->arch == HF_ARCH_MISTRAL && json_is_integer(sw) && json_integer_value(sw) > 0 &&
-            json_integer_value(sw) < c->seq_len) /* no sequence may exceed the window */
-            c->seq_len = (int)json_integer_value(sw);
-    }
-    model_config_finalize(c);
-    char msg[256];
-    const char *field = NULL;
-    if (model_config_check(c, msg, sizeof msg, &field) != 0)
-        return loom_error_set(err, 422, "HF_CONFIG_INVALID", field ? field : "config.json",
-                              "%s: %s", path, msg);
-    snprintf(c->preset, sizeof c->preset, "%s", "");
-    return 0;
-}
-
-int hf_config_parse(const char *path, struct model_config *c, enum hf_arch *arch,
-                    struct loom_error *err) {
-    struct hf_model *h = calloc(1, sizeof *h);
-    if (!h) return loom_error_set(err, 500, "HF_IO", NULL, "out of memory");
-    int rc = parse_config(h, path, err);
-    if (rc == 0) {
-        *c = h->cfg;
-        *arch = h->arch;
-    }
-    hf_free(h);
-    return rc;
+    return hf_config_read(path, &h->config, &h->cfg, &h->arch, err);
 }
 
 /* ---- weights ---- */
@@ -414,7 +168,7 @@ static int check_tensors(struct hf_model *h, struct loom_error *err) {
         if (!in)
             return loom_error_set(err, 422, "HF_TENSOR_MISSING", t->name,
                                   "%s: tensor %s is missing from the weights (%s, %d layers%s)",
-                                  h->dir, t->name, arch_names[h->arch], c->n_layer,
+                                  h->dir, t->name, hf_arch_name(h->arch), c->n_layer,
                                   c->tied_embeddings ? ", tied embeddings" : "");
         if (in->dtype != ST_F32 && in->dtype != ST_BF16 && in->dtype != ST_F16)
             return loom_error_set(err, 422, "HF_DTYPE", t->name,
@@ -686,21 +440,21 @@ static int write_json(const char *dir, const char *name, json_t *j) {
 static json_t *config_for(const struct model_config *c, enum st_dtype dt) {
     if (c->family == MODEL_GPT2)
         return json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:n, s:s, s:f, s:b, s:s}",
-                         "architectures", arch_names[HF_ARCH_GPT2], "model_type", "gpt2", "n_embd",
-                         c->d_model, "n_layer", c->n_layer, "n_head", c->n_head, "n_positions",
-                         c->seq_len, "vocab_size", c->vocab_size, "n_inner", "activation_function",
-                         "gelu_new", "layer_norm_epsilon", c->norm_eps, "tie_word_embeddings", 1,
-                         "torch_dtype", hf_torch_dtype(dt));
-    json_t *j = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s, "
-                          "s:s, s:b, s:b}",
-                          "architectures", arch_names[c->qkv_bias ? HF_ARCH_QWEN2 : HF_ARCH_LLAMA],
-                          "model_type", c->qkv_bias ? "qwen2" : "llama", "hidden_size", c->d_model,
-                          "intermediate_size", c->d_ff, "num_hidden_layers", c->n_layer,
-                          "num_attention_heads", c->n_head, "num_key_value_heads", c->n_kv_head,
-                          "vocab_size", c->vocab_size, "max_position_embeddings", c->seq_len,
-                          "rms_norm_eps", c->norm_eps, "rope_theta", c->rope_theta,
-                          "tie_word_embeddings", c->tied_embeddings, "hidden_act", "silu",
-                          "torch_dtype", hf_torch_dtype(dt), "attention_bias", 0, "mlp_bias", 0);
+                         "architectures", hf_arch_name(HF_ARCH_GPT2), "model_type", "gpt2",
+                         "n_embd", c->d_model, "n_layer", c->n_layer, "n_head", c->n_head,
+                         "n_positions", c->seq_len, "vocab_size", c->vocab_size, "n_inner",
+                         "activation_function", "gelu_new", "layer_norm_epsilon", c->norm_eps,
+                         "tie_word_embeddings", 1, "torch_dtype", hf_torch_dtype(dt));
+    json_t *j = json_pack(
+        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s, "
+        "s:s, s:b, s:b}",
+        "architectures", hf_arch_name(c->qkv_bias ? HF_ARCH_QWEN2 : HF_ARCH_LLAMA), "model_type",
+        c->qkv_bias ? "qwen2" : "llama", "hidden_size", c->d_model, "intermediate_size", c->d_ff,
+        "num_hidden_layers", c->n_layer, "num_attention_heads", c->n_head, "num_key_value_heads",
+        c->n_kv_head, "vocab_size", c->vocab_size, "max_position_embeddings", c->seq_len,
+        "rms_norm_eps", c->norm_eps, "rope_theta", c->rope_theta, "tie_word_embeddings",
+        c->tied_embeddings, "hidden_act", "silu", "torch_dtype", hf_torch_dtype(dt),
+        "attention_bias", 0, "mlp_bias", 0);
     if (j && c->rope_scaling == MODEL_ROPE_SCALE_LLAMA3)
         json_object_set_new(j, "rope_scaling",
                             json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",

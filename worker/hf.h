@@ -32,15 +32,11 @@
 
 #include <stdint.h>
 
+#include "api/hf_config.h" /* enum hf_arch, hf_config_parse */
 #include "api/jobspec.h"
 #include "api/model.h"
 #include "worker/engine.h"
 #include "worker/safetensors.h"
-
-enum hf_arch { HF_ARCH_LLAMA = 0, HF_ARCH_MISTRAL, HF_ARCH_QWEN2, HF_ARCH_GPT2, HF_NARCH };
-
-/* "LlamaForCausalLM", ... */
-const char *hf_arch_name(enum hf_arch a);
 
 struct hf_model;
 
@@ -49,11 +45,6 @@ struct hf_model;
  * any tensor data. *out is owned by the caller (hf_free). */
 int hf_open(const char *dir, struct hf_model **out, struct loom_error *err);
 void hf_free(struct hf_model *h); /* NULL ok */
-
-/* Only the config.json at `path` -> *c and *arch (what hf_open does first;
- * for tests and tools). 0 or -1 with err filled. */
-int hf_config_parse(const char *path, struct model_config *c, enum hf_arch *arch,
-                    struct loom_error *err);
 
 /* The model config (seq_len = max_position_embeddings, or Mistral's
  * sliding_window when smaller; borrowed). */

@@ -127,7 +127,9 @@ static int resolve_source(struct cli *c) {
                        o->out);
         goto out;
     }
-    if (found == 0) c->ckpt[0] = '\0';
+    if (found == 0) /* a fork that saved nothing yet: the checkpoint it starts from */
+        snprintf(c->ckpt, sizeof c->ckpt, "%s", s->init_checkpoint);
+    found = found || c->ckpt[0];
     if (!found && !c->hf) {
         loom_error_set(&c->le, 422, "NO_CHECKPOINT", "out",
                        "%s has no complete checkpoint and the spec has no model.init_from",

@@ -11,64 +11,51 @@
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/hf.h"
+#include "worker/zero.h"
 
 void hf_spec_free(struct hf_spec *hs) {
     hf_free(hs->hf);
     hs->hf = NULL;
 }
 
-/* The explicit "model" object for directory h (seq_len from the spec's
- * model.seq_len when given). */
-static json_t *model_object(const struct hf_model *h, const json_t *old, struct loom_error *e) {
-    const struct model_config *c = hf_config(h);
-    json_t *sl = json_object_get(old, "seq_len");
-    int gpt2 = c->family == MODEL_GPT2;
-    json_int_t seq = json_is_integer(sl)                        ? json_integer_value(sl)
-                     : gpt2 || c->seq_len < HF_SPEC_SEQ_DEFAULT ? c->seq_len
-                                                                : HF_SPEC_SEQ_DEFAULT;
-    if (gpt2 && seq != c->seq_len) {
-        loom_error_set(e, 422, "HF_CONFIG_UNSUPPORTED", "model.seq_len",
-                       "model.seq_len=%lld: a gpt2 model from %s keeps its %d learned positions, "
-                       "so seq_len must be %d",
-                       (long long)seq, hf_model_dir(h), c->seq_len, c->seq_len);
-        return NULL;
-    }
-    if (seq > c->seq_len) {
-        loom_error_set(e, 422, "HF_CONFIG_UNSUPPORTED", "model.seq_len",
-                       "model.seq_len=%lld exceeds the %d positions of %s", (long long)seq,
-                       c->seq_len, hf_model_dir(h));
-        return NULL;
-    }
-    json_t *m = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b, s:f}", "family",
-                          model_family_name(c->family), "n_layer", c->n_layer, "n_head", c->n_head,
-                          "n_kv_head", c->n_kv_head, "d_model", c->d_model, "d_ff", c->d_ff,
-                          "vocab_size", c->vocab_size, "seq_len", seq, "tied_embeddings",
-                          c->tied_embeddings, "norm_eps", c->norm_eps);
-    if (m && !gpt2) json_object_set_new(m, "rope_theta", json_real(c->rope_theta));
-    return m;
-}
-
 int hf_spec_prepare(char **text, size_t *len, struct hf_spec *hs, struct loom_error *e) {
     memset(hs, 0, sizeof *hs);
     json_t *j = json_loadb(*text, *len, 0, NULL);
     json_t *model = json_object_get(j, "model");
-    const char *dir = json_string_value(json_object_get(model, "init_from"));
+    const char *from = json_string_value(json_object_get(model, "init_from"));
+    const char *dir = from;
+    int fork = from && strncmp(from, "job:", 4) == 0;
+    /* a fork of a model that came from an HF directory: the directory gives
+     * what the spec cannot express (Qwen2 biases, RoPE scaling, exact eps)
+     * and the export's source files; the weights are the checkpoint's */
+    if (fork) dir = json_string_value(json_object_get(model, "init_hf"));
     int rc = 0;
-    /* no init_from, or one the parser refuses or the coordinator resolves
-     * (job:<id>): the spec goes to the parser as it is */
+    /* no HF directory, or one the parser refuses: the spec goes to the
+     * parser as it is (an unresolved job: reference is refused after it) */
     if (!json_is_object(j) || !dir || dir[0] != '/') goto out;
     if (hf_open(dir, &hs->hf, e) != 0) {
         rc = -1;
         goto out;
     }
-    json_t *m = model_object(hs->hf, model, e);
+    char what[1100];
+    snprintf(what, sizeof what, "%s/config.json", hf_model_dir(hs->hf));
+    struct hf_model_source src;
+    hf_model_source_init(&src, hf_config(hs->hf), what);
+    json_t *m = jobspec_model_from(&src, model, e);
     if (!m) {
         rc = -1;
         goto out;
     }
-    json_object_set_new(m, "init_from", json_string(hf_model_dir(hs->hf)));
-    json_object_set_new(j, "model", m); /* frees `dir` */
-    dir = NULL;
+    if (fork) {
+        static const char *const keep[] = {"init_from", "init_checkpoint", "init_hf"};
+        for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
+            if (json_object_get(model, keep[i]))
+                json_object_set(m, keep[i], json_object_get(model, keep[i]));
+    } else {
+        json_object_set_new(m, "init_from", json_string(hf_model_dir(hs->hf)));
+    }
+    json_object_set_new(j, "model", m); /* frees `from` and `dir` */
+    from = dir = NULL;
     char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
     if (!s) {
         rc = loom_error_set(e, 500, "OUT_OF_MEMORY", NULL, "out of memory");
@@ -88,14 +75,14 @@ out:
 
 int hf_spec_apply(struct hf_spec *hs, struct loom_spec *s, struct loom_error *e) {
     hs->export_hf = s->export.hf;
-    if (!hs->hf) {
-        if (s->init_from[0])
-            return loom_error_set(e, 422, "INIT_FROM_UNRESOLVED", "model.init_from",
-                                  "model.init_from=\"%s\" names a job; the coordinator resolves "
-                                  "it to a directory before the worker starts",
-                                  s->init_from);
-        return 0;
-    }
+    snprintf(hs->init_checkpoint, sizeof hs->init_checkpoint, "%s", s->init_checkpoint);
+    if (strncmp(s->init_from, "job:", 4) == 0 && !s->init_checkpoint[0])
+        return loom_error_set(e, 422, "INIT_FROM_UNRESOLVED", "model.init_from",
+                              "model.init_from=\"%s\" names a job; the coordinator resolves "
+                              "it to a checkpoint (model.init_checkpoint) before the worker "
+                              "starts",
+                              s->init_from);
+    if (!hs->hf) return 0;
     struct model_config *c = &s->model;
     int seq = c->seq_len, bal = c->pp_balance;
     *c = *hf_config(hs->hf);
@@ -117,9 +104,26 @@ int hf_spec_load(const char *path, struct loom_spec *s, struct hf_spec *hs, stru
     return rc;
 }
 
+/* A fork: the parameters of checkpoint `dir` (any layout: zero.h reshards)
+ * with the AdamW moments zeroed, so the optimizer starts fresh. */
+static int load_fork(struct engine *e, const char *dir, struct loom_error *err) {
+    char msg[1024];
+    if (zero_load_checkpoint(e, dir, msg, sizeof msg) != 0)
+        return loom_error_set(err, 422, "CHECKPOINT_INVALID", "model.init_checkpoint",
+                              "model.init_checkpoint=%s: %s", dir, msg);
+    float *zeros = calloc(e->shard_n ? e->shard_n : 1, sizeof *zeros);
+    if (!zeros) return loom_error_set(err, 500, "OUT_OF_MEMORY", NULL, "out of memory");
+    engine_opt_write(e, ENGINE_OPT_M, zeros, 0, e->shard_n);
+    engine_opt_write(e, ENGINE_OPT_V, zeros, 0, e->shard_n);
+    free(zeros);
+    e->be->sync(e->be->ctx);
+    log_info("model.init_from: the weights of %s, a fresh optimizer, step 0", dir);
+    return 0;
+}
+
 int hf_spec_init(struct hf_spec *hs, struct engine *e, const char *out_dir,
                  struct loom_error *err) {
-    if (!hs->hf) return 0;
+    if (!hs->hf && !hs->init_checkpoint[0]) return 0;
     char path[1024];
     int64_t step = 0;
     if (out_dir && ckpt_find_latest(out_dir, 0, path, sizeof path, &step) > 0) {
@@ -127,5 +131,6 @@ int hf_spec_init(struct hf_spec *hs, struct engine *e, const char *out_dir,
                  (long long)step);
         return 0;
     }
+    if (hs->init_checkpoint[0]) return load_fork(e, hs->init_checkpoint, err);
     return hf_load(hs->hf, e, err);
 }

@@ -624,8 +624,9 @@ static void test_finetune_fields(void) {
         const char *code, *field;
     } bad[] = {
         {"\"after\":[\"%s\",\"j-000000000000\"]", 422, "UNKNOWN_JOB", "after"},
-        {"\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\",\"init_from\":\"job:%.0s%s@5\"}", 422,
-         "UNKNOWN_JOB", "model.init_from"},
+        /* a fork of another tenant's job: answered as if the job did not exist */
+        {"\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\",\"init_from\":\"job:%.0s%s@5\"}", 404,
+         "JOB_NOT_FOUND", "model.init_from"},
         {"\"model\":{\"family\":\"gpt2\",\"preset\":\"124m\",\"init_from\":\"m/x%.0s%.0s\"}", 422,
          "INVALID_INIT_FROM", "model.init_from"},
         {"\"train\":{\"lora\":{\"targets\":[\"q\"]}}%.0s%.0s", 422, "INVALID_LORA_TARGET",
