@@ -202,7 +202,7 @@ out:
 
 static void test_curve(double p) {
     double lc[STEPS], lg[STEPS];
-    struct run rc, rg;
+    struct run rc = {0}, rg = {0};
     char what[128];
     int ok = run_new(&rc, 0, 1, p) == 0 && steps(&rc, STEPS, lc) == 0 &&
              run_new(&rg, 1, 1, p) == 0 && steps(&rg, STEPS, lg) == 0;
@@ -221,7 +221,7 @@ static void test_curve(double p) {
     result(ok && lg[STEPS - 1] < lg[0] - 0.1, what, "%.5f, %.5f", ok ? lg[0] : 0,
            ok ? lg[STEPS - 1] : 0);
     if (p == 0 && ok) { /* memory of the same layout with full fine-tuning */
-        struct run rf;
+        struct run rf = {0};
         double lf[1];
         int okf = run_new(&rf, 1, 0, 0) == 0 && steps(&rf, 1, lf) == 0;
         result(okf && lf[0] == lg[0],
