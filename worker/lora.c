@@ -534,12 +534,6 @@ int lora_adamw(struct lora *l, const struct optim_cfg *c, double lr, double grad
     return rc;
 }
 
-int lora_site_used(const struct lora *l, int layer, enum lora_site site) {
-    for (int i = 0; i < l->n; i++)
-        if (l->ad[i].layer == layer && l->ad[i].tg->site == site) return 1;
-    return 0;
-}
-
 int lora_count(const struct lora *l) {
     return l->n;
 }

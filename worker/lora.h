@@ -60,14 +60,16 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
                       size_t errlen);
 void lora_free(struct lora *l); /* NULL ok */
 
-/* The dropout masks are a function of (seed, adapter, step, micro-step):
- * the train loop names the micro-step before its forward, and the model
+/* The dropout masks are a function of (seed, adapter, step, micro): the
+ * train loop names the micro-batch (its index in the global batch, micro-step
+ * * dp + dp rank) before its forward, and the model
  * says whether a forward trains (eval forwards drop nothing). */
 void lora_begin_micro(struct lora *l, int64_t step, int64_t micro);
 void lora_set_training(struct lora *l, int training);
 
-/* Forward at a site: out [N, W] (the site's base projection output, row
- * stride W) += scale * B (A inp) for each adapter of (layer, site), inp
+/* Forward at a site: out [N, W] (the site's base projection output, or
+ * that plus its residual where the model fuses the two; row stride W)
+ * += scale * B (A inp) for each adapter of (layer, site), inp
  * [N, in] (compute dtype, backend memory). Saves scale * A inp for the
  * backward. */
 void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const void *inp);
@@ -75,10 +77,6 @@ void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const v
  * dinp [N, in] from dout [N, W] and the forward's inp. */
 void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const void *dout,
               const void *inp);
-
-/* 1 when (layer, site) has an adapter (the model fuses the projection with
- * its residual add where it has none). */
-int lora_site_used(const struct lora *l, int layer, enum lora_site site);
 
 void lora_zero_grads(struct lora *l);
 /* dp > 1: sum the adapter gradients over the dp group (an all-reduce; ZeRO

@@ -542,13 +542,14 @@ static void block_fwd(struct model *m, int l, const void *x) {
         b->rope_fwd(b->ctx, s->qkv, N, T, m->QKV, m->NH + m->NKV, m->HD, (float)e->cfg.rope_theta);
     b->attention_fwd(b->ctx, s->atty, s->lse, s->qkv, B, T, m->NH, m->NKV, m->HD);
     /* projections + residual: one fused call where the backend has it (and
-     * no tp all-reduce sits between them) */
+     * no tp all-reduce sits between them); an adapter's product is added to
+     * the sum after it (the same kernels as without adapters, so B = 0 gives
+     * the base model's bits) */
     int fuse = b->matmul_residual_fwd && e->tp == 1;
-    int fuse_o = fuse && !(m->lora && lora_site_used(m->lora, l, LORA_SITE_O));
-    int fuse_down = fuse && !(m->lora && lora_site_used(m->lora, l, LORA_SITE_DOWN));
-    if (fuse_o) {
+    if (fuse) {
         b->matmul_residual_fwd(b->ctx, s->r1, s->atty, P(m, k->aow), row_bias(m, k->aob), x, N,
                                m->NH * m->HD, C);
+        if (m->lora) lora_fwd(m->lora, l, LORA_SITE_O, s->r1, s->atty);
     } else {
         b->matmul_fwd(b->ctx, a->s1, s->atty, P(m, k->aow), row_bias(m, k->aob), N, m->NH * m->HD,
                       C);
@@ -560,9 +561,10 @@ static void block_fwd(struct model *m, int l, const void *x) {
     b->matmul_fwd(b->ctx, s->fch, s->n2, P(m, k->fcw), P(m, k->fcb), N, C, fcw);
     if (m->lora) lora_fwd(m->lora, l, LORA_SITE_FC, s->fch, s->n2);
     act_fwd(m, s);
-    if (fuse_down) {
+    if (fuse) {
         b->matmul_residual_fwd(b->ctx, s->r2, s->fca, P(m, k->mpw), row_bias(m, k->mpb), s->r1, N,
                                m->F, C);
+        if (m->lora) lora_fwd(m->lora, l, LORA_SITE_DOWN, s->r2, s->fca);
     } else {
         b->matmul_fwd(b->ctx, a->s1, s->fca, P(m, k->mpw), row_bias(m, k->mpb), N, m->F, C);
         if (m->lora) lora_fwd(m->lora, l, LORA_SITE_DOWN, a->s1, s->fca);

@@ -59,7 +59,9 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         int64_t cnt = 0;
         int last = micro == o->grad_accum - 1;
         e->micro_last = last; /* gradients added into the shard in it are final */
-        if (m->lora) lora_begin_micro(m->lora, step, micro); /* its dropout masks */
+        /* the adapters' dropout masks follow the micro-batch's place in the global batch
+         * (the data loader's order: micro-step, then dp rank), so dp2 draws dp1's masks */
+        if (m->lora) lora_begin_micro(m->lora, step, (int64_t)micro * e->dp + e->dp_idx);
         sums[0] += model_forward(m, inputs, targets, gs, &cnt);
         sums[1] += (double)cnt;
         struct layer_cb cb = {e, last};

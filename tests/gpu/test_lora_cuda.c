@@ -3,7 +3,8 @@
  *  - ops: dropout and axpy_2d on cuda give the cpu results rounded to bf16
  *    bit for bit (the same mask, worker/lora_mask.h);
  *  - first step: with B = 0 the LoRA loss equals full fine-tuning's on cuda
- *    within 5e-3 relative (the bf16 rounding of the unfused projection path);
+ *    bit for bit (the base runs the same kernels; each adapter adds an exact
+ *    zero);
  *  - loss curve: 30 steps of rank-8 adapters on every target, dropout 0 and
  *    0.1, follow the cpu curve: every step within 5% relative, the mean
  *    within 2% (the bf16 tolerance gpu.train uses), and the loss falls;
@@ -201,7 +202,7 @@ out:
 
 static void test_curve(double p) {
     double lc[STEPS], lg[STEPS];
-    struct run rc, rg;
+    struct run rc = {0}, rg = {0};
     char what[128];
     int ok = run_new(&rc, 0, 1, p) == 0 && steps(&rc, STEPS, lc) == 0 &&
              run_new(&rg, 1, 1, p) == 0 && steps(&rg, STEPS, lg) == 0;
@@ -220,12 +221,12 @@ static void test_curve(double p) {
     result(ok && lg[STEPS - 1] < lg[0] - 0.1, what, "%.5f, %.5f", ok ? lg[0] : 0,
            ok ? lg[STEPS - 1] : 0);
     if (p == 0 && ok) { /* memory of the same layout with full fine-tuning */
-        struct run rf;
+        struct run rf = {0};
         double lf[1];
         int okf = run_new(&rf, 1, 0, 0) == 0 && steps(&rf, 1, lf) == 0;
-        result(okf && fabs(lf[0] - lg[0]) <= 5e-3 * fabs(lf[0]),
-               "step-1 LoRA loss equals full fine-tuning's on cuda (LoRA, full)", "%.6f, %.6f",
-               lg[0], okf ? lf[0] : 0);
+        result(okf && lf[0] == lg[0],
+               "step-1 LoRA loss equals full fine-tuning's on cuda bit for bit (LoRA, full)",
+               "%.9f, %.9f", lg[0], okf ? lf[0] : 0);
         const struct engine_mem *ml = &rg.e->mem, *mf = &rf.e->mem;
         size_t np = rg.e->n_params, na = lora_numel(rg.l);
         /* adapters: values + gradients 2 bytes, master and moments 12, padded
