@@ -321,6 +321,12 @@ struct backend {
     uint64_t (*h2d_async)(void *ctx, void *dst_dev, const void *src_host, size_t bytes);
     void (*wait)(void *ctx, uint64_t ticket);
     void (*copy_fence)(void *ctx);
+    /* host_register: page-lock `bytes` of existing host memory at p (mapped,
+     * ideally already touched) for the async copies; 0, or -1 (nothing
+     * locked). Thread-safe: the offload registers pieces from several
+     * threads at once. host_unregister undoes one registration (by its p). */
+    int (*host_register)(void *ctx, void *p, size_t bytes);
+    void (*host_unregister)(void *ctx, void *p);
 };
 
 /* Pointer `elems` compute elements past `base` (device pointers are plain

@@ -2,7 +2,7 @@
  *
  *   loom-worker --spec FILE [--device cpu|cuda] [--out DIR] [--threads N]
  *               [--rank R --world N --rdzv file:DIR] [--export FILE]
- *               [--offload spec|on|off|sync] [--no-save]
+ *               [--offload spec|on|off|sync|delayed] [--no-save]
  *
  * Reads and validates the job spec (api/jobspec.h), opens the token shards
  * (worker/data.h), builds the engine and model, resumes from the newest
@@ -45,6 +45,7 @@
 #include "worker/launch.h"
 #include "worker/lora.h"
 #include "worker/offload.h"
+#include "worker/offload_adamw.h"
 #include "worker/par.h"
 #include "worker/safetensors.h"
 #include "worker/train.h"
@@ -97,8 +98,9 @@ static const struct config_entry table[] = {
     {"pp-schedule", CONFIG_STR, offsetof(struct opts, pp_schedule), "1f1b", 1, 0,
      "pipeline schedule with pp > 1: 1f1b or gpipe (LOOM_PP_SCHEDULE)"},
     {"offload", CONFIG_STR, offsetof(struct opts, offload), "spec", 1, 0,
-     "optimizer offload: spec (train.offload_optimizer), on, off, or sync (on, with "
-     "synchronous copies); on/sync also work on cpu (tests)"},
+     "optimizer offload: spec (train.offload_optimizer), on, off, sync (on, with "
+     "synchronous copies) or delayed (on, each update one step late, overlapping the next "
+     "step: different numerics); on/sync/delayed also work on cpu (tests)"},
     {"offload-chunk-kib", CONFIG_INT, offsetof(struct opts, offload_chunk_kib), "65536", 4, 1 << 24,
      "optimizer offload: pipeline chunk of the transfer buffer, KiB"},
     {"no-save", CONFIG_BOOL, offsetof(struct opts, no_save), "0", 0, 0,
@@ -580,12 +582,28 @@ static int setup_offload(struct run *r) {
     struct worker *w = r->w;
     struct opts *o = &w->o;
     const struct loom_spec *s = &w->spec;
-    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
+    int delayed = strcmp(o->offload, "delayed") == 0;
+    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 || delayed ||
                   (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
     if (!offload) return 0;
+    static const char *const pins[] = {"register", "alloc", "off"};
+    int pin = -1;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(o->tune.offload.pin, pins[i]) == 0) pin = i;
+    int isa = oadam_isa_parse(o->tune.offload.isa);
+    if (pin < 0 || isa < 0) {
+        snprintf(w->err, sizeof w->err,
+                 "offload-pin must be register, alloc or off (got %s); offload-isa auto, avx512, "
+                 "avx2 or baseline (got %s)",
+                 o->tune.offload.pin, o->tune.offload.isa);
+        return fail(w, LOOM_EXIT_BAD_SPEC, "BAD_OPTION", NULL);
+    }
     struct offload_opts oo = {.chunk_bytes = (size_t)o->offload_chunk_kib << 10,
                               .sync = strcmp(o->offload, "sync") == 0,
-                              .threads = (int)o->threads};
+                              .threads = (int)o->threads,
+                              .isa = isa,
+                              .pin = pin,
+                              .delayed = delayed};
     /* the agent sets OMP_NUM_THREADS for cpu ranks only: without it (or
      * --threads) the node's cores are split among its ranks, so that two
      * ranks' CPU updates do not oversubscribe the node */

@@ -1,16 +1,18 @@
 /* Optimizer offload: the fp32 master weights and AdamW moments of this rank's
  * optimizer shard live in HOST memory and AdamW runs on the CPU cores
- * (OpenMP), so that a model whose optimizer state does not fit the GPU can
+ * (a pool of threads, SIMD kernels), so that a model whose optimizer state does not fit the GPU can
  * train (spec train.offload_optimizer; docs/engine.md "Optimizer offload").
  *
  * What lives where (shard of n elements, compute element size es):
  *   device: params and grads windows as without offload, the norm scalar
- *   host:   master, m, v   fp32 [n] each, page-aligned ordinary memory
- *                          (posix_memalign), first touched by the OpenMP
+ *   host:   master, m, v   fp32 [n] each, anonymous pages (mmap, huge
+ *                          pages asked for), first touched by the pool
  *                          threads that update them (NUMA locality); they
  *                          never cross PCIe, so they are not pinned
- *           transfer       compute dtype [n], page-locked (backend
- *                          host_alloc; malloc when the backend has none):
+ *           transfer       compute dtype [n], page-locked: mapped, touched
+ *                          and registered in pieces by the pool threads in
+ *                          parallel (backend host_register; host_alloc or
+ *                          pageable memory as fallbacks):
  *                          the shard's gradients come down into it and the
  *                          updated parameters go back up from it, in place
  * Host bytes: n * (12 + es) (offload_host_bytes; the planner's formula).
@@ -23,7 +25,8 @@
  *     yet queued (stages 0/1: the whole shard, after grad_sync)
  *   grad norm on the device (unchanged), clip factor
  *   offload_step: per chunk k of the shard: wait for chunk k's gradients,
- *     AdamW on the CPU (exactly backend.h's formula, the decay runs of
+ *     AdamW on the CPU threads (SIMD, offload_adamw.h: exactly backend.h's
+ *     formula, the decay runs of
  *     optim_step, bf16 params rounded to nearest even), queue chunk k's
  *     upload into the params window; downloads of later chunks and uploads of
  *     earlier ones run meanwhile (two copy streams); a copy fence orders the
@@ -31,7 +34,17 @@
  * On a backend without async copies (the CPU backend) every copy is a
  * synchronous download / upload: same results, no overlap.
  *
- * Threads: only the engine thread calls these; the update uses OpenMP. */
+ * Delayed update (opts.delayed, `--offload delayed`; ZeRO-Offload's "DPU"):
+ * offload_step of step s waits for the CPU update of step s-1, uploads its
+ * parameters, downloads step s's gradients into the same buffer chunk by
+ * chunk and starts their update on the CPU threads in the background, so the
+ * update of step s runs during step s+1's forward and backward; step s+1
+ * therefore computes its gradients at the parameters of update s-1 (one step
+ * stale). Bit-identical master / moments arithmetic, different trajectory.
+ * offload_flush ends the lag before anything reads the weights.
+ *
+ * Threads: only the engine thread calls these; the update runs on the
+ * offload's own pool of threads (offload_adamw.h), created once. */
 #ifndef LOOM_WORKER_OFFLOAD_H
 #define LOOM_WORKER_OFFLOAD_H
 
@@ -41,10 +54,33 @@
 #include "worker/engine.h"
 #include "worker/optim.h"
 
+#define OFFLOAD_MAX_THREADS 256
+
+/* How the transfer buffer is page-locked (tuning row offload-pin). */
+enum offload_pin {
+    OFFLOAD_PIN_REGISTER = 0, /* mapped, touched and registered in pieces by the pool (default) */
+    OFFLOAD_PIN_ALLOC,        /* the backend's host_alloc, one call (cudaHostAlloc) */
+    OFFLOAD_PIN_OFF,          /* pageable (copies do not overlap; comparisons) */
+};
+
 struct offload_opts {
     size_t chunk_bytes; /* pipeline chunk of the transfer buffer; 0: 64 MiB */
     int sync;           /* 1: synchronous copies even where the backend has async ones */
-    int threads;        /* OpenMP threads of the CPU update; 0: OpenMP default */
+    int threads;        /* threads of the CPU update; 0: OMP_NUM_THREADS / the cores */
+    int isa;            /* enum oadam_isa (offload_adamw.h); 0: the best this CPU has */
+    int pin;            /* enum offload_pin */
+    int delayed;        /* 1: the one-step delayed update (below; changes the numerics) */
+};
+
+/* Timings of the last offload_step (ms; bench and step records). */
+struct offload_stats {
+    double ms_step;      /* wall time of offload_step on the engine thread */
+    double ms_cpu;       /* the CPU AdamW's wall time (delayed: the update the last step
+                          * finished, which ran behind the device's compute) */
+    double ms_cpu_wait;  /* engine thread waiting for the CPU update */
+    double ms_copy_wait; /* engine thread waiting for copies (exposed PCIe time) */
+    double ms_alloc;     /* offload_alloc: host state ready (start-up) */
+    double ms_pin;       /* of which the transfer buffer (map, touch, page-lock) */
 };
 
 /* State for engine e (not allocated yet: offload_alloc). NULL on failure.
@@ -76,5 +112,12 @@ void offload_fetch_grads(struct engine *e);
  * arguments as optim_step. */
 void offload_step(struct engine *e, const struct optim_cfg *c, double lr, double grad_scale,
                   int64_t step);
+
+/* Delayed update: wait for the update in flight and upload its parameters
+ * (then param_sync), so that the device and the host state agree: before an
+ * evaluation, a checkpoint, an export and at the end. No-op otherwise. */
+void offload_flush(struct engine *e);
+int offload_delayed(const struct engine *e); /* 1 when the delayed update is on */
+void offload_get_stats(const struct engine *e, struct offload_stats *st);
 
 #endif

@@ -230,7 +230,13 @@ int train_run(struct model *m, const struct train_opts *o, int64_t start,
         int64_t done = step + 1;
         info.step = done;
         emit_step(m, o, done, &info);
-        if (o->val.batch && o->eval_every > 0 && (done % o->eval_every == 0 || done == o->steps)) {
+        int eval_due =
+            o->val.batch && o->eval_every > 0 && (done % o->eval_every == 0 || done == o->steps);
+        int save_due = o->save && (done == o->steps || info.stop_any ||
+                                   (o->save_every > 0 && done % o->save_every == 0));
+        /* delayed offload: the last update lands before anything reads the weights */
+        if (eval_due || save_due || done == o->steps || info.stop_any) offload_flush(m->e);
+        if (eval_due) {
             int64_t vt = 0;
             int erc = 0;
             double vl = train_eval(m, o, inputs, targets, &vt, err, errlen, &erc);
@@ -245,8 +251,7 @@ int train_run(struct model *m, const struct train_opts *o, int64_t start,
          * stops all of them at this same step (train_step reduced the flag
          * with the loss sums). */
         int stopping = info.stop_any;
-        if (o->save &&
-            (done == o->steps || stopping || (o->save_every > 0 && done % o->save_every == 0))) {
+        if (save_due) {
             if (o->save(o->save_user, done) != 0) {
                 snprintf(err, errlen, "checkpoint at step %lld failed", (long long)done);
                 rc = -1;

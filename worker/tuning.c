@@ -17,6 +17,12 @@ const struct config_entry worker_tuning_rows[] = {
      "when the CPU has it"},
     {"cpu-par-min", CONFIG_INT | T, AT(cpu.par_min), "262144", 0, 1e15,
      "CPU backend: elementwise kernels smaller than this run on one thread"},
+    {"offload-isa", CONFIG_STR | T, AT(offload.isa), "auto", 1, 0,
+     "optimizer offload: the CPU AdamW's kernels, auto (the best), avx512, avx2 or baseline "
+     "(portable C; all give identical results)"},
+    {"offload-pin", CONFIG_STR | T, AT(offload.pin), "register", 1, 0,
+     "optimizer offload: page-lock the transfer buffer by registering pieces from several "
+     "threads (register), with one cudaHostAlloc (alloc), or not at all (off)"},
     {"fuse-dgelu", CONFIG_BOOL | T, AT(cuda.fuse_dgelu), "1", 0, 0,
      "CUDA: fuse the GELU backward into the next matmul backward's epilogue"},
     {"attn-cudnn", CONFIG_STR | T, AT(cuda.attn_cudnn), "1", 1, 0,

@@ -54,8 +54,15 @@ struct comm_tuning {
     char *pair_priority;        /* pair-priority: "high" or "default" */
 };
 
+/* Optimizer offload (worker/offload.c). */
+struct offload_tuning {
+    char *isa; /* offload-isa: auto|avx512|avx2|baseline, the CPU AdamW's kernels */
+    char *pin; /* offload-pin: register|alloc|off, how the transfer buffer is page-locked */
+};
+
 struct worker_tuning {
     struct cpu_tuning cpu;
+    struct offload_tuning offload;
     struct cuda_tuning cuda;
     struct comm_tuning comm;
     int debug_param_hash; /* debug-param-hash: log the FNV-1a hash of the weights */

@@ -914,6 +914,27 @@ static void cu_host_free(void *ctx, void *p) {
     if (p) cudaFreeHost(p);
 }
 
+/* Called from the offload's pool threads too: the device first, so that a
+ * thread's first CUDA call does not make a context on device 0. */
+static int cu_host_register(void *ctx, void *p, size_t bytes) {
+    struct cuda_ctx *c = ctx;
+    if (cudaSetDevice(c->device) != cudaSuccess ||
+        cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+        cudaGetLastError();
+        log_error("cuda backend: cannot page-lock %zu bytes (%.2f GiB) of host memory", bytes,
+                  bytes / 1073741824.0);
+        return -1;
+    }
+    return 0;
+}
+
+static void cu_host_unregister(void *ctx, void *p) {
+    struct cuda_ctx *c = ctx;
+    if (!p) return;
+    cudaSetDevice(c->device);
+    cudaHostUnregister(p);
+}
+
 /* Streams and events on first use: a run without offload creates none. */
 static void copies_init(struct cuda_ctx *c) {
     if (c->cs[0]) return;
@@ -1126,6 +1147,8 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->h2d_async = cu_h2d_async;
     b->wait = cu_wait;
     b->copy_fence = cu_copy_fence;
+    b->host_register = cu_host_register;
+    b->host_unregister = cu_host_unregister;
     b->axpy_2d = cu_axpy_2d;
     b->dropout = cu_dropout;
     return b;
