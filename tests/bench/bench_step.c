@@ -9,7 +9,13 @@
  * with CUDA events around every backend call over `profile` extra steps.
  * Output: human lines on stderr, one "RESULT {json}" line on stdout.
  * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
- *        [--steps 30] [--warmup 8] [--profile 3] */
+ *        [--steps 30] [--warmup 8] [--profile 3] [--accum 1]
+ *        [--recompute none|selective|full] [--offload off|on|sync|delayed]
+ *        [--offload-threads N]
+ * With --offload (worker/offload.h) the RESULT line adds the step's split:
+ * optimizer wall ms on the engine thread, the CPU AdamW's ms, the exposed
+ * copy and CPU waits, and the start-up (host state ready, process to first
+ * step). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +23,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "worker/offload.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_util.h"
 #include "worker/train.h"
@@ -209,6 +216,9 @@ static int cmp_d(const void *a, const void *b) {
 int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
     int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3;
+    int accum = 1, recompute = MODEL_RECOMPUTE_NONE, offload_threads = 0;
+    const char *offload = "off";
+    double t_start = clock_mono_msf();
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             preset = argv[i + 1];
@@ -224,6 +234,16 @@ int main(int argc, char **argv) {
             warmup = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--profile"))
             nprof = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--accum"))
+            accum = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--offload"))
+            offload = argv[i + 1];
+        else if (!strcmp(argv[i], "--offload-threads"))
+            offload_threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--recompute"))
+            recompute = !strcmp(argv[i + 1], "full")        ? MODEL_RECOMPUTE_FULL
+                        : !strcmp(argv[i + 1], "selective") ? MODEL_RECOMPUTE_SELECTIVE
+                                                            : MODEL_RECOMPUTE_NONE;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -239,18 +259,31 @@ int main(int argc, char **argv) {
     }
     struct model_config cfg = mp->config;
     if (T > cfg.seq_len) cfg.seq_len = T;
-    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
+    int off = strcmp(offload, "off") != 0;
+    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .opt_later = off};
     struct engine *e = engine_new(&cfg, &pl, backend_cuda_new(0));
     if (!e) return 1;
-    struct model *m = model_new(e, mbs, T, 0);
+    if (off) { /* as loom-worker: the offload, then the host state, then the weights */
+        struct offload_opts oo = {.sync = !strcmp(offload, "sync"),
+                                  .delayed = !strcmp(offload, "delayed"),
+                                  .threads = offload_threads};
+        if (engine_offload_enable(e, &oo) != 0 || engine_opt_init(e) != 0) return 1;
+    }
+    struct model_opts mo = {.B = mbs, .T = T, .recompute = recompute};
+    struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 42)) return 1;
+    double t_ready = clock_mono_msf();
+    struct offload_stats ost;
+    offload_get_stats(e, &ost);
+    double alloc_ms = ost.ms_alloc, pin_ms = ost.ms_pin;
+    double *opt_ms = calloc((size_t)(nsteps > 0 ? nsteps : 1) * 4, sizeof(double));
     struct rnd src = {.s = 1234, .B = mbs, .T = T, .V = cfg.vocab_size};
     int64_t total = warmup + nsteps + nprof;
     struct train_opts o;
     memset(&o, 0, sizeof o);
     o.steps = total;
-    o.grad_accum = 1;
-    o.global_batch_tokens = (int64_t)mbs * T;
+    o.grad_accum = accum > 0 ? accum : 1;
+    o.global_batch_tokens = (int64_t)mbs * T * o.grad_accum;
     o.optim = (struct optim_cfg){.lr = 3e-4,
                                  .min_lr = 3e-5,
                                  .warmup = 2,
@@ -275,18 +308,35 @@ int main(int argc, char **argv) {
             return 1;
         }
         e->be->sync(e->be->ctx);
-        if (i >= warmup) ms[i - warmup] = clock_mono_msf() - t0;
+        if (i >= warmup) {
+            ms[i - warmup] = clock_mono_msf() - t0;
+            offload_get_stats(e, &ost);
+            double *r = opt_ms + 4 * (i - warmup);
+            r[0] = info.ms_optimizer, r[1] = ost.ms_cpu, r[2] = ost.ms_copy_wait;
+            r[3] = ost.ms_cpu_wait;
+        }
         if (i < 3 || i == warmup + nsteps - 1)
             fprintf(stderr, "step %lld loss %.4f grad_norm %.3f\n", (long long)i, info.loss,
                     info.grad_norm);
     }
+    /* the offload split: per column, the median over the timed steps */
+    double split[4] = {0};
+    for (int c = 0; c < 4 && nsteps > 0; c++) {
+        double *col = malloc(sizeof(double) * nsteps);
+        for (int i = 0; i < nsteps; i++)
+            col[i] = opt_ms[4 * i + c];
+        qsort(col, nsteps, sizeof *col, cmp_d);
+        split[c] = col[nsteps / 2];
+        free(col);
+    }
+    free(opt_ms);
     qsort(ms, nsteps, sizeof *ms, cmp_d);
     double med = ms[nsteps / 2];
     /* the peer's FLOP count: 6 * (params - wpe) + 12 * L * C * T */
     int64_t nparam = model_n_params(&cfg);
     int64_t nwpe = cfg.pos == MODEL_POS_LEARNED ? (int64_t)cfg.seq_len * cfg.d_model : 0;
     double fpt = 6.0 * (double)(nparam - nwpe) + 12.0 * cfg.n_layer * cfg.d_model * (double)T;
-    double tok = (double)mbs * T;
+    double tok = (double)mbs * T * o.grad_accum;
     double tflops = tok * fpt / (med / 1e3) / 1e12;
     struct cuda_mem_report mr;
     backend_cuda_mem(e->be, &mr);
@@ -320,6 +370,13 @@ int main(int argc, char **argv) {
            preset, (long long)nparam, mbs, T, med, ms[0], tok / (med / 1e3), tflops, tflops / 989.0,
            (double)(totm - fr) / 1073741824.0, mr.engine_peak / 1073741824.0,
            mr.workspace_bytes / 1073741824.0, info.loss);
+    printf(",\"accum\":%d,\"recompute\":%d,\"offload\":\"%s\"", o.grad_accum, recompute, offload);
+    if (off)
+        printf(",\"optimizer_ms\":%.1f,\"compute_ms\":%.1f,\"cpu_adamw_ms\":%.1f,"
+               "\"copy_wait_ms\":%.1f,\"cpu_wait_ms\":%.1f,\"host_state_s\":%.2f,"
+               "\"pin_s\":%.2f,\"startup_s\":%.2f",
+               split[0], med - split[0], split[1], split[2], split[3], alloc_ms / 1e3, pin_ms / 1e3,
+               (t_ready - t_start) / 1e3);
     if (nprof > 0) {
         printf(",\"breakdown_ms\":{");
         for (int c = 0; c < C_N; c++)

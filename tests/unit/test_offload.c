@@ -5,6 +5,9 @@
  *    bit as with it off, for several pipeline chunk sizes and with the state
  *    moved to the host after allocation (engine_offload_enable on a running
  *    engine) or allocated there (engine_place.opt_later);
+ *  - the delayed update (offload_opts.delayed) equals a one-step delay made
+ *    by hand on an engine without offload, bit for bit (losses, norms, final
+ *    weights after offload_flush), and differs from the undelayed run;
  *  - memory: with offload e->mem.optimizer is only the 16-byte norm scalar
  *    and e->mem.host = shard * (12 + 4) bytes (offload_host_bytes), also
  *    after engine_set_shard; opt_later leaves the state unallocated until
@@ -61,15 +64,29 @@ static struct model_config config(enum model_family f) {
     return c;
 }
 
-enum mode { OFF, ON_EARLY, ON_MOVED };
+/* DELAYED: --offload delayed; EMULATED: the undelayed offload (the same bits
+ * as none, and a master apart from the parameters, unlike the fp32 engine's
+ * aliased one) with the one-step delay done by hand on the parameters between
+ * the steps (the next step computes at those before the last update, as the
+ * delayed offload defines them). */
+enum mode { OFF, ON_EARLY, ON_MOVED, DELAYED, EMULATED };
+
+static uint64_t fnv(const void *p, size_t n) {
+    const unsigned char *c = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
 
 #define STEPS 12
 
 /* Train STEPS steps; losses and norms into out. chunk: offload chunk bytes. */
-static int train(enum model_family f, enum mode mode, size_t chunk, double *loss, double *norm) {
+static int train_h(enum model_family f, enum mode mode, size_t chunk, double *loss, double *norm,
+                   uint64_t *hash) {
     struct model_config c = config(f);
     struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
-    p.opt_later = mode == ON_EARLY;
+    p.opt_later = mode == ON_EARLY || mode == DELAYED || mode == EMULATED;
     struct engine *e = engine_new(&c, &p, backend_cpu_new(2));
     struct model *m = NULL;
     struct src s = {.B = 2, .T = 16, .V = 61, .grad_accum = 2};
@@ -77,8 +94,9 @@ static int train(enum model_family f, enum mode mode, size_t chunk, double *loss
     char err[256];
     int rc = -1;
     if (!e) return -1;
-    struct offload_opts oo = {.chunk_bytes = chunk, .threads = 2};
-    if (mode == ON_EARLY) {
+    struct offload_opts oo = {.chunk_bytes = chunk, .threads = 2, .delayed = mode == DELAYED};
+    float *prev = NULL, *held = NULL, *tmp = NULL;
+    if (mode == ON_EARLY || mode == DELAYED || mode == EMULATED) {
         CHECK(!engine_opt_ready(e), "opt_later: state allocated by engine_new");
         CHECK(e->mem.optimizer == 16, "opt_later: optimizer %zu bytes before the shard",
               e->mem.optimizer);
@@ -110,19 +128,67 @@ static int train(enum model_family f, enum mode mode, size_t chunk, double *loss
     o.train.batch = src_batch;
     o.train.user = &s;
     rc = 0;
+    size_t pb = e->n_params * sizeof(float);
+    float *pw = engine_params_at(e, 0); /* cpu "device" memory is host memory */
+    if (mode == EMULATED) {
+        prev = malloc(pb), held = malloc(pb), tmp = malloc(pb);
+        if (!prev || !held || !tmp) rc = -1;
+    }
     for (int i = 0; i < STEPS && rc == 0; i++) {
         struct train_step_info info;
+        if (mode == EMULATED) memcpy(prev, pw, pb);
         rc = train_step(m, &o, i, &info, in, tg, err, sizeof err);
+        if (mode == EMULATED) { /* the update just made lands one step later */
+            memcpy(tmp, pw, pb);
+            memcpy(pw, i == 0 ? prev : held, pb);
+            memcpy(held, tmp, pb);
+        }
         loss[i] = info.loss;
         norm[i] = info.grad_norm;
         CHECK(info.ms_optimizer >= 0 && info.ms_optimizer <= info.ms_step,
               "ms_optimizer %.3f of step %.3f", info.ms_optimizer, info.ms_step);
     }
     CHECK(norm[0] > 0.3, "clipping inactive: first norm %g <= clip 0.3", norm[0]);
+    if (mode == EMULATED && rc == 0) memcpy(pw, held, pb);
+    if (mode == DELAYED) offload_flush(e);
+    if (hash) *hash = fnv(pw, pb);
 out:
+    free(prev), free(held), free(tmp);
     model_free(m);
     engine_free(e);
     return rc;
+}
+
+static int train(enum model_family f, enum mode mode, size_t chunk, double *loss, double *norm) {
+    return train_h(f, mode, chunk, loss, norm, NULL);
+}
+
+/* The delayed update is the hand-made one-step delay bit for bit (losses,
+ * norms, the final weights after the flush), and not the undelayed run. */
+static void test_delayed(enum model_family f) {
+    double l0[STEPS], n0[STEPS], l1[STEPS], n1[STEPS], l2[STEPS], n2[STEPS];
+    uint64_t h1 = 0, h2 = 1;
+    const char *fam = model_family_name(f);
+    CHECK(train(f, OFF, 0, l0, n0) == 0, "%s: training without offload", fam);
+    CHECK(train_h(f, EMULATED, 0, l1, n1, &h1) == 0, "%s: emulated delay", fam);
+    CHECK(train_h(f, DELAYED, 4096, l2, n2, &h2) == 0, "%s: delayed offload", fam);
+    int same = 1;
+    for (int i = 0; i < STEPS; i++)
+        if (l1[i] != l2[i] || n1[i] != n2[i]) {
+            CHECK(0, "%s delayed step %d: loss %.17g vs %.17g, norm %.17g vs %.17g", fam, i, l2[i],
+                  l1[i], n2[i], n1[i]);
+            same = 0;
+            break;
+        }
+    CHECK(h1 == h2, "%s delayed: final weights differ from the emulation", fam);
+    CHECK(l2[0] == l0[0], "%s: step 0 loss %.17g vs %.17g", fam, l2[0], l0[0]);
+    CHECK(l2[1] != l0[1], "%s: step 1 did not compute at the initial weights", fam);
+    CHECK(l2[STEPS - 1] < l2[0], "%s delayed: loss did not fall (%g -> %g)", fam, l2[0],
+          l2[STEPS - 1]);
+    if (same && h1 == h2)
+        printf("ok %s delayed: %d steps and the final weights identical to the emulation (loss "
+               "%.6f -> %.6f; undelayed %.6f)\n",
+               fam, STEPS, l2[0], l2[STEPS - 1], l0[STEPS - 1]);
 }
 
 static void test_equal(enum model_family f) {
@@ -271,6 +337,8 @@ int main(void) {
     test_state();
     test_equal(MODEL_GPT2);
     test_equal(MODEL_LLAMA);
+    test_delayed(MODEL_GPT2);
+    test_delayed(MODEL_LLAMA);
     if (check_failures) {
         printf("%d failures\n", check_failures);
         return 1;
