@@ -270,6 +270,14 @@ static double coll_time(const struct ctx *x, double k, int n, int per_node, int 
     return t;
 }
 
+double planner_offload_s(double shard, double e, int ranks_per_node, double hide_s,
+                         double pcie_gbps, double host_mem_gbps) {
+    double down = shard * e / (pcie_gbps * 1e9), up = down;
+    down -= fmin(down, hide_s);
+    double cpu = shard * (24 + 2 * e) * ranks_per_node / (host_mem_gbps * 1e9);
+    return fmax(fmax(down, cpu), up);
+}
+
 static void add_comm(struct planner_estimate *est, const char *group, const char *op, int ranks,
                      int cross, double bytes, double count, double gbps, double per_call,
                      double exposed) {
@@ -629,9 +637,18 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     double P = est->mem.stage_params;
     double shard = P / (L->zero >= 1 ? dp : 1);
     if (L->offload) {
+        /* worker/offload.c's pipeline over 64 MiB chunks: the shard's gradients
+         * come down over PCIe (ZeRO-2/3: during the last backward, hidden up to
+         * overlap x t_bwd), the CPU updates each chunk as it lands at the host
+         * memory bandwidth the node's ranks share (fp32 master, m, v read and
+         * written, the gradient read and the parameter written over it:
+         * 24 + 2e bytes per parameter), and the chunk goes back up on the other
+         * PCIe direction; the three stages overlap, so the step pays the
+         * slowest (planner_offload_s). */
         int per_node = world < c->gpus_per_node ? world : c->gpus_per_node;
         est->optimizer_s =
-            2 * shard * e / (c->pcie_gbps * 1e9) + shard * 32 * per_node / (c->host_mem_gbps * 1e9);
+            planner_offload_s(shard, e, per_node, L->zero >= 2 ? o->overlap * t_bwd : 0,
+                              c->pcie_gbps, c->host_mem_gbps);
     } else {
         est->optimizer_s = shard * 28 / (c->hbm_tbps * 1e12);
     }

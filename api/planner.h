@@ -134,6 +134,15 @@ struct planner_estimate {
     int n_notes;
 };
 
+/* The offloaded optimizer step (seconds) for a shard of `shard` parameters of
+ * element size e (2 bf16, 4 fp32), ranks_per_node ranks sharing the host's
+ * memory bandwidth, hide_s seconds of backward the gradient download can hide
+ * under (ZeRO-2/3), PCIe and host memory bandwidths in GB/s: the slowest of
+ * the download (minus hide_s), the CPU AdamW (24 + 2e bytes per parameter at
+ * the host bandwidth) and the upload, which pipeline over chunks. Pure. */
+double planner_offload_s(double shard, double e, int ranks_per_node, double hide_s,
+                         double pcie_gbps, double host_mem_gbps);
+
 /* Estimate the spec's own layout on cluster `c` (resolved or not; resolved
  * internally on a copy). Errors: 422 LAYOUT_EXCEEDS_CLUSTER (dp*tp*pp more
  * than nodes x gpus_per_node), the cluster codes above, and the spec's

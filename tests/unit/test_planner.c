@@ -307,6 +307,38 @@ static void test_consistency(void) {
     CHECK(a.mem.optimizer == 0 && a.mem.host_per_node > 50 * GIB && a.optimizer_s > 0.1);
 }
 
+/* ---- the offloaded optimizer's time model (planner_offload_s) ---- */
+static void test_offload_model(void) {
+    /* 8e9 bf16 parameters on one rank: 16 GB each way over 50 GB/s PCIe
+     * (0.32 s), 8e9 x 28 B of host traffic at 100 GB/s (2.24 s): CPU-bound */
+    CHECK_NEAR(planner_offload_s(8e9, 2, 1, 0, 50, 100), 2.24, 1e-9);
+    /* two ranks share the host bandwidth */
+    CHECK_NEAR(planner_offload_s(8e9, 2, 2, 0, 50, 100), 4.48, 1e-9);
+    /* PCIe-bound: 1.6 s each way at 10 GB/s; hiding the download under the
+     * backward leaves the upload */
+    CHECK_NEAR(planner_offload_s(8e9, 2, 1, 0, 10, 1000), 1.6, 1e-9);
+    CHECK_NEAR(planner_offload_s(8e9, 2, 1, 1.0, 10, 1000), 1.6, 1e-9);
+    /* fp32: 24 + 8 = 32 B per parameter */
+    CHECK_NEAR(planner_offload_s(1e9, 4, 1, 0, 1000, 100), 0.32, 1e-9);
+    /* the estimate uses it: Llama 3 8B on one H200 with the cluster's measured
+     * bandwidths */
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate a;
+    struct loom_error e;
+    CHECK(load("{'model':{'family':'llama','preset':'8b'},'train':{'micro_batch':2,"
+               "'global_batch_tokens':32768,'offload_optimizer':true,'recompute':'selective'}}",
+               "{'nodes':1,'gpus_per_node':1,'gpu':'H200','pcie_gbps':50,'host_mem_gbps':100}", &s,
+               &c) == 0);
+    CHECK(planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    double want = planner_offload_s(a.mem.stage_params, 2, 1, 0, 50, 100);
+    CHECK_NEAR(a.optimizer_s, want, 1e-9);
+    CHECK(fabs(a.optimizer_s - 8.03e9 * 28 / 100e9) < 0.02 * a.optimizer_s, "8b offload %.3f s",
+          a.optimizer_s);
+    printf("offload model: 8b on one H200 %.2f s of optimizer per step (%.0f tokens/s)\n",
+           a.optimizer_s, a.tokens_per_s);
+}
+
 /* ---- the worker's start-up estimate ---- */
 static void test_estimate_job(void) {
     struct loom_spec s;
@@ -788,5 +820,6 @@ int main(void) {
     test_check_fit();
     test_plan_json();
     test_bad_inputs();
+    test_offload_model();
     return check_summary("test_planner");
 }
