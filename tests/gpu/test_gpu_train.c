@@ -7,6 +7,10 @@
  *    a fresh engine restored from it and 10 more steps give the same losses
  *    and final parameters bit for bit as 20 uninterrupted steps;
  *  - determinism: the same 20 steps twice give the same bits;
+ *  - optimizer offload variants: the portable CPU kernels with one
+ *    cudaHostAlloc give the same bits as the default (SIMD, registered
+ *    pieces); the delayed update gives the same bits with async and
+ *    synchronous copies, learns, and differs from the undelayed run;
  *  - optimizer offload (worker/offload.h): 20 steps with the fp32 master and
  *    moments in host memory and AdamW on the CPU follow the on-device run
  *    within the curve tolerances above (the CPU and the GPU round AdamW's
@@ -22,6 +26,7 @@
 
 #include "worker/cuda/cuda_util.h"
 #include "worker/offload.h"
+#include "worker/offload_adamw.h"
 #include "worker/train.h"
 
 #define STEPS    50
@@ -91,8 +96,10 @@ struct run {
     struct model *m;
 };
 
-/* offload: 0 off, 1 on (async copies), 2 on with synchronous copies; small
- * chunks (64 KiB) so that the pipeline has several. */
+/* offload: 0 off, 1 on (async copies), 2 on with synchronous copies, 3 on
+ * with the portable CPU kernels and one cudaHostAlloc (offload-isa baseline,
+ * offload-pin alloc), 4 the delayed update (async), 5 the delayed update with
+ * synchronous copies; small chunks (64 KiB) so that the pipeline has several. */
 static int run_new_ex(struct run *r, enum model_family f, int cuda, int offload) {
     struct model_config c = config(f);
     struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
@@ -101,7 +108,11 @@ static int run_new_ex(struct run *r, enum model_family f, int cuda, int offload)
     if (!be) return -1;
     r->e = engine_new(&c, &p, be);
     if (!r->e) return -1;
-    struct offload_opts oo = {.chunk_bytes = 64 << 10, .sync = offload == 2};
+    struct offload_opts oo = {.chunk_bytes = 64 << 10,
+                              .sync = offload == 2 || offload == 5,
+                              .isa = offload == 3 ? OADAM_BASELINE : OADAM_AUTO,
+                              .pin = offload == 3 ? OFFLOAD_PIN_ALLOC : OFFLOAD_PIN_REGISTER,
+                              .delayed = offload >= 4};
     if (offload && (engine_offload_enable(r->e, &oo) != 0 || engine_opt_init(r->e) != 0)) return -1;
     r->m = model_new(r->e, B_SEQ, T_SEQ, 0);
     if (!r->m || model_init_params(r->m, 42) != 0) return -1;
@@ -270,6 +281,36 @@ static void test_offload(enum model_family f) {
     if (!same) fails++;
     snap_free(&s1), snap_free(&s2);
     run_free(&r0), run_free(&r1), run_free(&r2);
+    /* the portable kernels and the one-call pinned buffer: the same bits */
+    double l3[20], l4[20], l5[20];
+    struct run r3, r4, r5;
+    struct snap s4, s5;
+    if (run_new_ex(&r3, f, 1, 3) || steps(&r3, 0, 20, 20, l3) || run_new_ex(&r4, f, 1, 4) ||
+        steps(&r4, 0, 20, 20, l4) || run_new_ex(&r5, f, 1, 5) || steps(&r5, 0, 20, 20, l5)) {
+        printf("FAIL %s offload variants: set-up or step failed\n", fam);
+        fails++;
+        return;
+    }
+    same = !memcmp(l3, l2, sizeof l3);
+    printf("%s %s offload portable kernels + cudaHostAlloc vs %s kernels: %s\n",
+           same ? "ok" : "FAIL", fam, oadam_isa_name(oadam_isa_best()),
+           same ? "identical bit for bit" : "differ");
+    if (!same) fails++;
+    /* delayed: async copies (uploads of update s-1 before the downloads of
+     * step s into the same buffer) as the synchronous ones; it learns */
+    offload_flush(r4.e);
+    offload_flush(r5.e);
+    snap_take(&r4, &s4);
+    snap_take(&r5, &s5);
+    same = !memcmp(l4, l5, sizeof l4) && snap_same(&r4, &s4, &s5) && l4[19] < 0.9 * l4[0] &&
+           l4[2] != l2[2];
+    printf("%s %s offload delayed, async vs synchronous copies: %s (loss %.5f -> %.5f; undelayed "
+           "%.5f)\n",
+           same ? "ok" : "FAIL", fam, same ? "identical bit for bit" : "differ", l4[0], l4[19],
+           l2[19]);
+    if (!same) fails++;
+    snap_free(&s4), snap_free(&s5);
+    run_free(&r3), run_free(&r4), run_free(&r5);
 }
 
 int main(void) {
