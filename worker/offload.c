@@ -304,18 +304,22 @@ static int alloc_xfer(struct offload *o, size_t xb) {
         if (!o->xfer) return -1;
         o->xkind = XFER_PAGEABLE;
         int T = oadam_pool_threads(o->pool);
+        /* one piece per thread (at most), each whole chunks; pieces must not
+         * share a page, so chunks that are not whole pages make one piece */
         o->reg_chunks = (o->nchunks + (size_t)T - 1) / (size_t)T;
         if (o->reg_chunks < 1) o->reg_chunks = 1;
+        if (o->chunk * b->elt_size % OFFLOAD_PAGE) o->reg_chunks = o->nchunks ? o->nchunks : 1;
         run_job(o, JOB_TOUCH, 0, o->n); /* also places master, m, v */
         run_job(o, JOB_REGISTER, 0, o->n);
         int bad = 0;
         for (int t = 0; t < T; t++)
             bad |= o->job.rc[t];
         o->nreg = (int)((o->nchunks + o->reg_chunks - 1) / o->reg_chunks);
-        if (bad) { /* undo the pieces that did register */
-            for (int i = 0; i < o->nreg; i++) {
+        if (bad) { /* undo the pieces that did register (piece i is thread i's) */
+            for (int i = 0; i < o->nreg && i < T; i++) {
                 size_t c = (size_t)i * o->reg_chunks;
-                b->host_unregister(b->ctx, (char *)o->xfer + c * o->chunk * b->elt_size);
+                if (!o->job.rc[i])
+                    b->host_unregister(b->ctx, (char *)o->xfer + c * o->chunk * b->elt_size);
             }
             o->nreg = 0;
             log_warn("offload: cannot page-lock the %zu-byte transfer buffer; using pageable "

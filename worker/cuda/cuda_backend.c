@@ -931,8 +931,8 @@ static int cu_host_register(void *ctx, void *p, size_t bytes) {
 static void cu_host_unregister(void *ctx, void *p) {
     struct cuda_ctx *c = ctx;
     if (!p) return;
-    cudaSetDevice(c->device);
-    cudaHostUnregister(p);
+    if (cudaSetDevice(c->device) != cudaSuccess || cudaHostUnregister(p) != cudaSuccess)
+        cudaGetLastError(); /* not sticky: leave no error for later checks */
 }
 
 /* Streams and events on first use: a run without offload creates none. */
