@@ -12,7 +12,7 @@ if(TARGET loom-worker)
     add_executable(test_offload_equiv ${CMAKE_CURRENT_LIST_DIR}/integration/test_offload_equiv.c)
     target_link_libraries(test_offload_equiv PRIVATE loom_engine PkgConfig::JANSSON m)
     loom_warnings(test_offload_equiv)
-    foreach(part world1 dp2 resume)
+    foreach(part world1 dp2 resume delayed)
         add_test(NAME integration.offload.${part}
                  COMMAND test_offload_equiv $<TARGET_FILE:loom-worker> ${part})
         set_tests_properties(integration.offload.${part} PROPERTIES LABELS "integration;sanitize"

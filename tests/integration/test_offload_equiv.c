@@ -14,7 +14,9 @@
  * the reverse) onto the uninterrupted curve, bit for bit; --no-save writes
  * no checkpoint.
  *
- * Usage: test_offload_equiv LOOM_WORKER world1|dp2|resume */
+ * --offload delayed: see delayed() below.
+ *
+ * Usage: test_offload_equiv LOOM_WORKER world1|dp2|resume|delayed */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -186,6 +188,36 @@ static void layouts(int dp) {
     }
 }
 
+/* --offload delayed (the one-step delayed update): step 1 as without
+ * offload, step 2 not (it computes at the initial weights); the loss falls;
+ * the flush before each checkpoint ends the delay, so a run stopped at its
+ * step-6 checkpoint and resumed continues the uninterrupted delayed run bit
+ * for bit (world 1, and dp 2 ZeRO-2 where the flush's param_sync gathers). */
+static void delayed(int dp, int zero) {
+    struct run off, full, half, rest;
+    char t[4][48];
+    snprintf(t[0], sizeof t[0], "dl%d-off", dp);
+    snprintf(t[1], sizeof t[1], "dl%d-full", dp);
+    snprintf(t[2], sizeof t[2], "dl%d-a", dp);
+    snprintf(t[3], sizeof t[3], "dl%d-b", dp);
+    train(t[0], t[0], dp, zero, "off", 0, 1, &off);
+    train(t[1], t[1], dp, zero, "delayed", 0, 0, &full);
+    CHECK(full.steps_seen == STEPS, "%s: %d step lines", t[1], full.steps_seen);
+    CHECK(strcmp(full.loss[1], off.loss[1]) == 0, "%s: step 1 loss %s vs %s", t[1], full.loss[1],
+          off.loss[1]);
+    CHECK(strcmp(full.loss[2], off.loss[2]) != 0, "%s: step 2 did not see the initial weights",
+          t[1]);
+    CHECK(atof(full.loss[STEPS]) < atof(full.loss[1]), "%s: loss %s -> %s", t[1], full.loss[1],
+          full.loss[STEPS]);
+    char o[48];
+    snprintf(o, sizeof o, "dl%d-half", dp);
+    train(t[2], o, dp, zero, "delayed", STEPS / 2, 0, &half);
+    train(t[3], o, dp, zero, "delayed", 0, 0, &rest);
+    CHECK(rest.steps_seen == STEPS / 2, "%s: resumed run has %d step lines", t[3], rest.steps_seen);
+    same(t[2], &half, &full, 1, STEPS / 2);
+    same(t[3], &rest, &full, STEPS / 2 + 1, STEPS);
+}
+
 /* A checkpoint written with offload resumes without it, and the reverse,
  * onto the uninterrupted curve (dp 2, ZeRO 2; the reference without offload). */
 static void resume(void) {
@@ -219,7 +251,7 @@ int main(int argc, char **argv) {
     }
     worker = argv[1];
 #ifndef LOOM_HAVE_GLOO
-    if (strcmp(argv[2], "world1") != 0) {
+    if (strcmp(argv[2], "world1") != 0 && strcmp(argv[2], "delayed") != 0) {
         printf("SKIP: built without Gloo; dp > 1 on cpu needs it\n");
         return 77;
     }
@@ -234,7 +266,12 @@ int main(int argc, char **argv) {
         layouts(2);
     else if (strcmp(argv[2], "resume") == 0)
         resume();
-    else
+    else if (strcmp(argv[2], "delayed") == 0) {
+        delayed(1, 0);
+#ifdef LOOM_HAVE_GLOO
+        delayed(2, 2);
+#endif
+    } else
         return 2;
     if (!check_failures) {
         char cmd[300];
