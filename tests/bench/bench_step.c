@@ -11,7 +11,7 @@
  * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
  *        [--steps 30] [--warmup 8] [--profile 3] [--accum 1]
  *        [--recompute none|selective|full] [--offload off|on|sync|delayed]
- *        [--offload-threads N]
+ *        [--offload-threads N] [--offload-pin register|alloc|off]
  * With --offload (worker/offload.h) the RESULT line adds the step's split:
  * optimizer wall ms on the engine thread, the CPU AdamW's ms, the exposed
  * copy and CPU waits, and the start-up (host state ready, process to first
@@ -217,7 +217,7 @@ int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
     int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3;
     int accum = 1, recompute = MODEL_RECOMPUTE_NONE, offload_threads = 0;
-    const char *offload = "off";
+    const char *offload = "off", *pin = "register";
     double t_start = clock_mono_msf();
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
@@ -238,6 +238,8 @@ int main(int argc, char **argv) {
             accum = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--offload"))
             offload = argv[i + 1];
+        else if (!strcmp(argv[i], "--offload-pin"))
+            pin = argv[i + 1];
         else if (!strcmp(argv[i], "--offload-threads"))
             offload_threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--recompute"))
@@ -266,7 +268,10 @@ int main(int argc, char **argv) {
     if (off) { /* as loom-worker: the offload, then the host state, then the weights */
         struct offload_opts oo = {.sync = !strcmp(offload, "sync"),
                                   .delayed = !strcmp(offload, "delayed"),
-                                  .threads = offload_threads};
+                                  .threads = offload_threads,
+                                  .pin = !strcmp(pin, "alloc") ? OFFLOAD_PIN_ALLOC
+                                         : !strcmp(pin, "off") ? OFFLOAD_PIN_OFF
+                                                               : OFFLOAD_PIN_REGISTER};
         if (engine_offload_enable(e, &oo) != 0 || engine_opt_init(e) != 0) return 1;
     }
     struct model_opts mo = {.B = mbs, .T = T, .recompute = recompute};
@@ -370,7 +375,8 @@ int main(int argc, char **argv) {
            preset, (long long)nparam, mbs, T, med, ms[0], tok / (med / 1e3), tflops, tflops / 989.0,
            (double)(totm - fr) / 1073741824.0, mr.engine_peak / 1073741824.0,
            mr.workspace_bytes / 1073741824.0, info.loss);
-    printf(",\"accum\":%d,\"recompute\":%d,\"offload\":\"%s\"", o.grad_accum, recompute, offload);
+    printf(",\"accum\":%d,\"recompute\":%d,\"offload\":\"%s\",\"pin\":\"%s\"", o.grad_accum,
+           recompute, offload, pin);
     if (off)
         printf(",\"optimizer_ms\":%.1f,\"compute_ms\":%.1f,\"cpu_adamw_ms\":%.1f,"
                "\"copy_wait_ms\":%.1f,\"cpu_wait_ms\":%.1f,\"host_state_s\":%.2f,"

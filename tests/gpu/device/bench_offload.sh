@@ -38,6 +38,10 @@ run() { # TAG ARGS...: one loom-gpu-bench run, its RESULT line tagged
 run none
 run on --offload on
 run delayed --offload delayed --offload-threads $((nproc_ - 1))
+# start-up with the one-call cudaHostAlloc (before) beside the registered pieces above, and
+# the shape of the first measurement (full recompute, mbs 1, no accumulation: 378 tokens/s)
+STEPS=1 run on-alloc --offload on --offload-pin alloc --warmup 0
+SHAPE="--family llama --model 8b --mbs 1 --T 2048 --recompute full" run on-mbs1 --offload on
 python3 - "$OUT/offload_results.txt" <<'PY'
 import json, sys
 rs = {}
