@@ -472,6 +472,9 @@ static void params_gather_wait_all(struct zero *z) {
 static int hook_param_sync(struct engine *e, void *user) {
     struct zero *z = user;
     if (z->stage == 1 || z->stage == 2) {
+        /* a second param_sync before a forward waited for the first (the
+         * delayed offload's flush, worker/offload.h): finish those gathers */
+        params_gather_wait_all(z);
         /* per group in the order the next forward uses them (embeddings and
          * head, then blocks 0..L-1), asynchronously: hook_pre_forward waits
          * for a group just before its forward, so the later groups' gathers

@@ -68,7 +68,7 @@ static void ref_step(const struct oadam_k *k, int bf16, void *x, float *ms, floa
     }
 }
 
-static float special(int i) {
+static float special(uint32_t i) {
     static const uint32_t sp[] = {0x00000000, 0x80000000, 0x00000001, 0x007fffff, 0x7f7fffff,
                                   0xff7fffff, 0x3f808000, 0x3f818000, 0x7fc00000, 0x3f800000};
     return bits_f(sp[i % 10]);
@@ -76,7 +76,7 @@ static float special(int i) {
 
 static void fill(float *a, size_t n, float scale, int with_special) {
     for (size_t i = 0; i < n; i++)
-        a[i] = with_special && rnd32() % 11 == 0 ? special((int)rnd32()) : rndf() * scale;
+        a[i] = with_special && rnd32() % 11 == 0 ? special(rnd32()) : rndf() * scale;
 }
 
 /* bit for bit, except that any NaN equals any NaN (which NaN an operation
