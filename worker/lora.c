@@ -885,7 +885,7 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
         snprintf(err, errlen,
                  "%s holds LoRA adapter state total=%lld offset=%lld count=%lld for rank %d, but "
                  "this run's adapters have total=%zu offset=%zu count=%zu (resume with the same "
-                 "train.lora, dp and zero_stage)",
+                 "train.lora, dp, tp, pp and zero_stage, or continue from its PEFT export)",
                  dir, (long long)total, (long long)off, (long long)cnt, rank, l->total, l->sh_off,
                  n);
         goto out;
