@@ -861,9 +861,9 @@ int lora_ckpt_add(struct lora *l, struct ckpt_writer *cw) {
 }
 
 json_t *lora_ckpt_meta(const struct lora *l) {
-    return json_pack("{s:I, s:I, s:I, s:i, s:i, s:f}", "total", (json_int_t)l->total, "offset",
-                     (json_int_t)l->sh_off, "count", (json_int_t)l->sh_n, "zero_stage", l->zero,
-                     "rank", l->r, "alpha", l->alpha);
+    return json_pack("{s:I, s:I, s:I, s:i, s:i, s:f, s:i, s:i}", "total", (json_int_t)l->total,
+                     "offset", (json_int_t)l->sh_off, "count", (json_int_t)l->sh_n, "zero_stage",
+                     l->zero, "rank", l->r, "alpha", l->alpha, "tp", l->tp, "pp", l->pp);
 }
 
 int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t errlen) {
@@ -881,6 +881,16 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
     json_int_t total = json_integer_value(json_object_get(meta, "total"));
     json_int_t off = json_integer_value(json_object_get(meta, "offset"));
     json_int_t cnt = json_integer_value(json_object_get(meta, "count"));
+    /* tp / pp: written since the adapters split over them (absent: 1) */
+    const json_t *jtp = json_object_get(meta, "tp"), *jpp = json_object_get(meta, "pp");
+    int ctp = jtp ? (int)json_integer_value(jtp) : 1, cpp = jpp ? (int)json_integer_value(jpp) : 1;
+    if (meta && (ctp != l->tp || cpp != l->pp)) {
+        snprintf(err, errlen,
+                 "%s holds LoRA adapter shares of tp=%d pp=%d, but this run has tp=%d pp=%d "
+                 "(resume with the same layout, or continue from its PEFT export)",
+                 dir, ctp, cpp, l->tp, l->pp);
+        goto out;
+    }
     if (!meta || (size_t)total != l->total || (size_t)off != l->sh_off || (size_t)cnt != n) {
         snprintf(err, errlen,
                  "%s holds LoRA adapter state total=%lld offset=%lld count=%lld for rank %d, but "

@@ -452,6 +452,15 @@ def main():
             gres += losses(out)
     check(gres == gfull and len(gfull) == STEPS,
           f"tp2 resumed at step 5 equals the uninterrupted tp2 run: {gres} vs {gfull}")
+    # its checkpoints hold tp shares: another layout is refused, naming both
+    sdr["parallel"] = {"dp": 2}
+    sdr["train"]["steps"] = STEPS + 2
+    json.dump(sdr, open(spd2, "w"))
+    rc, out, _ = worker(["--spec", spd2, "--out", os.path.join(tmp, "run-drop-tp2-res"),
+                         "--nproc", "2"])
+    msg = out[-1].get("message", "") if out else ""
+    check(rc != 0 and out and out[-1].get("code") == "CHECKPOINT_INVALID" and "tp=2" in msg and
+          "tp=1" in msg, f"a tp2 LoRA checkpoint resumed under dp2 refused: {out[-1:]}")
     sdr["checkpoint"] = {"every_steps": 0, "keep": 1}
     sdr["train"]["steps"] = STEPS
     acd = json.load(open(os.path.join(tmp, "run-drop", "export", "lora", "adapter_config.json")))
