@@ -342,6 +342,11 @@ def main():
               f"within 1e-6 (max {rel1:.3g}) rc={rc} {err[-300:]}")
         if rc != 0:
             continue
+        if "pp" not in par:  # the planner's LoRA bytes under tp: the rank's shares exactly
+            mem = [l for l in out if l.get("type") == "memory"]
+            same = mem and all(abs(mem[0]["planned_gib"][k] - mem[0]["allocated_gib"][k]) * 2**30
+                               < 0.5 for k in ("params", "grads", "optimizer"))
+            check(same, f"{name} planner params/grads/optimizer equal the allocation: {mem[:1]}")
         stp = hfio.read_safetensors(os.path.join(runp, "export", "lora",
                                                  "adapter_model.safetensors"))
         shp = all(stp[k][1] == st[k][1] for k in st if k in stp)
