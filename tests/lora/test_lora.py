@@ -161,16 +161,20 @@ def gpt2_part(tmp):
             worst = max(worst, float(np.abs(merged[k] - want).max()))
     check(moved > 1e-4 and worst <= 1e-6,
           f"gpt2 merged export (max abs diff {worst:.3g}, largest update {moved:.3g})")
-    # tp2: c_attn's B splits per q|k|v block as the fused weight does. Adam's eps raised
+    # tp2: c_attn's B splits per q|k|v block as the fused weight does; pp2 (with full
+    # recompute): the last stage's tied embedding is a frozen copy there. Adam's eps raised
     # for both runs: some of this model's adapter gradients are ~0, and Adam would turn
     # their fp32 rounding (which differs between layouts) into steps of +-lr
     sg = json.load(open(sp))
     sg["export"] = {"lora": True}
     sg["train"]["eps"] = 1e-4
     st1 = None
-    for par, nproc, d in ((None, 1, "run-gpt2-eps"), ({"tp": 2}, 2, "run-gpt2-tp2")):
+    for par, nproc, d in ((None, 1, "run-gpt2-eps"), ({"tp": 2}, 2, "run-gpt2-tp2"),
+                          ({"pp": 2}, 2, "run-gpt2-pp2")):
         if par:
             sg["parallel"] = par
+        if par == {"pp": 2}:
+            sg["train"]["recompute"] = "full"
         json.dump(sg, open(sp, "w"))
         runt = os.path.join(tmp, d)
         rc, out2, err = worker(["--spec", sp, "--out", runt, "--nproc", str(nproc)])
@@ -183,11 +187,11 @@ def gpt2_part(tmp):
             st1, l1 = stt, losses(out2)
             continue
         rel = max((abs(a - b) / abs(b) for a, b in zip(losses(out2), l1)), default=1.0)
-        check(rel <= 1e-6, f"gpt2 tp2 loss curve vs one process (max {rel:.3g})")
+        check(rel <= 1e-6, f"gpt2 {d} loss curve vs one process (max {rel:.3g})")
         dt = max(float(np.abs(hfio.to_float(*stt[k]) - hfio.to_float(*st1[k])).max())
                  for k in st1 if k in stt)
         check(set(stt) == set(st1) and dt <= 1e-5,
-              f"gpt2 tp2 adapters equal one process's ({dt:.3g})")
+              f"gpt2 {d} adapters equal one process's ({dt:.3g})")
 
 
 def main():
