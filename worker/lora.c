@@ -85,7 +85,9 @@ struct lora_ad {
     int in_full, out_full;
     size_t fofA, fofB;
     struct model_tensor ta, tb;
-    int own; /* on this rank's stage: an entry of the rank's arena */
+    int own;                /* on this rank's stage: an entry of the rank's arena */
+    enum model_split split; /* the base weight's (column: B split, row: A split) */
+    int parts;
 };
 
 struct lora {
@@ -284,6 +286,8 @@ static int place_adapters(struct lora *l, const struct lora_opts *o, char *msg, 
             f->fofB = foff;
             foff = align_up(foff + (size_t)f->out_full * l->r);
             f->key = name_hash(0xcbf29ce484222325ull, f->base);
+            f->split = t->split;
+            f->parts = t->parts;
             f->own = layer >= m->l0 && layer < m->l1;
             if (!f->own) continue;
             struct lora_ad *a = &l->ad[l->n];
@@ -866,8 +870,146 @@ json_t *lora_ckpt_meta(const struct lora *l) {
                      l->zero, "rank", l->r, "alpha", l->alpha, "tp", l->tp, "pp", l->pp);
 }
 
-int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t errlen) {
+/* This rank's shard state h[3][sh_n] (master, m, v) into the device (and
+ * the values, all-gathered over dp with ZeRO). 0 or -1. */
+static int put_state(struct lora *l, const float *h, const char *dir, char *err, size_t errlen) {
     struct backend *b = l->m->e->be;
+    size_t n = l->sh_n;
+    b->upload(b->ctx, l->mom_m, h + n, n * sizeof(float));
+    b->upload(b->ctx, l->mom_v, h + 2 * n, n * sizeof(float));
+    b->upload(b->ctx, l->master, h, n * sizeof(float));
+    if (!l->master_aliased) b->from_f32(b->ctx, backend_at(b, l->p, l->sh_off), l->master, n);
+    b->sync(b->ctx);
+    if (l->zero >= 1 && comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total,
+                                        cdtype(b), NULL) != 0) {
+        snprintf(err, errlen, "%s: all-gather of the adapters failed: %s", dir, comm_error(l->dp));
+        return -1;
+    }
+    return 0;
+}
+
+/* The arena offsets and this-rank shapes of every adapter of stage `st` at
+ * layout (tp, pp), as place_adapters places them there (A at offA, B at offB
+ * for fad[i] on the stage, else (size_t)-1); returns the arena's size. */
+static size_t layout_offsets(const struct lora *l, int tp, int pp, int st, size_t *offA,
+                             size_t *offB) {
+    int l0, l1;
+    size_t off = 0;
+    model_stage_layers(&l->m->e->cfg, pp, st, &l0, &l1);
+    for (int i = 0; i < l->nf; i++) {
+        const struct lora_ad *f = &l->fad[i];
+        offA[i] = offB[i] = (size_t)-1;
+        if (f->layer < l0 || f->layer >= l1) continue;
+        size_t in = (size_t)f->in_full / (f->split == MODEL_SPLIT_ROW ? (size_t)tp : 1);
+        size_t out = (size_t)f->out_full / (f->split == MODEL_SPLIT_COLUMN ? (size_t)tp : 1);
+        offA[i] = off;
+        off = align_up(off + (size_t)l->r * in);
+        offB[i] = off;
+        off = align_up(off + out * (size_t)l->r);
+    }
+    return off;
+}
+
+/* A checkpoint of another layout (dp, tp, pp, ZeRO stage or world): every
+ * rank reads every rank's shard, assembles each (tp, pp) arena of the old
+ * layout, places its pieces in the full arena (tp_unslice, as at export),
+ * then takes its own shares and shard (the same values at any layout, as
+ * the optimizer is elementwise). 0 or -1. */
+static int load_resharded(struct lora *l, const char *dir, int world, int otp, int opp, char *err,
+                          size_t errlen) {
+    size_t F = l->full_total ? l->full_total : 1, n = l->sh_n;
+    size_t *offA = calloc((size_t)l->nf + 1, sizeof *offA);
+    size_t *offB = calloc((size_t)l->nf + 1, sizeof *offB);
+    float *full = calloc(3 * F, sizeof *full), *src = NULL, *tmp = NULL;
+    float *loc = malloc(3 * (l->total ? l->total : 1) * sizeof *loc);
+    float *h = malloc((n ? n : 1) * 3 * sizeof *h);
+    char *seen = NULL;
+    struct ckpt_reader *r = NULL;
+    int rc = -1;
+    static const char *const names[3] = {"lora_master", "lora_adam_m", "lora_adam_v"};
+    if (!offA || !offB || !full || !loc || !h) goto nomem;
+    for (int t = 0; t < otp; t++)
+        for (int st = 0; st < opp; st++) {
+            size_t T = layout_offsets(l, otp, opp, st, offA, offB);
+            free(src);
+            free(seen);
+            src = malloc(3 * (T ? T : 1) * sizeof *src);
+            seen = calloc(T ? T : 1, 1);
+            if (!src || !seen) goto nomem;
+            for (int k = 0; k < world; k++) {
+                if (ckpt_open(dir, k, &r, err, errlen) != 0) goto out;
+                const json_t *rm = ckpt_rank_meta(r), *meta = json_object_get(rm, "lora");
+                size_t off = (size_t)json_integer_value(json_object_get(meta, "offset"));
+                size_t cnt = (size_t)json_integer_value(json_object_get(meta, "count"));
+                size_t tot = (size_t)json_integer_value(json_object_get(meta, "total"));
+                if (json_integer_value(json_object_get(rm, "tp")) != t ||
+                    json_integer_value(json_object_get(rm, "pp")) != st) {
+                    ckpt_close(r);
+                    r = NULL;
+                    continue;
+                }
+                if (tot != T || off + cnt > T) {
+                    snprintf(err, errlen,
+                             "%s rank %d holds LoRA adapter state total=%zu [%zu, %zu), but "
+                             "train.lora at tp=%d pp=%d places %zu (resume with the same "
+                             "train.lora)",
+                             dir, k, tot, off, off + cnt, otp, opp, T);
+                    goto out;
+                }
+                free(tmp);
+                if (!(tmp = malloc((cnt ? cnt : 1) * sizeof *tmp))) goto nomem;
+                for (int q = 0; q < 3; q++) {
+                    if (ckpt_read_f32(r, names[q], tmp, cnt, err, errlen) != 0) goto out;
+                    memcpy(src + (size_t)q * T + off, tmp, cnt * sizeof *tmp);
+                }
+                memset(seen + off, 1, cnt);
+                ckpt_close(r);
+                r = NULL;
+            }
+            for (int i = 0; i < l->nf; i++) {
+                const struct lora_ad *f = &l->fad[i];
+                if (offA[i] == (size_t)-1) continue;
+                int row = f->split == MODEL_SPLIT_ROW, col = f->split == MODEL_SPLIT_COLUMN;
+                struct model_tensor ta = piece(l->r, f->in_full, l->r, f->in_full / (row ? otp : 1),
+                                               row ? MODEL_SPLIT_ROW : MODEL_SPLIT_REPLICATED, 1);
+                struct model_tensor tb =
+                    piece(f->out_full, l->r, f->out_full / (col ? otp : 1), l->r,
+                          col ? MODEL_SPLIT_COLUMN : MODEL_SPLIT_REPLICATED, col ? f->parts : 1);
+                if (!seen[offA[i]] || !seen[offB[i]]) {
+                    snprintf(err, errlen, "%s: the adapter of %s (tp rank %d) is in no shard", dir,
+                             f->base, t);
+                    goto out;
+                }
+                for (int q = 0; q < 3; q++) {
+                    tp_unslice(&ta, otp, t, src + (size_t)q * T + offA[i],
+                               full + (size_t)q * F + f->fofA);
+                    tp_unslice(&tb, otp, t, src + (size_t)q * T + offB[i],
+                               full + (size_t)q * F + f->fofB);
+                }
+            }
+        }
+    for (int q = 0; q < 3; q++) {
+        full_to_local(l, full + (size_t)q * F, loc);
+        memcpy(h + (size_t)q * n, loc + l->sh_off, n * sizeof *h);
+    }
+    rc = put_state(l, h, dir, err, errlen);
+    goto out;
+nomem:
+    snprintf(err, errlen, "out of memory reading %s", dir);
+out:
+    ckpt_close(r);
+    free(offA);
+    free(offB);
+    free(full);
+    free(src);
+    free(tmp);
+    free(loc);
+    free(h);
+    free(seen);
+    return rc;
+}
+
+int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t errlen) {
     struct ckpt_reader *r = NULL;
     int rc = -1;
     size_t n = l->sh_n;
@@ -875,6 +1017,33 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
     if (!h) {
         snprintf(err, errlen, "out of memory");
         return -1;
+    }
+    /* rank 0's record says which layout wrote it */
+    if (ckpt_open(dir, 0, &r, err, errlen) != 0) goto out;
+    const json_t *m0 = json_object_get(ckpt_rank_meta(r), "lora");
+    const json_t *lay = json_object_get(ckpt_manifest(r), "layout");
+    int world = ckpt_world(r);
+    int otp = json_object_get(m0, "tp") ? (int)json_integer_value(json_object_get(m0, "tp")) : 1;
+    int opp = json_object_get(m0, "pp") ? (int)json_integer_value(json_object_get(m0, "pp")) : 1;
+    int same = world == l->m->e->world && otp == l->tp && opp == l->pp &&
+               json_integer_value(json_object_get(lay, "dp")) == l->m->e->dp &&
+               json_integer_value(json_object_get(m0, "zero_stage")) == l->zero;
+    if (m0 &&
+        (json_integer_value(json_object_get(m0, "rank")) != l->r ||
+         fabs(json_number_value(json_object_get(m0, "alpha")) - l->alpha) > 1e-9 * l->alpha)) {
+        snprintf(err, errlen,
+                 "%s holds LoRA adapters of rank %lld alpha %g, but train.lora has rank=%d "
+                 "alpha=%g (resume with the same train.lora)",
+                 dir, (long long)json_integer_value(json_object_get(m0, "rank")),
+                 json_number_value(json_object_get(m0, "alpha")), l->r, l->alpha);
+        goto out;
+    }
+    int have = m0 != NULL;
+    ckpt_close(r); /* m0 pointed into r */
+    r = NULL;
+    if (have && !same) {
+        rc = load_resharded(l, dir, world, otp, opp, err, errlen);
+        goto out;
     }
     if (ckpt_open(dir, rank, &r, err, errlen) != 0) goto out;
     const json_t *meta = json_object_get(ckpt_rank_meta(r), "lora");
@@ -904,21 +1073,7 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
         ckpt_read_f32(r, "lora_adam_m", h + n, n, err, errlen) != 0 ||
         ckpt_read_f32(r, "lora_adam_v", h + 2 * n, n, err, errlen) != 0)
         goto out;
-    b->upload(b->ctx, l->mom_m, h + n, n * sizeof(float));
-    b->upload(b->ctx, l->mom_v, h + 2 * n, n * sizeof(float));
-    if (l->master_aliased) {
-        b->upload(b->ctx, l->master, h, n * sizeof(float));
-    } else {
-        b->upload(b->ctx, l->master, h, n * sizeof(float));
-        b->from_f32(b->ctx, backend_at(b, l->p, l->sh_off), l->master, n);
-    }
-    b->sync(b->ctx);
-    if (l->zero >= 1 && comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total,
-                                        cdtype(b), NULL) != 0) {
-        snprintf(err, errlen, "all-gather of the adapters failed: %s", comm_error(l->dp));
-        goto out;
-    }
-    rc = 0;
+    rc = put_state(l, h, dir, err, errlen);
 out:
     ckpt_close(r);
     free(h);

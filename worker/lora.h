@@ -125,7 +125,9 @@ int lora_set_values(struct lora *l, const float *h);
  * (lora_master, lora_adam_m, lora_adam_v) and its rank-meta object (under
  * "lora"; the arrays stay valid until the next lora_ckpt_add or lora_free, as
  * the writer reads them at ckpt_commit); lora_ckpt_load reads them back from checkpoint dir for
- * `rank` (the same train.lora, dp and zero_stage: refused otherwise). 0 or -1. */
+ * `rank` (the same train.lora: refused otherwise). A checkpoint of another layout (world, dp,
+ * tp, pp, ZeRO stage) is resharded: every rank reads every shard, assembles the whole adapters'
+ * state and takes its own. 0 or -1. */
 int lora_ckpt_add(struct lora *l, struct ckpt_writer *cw);
 json_t *lora_ckpt_meta(const struct lora *l);
 int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t errlen);
