@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "daemon/events.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
 #include "daemon/metrics.h"
@@ -38,8 +39,7 @@ int api_system_connections(struct http_req *req) {
     store_pool_stats(req->ld->store, &ps);
     json_t *by = json_object();
     http_each_stream_tenant(req->ld->http, add_tenant, by);
-    return http_reply_json(
-        req, 200,
+    json_t *r =
         json_pack("{s:{s:i, s:i, s:I, s:I}, s:{s:i, s:I, s:I, s:o}, s:{s:I}, "
                   "s:{s:i, s:i, s:i, s:i, s:i, s:i}}",
                   "connections", "open", hs.connections, "in_flight", hs.inflight, "limit",
@@ -47,5 +47,9 @@ int api_system_connections(struct http_req *req) {
                   "open", hs.streams, "limit", (json_int_t)hs.stream_total, "per_tenant_limit",
                   (json_int_t)hs.stream_per_tenant, "by_tenant", by, "refused", "streams",
                   (json_int_t)hs.refused_streams, "read_pool", "open", ps.open, "idle", ps.idle,
-                  "busy", ps.busy, "waiting", ps.waiting, "max", ps.max, "idle_max", ps.idle_max));
+                  "busy", ps.busy, "waiting", ps.waiting, "max", ps.max, "idle_max", ps.idle_max);
+    /* Event streams written by the fan-out thread (the rest keep a thread each). */
+    json_object_set_new(json_object_get(r, "streams"), "fanout",
+                        json_integer(events_fanout_held(req->ld->events->fanout)));
+    return http_reply_json(req, 200, r);
 }

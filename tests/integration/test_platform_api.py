@@ -790,9 +790,115 @@ def sc_artifacts_node(c):
     check(st == 400 and code_of(r) == "INVALID_ARTIFACT_SERVER", "bad register: %s %s" % (st, r))
 
 
+class StrictStream:
+    """One SSE stream read the way a client library reads it: HTTP/1.1 through
+    http.client (which decodes the chunked framing strictly and fails on a
+    bad chunk), or HTTP/1.0 over a plain socket (the raw body)."""
+
+    def __init__(self, c, token, query="", http10=False):
+        self.events, self.http10, self.buf = [], http10, b""
+        path = "/v1/events" + query
+        if http10:
+            self.s = socket.create_connection(("127.0.0.1", c.port), timeout=15)
+            self.s.sendall(("GET %s HTTP/1.0\r\nAuthorization: Bearer %s\r\n"
+                            "Accept: text/event-stream\r\n\r\n" % (path, token)).encode())
+            while b"\r\n\r\n" not in self.buf:
+                chunk = self.s.recv(65536)
+                check(chunk, "HTTP/1.0 stream: reply head")
+                self.buf += chunk
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            check(head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200"),
+                  "HTTP/1.0 stream: %s" % head[:100])
+            check(b"chunked" not in head.lower(), "no chunked framing to HTTP/1.0: %s" % head)
+        else:
+            self.conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=15)
+            self.conn.request("GET", path, headers={"Authorization": "Bearer " + token,
+                                                    "Accept": "text/event-stream"})
+            self.r = self.conn.getresponse()
+            check(self.r.status == 200 and self.r.chunked, "HTTP/1.1 stream: %s chunked=%s" %
+                  (self.r.status, self.r.chunked))
+
+    def line(self):
+        if not self.http10:
+            return self.r.readline()
+        while b"\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                return b""
+            self.buf += chunk
+        ln, self.buf = self.buf.split(b"\n", 1)
+        return ln + b"\n"
+
+    def read_until(self, n):
+        """Reads frames until n events arrived; every line must be SSE."""
+        cur = {}
+        while len(self.events) < n:
+            ln = self.line()
+            check(ln, "stream ended after %d of %d events" % (len(self.events), n))
+            ln = ln.decode().rstrip("\n")
+            if ln == "":
+                if "id" in cur:
+                    self.events.append(cur)
+                cur = {}
+            elif ln.startswith(":"):
+                continue
+            else:
+                k, _, v = ln.partition(": ")
+                check(k in ("id", "event", "data", "retry"), "an SSE line: %r" % ln)
+                cur[k] = v
+        return self.events
+
+    def close(self):
+        (self.s if self.http10 else self.conn).close()
+
+
+def sc_sse_fanout(c):
+    """Streams written by the fan-out thread (daemon/api_events.c): many at
+    once, HTTP/1.1 (chunked, decoded strictly) and HTTP/1.0 (raw), with tenant
+    and type scoping; each gets exactly its events in order; closed streams
+    are released at once (GET /v1/system/connections)."""
+    _, tok_b = c.new_tenant("fan-b")
+    plan = ([("a", "", False)] * 12 + [("a", "?type=job.succeeded", False)] * 4 +
+            [("b", "", False)] * 4 + [("a", "", True)] * 3 + [("b", "?type=job.queued", True)] * 2)
+    streams = [StrictStream(c, c.token if who == "a" else tok_b, q, h10) for who, q, h10 in plan]
+
+    def held():
+        st, r = c.get("/v1/system/connections", token=ADMIN)
+        check(st == 200, "connections: %s %s" % (st, r))
+        return r["streams"]["fanout"], r["streams"]["open"]
+    c.wait(lambda: held()[0] == len(plan), 10, "all %d streams held by the fan-out" % len(plan))
+    ja = [c.submit(world=1, steps=2, step_ms=20) for _ in range(2)]
+    jb = c.submit(world=1, steps=2, step_ms=20, token=tok_b)
+    for j in ja:
+        c.wait_state(j, "succeeded", 30)
+    c.wait_state(jb, "succeeded", 30, token=tok_b)
+    truth = {"a": c.all_events(), "b": c.all_events(tok_b)}
+    check({e["job_id"] for e in truth["a"]} == set(ja) and
+          {e["job_id"] for e in truth["b"]} == {jb}, "pages scoped by tenant")
+    for (who, q, h10), s in zip(plan, streams):
+        want = [e for e in truth[who] if "type=" not in q or e["type"] == q.split("=")[1]]
+        got = s.read_until(len(want))
+        check([int(e["id"]) for e in got] == [e["seq"] for e in want] and
+              [json.loads(e["data"]) for e in got] == want and
+              [e["event"] for e in got] == [e["type"] for e in want],
+              "stream %s%s (%s): %s vs %s" % (who, q, "1.0" if h10 else "1.1",
+                                              [e["id"] for e in got], [e["seq"] for e in want]))
+    # A live event after the backlog, on every tenant-a stream without a filter.
+    jl = c.submit(world=1, steps=1, step_ms=10)
+    for (who, q, h10), s in zip(plan, streams):
+        if who == "a" and not q:
+            n = len(s.events)
+            got = s.read_until(n + 1)[n]
+            check(json.loads(got["data"])["job_id"] == jl, "live event: %s" % got)
+    for s in streams:
+        s.close()
+    c.wait(lambda: held() == (0, 0), 5, "closed streams released (fanout, open): %s" % (held(),))
+
+
 SCENARIOS = {
     "events": (sc_events, {}),
     "sse": (sc_sse, {"nodes": 1}),
+    "sse_fanout": (sc_sse_fanout, {"nodes": 1}),
     "webhooks": (sc_webhooks, {"nodes": 1}),
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
