@@ -895,10 +895,81 @@ def sc_sse_fanout(c):
     c.wait(lambda: held() == (0, 0), 5, "closed streams released (fanout, open): %s" % (held(),))
 
 
+def sc_agent_foreign(c):
+    """A node may post logs and metric records only for a task placed on it
+    (daemon/agent_api.c): two approved agents, a job on one of them; the
+    other's posts are refused with 403 TASK_NOT_ON_NODE and change nothing,
+    while the job runs (live placement) and after it ended (the attempts
+    row); the holder's own posts are accepted."""
+    jid = c.submit(world=1, steps=30, step_ms=100)
+    j = c.wait_state(jid, "running", 30)
+    holder = j["placement"][0]["node"]
+    other = "node-2" if holder == "node-1" else "node-1"
+    att = j["attempt"]
+
+    def cred(name):
+        path = os.path.join(c.tmp, name, "node.credential")
+        c.wait(lambda: os.path.exists(path), 10, "%s's node.credential" % name)
+        with open(path) as f:
+            return f.read().strip()
+    creds = {holder: cred(holder), other: cred(other)}
+    marker = "FOREIGN-LOG-LINE-%s\n" % jid
+
+    def post_log(name, attempt=None, rank=0, offset=0, data=marker, node=None):
+        attempt = att if attempt is None else attempt
+        return c.request("POST", "/v1/agent/logs",
+                         {"node": node or name, "job": jid, "attempt": attempt, "rank": rank,
+                          "stream": "stdout", "offset": offset, "data": data}, token=creds[name])
+
+    def post_metric(name, attempt=None, rank=0, step=999999):
+        attempt = att if attempt is None else attempt
+        return c.request("POST", "/v1/agent/metrics",
+                         {"node": name, "items": [{"job": jid, "attempt": attempt, "rank": rank,
+                                                   "record": {"type": "step", "step": step,
+                                                              "loss": 0.0}}]},
+                         token=creds[name])
+
+    def logs_text():
+        st, hd, body = c.raw("GET", "/v1/jobs/%s/logs?rank=0" % jid)
+        check(st == 200, "logs: %s %s" % (st, body[:200]))
+        return body.decode(errors="replace")
+
+    def metric_steps():
+        st, r = c.get("/v1/jobs/%s/metrics" % jid)
+        check(st == 200 and isinstance(r.get("series"), list), "metrics: %s %s" % (st, r))
+        return [m.get("step") for m in r["series"]]
+
+    def refused(label):
+        for what, (st, r) in (("log", post_log(other)), ("metric", post_metric(other)),
+                              ("log, other attempt", post_log(other, attempt=7)),
+                              ("log, other rank", post_log(other, rank=3))):
+            check(st == 403 and code_of(r) == "TASK_NOT_ON_NODE" and jid in
+                  r["error"]["message"], "%s: %s from %s: %s %s" % (label, what, other, st, r))
+        check(marker not in logs_text(), "%s: the foreign log line is not stored" % label)
+        check(999999 not in metric_steps(), "%s: the foreign step record is not stored" % label)
+        # The holder's own posts pass the check (an offset past loomd's copy
+        # writes nothing, so the agent's own shipping is left intact).
+        st, r = post_log(holder, offset=1 << 40)
+        check(st == 200 and "size" in r, "%s: the holder's log post: %s %s" % (label, st, r))
+        st, r = c.request("POST", "/v1/agent/metrics", {"node": holder, "items": []},
+                          token=creds[holder])
+        check(st == 200, "%s: the holder's metrics post: %s %s" % (label, st, r))
+        # A credential still speaks only for its own node.
+        st, r = post_log(other, node=holder)
+        check(st == 403 and code_of(r) == "NODE_MISMATCH", "%s: mismatch: %s %s" % (label, st, r))
+
+    refused("running")
+    c.wait_state(jid, "succeeded", 60)
+    refused("after the end")
+    steps = metric_steps()
+    check(steps and max(steps) == 30, "the holder's own step records are stored: %s" % steps[-3:])
+
+
 SCENARIOS = {
     "events": (sc_events, {}),
     "sse": (sc_sse, {"nodes": 1}),
     "sse_fanout": (sc_sse_fanout, {"nodes": 1}),
+    "agent_foreign": (sc_agent_foreign, {"nodes": 2, "devices": 1}),
     "webhooks": (sc_webhooks, {"nodes": 1}),
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
