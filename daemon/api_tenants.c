@@ -244,7 +244,7 @@ static int token_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
     json_t *t = NULL;
     int rc = store_tenant_get(tx, op->tenant_id, &t);
-    if (rc == STORE_OK && (op->scopes & AUTH_SCOPE_ADMIN) &&
+    if (rc == STORE_OK && (op->scopes & (AUTH_SCOPE_ADMIN | AUTH_SCOPE_METRICS)) &&
         strcmp(json_string_value(json_object_get(t, "name")), AUTH_ADMIN_TENANT) != 0)
         rc = ADMIN_ONLY_TENANT;
     json_decref(t);
@@ -325,7 +325,8 @@ int api_tenants_token_create(struct http_req *req) {
         return API_ERROR(req, TENANT_NOT_FOUND, "no tenant '%s'", op.tenant_id);
     if (rc == ADMIN_ONLY_TENANT)
         return API_ERROR_FIELD(req, INVALID_FIELD, "scopes",
-                               "the 'admin' scope is only for tokens of the tenant named '%s', "
+                               "the 'admin' and 'metrics' scopes are only for tokens of the "
+                               "tenant named '%s', "
                                "not '%s'",
                                AUTH_ADMIN_TENANT, op.tenant_id);
     if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not store token");

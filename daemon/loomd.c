@@ -93,6 +93,9 @@ const struct config_entry loomd_config_table[] = {
      "checkpoint-time estimate, before SIGKILL"},
     {"fair-share-half-life", CONFIG_INT, OFF(fair_share_half_life), "604800", 0, 315360000,
      "seconds for a tenant's past GPU-hours to weigh half in the fair-share order (0: off)"},
+    {"metrics-anonymous", CONFIG_BOOL, OFF(metrics_anonymous), "true", 1, 0,
+     "GET /metrics without a token serves the aggregate series (no job or tenant labels); "
+     "false: 401. The full series need the admin token or a 'metrics' scoped token"},
     {"auto-approve", CONFIG_BOOL, OFF(auto_approve), "false", 1, 0,
      "approve every node that registers with the join token (tests, quickstart); else a new "
      "node is pending until POST /v1/nodes/{id}/approve"},

@@ -44,6 +44,7 @@ struct loomd_config {
     long heartbeat;            /* s between agent heartbeats (told to agents) */
     long longpoll_timeout;     /* s a long-poll waits at most */
     long hang_timeout;         /* s without a step before an attempt counts as hung */
+    int metrics_anonymous;     /* GET /metrics without a token: the aggregate series */
     int auto_approve;          /* nodes joining with the join token are approved (daemon/nodes.h) */
     int nodecheck_on_join;     /* check a never-checked node when it joins (daemon/nodecheck.h) */
     long fair_share_half_life; /* s; fair-share usage decay (daemon/fairshare.h), 0: off */

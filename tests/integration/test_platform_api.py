@@ -14,6 +14,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -965,11 +966,79 @@ def sc_agent_foreign(c):
     check(steps and max(steps) == 30, "the holder's own step records are stored: %s" % steps[-3:])
 
 
+def sc_metrics_auth(c):
+    """GET /metrics: no token gets the aggregate view (no job or tenant
+    label, no job id anywhere), a tenant token 403, an unknown token 401,
+    the admin token and a 'metrics' token of the admin tenant everything;
+    a 'metrics' token can do nothing else and only the admin tenant may
+    hold one."""
+    jid = c.submit(world=1, steps=40, step_ms=100)
+    c.wait_state(jid, "running", 30)
+    per_job = 'loom_job_tokens_per_second{job="%s"}' % jid
+
+    def scrape(token):
+        st, hd, body = c.raw("GET", "/metrics", token=token)
+        return st, body.decode(errors="replace")
+    c.wait(lambda: per_job in scrape(ADMIN)[1], 15, "the per-job series for the admin token")
+    st, full = scrape(ADMIN)
+    check(st == 200 and 'loom_jobs{tenant="' in full, "admin: full view")
+    st, anon = scrape(None)
+    check(st == 200, "no token: %s" % st)
+    check(jid not in anon and c.tenant not in anon, "no token: no job or tenant id")
+    check(not re.search(r'[{,](job|job_id|tenant|tenant_id)="', anon),
+          "no token: no job/tenant labels: %s" %
+          [ln for ln in anon.splitlines() if "job" in ln or "tenant" in ln][:5])
+    for fam in ("loom_http_requests_total{", 'loom_jobs_by_state{state="running"} 1',
+                "loom_store_commit_seconds_bucket", 'loom_nodes{state="ready"} 1'):
+        check(fam in anon, "no token: the aggregate %s stays" % fam)
+    kept = [ln for ln in full.splitlines()
+            if not re.search(r'[{,](job|job_id|tenant|tenant_id)="', ln)]
+    check(len(kept) > 20 and len(anon.splitlines()) > 20, "aggregate is not empty")
+    st, body = scrape(c.token)
+    check(st == 403 and '"FORBIDDEN"' in body and jid not in body, "tenant token: %s %s" %
+          (st, body[:200]))
+    st, body = scrape("loom_" + "0" * 64)
+    check(st == 401 and "UNAUTHORIZED" in body, "unknown token: %s %s" % (st, body[:200]))
+    # A metrics-only token of the admin tenant.
+    st, t = c.request("POST", "/v1/tenants", {"name": "admin"}, token=ADMIN)
+    check(st in (200, 201), "admin tenant: %s %s" % (st, t))
+    st, k = c.request("POST", "/v1/tenants/%s/tokens" % t["id"],
+                      {"name": "prometheus", "scopes": ["metrics"]}, token=ADMIN)
+    check(st in (200, 201) and k["scopes"] == ["metrics"], "metrics token: %s %s" % (st, k))
+    st, body = scrape(k["token"])
+    check(st == 200 and per_job in body, "metrics token: full view (%s)" % st)
+    for method, path in (("GET", "/v1/jobs"), ("GET", "/v1/nodes"), ("GET", "/v1/audit")):
+        st, r = c.request(method, path, token=k["token"])
+        check(st == 403, "metrics token on %s %s: %s %s" % (method, path, st, r))
+    tb, _ = c.new_tenant("metrics-b")
+    st, r = c.request("POST", "/v1/tenants/%s/tokens" % tb, {"scopes": ["metrics"]}, token=ADMIN)
+    check(st == 422 and code_of(r) == "INVALID_FIELD" and "metrics" in r["error"]["message"],
+          "metrics scope on a tenant other than admin: %s %s" % (st, r))
+    st, r = c.request("POST", "/v1/tenants/%s/tokens" % tb, {"scopes": ["metric"]}, token=ADMIN)
+    check(st in (400, 422), "an unknown scope name: %s %s" % (st, r))
+
+
+class PrivateMetricsCluster(Cluster):
+    extra = Cluster.extra + ["--metrics-anonymous", "false"]
+
+
+def sc_metrics_private(c):
+    """--metrics-anonymous false: no token gets 401, the admin token 200."""
+    st, hd, body = c.raw("GET", "/metrics", token=None)
+    check(st == 401 and b"UNAUTHORIZED" in body and hd.get("www-authenticate") == "Bearer",
+          "no token: %s %s %s" % (st, hd, body[:200]))
+    st, hd, body = c.raw("GET", "/metrics", token=ADMIN)
+    check(st == 200 and b"loom_http_requests_total" in body, "admin: %s" % st)
+    st, hd, body = c.raw("GET", "/healthz", token=None)
+    check(st == 200, "healthz still needs no token: %s" % st)
+
+
 SCENARIOS = {
     "events": (sc_events, {}),
     "sse": (sc_sse, {"nodes": 1}),
     "sse_fanout": (sc_sse_fanout, {"nodes": 1}),
     "agent_foreign": (sc_agent_foreign, {"nodes": 2, "devices": 1}),
+    "metrics_auth": (sc_metrics_auth, {"nodes": 1}),
     "webhooks": (sc_webhooks, {"nodes": 1}),
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
@@ -997,6 +1066,8 @@ def main():
         fn, kw, cls = sc_webhook_private, {"nodes": 0}, PlainCluster
     elif name == "artifacts_node":
         fn, kw, cls = sc_artifacts_node, {"nodes": 1}, NodeLocalCluster
+    elif name == "metrics_private":
+        fn, kw, cls = sc_metrics_private, {"nodes": 0}, PrivateMetricsCluster
     elif name == "event_ring":
         fn, kw, cls = sc_event_ring, {"nodes": 0}, RingCluster
     else:
