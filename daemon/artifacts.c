@@ -416,6 +416,7 @@ struct fetch {
     size_t len, cap;
     int failed;
     char etag[80], content_range[96];
+    const char *method; /* NULL: GET */
 };
 
 static size_t fetch_body(char *p, size_t sz, size_t nm, void *arg) {
@@ -492,6 +493,7 @@ static long node_get(const struct node_srv *ns, const char *job, const char *rel
         hdr = curl_slist_append(hdr, hi);
     }
     curl_easy_setopt(h, CURLOPT_URL, url);
+    if (f->method) curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, f->method);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
@@ -762,6 +764,60 @@ static int forget_cb(struct store_tx *tx, void *arg) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* DELETE of an artifact that lives on the job's nodes: it must be in their
+ * listing (so only what loomd lists as an artifact can go: a complete
+ * checkpoint step, an export, one file of an export), the same refusals as
+ * for local files apply, then every holder is told to delete it (the agent
+ * deletes inside its job directory only, agent/artifacts.c). */
+static int node_delete(struct http_req *req, const struct jobref *j, const struct job_nodes *jn,
+                       const char *rel, enum artifact_kind k, long step, int is_dir) {
+    json_t *items = json_array(), *seen = json_object();
+    for (int i = 0; i < jn->n; i++)
+        node_list(&jn->v[i], j->id, items, seen);
+    json_decref(seen);
+    size_t rl = strlen(rel), i;
+    json_t *it;
+    int found = 0;
+    long newest = -1;
+    json_array_foreach(items, i, it) {
+        const char *p = json_string_value(json_object_get(it, "path"));
+        if (!strcmp(p, rel) || (is_dir && !strncmp(p, rel, rl) && p[rl] == '/')) found = 1;
+        json_t *s = json_object_get(it, "step");
+        if (json_is_integer(s) && json_integer_value(s) > newest)
+            newest = (long)json_integer_value(s);
+    }
+    json_decref(items);
+    if (!found) return artifact_not_found(req, j->id, rel);
+    if (k == ARTIFACT_CHECKPOINT && !is_dir)
+        return API_ERROR(req, ARTIFACT_IN_CHECKPOINT,
+                         "'%.300s' is one file of checkpoint step %ld; delete the whole "
+                         "checkpoints/step_%08ld instead",
+                         rel, step, step);
+    if (k == ARTIFACT_CHECKPOINT && !job_state_terminal(j->state) && step == newest)
+        return API_ERROR(req, CHECKPOINT_IN_USE,
+                         "step %ld is the newest checkpoint of job %s, which is %s (a retry "
+                         "resumes from it)",
+                         step, j->id, job_state_name(j->state));
+    int deleted = 0, failed = 0;
+    for (int n = 0; n < jn->n; n++) {
+        struct fetch f = {.fd = -1, .method = "DELETE"};
+        long st = node_get(&jn->v[n], j->id, rel, NULL, NULL, &f);
+        free(f.mem);
+        if (st == 200)
+            deleted++;
+        else if (st != 404)
+            failed++; /* a node that is down keeps its copy: say so */
+    }
+    if (!deleted || failed)
+        return API_ERROR(req, ARTIFACT_DELETE_FAILED,
+                         "could not delete '%.300s' of job %s on %d of its %d node(s)", rel, j->id,
+                         deleted ? failed : jn->n, jn->n);
+    struct forget fg = {j->id, rel};
+    store_write(req->ld->store, forget_cb, &fg);
+    return http_reply_json(
+        req, 200, json_pack("{s:s, s:s, s:b}", "job_id", j->id, "path", rel, "deleted", 1));
+}
+
 int artifacts_api_delete(struct http_req *req) {
     struct jobref j;
     if (load_job(req, &j) != 0) return 0;
@@ -771,6 +827,12 @@ int artifacts_api_delete(struct http_req *req) {
     char abs[PATH_MAX];
     struct stat st;
     enum artifact_kind k = artifacts_classify(rel, &step, &is_dir);
+    if (k != ARTIFACT_NONE && k != ARTIFACT_LOG) {
+        /* Files on the nodes' own disks (logs are always loomd's copies). */
+        struct job_nodes jn;
+        if (job_nodes(req, j.id, &jn) != 0) return 0;
+        if (jn.n > 0) return node_delete(req, &j, &jn, rel, k, step, is_dir);
+    }
     if (k == ARTIFACT_NONE || resolve(&j, rel, abs, sizeof abs) != 0 || lstat(abs, &st) != 0 ||
         (is_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)))
         return artifact_not_found(req, j.id, rel);

@@ -784,6 +784,53 @@ def sc_artifacts_node(c):
               "%s/export/hf/%%2e%%2e/%%2e%%2e/%%2e%%2e/etc/passwd" % jid, "j-nope/x", "%s//x" % jid):
         st, body = agent_get("/v1/node/artifacts/" + p, tok)
         check(st == 404, "agent confines %s: %s %s" % (p, st, body[:100]))
+    # Deletes of node-local artifacts: loomd tells the agent, which deletes
+    # inside the job directory only.
+    for p in ("export/hf/../../../x", "spec.json", "export/hf/nope", "export/hf/evil",
+              "checkpoints/.tmp.step_00000099"):
+        st, hd, body = c.raw("DELETE", "/v1/jobs/%s/artifacts/%s" % (jid, p))
+        check(st == 404, "node delete confined %s: %s %s" % (p, st, body[:200]))
+    check(os.path.exists("/etc/passwd") and os.path.islink(os.path.join(local, "export/hf/evil")),
+          "nothing outside (or not an artifact) was deleted")
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002"), token=tok_b)
+    check(st == 404 and b"JOB_NOT_FOUND" in body, "tenant B's node delete: %s" % st)
+    check(os.path.isdir(os.path.join(local, "checkpoints/step_00000002")), "B deleted nothing")
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002/rank_00000.bin"))
+    check(st == 409 and b"ARTIFACT_IN_CHECKPOINT" in body, "node delete of one shard: %s" % body)
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002"))
+    check(st == 200 and not os.path.exists(os.path.join(local, "checkpoints/step_00000002")) and
+          os.path.isdir(os.path.join(local, "checkpoints/step_00000004")),
+          "node delete of a checkpoint step: %s %s" % (st, body))
+    st, hd, body = c.raw("DELETE", art_path(jid, "export/lora/adapter_config.json"))
+    check(st == 200 and not os.path.exists(os.path.join(local, "export/lora/adapter_config.json"))
+          and os.path.exists(os.path.join(local, "export/lora/adapter_model.safetensors")),
+          "node delete of an export file: %s" % st)
+    st, r = c.get("/v1/jobs/%s/artifacts" % jid)
+    left = {i["path"] for i in r["items"]}
+    check(not [p for p in left if p.startswith("checkpoints/step_00000002/")] and
+          "export/lora/adapter_config.json" not in left and big in left,
+          "listing after node deletes: %s" % sorted(left))
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002"))
+    check(st == 404, "node delete twice: %s" % st)
+    st, r = c.get("/v1/audit?limit=1000", token=ADMIN)
+    dels = [e for e in r["items"] if e.get("method") == "DELETE" and jid in e.get("path", "")]
+    check(len(dels) >= 3 and any(e.get("status") == 200 for e in dels),
+          "node deletes are audited: %s" % dels[:3])
+    # The agent's DELETE is confined too (its own token).
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("DELETE", "/v1/node/artifacts/%s/../x" % jid,
+                 headers={"Authorization": "Bearer " + tok})
+    r2 = conn.getresponse()
+    r2.read()
+    conn.close()
+    check(r2.status == 404, "agent DELETE with '..': %s" % r2.status)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("DELETE", "/v1/node/artifacts/%s/%s" % (jid, big))
+    r2 = conn.getresponse()
+    r2.read()
+    conn.close()
+    check(r2.status == 401 and os.path.exists(os.path.join(local, big)),
+          "agent DELETE without the token: %s" % r2.status)
     # A registration with a bad artifact server is refused.
     st, r = c.request("POST", "/v1/agent/register",
                       {"node": "node-x", "kind": "cpu", "devices": [],
