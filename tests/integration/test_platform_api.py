@@ -1080,6 +1080,75 @@ def sc_metrics_private(c):
     check(st == 200, "healthz still needs no token: %s" % st)
 
 
+def sc_artifact_ttl(c, node_local):
+    """Retention: a tenant with artifact_ttl_s 2 loses a finished job's
+    checkpoints and exports (on the node's disk through the agent, or on
+    shared storage) with an artifacts.expired event; logs stay; a tenant on
+    the cluster default (--artifact-ttl 3600 here) and one with 0 keep
+    theirs; bad values are refused and change nothing."""
+    _, tok_b = c.new_tenant("ttl-default")
+    tc_id, tok_c = c.new_tenant("ttl-never")
+    st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": 2}, token=ADMIN)
+    check(st == 200 and r["artifact_ttl_s"] == 2, "set a tenant TTL: %s %s" % (st, r))
+    st, r = c.request("PATCH", "/v1/tenants/%s" % tc_id, {"artifact_ttl_s": 0}, token=ADMIN)
+    check(st == 200 and r["artifact_ttl_s"] == 0, "TTL 0: %s %s" % (st, r))
+    for bad in (-1, "2", 1.5, 10 ** 10):
+        st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": bad},
+                          token=ADMIN)
+        check(st == 422 and code_of(r) == "INVALID_FIELD" and "artifact_ttl_s" in
+              r["error"]["message"], "bad TTL %r: %s %s" % (bad, st, r))
+    st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": 2}, token=c.token)
+    check(st in (401, 403), "a tenant cannot set its own TTL: %s" % st)
+    st, r = c.get("/v1/tenants/%s" % c.tenant, token=ADMIN)
+    check(r["artifact_ttl_s"] == 2, "unchanged by the refusals: %s" % r)
+    jobs = {}
+    for who, tok in (("a", "tenant"), ("b", tok_b), ("c", tok_c)):
+        jobs[who] = (c.submit(world=1, steps=4, step_ms=20, ckpt=2, labels={"fake_artifacts": "1"},
+                              token=tok), tok)
+    for j, tok in jobs.values():
+        c.wait_state(j, "succeeded", 30, token=tok)
+
+    def where(j, tok):
+        if node_local:
+            return os.path.join(c.tmp, "node-1-jobs", j)
+        return c.get("/v1/jobs/%s" % j, token=tok)[1]["out_dir"]
+
+    def kinds(j, tok):
+        st, r = c.get("/v1/jobs/%s/artifacts" % j, token=tok)
+        check(st == 200, "list: %s %s" % (st, r))
+        return {i["kind"] for i in r["items"]}
+    ja, _ = jobs["a"]
+    check({"checkpoint", "model", "adapter"} <= kinds(ja, "tenant"), "artifacts before the TTL")
+    c.wait(lambda: "artifacts.expired" in event_types(c, ja), 15, "artifacts.expired for A")
+    ev = [e for e in c.all_events(query="&job=" + ja) if e["type"] == "artifacts.expired"]
+    check(len(ev) == 1 and ev[0]["data"]["ttl_s"] == 2 and
+          sorted(ev[0]["data"]["paths"]) == ["checkpoints", "export"], "the event: %s" % ev)
+    d = where(ja, "tenant")
+    check(not os.path.exists(os.path.join(d, "checkpoints")) and
+          not os.path.exists(os.path.join(d, "export")), "A's files are gone from %s" % d)
+    check(kinds(ja, "tenant") <= {"log"}, "A lists only logs now: %s" % kinds(ja, "tenant"))
+    time.sleep(2.5)  # more sweeps: nothing else goes, no second event
+    ev2 = [e for e in c.all_events(query="&job=" + ja) if e["type"] == "artifacts.expired"]
+    check(len(ev2) == 1, "one event only: %s" % ev2)
+    for who in ("b", "c"):
+        j, tok = jobs[who]
+        check({"checkpoint", "model", "adapter"} <= kinds(j, tok),
+              "tenant %s keeps its artifacts: %s" % (who, kinds(j, tok)))
+        check(os.path.isdir(os.path.join(where(j, tok), "checkpoints")), "%s's files stay" % who)
+        check("artifacts.expired" not in event_types(c, j, token=tok), "no event for " + who)
+    # Back to the default: null.
+    st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": None}, token=ADMIN)
+    check(st == 200 and r["artifact_ttl_s"] is None, "TTL back to the default: %s %s" % (st, r))
+
+
+class TTLCluster(Cluster):
+    extra = Cluster.extra + ["--artifact-ttl", "3600", "--artifact-sweep", "1"]
+
+
+class TTLNodeCluster(NodeLocalCluster):
+    extra = Cluster.extra + ["--artifact-ttl", "3600", "--artifact-sweep", "1"]
+
+
 SCENARIOS = {
     "events": (sc_events, {}),
     "sse": (sc_sse, {"nodes": 1}),
@@ -1113,6 +1182,10 @@ def main():
         fn, kw, cls = sc_webhook_private, {"nodes": 0}, PlainCluster
     elif name == "artifacts_node":
         fn, kw, cls = sc_artifacts_node, {"nodes": 1}, NodeLocalCluster
+    elif name in ("artifact_ttl", "artifact_ttl_node"):
+        node_local = name == "artifact_ttl_node"
+        fn, kw = (lambda c: sc_artifact_ttl(c, node_local)), {"nodes": 1}
+        cls = TTLNodeCluster if node_local else TTLCluster
     elif name == "metrics_private":
         fn, kw, cls = sc_metrics_private, {"nodes": 0}, PrivateMetricsCluster
     elif name == "event_ring":
