@@ -419,7 +419,9 @@ static void *fan_loop(void *arg) {
                 f->dead = 1;
         }
         fan_take_incoming(fo);
-        if (http_stopping(fo->ld->http)) {
+        /* Only while streams are held: their connection threads keep
+         * http_stop from freeing the server until they are released. */
+        if (fo->n && http_stopping(fo->ld->http)) {
             fan_release_all(fo);
             continue;
         }
