@@ -109,6 +109,8 @@ const struct config_entry loomd_config_table[] = {
      "seconds between artifact retention sweeps"},
     {"events-heartbeat", CONFIG_INT, OFF(events_heartbeat), "15", 1, 3600,
      "seconds between heartbeat comments on a GET /v1/events Server-Sent Events stream"},
+    {"events-fanout-threads", CONFIG_INT | CONFIG_TUNING, OFF(events_fanout_threads), "1", 1, 16,
+     "threads that write Server-Sent Event streams (each holds its share of the streams)"},
     {"events-ring", CONFIG_INT | CONFIG_TUNING, OFF(events_ring), "4096", 16, 1000000,
      "newest events held in memory for streams and long-polls (older cursors read "
      "the store)"},

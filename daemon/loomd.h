@@ -58,6 +58,7 @@ struct loomd_config {
     long artifact_ttl;          /* s after a job ends until its artifacts go (0: kept) */
     long artifact_sweep;        /* s between retention sweeps (tuning) */
     long events_ring;           /* newest events kept in memory for streams (tuning) */
+    long events_fanout_threads; /* threads that write SSE streams (tuning) */
     int webhook_allow_private;  /* webhook targets may be loopback/private */
     long webhook_timeout;       /* s a webhook delivery may take */
     long webhook_retry_base_ms; /* first retry delay; doubles per attempt (tuning) */
