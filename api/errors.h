@@ -162,7 +162,8 @@
     X(NODE_CREDENTIAL_REQUIRED, 409,                                                               \
       "agent: the node is approved; it registers with its credential")                             \
     X(NODE_NOT_PENDING, 409, "approve/reject: the node is not pending (revoked nodes re-apply)")   \
-    X(INVALID_GRACE, 422, "token rotation: grace_s is not an integer in 0..604800")
+    X(INVALID_GRACE, 422, "token rotation: grace_s is not an integer in 0..604800")                \
+    X(TASK_NOT_ON_NODE, 403, "agent: the job's attempt and rank are not placed on this node")
 
 enum loom_errcode {
 #define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,
