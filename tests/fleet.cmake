@@ -38,3 +38,12 @@ if(Python3_FOUND AND TARGET loomd)
                      ${CMAKE_BINARY_DIR}/bin)
     set_tests_properties(integration.fleet PROPERTIES LABELS "integration;sanitize" TIMEOUT 120)
 endif()
+
+# Node pools, labels and NVLink islands: PATCH /v1/nodes/{id}, selectors at
+# submit and in placement, tp groups inside one island.
+if(Python3_FOUND AND TARGET loomd)
+    add_test(NAME integration.node_pools
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_node_pools.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.node_pools PROPERTIES LABELS "integration;sanitize" TIMEOUT 120)
+endif()
