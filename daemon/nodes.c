@@ -444,6 +444,10 @@ int nodes_revoke(struct http_req *req) {
     return admit(req, NODE_REVOKED);
 }
 
+static int pool_is_cpu_name(const char *type) {
+    return strcmp(type, "cpu") == 0;
+}
+
 void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
     memset(f, 0, sizeof *f);
     struct cluster *c = ld->cluster;
@@ -487,6 +491,11 @@ void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
         double host =
             (double)json_integer_value(json_object_get(n->host, "mem_total_mib")) / 1024.0;
         if (host > 0 && (p->host_mem_gib <= 0 || host < p->host_mem_gib)) p->host_mem_gib = host;
+        /* cpu pools plan at the slowest node's measured peak (agent/cpupeak.h): a job's
+         * step waits for its slowest rank */
+        double tf = n->cpu_peak_gflops / 1000.0;
+        if (pool_is_cpu_name(type) && tf > 0 && (p->peak_tflops <= 0 || tf < p->peak_tflops))
+            p->peak_tflops = tf;
     }
     pthread_mutex_unlock(&c->mu);
     json_decref(prices);

@@ -89,7 +89,8 @@ int nodes_selector_check(struct loomd *ld, const struct loom_spec *s, struct loo
 /* The fleet as the planner sees it (api/planner.h): one pool per gpu_type
  * ("cpu" for cpu nodes) with its nodes in any state, devices, the least device
  * memory reported (cpu devices: the node's memory split evenly), the smallest
- * host memory, and the type's price (PUT /v1/prices, else gpu_prices.json by
+ * host memory, for cpu pools the slowest node's measured cpu_peak_gflops, and
+ * the type's price (PUT /v1/prices, else gpu_prices.json by
  * model, else --price-per-gpu-hour). Takes c->mu; any thread but not with it
  * held (it reads the store first). */
 void nodes_fleet(struct loomd *ld, struct planner_fleet *f);

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The planner against real runs, and the worker's start-up memory check, on this machine's CPU.
+A real loomd and a loom-agent with one cpu device running the real loom-worker (the harness of
+test_cluster.py). The agent measures the device's fp32 GEMM peak at start (agent/cpupeak.c).
+
+1. POST /v1/plan on the live cluster plans the cpu pool at that measured peak: the plan's
+   peak_tflops is the node's cpu_peak_gflops / 1000, not the table's nominal 0.2 TFLOP/s.
+2. The same spec then runs through loomd. Its measured step time (the median of the step
+   records' ms.step after the first, which carries one-time costs) must agree with the plan's
+   step_s within FACTOR either way (docs/planner.md "Checked against real runs" gives the
+   factor and the ratios measured).
+3. loom-worker started directly with a spec whose plan (hundreds of GiB of fp32 weights and
+   AdamW state) exceeds the node's free memory fails within seconds, before allocating, with
+   OUT_OF_MEMORY naming the planner's figure and the free memory; that figure agrees with
+   MemAvailable read here from /proc/meminfo.
+Usage: test_planner_real.py BIN_DIR. Exit 0 pass, 1 fail, 77 skip."""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN_DIR = os.path.abspath(sys.argv[1])
+sys.argv = [sys.argv[0], BIN_DIR, "real_worker"]  # the harness reads its argv at import
+sys.path.insert(0, HERE)
+import test_cluster as tc  # noqa: E402
+
+FACTOR = 3.0  # plan step_s vs measured, either way (docs/planner.md)
+GIB = 1024.0 ** 3
+
+
+def spec_for(shards, model=None, steps=8):
+    return {
+        "name": "plan-vs-real",
+        "model": model or {"family": "gpt2", "n_layer": 2, "n_head": 4, "d_model": 128,
+                           "d_ff": 512, "vocab_size": 256, "seq_len": 128},
+        "data": {"train": os.path.join(shards, "train_*.bin")},
+        "parallel": {"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0},
+        "train": {"steps": steps, "global_batch_tokens": 1024, "micro_batch": 8,
+                  "precision": "fp32", "lr": 0.001, "warmup_steps": 1, "seed": 5},
+        "checkpoint": {"every_steps": 0, "keep": 1},
+        "resources": {"device": "cpu", "gpus_per_node": 1},
+    }
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024.0
+    return None
+
+
+def scenario(c):
+    c.wait(lambda: any(n.get("cpu_peak_gflops") for n in c.nodes()), 20, "node peak measured")
+    peak = next(n["cpu_peak_gflops"] for n in c.nodes() if n.get("cpu_peak_gflops"))
+    print("node cpu_peak_gflops: %.2f" % peak)
+
+    shards = os.path.join(c.tmp, "shards")
+    corpus = os.path.join(c.tmp, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write(" ".join("the planner is checked against run %d of many" % i
+                         for i in range(20000)))
+    r = subprocess.run([os.path.join(BIN_DIR, "loom-data"), "prepare", "--in", corpus, "--out",
+                        shards], capture_output=True, timeout=60)
+    tc.check(r.returncode == 0, "loom-data prepare: %s" % r.stderr.decode()[-300:])
+
+    # 1. the live cluster's plan uses the measured peak
+    spec = spec_for(shards)
+    st, plan = c.request("POST", "/v1/plan", spec)
+    tc.check(st == 200, "plan: %s %s" % (st, str(plan)[:300]))
+    est = plan["estimate"]["time"]
+    ptf = plan["cluster"].get("peak_tflops")
+    tc.check(isinstance(ptf, (int, float)) and abs(ptf - peak / 1000.0) <= 1e-6 * peak,
+             "plan peak_tflops %s = node cpu_peak_gflops / 1000 (%.5f)" % (ptf, peak / 1000.0))
+    plan_s = est["step_s"]
+
+    # 2. the real run through loomd
+    st, j = c.request("POST", "/v1/jobs", spec)
+    tc.check(st == 201, "submit: %s %s" % (st, j))
+    jid = j["id"]
+    j = c.wait_state(jid, ("succeeded", "failed"), 240)
+    tc.check(j["state"] == "succeeded", "job: %s" % tc.event_reasons(c, jid))
+    st, m = c.get("/v1/jobs/%s/metrics" % jid)
+    tc.check(st == 200 and len(m["series"]) == 8, "metrics: %s %s" % (st, str(m)[:300]))
+    steps = [p["ms"]["step"] / 1000.0 for p in m["series"][1:]]
+    real_s = statistics.median(steps)
+    ratio = real_s / plan_s
+    print("plan step_s %.4f s, measured median %.4f s (steps %s): measured/plan = %.2f" %
+          (plan_s, real_s, ", ".join("%.3f" % x for x in steps), ratio))
+    tc.check(1.0 / FACTOR <= ratio <= FACTOR,
+             "measured/plan step time %.2f within a factor of %.1f" % (ratio, FACTOR))
+
+    # 3. the start-up memory check: a plan larger than the node's free memory
+    free = mem_available()
+    tc.check(free is not None, "MemAvailable readable")
+    big = {"family": "gpt2", "n_layer": 48, "n_head": 32, "d_model": 8192, "d_ff": 32768,
+           "vocab_size": 256, "seq_len": 128}  # ~39 B parameters: ~580 GiB of fp32 + AdamW
+    path = os.path.join(c.tmp, "big.json")
+    with open(path, "w") as f:
+        json.dump(spec_for(shards, big, 2), f)
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(BIN_DIR, "loom-worker"), "--spec", path, "--out",
+                        os.path.join(c.tmp, "big-out"), "--threads", "1"],
+                       capture_output=True, timeout=60)
+    dt = time.monotonic() - t0
+    out = r.stdout.decode() + r.stderr.decode()
+    err = next((json.loads(x) for x in r.stdout.decode().splitlines()
+                if x.startswith("{") and '"error"' in x), {})
+    e = err.get("error", err)
+    msg = e.get("message", "") if isinstance(e, dict) else ""
+    print("oversized run: rc %d in %.2f s: %s" % (r.returncode, dt, msg))
+    tc.check(r.returncode != 0 and isinstance(e, dict) and e.get("code") == "OUT_OF_MEMORY",
+             "oversized plan fails with OUT_OF_MEMORY: %s" % out[-400:])
+    tc.check(dt < 15, "it fails fast (%.1f s), before allocating" % dt)
+    mm = re.search(r"planner estimates ([0-9.]+) GiB.* only ([0-9.]+) GiB of ([0-9.]+) GiB is "
+                   r"free \(MemAvailable", msg)
+    tc.check(mm is not None, "message names the planner's figure and the free memory")
+    need, have = float(mm.group(1)), float(mm.group(2))
+    tc.check(need > have and need > 400, "planner figure %.1f GiB above free %.1f GiB" %
+             (need, have))
+    tc.check(abs(have * GIB - free) <= 0.1 * free + 0.5 * GIB,
+             "free memory in the message (%.2f GiB) matches /proc/meminfo (%.2f GiB)" %
+             (have, free / GIB))
+
+
+def main():
+    for b in ("loomd", "loom-agent", "loom-worker", "loom-data"):
+        if not os.access(os.path.join(BIN_DIR, b), os.X_OK):
+            print("SKIP: %s not built" % b)
+            return 77
+    # a shared machine may run a step slowly: no hang verdict within a minute
+    c = tc.Cluster(nodes=1, devices=1, hang_timeout=60,
+                   worker=os.path.join(BIN_DIR, "loom-worker"))
+    ok = False
+    try:
+        scenario(c)
+        ok = True
+        print("PASS planner_real")
+        return 0
+    except tc.Fail as e:
+        print("FAIL planner_real: %s" % e)
+        return 1
+    finally:
+        c.close(ok)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
