@@ -237,6 +237,25 @@ def main():
         wait_for(lambda: placement(j3["id"]), 10, "pool=train job placed on r1", errors=())
         check({p["node"] for p in placement(j3["id"])} == {"r1"},
               "pool job on r1: %s" % placement(j3["id"]))
+        # the same through loomctl label (KEY- removes a label)
+        env = dict(os.environ, LOOM_URL=d.url, LOOM_TOKEN=ADMIN)
+        r = subprocess.run([os.path.join(BIN, "loomctl"), "label", "r1", "--pool", "gpu-b",
+                            "zone=us", "ib-"], capture_output=True, text=True, env=env,
+                           timeout=20)
+        st, n = d.request("GET", "/v1/nodes/r1")
+        check(r.returncode == 0 and n["pool"] == "gpu-b" and n["labels"] == {"zone": "us"},
+              "loomctl label: %s %s -> %s %s" % (r.returncode, r.stdout.strip(), n["pool"],
+                                                 n["labels"]))
+        r = subprocess.run([os.path.join(BIN, "loomctl"), "label", "r1", "zone-"],
+                           capture_output=True, text=True, env=env, timeout=20)
+        st, n = d.request("GET", "/v1/nodes/r1")
+        check(r.returncode == 0 and n["labels"] == {} and n["pool"] == "gpu-b",
+              "loomctl label KEY- removes it, pool kept")
+        r = subprocess.run([os.path.join(BIN, "loomctl"), "label", "r1", "a b=c"],
+                           capture_output=True, text=True, env=env, timeout=20)
+        check(r.returncode != 0 and "INVALID_LABEL" in r.stderr,
+              "loomctl label prints the API error: %s" % r.stderr.strip())
+        d.request("PATCH", "/v1/nodes/r1", {"pool": "train"})
         # drained pool nodes: the reason names the selector
         for n in ("q1", "r1"):
             d.request("POST", "/v1/nodes/%s/drain" % n, {})
