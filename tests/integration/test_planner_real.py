@@ -7,11 +7,11 @@ test_cluster.py). The agent measures the device's fp32 GEMM peak at start (agent
    peak_tflops is the node's cpu_peak_gflops / 1000, not the table's nominal 0.2 TFLOP/s.
 2. The same spec then runs through loomd and succeeds, every step record with an mfu.
 3. Time: loom-worker runs the spec directly on one thread, between two one-thread GEMM
-   calibrations; the fastest step (after the first, which carries one-time costs) must agree
-   with POST /v1/plan's step_s for a one-device cpu cluster at the better calibration within
+   calibrations; its CPU time a step (9-step run minus 1-step run, over 8) must agree with
+   POST /v1/plan's step_s for a one-device cpu cluster at the better calibration within
    FACTOR either way (docs/planner.md "Checked against real runs on CPU" gives the factor and
-   the ratios measured). One thread, because on a loaded 2-core machine a two-thread GEMM's
-   speed swings tenfold with other work; up to 3 tries.
+   the ratios measured). One thread and CPU time, because on a loaded 2-core machine wall
+   times and a two-thread GEMM's speed swing tenfold with other work; up to 3 tries.
 4. loom-worker started directly with a spec whose plan (hundreds of GiB of fp32 weights and
    AdamW state) exceeds the node's free memory fails within seconds, before allocating, with
    OUT_OF_MEMORY naming the planner's figure and the free memory; that figure agrees with
@@ -31,7 +31,7 @@ sys.argv = [sys.argv[0], BIN_DIR, "real_worker"]  # the harness reads its argv a
 sys.path.insert(0, HERE)
 import test_cluster as tc  # noqa: E402
 
-FACTOR = 4.0  # plan step_s vs the fastest measured step, either way (docs/planner.md)
+FACTOR = 2.0  # plan step_s vs the measured CPU time a step, either way (docs/planner.md)
 GIB = 1024.0 ** 3
 
 
@@ -50,12 +50,15 @@ def spec_for(shards, model=None, steps=8):
 
 
 def bench_peak():
-    """One thread's fp32 GEMM peak now (loom-worker --bench-gemm, as the agent measures it)."""
-    r = subprocess.run([os.path.join(BIN_DIR, "loom-worker"), "--bench-gemm", "--threads",
-                        "1", "--log-level", "warn"], capture_output=True,
-                       timeout=20)
-    line = next(x for x in r.stdout.decode().splitlines() if '"cpu_peak"' in x)
-    return json.loads(line)["gflops"]
+    """One thread's fp32 GEMM peak (loom-worker --bench-gemm, as the agent measures it): the
+    best of three, since other load on the machine only lowers it."""
+    best = 0.0
+    for _ in range(3):
+        r = subprocess.run([os.path.join(BIN_DIR, "loom-worker"), "--bench-gemm", "--threads",
+                            "1", "--log-level", "warn"], capture_output=True, timeout=20)
+        line = next(x for x in r.stdout.decode().splitlines() if '"cpu_peak"' in x)
+        best = max(best, json.loads(line)["gflops"])
+    return best
 
 
 def mem_available():
@@ -105,25 +108,31 @@ def scenario(c):
     print("through loomd: plan %.4f s at %.2f GFLOP/s, steps %s" %
           (plan_s, peak, ", ".join("%.3f" % x for x in steps)))
 
-    # 3. the time check. This machine may be shared: other load slows a step and a calibration,
-    # so the peak is measured right before and after the run and the plan is made for the less
-    # loaded of the two (POST /v1/plan with a cluster object), and the fastest step (load only
-    # slows steps) is compared with it. Up to 3 tries; a try passes when measured/plan is
+    # 3. the time check. This machine may be shared: other load stretches a step's wall time
+    # (the load average reached 28 on 2 cores while this was written), so the step is timed in
+    # CPU time of a one-thread worker, which other processes do not inflate: the CPU seconds of
+    # a 9-step run minus those of a 1-step run (start-up, data and the first step cancel), over
+    # 8. The plan is made for the best of six one-thread calibrations beside the runs (POST
+    # /v1/plan with a cluster object). Up to 3 tries; a try passes when measured/plan is
     # within FACTOR either way.
-    path = os.path.join(c.tmp, "time.json")
-    with open(path, "w") as f:
-        json.dump(spec_for(shards, steps=8), f)
     ratios = []
     for attempt in range(3):
         before = bench_peak()
-        r = subprocess.run([os.path.join(BIN_DIR, "loom-worker"), "--spec", path, "--out",
-                            os.path.join(c.tmp, "time-out-%d" % attempt), "--threads", "1",
-                            "--no-save"], capture_output=True,
-                           timeout=240)
+        cpu = {}
+        for n in (1, 9):
+            path = os.path.join(c.tmp, "time-%d.json" % n)
+            with open(path, "w") as f:
+                json.dump(spec_for(shards, steps=n), f)
+            with open(os.path.join(c.tmp, "time-%d-%d.out" % (attempt, n)), "w") as out:
+                p = subprocess.Popen([os.path.join(BIN_DIR, "loom-worker"), "--spec", path,
+                                      "--out", os.path.join(c.tmp, "time-out-%d-%d" % (attempt, n)),
+                                      "--threads", "1", "--no-save"], stdout=out,
+                                     stderr=subprocess.DEVNULL)
+                _, status, ru = os.wait4(p.pid, 0)
+            tc.check(os.waitstatus_to_exitcode(status) == 0, "direct run of %d steps" % n)
+            cpu[n] = ru.ru_utime + ru.ru_stime
         after = bench_peak()
-        tc.check(r.returncode == 0, "direct run: %s" % r.stderr.decode()[-300:])
-        recs = [json.loads(x) for x in r.stdout.decode().splitlines() if '"type":"step"' in x]
-        run_s = min(x["ms"]["step"] / 1000.0 for x in recs[1:])
+        run_s = (cpu[9] - cpu[1]) / 8
         now = max(before, after)
         body = dict(spec)
         body["cluster"] = {"gpu": "cpu", "nodes": 1, "gpus_per_node": 1,
@@ -133,8 +142,9 @@ def scenario(c):
         want = p2["estimate"]["time"]["step_s"]
         ratio = run_s / want
         ratios.append(ratio)
-        print("try %d: peak %.2f / %.2f GFLOP/s, plan %.4f s, fastest step %.4f s: "
-              "measured/plan = %.2f" % (attempt + 1, before, after, want, run_s, ratio))
+        print("try %d: peak %.2f / %.2f GFLOP/s, plan %.4f s, CPU time a step %.4f s (runs of "
+              "1 and 9 steps: %.2f / %.2f CPU s): measured/plan = %.2f" %
+              (attempt + 1, before, after, want, run_s, cpu[1], cpu[9], ratio))
         if 1.0 / FACTOR <= ratio <= FACTOR:
             break
     tc.check(1.0 / FACTOR <= ratios[-1] <= FACTOR,
