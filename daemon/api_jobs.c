@@ -157,6 +157,7 @@ static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom
     char types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
     int nt = job_types(spec, types, err);
     if (nt < 0) return -1;
+    if (nodes_selector_check(ld, spec, err) != 0) return -1;
     struct planner_fleet f;
     nodes_fleet(ld, &f);
     return planner_fleet_check(spec, &f, (const char(*)[GPU_TYPE_NAME_MAX])types, nt,

@@ -56,7 +56,17 @@ struct jobinfo {
     /* `after` (queued jobs only): DEPS_READY unless snap_deps found one */
     enum deps_verdict deps;
     char deps_reason[SCHED_REASON_LEN];
-    double fair_usage; /* the tenant's decayed GPU-hours (queued jobs; snap_fair_share) */
+    double fair_usage;  /* the tenant's decayed GPU-hours (queued jobs; snap_fair_share) */
+    struct jobsel *sel; /* resources.pool / labels (queued jobs naming one; snap_selectors) */
+};
+
+/* A queued job's node selector: resources.pool and resources.labels. */
+struct jobsel {
+    char pool[JOBSPEC_POOL_MAX];
+    int n;
+    char keys[JOBSPEC_NODE_LABELS_MAX][JOBSPEC_LABEL_KEY_MAX];
+    char vals[JOBSPEC_NODE_LABELS_MAX][JOBSPEC_LABEL_VAL_MAX];
+    const char *kp[JOBSPEC_NODE_LABELS_MAX], *vp[JOBSPEC_NODE_LABELS_MAX];
 };
 
 struct snapshot {
@@ -73,6 +83,7 @@ static void snapshot_free(struct snapshot *s) {
     for (int i = 0; i < s->n; i++) {
         free(s->jobs[i].out_dir);
         free(s->jobs[i].pending);
+        free(s->jobs[i].sel);
     }
     free(s->jobs);
     free(s->quotas);
@@ -144,6 +155,43 @@ static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
         if (ji->ngpu_types < 0) ji->ngpu_types = 0; /* refused at submit; not reached */
         json_decref(tj);
         ji->allow_mixed = sqlite3_column_int(st, 2) == 1;
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+/* Node selectors of the queued jobs that name resources.pool or labels,
+ * through the partial index of schema 160 (untyped queues parse nothing). */
+static int snap_selectors(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, json_extract(spec, '$.resources.pool'), "
+            "json_extract(spec, '$.resources.labels') FROM jobs INDEXED BY jobs_node_selector "
+            "WHERE state = 'queued' AND (json_extract(spec, '$.resources.pool') IS NOT NULL "
+            "OR json_extract(spec, '$.resources.labels') IS NOT NULL)");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct jobinfo *ji = snap_queued(s, (const char *)sqlite3_column_text(st, 0));
+        if (!ji) continue; /* beyond the queue depth */
+        struct jobsel *js = calloc(1, sizeof *js);
+        if (!js) break;
+        const char *pool = (const char *)sqlite3_column_text(st, 1);
+        snprintf(js->pool, sizeof js->pool, "%s", pool ? pool : "");
+        const char *lt = (const char *)sqlite3_column_text(st, 2);
+        json_t *labels = lt ? json_loads(lt, 0, NULL) : NULL;
+        const char *k;
+        json_t *v;
+        json_object_foreach(labels, k, v) {
+            if (js->n == JOBSPEC_NODE_LABELS_MAX || !json_is_string(v)) continue;
+            snprintf(js->keys[js->n], sizeof js->keys[js->n], "%s", k);
+            snprintf(js->vals[js->n], sizeof js->vals[js->n], "%s", json_string_value(v));
+            js->kp[js->n] = js->keys[js->n];
+            js->vp[js->n] = js->vals[js->n];
+            js->n++;
+        }
+        json_decref(labels);
+        free(ji->sel);
+        ji->sel = js;
     }
     sqlite3_reset(st);
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
@@ -247,6 +295,7 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     f.limit = SCHED_QUEUE_DEPTH;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_selectors(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_deps(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_fair_share(tx, s) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota, name, max_running_jobs FROM tenants "
@@ -300,7 +349,14 @@ static int read_spec(struct store_tx *tx, void *arg) {
 
 /* ---- store changes decided under the mutex, applied after ---- */
 
-enum change_kind { CH_TRANSITION, CH_PENDING, CH_ATTEMPT_INSERT, CH_ATTEMPT_END, CH_USAGE };
+enum change_kind {
+    CH_TRANSITION,
+    CH_PENDING,
+    CH_ATTEMPT_INSERT,
+    CH_ATTEMPT_END,
+    CH_USAGE,
+    CH_NOTE /* an event row without a state change (store_job_note) */
+};
 
 struct change {
     enum change_kind kind;
@@ -442,6 +498,9 @@ static int apply_changes(struct store_tx *tx, void *arg) {
             c->result = usage_insert(tx, &row);
             break;
         }
+        case CH_NOTE:
+            c->result = store_job_note(tx, c->job_id, c->attempt, c->text);
+            break;
         }
         if (c->result != STORE_OK && c->kind != CH_TRANSITION && c->kind != CH_PENDING &&
             c->kind != CH_ATTEMPT_INSERT)
@@ -902,6 +961,25 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
         ins->text = pltext ? strdup(pltext) : strdup("[]");
         ins->text2 = strdup(a->token);
     }
+    if (sd->cross_island > 0) { /* tp larger than every NVLink island of the node */
+        const struct cluster_node *n0 = &c->nodes[sd->ranks[0].node];
+        int big = 0;
+        for (int k = 0; k < n0->nislands; k++) {
+            int sz = __builtin_popcountll(n0->islands[k]);
+            if (sz > big) big = sz;
+        }
+        char note[300];
+        snprintf(note, sizeof note,
+                 "WARNING: %d tp group(s) of tp=%d span NVLink islands (largest island on %s: %d "
+                 "GPUs); their all-reduces cross PCIe",
+                 sd->cross_island, j->tp, n0->name, big);
+        struct change *nc = ch_add(&p->cs, CH_NOTE, j->id);
+        if (nc) {
+            nc->attempt = a->attempt;
+            nc->text = strdup(note);
+        }
+        log_warn("cluster: job %s: %s", j->id, note);
+    }
     a->next = c->attempts;
     c->attempts = a;
     hist_observe(&c->queue_wait, (now - j->queued_since) / 1000.0);
@@ -918,6 +996,12 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
         sn[i].kind = n->kind;
         sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
         sn[i].gpu_type = n->gpu_type;
+        sn[i].islands = n->islands;
+        sn[i].nislands = n->nislands;
+        sn[i].pool = n->pool;
+        sn[i].label_keys = n->label_kp;
+        sn[i].label_vals = n->label_vp;
+        sn[i].nlabels = n->nlabels;
         sn[i].state = n->lost || !n->seen || n->admission != NODE_APPROVED ? SCHED_NODE_LOST
                       : n->drained || nodecheck_avoid(c->ld, n->name)      ? SCHED_NODE_DRAINED
                                                                            : SCHED_NODE_READY;
@@ -1085,7 +1169,11 @@ static void pass_place(struct pass *p) {
                                     j->gpu_type_ptrs,
                                     j->ngpu_types,
                                     j->allow_mixed,
-                                    j->fair_usage};
+                                    j->fair_usage,
+                                    j->sel ? j->sel->pool : NULL,
+                                    j->sel ? j->sel->kp : NULL,
+                                    j->sel ? j->sel->vp : NULL,
+                                    j->sel ? j->sel->n : 0};
         qj[nq++] = j;
     }
     struct sched_cluster cl = {sn, c->nnodes, snap->quotas, snap->nq};
