@@ -2,7 +2,7 @@
 # real loomd with loom-agents running fake_worker (tests/integration/test_fair_share.py).
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent)
-    foreach(sc qos time_limit after fair_share preempt array)
+    foreach(sc qos time_limit after fair_share preempt array budget)
         add_test(NAME integration.fair_share.${sc}
                  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_fair_share.py
                          ${CMAKE_BINARY_DIR}/bin ${sc})
@@ -25,3 +25,11 @@ target_link_libraries(test_fairshare PRIVATE m)
 loom_warnings(test_fairshare)
 add_test(NAME unit.fairshare COMMAND test_fairshare)
 set_tests_properties(unit.fairshare PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+
+# Budgets of running jobs: the stop / warn decision (pure, budget.c alone).
+add_executable(test_budget ${CMAKE_CURRENT_LIST_DIR}/unit/test_budget.c
+               ${CMAKE_SOURCE_DIR}/daemon/budget.c)
+target_link_libraries(test_budget PRIVATE m)
+loom_warnings(test_budget)
+add_test(NAME unit.budget COMMAND test_budget)
+set_tests_properties(unit.budget PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
