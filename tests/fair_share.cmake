@@ -33,3 +33,14 @@ target_link_libraries(test_budget PRIVATE m)
 loom_warnings(test_budget)
 add_test(NAME unit.budget COMMAND test_budget)
 set_tests_properties(unit.budget PROPERTIES LABELS "unit;sanitize" TIMEOUT 30)
+
+# Benchmark of the pure scheduling pass and victim choice at fleet scale
+# (docs/perf.md): build/bin/bench_sched_pass [--nodes 1000 --jobs 10000 ...].
+# The smoke run checks every pass's placements on a small fleet.
+add_executable(bench_sched_pass ${CMAKE_CURRENT_LIST_DIR}/bench/bench_sched_pass.c
+               ${CMAKE_SOURCE_DIR}/daemon/sched.c ${CMAKE_SOURCE_DIR}/daemon/preempt.c)
+target_link_libraries(bench_sched_pass PRIVATE loom_common m)
+loom_warnings(bench_sched_pass)
+add_test(NAME bench.sched_pass_smoke
+         COMMAND bench_sched_pass --nodes 50 --jobs 500 --tenants 10 --passes 2)
+set_tests_properties(bench.sched_pass_smoke PROPERTIES LABELS "unit" TIMEOUT 60)
