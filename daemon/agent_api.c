@@ -391,7 +391,7 @@ int agent_api_assignments(struct http_req *req) {
 struct metric_rows {
     json_t *items; /* borrowed */
     int64_t now;
-    json_t *notes; /* borrowed: diagnosis events {job, attempt, reason} */
+    json_t *notes; /* borrowed: diagnosis findings {job, attempt, reason, code, rank, node, step} */
 };
 
 /* Rank 0's checkpoint and export records become events (daemon/events.h),
@@ -424,10 +424,17 @@ static int insert_metrics(struct store_tx *tx, void *arg) {
     size_t k;
     json_t *note;
     json_array_foreach(m->notes, k, note) {
-        int rc = store_job_note(tx, json_string_value(json_object_get(note, "job")),
-                                (int)json_integer_value(json_object_get(note, "attempt")),
+        const char *job = json_string_value(json_object_get(note, "job"));
+        int rc = store_job_note(tx, job, (int)json_integer_value(json_object_get(note, "attempt")),
                                 json_string_value(json_object_get(note, "reason")));
-        if (rc != STORE_OK && rc != STORE_NOT_FOUND) return STORE_ERR;
+        if (rc == STORE_NOT_FOUND) continue;
+        if (rc != STORE_OK) return STORE_ERR;
+        /* ... and the tenant's event stream (GET /v1/events, webhooks) */
+        json_t *data = json_deep_copy(note);
+        json_object_del(data, "job");
+        int64_t seq = events_emit(tx, "job.diagnosis", job, NULL, data);
+        json_decref(data);
+        if (seq < 0 && seq != STORE_NOT_FOUND) return STORE_ERR;
     }
     sqlite3_stmt *st = store_stmt(tx, "INSERT OR IGNORE INTO job_metrics (job_id, attempt, rank, "
                                       "step, at, record) VALUES (?, ?, ?, ?, ?, ?)");
@@ -497,8 +504,13 @@ static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, lon
                      diag_comm_advice(a->spec));
             log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
         }
-        json_array_append_new(notes, json_pack("{s:s, s:i, s:s}", "job", a->job_id, "attempt",
-                                               a->attempt, "reason", why));
+        int ni = a->ranks[f[i].rank].node;
+        json_array_append_new(
+            notes, json_pack("{s:s, s:i, s:s, s:s, s:i, s:s, s:I}", "job", a->job_id, "attempt",
+                             a->attempt, "reason", why, "code",
+                             f[i].kind == DIAG_STRAGGLER ? "STRAGGLER" : "COMM_BOUND", "rank",
+                             f[i].rank, "node", ni >= 0 && ni < c->nnodes ? c->nodes[ni].name : "",
+                             "step", (json_int_t)f[i].step));
     }
 }
 

@@ -431,6 +431,15 @@ def diag_events(c, jid, code):
     return [e["reason"] for e in c.events(jid) if e["reason"].startswith(code)]
 
 
+def diag_stream(c, jid, code):
+    """The job.diagnosis events of GET /v1/events with this code: the
+    tenant's stream carries each finding the job events show."""
+    st, e = c.get("/v1/events?job=%s&type=job.diagnosis" % jid)
+    check(st == 200, "events: %s %s" % (st, e))
+    return [it["data"] for it in e["items"] if it["type"] == "job.diagnosis" and
+            it["data"].get("code") == code]
+
+
 STRAGGLER_STEPS = 12
 
 
@@ -447,6 +456,10 @@ def sc_straggler(run):
         print("  events: %s" % got)
         check(len(got) == 1 and got[0].startswith("STRAGGLER rank=1 node=%s " % node1),
               "want one STRAGGLER naming rank 1 on %s: %s" % (node1, got))
+        ev = diag_stream(c, jid, "STRAGGLER")
+        check(len(ev) == 1 and ev[0]["reason"] == got[0] and ev[0]["rank"] == 1 and
+              ev[0]["node"] == node1 and ev[0]["attempt"] == 0,
+              "GET /v1/events has the STRAGGLER as job.diagnosis: %s" % ev)
         st, m = c.get("/v1/jobs/%s/metrics" % jid)
         rows = {(r["rank"], r["step"]): r for r in m["ranks"]}
         n = STRAGGLER_STEPS
@@ -475,6 +488,9 @@ def sc_commbound(run):
         got = diag_events(c, jid, "COMM_BOUND")
         print("  events: %s" % got)
         check(len(got) == 1, "want one COMM_BOUND event: %s" % got)
+        ev = diag_stream(c, jid, "COMM_BOUND")
+        check(len(ev) == 1 and ev[0]["reason"] == got[0],
+              "GET /v1/events has the COMM_BOUND as job.diagnosis: %s" % ev)
         check(not diag_events(c, jid, "STRAGGLER"), "a STRAGGLER on a symmetric slow link")
         st, m = c.get("/v1/jobs/%s/metrics" % jid)
         fr = [r["ms"]["comm_exposed"] / r["ms"]["step"] for r in m["ranks"] if r["step"] > 1]

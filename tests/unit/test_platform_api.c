@@ -278,7 +278,7 @@ static void test_event_types(void) {
         CHECK(cases[i].want ? t && !strcmp(t, cases[i].want) : t == NULL);
         if (t) CHECK(events_type_valid(t));
     }
-    CHECK(events_types_count == 9);
+    CHECK(events_types_count == 10 && events_type_valid("job.diagnosis"));
     CHECK(!events_type_valid("job.nope") && !events_type_valid(NULL) && !events_type_valid("*"));
 }
 
