@@ -12,7 +12,7 @@
 
 const char *const events_types[] = {
     "job.queued", "job.started",   "job.retrying",     "job.preempted", "job.succeeded",
-    "job.failed", "job.cancelled", "checkpoint.saved", "export.ready", "job.diagnosis",
+    "job.failed", "job.cancelled", "checkpoint.saved", "export.ready",  "job.diagnosis",
 };
 const int events_types_count = (int)(sizeof events_types / sizeof *events_types);
 
