@@ -161,7 +161,9 @@ int diag_times(const json_t *record, double *step_ms, double *compute_ms, double
                  *cm = json_object_get(ms, "comm_exposed");
     if (!json_is_number(st) || !json_is_number(cp) || !json_is_number(cm)) return -1;
     *step_ms = json_number_value(st);
-    *compute_ms = json_number_value(cp);
+    /* a rank slow to get its batches holds its peers up like a slow device */
+    const json_t *dw = json_object_get(ms, "data_wait");
+    *compute_ms = json_number_value(cp) + (json_is_number(dw) ? json_number_value(dw) : 0);
     *comm_ms = json_number_value(cm);
     return 0;
 }

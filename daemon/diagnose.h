@@ -66,7 +66,8 @@ int diag_add(struct diag *d, long step, int rank, double step_ms, double compute
              struct diag_finding *out, int max);
 
 /* The worker's "ms" object of a step or rank_step record -> the three
- * times; 0, or -1 when a field is missing. */
+ * times, compute_ms being the rank's own time: compute plus data_wait (when
+ * the record has it). 0, or -1 when a field is missing. */
 int diag_times(const json_t *record, double *step_ms, double *compute_ms, double *comm_ms);
 
 /* The advice for a COMM_BOUND layout from the job spec's parallel and
