@@ -38,3 +38,12 @@ if(Python3_FOUND AND TARGET loomd)
                      ${CMAKE_BINARY_DIR}/bin)
     set_tests_properties(integration.fleet PROPERTIES LABELS "integration;sanitize" TIMEOUT 120)
 endif()
+
+# Saw-tooth utilization in the heartbeat telemetry -> a SAWTOOTH diagnosis
+# (daemon/diagnose.c), as a job event and a job.diagnosis event.
+if(Python3_FOUND AND TARGET loomd)
+    add_test(NAME integration.sawtooth
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_sawtooth.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.sawtooth PROPERTIES LABELS "integration;sanitize" TIMEOUT 60)
+endif()
