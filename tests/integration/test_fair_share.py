@@ -343,6 +343,11 @@ def sc_budget(c):
           (at, ck, summ))
     check(os.path.isdir(summ[0]["checkpoint"]), "the checkpoint is on disk: %s" %
           summ[0]["checkpoint"])
+
+    def saved():
+        st, e = c.get("/v1/events?job=%s&type=checkpoint.saved" % jid)
+        return st == 200 and [it["data"]["step"] for it in e["items"]] == ck
+    c.wait(saved, 15, "a checkpoint.saved event for step %s" % ck)
     def held():
         q = c.job(queued)
         return q["state"] == "queued" and (q.get("pending_reason") or "").startswith(
