@@ -90,8 +90,8 @@ static json_t *parse_types(struct http_req *req, json_t *v) {
             API_ERROR_FIELD(req, UNKNOWN_EVENT_TYPE, "events",
                             "events[%zu] '%.64s' is not an event type (job.queued, job.started, "
                             "job.retrying, job.preempted, job.succeeded, job.failed, "
-                            "job.cancelled, checkpoint.saved, export.ready, job.diagnosis, "
-                            "or \"*\")",
+                            "job.cancelled, checkpoint.saved, export.ready, artifacts.expired, "
+                            "job.diagnosis, or \"*\")",
                             i, t ? t : "(not a string)");
             return NULL;
         }
