@@ -44,3 +44,8 @@ loom_warnings(bench_sched_pass)
 add_test(NAME bench.sched_pass_smoke
          COMMAND bench_sched_pass --nodes 50 --jobs 500 --tenants 10 --passes 2)
 set_tests_properties(bench.sched_pass_smoke PROPERTIES LABELS "unit" TIMEOUT 60)
+
+# The budget scenario runs the real worker twice: room for a loaded machine.
+if(TEST integration.fair_share.budget)
+    set_tests_properties(integration.fair_share.budget PROPERTIES TIMEOUT 240)
+endif()
