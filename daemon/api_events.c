@@ -114,7 +114,7 @@ static int parse_filter(struct http_req *req, struct events_filter *f) {
             API_ERROR(req, UNKNOWN_EVENT_TYPE,
                       "type '%.64s' is not an event type (job.queued, job.started, job.retrying, "
                       "job.preempted, job.succeeded, job.failed, job.cancelled, "
-                      "checkpoint.saved, export.ready, artifacts.expired)",
+                      "checkpoint.saved, export.ready, artifacts.expired, job.diagnosis)",
                       type);
             return -1;
         }

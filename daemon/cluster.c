@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/token.h"
 #include "daemon/auth.h"
+#include "daemon/budget.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
@@ -77,6 +78,12 @@ struct snapshot {
     char (*quota_names)[64];
     int nq;
     long fs_half_life_s; /* in: --fair-share-half-life (0: fair share off) */
+    /* tenants with a gpu_hours_per_month (daemon/budget.h): ids and names
+     * are the arrays below, used_hours their billed rows of this month */
+    struct budget_tenant *budgets;
+    char (*budget_ids)[24];
+    char (*budget_names)[64];
+    int nb;
 };
 
 static void snapshot_free(struct snapshot *s) {
@@ -89,6 +96,9 @@ static void snapshot_free(struct snapshot *s) {
     free(s->quotas);
     free(s->quota_tenants);
     free(s->quota_names);
+    free(s->budgets);
+    free(s->budget_ids);
+    free(s->budget_names);
     memset(s, 0, sizeof *s);
 }
 
@@ -282,6 +292,40 @@ static int snap_fair_share(struct store_tx *tx, struct snapshot *s) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* Tenants with a monthly GPU-hour budget and their billed hours of this
+ * month's usage rows (the submit check's count). */
+static int snap_budgets(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st = store_stmt(tx, "SELECT id, name, gpu_hours_per_month, budget_warn_only "
+                                      "FROM tenants WHERE gpu_hours_per_month > 0");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int n = s->nb + 1;
+        struct budget_tenant *b = realloc(s->budgets, sizeof *b * (size_t)n);
+        if (b) s->budgets = b;
+        char(*id)[24] = realloc(s->budget_ids, sizeof *id * (size_t)n);
+        if (id) s->budget_ids = id;
+        char(*nm)[64] = realloc(s->budget_names, sizeof *nm * (size_t)n);
+        if (nm) s->budget_names = nm;
+        if (!b || !id || !nm) break;
+        snprintf(s->budget_ids[s->nb], 24, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(s->budget_names[s->nb], 64, "%s", (const char *)sqlite3_column_text(st, 1));
+        s->budgets[s->nb] = (struct budget_tenant){NULL, sqlite3_column_double(st, 2), 0,
+                                                   sqlite3_column_int(st, 3), 0};
+        s->nb++;
+    }
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return STORE_ERR;
+    int64_t month0 = budget_month_start_ms(store_now_ms());
+    for (int i = 0; i < s->nb; i++) {
+        s->budgets[i].tenant = s->budget_ids[i];
+        if (store_tenant_gpu_hours(tx, s->budget_ids[i], month0, &s->budgets[i].used_hours) !=
+            STORE_OK)
+            return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
 static int snapshot_read(struct store_tx *tx, void *arg) {
     struct snapshot *s = arg;
     struct store_job_filter f = {0};
@@ -298,6 +342,7 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     if (snap_selectors(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_deps(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_fair_share(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_budgets(tx, s) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota, name, max_running_jobs FROM tenants "
                                       "WHERE gpu_quota > 0 OR max_running_jobs > 0");
     if (!st) return STORE_ERR;
@@ -430,6 +475,9 @@ static int apply_changes(struct store_tx *tx, void *arg) {
         }
         case CH_PENDING:
             c->result = store_job_set_pending(tx, c->job_id, c->text);
+            break;
+        case CH_NOTE: /* a job event without a state change */
+            c->result = store_job_note(tx, c->job_id, c->attempt, c->text);
             break;
         case CH_ATTEMPT_INSERT: {
             /* Only when the placement transition just before it succeeded. */
@@ -1117,6 +1165,105 @@ out:
     free(chosen);
 }
 
+/* 4b. budgets: once a tenant's GPU-hours of this month (ended attempts'
+ * billed rows plus its live attempts so far) reach its gpu_hours_per_month,
+ * its live attempts checkpoint and stop, the job failing with
+ * BUDGET_EXHAUSTED (not retried), the SIGTERM grace being the preemption's;
+ * warn-only (the tenant's or --budget-warn-only): one job event per attempt,
+ * which goes on (daemon/budget.h). */
+static void pass_budget(struct pass *p) {
+    struct cluster *c = p->c;
+    struct snapshot *snap = &p->snap;
+    if (snap->nb == 0) return;
+    int na = 0;
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
+        na++;
+    struct budget_attempt *ba = calloc((size_t)(na ? na : 1), sizeof *ba);
+    enum budget_action *act = calloc((size_t)(na ? na : 1), sizeof *act);
+    struct cluster_attempt **va = calloc((size_t)(na ? na : 1), sizeof *va);
+    if (!ba || !act || !va) goto out;
+    na = 0;
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        /* Stopping attempts still use their devices: they count, and are
+         * not acted on (warned = 1 keeps warn-only quiet about them). */
+        int gpus = 0;
+        for (int r = 0; r < a->world; r++)
+            if (!a->ranks[r].released) gpus++;
+        ba[na] = (struct budget_attempt){a->tenant_id, gpus, a->started_ms,
+                                         a->budget_warned || a->phase != ATTEMPT_ACTIVE};
+        va[na++] = a;
+    }
+    /* Attempts that ended in this pass are in neither the snapshot's usage
+     * rows nor the attempt list: their rows, not yet written, count here. */
+    int64_t month0 = budget_month_start_ms(p->now);
+    for (int i = 0; i < p->cs.n; i++) {
+        const struct change *u = &p->cs.v[i];
+        int64_t from = u->t0 > month0 ? u->t0 : month0;
+        if (u->kind != CH_USAGE || !u->billed || u->t1 <= from) continue;
+        for (int k = 0; k < snap->nb; k++)
+            if (!strcmp(snap->budget_ids[k], u->tenant_id))
+                snap->budgets[k].used_hours += u->gpus * (double)(u->t1 - from) / 3600000.0;
+    }
+    budget_decide(snap->budgets, snap->nb, ba, na, p->now, p->ld->cfg.budget_warn_only, act);
+    for (int i = 0; i < na; i++) {
+        struct cluster_attempt *a = va[i];
+        if (act[i] == BUDGET_OK || a->phase != ATTEMPT_ACTIVE) continue;
+        int k = 0;
+        while (k < snap->nb && strcmp(snap->budget_ids[k], a->tenant_id))
+            k++;
+        if (k == snap->nb) continue;
+        const struct budget_tenant *bt = &snap->budgets[k];
+        char reason[400];
+        if (act[i] == BUDGET_WARN) {
+            snprintf(reason, sizeof reason,
+                     "BUDGET_EXHAUSTED (warn-only) tenant %s used %.4f of its %.4f GPU-hours this "
+                     "month (%.4f in ended attempts); attempt %d goes on",
+                     snap->budget_names[k], bt->total_hours, bt->limit_hours, bt->used_hours,
+                     a->attempt);
+            struct change *ch = ch_add(&p->cs, CH_NOTE, a->job_id);
+            if (!ch) continue;
+            ch->attempt = a->attempt;
+            ch->text = strdup(reason);
+            a->budget_warned = 1;
+            log_warn("cluster: job %s: %s", a->job_id, reason);
+            continue;
+        }
+        snprintf(reason, sizeof reason,
+                 "BUDGET_EXHAUSTED tenant %s used %.4f of its %.4f GPU-hours this month (%.4f in "
+                 "ended attempts); attempt %d checkpoints and stops, not retried",
+                 snap->budget_names[k], bt->total_hours, bt->limit_hours, bt->used_hours,
+                 a->attempt);
+        a->stop_grace_ms = preempt_grace_ms(p, a);
+        stop_attempt(c, a, p->now, STOP_BUDGET, reason);
+        ch_transition(&p->cs, a->job_id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING), JOB_FAILED,
+                      a->attempt, reason, NULL);
+        log_info("cluster: job %s: %s; SIGTERM grace %d ms", a->job_id, reason, a->stop_grace_ms);
+    }
+out:
+    free(ba);
+    free(act);
+    free(va);
+}
+
+/* A queued job of a tenant whose budget is used up (not warn-only) waits:
+ * 1 and the pending reason in why. Totals are pass_budget's. */
+static int budget_holds(const struct pass *p, const char *tenant, char *why, size_t len) {
+    const struct snapshot *snap = &p->snap;
+    if (p->ld->cfg.budget_warn_only) return 0;
+    for (int k = 0; k < snap->nb; k++) {
+        const struct budget_tenant *bt = &snap->budgets[k];
+        if (strcmp(snap->budget_ids[k], tenant) || bt->warn_only ||
+            bt->total_hours < bt->limit_hours)
+            continue;
+        snprintf(why, len,
+                 "BUDGET_EXHAUSTED tenant %s used its %g GPU-hours of this month; waits for "
+                 "next month or a larger gpu_hours_per_month",
+                 snap->budget_names[k], bt->limit_hours);
+        return 1;
+    }
+    return 0;
+}
+
 /* 5. placement */
 static void pass_place(struct pass *p) {
     struct cluster *c = p->c;
@@ -1152,6 +1299,14 @@ static void pass_place(struct pass *p) {
             if (!j->pending || strcmp(j->pending, j->deps_reason)) {
                 struct change *ch = ch_add(&p->cs, CH_PENDING, j->id);
                 if (ch) ch->text = strdup(j->deps_reason);
+            }
+            continue;
+        }
+        char bwhy[SCHED_REASON_LEN];
+        if (budget_holds(p, j->tenant_id, bwhy, sizeof bwhy)) {
+            if (!j->pending || strcmp(j->pending, bwhy)) {
+                struct change *ch = ch_add(&p->cs, CH_PENDING, j->id);
+                if (ch) ch->text = strdup(bwhy);
             }
             continue;
         }
@@ -1241,6 +1396,7 @@ static void loop_pass(struct loomd *ld) {
     pass_supervise(&p);
     pass_reap(&p);
     pass_orphans(&p);
+    pass_budget(&p);
     pass_place(&p);
     int changed = c->gen != gen0;
     pthread_mutex_unlock(&c->mu);

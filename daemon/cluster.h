@@ -63,7 +63,8 @@ struct cluster_attempt {
     enum stop_cause stop_cause; /* why it is stopping (STOP_NONE while active) */
     int running;                /* job moved to running */
     int64_t started_ms, stop_ms, last_progress_ms, running_ms;
-    int stop_grace_ms; /* > 0: agents stop its ranks with this SIGTERM grace (preemption) */
+    int stop_grace_ms; /* > 0: agents stop its ranks with this SIGTERM grace (preemption, budget) */
+    int budget_warned; /* a warn-only BUDGET_EXHAUSTED event was written for it */
     char stop_reason[256];
     struct cluster_rank *ranks; /* world entries */
     json_t *rdzv;               /* key -> value (rendezvous) */

@@ -52,6 +52,7 @@ struct loomd_config {
     long preempt_below;        /* implicit preemptible below this priority (0: none) */
     long preempt_min_runtime;  /* s running before a job may be preempted */
     long preempt_grace;        /* s of SIGTERM grace for a preempted job, plus its estimate */
+    int budget_warn_only;      /* over-budget running jobs warn instead of stopping */
 
     /* event stream and webhooks (daemon/events.h, daemon/webhooks.h) */
     long events_heartbeat;      /* s between SSE heartbeat comments */

@@ -64,3 +64,12 @@ if(Python3_FOUND AND TARGET loomd AND TARGET loom-worker)
     set_tests_properties(integration.planner_real PROPERTIES LABELS "integration" TIMEOUT 300
                          SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()
+
+# Saw-tooth utilization in the heartbeat telemetry -> a SAWTOOTH diagnosis
+# (daemon/diagnose.c), as a job event and a job.diagnosis event.
+if(Python3_FOUND AND TARGET loomd)
+    add_test(NAME integration.sawtooth
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_sawtooth.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.sawtooth PROPERTIES LABELS "integration;sanitize" TIMEOUT 60)
+endif()
