@@ -546,9 +546,6 @@ static int apply_changes(struct store_tx *tx, void *arg) {
             c->result = usage_insert(tx, &row);
             break;
         }
-        case CH_NOTE:
-            c->result = store_job_note(tx, c->job_id, c->attempt, c->text);
-            break;
         }
         if (c->result != STORE_OK && c->kind != CH_TRANSITION && c->kind != CH_PENDING &&
             c->kind != CH_ATTEMPT_INSERT)

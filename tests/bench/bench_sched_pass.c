@@ -88,8 +88,11 @@ static int fleet_make(struct fleet *f, int nn, int nq, int nt, double busy) {
     int nr = 0;
     for (int n = 0; n < nn; n++) {
         snprintf(f->node_names[n], sizeof f->node_names[n], "node-%04d", n);
-        f->nodes[n] =
-            (struct sched_node){f->node_names[n], "cuda", DEV, 0, SCHED_NODE_READY, "H100-SXM"};
+        f->nodes[n] = (struct sched_node){.name = f->node_names[n],
+                                          .kind = "cuda",
+                                          .ndev = DEV,
+                                          .state = SCHED_NODE_READY,
+                                          .gpu_type = "H100-SXM"};
         int d = 0;
         while (d < DEV) {
             int len = 1 << (lcg() % 4);
@@ -127,19 +130,15 @@ static int fleet_make(struct fleet *f, int nn, int nq, int nt, double busy) {
             tp /= 2;
         int t = (int)(lcg() % (unsigned)nt);
         snprintf(f->job_ids[j], sizeof f->job_ids[j], "j-q-%06d", j);
-        f->jobs[j] = (struct sched_job){f->job_ids[j],
-                                        f->tenants[t],
-                                        "cuda",
-                                        (int)(lcg() % 101),
-                                        2000000 + j,
-                                        w,
-                                        tp,
-                                        0,
-                                        -1,
-                                        NULL,
-                                        0,
-                                        0,
-                                        (double)(t % 17) * 3.5};
+        f->jobs[j] = (struct sched_job){.id = f->job_ids[j],
+                                        .tenant = f->tenants[t],
+                                        .kind = "cuda",
+                                        .priority = (int)(lcg() % 101),
+                                        .submit_ms = 2000000 + j,
+                                        .world = w,
+                                        .tp = tp,
+                                        .avoid_node = -1,
+                                        .fair_usage = (double)(t % 17) * 3.5};
     }
     return 0;
 }
