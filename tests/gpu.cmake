@@ -36,6 +36,14 @@ if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     add_test(NAME gpu.lora COMMAND test_lora_cuda)
     set_tests_properties(gpu.lora PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
+# train.packing "document" on cuda: a packed window through loom-worker equals the documents
+# run one by one (float64 torch, bf16 bounds; tests/datasets/test_packing.py cuda)
+if(LOOM_HAVE_CUDA AND TARGET loom-worker)
+    add_test(NAME gpu.packing
+             COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/datasets/test_packing.py
+                     $<TARGET_FILE:loom-worker> cuda)
+    set_tests_properties(gpu.packing PROPERTIES LABELS gpu TIMEOUT 300)
+endif()
 # The benchmark driver used by tests/bench/gpu_bench.sh (not a test).
 if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     add_executable(loom-gpu-bench ${CMAKE_SOURCE_DIR}/tests/bench/bench_step.c)

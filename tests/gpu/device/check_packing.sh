@@ -1,0 +1,20 @@
+#!/bin/bash
+# train.packing "document" on one GPU: the document-attention kernel checks of
+# test_gpu_kernels (the "doc" lines: k_attn.cu's document mask forward and
+# backward against a host reference, tiles skipped or masked, RoPE and learned
+# positions within documents), then a packed window through the real
+# loom-worker on cuda against float64 torch run per document
+# (tests/datasets/test_packing.py cuda).
+# Usage: tests/gpu/device/check_packing.sh   (BUILD: the carried build folder)
+# PASS/FAIL lines, then "SUMMARY: part=rc ..." on stdout; logs under $OUT.
+. "$(dirname "$0")/env.sh"
+timeout 500 "$BIN/test_gpu_kernels" >"$OUT/kernels_doc.log" 2>&1
+r=$?
+grep -E "doc|checks passed" "$OUT/kernels_doc.log" | grep -E "^(PASS|FAIL)|checks passed"
+s="kernels=$r"
+timeout 300 python3 tests/datasets/test_packing.py "$BIN/loom-worker" cuda \
+    >"$OUT/packing_cuda.log" 2>&1
+r=$?
+grep -E "^(ok|FAIL|PASS)" "$OUT/packing_cuda.log"
+s="$s packing_cuda=$r"
+echo "SUMMARY: $s $(el)"
