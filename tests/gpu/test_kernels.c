@@ -1688,7 +1688,11 @@ int main(void) {
     /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
      * shapes of every table only. */
     int quick = getenv("LOOM_TEST_QUICK") != NULL;
+    /* LOOM_TEST_DOC_ONLY=1 (tests/gpu/device/check_packing.sh): the packed-document
+     * checks only */
+    int doc_only = getenv("LOOM_TEST_DOC_ONLY") != NULL;
     reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
+    if (doc_only) goto docs;
 
     static const int mm[][4] = {
         {64, 64, 192, 1}, {512, 256, 40, 0}, {256, 768, 2304, 1}, {128, 1024, 768, 1}};
@@ -1742,6 +1746,7 @@ int main(void) {
         gpu = k_attn_gpu;
         reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
     }
+docs:;
     /* documents packed in a row: B T NH NKV HD, every head size, grouped-query heads,
      * T % 128 == 64 */
     static const int ad[][5] = {{2, 128, 2, 2, 64}, {1, 192, 4, 2, 32}, {2, 256, 4, 1, 128},
@@ -1750,6 +1755,7 @@ int main(void) {
         test_attention_doc(ad[i][0], ad[i][1], ad[i][2], ad[i][3], ad[i][4], gpu_noskip);
     test_doc_positions(2, 128, 2, 64, 64);
     reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
+    if (doc_only) goto done;
     test_embed(2, 64, 64, 256);
     if (!quick) test_embed(4, 128, 768, 1024);
     test_classifier(64, 64, 250, 256);
@@ -1765,6 +1771,7 @@ int main(void) {
     if (!quick) test_fused(256, 768, 3072);
     test_blas_tune(64, 128, 256);
     if (!quick) test_blas_tune(1024, 768, 3072);
+done:
 
     backend_free(gpu_noskip);
     backend_free(gpu_scalar);

@@ -8,9 +8,9 @@
 # Usage: tests/gpu/device/check_packing.sh   (BUILD: the carried build folder)
 # PASS/FAIL lines, then "SUMMARY: part=rc ..." on stdout; logs under $OUT.
 . "$(dirname "$0")/env.sh"
-timeout 500 "$BIN/test_gpu_kernels" >"$OUT/kernels_doc.log" 2>&1
+LOOM_TEST_DOC_ONLY=1 timeout 300 "$BIN/test_gpu_kernels" >"$OUT/kernels_doc.log" 2>&1
 r=$?
-grep -E "doc|checks passed" "$OUT/kernels_doc.log" | grep -E "^(PASS|FAIL)|checks passed"
+grep -E "^(PASS|FAIL)|checks passed" "$OUT/kernels_doc.log"
 s="kernels=$r"
 timeout 300 python3 tests/datasets/test_packing.py "$BIN/loom-worker" cuda \
     >"$OUT/packing_cuda.log" 2>&1
