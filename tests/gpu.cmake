@@ -83,9 +83,10 @@ endif()
 # AdamW variants' bandwidth, attention variants on the GPT-2 124M and 1558M
 # shapes, norm variants on the GPT-2 124M / 1558M and a Llama RMSNorm shape,
 # each variant in one process with agreement and bit-repeat checks; bench_elem: the
-# elem-vec row's SwiGLU, RoPE and sum-of-squares kernels against the scalar ones (Llama 1B).
+# elem-vec row's SwiGLU, RoPE and sum-of-squares kernels against the scalar ones (Llama 1B);
+# bench_attn_doc: packed-document attention against causal (tests/gpu/device/check_packing.sh).
 if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
-    foreach(b bench_adamw bench_attn bench_norm bench_elem)
+    foreach(b bench_adamw bench_attn bench_attn_doc bench_norm bench_elem)
         add_executable(${b} ${CMAKE_CURRENT_LIST_DIR}/gpu/${b}.c)
         target_link_libraries(${b} PRIVATE loom_dev_cuda loom_cuda CUDA::cudart_static m)
         loom_warnings(${b})

@@ -4,7 +4,8 @@
 # backward against a host reference, tiles skipped or masked, RoPE and learned
 # positions within documents), then a packed window through the real
 # loom-worker on cuda against float64 torch run per document
-# (tests/datasets/test_packing.py cuda).
+# (tests/datasets/test_packing.py cuda), and the document kernels' speed against the
+# causal ones (tests/gpu/bench_attn_doc.c: one RESULT line per shape, document length, skip).
 # Usage: tests/gpu/device/check_packing.sh   (BUILD: the carried build folder)
 # PASS/FAIL lines, then "SUMMARY: part=rc ..." on stdout; logs under $OUT.
 . "$(dirname "$0")/env.sh"
@@ -17,4 +18,8 @@ timeout 300 python3 tests/datasets/test_packing.py "$BIN/loom-worker" cuda \
 r=$?
 grep -E "^(ok|FAIL|PASS)" "$OUT/packing_cuda.log"
 s="$s packing_cuda=$r"
+timeout 200 "$BIN/bench_attn_doc" 20 >"$OUT/bench_attn_doc.out" 2>&1
+r=$?
+grep '^RESULT' "$OUT/bench_attn_doc.out" || tail -5 "$OUT/bench_attn_doc.out"
+s="$s bench_attn_doc=$r"
 echo "SUMMARY: $s $(el)"
