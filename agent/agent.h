@@ -30,6 +30,7 @@ struct agent_config {
     char *artifact_listen;   /* HOST:PORT of the artifact server (agent/artifacts.h), NULL: off */
     struct agent_cred *cred; /* set by agent_run for its threads (agent_cred_apply) */
     double cpu_peak_gflops;  /* cpu devices' peak for MFU (agent/cpupeak.h); 0: measure it */
+    double token_cache_max_gib; /* loom-stage's token cache cap (LOOM_TOKEN_CACHE_MAX_GIB) */
 };
 
 struct client;

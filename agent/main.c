@@ -59,6 +59,9 @@ static const struct config_entry table[] = {
      "address workers listen on (default: this end of the connection to loomd)"},
     {"cpu-peak-gflops", CONFIG_DOUBLE, C(cpu_peak_gflops), "0", 0, 1e7,
      "fp32 peak GFLOP/s of one cpu device, for MFU (0: measure it at start, about 0.5 s)"},
+    {"token-cache-max-gib", CONFIG_DOUBLE, C(token_cache_max_gib), "50", 0, 1e9,
+     "size cap of the staging step's token cache (LOOM_STAGE_DIR/tokens): least recently used "
+     "entries no job is using are evicted past it; 0: no cap"},
 };
 #define NTABLE (sizeof table / sizeof *table)
 
@@ -74,6 +77,13 @@ int main(int argc, char **argv) {
         return r > 0 ? 0 : 2;
     }
     if (cfg.ca && *cfg.ca) setenv("LOOM_CA", cfg.ca, 1);
+    {
+        /* loom-stage (the worker binary, agent/stage/main.c) reads the cap from the
+         * environment workers inherit */
+        char cap[64];
+        snprintf(cap, sizeof cap, "%.17g", cfg.token_cache_max_gib);
+        setenv("LOOM_TOKEN_CACHE_MAX_GIB", cap, 1);
+    }
     int lvl = log_level_parse(cfg.log_level);
     log_init("loom-agent", lvl < 0 ? LOG_INFO : (enum log_level)lvl);
     if (!cfg.name) {

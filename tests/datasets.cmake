@@ -45,4 +45,11 @@ if(TARGET loom-stage)
                      $<TARGET_FILE:loom-stage>)
     set_tests_properties(integration.datasets.stage_tokenize PROPERTIES
                          LABELS "integration;sanitize" TIMEOUT 120)
+    # the token cache's cap: least recently used entries evicted, never one a running job
+    # holds (tests/datasets/stage_cache_evict_test.py)
+    add_test(NAME integration.datasets.stage_cache_evict
+             COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/datasets/stage_cache_evict_test.py
+                     $<TARGET_FILE:loom-stage>)
+    set_tests_properties(integration.datasets.stage_cache_evict PROPERTIES
+                         LABELS "integration;sanitize" TIMEOUT 120)
 endif()

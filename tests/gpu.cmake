@@ -36,6 +36,14 @@ if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     add_test(NAME gpu.lora COMMAND test_lora_cuda)
     set_tests_properties(gpu.lora PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
+# train.packing "document" on cuda: a packed window through loom-worker equals the documents
+# run one by one (float64 torch, bf16 bounds; tests/datasets/test_packing.py cuda)
+if(LOOM_HAVE_CUDA AND TARGET loom-worker)
+    add_test(NAME gpu.packing
+             COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/datasets/test_packing.py
+                     $<TARGET_FILE:loom-worker> cuda)
+    set_tests_properties(gpu.packing PROPERTIES LABELS gpu TIMEOUT 300)
+endif()
 # The benchmark driver used by tests/bench/gpu_bench.sh (not a test).
 if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     add_executable(loom-gpu-bench ${CMAKE_SOURCE_DIR}/tests/bench/bench_step.c)
@@ -75,9 +83,10 @@ endif()
 # AdamW variants' bandwidth, attention variants on the GPT-2 124M and 1558M
 # shapes, norm variants on the GPT-2 124M / 1558M and a Llama RMSNorm shape,
 # each variant in one process with agreement and bit-repeat checks; bench_elem: the
-# elem-vec row's SwiGLU, RoPE and sum-of-squares kernels against the scalar ones (Llama 1B).
+# elem-vec row's SwiGLU, RoPE and sum-of-squares kernels against the scalar ones (Llama 1B);
+# bench_attn_doc: packed-document attention against causal (tests/gpu/device/check_packing.sh).
 if(LOOM_HAVE_CUDA AND TARGET loom_cuda)
-    foreach(b bench_adamw bench_attn bench_norm bench_elem)
+    foreach(b bench_adamw bench_attn bench_attn_doc bench_norm bench_elem)
         add_executable(${b} ${CMAKE_CURRENT_LIST_DIR}/gpu/${b}.c)
         target_link_libraries(${b} PRIVATE loom_dev_cuda loom_cuda CUDA::cudart_static m)
         loom_warnings(${b})

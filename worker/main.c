@@ -530,9 +530,10 @@ static int open_data(struct run *r) {
         if (!r->be->set_doc_starts || s->parallel.tp > 1 || s->parallel.pp > 1) {
             snprintf(w->err, sizeof w->err,
                      "train.packing \"document\" (attention kept within documents) is built on "
-                     "the cpu backend without tp/pp only (device %s, tp %d, pp %d); use "
-                     "\"concat\" (the default)",
-                     r->be->set_doc_starts ? "cpu" : "cuda", s->parallel.tp, s->parallel.pp);
+                     "the cpu and cuda backends without tp/pp only (device %s%s, tp %d, pp %d); "
+                     "use \"concat\" (the default)",
+                     r->device, r->be->set_doc_starts ? "" : " has no document attention",
+                     s->parallel.tp, s->parallel.pp);
             return fail(w, LOOM_EXIT_BAD_SPEC, "PACKING_UNSUPPORTED", NULL);
         }
         if (data_meta_eos(s->data.train, &eos, w->err, sizeof w->err) != 0)

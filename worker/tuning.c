@@ -34,6 +34,9 @@ const struct config_entry worker_tuning_rows[] = {
     {"elem-vec", CONFIG_BOOL | T, AT(cuda.elem_vec), "1", 0, 0,
      "CUDA: 16-byte vector kernels for SwiGLU, RoPE (a cos/sin table) and the gradient norm's "
      "sum of squares; 0 the one-element-per-thread kernels"},
+    {"attn-doc-skip", CONFIG_BOOL | T, AT(cuda.attn_doc_skip), "1", 0, 0,
+     "CUDA attention with documents packed in a row (train.packing \"document\"): leave out "
+     "the key and query tiles wholly outside every row's document; 0 masks them instead"},
     {"blas-tune", CONFIG_BOOL | T, AT(cuda.blas_tune), "0", 0, 0,
      "CUDA: choose cuBLASLt algorithms by timing the candidates of each GEMM shape"},
     {"blas-algo-cache", CONFIG_STR | T, AT(cuda.blas_algo_cache), NULL, 1, 0,

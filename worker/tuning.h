@@ -34,6 +34,7 @@ struct cuda_tuning {
     char *attn_cudnn; /* attn-cudnn: "1" cuDNN (deterministic), "nd" (nondeterministic), "0" off */
     int attn_cudnn_gqa;    /* attn-cudnn-gqa: cuDNN also for grouped-query attention */
     int elem_vec;          /* elem-vec: 16-byte SwiGLU / RoPE / sum-of-squares kernels */
+    int attn_doc_skip;     /* attn-doc-skip: packed documents skip tiles outside them */
     int blas_tune;         /* blas-tune: GEMM algorithms chosen by timing */
     char *blas_algo_cache; /* blas-algo-cache: file of recorded GEMM choices; NULL: none */
 };

@@ -7,6 +7,9 @@
  *                       staging, the worker is exec'ed at once
  *   LOOM_STAGE_MAX_GB   cache size limit (default 100)
  *   LOOM_STAGE_WORKER   the real worker (default: loom-worker beside loom-stage)
+ *   LOOM_TOKEN_CACHE_MAX_GIB  the token cache's cap (LOOM_STAGE_DIR/tokens; default 50, 0
+ *                       none; loom-agent --token-cache-max-gib sets it): least recently used
+ *                       entries no running job holds are evicted past it
  * The staged spec is written next to the original (SPEC.staged.json) and
  * passed with --spec. Local rank 0 prints one JSON line
  * {"type":"stage","files","cache_hits","bytes","copied_bytes","seconds",
@@ -116,20 +119,24 @@ static void on_progress(void *user, uint64_t done, uint64_t total) {
 static int tokenize(const char *dir, json_t *spec, int *tokenized) {
     const char *th = getenv("LOOM_STAGE_THREADS");
     int threads = th && *th ? atoi(th) : 2;
+    const char *cg = getenv("LOOM_TOKEN_CACHE_MAX_GIB");
+    long long max_bytes = (long long)((cg && *cg ? atof(cg) : 50.0) * 1073741824.0);
     struct progress pr = {0, -1};
     struct stage_tok_report r;
     char err[1024] = "";
     int rank0 = is_rank0();
-    int rc = stage_tokenize_spec(dir, spec, threads, rank0 ? on_progress : NULL, &pr, &r, err,
-                                 sizeof err);
+    int rc = stage_tokenize_spec(dir, spec, threads, max_bytes, rank0 ? on_progress : NULL, &pr, &r,
+                                 err, sizeof err);
     *tokenized = r.tokenized;
     if (!r.tokenized) return 0;
     if (rc == PREP_OK && rank0) {
-        json_t *line = json_pack("{s:s,s:s,s:i,s:i,s:s,s:I,s:I,s:I,s:I,s:f}", "type", "stage",
-                                 "phase", "tokenized", "splits", r.splits, "cache_hits", r.hits,
-                                 "key", r.key, "examples", (json_int_t)r.examples, "train_tokens",
-                                 (json_int_t)r.train_tokens, "val_tokens", (json_int_t)r.val_tokens,
-                                 "loss_tokens", (json_int_t)r.loss_tokens, "seconds", r.seconds);
+        json_t *line = json_pack("{s:s,s:s,s:i,s:i,s:s,s:I,s:I,s:I,s:I,s:f,s:i,s:I}", "type",
+                                 "stage", "phase", "tokenized", "splits", r.splits, "cache_hits",
+                                 r.hits, "key", r.key, "examples", (json_int_t)r.examples,
+                                 "train_tokens", (json_int_t)r.train_tokens, "val_tokens",
+                                 (json_int_t)r.val_tokens, "loss_tokens", (json_int_t)r.loss_tokens,
+                                 "seconds", r.seconds, "token_cache_evicted", r.evicted,
+                                 "token_cache_bytes", (json_int_t)r.cache_bytes);
         emit(line);
         report(line);
         json_decref(line);

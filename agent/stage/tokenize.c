@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -82,12 +83,99 @@ out:
     return rc;
 }
 
+/* Marks the entry `shards` used by this process and the worker it execs: a shared flock on
+ * shards/.use through a descriptor left open (no O_CLOEXEC) until that process exits. */
+static void hold_entry(const char *shards) {
+    char p[PATH_MAX + 16];
+    snprintf(p, sizeof p, "%s/.use", shards);
+    int fd = open(p, O_RDWR | O_CREAT, 0644);
+    if (fd >= 0 && flock(fd, LOCK_SH) != 0) close(fd);
+    /* fd stays open on purpose: the lock is the entry's "in use" mark */
+}
+
+struct tok_ent {
+    char name[65];
+    long long bytes;
+    time_t used;
+};
+
+static int by_use(const void *a, const void *b) {
+    const struct tok_ent *x = a, *y = b;
+    if (x->used != y->used) return x->used < y->used ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Bytes of the files in a flat directory. */
+static long long flat_bytes(const char *path) {
+    long long n = 0;
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char p[PATH_MAX + 300];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode)) n += st.st_size;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* Least recently used entries of DIR/tokens that no process holds are removed until the
+ * total is within max_bytes (<= 0: no cap). Called under DIR/lock. */
+static void evict_tokens(const char *dir, long long max_bytes, struct stage_tok_report *r) {
+    char tdir[PATH_MAX];
+    snprintf(tdir, sizeof tdir, "%s/tokens", dir);
+    DIR *d = opendir(tdir);
+    if (!d) return;
+    struct tok_ent *ents = NULL;
+    size_t n = 0, cap = 0;
+    long long total = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[PATH_MAX + 300];
+        struct stat st;
+        if (strlen(e->d_name) != 64) continue; /* keys only: not .tmp.* or anything else */
+        snprintf(p, sizeof p, "%s/%s", tdir, e->d_name);
+        if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 64;
+            struct tok_ent *g = realloc(ents, nc * sizeof *g);
+            if (!g) break;
+            ents = g, cap = nc;
+        }
+        memcpy(ents[n].name, e->d_name, 65);
+        ents[n].bytes = flat_bytes(p);
+        ents[n].used = st.st_mtime;
+        total += ents[n].bytes;
+        n++;
+    }
+    closedir(d);
+    qsort(ents, n, sizeof *ents, by_use);
+    for (size_t i = 0; i < n && max_bytes > 0 && total > max_bytes; i++) {
+        char p[PATH_MAX + 300], u[PATH_MAX + 320];
+        snprintf(p, sizeof p, "%s/%s", tdir, ents[i].name);
+        snprintf(u, sizeof u, "%s/.use", p);
+        int fd = open(u, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) { /* a job is using it */
+            close(fd);
+            continue;
+        }
+        rm_flat(p); /* .use goes too, under our exclusive lock */
+        if (fd >= 0) close(fd);
+        total -= ents[i].bytes;
+        r->evicted++;
+    }
+    r->cache_bytes = total;
+    free(ents);
+}
+
 static long long meta_int(json_t *m, const char *k) {
     return (long long)json_integer_value(json_object_get(m, k));
 }
 
-int stage_tokenize_spec(const char *dir, json_t *spec, int threads, stage_tok_progress_fn fn,
-                        void *user, struct stage_tok_report *r, char *err, size_t errlen) {
+int stage_tokenize_spec(const char *dir, json_t *spec, int threads, long long max_bytes,
+                        stage_tok_progress_fn fn, void *user, struct stage_tok_report *r, char *err,
+                        size_t errlen) {
     memset(r, 0, sizeof *r);
     json_t *data = json_object_get(spec, "data");
     const char *format = str_at(spec, "data", "format");
@@ -150,6 +238,7 @@ int stage_tokenize_spec(const char *dir, json_t *spec, int threads, stage_tok_pr
     int hit = 0;
     rc = one_split(dir, &po, train, tdir, sizeof tdir, &tm, &hit, err, errlen);
     if (rc != PREP_OK) goto out;
+    hold_entry(tdir);
     r->splits = 1;
     r->hits = hit;
     memcpy(r->key, strrchr(tdir, '/') + 1, 65);
@@ -158,9 +247,11 @@ int stage_tokenize_spec(const char *dir, json_t *spec, int threads, stage_tok_pr
         vo.val_fraction = 0;
         rc = one_split(dir, &vo, val, vdir, sizeof vdir, &vm, &hit, err, errlen);
         if (rc != PREP_OK) goto out;
+        hold_entry(vdir);
         r->splits++;
         r->hits += hit;
     }
+    evict_tokens(dir, max_bytes, r);
     char pat[PATH_MAX + 16];
     snprintf(pat, sizeof pat, "%s/train_*.bin", tdir);
     json_object_set_new(data, "train", json_string(pat));

@@ -59,7 +59,7 @@ namespace dev_attn {
 template <int HD>
 __global__ void __launch_bounds__(NTHREADS, 4)
     attn_fwd_kernel_b(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
-                      int ldo, int T, int H, int Hkv, float sl2) {
+                      int ldo, int T, int H, int Hkv, float sl2, const int *ds, int skip) {
     attn_fwd_body<HD>(out, lse, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2);
 }
 
@@ -288,8 +288,8 @@ static void fwd_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, c
     CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_fwd_kernel_b<HD> : attn_fwd_kernel_a<HD>),
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     (MINB ? attn_fwd_kernel_b<HD> : attn_fwd_kernel_a<HD>)<<<grid, NTHREADS, smem, st>>>(
-        (bf *)out, lse, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv, ldo, T, H, Hkv,
-        sl2);
+        (bf *)out, lse, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv, ldo, T, H, Hkv, sl2,
+        nullptr, 0);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -357,7 +357,7 @@ extern "C" void dev_attn_bwd(int var, lbf16 *dq, lbf16 *dk, lbf16 *dv, float *sc
     NULL, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, accumulate, st
 #define BWD_ARGS_Q2                                                                                \
     (bf *)dq, (const bf *)dout, lse, scratch, (const bf *)q, (const bf *)k, (const bf *)v, ld_q,   \
-        ld_kv, ld_o, T, H, Hkv, sl2, scale, accumulate
+        ld_kv, ld_o, T, H, Hkv, sl2, scale, accumulate, nullptr, 0
     if (var == 5 && hd <= 64) {
         float scale = 1.f / sqrtf((float)hd), sl2 = LOG2E * scale;
         if (hd == 32) bwd_launch<32, 0>(BWD_ARGS_KV);

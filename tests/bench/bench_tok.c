@@ -8,8 +8,11 @@
  * thread count the chunks are dealt round-robin to pthreads, each with its own encoder
  * (tok_enc_new), after an untimed warm-up over the first 16 chunks. Prints one JSON line per
  * thread count: bytes, tokens, wall seconds and MB/s (10^6 bytes), and the process's CPU
- * seconds and MB per CPU-second (what a loaded machine does not distort). tests/bench/bench_tok.sh
- * runs it beside the JS tokenizers; results in docs/perf.md. */
+ * seconds and MB per CPU-second (what a loaded machine does not distort), then one line
+ *   RESULT bench_tok impl=loom threads=N mb_per_s=X speedup=S ...
+ * per thread count (S: MB/s over the first thread count's). tests/bench/bench_tok.sh runs it
+ * beside the JS tokenizers, tests/gpu/device/bench_tok.sh on 1-16 threads; results in
+ * docs/perf.md. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -124,6 +127,7 @@ int main(int argc, char **argv) {
     }
     struct tok_ids *ref = calloc(nch, sizeof *ref), *out = calloc(nch, sizeof *out);
     int rc = 0;
+    double first_mbs = 0;
     for (int a = 3; a < argc || a == 3; a++) {
         int nthreads = a < argc ? atoi(argv[a]) : 1;
         if (nthreads < 1 || nthreads > 256) nthreads = 1;
@@ -147,6 +151,12 @@ int main(int argc, char **argv) {
                "\"mb_per_cpu_s\":%.2f,\"same_ids_as_first\":%s}\n",
                tok_kind(t), nthreads, len, tokens, secs, (double)len / secs / 1e6, cpu,
                (double)len / cpu / 1e6, same ? "true" : "false");
+        double mbs = (double)len / secs / 1e6;
+        if (a == 3) first_mbs = mbs;
+        printf("RESULT bench_tok impl=loom tokenizer=%s threads=%d bytes=%zu tokens=%zu "
+               "seconds=%.3f mb_per_s=%.2f speedup=%.2f mb_per_cpu_s=%.2f same_ids=%s\n",
+               tok_kind(t), nthreads, len, tokens, secs, mbs, first_mbs > 0 ? mbs / first_mbs : 0,
+               (double)len / cpu / 1e6, same ? "yes" : "no");
         fflush(stdout);
         if (!same) rc = 1;
         if (a >= argc) break;

@@ -1351,6 +1351,318 @@ static void test_blas_tune(int N, int IC, int OC) {
     unlink(lockf);
 }
 
+/* ---- documents packed in a row (set_doc_starts; train.packing "document") ----
+ * Checked against a plain host reference written here in double precision (not
+ * the cpu backend): softmax attention where query i of a sequence sees the keys
+ * from its document's start to i, its log-sum-exp and the gradients of q, k, v;
+ * RoPE and the learned position embedding at the position within the document. */
+
+/* Document starts [B*T] for a layout: 0 one document per row; 1 many short
+ * documents (1-20 tokens); 2 documents on 64-row tile edges (none crosses a
+ * tile); 3 long documents crossing tiles at odd places; 4 every row its own
+ * document in sequence 0 and one document in the others. */
+static void doc_layout(int32_t *ds, int B, int T, int layout) {
+    for (int b = 0; b < B; b++) {
+        int start = 0, next = 0;
+        for (int t = 0; t < T; t++) {
+            if (t == next) {
+                start = t;
+                int len = layout == 0   ? T
+                          : layout == 1 ? 1 + (int)(urand() * 20)
+                          : layout == 2 ? 64 * (1 + (int)(urand() * 2))
+                          : layout == 3 ? 37 + (int)(urand() * 90)
+                                        : (b == 0 ? 1 : T);
+                next = t + len;
+            }
+            ds[(size_t)b * T + t] = start;
+        }
+    }
+}
+
+static const char *doc_layout_name[] = {"one doc", "short docs", "tile-aligned docs",
+                                        "docs crossing tiles", "1-token docs"};
+
+/* The reference: out [N][NH*HD], lse [B][NH][T] (natural log), and with dout the
+ * gradients dqkv [N][W] (overwritten) from out rounded as the GPU stores it. */
+static void ref_attn_doc(const float *qkv, const int32_t *ds, int B, int T, int NH, int NKV, int HD,
+                         double *out, double *lse, const float *dout, const float *out_bf,
+                         double *dqkv) {
+    int W = (NH + 2 * NKV) * HD, grp = NH / NKV;
+    double sc = 1.0 / sqrt((double)HD);
+    double *p = malloc((size_t)T * sizeof(double));
+    if (dqkv) memset(dqkv, 0, (size_t)B * T * W * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int hk = h / grp;
+            for (int i = 0; i < T; i++) {
+                size_t ri = (size_t)b * T + i;
+                const float *qi = qkv + ri * W + h * HD;
+                int j0 = ds[ri];
+                double mx = -INFINITY, sum = 0;
+                for (int j = j0; j <= i; j++) {
+                    const float *kj = qkv + ((size_t)b * T + j) * W + (NH + hk) * HD;
+                    double s = 0;
+                    for (int d = 0; d < HD; d++)
+                        s += (double)qi[d] * kj[d];
+                    p[j] = s * sc;
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int j = j0; j <= i; j++)
+                    sum += (p[j] = exp(p[j] - mx));
+                if (!dqkv) {
+                    lse[((size_t)b * NH + h) * T + i] = mx + log(sum);
+                    for (int d = 0; d < HD; d++) {
+                        double o = 0;
+                        for (int j = j0; j <= i; j++)
+                            o += p[j] / sum *
+                                 qkv[((size_t)b * T + j) * W + (NH + NKV + hk) * HD + d];
+                        out[ri * NH * HD + h * HD + d] = o;
+                    }
+                    continue;
+                }
+                const float *go = dout + ri * NH * HD + h * HD,
+                            *oi = out_bf + ri * NH * HD + h * HD;
+                double di = 0;
+                for (int d = 0; d < HD; d++)
+                    di += (double)go[d] * oi[d];
+                for (int j = j0; j <= i; j++) {
+                    size_t rj = (size_t)b * T + j;
+                    const float *vj = qkv + rj * W + (NH + NKV + hk) * HD;
+                    const float *kj = qkv + rj * W + (NH + hk) * HD;
+                    double pj = p[j] / sum, dp = 0;
+                    for (int d = 0; d < HD; d++)
+                        dp += (double)go[d] * vj[d];
+                    double dsc = pj * (dp - di) * sc;
+                    for (int d = 0; d < HD; d++) {
+                        dqkv[ri * W + h * HD + d] += dsc * kj[d];
+                        dqkv[rj * W + (NH + hk) * HD + d] += dsc * qi[d];
+                        dqkv[rj * W + (NH + NKV + hk) * HD + d] += pj * go[d];
+                    }
+                }
+            }
+        }
+    free(p);
+}
+
+static double rel_err(const float *a, const double *r, const float *base, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = a[i] - (base ? base[i] : 0);
+        if (!isfinite(a[i])) return INFINITY;
+        num += (x - r[i]) * (x - r[i]);
+        den += r[i] * r[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void verdict(int ok, const char *what, const char *shape, double rel, double tol) {
+    checks++, failures += !ok;
+    printf("%-4s %-22s %-26s rel=%.2e bound=%.0e\n", ok ? "PASS" : "FAIL", what, shape, rel, tol);
+}
+
+static float *dl_bf16(void *g, size_t n) {
+    uint16_t *b = malloc(n * 2);
+    float *f = malloc(n * sizeof(float));
+    gpu->download(gpu->ctx, b, g, n * 2);
+    for (size_t i = 0; i < n; i++)
+        f[i] = lcuda_bf2f(b[i]);
+    free(b);
+    return f;
+}
+
+static void *up_bf16(const float *h, size_t n) {
+    uint16_t *b = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        b[i] = lcuda_f2bf(h[i]);
+    void *g = gpu->alloc(gpu->ctx, n * 2);
+    gpu->upload(gpu->ctx, g, b, n * 2);
+    free(b);
+    return g;
+}
+
+static float *rand_bf16(size_t n, float scale) {
+    float *h = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h[i] = lcuda_bf2f(lcuda_f2bf(nrand() * scale));
+    return h;
+}
+
+/* Document attention forward and backward (accumulating into a random
+ * gradient) through the backend; `label` names the backend (tile skipping on
+ * or off). Returns the GPU's out and dqkv increments (caller frees) so the
+ * two backends can be compared. */
+static void attention_doc_case(int B, int T, int NH, int NKV, int HD, int layout, const char *label,
+                               float **out_g, float **dq_g) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d %s %s", B, T, NH, NKV, HD,
+             doc_layout_name[layout], label);
+    int N = B * T, W = (NH + 2 * NKV) * HD;
+    size_t nq = (size_t)N * W, no = (size_t)N * NH * HD, nl = (size_t)B * NH * T;
+    int32_t *ds = malloc((size_t)N * sizeof(int32_t));
+    doc_layout(ds, B, T, layout);
+    float *qkv = rand_bf16(nq, 1.5f), *dout = rand_bf16(no, 1.f), *dinit = rand_bf16(nq, 0.05f);
+    double *out = malloc(no * sizeof(double)), *lse = malloc(nl * sizeof(double));
+    double *dref = malloc(nq * sizeof(double));
+    ref_attn_doc(qkv, ds, B, T, NH, NKV, HD, out, lse, NULL, NULL, NULL);
+    float *out_bf = malloc(no * sizeof(float)), *lse_f = malloc(nl * sizeof(float));
+    for (size_t i = 0; i < no; i++)
+        out_bf[i] = lcuda_bf2f(lcuda_f2bf((float)out[i]));
+    for (size_t i = 0; i < nl; i++)
+        lse_f[i] = (float)lse[i];
+    ref_attn_doc(qkv, ds, B, T, NH, NKV, HD, NULL, NULL, dout, out_bf, dref);
+
+    gpu->set_doc_starts(gpu->ctx, ds, N);
+    void *gq = up_bf16(qkv, nq), *gd = up_bf16(dout, no), *gdq = up_bf16(dinit, nq);
+    void *go = gpu->alloc(gpu->ctx, no * 2);
+    float *gl = gpu->alloc(gpu->ctx, nl * sizeof(float));
+    gpu->attention_fwd(gpu->ctx, go, gl, gq, B, T, NH, NKV, HD);
+    float *o = dl_bf16(go, no), *l = malloc(nl * sizeof(float));
+    gpu->download(gpu->ctx, l, gl, nl * sizeof(float));
+    double *lsed = malloc(nl * sizeof(double));
+    for (size_t i = 0; i < nl; i++)
+        lsed[i] = lse[i];
+    double r = rel_err(o, out, NULL, no);
+    verdict(r <= TOL_ATTN, "attention_fwd doc out", shape, r, TOL_ATTN);
+    r = rel_err(l, lsed, NULL, nl);
+    verdict(r <= 1e-3, "attention_fwd doc lse", shape, r, 1e-3);
+    /* the backward from the reference's forward (bf16 out, fp32 lse) */
+    gpu->upload(gpu->ctx, gl, lse_f, nl * sizeof(float));
+    void *gob = up_bf16(out_bf, no);
+    gpu->attention_bwd(gpu->ctx, gdq, gd, gq, gob, gl, B, T, NH, NKV, HD);
+    float *dq = dl_bf16(gdq, nq);
+    for (size_t i = 0; i < nq; i++)
+        dq[i] -= dinit[i];
+    r = rel_err(dq, dref, NULL, nq);
+    verdict(r <= TOL_ATTNB, "attention_bwd doc dqkv", shape, r, TOL_ATTNB);
+    /* grouped-query heads' dK, dV and every head's dQ, on their own */
+    static const char *part[3] = {"attention_bwd doc dq", "attention_bwd doc dk",
+                                  "attention_bwd doc dv"};
+    for (int pt = 0; pt < 3; pt++) {
+        int c0 = pt == 0 ? 0 : pt == 1 ? NH * HD : (NH + NKV) * HD;
+        int c1 = pt == 0 ? NH * HD : pt == 1 ? (NH + NKV) * HD : W;
+        double num = 0, den = 0;
+        for (int row = 0; row < N; row++)
+            for (int c = c0; c < c1; c++) {
+                size_t i = (size_t)row * W + c;
+                num += (dq[i] - dref[i]) * (dq[i] - dref[i]);
+                den += dref[i] * dref[i];
+            }
+        double rp = den > 0 ? sqrt(num / den) : sqrt(num);
+        verdict(rp <= TOL_ATTNB, part[pt], shape, rp, TOL_ATTNB);
+    }
+    gpu->set_doc_starts(gpu->ctx, NULL, 0);
+    gpu->free(gpu->ctx, gq), gpu->free(gpu->ctx, gd), gpu->free(gpu->ctx, gdq);
+    gpu->free(gpu->ctx, go), gpu->free(gpu->ctx, gl), gpu->free(gpu->ctx, gob);
+    *out_g = o;
+    *dq_g = dq;
+    free(l), free(lsed), free(ds), free(qkv), free(dout), free(dinit), free(out), free(lse);
+    free(dref), free(out_bf), free(lse_f);
+}
+
+/* Every layout on `gpu` (tiles skipped) and on `noskip` (the attn-doc-skip row
+ * off: masked only); both against the reference, and the two alike. */
+static void test_attention_doc(int B, int T, int NH, int NKV, int HD, struct backend *noskip) {
+    reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
+    struct backend_limits lim = {B, T, NH * HD, NH, NKV, HD, 64, 64, 0};
+    if (noskip->reserve(noskip->ctx, &lim)) {
+        fprintf(stderr, "reserve failed\n");
+        exit(1);
+    }
+    for (int layout = 0; layout < 5; layout++) {
+        float *o[2], *d[2];
+        struct backend *keep = gpu;
+        uint64_t seed = rng_state; /* the same case on both */
+        attention_doc_case(B, T, NH, NKV, HD, layout, "skip", &o[0], &d[0]);
+        rng_state = seed;
+        gpu = noskip;
+        attention_doc_case(B, T, NH, NKV, HD, layout, "noskip", &o[1], &d[1]);
+        gpu = keep;
+        size_t no = (size_t)B * T * NH * HD, nq = (size_t)B * T * (NH + 2 * NKV) * HD;
+        double num = 0, den = 0;
+        for (size_t i = 0; i < no; i++)
+            num += fabs(o[0][i] - o[1][i]), den += fabs(o[1][i]);
+        for (size_t i = 0; i < nq; i++)
+            num += fabs(d[0][i] - d[1][i]), den += fabs(d[1][i]);
+        char shape[96];
+        snprintf(shape, sizeof shape, "B%d T%d H%d/%d hd%d %s", B, T, NH, NKV, HD,
+                 doc_layout_name[layout]);
+        verdict(num <= 1e-6 * den, "attention doc skip=noskip", shape, den > 0 ? num / den : num,
+                1e-6);
+        free(o[0]), free(o[1]), free(d[0]), free(d[1]);
+    }
+}
+
+/* RoPE and the learned position embedding at positions within documents,
+ * against the host: rows rotated by pos * theta^(-2i/HD), out = wte[tok] +
+ * wpe[pos], dwpe[p] += the sum of the rows at position p. */
+static void test_doc_positions(int B, int T, int NH, int HD, int C) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "B%d T%d H%d hd%d C%d", B, T, NH, HD, C);
+    reserve_both(B, T, C, NH, NH, HD, 64, 256);
+    int N = B * T, V = 50;
+    int32_t *ds = malloc((size_t)N * sizeof(int32_t)), *tok = malloc((size_t)N * sizeof(int32_t));
+    doc_layout(ds, B, T, 1);
+    for (int r = 0; r < N; r++)
+        tok[r] = (int32_t)(urand() * V);
+    gpu->set_doc_starts(gpu->ctx, ds, N);
+    int stride = NH * HD;
+    size_t nx = (size_t)N * stride;
+    float *x = rand_bf16(nx, 1.f);
+    double *ref = malloc((nx > (size_t)N * C ? nx : (size_t)N * C) * sizeof(double));
+    for (int r = 0; r < N; r++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < HD / 2; i++) {
+                double ang = (r % T - ds[r]) * pow(10000.0, -2.0 * i / HD);
+                size_t a = (size_t)r * stride + h * HD + i, b2 = a + HD / 2;
+                ref[a] = x[a] * cos(ang) - x[b2] * sin(ang);
+                ref[b2] = x[b2] * cos(ang) + x[a] * sin(ang);
+            }
+    void *gx = up_bf16(x, nx);
+    gpu->rope_fwd(gpu->ctx, gx, N, T, stride, NH, HD, 10000.f);
+    float *y = dl_bf16(gx, nx);
+    double r = rel_err(y, ref, NULL, nx);
+    verdict(r <= TOL_ELEM, "rope_fwd doc positions", shape, r, TOL_ELEM);
+    gpu->rope_bwd(gpu->ctx, gx, N, T, stride, NH, HD, 10000.f); /* back to x */
+    free(y);
+    y = dl_bf16(gx, nx);
+    for (size_t i = 0; i < nx; i++)
+        ref[i] = x[i];
+    r = rel_err(y, ref, NULL, nx);
+    verdict(r <= 2 * TOL_ELEM, "rope_bwd doc positions", shape, r, 2 * TOL_ELEM);
+    free(y), free(x);
+    gpu->free(gpu->ctx, gx);
+    /* embedding */
+    float *wte = rand_bf16((size_t)V * C, 1.f), *wpe = rand_bf16((size_t)T * C, 1.f);
+    float *dout = rand_bf16((size_t)N * C, 1.f), *dw0 = rand_bf16((size_t)T * C, 0.1f);
+    void *gwte = up_bf16(wte, (size_t)V * C), *gwpe = up_bf16(wpe, (size_t)T * C);
+    void *gdo = up_bf16(dout, (size_t)N * C), *gdw = up_bf16(dw0, (size_t)T * C);
+    void *gout = gpu->alloc(gpu->ctx, (size_t)N * C * 2);
+    int32_t *gtok = gpu->alloc(gpu->ctx, (size_t)N * sizeof(int32_t));
+    gpu->upload(gpu->ctx, gtok, tok, (size_t)N * sizeof(int32_t));
+    gpu->embedding_fwd(gpu->ctx, gout, gtok, gwte, gwpe, B, T, C);
+    for (int rr = 0; rr < N; rr++)
+        for (int c = 0; c < C; c++)
+            ref[(size_t)rr * C + c] =
+                (double)wte[(size_t)tok[rr] * C + c] + wpe[(size_t)(rr % T - ds[rr]) * C + c];
+    y = dl_bf16(gout, (size_t)N * C);
+    r = rel_err(y, ref, NULL, (size_t)N * C);
+    verdict(r <= TOL_ELEM, "embedding_fwd doc wpe", shape, r, TOL_ELEM);
+    free(y);
+    gpu->embedding_bwd(gpu->ctx, NULL, gdw, gdo, gtok, B, T, C);
+    memset(ref, 0, (size_t)T * C * sizeof(double));
+    for (int rr = 0; rr < N; rr++)
+        for (int c = 0; c < C; c++)
+            ref[(size_t)(rr % T - ds[rr]) * C + c] += dout[(size_t)rr * C + c];
+    y = dl_bf16(gdw, (size_t)T * C);
+    r = rel_err(y, ref, dw0, (size_t)T * C);
+    verdict(r <= TOL_MM, "embedding_bwd doc dwpe", shape, r, TOL_MM);
+    free(y);
+    gpu->set_doc_starts(gpu->ctx, NULL, 0);
+    gpu->free(gpu->ctx, gwte), gpu->free(gpu->ctx, gwpe), gpu->free(gpu->ctx, gdo);
+    gpu->free(gpu->ctx, gdw), gpu->free(gpu->ctx, gout), gpu->free(gpu->ctx, gtok);
+    free(wte), free(wpe), free(dout), free(dw0), free(ref), free(ds), free(tok);
+}
+
 int main(void) {
     int rc = lcuda_probe();
     if (rc) return rc;
@@ -1361,18 +1673,26 @@ int main(void) {
     /* k_attn.cu's kernels here (the attn-cudnn row off); cuDNN's attention on
      * a second backend below */
     struct cuda_tuning ct = {
-        .fuse_dgelu = 1, .attn_cudnn = "0", .attn_cudnn_gqa = 1, .elem_vec = 1};
+        .fuse_dgelu = 1, .attn_cudnn = "0", .attn_cudnn_gqa = 1, .elem_vec = 1, .attn_doc_skip = 1};
     gpu = backend_cuda_new_tuned(0, &ct);
     ct.attn_cudnn = "1";
     struct backend *gpu_cudnn = backend_cuda_new_tuned(0, &ct);
     /* the elem-vec row off: the one-element-per-thread kernels */
     ct.attn_cudnn = "0", ct.elem_vec = 0;
     struct backend *gpu_scalar = backend_cuda_new_tuned(0, &ct);
-    if (!cpu || !gpu || !gpu_cudnn || !gpu_scalar) return 1;
+    /* packed documents with the attn-doc-skip row off (masked, no tile skipped); cuDNN on,
+     * which a document batch must not take */
+    ct.attn_cudnn = "1", ct.elem_vec = 1, ct.attn_doc_skip = 0;
+    struct backend *gpu_noskip = backend_cuda_new_tuned(0, &ct);
+    if (!cpu || !gpu || !gpu_cudnn || !gpu_scalar || !gpu_noskip) return 1;
     /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
      * shapes of every table only. */
     int quick = getenv("LOOM_TEST_QUICK") != NULL;
+    /* LOOM_TEST_DOC_ONLY=1 (tests/gpu/device/check_packing.sh): the packed-document
+     * checks only */
+    int doc_only = getenv("LOOM_TEST_DOC_ONLY") != NULL;
     reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
+    if (doc_only) goto docs;
 
     static const int mm[][4] = {
         {64, 64, 192, 1}, {512, 256, 40, 0}, {256, 768, 2304, 1}, {128, 1024, 768, 1}};
@@ -1426,6 +1746,16 @@ int main(void) {
         gpu = k_attn_gpu;
         reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
     }
+docs:;
+    /* documents packed in a row: B T NH NKV HD, every head size, grouped-query heads,
+     * T % 128 == 64 */
+    static const int ad[][5] = {{2, 128, 2, 2, 64}, {1, 192, 4, 2, 32}, {2, 256, 4, 1, 128},
+                                {1, 384, 8, 2, 64}, {2, 64, 2, 1, 64},  {1, 320, 3, 3, 128}};
+    for (size_t i = 0; i < (quick ? 2 : sizeof ad / sizeof ad[0]); i++)
+        test_attention_doc(ad[i][0], ad[i][1], ad[i][2], ad[i][3], ad[i][4], gpu_noskip);
+    test_doc_positions(2, 128, 2, 64, 64);
+    reserve_both(4, 256, 768, 12, 12, 64, 3072, 1024);
+    if (doc_only) goto done;
     test_embed(2, 64, 64, 256);
     if (!quick) test_embed(4, 128, 768, 1024);
     test_classifier(64, 64, 250, 256);
@@ -1441,7 +1771,9 @@ int main(void) {
     if (!quick) test_fused(256, 768, 3072);
     test_blas_tune(64, 128, 256);
     if (!quick) test_blas_tune(1024, 768, 3072);
+done:
 
+    backend_free(gpu_noskip);
     backend_free(gpu_scalar);
     backend_free(gpu_cudnn);
     backend_free(gpu);

@@ -158,6 +158,14 @@ struct cuda_ctx {
     int dec_rope_half;
     float *dec_scratch;
     size_t dec_bytes;
+    /* documents packed in a row (set_doc_starts): the starts of the last call on the host
+     * (doc_h, for the position-embedding gradient's buckets) and the device (d_doc), through
+     * pinned h_doc; doc_on until called with NULL; doc_pos: the position buckets (order |
+     * starts | uniq, 3N+1) of dwpe, pinned h_pos and device d_pos; the attn-doc-skip row off:
+     * doc_noskip */
+    int32_t *doc_h, *h_doc, *d_doc, *h_pos, *d_pos;
+    int doc_n, doc_cap, doc_on, doc_noskip;
+    cudaEvent_t doc_ev, pos_ev; /* h_doc / h_pos free again */
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -417,6 +425,13 @@ static void cu_destroy(void *ctx) {
     if (c->h_tok) cudaFreeHost(c->h_tok);
     if (c->h_buf) cudaFreeHost(c->h_buf);
     if (c->tok_ev) cudaEventDestroy(c->tok_ev);
+    free(c->doc_h);
+    if (c->h_doc) cudaFreeHost(c->h_doc);
+    if (c->h_pos) cudaFreeHost(c->h_pos);
+    cudaFree(c->d_doc);
+    cudaFree(c->d_pos);
+    if (c->doc_ev) cudaEventDestroy(c->doc_ev);
+    if (c->pos_ev) cudaEventDestroy(c->pos_ev);
     if (c->buf_ev) cudaEventDestroy(c->buf_ev);
     if (c->cs[0]) {
         for (int i = 0; i < 2; i++) {
@@ -436,11 +451,59 @@ static void cu_destroy(void *ctx) {
     free(c);
 }
 
+/* 1 when the rows of a call (N of them) are those set_doc_starts described */
+static int doc_rows(const struct cuda_ctx *c, int N) {
+    return c->doc_on && N == c->doc_n;
+}
+
+/* backend.h set_doc_starts: the starts copied to the device (stream-ordered, through a pinned
+ * buffer) and kept on the host; the buffers grow on first use (none unless packing
+ * "document"). */
+static void cu_set_doc_starts(void *ctx, const int32_t *starts, int N) {
+    struct cuda_ctx *c = CX;
+    FLUSH();
+    c->doc_on = 0;
+    if (!starts || N <= 0) return;
+    if (N > c->doc_cap) {
+        CUDA_CHECK(cudaStreamSynchronize(c->s)); /* nothing still reads the old buffers */
+        if (c->doc_ev) CUDA_CHECK(cudaEventSynchronize(c->doc_ev));
+        free(c->doc_h);
+        cudaFreeHost(c->h_doc);
+        cudaFreeHost(c->h_pos);
+        cudaFree(c->d_doc);
+        cudaFree(c->d_pos);
+        c->doc_h = malloc((size_t)N * sizeof(int32_t));
+        CUDA_CHECK(cudaMallocHost((void **)&c->h_doc, (size_t)N * sizeof(int32_t)));
+        CUDA_CHECK(cudaMallocHost((void **)&c->h_pos, (size_t)(4 * N + 1) * sizeof(int32_t)));
+        CUDA_CHECK(cudaMalloc((void **)&c->d_doc, (size_t)N * sizeof(int32_t)));
+        CUDA_CHECK(cudaMalloc((void **)&c->d_pos, (size_t)(3 * N + 1) * sizeof(int32_t)));
+        if (!c->doc_h) {
+            fprintf(stderr, "cuda backend: out of host memory for %d document starts\n", N);
+            exit(1);
+        }
+        c->doc_cap = N;
+        if (!c->doc_ev) CUDA_CHECK(cudaEventCreateWithFlags(&c->doc_ev, cudaEventDisableTiming));
+        if (!c->pos_ev) CUDA_CHECK(cudaEventCreateWithFlags(&c->pos_ev, cudaEventDisableTiming));
+    } else {
+        CUDA_CHECK(cudaEventSynchronize(c->doc_ev)); /* the last upload has read h_doc */
+    }
+    memcpy(c->doc_h, starts, (size_t)N * sizeof(int32_t));
+    memcpy(c->h_doc, starts, (size_t)N * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(c->d_doc, c->h_doc, (size_t)N * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, c->s));
+    CUDA_CHECK(cudaEventRecord(c->doc_ev, c->s));
+    c->doc_n = N;
+    c->doc_on = 1;
+}
+
 static void cu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte,
                              const void *wpe, int B, int T, int C) {
     struct cuda_ctx *c = CX;
     FLUSH();
-    lk_embed_fwd(out, tokens, wte, wpe, B * T, T, C, ST);
+    if (wpe && doc_rows(c, B * T))
+        lk_embed_fwd_doc(out, tokens, wte, wpe, c->d_doc, B * T, T, C, ST);
+    else
+        lk_embed_fwd(out, tokens, wte, wpe, B * T, T, C, ST);
     if (c->reserved && B * T <= c->lim.B * c->lim.T) {
         /* no host reader is left: embedding_bwd is done with h_tok when it
          * returns */
@@ -492,7 +555,22 @@ static void cu_embedding_bwd(void *ctx, void *dwte, void *dwpe, const void *dout
         int nu = embed_buckets(c, tokens, N);
         lk_embed_bwd(dwte, NULL, dout, c->d_order, c->d_starts, c->d_uniq, nu, N, T, C, ST);
     }
-    if (dwpe) lk_embed_bwd(NULL, dwpe, dout, NULL, NULL, NULL, 0, N, T, C, ST);
+    if (dwpe && doc_rows(c, N)) {
+        /* rows by position within their document, summed in increasing row order (the
+         * token gradient's buckets, keyed by position) */
+        CUDA_CHECK(cudaEventSynchronize(c->pos_ev)); /* the last upload has read h_pos */
+        int32_t *pos = c->h_pos + 3 * N + 1, *order = c->h_pos, *st = order + N, *uq = st + N + 1;
+        for (int r = 0; r < N; r++)
+            pos[r] = r % T - c->doc_h[r];
+        int nu = lk_embed_buckets(pos, N, order, st, uq);
+        CUDA_CHECK(cudaMemcpyAsync(c->d_pos, c->h_pos, (size_t)(3 * N + 1) * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, c->s));
+        CUDA_CHECK(cudaEventRecord(c->pos_ev, c->s));
+        lk_embed_bwd(dwpe, NULL, dout, c->d_pos, c->d_pos + N, c->d_pos + 2 * N + 1, nu, N, T, C,
+                     ST);
+    } else if (dwpe) {
+        lk_embed_bwd(NULL, dwpe, dout, NULL, NULL, NULL, 0, N, T, C, ST);
+    }
 }
 
 static void cu_layernorm_fwd(void *ctx, void *out, float *mean, float *rstd, const void *inp,
@@ -669,6 +747,11 @@ static int rope_tables(struct cuda_ctx *c, int T, int HD, float theta) {
 static void rope_apply(struct cuda_ctx *c, void *x, int N, int T, int stride, int n_heads, int HD,
                        float theta, int inverse) {
     int tabs = rope_tables(c, T, HD, theta);
+    if (doc_rows(c, N)) { /* positions within documents (rows of the reserved shape) */
+        lk_rope_doc(x, tabs ? c->d_rope_tab : NULL, c->rope_inv ? c->dec_rope_inv : NULL, theta,
+                    c->d_doc, N, T, n_heads, HD, stride, inverse, (lcuda_stream)c->s);
+        return;
+    }
     if (tabs && !c->elem_scalar &&
         lk_rope_tab(x, c->d_rope_tab, N, T, n_heads, HD, stride, inverse, (lcuda_stream)c->s) == 0)
         return;
@@ -712,6 +795,11 @@ static void cu_attention_fwd(void *ctx, void *out, float *lse, const void *qkv, 
     FLUSH();
     const lbf16 *q = qkv;
     int ld = (NH + 2 * NKV) * HD;
+    if (doc_rows(CX, B * T)) { /* documents packed in a row: k_attn.cu's kernels, not cuDNN */
+        lk_attn_fwd_doc(out, lse, q, q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH,
+                        NKV, HD, CX->d_doc, !CX->doc_noskip, ST);
+        return;
+    }
     if (CX->cda && cda_fits(CX, B, T, NH, NKV, HD) && lcudnn_attn_fwd(CX->cda, out, lse, qkv) == 0)
         return;
     lk_attn_fwd(out, lse, q, q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD,
@@ -726,6 +814,12 @@ static void cu_attention_bwd(void *ctx, void *dqkv, const void *dout, const void
     lbf16 *dq = dqkv;
     int ld = (NH + 2 * NKV) * HD;
     int fresh = pz_take(CX, dqkv, (size_t)B * T * ld * 2);
+    if (doc_rows(CX, B * T)) {
+        lk_attn_bwd_doc(dq, dq + NH * HD, dq + (NH + NKV) * HD, CX->attn_scratch, dout, out, lse, q,
+                        q + NH * HD, q + (NH + NKV) * HD, ld, ld, NH * HD, B, T, NH, NKV, HD,
+                        !fresh, CX->d_doc, !CX->doc_noskip, ST);
+        return;
+    }
     if (fresh && CX->cda && cda_fits(CX, B, T, NH, NKV, HD) &&
         lcudnn_attn_bwd(CX->cda, dqkv, dout, out, lse, qkv) == 0)
         return;
@@ -1087,6 +1181,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->fuse_off = t && !t->fuse_dgelu;
     c->cudnn_gqa_off = t && !t->attn_cudnn_gqa;
     c->elem_scalar = t && !t->elem_vec;
+    c->doc_noskip = t && !t->attn_doc_skip;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
@@ -1131,6 +1226,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->rope_set_freqs = cu_rope_set_freqs;
     b->attention_fwd = cu_attention_fwd;
     b->attention_bwd = cu_attention_bwd;
+    b->set_doc_starts = cu_set_doc_starts;
     b->residual_fwd = cu_residual_fwd;
     b->accumulate = cu_accumulate;
     b->classifier = cu_classifier;

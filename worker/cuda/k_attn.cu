@@ -45,28 +45,49 @@
  * kernels. The variants that lost (the 64-query forward at two budgets for
  * every hd, the fused backward attn_bwd2_kernel at three settings) are in
  * dev/cuda/attn_variants.cu with the tests and benches that compare them. */
-template <int HD>
+template <int HD, bool DOC>
 static void fwd_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
-                       int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st) {
+                       int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st,
+                       const int *ds, int skip) {
     float sl2 = LOG2E / sqrtf((float)HD);
     dim3 grid(T / BQ, B * H);
     size_t smem = 4 * TS(HD) * sizeof(bf);
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel_a<HD>,
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel_a<HD, DOC>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attn_fwd_kernel_a<HD><<<grid, NTHREADS, smem, st>>>((bf *)out, lse, (const bf *)q,
-                                                        (const bf *)k, (const bf *)v, ldq, ldkv,
-                                                        ldo, T, H, Hkv, sl2);
+    attn_fwd_kernel_a<HD, DOC><<<grid, NTHREADS, smem, st>>>((bf *)out, lse, (const bf *)q,
+                                                             (const bf *)k, (const bf *)v, ldq,
+                                                             ldkv, ldo, T, H, Hkv, sl2, ds, skip);
     CUDA_CHECK_LAUNCH();
+}
+
+template <bool DOC>
+static void fwd_any(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
+                    int ld_q, int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd,
+                    cudaStream_t st, const int *ds, int skip) {
+    if (hd == 32)
+        fwd2_launch<32, DOC>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st, ds, skip);
+    if (hd == 64)
+        fwd2_launch<64, DOC>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st, ds, skip);
+    if (hd == 128)
+        fwd_launch<128, DOC>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st, ds, skip);
+}
+
+extern "C" void lk_attn_fwd_doc(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k,
+                                const lbf16 *v, int ld_q, int ld_kv, int ld_o, int B, int T, int H,
+                                int Hkv, int hd, const int32_t *doc_start, int skip,
+                                lcuda_stream s) {
+    check_shape(T, H, Hkv, hd);
+    cudaStream_t st = (cudaStream_t)s;
+    if (doc_start)
+        fwd_any<true>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, hd, st, doc_start, skip);
+    else
+        fwd_any<false>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, hd, st, NULL, 0);
 }
 
 extern "C" void lk_attn_fwd(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
                             int ld_q, int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd,
                             lcuda_stream s) {
-    check_shape(T, H, Hkv, hd);
-    cudaStream_t st = (cudaStream_t)s;
-    if (hd == 32) fwd2_launch<32>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
-    if (hd == 64) fwd2_launch<64>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
-    if (hd == 128) fwd_launch<128>(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, st);
+    lk_attn_fwd_doc(out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, hd, NULL, 0, s);
 }
 
 /* Scratch: di [B][H][T] fp32, then room for the fused backward's dQ sums
@@ -79,10 +100,51 @@ extern "C" size_t lk_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd) {
     return bht * sizeof(float) * (1 + (size_t)hd) + (size_t)B * H * (T / 64) * 4 * sizeof(int);
 }
 
-extern "C" void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
-                            const lbf16 *out, const float *lse, const lbf16 *q, const lbf16 *k,
-                            const lbf16 *v, int ld_q, int ld_kv, int ld_o, int B, int T, int H,
-                            int Hkv, int hd, int accumulate, lcuda_stream s) {
+template <bool DOC>
+static void bwd_any(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
+                    const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ld_q,
+                    int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd, int accumulate,
+                    cudaStream_t st, const int *ds, int skip) {
+#define BWD_ARGS                                                                                   \
+    dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, accumulate, st, ds,  \
+        skip
+#define BWD_ARGS_KV                                                                                \
+    NULL, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, accumulate, st,    \
+        ds, skip
+#define BWD_ARGS_Q2                                                                                \
+    (bf *)dq, (const bf *)dout, lse, scratch, (const bf *)q, (const bf *)k, (const bf *)v, ld_q,   \
+        ld_kv, ld_o, T, H, Hkv, sl2, scale, accumulate, ds, skip
+    if (hd <= 64) {
+        float scale = 1.f / sqrtf((float)hd), sl2 = LOG2E * scale;
+        if (hd == 32) bwd_launch<32, 0, DOC>(BWD_ARGS_KV);
+        if (hd == 64) bwd_launch<64, 1, DOC>(BWD_ARGS_KV);
+        size_t smem = 2 * NBUF * TS(64) * sizeof(bf);
+        dim3 grid((T + 127) / 128, B * H);
+        if (hd == 32) {
+            CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_q2_kernel<32, DOC>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+            attn_bwd_q2_kernel<32, DOC><<<grid, NTHREADS, smem, st>>>(BWD_ARGS_Q2);
+        } else {
+            CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_q2_kernel<64, DOC>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+            attn_bwd_q2_kernel<64, DOC><<<grid, NTHREADS, smem, st>>>(BWD_ARGS_Q2);
+        }
+        CUDA_CHECK_LAUNCH();
+    } else { /* hd 128: the two-kernel scheme */
+        bwd_launch<128, 0, DOC>(BWD_ARGS);
+    }
+#undef BWD_ARGS
+#undef BWD_ARGS_KV
+#undef BWD_ARGS_Q2
+}
+
+extern "C" void lk_attn_bwd_doc(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
+                                const lbf16 *out, const float *lse, const lbf16 *q, const lbf16 *k,
+                                const lbf16 *v, int ld_q, int ld_kv, int ld_o, int B, int T, int H,
+                                int Hkv, int hd, int accumulate, const int32_t *doc_start, int skip,
+                                lcuda_stream s) {
     check_shape(T, H, Hkv, hd);
     cudaStream_t st = (cudaStream_t)s;
     int N = B * T;
@@ -92,33 +154,18 @@ extern "C" void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, con
     attn_bwd_pre_kernel<<<nblk, 256, 0, st>>>(scratch, sem, 0, (const bf *)dout, (const bf *)out,
                                               ld_o, N, T, H, hd);
     CUDA_CHECK_LAUNCH();
-#define BWD_ARGS                                                                                   \
-    dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, accumulate, st
-#define BWD_ARGS_KV                                                                                \
-    NULL, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, accumulate, st
-#define BWD_ARGS_Q2                                                                                \
-    (bf *)dq, (const bf *)dout, lse, scratch, (const bf *)q, (const bf *)k, (const bf *)v, ld_q,   \
-        ld_kv, ld_o, T, H, Hkv, sl2, scale, accumulate
-    if (hd <= 64) {
-        float scale = 1.f / sqrtf((float)hd), sl2 = LOG2E * scale;
-        if (hd == 32) bwd_launch<32, 0>(BWD_ARGS_KV);
-        if (hd == 64) bwd_launch<64, 1>(BWD_ARGS_KV);
-        size_t smem = 2 * NBUF * TS(64) * sizeof(bf);
-        dim3 grid((T + 127) / 128, B * H);
-        if (hd == 32) {
-            CUDA_CHECK(cudaFuncSetAttribute(
-                attn_bwd_q2_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            attn_bwd_q2_kernel<32><<<grid, NTHREADS, smem, st>>>(BWD_ARGS_Q2);
-        } else {
-            CUDA_CHECK(cudaFuncSetAttribute(
-                attn_bwd_q2_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            attn_bwd_q2_kernel<64><<<grid, NTHREADS, smem, st>>>(BWD_ARGS_Q2);
-        }
-        CUDA_CHECK_LAUNCH();
-    } else { /* hd 128: the two-kernel scheme */
-        bwd_launch<128, 0>(BWD_ARGS);
-    }
-#undef BWD_ARGS
-#undef BWD_ARGS_KV
-#undef BWD_ARGS_Q2
+    if (doc_start)
+        bwd_any<true>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, hd,
+                      accumulate, st, doc_start, skip);
+    else
+        bwd_any<false>(dq, dk, dv, scratch, dout, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv, hd,
+                       accumulate, st, NULL, 0);
+}
+
+extern "C" void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
+                            const lbf16 *out, const float *lse, const lbf16 *q, const lbf16 *k,
+                            const lbf16 *v, int ld_q, int ld_kv, int ld_o, int B, int T, int H,
+                            int Hkv, int hd, int accumulate, lcuda_stream s) {
+    lk_attn_bwd_doc(dq, dk, dv, scratch, dout, out, lse, q, k, v, ld_q, ld_kv, ld_o, B, T, H, Hkv,
+                    hd, accumulate, NULL, 0, s);
 }

@@ -6,6 +6,18 @@
  * the forward2 and two-kernel backward. The scheme and fragment layouts
  * are described at the top of k_attn.cu.
  *
+ * Documents packed in a row (train.packing "document"): every kernel takes a
+ * template flag DOC and ds, the document start of each row ([B*T], a
+ * position within the row's sequence, non-decreasing along it and <= the
+ * row's own position). With DOC a query attends to the keys from its
+ * document's start up to itself: the causal mask gains key < ds[query].
+ * skip = 1 also leaves out the key tiles (forward, dQ) and query tiles (dK /
+ * dV) that lie wholly outside every row's document (the attn-doc-skip row);
+ * skip = 0 runs every tile the causal kernels run and masks. A row of an
+ * m-tile can then see whole tiles of masked keys before its document starts:
+ * the running max stays -inf, so the forward's exp2 offsets use 0 in its
+ * place (no inf - inf). Without DOC (ds NULL) the code is the causal kernels'.
+ *
  * Include after <cuda_bf16.h>, <cuda_runtime.h>, <math.h> and
  * worker/cuda/kernels.h. The header has no includes of its own so that
  * dev/cuda/attn_variants.cu can include it inside its namespace (the kernels
@@ -143,10 +155,10 @@ __device__ __forceinline__ void store_rows(bf *dst, int ld, const float (*acc)[4
 
 #define TS(HD) (64 * ((HD) + 8)) /* elements of one padded [64][HD] tile */
 
-template <int HD>
-__device__ __forceinline__ void attn_fwd_body(bf *out, float *lse, const bf *q, const bf *k,
-                                              const bf *v, int ldq, int ldkv, int ldo, int T, int H,
-                                              int Hkv, float sl2) {
+template <int HD, bool DOC = false>
+__device__ __forceinline__ void
+attn_fwd_body(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
+              int ldo, int T, int H, int Hkv, float sl2, const int *ds = nullptr, int skip = 0) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf *Ks = (bf *)smem;      /* [2][64][HD+8] */
     bf *Vs = Ks + 2 * TS(HD); /* [2][64][HD+8] */
@@ -155,10 +167,16 @@ __device__ __forceinline__ void attn_fwd_body(bf *out, float *lse, const bf *q, 
     int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qb * BQ + w * 16;
+    int ds0 = 0, ds1 = 0, kb0 = 0; /* DOC: rows g, g+8's document starts; first key tile */
+    if (DOC) {
+        ds0 = ds[(size_t)b * T + q0 + g];
+        ds1 = ds[(size_t)b * T + q0 + g + 8];
+        if (skip) kb0 = ds[(size_t)b * T + qb * BQ] / BK;
+    }
     const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
     const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
-    tile_async<HD>(Ks, kbase, ldkv);
-    tile_async<HD>(Vs, vbase, ldkv);
+    tile_async<HD>(Ks, kbase + (size_t)kb0 * BK * ldkv, ldkv);
+    tile_async<HD>(Vs, vbase + (size_t)kb0 * BK * ldkv, ldkv);
     cp_commit();
     uint32_t qf[HD / 16][4];
     load_afrag<HD>(qf, q + ((size_t)b * T + q0) * ldq + h * HD, ldq, g, t);
@@ -167,9 +185,10 @@ __device__ __forceinline__ void attn_fwd_body(bf *out, float *lse, const bf *q, 
     for (int j = 0; j < HD / 8; j++)
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    for (int kb = 0; kb <= qb; kb++) {
+    for (int kb = kb0; kb <= qb; kb++) {
+        int cb = (kb - kb0) & 1; /* this tile's buffer */
         if (kb < qb) {
-            int nb = (kb + 1) & 1;
+            int nb = cb ^ 1;
             tile_async<HD>(Ks + nb * TS(HD), kbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
             tile_async<HD>(Vs + nb * TS(HD), vbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
             cp_commit();
@@ -178,7 +197,7 @@ __device__ __forceinline__ void attn_fwd_body(bf *out, float *lse, const bf *q, 
             cp_wait<0>();
         }
         __syncthreads();
-        const bf *Kc = Ks + (kb & 1) * TS(HD), *Vc = Vs + (kb & 1) * TS(HD);
+        const bf *Kc = Ks + cb * TS(HD), *Vc = Vs + cb * TS(HD);
         float s[8][4];
         mma_rows<HD>(s, qf, Kc, lane);
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -191,6 +210,7 @@ __device__ __forceinline__ void attn_fwd_body(bf *out, float *lse, const bf *q, 
                     int key = j * 8 + 2 * t + (e & 1), qr = w * 16 + g + (e >= 2 ? 8 : 0);
                     if (key > qr) x = -INFINITY;
                 }
+                if (DOC && kb * BK + j * 8 + 2 * t + (e & 1) < (e >= 2 ? ds1 : ds0)) x = -INFINITY;
                 s[j][e] = x;
             }
             mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
@@ -201,16 +221,21 @@ __device__ __forceinline__ void attn_fwd_body(bf *out, float *lse, const bf *q, 
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+        float u0 = n0, u1 = n1; /* the exp2 offsets */
+        if (DOC) {              /* rows that have seen no key of their document yet */
+            u0 = n0 == -INFINITY ? 0.f : n0;
+            u1 = n1 == -INFINITY ? 0.f : n1;
+        }
+        float a0 = exp2f(m0 - u0), a1 = exp2f(m1 - u1);
         m0 = n0;
         m1 = n1;
         float r0 = 0.f, r1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            s[j][0] = exp2f(s[j][0] - n0);
-            s[j][1] = exp2f(s[j][1] - n0);
-            s[j][2] = exp2f(s[j][2] - n1);
-            s[j][3] = exp2f(s[j][3] - n1);
+            s[j][0] = exp2f(s[j][0] - u0);
+            s[j][1] = exp2f(s[j][1] - u0);
+            s[j][2] = exp2f(s[j][2] - u1);
+            s[j][3] = exp2f(s[j][3] - u1);
             r0 += s[j][0] + s[j][1];
             r1 += s[j][2] + s[j][3];
         }
@@ -261,22 +286,28 @@ __global__ void attn_bwd_pre_kernel(float *di, int *sem, int nsem, const bf *dou
 /* dK, dV for one key block of one kv head: loops over the query heads of
  * the group and the query blocks at or after the key block (Q, dO tiles
  * double-buffered through cp.async). */
-template <int HD>
-__device__ __forceinline__ void attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout, const float *lse,
-                                                 const float *di, const bf *q, const bf *k,
-                                                 const bf *v, int ldq, int ldkv, int ldo, int T,
-                                                 int H, int Hkv, float sl2, float scale, int add) {
+template <int HD, bool DOC = false>
+__device__ __forceinline__ void
+attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout, const float *lse, const float *di, const bf *q,
+                 const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
+                 float sl2, float scale, int add, const int *ds = nullptr, int skip = 0) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf *Qs = (bf *)smem;                        /* [2][64][HD+8] */
     bf *dOs = Qs + 2 * TS(HD);                  /* [2][64][HD+8] */
     float *lse_s = (float *)(dOs + 2 * TS(HD)); /* [2][64], times log2 e */
     float *di_s = lse_s + 2 * BQ;               /* [2][64] */
+    int *ds_s = (int *)(di_s + 2 * BQ);         /* [2][64] (DOC) */
     int nqb = T / BQ;
     int kb = blockIdx.x;
     int bhk = blockIdx.y, b = bhk / Hkv, hk = bhk % Hkv, grp = H / Hkv;
     int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int k0 = kb * BK + w * 16;
-    int nq = nqb - kb, niter = nq * grp;
+    int nq = nqb - kb;
+    if (DOC && skip) /* the query blocks whose first row's document reaches this key block:
+                        starts only grow along the sequence, so the rest see none of it */
+        for (nq = 1; kb + nq < nqb && ds[(size_t)b * T + (kb + nq) * BQ] < (kb + 1) * BK; nq++)
+            ;
+    int niter = nq * grp;
     /* iteration it: query head hk*grp + it / nq, query block kb + it % nq */
 #define KV_ISSUE(it)                                                                               \
     do {                                                                                           \
@@ -289,6 +320,7 @@ __device__ __forceinline__ void attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout,
         if (threadIdx.x < BQ) {                                                                    \
             lse_s[buf_ * BQ + threadIdx.x] = lse[bh_ * T + qb_ * BQ + threadIdx.x] * LOG2E;        \
             di_s[buf_ * BQ + threadIdx.x] = di[bh_ * T + qb_ * BQ + threadIdx.x];                  \
+            if (DOC) ds_s[buf_ * BQ + threadIdx.x] = ds[(size_t)b * T + qb_ * BQ + threadIdx.x];   \
         }                                                                                          \
     } while (0)
     KV_ISSUE(0);
@@ -311,7 +343,8 @@ __device__ __forceinline__ void attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout,
         __syncthreads();
         int qb = kb + it % nq, buf = it & 1;
         const bf *Qc = Qs + buf * TS(HD), *dOc = dOs + buf * TS(HD);
-        const float *ls = lse_s + buf * BQ, *ds = di_s + buf * BQ;
+        const float *ls = lse_s + buf * BQ, *dis = di_s + buf * BQ;
+        const int *dss = ds_s + buf * BQ;
         float p[8][4], dp[8][4];
         mma_rows<HD>(p, kf, Qc, lane); /* S^T: keys x queries */
 #pragma unroll
@@ -321,7 +354,7 @@ __device__ __forceinline__ void attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout,
                 int qi = j * 8 + 2 * t + (e & 1);
                 int key = w * 16 + g + (e >= 2 ? 8 : 0);
                 float x = exp2f(p[j][e] * sl2 - ls[qi]);
-                p[j][e] = (qb == kb && key > qi) ? 0.f : x;
+                p[j][e] = (qb == kb && key > qi) || (DOC && kb * BK + key < dss[qi]) ? 0.f : x;
             }
         mma_acc_t<HD>(dva, p, dOc, lane); /* dV += P^T dO */
         mma_rows<HD>(dp, vf, dOc, lane);  /* dP^T = V dO^T */
@@ -329,7 +362,7 @@ __device__ __forceinline__ void attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout,
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                dp[j][e] = p[j][e] * (dp[j][e] - ds[j * 8 + 2 * t + (e & 1)]);
+                dp[j][e] = p[j][e] * (dp[j][e] - dis[j * 8 + 2 * t + (e & 1)]);
         mma_acc_t<HD>(dka, dp, Qc, lane); /* dK += dS^T Q */
         __syncthreads();
     }
@@ -339,11 +372,11 @@ __device__ __forceinline__ void attn_bwd_kv_body(bf *dk, bf *dv, const bf *dout,
 }
 
 /* dQ for one query block of one head: recomputes P and dP per key block. */
-template <int HD>
-__device__ __forceinline__ void attn_bwd_q_body(bf *dq, const bf *dout, const float *lse,
-                                                const float *di, const bf *q, const bf *k,
-                                                const bf *v, int ldq, int ldkv, int ldo, int T,
-                                                int H, int Hkv, float sl2, float scale, int add) {
+template <int HD, bool DOC = false>
+__device__ __forceinline__ void
+attn_bwd_q_body(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q, const bf *k,
+                const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv, float sl2,
+                float scale, int add, const int *ds = nullptr, int skip = 0) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf *Ks = (bf *)smem;      /* [2][64][HD+8] */
     bf *Vs = Ks + 2 * TS(HD); /* [2][64][HD+8] */
@@ -352,10 +385,16 @@ __device__ __forceinline__ void attn_bwd_q_body(bf *dq, const bf *dout, const fl
     int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qb * BQ + w * 16;
+    int ds0 = 0, ds1 = 0, kb0 = 0; /* as in attn_fwd_body */
+    if (DOC) {
+        ds0 = ds[(size_t)b * T + q0 + g];
+        ds1 = ds[(size_t)b * T + q0 + g + 8];
+        if (skip) kb0 = ds[(size_t)b * T + qb * BQ] / BK;
+    }
     const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
     const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
-    tile_async<HD>(Ks, kbase, ldkv);
-    tile_async<HD>(Vs, vbase, ldkv);
+    tile_async<HD>(Ks, kbase + (size_t)kb0 * BK * ldkv, ldkv);
+    tile_async<HD>(Vs, vbase + (size_t)kb0 * BK * ldkv, ldkv);
     cp_commit();
     uint32_t qf[HD / 16][4], of[HD / 16][4];
     load_afrag<HD>(qf, q + ((size_t)b * T + q0) * ldq + h * HD, ldq, g, t);
@@ -367,9 +406,10 @@ __device__ __forceinline__ void attn_bwd_q_body(bf *dq, const bf *dout, const fl
 #pragma unroll
     for (int j = 0; j < HD / 8; j++)
         dqa[j][0] = dqa[j][1] = dqa[j][2] = dqa[j][3] = 0.f;
-    for (int kb = 0; kb <= qb; kb++) {
+    for (int kb = kb0; kb <= qb; kb++) {
+        int cb = (kb - kb0) & 1;
         if (kb < qb) {
-            int nb = (kb + 1) & 1;
+            int nb = cb ^ 1;
             tile_async<HD>(Ks + nb * TS(HD), kbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
             tile_async<HD>(Vs + nb * TS(HD), vbase + (size_t)(kb + 1) * BK * ldkv, ldkv);
             cp_commit();
@@ -378,7 +418,7 @@ __device__ __forceinline__ void attn_bwd_q_body(bf *dq, const bf *dout, const fl
             cp_wait<0>();
         }
         __syncthreads();
-        const bf *Kc = Ks + (kb & 1) * TS(HD), *Vc = Vs + (kb & 1) * TS(HD);
+        const bf *Kc = Ks + cb * TS(HD), *Vc = Vs + cb * TS(HD);
         float p[8][4], dp[8][4];
         mma_rows<HD>(p, qf, Kc, lane);
         mma_rows<HD>(dp, of, Vc, lane);
@@ -389,6 +429,7 @@ __device__ __forceinline__ void attn_bwd_q_body(bf *dq, const bf *dout, const fl
                 int key = j * 8 + 2 * t + (e & 1), qr = w * 16 + g + (e >= 2 ? 8 : 0);
                 float x = exp2f(p[j][e] * sl2 - (e >= 2 ? ls1 : ls0));
                 if (kb == qb && key > qr) x = 0.f;
+                if (DOC && kb * BK + key < (e >= 2 ? ds1 : ds0)) x = 0.f;
                 p[j][e] = x * (dp[j][e] - (e >= 2 ? d1 : d0));
             }
         mma_acc_t<HD>(dqa, p, Kc, lane); /* dQ += dS K */
@@ -399,41 +440,43 @@ __device__ __forceinline__ void attn_bwd_q_body(bf *dq, const bf *dout, const fl
 
 /* Two register budgets for the backward kernels (b aims at more resident
  * blocks per SM for hd 64); the choice changes speed only, never results. */
-template <int HD>
+template <int HD, bool DOC = false>
 __global__ void __launch_bounds__(NTHREADS)
     attn_fwd_kernel_a(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
-                      int ldo, int T, int H, int Hkv, float sl2) {
-    attn_fwd_body<HD>(out, lse, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2);
+                      int ldo, int T, int H, int Hkv, float sl2, const int *ds, int skip) {
+    attn_fwd_body<HD, DOC>(out, lse, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, ds, skip);
 }
-template <int HD>
+template <int HD, bool DOC = false>
 __global__ void __launch_bounds__(NTHREADS)
     attn_bwd_kv_kernel_a(bf *dk, bf *dv, const bf *dout, const float *lse, const float *di,
                          const bf *q, const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T,
-                         int H, int Hkv, float sl2, float scale, int add) {
-    attn_bwd_kv_body<HD>(dk, dv, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale,
-                         add);
+                         int H, int Hkv, float sl2, float scale, int add, const int *ds, int skip) {
+    attn_bwd_kv_body<HD, DOC>(dk, dv, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale,
+                              add, ds, skip);
 }
-template <int HD>
+template <int HD, bool DOC = false>
 __global__ void __launch_bounds__(NTHREADS, 3)
     attn_bwd_kv_kernel_b(bf *dk, bf *dv, const bf *dout, const float *lse, const float *di,
                          const bf *q, const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T,
-                         int H, int Hkv, float sl2, float scale, int add) {
-    attn_bwd_kv_body<HD>(dk, dv, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale,
-                         add);
+                         int H, int Hkv, float sl2, float scale, int add, const int *ds, int skip) {
+    attn_bwd_kv_body<HD, DOC>(dk, dv, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale,
+                              add, ds, skip);
 }
-template <int HD>
+template <int HD, bool DOC = false>
 __global__ void __launch_bounds__(NTHREADS)
     attn_bwd_q_kernel_a(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q,
                         const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
-                        float sl2, float scale, int add) {
-    attn_bwd_q_body<HD>(dq, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
+                        float sl2, float scale, int add, const int *ds, int skip) {
+    attn_bwd_q_body<HD, DOC>(dq, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add,
+                             ds, skip);
 }
-template <int HD>
+template <int HD, bool DOC = false>
 __global__ void __launch_bounds__(NTHREADS, 3)
     attn_bwd_q_kernel_b(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q,
                         const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
-                        float sl2, float scale, int add) {
-    attn_bwd_q_body<HD>(dq, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
+                        float sl2, float scale, int add, const int *ds, int skip) {
+    attn_bwd_q_body<HD, DOC>(dq, dout, lse, di, q, k, v, ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add,
+                             ds, skip);
 }
 
 /* ---- scheme 2: 128-query CTAs (forward, and dQ of the backward) ---- */
@@ -451,10 +494,10 @@ __device__ __forceinline__ float ex2(float x) {
  * running max m and sum l of rows g and g+8 (in units of score * log2(e) /
  * sqrt(hd)), P = exp2(S - max) written over s, and O rescaled by
  * exp2(old max - new max). */
-template <int HD>
+template <int HD, bool DOC = false>
 __device__ __forceinline__ void fwd2_softmax(float (&s)[8][4], float (&o)[HD / 8][4], float (&m)[2],
                                              float (&l)[2], int row0, int kb, int g, int t,
-                                             float sl2) {
+                                             float sl2, const int *dsr = nullptr) {
     if (kb * BK + BK - 1 > row0) {
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -464,6 +507,13 @@ __device__ __forceinline__ void fwd2_softmax(float (&s)[8][4], float (&o)[HD / 8
                 int qr = row0 + g + (e >= 2 ? 8 : 0);
                 if (key > qr) s[j][e] = -INFINITY;
             }
+    }
+    if (DOC) { /* dsr: the document starts of rows g and g+8 */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (kb * BK + j * 8 + 2 * t + (e & 1) < dsr[e >> 1]) s[j][e] = -INFINITY;
     }
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -476,16 +526,21 @@ __device__ __forceinline__ void fwd2_softmax(float (&s)[8][4], float (&o)[HD / 8
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     float n0 = fmaxf(m[0], mx0 * sl2), n1 = fmaxf(m[1], mx1 * sl2);
-    float a0 = ex2(m[0] - n0), a1 = ex2(m[1] - n1);
+    float u0 = n0, u1 = n1; /* the exp2 offsets */
+    if (DOC) {              /* rows that have seen no key of their document yet */
+        u0 = n0 == -INFINITY ? 0.f : n0;
+        u1 = n1 == -INFINITY ? 0.f : n1;
+    }
+    float a0 = ex2(m[0] - u0), a1 = ex2(m[1] - u1);
     m[0] = n0;
     m[1] = n1;
     float r0 = 0.f, r1 = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        s[j][0] = ex2(fmaf(s[j][0], sl2, -n0));
-        s[j][1] = ex2(fmaf(s[j][1], sl2, -n0));
-        s[j][2] = ex2(fmaf(s[j][2], sl2, -n1));
-        s[j][3] = ex2(fmaf(s[j][3], sl2, -n1));
+        s[j][0] = ex2(fmaf(s[j][0], sl2, -u0));
+        s[j][1] = ex2(fmaf(s[j][1], sl2, -u0));
+        s[j][2] = ex2(fmaf(s[j][2], sl2, -u1));
+        s[j][3] = ex2(fmaf(s[j][3], sl2, -u1));
         r0 += s[j][0] + s[j][1];
         r1 += s[j][2] + s[j][3];
     }
@@ -507,10 +562,10 @@ __device__ __forceinline__ void fwd2_softmax(float (&s)[8][4], float (&o)[HD / 8
  * each warp's first m-tile is wholly masked. Masked scores become -inf, so a
  * masked m-tile leaves its running max and sum unchanged; a CTA whose second
  * half lies past T (T % 128 == 64) computes it and never stores it. */
-template <int HD>
+template <int HD, bool DOC = false>
 __global__ void __launch_bounds__(NTHREADS, 2)
     attn_fwd2_kernel(bf *out, float *lse, const bf *q, const bf *k, const bf *v, int ldq, int ldkv,
-                     int ldo, int T, int H, int Hkv, float sl2) {
+                     int ldo, int T, int H, int Hkv, float sl2, const int *ds, int skip) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf *Ks = (bf *)smem;         /* [NBUF][64][HD+8] */
     bf *Vs = Ks + NBUF * TS(HD); /* [NBUF][64][HD+8] */
@@ -520,14 +575,26 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int has1 = qb * 128 + 64 < T;
     int nk = 2 * qb + 1 + has1; /* key tiles of 64 */
+    /* DOC: the document starts of each m-tile's rows g, g+8; the first key tile */
+    int dsr[2][2] = {{0, 0}, {0, 0}}, kb0 = 0;
+    if (DOC) {
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            if (i == 0 || has1) {
+                const int *d = ds + (size_t)b * T + qb * 128 + i * 64 + w * 16 + g;
+                dsr[i][0] = d[0];
+                dsr[i][1] = d[8];
+            }
+        if (skip) kb0 = ds[(size_t)b * T + qb * 128] / BK;
+    }
     const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
     const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
-    tile_async<HD>(Ks, kbase, ldkv);
-    tile_async<HD>(Vs, vbase, ldkv);
+    tile_async<HD>(Ks, kbase + (size_t)kb0 * BK * ldkv, ldkv);
+    tile_async<HD>(Vs, vbase + (size_t)kb0 * BK * ldkv, ldkv);
     cp_commit();
-    if (nk > 1) {
-        tile_async<HD>(Ks + TS(HD), kbase + (size_t)BK * ldkv, ldkv);
-        tile_async<HD>(Vs + TS(HD), vbase + (size_t)BK * ldkv, ldkv);
+    if (nk > kb0 + 1) {
+        tile_async<HD>(Ks + TS(HD), kbase + (size_t)(kb0 + 1) * BK * ldkv, ldkv);
+        tile_async<HD>(Vs + TS(HD), vbase + (size_t)(kb0 + 1) * BK * ldkv, ldkv);
     }
     cp_commit();
     uint32_t qf[2][HD / 16][4];
@@ -550,16 +617,17 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
     float l[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     int mi = lane >> 3, r8 = lane & 7;
-    for (int kb = 0; kb < nk; kb++) {
+    for (int kb = kb0; kb < nk; kb++) {
         cp_wait<1>();
         __syncthreads(); /* tile kb landed; every warp is done with tile kb-1 */
         if (kb + 2 < nk) {
-            int nb = (kb + 2) % NBUF;
+            int nb = (kb - kb0 + 2) % NBUF;
             tile_async<HD>(Ks + nb * TS(HD), kbase + (size_t)(kb + 2) * BK * ldkv, ldkv);
             tile_async<HD>(Vs + nb * TS(HD), vbase + (size_t)(kb + 2) * BK * ldkv, ldkv);
         }
         cp_commit();
-        const bf *Kc = Ks + (kb % NBUF) * TS(HD), *Vc = Vs + (kb % NBUF) * TS(HD);
+        int cb = (kb - kb0) % NBUF;
+        const bf *Kc = Ks + cb * TS(HD), *Vc = Vs + cb * TS(HD);
         float s[2][8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -579,7 +647,8 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) /* row0: the first row of m-tile i */
-            fwd2_softmax<HD>(s[i], o[i], m[i], l[i], qb * 128 + i * 64 + w * 16, kb, g, t, sl2);
+            fwd2_softmax<HD, DOC>(s[i], o[i], m[i], l[i], qb * 128 + i * 64 + w * 16, kb, g, t, sl2,
+                                  dsr[i]);
             /* O += P V, each V fragment shared by both m-tiles */
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -627,11 +696,11 @@ __global__ void __launch_bounds__(NTHREADS, 2)
  * fragment read from shared memory feeds both; a key tile is taken in two
  * halves of 32 keys to keep S and dP in registers beside dQ. For hd <= 64
  * (hd 128 keeps attn_bwd_q_kernel). */
-template <int HD>
+template <int HD, bool DOC = false>
 __global__ void __launch_bounds__(NTHREADS, 2)
     attn_bwd_q2_kernel(bf *dq, const bf *dout, const float *lse, const float *di, const bf *q,
                        const bf *k, const bf *v, int ldq, int ldkv, int ldo, int T, int H, int Hkv,
-                       float sl2, float scale, int add) {
+                       float sl2, float scale, int add, const int *ds, int skip) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf *Ks = (bf *)smem;         /* [NBUF][64][HD+8] */
     bf *Vs = Ks + NBUF * TS(HD); /* [NBUF][64][HD+8] */
@@ -642,14 +711,25 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     int mi = lane >> 3, r8 = lane & 7;
     int has1 = qb * 128 + 64 < T;
     int nk = 2 * qb + 1 + has1;
+    int dsr[2][2] = {{0, 0}, {0, 0}}, kb0 = 0; /* as in attn_fwd2_kernel */
+    if (DOC) {
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            if (i == 0 || has1) {
+                const int *d = ds + (size_t)b * T + qb * 128 + i * 64 + w * 16 + g;
+                dsr[i][0] = d[0];
+                dsr[i][1] = d[8];
+            }
+        if (skip) kb0 = ds[(size_t)b * T + qb * 128] / BK;
+    }
     const bf *kbase = k + (size_t)b * T * ldkv + hk * HD;
     const bf *vbase = v + (size_t)b * T * ldkv + hk * HD;
-    tile_async<HD>(Ks, kbase, ldkv);
-    tile_async<HD>(Vs, vbase, ldkv);
+    tile_async<HD>(Ks, kbase + (size_t)kb0 * BK * ldkv, ldkv);
+    tile_async<HD>(Vs, vbase + (size_t)kb0 * BK * ldkv, ldkv);
     cp_commit();
-    if (nk > 1) {
-        tile_async<HD>(Ks + TS(HD), kbase + (size_t)BK * ldkv, ldkv);
-        tile_async<HD>(Vs + TS(HD), vbase + (size_t)BK * ldkv, ldkv);
+    if (nk > kb0 + 1) {
+        tile_async<HD>(Ks + TS(HD), kbase + (size_t)(kb0 + 1) * BK * ldkv, ldkv);
+        tile_async<HD>(Vs + TS(HD), vbase + (size_t)(kb0 + 1) * BK * ldkv, ldkv);
     }
     cp_commit();
     uint32_t qf[2][HD / 16][4], of[2][HD / 16][4];
@@ -679,16 +759,17 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 #pragma unroll
         for (int j = 0; j < HD / 8; j++)
             dqa[i][j][0] = dqa[i][j][1] = dqa[i][j][2] = dqa[i][j][3] = 0.f;
-    for (int kb = 0; kb < nk; kb++) {
+    for (int kb = kb0; kb < nk; kb++) {
         cp_wait<1>();
         __syncthreads();
         if (kb + 2 < nk) {
-            int nb = (kb + 2) % NBUF;
+            int nb = (kb - kb0 + 2) % NBUF;
             tile_async<HD>(Ks + nb * TS(HD), kbase + (size_t)(kb + 2) * BK * ldkv, ldkv);
             tile_async<HD>(Vs + nb * TS(HD), vbase + (size_t)(kb + 2) * BK * ldkv, ldkv);
         }
         cp_commit();
-        const bf *Kc = Ks + (kb % NBUF) * TS(HD), *Vc = Vs + (kb % NBUF) * TS(HD);
+        int cb = (kb - kb0) % NBUF;
+        const bf *Kc = Ks + cb * TS(HD), *Vc = Vs + cb * TS(HD);
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             float p[2][4][4], dp[2][4][4];
@@ -726,6 +807,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                         int qr = row0 + g + (e >= 2 ? 8 : 0);
                         float x = ex2(fmaf(p[i][jj][e], sl2, -ls[i][e >> 1]));
                         if (diag && key > qr) x = 0.f;
+                        if (DOC && key < dsr[i][e >> 1]) x = 0.f;
                         p[i][jj][e] = x * (dp[i][jj][e] - dd[i][e >> 1]);
                     }
             }
@@ -770,40 +852,45 @@ static void check_shape(int T, int H, int Hkv, int hd) {
                    "needs T % 64 == 0, H % Hkv == 0 and hd in {32, 64, 128}");
 }
 
-template <int HD>
+template <int HD, bool DOC = false>
 static void fwd2_launch(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
-                        int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st) {
+                        int ldq, int ldkv, int ldo, int B, int T, int H, int Hkv, cudaStream_t st,
+                        const int *ds = nullptr, int skip = 0) {
     float sl2 = LOG2E / sqrtf((float)HD);
     dim3 grid((T + 127) / 128, B * H);
     size_t smem = 2 * NBUF * TS(HD) * sizeof(bf);
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd2_kernel<HD>,
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd2_kernel<HD, DOC>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attn_fwd2_kernel<HD><<<grid, NTHREADS, smem, st>>>((bf *)out, lse, (const bf *)q, (const bf *)k,
-                                                       (const bf *)v, ldq, ldkv, ldo, T, H, Hkv,
-                                                       sl2);
+    attn_fwd2_kernel<HD, DOC><<<grid, NTHREADS, smem, st>>>((bf *)out, lse, (const bf *)q,
+                                                            (const bf *)k, (const bf *)v, ldq, ldkv,
+                                                            ldo, T, H, Hkv, sl2, ds, skip);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, int MINB>
+template <int HD, int MINB, bool DOC = false>
 static void bwd_launch(lbf16 *dq, lbf16 *dk, lbf16 *dv, const float *di, const lbf16 *dout,
                        const float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v, int ldq,
-                       int ldkv, int ldo, int B, int T, int H, int Hkv, int add, cudaStream_t st) {
+                       int ldkv, int ldo, int B, int T, int H, int Hkv, int add, cudaStream_t st,
+                       const int *ds = nullptr, int skip = 0) {
     float scale = 1.f / sqrtf((float)HD), sl2 = LOG2E * scale;
-    size_t smem_kv = 4 * TS(HD) * sizeof(bf) + 4 * BQ * sizeof(float);
+    /* + the document starts of two query tiles (DOC) */
+    size_t smem_kv = 4 * TS(HD) * sizeof(bf) + 4 * BQ * sizeof(float) + (DOC ? 2 * BQ * 4 : 0);
     size_t smem_q = 4 * TS(HD) * sizeof(bf);
-    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_kv_kernel_b<HD> : attn_bwd_kv_kernel_a<HD>),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    CUDA_CHECK(cudaFuncSetAttribute((MINB ? attn_bwd_q_kernel_b<HD> : attn_bwd_q_kernel_a<HD>),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    (MINB ? attn_bwd_kv_kernel_b<HD>
-          : attn_bwd_kv_kernel_a<HD>)<<<dim3(T / BK, B * Hkv), NTHREADS, smem_kv, st>>>(
+    CUDA_CHECK(
+        cudaFuncSetAttribute((MINB ? attn_bwd_kv_kernel_b<HD, DOC> : attn_bwd_kv_kernel_a<HD, DOC>),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    CUDA_CHECK(
+        cudaFuncSetAttribute((MINB ? attn_bwd_q_kernel_b<HD, DOC> : attn_bwd_q_kernel_a<HD, DOC>),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    (MINB ? attn_bwd_kv_kernel_b<HD, DOC>
+          : attn_bwd_kv_kernel_a<HD, DOC>)<<<dim3(T / BK, B * Hkv), NTHREADS, smem_kv, st>>>(
         (bf *)dk, (bf *)dv, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v,
-        ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add);
+        ldq, ldkv, ldo, T, H, Hkv, sl2, scale, add, ds, skip);
     CUDA_CHECK_LAUNCH();
     if (!dq) return; /* hd <= 64: dQ comes from attn_bwd_q2_kernel */
-    (MINB ? attn_bwd_q_kernel_b<HD>
-          : attn_bwd_q_kernel_a<HD>)<<<dim3(T / BQ, B * H), NTHREADS, smem_q, st>>>(
+    (MINB ? attn_bwd_q_kernel_b<HD, DOC>
+          : attn_bwd_q_kernel_a<HD, DOC>)<<<dim3(T / BQ, B * H), NTHREADS, smem_q, st>>>(
         (bf *)dq, (const bf *)dout, lse, di, (const bf *)q, (const bf *)k, (const bf *)v, ldq, ldkv,
-        ldo, T, H, Hkv, sl2, scale, add);
+        ldo, T, H, Hkv, sl2, scale, add, ds, skip);
     CUDA_CHECK_LAUNCH();
 }

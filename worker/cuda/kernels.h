@@ -173,6 +173,30 @@ void lk_attn_bwd(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *d
                  int ld_q, int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd,
                  int accumulate, lcuda_stream s);
 size_t lk_attn_scratch_bytes(int B, int T, int H, int Hkv, int hd);
+/* Documents packed in a row (train.packing "document"): lk_attn_fwd / lk_attn_bwd
+ * with doc_start [B*T] (device; the position in its sequence where each row's
+ * document starts, non-decreasing along a sequence and <= the row's position):
+ * a query attends to the keys of its own document only. skip = 1 leaves out the
+ * tiles wholly outside every row's document (the attn-doc-skip row), 0 masks
+ * them; the results are the same either way up to summation order. doc_start
+ * NULL: the causal kernels. */
+void lk_attn_fwd_doc(lbf16 *out, float *lse, const lbf16 *q, const lbf16 *k, const lbf16 *v,
+                     int ld_q, int ld_kv, int ld_o, int B, int T, int H, int Hkv, int hd,
+                     const int32_t *doc_start, int skip, lcuda_stream s);
+void lk_attn_bwd_doc(lbf16 *dq, lbf16 *dk, lbf16 *dv, float *scratch, const lbf16 *dout,
+                     const lbf16 *out, const float *lse, const lbf16 *q, const lbf16 *k,
+                     const lbf16 *v, int ld_q, int ld_kv, int ld_o, int B, int T, int H, int Hkv,
+                     int hd, int accumulate, const int32_t *doc_start, int skip, lcuda_stream s);
+/* Positions within documents (k_doc.cu): row r (of N) at position r % T - doc_start[r].
+ * lk_embed_fwd_doc: lk_embed_fwd with wpe at that position. lk_rope_doc: lk_rope at that
+ * position, with cos / sin from lk_rope_table's tab [2][T][hd/2] when tab is not NULL (the
+ * bits lk_rope_tab gives a row at the same position), else from inv (device fp32, or NULL for
+ * theta^(-2i/hd)) as lk_rope computes them. */
+void lk_embed_fwd_doc(lbf16 *out, const int32_t *tokens, const lbf16 *wte, const lbf16 *wpe,
+                      const int32_t *doc_start, int N, int T, int C, lcuda_stream s);
+void lk_rope_doc(lbf16 *x, const float *tab, const float *inv, float theta,
+                 const int32_t *doc_start, int N, int T, int n_heads, int hd, int ld, int inverse,
+                 lcuda_stream s);
 
 /* ---- classifier + cross-entropy (fused) ---- */
 /* logits [N][Vp] bf16 are replaced, row by row, by d loss / d logits =
