@@ -7,9 +7,18 @@
  * (6 * (N - wpe) + 12 * L * C * T FLOPs per token against 989 TFLOP/s), peak
  * device memory, and a breakdown of GPU time per operation class measured
  * with CUDA events around every backend call over `profile` extra steps.
+ * With --lora R the base is frozen (engine_place.frozen) and rank-R adapters
+ * (alpha 32, dropout 0) sit on every projection, as llama_torch_bench.py
+ * --lora does; the FLOP count is then the peer's LoRA one: 4 * N' + 12 * L *
+ * C * T, N' the parameters less an untied input embedding (no weight
+ * gradients of the base: its forward and dX only; the adapters' own FLOPs
+ * are not counted). mem_gib is the peak of the engine's allocations plus the
+ * backend workspaces (what torch.cuda.max_memory_allocated counts for the
+ * peer); max_mem_gib the device's used memory (with the CUDA context).
  * Output: human lines on stderr, one "RESULT {json}" line on stdout.
  * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
- *        [--steps 30] [--warmup 8] [--profile 3] */
+ *        [--steps 30] [--warmup 8] [--profile 3] [--lora R]
+ *        [--recompute none|selective|full] */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +28,7 @@
 #include "common/clock.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_util.h"
+#include "worker/lora.h"
 #include "worker/train.h"
 
 enum cat { C_MATMUL, C_ATTN, C_CLS, C_NORM, C_ELEM, C_OPTIM, C_MEM, C_N };
@@ -164,6 +174,12 @@ W0(matmul_residual_fwd, C_MATMUL,
     int OC),
    (x, o, i, w, b, r, N, IC, OC))
 
+W0(axpy_2d, C_ELEM,
+   (void *x, void *d, int ldd, const void *sr, int lds, int rows, int cols, float al, int be),
+   (x, d, ldd, sr, lds, rows, cols, al, be))
+W0(dropout, C_ELEM, (void *x, void *o, const void *i, size_t n, float p, uint64_t s),
+   (x, o, i, n, p, s))
+
 static void prof_install(struct backend *b) {
     P.orig = *b;
     P.be = b;
@@ -176,6 +192,8 @@ static void prof_install(struct backend *b) {
     SETW(residual_fwd), SETW(accumulate), SETW(embedding_fwd), SETW(embedding_bwd), SETW(adamw);
     SETW(sumsq), SETW(scale), SETW(zero), SETW(copy), SETW(upload), SETW(download);
     if (b->matmul_residual_fwd) SETW(matmul_residual_fwd);
+    if (b->axpy_2d) SETW(axpy_2d);
+    if (b->dropout) SETW(dropout);
 #undef SETW
 }
 
@@ -208,7 +226,8 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
-    int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3;
+    const char *recompute = "none";
+    int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             preset = argv[i + 1];
@@ -224,10 +243,23 @@ int main(int argc, char **argv) {
             warmup = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--profile"))
             nprof = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--lora"))
+            rank = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--recompute"))
+            recompute = argv[i + 1];
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
         }
+    }
+    static const char *const rc_names[] = {"none", "selective", "full"};
+    int rcm = -1;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(recompute, rc_names[i])) rcm = i;
+    if (rcm < 0 || rank < 0 || nsteps < 1) {
+        fprintf(stderr, "bad --recompute %s (none, selective, full), --lora %d or --steps %d\n",
+                recompute, rank, nsteps);
+        return 2;
     }
     int rc = lcuda_probe();
     if (rc) return rc;
@@ -239,11 +271,33 @@ int main(int argc, char **argv) {
     }
     struct model_config cfg = mp->config;
     if (T > cfg.seq_len) cfg.seq_len = T;
-    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
+    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = rank > 0};
     struct engine *e = engine_new(&cfg, &pl, backend_cuda_new(0));
     if (!e) return 1;
-    struct model *m = model_new(e, mbs, T, 0);
+    struct model_opts mo = {.B = mbs, .T = T, .recompute = rcm};
+    struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 42)) return 1;
+    struct lora *lo = NULL;
+    if (rank > 0) { /* every projection, as the peer's --lora */
+        static const char *const tg_llama[] = {"q", "k", "v", "o", "gate", "up", "down"};
+        static const char *const tg_gpt2[] = {"attn", "proj", "fc", "fc2"};
+        int gpt2 = cfg.family == MODEL_GPT2;
+        struct lora_opts lopt = {.rank = rank,
+                                 .alpha = 32,
+                                 .targets = gpt2 ? tg_gpt2 : tg_llama,
+                                 .n_targets = gpt2 ? 4 : 7,
+                                 .seed = 42};
+        const char *code = NULL;
+        char lerr[512];
+        lo = lora_new(m, &lopt, &code, lerr, sizeof lerr);
+        if (!lo) {
+            fprintf(stderr, "lora_new: %s: %s\n", code ? code : "?", lerr);
+            return 1;
+        }
+        m->lora = lo;
+        fprintf(stderr, "lora: %d adapters of rank %d, %zu parameters\n", lora_count(lo), rank,
+                lora_numel(lo));
+    }
     struct rnd src = {.s = 1234, .B = mbs, .T = T, .V = cfg.vocab_size};
     int64_t total = warmup + nsteps + nprof;
     struct train_opts o;
@@ -286,6 +340,10 @@ int main(int argc, char **argv) {
     int64_t nparam = model_n_params(&cfg);
     int64_t nwpe = cfg.pos == MODEL_POS_LEARNED ? (int64_t)cfg.seq_len * cfg.d_model : 0;
     double fpt = 6.0 * (double)(nparam - nwpe) + 12.0 * cfg.n_layer * cfg.d_model * (double)T;
+    if (rank > 0) { /* the peer's LoRA count: forward and dX of the frozen base */
+        int64_t nemb = cfg.tied_embeddings ? 0 : (int64_t)cfg.vocab_size * cfg.d_model;
+        fpt = 4.0 * (double)(nparam - nwpe - nemb) + 12.0 * cfg.n_layer * cfg.d_model * (double)T;
+    }
     double tok = (double)mbs * T;
     double tflops = tok * fpt / (med / 1e3) / 1e12;
     struct cuda_mem_report mr;
@@ -316,10 +374,13 @@ int main(int argc, char **argv) {
     printf("RESULT {\"impl\":\"loom-cuda\",\"model\":\"%s\",\"params\":%lld,\"mbs\":%d,\"T\":%d,"
            "\"step_ms_median\":%.2f,\"step_ms_min\":%.2f,\"tokens_per_s\":%.0f,"
            "\"tflops_per_gpu\":%.1f,\"mfu_vs_989\":%.3f,\"max_mem_gib\":%.2f,"
-           "\"engine_gib\":%.2f,\"workspace_gib\":%.2f,\"loss\":%.3f",
+           "\"engine_gib\":%.2f,\"workspace_gib\":%.2f,\"mem_gib\":%.2f,\"loss\":%.3f,"
+           "\"lora\":%d,\"trainable\":%zu,\"recompute\":\"%s\"",
            preset, (long long)nparam, mbs, T, med, ms[0], tok / (med / 1e3), tflops, tflops / 989.0,
            (double)(totm - fr) / 1073741824.0, mr.engine_peak / 1073741824.0,
-           mr.workspace_bytes / 1073741824.0, info.loss);
+           mr.workspace_bytes / 1073741824.0,
+           (double)(mr.engine_peak + mr.workspace_bytes) / 1073741824.0, info.loss, rank,
+           lo ? lora_numel(lo) : (size_t)nparam, recompute);
     if (nprof > 0) {
         printf(",\"breakdown_ms\":{");
         for (int c = 0; c < C_N; c++)
@@ -328,6 +389,8 @@ int main(int argc, char **argv) {
     }
     printf("}\n");
     free(in), free(tg), free(ms);
+    if (m) m->lora = NULL;
+    lora_free(lo);
     model_free(m);
     engine_free(e);
     return 0;
