@@ -57,6 +57,7 @@ struct lora_ad {
     int in, out, col;  /* col: first output column of the site this adapter adds to */
     size_t offA, offB; /* element offsets of A [r, in] and B [out, r] in the arena */
     void *u;           /* [N, r] compute dtype: scale * A x of the last forward */
+    int gj, gk;        /* its place in its site's group of adapters, the group's size */
     uint64_t key;      /* the adapter's dropout stream (hash of its name) */
 };
 
@@ -134,7 +135,7 @@ void lora_free(struct lora *l) {
         b->free(b->ctx, bufs[i]);
     if (!l->master_aliased) b->free(b->ctx, l->master);
     for (int i = 0; l->ad && i < l->n; i++)
-        b->free(b->ctx, l->ad[i].u);
+        if (l->ad[i].gj == 0) b->free(b->ctx, l->ad[i].u); /* one buffer per group */
     e->mem.params -= l->bytes[0];
     e->mem.grads -= l->bytes[1];
     e->mem.optimizer -= l->bytes[2];
@@ -239,6 +240,34 @@ static int place_adapters(struct lora *l, const struct lora_opts *o, char *msg, 
     return 0;
 }
 
+/* The adapters of one (layer, site) sit side by side in the arena: every A
+ * of the group, then every B, so that the A of a group is one [k r, in]
+ * matrix (each A's r * in elements are a multiple of 64 in practice: no
+ * gap) for the grouped x.A GEMM of the fused path (lora_fwd). Sets gj / gk,
+ * the offsets and total after place_adapters. */
+static void group_arena(struct lora *l) {
+    size_t off = 0;
+    for (int i = 0; i < l->n;) {
+        int k = 1;
+        while (i + k < l->n && l->ad[i + k].layer == l->ad[i].layer &&
+               l->ad[i + k].tg->site == l->ad[i].tg->site)
+            k++;
+        for (int j = 0; j < k; j++) {
+            struct lora_ad *a = &l->ad[i + j];
+            a->gj = j, a->gk = k;
+            a->offA = off;
+            off = align_up(off + (size_t)l->r * a->in);
+        }
+        for (int j = 0; j < k; j++) {
+            struct lora_ad *a = &l->ad[i + j];
+            a->offB = off;
+            off = align_up(off + (size_t)a->out * l->r);
+        }
+        i += k;
+    }
+    l->total = off;
+}
+
 /* The optimizer state of [off, off + n) of the arena, master from p. */
 static int alloc_opt(struct lora *l, size_t off, size_t n) {
     struct backend *b = l->m->e->be;
@@ -308,6 +337,7 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
         refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
         return NULL;
     }
+    group_arena(l);
     int wmax = 0, imax = 0;
     for (int s = 0; s < LORA_NSITES; s++) {
         if (l->site_w[s] > wmax) wmax = l->site_w[s];
@@ -325,9 +355,11 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
         l->yd = lalloc(l, 3, N * imax * es);
         if (!l->xd || !l->yd) goto oom;
     }
-    for (int i = 0; i < l->n; i++) {
-        l->ad[i].u = lalloc(l, 3, N * l->r * es);
-        if (!l->ad[i].u) goto oom;
+    for (int i = 0; i < l->n; i++) { /* a group's products in one [N, k r] buffer */
+        struct lora_ad *a = &l->ad[i];
+        a->u = a->gj == 0 ? lalloc(l, 3, N * l->r * a->gk * es)
+                          : backend_at(b, l->ad[i - a->gj].u, N * l->r * a->gj);
+        if (!a->u) goto oom;
     }
     b->zero(b->ctx, l->p, l->total * es);
     b->zero(b->ctx, l->g, l->total * es);
@@ -409,10 +441,75 @@ static int dropping(const struct lora *l) {
     return l->dropout > 0 && l->training;
 }
 
+/* The first adapter of (layer, site), or -1. */
+static int group_first(const struct lora *l, int layer, enum lora_site site) {
+    for (int i = 0; i < l->n; i++)
+        if (l->ad[i].layer == layer && l->ad[i].tg->site == site) return i;
+    return -1;
+}
+
+/* The fused path for the group starting at i0 (backend lora_gemm, the
+ * lora-fused tuning row): no dropout (each adapter has its own mask), the
+ * group's A one matrix, and its [N, k r] product gradient fits the scratch. */
+static int fused(const struct lora *l, int i0) {
+    const struct lora_ad *a = &l->ad[i0];
+    if (!l->m->e->be->lora_gemm || dropping(l) || a->gk * l->r > l->site_w[a->tg->site]) return 0;
+    for (int j = 1; j < a->gk; j++)
+        if (a[j].offA != a->offA + (size_t)j * l->r * a->in) return 0;
+    return 1;
+}
+
+/* Fused forward: U [N, k r] = scale * x A_group^T in one GEMM (row j r.. of
+ * U is adapter j's product), then out[:, col_j ..] += U_j B_j^T per adapter,
+ * accumulated by the GEMM (beta 1) in the projection's columns in place. */
+static void fwd_fused(struct lora *l, int i0, int W, void *out, const void *inp) {
+    struct backend *b = l->m->e->be;
+    struct lora_ad *a0 = &l->ad[i0];
+    int r = l->r, N = l->N, kr = a0->gk * r, in = a0->in;
+    b->lora_gemm(b->ctx, 0, 1, N, kr, in, (float)l->scale, inp, in, backend_at(b, l->p, a0->offA),
+                 in, 0.0f, a0->u, kr);
+    for (int j = 0; j < a0->gk; j++) {
+        const struct lora_ad *a = &a0[j];
+        b->lora_gemm(b->ctx, 0, 1, N, a->out, r, 1.0f, backend_at(b, a0->u, (size_t)j * r), kr,
+                     backend_at(b, l->p, a->offB), r, 1.0f, backend_at(b, out, (size_t)a->col), W);
+    }
+}
+
+/* Fused backward: per adapter dB_j += G_j^T U_j and dU_j = scale * G_j B_j
+ * straight from its columns G_j of dout (no gather pass), into dU [N, k r]
+ * (the tmp scratch); then one GEMM each for dA_group += dU^T x and dinp +=
+ * dU A_group. */
+static void bwd_fused(struct lora *l, int i0, int W, void *dinp, const void *dout,
+                      const void *inp) {
+    struct backend *b = l->m->e->be;
+    struct lora_ad *a0 = &l->ad[i0];
+    int r = l->r, N = l->N, kr = a0->gk * r, in = a0->in;
+    for (int j = 0; j < a0->gk; j++) {
+        const struct lora_ad *a = &a0[j];
+        const void *G = backend_at(b, dout, (size_t)a->col);
+        b->lora_gemm(b->ctx, 1, 0, a->out, r, N, 1.0f, G, W, backend_at(b, a0->u, (size_t)j * r),
+                     kr, 1.0f, backend_at(b, l->g, a->offB), r);
+        b->lora_gemm(b->ctx, 0, 0, N, r, a->out, (float)l->scale, G, W,
+                     backend_at(b, l->p, a->offB), r, 0.0f, backend_at(b, l->tmp, (size_t)j * r),
+                     kr);
+    }
+    b->lora_gemm(b->ctx, 1, 0, kr, in, N, 1.0f, l->tmp, kr, inp, in, 1.0f,
+                 backend_at(b, l->g, a0->offA), in);
+    if (dinp)
+        b->lora_gemm(b->ctx, 0, 0, N, in, kr, 1.0f, l->tmp, kr, backend_at(b, l->p, a0->offA), in,
+                     1.0f, dinp, in);
+}
+
 void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const void *inp) {
     struct backend *b = l->m->e->be;
     int r = l->r, N = l->N, W = l->site_w[site];
-    for (int i = 0; i < l->n; i++) {
+    int i0 = group_first(l, layer, site);
+    if (i0 < 0) return;
+    if (fused(l, i0)) {
+        fwd_fused(l, i0, W, out, inp);
+        return;
+    }
+    for (int i = i0; i < l->n; i++) {
         struct lora_ad *a = &l->ad[i];
         if (a->layer != layer || a->tg->site != site) continue;
         const void *x = inp;
@@ -439,7 +536,13 @@ void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const 
     struct backend *b = l->m->e->be;
     int r = l->r, N = l->N, W = l->site_w[site];
     size_t es = b->elt_size;
-    for (int i = 0; i < l->n; i++) {
+    int i0 = group_first(l, layer, site);
+    if (i0 < 0) return;
+    if (fused(l, i0)) {
+        bwd_fused(l, i0, W, dinp, dout, inp);
+        return;
+    }
+    for (int i = i0; i < l->n; i++) {
         struct lora_ad *a = &l->ad[i];
         if (a->layer != layer || a->tg->site != site) continue;
         /* g: the adapter's columns of dout */

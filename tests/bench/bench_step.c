@@ -18,7 +18,9 @@
  * Output: human lines on stderr, one "RESULT {json}" line on stdout.
  * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
  *        [--steps 30] [--warmup 8] [--profile 3] [--lora R]
- *        [--recompute none|selective|full] */
+ *        [--recompute none|selective|full] [--quantize-base nf4]
+ * --quantize-base nf4 (with --lora): QLoRA, the block linear weights in NF4
+ * (worker/nf4.h), dequantized a block at a time into a bf16 scratch. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_util.h"
 #include "worker/lora.h"
+#include "worker/nf4.h"
 #include "worker/train.h"
 
 enum cat { C_MATMUL, C_ATTN, C_CLS, C_NORM, C_ELEM, C_OPTIM, C_MEM, C_N };
@@ -226,7 +229,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
-    const char *recompute = "none";
+    const char *recompute = "none", *quant = "none";
     int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
@@ -247,6 +250,8 @@ int main(int argc, char **argv) {
             rank = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--recompute"))
             recompute = argv[i + 1];
+        else if (!strcmp(argv[i], "--quantize-base"))
+            quant = argv[i + 1];
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -256,6 +261,15 @@ int main(int argc, char **argv) {
     int rcm = -1;
     for (int i = 0; i < 3; i++)
         if (!strcmp(recompute, rc_names[i])) rcm = i;
+    int nf4 = !strcmp(quant, "nf4");
+    if (!nf4 && strcmp(quant, "none") != 0) {
+        fprintf(stderr, "bad --quantize-base %s (none, nf4)\n", quant);
+        return 2;
+    }
+    if (nf4 && rank < 1) {
+        fprintf(stderr, "--quantize-base nf4 needs --lora R (the base is frozen)\n");
+        return 2;
+    }
     if (rcm < 0 || rank < 0 || nsteps < 1) {
         fprintf(stderr, "bad --recompute %s (none, selective, full), --lora %d or --steps %d\n",
                 recompute, rank, nsteps);
@@ -271,12 +285,29 @@ int main(int argc, char **argv) {
     }
     struct model_config cfg = mp->config;
     if (T > cfg.seq_len) cfg.seq_len = T;
-    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = rank > 0};
+    struct engine_place pl = {
+        .rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = rank > 0, .windows_later = nf4};
     struct engine *e = engine_new(&cfg, &pl, backend_cuda_new(0));
     if (!e) return 1;
+    double t_init = clock_mono_msf();
+    if (nf4) {
+        char qerr[256];
+        if (nf4_attach(e, qerr, sizeof qerr) != 0) {
+            fprintf(stderr, "nf4_attach: %s\n", qerr);
+            return 1;
+        }
+    }
     struct model_opts mo = {.B = mbs, .T = T, .recompute = rcm};
     struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 42)) return 1;
+    if (nf4) {
+        int nq;
+        size_t nw, nb;
+        nf4_stats(e->nf4, &nq, &nw, &nb);
+        fprintf(stderr,
+                "nf4: %d tensors, %zu weights, %.2f GiB (%.3f bytes a weight); init %.1f s\n", nq,
+                nw, nb / 1073741824.0, (double)nb / (double)nw, (clock_mono_msf() - t_init) / 1e3);
+    }
     struct lora *lo = NULL;
     if (rank > 0) { /* every projection, as the peer's --lora */
         static const char *const tg_llama[] = {"q", "k", "v", "o", "gate", "up", "down"};
@@ -375,12 +406,12 @@ int main(int argc, char **argv) {
            "\"step_ms_median\":%.2f,\"step_ms_min\":%.2f,\"tokens_per_s\":%.0f,"
            "\"tflops_per_gpu\":%.1f,\"mfu_vs_989\":%.3f,\"max_mem_gib\":%.2f,"
            "\"engine_gib\":%.2f,\"workspace_gib\":%.2f,\"mem_gib\":%.2f,\"loss\":%.3f,"
-           "\"lora\":%d,\"trainable\":%zu,\"recompute\":\"%s\"",
+           "\"lora\":%d,\"trainable\":%zu,\"recompute\":\"%s\",\"quantize_base\":\"%s\"",
            preset, (long long)nparam, mbs, T, med, ms[0], tok / (med / 1e3), tflops, tflops / 989.0,
            (double)(totm - fr) / 1073741824.0, mr.engine_peak / 1073741824.0,
            mr.workspace_bytes / 1073741824.0,
            (double)(mr.engine_peak + mr.workspace_bytes) / 1073741824.0, info.loss, rank,
-           lo ? lora_numel(lo) : (size_t)nparam, recompute);
+           lo ? lora_numel(lo) : (size_t)nparam, recompute, quant);
     if (nprof > 0) {
         printf(",\"breakdown_ms\":{");
         for (int c = 0; c < C_N; c++)
