@@ -182,6 +182,12 @@ W0(axpy_2d, C_ELEM,
    (x, d, ldd, sr, lds, rows, cols, al, be))
 W0(dropout, C_ELEM, (void *x, void *o, const void *i, size_t n, float p, uint64_t s),
    (x, o, i, n, p, s))
+W0(lora_gemm, C_MATMUL,
+   (void *x, int ta, int tb, int m, int n, int k, float al, const void *A, int lda, const void *B,
+    int ldb, float be, void *C, int ldc),
+   (x, ta, tb, m, n, k, al, A, lda, B, ldb, be, C, ldc))
+/* NF4 dequantization of a block's weights (QLoRA): charged to elementwise */
+W0(nf4_dequant, C_ELEM, (void *x, void *o, const void *q, size_t n), (x, o, q, n))
 
 static void prof_install(struct backend *b) {
     P.orig = *b;
@@ -197,6 +203,8 @@ static void prof_install(struct backend *b) {
     if (b->matmul_residual_fwd) SETW(matmul_residual_fwd);
     if (b->axpy_2d) SETW(axpy_2d);
     if (b->dropout) SETW(dropout);
+    if (b->lora_gemm) SETW(lora_gemm);
+    if (b->nf4_dequant) SETW(nf4_dequant);
 #undef SETW
 }
 

@@ -3,7 +3,7 @@
 # rank-16 adapters (alpha 32) on every projection of the Llama 3.2 1B and
 # Llama 3 8B shapes at micro-batch 4, T 2048 (loom-gpu-bench --lora 16 against
 # llama_torch_bench.py --lora 16, compiled), the 8B shape also with selective
-# recompute and with the unfused adapter path (LOOM_LORA_FUSED=0), and QLoRA
+# and full recompute and with the unfused adapter path (LOOM_LORA_FUSED=0), and QLoRA
 # (--quantize-base nf4) on the Llama 2 70B shape at micro-batch 1, T 2048.
 # Goals (docs/perf.md "LoRA"): tokens/s >= 1.3x the peer's, memory <= 0.8x
 # (8B); the 70B QLoRA run fits.
@@ -52,6 +52,8 @@ LOOM_LORA_FUSED=0 loom 8b_unfused 300 --model 8b --mbs 4 --T 2048 --lora 16 --st
     --warmup 3 --profile 0
 loom 8b_selective 300 --model 8b --mbs 4 --T 2048 --lora 16 --recompute selective --steps 8 \
     --warmup 3 --profile 0
+loom 8b_full 300 --model 8b --mbs 4 --T 2048 --lora 16 --recompute full --steps 8 --warmup 3 \
+    --profile 0
 loom 70b_nf4 420 --model 70b --mbs 1 --T 2048 --lora 16 --quantize-base nf4 --recompute \
     selective --steps 3 --warmup 1 --profile 0
 peer 1b
@@ -59,3 +61,6 @@ peer 8b
 ratio 1b 1b
 ratio 8b 8b
 ratio 8b_selective 8b
+ratio 8b_full 8b
+ratio 8b_unfused 8b
+grep -h '^nf4:' "$OUT/lora_70b_nf4.err"
