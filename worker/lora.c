@@ -449,12 +449,13 @@ static int group_first(const struct lora *l, int layer, enum lora_site site) {
 }
 
 /* The fused path for the group starting at i0 (backend lora_gemm, the
- * lora-fused tuning row): no dropout (each adapter has its own mask), the
- * group's A one matrix, and its [N, k r] product gradient fits the scratch. */
+ * lora-fused tuning row): its [N, k r] product gradient fits the scratch,
+ * and, without dropout, the group's A is one matrix (with dropout each
+ * adapter has its own mask, so each its own x.A GEMM). */
 static int fused(const struct lora *l, int i0) {
     const struct lora_ad *a = &l->ad[i0];
-    if (!l->m->e->be->lora_gemm || dropping(l) || a->gk * l->r > l->site_w[a->tg->site]) return 0;
-    for (int j = 1; j < a->gk; j++)
+    if (!l->m->e->be->lora_gemm || a->gk * l->r > l->site_w[a->tg->site]) return 0;
+    for (int j = 1; j < a->gk && !dropping(l); j++)
         if (a[j].offA != a->offA + (size_t)j * l->r * a->in) return 0;
     return 1;
 }
@@ -466,8 +467,17 @@ static void fwd_fused(struct lora *l, int i0, int W, void *out, const void *inp)
     struct backend *b = l->m->e->be;
     struct lora_ad *a0 = &l->ad[i0];
     int r = l->r, N = l->N, kr = a0->gk * r, in = a0->in;
-    b->lora_gemm(b->ctx, 0, 1, N, kr, in, (float)l->scale, inp, in, backend_at(b, l->p, a0->offA),
-                 in, 0.0f, a0->u, kr);
+    if (!dropping(l)) {
+        b->lora_gemm(b->ctx, 0, 1, N, kr, in, (float)l->scale, inp, in,
+                     backend_at(b, l->p, a0->offA), in, 0.0f, a0->u, kr);
+    } else { /* each adapter's masked input: its own columns of U */
+        for (int j = 0; j < a0->gk; j++) {
+            b->dropout(b->ctx, l->xd, inp, (size_t)N * in, (float)l->dropout, drop_seed(l, &a0[j]));
+            b->lora_gemm(b->ctx, 0, 1, N, r, in, (float)l->scale, l->xd, in,
+                         backend_at(b, l->p, a0[j].offA), in, 0.0f,
+                         backend_at(b, a0->u, (size_t)j * r), kr);
+        }
+    }
     for (int j = 0; j < a0->gk; j++) {
         const struct lora_ad *a = &a0[j];
         b->lora_gemm(b->ctx, 0, 1, N, a->out, r, 1.0f, backend_at(b, a0->u, (size_t)j * r), kr,
@@ -478,7 +488,8 @@ static void fwd_fused(struct lora *l, int i0, int W, void *out, const void *inp)
 /* Fused backward: per adapter dB_j += G_j^T U_j and dU_j = scale * G_j B_j
  * straight from its columns G_j of dout (no gather pass), into dU [N, k r]
  * (the tmp scratch); then one GEMM each for dA_group += dU^T x and dinp +=
- * dU A_group. */
+ * dU A_group (with dropout: per adapter, over its masked input, and its
+ * input gradient masked and added). */
 static void bwd_fused(struct lora *l, int i0, int W, void *dinp, const void *dout,
                       const void *inp) {
     struct backend *b = l->m->e->be;
@@ -492,6 +503,22 @@ static void bwd_fused(struct lora *l, int i0, int W, void *dinp, const void *dou
         b->lora_gemm(b->ctx, 0, 0, N, r, a->out, (float)l->scale, G, W,
                      backend_at(b, l->p, a->offB), r, 0.0f, backend_at(b, l->tmp, (size_t)j * r),
                      kr);
+    }
+    if (dropping(l)) { /* per adapter: its mask again on the input and its gradient */
+        size_t n = (size_t)N * in;
+        for (int j = 0; j < a0->gk; j++) {
+            uint64_t ds = drop_seed(l, &a0[j]);
+            const void *dU = backend_at(b, l->tmp, (size_t)j * r);
+            b->dropout(b->ctx, l->xd, inp, n, (float)l->dropout, ds);
+            b->lora_gemm(b->ctx, 1, 0, r, in, N, 1.0f, dU, kr, l->xd, in, 1.0f,
+                         backend_at(b, l->g, a0[j].offA), in);
+            if (!dinp) continue;
+            b->lora_gemm(b->ctx, 0, 0, N, in, r, 1.0f, dU, kr, backend_at(b, l->p, a0[j].offA), in,
+                         0.0f, l->yd, in);
+            b->dropout(b->ctx, l->yd, l->yd, n, (float)l->dropout, ds);
+            b->accumulate(b->ctx, dinp, l->yd, n);
+        }
+        return;
     }
     b->lora_gemm(b->ctx, 1, 0, kr, in, N, 1.0f, l->tmp, kr, inp, in, 1.0f,
                  backend_at(b, l->g, a0->offA), in);
