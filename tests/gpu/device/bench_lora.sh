@@ -23,8 +23,9 @@ loom() { # TAG TIMEOUT ARGS...: one loom-gpu-bench run, its RESULT line
     grep -h -A9 "GPU time per step" "$OUT/lora_$tag.err" | head -10
 }
 peer() { # MODEL: the compiled PyTorch peer with --lora 16
-    PYTHONUNBUFFERED=1 timeout 360 python3 .deps/peers/llama_torch_bench.py --model "$1" \
-        --mbs 4 --T 2048 --lora 16 >"$OUT/lora_peer_$1.out" 2>"$OUT/lora_peer_$1.err"
+    PYTHONUNBUFFERED=1 timeout 240 python3 .deps/peers/llama_torch_bench.py --model "$1" \
+        --mbs 4 --T 2048 --lora 16 --steps 12 --warmup 4 >"$OUT/lora_peer_$1.out" \
+        2>"$OUT/lora_peer_$1.err"
     echo "peer $1 rc=$? $(el)"
     grep -h '^RESULT' "$OUT/lora_peer_$1.out" | sed "s/^RESULT {/RESULT {\"tag\":\"peer_$1\",/" ||
         tail -5 "$OUT/lora_peer_$1.err"
@@ -46,21 +47,24 @@ else:
           % (sys.argv[3], t, "PASS" if t >= 1.3 else "FAIL", m, "PASS" if m <= 0.8 else "FAIL"))
 EOF
 }
-loom 1b 200 --model 1b --mbs 4 --T 2048 --lora 16 --steps 20 --warmup 5 --profile 1
-loom 8b 300 --model 8b --mbs 4 --T 2048 --lora 16 --steps 12 --warmup 4 --profile 1
-LOOM_LORA_FUSED=0 loom 8b_unfused 300 --model 8b --mbs 4 --T 2048 --lora 16 --steps 8 \
-    --warmup 3 --profile 0
-loom 8b_selective 300 --model 8b --mbs 4 --T 2048 --lora 16 --recompute selective --steps 8 \
-    --warmup 3 --profile 0
-loom 8b_full 300 --model 8b --mbs 4 --T 2048 --lora 16 --recompute full --steps 8 --warmup 3 \
-    --profile 0
-loom 70b_nf4 420 --model 70b --mbs 1 --T 2048 --lora 16 --quantize-base nf4 --recompute \
-    selective --steps 3 --warmup 1 --profile 0
+# the comparisons first (the peer: 12 timed steps after 4 warm-up ones)
+loom 1b 150 --model 1b --mbs 4 --T 2048 --lora 16 --steps 20 --warmup 5 --profile 1
 peer 1b
-peer 8b
 ratio 1b 1b
+loom 8b 200 --model 8b --mbs 4 --T 2048 --lora 16 --steps 10 --warmup 3 --profile 1
+peer 8b
 ratio 8b 8b
+# 8B variants: recompute (memory), the per-adapter path (LOOM_LORA_FUSED=0)
+loom 8b_selective 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute selective --steps 6 \
+    --warmup 2 --profile 0
 ratio 8b_selective 8b
+loom 8b_full 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute full --steps 6 --warmup 2 \
+    --profile 0
 ratio 8b_full 8b
+LOOM_LORA_FUSED=0 loom 8b_unfused 150 --model 8b --mbs 4 --T 2048 --lora 16 --steps 6 \
+    --warmup 2 --profile 0
 ratio 8b_unfused 8b
+# QLoRA on the Llama 2 70B shape (goal: fits on one GPU at micro-batch 1, T 2048)
+loom 70b_nf4 300 --model 70b --mbs 1 --T 2048 --lora 16 --quantize-base nf4 --recompute \
+    selective --steps 3 --warmup 1 --profile 0
 grep -h '^nf4:' "$OUT/lora_70b_nf4.err"
