@@ -250,8 +250,8 @@ static void test_gemm(void) {
         backend_free(gb);
         return;
     }
-    enum { M = 37, N = 24, K = 72, PAD = 5 };
-    size_t na = (size_t)(K + PAD) * (M + PAD), nc = (size_t)M * (N + 2 * PAD);
+    enum { M = 40, N = 24, K = 72, PAD = 8 }; /* 16-byte aligned rows, as the model's */
+    size_t na = (size_t)(K + PAD) * (M + PAD) + PAD, nc = (size_t)M * (N + 2 * PAD);
     float *ha = malloc(na * 4), *hb = malloc(na * 4), *hc = malloc(nc * 4);
     uint16_t *ba = malloc(na * 2), *bb = malloc(na * 2), *bc = malloc(nc * 2);
     void *da = gb->alloc(gb->ctx, na * 2), *db = gb->alloc(gb->ctx, na * 2),
@@ -275,8 +275,8 @@ static void test_gemm(void) {
                     bc[i] = st_f32_to_bf16(hc[i]);
                 }
                 gb->upload(gb->ctx, dc, bc, nc * 2);
-                gb->lora_gemm(gb->ctx, ta, tb, M, N, K, alpha, (uint16_t *)da + 2, lda,
-                              (uint16_t *)db + 2, ldb, (float)beta, (uint16_t *)dc + 3, ldc);
+                gb->lora_gemm(gb->ctx, ta, tb, M, N, K, alpha, (uint16_t *)da + PAD, lda,
+                              (uint16_t *)db + PAD, ldb, (float)beta, (uint16_t *)dc + PAD, ldc);
                 gb->download(gb->ctx, bc, dc, nc * 2);
                 double worst = 0;
                 size_t outside = 0;
@@ -284,7 +284,7 @@ static void test_gemm(void) {
                     for (int j = 0; j < ldc; j++) {
                         double got = st_bf16_to_f32(bc[(size_t)i * ldc + j]);
                         double old = hc[(size_t)i * ldc + j];
-                        if (j < 3 || j >= 3 + N) { /* outside C: untouched */
+                        if (j < PAD || j >= PAD + N) { /* outside C: untouched */
                             outside += got != old;
                             continue;
                         }
@@ -292,8 +292,8 @@ static void test_gemm(void) {
                         for (int p = 0; p < K; p++) {
                             double x =
                                 ta ? ha[2 + (size_t)p * lda + i] : ha[2 + (size_t)i * lda + p];
-                            size_t c = (size_t)(j - 3); /* op(B)[p][c]: B[p][c] or B[c][p] */
-                            double y = tb ? hb[2 + c * ldb + p] : hb[2 + (size_t)p * ldb + c];
+                            size_t c = (size_t)(j - PAD); /* op(B)[p][c]: B[p][c] or B[c][p] */
+                            double y = tb ? hb[PAD + c * ldb + p] : hb[PAD + (size_t)p * ldb + c];
                             acc += x * y;
                             mag += fabs(x * y);
                         }
