@@ -670,11 +670,18 @@ static int group_first(const struct lora *l, int layer, enum lora_site site) {
 
 /* The fused path for the group starting at i0 (backend lora_gemm, the
  * lora-fused tuning row): its [N, k r] product gradient fits the scratch,
- * and, without dropout, the group's A is one matrix (with dropout each
+ * its strides are multiples of 8, and, without dropout, the group's A is one
+ * matrix (with dropout each
  * adapter has its own mask, so each its own x.A GEMM). */
 static int fused(const struct lora *l, int i0) {
     const struct lora_ad *a = &l->ad[i0];
-    if (!l->m->e->be->lora_gemm || a->gk * l->r > l->site_w[a->tg->site]) return 0;
+    int W = l->site_w[a->tg->site];
+    if (!l->m->e->be->lora_gemm || a->gk * l->r > W) return 0;
+    /* every operand row and column range on a 16-byte (8-element) boundary,
+     * where cuBLASLt's bf16 kernels are sure to run */
+    if (l->r % 8 || a->in % 8 || W % 8) return 0;
+    for (int j = 0; j < a->gk; j++)
+        if (a[j].col % 8 || a[j].out % 8) return 0;
     for (int j = 1; j < a->gk && !dropping(l); j++)
         if (a[j].offA != a->offA + (size_t)j * l->r * a->in) return 0;
     return 1;
