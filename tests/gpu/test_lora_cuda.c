@@ -245,12 +245,24 @@ out:
  * result plus fp32 accumulation (2^-8 relative of the magnitude sum). */
 static void test_gemm(void) {
     struct backend *gb = cuda_backend();
-    if (!gb || !gb->lora_gemm) {
-        result(0, "lora_gemm present on the cuda backend", "%g %g", 0, gb ? 1 : 0);
+    struct worker_tuning t;
+    int row_on = worker_tuning_from_env(&t) == 0 && t.cuda.lora_fused;
+    worker_tuning_free(&t);
+    if (!gb || !row_on || !gb->lora_gemm) { /* LOOM_LORA_FUSED=0 takes the member away */
+        result(gb && !row_on == !gb->lora_gemm,
+               "lora_gemm on the cuda backend as the lora-fused row says (row, member)", "%g, %g",
+               row_on, gb && gb->lora_gemm ? 1 : 0);
         backend_free(gb);
         return;
     }
     enum { M = 40, N = 24, K = 72, PAD = 8 }; /* 16-byte aligned rows, as the model's */
+    /* the cuBLASLt handle and workspace come with reserve (any small shape) */
+    struct backend_limits lim = {1, 64, 128, 4, 2, 32, 256, 64, 0};
+    if (gb->reserve(gb->ctx, &lim) != 0) {
+        result(0, "cuda backend reserve for lora_gemm", "%g %g", 0, 0);
+        backend_free(gb);
+        return;
+    }
     size_t na = (size_t)(K + PAD) * (M + PAD) + PAD, nc = (size_t)M * (N + 2 * PAD);
     float *ha = malloc(na * 4), *hb = malloc(na * 4), *hc = malloc(nc * 4);
     uint16_t *ba = malloc(na * 2), *bb = malloc(na * 2), *bc = malloc(nc * 2);

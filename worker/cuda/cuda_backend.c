@@ -870,6 +870,7 @@ static void cu_nf4_dequant(void *ctx, void *out, const void *q, size_t n) {
 static void cu_lora_gemm(void *ctx, int ta, int tb, int m, int n, int k, float alpha, const void *A,
                          int lda, const void *B, int ldb, float beta, void *C, int ldc) {
     FLUSH();
+    cu_require(CX, "lora_gemm"); /* the cuBLASLt handle comes with reserve() */
     lk_gemm_rm(CX->blas, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
