@@ -47,24 +47,25 @@ else:
           % (sys.argv[3], t, "PASS" if t >= 1.3 else "FAIL", m, "PASS" if m <= 0.8 else "FAIL"))
 EOF
 }
-# the comparisons first (the peer: 12 timed steps after 4 warm-up ones)
-loom 1b 150 --model 1b --mbs 4 --T 2048 --lora 16 --steps 20 --warmup 5 --profile 1
-peer 1b
-ratio 1b 1b
-loom 8b 200 --model 8b --mbs 4 --T 2048 --lora 16 --steps 10 --warmup 3 --profile 1
-peer 8b
-ratio 8b 8b
-# 8B variants: recompute (memory), the per-adapter path (LOOM_LORA_FUSED=0)
-loom 8b_selective 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute selective --steps 6 \
+# Loom's runs first (the device call may be cut short), then the peers (12 timed steps after 4
+# warm-up ones) and the ratios
+loom 8b 200 --model 8b --mbs 4 --T 2048 --lora 16 --steps 8 --warmup 2 --profile 1
+loom 8b_selective 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute selective --steps 5 \
     --warmup 2 --profile 0
-ratio 8b_selective 8b
-loom 8b_full 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute full --steps 6 --warmup 2 \
-    --profile 0
-ratio 8b_full 8b
-LOOM_LORA_FUSED=0 loom 8b_unfused 150 --model 8b --mbs 4 --T 2048 --lora 16 --steps 6 \
-    --warmup 2 --profile 0
-ratio 8b_unfused 8b
 # QLoRA on the Llama 2 70B shape (goal: fits on one GPU at micro-batch 1, T 2048)
 loom 70b_nf4 300 --model 70b --mbs 1 --T 2048 --lora 16 --quantize-base nf4 --recompute \
-    selective --steps 3 --warmup 1 --profile 0
+    selective --steps 2 --warmup 1 --profile 0
 grep -h '^nf4:' "$OUT/lora_70b_nf4.err"
+loom 1b 150 --model 1b --mbs 4 --T 2048 --lora 16 --steps 20 --warmup 5 --profile 1
+peer 8b
+ratio 8b 8b
+ratio 8b_selective 8b
+peer 1b
+ratio 1b 1b
+# the per-adapter path (LOOM_LORA_FUSED=0) and full recompute
+LOOM_LORA_FUSED=0 loom 8b_unfused 150 --model 8b --mbs 4 --T 2048 --lora 16 --steps 5 \
+    --warmup 2 --profile 0
+ratio 8b_unfused 8b
+loom 8b_full 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute full --steps 5 --warmup 2 \
+    --profile 0
+ratio 8b_full 8b
