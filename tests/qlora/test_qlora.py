@@ -334,8 +334,12 @@ def qlora_run(tmp):
         spec(spr, hf, data, steps=1, **kw)
         run = os.path.join(tmp, "run-refused-" + what)
         rc, out, err = worker(["--spec", spr, "--out", run] + extra)
+        # the error line (with several processes the launcher may stop before a rank's line
+        # reaches stdout: then the rank's log line on stderr)
         errs = [l for l in out if l.get("type") == "error"]
-        check(rc != 0 and errs and errs[0].get("code") == "LORA_UNSUPPORTED",
+        coded = (errs[0].get("code") == "LORA_UNSUPPORTED") if errs else \
+            "LORA_UNSUPPORTED: train.quantize_base nf4" in err
+        check(rc != 0 and coded,
               f"quantize_base nf4 with {what} refused: rc={rc} {errs[:1]} {err[-200:]}")
 
 
