@@ -8,6 +8,7 @@
  * Pure: no I/O, no globals written; any thread. */
 #include "api/planner.h"
 #include "common/buf.h"
+#include "worker/nf4_format.h" /* the NF4 buffer's size (header only) */
 
 #include <math.h>
 #include <stdio.h>
@@ -321,8 +322,21 @@ static double slowest_stage(const struct model_config *mc, int pp, double fl_blo
 
 /* NF4 with double quantisation (bitsandbytes' QLoRA layout): 4-bit codes,
  * one 8-bit absmax per 64-weight block and one fp32 scale per 256 of those
- * blocks: 0.5 + 1/64 + 4/(64*256) bytes a weight. */
-#define NF4_BYTES (0.5 + 1.0 / 64 + 4.0 / (64.0 * 256.0))
+ * blocks, about 0.516 bytes a weight; exactly nf4_bytes(n) a tensor
+ * (worker/nf4_format.h, the engine's buffer: also the mean offset and the
+ * 8-bit map), summed over one block's linear weights. */
+static double nf4_block_bytes(const struct model_config *mc) {
+    struct model_config one = *mc;
+    one.n_layer = 1;
+    struct model_layout l;
+    double b = 0;
+    if (model_layout_init(&l, &one, 1) != 0) return 0;
+    for (int i = 0; i < l.n; i++)
+        if (l.t[i].layer == 0 && l.t[i].kind == MODEL_T_LINEAR_W && l.t[i].ndim == 2)
+            b += (double)nf4_bytes((size_t)l.t[i].numel);
+    model_layout_free(&l);
+    return b;
+}
 
 static double align64(double n) {
     return ceil(n / 64) * 64;
@@ -386,8 +400,11 @@ static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct
     double A = layers * lf.arena;
     double base = P * e;
     if (s->train.quantize_base == JOBSPEC_QUANT_NF4) {
-        double lin = layers * f->layer_mm; /* block linear weights (tp = 1) */
-        base = lin * NF4_BYTES + (P - lin) * e + f->layer_mm * e;
+        /* block linear weights (tp = 1) in NF4, the rest in the compute
+         * dtype, the one-block scratch (worker/nf4.c nf4_attach) and the
+         * engine's empty params window (one element) */
+        double lin = layers * f->layer_mm;
+        base = layers * nf4_block_bytes(&s->model) + (P - lin) * e + f->layer_mm * e + e;
     }
     int dp = L->dp, zs = dp > 1 ? L->zero : 0;
     double shard = zs >= 1 ? ceil(A / dp) : A;

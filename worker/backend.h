@@ -297,6 +297,18 @@ struct backend {
     void (*axpy_2d)(void *ctx, void *dst, int ldd, const void *src, int lds, int rows, int cols,
                     float alpha, int beta);
     void (*dropout)(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed);
+    /* lora_gemm (optional; NULL: lora.c runs the per-adapter path above):
+     * row-major C[m][n] (row stride ldc) = alpha * op(A) op(B) + beta * C,
+     * op(A) [m][k] = A (ta = 0, A [m][k]) or A^T (ta = 1, A [k][m]), row
+     * stride lda; op(B) [k][n] = B (tb = 0) or B^T (tb = 1, B [n][k]), row
+     * stride ldb; compute dtype, fp32 accumulation, one rounding. */
+    void (*lora_gemm)(void *ctx, int ta, int tb, int m, int n, int k, float alpha, const void *A,
+                      int lda, const void *B, int ldb, float beta, void *C, int ldc);
+    /* nf4_dequant (optional; train.quantize_base "nf4", worker/nf4.h): out
+     * [n] (compute dtype) = the n weights of q, one tensor in the format of
+     * worker/nf4_format.h (backend memory): nf4_dequantize's fp32 values,
+     * rounded once to the compute dtype. */
+    void (*nf4_dequant)(void *ctx, void *out, const void *q, size_t n);
 
     /* ---- optional: host memory and asynchronous copies (optimizer offload,
      * worker/offload.h). NULL on a backend without them (the CPU backend,

@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "worker/engine.h"
+#include "worker/nf4.h"
 #include "worker/offload.h"
 
 int engine_place_check(const struct engine_place *p, char *err, size_t errlen) {
@@ -224,6 +225,7 @@ void engine_free(struct engine *e) {
     if (b) {
         free_opt(e);
         offload_free(e->offload);
+        nf4_free(e->nf4);
         b->free(b->ctx, e->params);
         b->free(b->ctx, e->grads);
         b->free(b->ctx, e->scalar);
@@ -269,6 +271,10 @@ static void put(struct backend *b, void *dst, size_t lo, size_t hi, const float 
 int engine_params_from_host(struct engine *e, size_t off, const float *src, size_t n) {
     struct backend *b = e->be;
     if (n == 0) return 0;
+    if (e->nf4) { /* quantized weights: nothing more to write when the range is all of them */
+        int rc = nf4_put(e->nf4, off, src, n, sizeof(float));
+        if (rc != 0) return rc < 0 ? -1 : 0;
+    }
     float *stage = NULL;
     if (b->dtype != BACKEND_F32) {
         stage = b->alloc(b->ctx, n * sizeof(float));
@@ -312,6 +318,10 @@ static void put_raw(struct backend *b, void *dst, size_t lo, size_t hi, const vo
 int engine_params_from_host_raw(struct engine *e, size_t off, const void *src, size_t n) {
     struct backend *b = e->be;
     if (n == 0) return 0;
+    if (e->nf4) {
+        int rc = nf4_put(e->nf4, off, src, n, b->elt_size);
+        if (rc != 0) return rc < 0 ? -1 : 0;
+    }
     put_raw(b, e->params, e->p_lo, e->p_hi, src, off, n);
     for (int i = 0; i < e->layout.n; i++) {
         size_t lo = (size_t)e->layout.t[i].rank_offset;

@@ -139,6 +139,11 @@ struct engine {
      * reads the parameters (fp32-converted), of the moments zeros. */
     int frozen;
 
+    /* train.quantize_base "nf4": the block linear weights in NF4, their
+     * views a per-block scratch (worker/nf4.h; owned: engine_free frees it).
+     * NULL otherwise. engine_params_from_host(_raw) hands it their values. */
+    struct nf4 *nf4;
+
     /* 1 when every dp rank holds the same optimizer range (DP without ZeRO):
      * the shard's squared grad norm is then not summed over dp. */
     int shard_replicated;

@@ -78,6 +78,7 @@ struct lora_ad {
     int in, out, col;  /* col: first output column of the site this adapter adds to */
     size_t offA, offB; /* element offsets of A [r, in] and B [out, r] in the arena */
     void *u;           /* [N, r] compute dtype: scale * A x of the last forward */
+    int gj, gk;        /* its place in its site's group of adapters, the group's size */
     uint64_t key;      /* the adapter's dropout stream (hash of its name) */
     /* the whole adapter (tp = 1): [r, in_full] and [out_full, r] at fofA /
      * fofB of the full arena; ta / tb describe this rank's share of each as
@@ -179,11 +180,12 @@ void lora_free(struct lora *l) {
         b->free(b->ctx, bufs[i]);
     if (!l->master_aliased) b->free(b->ctx, l->master);
     b->free(b->ctx, l->rep);
+    /* one buffer per group of a site's adapters (lora_new, lora_reserve_slots) */
     if (l->us) /* every slot's products, slot 0's included */
         for (int i = 0; i < l->nslots * l->n; i++)
-            b->free(b->ctx, l->us[i]);
+            if (l->ad[i % l->n].gj == 0) b->free(b->ctx, l->us[i]);
     for (int i = 0; !l->us && l->ad && i < l->n; i++)
-        b->free(b->ctx, l->ad[i].u);
+        if (l->ad[i].gj == 0) b->free(b->ctx, l->ad[i].u);
     free(l->us);
     free(l->fad);
     e->mem.params -= l->bytes[0];
@@ -326,6 +328,35 @@ static int place_adapters(struct lora *l, const struct lora_opts *o, char *msg, 
     return 0;
 }
 
+/* The adapters of one (layer, site) sit side by side in the arena: every A
+ * of the group, then every B, so that the A of a group is one [k r, in]
+ * matrix (each A's r * in elements are a multiple of 64 in practice: no
+ * gap) for the grouped x.A GEMM of the fused path (lora_fwd). Sets gj / gk,
+ * the offsets and total after place_adapters; layout_offsets places another
+ * layout's arena the same way. */
+static void group_arena(struct lora *l) {
+    size_t off = 0;
+    for (int i = 0; i < l->n;) {
+        int k = 1;
+        while (i + k < l->n && l->ad[i + k].layer == l->ad[i].layer &&
+               l->ad[i + k].tg->site == l->ad[i].tg->site)
+            k++;
+        for (int j = 0; j < k; j++) {
+            struct lora_ad *a = &l->ad[i + j];
+            a->gj = j, a->gk = k;
+            a->offA = off;
+            off = align_up(off + (size_t)l->r * a->in);
+        }
+        for (int j = 0; j < k; j++) {
+            struct lora_ad *a = &l->ad[i + j];
+            a->offB = off;
+            off = align_up(off + (size_t)a->out * l->r);
+        }
+        i += k;
+    }
+    l->total = off;
+}
+
 /* The optimizer state of [off, off + n) of the arena, master from p. */
 static int alloc_opt(struct lora *l, size_t off, size_t n) {
     struct backend *b = l->m->e->be;
@@ -433,6 +464,7 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
         refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
         return NULL;
     }
+    group_arena(l);
     int wmax = 0, imax = 0;
     for (int s = 0; s < LORA_NSITES; s++) {
         if (l->site_w[s] > wmax) wmax = l->site_w[s];
@@ -459,9 +491,11 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
             b->zero(b->ctx, l->xf, N * fmax * es);
         }
     }
-    for (int i = 0; i < l->n; i++) {
-        l->ad[i].u = lalloc(l, 3, N * l->r * es);
-        if (!l->ad[i].u) goto oom;
+    for (int i = 0; i < l->n; i++) { /* a group's products in one [N, k r] buffer */
+        struct lora_ad *a = &l->ad[i];
+        a->u = a->gj == 0 ? lalloc(l, 3, N * l->r * a->gk * es)
+                          : backend_at(b, l->ad[i - a->gj].u, N * l->r * a->gj);
+        if (!a->u) goto oom;
     }
     b->zero(b->ctx, l->p, l->total * es);
     b->zero(b->ctx, l->g, l->total * es);
@@ -565,12 +599,15 @@ int lora_reserve_slots(struct lora *l, int n) {
         l->nslots = 1;
     }
     for (; l->nslots < n; l->nslots++)
-        for (int i = 0; i < l->n; i++) {
+        for (int i = 0; i < l->n; i++) { /* per group, as lora_new */
+            const struct lora_ad *a = &l->ad[i];
             void **u = &us[(size_t)l->nslots * l->n + i];
-            *u = lalloc(l, 3, (size_t)l->N * l->r * b->elt_size);
+            size_t nr = (size_t)l->N * l->r;
+            *u = a->gj == 0 ? lalloc(l, 3, nr * a->gk * b->elt_size)
+                            : backend_at(b, us[(size_t)l->nslots * l->n + i - a->gj], nr * a->gj);
             if (!*u) {
                 for (int j = 0; j < i; j++) /* this slot's, so that nslots stays true */
-                    b->free(b->ctx, us[(size_t)l->nslots * l->n + j]);
+                    if (l->ad[j].gj == 0) b->free(b->ctx, us[(size_t)l->nslots * l->n + j]);
                 return -1;
             }
         }
@@ -624,10 +661,107 @@ static void drop(struct lora *l, const struct lora_ad *a, void *dst, const void 
     b->axpy_2d(b->ctx, dst, a->in, cols, a->in_full, N, a->in, 1.0f, 0);
 }
 
+/* The first adapter of (layer, site), or -1. */
+static int group_first(const struct lora *l, int layer, enum lora_site site) {
+    for (int i = 0; i < l->n; i++)
+        if (l->ad[i].layer == layer && l->ad[i].tg->site == site) return i;
+    return -1;
+}
+
+/* The fused path for the group starting at i0 (backend lora_gemm, the
+ * lora-fused tuning row): its [N, k r] product gradient fits the scratch,
+ * its strides are multiples of 8, and, without dropout, the group's A is one
+ * matrix (with dropout each
+ * adapter has its own mask, so each its own x.A GEMM). */
+static int fused(const struct lora *l, int i0) {
+    const struct lora_ad *a = &l->ad[i0];
+    int W = l->site_w[a->tg->site];
+    if (!l->m->e->be->lora_gemm || a->gk * l->r > W) return 0;
+    /* every operand row and column range on a 16-byte (8-element) boundary,
+     * where cuBLASLt's bf16 kernels are sure to run */
+    if (l->r % 8 || a->in % 8 || W % 8) return 0;
+    for (int j = 0; j < a->gk; j++)
+        if (a[j].col % 8 || a[j].out % 8) return 0;
+    for (int j = 1; j < a->gk && !dropping(l); j++)
+        if (a[j].offA != a->offA + (size_t)j * l->r * a->in) return 0;
+    return 1;
+}
+
+/* Fused forward: U [N, k r] = scale * x A_group^T in one GEMM (row j r.. of
+ * U is adapter j's product), then out[:, col_j ..] += U_j B_j^T per adapter,
+ * accumulated by the GEMM (beta 1) in the projection's columns in place. */
+static void fwd_fused(struct lora *l, int i0, int W, void *out, const void *inp) {
+    struct backend *b = l->m->e->be;
+    struct lora_ad *a0 = &l->ad[i0];
+    int r = l->r, N = l->N, kr = a0->gk * r, in = a0->in;
+    if (!dropping(l)) {
+        b->lora_gemm(b->ctx, 0, 1, N, kr, in, (float)l->scale, inp, in,
+                     backend_at(b, l->p, a0->offA), in, 0.0f, a0->u, kr);
+    } else { /* each adapter's masked input: its own columns of U */
+        for (int j = 0; j < a0->gk; j++) {
+            drop(l, &a0[j], l->xd, inp);
+            b->lora_gemm(b->ctx, 0, 1, N, r, in, (float)l->scale, l->xd, in,
+                         backend_at(b, l->p, a0[j].offA), in, 0.0f,
+                         backend_at(b, a0->u, (size_t)j * r), kr);
+        }
+    }
+    for (int j = 0; j < a0->gk; j++) {
+        const struct lora_ad *a = &a0[j];
+        b->lora_gemm(b->ctx, 0, 1, N, a->out, r, 1.0f, backend_at(b, a0->u, (size_t)j * r), kr,
+                     backend_at(b, l->p, a->offB), r, 1.0f, backend_at(b, out, (size_t)a->col), W);
+    }
+}
+
+/* Fused backward: per adapter dB_j += G_j^T U_j and dU_j = scale * G_j B_j
+ * straight from its columns G_j of dout (no gather pass), into dU [N, k r]
+ * (the tmp scratch); then one GEMM each for dA_group += dU^T x and dinp +=
+ * dU A_group (with dropout: per adapter, over its masked input, and its
+ * input gradient masked and added). */
+static void bwd_fused(struct lora *l, int i0, int W, void *dinp, const void *dout,
+                      const void *inp) {
+    struct backend *b = l->m->e->be;
+    struct lora_ad *a0 = &l->ad[i0];
+    int r = l->r, N = l->N, kr = a0->gk * r, in = a0->in;
+    for (int j = 0; j < a0->gk; j++) {
+        const struct lora_ad *a = &a0[j];
+        const void *G = backend_at(b, dout, (size_t)a->col);
+        b->lora_gemm(b->ctx, 1, 0, a->out, r, N, 1.0f, G, W, backend_at(b, a0->u, (size_t)j * r),
+                     kr, 1.0f, backend_at(b, l->g, a->offB), r);
+        b->lora_gemm(b->ctx, 0, 0, N, r, a->out, (float)l->scale, G, W,
+                     backend_at(b, l->p, a->offB), r, 0.0f, backend_at(b, l->tmp, (size_t)j * r),
+                     kr);
+    }
+    if (dropping(l)) { /* per adapter: its mask again on the input and its gradient */
+        for (int j = 0; j < a0->gk; j++) {
+            const void *dU = backend_at(b, l->tmp, (size_t)j * r);
+            drop(l, &a0[j], l->xd, inp);
+            b->lora_gemm(b->ctx, 1, 0, r, in, N, 1.0f, dU, kr, l->xd, in, 1.0f,
+                         backend_at(b, l->g, a0[j].offA), in);
+            if (!dinp) continue;
+            b->lora_gemm(b->ctx, 0, 0, N, in, r, 1.0f, dU, kr, backend_at(b, l->p, a0[j].offA), in,
+                         0.0f, l->yd, in);
+            drop(l, &a0[j], l->yd, l->yd);
+            b->accumulate(b->ctx, dinp, l->yd, (size_t)N * in);
+        }
+        return;
+    }
+    b->lora_gemm(b->ctx, 1, 0, kr, in, N, 1.0f, l->tmp, kr, inp, in, 1.0f,
+                 backend_at(b, l->g, a0->offA), in);
+    if (dinp)
+        b->lora_gemm(b->ctx, 0, 0, N, in, kr, 1.0f, l->tmp, kr, backend_at(b, l->p, a0->offA), in,
+                     1.0f, dinp, in);
+}
+
 void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const void *inp) {
     struct backend *b = l->m->e->be;
     int r = l->r, N = l->N, W = l->site_w[site];
-    for (int i = 0; i < l->n; i++) {
+    int i0 = group_first(l, layer, site);
+    if (i0 < 0) return;
+    if (fused(l, i0)) {
+        fwd_fused(l, i0, W, out, inp);
+        return;
+    }
+    for (int i = i0; i < l->n; i++) {
         struct lora_ad *a = &l->ad[i];
         if (a->layer != layer || a->tg->site != site) continue;
         const void *x = inp;
@@ -654,7 +788,13 @@ void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const 
     struct backend *b = l->m->e->be;
     int r = l->r, N = l->N, W = l->site_w[site];
     size_t es = b->elt_size;
-    for (int i = 0; i < l->n; i++) {
+    int i0 = group_first(l, layer, site);
+    if (i0 < 0) return;
+    if (fused(l, i0)) {
+        bwd_fused(l, i0, W, dinp, dout, inp);
+        return;
+    }
+    for (int i = i0; i < l->n; i++) {
         struct lora_ad *a = &l->ad[i];
         if (a->layer != layer || a->tg->site != site) continue;
         /* g: the adapter's columns of dout */
@@ -896,16 +1036,31 @@ static size_t layout_offsets(const struct lora *l, int tp, int pp, int st, size_
     int l0, l1;
     size_t off = 0;
     model_stage_layers(&l->m->e->cfg, pp, st, &l0, &l1);
-    for (int i = 0; i < l->nf; i++) {
-        const struct lora_ad *f = &l->fad[i];
+    for (int i = 0; i < l->nf; i++)
         offA[i] = offB[i] = (size_t)-1;
-        if (f->layer < l0 || f->layer >= l1) continue;
-        size_t in = (size_t)f->in_full / (f->split == MODEL_SPLIT_ROW ? (size_t)tp : 1);
-        size_t out = (size_t)f->out_full / (f->split == MODEL_SPLIT_COLUMN ? (size_t)tp : 1);
-        offA[i] = off;
-        off = align_up(off + (size_t)l->r * in);
-        offB[i] = off;
-        off = align_up(off + out * (size_t)l->r);
+    /* grouped by (layer, site) as group_arena: every A of a group, then every B */
+    for (int i = 0; i < l->nf;) {
+        const struct lora_ad *f = &l->fad[i];
+        int k = 1;
+        while (i + k < l->nf && l->fad[i + k].layer == f->layer &&
+               l->fad[i + k].tg->site == f->tg->site)
+            k++;
+        if (f->layer >= l0 && f->layer < l1) {
+            for (int j = i; j < i + k; j++) {
+                const struct lora_ad *g = &l->fad[j];
+                size_t in = (size_t)g->in_full / (g->split == MODEL_SPLIT_ROW ? (size_t)tp : 1);
+                offA[j] = off;
+                off = align_up(off + (size_t)l->r * in);
+            }
+            for (int j = i; j < i + k; j++) {
+                const struct lora_ad *g = &l->fad[j];
+                size_t out =
+                    (size_t)g->out_full / (g->split == MODEL_SPLIT_COLUMN ? (size_t)tp : 1);
+                offB[j] = off;
+                off = align_up(off + out * (size_t)l->r);
+            }
+        }
+        i += k;
     }
     return off;
 }

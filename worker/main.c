@@ -45,6 +45,7 @@
 #include "worker/launch.h"
 #include "worker/lora.h"
 #include "worker/memcheck.h"
+#include "worker/nf4.h"
 #include "worker/offload.h"
 #include "worker/offload_adamw.h"
 #include "worker/par.h"
@@ -641,9 +642,19 @@ static int lora_check(struct run *r) {
                         "model.init_from names a PEFT adapter but the spec has no train.lora");
         return 0;
     }
-    if (s->train.quantize_base != JOBSPEC_QUANT_NONE)
-        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED",
-                    "train.quantize_base is not supported with train.lora yet");
+    if (s->train.quantize_base == JOBSPEC_QUANT_NF4 &&
+        (w->o.world != 1 || s->export.hf || w->o.hf.export_hf || w->o.export_path)) {
+        /* the NF4 base (worker/nf4.h) lives on one device, and a merged
+         * export would need the unquantized base */
+        snprintf(w->err, sizeof w->err,
+                 "train.quantize_base nf4 runs on one device without a merged export; this run "
+                 "has world=%lld and %s",
+                 (long long)w->o.world,
+                 s->export.hf || w->o.hf.export_hf || w->o.export_path
+                     ? "export.hf / --export-hf / --export (use export.lora)"
+                     : "no merged export");
+        return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
+    }
     /* before the world is joined, so that a refused rank does not leave the
      * others waiting at the rendezvous */
     if (s->parallel.zero_stage > 2) {
@@ -759,6 +770,9 @@ static int build_engine(struct run *r) {
     struct worker *w = r->w;
     struct opts *o = &w->o;
     const struct loom_spec *s = &w->spec;
+    /* train.quantize_base nf4: no resident params window; nf4_attach gives
+     * every tensor a view (worker/nf4.h) */
+    int nf4 = s->train.lora.enabled && s->train.quantize_base == JOBSPEC_QUANT_NF4;
     struct engine_place p = {.rank = (int)o->rank,
                              .world = (int)o->world,
                              .local_rank = (int)o->local_rank,
@@ -770,7 +784,7 @@ static int build_engine(struct run *r) {
                              /* with other ranks, the parameter and gradient windows
                               * are sized by ZeRO before the weights exist, so a
                               * sharded rank never holds the whole model */
-                             .windows_later = o->world > 1,
+                             .windows_later = o->world > 1 || nf4,
                              .tp_host_sync = !o->tune.comm.tp_stream,
                              /* train.lora: the base is frozen (no grads, master, moments) */
                              .frozen = s->train.lora.enabled};
@@ -781,6 +795,15 @@ static int build_engine(struct run *r) {
     w->e = engine_new(&s->model, &p, r->be);
     r->be = NULL; /* the engine's now, freed by engine_new on failure too */
     if (!w->e) return LOOM_EXIT_FAILED;
+    if (nf4 && nf4_attach(w->e, w->err, sizeof w->err) != 0)
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", NULL);
+    if (nf4) {
+        int nq;
+        size_t nw, nb;
+        nf4_stats(w->e->nf4, &nq, &nw, &nb);
+        log_info("qlora: %d block linear weights (%zu values) in NF4, %.1f MiB", nq, nw,
+                 (double)nb / 1048576.0);
+    }
     int code = setup_offload(r);
     if (code) return code;
     /* world 1: the whole buffer is the shard; allocated before the weights are

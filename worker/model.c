@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "worker/lora.h"
+#include "worker/nf4.h"
 #include "worker/model.h"
 #include "worker/tp.h"
 
@@ -535,6 +536,7 @@ static void block_fwd(struct model *m, int l, const void *x) {
     int B = m->B, T = m->T, N = B * T, C = m->C;
     int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, rope = e->cfg.pos == MODEL_POS_ROPE;
     int fcw = m->F * (swiglu ? 2 : 1);
+    nf4_layer(e->nf4, l); /* QLoRA: block l's weights into the scratch (NULL: none) */
     norm_fwd(m, s->n1, s->n1_mean, s->n1_rstd, x, k->n1w, k->n1b);
     b->matmul_fwd(b->ctx, s->qkv, s->n1, P(m, k->qkvw), P(m, k->qkvb), N, C, m->QKV);
     if (m->lora) lora_fwd(m->lora, l, LORA_SITE_QKV, s->qkv, s->n1);
@@ -677,6 +679,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         struct layer_acts *s = &a->l[l];
         const void *x = l > m->l0 ? a->l[l - 1].r2 : a->enc;
         if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, l);
+        nf4_layer(e->nf4, l); /* QLoRA: block l's weights into the scratch (NULL: none) */
         /* Recompute what was not kept (same kernels, same inputs: same bits). */
         if (m->recompute == MODEL_RECOMPUTE_FULL) {
             block_fwd(m, l, x);

@@ -41,6 +41,11 @@ const struct config_entry worker_tuning_rows[] = {
      "CUDA: choose cuBLASLt algorithms by timing the candidates of each GEMM shape"},
     {"blas-algo-cache", CONFIG_STR | T, AT(cuda.blas_algo_cache), NULL, 1, 0,
      "CUDA: file of GEMM algorithm choices, read at start and written by blas-tune"},
+    {"lora-fused", CONFIG_BOOL | T, AT(cuda.lora_fused), "1", 0, 0,
+     "CUDA LoRA: one x.A GEMM per projection group and (xA).B accumulated into the projection "
+     "output by the GEMM (beta 1); 0 the per-adapter GEMMs with a separate add pass"},
+    {"nf4-vec", CONFIG_BOOL | T, AT(cuda.nf4_vec), "1", 0, 0,
+     "CUDA QLoRA: dequantize NF4 weights 8 a thread with 16-byte stores; 0 one weight a thread"},
     {"comm-timeout-ms", CONFIG_INT | T, AT(comm.timeout_ms), "0", 0, 1e9,
      "rendezvous and per-operation timeout (0: 300000)"},
     {"comm-backend", CONFIG_STR | T, AT(comm.backend), NULL, 1, 0,

@@ -37,6 +37,8 @@ struct cuda_tuning {
     int attn_doc_skip;     /* attn-doc-skip: packed documents skip tiles outside them */
     int blas_tune;         /* blas-tune: GEMM algorithms chosen by timing */
     char *blas_algo_cache; /* blas-algo-cache: file of recorded GEMM choices; NULL: none */
+    int lora_fused;        /* lora-fused: grouped, strided adapter GEMMs (backend lora_gemm) */
+    int nf4_vec;           /* nf4-vec: NF4 dequantization 8 weights a thread */
 };
 
 /* Communication: comm layer, NCCL/Gloo backends, dp pair transport, tp. */

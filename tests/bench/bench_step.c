@@ -7,11 +7,22 @@
  * (6 * (N - wpe) + 12 * L * C * T FLOPs per token against 989 TFLOP/s), peak
  * device memory, and a breakdown of GPU time per operation class measured
  * with CUDA events around every backend call over `profile` extra steps.
+ * With --lora R the base is frozen (engine_place.frozen) and rank-R adapters
+ * (alpha 32, dropout 0) sit on every projection, as llama_torch_bench.py
+ * --lora does; the FLOP count is then the peer's LoRA one: 4 * N' + 12 * L *
+ * C * T, N' the parameters less an untied input embedding (no weight
+ * gradients of the base: its forward and dX only; the adapters' own FLOPs
+ * are not counted). mem_gib is the peak of the engine's allocations plus the
+ * backend workspaces (what torch.cuda.max_memory_allocated counts for the
+ * peer); max_mem_gib the device's used memory (with the CUDA context).
  * Output: human lines on stderr, one "RESULT {json}" line on stdout.
  * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
- *        [--steps 30] [--warmup 8] [--profile 3] [--accum 1]
- *        [--recompute none|selective|full] [--offload off|on|sync|delayed]
- *        [--offload-threads N] [--offload-pin register|alloc|off]
+ *        [--steps 30] [--warmup 8] [--profile 3] [--lora R] [--accum 1]
+ *        [--recompute none|selective|full] [--quantize-base nf4]
+ *        [--offload off|on|sync|delayed] [--offload-threads N]
+ *        [--offload-pin register|alloc|off]
+ * --quantize-base nf4 (with --lora): QLoRA, the block linear weights in NF4
+ * (worker/nf4.h), dequantized a block at a time into a bf16 scratch.
  * With --offload (worker/offload.h) the RESULT line adds the step's split:
  * optimizer wall ms on the engine thread, the CPU AdamW's ms, the exposed
  * copy and CPU waits, and the start-up (host state ready, process to first
@@ -26,6 +37,8 @@
 #include "worker/offload.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_util.h"
+#include "worker/lora.h"
+#include "worker/nf4.h"
 #include "worker/train.h"
 
 enum cat { C_MATMUL, C_ATTN, C_CLS, C_NORM, C_ELEM, C_OPTIM, C_MEM, C_N };
@@ -171,6 +184,18 @@ W0(matmul_residual_fwd, C_MATMUL,
     int OC),
    (x, o, i, w, b, r, N, IC, OC))
 
+W0(axpy_2d, C_ELEM,
+   (void *x, void *d, int ldd, const void *sr, int lds, int rows, int cols, float al, int be),
+   (x, d, ldd, sr, lds, rows, cols, al, be))
+W0(dropout, C_ELEM, (void *x, void *o, const void *i, size_t n, float p, uint64_t s),
+   (x, o, i, n, p, s))
+W0(lora_gemm, C_MATMUL,
+   (void *x, int ta, int tb, int m, int n, int k, float al, const void *A, int lda, const void *B,
+    int ldb, float be, void *C, int ldc),
+   (x, ta, tb, m, n, k, al, A, lda, B, ldb, be, C, ldc))
+/* NF4 dequantization of a block's weights (QLoRA): charged to elementwise */
+W0(nf4_dequant, C_ELEM, (void *x, void *o, const void *q, size_t n), (x, o, q, n))
+
 static void prof_install(struct backend *b) {
     P.orig = *b;
     P.be = b;
@@ -183,6 +208,10 @@ static void prof_install(struct backend *b) {
     SETW(residual_fwd), SETW(accumulate), SETW(embedding_fwd), SETW(embedding_bwd), SETW(adamw);
     SETW(sumsq), SETW(scale), SETW(zero), SETW(copy), SETW(upload), SETW(download);
     if (b->matmul_residual_fwd) SETW(matmul_residual_fwd);
+    if (b->axpy_2d) SETW(axpy_2d);
+    if (b->dropout) SETW(dropout);
+    if (b->lora_gemm) SETW(lora_gemm);
+    if (b->nf4_dequant) SETW(nf4_dequant);
 #undef SETW
 }
 
@@ -215,8 +244,9 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
-    int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3;
-    int accum = 1, recompute = MODEL_RECOMPUTE_NONE, offload_threads = 0;
+    const char *recompute = "none", *quant = "none";
+    int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0;
+    int accum = 1, offload_threads = 0;
     const char *offload = "off", *pin = "register";
     double t_start = clock_mono_msf();
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -234,6 +264,12 @@ int main(int argc, char **argv) {
             warmup = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--profile"))
             nprof = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--lora"))
+            rank = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--recompute"))
+            recompute = argv[i + 1];
+        else if (!strcmp(argv[i], "--quantize-base"))
+            quant = argv[i + 1];
         else if (!strcmp(argv[i], "--accum"))
             accum = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--offload"))
@@ -242,14 +278,28 @@ int main(int argc, char **argv) {
             pin = argv[i + 1];
         else if (!strcmp(argv[i], "--offload-threads"))
             offload_threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--recompute"))
-            recompute = !strcmp(argv[i + 1], "full")        ? MODEL_RECOMPUTE_FULL
-                        : !strcmp(argv[i + 1], "selective") ? MODEL_RECOMPUTE_SELECTIVE
-                                                            : MODEL_RECOMPUTE_NONE;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
         }
+    }
+    static const char *const rc_names[] = {"none", "selective", "full"};
+    int rcm = -1;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(recompute, rc_names[i])) rcm = i;
+    int nf4 = !strcmp(quant, "nf4");
+    if (!nf4 && strcmp(quant, "none") != 0) {
+        fprintf(stderr, "bad --quantize-base %s (none, nf4)\n", quant);
+        return 2;
+    }
+    if (nf4 && rank < 1) {
+        fprintf(stderr, "--quantize-base nf4 needs --lora R (the base is frozen)\n");
+        return 2;
+    }
+    if (rcm < 0 || rank < 0 || nsteps < 1) {
+        fprintf(stderr, "bad --recompute %s (none, selective, full), --lora %d or --steps %d\n",
+                recompute, rank, nsteps);
+        return 2;
     }
     int rc = lcuda_probe();
     if (rc) return rc;
@@ -262,7 +312,14 @@ int main(int argc, char **argv) {
     struct model_config cfg = mp->config;
     if (T > cfg.seq_len) cfg.seq_len = T;
     int off = strcmp(offload, "off") != 0;
-    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .opt_later = off};
+    struct engine_place pl = {.rank = 0,
+                              .world = 1,
+                              .tp = 1,
+                              .dp = 1,
+                              .pp = 1,
+                              .frozen = rank > 0,
+                              .windows_later = nf4,
+                              .opt_later = off};
     struct engine *e = engine_new(&cfg, &pl, backend_cuda_new(0));
     if (!e) return 1;
     if (off) { /* as loom-worker: the offload, then the host state, then the weights */
@@ -274,9 +331,46 @@ int main(int argc, char **argv) {
                                                                : OFFLOAD_PIN_REGISTER};
         if (engine_offload_enable(e, &oo) != 0 || engine_opt_init(e) != 0) return 1;
     }
-    struct model_opts mo = {.B = mbs, .T = T, .recompute = recompute};
+    double t_init = clock_mono_msf();
+    if (nf4) {
+        char qerr[256];
+        if (nf4_attach(e, qerr, sizeof qerr) != 0) {
+            fprintf(stderr, "nf4_attach: %s\n", qerr);
+            return 1;
+        }
+    }
+    struct model_opts mo = {.B = mbs, .T = T, .recompute = rcm};
     struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 42)) return 1;
+    if (nf4) {
+        int nq;
+        size_t nw, nb;
+        nf4_stats(e->nf4, &nq, &nw, &nb);
+        fprintf(stderr,
+                "nf4: %d tensors, %zu weights, %.2f GiB (%.3f bytes a weight); init %.1f s\n", nq,
+                nw, nb / 1073741824.0, (double)nb / (double)nw, (clock_mono_msf() - t_init) / 1e3);
+    }
+    struct lora *lo = NULL;
+    if (rank > 0) { /* every projection, as the peer's --lora */
+        static const char *const tg_llama[] = {"q", "k", "v", "o", "gate", "up", "down"};
+        static const char *const tg_gpt2[] = {"attn", "proj", "fc", "fc2"};
+        int gpt2 = cfg.family == MODEL_GPT2;
+        struct lora_opts lopt = {.rank = rank,
+                                 .alpha = 32,
+                                 .targets = gpt2 ? tg_gpt2 : tg_llama,
+                                 .n_targets = gpt2 ? 4 : 7,
+                                 .seed = 42};
+        const char *code = NULL;
+        char lerr[512];
+        lo = lora_new(m, &lopt, &code, lerr, sizeof lerr);
+        if (!lo) {
+            fprintf(stderr, "lora_new: %s: %s\n", code ? code : "?", lerr);
+            return 1;
+        }
+        m->lora = lo;
+        fprintf(stderr, "lora: %d adapters of rank %d, %zu parameters\n", lora_count(lo), rank,
+                lora_numel(lo));
+    }
     double t_ready = clock_mono_msf();
     struct offload_stats ost;
     offload_get_stats(e, &ost);
@@ -341,6 +435,10 @@ int main(int argc, char **argv) {
     int64_t nparam = model_n_params(&cfg);
     int64_t nwpe = cfg.pos == MODEL_POS_LEARNED ? (int64_t)cfg.seq_len * cfg.d_model : 0;
     double fpt = 6.0 * (double)(nparam - nwpe) + 12.0 * cfg.n_layer * cfg.d_model * (double)T;
+    if (rank > 0) { /* the peer's LoRA count: forward and dX of the frozen base */
+        int64_t nemb = cfg.tied_embeddings ? 0 : (int64_t)cfg.vocab_size * cfg.d_model;
+        fpt = 4.0 * (double)(nparam - nwpe - nemb) + 12.0 * cfg.n_layer * cfg.d_model * (double)T;
+    }
     double tok = (double)mbs * T * o.grad_accum;
     double tflops = tok * fpt / (med / 1e3) / 1e12;
     struct cuda_mem_report mr;
@@ -371,12 +469,14 @@ int main(int argc, char **argv) {
     printf("RESULT {\"impl\":\"loom-cuda\",\"model\":\"%s\",\"params\":%lld,\"mbs\":%d,\"T\":%d,"
            "\"step_ms_median\":%.2f,\"step_ms_min\":%.2f,\"tokens_per_s\":%.0f,"
            "\"tflops_per_gpu\":%.1f,\"mfu_vs_989\":%.3f,\"max_mem_gib\":%.2f,"
-           "\"engine_gib\":%.2f,\"workspace_gib\":%.2f,\"loss\":%.3f",
+           "\"engine_gib\":%.2f,\"workspace_gib\":%.2f,\"mem_gib\":%.2f,\"loss\":%.3f,"
+           "\"lora\":%d,\"trainable\":%zu,\"recompute\":\"%s\",\"quantize_base\":\"%s\"",
            preset, (long long)nparam, mbs, T, med, ms[0], tok / (med / 1e3), tflops, tflops / 989.0,
            (double)(totm - fr) / 1073741824.0, mr.engine_peak / 1073741824.0,
-           mr.workspace_bytes / 1073741824.0, info.loss);
-    printf(",\"accum\":%d,\"recompute\":%d,\"offload\":\"%s\",\"pin\":\"%s\"", o.grad_accum,
-           recompute, offload, pin);
+           mr.workspace_bytes / 1073741824.0,
+           (double)(mr.engine_peak + mr.workspace_bytes) / 1073741824.0, info.loss, rank,
+           lo ? lora_numel(lo) : (size_t)nparam, recompute, quant);
+    printf(",\"accum\":%d,\"offload\":\"%s\",\"pin\":\"%s\"", o.grad_accum, offload, pin);
     if (off)
         printf(",\"optimizer_ms\":%.1f,\"compute_ms\":%.1f,\"cpu_adamw_ms\":%.1f,"
                "\"copy_wait_ms\":%.1f,\"cpu_wait_ms\":%.1f,\"host_state_s\":%.2f,"
@@ -391,6 +491,8 @@ int main(int argc, char **argv) {
     }
     printf("}\n");
     free(in), free(tg), free(ms);
+    if (m) m->lora = NULL;
+    lora_free(lo);
     model_free(m);
     engine_free(e);
     return 0;

@@ -8,6 +8,19 @@
  *  - loss curve: 30 steps of rank-8 adapters on every target, dropout 0 and
  *    0.1, follow the cpu curve: every step within 5% relative, the mean
  *    within 2% (the bf16 tolerance gpu.train uses), and the loss falls;
+ *  - lora_gemm (the fused path's strided GEMM, every transpose pair, alpha,
+ *    beta 0 / 1, column ranges of wider rows) against a host fp64 product of
+ *    the same bf16 operands;
+ *  - the curve and step-1 checks run twice: the fused adapter path (one
+ *    x.A GEMM per projection group, (xA).B accumulated by the GEMM) and the
+ *    per-adapter path (the lora-fused row off, LOOM_LORA_FUSED=0); the two
+ *    cuda curves agree within the bf16 tolerance;
+ *  - NF4 (QLoRA): the cuda dequantization (8-a-thread and one-a-thread
+ *    kernels, the nf4-vec row) equals the host nf4_dequantize rounded to
+ *    bf16 bit for bit; a QLoRA run (train.quantize_base nf4: the block linear
+ *    weights in NF4, dequantized a block at a time) follows the cpu QLoRA
+ *    curve, its loss falls, and its params bytes are the NF4 storage + the
+ *    one-block scratch + the other tensors in bf16, below the bf16 base's;
  *  - memory: the frozen base holds no gradient, master or moments: a LoRA
  *    engine's grads + optimizer bytes are the adapters' alone, and full
  *    fine-tuning holds n_params * (2 + 12) bytes more.
@@ -20,8 +33,10 @@
 
 #include "worker/cuda/cuda_util.h"
 #include "worker/lora.h"
+#include "worker/nf4.h"
 #include "worker/safetensors.h"
 #include "worker/train.h"
+#include "worker/tuning.h"
 
 #define STEPS    30
 #define TOL_STEP 5e-2
@@ -32,6 +47,18 @@
 #define RANK     8
 
 static int fails;
+static int unfused;   /* 1: the cuda backend without lora_gemm (lora-fused off) */
+static int nf4_plain; /* 1: the one-weight-a-thread NF4 kernel (nf4-vec off) */
+
+static struct backend *cuda_backend(void) {
+    struct worker_tuning t;
+    if (worker_tuning_from_env(&t) != 0) return NULL;
+    t.cuda.lora_fused = unfused ? 0 : t.cuda.lora_fused;
+    t.cuda.nf4_vec = nf4_plain ? 0 : t.cuda.nf4_vec;
+    struct backend *b = backend_cuda_new_tuned(0, &t.cuda);
+    worker_tuning_free(&t);
+    return b;
+}
 
 static void result(int ok, const char *what, const char *fmt, double a, double b) {
     printf("%s: %s (", ok ? "PASS" : "FAIL", what);
@@ -80,15 +107,27 @@ struct run {
     struct lora *l;
 };
 
-/* lora: 0 full fine-tuning, 1 adapters (frozen base) with dropout p. */
+/* lora: 0 full fine-tuning, 1 adapters (frozen base) with dropout p, 2
+ * adapters over an NF4 base (QLoRA). */
 static int run_new(struct run *r, int cuda, int lora, double p) {
     struct model_config c = config();
-    struct engine_place pl = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = lora};
+    struct engine_place pl = {.rank = 0,
+                              .world = 1,
+                              .tp = 1,
+                              .dp = 1,
+                              .pp = 1,
+                              .frozen = lora > 0,
+                              .windows_later = lora == 2};
     memset(r, 0, sizeof *r);
-    struct backend *be = cuda ? backend_cuda_new(0) : backend_cpu_new(0);
+    struct backend *be = cuda ? cuda_backend() : backend_cpu_new(0);
     if (!be) return -1;
     r->e = engine_new(&c, &pl, be);
     if (!r->e) return -1;
+    char qerr[256];
+    if (lora == 2 && nf4_attach(r->e, qerr, sizeof qerr) != 0) {
+        printf("nf4_attach: %s\n", qerr);
+        return -1;
+    }
     r->m = model_new(r->e, B_SEQ, T_SEQ, 0);
     if (!r->m || model_init_params(r->m, 42) != 0) return -1;
     if (!lora) return 0;
@@ -200,6 +239,97 @@ out:
     free(got);
 }
 
+/* lora_gemm against a host fp64 reference of the same bf16 operands: C
+ * [m][n] at column 3 of rows of ldc, operands at column offsets of wider
+ * rows, every (ta, tb), beta 0 and 1. Tolerance: one bf16 rounding of the
+ * result plus fp32 accumulation (2^-8 relative of the magnitude sum). */
+static void test_gemm(void) {
+    struct backend *gb = cuda_backend();
+    struct worker_tuning t;
+    int row_on = worker_tuning_from_env(&t) == 0 && t.cuda.lora_fused;
+    worker_tuning_free(&t);
+    if (!gb || !row_on || !gb->lora_gemm) { /* LOOM_LORA_FUSED=0 takes the member away */
+        result(gb && !row_on == !gb->lora_gemm,
+               "lora_gemm on the cuda backend as the lora-fused row says (row, member)", "%g, %g",
+               row_on, gb && gb->lora_gemm ? 1 : 0);
+        backend_free(gb);
+        return;
+    }
+    enum { M = 40, N = 24, K = 72, PAD = 8 }; /* 16-byte aligned rows, as the model's */
+    /* the cuBLASLt handle and workspace come with reserve (any small shape) */
+    struct backend_limits lim = {1, 64, 128, 4, 2, 32, 256, 64, 0};
+    if (gb->reserve(gb->ctx, &lim) != 0) {
+        result(0, "cuda backend reserve for lora_gemm", "%g %g", 0, 0);
+        backend_free(gb);
+        return;
+    }
+    size_t na = (size_t)(K + PAD) * (M + PAD) + PAD, nc = (size_t)M * (N + 2 * PAD);
+    float *ha = malloc(na * 4), *hb = malloc(na * 4), *hc = malloc(nc * 4);
+    uint16_t *ba = malloc(na * 2), *bb = malloc(na * 2), *bc = malloc(nc * 2);
+    void *da = gb->alloc(gb->ctx, na * 2), *db = gb->alloc(gb->ctx, na * 2),
+         *dc = gb->alloc(gb->ctx, nc * 2);
+    for (size_t i = 0; i < na; i++) {
+        ha[i] = st_bf16_to_f32(st_f32_to_bf16((float)sin((double)i * 0.731) * 2.0f));
+        hb[i] = st_bf16_to_f32(st_f32_to_bf16((float)cos((double)i * 0.293)));
+        ba[i] = st_f32_to_bf16(ha[i]);
+        bb[i] = st_f32_to_bf16(hb[i]);
+    }
+    gb->upload(gb->ctx, da, ba, na * 2);
+    gb->upload(gb->ctx, db, bb, na * 2);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int beta = 0; beta < 2; beta++) {
+                /* op(A)[i][p] = A[i][p] (row stride lda) or A[p][i]; offset 2 */
+                int lda = (ta ? M : K) + PAD, ldb = (tb ? K : N) + PAD, ldc = N + 2 * PAD;
+                float alpha = 0.625f;
+                for (size_t i = 0; i < nc; i++) {
+                    hc[i] = st_bf16_to_f32(st_f32_to_bf16((float)(i % 7) - 3.0f));
+                    bc[i] = st_f32_to_bf16(hc[i]);
+                }
+                gb->upload(gb->ctx, dc, bc, nc * 2);
+                gb->lora_gemm(gb->ctx, ta, tb, M, N, K, alpha, (uint16_t *)da + PAD, lda,
+                              (uint16_t *)db + PAD, ldb, (float)beta, (uint16_t *)dc + PAD, ldc);
+                gb->download(gb->ctx, bc, dc, nc * 2);
+                double worst = 0;
+                size_t outside = 0;
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < ldc; j++) {
+                        double got = st_bf16_to_f32(bc[(size_t)i * ldc + j]);
+                        double old = hc[(size_t)i * ldc + j];
+                        if (j < PAD || j >= PAD + N) { /* outside C: untouched */
+                            outside += got != old;
+                            continue;
+                        }
+                        double acc = 0, mag = 0;
+                        for (int p = 0; p < K; p++) {
+                            double x =
+                                ta ? ha[2 + (size_t)p * lda + i] : ha[2 + (size_t)i * lda + p];
+                            size_t c = (size_t)(j - PAD); /* op(B)[p][c]: B[p][c] or B[c][p] */
+                            double y = tb ? hb[PAD + c * ldb + p] : hb[PAD + (size_t)p * ldb + c];
+                            acc += x * y;
+                            mag += fabs(x * y);
+                        }
+                        double want = alpha * acc + (beta ? old : 0);
+                        double tol = (alpha * mag + fabs(old)) * (1.0 / 128) + 1e-6;
+                        double d = fabs(got - want) / tol;
+                        worst = d > worst ? d : worst;
+                    }
+                char what[128];
+                snprintf(what, sizeof what,
+                         "lora_gemm ta=%d tb=%d beta=%d vs host (worst error / tolerance, cells "
+                         "outside C changed)",
+                         ta, tb, beta);
+                result(worst <= 1.0 && outside == 0, what, "%.3g, %g", worst, (double)outside);
+            }
+    gb->free(gb->ctx, da);
+    gb->free(gb->ctx, db);
+    gb->free(gb->ctx, dc);
+    backend_free(gb);
+    free(ha), free(hb), free(hc), free(ba), free(bb), free(bc);
+}
+
+static double curve_fused[2][STEPS]; /* the cuda curves of the fused path, dropout 0 / 0.1 */
+
 static void test_curve(double p) {
     double lc[STEPS], lg[STEPS];
     struct run rc = {0}, rg = {0};
@@ -213,20 +343,34 @@ static void test_curve(double p) {
         mean += d / STEPS;
     }
     if (ok)
-        printf("dropout %.2f: cpu %.5f -> %.5f, cuda %.5f -> %.5f\n", p, lc[0], lc[STEPS - 1],
-               lg[0], lg[STEPS - 1]);
-    snprintf(what, sizeof what, "LoRA curve cuda vs cpu, dropout %.2f (worst, mean relative)", p);
+        printf("%s path, dropout %.2f: cpu %.5f -> %.5f, cuda %.5f -> %.5f\n",
+               unfused ? "per-adapter" : "fused", p, lc[0], lc[STEPS - 1], lg[0], lg[STEPS - 1]);
+    const char *path = unfused ? "per-adapter path" : "fused path";
+    if (ok && !unfused) memcpy(curve_fused[p > 0], lg, sizeof lg);
+    if (ok && unfused) { /* the two cuda paths: the same curve within bf16 */
+        double w2 = 0;
+        for (int i = 0; i < STEPS; i++) {
+            double d = fabs(lg[i] - curve_fused[p > 0][i]) / fabs(lg[i]);
+            w2 = d > w2 ? d : w2;
+        }
+        snprintf(what, sizeof what,
+                 "LoRA curve cuda fused vs per-adapter path, dropout %.2f (worst relative)", p);
+        result(w2 <= TOL_STEP, what, "%.3g, %g", w2, TOL_STEP);
+    }
+    snprintf(what, sizeof what, "LoRA curve cuda vs cpu, %s, dropout %.2f (worst, mean relative)",
+             path, p);
     result(ok && worst <= TOL_STEP && mean <= TOL_MEAN, what, "%.3g, %.3g", worst, mean);
-    snprintf(what, sizeof what, "LoRA loss falls on cuda, dropout %.2f (first, last)", p);
+    snprintf(what, sizeof what, "LoRA loss falls on cuda, %s, dropout %.2f (first, last)", path, p);
     result(ok && lg[STEPS - 1] < lg[0] - 0.1, what, "%.5f, %.5f", ok ? lg[0] : 0,
            ok ? lg[STEPS - 1] : 0);
     if (p == 0 && ok) { /* memory of the same layout with full fine-tuning */
         struct run rf = {0};
         double lf[1];
         int okf = run_new(&rf, 1, 0, 0) == 0 && steps(&rf, 1, lf) == 0;
-        result(okf && lf[0] == lg[0],
-               "step-1 LoRA loss equals full fine-tuning's on cuda bit for bit (LoRA, full)",
-               "%.9f, %.9f", lg[0], okf ? lf[0] : 0);
+        snprintf(what, sizeof what,
+                 "step-1 LoRA loss equals full fine-tuning's on cuda bit for bit, %s (LoRA, full)",
+                 path);
+        result(okf && lf[0] == lg[0], what, "%.9f, %.9f", lg[0], okf ? lf[0] : 0);
         const struct engine_mem *ml = &rg.e->mem, *mf = &rf.e->mem;
         size_t np = rg.e->n_params, na = lora_numel(rg.l);
         /* adapters: values + gradients 2 bytes, master and moments 12, padded
@@ -252,12 +396,108 @@ static void test_curve(double p) {
     run_free(&rg);
 }
 
+/* cuda NF4 dequantization == host nf4_dequantize rounded to bf16. */
+static void test_nf4_kernel(void) {
+    static const size_t sizes[] = {64 * 256 * 2 + 64 * 7, 64 * 300 + 13};
+    for (int plain = 0; plain < 2; plain++)
+        for (size_t si = 0; si < 2; si++) {
+            size_t n = sizes[si], nb = nf4_bytes(n);
+            nf4_plain = plain;
+            struct backend *gb = cuda_backend();
+            nf4_plain = 0;
+            float *w = malloc(n * 4), *d = malloc(n * 4);
+            uint8_t *q = malloc(nb);
+            uint16_t *got = malloc(n * 2);
+            void *dq = gb ? gb->alloc(gb->ctx, nb) : NULL,
+                 *dout = gb ? gb->alloc(gb->ctx, n * 2) : NULL;
+            size_t bad = 0;
+            int ok = gb && gb->nf4_dequant && w && d && q && got && dq && dout;
+            if (ok) {
+                for (size_t i = 0; i < n; i++)
+                    w[i] = (float)(sin((double)i * 0.173) * 0.05 * (1.0 + (double)(i % 97) / 50));
+                nf4_quantize(w, n, q);
+                nf4_dequantize(q, n, d);
+                gb->upload(gb->ctx, dq, q, nb);
+                gb->nf4_dequant(gb->ctx, dout, dq, n);
+                gb->download(gb->ctx, got, dout, n * 2);
+                for (size_t i = 0; i < n; i++)
+                    bad += got[i] != st_f32_to_bf16(d[i]);
+            }
+            char what[160];
+            snprintf(what, sizeof what,
+                     "NF4 dequantization on cuda (%s kernel, n=%zu) equals the host's rounded to "
+                     "bf16 (mismatches, n)",
+                     plain ? "one-a-thread" : "8-a-thread", n);
+            result(ok && bad == 0, what, "%g, %g", (double)bad, (double)n);
+            if (gb) {
+                gb->free(gb->ctx, dq);
+                gb->free(gb->ctx, dout);
+            }
+            backend_free(gb);
+            free(w), free(d), free(q), free(got);
+        }
+}
+
+/* QLoRA: the cuda curve over the NF4 base against the cpu one, and its
+ * params memory. */
+static void test_qlora(void) {
+    double lc[STEPS], lg[STEPS], lb[1];
+    struct run rc = {0}, rg = {0}, rb = {0};
+    int ok = run_new(&rc, 0, 2, 0) == 0 && steps(&rc, STEPS, lc) == 0 &&
+             run_new(&rg, 1, 2, 0) == 0 && steps(&rg, STEPS, lg) == 0 &&
+             run_new(&rb, 1, 1, 0) == 0 && steps(&rb, 1, lb) == 0;
+    double worst = 0;
+    for (int i = 0; ok && i < STEPS; i++) {
+        double d = fabs(lg[i] - lc[i]) / fabs(lc[i]);
+        worst = d > worst ? d : worst;
+    }
+    if (ok)
+        printf("qlora: cpu %.5f -> %.5f, cuda %.5f -> %.5f (bf16 base step 1: %.5f)\n", lc[0],
+               lc[STEPS - 1], lg[0], lg[STEPS - 1], lb[0]);
+    result(ok && worst <= TOL_STEP, "QLoRA curve cuda vs cpu over the NF4 base (worst relative)",
+           "%.3g, %g", worst, TOL_STEP);
+    result(ok && lg[STEPS - 1] < lg[0] - 0.1, "QLoRA loss falls on cuda (first, last)",
+           "%.5f, %.5f", ok ? lg[0] : 0, ok ? lg[STEPS - 1] : 0);
+    if (ok) {
+        /* NF4 storage of each block linear weight, the one-block scratch and
+         * the other tensors in bf16 (+ the empty window's one element), the
+         * adapters' values */
+        const struct model_layout *lay = &rg.e->layout;
+        double want = 2, blk = 0, other = 0;
+        for (int i = 0; i < lay->n; i++) {
+            const struct model_tensor *t = &lay->t[i];
+            if (t->kind == MODEL_T_LINEAR_W && t->layer >= 0) {
+                want += (double)nf4_bytes((size_t)t->numel);
+                if (t->layer == 0) blk += (double)t->numel;
+            } else {
+                other += (double)t->numel;
+            }
+        }
+        double adapters = (double)rb.e->mem.params - 2.0 * (double)rb.e->n_params;
+        want += 2 * blk + 2 * other + adapters;
+        result((double)rg.e->mem.params == want && rg.e->mem.params < rb.e->mem.params,
+               "QLoRA params bytes: NF4 + scratch + bf16 rest + adapters, below the bf16 base's "
+               "(QLoRA, bf16 LoRA)",
+               "%g, %g", (double)rg.e->mem.params, (double)rb.e->mem.params);
+    }
+    run_free(&rc);
+    run_free(&rg);
+    run_free(&rb);
+}
+
 int main(void) {
     int rc = lcuda_probe();
     if (rc) return rc;
     test_ops();
+    test_gemm();
     test_curve(0.0);
     test_curve(0.1);
+    unfused = 1;
+    test_curve(0.0);
+    test_curve(0.1);
+    unfused = 0;
+    test_nf4_kernel();
+    test_qlora();
     printf("%s\n", fails ? "FAILED" : "all passed");
     return fails ? 1 : 0;
 }

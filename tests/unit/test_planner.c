@@ -399,10 +399,13 @@ static void test_lora_8b(void) {
            lora.mem.total / GIB, lora.mem.params / GIB, lora.mem.grads / GIB,
            lora.mem.optimizer / GIB, lora.mem.activations / GIB, A / 1e6, full.mem.total / GIB,
            full.reason);
-    /* NF4: block linear weights at 0.5 + 1/64 + 4/16384 bytes, embeddings, norms and head
-     * in bf16, one block dequantized to bf16 */
+    /* NF4: block linear weights at 0.5 + 1/64 + 4/16384 bytes (these shapes fill whole
+     * blocks) plus each tensor's fp32 offset and 256-entry fp32 map (worker/nf4_format.h),
+     * embeddings, norms and head in bf16, one block dequantized to bf16, the empty params
+     * window's one bf16 element */
     double lin = 32 * (C * (C + 2 * KV) + C * C + 3 * C * F);
-    double nf4p = lin * (0.5 + 1.0 / 64 + 4.0 / 16384) + (P - lin) * 2 + lin / 32 * 2 + A * 2;
+    double nf4p = lin * (0.5 + 1.0 / 64 + 4.0 / 16384) + 32 * 7 * (4 + 1024) + (P - lin) * 2 +
+                  lin / 32 * 2 + 2 + A * 2;
     CHECK_NEAR(nf4.mem.params, nf4p, 1);
     CHECK(nf4.fits && nf4.mem.total < lora.mem.total - 9 * GIB);
     printf("8b qlora nf4: %.2f GiB (params %.2f GiB)\n", nf4.mem.total / GIB, nf4.mem.params / GIB);

@@ -7,12 +7,14 @@
  * With the argument "cuda" the same table runs on the CUDA backend (bf16;
  * exits 77 when built without CUDA or no GPU is found).
  * train.lora cases: the frozen base (engine_place.frozen) and the adapters
- * (worker/lora.c); params, grads and optimizer must match exactly. */
+ * (worker/lora.c), also over an NF4 base (train.quantize_base nf4,
+ * worker/nf4.h); params, grads and optimizer must match exactly. */
 #include "api/planner.h"
 #include "tests/check.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/lora.h"
+#include "worker/nf4.h"
 #include "worker/model.h"
 
 #ifdef LOOM_HAVE_CUDA
@@ -39,12 +41,15 @@ struct lora_case {
     const char *family, *preset, *targets; /* JSON list body */
     int B, T, rank;
     double dropout;
+    int nf4; /* train.quantize_base nf4 (worker/nf4.h) */
 };
 
 static const struct lora_case lora_cases[] = {
-    {"llama", "tiny", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0},
-    {"llama", "mini", "\"q\",\"v\"", 2, 128, 16, 0.1},
-    {"gpt2", "tiny", "\"attn\",\"proj\",\"fc\",\"fc2\"", 2, 64, 4, 0.05},
+    {"llama", "tiny", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0, 0},
+    {"llama", "mini", "\"q\",\"v\"", 2, 128, 16, 0.1, 0},
+    {"gpt2", "tiny", "\"attn\",\"proj\",\"fc\",\"fc2\"", 2, 64, 4, 0.05, 0},
+    {"llama", "tiny", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0, 1},
+    {"gpt2", "tiny", "\"attn\",\"fc\"", 2, 64, 4, 0, 1},
 };
 
 static int within(double est, double real, double tol) {
@@ -118,9 +123,9 @@ int main(int argc, char **argv) {
         snprintf(text, sizeof text,
                  "{\"model\":{\"family\":\"%s\",\"preset\":\"%s\",\"seq_len\":%d},"
                  "\"resources\":{\"device\":\"%s\"},\"train\":{\"micro_batch\":%d,"
-                 "\"lora\":{\"rank\":%d,\"alpha\":16,\"dropout\":%g,\"targets\":[%s]}}}",
+                 "\"lora\":{\"rank\":%d,\"alpha\":16,\"dropout\":%g,\"targets\":[%s]}%s}}",
                  k->family, k->preset, k->T, cuda ? "cuda" : "cpu", k->B, k->rank, k->dropout,
-                 k->targets);
+                 k->targets, k->nf4 ? ",\"quantize_base\":\"nf4\"" : "");
         struct loom_spec s;
         struct loom_error err;
         if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0) {
@@ -130,13 +135,20 @@ int main(int argc, char **argv) {
         }
         struct planner_estimate est;
         CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
-        struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = 1};
+        struct engine_place p = {
+            .rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = 1, .windows_later = k->nf4};
         struct backend *be = NULL;
 #ifdef LOOM_HAVE_CUDA
         if (cuda) be = backend_cuda_new(0);
 #endif
         if (!cuda) be = backend_cpu_new(1);
         struct engine *e = be ? engine_new(&s.model, &p, be) : NULL;
+        char qerr[256] = "";
+        if (e && k->nf4 && nf4_attach(e, qerr, sizeof qerr) != 0) {
+            fprintf(stderr, "lora case %zu: %s\n", i, qerr);
+            engine_free(e);
+            e = NULL;
+        }
         struct model *m = e ? model_new(e, k->B, k->T, 1) : NULL;
         const char *tg[JOBSPEC_LORA_TARGETS_MAX];
         for (int t = 0; t < s.train.lora.n_targets; t++)
@@ -160,11 +172,11 @@ int main(int argc, char **argv) {
         int ok = est.mem.params == (double)r->params && est.mem.grads == (double)r->grads &&
                  est.mem.optimizer == (double)r->optimizer &&
                  within(est.mem.activations, (double)r->activations, 0.10);
-        printf("%s lora %-5s %-4s B=%d T=%3d r=%d dropout=%g: params %zu/%.0f grads %zu/%.0f "
+        printf("%s lora%s %-5s %-4s B=%d T=%3d r=%d dropout=%g: params %zu/%.0f grads %zu/%.0f "
                "optimizer %zu/%.0f activations %zu/%.0f (real/estimate, bytes)\n",
-               cuda ? "cuda" : "cpu", k->family, k->preset, k->B, k->T, k->rank, k->dropout,
-               r->params, est.mem.params, r->grads, est.mem.grads, r->optimizer, est.mem.optimizer,
-               r->activations, est.mem.activations);
+               cuda ? "cuda" : "cpu", k->nf4 ? " nf4" : "", k->family, k->preset, k->B, k->T,
+               k->rank, k->dropout, r->params, est.mem.params, r->grads, est.mem.grads,
+               r->optimizer, est.mem.optimizer, r->activations, est.mem.activations);
         CHECK(ok);
         lora_free(l);
         model_free(m);

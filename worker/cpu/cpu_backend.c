@@ -217,6 +217,7 @@ struct backend *backend_cpu_new_tuned(int threads, const struct cpu_tuning *t) {
         .set_doc_starts = cpu_set_doc_starts,
         .axpy_2d = cpu_axpy_2d,
         .dropout = cpu_dropout,
+        .nf4_dequant = cpu_nf4_dequant,
     };
     return b;
 }

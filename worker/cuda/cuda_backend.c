@@ -104,6 +104,7 @@ struct cuda_ctx {
      * following gelu_bwd of its output (DGELU epilogue); the fuse-dgelu row
      * off (LOOM_FUSE_DGELU=0): never held (A/B) */
     int fuse_off;
+    int nf4_scalar; /* the nf4-vec row off: one weight a thread */
     struct {
         int on;
         void *dinp;
@@ -955,6 +956,18 @@ static void cu_dropout(void *ctx, void *out, const void *inp, size_t n, float p,
     lk_lora_dropout(out, inp, n, p, seed, ST);
 }
 
+static void cu_nf4_dequant(void *ctx, void *out, const void *q, size_t n) {
+    FLUSH(); /* a held GEMM may still read the scratch this overwrites */
+    lk_nf4_dequant(out, q, n, !CX->nf4_scalar, ST);
+}
+
+static void cu_lora_gemm(void *ctx, int ta, int tb, int m, int n, int k, float alpha, const void *A,
+                         int lda, const void *B, int ldb, float beta, void *C, int ldc) {
+    FLUSH();
+    cu_require(CX, "lora_gemm"); /* the cuBLASLt handle comes with reserve() */
+    lk_gemm_rm(CX->blas, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* ---- imported models and generation (optional members; k_decode.cu) */
 
 static void cu_rope_at(void *ctx, void *x, int N, int stride, int n_heads, int HD, int pos0,
@@ -1182,6 +1195,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->cudnn_gqa_off = t && !t->attn_cudnn_gqa;
     c->elem_scalar = t && !t->elem_vec;
     c->doc_noskip = t && !t->attn_doc_skip;
+    c->nf4_scalar = t && !t->nf4_vec;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
@@ -1247,6 +1261,9 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->host_unregister = cu_host_unregister;
     b->axpy_2d = cu_axpy_2d;
     b->dropout = cu_dropout;
+    /* the lora-fused row off: lora.c's per-adapter path */
+    if (!t || t->lora_fused) b->lora_gemm = cu_lora_gemm;
+    b->nf4_dequant = cu_nf4_dequant;
     return b;
 }
 

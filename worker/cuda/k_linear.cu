@@ -75,6 +75,9 @@ enum { AL_A, AL_B, AL_C, AL_D, AL_BIAS, AL_AUX, AL_N };
 struct algo_key {
     int m, n, k, ta, tb, epi, dt, beta1;
     int align[AL_N]; /* pointer alignment in bytes, capped at 256; 0 when absent */
+    /* leading dimensions of a strided call (lk_gemm_rm); 0 for the packed
+     * calls, so the table file (which does not record them) still matches */
+    int lda, ldb, ldc;
 };
 struct algo_entry {
     struct algo_key key;
@@ -131,7 +134,7 @@ struct mm_call {
     cublasLtMatrixLayout_t la, lb, lc, ld;
     const void *A, *B, *C, *bias;
     void *D, *aux;
-    float beta;
+    float alpha, beta;
     cublasLtEpilogue_t epi;
     size_t a_bytes, b_bytes, cd_bytes, bias_bytes, aux_bytes;
 };
@@ -402,9 +405,8 @@ static int lt_heuristic(struct lk_blas *b, const struct mm_call *c, const struct
 
 static cublasStatus_t lt_run(struct lk_blas *b, const struct mm_call *c,
                              const cublasLtMatmulAlgo_t *algo, void *D) {
-    float alpha = 1.0f;
-    return cublasLtMatmul(b->lt, c->desc, &alpha, c->A, c->la, c->B, c->lb, &c->beta, c->C, c->lc,
-                          D, c->ld, algo, b->ws, LK_WS_BYTES, b->s);
+    return cublasLtMatmul(b->lt, c->desc, &c->alpha, c->A, c->la, c->B, c->lb, &c->beta, c->C,
+                          c->lc, D, c->ld, algo, b->ws, LK_WS_BYTES, b->s);
 }
 
 /* Time the candidates res[0..nc) on the call's own operands and return the
@@ -546,11 +548,32 @@ static size_t dtype_bytes(cudaDataType dt) {
     return dt == CUDA_R_16BF || dt == CUDA_R_16F ? 2 : 4;
 }
 
+/* Leading dimensions and alpha of a strided call (lt_matmul_ex); lda = 0:
+ * the packed operands of lt_matmul, alpha 1. */
+struct lt_ld {
+    int lda, ldb, ldc;
+    float alpha;
+};
+
 /* D[m][n] (column-major) = op(A) op(B) + beta C, with epilogue. `what`
  * names the call in the tuning log. */
+static void lt_matmul_ex(struct lk_blas *b, const char *what, void *D, cudaDataType dt,
+                         const void *A, const void *B, const void *C, int m, int n, int k, int ta,
+                         int tb, float beta, cublasLtEpilogue_t epi, const void *bias, void *aux,
+                         int64_t ld_aux, const struct lt_ld *ld);
+
 static void lt_matmul(struct lk_blas *b, const char *what, void *D, cudaDataType dt, const void *A,
                       const void *B, const void *C, int m, int n, int k, int ta, int tb, float beta,
                       cublasLtEpilogue_t epi, const void *bias, void *aux, int64_t ld_aux) {
+    lt_matmul_ex(b, what, D, dt, A, B, C, m, n, k, ta, tb, beta, epi, bias, aux, ld_aux, NULL);
+}
+
+static void lt_matmul_ex(struct lk_blas *b, const char *what, void *D, cudaDataType dt,
+                         const void *A, const void *B, const void *C, int m, int n, int k, int ta,
+                         int tb, float beta, cublasLtEpilogue_t epi, const void *bias, void *aux,
+                         int64_t ld_aux, const struct lt_ld *ld) {
+    int64_t lda = ld ? ld->lda : (ta ? k : m), ldb = ld ? ld->ldb : (tb ? n : k);
+    int64_t ldc = ld ? ld->ldc : m;
     struct mm_call c;
     memset(&c, 0, sizeof c);
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -570,16 +593,17 @@ static void lt_matmul(struct lk_blas *b, const char *what, void *D, cudaDataType
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                     &ld_aux, sizeof ld_aux));
     }
-    CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&c.la, CUDA_R_16BF, ta ? k : m, ta ? m : k, ta ? k : m));
-    CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&c.lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, tb ? n : k));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.lc, dt, m, n, m));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.ld, dt, m, n, m));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.lc, dt, m, n, ldc));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.ld, dt, m, n, ldc));
     c.A = A, c.B = B, c.C = C ? C : D, c.D = D, c.bias = bias, c.aux = aux;
-    c.beta = beta, c.epi = epi;
-    c.a_bytes = (size_t)m * k * 2, c.b_bytes = (size_t)k * n * 2;
-    c.cd_bytes = (size_t)m * n * dtype_bytes(dt);
+    c.alpha = ld ? ld->alpha : 1.0f, c.beta = beta, c.epi = epi;
+    /* the extent each operand spans (strided: up to its last element) */
+    c.a_bytes = (size_t)lda * ((ta ? m : k) - 1) + (ta ? k : m);
+    c.b_bytes = (size_t)ldb * ((tb ? k : n) - 1) + (tb ? n : k);
+    c.a_bytes *= 2, c.b_bytes *= 2;
+    c.cd_bytes = ((size_t)ldc * (n - 1) + m) * dtype_bytes(dt);
     c.bias_bytes = bias ? (size_t)m * 2 : 0;
     c.aux_bytes = aux ? (size_t)ld_aux * n * 2 : 0;
 
@@ -590,6 +614,7 @@ static void lt_matmul(struct lk_blas *b, const char *what, void *D, cudaDataType
     key.align[AL_A] = ptr_align(A), key.align[AL_B] = ptr_align(B);
     key.align[AL_C] = ptr_align(c.C), key.align[AL_D] = ptr_align(D);
     key.align[AL_BIAS] = ptr_align(bias), key.align[AL_AUX] = ptr_align(aux);
+    if (ld) key.lda = (int)lda, key.ldb = (int)ldb, key.ldc = (int)ldc;
     const cublasLtMatmulAlgo_t *algo = NULL;
     cublasLtMatmulAlgo_t uncached;
     for (int i = 0; i < LK_ALGO_CACHE && !algo; i++)
@@ -597,11 +622,11 @@ static void lt_matmul(struct lk_blas *b, const char *what, void *D, cudaDataType
             algo = &b->cache[i].algo;
     if (!algo) {
         int cache_it = 1;
-        if (b->select) {
+        if (b->select && !ld) { /* strided calls: the heuristic's first (not in the table) */
             cache_it = lt_select(b, what, &c, &key, &uncached);
         } else {
             cublasLtMatmulHeuristicResult_t res;
-            lt_heuristic(b, &c, &key, 1, 0, &res);
+            lt_heuristic(b, &c, &key, 1, ld != NULL, &res); /* strided: the real alignments */
             uncached = res.algo;
         }
         algo = &uncached;
@@ -646,6 +671,18 @@ extern "C" void lk_linear_bwd_data(struct lk_blas *b, lbf16 *dinp, const lbf16 *
         lcuda_fail(__FILE__, __LINE__, "lk_linear_bwd_data", "DGELU cannot accumulate");
     lt_matmul(b, "dgrad", dinp, CUDA_R_16BF, w, dout, accumulate ? dinp : NULL, IC, N, OC, 0, 0,
               accumulate ? 1.0f : 0.0f, epi, NULL, (void *)pre_gelu, IC);
+}
+
+/* Row-major strided GEMM (kernels.h): C^T = op(B)^T op(A)^T in cuBLASLt's
+ * column-major terms, so row-major C[m][n] (row stride ldc) is the
+ * column-major [n][m] with leading dimension ldc; likewise A and B. */
+extern "C" void lk_gemm_rm(struct lk_blas *b, int ta, int tb, int m, int n, int k, float alpha,
+                           const lbf16 *A, int lda, const lbf16 *B, int ldb, float beta, lbf16 *C,
+                           int ldc) {
+    if (m <= 0 || n <= 0 || k <= 0) return;
+    struct lt_ld ld = {.lda = ldb, .ldb = lda, .ldc = ldc, .alpha = alpha};
+    lt_matmul_ex(b, "lora", C, CUDA_R_16BF, B, A, beta != 0.0f ? C : NULL, n, m, k, tb, ta, beta,
+                 CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, &ld);
 }
 
 /* Column sums of dout[N][OC] over row chunks of LK_BIAS_ROWCHK rows:

@@ -19,6 +19,12 @@ void lk_lora_axpy_2d(uint16_t *dst, int ldd, const uint16_t *src, int lds, int r
 void lk_lora_dropout(uint16_t *out, const uint16_t *inp, size_t n, float p, uint64_t seed,
                      lcuda_stream s);
 
+/* out[n] (bf16) = the n weights of the NF4 tensor q (worker/nf4_format.h,
+ * device memory; k_nf4.cu): fp32 arithmetic as nf4_dequantize, one
+ * rounding to bf16. fast = 1: 8 weights a thread where n % 8 == 0 and out
+ * is 16-byte aligned (the nf4-vec row), else one a thread. */
+void lk_nf4_dequant(void *out, const void *q, size_t n, int fast, lcuda_stream s);
+
 #ifdef __cplusplus
 }
 #endif

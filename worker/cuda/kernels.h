@@ -67,6 +67,13 @@ void lk_linear_bwd_data(struct lk_blas *b, lbf16 *dinp, const lbf16 *dout, const
 void lk_linear_bwd_weight(struct lk_blas *b, lbf16 *dw, lbf16 *dbias, float *scratch,
                           const lbf16 *dout, const lbf16 *inp, int N, int IC, int OC);
 size_t lk_bias_scratch_bytes(int N, int OC);
+/* Row-major C[m][n] (row stride ldc) = alpha * op(A) op(B) + beta * C, bf16
+ * operands, fp32 accumulation: op(A) [m][k] is A [m][k] (ta = 0) or the
+ * transpose of A [k][m] (ta = 1), row stride lda; op(B) [k][n] likewise
+ * (tb = 1: B [n][k]). Any strides: the LoRA adapters read and write column
+ * ranges of the fused projections in place (backend.h lora_gemm). */
+void lk_gemm_rm(struct lk_blas *b, int ta, int tb, int m, int n, int k, float alpha, const lbf16 *A,
+                int lda, const lbf16 *B, int ldb, float beta, lbf16 *C, int ldc);
 
 /* ---- normalisation ---- */
 /* rms=0: LayerNorm (w, bias); rms=1: RMSNorm (w only, bias NULL).
