@@ -36,6 +36,8 @@ struct cuda_tuning {
     int elem_vec;          /* elem-vec: 16-byte SwiGLU / RoPE / sum-of-squares kernels */
     int blas_tune;         /* blas-tune: GEMM algorithms chosen by timing */
     char *blas_algo_cache; /* blas-algo-cache: file of recorded GEMM choices; NULL: none */
+    long xent_chunk_mib;   /* xent-chunk-mib: bf16 logits per classifier chunk; 0: 2 GiB */
+    int xent_l2;           /* xent-l2: the loss kernel on a persistent one-block-per-SM grid */
 };
 
 /* Communication: comm layer, NCCL/Gloo backends, dp pair transport, tp. */
