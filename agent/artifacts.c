@@ -5,6 +5,8 @@
  *
  *   GET /v1/node/artifacts/{job}          {"items":[{"path","size","mtime_ms","sha256"}]}
  *   GET /v1/node/artifacts/{job}/{path*}  the bytes; Range, ETag = "sha256"
+ *   DELETE /v1/node/artifacts/{job}/{path*}  removes that file or directory
+ *                                        (the tree, symlinks not followed)
  *
  * Only loomd calls them, with `Authorization: Bearer <artifact token>`: a
  * random token the agent makes at start and reports at registration (over
@@ -22,6 +24,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <microhttpd.h>
@@ -194,6 +197,39 @@ static enum MHD_Result serve_file(struct MHD_Connection *c, const char *dir, con
     return ret;
 }
 
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* DELETE of one file or directory under the job directory. The entry itself
+ * is not resolved (a symlink is removed, never its target); its parent is,
+ * and must be the job directory or lie under it. nftw with FTW_PHYS does not
+ * follow symlinks inside a tree either. Which paths are artifacts (and may
+ * go) is loomd's decision, as for reads. */
+static enum MHD_Result delete_entry(struct MHD_Connection *c, const char *dir, const char *rel) {
+    char joined[PATH_MAX * 2], parent[PATH_MAX * 2], real[PATH_MAX];
+    snprintf(joined, sizeof joined, "%s/%s", dir, rel);
+    snprintf(parent, sizeof parent, "%s", joined);
+    char *slash = strrchr(parent, '/');
+    *slash = 0;
+    size_t n = strlen(dir);
+    struct stat st;
+    if (!realpath(parent, real) || strncmp(real, dir, n) || (real[n] != '/' && real[n] != 0) ||
+        lstat(joined, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)))
+        return not_found(c);
+    int rc =
+        S_ISDIR(st.st_mode) ? nftw(joined, rm_entry, 16, FTW_DEPTH | FTW_PHYS) : unlink(joined);
+    if (rc != 0) {
+        log_warn("artifacts: delete %s: %s", joined, strerror(errno));
+        return error(c, 500, "ARTIFACT_DELETE_FAILED", "could not delete the path");
+    }
+    log_info("artifacts: deleted %s", joined);
+    char *body = strdup("{\"deleted\":true}");
+    return body ? reply(c, 200, "application/json", body) : MHD_NO;
+}
+
 static int authorized(struct agent_artifacts *s, struct MHD_Connection *c) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
@@ -214,8 +250,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0; /* no route takes a body */
         return MHD_YES;
     }
-    if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-        return error(c, 405, "METHOD_NOT_ALLOWED", "only GET is served");
+    int del = !strcmp(method, "DELETE");
+    if (strcmp(method, "GET") && strcmp(method, "HEAD") && !del)
+        return error(c, 405, "METHOD_NOT_ALLOWED", "only GET and DELETE are served");
     if (!authorized(s, c)) return error(c, 401, "UNAUTHORIZED", "invalid artifact token");
     if (strncmp(url, ROUTE, strlen(ROUTE)) != 0) return error(c, 404, "NOT_FOUND", "no route");
     const char *job = url + strlen(ROUTE), *slash = strchr(job, '/');
@@ -226,9 +263,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!realpath(joined, dir) || strncmp(dir, s->root, strlen(s->root)) ||
         dir[strlen(s->root)] != '/')
         return not_found(c);
-    if (!slash) return serve_list(c, dir);
+    if (!slash)
+        return del ? error(c, 405, "METHOD_NOT_ALLOWED", "DELETE names a path")
+                   : serve_list(c, dir);
     if (!segments_ok(slash + 1)) return not_found(c);
-    return serve_file(c, dir, slash + 1);
+    return del ? delete_entry(c, dir, slash + 1) : serve_file(c, dir, slash + 1);
 }
 
 struct agent_artifacts *agent_artifacts_start(const char *listen, const char *job_root) {

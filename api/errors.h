@@ -153,6 +153,8 @@
     X(INIT_FROM_NOT_FOUND, 422, "model.init_from names a directory that does not exist")           \
     X(INIT_FROM_UNSUPPORTED, 422, "a fork of a job whose checkpoints cannot start one (LoRA)")     \
     X(CHECKPOINT_NOT_FOUND, 409, "model.init_from job:<id>[@<step>]: no such saved checkpoint")    \
+    X(LORA_INIT_INVALID, 422, "model.init_from: a PEFT adapter train.lora cannot continue")         \
+    X(PEFT_BASE_NOT_FOUND, 422, "model.init_from: a PEFT adapter whose base model is not found")    \
     /* node admission (daemon/nodes.h) */                                                          \
     X(NODE_NOT_APPROVED, 403, "agent: the node is pending or rejected, not approved")              \
     X(NODE_MISMATCH, 403, "agent: the node credential belongs to another node")                    \
@@ -160,7 +162,8 @@
     X(NODE_CREDENTIAL_REQUIRED, 409,                                                               \
       "agent: the node is approved; it registers with its credential")                             \
     X(NODE_NOT_PENDING, 409, "approve/reject: the node is not pending (revoked nodes re-apply)")   \
-    X(INVALID_GRACE, 422, "token rotation: grace_s is not an integer in 0..604800")
+    X(INVALID_GRACE, 422, "token rotation: grace_s is not an integer in 0..604800")                \
+    X(TASK_NOT_ON_NODE, 403, "agent: the job's attempt and rank are not placed on this node")
 
 enum loom_errcode {
 #define LOOM_ERRORS_ENUM(code, status, meaning) LOOM_E_##code,

@@ -324,10 +324,15 @@ struct lora_facts {
     double arena;  /* adapter elements of one block, each tensor padded to 64 (lora.c's arena) */
     int per_layer; /* adapters of one block */
     double wmax, imax; /* widest site output and input (scratch rows) */
+    /* tp > 1: elements of one block's replicated pieces (their gradients
+     * summed over tp through one packed buffer), and the widest whole input
+     * of a row-parallel target (the dropout scratch that keeps tp = 1's masks) */
+    double rep, rowin;
 };
 
-/* (in, out) of each spec target, as lora.c places them. */
-static void lora_facts_init(const struct loom_spec *s, struct lora_facts *lf) {
+/* (in, out) of each spec target, as lora.c places them: one tp rank's share
+ * (a column-parallel base's B and a row-parallel base's A are split). */
+static void lora_facts_init(const struct loom_spec *s, int tp, struct lora_facts *lf) {
     const struct model_config *mc = &s->model;
     double C = mc->d_model, hd = (double)mc->d_model / mc->n_head;
     double q = mc->n_head * hd, kv = mc->n_kv_head * hd, F = mc->d_ff;
@@ -344,9 +349,14 @@ static void lora_facts_init(const struct loom_spec *s, struct lora_facts *lf) {
     for (int i = 0; i < s->train.lora.n_targets; i++)
         for (size_t k = 0; k < sizeof tab / sizeof *tab; k++)
             if (strcmp(s->train.lora.targets[i], tab[k].name) == 0) {
-                lf->arena += align64(r * dim[tab[k].in]) + align64(dim[tab[k].out] * r);
+                int row = tab[k].out == 0; /* o, down, proj, fc2: the input is split */
+                double in = dim[tab[k].in] / (row ? tp : 1), out = dim[tab[k].out] / (row ? 1 : tp);
+                lf->arena += align64(r * in) + align64(out * r);
                 lf->per_layer++;
+                if (tp > 1) lf->rep += row ? out * r : r * in;
+                if (tp > 1 && row && dim[tab[k].in] > lf->rowin) lf->rowin = dim[tab[k].in];
             }
+    QKV /= tp, fcw /= tp, q /= tp, F /= tp;
     lf->wmax = QKV > C ? QKV : C;
     if (fcw > lf->wmax) lf->wmax = fcw;
     lf->imax = C > q ? C : q;
@@ -364,7 +374,7 @@ static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct
     const struct loom_spec *s = x->s;
     double e = x->e, r = s->train.lora.rank;
     struct lora_facts lf;
-    lora_facts_init(s, &lf);
+    lora_facts_init(s, L->tp, &lf);
     double A = layers * lf.arena;
     double base = P * e;
     if (s->train.quantize_base == JOBSPEC_QUANT_NF4) {
@@ -374,10 +384,10 @@ static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct
     int dp = L->dp, zs = dp > 1 ? L->zero : 0;
     double shard = zs >= 1 ? ceil(A / dp) : A;
     m->params = base + A * e;
-    m->grads = A * e + (zs >= 1 ? shard * e : 0);
+    m->grads = A * e + (zs >= 1 ? shard * e : 0) + layers * lf.rep * e;
     m->optimizer = shard * ((e < 4 ? 4 : 0) + 8) + 20; /* + the fp32 norm scalars (16 + 4) */
     double acts = (double)layers * lf.per_layer * N * r * e + N * lf.wmax * e + N * r * e;
-    if (s->train.lora.dropout > 0) acts += 2 * N * lf.imax * e;
+    if (s->train.lora.dropout > 0) acts += 2 * N * lf.imax * e + N * lf.rowin * e;
     m->act_other += acts;
     m->activations += acts;
     m->comm = 0; /* adapters reduce in place (NCCL) or through the host all-reduce */

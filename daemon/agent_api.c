@@ -320,6 +320,64 @@ static int node_matches(struct http_req *req, const char *name) {
     return 0;
 }
 
+/* ---- what a node may report ---- */
+
+struct held_row {
+    const char *job, *node;
+    int attempt, rank;
+    int found;
+};
+
+static int held_in_store(struct store_tx *tx, void *arg) {
+    struct held_row *h = arg;
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT 1 FROM attempts a, json_each(a.placement) p WHERE a.job_id = ?1 AND "
+                       "a.attempt = ?2 AND json_extract(p.value, '$.node') = ?3 AND "
+                       "json_extract(p.value, '$.rank') = ?4 LIMIT 1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, h->job, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, h->attempt);
+    sqlite3_bind_text(st, 3, h->node, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 4, h->rank);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    h->found = rc == SQLITE_ROW;
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+/* 1 when rank `rank` of (job, attempt) is placed on the credential's node:
+ * the live attempt's placement, else the attempts row's (an attempt that
+ * ended still ships its last log bytes and records), 0 when it is not, -1
+ * when the store cannot say. Caller does not hold c->mu. */
+static int node_holds(struct http_req *req, const char *job, int attempt, int rank) {
+    struct cluster *c = req->ld->cluster;
+    if (!job || rank < 0 || attempt < 0) return 0;
+    pthread_mutex_lock(&c->mu);
+    struct cluster_attempt *a = cluster_attempt_find(c, job, attempt);
+    int held = -2;
+    if (a)
+        held = rank < a->world && a->ranks[rank].node >= 0 && a->ranks[rank].node < c->nnodes &&
+               !strcmp(c->nodes[a->ranks[rank].node].name, req->node);
+    pthread_mutex_unlock(&c->mu);
+    if (held != -2) return held;
+    struct held_row h = {job, req->node, attempt, rank, 0};
+    if (store_read(req->ld->store, held_in_store, &h) != STORE_OK) return -1;
+    return h.found;
+}
+
+/* Replies 403 TASK_NOT_ON_NODE (or 503) unless the node holds the task. */
+static int check_holds(struct http_req *req, const char *job, json_int_t attempt, json_int_t rank) {
+    int h = node_holds(req, job, (int)attempt, (int)rank);
+    if (h > 0) return 0;
+    if (h < 0)
+        http_error(req, 503, "STORE_UNAVAILABLE", "could not check the task's placement; retry");
+    else
+        API_ERROR(req, TASK_NOT_ON_NODE,
+                  "job %.64s attempt %lld rank %lld is not placed on node %s", job ? job : "?",
+                  (long long)attempt, (long long)rank, req->node);
+    return -1;
+}
+
 int agent_api_heartbeat(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
@@ -509,6 +567,17 @@ int agent_api_metrics(struct http_req *req) {
     if (!json_is_array(items))
         return http_error(req, 400, "INVALID_METRICS", "items must be an array");
     if (!node_matches(req, name)) return 0;
+    /* Every item must be a task placed on this node: a node may not write
+     * another node's (or another tenant's) job records. A batch with one
+     * foreign item is refused whole (agents drop a refused batch). */
+    size_t k;
+    json_t *item;
+    json_array_foreach(items, k, item) {
+        if (check_holds(req, json_string_value(json_object_get(item, "job")),
+                        json_integer_value(json_object_get(item, "attempt")),
+                        json_integer_value(json_object_get(item, "rank"))) != 0)
+            return 0;
+    }
     int64_t now = store_now_ms();
     json_t *notes = json_array();
     pthread_mutex_lock(&c->mu);
@@ -568,6 +637,7 @@ int agent_api_logs(struct http_req *req) {
         !data || attempt < 0 || rank < 0 || offset < 0)
         return http_error(req, 400, "INVALID_LOG_CHUNK",
                           "need job, attempt, rank, stream (stdout|stderr), offset and data");
+    if (check_holds(req, job, attempt, rank) != 0) return 0;
     char dir[1200], path[1400];
     snprintf(dir, sizeof dir, "%s/%s", c->logs_dir, job);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)

@@ -3,9 +3,14 @@
  * with Last-Event-ID, heartbeat comments). A tenant token sees its own jobs'
  * events only; the admin token sees every tenant's (?tenant= narrows). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/buf.h"
 #include "common/clock.h"
@@ -109,7 +114,7 @@ static int parse_filter(struct http_req *req, struct events_filter *f) {
             API_ERROR(req, UNKNOWN_EVENT_TYPE,
                       "type '%.64s' is not an event type (job.queued, job.started, job.retrying, "
                       "job.preempted, job.succeeded, job.failed, job.cancelled, "
-                      "checkpoint.saved, export.ready)",
+                      "checkpoint.saved, export.ready, artifacts.expired)",
                       type);
             return -1;
         }
@@ -232,6 +237,271 @@ static ssize_t sse_read(void *arg, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
+/* ---------------- the fan-out thread ---------------- */
+
+/* One adopted stream. The loop thread alone touches it once it is in
+ * fo->subs; the connection thread sleeps until release. */
+struct fan_sub {
+    struct sse *s;
+    int fd, chunked;
+    struct http_adopted *a;
+    char *out; /* framed bytes being written */
+    size_t olen, ooff, ocap;
+    int armed; /* EPOLLOUT is on: the socket was full */
+    int dead;
+    int64_t blocked_ms;   /* when the socket filled up (0: not full) */
+    struct fan_sub *next; /* fo->incoming */
+};
+
+struct events_fanout {
+    struct loomd *ld;
+    pthread_t thread;
+    int epfd, evfd;
+    _Atomic int stop;
+    pthread_mutex_t mu;
+    struct fan_sub *incoming; /* adopted, not yet seen by the loop (mu) */
+    struct fan_sub **subs;    /* loop thread only */
+    size_t n, cap;
+    _Atomic int held; /* streams adopted and not yet released */
+};
+
+#define FAN_EVENTS  256
+#define FAN_ROUNDS  4   /* batches of SSE_BATCH per stream per pass (fairness) */
+#define FAN_TICK_MS 200 /* heartbeats, shutdown and slow clients are checked this often */
+
+void events_fanout_kick(struct events_fanout *fo) {
+    uint64_t one = 1;
+    ssize_t w = write(fo->evfd, &one, sizeof one);
+    (void)w; /* a full counter (EAGAIN) is a pending wake-up already */
+}
+
+int events_fanout_held(struct events_fanout *fo) {
+    return fo ? atomic_load(&fo->held) : 0;
+}
+
+static void fan_release(struct events_fanout *fo, struct fan_sub *f, int how) {
+    atomic_fetch_sub(&fo->held, 1);
+    epoll_ctl(fo->epfd, EPOLL_CTL_DEL, f->fd, NULL);
+    free(f->out);
+    struct http_adopted *a = f->a;
+    free(f);
+    http_adopt_release(a, how); /* last: the connection thread frees the sse */
+}
+
+static int fan_arm(struct events_fanout *fo, struct fan_sub *f, int out) {
+    struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0), .data.ptr = f};
+    f->armed = out;
+    return epoll_ctl(fo->epfd, EPOLL_CTL_MOD, f->fd, &e);
+}
+
+/* Writes what is pending: 1 all written, 0 the socket is full, -1 gone. */
+static int fan_flush(struct events_fanout *fo, struct fan_sub *f, int64_t now) {
+    while (f->ooff < f->olen) {
+        ssize_t n = send(f->fd, f->out + f->ooff, f->olen - f->ooff, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            f->ooff += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (!f->blocked_ms) f->blocked_ms = now;
+            if (!f->armed && fan_arm(fo, f, 1) != 0) return -1;
+            return 0;
+        }
+        return -1;
+    }
+    f->olen = f->ooff = 0;
+    f->blocked_ms = 0;
+    if (f->armed && fan_arm(fo, f, 0) != 0) return -1;
+    return 1;
+}
+
+/* Moves the stream's formatted bytes (s->pend) into f->out as one chunk. */
+static int fan_frame(struct fan_sub *f) {
+    struct sse *s = f->s;
+    size_t n = s->plen - s->poff;
+    if (!n) return 0;
+    if (buf_grow_array(&f->out, &f->ocap, n + 24, 1, 4096) != 0) return -1;
+    size_t h = f->chunked ? (size_t)snprintf(f->out, 24, "%zx\r\n", n) : 0;
+    memcpy(f->out + h, s->pend + s->poff, n);
+    if (f->chunked) memcpy(f->out + h + n, "\r\n", 2);
+    f->olen = h + n + (f->chunked ? 2 : 0);
+    f->ooff = 0;
+    s->plen = s->poff = 0;
+    return 0;
+}
+
+/* One stream's turn in a pass: what is pending, then new events (a few
+ * batches at most, so one stream far behind does not hold up the rest),
+ * then a heartbeat when it has been quiet. -1: drop it. */
+static int fan_pump(struct events_fanout *fo, struct fan_sub *f, int64_t last, int64_t now) {
+    struct sse *s = f->s;
+    int r = fan_flush(fo, f, now);
+    if (r <= 0) {
+        /* A client that reads nothing for conn-timeout is let go (it can
+         * resume with Last-Event-ID). */
+        if (r == 0 && now - f->blocked_ms > fo->ld->cfg.conn_timeout * 1000) return -1;
+        return r;
+    }
+    for (int round = 0; round < FAN_ROUNDS && last > s->cursor; round++) {
+        if (sse_fill(s) != 0 || fan_frame(f) != 0) return -1;
+        if (!f->olen) continue; /* nothing matched */
+        s->last_write_ms = now;
+        if ((r = fan_flush(fo, f, now)) <= 0) return r;
+    }
+    if (now - s->last_write_ms >= s->heartbeat_ms) {
+        s->last_write_ms = now;
+        if (sse_append(s, ": heartbeat\n\n", 13) != 0 || fan_frame(f) != 0) return -1;
+        if ((r = fan_flush(fo, f, now)) < 0) return r;
+    }
+    return 0;
+}
+
+/* 1 when a readable stream socket says its client has gone (an SSE client
+ * sends nothing after its request; stray bytes are read and dropped). */
+static int fan_gone(struct fan_sub *f, uint32_t events) {
+    if (events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) return 1;
+    char junk[512];
+    for (;;) {
+        ssize_t n = recv(f->fd, junk, sizeof junk, MSG_DONTWAIT);
+        if (n > 0) continue;
+        if (n == 0) return 1;
+        return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+    }
+}
+
+static void fan_take_incoming(struct events_fanout *fo) {
+    pthread_mutex_lock(&fo->mu);
+    struct fan_sub *in = fo->incoming;
+    fo->incoming = NULL;
+    pthread_mutex_unlock(&fo->mu);
+    while (in) {
+        struct fan_sub *f = in;
+        in = in->next;
+        struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = f};
+        if (buf_grow_array(&fo->subs, &fo->cap, fo->n + 1, sizeof *fo->subs, 64) != 0 ||
+            epoll_ctl(fo->epfd, EPOLL_CTL_ADD, f->fd, &e) != 0) {
+            atomic_fetch_sub(&fo->held, 1);
+            free(f->out);
+            http_adopt_release(f->a, HTTP_ADOPT_CLOSE);
+            free(f);
+            continue;
+        }
+        fo->subs[fo->n++] = f;
+    }
+}
+
+static void fan_release_all(struct events_fanout *fo) {
+    fan_take_incoming(fo);
+    for (size_t i = 0; i < fo->n; i++)
+        fan_release(fo, fo->subs[i],
+                    fo->subs[i]->ooff < fo->subs[i]->olen ? HTTP_ADOPT_CLOSE : HTTP_ADOPT_END);
+    fo->n = 0;
+}
+
+static void *fan_loop(void *arg) {
+    struct events_fanout *fo = arg;
+    struct events *ev = fo->ld->events;
+    struct epoll_event evs[FAN_EVENTS];
+    int64_t done_seq = -1, last_tick = 0;
+    while (!atomic_load(&fo->stop)) {
+        int k = epoll_wait(fo->epfd, evs, FAN_EVENTS, FAN_TICK_MS);
+        for (int i = 0; i < k; i++) {
+            struct fan_sub *f = evs[i].data.ptr;
+            if (!f) {
+                uint64_t v;
+                ssize_t r = read(fo->evfd, &v, sizeof v);
+                (void)r;
+                continue;
+            }
+            if ((evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) &&
+                fan_gone(f, evs[i].events))
+                f->dead = 1;
+        }
+        fan_take_incoming(fo);
+        if (http_stopping(fo->ld->http)) {
+            fan_release_all(fo);
+            continue;
+        }
+        /* A pass over every stream when events arrived, a socket drained or
+         * a client left, and at each tick (heartbeats, slow clients). */
+        int64_t now = clock_mono_ms(), last = atomic_load(&ev->last_seq);
+        if (k == 0 && last == done_seq && now - last_tick < FAN_TICK_MS) continue;
+        last_tick = now;
+        done_seq = last;
+        for (size_t i = 0; i < fo->n;) {
+            struct fan_sub *f = fo->subs[i];
+            if (f->dead || fan_pump(fo, f, last, now) < 0) {
+                fo->subs[i] = fo->subs[--fo->n];
+                fan_release(fo, f, HTTP_ADOPT_CLOSE);
+                continue;
+            }
+            i++;
+        }
+    }
+    fan_release_all(fo);
+    return NULL;
+}
+
+/* http_stream_adopt for event streams (connection thread). A stream whose
+ * cursor is older than the ring keeps its own thread until it has caught
+ * up from the store, so store reads never hold up the fan-out. */
+static int sse_adopt(void *ctx, int fd, int chunked, struct http_adopted *a) {
+    struct sse *s = ctx;
+    struct events_fanout *fo = s->ld->events->fanout;
+    if (!fo || atomic_load(&fo->stop)) return -1;
+    if (!events_ring_covers(s->ld->events, s->cursor)) return 1;
+    struct fan_sub *f = calloc(1, sizeof *f);
+    if (!f) return 1;
+    f->s = s;
+    f->fd = fd;
+    f->chunked = chunked;
+    f->a = a;
+    /* Bytes the layer has not been handed yet go first. */
+    if (fan_frame(f) != 0) {
+        free(f);
+        return 1;
+    }
+    atomic_fetch_add(&fo->held, 1);
+    pthread_mutex_lock(&fo->mu);
+    f->next = fo->incoming;
+    fo->incoming = f;
+    pthread_mutex_unlock(&fo->mu);
+    events_fanout_kick(fo);
+    return 0;
+}
+
+struct events_fanout *events_fanout_start(struct loomd *ld) {
+    struct events_fanout *fo = calloc(1, sizeof *fo);
+    if (!fo) return NULL;
+    fo->ld = ld;
+    pthread_mutex_init(&fo->mu, NULL);
+    fo->epfd = epoll_create1(EPOLL_CLOEXEC);
+    fo->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+    if (fo->epfd < 0 || fo->evfd < 0 || epoll_ctl(fo->epfd, EPOLL_CTL_ADD, fo->evfd, &e) != 0 ||
+        pthread_create(&fo->thread, NULL, fan_loop, fo) != 0) {
+        if (fo->epfd >= 0) close(fo->epfd);
+        if (fo->evfd >= 0) close(fo->evfd);
+        pthread_mutex_destroy(&fo->mu);
+        free(fo);
+        return NULL;
+    }
+    return fo;
+}
+
+void events_fanout_stop(struct events_fanout *fo) {
+    if (!fo) return;
+    atomic_store(&fo->stop, 1);
+    events_fanout_kick(fo);
+    pthread_join(fo->thread, NULL);
+    close(fo->epfd);
+    close(fo->evfd);
+    pthread_mutex_destroy(&fo->mu);
+    free(fo->subs);
+    free(fo);
+}
+
 static int wants_sse(struct http_req *req) {
     const char *a = http_header(req, "Accept");
     return a && strcasestr(a, "text/event-stream") != NULL;
@@ -255,7 +525,8 @@ static int reply_sse(struct http_req *req, const struct events_filter *f, int64_
     sse_append(s, "retry: 2000\n\n", 13);
     http_add_header(req, "Cache-Control", "no-cache");
     http_add_header(req, "X-Accel-Buffering", "no");
-    return http_reply_stream(req, 200, "text/event-stream", sse_read, s, sse_free);
+    return http_reply_stream_adoptable(req, 200, "text/event-stream", sse_read, sse_adopt, s,
+                                       sse_free);
 }
 
 /* ---------------- pages and long-poll ---------------- */

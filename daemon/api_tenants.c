@@ -4,6 +4,7 @@
 #include <openssl/crypto.h>
 #include <string.h>
 
+#include "daemon/artifacts.h"
 #include "daemon/auth.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
@@ -12,6 +13,8 @@
 struct tenant_op {
     long gpu_quota;
     struct store_tenant_qos qos; /* PATCH: fields to set (negative: keep) */
+    int set_ttl;                 /* PATCH: artifact_ttl_s given (ttl -1: back to the default) */
+    long ttl;
     const char *name;
     const char *roots;
     const char *tenant_id;
@@ -93,6 +96,7 @@ static int list_cb(struct store_tx *tx, void *arg) {
     json_t *t;
     json_array_foreach(*arr, i, t) { /* QoS fields, as GET /v1/tenants/{id} shows them */
         rc = store_tenant_qos_json(tx, json_string_value(json_object_get(t, "id")), t);
+        if (!rc) rc = artifacts_tenant_ttl_json(tx, json_string_value(json_object_get(t, "id")), t);
         if (rc) {
             json_decref(*arr);
             *arr = NULL;
@@ -113,7 +117,9 @@ static int get_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
     int rc = store_tenant_get(tx, op->tenant_id, &op->out);
     if (rc) return rc;
-    return store_tenant_qos_json(tx, op->tenant_id, op->out);
+    rc = store_tenant_qos_json(tx, op->tenant_id, op->out);
+    if (rc) return rc;
+    return artifacts_tenant_ttl_json(tx, op->tenant_id, op->out);
 }
 
 int api_tenants_get(struct http_req *req) {
@@ -210,6 +216,7 @@ static int update_cb(struct store_tx *tx, void *arg) {
     if (rc) return rc;
     rc = store_tenant_qos_update(tx, op->tenant_id, &op->qos);
     if (rc) return rc;
+    if (op->set_ttl && (rc = artifacts_tenant_ttl_set(tx, op->tenant_id, op->ttl)) != 0) return rc;
     return get_cb(tx, arg);
 }
 
@@ -217,13 +224,27 @@ int api_tenants_update(struct http_req *req) {
     const char *k;
     json_t *v;
     json_object_foreach(req->json, k, v) {
-        if (strcmp(k, "data_roots") && strcmp(k, "gpu_quota") && !is_qos_field(k))
+        if (strcmp(k, "data_roots") && strcmp(k, "gpu_quota") && !is_qos_field(k) &&
+            strcmp(k, "artifact_ttl_s"))
             return API_ERROR_FIELD(req, UNKNOWN_FIELD, k,
                                    "unknown field '%s' (gpu_quota, data_roots, max_priority, "
-                                   "max_running_jobs and gpu_hours_per_month can change)",
+                                   "max_running_jobs, gpu_hours_per_month and artifact_ttl_s can "
+                                   "change)",
                                    k);
     }
     struct tenant_op op = {.tenant_id = http_param(req, "id")};
+    /* Artifact retention (daemon/artifacts.h): seconds, 0 = kept, null = the
+     * cluster's --artifact-ttl. */
+    json_t *ttl = json_object_get(req->json, "artifact_ttl_s");
+    if (ttl) {
+        if (!json_is_null(ttl) && (!json_is_integer(ttl) || json_integer_value(ttl) < 0 ||
+                                   json_integer_value(ttl) > 315360000))
+            return API_ERROR_FIELD(req, INVALID_FIELD, "artifact_ttl_s",
+                                   "'artifact_ttl_s' must be an integer in [0, 315360000] seconds "
+                                   "(0: kept) or null (the cluster's --artifact-ttl)");
+        op.set_ttl = 1;
+        op.ttl = json_is_null(ttl) ? -1 : (long)json_integer_value(ttl);
+    }
     char *roots = NULL;
     if (parse_qos(req, &op.qos) != 0) return 0;
     if (parse_quota_roots(req, &op.gpu_quota, &roots) != 0) return 0;
@@ -244,7 +265,7 @@ static int token_cb(struct store_tx *tx, void *arg) {
     struct tenant_op *op = arg;
     json_t *t = NULL;
     int rc = store_tenant_get(tx, op->tenant_id, &t);
-    if (rc == STORE_OK && (op->scopes & AUTH_SCOPE_ADMIN) &&
+    if (rc == STORE_OK && (op->scopes & (AUTH_SCOPE_ADMIN | AUTH_SCOPE_METRICS)) &&
         strcmp(json_string_value(json_object_get(t, "name")), AUTH_ADMIN_TENANT) != 0)
         rc = ADMIN_ONLY_TENANT;
     json_decref(t);
@@ -325,7 +346,8 @@ int api_tenants_token_create(struct http_req *req) {
         return API_ERROR(req, TENANT_NOT_FOUND, "no tenant '%s'", op.tenant_id);
     if (rc == ADMIN_ONLY_TENANT)
         return API_ERROR_FIELD(req, INVALID_FIELD, "scopes",
-                               "the 'admin' scope is only for tokens of the tenant named '%s', "
+                               "the 'admin' and 'metrics' scopes are only for tokens of the "
+                               "tenant named '%s', "
                                "not '%s'",
                                AUTH_ADMIN_TENANT, op.tenant_id);
     if (rc != STORE_OK) return API_ERROR(req, STORE_UNAVAILABLE, "could not store token");

@@ -9,11 +9,13 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +24,7 @@
 #include "common/buf.h"
 #include "common/byterange.h"
 #include "common/log.h"
+#include "daemon/events.h"
 #include "daemon/handlers.h"
 #include "daemon/loomd.h"
 #include "daemon/store.h"
@@ -416,6 +419,7 @@ struct fetch {
     size_t len, cap;
     int failed;
     char etag[80], content_range[96];
+    const char *method; /* NULL: GET */
 };
 
 static size_t fetch_body(char *p, size_t sz, size_t nm, void *arg) {
@@ -492,6 +496,7 @@ static long node_get(const struct node_srv *ns, const char *job, const char *rel
         hdr = curl_slist_append(hdr, hi);
     }
     curl_easy_setopt(h, CURLOPT_URL, url);
+    if (f->method) curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, f->method);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
@@ -762,6 +767,60 @@ static int forget_cb(struct store_tx *tx, void *arg) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* DELETE of an artifact that lives on the job's nodes: it must be in their
+ * listing (so only what loomd lists as an artifact can go: a complete
+ * checkpoint step, an export, one file of an export), the same refusals as
+ * for local files apply, then every holder is told to delete it (the agent
+ * deletes inside its job directory only, agent/artifacts.c). */
+static int node_delete(struct http_req *req, const struct jobref *j, const struct job_nodes *jn,
+                       const char *rel, enum artifact_kind k, long step, int is_dir) {
+    json_t *items = json_array(), *seen = json_object();
+    for (int i = 0; i < jn->n; i++)
+        node_list(&jn->v[i], j->id, items, seen);
+    json_decref(seen);
+    size_t rl = strlen(rel), i;
+    json_t *it;
+    int found = 0;
+    long newest = -1;
+    json_array_foreach(items, i, it) {
+        const char *p = json_string_value(json_object_get(it, "path"));
+        if (!strcmp(p, rel) || (is_dir && !strncmp(p, rel, rl) && p[rl] == '/')) found = 1;
+        json_t *s = json_object_get(it, "step");
+        if (json_is_integer(s) && json_integer_value(s) > newest)
+            newest = (long)json_integer_value(s);
+    }
+    json_decref(items);
+    if (!found) return artifact_not_found(req, j->id, rel);
+    if (k == ARTIFACT_CHECKPOINT && !is_dir)
+        return API_ERROR(req, ARTIFACT_IN_CHECKPOINT,
+                         "'%.300s' is one file of checkpoint step %ld; delete the whole "
+                         "checkpoints/step_%08ld instead",
+                         rel, step, step);
+    if (k == ARTIFACT_CHECKPOINT && !job_state_terminal(j->state) && step == newest)
+        return API_ERROR(req, CHECKPOINT_IN_USE,
+                         "step %ld is the newest checkpoint of job %s, which is %s (a retry "
+                         "resumes from it)",
+                         step, j->id, job_state_name(j->state));
+    int deleted = 0, failed = 0;
+    for (int n = 0; n < jn->n; n++) {
+        struct fetch f = {.fd = -1, .method = "DELETE"};
+        long st = node_get(&jn->v[n], j->id, rel, NULL, NULL, &f);
+        free(f.mem);
+        if (st == 200)
+            deleted++;
+        else if (st != 404)
+            failed++; /* a node that is down keeps its copy: say so */
+    }
+    if (!deleted || failed)
+        return API_ERROR(req, ARTIFACT_DELETE_FAILED,
+                         "could not delete '%.300s' of job %s on %d of its %d node(s)", rel, j->id,
+                         deleted ? failed : jn->n, jn->n);
+    struct forget fg = {j->id, rel};
+    store_write(req->ld->store, forget_cb, &fg);
+    return http_reply_json(
+        req, 200, json_pack("{s:s, s:s, s:b}", "job_id", j->id, "path", rel, "deleted", 1));
+}
+
 int artifacts_api_delete(struct http_req *req) {
     struct jobref j;
     if (load_job(req, &j) != 0) return 0;
@@ -771,6 +830,12 @@ int artifacts_api_delete(struct http_req *req) {
     char abs[PATH_MAX];
     struct stat st;
     enum artifact_kind k = artifacts_classify(rel, &step, &is_dir);
+    if (k != ARTIFACT_NONE && k != ARTIFACT_LOG) {
+        /* Files on the nodes' own disks (logs are always loomd's copies). */
+        struct job_nodes jn;
+        if (job_nodes(req, j.id, &jn) != 0) return 0;
+        if (jn.n > 0) return node_delete(req, &j, &jn, rel, k, step, is_dir);
+    }
     if (k == ARTIFACT_NONE || resolve(&j, rel, abs, sizeof abs) != 0 || lstat(abs, &st) != 0 ||
         (is_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)))
         return artifact_not_found(req, j.id, rel);
@@ -798,4 +863,233 @@ int artifacts_api_delete(struct http_req *req) {
     store_write(req->ld->store, forget_cb, &f);
     return http_reply_json(req, 200,
                            json_pack("{s:s, s:s, s:b}", "job_id", j.id, "path", rel, "deleted", 1));
+}
+
+/* ---------------- retention ---------------- */
+
+struct artifacts_retention {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, started;
+};
+
+int artifacts_tenant_ttl_set(struct store_tx *tx, const char *tenant_id, long ttl_s) {
+    sqlite3_stmt *st = store_stmt(tx, "UPDATE tenants SET artifact_ttl_s = ?2 WHERE id = ?1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, tenant_id, -1, SQLITE_STATIC);
+    if (ttl_s < 0)
+        sqlite3_bind_null(st, 2);
+    else
+        sqlite3_bind_int64(st, 2, ttl_s);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return STORE_ERR;
+    return sqlite3_changes(store_tx_db(tx)) ? STORE_OK : STORE_NOT_FOUND;
+}
+
+int artifacts_tenant_ttl_json(struct store_tx *tx, const char *tenant_id, json_t *t) {
+    sqlite3_stmt *st = store_stmt(tx, "SELECT artifact_ttl_s FROM tenants WHERE id = ?1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, tenant_id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        json_object_set_new(t, "artifact_ttl_s",
+                            sqlite3_column_type(st, 0) == SQLITE_NULL
+                                ? json_null()
+                                : json_integer(sqlite3_column_int64(st, 0)));
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? STORE_OK : rc == SQLITE_DONE ? STORE_NOT_FOUND : STORE_ERR;
+}
+
+#define SWEEP_BATCH 64
+
+struct expired {
+    int64_t now, def_ttl;
+    int n;
+    struct {
+        char id[32], tenant[32];
+        char *out_dir;
+        int64_t ttl;
+    } v[SWEEP_BATCH];
+};
+
+/* Finished jobs past their TTL whose artifacts are still there. */
+static int expired_cb(struct store_tx *tx, void *arg) {
+    struct expired *e = arg;
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT j.id, j.tenant_id, j.out_dir, COALESCE(t.artifact_ttl_s, ?2) AS ttl FROM jobs "
+            "j JOIN tenants t ON t.id = j.tenant_id WHERE j.artifacts_expired_at IS NULL AND "
+            "j.finished_at IS NOT NULL AND j.state IN ('succeeded', 'failed', 'cancelled') AND "
+            "COALESCE(t.artifact_ttl_s, ?2) > 0 AND j.finished_at + 1000 * COALESCE("
+            "t.artifact_ttl_s, ?2) <= ?1 ORDER BY j.finished_at LIMIT ?3");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, e->now);
+    sqlite3_bind_int64(st, 2, e->def_ttl);
+    sqlite3_bind_int(st, 3, SWEEP_BATCH);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW && e->n < SWEEP_BATCH) {
+        snprintf(e->v[e->n].id, sizeof e->v[e->n].id, "%s",
+                 (const char *)sqlite3_column_text(st, 0));
+        snprintf(e->v[e->n].tenant, sizeof e->v[e->n].tenant, "%s",
+                 (const char *)sqlite3_column_text(st, 1));
+        const unsigned char *d = sqlite3_column_text(st, 2);
+        e->v[e->n].out_dir = d ? strdup((const char *)d) : NULL;
+        e->v[e->n].ttl = sqlite3_column_int64(st, 3);
+        e->n++;
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+struct expire_mark {
+    const char *job, *tenant;
+    int64_t now, ttl;
+    json_t *paths;
+};
+
+static int expire_mark_cb(struct store_tx *tx, void *arg) {
+    struct expire_mark *m = arg;
+    sqlite3_stmt *st = store_stmt(tx, "UPDATE jobs SET artifacts_expired_at = ?2 WHERE id = ?1 "
+                                      "AND artifacts_expired_at IS NULL");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, m->job, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, m->now);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return STORE_ERR;
+    if (!sqlite3_changes(store_tx_db(tx))) return STORE_OK;
+    st = store_stmt(tx, "DELETE FROM artifact_hashes WHERE job_id = ?1 AND (substr(path, 1, 12) "
+                        "= 'checkpoints/' OR substr(path, 1, 7) = 'export/')");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_text(st, 1, m->job, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return STORE_ERR;
+    json_t *d = json_pack("{s:I, s:O}", "ttl_s", (json_int_t)m->ttl, "paths", m->paths);
+    int64_t seq = events_emit(tx, "artifacts.expired", m->job, m->tenant, d);
+    json_decref(d);
+    return seq < 0 ? (int)seq : STORE_OK;
+}
+
+/* The retention roots of a job (checkpoint.keep's and the exports). */
+static const char *const expire_roots[] = {"checkpoints", "export"};
+
+/* Deletes one job's roots: on its nodes, else under out_dir. 0 when every
+ * copy is gone (or never was), -1 to retry at the next sweep. */
+static int expire_job(struct loomd *ld, const char *job, const char *out_dir, json_t *paths) {
+    struct job_nodes jn;
+    memset(&jn, 0, sizeof jn);
+    jn.job = job;
+    if (store_read(ld->store, job_nodes_cb, &jn) != STORE_OK) return -1;
+    int failed = 0;
+    for (size_t r = 0; r < sizeof expire_roots / sizeof *expire_roots; r++) {
+        int gone = 0;
+        for (int i = 0; i < jn.n; i++) {
+            struct fetch f = {.fd = -1, .method = "DELETE"};
+            long st = node_get(&jn.v[i], job, expire_roots[r], NULL, NULL, &f);
+            free(f.mem);
+            if (st == 200) gone = 1;
+            if (st != 200 && st != 404) failed = 1;
+        }
+        if (!jn.n && out_dir) {
+            /* Shared storage: out_dir is loomd's own jobs dir entry; the
+             * root itself is not followed if it is a symlink. */
+            char abs[PATH_MAX];
+            struct stat sb;
+            pathf(abs, sizeof abs, "%s/%s", out_dir, expire_roots[r]);
+            if (lstat(abs, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+                if (nftw(abs, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+                    log_warn("artifacts: retention: delete %s: %s", abs, strerror(errno));
+                    failed = 1;
+                } else {
+                    gone = 1;
+                }
+            }
+        }
+        if (gone) json_array_append_new(paths, json_string(expire_roots[r]));
+    }
+    return failed ? -1 : 0;
+}
+
+int artifacts_sweep(struct loomd *ld, int64_t now_ms) {
+    struct expired *e = calloc(1, sizeof *e);
+    if (!e) return -1;
+    e->now = now_ms;
+    e->def_ttl = ld->cfg.artifact_ttl;
+    int done = 0;
+    if (store_read(ld->store, expired_cb, e) != STORE_OK) {
+        free(e);
+        return -1;
+    }
+    for (int i = 0; i < e->n; i++) {
+        json_t *paths = json_array();
+        if (expire_job(ld, e->v[i].id, e->v[i].out_dir, paths) == 0) {
+            struct expire_mark m = {e->v[i].id, e->v[i].tenant, now_ms, e->v[i].ttl, paths};
+            if (store_write(ld->store, expire_mark_cb, &m) == STORE_OK) {
+                log_info("artifacts: job %s: checkpoints and exports deleted (ttl %llds)",
+                         e->v[i].id, (long long)e->v[i].ttl);
+                done++;
+            }
+        } else {
+            log_warn("artifacts: job %s: retention delete incomplete (a node did not answer); "
+                     "retried at the next sweep",
+                     e->v[i].id);
+        }
+        json_decref(paths);
+        free(e->v[i].out_dir);
+    }
+    free(e);
+    return done;
+}
+
+static void *retention_main(void *arg) {
+    struct loomd *ld = arg;
+    struct artifacts_retention *r = ld->retention;
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += ld->cfg.artifact_sweep > 0 ? ld->cfg.artifact_sweep : 60;
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        if (r->stop) break;
+        pthread_mutex_unlock(&r->mu);
+        if (artifacts_sweep(ld, store_now_ms()) < 0)
+            log_warn("artifacts: retention sweep failed (the store); retried");
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+int artifacts_start(struct loomd *ld) {
+    struct artifacts_retention *r = calloc(1, sizeof *r);
+    if (!r) return -1;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    ld->retention = r;
+    if (pthread_create(&r->thread, NULL, retention_main, ld) != 0) {
+        log_error("artifacts: cannot start the retention thread");
+        return -1;
+    }
+    r->started = 1;
+    return 0;
+}
+
+void artifacts_stop(struct loomd *ld) {
+    struct artifacts_retention *r = ld->retention;
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (r->started) pthread_join(r->thread, NULL);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    ld->retention = NULL;
 }

@@ -28,6 +28,7 @@
 #ifndef LOOM_DAEMON_ARTIFACTS_H
 #define LOOM_DAEMON_ARTIFACTS_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,6 +54,28 @@ enum artifact_kind artifacts_classify(const char *rel, long *step, int *is_dir_p
  * range ("bytes=A-B", "bytes=A-" and "bytes=-N"), -1 for anything else (416):
  * malformed, several ranges, or not satisfiable. Pure. */
 int artifacts_parse_range(const char *header, uint64_t size, uint64_t *off, uint64_t *len);
+
+/* Retention. A finished job's checkpoints/ and export/ are deleted once it
+ * has been over for its tenant's TTL (tenants.artifact_ttl_s, set by an
+ * admin with PATCH /v1/tenants/{id} {"artifact_ttl_s"}; NULL: the cluster's
+ * --artifact-ttl; 0: kept), from shared storage or from every node that
+ * holds them (loomd tells the agent, which deletes inside the job directory
+ * only), and an `artifacts.expired` event records it; jobs.artifacts_expired_at
+ * marks it done (migration 170). logs/ stay (loomd's own small copies). A
+ * node that cannot be reached keeps the job for the next sweep (every
+ * --artifact-sweep seconds). checkpoint.keep still prunes while a job runs. */
+struct store_tx;
+struct loomd;
+int artifacts_start(struct loomd *ld);
+void artifacts_stop(struct loomd *ld);
+/* One sweep at `now_ms` (the clock is the caller's, for tests): returns the
+ * number of jobs whose artifacts were deleted, or -1. */
+int artifacts_sweep(struct loomd *ld, int64_t now_ms);
+/* Inside a store callback: sets a tenant's TTL (ttl_s < 0: back to the
+ * cluster default), or adds "artifact_ttl_s" (null: default) to the tenant
+ * JSON t. STORE_* codes. */
+int artifacts_tenant_ttl_set(struct store_tx *tx, const char *tenant_id, long ttl_s);
+int artifacts_tenant_ttl_json(struct store_tx *tx, const char *tenant_id, json_t *t);
 
 /* Routes (tenant: own jobs; admin: any). */
 int artifacts_api_list(struct http_req *req);

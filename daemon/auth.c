@@ -224,6 +224,7 @@ static const struct {
     {"read", AUTH_SCOPE_READ},
     {"submit", AUTH_SCOPE_SUBMIT},
     {"admin", AUTH_SCOPE_ADMIN},
+    {"metrics", AUTH_SCOPE_METRICS},
 };
 #define NSCOPES (sizeof scope_names / sizeof *scope_names)
 

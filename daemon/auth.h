@@ -24,11 +24,13 @@ int auth_new_token(char *buf, size_t len);
 
 /* Token scopes (bits; stored in tokens.scopes): read = GET routes and
  * POST /v1/plan, submit = the other tenant writes (submit, cancel), admin =
- * the admin routes, for tokens of the tenant named AUTH_ADMIN_TENANT only. */
+ * the admin routes, metrics = the full GET /metrics and nothing else; admin
+ * and metrics for tokens of the tenant named AUTH_ADMIN_TENANT only. */
 enum auth_scope {
     AUTH_SCOPE_READ = 1,
     AUTH_SCOPE_SUBMIT = 2,
     AUTH_SCOPE_ADMIN = 4,
+    AUTH_SCOPE_METRICS = 8, /* GET /metrics with per-job and per-tenant series (Prometheus) */
 };
 #define AUTH_SCOPES_DEFAULT (AUTH_SCOPE_READ | AUTH_SCOPE_SUBMIT)
 #define AUTH_ADMIN_TENANT   "admin"

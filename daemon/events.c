@@ -12,7 +12,7 @@
 
 const char *const events_types[] = {
     "job.queued", "job.started",   "job.retrying",     "job.preempted", "job.succeeded",
-    "job.failed", "job.cancelled", "checkpoint.saved", "export.ready",
+    "job.failed", "job.cancelled", "checkpoint.saved", "export.ready",  "artifacts.expired",
 };
 const int events_types_count = (int)(sizeof events_types / sizeof *events_types);
 
@@ -277,6 +277,13 @@ int events_ring_read(struct events *ev, int64_t since, const struct events_filte
     return 1;
 }
 
+int events_ring_covers(struct events *ev, int64_t since) {
+    pthread_rwlock_rdlock(&ev->ring_mu);
+    int ok = since >= ev->floor;
+    pthread_rwlock_unlock(&ev->ring_mu);
+    return ok;
+}
+
 struct ring_load {
     struct events *ev;
     int64_t after; /* rows with seq > after */
@@ -338,6 +345,7 @@ static int on_commit(struct store_tx *tx, void *arg) {
     if (newest > atomic_load(&ev->last_seq)) {
         atomic_store(&ev->last_seq, newest);
         http_notify_signal(&ev->notify);
+        if (ev->fanout) events_fanout_kick(ev->fanout);
     }
     return STORE_OK;
 }
@@ -378,6 +386,9 @@ int events_start(struct loomd *ld) {
     if (ev->count == 0) ev->floor = seq;
     atomic_store(&ev->last_seq, ring_newest(ev));
     ld->events = ev;
+    ev->fanout = events_fanout_start(ld);
+    if (!ev->fanout)
+        log_warn("events: the stream fan-out thread did not start; streams keep a thread each");
     store_set_commit_hook(ld->store, on_commit, ev);
     return 0;
 }
@@ -386,6 +397,8 @@ void events_stop(struct loomd *ld) {
     struct events *ev = ld->events;
     if (!ev) return;
     store_set_commit_hook(ld->store, NULL, NULL);
+    events_fanout_stop(ev->fanout);
+    ev->fanout = NULL;
     ring_free(ev);
     http_notify_destroy(&ev->notify);
     free(ev);

@@ -42,12 +42,13 @@ struct events_entry {
 
 /* Module state (ld->events). */
 struct events {
-    struct http_notify notify; /* signalled after a commit that added events */
-    _Atomic int64_t last_seq;  /* newest committed seq (in the ring once published) */
-    pthread_rwlock_t ring_mu;  /* guards the ring fields below */
-    struct events_entry *ring; /* circular, in seq order */
-    int cap, head, count;      /* head: index of the oldest entry */
-    int64_t floor;             /* every event with seq > floor is in the ring */
+    struct http_notify notify;    /* signalled after a commit that added events */
+    _Atomic int64_t last_seq;     /* newest committed seq (in the ring once published) */
+    pthread_rwlock_t ring_mu;     /* guards the ring fields below */
+    struct events_entry *ring;    /* circular, in seq order */
+    int cap, head, count;         /* head: index of the oldest entry */
+    int64_t floor;                /* every event with seq > floor is in the ring */
+    struct events_fanout *fanout; /* the thread that writes SSE streams (api_events.c) */
 };
 
 /* What a reader wants: empty strings match everything. */
@@ -68,6 +69,8 @@ typedef int (*events_visit)(void *arg, const struct events_entry *e);
  * when `since` is older than the ring (read the store instead). */
 int events_ring_read(struct events *ev, int64_t since, const struct events_filter *f, int max,
                      events_visit fn, void *arg, int64_t *scanned);
+/* 1 when every event after `since` is in the ring. */
+int events_ring_covers(struct events *ev, int64_t since);
 /* The API item of a stored event row (columns seq, type, job_id, created_at,
  * data), as the store path and the ring both serve it. New reference. */
 json_t *events_row_item(sqlite3_stmt *st);
@@ -108,5 +111,17 @@ void events_stop(struct loomd *ld);
 
 /* GET /v1/events (daemon/api_events.c). */
 int api_events_list(struct http_req *req);
+
+/* The SSE fan-out (daemon/api_events.c): one thread that holds the sockets
+ * of the event streams (adopted from their connection threads, http.h) and,
+ * after each commit that added events, copies the ring's ready frames to
+ * every stream whose filter matches, with non-blocking writes. Started and
+ * stopped by the events module; NULL when it could not start (streams then
+ * keep their own thread). kick: after the ring grew (any thread). */
+struct events_fanout *events_fanout_start(struct loomd *ld);
+void events_fanout_kick(struct events_fanout *fo);
+void events_fanout_stop(struct events_fanout *fo);
+/* Streams the fan-out thread holds now (GET /v1/system/connections). */
+int events_fanout_held(struct events_fanout *fo);
 
 #endif

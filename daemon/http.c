@@ -53,6 +53,7 @@ struct http_server {
     struct MHD_Daemon *mhd;
     int listen_fd;
     int port;
+    int tls;
     long max_body;
     long conn_limit, conn_timeout_s;
     _Atomic int stopping;
@@ -84,6 +85,7 @@ struct http_conn {
     int status;
     struct MHD_Response *resp;
     char object_id[64]; /* "id" of a 2xx JSON reply (audit) */
+    int http10;         /* the request line said HTTP/1.0 */
     int nhdr;
     char *hdr_name[MAX_EXTRA_HEADERS];
     char *hdr_value[MAX_EXTRA_HEADERS];
@@ -96,6 +98,10 @@ struct stream_ctx {
     http_stream_read read;
     void *ctx;
     void (*free_ctx)(void *);
+    http_stream_adopt adopt; /* NULL: this thread reads to the end */
+    int chunked;             /* the body framing libmicrohttpd uses (adopt only) */
+    unsigned calls;
+    struct http_adopted adopted;
 };
 
 /* ---------------- matching ---------------- */
@@ -270,6 +276,9 @@ int http_error_field(struct http_req *req, int status, const char *code, const c
     return rc;
 }
 
+static void futex_wake_all(_Atomic uint32_t *w);
+static void futex_wait(_Atomic uint32_t *w, uint32_t val, const struct timespec *rel);
+
 /* 1 when the client closed its end (FIN or RST) or the socket failed. A
  * follow stream's client sends nothing after its request, so readable with
  * zero bytes to peek means it has gone. Done here because libmicrohttpd
@@ -291,6 +300,22 @@ static int peer_gone(int fd) {
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     struct stream_ctx *s = cls;
+    /* From the second call on, everything handed to libmicrohttpd before has
+     * been sent (it asks for more only once its write buffer is empty), so
+     * the socket is at a chunk boundary and another thread may take it. */
+    if (s->adopt && s->calls++ > 0 && !atomic_load(&s->srv->stopping)) {
+        int r = s->adopt(s->ctx, s->fd, s->chunked, &s->adopted);
+        if (r == 0) {
+            uint32_t how;
+            while ((how = atomic_load(&s->adopted.how)) == HTTP_ADOPT_HELD) {
+                struct timespec rel = {1, 0};
+                futex_wait(&s->adopted.how, HTTP_ADOPT_HELD, &rel);
+            }
+            return how == HTTP_ADOPT_END ? MHD_CONTENT_READER_END_OF_STREAM
+                                         : MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (r < 0) s->adopt = NULL;
+    }
     for (;;) {
         if (atomic_load(&s->srv->stopping)) return MHD_CONTENT_READER_END_OF_STREAM;
         ssize_t n = s->read(s->ctx, buf, max);
@@ -372,8 +397,41 @@ static int stream_admit(struct http_req *req, char *tenant, size_t tlen) {
     return -1;
 }
 
+static int reply_stream(struct http_req *req, int status, const char *content_type,
+                        http_stream_read read, http_stream_adopt adopt, void *ctx,
+                        void (*free_ctx)(void *));
+
 int http_reply_stream(struct http_req *req, int status, const char *content_type,
                       http_stream_read read, void *ctx, void (*free_ctx)(void *)) {
+    return reply_stream(req, status, content_type, read, NULL, ctx, free_ctx);
+}
+
+int http_reply_stream_adoptable(struct http_req *req, int status, const char *content_type,
+                                http_stream_read read, http_stream_adopt adopt, void *ctx,
+                                void (*free_ctx)(void *)) {
+    return reply_stream(req, status, content_type, read, adopt, ctx, free_ctx);
+}
+
+void http_adopt_release(struct http_adopted *a, int how) {
+    atomic_store(&a->how, (uint32_t)how);
+    futex_wake_all(&a->how);
+}
+
+/* The body framing libmicrohttpd gives a reply of unknown size: raw to an
+ * HTTP/1.0 client (closed at the end), chunked to HTTP/1.1; -1 where it is
+ * not certain (an HTTP/1.1 client asking to close) or the socket is not
+ * plain (TLS). */
+static int stream_framing(struct http_conn *c) {
+    if (c->srv->tls) return -1;
+    if (c->http10) return 0;
+    const char *conn = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Connection");
+    if (conn && strcasestr(conn, "close")) return -1;
+    return strcmp(c->req.method, "HEAD") ? 1 : -1;
+}
+
+static int reply_stream(struct http_req *req, int status, const char *content_type,
+                        http_stream_read read, http_stream_adopt adopt, void *ctx,
+                        void (*free_ctx)(void *)) {
     char tenant[64];
     if (stream_admit(req, tenant, sizeof tenant) != 0) {
         if (free_ctx) free_ctx(ctx);
@@ -398,6 +456,8 @@ int http_reply_stream(struct http_req *req, int status, const char *content_type
     s->read = read;
     s->ctx = ctx;
     s->free_ctx = free_ctx;
+    s->chunked = stream_framing(req->conn);
+    s->adopt = s->fd >= 0 && s->chunked >= 0 ? adopt : NULL;
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, s, stream_free);
     if (!r) {
@@ -759,6 +819,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->req.conn = c;
         c->req.ld = srv->ld;
         snprintf(c->method_copy, sizeof c->method_copy, "%s", method);
+        c->http10 = version && strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
         c->path_copy = strdup(url);
         c->req.method = c->method_copy;
         c->req.path = c->path_copy ? c->path_copy : "";
@@ -947,7 +1008,8 @@ struct http_server *http_start(struct loomd *ld, const struct http_options *o) {
         {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)TLS_PRIORITIES},
         {MHD_OPTION_END, 0, NULL},
     };
-    if (o->tls_cert_pem && o->tls_key_pem)
+    srv->tls = o->tls_cert_pem && o->tls_key_pem;
+    if (srv->tls)
         flags |= MHD_USE_TLS;
     else
         tls[0].option = MHD_OPTION_END;

@@ -124,6 +124,32 @@ typedef ssize_t (*http_stream_read)(void *ctx, char *buf, size_t max);
 int http_reply_stream(struct http_req *req, int status, const char *content_type,
                       http_stream_read read, void *ctx, void (*free_ctx)(void *));
 
+/* A stream whose body another thread writes (the event fan-out,
+ * daemon/api_events.c), so that a thousand streams do not need a thousand
+ * threads woken per event. After the stream's first chunk has gone out (the
+ * response head with it), the layer offers the client socket to adopt(ctx,
+ * fd, chunked, a) from the connection's thread at each read; it returns 1
+ * for "not now" (read is called as usual), -1 for "never", 0 when it took
+ * the socket: from then on the adopter writes the body bytes to fd itself
+ * (non-blocking; framed as HTTP/1.1 chunks when chunked is 1, raw for an
+ * HTTP/1.0 client), watches it for a close, and calls
+ * http_adopt_release(a, how) once it no longer touches fd or ctx. The
+ * connection's thread sleeps until then and ends the stream (HTTP_ADOPT_END:
+ * the closing chunk; HTTP_ADOPT_CLOSE: the connection is closed, after a
+ * partial write or a gone client). The adopter must release every stream it
+ * holds once http_stopping() is true. Never offered under TLS (the socket
+ * carries TLS records) nor to an HTTP/1.1 client that asked for
+ * "Connection: close" (libmicrohttpd's framing then is not fixed). */
+enum { HTTP_ADOPT_HELD = 0, HTTP_ADOPT_END = 1, HTTP_ADOPT_CLOSE = 2 };
+struct http_adopted {
+    _Atomic uint32_t how; /* HTTP_ADOPT_*; a futex word */
+};
+typedef int (*http_stream_adopt)(void *ctx, int fd, int chunked, struct http_adopted *a);
+int http_reply_stream_adoptable(struct http_req *req, int status, const char *content_type,
+                                http_stream_read read, http_stream_adopt adopt, void *ctx,
+                                void (*free_ctx)(void *));
+void http_adopt_release(struct http_adopted *a, int how);
+
 /* Reply with len bytes of the open file fd from offset (sendfile where the
  * platform has it). fd is owned by the layer from here on (closed when the
  * reply is done, also on error). */

@@ -60,8 +60,30 @@ static json_t *with_model(json_t *body, json_t *m) {
 
 /* ---- HF directories ---- */
 
+static int resolve_peft(const struct initfrom_ctx *c, json_t *body, json_t *model, const char *dir,
+                        json_t **out, struct loom_error *e);
+
+/* 1 when dir holds a PEFT adapter (adapter_config.json). */
+static int is_peft(const char *dir) {
+    char p[JOBSPEC_PATH_MAX + 32];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* The model of HF directory dir; init_from becomes `adapter` (the PEFT
+ * adapter dir is the base of), or dir itself when adapter is NULL (and a
+ * PEFT adapter at dir is followed to its base). */
+static int resolve_hf_as(const struct initfrom_ctx *c, json_t *body, json_t *model, const char *dir,
+                         const char *adapter, json_t **out, struct loom_error *e);
+
 static int resolve_hf(const struct initfrom_ctx *c, json_t *body, json_t *model, const char *dir,
                       json_t **out, struct loom_error *e) {
+    return resolve_hf_as(c, body, model, dir, NULL, out, e);
+}
+
+static int resolve_hf_as(const struct initfrom_ctx *c, json_t *body, json_t *model, const char *dir,
+                         const char *adapter, json_t **out, struct loom_error *e) {
     if (jobspec_path_confined(dir, c->roots, c->nroots, 0, "model.init_from", e) != 0) return -1;
     struct stat st;
     if (stat(dir, &st) != 0) {
@@ -81,6 +103,7 @@ static int resolve_hf(const struct initfrom_ctx *c, json_t *body, json_t *model,
                         "model.init_from=\"%.300s\" is not a directory (an HF model directory "
                         "holds config.json and model.safetensors)",
                         dir);
+    if (!adapter && is_peft(dir)) return resolve_peft(c, body, model, dir, out, e);
     char cfg_path[JOBSPEC_PATH_MAX + 16];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
     struct model_config cfg;
@@ -90,9 +113,96 @@ static int resolve_hf(const struct initfrom_ctx *c, json_t *body, json_t *model,
     hf_model_source_init(&src, &cfg, cfg_path);
     json_t *m = jobspec_model_from(&src, model, e);
     if (!m) return -1;
-    json_object_set_new(m, "init_from", json_string(dir));
+    json_object_set_new(m, "init_from", json_string(adapter ? adapter : dir));
     *out = with_model(body, m);
     return *out ? 0 : loom_err(e, LOOM_E_INTERNAL, NULL, "out of memory");
+}
+
+/* ---- PEFT adapter directories ---- */
+
+/* A PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) to
+ * continue with train.lora: the model is its base's, the HF directory
+ * base_model_name_or_path names (resolved as an HF init_from, confined to
+ * the same roots); init_from stays the adapter directory, which the worker
+ * follows to the base (worker/main.c). The adapter's r and lora_alpha must
+ * equal what train.lora states (the worker checks them against the
+ * defaults too). */
+static int resolve_peft(const struct initfrom_ctx *c, json_t *body, json_t *model, const char *dir,
+                        json_t **out, struct loom_error *e) {
+    char path[JOBSPEC_PATH_MAX + 32];
+    json_error_t je;
+    int rc = -1;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    json_t *cfg = json_load_file(path, 0, &je);
+    const json_t *lora = json_object_get(json_object_get(body, "train"), "lora");
+    if (!cfg) {
+        loom_err(e, LOOM_E_LORA_INIT_INVALID, "model.init_from", "%.300s is not JSON: %s", path,
+                 je.text);
+        goto out;
+    }
+    const char *pt = json_string_value(json_object_get(cfg, "peft_type"));
+    if (!pt || strcmp(pt, "LORA") != 0) {
+        loom_err(e, LOOM_E_LORA_INIT_INVALID, "model.init_from",
+                 "%.300s has peft_type=%s; train.lora continues a LORA adapter", path,
+                 pt ? pt : "(none)");
+        goto out;
+    }
+    if (!json_is_object(lora)) {
+        loom_err(e, LOOM_E_LORA_INIT_INVALID, "model.init_from",
+                 "model.init_from=\"%.300s\" is a PEFT adapter but the spec has no train.lora "
+                 "to continue it with",
+                 dir);
+        goto out;
+    }
+    static const char *const keys[2][2] = {{"rank", "r"}, {"alpha", "lora_alpha"}};
+    for (int k = 0; k < 2; k++) {
+        const json_t *want = json_object_get(lora, keys[k][0]);
+        const json_t *have = json_object_get(cfg, keys[k][1]);
+        if (want && (!json_is_number(have) || json_number_value(have) != json_number_value(want))) {
+            loom_err(e, LOOM_E_LORA_INIT_INVALID, "train.lora",
+                     "train.lora.%s=%g but the PEFT adapter %.300s has %s=%g (continue it with the "
+                     "same rank and alpha)",
+                     keys[k][0], json_number_value(want), dir, keys[k][1],
+                     json_is_number(have) ? json_number_value(have) : -1.0);
+            goto out;
+        }
+    }
+    const char *base = json_string_value(json_object_get(cfg, "base_model_name_or_path"));
+    if (!base || !*base) {
+        loom_err(e, LOOM_E_PEFT_BASE_NOT_FOUND, "model.init_from",
+                 "%.300s has no base_model_name_or_path: loomd and the worker find the base "
+                 "model's HF directory there",
+                 path);
+        goto out;
+    }
+    if (base[0] != '/') {
+        loom_err(e, LOOM_E_PEFT_BASE_NOT_FOUND, "model.init_from",
+                 "%.300s: base_model_name_or_path=\"%.200s\" is not an absolute directory path "
+                 "(a hub name is not resolved; point it at the base model's HF directory)",
+                 path, base);
+        goto out;
+    }
+    char bdir[JOBSPEC_PATH_MAX];
+    snprintf(bdir, sizeof bdir, "%s", base);
+    if (jobspec_path_confined(bdir, c->roots, c->nroots, 0, "model.init_from", e) != 0) goto out;
+    struct stat st;
+    if (stat(bdir, &st) != 0 || !S_ISDIR(st.st_mode) || is_peft(bdir)) {
+        /* a spec stating the shape itself: the worker resolves the base */
+        if (stat(bdir, &st) != 0 && !c->strict && json_object_get(model, "family")) {
+            *out = json_incref(body);
+            rc = 0;
+            goto out;
+        }
+        loom_err(e, LOOM_E_PEFT_BASE_NOT_FOUND, "model.init_from",
+                 "the PEFT adapter %.300s names base_model_name_or_path=\"%.300s\", %s", dir, bdir,
+                 is_peft(bdir) ? "another adapter, not a base model"
+                               : "which is not a directory where loomd looks");
+        goto out;
+    }
+    rc = resolve_hf_as(c, body, model, bdir, dir, out, e);
+out:
+    json_decref(cfg);
+    return rc;
 }
 
 /* ---- forks ---- */

@@ -17,6 +17,7 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "daemon/artifacts.h"
 #include "daemon/audit.h"
 #include "daemon/auth.h"
 #include "daemon/http.h"
@@ -93,11 +94,19 @@ const struct config_entry loomd_config_table[] = {
      "checkpoint-time estimate, before SIGKILL"},
     {"fair-share-half-life", CONFIG_INT, OFF(fair_share_half_life), "604800", 0, 315360000,
      "seconds for a tenant's past GPU-hours to weigh half in the fair-share order (0: off)"},
+    {"metrics-anonymous", CONFIG_BOOL, OFF(metrics_anonymous), "true", 1, 0,
+     "GET /metrics without a token serves the aggregate series (no job or tenant labels); "
+     "false: 401. The full series need the admin token or a 'metrics' scoped token"},
     {"auto-approve", CONFIG_BOOL, OFF(auto_approve), "false", 1, 0,
      "approve every node that registers with the join token (tests, quickstart); else a new "
      "node is pending until POST /v1/nodes/{id}/approve"},
     {"nodecheck-on-join", CONFIG_BOOL, OFF(nodecheck_on_join), "false", 1, 0,
      "run a node check (all-reduce over its devices) when a never-checked node joins"},
+    {"artifact-ttl", CONFIG_INT, OFF(artifact_ttl), "0", 0, 315360000,
+     "seconds after a job ends until its checkpoints and exports are deleted (0: kept; a "
+     "tenant's artifact_ttl_s, set by an admin, overrides it)"},
+    {"artifact-sweep", CONFIG_INT | CONFIG_TUNING, OFF(artifact_sweep), "60", 1, 86400,
+     "seconds between artifact retention sweeps"},
     {"events-heartbeat", CONFIG_INT, OFF(events_heartbeat), "15", 1, 3600,
      "seconds between heartbeat comments on a GET /v1/events Server-Sent Events stream"},
     {"events-ring", CONFIG_INT | CONFIG_TUNING, OFF(events_ring), "4096", 16, 1000000,
@@ -137,6 +146,8 @@ static const struct loomd_module modules[] = {
     {"nodecheck", nodecheck_start, nodecheck_stop},
     /* nodes, attempts, scheduler loop: daemon/cluster.h */
     {"cluster", cluster_start, cluster_stop},
+    /* artifact retention (daemon/artifacts.h) */
+    {"artifacts", artifacts_start, artifacts_stop},
     /* audit log retention (daemon/audit.h) */
     {"audit", audit_start, audit_stop},
 };

@@ -44,6 +44,7 @@ struct loomd_config {
     long heartbeat;            /* s between agent heartbeats (told to agents) */
     long longpoll_timeout;     /* s a long-poll waits at most */
     long hang_timeout;         /* s without a step before an attempt counts as hung */
+    int metrics_anonymous;     /* GET /metrics without a token: the aggregate series */
     int auto_approve;          /* nodes joining with the join token are approved (daemon/nodes.h) */
     int nodecheck_on_join;     /* check a never-checked node when it joins (daemon/nodecheck.h) */
     long fair_share_half_life; /* s; fair-share usage decay (daemon/fairshare.h), 0: off */
@@ -54,6 +55,8 @@ struct loomd_config {
 
     /* event stream and webhooks (daemon/events.h, daemon/webhooks.h) */
     long events_heartbeat;      /* s between SSE heartbeat comments */
+    long artifact_ttl;          /* s after a job ends until its artifacts go (0: kept) */
+    long artifact_sweep;        /* s between retention sweeps (tuning) */
     long events_ring;           /* newest events kept in memory for streams (tuning) */
     int webhook_allow_private;  /* webhook targets may be loopback/private */
     long webhook_timeout;       /* s a webhook delivery may take */
@@ -92,7 +95,8 @@ struct loomd {
      * attempt supervisor wait on it with http_wait). */
     struct http_notify jobs_changed;
     /* Other modules add their state pointers here (one line each). */
-    struct audit *audit; /* audit log retention sweep (daemon/audit.h) */
+    struct audit *audit;                   /* audit log retention sweep (daemon/audit.h) */
+    struct artifacts_retention *retention; /* artifact TTL sweep (daemon/artifacts.h) */
 };
 
 /* Loads configuration from argv (see config.h for the return values). */

@@ -116,14 +116,66 @@ static void write_jobs(struct loomd *ld, FILE *f) {
     if (store_read(ld->store, counts_cb, &counts) != STORE_OK || !counts) return;
     const char *tenant;
     json_t *per;
+    long long all[JOB_STATE_COUNT] = {0};
     json_object_foreach(counts, tenant, per) {
         for (int s = 0; s < JOB_STATE_COUNT; s++) {
             json_t *v = json_object_get(per, job_state_name(s));
+            long long n = v ? (long long)json_integer_value(v) : 0LL;
+            all[s] += n;
             fprintf(f, "loom_jobs{tenant=\"%s\",state=\"%s\"} %lld\n", tenant, job_state_name(s),
-                    v ? (long long)json_integer_value(v) : 0LL);
+                    n);
         }
     }
     json_decref(counts);
+    /* The sum over tenants: what the aggregate view keeps. */
+    fprintf(f, "# HELP loom_jobs_by_state Jobs by state, all tenants.\n"
+               "# TYPE loom_jobs_by_state gauge\n");
+    for (int s = 0; s < JOB_STATE_COUNT; s++)
+        fprintf(f, "loom_jobs_by_state{state=\"%s\"} %lld\n", job_state_name(s), all[s]);
+}
+
+/* Labels that name a job or a tenant. */
+static const char *const private_labels[] = {"job", "job_id", "tenant", "tenant_id"};
+
+/* 1 when the sample line [s, e) has a label named in private_labels. */
+static int line_private(const char *s, const char *e) {
+    if (s == e || *s == '#') return 0;
+    const char *b = memchr(s, '{', (size_t)(e - s));
+    if (!b) return 0;
+    const char *p = b + 1;
+    while (p < e && *p != '}') {
+        const char *eq = memchr(p, '=', (size_t)(e - p));
+        if (!eq) return 0;
+        for (size_t i = 0; i < sizeof private_labels / sizeof *private_labels; i++)
+            if ((size_t)(eq - p) == strlen(private_labels[i]) &&
+                !memcmp(p, private_labels[i], (size_t)(eq - p)))
+                return 1;
+        /* Skip the quoted value (with its escapes) and the comma. */
+        p = eq + 1;
+        if (p < e && *p == '"') {
+            for (p++; p < e && *p != '"'; p++)
+                if (*p == '\\') p++;
+            p++;
+        }
+        while (p < e && (*p == ',' || *p == ' '))
+            p++;
+    }
+    return 0;
+}
+
+size_t metrics_public_filter(char *text, size_t len) {
+    size_t out = 0, i = 0;
+    while (i < len) {
+        const char *nl = memchr(text + i, '\n', len - i);
+        size_t n = nl ? (size_t)(nl - (text + i)) + 1 : len - i;
+        if (!line_private(text + i, text + i + n)) {
+            memmove(text + out, text + i, n);
+            out += n;
+        }
+        i += n;
+    }
+    if (out < len) text[out] = 0;
+    return out;
 }
 
 void metrics_write(struct loomd *ld, FILE *f) {

@@ -18,6 +18,13 @@ void metrics_free(struct metrics *m);
 /* Records one request: route index (nroutes for unmatched), status, seconds. */
 void metrics_observe(struct metrics *m, size_t route, int status, double seconds);
 
+/* The aggregate view (GET /metrics without a token): drops, in place, every
+ * sample line with a label that names a job or a tenant (job, job_id,
+ * tenant, tenant_id) and returns the new length. Done on the text, not per
+ * collector, so a family added later cannot leak ids by forgetting a flag.
+ * Pure (unit-tested). */
+size_t metrics_public_filter(char *text, size_t len);
+
 typedef void (*metrics_collector)(struct loomd *ld, FILE *f);
 /* Writes every family (HTTP, store, jobs, then the collector table) to f. */
 void metrics_write(struct loomd *ld, FILE *f);

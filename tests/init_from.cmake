@@ -1,10 +1,11 @@
 # model.init_from resolved by loomd at submit (daemon/initfrom.c, api/hf_config.c):
-# an HF directory given alone, and forks of a finished job (job:<id>[@<step>]),
+# an HF directory given alone, forks of a finished job (job:<id>[@<step>]) and a
+# PEFT adapter directory continued with train.lora (its base resolved from the adapter),
 # through a real loomd + loom-agent + cpu loom-worker on loopback, checked against
 # the independent torch forward of tests/hf. Needs a python3 with numpy and torch
 # (tools/setup.sh installs Debian's); without one the tests are reported as skipped.
 if(TARGET loomd AND TARGET loom-agent AND TARGET loom-worker)
-    foreach(sc hf fork)
+    foreach(sc hf fork peft)
         add_test(NAME integration.init_from.${sc}
                  COMMAND sh -c "for p in /usr/bin/python3 python3; do if \"$p\" -c 'import numpy, torch' 2>/dev/null; then exec \"$p\" \"$0\" \"$1\" \"$2\"; fi; done; echo 'SKIP: no python3 with numpy and torch'; exit 77"
                          ${CMAKE_CURRENT_LIST_DIR}/integration/test_init_from.py

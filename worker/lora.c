@@ -5,7 +5,27 @@
  * Every adapter lives in one flat arena (A then B of each adapter, each
  * tensor starting on a 64-element boundary, the gaps zero), so that the
  * optimizer, the gradient norm, the dp all-reduce and the checkpoint each
- * see one contiguous range, as the engine's own flat buffers do. */
+ * see one contiguous range, as the engine's own flat buffers do.
+ *
+ * Parallel layouts. Each rank's arena holds the adapters of its pipeline
+ * stage's blocks, in its tensor-parallel share, split like the base layer:
+ * - column-parallel base (q, k, v, gate, up; gpt2 attn, fc): A [r, in] is
+ *   replicated, B holds this rank's output rows of W ([out/tp, r], gpt2's
+ *   fused c_attn per q|k|v block as W is);
+ * - row-parallel base (o, down; gpt2 proj, fc2): A holds this rank's input
+ *   columns of W ([r, in/tp]), B [out, r] is replicated. Each rank adds
+ *   scale * B (A_k x_k) from its input slice to its partial output, which the
+ *   model's existing all-reduce of the row-parallel output sums into
+ *   scale * B (A x): the same result as an all-reduce of the [N, r] product
+ *   before B, without a collective of its own in the forward.
+ * Gradients: the split pieces' are complete on their rank. The replicated
+ * pieces' are partial (A of a column-parallel base gets this rank's output
+ * rows' share, B of a row-parallel base this rank's input columns' share),
+ * so lora_grad_sync sums them over tp (one all-reduce of all of them, packed)
+ * before the dp reduction. The global norm counts replicated pieces once.
+ * Export, PEFT import and the initial A work on the full (tp = 1, every
+ * block) arena: `full` offsets per adapter; a collective gather over the
+ * world assembles it. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -20,6 +40,7 @@
 #include "worker/lora.h"
 #include "worker/model.h"
 #include "worker/safetensors.h"
+#include "worker/tp.h"
 
 #define LORA_ALIGN 64 /* elements: 128 bytes in bf16, what cuBLASLt likes for its operands */
 
@@ -58,6 +79,15 @@ struct lora_ad {
     size_t offA, offB; /* element offsets of A [r, in] and B [out, r] in the arena */
     void *u;           /* [N, r] compute dtype: scale * A x of the last forward */
     uint64_t key;      /* the adapter's dropout stream (hash of its name) */
+    /* the whole adapter (tp = 1): [r, in_full] and [out_full, r] at fofA /
+     * fofB of the full arena; ta / tb describe this rank's share of each as
+     * tp_slice sees it (split, parts, shapes) */
+    int in_full, out_full;
+    size_t fofA, fofB;
+    struct model_tensor ta, tb;
+    int own;                /* on this rank's stage: an entry of the rank's arena */
+    enum model_split split; /* the base weight's (column: B split, row: A split) */
+    int parts;
 };
 
 struct lora {
@@ -66,9 +96,12 @@ struct lora {
     double alpha, scale;
     double dropout;
     int site_w[LORA_NSITES], site_in[LORA_NSITES];
-    struct lora_ad *ad; /* [n], layer-major */
-    size_t total;       /* arena elements */
-    void *p, *g;        /* compute dtype [total]: adapter values and gradients */
+    struct lora_ad *ad;  /* [n], layer-major: this stage's adapters */
+    struct lora_ad *fad; /* [nf]: every block's adapters (the full arena's order) */
+    int nf;
+    size_t full_total; /* elements of the full (tp = 1, every stage) arena */
+    size_t total;      /* arena elements */
+    void *p, *g;       /* compute dtype [total]: adapter values and gradients */
     /* fp32 optimizer state of the shard [sh_off, sh_off + sh_n) of the arena
      * (ZeRO 0: everything); master == p + sh_off on an fp32 backend */
     float *master, *mom_m, *mom_v;
@@ -80,12 +113,23 @@ struct lora {
     void *tmp;           /* [N, max site width] scratch */
     void *dax;           /* [N, r] scratch */
     void *xd, *yd;       /* [N, max site input] dropout scratch (NULL without dropout) */
+    void *xf;            /* tp > 1 with dropout: [N, max whole row-parallel input] (drop) */
     float *acc;          /* fp32 [1] device scalar for the norm */
     size_t bytes[4];     /* params, grads, optimizer, activations: what this holds */
     uint64_t seed;       /* train.seed */
     int64_t step, micro; /* for the dropout masks (lora_begin_micro) */
     int training;
     float *ckpt_h; /* host copy of the shard's state while a checkpoint is written */
+    /* tp / pp (lora_opts): the tp group sums the replicated pieces'
+     * gradients (packed into rep, rep_n elements); the world assembles the
+     * full arena and the norm */
+    struct comm *tpc, *world;
+    int tp, tp_idx, dp_idx, pp;
+    void *rep;
+    size_t rep_n;
+    /* pipeline slots: [nslots][n] saved products (slot 0: each ad[i].u) */
+    void **us;
+    int nslots;
 };
 
 static uint64_t splitmix(uint64_t *s) {
@@ -129,12 +173,19 @@ void lora_free(struct lora *l) {
     if (!l) return;
     struct engine *e = l->m->e;
     struct backend *b = e->be;
-    void *bufs[] = {l->p, l->g, l->mom_m, l->mom_v, l->gsh, l->tmp, l->dax, l->xd, l->yd, l->acc};
+    void *bufs[] = {l->p,   l->g,  l->mom_m, l->mom_v, l->gsh, l->tmp,
+                    l->dax, l->xd, l->yd,    l->xf,    l->acc};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         b->free(b->ctx, bufs[i]);
     if (!l->master_aliased) b->free(b->ctx, l->master);
-    for (int i = 0; l->ad && i < l->n; i++)
+    b->free(b->ctx, l->rep);
+    if (l->us) /* every slot's products, slot 0's included */
+        for (int i = 0; i < l->nslots * l->n; i++)
+            b->free(b->ctx, l->us[i]);
+    for (int i = 0; !l->us && l->ad && i < l->n; i++)
         b->free(b->ctx, l->ad[i].u);
+    free(l->us);
+    free(l->fad);
     e->mem.params -= l->bytes[0];
     e->mem.grads -= l->bytes[1];
     e->mem.optimizer -= l->bytes[2];
@@ -157,10 +208,9 @@ static const char *unsupported(const struct engine *e, const struct lora_opts *o
         snprintf(msg, n, "train.lora: the %s backend has no LoRA operations", b->name);
         return msg;
     }
-    if (e->tp != 1 || e->pp != 1 || e->world != e->dp) {
-        snprintf(msg, n,
-                 "train.lora supports data parallelism only (tp=1 pp=1); this layout has "
-                 "world=%d dp=%d tp=%d pp=%d",
+    if (e->world != e->dp * e->tp * e->pp || (e->world > 1 && !o->world) ||
+        (e->tp > 1 && !e->tp_group)) {
+        snprintf(msg, n, "train.lora: layout world=%d dp=%d tp=%d pp=%d without its communicators",
                  e->world, e->dp, e->tp, e->pp);
         return msg;
     }
@@ -189,32 +239,61 @@ static const char *unsupported(const struct engine *e, const struct lora_opts *o
     return NULL;
 }
 
+/* How tp_slice cuts an adapter piece: a [d0, d1] tensor of this rank's
+ * [r0, r1] share, split like `split` in `parts` blocks. */
+static struct model_tensor piece(int64_t d0, int64_t d1, int64_t r0, int64_t r1,
+                                 enum model_split split, int parts) {
+    struct model_tensor t = {.ndim = 2,
+                             .shape = {d0, d1},
+                             .numel = d0 * d1,
+                             .split = split,
+                             .parts = parts,
+                             .rank_shape = {r0, r1},
+                             .rank_numel = r0 * r1};
+    return t;
+}
+
 /* The adapters of every block, in table order within a block (so that the
- * adapters of a site are in column order). 0, or -1 with a message. */
+ * adapters of a site are in column order): all of them in l->fad (full
+ * shapes and offsets), this stage's in l->ad (this rank's shares). 0, or -1
+ * with a message. */
 static int place_adapters(struct lora *l, const struct lora_opts *o, char *msg, size_t mlen) {
     struct model *m = l->m;
     struct engine *e = m->e;
     const struct lora_target *tab = l->gpt2 ? targets_gpt2 : targets_llama;
-    size_t off = 0;
+    size_t off = 0, foff = 0;
     for (int layer = 0; layer < m->L; layer++) {
         for (const struct lora_target *tg = tab; tg->spec; tg++) {
             int want = 0;
             for (int k = 0; k < o->n_targets; k++)
                 want |= strcmp(o->targets[k], tg->spec) == 0;
             if (!want) continue;
-            struct lora_ad *a = &l->ad[l->n];
-            a->tg = tg;
-            a->layer = layer;
-            snprintf(a->base, sizeof a->base, "%s.%d.%s.weight",
+            struct lora_ad *f = &l->fad[l->nf++];
+            f->tg = tg;
+            f->layer = layer;
+            snprintf(f->base, sizeof f->base, "%s.%d.%s.weight",
                      l->gpt2 ? "transformer.h" : "model.layers", layer, tg->module);
-            a->tensor = engine_tensor_find(e, a->base);
-            if (a->tensor < 0) {
-                snprintf(msg, mlen, "train.lora: tensor %s is not in the model", a->base);
+            f->tensor = engine_tensor_find(e, f->base);
+            if (f->tensor < 0) {
+                snprintf(msg, mlen, "train.lora: tensor %s is not in the model", f->base);
                 return -1;
             }
-            const struct model_tensor *t = &e->layout.t[a->tensor];
+            const struct model_tensor *t = &e->layout.t[f->tensor];
+            f->in_full = f->in = (int)t->shape[1];
+            f->out_full = f->out = (int)t->shape[0];
+            f->fofA = foff;
+            foff = align_up(foff + (size_t)l->r * f->in_full);
+            f->fofB = foff;
+            foff = align_up(foff + (size_t)f->out_full * l->r);
+            f->key = name_hash(0xcbf29ce484222325ull, f->base);
+            f->split = t->split;
+            f->parts = t->parts;
+            f->own = layer >= m->l0 && layer < m->l1;
+            if (!f->own) continue;
+            struct lora_ad *a = &l->ad[l->n];
+            *a = *f;
             a->in = l->site_in[tg->site];
-            a->out = (int)t->shape[0];
+            a->out = (int)t->rank_shape[0];
             /* the column offset inside the fused output: the tensor's
              * distance from the first tensor of its site (q, gate: 0) */
             a->col = 0;
@@ -222,20 +301,28 @@ static int place_adapters(struct lora *l, const struct lora_opts *o, char *msg, 
                 int first = tg->site == LORA_SITE_QKV ? m->blk[layer].qkvw : m->blk[layer].fcw;
                 a->col = (int)((t->rank_offset - e->layout.t[first].rank_offset) / (int64_t)a->in);
             }
-            if (t->shape[1] != a->in || a->col + a->out > l->site_w[tg->site]) {
+            if (t->rank_shape[1] != a->in || a->col + a->out > l->site_w[tg->site]) {
                 snprintf(msg, mlen, "train.lora: %s has shape [%lld, %lld], expected in=%d",
-                         a->base, (long long)t->shape[0], (long long)t->shape[1], a->in);
+                         a->base, (long long)t->rank_shape[0], (long long)t->rank_shape[1], a->in);
                 return -1;
             }
+            int row = t->split == MODEL_SPLIT_ROW, col = t->split == MODEL_SPLIT_COLUMN;
+            a->ta = piece(l->r, a->in_full, l->r, a->in,
+                          row ? MODEL_SPLIT_ROW : MODEL_SPLIT_REPLICATED, 1);
+            a->tb = piece(a->out_full, l->r, a->out, l->r,
+                          col ? MODEL_SPLIT_COLUMN : MODEL_SPLIT_REPLICATED, col ? t->parts : 1);
             a->offA = off;
             off = align_up(off + (size_t)l->r * a->in);
             a->offB = off;
             off = align_up(off + (size_t)a->out * l->r);
-            a->key = name_hash(0xcbf29ce484222325ull, a->base);
+            /* tp > 1: the replicated pieces' gradients are summed over tp */
+            if (l->tp > 1)
+                l->rep_n += (row ? 0 : (size_t)l->r * a->in) + (col ? 0 : (size_t)a->out * l->r);
             l->n++;
         }
     }
     l->total = off;
+    l->full_total = foff;
     return 0;
 }
 
@@ -261,15 +348,46 @@ static int alloc_opt(struct lora *l, size_t off, size_t n) {
 }
 
 /* A from its stream, B = 0, into p (and the master where it has one). */
-static int init_values(struct lora *l, uint64_t seed) {
-    float *h = calloc(l->total ? l->total : 1, sizeof *h);
-    if (!h) return -1;
+/* This rank's shares (the arena, host fp32 h[total]) of the full arena
+ * full[full_total]. */
+static void full_to_local(const struct lora *l, const float *full, float *h) {
     for (int i = 0; i < l->n; i++) {
         const struct lora_ad *a = &l->ad[i];
-        fill_uniform(h + a->offA, (size_t)l->r * a->in, seed, a->base, 1.0 / sqrt((double)a->in));
+        tp_slice(&a->ta, l->tp, l->tp_idx, full + a->fofA, h + a->offA);
+        tp_slice(&a->tb, l->tp, l->tp_idx, full + a->fofB, h + a->offB);
     }
-    int rc = lora_set_values(l, h);
+}
+
+/* The inverse, into a zeroed full: with `once`, a replicated piece only from
+ * tp rank 0 (so that a sum over the tp group leaves it whole). */
+static void local_to_full(const struct lora *l, const float *h, float *full, int once) {
+    for (int i = 0; i < l->n; i++) {
+        const struct lora_ad *a = &l->ad[i];
+        int skip = once && l->tp_idx != 0;
+        if (!skip || a->ta.split != MODEL_SPLIT_REPLICATED)
+            tp_unslice(&a->ta, l->tp, l->tp_idx, h + a->offA, full + a->fofA);
+        if (!skip || a->tb.split != MODEL_SPLIT_REPLICATED)
+            tp_unslice(&a->tb, l->tp, l->tp_idx, h + a->offB, full + a->fofB);
+    }
+}
+
+/* A from its stream (the whole [r, in_full] A, as at tp = 1, then this
+ * rank's share), B = 0, into p (and the master where it has one). */
+static int init_values(struct lora *l, uint64_t seed) {
+    float *h = calloc(l->total ? l->total : 1, sizeof *h);
+    float *full = calloc(l->full_total ? l->full_total : 1, sizeof *full);
+    int rc = -1;
+    if (!h || !full) goto out;
+    for (int i = 0; i < l->n; i++) {
+        const struct lora_ad *a = &l->ad[i];
+        fill_uniform(full + a->fofA, (size_t)l->r * a->in_full, seed, a->base,
+                     1.0 / sqrt((double)a->in_full));
+    }
+    full_to_local(l, full, h);
+    rc = lora_set_values(l, h);
+out:
     free(h);
+    free(full);
     return rc;
 }
 
@@ -292,6 +410,12 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
     l->dropout = o->dropout;
     l->seed = o->seed;
     l->gpt2 = e->cfg.family == MODEL_GPT2;
+    l->tp = e->tp;
+    l->tp_idx = e->tp_idx;
+    l->dp_idx = e->dp_idx;
+    l->pp = e->pp;
+    l->tpc = e->tp > 1 ? e->tp_group : NULL;
+    l->world = o->world;
     int swiglu = e->cfg.act == MODEL_ACT_SWIGLU, AC = m->NH * m->HD;
     l->site_w[LORA_SITE_QKV] = m->QKV;
     l->site_in[LORA_SITE_QKV] = m->C;
@@ -302,7 +426,8 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
     l->site_w[LORA_SITE_DOWN] = m->C;
     l->site_in[LORA_SITE_DOWN] = m->F;
     l->ad = calloc((size_t)m->L * o->n_targets, sizeof *l->ad);
-    if (!l->ad) goto oom;
+    l->fad = calloc((size_t)m->L * o->n_targets, sizeof *l->fad);
+    if (!l->ad || !l->fad) goto oom;
     if (place_adapters(l, o, msg, sizeof msg) != 0) {
         lora_free(l);
         refuse(code, "LORA_UNSUPPORTED", err, errlen, msg);
@@ -320,10 +445,19 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
     l->dax = lalloc(l, 3, N * l->r * es);
     l->acc = lalloc(l, 2, sizeof(float));
     if (!l->p || !l->g || !l->tmp || !l->dax || !l->acc) goto oom;
+    if (l->rep_n && !(l->rep = lalloc(l, 1, l->rep_n * es))) goto oom;
     if (l->dropout > 0) {
         l->xd = lalloc(l, 3, N * imax * es);
         l->yd = lalloc(l, 3, N * imax * es);
         if (!l->xd || !l->yd) goto oom;
+        size_t fmax = 0;
+        for (int i = 0; l->tp > 1 && i < l->n; i++)
+            if (l->ad[i].ta.split == MODEL_SPLIT_ROW && (size_t)l->ad[i].in_full > fmax)
+                fmax = (size_t)l->ad[i].in_full;
+        if (fmax) {
+            if (!(l->xf = lalloc(l, 3, N * fmax * es))) goto oom;
+            b->zero(b->ctx, l->xf, N * fmax * es);
+        }
     }
     for (int i = 0; i < l->n; i++) {
         l->ad[i].u = lalloc(l, 3, N * l->r * es);
@@ -387,6 +521,68 @@ static int get_values(struct lora *l, float *h) {
     return 0;
 }
 
+/* The full arena (every stage's adapters, whole tensors, tp = 1 offsets) as
+ * host fp32 full[full_total]. Collective over the world when tp or pp > 1
+ * (each piece from one rank: tp rank 0 for replicated pieces, dp rank 0;
+ * the others add zeros, so the sum is exact); else local. 0 or -1. */
+static int get_full(struct lora *l, float *full) {
+    struct backend *b = l->m->e->be;
+    int rc = -1;
+    float *h = malloc((l->total ? l->total : 1) * sizeof *h), *d = NULL;
+    if (!h || get_values(l, h) != 0) goto out;
+    memset(full, 0, l->full_total * sizeof *full);
+    int par = l->tp > 1 || l->pp > 1;
+    if (!par || l->dp_idx == 0) local_to_full(l, h, full, par);
+    if (par && l->world) {
+        /* the comm reads backend memory (device buffers on cuda) */
+        size_t bytes = (l->full_total ? l->full_total : 1) * sizeof(float);
+        d = b->alloc(b->ctx, bytes);
+        if (!d) goto out;
+        b->upload(b->ctx, d, full, l->full_total * sizeof(float));
+        b->sync(b->ctx);
+        if (comm_allreduce(l->world, d, l->full_total, COMM_F32, COMM_SUM, NULL) != 0) {
+            log_error("lora: gathering the adapters failed: %s", comm_error(l->world));
+            goto out;
+        }
+        b->download(b->ctx, full, d, l->full_total * sizeof(float));
+    }
+    rc = 0;
+out:
+    if (d) b->free(b->ctx, d);
+    free(h);
+    return rc;
+}
+
+int lora_reserve_slots(struct lora *l, int n) {
+    struct backend *b = l->m->e->be;
+    if (n <= l->nslots || (n <= 1 && !l->us)) return 0;
+    void **us = realloc(l->us, (size_t)n * l->n * sizeof *us);
+    if (!us) return -1;
+    l->us = us;
+    if (l->nslots == 0) { /* slot 0: the products lora_new made */
+        for (int i = 0; i < l->n; i++)
+            us[i] = l->ad[i].u;
+        l->nslots = 1;
+    }
+    for (; l->nslots < n; l->nslots++)
+        for (int i = 0; i < l->n; i++) {
+            void **u = &us[(size_t)l->nslots * l->n + i];
+            *u = lalloc(l, 3, (size_t)l->N * l->r * b->elt_size);
+            if (!*u) {
+                for (int j = 0; j < i; j++) /* this slot's, so that nslots stays true */
+                    b->free(b->ctx, us[(size_t)l->nslots * l->n + j]);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+void lora_use_slot(struct lora *l, int slot) {
+    if (!l->us || slot < 0 || slot >= l->nslots) return;
+    for (int i = 0; i < l->n; i++)
+        l->ad[i].u = l->us[(size_t)slot * l->n + i];
+}
+
 void lora_begin_micro(struct lora *l, int64_t step, int64_t micro) {
     l->step = step;
     l->micro = micro;
@@ -409,6 +605,25 @@ static int dropping(const struct lora *l) {
     return l->dropout > 0 && l->training;
 }
 
+/* dst = dropout(src) [N, a->in] with the mask of tp = 1. A row-parallel
+ * base's input is this rank's column slice of the whole [N, in_full] input,
+ * and the mask is a function of the element's index in the whole input: the
+ * slice goes into its columns of a full-width scratch (the other columns
+ * stay zero), is masked there, and comes back. dst may equal src. */
+static void drop(struct lora *l, const struct lora_ad *a, void *dst, const void *src) {
+    struct backend *b = l->m->e->be;
+    int N = l->N;
+    uint64_t seed = drop_seed(l, a);
+    if (a->ta.split != MODEL_SPLIT_ROW || l->tp == 1) {
+        b->dropout(b->ctx, dst, src, (size_t)N * a->in, (float)l->dropout, seed);
+        return;
+    }
+    void *cols = backend_at(b, l->xf, (size_t)l->tp_idx * a->in);
+    b->axpy_2d(b->ctx, cols, a->in_full, src, a->in, N, a->in, 1.0f, 0);
+    b->dropout(b->ctx, l->xf, l->xf, (size_t)N * a->in_full, (float)l->dropout, seed);
+    b->axpy_2d(b->ctx, dst, a->in, cols, a->in_full, N, a->in, 1.0f, 0);
+}
+
 void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const void *inp) {
     struct backend *b = l->m->e->be;
     int r = l->r, N = l->N, W = l->site_w[site];
@@ -417,7 +632,7 @@ void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const v
         if (a->layer != layer || a->tg->site != site) continue;
         const void *x = inp;
         if (dropping(l)) {
-            b->dropout(b->ctx, l->xd, inp, (size_t)N * a->in, (float)l->dropout, drop_seed(l, a));
+            drop(l, a, l->xd, inp);
             x = l->xd;
         }
         /* u = scale * A x, kept for the backward */
@@ -461,12 +676,11 @@ void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const 
             continue;
         }
         /* dropout: the forward's mask again, on the input and on its gradient */
-        uint64_t ds = drop_seed(l, a);
         size_t n = (size_t)N * a->in;
-        b->dropout(b->ctx, l->xd, inp, n, (float)l->dropout, ds);
+        drop(l, a, l->xd, inp);
         b->zero(b->ctx, l->yd, n * es);
         b->matmul_bwd(b->ctx, l->yd, dA, NULL, l->dax, l->xd, A, N, a->in, r);
-        b->dropout(b->ctx, l->yd, l->yd, n, (float)l->dropout, ds);
+        drop(l, a, l->yd, l->yd);
         b->accumulate(b->ctx, dinp, l->yd, n);
     }
 }
@@ -480,8 +694,43 @@ static enum comm_dtype cdtype(const struct backend *b) {
     return b->dtype == BACKEND_BF16 ? COMM_BF16 : COMM_F32;
 }
 
+/* tp > 1: sum the replicated pieces' partial gradients over the tp group,
+ * packed into one buffer (one all-reduce instead of one per piece). */
+static int tp_sync(struct lora *l) {
+    struct backend *b = l->m->e->be;
+    size_t es = b->elt_size, at = 0;
+    if (!l->rep_n) return 0;
+    for (int pass = 0; pass < 2; pass++) {
+        at = 0;
+        for (int i = 0; i < l->n; i++) {
+            const struct lora_ad *a = &l->ad[i];
+            size_t offs[2] = {a->offA, a->offB},
+                   ns[2] = {(size_t)l->r * a->in, (size_t)a->out * l->r};
+            int rep[2] = {a->ta.split == MODEL_SPLIT_REPLICATED,
+                          a->tb.split == MODEL_SPLIT_REPLICATED};
+            for (int k = 0; k < 2; k++) {
+                if (!rep[k]) continue;
+                void *g = backend_at(b, l->g, offs[k]), *r = backend_at(b, l->rep, at);
+                if (pass == 0)
+                    b->copy(b->ctx, r, g, ns[k] * es);
+                else
+                    b->copy(b->ctx, g, r, ns[k] * es);
+                at += ns[k];
+            }
+        }
+        if (pass > 0) break;
+        b->sync(b->ctx);
+        if (comm_allreduce(l->tpc, l->rep, l->rep_n, cdtype(b), COMM_SUM, NULL) != 0) {
+            log_error("lora: gradient sum over tp failed: %s", comm_error(l->tpc));
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int lora_grad_sync(struct lora *l) {
     struct backend *b = l->m->e->be;
+    if (tp_sync(l) != 0) return -1;
     if (!l->dp || comm_size(l->dp) == 1) return 0;
     b->sync(b->ctx); /* the backward is done before the comm reads the gradients */
     int rc = l->zero >= 1
@@ -497,10 +746,38 @@ static const void *shard_grad(const struct lora *l) {
     return l->zero >= 1 ? l->gsh : backend_at(b, l->g, l->sh_off);
 }
 
+/* tp or pp > 1: every piece once over the world: this rank's shard of its
+ * pieces, a replicated piece from tp rank 0 only, and (ZeRO 0, where every
+ * dp rank holds the same shard) from dp rank 0 only; summed over the world. */
+static double norm_par(const struct lora *l) {
+    struct backend *b = l->m->e->be;
+    const void *g = shard_grad(l);
+    size_t s0 = l->sh_off, s1 = l->sh_off + l->sh_n;
+    float h = 0;
+    b->zero(b->ctx, l->acc, sizeof(float));
+    for (int i = 0; i < l->n && (l->zero >= 1 || l->dp_idx == 0); i++) {
+        const struct lora_ad *a = &l->ad[i];
+        size_t offs[2] = {a->offA, a->offB}, ns[2] = {(size_t)l->r * a->in, (size_t)a->out * l->r};
+        int rep[2] = {a->ta.split == MODEL_SPLIT_REPLICATED, a->tb.split == MODEL_SPLIT_REPLICATED};
+        for (int k = 0; k < 2; k++) {
+            if (rep[k] && l->tp_idx != 0) continue;
+            size_t lo = offs[k] > s0 ? offs[k] : s0,
+                   hi = offs[k] + ns[k] < s1 ? offs[k] + ns[k] : s1;
+            if (hi > lo) b->sumsq(b->ctx, l->acc, backend_at(b, g, lo - s0), hi - lo);
+        }
+    }
+    b->download(b->ctx, &h, l->acc, sizeof h);
+    double v = h;
+    if (l->world && comm_allreduce(l->world, &v, 1, COMM_F64, COMM_SUM, NULL) != 0)
+        die("lora: gradient norm all-reduce failed: %s", comm_error(l->world));
+    return v;
+}
+
 double lora_grad_norm_sq(const struct lora *l) {
     struct engine *e = l->m->e;
     struct backend *b = e->be;
     float h = 0;
+    if (l->tp > 1 || l->pp > 1) return norm_par(l);
     b->zero(b->ctx, l->acc, sizeof(float));
     b->sumsq(b->ctx, l->acc, shard_grad(l), l->sh_n);
     b->download(b->ctx, &h, l->acc, sizeof h);
@@ -588,13 +865,151 @@ int lora_ckpt_add(struct lora *l, struct ckpt_writer *cw) {
 }
 
 json_t *lora_ckpt_meta(const struct lora *l) {
-    return json_pack("{s:I, s:I, s:I, s:i, s:i, s:f}", "total", (json_int_t)l->total, "offset",
-                     (json_int_t)l->sh_off, "count", (json_int_t)l->sh_n, "zero_stage", l->zero,
-                     "rank", l->r, "alpha", l->alpha);
+    return json_pack("{s:I, s:I, s:I, s:i, s:i, s:f, s:i, s:i}", "total", (json_int_t)l->total,
+                     "offset", (json_int_t)l->sh_off, "count", (json_int_t)l->sh_n, "zero_stage",
+                     l->zero, "rank", l->r, "alpha", l->alpha, "tp", l->tp, "pp", l->pp);
+}
+
+/* This rank's shard state h[3][sh_n] (master, m, v) into the device (and
+ * the values, all-gathered over dp with ZeRO). 0 or -1. */
+static int put_state(struct lora *l, const float *h, const char *dir, char *err, size_t errlen) {
+    struct backend *b = l->m->e->be;
+    size_t n = l->sh_n;
+    b->upload(b->ctx, l->mom_m, h + n, n * sizeof(float));
+    b->upload(b->ctx, l->mom_v, h + 2 * n, n * sizeof(float));
+    b->upload(b->ctx, l->master, h, n * sizeof(float));
+    if (!l->master_aliased) b->from_f32(b->ctx, backend_at(b, l->p, l->sh_off), l->master, n);
+    b->sync(b->ctx);
+    if (l->zero >= 1 && comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total,
+                                        cdtype(b), NULL) != 0) {
+        snprintf(err, errlen, "%s: all-gather of the adapters failed: %s", dir, comm_error(l->dp));
+        return -1;
+    }
+    return 0;
+}
+
+/* The arena offsets and this-rank shapes of every adapter of stage `st` at
+ * layout (tp, pp), as place_adapters places them there (A at offA, B at offB
+ * for fad[i] on the stage, else (size_t)-1); returns the arena's size. */
+static size_t layout_offsets(const struct lora *l, int tp, int pp, int st, size_t *offA,
+                             size_t *offB) {
+    int l0, l1;
+    size_t off = 0;
+    model_stage_layers(&l->m->e->cfg, pp, st, &l0, &l1);
+    for (int i = 0; i < l->nf; i++) {
+        const struct lora_ad *f = &l->fad[i];
+        offA[i] = offB[i] = (size_t)-1;
+        if (f->layer < l0 || f->layer >= l1) continue;
+        size_t in = (size_t)f->in_full / (f->split == MODEL_SPLIT_ROW ? (size_t)tp : 1);
+        size_t out = (size_t)f->out_full / (f->split == MODEL_SPLIT_COLUMN ? (size_t)tp : 1);
+        offA[i] = off;
+        off = align_up(off + (size_t)l->r * in);
+        offB[i] = off;
+        off = align_up(off + out * (size_t)l->r);
+    }
+    return off;
+}
+
+/* A checkpoint of another layout (dp, tp, pp, ZeRO stage or world): every
+ * rank reads every rank's shard, assembles each (tp, pp) arena of the old
+ * layout, places its pieces in the full arena (tp_unslice, as at export),
+ * then takes its own shares and shard (the same values at any layout, as
+ * the optimizer is elementwise). 0 or -1. */
+static int load_resharded(struct lora *l, const char *dir, int world, int otp, int opp, char *err,
+                          size_t errlen) {
+    size_t F = l->full_total ? l->full_total : 1, n = l->sh_n;
+    size_t *offA = calloc((size_t)l->nf + 1, sizeof *offA);
+    size_t *offB = calloc((size_t)l->nf + 1, sizeof *offB);
+    float *full = calloc(3 * F, sizeof *full), *src = NULL, *tmp = NULL;
+    float *loc = malloc(3 * (l->total ? l->total : 1) * sizeof *loc);
+    float *h = malloc((n ? n : 1) * 3 * sizeof *h);
+    char *seen = NULL;
+    struct ckpt_reader *r = NULL;
+    int rc = -1;
+    static const char *const names[3] = {"lora_master", "lora_adam_m", "lora_adam_v"};
+    if (!offA || !offB || !full || !loc || !h) goto nomem;
+    for (int t = 0; t < otp; t++)
+        for (int st = 0; st < opp; st++) {
+            size_t T = layout_offsets(l, otp, opp, st, offA, offB);
+            free(src);
+            free(seen);
+            src = malloc(3 * (T ? T : 1) * sizeof *src);
+            seen = calloc(T ? T : 1, 1);
+            if (!src || !seen) goto nomem;
+            for (int k = 0; k < world; k++) {
+                if (ckpt_open(dir, k, &r, err, errlen) != 0) goto out;
+                const json_t *rm = ckpt_rank_meta(r), *meta = json_object_get(rm, "lora");
+                size_t off = (size_t)json_integer_value(json_object_get(meta, "offset"));
+                size_t cnt = (size_t)json_integer_value(json_object_get(meta, "count"));
+                size_t tot = (size_t)json_integer_value(json_object_get(meta, "total"));
+                if (json_integer_value(json_object_get(rm, "tp")) != t ||
+                    json_integer_value(json_object_get(rm, "pp")) != st) {
+                    ckpt_close(r);
+                    r = NULL;
+                    continue;
+                }
+                if (tot != T || off + cnt > T) {
+                    snprintf(err, errlen,
+                             "%s rank %d holds LoRA adapter state total=%zu [%zu, %zu), but "
+                             "train.lora at tp=%d pp=%d places %zu (resume with the same "
+                             "train.lora)",
+                             dir, k, tot, off, off + cnt, otp, opp, T);
+                    goto out;
+                }
+                free(tmp);
+                if (!(tmp = malloc((cnt ? cnt : 1) * sizeof *tmp))) goto nomem;
+                for (int q = 0; q < 3; q++) {
+                    if (ckpt_read_f32(r, names[q], tmp, cnt, err, errlen) != 0) goto out;
+                    memcpy(src + (size_t)q * T + off, tmp, cnt * sizeof *tmp);
+                }
+                memset(seen + off, 1, cnt);
+                ckpt_close(r);
+                r = NULL;
+            }
+            for (int i = 0; i < l->nf; i++) {
+                const struct lora_ad *f = &l->fad[i];
+                if (offA[i] == (size_t)-1) continue;
+                int row = f->split == MODEL_SPLIT_ROW, col = f->split == MODEL_SPLIT_COLUMN;
+                struct model_tensor ta = piece(l->r, f->in_full, l->r, f->in_full / (row ? otp : 1),
+                                               row ? MODEL_SPLIT_ROW : MODEL_SPLIT_REPLICATED, 1);
+                struct model_tensor tb =
+                    piece(f->out_full, l->r, f->out_full / (col ? otp : 1), l->r,
+                          col ? MODEL_SPLIT_COLUMN : MODEL_SPLIT_REPLICATED, col ? f->parts : 1);
+                if (!seen[offA[i]] || !seen[offB[i]]) {
+                    snprintf(err, errlen, "%s: the adapter of %s (tp rank %d) is in no shard", dir,
+                             f->base, t);
+                    goto out;
+                }
+                for (int q = 0; q < 3; q++) {
+                    tp_unslice(&ta, otp, t, src + (size_t)q * T + offA[i],
+                               full + (size_t)q * F + f->fofA);
+                    tp_unslice(&tb, otp, t, src + (size_t)q * T + offB[i],
+                               full + (size_t)q * F + f->fofB);
+                }
+            }
+        }
+    for (int q = 0; q < 3; q++) {
+        full_to_local(l, full + (size_t)q * F, loc);
+        memcpy(h + (size_t)q * n, loc + l->sh_off, n * sizeof *h);
+    }
+    rc = put_state(l, h, dir, err, errlen);
+    goto out;
+nomem:
+    snprintf(err, errlen, "out of memory reading %s", dir);
+out:
+    ckpt_close(r);
+    free(offA);
+    free(offB);
+    free(full);
+    free(src);
+    free(tmp);
+    free(loc);
+    free(h);
+    free(seen);
+    return rc;
 }
 
 int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t errlen) {
-    struct backend *b = l->m->e->be;
     struct ckpt_reader *r = NULL;
     int rc = -1;
     size_t n = l->sh_n;
@@ -603,16 +1018,53 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    /* rank 0's record says which layout wrote it */
+    if (ckpt_open(dir, 0, &r, err, errlen) != 0) goto out;
+    const json_t *m0 = json_object_get(ckpt_rank_meta(r), "lora");
+    const json_t *lay = json_object_get(ckpt_manifest(r), "layout");
+    int world = ckpt_world(r);
+    int otp = json_object_get(m0, "tp") ? (int)json_integer_value(json_object_get(m0, "tp")) : 1;
+    int opp = json_object_get(m0, "pp") ? (int)json_integer_value(json_object_get(m0, "pp")) : 1;
+    int same = world == l->m->e->world && otp == l->tp && opp == l->pp &&
+               json_integer_value(json_object_get(lay, "dp")) == l->m->e->dp &&
+               json_integer_value(json_object_get(m0, "zero_stage")) == l->zero;
+    if (m0 &&
+        (json_integer_value(json_object_get(m0, "rank")) != l->r ||
+         fabs(json_number_value(json_object_get(m0, "alpha")) - l->alpha) > 1e-9 * l->alpha)) {
+        snprintf(err, errlen,
+                 "%s holds LoRA adapters of rank %lld alpha %g, but train.lora has rank=%d "
+                 "alpha=%g (resume with the same train.lora)",
+                 dir, (long long)json_integer_value(json_object_get(m0, "rank")),
+                 json_number_value(json_object_get(m0, "alpha")), l->r, l->alpha);
+        goto out;
+    }
+    int have = m0 != NULL;
+    ckpt_close(r); /* m0 pointed into r */
+    r = NULL;
+    if (have && !same) {
+        rc = load_resharded(l, dir, world, otp, opp, err, errlen);
+        goto out;
+    }
     if (ckpt_open(dir, rank, &r, err, errlen) != 0) goto out;
     const json_t *meta = json_object_get(ckpt_rank_meta(r), "lora");
     json_int_t total = json_integer_value(json_object_get(meta, "total"));
     json_int_t off = json_integer_value(json_object_get(meta, "offset"));
     json_int_t cnt = json_integer_value(json_object_get(meta, "count"));
+    /* tp / pp: written since the adapters split over them (absent: 1) */
+    const json_t *jtp = json_object_get(meta, "tp"), *jpp = json_object_get(meta, "pp");
+    int ctp = jtp ? (int)json_integer_value(jtp) : 1, cpp = jpp ? (int)json_integer_value(jpp) : 1;
+    if (meta && (ctp != l->tp || cpp != l->pp)) {
+        snprintf(err, errlen,
+                 "%s holds LoRA adapter shares of tp=%d pp=%d, but this run has tp=%d pp=%d "
+                 "(resume with the same layout, or continue from its PEFT export)",
+                 dir, ctp, cpp, l->tp, l->pp);
+        goto out;
+    }
     if (!meta || (size_t)total != l->total || (size_t)off != l->sh_off || (size_t)cnt != n) {
         snprintf(err, errlen,
                  "%s holds LoRA adapter state total=%lld offset=%lld count=%lld for rank %d, but "
                  "this run's adapters have total=%zu offset=%zu count=%zu (resume with the same "
-                 "train.lora, dp and zero_stage)",
+                 "train.lora, dp, tp, pp and zero_stage, or continue from its PEFT export)",
                  dir, (long long)total, (long long)off, (long long)cnt, rank, l->total, l->sh_off,
                  n);
         goto out;
@@ -621,21 +1073,7 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
         ckpt_read_f32(r, "lora_adam_m", h + n, n, err, errlen) != 0 ||
         ckpt_read_f32(r, "lora_adam_v", h + 2 * n, n, err, errlen) != 0)
         goto out;
-    b->upload(b->ctx, l->mom_m, h + n, n * sizeof(float));
-    b->upload(b->ctx, l->mom_v, h + 2 * n, n * sizeof(float));
-    if (l->master_aliased) {
-        b->upload(b->ctx, l->master, h, n * sizeof(float));
-    } else {
-        b->upload(b->ctx, l->master, h, n * sizeof(float));
-        b->from_f32(b->ctx, backend_at(b, l->p, l->sh_off), l->master, n);
-    }
-    b->sync(b->ctx);
-    if (l->zero >= 1 && comm_all_gather(l->dp, backend_at(b, l->p, l->sh_off), l->p, l->total,
-                                        cdtype(b), NULL) != 0) {
-        snprintf(err, errlen, "all-gather of the adapters failed: %s", comm_error(l->dp));
-        goto out;
-    }
-    rc = 0;
+    rc = put_state(l, h, dir, err, errlen);
 out:
     ckpt_close(r);
     free(h);
@@ -655,42 +1093,46 @@ int lora_export_peft(struct lora *l, const char *dir, const char *base_name, cha
                      size_t errlen) {
     int rc = -1;
     char path[1200];
-    struct st_tensor *ts = calloc((size_t)l->n * 2 + 1, sizeof *ts);
-    char(*names)[MODEL_TENSOR_MAX + 48] = calloc((size_t)l->n * 2 + 1, sizeof *names);
-    float *h = malloc((l->total ? l->total : 1) * sizeof *h);
+    struct st_tensor *ts = calloc((size_t)l->nf * 2 + 1, sizeof *ts);
+    char(*names)[MODEL_TENSOR_MAX + 48] = calloc((size_t)l->nf * 2 + 1, sizeof *names);
+    float *h = malloc((l->full_total ? l->full_total : 1) * sizeof *h);
     json_t *cfg = NULL, *mods = NULL;
-    if (!ts || !names || !h || get_values(l, h) != 0) {
-        snprintf(err, errlen, "out of memory");
+    if (!ts || !names || !h || get_full(l, h) != 0) {
+        snprintf(err, errlen, "out of memory or a failed gather of the adapters");
+        goto out;
+    }
+    if (l->m->e->rank != 0) { /* the gather is collective; rank 0 writes */
+        rc = 0;
         goto out;
     }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
         goto out;
     }
-    for (int i = 0; i < l->n; i++) {
-        const struct lora_ad *a = &l->ad[i];
+    for (int i = 0; i < l->nf; i++) {
+        const struct lora_ad *a = &l->fad[i];
         peft_name(names[2 * i], sizeof names[0], a->base, "lora_A");
         peft_name(names[2 * i + 1], sizeof names[0], a->base, "lora_B");
         ts[2 * i] = (struct st_tensor){.name = names[2 * i],
                                        .dtype = ST_F32,
                                        .src_dtype = ST_F32,
                                        .ndim = 2,
-                                       .shape = {l->r, a->in},
-                                       .data = h + a->offA};
+                                       .shape = {l->r, a->in_full},
+                                       .data = h + a->fofA};
         ts[2 * i + 1] = (struct st_tensor){.name = names[2 * i + 1],
                                            .dtype = ST_F32,
                                            .src_dtype = ST_F32,
                                            .ndim = 2,
-                                           .shape = {a->out, l->r},
-                                           .data = h + a->offB};
+                                           .shape = {a->out_full, l->r},
+                                           .data = h + a->fofB};
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    if (st_write(path, ts, (size_t)l->n * 2, NULL, NULL, NULL, err, errlen) != 0) goto out;
+    if (st_write(path, ts, (size_t)l->nf * 2, NULL, NULL, NULL, err, errlen) != 0) goto out;
     mods = json_array();
     const struct lora_target *tab = l->gpt2 ? targets_gpt2 : targets_llama;
     for (const struct lora_target *tg = tab; tg->spec; tg++)
-        for (int i = 0; i < l->n; i++)
-            if (l->ad[i].tg == tg) {
+        for (int i = 0; i < l->nf; i++)
+            if (l->fad[i].tg == tg) {
                 json_array_append_new(mods, json_string(tg->peft));
                 break;
             }
@@ -738,9 +1180,10 @@ int lora_load_peft(struct lora *l, const char *dir, char *err, size_t errlen) {
     json_error_t je;
     struct st_file *sf = NULL;
     float *h = calloc(l->total ? l->total : 1, sizeof *h);
+    float *full = calloc(l->full_total ? l->full_total : 1, sizeof *full);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     json_t *cfg = json_load_file(path, 0, &je);
-    if (!h) {
+    if (!h || !full) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
@@ -763,15 +1206,17 @@ int lora_load_peft(struct lora *l, const char *dir, char *err, size_t errlen) {
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     if (st_open(path, &sf, err, errlen) != 0) goto out;
+    /* whole tensors (every rank reads the file), then this rank's shares */
     for (int i = 0; i < l->n; i++) {
         const struct lora_ad *a = &l->ad[i];
         char na[MODEL_TENSOR_MAX + 48], nb[MODEL_TENSOR_MAX + 48];
         peft_name(na, sizeof na, a->base, "lora_A");
         peft_name(nb, sizeof nb, a->base, "lora_B");
-        if (peft_tensor(path, sf, na, l->r, a->in, h + a->offA, err, errlen) != 0 ||
-            peft_tensor(path, sf, nb, a->out, l->r, h + a->offB, err, errlen) != 0)
+        if (peft_tensor(path, sf, na, l->r, a->in_full, full + a->fofA, err, errlen) != 0 ||
+            peft_tensor(path, sf, nb, a->out_full, l->r, full + a->fofB, err, errlen) != 0)
             goto out;
     }
+    full_to_local(l, full, h);
     if (lora_set_values(l, h) != 0) {
         snprintf(err, errlen, "out of memory");
         goto out;
@@ -781,6 +1226,7 @@ out:
     st_close(sf);
     json_decref(cfg);
     free(h);
+    free(full);
     return rc;
 }
 

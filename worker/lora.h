@@ -19,9 +19,11 @@
  * Targets: llama q, k, v, o, gate, up, down (q|k|v and gate|up are column
  * ranges of the fused projections); gpt2 attn, proj, fc, fc2.
  *
- * Supported: tp = pp = 1, any dp (gradients all-reduced, or with ZeRO 1-2
- * reduce-scattered over the adapter state: lora_opts.zero_stage), no
- * optimizer offload. lora_new refuses anything else with LORA_UNSUPPORTED. */
+ * Supported: any dp (gradients all-reduced, or with ZeRO 1-2
+ * reduce-scattered over the adapter state: lora_opts.zero_stage), tp (the
+ * adapters split like their base layer, lora.c) and pp (each stage holds
+ * its blocks' adapters), no optimizer offload. lora_new refuses anything
+ * else with LORA_UNSUPPORTED. */
 #ifndef LOOM_WORKER_LORA_H
 #define LOOM_WORKER_LORA_H
 
@@ -49,6 +51,10 @@ struct lora_opts {
     uint64_t seed;
     struct comm *dp; /* the dp communicator (zero_dp_comm), NULL with one rank */
     int zero_stage;  /* 0: every rank holds the adapter state; 1, 2: sharded over dp */
+    /* the world communicator (zero_world_comm; NULL with one rank): tp or
+     * pp > 1 gather the full adapters and the gradient norm over it; the tp
+     * group is the engine's tp_group */
+    struct comm *world;
 };
 
 /* Adapters for every block of model m (tp = pp = 1, a backend with the
@@ -65,6 +71,12 @@ void lora_free(struct lora *l); /* NULL ok */
  * * dp + dp rank) before its forward, and the model
  * says whether a forward trains (eval forwards drop nothing). */
 void lora_begin_micro(struct lora *l, int64_t step, int64_t micro);
+/* Pipeline slots: several micro-batches in flight each keep their own saved
+ * products. lora_reserve_slots makes n sets (0 or -1, counted as
+ * activations); lora_use_slot(s) makes the forward / backward that follow
+ * use set s (pp.c calls it with lora_begin_micro before each). */
+int lora_reserve_slots(struct lora *l, int n);
+void lora_use_slot(struct lora *l, int slot);
 void lora_set_training(struct lora *l, int training);
 
 /* Forward at a site: out [N, W] (the site's base projection output, or
@@ -113,7 +125,9 @@ int lora_set_values(struct lora *l, const float *h);
  * (lora_master, lora_adam_m, lora_adam_v) and its rank-meta object (under
  * "lora"; the arrays stay valid until the next lora_ckpt_add or lora_free, as
  * the writer reads them at ckpt_commit); lora_ckpt_load reads them back from checkpoint dir for
- * `rank` (the same train.lora, dp and zero_stage: refused otherwise). 0 or -1. */
+ * `rank` (the same train.lora: refused otherwise). A checkpoint of another layout (world, dp,
+ * tp, pp, ZeRO stage) is resharded: every rank reads every shard, assembles the whole adapters'
+ * state and takes its own. 0 or -1. */
 int lora_ckpt_add(struct lora *l, struct ckpt_writer *cw);
 json_t *lora_ckpt_meta(const struct lora *l);
 int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t errlen);
@@ -124,7 +138,9 @@ int lora_ckpt_load(struct lora *l, const char *dir, int rank, char *err, size_t 
 int lora_load_peft(struct lora *l, const char *dir, char *err, size_t errlen);
 
 /* Write the PEFT adapter: DIR/adapter_config.json and
- * DIR/adapter_model.safetensors. base_name: base_model_name_or_path. 0 or
+ * DIR/adapter_model.safetensors, whole tensors of every block (as at tp =
+ * pp = 1). base_name: base_model_name_or_path. Every rank calls it (with tp
+ * or pp > 1 the adapters are gathered over the world); rank 0 writes. 0 or
  * -1 with a message in err. */
 int lora_export_peft(struct lora *l, const char *dir, const char *base_name, char *err,
                      size_t errlen);

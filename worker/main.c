@@ -623,11 +623,12 @@ static int lora_check(struct run *r) {
                     "train.quantize_base is not supported with train.lora yet");
     /* before the world is joined, so that a refused rank does not leave the
      * others waiting at the rendezvous */
-    if (s->parallel.tp != 1 || s->parallel.pp != 1 || s->parallel.zero_stage > 2) {
+    if (s->parallel.zero_stage > 2) {
         snprintf(w->err, sizeof w->err,
-                 "train.lora supports data parallelism with zero_stage 0-2 (tp=1 pp=1); this "
-                 "spec has tp=%d pp=%d zero_stage=%d",
-                 s->parallel.tp, s->parallel.pp, s->parallel.zero_stage);
+                 "train.lora shards the adapter state with zero_stage 0-2 (the frozen base has "
+                 "no optimizer state for stage 3 to shard); this spec has zero_stage=%d "
+                 "(tp=%d pp=%d)",
+                 s->parallel.zero_stage, s->parallel.tp, s->parallel.pp);
         return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
     }
     return 0;
@@ -649,7 +650,8 @@ static int lora_stage(struct run *r) {
                            .n_targets = s->train.lora.n_targets,
                            .seed = (uint64_t)s->train.seed,
                            .dp = w->z ? zero_dp_comm(w->z) : NULL,
-                           .zero_stage = s->parallel.zero_stage};
+                           .zero_stage = s->parallel.zero_stage,
+                           .world = w->z ? zero_world_comm(w->z) : NULL};
     const char *code = "LORA_UNSUPPORTED";
     w->lora = lora_new(w->m, &lo, &code, w->err, sizeof w->err);
     if (!w->lora)
@@ -913,7 +915,7 @@ static int export_lora(struct run *r) {
         snprintf(dir, sizeof dir, "%s/export/lora", w->o.out);
         dirs[1] = dir;
     }
-    for (int i = 0; i < 2 && w->e->rank == 0; i++) /* the adapters are the same on every rank */
+    for (int i = 0; i < 2; i++) /* every rank: a collective gather with tp / pp; rank 0 writes */
         if (dirs[i] && lora_export_peft(w->lora, dirs[i], base, w->err, sizeof w->err) != 0)
             return fail(w, LOOM_EXIT_FAILED, "EXPORT_FAILED", NULL);
     if ((w->hfs.export_hf || w->o.export_path) && lora_merge(w->lora) != 0)

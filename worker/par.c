@@ -129,7 +129,8 @@ struct par *par_setup(struct engine *e, struct zero *z, struct model *m,
     p->world = z ? zero_world_comm(z) : NULL;
     p->inner = e->hooks;
     p->wte = m->wte;
-    p->tied = e->pp > 1 && e->cfg.tied_embeddings;
+    /* a frozen base (train.lora) has no wte gradient and never changes wte */
+    p->tied = e->pp > 1 && e->cfg.tied_embeddings && !e->frozen;
     if (p->tied && e->pp_idx == 0) {
         size_t bytes = (size_t)e->layout.t[p->wte].rank_numel * e->be->elt_size;
         p->tmp = engine_alloc(e, bytes, &e->mem.comm);
@@ -206,7 +207,15 @@ int par_gather_full(struct par *p, float *h) {
     host = malloc((total ? total : 1) * sizeof(float));
     part = malloc((size_t)e->n_params * sizeof(float));
     if (!all || !host || !part) goto out;
-    engine_master_to_dev(e, all + mine);
+    if (e->frozen) { /* train.lora: no master; the (merged) parameters themselves */
+        float *fz = malloc((e->shard_n ? e->shard_n : 1) * sizeof *fz);
+        if (!fz) goto out;
+        engine_opt_read(e, ENGINE_OPT_MASTER, fz, 0, e->shard_n);
+        b->upload(b->ctx, all + mine, fz, e->shard_n * sizeof *fz);
+        free(fz);
+    } else {
+        engine_master_to_dev(e, all + mine);
+    }
     b->sync(b->ctx);
     if (comm_all_gatherv(p->world, all + mine, all, counts, COMM_F32, NULL) != 0) goto out;
     b->download(b->ctx, host, all, total * sizeof(float));

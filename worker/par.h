@@ -12,7 +12,7 @@
  * - grad_sync (pp > 1, tied embeddings): the last stage sends its wte
  *   gradient (the head's) to stage 0, which adds it, then zero's grad_sync.
  * - param_sync: zero's, then (pp > 1, tied) stage 0 sends the updated wte to
- *   the last stage.
+ *   the last stage. A frozen base (train.lora) skips both wte transfers.
  * - pp > 1: the micro-step loop is the pipeline runner (worker/pp.h).
  * Only the engine thread calls these. */
 #ifndef LOOM_WORKER_PAR_H
@@ -36,7 +36,7 @@ void par_free(struct par *p); /* NULL ok */
 /* Every rank (collective over the world): the whole model's fp32 master
  * weights in the tp = 1 layout (api/model.h offsets) into host h[numel],
  * assembled from every rank's optimizer range (all stages, tp shares, dp
- * shards). For --export. 0 or -1. */
+ * shards; a frozen base, train.lora: its parameters). For --export. 0 or -1. */
 int par_gather_full(struct par *p, float *h);
 
 /* Fill the train options this layout needs (pipeline runner, step extras). */

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm/comm.h"
+#include "worker/lora.h"
 
 int pp_schedule_parse(const char *s) {
     if (!s || !*s || !strcmp(s, "1f1b")) return PP_1F1B;
@@ -155,8 +156,10 @@ static int ensure_slots(struct pp *p, int n) {
         struct model_opts mo = {.B = m0->B, .T = m0->T, .threads = 0, .recompute = m0->recompute};
         p->slot[i] = model_new_ex(p->e, &mo);
         if (!p->slot[i]) return -1;
+        p->slot[i]->lora = m0->lora; /* shared adapters, a set of saved products per slot */
         p->nslots = i + 1;
     }
+    if (m0->lora && lora_reserve_slots(m0->lora, p->nslots) != 0) return -1;
     free(p->fwd_req);
     free(p->bwd_req);
     p->fwd_req = calloc((size_t)p->nslots, sizeof *p->fwd_req);
@@ -207,6 +210,14 @@ int pp_reserve(struct pp *p, int M) {
     return 0;
 }
 
+/* train.lora: micro-batch i of the step (its place in the global batch, as
+ * train.c names it) in slot si. */
+static void lora_at(struct model *x, int64_t step, int i, int si, const struct engine *e) {
+    if (!x->lora) return;
+    lora_begin_micro(x->lora, step, (int64_t)i * e->dp + e->dp_idx);
+    lora_use_slot(x->lora, si);
+}
+
 int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int64_t step,
                    int32_t *inputs, int32_t *targets, double *sums, char *err, size_t errlen) {
     struct pp *p = user;
@@ -242,6 +253,7 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
             idle += clock_mono_msf() - w0;
             if (rc) break;
             int64_t cnt = 0;
+            lora_at(x, step, i, si, e);
             sums[0] += model_forward(x, first ? inputs : NULL, last ? targets : NULL, gs, &cnt);
             sums[1] += (double)cnt;
             if (!last) {
@@ -259,6 +271,7 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
                 rc = -1;
             idle += clock_mono_msf() - w0;
             if (rc) break;
+            lora_at(x, step, i, si, e); /* the forward's dropout masks and saved products */
             model_backward(x, e->hooks.layer_grads_done ? grads_done : NULL, e);
             if (!first) {
                 b->sync(b->ctx);

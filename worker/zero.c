@@ -570,6 +570,29 @@ void zero_mem_model(const struct engine *e, int stage, int dp, struct engine_mem
     out->comm = stage >= 1 && dp > 1 ? 2 * ((P + (size_t)dp - 1) / (size_t)dp) * es : 0;
 }
 
+/* A frozen base (LoRA) with pp > 1: the tensors this stage uses off its
+ * range (the last stage's tied embedding) get a copy of their values, as
+ * alloc_buffers keeps for a trained base (no gradient copy: nothing is
+ * trained, so no transfer keeps it in step either). Before the weights are
+ * initialised, which write the copies through the views. 0 or -1. */
+static int frozen_extras(struct zero *z) {
+    struct engine *e = z->e;
+    struct backend *b = e->be;
+    size_t es = b->elt_size;
+    z->xp = calloc((size_t)e->layout.n, sizeof(void *));
+    z->xg = calloc((size_t)e->layout.n, sizeof(void *));
+    if (!z->xp || !z->xg) return -1;
+    for (int i = 0; i < e->layout.n; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        size_t n = (size_t)t->rank_numel;
+        if (on_stage(z, t) || !model_tensor_on_stage(&e->cfg, t, e->pp, e->pp_idx)) continue;
+        if (!(z->xp[i] = engine_alloc(e, n * es, &e->mem.params))) return -1;
+        b->zero(b->ctx, z->xp[i], n * es);
+        e->pview[i] = z->xp[i];
+    }
+    return 0;
+}
+
 /* Allocate what this rank keeps outside the windows and shrink the windows
  * (zero.h, "Memory"): copies of tensors used off the stage range (tied
  * embedding), stage >= 2 gradient scratch (layer -1 group, block slots),
@@ -669,7 +692,8 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
                       * synchronise themselves (worker/lora.c) over zero_dp_comm */
         z->stage = 0;
         if (engine_set_windows(e, z->lo, z->hi, 0, 0) != 0 ||
-            engine_set_shard(e, z->lo, z->hi - z->lo) != 0) {
+            engine_set_shard(e, z->lo, z->hi - z->lo) != 0 ||
+            (e->pp > 1 && frozen_extras(z) != 0)) {
             snprintf(err, errlen, "zero: out of memory for the frozen parameters");
             zero_free(z);
             return NULL;

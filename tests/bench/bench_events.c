@@ -158,15 +158,31 @@ static int sse_run(struct bench *b, struct stream *sts) {
         for (int k = 0; k < n; k++) {
             struct stream *st = &sts[evs[k].data.u32];
             ssize_t r;
-            while ((r = read(st->fd, buf, sizeof buf)) > 0) {
-                for (ssize_t j = 0; j < r; j++) {
-                    if (buf[j] == '\n') {
-                        st->line[st->len < sizeof st->line ? st->len : sizeof st->line - 1] = 0;
+            while ((r = read(st->fd, buf, sizeof buf - 1)) > 0) {
+                /* Whole lines are parsed in place (memchr, not a byte loop:
+                 * at 500 events/s to 1,000 streams the reader must keep up
+                 * with half a million frames a second); only a line cut by
+                 * the read boundary is copied. */
+                buf[r] = 0;
+                char *p = buf, *end = buf + r;
+                while (p < end) {
+                    char *nl = memchr(p, '\n', (size_t)(end - p));
+                    size_t n = (size_t)((nl ? nl : end) - p);
+                    if (st->len || !nl) {
+                        size_t room = sizeof st->line - 1 - st->len;
+                        memcpy(st->line + st->len, p, n < room ? n : room);
+                        st->len += n < room ? n : room;
+                    }
+                    if (!nl) break;
+                    if (st->len) {
+                        st->line[st->len] = 0;
                         sse_line(b, st, st->line, now);
                         st->len = 0;
-                    } else if (st->len < sizeof st->line - 1) {
-                        st->line[st->len++] = buf[j];
+                    } else {
+                        *nl = 0;
+                        sse_line(b, st, p, now);
                     }
+                    p = nl + 1;
                 }
             }
             if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {

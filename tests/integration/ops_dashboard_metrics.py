@@ -134,6 +134,8 @@ def check_prometheus_yml():
         fail("prometheus.yml does not scrape /metrics")
     if not re.search(r"honor_labels:\s*true", text):
         fail("prometheus.yml must set honor_labels: true (loomd's job label)")
+    if not re.search(r"authorization:\s*\n\s*type: Bearer\s*\n\s*credentials_file: \S+", text):
+        fail("prometheus.yml must send a bearer token (the per-job series need one)")
 
 
 def main():
@@ -188,7 +190,7 @@ def main():
             return 1
         text = wait(lambda: (lambda s: s if "loom_job_tokens_per_second{" in s and
                              "loom_device_utilization_percent{" in s else None)(
-                                 call(url + "/metrics", token=None)[1]), 15,
+                                 call(url + "/metrics")[1]), 15,
                     "per-job and per-device samples in /metrics")
         fams, labels = parse_metrics(text)
         n = check_dashboard(fams, labels)

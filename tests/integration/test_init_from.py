@@ -17,6 +17,14 @@ loom-worker on the cpu backend.
         the parent's exported model, and the parent's own loss at the step
         after the one named); stated sizes that differ from the parent's, a
         step that was not saved, and another tenant's job are refused.
+  peft  a train.lora job's exported PEFT adapter directory as model.init_from
+        of a new train.lora job under tp=2: loomd resolves the base model from
+        the adapter's base_model_name_or_path (the stored spec has the base's
+        family and sizes), the job continues the adapter (its first loss equals
+        the torch forward of the first job's merged export) and exports its
+        own; an adapter of another rank, a spec without train.lora, a base that
+        is a hub name, missing or outside the tenant's roots are refused with
+        their codes and store nothing.
 
 Every batch is the same (the train shard repeats one token), so a loss is a
 function of the weights alone and the reference sees the very batch the job
@@ -274,7 +282,96 @@ def sc_fork(c):
     check(st == 404, "tenant B reads the parent: %s" % st)
 
 
-SCENARIOS = {"hf": sc_hf, "fork": sc_fork}
+LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0,
+        "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+
+
+def sc_peft(c):
+    import shutil
+    models = make_models(c)
+    llama = os.path.join(models, "llama")
+    cfg = json.load(open(os.path.join(llama, "config.json")))
+    ps = spec(c, {"init_from": llama, "seq_len": SEQ}, steps=2, name="lora-parent")
+    ps["train"]["lora"] = LORA
+    ps["export"] = {"hf": True, "lora": True}
+    parent = run_ok(c, ps, "lora parent")
+    plosses = losses(c, parent["id"])
+    adapter = os.path.join(parent["out_dir"], "export", "lora")
+    merged = os.path.join(parent["out_dir"], "export", "hf")
+    acfg = json.load(open(os.path.join(adapter, "adapter_config.json")))
+    check(acfg.get("base_model_name_or_path") == llama, "parent adapter config: %s" % acfg)
+
+    # the adapter directory alone as init_from, continued under tp=2
+    cs = spec(c, {"init_from": adapter, "seq_len": SEQ}, steps=2, name="lora-continue")
+    cs["parallel"]["tp"] = 2
+    cs["train"]["lora"] = LORA
+    cs["export"] = {"lora": True}
+    cont = run_ok(c, cs, "continue the adapter")
+    m = cont["spec"]["model"]
+    want = {"family": "llama", "n_layer": cfg["num_hidden_layers"],
+            "n_head": cfg["num_attention_heads"], "n_kv_head": cfg["num_key_value_heads"],
+            "d_model": cfg["hidden_size"], "d_ff": cfg["intermediate_size"],
+            "vocab_size": cfg["vocab_size"], "init_from": adapter}
+    check(all(m.get(k) == v for k, v in want.items()), "stored model %s, want %s" % (m, want))
+    check(cont["spec"]["parallel"]["tp"] == 2, "stored layout: %s" % cont["spec"]["parallel"])
+    got = losses(c, cont["id"])
+    ref = ref_loss(merged)
+    print("PEFT init_from under tp=2: first loss %.7f, torch reference on the parent's merged "
+          "export %.7f (diff %.1e); parent losses %s, continued %s"
+          % (got[1], ref, abs(got[1] - ref), plosses, got))
+    check(abs(got[1] - ref) <= LOSS_TOL * max(1.0, abs(ref)),
+          "continued first loss %s, reference %s" % (got[1], ref))
+    check(got[1] < plosses[1] and got[2] < got[1], "the adapter continued to learn: %s" % got)
+    cad = os.path.join(cont["out_dir"], "export", "lora")
+    ccfg = json.load(open(os.path.join(cad, "adapter_config.json")))
+    check(ccfg.get("base_model_name_or_path") == llama and ccfg.get("r") == 4,
+          "continued adapter config: %s" % ccfg)
+    check(os.path.getsize(os.path.join(cad, "adapter_model.safetensors")) ==
+          os.path.getsize(os.path.join(adapter, "adapter_model.safetensors")),
+          "the continued adapter has every tensor whole (the tp=2 pieces gathered)")
+
+    # refusals: code, values named, nothing stored
+    def bad(**kw):
+        s = spec(c, {"init_from": kw.get("init", adapter), "seq_len": SEQ}, steps=1)
+        if kw.get("lora", True):
+            s["train"]["lora"] = dict(LORA, **kw.get("lora_kw", {}))
+        return s
+    refused(c, bad(lora_kw={"rank": 8}), 422, "LORA_INIT_INVALID",
+            ("train.lora.rank=8", "r=4"), what="another rank")
+    refused(c, bad(lora=False), 422, "LORA_INIT_INVALID", ("no train.lora",),
+            what="no train.lora")
+
+    def adapter_copy(name, base):
+        d = os.path.join(c.tmp, name)
+        shutil.copytree(adapter, d)
+        a = dict(acfg)
+        if base is None:
+            del a["base_model_name_or_path"]
+        else:
+            a["base_model_name_or_path"] = base
+        json.dump(a, open(os.path.join(d, "adapter_config.json"), "w"))
+        return d
+    refused(c, bad(init=adapter_copy("hub-adapter", "meta-llama/Llama-3.2-1B")), 422,
+            "PEFT_BASE_NOT_FOUND", ("meta-llama/Llama-3.2-1B",), what="base is a hub name")
+    refused(c, bad(init=adapter_copy("nobase-adapter", None)), 422, "PEFT_BASE_NOT_FOUND",
+            ("base_model_name_or_path",), what="no base named")
+    gone = os.path.join(c.tmp, "no-such-base")
+    refused(c, bad(init=adapter_copy("gone-adapter", gone)), 422, "PEFT_BASE_NOT_FOUND",
+            (gone,), what="base missing")
+    # a tenant confined to the token data: the adapter is there, its base is not
+    inside = os.path.join(c.tmp, "tok", "adapter")
+    shutil.copytree(adapter, inside)
+    st, t = c.request("POST", "/v1/tenants",
+                      {"name": "confined", "data_roots": [os.path.join(c.tmp, "tok")]},
+                      token=ADMIN)
+    check(st in (200, 201), "create tenant: %s %s" % (st, t))
+    st, k = c.request("POST", "/v1/tenants/%s/tokens" % t["id"], {}, token=ADMIN)
+    check(st in (200, 201), "token: %s %s" % (st, k))
+    refused(c, bad(init=inside), 422, "DATA_PATH_FORBIDDEN", (llama,), token=k["token"],
+            what="base outside the data roots")
+
+
+SCENARIOS = {"hf": sc_hf, "fork": sc_fork, "peft": sc_peft}
 
 
 def main():

@@ -14,6 +14,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -783,6 +784,53 @@ def sc_artifacts_node(c):
               "%s/export/hf/%%2e%%2e/%%2e%%2e/%%2e%%2e/etc/passwd" % jid, "j-nope/x", "%s//x" % jid):
         st, body = agent_get("/v1/node/artifacts/" + p, tok)
         check(st == 404, "agent confines %s: %s %s" % (p, st, body[:100]))
+    # Deletes of node-local artifacts: loomd tells the agent, which deletes
+    # inside the job directory only.
+    for p in ("export/hf/../../../x", "spec.json", "export/hf/nope", "export/hf/evil",
+              "checkpoints/.tmp.step_00000099"):
+        st, hd, body = c.raw("DELETE", "/v1/jobs/%s/artifacts/%s" % (jid, p))
+        check(st == 404, "node delete confined %s: %s %s" % (p, st, body[:200]))
+    check(os.path.exists("/etc/passwd") and os.path.islink(os.path.join(local, "export/hf/evil")),
+          "nothing outside (or not an artifact) was deleted")
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002"), token=tok_b)
+    check(st == 404 and b"JOB_NOT_FOUND" in body, "tenant B's node delete: %s" % st)
+    check(os.path.isdir(os.path.join(local, "checkpoints/step_00000002")), "B deleted nothing")
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002/rank_00000.bin"))
+    check(st == 409 and b"ARTIFACT_IN_CHECKPOINT" in body, "node delete of one shard: %s" % body)
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002"))
+    check(st == 200 and not os.path.exists(os.path.join(local, "checkpoints/step_00000002")) and
+          os.path.isdir(os.path.join(local, "checkpoints/step_00000004")),
+          "node delete of a checkpoint step: %s %s" % (st, body))
+    st, hd, body = c.raw("DELETE", art_path(jid, "export/lora/adapter_config.json"))
+    check(st == 200 and not os.path.exists(os.path.join(local, "export/lora/adapter_config.json"))
+          and os.path.exists(os.path.join(local, "export/lora/adapter_model.safetensors")),
+          "node delete of an export file: %s" % st)
+    st, r = c.get("/v1/jobs/%s/artifacts" % jid)
+    left = {i["path"] for i in r["items"]}
+    check(not [p for p in left if p.startswith("checkpoints/step_00000002/")] and
+          "export/lora/adapter_config.json" not in left and big in left,
+          "listing after node deletes: %s" % sorted(left))
+    st, hd, body = c.raw("DELETE", art_path(jid, "checkpoints/step_00000002"))
+    check(st == 404, "node delete twice: %s" % st)
+    st, r = c.get("/v1/audit?limit=1000", token=ADMIN)
+    dels = [e for e in r["items"] if e.get("method") == "DELETE" and jid in e.get("path", "")]
+    check(len(dels) >= 3 and any(e.get("status") == 200 for e in dels),
+          "node deletes are audited: %s" % dels[:3])
+    # The agent's DELETE is confined too (its own token).
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("DELETE", "/v1/node/artifacts/%s/../x" % jid,
+                 headers={"Authorization": "Bearer " + tok})
+    r2 = conn.getresponse()
+    r2.read()
+    conn.close()
+    check(r2.status == 404, "agent DELETE with '..': %s" % r2.status)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("DELETE", "/v1/node/artifacts/%s/%s" % (jid, big))
+    r2 = conn.getresponse()
+    r2.read()
+    conn.close()
+    check(r2.status == 401 and os.path.exists(os.path.join(local, big)),
+          "agent DELETE without the token: %s" % r2.status)
     # A registration with a bad artifact server is refused.
     st, r = c.request("POST", "/v1/agent/register",
                       {"node": "node-x", "kind": "cpu", "devices": [],
@@ -790,9 +838,323 @@ def sc_artifacts_node(c):
     check(st == 400 and code_of(r) == "INVALID_ARTIFACT_SERVER", "bad register: %s %s" % (st, r))
 
 
+class StrictStream:
+    """One SSE stream read the way a client library reads it: HTTP/1.1 through
+    http.client (which decodes the chunked framing strictly and fails on a
+    bad chunk), or HTTP/1.0 over a plain socket (the raw body)."""
+
+    def __init__(self, c, token, query="", http10=False):
+        self.events, self.http10, self.buf = [], http10, b""
+        path = "/v1/events" + query
+        if http10:
+            self.s = socket.create_connection(("127.0.0.1", c.port), timeout=15)
+            self.s.sendall(("GET %s HTTP/1.0\r\nAuthorization: Bearer %s\r\n"
+                            "Accept: text/event-stream\r\n\r\n" % (path, token)).encode())
+            while b"\r\n\r\n" not in self.buf:
+                chunk = self.s.recv(65536)
+                check(chunk, "HTTP/1.0 stream: reply head")
+                self.buf += chunk
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            check(head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200"),
+                  "HTTP/1.0 stream: %s" % head[:100])
+            check(b"chunked" not in head.lower(), "no chunked framing to HTTP/1.0: %s" % head)
+        else:
+            self.conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=15)
+            self.conn.request("GET", path, headers={"Authorization": "Bearer " + token,
+                                                    "Accept": "text/event-stream"})
+            self.r = self.conn.getresponse()
+            check(self.r.status == 200 and self.r.chunked, "HTTP/1.1 stream: %s chunked=%s" %
+                  (self.r.status, self.r.chunked))
+
+    def line(self):
+        if not self.http10:
+            return self.r.readline()
+        while b"\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                return b""
+            self.buf += chunk
+        ln, self.buf = self.buf.split(b"\n", 1)
+        return ln + b"\n"
+
+    def read_until(self, n):
+        """Reads frames until n events arrived; every line must be SSE."""
+        cur = {}
+        while len(self.events) < n:
+            ln = self.line()
+            check(ln, "stream ended after %d of %d events" % (len(self.events), n))
+            ln = ln.decode().rstrip("\n")
+            if ln == "":
+                if "id" in cur:
+                    self.events.append(cur)
+                cur = {}
+            elif ln.startswith(":"):
+                continue
+            else:
+                k, _, v = ln.partition(": ")
+                check(k in ("id", "event", "data", "retry"), "an SSE line: %r" % ln)
+                cur[k] = v
+        return self.events
+
+    def close(self):
+        (self.s if self.http10 else self.conn).close()
+
+
+def sc_sse_fanout(c):
+    """Streams written by the fan-out thread (daemon/api_events.c): many at
+    once, HTTP/1.1 (chunked, decoded strictly) and HTTP/1.0 (raw), with tenant
+    and type scoping; each gets exactly its events in order; closed streams
+    are released at once (GET /v1/system/connections)."""
+    _, tok_b = c.new_tenant("fan-b")
+    plan = ([("a", "", False)] * 12 + [("a", "?type=job.succeeded", False)] * 4 +
+            [("b", "", False)] * 4 + [("a", "", True)] * 3 + [("b", "?type=job.queued", True)] * 2)
+    streams = [StrictStream(c, c.token if who == "a" else tok_b, q, h10) for who, q, h10 in plan]
+
+    def held():
+        st, r = c.get("/v1/system/connections", token=ADMIN)
+        check(st == 200, "connections: %s %s" % (st, r))
+        return r["streams"]["fanout"], r["streams"]["open"]
+    c.wait(lambda: held()[0] == len(plan), 10, "all %d streams held by the fan-out" % len(plan))
+    ja = [c.submit(world=1, steps=2, step_ms=20) for _ in range(2)]
+    jb = c.submit(world=1, steps=2, step_ms=20, token=tok_b)
+    for j in ja:
+        c.wait_state(j, "succeeded", 30)
+    c.wait_state(jb, "succeeded", 30, token=tok_b)
+    truth = {"a": c.all_events(), "b": c.all_events(tok_b)}
+    check({e["job_id"] for e in truth["a"]} == set(ja) and
+          {e["job_id"] for e in truth["b"]} == {jb}, "pages scoped by tenant")
+    for (who, q, h10), s in zip(plan, streams):
+        want = [e for e in truth[who] if "type=" not in q or e["type"] == q.split("=")[1]]
+        got = s.read_until(len(want))
+        check([int(e["id"]) for e in got] == [e["seq"] for e in want] and
+              [json.loads(e["data"]) for e in got] == want and
+              [e["event"] for e in got] == [e["type"] for e in want],
+              "stream %s%s (%s): %s vs %s" % (who, q, "1.0" if h10 else "1.1",
+                                              [e["id"] for e in got], [e["seq"] for e in want]))
+    # A live event after the backlog, on every tenant-a stream without a filter.
+    jl = c.submit(world=1, steps=1, step_ms=10)
+    for (who, q, h10), s in zip(plan, streams):
+        if who == "a" and not q:
+            n = len(s.events)
+            got = s.read_until(n + 1)[n]
+            check(json.loads(got["data"])["job_id"] == jl, "live event: %s" % got)
+    for s in streams:
+        s.close()
+    c.wait(lambda: held() == (0, 0), 5, "closed streams released (fanout, open): %s" % (held(),))
+
+
+def sc_agent_foreign(c):
+    """A node may post logs and metric records only for a task placed on it
+    (daemon/agent_api.c): two approved agents, a job on one of them; the
+    other's posts are refused with 403 TASK_NOT_ON_NODE and change nothing,
+    while the job runs (live placement) and after it ended (the attempts
+    row); the holder's own posts are accepted."""
+    jid = c.submit(world=1, steps=30, step_ms=100)
+    j = c.wait_state(jid, "running", 30)
+    holder = j["placement"][0]["node"]
+    other = "node-2" if holder == "node-1" else "node-1"
+    att = j["attempt"]
+
+    def cred(name):
+        path = os.path.join(c.tmp, name, "node.credential")
+        c.wait(lambda: os.path.exists(path), 10, "%s's node.credential" % name)
+        with open(path) as f:
+            return f.read().strip()
+    creds = {holder: cred(holder), other: cred(other)}
+    marker = "FOREIGN-LOG-LINE-%s\n" % jid
+
+    def post_log(name, attempt=None, rank=0, offset=0, data=marker, node=None):
+        attempt = att if attempt is None else attempt
+        return c.request("POST", "/v1/agent/logs",
+                         {"node": node or name, "job": jid, "attempt": attempt, "rank": rank,
+                          "stream": "stdout", "offset": offset, "data": data}, token=creds[name])
+
+    def post_metric(name, attempt=None, rank=0, step=999999):
+        attempt = att if attempt is None else attempt
+        return c.request("POST", "/v1/agent/metrics",
+                         {"node": name, "items": [{"job": jid, "attempt": attempt, "rank": rank,
+                                                   "record": {"type": "step", "step": step,
+                                                              "loss": 0.0}}]},
+                         token=creds[name])
+
+    def logs_text():
+        st, hd, body = c.raw("GET", "/v1/jobs/%s/logs?rank=0" % jid)
+        check(st == 200, "logs: %s %s" % (st, body[:200]))
+        return body.decode(errors="replace")
+
+    def metric_steps():
+        st, r = c.get("/v1/jobs/%s/metrics" % jid)
+        check(st == 200 and isinstance(r.get("series"), list), "metrics: %s %s" % (st, r))
+        return [m.get("step") for m in r["series"]]
+
+    def refused(label):
+        for what, (st, r) in (("log", post_log(other)), ("metric", post_metric(other)),
+                              ("log, other attempt", post_log(other, attempt=7)),
+                              ("log, other rank", post_log(other, rank=3))):
+            check(st == 403 and code_of(r) == "TASK_NOT_ON_NODE" and jid in
+                  r["error"]["message"], "%s: %s from %s: %s %s" % (label, what, other, st, r))
+        check(marker not in logs_text(), "%s: the foreign log line is not stored" % label)
+        check(999999 not in metric_steps(), "%s: the foreign step record is not stored" % label)
+        # The holder's own posts pass the check (an offset past loomd's copy
+        # writes nothing, so the agent's own shipping is left intact).
+        st, r = post_log(holder, offset=1 << 40)
+        check(st == 200 and "size" in r, "%s: the holder's log post: %s %s" % (label, st, r))
+        st, r = c.request("POST", "/v1/agent/metrics", {"node": holder, "items": []},
+                          token=creds[holder])
+        check(st == 200, "%s: the holder's metrics post: %s %s" % (label, st, r))
+        # A credential still speaks only for its own node.
+        st, r = post_log(other, node=holder)
+        check(st == 403 and code_of(r) == "NODE_MISMATCH", "%s: mismatch: %s %s" % (label, st, r))
+
+    refused("running")
+    c.wait_state(jid, "succeeded", 60)
+    refused("after the end")
+    steps = metric_steps()
+    check(steps and max(steps) == 30, "the holder's own step records are stored: %s" % steps[-3:])
+
+
+def sc_metrics_auth(c):
+    """GET /metrics: no token gets the aggregate view (no job or tenant
+    label, no job id anywhere), a tenant token 403, an unknown token 401,
+    the admin token and a 'metrics' token of the admin tenant everything;
+    a 'metrics' token can do nothing else and only the admin tenant may
+    hold one."""
+    jid = c.submit(world=1, steps=40, step_ms=100)
+    c.wait_state(jid, "running", 30)
+    per_job = 'loom_job_tokens_per_second{job="%s"}' % jid
+
+    def scrape(token):
+        st, hd, body = c.raw("GET", "/metrics", token=token)
+        return st, body.decode(errors="replace")
+    c.wait(lambda: per_job in scrape(ADMIN)[1], 15, "the per-job series for the admin token")
+    st, full = scrape(ADMIN)
+    check(st == 200 and 'loom_jobs{tenant="' in full, "admin: full view")
+    st, anon = scrape(None)
+    check(st == 200, "no token: %s" % st)
+    check(jid not in anon and c.tenant not in anon, "no token: no job or tenant id")
+    check(not re.search(r'[{,](job|job_id|tenant|tenant_id)="', anon),
+          "no token: no job/tenant labels: %s" %
+          [ln for ln in anon.splitlines() if "job" in ln or "tenant" in ln][:5])
+    for fam in ("loom_http_requests_total{", 'loom_jobs_by_state{state="running"} 1',
+                "loom_store_commit_seconds_bucket", 'loom_nodes{state="ready"} 1'):
+        check(fam in anon, "no token: the aggregate %s stays" % fam)
+    kept = [ln for ln in full.splitlines()
+            if not re.search(r'[{,](job|job_id|tenant|tenant_id)="', ln)]
+    check(len(kept) > 20 and len(anon.splitlines()) > 20, "aggregate is not empty")
+    st, body = scrape(c.token)
+    check(st == 403 and '"FORBIDDEN"' in body and jid not in body, "tenant token: %s %s" %
+          (st, body[:200]))
+    st, body = scrape("loom_" + "0" * 64)
+    check(st == 401 and "UNAUTHORIZED" in body, "unknown token: %s %s" % (st, body[:200]))
+    # A metrics-only token of the admin tenant.
+    st, t = c.request("POST", "/v1/tenants", {"name": "admin"}, token=ADMIN)
+    check(st in (200, 201), "admin tenant: %s %s" % (st, t))
+    st, k = c.request("POST", "/v1/tenants/%s/tokens" % t["id"],
+                      {"name": "prometheus", "scopes": ["metrics"]}, token=ADMIN)
+    check(st in (200, 201) and k["scopes"] == ["metrics"], "metrics token: %s %s" % (st, k))
+    st, body = scrape(k["token"])
+    check(st == 200 and per_job in body, "metrics token: full view (%s)" % st)
+    for method, path in (("GET", "/v1/jobs"), ("GET", "/v1/nodes"), ("GET", "/v1/audit")):
+        st, r = c.request(method, path, token=k["token"])
+        check(st == 403, "metrics token on %s %s: %s %s" % (method, path, st, r))
+    tb, _ = c.new_tenant("metrics-b")
+    st, r = c.request("POST", "/v1/tenants/%s/tokens" % tb, {"scopes": ["metrics"]}, token=ADMIN)
+    check(st == 422 and code_of(r) == "INVALID_FIELD" and "metrics" in r["error"]["message"],
+          "metrics scope on a tenant other than admin: %s %s" % (st, r))
+    st, r = c.request("POST", "/v1/tenants/%s/tokens" % tb, {"scopes": ["metric"]}, token=ADMIN)
+    check(st in (400, 422), "an unknown scope name: %s %s" % (st, r))
+
+
+class PrivateMetricsCluster(Cluster):
+    extra = Cluster.extra + ["--metrics-anonymous", "false"]
+
+
+def sc_metrics_private(c):
+    """--metrics-anonymous false: no token gets 401, the admin token 200."""
+    st, hd, body = c.raw("GET", "/metrics", token=None)
+    check(st == 401 and b"UNAUTHORIZED" in body and hd.get("www-authenticate") == "Bearer",
+          "no token: %s %s %s" % (st, hd, body[:200]))
+    st, hd, body = c.raw("GET", "/metrics", token=ADMIN)
+    check(st == 200 and b"loom_http_requests_total" in body, "admin: %s" % st)
+    st, hd, body = c.raw("GET", "/healthz", token=None)
+    check(st == 200, "healthz still needs no token: %s" % st)
+
+
+def sc_artifact_ttl(c, node_local):
+    """Retention: a tenant with artifact_ttl_s 2 loses a finished job's
+    checkpoints and exports (on the node's disk through the agent, or on
+    shared storage) with an artifacts.expired event; logs stay; a tenant on
+    the cluster default (--artifact-ttl 3600 here) and one with 0 keep
+    theirs; bad values are refused and change nothing."""
+    _, tok_b = c.new_tenant("ttl-default")
+    tc_id, tok_c = c.new_tenant("ttl-never")
+    st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": 2}, token=ADMIN)
+    check(st == 200 and r["artifact_ttl_s"] == 2, "set a tenant TTL: %s %s" % (st, r))
+    st, r = c.request("PATCH", "/v1/tenants/%s" % tc_id, {"artifact_ttl_s": 0}, token=ADMIN)
+    check(st == 200 and r["artifact_ttl_s"] == 0, "TTL 0: %s %s" % (st, r))
+    for bad in (-1, "2", 1.5, 10 ** 10):
+        st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": bad},
+                          token=ADMIN)
+        check(st == 422 and code_of(r) == "INVALID_FIELD" and "artifact_ttl_s" in
+              r["error"]["message"], "bad TTL %r: %s %s" % (bad, st, r))
+    st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": 2}, token=c.token)
+    check(st in (401, 403), "a tenant cannot set its own TTL: %s" % st)
+    st, r = c.get("/v1/tenants/%s" % c.tenant, token=ADMIN)
+    check(r["artifact_ttl_s"] == 2, "unchanged by the refusals: %s" % r)
+    jobs = {}
+    for who, tok in (("a", "tenant"), ("b", tok_b), ("c", tok_c)):
+        jobs[who] = (c.submit(world=1, steps=4, step_ms=20, ckpt=2, labels={"fake_artifacts": "1"},
+                              token=tok), tok)
+    for j, tok in jobs.values():
+        c.wait_state(j, "succeeded", 30, token=tok)
+
+    def where(j, tok):
+        if node_local:
+            return os.path.join(c.tmp, "node-1-jobs", j)
+        return c.get("/v1/jobs/%s" % j, token=tok)[1]["out_dir"]
+
+    def kinds(j, tok):
+        st, r = c.get("/v1/jobs/%s/artifacts" % j, token=tok)
+        check(st == 200, "list: %s %s" % (st, r))
+        return {i["kind"] for i in r["items"]}
+    ja, _ = jobs["a"]
+    check({"checkpoint", "model", "adapter"} <= kinds(ja, "tenant"), "artifacts before the TTL")
+    c.wait(lambda: "artifacts.expired" in event_types(c, ja), 15, "artifacts.expired for A")
+    ev = [e for e in c.all_events(query="&job=" + ja) if e["type"] == "artifacts.expired"]
+    check(len(ev) == 1 and ev[0]["data"]["ttl_s"] == 2 and
+          sorted(ev[0]["data"]["paths"]) == ["checkpoints", "export"], "the event: %s" % ev)
+    d = where(ja, "tenant")
+    check(not os.path.exists(os.path.join(d, "checkpoints")) and
+          not os.path.exists(os.path.join(d, "export")), "A's files are gone from %s" % d)
+    check(kinds(ja, "tenant") <= {"log"}, "A lists only logs now: %s" % kinds(ja, "tenant"))
+    time.sleep(2.5)  # more sweeps: nothing else goes, no second event
+    ev2 = [e for e in c.all_events(query="&job=" + ja) if e["type"] == "artifacts.expired"]
+    check(len(ev2) == 1, "one event only: %s" % ev2)
+    for who in ("b", "c"):
+        j, tok = jobs[who]
+        check({"checkpoint", "model", "adapter"} <= kinds(j, tok),
+              "tenant %s keeps its artifacts: %s" % (who, kinds(j, tok)))
+        check(os.path.isdir(os.path.join(where(j, tok), "checkpoints")), "%s's files stay" % who)
+        check("artifacts.expired" not in event_types(c, j, token=tok), "no event for " + who)
+    # Back to the default: null.
+    st, r = c.request("PATCH", "/v1/tenants/%s" % c.tenant, {"artifact_ttl_s": None}, token=ADMIN)
+    check(st == 200 and r["artifact_ttl_s"] is None, "TTL back to the default: %s %s" % (st, r))
+
+
+class TTLCluster(Cluster):
+    extra = Cluster.extra + ["--artifact-ttl", "3600", "--artifact-sweep", "1"]
+
+
+class TTLNodeCluster(NodeLocalCluster):
+    extra = Cluster.extra + ["--artifact-ttl", "3600", "--artifact-sweep", "1"]
+
+
 SCENARIOS = {
     "events": (sc_events, {}),
     "sse": (sc_sse, {"nodes": 1}),
+    "sse_fanout": (sc_sse_fanout, {"nodes": 1}),
+    "agent_foreign": (sc_agent_foreign, {"nodes": 2, "devices": 1}),
+    "metrics_auth": (sc_metrics_auth, {"nodes": 1}),
     "webhooks": (sc_webhooks, {"nodes": 1}),
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
@@ -820,6 +1182,12 @@ def main():
         fn, kw, cls = sc_webhook_private, {"nodes": 0}, PlainCluster
     elif name == "artifacts_node":
         fn, kw, cls = sc_artifacts_node, {"nodes": 1}, NodeLocalCluster
+    elif name in ("artifact_ttl", "artifact_ttl_node"):
+        node_local = name == "artifact_ttl_node"
+        fn, kw = (lambda c: sc_artifact_ttl(c, node_local)), {"nodes": 1}
+        cls = TTLNodeCluster if node_local else TTLCluster
+    elif name == "metrics_private":
+        fn, kw, cls = sc_metrics_private, {"nodes": 0}, PrivateMetricsCluster
     elif name == "event_ring":
         fn, kw, cls = sc_event_ring, {"nodes": 0}, RingCluster
     else:

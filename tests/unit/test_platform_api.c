@@ -13,6 +13,7 @@
 #include "daemon/artifacts.h"
 #include "daemon/events.h"
 #include "daemon/http.h"
+#include "daemon/metrics.h"
 #include "daemon/store.h"
 #include "daemon/webhooks.h"
 
@@ -278,7 +279,7 @@ static void test_event_types(void) {
         CHECK(cases[i].want ? t && !strcmp(t, cases[i].want) : t == NULL);
         if (t) CHECK(events_type_valid(t));
     }
-    CHECK(events_types_count == 9);
+    CHECK(events_types_count == 10);
     CHECK(!events_type_valid("job.nope") && !events_type_valid(NULL) && !events_type_valid("*"));
 }
 
@@ -317,6 +318,42 @@ static void test_rest_segment(void) {
     CHECK(!http_match("/v1/jobs/{id}", "/v1/jobs/a/b", NULL, NULL, 0, &n));
 }
 
+/* The aggregate /metrics view: lines with a job or tenant label go, the
+ * rest (comments, unlabelled and other-labelled samples) stay byte for
+ * byte; label names are matched whole, values may hold escaped quotes,
+ * commas and braces. */
+static void test_metrics_filter(void) {
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"", ""},
+        {"# HELP loom_jobs Jobs.\n# TYPE loom_jobs gauge\n",
+         "# HELP loom_jobs Jobs.\n# TYPE loom_jobs gauge\n"},
+        {"loom_events_last_seq 12\n", "loom_events_last_seq 12\n"},
+        {"loom_jobs{tenant=\"t-1\",state=\"queued\"} 3\nloom_jobs_by_state{state=\"queued\"} 3\n",
+         "loom_jobs_by_state{state=\"queued\"} 3\n"},
+        {"loom_job_mfu{job=\"j-1\"} 0.4\nloom_nodes{state=\"ready\"} 2\n",
+         "loom_nodes{state=\"ready\"} 2\n"},
+        {"x{node=\"n\",job_id=\"j\"} 1\n", ""},
+        {"x{a=\"1\", tenant_id=\"t\"} 1\n", ""},
+        /* whole names only: jobs=, my_tenant= and a value "job=" stay */
+        {"x{jobs=\"2\"} 1\nx{my_tenant=\"a\"} 1\n", "x{jobs=\"2\"} 1\nx{my_tenant=\"a\"} 1\n"},
+        {"x{route=\"/v1/x?job=1\"} 1\n", "x{route=\"/v1/x?job=1\"} 1\n"},
+        {"x{route=\"a\\\",job=\\\"b}\"} 1\n", "x{route=\"a\\\",job=\\\"b}\"} 1\n"},
+        {"x{route=\"a,b\",job=\"j\"} 1\ny 2", "y 2"},
+        {"x{job=\"j\"} 1", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *buf = strdup(cases[i].in);
+        size_t n = metrics_public_filter(buf, strlen(buf));
+        if (n != strlen(cases[i].want) || memcmp(buf, cases[i].want, n) != 0) {
+            fprintf(stderr, "metrics filter case %zu: got '%.*s'\n", i, (int)n, buf);
+            CHECK(0);
+        }
+        free(buf);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *openssl = argc > 1 ? argv[1] : "openssl";
     test_signatures(openssl);
@@ -327,5 +364,6 @@ int main(int argc, char **argv) {
     test_classify();
     test_event_types();
     test_rest_segment();
+    test_metrics_filter();
     return check_summary("platform_api");
 }
