@@ -32,11 +32,11 @@ const struct config_entry worker_tuning_rows[] = {
      "CUDA: choose cuBLASLt algorithms by timing the candidates of each GEMM shape"},
     {"blas-algo-cache", CONFIG_STR | T, AT(cuda.blas_algo_cache), NULL, 1, 0,
      "CUDA: file of GEMM algorithm choices, read at start and written by blas-tune"},
-    {"xent-chunk-mib", CONFIG_INT | T, AT(cuda.xent_chunk_mib), "512", 0, 2048,
+    {"xent-chunk-mib", CONFIG_INT | T, AT(cuda.xent_chunk_mib), "0", 0, 2048,
      "CUDA classifier: MiB of bf16 logits per row chunk (logits GEMM, fused softmax / loss / "
      "dlogits, dX and dW GEMMs per chunk); 0: chunks of up to 2 GiB (the full logits of most "
      "shapes)"},
-    {"xent-l2", CONFIG_BOOL | T, AT(cuda.xent_l2), "1", 0, 0,
+    {"xent-l2", CONFIG_BOOL | T, AT(cuda.xent_l2), "0", 0, 0,
      "CUDA classifier: the fused loss kernel on one 1024-thread block per SM (a row's second "
      "pass read from L2); 0: one 512-thread block per row"},
     {"comm-timeout-ms", CONFIG_INT | T, AT(comm.timeout_ms), "0", 0, 1e9,

@@ -56,7 +56,7 @@
 #define MAX_ALLOCS     1024
 #define MAX_PENDING    16
 #define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk, at most */
-#define XENT_CHUNK_MIB 512               /* the xent-chunk-mib row's default (worker/tuning.c) */
+#define XENT_CHUNK_MIB 0                 /* the xent-chunk-mib row's default (worker/tuning.c) */
 #define CUDA_PEAK_BF16 989e12            /* MFU denominator for a device not in api/gpu_types.c */
 #ifndef LOOM_CUDA_ARCHS
 #define LOOM_CUDA_ARCHS "" /* the build's CMAKE_CUDA_ARCHITECTURES (worker/cuda/CMakeLists.txt) */
@@ -1083,7 +1083,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
     c->xent_mib = t ? t->xent_chunk_mib : XENT_CHUNK_MIB;
-    c->xent_l2 = !t || t->xent_l2;
+    c->xent_l2 = t && t->xent_l2;
     c->nsm = prop.multiProcessorCount;
     b->name = "cuda";
     /* k_attn.cu works on 64-position tiles (cuDNN's engines take any count) */

@@ -2,13 +2,13 @@
 # The classifier on the Llama 3.2 1B shape (T 2048, micro-batch 4;
 # vocabulary 128256): loom-gpu-bench, each with the per-class profile, under
 # settings MIB:L2 of the xent-chunk-mib and xent-l2 rows: 0:0 is the previous
-# path (chunks of up to 2 GiB: all 8192 rows, the full 2.1 GB of logits, one
-# block per row), 512:0 the 512 MiB chunks alone, 512:1 the default, then 1024
-# and 256 MiB. One RESULT line per setting, tagged with both values.
+# path and the default (chunks of up to 2 GiB: all 8192 rows, the full 2.1 GB
+# of logits; one block per row), 512:0 and 1024:0 smaller chunks, 512:1 and
+# 0:1 the persistent-grid loss kernel. One RESULT line per setting, tagged with both values.
 # Usage: tests/gpu/device/bench_xent.sh   (BUILD: the carried build folder;
 # LLAMA: the model preset, default 1b; XENT_SETS: the settings). Logs under $OUT.
 . "$(dirname "$0")/env.sh"
-for set in ${XENT_SETS:-0:0 512:0 512:1 1024:1 256:1}; do
+for set in ${XENT_SETS:-0:0 512:0 1024:0 512:1 0:1}; do
     mib=${set%:*} l2=${set#*:}
     log=$OUT/xent_${mib}_$l2
     LOOM_XENT_CHUNK_MIB=$mib LOOM_XENT_L2=$l2 timeout 150 "$BIN/loom-gpu-bench" --family llama \
