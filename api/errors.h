@@ -153,8 +153,8 @@
     X(INIT_FROM_NOT_FOUND, 422, "model.init_from names a directory that does not exist")           \
     X(INIT_FROM_UNSUPPORTED, 422, "a fork of a job whose checkpoints cannot start one (LoRA)")     \
     X(CHECKPOINT_NOT_FOUND, 409, "model.init_from job:<id>[@<step>]: no such saved checkpoint")    \
-    X(LORA_INIT_INVALID, 422, "model.init_from: a PEFT adapter train.lora cannot continue")         \
-    X(PEFT_BASE_NOT_FOUND, 422, "model.init_from: a PEFT adapter whose base model is not found")    \
+    X(LORA_INIT_INVALID, 422, "model.init_from: a PEFT adapter train.lora cannot continue")        \
+    X(PEFT_BASE_NOT_FOUND, 422, "model.init_from: a PEFT adapter whose base model is not found")   \
     /* node admission (daemon/nodes.h) */                                                          \
     X(NODE_NOT_APPROVED, 403, "agent: the node is pending or rejected, not approved")              \
     X(NODE_MISMATCH, 403, "agent: the node credential belongs to another node")                    \

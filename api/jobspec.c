@@ -133,6 +133,7 @@ static int check_tokenizer(const char *path, const char *v, struct loom_error *e
 static int check_text_key(const char *path, const char *v, struct loom_error *e);
 static int check_gpu_type(const char *path, const char *v, struct loom_error *e);
 static int check_job_id(const char *path, const char *v, struct loom_error *e);
+static int check_pool(const char *path, const char *v, struct loom_error *e);
 
 #define OFF(m)    offsetof(struct loom_spec, m)
 #define MSIZE(m)  sizeof(((struct loom_spec *)0)->m)
@@ -179,7 +180,12 @@ static int check_job_id(const char *path, const char *v, struct loom_error *e);
 static const field_t fields[] = {
     STR("name", name, "", NULL, FL_DERIVED,
         "[A-Za-z0-9][A-Za-z0-9._-]*; default <family>-<preset> (custom without preset)"),
-    {.path = "labels", .type = F_LABELS, .help = "up to 32 string labels, keys [A-Za-z0-9._/-]"},
+    {.path = "labels",
+     .type = F_LABELS,
+     .off = OFF(labels),
+     .count_off = OFF(n_labels),
+     .max_count = JOBSPEC_LABELS_MAX,
+     .help = "up to 32 string labels, keys [A-Za-z0-9._/-]"},
     SECTION("model", 0, "required: family, then a preset and/or explicit sizes"),
     ENUM("model.family", model.family, family_names, 0, 0, "required"),
     STR("model.preset", model.preset, "", NULL, FL_OMIT,
@@ -285,6 +291,15 @@ static const field_t fields[] = {
     LIST("resources.gpu_type", resources.gpu_type, resources.n_gpu_types, check_gpu_type,
          FL_ONE_OR_LIST | FL_OMIT, "GPU type name(s) the job may use; default any"),
     BOOL("resources.allow_mixed", resources.allow_mixed, 0, 0, "ranks may span GPU types"),
+    STR("resources.pool", resources.pool, "", check_pool, FL_OMIT,
+        "run only on nodes an admin put in this pool; default any"),
+    {.path = "resources.labels",
+     .type = F_LABELS,
+     .off = OFF(resources.node_labels),
+     .count_off = OFF(resources.n_node_labels),
+     .max_count = JOBSPEC_NODE_LABELS_MAX,
+     .flags = FL_OMIT,
+     .help = "node labels key: value the job's nodes must all carry; default any"},
     INT("priority", priority, 50, 0, 100, 0, "higher runs first"),
     INT("max_retries", max_retries, 3, 0, 100, 0, "failed attempts retried"),
     I64("max_runtime_s", max_runtime_s, 0, 0, 1e9, 0, "wall-clock limit, 0: none"),
@@ -388,19 +403,25 @@ static int take_string(const json_t *v, char *buf, size_t size, const char *path
     return 0;
 }
 
-static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error *e) {
+/* A string -> string row (labels, resources.labels) into the jobspec_label
+ * array at f->off, its count at f->count_off, sorted by key. */
+static int parse_labels(const field_t *f, struct loom_spec *s, const json_t *v,
+                        struct loom_error *e) {
+    const char *fp = f->path;
+    struct jobspec_label *arr = (struct jobspec_label *)((char *)s + f->off);
+    int *n = (int *)((char *)s + f->count_off);
     if (!json_is_object(v))
-        return loom_err(e, LOOM_E_WRONG_TYPE, "labels",
-                        "labels must be an object of strings, got %s", json_type_word(v));
-    if (json_object_size(v) > JOBSPEC_LABELS_MAX)
-        return loom_err(e, LOOM_E_OUT_OF_RANGE, "labels", "labels has %zu entries, at most %d",
-                        json_object_size(v), JOBSPEC_LABELS_MAX);
+        return loom_err(e, LOOM_E_WRONG_TYPE, fp, "%s must be an object of strings, got %s", fp,
+                        json_type_word(v));
+    if (json_object_size(v) > (size_t)f->max_count)
+        return loom_err(e, LOOM_E_OUT_OF_RANGE, fp, "%s has %zu entries, at most %d", fp,
+                        json_object_size(v), f->max_count);
     const char *key;
     json_t *val;
-    s->n_labels = 0;
+    *n = 0;
     json_object_foreach((json_t *)v, key, val) {
         char path[128];
-        join_path(path, sizeof path, "labels", key);
+        join_path(path, sizeof path, fp, key);
         size_t kl = strlen(key);
         int ok = kl > 0 && kl < JOBSPEC_LABEL_KEY_MAX;
         for (size_t i = 0; ok && i < kl; i++) {
@@ -415,17 +436,17 @@ static int parse_labels(struct loom_spec *s, const json_t *v, struct loom_error 
         if (!json_is_string(val))
             return loom_err(e, LOOM_E_WRONG_TYPE, path, "%s must be a string, got %s", path,
                             json_type_word(val));
-        struct jobspec_label *l = &s->labels[s->n_labels];
+        struct jobspec_label *l = &arr[*n];
         memcpy(l->key, key, kl + 1);
         if (take_string(val, l->value, sizeof l->value, path, e) != 0) return -1;
-        s->n_labels++;
+        (*n)++;
     }
     /* sorted by key so the canonical form does not depend on input order */
-    for (int i = 1; i < s->n_labels; i++)
-        for (int j = i; j > 0 && strcmp(s->labels[j - 1].key, s->labels[j].key) > 0; j--) {
-            struct jobspec_label t = s->labels[j];
-            s->labels[j] = s->labels[j - 1];
-            s->labels[j - 1] = t;
+    for (int i = 1; i < *n; i++)
+        for (int j = i; j > 0 && strcmp(arr[j - 1].key, arr[j].key) > 0; j--) {
+            struct jobspec_label t = arr[j];
+            arr[j] = arr[j - 1];
+            arr[j - 1] = t;
         }
     return 0;
 }
@@ -544,6 +565,18 @@ static int check_tokenizer(const char *path, const char *v, struct loom_error *e
 
 static int check_text_key(const char *path, const char *v, struct loom_error *e) {
     if (!v[0]) return loom_err(e, LOOM_E_INVALID_VALUE, path, "%s must not be empty", path);
+    return 0;
+}
+
+/* resources.pool: a node pool name as PATCH /v1/nodes/{id} takes it. */
+static int check_pool(const char *path, const char *v, struct loom_error *e) {
+    int ok = 1;
+    for (size_t i = 0; ok && v[i]; i++)
+        ok = id_char(v[i]);
+    if (!ok)
+        return loom_err(e, LOOM_E_INVALID_VALUE, path,
+                        "%s=\"%.64s\" is not a pool name (1-%d of [A-Za-z0-9._-])", path, v,
+                        JOBSPEC_POOL_MAX - 1);
     return 0;
 }
 
@@ -927,7 +960,7 @@ static int parse_object(struct parse_ctx *c, const json_t *obj, const char *pref
             rc = parse_object(c, v, path, e);
             if (rc == 0 && (f->flags & FL_MARK)) *(int *)((char *)c->s + f->count_off) = 1;
         } else if (f->type == F_LABELS) {
-            rc = parse_labels(c->s, v, e);
+            rc = parse_labels(f, c->s, v, e);
         } else if (f->type == F_ARRAY) {
             rc = parse_array(c->s, v, e);
         } else {
@@ -1354,6 +1387,8 @@ static int row_present(const field_t *f, const struct loom_spec *s) {
         return *(const double *)p != 0;
     case F_ARRAY:
         return s->n_array > 0;
+    case F_LABELS:
+        return *(const int *)((const char *)s + f->count_off) > 0;
     default:
         return 1;
     }
@@ -1395,8 +1430,10 @@ static json_t *row_to_json(const field_t *f, const struct loom_spec *s) {
     }
     case F_LABELS: {
         json_t *o = json_object();
-        for (int i = 0; i < s->n_labels; i++)
-            json_object_set_new(o, s->labels[i].key, json_string(s->labels[i].value));
+        const struct jobspec_label *l = (const struct jobspec_label *)p;
+        int n = *(const int *)((const char *)s + f->count_off);
+        for (int i = 0; i < n; i++)
+            json_object_set_new(o, l[i].key, json_string(l[i].value));
         return o;
     }
     case F_ARRAY: {

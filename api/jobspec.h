@@ -28,6 +28,8 @@
 #define JOBSPEC_LABELS_MAX        32
 #define JOBSPEC_LABEL_KEY_MAX     64  /* incl. NUL */
 #define JOBSPEC_LABEL_VAL_MAX     256 /* incl. NUL */
+#define JOBSPEC_POOL_MAX          64  /* resources.pool, incl. NUL */
+#define JOBSPEC_NODE_LABELS_MAX   8   /* resources.labels entries */
 #define JOBSPEC_WORLD_MAX         16384
 #define JOBSPEC_ID_MAX            64 /* job id incl. NUL */
 #define JOBSPEC_AFTER_MAX         32 /* jobs in `after` */
@@ -183,6 +185,11 @@ struct loom_spec {
         int n_gpu_types;   /* 0: any GPU type */
         char gpu_type[JOBSPEC_GPU_TYPES_MAX][JOBSPEC_GPU_TYPE_MAX];
         int allow_mixed; /* ranks may land on different GPU types */
+        /* node selectors (docs/scheduling.md): the admin-set pool and labels a
+         * node must carry; "" / none: any node */
+        char pool[JOBSPEC_POOL_MAX];
+        int n_node_labels;
+        struct jobspec_label node_labels[JOBSPEC_NODE_LABELS_MAX]; /* sorted by key */
     } resources;
 
     int priority; /* 0..100, higher first */

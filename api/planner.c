@@ -1111,6 +1111,8 @@ void planner_pool_cluster(const struct planner_pool *p, struct planner_cluster *
     c->host_mem_gib = p->host_mem_gib;
     c->price_per_gpu_hour = p->price_per_gpu_hour;
     if (!gpu_type_find(p->gpu)) c->peak_tflops = 100; /* "unknown" / "mixed": nominal */
+    /* a measured peak (cpu nodes: the agent's start-up GEMM calibration) beats the table's */
+    if (p->peak_tflops > 0) c->peak_tflops = p->peak_tflops;
 }
 
 static int pool_is_cpu(const struct planner_pool *p) {

@@ -193,6 +193,8 @@ struct planner_pool {
     double host_mem_gib;         /* the smallest node's host memory (0: planner default) */
     double price_per_gpu_hour;   /* 0: no price set for the type */
     char currency[8];            /* of the price ("" when none) */
+    double peak_tflops;          /* one device's measured peak (cpu: the slowest node's
+                                    cpu_peak_gflops / 1000); 0: the type table's */
 };
 
 #define PLANNER_MAX_POOLS 16

@@ -378,6 +378,9 @@ static int check_holds(struct http_req *req, const char *job, json_int_t attempt
     return -1;
 }
 
+static void diagnose_util(struct cluster *c, int ni, json_t *notes);
+static int notes_cb(struct store_tx *tx, void *arg);
+
 int agent_api_heartbeat(struct http_req *req) {
     struct cluster *c = req->ld->cluster;
     const char *name = json_string_value(json_object_get(req->json, "node"));
@@ -398,12 +401,17 @@ int agent_api_heartbeat(struct http_req *req) {
     }
     n->last_hb_ms = now;
     json_t *devices = json_object_get(req->json, "devices");
+    json_t *notes = json_array();
     if (json_is_array(devices)) {
         json_decref(n->devices);
         n->devices = json_incref(devices);
+        diagnose_util(c, ni, notes);
     }
     record_tasks(c, ni, json_object_get(req->json, "tasks"), now);
     pthread_mutex_unlock(&c->mu);
+    if (json_array_size(notes) > 0 && store_write(req->ld->store, notes_cb, notes) != STORE_OK)
+        log_warn("cluster: diagnosis events of node %s not stored", name);
+    json_decref(notes);
     cluster_kick(req->ld);
     return http_reply_json(req, 200, json_pack("{s:b}", "ok", 1));
 }
@@ -449,7 +457,7 @@ int agent_api_assignments(struct http_req *req) {
 struct metric_rows {
     json_t *items; /* borrowed */
     int64_t now;
-    json_t *notes; /* borrowed: diagnosis events {job, attempt, reason} */
+    json_t *notes; /* borrowed: diagnosis findings {job, attempt, reason, code, rank, node, step} */
 };
 
 /* Rank 0's checkpoint and export records become events (daemon/events.h),
@@ -476,17 +484,35 @@ static int record_events(struct store_tx *tx, json_t *items) {
     return STORE_OK;
 }
 
+/* Diagnosis findings {job, attempt, reason, code, rank, node, step}: a job
+ * event each, and a job.diagnosis event of the tenant's stream. */
+static int write_notes(struct store_tx *tx, json_t *notes) {
+    size_t k;
+    json_t *note;
+    json_array_foreach(notes, k, note) {
+        const char *job = json_string_value(json_object_get(note, "job"));
+        int rc = store_job_note(tx, job, (int)json_integer_value(json_object_get(note, "attempt")),
+                                json_string_value(json_object_get(note, "reason")));
+        if (rc == STORE_NOT_FOUND) continue;
+        if (rc != STORE_OK) return STORE_ERR;
+        /* ... and the tenant's event stream (GET /v1/events, webhooks) */
+        json_t *data = json_deep_copy(note);
+        json_object_del(data, "job");
+        int64_t seq = events_emit(tx, "job.diagnosis", job, NULL, data);
+        json_decref(data);
+        if (seq < 0 && seq != STORE_NOT_FOUND) return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
+static int notes_cb(struct store_tx *tx, void *arg) {
+    return write_notes(tx, arg);
+}
+
 static int insert_metrics(struct store_tx *tx, void *arg) {
     struct metric_rows *m = arg;
     if (record_events(tx, m->items) != STORE_OK) return STORE_ERR;
-    size_t k;
-    json_t *note;
-    json_array_foreach(m->notes, k, note) {
-        int rc = store_job_note(tx, json_string_value(json_object_get(note, "job")),
-                                (int)json_integer_value(json_object_get(note, "attempt")),
-                                json_string_value(json_object_get(note, "reason")));
-        if (rc != STORE_OK && rc != STORE_NOT_FOUND) return STORE_ERR;
-    }
+    if (write_notes(tx, m->notes) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "INSERT OR IGNORE INTO job_metrics (job_id, attempt, rank, "
                                       "step, at, record) VALUES (?, ?, ?, ?, ?, ?)");
     if (!st) return STORE_ERR;
@@ -522,17 +548,22 @@ static int insert_metrics(struct store_tx *tx, void *arg) {
 /* Caller holds c->mu. Feeds one rank's step timing to the attempt's
  * diagnosis (daemon/diagnose.h) and appends a job event note
  * {job, attempt, reason} to `notes` for each finding. */
-static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, long step,
-                     const json_t *rec, json_t *notes) {
-    double st, cp, cm;
-    if (a->world < 2 || diag_times(rec, &st, &cp, &cm) != 0) return;
+/* The attempt's diagnosis state, made on first use (NULL: out of memory). */
+static struct diag *attempt_diag(struct cluster_attempt *a) {
     if (!a->diag) {
         /* peers: the ranks of one pipeline stage (dp x tp, tp fastest then dp) */
         const json_t *par = json_object_get(a->spec, "parallel");
         long pp = (long)json_integer_value(json_object_get(par, "pp"));
         a->diag = diag_new(a->world, pp > 1 ? a->world / (int)pp : a->world);
-        if (!a->diag) return;
     }
+    return a->diag;
+}
+
+static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, long step,
+                     const json_t *rec, json_t *notes) {
+    double st, cp, cm;
+    if (a->world < 2 || diag_times(rec, &st, &cp, &cm) != 0) return;
+    if (!attempt_diag(a)) return;
     struct diag_finding f[4];
     int n = diag_add(a->diag, step, rank, st, cp, cm, f, 4);
     for (int i = 0; i < n; i++) {
@@ -555,8 +586,44 @@ static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, lon
                      diag_comm_advice(a->spec));
             log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
         }
-        json_array_append_new(notes, json_pack("{s:s, s:i, s:s}", "job", a->job_id, "attempt",
-                                               a->attempt, "reason", why));
+        int ni = a->ranks[f[i].rank].node;
+        json_array_append_new(
+            notes, json_pack("{s:s, s:i, s:s, s:s, s:i, s:s, s:I}", "job", a->job_id, "attempt",
+                             a->attempt, "reason", why, "code",
+                             f[i].kind == DIAG_STRAGGLER ? "STRAGGLER" : "COMM_BOUND", "rank",
+                             f[i].rank, "node", ni >= 0 && ni < c->nnodes ? c->nodes[ni].name : "",
+                             "step", (json_int_t)f[i].step));
+    }
+}
+
+/* Caller holds c->mu. Feeds node ni's device utilization (its heartbeat
+ * telemetry) to the saw-tooth check of every running multi-rank attempt
+ * with ranks there; findings are appended to notes. */
+static void diagnose_util(struct cluster *c, int ni, json_t *notes) {
+    json_t *devices = c->nodes[ni].devices;
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        if (a->phase != ATTEMPT_ACTIVE || !a->running || a->world < 2) continue;
+        for (int r = 0; r < a->world; r++) {
+            if (a->ranks[r].node != ni) continue;
+            json_t *u =
+                json_object_get(json_array_get(devices, (size_t)a->ranks[r].device), "util_pct");
+            struct diag_finding f;
+            if (!json_is_number(u) || !attempt_diag(a) ||
+                !diag_util_add(a->diag, r, json_number_value(u), &f))
+                continue;
+            char why[512];
+            snprintf(why, sizeof why,
+                     "SAWTOOTH rank=%d node=%s GPU utilization swings between %.0f%% and %.0f%% "
+                     "(%d swings in the last %d telemetry samples: compute, then waiting on "
+                     "communication); %s",
+                     r, c->nodes[ni].name, f.compute_ms, f.peer_ms, (int)f.value, DIAG_SAW_WINDOW,
+                     diag_comm_advice(a->spec));
+            log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
+            json_array_append_new(notes, json_pack("{s:s, s:i, s:s, s:s, s:i, s:s, s:I}", "job",
+                                                   a->job_id, "attempt", a->attempt, "reason", why,
+                                                   "code", "SAWTOOTH", "rank", r, "node",
+                                                   c->nodes[ni].name, "step", (json_int_t)-1));
+        }
     }
 }
 

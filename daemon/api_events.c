@@ -114,7 +114,7 @@ static int parse_filter(struct http_req *req, struct events_filter *f) {
             API_ERROR(req, UNKNOWN_EVENT_TYPE,
                       "type '%.64s' is not an event type (job.queued, job.started, job.retrying, "
                       "job.preempted, job.succeeded, job.failed, job.cancelled, "
-                      "checkpoint.saved, export.ready, artifacts.expired)",
+                      "checkpoint.saved, export.ready, artifacts.expired, job.diagnosis)",
                       type);
             return -1;
         }
@@ -253,34 +253,51 @@ struct fan_sub {
     struct fan_sub *next; /* fo->incoming */
 };
 
-struct events_fanout {
+/* One fan-out thread and the streams it holds (--events-fanout-threads of
+ * them; a new stream goes to the next one in turn). */
+struct fan_worker {
+    struct events_fanout *top;
     struct loomd *ld;
     pthread_t thread;
-    int epfd, evfd;
-    _Atomic int stop;
+    int epfd, evfd, started;
     pthread_mutex_t mu;
     struct fan_sub *incoming; /* adopted, not yet seen by the loop (mu) */
     struct fan_sub **subs;    /* loop thread only */
     size_t n, cap;
-    _Atomic int held; /* streams adopted and not yet released */
+};
+
+#define FAN_WORKERS_MAX 16
+
+struct events_fanout {
+    struct loomd *ld;
+    _Atomic int stop;
+    _Atomic int held;      /* streams adopted and not yet released */
+    _Atomic unsigned next; /* the worker the next stream goes to */
+    int nw;
+    struct fan_worker w[FAN_WORKERS_MAX];
 };
 
 #define FAN_EVENTS  256
 #define FAN_ROUNDS  4   /* batches of SSE_BATCH per stream per pass (fairness) */
 #define FAN_TICK_MS 200 /* heartbeats, shutdown and slow clients are checked this often */
 
-void events_fanout_kick(struct events_fanout *fo) {
+static void fan_kick(struct fan_worker *w) {
     uint64_t one = 1;
-    ssize_t w = write(fo->evfd, &one, sizeof one);
-    (void)w; /* a full counter (EAGAIN) is a pending wake-up already */
+    ssize_t n = write(w->evfd, &one, sizeof one);
+    (void)n; /* a full counter (EAGAIN) is a pending wake-up already */
+}
+
+void events_fanout_kick(struct events_fanout *fo) {
+    for (int i = 0; i < fo->nw; i++)
+        fan_kick(&fo->w[i]);
 }
 
 int events_fanout_held(struct events_fanout *fo) {
     return fo ? atomic_load(&fo->held) : 0;
 }
 
-static void fan_release(struct events_fanout *fo, struct fan_sub *f, int how) {
-    atomic_fetch_sub(&fo->held, 1);
+static void fan_release(struct fan_worker *fo, struct fan_sub *f, int how) {
+    atomic_fetch_sub(&fo->top->held, 1);
     epoll_ctl(fo->epfd, EPOLL_CTL_DEL, f->fd, NULL);
     free(f->out);
     struct http_adopted *a = f->a;
@@ -288,14 +305,14 @@ static void fan_release(struct events_fanout *fo, struct fan_sub *f, int how) {
     http_adopt_release(a, how); /* last: the connection thread frees the sse */
 }
 
-static int fan_arm(struct events_fanout *fo, struct fan_sub *f, int out) {
+static int fan_arm(struct fan_worker *fo, struct fan_sub *f, int out) {
     struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0), .data.ptr = f};
     f->armed = out;
     return epoll_ctl(fo->epfd, EPOLL_CTL_MOD, f->fd, &e);
 }
 
 /* Writes what is pending: 1 all written, 0 the socket is full, -1 gone. */
-static int fan_flush(struct events_fanout *fo, struct fan_sub *f, int64_t now) {
+static int fan_flush(struct fan_worker *fo, struct fan_sub *f, int64_t now) {
     while (f->ooff < f->olen) {
         ssize_t n = send(f->fd, f->out + f->ooff, f->olen - f->ooff, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
@@ -334,7 +351,7 @@ static int fan_frame(struct fan_sub *f) {
 /* One stream's turn in a pass: what is pending, then new events (a few
  * batches at most, so one stream far behind does not hold up the rest),
  * then a heartbeat when it has been quiet. -1: drop it. */
-static int fan_pump(struct events_fanout *fo, struct fan_sub *f, int64_t last, int64_t now) {
+static int fan_pump(struct fan_worker *fo, struct fan_sub *f, int64_t last, int64_t now) {
     struct sse *s = f->s;
     int r = fan_flush(fo, f, now);
     if (r <= 0) {
@@ -370,7 +387,7 @@ static int fan_gone(struct fan_sub *f, uint32_t events) {
     }
 }
 
-static void fan_take_incoming(struct events_fanout *fo) {
+static void fan_take_incoming(struct fan_worker *fo) {
     pthread_mutex_lock(&fo->mu);
     struct fan_sub *in = fo->incoming;
     fo->incoming = NULL;
@@ -381,7 +398,7 @@ static void fan_take_incoming(struct events_fanout *fo) {
         struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = f};
         if (buf_grow_array(&fo->subs, &fo->cap, fo->n + 1, sizeof *fo->subs, 64) != 0 ||
             epoll_ctl(fo->epfd, EPOLL_CTL_ADD, f->fd, &e) != 0) {
-            atomic_fetch_sub(&fo->held, 1);
+            atomic_fetch_sub(&fo->top->held, 1);
             free(f->out);
             http_adopt_release(f->a, HTTP_ADOPT_CLOSE);
             free(f);
@@ -391,7 +408,7 @@ static void fan_take_incoming(struct events_fanout *fo) {
     }
 }
 
-static void fan_release_all(struct events_fanout *fo) {
+static void fan_release_all(struct fan_worker *fo) {
     fan_take_incoming(fo);
     for (size_t i = 0; i < fo->n; i++)
         fan_release(fo, fo->subs[i],
@@ -400,11 +417,11 @@ static void fan_release_all(struct events_fanout *fo) {
 }
 
 static void *fan_loop(void *arg) {
-    struct events_fanout *fo = arg;
+    struct fan_worker *fo = arg;
     struct events *ev = fo->ld->events;
     struct epoll_event evs[FAN_EVENTS];
     int64_t done_seq = -1, last_tick = 0;
-    while (!atomic_load(&fo->stop)) {
+    while (!atomic_load(&fo->top->stop)) {
         int k = epoll_wait(fo->epfd, evs, FAN_EVENTS, FAN_TICK_MS);
         for (int i = 0; i < k; i++) {
             struct fan_sub *f = evs[i].data.ptr;
@@ -419,7 +436,9 @@ static void *fan_loop(void *arg) {
                 f->dead = 1;
         }
         fan_take_incoming(fo);
-        if (http_stopping(fo->ld->http)) {
+        /* Only while streams are held: their connection threads keep
+         * http_stop from freeing the server until they are released. */
+        if (fo->n && http_stopping(fo->ld->http)) {
             fan_release_all(fo);
             continue;
         }
@@ -463,27 +482,48 @@ static int sse_adopt(void *ctx, int fd, int chunked, struct http_adopted *a) {
         return 1;
     }
     atomic_fetch_add(&fo->held, 1);
-    pthread_mutex_lock(&fo->mu);
-    f->next = fo->incoming;
-    fo->incoming = f;
-    pthread_mutex_unlock(&fo->mu);
-    events_fanout_kick(fo);
+    struct fan_worker *w = &fo->w[atomic_fetch_add(&fo->next, 1) % (unsigned)fo->nw];
+    pthread_mutex_lock(&w->mu);
+    f->next = w->incoming;
+    w->incoming = f;
+    pthread_mutex_unlock(&w->mu);
+    fan_kick(w);
     return 0;
+}
+
+static void fan_worker_free(struct fan_worker *w) {
+    if (w->started) pthread_join(w->thread, NULL);
+    if (w->epfd >= 0) close(w->epfd);
+    if (w->evfd >= 0) close(w->evfd);
+    pthread_mutex_destroy(&w->mu);
+    free(w->subs);
 }
 
 struct events_fanout *events_fanout_start(struct loomd *ld) {
     struct events_fanout *fo = calloc(1, sizeof *fo);
     if (!fo) return NULL;
     fo->ld = ld;
-    pthread_mutex_init(&fo->mu, NULL);
-    fo->epfd = epoll_create1(EPOLL_CLOEXEC);
-    fo->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
-    if (fo->epfd < 0 || fo->evfd < 0 || epoll_ctl(fo->epfd, EPOLL_CTL_ADD, fo->evfd, &e) != 0 ||
-        pthread_create(&fo->thread, NULL, fan_loop, fo) != 0) {
-        if (fo->epfd >= 0) close(fo->epfd);
-        if (fo->evfd >= 0) close(fo->evfd);
-        pthread_mutex_destroy(&fo->mu);
+    long nw = ld->cfg.events_fanout_threads;
+    fo->nw = nw < 1 ? 1 : nw > FAN_WORKERS_MAX ? FAN_WORKERS_MAX : (int)nw;
+    int ok = 1, made = 0;
+    for (; made < fo->nw && ok; made++) {
+        struct fan_worker *w = &fo->w[made];
+        w->top = fo;
+        w->ld = ld;
+        pthread_mutex_init(&w->mu, NULL);
+        w->epfd = epoll_create1(EPOLL_CLOEXEC);
+        w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+        ok = w->epfd >= 0 && w->evfd >= 0 && epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &e) == 0 &&
+             pthread_create(&w->thread, NULL, fan_loop, w) == 0;
+        w->started = ok;
+    }
+    if (!ok) {
+        atomic_store(&fo->stop, 1);
+        fo->nw = made;
+        events_fanout_kick(fo);
+        for (int i = 0; i < made; i++)
+            fan_worker_free(&fo->w[i]);
         free(fo);
         return NULL;
     }
@@ -494,11 +534,8 @@ void events_fanout_stop(struct events_fanout *fo) {
     if (!fo) return;
     atomic_store(&fo->stop, 1);
     events_fanout_kick(fo);
-    pthread_join(fo->thread, NULL);
-    close(fo->epfd);
-    close(fo->evfd);
-    pthread_mutex_destroy(&fo->mu);
-    free(fo->subs);
+    for (int i = 0; i < fo->nw; i++)
+        fan_worker_free(&fo->w[i]);
     free(fo);
 }
 

@@ -157,6 +157,7 @@ static int check_fit(struct loomd *ld, const struct loom_spec *spec, struct loom
     char types[SCHED_MAX_JOB_TYPES][GPU_TYPE_NAME_MAX];
     int nt = job_types(spec, types, err);
     if (nt < 0) return -1;
+    if (nodes_selector_check(ld, spec, err) != 0) return -1;
     struct planner_fleet f;
     nodes_fleet(ld, &f);
     return planner_fleet_check(spec, &f, (const char(*)[GPU_TYPE_NAME_MAX])types, nt,
@@ -256,7 +257,10 @@ static int check_qos(struct http_req *req, const struct loom_spec *spec) {
                         op.q.max_priority);
         return -1;
     }
-    if (op.q.gpu_hours_per_month > 0 && op.used_hours >= op.q.gpu_hours_per_month) {
+    /* Warn-only (the tenant's or --budget-warn-only): the budget never
+     * blocks; running attempts get one BUDGET_EXHAUSTED event (cluster.c). */
+    if (op.q.gpu_hours_per_month > 0 && op.used_hours >= op.q.gpu_hours_per_month &&
+        !op.q.budget_warn_only && !req->ld->cfg.budget_warn_only) {
         API_ERROR(req, BUDGET_EXHAUSTED,
                   "BUDGET_EXHAUSTED: the tenant used %.2f of its %.2f GPU-hours this month",
                   op.used_hours, op.q.gpu_hours_per_month);

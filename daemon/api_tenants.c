@@ -167,11 +167,11 @@ static int parse_quota_roots(struct http_req *req, long *quota, char **roots_tex
     return 0;
 }
 
-/* ---- QoS: max_priority, max_running_jobs, gpu_hours_per_month ---- */
+/* ---- QoS: max_priority, max_running_jobs, gpu_hours_per_month, budget_warn_only ---- */
 
 static int is_qos_field(const char *k) {
     return !strcmp(k, "max_priority") || !strcmp(k, "max_running_jobs") ||
-           !strcmp(k, "gpu_hours_per_month");
+           !strcmp(k, "gpu_hours_per_month") || !strcmp(k, "budget_warn_only");
 }
 
 /* Validates the QoS fields of a PATCH body into *q (absent: -2 / -1 = keep);
@@ -180,6 +180,7 @@ static int parse_qos(struct http_req *req, struct store_tenant_qos *q) {
     q->max_priority = -2;
     q->max_running_jobs = -1;
     q->gpu_hours_per_month = -1;
+    q->budget_warn_only = -1;
     json_t *v = json_object_get(req->json, "max_priority");
     if (v) {
         if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 100) {
@@ -207,6 +208,15 @@ static int parse_qos(struct http_req *req, struct store_tenant_qos *q) {
         }
         q->gpu_hours_per_month = json_number_value(v);
     }
+    v = json_object_get(req->json, "budget_warn_only");
+    if (v) {
+        if (!json_is_boolean(v)) {
+            API_ERROR_FIELD(req, INVALID_FIELD, "budget_warn_only",
+                            "'budget_warn_only' must be true or false");
+            return -1;
+        }
+        q->budget_warn_only = json_is_true(v);
+    }
     return 0;
 }
 
@@ -228,8 +238,8 @@ int api_tenants_update(struct http_req *req) {
             strcmp(k, "artifact_ttl_s"))
             return API_ERROR_FIELD(req, UNKNOWN_FIELD, k,
                                    "unknown field '%s' (gpu_quota, data_roots, max_priority, "
-                                   "max_running_jobs, gpu_hours_per_month and artifact_ttl_s can "
-                                   "change)",
+                                   "max_running_jobs, gpu_hours_per_month, budget_warn_only and "
+                                   "artifact_ttl_s can change)",
                                    k);
     }
     struct tenant_op op = {.tenant_id = http_param(req, "id")};

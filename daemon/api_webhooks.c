@@ -87,12 +87,12 @@ static json_t *parse_types(struct http_req *req, json_t *v) {
         for (int j = 0; t && j < events_types_count; j++)
             if (!strcmp(t, events_types[j])) k = j;
         if (k < 0) {
-            API_ERROR_FIELD(
-                req, UNKNOWN_EVENT_TYPE, "events",
-                "events[%zu] '%.64s' is not an event type (job.queued, job.started, "
-                "job.retrying, job.preempted, job.succeeded, job.failed, "
-                "job.cancelled, checkpoint.saved, export.ready, artifacts.expired, or \"*\")",
-                i, t ? t : "(not a string)");
+            API_ERROR_FIELD(req, UNKNOWN_EVENT_TYPE, "events",
+                            "events[%zu] '%.64s' is not an event type (job.queued, job.started, "
+                            "job.retrying, job.preempted, job.succeeded, job.failed, "
+                            "job.cancelled, checkpoint.saved, export.ready, artifacts.expired, "
+                            "job.diagnosis, or \"*\")",
+                            i, t ? t : "(not a string)");
             return NULL;
         }
         want[k] = 1;

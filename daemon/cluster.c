@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/token.h"
 #include "daemon/auth.h"
+#include "daemon/budget.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
 #include "daemon/nodes.h"
@@ -56,7 +57,17 @@ struct jobinfo {
     /* `after` (queued jobs only): DEPS_READY unless snap_deps found one */
     enum deps_verdict deps;
     char deps_reason[SCHED_REASON_LEN];
-    double fair_usage; /* the tenant's decayed GPU-hours (queued jobs; snap_fair_share) */
+    double fair_usage;  /* the tenant's decayed GPU-hours (queued jobs; snap_fair_share) */
+    struct jobsel *sel; /* resources.pool / labels (queued jobs naming one; snap_selectors) */
+};
+
+/* A queued job's node selector: resources.pool and resources.labels. */
+struct jobsel {
+    char pool[JOBSPEC_POOL_MAX];
+    int n;
+    char keys[JOBSPEC_NODE_LABELS_MAX][JOBSPEC_LABEL_KEY_MAX];
+    char vals[JOBSPEC_NODE_LABELS_MAX][JOBSPEC_LABEL_VAL_MAX];
+    const char *kp[JOBSPEC_NODE_LABELS_MAX], *vp[JOBSPEC_NODE_LABELS_MAX];
 };
 
 struct snapshot {
@@ -67,17 +78,27 @@ struct snapshot {
     char (*quota_names)[64];
     int nq;
     long fs_half_life_s; /* in: --fair-share-half-life (0: fair share off) */
+    /* tenants with a gpu_hours_per_month (daemon/budget.h): ids and names
+     * are the arrays below, used_hours their billed rows of this month */
+    struct budget_tenant *budgets;
+    char (*budget_ids)[24];
+    char (*budget_names)[64];
+    int nb;
 };
 
 static void snapshot_free(struct snapshot *s) {
     for (int i = 0; i < s->n; i++) {
         free(s->jobs[i].out_dir);
         free(s->jobs[i].pending);
+        free(s->jobs[i].sel);
     }
     free(s->jobs);
     free(s->quotas);
     free(s->quota_tenants);
     free(s->quota_names);
+    free(s->budgets);
+    free(s->budget_ids);
+    free(s->budget_names);
     memset(s, 0, sizeof *s);
 }
 
@@ -144,6 +165,43 @@ static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
         if (ji->ngpu_types < 0) ji->ngpu_types = 0; /* refused at submit; not reached */
         json_decref(tj);
         ji->allow_mixed = sqlite3_column_int(st, 2) == 1;
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+/* Node selectors of the queued jobs that name resources.pool or labels,
+ * through the partial index of schema 160 (untyped queues parse nothing). */
+static int snap_selectors(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st = store_stmt(
+        tx, "SELECT id, json_extract(spec, '$.resources.pool'), "
+            "json_extract(spec, '$.resources.labels') FROM jobs INDEXED BY jobs_node_selector "
+            "WHERE state = 'queued' AND (json_extract(spec, '$.resources.pool') IS NOT NULL "
+            "OR json_extract(spec, '$.resources.labels') IS NOT NULL)");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct jobinfo *ji = snap_queued(s, (const char *)sqlite3_column_text(st, 0));
+        if (!ji) continue; /* beyond the queue depth */
+        struct jobsel *js = calloc(1, sizeof *js);
+        if (!js) break;
+        const char *pool = (const char *)sqlite3_column_text(st, 1);
+        snprintf(js->pool, sizeof js->pool, "%s", pool ? pool : "");
+        const char *lt = (const char *)sqlite3_column_text(st, 2);
+        json_t *labels = lt ? json_loads(lt, 0, NULL) : NULL;
+        const char *k;
+        json_t *v;
+        json_object_foreach(labels, k, v) {
+            if (js->n == JOBSPEC_NODE_LABELS_MAX || !json_is_string(v)) continue;
+            snprintf(js->keys[js->n], sizeof js->keys[js->n], "%s", k);
+            snprintf(js->vals[js->n], sizeof js->vals[js->n], "%s", json_string_value(v));
+            js->kp[js->n] = js->keys[js->n];
+            js->vp[js->n] = js->vals[js->n];
+            js->n++;
+        }
+        json_decref(labels);
+        free(ji->sel);
+        ji->sel = js;
     }
     sqlite3_reset(st);
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
@@ -234,6 +292,40 @@ static int snap_fair_share(struct store_tx *tx, struct snapshot *s) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* Tenants with a monthly GPU-hour budget and their billed hours of this
+ * month's usage rows (the submit check's count). */
+static int snap_budgets(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st = store_stmt(tx, "SELECT id, name, gpu_hours_per_month, budget_warn_only "
+                                      "FROM tenants WHERE gpu_hours_per_month > 0");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int n = s->nb + 1;
+        struct budget_tenant *b = realloc(s->budgets, sizeof *b * (size_t)n);
+        if (b) s->budgets = b;
+        char(*id)[24] = realloc(s->budget_ids, sizeof *id * (size_t)n);
+        if (id) s->budget_ids = id;
+        char(*nm)[64] = realloc(s->budget_names, sizeof *nm * (size_t)n);
+        if (nm) s->budget_names = nm;
+        if (!b || !id || !nm) break;
+        snprintf(s->budget_ids[s->nb], 24, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(s->budget_names[s->nb], 64, "%s", (const char *)sqlite3_column_text(st, 1));
+        s->budgets[s->nb] = (struct budget_tenant){NULL, sqlite3_column_double(st, 2), 0,
+                                                   sqlite3_column_int(st, 3), 0};
+        s->nb++;
+    }
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return STORE_ERR;
+    int64_t month0 = budget_month_start_ms(store_now_ms());
+    for (int i = 0; i < s->nb; i++) {
+        s->budgets[i].tenant = s->budget_ids[i];
+        if (store_tenant_gpu_hours(tx, s->budget_ids[i], month0, &s->budgets[i].used_hours) !=
+            STORE_OK)
+            return STORE_ERR;
+    }
+    return STORE_OK;
+}
+
 static int snapshot_read(struct store_tx *tx, void *arg) {
     struct snapshot *s = arg;
     struct store_job_filter f = {0};
@@ -247,8 +339,10 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     f.limit = SCHED_QUEUE_DEPTH;
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_selectors(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_deps(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_fair_share(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_budgets(tx, s) != STORE_OK) return STORE_ERR;
     sqlite3_stmt *st = store_stmt(tx, "SELECT id, gpu_quota, name, max_running_jobs FROM tenants "
                                       "WHERE gpu_quota > 0 OR max_running_jobs > 0");
     if (!st) return STORE_ERR;
@@ -300,7 +394,14 @@ static int read_spec(struct store_tx *tx, void *arg) {
 
 /* ---- store changes decided under the mutex, applied after ---- */
 
-enum change_kind { CH_TRANSITION, CH_PENDING, CH_ATTEMPT_INSERT, CH_ATTEMPT_END, CH_USAGE };
+enum change_kind {
+    CH_TRANSITION,
+    CH_PENDING,
+    CH_ATTEMPT_INSERT,
+    CH_ATTEMPT_END,
+    CH_USAGE,
+    CH_NOTE /* an event row without a state change (store_job_note) */
+};
 
 struct change {
     enum change_kind kind;
@@ -374,6 +475,9 @@ static int apply_changes(struct store_tx *tx, void *arg) {
         }
         case CH_PENDING:
             c->result = store_job_set_pending(tx, c->job_id, c->text);
+            break;
+        case CH_NOTE: /* a job event without a state change */
+            c->result = store_job_note(tx, c->job_id, c->attempt, c->text);
             break;
         case CH_ATTEMPT_INSERT: {
             /* Only when the placement transition just before it succeeded. */
@@ -902,6 +1006,25 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
         ins->text = pltext ? strdup(pltext) : strdup("[]");
         ins->text2 = strdup(a->token);
     }
+    if (sd->cross_island > 0) { /* tp larger than every NVLink island of the node */
+        const struct cluster_node *n0 = &c->nodes[sd->ranks[0].node];
+        int big = 0;
+        for (int k = 0; k < n0->nislands; k++) {
+            int sz = __builtin_popcountll(n0->islands[k]);
+            if (sz > big) big = sz;
+        }
+        char note[300];
+        snprintf(note, sizeof note,
+                 "WARNING: %d tp group(s) of tp=%d span NVLink islands (largest island on %s: %d "
+                 "GPUs); their all-reduces cross PCIe",
+                 sd->cross_island, j->tp, n0->name, big);
+        struct change *nc = ch_add(&p->cs, CH_NOTE, j->id);
+        if (nc) {
+            nc->attempt = a->attempt;
+            nc->text = strdup(note);
+        }
+        log_warn("cluster: job %s: %s", j->id, note);
+    }
     a->next = c->attempts;
     c->attempts = a;
     hist_observe(&c->queue_wait, (now - j->queued_since) / 1000.0);
@@ -918,6 +1041,12 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
         sn[i].kind = n->kind;
         sn[i].ndev = n->ndev > SCHED_MAX_NODE_DEVICES ? SCHED_MAX_NODE_DEVICES : n->ndev;
         sn[i].gpu_type = n->gpu_type;
+        sn[i].islands = n->islands;
+        sn[i].nislands = n->nislands;
+        sn[i].pool = n->pool;
+        sn[i].label_keys = n->label_kp;
+        sn[i].label_vals = n->label_vp;
+        sn[i].nlabels = n->nlabels;
         sn[i].state = n->lost || !n->seen || n->admission != NODE_APPROVED ? SCHED_NODE_LOST
                       : n->drained || nodecheck_avoid(c->ld, n->name)      ? SCHED_NODE_DRAINED
                                                                            : SCHED_NODE_READY;
@@ -1033,6 +1162,105 @@ out:
     free(chosen);
 }
 
+/* 4b. budgets: once a tenant's GPU-hours of this month (ended attempts'
+ * billed rows plus its live attempts so far) reach its gpu_hours_per_month,
+ * its live attempts checkpoint and stop, the job failing with
+ * BUDGET_EXHAUSTED (not retried), the SIGTERM grace being the preemption's;
+ * warn-only (the tenant's or --budget-warn-only): one job event per attempt,
+ * which goes on (daemon/budget.h). */
+static void pass_budget(struct pass *p) {
+    struct cluster *c = p->c;
+    struct snapshot *snap = &p->snap;
+    if (snap->nb == 0) return;
+    int na = 0;
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next)
+        na++;
+    struct budget_attempt *ba = calloc((size_t)(na ? na : 1), sizeof *ba);
+    enum budget_action *act = calloc((size_t)(na ? na : 1), sizeof *act);
+    struct cluster_attempt **va = calloc((size_t)(na ? na : 1), sizeof *va);
+    if (!ba || !act || !va) goto out;
+    na = 0;
+    for (struct cluster_attempt *a = c->attempts; a; a = a->next) {
+        /* Stopping attempts still use their devices: they count, and are
+         * not acted on (warned = 1 keeps warn-only quiet about them). */
+        int gpus = 0;
+        for (int r = 0; r < a->world; r++)
+            if (!a->ranks[r].released) gpus++;
+        ba[na] = (struct budget_attempt){a->tenant_id, gpus, a->started_ms,
+                                         a->budget_warned || a->phase != ATTEMPT_ACTIVE};
+        va[na++] = a;
+    }
+    /* Attempts that ended in this pass are in neither the snapshot's usage
+     * rows nor the attempt list: their rows, not yet written, count here. */
+    int64_t month0 = budget_month_start_ms(p->now);
+    for (int i = 0; i < p->cs.n; i++) {
+        const struct change *u = &p->cs.v[i];
+        int64_t from = u->t0 > month0 ? u->t0 : month0;
+        if (u->kind != CH_USAGE || !u->billed || u->t1 <= from) continue;
+        for (int k = 0; k < snap->nb; k++)
+            if (!strcmp(snap->budget_ids[k], u->tenant_id))
+                snap->budgets[k].used_hours += u->gpus * (double)(u->t1 - from) / 3600000.0;
+    }
+    budget_decide(snap->budgets, snap->nb, ba, na, p->now, p->ld->cfg.budget_warn_only, act);
+    for (int i = 0; i < na; i++) {
+        struct cluster_attempt *a = va[i];
+        if (act[i] == BUDGET_OK || a->phase != ATTEMPT_ACTIVE) continue;
+        int k = 0;
+        while (k < snap->nb && strcmp(snap->budget_ids[k], a->tenant_id))
+            k++;
+        if (k == snap->nb) continue;
+        const struct budget_tenant *bt = &snap->budgets[k];
+        char reason[400];
+        if (act[i] == BUDGET_WARN) {
+            snprintf(reason, sizeof reason,
+                     "BUDGET_EXHAUSTED (warn-only) tenant %s used %.4f of its %.4f GPU-hours this "
+                     "month (%.4f in ended attempts); attempt %d goes on",
+                     snap->budget_names[k], bt->total_hours, bt->limit_hours, bt->used_hours,
+                     a->attempt);
+            struct change *ch = ch_add(&p->cs, CH_NOTE, a->job_id);
+            if (!ch) continue;
+            ch->attempt = a->attempt;
+            ch->text = strdup(reason);
+            a->budget_warned = 1;
+            log_warn("cluster: job %s: %s", a->job_id, reason);
+            continue;
+        }
+        snprintf(reason, sizeof reason,
+                 "BUDGET_EXHAUSTED tenant %s used %.4f of its %.4f GPU-hours this month (%.4f in "
+                 "ended attempts); attempt %d checkpoints and stops, not retried",
+                 snap->budget_names[k], bt->total_hours, bt->limit_hours, bt->used_hours,
+                 a->attempt);
+        a->stop_grace_ms = preempt_grace_ms(p, a);
+        stop_attempt(c, a, p->now, STOP_BUDGET, reason);
+        ch_transition(&p->cs, a->job_id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING), JOB_FAILED,
+                      a->attempt, reason, NULL);
+        log_info("cluster: job %s: %s; SIGTERM grace %d ms", a->job_id, reason, a->stop_grace_ms);
+    }
+out:
+    free(ba);
+    free(act);
+    free(va);
+}
+
+/* A queued job of a tenant whose budget is used up (not warn-only) waits:
+ * 1 and the pending reason in why. Totals are pass_budget's. */
+static int budget_holds(const struct pass *p, const char *tenant, char *why, size_t len) {
+    const struct snapshot *snap = &p->snap;
+    if (p->ld->cfg.budget_warn_only) return 0;
+    for (int k = 0; k < snap->nb; k++) {
+        const struct budget_tenant *bt = &snap->budgets[k];
+        if (strcmp(snap->budget_ids[k], tenant) || bt->warn_only ||
+            bt->total_hours < bt->limit_hours)
+            continue;
+        snprintf(why, len,
+                 "BUDGET_EXHAUSTED tenant %s used its %g GPU-hours of this month; waits for "
+                 "next month or a larger gpu_hours_per_month",
+                 snap->budget_names[k], bt->limit_hours);
+        return 1;
+    }
+    return 0;
+}
+
 /* 5. placement */
 static void pass_place(struct pass *p) {
     struct cluster *c = p->c;
@@ -1071,6 +1299,14 @@ static void pass_place(struct pass *p) {
             }
             continue;
         }
+        char bwhy[SCHED_REASON_LEN];
+        if (budget_holds(p, j->tenant_id, bwhy, sizeof bwhy)) {
+            if (!j->pending || strcmp(j->pending, bwhy)) {
+                struct change *ch = ch_add(&p->cs, CH_PENDING, j->id);
+                if (ch) ch->text = strdup(bwhy);
+            }
+            continue;
+        }
         for (int t = 0; t < j->ngpu_types; t++)
             j->gpu_type_ptrs[t] = j->gpu_types[t];
         sj[nq] = (struct sched_job){j->id,
@@ -1085,7 +1321,11 @@ static void pass_place(struct pass *p) {
                                     j->gpu_type_ptrs,
                                     j->ngpu_types,
                                     j->allow_mixed,
-                                    j->fair_usage};
+                                    j->fair_usage,
+                                    j->sel ? j->sel->pool : NULL,
+                                    j->sel ? j->sel->kp : NULL,
+                                    j->sel ? j->sel->vp : NULL,
+                                    j->sel ? j->sel->n : 0};
         qj[nq++] = j;
     }
     struct sched_cluster cl = {sn, c->nnodes, snap->quotas, snap->nq};
@@ -1153,6 +1393,7 @@ static void loop_pass(struct loomd *ld) {
     pass_supervise(&p);
     pass_reap(&p);
     pass_orphans(&p);
+    pass_budget(&p);
     pass_place(&p);
     int changed = c->gen != gen0;
     pthread_mutex_unlock(&c->mu);

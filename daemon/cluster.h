@@ -30,7 +30,12 @@
 
 struct loomd;
 
-#define CLUSTER_MAX_NODES 256
+#define CLUSTER_MAX_NODES     256
+#define CLUSTER_NODE_DEVICES  64 /* SCHED_MAX_NODE_DEVICES */
+#define CLUSTER_POOL_MAX      64 /* JOBSPEC_POOL_MAX */
+#define CLUSTER_NODE_LABELS   16 /* labels an admin may set on a node */
+#define CLUSTER_LABEL_KEY_MAX 64 /* JOBSPEC_LABEL_KEY_MAX */
+#define CLUSTER_LABEL_VAL_MAX 128
 
 struct cluster_rank {
     int node;       /* index into cluster.nodes */
@@ -58,7 +63,8 @@ struct cluster_attempt {
     enum stop_cause stop_cause; /* why it is stopping (STOP_NONE while active) */
     int running;                /* job moved to running */
     int64_t started_ms, stop_ms, last_progress_ms, running_ms;
-    int stop_grace_ms; /* > 0: agents stop its ranks with this SIGTERM grace (preemption) */
+    int stop_grace_ms; /* > 0: agents stop its ranks with this SIGTERM grace (preemption, budget) */
+    int budget_warned; /* a warn-only BUDGET_EXHAUSTED event was written for it */
     char stop_reason[256];
     struct cluster_rank *ranks; /* world entries */
     json_t *rdzv;               /* key -> value (rendezvous) */
@@ -96,6 +102,18 @@ struct cluster_node {
     unsigned char cred[32];
     /* one cpu device's measured fp32 peak (agent/cpupeak.h), GFLOP/s; 0: none */
     double cpu_peak_gflops;
+    /* NVLink islands from the inventory's topology (nodes_islands): device
+     * masks; nislands 0 when the node reports no NVLink pair */
+    uint64_t islands[CLUSTER_NODE_DEVICES];
+    int nislands;
+    /* admin-set pool ("" none) and labels (PATCH /v1/nodes/{id}, schema 160);
+     * label_kp/label_vp point into label_keys/label_vals for the scheduler */
+    char pool[CLUSTER_POOL_MAX];
+    int nlabels;
+    char label_keys[CLUSTER_NODE_LABELS][CLUSTER_LABEL_KEY_MAX];
+    char label_vals[CLUSTER_NODE_LABELS][CLUSTER_LABEL_VAL_MAX];
+    const char *label_kp[CLUSTER_NODE_LABELS];
+    const char *label_vp[CLUSTER_NODE_LABELS];
 };
 
 /* Histogram with fixed buckets (seconds), for /metrics. */

@@ -20,6 +20,11 @@ struct diag {
     int *slow_reported; /* per rank */
     int comm_streak, comm_reported;
     double *scratch; /* world values */
+    /* saw-tooth: per rank a ring of the last DIAG_SAW_WINDOW samples */
+    double *util;   /* world x DIAG_SAW_WINDOW */
+    int *util_n;    /* samples held per rank (<= window) */
+    int *util_head; /* next write position per rank */
+    int saw_reported;
 };
 
 struct diag *diag_new(int world, int group) {
@@ -32,7 +37,9 @@ struct diag *diag_new(int world, int group) {
     size_t w = (size_t)world;
     int ok = (d->slow_streak = calloc(w, sizeof(int))) &&
              (d->slow_reported = calloc(w, sizeof(int))) &&
-             (d->scratch = calloc(w, sizeof(double)));
+             (d->scratch = calloc(w, sizeof(double))) &&
+             (d->util = calloc(w * DIAG_SAW_WINDOW, sizeof(double))) &&
+             (d->util_n = calloc(w, sizeof(int))) && (d->util_head = calloc(w, sizeof(int)));
     for (int i = 0; ok && i < DIAG_SLOTS; i++) {
         struct diag_slot *s = &d->slots[i];
         s->step = -1;
@@ -58,6 +65,9 @@ void diag_free(struct diag *d) {
     free(d->slow_streak);
     free(d->slow_reported);
     free(d->scratch);
+    free(d->util);
+    free(d->util_n);
+    free(d->util_head);
     free(d);
 }
 
@@ -155,13 +165,45 @@ int diag_add(struct diag *d, long step, int rank, double step_ms, double compute
     return n;
 }
 
+int diag_util_add(struct diag *d, int rank, double util_pct, struct diag_finding *out) {
+    if (!d || rank < 0 || rank >= d->world) return 0;
+    double *ring = d->util + (size_t)rank * DIAG_SAW_WINDOW;
+    ring[d->util_head[rank]] = util_pct;
+    d->util_head[rank] = (d->util_head[rank] + 1) % DIAG_SAW_WINDOW;
+    if (d->util_n[rank] < DIAG_SAW_WINDOW) d->util_n[rank]++;
+    if (d->saw_reported || d->util_n[rank] < DIAG_SAW_WINDOW) return 0;
+    /* oldest to newest; state -1 idle, +1 busy, 0 not yet known */
+    int state = 0, swings = 0;
+    double lo = 100, hi = 0;
+    for (int k = 0; k < DIAG_SAW_WINDOW; k++) {
+        double u = ring[(d->util_head[rank] + k) % DIAG_SAW_WINDOW];
+        if (u < lo) lo = u;
+        if (u > hi) hi = u;
+        int s = u >= DIAG_SAW_HIGH ? 1 : u <= DIAG_SAW_LOW ? -1 : 0;
+        if (s == 0) continue;
+        if (state != 0 && s != state) swings++;
+        state = s;
+    }
+    if (swings < DIAG_SAW_SWINGS) return 0;
+    d->saw_reported = 1;
+    *out = (struct diag_finding){.kind = DIAG_SAWTOOTH,
+                                 .step = -1,
+                                 .rank = rank,
+                                 .value = swings,
+                                 .compute_ms = lo,
+                                 .peer_ms = hi};
+    return 1;
+}
+
 int diag_times(const json_t *record, double *step_ms, double *compute_ms, double *comm_ms) {
     const json_t *ms = json_object_get(record, "ms");
     const json_t *st = json_object_get(ms, "step"), *cp = json_object_get(ms, "compute"),
                  *cm = json_object_get(ms, "comm_exposed");
     if (!json_is_number(st) || !json_is_number(cp) || !json_is_number(cm)) return -1;
     *step_ms = json_number_value(st);
-    *compute_ms = json_number_value(cp);
+    /* a rank slow to get its batches holds its peers up like a slow device */
+    const json_t *dw = json_object_get(ms, "data_wait");
+    *compute_ms = json_number_value(cp) + (json_is_number(dw) ? json_number_value(dw) : 0);
     *comm_ms = json_number_value(cm);
     return 0;
 }

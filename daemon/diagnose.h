@@ -35,16 +35,28 @@
 #define DIAG_COMM_FRAC       0.20
 #define DIAG_STREAK          5
 #define DIAG_SLOTS           16 /* steps held while waiting for every rank */
+/* Saw-tooth utilization (the agent's per-device telemetry, one sample per
+ * heartbeat): within the last DIAG_SAW_WINDOW samples of a rank's device, at
+ * least DIAG_SAW_SWINGS moves between busy (>= DIAG_SAW_HIGH %) and idle
+ * (<= DIAG_SAW_LOW %), counted with hysteresis (a sample between the two
+ * levels changes nothing): the device computes, then waits on the network,
+ * over and over. Reported once per attempt, for the first rank that shows it. */
+#define DIAG_SAW_WINDOW 16
+#define DIAG_SAW_SWINGS 6
+#define DIAG_SAW_HIGH   70.0
+#define DIAG_SAW_LOW    30.0
 
-enum diag_kind { DIAG_STRAGGLER = 0, DIAG_COMM_BOUND = 1 };
+enum diag_kind { DIAG_STRAGGLER = 0, DIAG_COMM_BOUND = 1, DIAG_SAWTOOTH = 2 };
 
 struct diag_finding {
     enum diag_kind kind;
     long step;                  /* the step that completed the streak */
     int rank;                   /* STRAGGLER: the slow rank; COMM_BOUND: the least-waiting rank */
     double value;               /* STRAGGLER: compute over the peers' median - 1 (0.45 = +45%);
-                                 * COMM_BOUND: the least comm_exposed / step over the ranks */
-    double compute_ms, peer_ms; /* STRAGGLER: its compute, the peers' median */
+                                 * COMM_BOUND: the least comm_exposed / step over the ranks;
+                                 * SAWTOOTH: the swings counted in the window */
+    double compute_ms, peer_ms; /* STRAGGLER: its compute, the peers' median;
+                                 * SAWTOOTH: the window's lowest and highest utilization */
 };
 
 struct diag;
@@ -65,8 +77,14 @@ void diag_free(struct diag *d);
 int diag_add(struct diag *d, long step, int rank, double step_ms, double compute_ms, double comm_ms,
              struct diag_finding *out, int max);
 
+/* Adds one utilization sample (percent) of rank's device. Returns 1 and
+ * fills *out (kind DIAG_SAWTOOTH, step -1) when the rank's window now shows
+ * a saw-tooth and none was reported for the attempt yet, else 0. */
+int diag_util_add(struct diag *d, int rank, double util_pct, struct diag_finding *out);
+
 /* The worker's "ms" object of a step or rank_step record -> the three
- * times; 0, or -1 when a field is missing. */
+ * times, compute_ms being the rank's own time: compute plus data_wait (when
+ * the record has it). 0, or -1 when a field is missing. */
 int diag_times(const json_t *record, double *step_ms, double *compute_ms, double *comm_ms);
 
 /* The advice for a COMM_BOUND layout from the job spec's parallel and

@@ -11,8 +11,9 @@
 #include "daemon/loomd.h"
 
 const char *const events_types[] = {
-    "job.queued", "job.started",   "job.retrying",     "job.preempted", "job.succeeded",
-    "job.failed", "job.cancelled", "checkpoint.saved", "export.ready",  "artifacts.expired",
+    "job.queued",    "job.started",       "job.retrying",  "job.preempted",
+    "job.succeeded", "job.failed",        "job.cancelled", "checkpoint.saved",
+    "export.ready",  "artifacts.expired", "job.diagnosis",
 };
 const int events_types_count = (int)(sizeof events_types / sizeof *events_types);
 

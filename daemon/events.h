@@ -1,5 +1,6 @@
 /* The event stream: typed, tenant-scoped, replayable events over every job
- * (job.queued ... job.cancelled, checkpoint.saved, export.ready), read with
+ * (job.queued ... job.cancelled, checkpoint.saved, export.ready, and
+ * job.diagnosis: STRAGGLER / COMM_BOUND / SAWTOOTH findings), read with
  * GET /v1/events (pages, long-poll, Server-Sent Events) and delivered to
  * webhooks (daemon/webhooks.h).
  *

@@ -92,6 +92,9 @@ const struct config_entry loomd_config_table[] = {
     {"preempt-grace", CONFIG_INT, OFF(preempt_grace), "60", 1, 86400,
      "seconds a preempted job has to checkpoint, on top of two of its steps and its "
      "checkpoint-time estimate, before SIGKILL"},
+    {"budget-warn-only", CONFIG_BOOL, OFF(budget_warn_only), "false", 1, 0,
+     "a tenant past its gpu_hours_per_month gets one event per running attempt, which goes on, "
+     "and may still submit (default: running jobs checkpoint and fail with BUDGET_EXHAUSTED)"},
     {"fair-share-half-life", CONFIG_INT, OFF(fair_share_half_life), "604800", 0, 315360000,
      "seconds for a tenant's past GPU-hours to weigh half in the fair-share order (0: off)"},
     {"metrics-anonymous", CONFIG_BOOL, OFF(metrics_anonymous), "true", 1, 0,
@@ -109,6 +112,8 @@ const struct config_entry loomd_config_table[] = {
      "seconds between artifact retention sweeps"},
     {"events-heartbeat", CONFIG_INT, OFF(events_heartbeat), "15", 1, 3600,
      "seconds between heartbeat comments on a GET /v1/events Server-Sent Events stream"},
+    {"events-fanout-threads", CONFIG_INT | CONFIG_TUNING, OFF(events_fanout_threads), "1", 1, 16,
+     "threads that write Server-Sent Event streams (each holds its share of the streams)"},
     {"events-ring", CONFIG_INT | CONFIG_TUNING, OFF(events_ring), "4096", 16, 1000000,
      "newest events held in memory for streams and long-polls (older cursors read "
      "the store)"},

@@ -52,12 +52,14 @@ struct loomd_config {
     long preempt_below;        /* implicit preemptible below this priority (0: none) */
     long preempt_min_runtime;  /* s running before a job may be preempted */
     long preempt_grace;        /* s of SIGTERM grace for a preempted job, plus its estimate */
+    int budget_warn_only;      /* over-budget running jobs warn instead of stopping */
 
     /* event stream and webhooks (daemon/events.h, daemon/webhooks.h) */
     long events_heartbeat;      /* s between SSE heartbeat comments */
     long artifact_ttl;          /* s after a job ends until its artifacts go (0: kept) */
     long artifact_sweep;        /* s between retention sweeps (tuning) */
     long events_ring;           /* newest events kept in memory for streams (tuning) */
+    long events_fanout_threads; /* threads that write SSE streams (tuning) */
     int webhook_allow_private;  /* webhook targets may be loopback/private */
     long webhook_timeout;       /* s a webhook delivery may take */
     long webhook_retry_base_ms; /* first retry delay; doubles per attempt (tuning) */

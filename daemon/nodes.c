@@ -3,6 +3,7 @@
 #include "daemon/nodes.h"
 
 #include "api/gpu_types.h"
+#include "api/jobspec.h"
 #include "api/planner.h"
 #include "common/log.h"
 #include "common/token.h"
@@ -14,12 +15,102 @@
 #include "daemon/http.h"
 #include "daemon/loomd.h"
 #include "daemon/nodecheck.h"
+#include "daemon/sched.h"
 #include "daemon/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* ---------------- NVLink islands, pools and labels ---------------- */
+
+/* n->islands from the inventory's topology matrix (agent/gpu.h): a pair is
+ * linked when its entry is "NV<links>" (NVML reports NVLink peer access). */
+static void node_islands(struct cluster_node *n) {
+    n->nislands = 0;
+    const json_t *topo = json_object_get(n->inventory, "topology");
+    int nd = json_is_array(topo) ? (int)json_array_size(topo) : 0;
+    if (nd <= 1 || nd > CLUSTER_NODE_DEVICES) return;
+    unsigned char *linked = calloc((size_t)nd * (size_t)nd, 1);
+    if (!linked) return;
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nd; b++) {
+            const char *v =
+                json_string_value(json_array_get(json_array_get(topo, (size_t)a), (size_t)b));
+            linked[a * nd + b] = a != b && v && strncmp(v, "NV", 2) == 0;
+        }
+    n->nislands = sched_islands(nd, linked, n->islands);
+    free(linked);
+}
+
+/* Node pool names: what resources.pool accepts. */
+static int pool_name_ok(const char *v) {
+    size_t l = strlen(v);
+    if (l >= CLUSTER_POOL_MAX) return 0;
+    for (size_t i = 0; i < l; i++) {
+        char c = v[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Label keys as job labels take them (api/jobspec.h). */
+static int label_key_ok(const char *k) {
+    size_t l = strlen(k);
+    if (l == 0 || l >= CLUSTER_LABEL_KEY_MAX) return 0;
+    for (size_t i = 0; i < l; i++) {
+        char c = k[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-' || c == '/'))
+            return 0;
+    }
+    return 1;
+}
+
+static int label_val_ok(const char *v) {
+    size_t l = strlen(v);
+    if (l >= CLUSTER_LABEL_VAL_MAX) return 0;
+    for (size_t i = 0; i < l; i++)
+        if ((unsigned char)v[i] < 0x20 || v[i] == 0x7f) return 0;
+    return 1;
+}
+
+/* Sets n's pool and labels (an object of strings, already checked). */
+static void node_set_selectors(struct cluster_node *n, const char *pool, const json_t *labels) {
+    snprintf(n->pool, sizeof n->pool, "%s", pool ? pool : "");
+    n->nlabels = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)labels, k, v) {
+        if (n->nlabels == CLUSTER_NODE_LABELS || !json_is_string(v)) continue;
+        snprintf(n->label_keys[n->nlabels], CLUSTER_LABEL_KEY_MAX, "%s", k);
+        snprintf(n->label_vals[n->nlabels], CLUSTER_LABEL_VAL_MAX, "%s", json_string_value(v));
+        n->label_kp[n->nlabels] = n->label_keys[n->nlabels];
+        n->label_vp[n->nlabels] = n->label_vals[n->nlabels];
+        n->nlabels++;
+    }
+}
+
+static json_t *node_labels_json(const struct cluster_node *n) {
+    json_t *o = json_object();
+    for (int i = 0; i < n->nlabels; i++)
+        json_object_set_new(o, n->label_keys[i], json_string(n->label_vals[i]));
+    return o;
+}
+
+static json_t *node_islands_json(const struct cluster_node *n) {
+    json_t *a = json_array();
+    for (int k = 0; k < n->nislands; k++) {
+        json_t *isl = json_array();
+        for (int d = 0; d < CLUSTER_NODE_DEVICES; d++)
+            if ((n->islands[k] >> d) & 1) json_array_append_new(isl, json_integer(d));
+        json_array_append_new(a, isl);
+    }
+    return a;
+}
 
 static const char *const admission_names[] = {
     [NODE_APPROVED] = "approved",
@@ -115,6 +206,10 @@ static json_t *node_json(struct cluster *c, int ni, int full) {
                             n->cpu_peak_gflops > 0 ? json_real(n->cpu_peak_gflops) : json_null());
         json_object_set_new(o, "inventory",
                             n->inventory ? json_incref(n->inventory) : json_object());
+        /* placement (docs/scheduling.md): admin-set pool and labels, NVLink islands */
+        json_object_set_new(o, "pool", json_string(n->pool));
+        json_object_set_new(o, "labels", node_labels_json(n));
+        json_object_set_new(o, "nvlink_islands", node_islands_json(n));
     }
     if (o && full) {
         json_object_set_new(o, "tasks", n->tasks ? json_incref(n->tasks) : json_array());
@@ -179,6 +274,7 @@ void nodes_apply_inventory(struct cluster_node *n, json_t *inventory) {
     nodes_gpu_type(n->kind, n->devices, n->gpu_type, sizeof n->gpu_type);
     json_decref(n->inventory);
     n->inventory = json_is_object(inventory) ? json_incref(inventory) : json_object();
+    node_islands(n);
 }
 
 int nodes_store_inventory(struct store_tx *tx, const char *name, const char *gpu_type,
@@ -209,7 +305,8 @@ static int hex_to_hash(const char *hex, unsigned char out[32]) {
 
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
     sqlite3_stmt *st =
-        store_stmt(tx, "SELECT name, inventory, admission, cred_hash, cpu_peak_gflops FROM nodes");
+        store_stmt(tx, "SELECT name, inventory, admission, cred_hash, cpu_peak_gflops, pool, "
+                       "labels FROM nodes");
     if (!st) return STORE_ERR;
     while (sqlite3_step(st) == SQLITE_ROW) {
         int ni = cluster_node_find(c, (const char *)sqlite3_column_text(st, 0));
@@ -221,6 +318,9 @@ int nodes_load_inventory(struct store_tx *tx, struct cluster *c) {
         n->admission = nodes_admission_parse((const char *)sqlite3_column_text(st, 2));
         n->has_cred = hex_to_hash((const char *)sqlite3_column_text(st, 3), n->cred) == 0;
         n->cpu_peak_gflops = sqlite3_column_double(st, 4);
+        json_t *labels = json_loads((const char *)sqlite3_column_text(st, 6), 0, NULL);
+        node_set_selectors(n, (const char *)sqlite3_column_text(st, 5), labels);
+        json_decref(labels);
     }
     sqlite3_reset(st);
     return STORE_OK;
@@ -344,6 +444,10 @@ int nodes_revoke(struct http_req *req) {
     return admit(req, NODE_REVOKED);
 }
 
+static int pool_is_cpu_name(const char *type) {
+    return strcmp(type, "cpu") == 0;
+}
+
 void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
     memset(f, 0, sizeof *f);
     struct cluster *c = ld->cluster;
@@ -387,6 +491,11 @@ void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
         double host =
             (double)json_integer_value(json_object_get(n->host, "mem_total_mib")) / 1024.0;
         if (host > 0 && (p->host_mem_gib <= 0 || host < p->host_mem_gib)) p->host_mem_gib = host;
+        /* cpu pools plan at the slowest node's measured peak (agent/cpupeak.h): a job's
+         * step waits for its slowest rank */
+        double tf = n->cpu_peak_gflops / 1000.0;
+        if (pool_is_cpu_name(type) && tf > 0 && (p->peak_tflops <= 0 || tf < p->peak_tflops))
+            p->peak_tflops = tf;
     }
     pthread_mutex_unlock(&c->mu);
     json_decref(prices);
@@ -432,6 +541,157 @@ int nodes_drain(struct http_req *req) {
 
 int nodes_undrain(struct http_req *req) {
     return drain(req, 0);
+}
+
+/* ---------------- PATCH /v1/nodes/{id}: pool and labels ---------------- */
+
+struct selectors_arg {
+    const char *name, *pool;
+    const json_t *labels;
+};
+
+static int store_selectors(struct store_tx *tx, void *arg) {
+    struct selectors_arg *a = arg;
+    sqlite3_stmt *st = store_stmt(tx, "UPDATE nodes SET pool = ?, labels = ? WHERE name = ?");
+    if (!st) return STORE_ERR;
+    char *text = json_dumps(a->labels, JSON_COMPACT | JSON_SORT_KEYS);
+    sqlite3_bind_text(st, 1, a->pool, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, text ? text : "{}", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, a->name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? STORE_OK : STORE_ERR;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    free(text);
+    return rc;
+}
+
+/* Body {"pool": "train" | "" (none), "labels": {"k": "v" | null}}: pool
+ * replaces the node's; labels is a JSON merge patch (RFC 7386) of the node's
+ * labels (a string sets a key, null removes it). Either may be left out. */
+int nodes_update(struct http_req *req) {
+    struct cluster *c = req->ld->cluster;
+    const char *id = http_param(req, "id");
+    const char *k;
+    json_t *v;
+    json_object_foreach(req->json, k, v) {
+        if (strcmp(k, "pool") && strcmp(k, "labels"))
+            return API_ERROR_FIELD(req, UNKNOWN_FIELD, k,
+                                   "unknown field '%s' (a node takes pool and labels)", k);
+    }
+    json_t *pool = json_object_get(req->json, "pool"),
+           *patch = json_object_get(req->json, "labels");
+    if (pool && !json_is_string(pool))
+        return API_ERROR_FIELD(req, WRONG_TYPE, "pool", "pool must be a string (\"\": none)");
+    if (pool && !pool_name_ok(json_string_value(pool)))
+        return API_ERROR_FIELD(req, INVALID_VALUE, "pool",
+                               "pool=\"%.64s\" is not a pool name (0-%d of [A-Za-z0-9._-])",
+                               json_string_value(pool), CLUSTER_POOL_MAX - 1);
+    if (patch && !json_is_object(patch))
+        return API_ERROR_FIELD(req, WRONG_TYPE, "labels",
+                               "labels must be an object of strings (null removes a key)");
+    json_object_foreach(patch, k, v) {
+        char path[96];
+        snprintf(path, sizeof path, "labels.%.80s", k);
+        if (!label_key_ok(k))
+            return API_ERROR_FIELD(req, INVALID_LABEL, path,
+                                   "label keys are 1-%d characters of [A-Za-z0-9._/-]",
+                                   CLUSTER_LABEL_KEY_MAX - 1);
+        if (!json_is_string(v) && !json_is_null(v))
+            return API_ERROR_FIELD(req, WRONG_TYPE, path, "%s must be a string or null", path);
+        if (json_is_string(v) && !label_val_ok(json_string_value(v)))
+            return API_ERROR_FIELD(req, INVALID_VALUE, path,
+                                   "%s must be at most %d characters, no control characters", path,
+                                   CLUSTER_LABEL_VAL_MAX - 1);
+    }
+    pthread_mutex_lock(&c->mu);
+    int ni = id ? cluster_node_find(c, id) : -1;
+    json_t *labels = ni >= 0 ? node_labels_json(&c->nodes[ni]) : NULL;
+    char cur_pool[CLUSTER_POOL_MAX] = "";
+    if (ni >= 0) snprintf(cur_pool, sizeof cur_pool, "%s", c->nodes[ni].pool);
+    pthread_mutex_unlock(&c->mu);
+    if (ni < 0) return API_ERROR(req, NODE_NOT_FOUND, "no node named %s", id ? id : "");
+    json_object_foreach(patch, k, v) {
+        if (json_is_null(v))
+            json_object_del(labels, k);
+        else
+            json_object_set(labels, k, v);
+    }
+    if (json_object_size(labels) > CLUSTER_NODE_LABELS) {
+        size_t n = json_object_size(labels);
+        json_decref(labels);
+        return API_ERROR_FIELD(req, OUT_OF_RANGE, "labels",
+                               "node %s would have %zu labels, at most %d", id, n,
+                               CLUSTER_NODE_LABELS);
+    }
+    const char *np = pool ? json_string_value(pool) : cur_pool;
+    struct selectors_arg a = {id, np, labels};
+    if (store_write(req->ld->store, store_selectors, &a) != STORE_OK) {
+        json_decref(labels);
+        return API_ERROR(req, STORE_UNAVAILABLE, "could not record the labels of %s", id);
+    }
+    pthread_mutex_lock(&c->mu);
+    node_set_selectors(&c->nodes[ni], np, labels);
+    json_t *o = node_json(c, ni, 1);
+    pthread_mutex_unlock(&c->mu);
+    json_decref(labels);
+    cluster_kick(req->ld);
+    log_info("cluster: node %s pool '%s', %d labels, set by %s", id, np,
+             (int)json_object_size(json_object_get(o, "labels")), req->token_id);
+    return http_reply_json(req, 200, o);
+}
+
+/* ---------------- submit-time selector check ---------------- */
+
+int nodes_selector_check(struct loomd *ld, const struct loom_spec *s, struct loom_error *e) {
+    if (!s->resources.pool[0] && s->resources.n_node_labels == 0) return 0;
+    const char *kind = s->resources.device == JOBSPEC_DEV_CPU ? "cpu" : "cuda";
+    const char *keys[JOBSPEC_NODE_LABELS_MAX], *vals[JOBSPEC_NODE_LABELS_MAX];
+    for (int k = 0; k < s->resources.n_node_labels; k++) {
+        keys[k] = s->resources.node_labels[k].key;
+        vals[k] = s->resources.node_labels[k].value;
+    }
+    struct sched_job j = {.kind = kind,
+                          .pool = s->resources.pool,
+                          .sel_keys = keys,
+                          .sel_vals = vals,
+                          .nsel = s->resources.n_node_labels};
+    struct cluster *c = ld->cluster;
+    int nodes = 0, match = 0;
+    char pools[160] = "";
+    size_t off = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->nnodes; i++) {
+        const struct cluster_node *n = &c->nodes[i];
+        if (strcmp(n->kind, kind) || n->admission == NODE_REJECTED || n->admission == NODE_REVOKED)
+            continue;
+        struct sched_node sn = {.name = n->name,
+                                .kind = n->kind,
+                                .pool = n->pool,
+                                .label_keys = n->label_kp,
+                                .label_vals = n->label_vp,
+                                .nlabels = n->nlabels};
+        nodes++;
+        match += sched_selector_ok(&sn, &j);
+        if (off < sizeof pools && nodes <= 4)
+            off += (size_t)snprintf(pools + off, sizeof pools - off, "%s%s: pool \"%s\"",
+                                    nodes > 1 ? ", " : "", n->name, n->pool);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (nodes == 0 || match > 0) return 0; /* no node of the kind yet: the job waits */
+    char sel[200] = "";
+    int so = 0;
+    if (s->resources.pool[0])
+        so = snprintf(sel, sizeof sel, "resources.pool=%s", s->resources.pool);
+    for (int k = 0; k < s->resources.n_node_labels && so >= 0 && (size_t)so < sizeof sel; k++)
+        so += snprintf(sel + so, sizeof sel - (size_t)so, "%s%s=%s",
+                       k    ? " "
+                       : so ? ", resources.labels "
+                            : "resources.labels ",
+                       keys[k], vals[k]);
+    return loom_error_set(e, 422, "UNSCHEDULABLE",
+                          s->resources.pool[0] ? "resources.pool" : "resources.labels",
+                          "%s matches none of the cluster's %d %s node%s (%s%s)", sel, nodes, kind,
+                          nodes == 1 ? "" : "s", pools, nodes > 4 ? ", ..." : "");
 }
 
 static void hist_write(FILE *f, const char *name, const char *help, const struct cluster_hist *h) {

@@ -72,10 +72,25 @@ int nodes_store_inventory(struct store_tx *tx, const char *name, const char *gpu
  * transaction, c->nodes already loaded). Returns a STORE_* code. */
 int nodes_load_inventory(struct store_tx *tx, struct cluster *c);
 
+/* PATCH /v1/nodes/{id} (admin): {"pool": "NAME" | "", "labels": {"k": "v" | null}}
+ * sets the node's pool and merges its labels (null removes a key); stored
+ * (schema 160) and shown in GET /v1/nodes. Jobs select nodes with
+ * resources.pool and resources.labels (docs/scheduling.md). */
+int nodes_update(struct http_req *req);
+
+/* Submit-time: a job with resources.pool / resources.labels must match at
+ * least one registered node of its device kind (not rejected or revoked);
+ * else -1 with UNSCHEDULABLE naming the selector and the nodes' pools. 0
+ * also when no node of the kind has joined yet. Takes c->mu. */
+struct loom_spec;
+struct loom_error;
+int nodes_selector_check(struct loomd *ld, const struct loom_spec *s, struct loom_error *e);
+
 /* The fleet as the planner sees it (api/planner.h): one pool per gpu_type
  * ("cpu" for cpu nodes) with its nodes in any state, devices, the least device
  * memory reported (cpu devices: the node's memory split evenly), the smallest
- * host memory, and the type's price (PUT /v1/prices, else gpu_prices.json by
+ * host memory, for cpu pools the slowest node's measured cpu_peak_gflops, and
+ * the type's price (PUT /v1/prices, else gpu_prices.json by
  * model, else --price-per-gpu-hour). Takes c->mu; any thread but not with it
  * held (it reads the store first). */
 void nodes_fleet(struct loomd *ld, struct planner_fleet *f);

@@ -56,6 +56,7 @@ const struct http_route http_routes[] = {
     {"POST", "/v1/nodes/{id}/approve", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_approve},
     {"POST", "/v1/nodes/{id}/reject", HTTP_AUTH_ADMIN, HTTP_BODY_JSON_OPT, nodes_reject},
     {"DELETE", "/v1/nodes/{id}", HTTP_AUTH_ADMIN, HTTP_BODY_NONE, nodes_revoke},
+    {"PATCH", "/v1/nodes/{id}", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, nodes_update},
     {"GET", "/v1/usage", HTTP_AUTH_ANY_TOKEN, HTTP_BODY_NONE, usage_get},
     /* GPU prices per gpu_type (daemon/api_prices.h) */
     {"PUT", "/v1/prices", HTTP_AUTH_ADMIN, HTTP_BODY_JSON, api_prices_put},

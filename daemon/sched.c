@@ -4,7 +4,10 @@
  * parallel size T needs W/T "groups"; a group is an aligned block of T
  * adjacent devices on one node. A node's capacity for a job is the number of
  * such blocks free on it (capped by max_per_node/T). Fewest nodes: take the
- * largest capacities; the last node is chosen best-fit. */
+ * largest capacities; the last node is chosen best-fit. On a node with NVLink
+ * islands the blocks are cut from each island's devices instead
+ * (node_blocks, node_take), so a group never spans two islands unless no
+ * island of the node could hold it. */
 #include "daemon/sched.h"
 
 #include <stdio.h>
@@ -47,11 +50,28 @@ static int type_listed(const struct sched_job *j, const char *t) {
     return 0;
 }
 
-/* Ready and of the job's device kind. */
-static int eligible_kind(const struct sched_node *n, const struct sched_job *j) {
-    if (n->state != SCHED_NODE_READY) return 0;
+/* The job's node selector (pool, labels) holds on node n. */
+static int selector_ok(const struct sched_node *n, const struct sched_job *j) {
+    if (j->pool && j->pool[0] && (!n->pool || strcmp(n->pool, j->pool) != 0)) return 0;
+    for (int k = 0; k < j->nsel; k++) {
+        int found = 0;
+        for (int l = 0; l < n->nlabels && !found; l++)
+            found = !strcmp(n->label_keys[l], j->sel_keys[k]) &&
+                    !strcmp(n->label_vals[l], j->sel_vals[k]);
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+static int same_kind(const struct sched_node *n, const struct sched_job *j) {
     const char *nk = n->kind ? n->kind : "cuda", *jk = j->kind ? j->kind : "cuda";
     return strcmp(nk, jk) == 0;
+}
+
+/* Ready, of the job's device kind and matching its node selector. */
+static int eligible_kind(const struct sched_node *n, const struct sched_job *j) {
+    if (n->state != SCHED_NODE_READY) return 0;
+    return same_kind(n, j) && selector_ok(n, j);
 }
 
 /* Under a type choice: `type` set, nodes of that type only; NULL, any type the
@@ -81,16 +101,85 @@ static int kind_types(const struct sched_cluster *c, const struct sched_job *j,
     return nt;
 }
 
-/* Number of aligned tp-blocks of `avail` on a node with ndev devices. */
-static int node_blocks(uint64_t avail, int ndev, int tp) {
+static int popcount64(uint64_t v) {
+    return __builtin_popcountll(v);
+}
+
+/* Devices in the node's largest NVLink island (0: no islands reported). */
+static int largest_island(const struct sched_node *n) {
+    int big = 0;
+    for (int k = 0; k < n->nislands; k++) {
+        int sz = popcount64(n->islands[k] & dev_mask(n->ndev));
+        if (sz > big) big = sz;
+    }
+    return big;
+}
+
+/* 1 when tp groups on node n are cut from its NVLink islands. */
+static int island_blocks(const struct sched_node *n, int tp) {
+    return tp > 1 && n->nislands > 0 && tp <= largest_island(n);
+}
+
+/* Number of tp groups node n can hold in `avail`: aligned blocks of tp
+ * adjacent devices, or on a node whose islands can hold tp, any tp free
+ * devices of one island (NVLink joins each pair of an island alike, so no
+ * alignment is needed there). */
+static int node_blocks(const struct sched_node *n, uint64_t avail, int tp) {
     int cnt = 0;
-    for (int s = 0; s + tp <= ndev; s += tp)
+    if (island_blocks(n, tp)) {
+        for (int k = 0; k < n->nislands; k++)
+            cnt += popcount64(avail & n->islands[k] & dev_mask(n->ndev)) / tp;
+        return cnt;
+    }
+    for (int s = 0; s + tp <= n->ndev; s += tp)
         if ((avail & block_mask(s, tp)) == block_mask(s, tp)) cnt++;
     return cnt;
 }
 
-static int popcount64(uint64_t v) {
-    return __builtin_popcountll(v);
+/* Takes up to `want` tp groups for node `node` out of *av, preferring
+ * devices in pf (free now) first, into ranks from *rank. Returns the groups
+ * taken. */
+static int node_take(const struct sched_node *n, int node, uint64_t *av, uint64_t pf, int tp,
+                     int want, struct sched_rank *ranks, int *rank) {
+    int got = 0;
+    for (int pass = 0; pass < 2 && got < want; pass++) {
+        if (island_blocks(n, tp)) {
+            for (int k = 0; k < n->nislands && got < want; k++) {
+                uint64_t isl = n->islands[k] & dev_mask(n->ndev);
+                for (;;) {
+                    uint64_t from = pass == 0 ? *av & pf & isl : *av & isl;
+                    if (got >= want || popcount64(from) < tp) break;
+                    /* pass 1: devices free now first, then the rest */
+                    uint64_t order[2] = {from & pf, from & ~pf};
+                    int t = 0;
+                    for (int o = 0; o < 2 && t < tp; o++)
+                        for (int d = 0; d < n->ndev && t < tp; d++) {
+                            if (!((order[o] >> d) & 1)) continue;
+                            ranks[*rank].node = node;
+                            ranks[*rank].device = d;
+                            (*rank)++;
+                            *av &= ~((uint64_t)1 << d);
+                            t++;
+                        }
+                    got++;
+                }
+            }
+            continue;
+        }
+        for (int s = 0; s + tp <= n->ndev && got < want; s += tp) {
+            uint64_t bm = block_mask(s, tp);
+            if ((*av & bm) != bm) continue;
+            if (pass == 0 && (pf & bm) != bm) continue;
+            for (int t = 0; t < tp; t++) {
+                ranks[*rank].node = node;
+                ranks[*rank].device = s + t;
+                (*rank)++;
+            }
+            *av &= ~bm;
+            got++;
+        }
+    }
+    return got;
 }
 
 struct cand {
@@ -120,7 +209,7 @@ static int place_one(const struct sched_cluster *c, const struct sched_job *j, c
     for (int i = 0; i < c->nnodes; i++) {
         const struct sched_node *n = &c->nodes[i];
         if (!eligible_t(n, j, type)) continue;
-        int cap = node_blocks(avail[i], n->ndev, tp);
+        int cap = node_blocks(n, avail[i], tp);
         if (j->max_per_node > 0 && cap > j->max_per_node / tp) cap = j->max_per_node / tp;
         if (cap <= 0) continue;
         cands[nc].node = i;
@@ -148,27 +237,14 @@ static int place_one(const struct sched_cluster *c, const struct sched_job *j, c
         int want = ci == k - 1 ? rem : cd->cap;
         uint64_t av = avail[cd->node];
         uint64_t pf = pref ? pref[cd->node] : av;
-        /* Two passes: blocks free now first, then the rest. */
-        for (int pass = 0; pass < 2 && want > 0; pass++) {
-            for (int s = 0; s + tp <= n->ndev && want > 0; s += tp) {
-                uint64_t bm = block_mask(s, tp);
-                if ((av & bm) != bm) continue;
-                if (pass == 0 && (pf & bm) != bm) continue;
-                for (int t = 0; t < tp; t++) {
-                    ranks[rank].node = cd->node;
-                    ranks[rank].device = s + t;
-                    rank++;
-                }
-                av &= ~bm;
-                want--;
-            }
-        }
+        node_take(n, cd->node, &av, pf, tp, want, ranks, &rank);
     }
     free(cands);
     return 0;
 }
 
 static int count_nodes(const struct sched_rank *r, int n);
+static int any_islands(const struct sched_cluster *c, const struct sched_job *j);
 
 /* Free devices in avail[] on nodes of `type` for job j. */
 static int type_free(const struct sched_cluster *c, const struct sched_job *j, const char *type,
@@ -291,7 +367,9 @@ static void reason_typed_now(const struct sched_cluster *c, const struct sched_j
                                c->nodes[i].name, f);
         listed++;
     }
-    if (tp > 1) snprintf(tpw, sizeof tpw, " with tp=%d on one node", tp);
+    if (tp > 1)
+        snprintf(tpw, sizeof tpw, " with tp=%d %s", tp,
+                 any_islands(c, j) ? "inside one NVLink island" : "on one node");
     int named = listed && t && *t;
     snprintf(buf, len, "needs %d x %s%s; largest free: %d%s%s%s%s%s%s", j->world,
              label[0] ? label : "GPUs of one type", tpw, fr, listed ? " (" : "", named ? t : "",
@@ -343,22 +421,82 @@ static const char *dev_word(const struct sched_job *j) {
     return j->kind && !strcmp(j->kind, "cpu") ? "CPU devices" : "GPUs";
 }
 
-/* Largest run of adjacent free devices over eligible nodes. */
+/* Largest run of adjacent free devices over eligible nodes; on a node whose
+ * tp groups come from NVLink islands, the most free devices of one island
+ * (*island set to 1 when the largest is such a count). */
 static void largest_block(const struct sched_cluster *c, const struct sched_job *j,
-                          const uint64_t *avail, int *len, int *node) {
+                          const uint64_t *avail, int *len, int *node, int *island) {
+    int tp = j->tp > 0 ? j->tp : 1;
     *len = 0;
     *node = -1;
+    *island = 0;
     for (int i = 0; i < c->nnodes; i++) {
-        if (!eligible(&c->nodes[i], j)) continue;
+        const struct sched_node *n = &c->nodes[i];
+        if (!eligible(n, j)) continue;
+        if (island_blocks(n, tp)) {
+            for (int k = 0; k < n->nislands; k++) {
+                int f = popcount64(avail[i] & n->islands[k]);
+                if (f > *len) {
+                    *len = f;
+                    *node = i;
+                    *island = 1;
+                }
+            }
+            continue;
+        }
         int run = 0;
-        for (int d = 0; d < c->nodes[i].ndev; d++) {
+        for (int d = 0; d < n->ndev; d++) {
             run = (avail[i] >> d) & 1 ? run + 1 : 0;
             if (run > *len) {
                 *len = run;
                 *node = i;
+                *island = 0;
             }
         }
     }
+}
+
+/* 1 when some eligible node cuts the job's tp groups from NVLink islands. */
+static int any_islands(const struct sched_cluster *c, const struct sched_job *j) {
+    int tp = j->tp > 0 ? j->tp : 1;
+    for (int i = 0; i < c->nnodes; i++)
+        if (eligible(&c->nodes[i], j) && island_blocks(&c->nodes[i], tp)) return 1;
+    return 0;
+}
+
+/* "resources.pool=train, resources.labels zone=eu" into buf. */
+static void selector_label(const struct sched_job *j, char *buf, size_t len) {
+    int off = 0;
+    buf[0] = 0;
+    if (j->pool && j->pool[0]) off = snprintf(buf, len, "resources.pool=%s", j->pool);
+    for (int k = 0; k < j->nsel && off >= 0 && (size_t)off < len; k++)
+        off += snprintf(buf + off, len - (size_t)off, "%s%s=%s",
+                        k     ? " "
+                        : off ? ", resources.labels "
+                              : "resources.labels ",
+                        j->sel_keys[k], j->sel_vals[k]);
+}
+
+/* A job with a node selector that no ready node of its kind matches: the
+ * reason names the selector. Returns 0 when some node matches (or the job has
+ * no selector). */
+static int reason_selector(const struct sched_cluster *c, const struct sched_job *j, char *buf,
+                           size_t len) {
+    if (!(j->pool && j->pool[0]) && j->nsel == 0) return 0;
+    int ready = 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        const struct sched_node *n = &c->nodes[i];
+        if (n->state != SCHED_NODE_READY || !same_kind(n, j)) continue;
+        if (selector_ok(n, j)) return 0;
+        ready++;
+    }
+    char sel[160];
+    selector_label(j, sel, sizeof sel);
+    snprintf(buf, len,
+             "no ready node matches %s (%d ready node%s of the job's device kind; "
+             "GET /v1/nodes shows each node's pool and labels)",
+             sel, ready, ready == 1 ? "" : "s");
+    return 1;
 }
 
 static void reason_unfit_now(const struct sched_cluster *c, const struct sched_job *j,
@@ -368,9 +506,15 @@ static void reason_unfit_now(const struct sched_cluster *c, const struct sched_j
     for (int i = 0; i < c->nnodes; i++)
         if (eligible(&c->nodes[i], j)) total += popcount64(avail[i]);
     if (tp > 1) {
-        int bl, bn;
-        largest_block(c, j, avail, &bl, &bn);
-        if (bn >= 0)
+        int bl, bn, isl;
+        largest_block(c, j, avail, &bl, &bn, &isl);
+        if (bn >= 0 && any_islands(c, j))
+            snprintf(buf, len,
+                     "needs %d %s with tp=%d inside one NVLink island; most free in one %s is %d "
+                     "on %s (%d free in total)",
+                     j->world, dev_word(j), tp, isl ? "island" : "block", bl, c->nodes[bn].name,
+                     total);
+        else if (bn >= 0)
             snprintf(buf, len,
                      "needs %d %s with tp=%d on one node (blocks of %d adjacent); largest free "
                      "block is %d on %s (%d free in total)",
@@ -401,6 +545,7 @@ static void reason_never_fits(const struct sched_cluster *c, const struct sched_
                               size_t len) {
     int tp = j->tp > 0 ? j->tp : 1;
     int ready = 0, drained = 0, lost = 0, other_kind = 0, total = 0, biggest = 0, bnode = -1;
+    if (reason_selector(c, j, buf, len)) return;
     for (int i = 0; i < c->nnodes; i++) {
         const struct sched_node *n = &c->nodes[i];
         const char *nk = n->kind ? n->kind : "cuda", *jk = j->kind ? j->kind : "cuda";
@@ -410,7 +555,7 @@ static void reason_never_fits(const struct sched_cluster *c, const struct sched_
         }
         if (n->state == SCHED_NODE_DRAINED) drained++;
         if (n->state == SCHED_NODE_LOST) lost++;
-        if (n->state != SCHED_NODE_READY) continue;
+        if (n->state != SCHED_NODE_READY || !selector_ok(n, j)) continue;
         ready++;
         total += n->ndev;
         if (n->ndev > biggest) {
@@ -436,9 +581,11 @@ static void reason_never_fits(const struct sched_cluster *c, const struct sched_
                  j->world, dev_word(j), ready, total, drained, lost);
     } else {
         snprintf(buf, len,
-                 "needs %d %s in blocks of tp=%d adjacent devices%s; ready nodes cannot hold "
+                 "needs %d %s in blocks of tp=%d %s%s; ready nodes cannot hold "
                  "that layout even when idle",
-                 j->world, dev_word(j), tp, j->max_per_node > 0 ? " under gpus_per_node" : "");
+                 j->world, dev_word(j), tp,
+                 any_islands(c, j) ? "devices inside one NVLink island" : "adjacent devices",
+                 j->max_per_node > 0 ? " under gpus_per_node" : "");
     }
 }
 
@@ -457,6 +604,25 @@ static int count_nodes(const struct sched_rank *r, int n) {
         cnt += !seen;
     }
     return cnt;
+}
+
+/* tp groups of a placement whose devices are not all in one island of a
+ * node that reports islands. */
+static int cross_islands(const struct sched_cluster *c, const struct sched_rank *r, int world,
+                         int tp) {
+    int cross = 0;
+    for (int g = 0; tp > 1 && g + tp <= world; g += tp) {
+        const struct sched_node *n = &c->nodes[r[g].node];
+        if (n->nislands <= 0) continue;
+        uint64_t m = 0;
+        for (int t = 0; t < tp; t++)
+            m |= (uint64_t)1 << r[g + t].device;
+        int inside = 0;
+        for (int k = 0; k < n->nislands && !inside; k++)
+            inside = (m & n->islands[k]) == m;
+        cross += !inside;
+    }
+    return cross;
 }
 
 static struct sched_quota *find_quota(struct sched_quota *q, int n, const char *tenant) {
@@ -533,6 +699,7 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
         }
         if (fit == 0) {
             d->placed = 1;
+            d->cross_island = cross_islands(c, d->ranks, j->world, tp);
             placed++;
             for (int r = 0; r < j->world; r++)
                 avail[d->ranks[r].node] &= ~((uint64_t)1 << d->ranks[r].device);
@@ -547,7 +714,8 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
         int typed = typed_job(c, j);
         if (never == -2) goto out;
         if (never != 0) {
-            if (!typed || !reason_typed_never(c, j, d->reason, sizeof d->reason))
+            if (!reason_selector(c, j, d->reason, sizeof d->reason) &&
+                (!typed || !reason_typed_never(c, j, d->reason, sizeof d->reason)))
                 reason_never_fits(c, j, d->reason, sizeof d->reason);
         } else if (head) {
             uint64_t *unres = calloc((size_t)nn, sizeof *unres);
@@ -610,4 +778,36 @@ void sched_decisions_free(struct sched_decision *d, int n) {
         free(d[i].ranks);
         d[i].ranks = NULL;
     }
+}
+
+int sched_islands(int n, const unsigned char *linked, uint64_t *out) {
+    if (n > SCHED_MAX_NODE_DEVICES) n = SCHED_MAX_NODE_DEVICES;
+    int comp[SCHED_MAX_NODE_DEVICES], any = 0, nc = 0;
+    for (int d = 0; d < n; d++)
+        comp[d] = -1;
+    /* Components by flood fill from each unvisited device, in index order. */
+    for (int d = 0; d < n; d++) {
+        if (comp[d] >= 0) continue;
+        int stack[SCHED_MAX_NODE_DEVICES], sp = 0;
+        comp[d] = nc;
+        stack[sp++] = d;
+        out[nc] = 0;
+        while (sp > 0) {
+            int a = stack[--sp];
+            out[nc] |= (uint64_t)1 << a;
+            for (int b = 0; b < n; b++) {
+                if (b == a || !(linked[a * n + b] || linked[b * n + a])) continue;
+                any = 1;
+                if (comp[b] >= 0) continue;
+                comp[b] = nc;
+                stack[sp++] = b;
+            }
+        }
+        nc++;
+    }
+    return any ? nc : 0;
+}
+
+int sched_selector_ok(const struct sched_node *n, const struct sched_job *j) {
+    return selector_ok(n, j);
 }

@@ -30,6 +30,16 @@
  *   no list takes the type whose placement needs the fewest nodes, then the
  *   one with the fewest free devices (best fit, keeping large pools free), then
  *   by name. Nodes with no type (NULL) are all of one type "".
+ * - NVLink islands (docs/scheduling.md): on a node that reports islands (sets of
+ *   GPUs joined by NVLink), a tp group sits inside one island: any tp free
+ *   devices of an island (lowest first) form a group. A job waits (pending
+ *   reason) while no island has a free block, even if enough devices are free
+ *   across islands. Only where tp is larger than every island of the node do
+ *   its groups span islands (aligned adjacent blocks as on a node without
+ *   islands); the decision counts them in cross_island so loomd can warn.
+ * - node selectors: a job with a pool and/or labels runs only on nodes whose
+ *   admin-set pool equals it and whose labels hold every key=value; a job left
+ *   queued because no ready node matches gets a reason naming the selector.
  * Nodes that are drained or lost take no new work. */
 #ifndef LOOM_DAEMON_SCHED_H
 #define LOOM_DAEMON_SCHED_H
@@ -49,6 +59,15 @@ struct sched_node {
     uint64_t busy;    /* bit d set: device d is held by a running attempt */
     enum sched_node_state state;
     const char *gpu_type; /* borrowed; api/gpu_types.h name ("H100-SXM", "cpu"); NULL: "" */
+    /* NVLink islands: device masks, each device in at most one; nislands 0: none
+     * reported (no NVLink, or unknown): the node is one domain. Borrowed. */
+    const uint64_t *islands;
+    int nislands;
+    /* admin-set pool (NULL or "": none) and labels (nlabels key/value pairs); borrowed */
+    const char *pool;
+    const char *const *label_keys;
+    const char *const *label_vals;
+    int nlabels;
 };
 
 struct sched_quota {
@@ -82,6 +101,10 @@ struct sched_job {
     int ngpu_types;               /* 0: any type */
     int allow_mixed;              /* 1: ranks may sit on nodes of different types */
     double fair_usage;            /* the tenant's decayed GPU-hours (fair share); 0: none */
+    const char *pool;             /* resources.pool; NULL or "": any node */
+    const char *const *sel_keys;  /* resources.labels: nsel key/value pairs every node must hold */
+    const char *const *sel_vals;
+    int nsel;
 };
 
 struct sched_rank {
@@ -94,6 +117,7 @@ struct sched_decision {
     struct sched_rank *ranks;      /* world entries (rank order) when placed; owned */
     int reserved;                  /* 1: this job is the backfill head holding a reservation */
     char reason[SCHED_REASON_LEN]; /* pending reason when not placed */
+    int cross_island;              /* placed: tp groups spanning NVLink islands (tp > island) */
 };
 
 /* Decide placements for `jobs` (any order). `out` has njobs entries, filled in
@@ -102,5 +126,16 @@ struct sched_decision {
 int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int njobs,
                 struct sched_decision *out);
 void sched_decisions_free(struct sched_decision *d, int n); /* accepts NULL */
+
+/* 1 when node n carries the job's pool and every label it selects. Pure. */
+int sched_selector_ok(const struct sched_node *n, const struct sched_job *j);
+
+/* NVLink islands of a node from its pairwise links: linked is an n x n
+ * row-major matrix (nonzero: NVLink between devices a and b, either
+ * direction counts), n <= SCHED_MAX_NODE_DEVICES. Writes the connected
+ * components (device masks, ordered by lowest device; devices without a link
+ * are islands of one) into out[n] and returns their count, or 0 when no pair
+ * is linked (the node is one PCIe domain: no island constraint). Pure. */
+int sched_islands(int n, const unsigned char *linked, uint64_t *out);
 
 #endif

@@ -127,12 +127,13 @@ struct store_tenant_qos {
     long max_priority;
     long max_running_jobs;
     double gpu_hours_per_month;
+    int budget_warn_only; /* schema 180: 1 warn, 0 stop running jobs; update: -1 keeps it */
 };
 /* Sets the fields that are >= 0 (max_priority: >= -1; pass -2 to keep it);
  * STORE_NOT_FOUND when there is no such tenant. */
 int store_tenant_qos_update(struct store_tx *tx, const char *id, const struct store_tenant_qos *q);
 int store_tenant_qos_get(struct store_tx *tx, const char *id, struct store_tenant_qos *q);
-/* Adds max_priority, max_running_jobs, gpu_hours_per_month to a tenant object. */
+/* Adds max_priority, max_running_jobs, gpu_hours_per_month, budget_warn_only to a tenant object. */
 int store_tenant_qos_json(struct store_tx *tx, const char *id, json_t *obj);
 /* GPU-hours of the tenant's usage rows that started at or after since_ms. */
 int store_tenant_gpu_hours(struct store_tx *tx, const char *id, int64_t since_ms, double *hours);

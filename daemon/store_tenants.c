@@ -145,13 +145,15 @@ int store_tenant_qos_update(struct store_tx *tx, const char *id, const struct st
         tx, "UPDATE tenants SET "
             "max_priority = CASE WHEN ?2 >= -1 THEN ?2 ELSE max_priority END, "
             "max_running_jobs = CASE WHEN ?3 >= 0 THEN ?3 ELSE max_running_jobs END, "
-            "gpu_hours_per_month = CASE WHEN ?4 >= 0 THEN ?4 ELSE gpu_hours_per_month END "
+            "gpu_hours_per_month = CASE WHEN ?4 >= 0 THEN ?4 ELSE gpu_hours_per_month END, "
+            "budget_warn_only = CASE WHEN ?5 >= 0 THEN ?5 ELSE budget_warn_only END "
             "WHERE id = ?1");
     if (!st) return STORE_ERR;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 2, q->max_priority);
     sqlite3_bind_int64(st, 3, q->max_running_jobs);
     sqlite3_bind_double(st, 4, q->gpu_hours_per_month);
+    sqlite3_bind_int(st, 5, q->budget_warn_only);
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
     if (rc != SQLITE_DONE) return STORE_ERR;
@@ -160,7 +162,8 @@ int store_tenant_qos_update(struct store_tx *tx, const char *id, const struct st
 
 int store_tenant_qos_get(struct store_tx *tx, const char *id, struct store_tenant_qos *q) {
     sqlite3_stmt *st = store_stmt(
-        tx, "SELECT max_priority, max_running_jobs, gpu_hours_per_month FROM tenants WHERE id = ?");
+        tx, "SELECT max_priority, max_running_jobs, gpu_hours_per_month, budget_warn_only "
+            "FROM tenants WHERE id = ?");
     if (!st) return STORE_ERR;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     int rc = sqlite3_step(st);
@@ -168,6 +171,7 @@ int store_tenant_qos_get(struct store_tx *tx, const char *id, struct store_tenan
         q->max_priority = (long)sqlite3_column_int64(st, 0);
         q->max_running_jobs = (long)sqlite3_column_int64(st, 1);
         q->gpu_hours_per_month = sqlite3_column_double(st, 2);
+        q->budget_warn_only = sqlite3_column_int(st, 3);
     }
     sqlite3_reset(st);
     return rc == SQLITE_ROW ? STORE_OK : rc == SQLITE_DONE ? STORE_NOT_FOUND : STORE_ERR;
@@ -180,6 +184,7 @@ int store_tenant_qos_json(struct store_tx *tx, const char *id, json_t *obj) {
     json_object_set_new(obj, "max_priority", json_integer(q.max_priority));
     json_object_set_new(obj, "max_running_jobs", json_integer(q.max_running_jobs));
     json_object_set_new(obj, "gpu_hours_per_month", json_real(q.gpu_hours_per_month));
+    json_object_set_new(obj, "budget_warn_only", json_boolean(q.budget_warn_only));
     return STORE_OK;
 }
 

@@ -30,6 +30,7 @@ static const char *const cause_names[] = {
     [STOP_NOT_RECORDED] = "not_recorded",
     [STOP_TIME_LIMIT] = "time_limit",
     [STOP_PREEMPTED] = "preempted",
+    [STOP_BUDGET] = "budget",
 };
 
 const char *stop_cause_name(enum stop_cause cause) {

@@ -35,6 +35,7 @@ enum stop_cause {
     STOP_NOT_RECORDED,  /* the placement's store write failed (set by the loop) */
     STOP_TIME_LIMIT,    /* the attempt ran past the job's max_runtime_s: failed, not retried */
     STOP_PREEMPTED,     /* stopped for a higher-priority job (set by the loop): requeued */
+    STOP_BUDGET,        /* the tenant's gpu_hours_per_month is used up (set by the loop): failed */
 };
 
 /* The job as the store shows it, relative to this attempt. */

@@ -83,10 +83,28 @@ int64_t usage_hour_end(int64_t t_ms) {
     return (h + 1) * hour;
 }
 
+double usage_month_hours(int64_t t_ms) {
+    time_t t = (time_t)(t_ms >= 0 ? t_ms / 1000 : (t_ms - 999) / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    tm.tm_mday = 1;
+    tm.tm_hour = tm.tm_min = tm.tm_sec = 0;
+    time_t start = timegm(&tm);
+    tm.tm_mon += 1; /* timegm normalises December + 1 into January */
+    time_t end = timegm(&tm);
+    return (double)(end - start) / 3600.0;
+}
+
+double usage_hour_price(double per_gpu_hour, double per_gpu_month, int64_t t_ms) {
+    if (per_gpu_month < 0) return per_gpu_hour;
+    return per_gpu_month / usage_month_hours(t_ms);
+}
+
 int usage_insert(struct store_tx *tx, const struct usage_row *r) {
-    double price = r->price;
+    double price = r->price, monthly = -1;
     char gpu_type[32] = "", currency[8] = "";
-    sqlite3_stmt *st = store_stmt(tx, "SELECT n.gpu_type, p.per_gpu_hour, p.currency FROM nodes n "
+    sqlite3_stmt *st = store_stmt(tx, "SELECT n.gpu_type, p.per_gpu_hour, p.currency, "
+                                      "p.per_gpu_month FROM nodes n "
                                       "LEFT JOIN gpu_prices p ON p.gpu_type = n.gpu_type "
                                       "WHERE n.name = ?");
     if (!st) return STORE_ERR;
@@ -96,6 +114,7 @@ int usage_insert(struct store_tx *tx, const struct usage_row *r) {
         if (sqlite3_column_type(st, 1) != SQLITE_NULL) {
             price = sqlite3_column_double(st, 1);
             snprintf(currency, sizeof currency, "%s", (const char *)sqlite3_column_text(st, 2));
+            if (sqlite3_column_type(st, 3) != SQLITE_NULL) monthly = sqlite3_column_double(st, 3);
         }
     }
     sqlite3_reset(st);
@@ -107,7 +126,9 @@ int usage_insert(struct store_tx *tx, const struct usage_row *r) {
     int rc = STORE_OK;
     int64_t t1 = r->t1 > r->t0 ? r->t1 : r->t0;
     /* One row per UTC hour: a month (or hour) boundary inside the attempt
-     * splits it exactly. A zero-length attempt still gets its one row. */
+     * splits it exactly, and each row is priced in its own month (a monthly
+     * rate over that month's hours). A zero-length attempt still gets its
+     * one row. */
     for (int64_t a = r->t0; rc == STORE_OK && (a < t1 || a == r->t0);) {
         int64_t b = usage_hour_end(a) < t1 ? usage_hour_end(a) : t1;
         double secs = r->gpus * (double)(b - a) / 1000.0;
@@ -120,7 +141,8 @@ int usage_insert(struct store_tx *tx, const struct usage_row *r) {
         sqlite3_bind_int64(st, 7, a);
         sqlite3_bind_int64(st, 8, b);
         sqlite3_bind_double(st, 9, secs);
-        sqlite3_bind_double(st, 10, r->billed ? secs / 3600.0 * price : 0.0);
+        sqlite3_bind_double(st, 10,
+                            r->billed ? secs / 3600.0 * usage_hour_price(price, monthly, a) : 0.0);
         sqlite3_bind_text(st, 11, gpu_type, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 12, currency, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 13, r->cause ? r->cause : "user", -1, SQLITE_STATIC);
@@ -272,9 +294,12 @@ int usage_get(struct http_req *req) {
                 double secs = gpus * (double)(now - a->started_ms) / 1000.0;
                 json_t *p = json_object_get(c->prices, c->nodes[ni].gpu_model);
                 json_t *tp = json_object_get(type_prices, c->nodes[ni].gpu_type);
-                double price = tp ? json_number_value(json_object_get(tp, "per_gpu_hour"))
-                               : json_is_number(p) ? json_number_value(p)
-                                                   : req->ld->cfg.price_gpu_hour;
+                json_t *tm = json_object_get(tp, "per_gpu_month");
+                double price =
+                    tp ? usage_hour_price(json_number_value(json_object_get(tp, "per_gpu_hour")),
+                                          json_is_number(tm) ? json_number_value(tm) : -1, now)
+                    : json_is_number(p) ? json_number_value(p)
+                                        : req->ld->cfg.price_gpu_hour;
                 json_t *row =
                     json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:f, s:f}", "tenant", a->tenant_id,
                               "job", a->job_id, "attempt", a->attempt, "node", c->nodes[ni].name,

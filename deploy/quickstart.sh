@@ -209,6 +209,7 @@ cat >"$QS/job.json" <<JSON
             "warmup_steps": $warmup, "schedule": "cosine", "precision": "$precision",
             "eval_every": $every, "eval_batches": 8},
   "checkpoint": {"every_steps": $every, "keep": 2},
+  "export": {"hf": true},
   "resources": {"device": "$device", "gpus_per_node": 1},
   "max_retries": 2
 }
@@ -311,6 +312,9 @@ if [ "${LOOM_QUICKSTART_KEEP:-0}" = 1 ]; then
     echo "  export LOOM_TOKEN=\$(cat $QS/tenant.token)"
     echo "  export PATH=$BIN:\$PATH"
     echo "then 'loomctl get $job', 'loomctl logs $job', the web view at $LOOM_URL/ui;"
+    echo "the job's own export (export.hf): 'loomctl artifacts $job', then"
+    echo "  loomctl download $job export/hf/model.safetensors -o model.safetensors"
+    echo "why a job failed: 'loomctl get JOB' (reason) and 'loomctl events JOB';"
     echo "admin commands with LOOM_TOKEN=\$(cat $QS/admin.token). Stop it with: $ME stop"
 else
     echo "  (the cluster was stopped; LOOM_QUICKSTART_KEEP=1 leaves it running)"

@@ -38,3 +38,38 @@ if(Python3_FOUND AND TARGET loomd)
                      ${CMAKE_BINARY_DIR}/bin)
     set_tests_properties(integration.fleet PROPERTIES LABELS "integration;sanitize" TIMEOUT 120)
 endif()
+
+# Node pools, labels and NVLink islands: PATCH /v1/nodes/{id}, selectors at
+# submit and in placement, tp groups inside one island.
+if(Python3_FOUND AND TARGET loomd)
+    add_test(NAME integration.node_pools
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_node_pools.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.node_pools PROPERTIES LABELS "integration;sanitize" TIMEOUT 120)
+endif()
+
+# The worker's start-up memory check (worker/memcheck.c): verdicts and meminfo parsing.
+add_executable(test_memcheck ${CMAKE_CURRENT_LIST_DIR}/unit/test_memcheck.c
+               ${CMAKE_SOURCE_DIR}/worker/memcheck.c)
+loom_warnings(test_memcheck)
+add_test(NAME unit.memcheck COMMAND test_memcheck)
+set_tests_properties(unit.memcheck PROPERTIES LABELS "unit;sanitize")
+
+# The planner against a real cpu run through loomd (step time within a stated factor, at the
+# node's measured peak), and the worker's start-up OUT_OF_MEMORY for an oversized plan.
+if(Python3_FOUND AND TARGET loomd AND TARGET loom-worker)
+    add_test(NAME integration.planner_real
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_planner_real.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.planner_real PROPERTIES LABELS "integration" TIMEOUT 300
+                         SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+endif()
+
+# Saw-tooth utilization in the heartbeat telemetry -> a SAWTOOTH diagnosis
+# (daemon/diagnose.c), as a job event and a job.diagnosis event.
+if(Python3_FOUND AND TARGET loomd)
+    add_test(NAME integration.sawtooth
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_sawtooth.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.sawtooth PROPERTIES LABELS "integration;sanitize" TIMEOUT 60)
+endif()

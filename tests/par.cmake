@@ -42,3 +42,12 @@ if(LOOM_HAVE_GLOO AND Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND T
     set_tests_properties(integration.par.cluster PROPERTIES LABELS integration TIMEOUT 240
                          SKIP_RETURN_CODE 77)
 endif()
+
+# Pipeline timing split: a stage's waits on its neighbours are exposed
+# communication, not compute, in the per-rank step records (worker/pp.c).
+if(Python3_FOUND AND TARGET loom-worker AND TARGET loom-data)
+    add_test(NAME integration.par.pp_timing
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/integration/test_pp_timing.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.par.pp_timing PROPERTIES LABELS integration TIMEOUT 120)
+endif()

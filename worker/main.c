@@ -44,12 +44,16 @@
 #include "worker/hf_spec.h"
 #include "worker/launch.h"
 #include "worker/lora.h"
+#include "worker/memcheck.h"
 #include "worker/offload.h"
 #include "worker/par.h"
 #include "worker/safetensors.h"
 #include "worker/train.h"
 #include "worker/tuning.h"
 #include "worker/zero.h"
+#ifdef LOOM_HAVE_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 static volatile sig_atomic_t g_stop;
 
@@ -663,6 +667,74 @@ static int lora_stage(struct run *r) {
     return 0;
 }
 
+/* Start-up memory check (worker/memcheck.h): the planner's estimate for this
+ * rank's layout against the memory free now, before the engine allocates.
+ * cuda: the device (cudaMemGetInfo; the CUDA context exists by now, so the
+ * planner's 1 GiB context reserve is left out of the need) and, with the
+ * optimizer offloaded, host memory for its share; cpu: the node's
+ * MemAvailable. Returns 0 or the exit code after reporting OUT_OF_MEMORY. */
+static int memory_check(struct run *r) {
+    struct worker *w = r->w;
+    const struct opts *o = &w->o;
+    const struct loom_spec *s = &w->spec;
+    int cuda = strcmp(r->device, "cuda") == 0;
+    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
+                  (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
+    struct loom_spec *ps = malloc(sizeof *ps);
+    if (!ps) return 0;
+    *ps = *s;
+    ps->train.offload_optimizer = offload && cuda;
+    struct planner_estimate est;
+    struct loom_error perr;
+    memset(&perr, 0, sizeof perr);
+    int prc = planner_estimate_job(ps, NULL, 0, &est, &perr);
+    free(ps);
+    if (prc != 0) {
+        log_warn("memory check skipped: planner estimate unavailable: %s", perr.message);
+        return 0;
+    }
+    const double g = 1024.0 * 1024.0 * 1024.0;
+    char detail[200];
+    snprintf(detail, sizeof detail,
+             "params %.2f, grads %.2f, optimizer %.2f, activations %.2f, comm %.2f, workspace "
+             "%.2f GiB",
+             est.mem.params / g, est.mem.grads / g, est.mem.optimizer / g, est.mem.activations / g,
+             est.mem.comm / g, est.mem.workspace / g);
+    struct memcheck_in in = {.need = est.mem.total - est.mem.reserved, .detail = detail};
+    double hfree = 0, htotal = 0;
+    int have_host = memcheck_host(NULL, &hfree, &htotal) == 0;
+    if (cuda) {
+#ifdef LOOM_HAVE_CUDA
+        struct cuda_mem_report cm;
+        if (r->be && backend_cuda_mem(r->be, &cm) == 0) {
+            in.what = "device (cuda)";
+            in.source = "cudaMemGetInfo";
+            in.free = (double)cm.device_free;
+            in.total = (double)cm.device_total;
+        }
+#endif
+    } else if (have_host) {
+        in.what = "host (cpu device)";
+        in.source = "MemAvailable of /proc/meminfo";
+        in.free = hfree;
+        in.total = htotal;
+    }
+    log_info("memory check: planner %.3f GiB for this rank, %.3f GiB free (%s)", in.need / g,
+             in.free / g, in.source ? in.source : "unknown");
+    if (in.what && memcheck_judge(&in, w->err, sizeof w->err) != 0)
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", NULL);
+    if (cuda && offload && have_host && est.mem.host_per_rank > 0) {
+        struct memcheck_in h = {.what = "host (optimizer offload)",
+                                .source = "MemAvailable of /proc/meminfo",
+                                .need = est.mem.host_per_rank,
+                                .free = hfree,
+                                .total = htotal};
+        if (memcheck_judge(&h, w->err, sizeof w->err) != 0)
+            return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", NULL);
+    }
+    return 0;
+}
+
 /* The engine (it takes the backend), the offload and the model. */
 static int build_engine(struct run *r) {
     struct worker *w = r->w;
@@ -685,6 +757,8 @@ static int build_engine(struct run *r) {
                              .frozen = s->train.lora.enabled};
     int lc = lora_check(r);
     if (lc) return lc;
+    int mc = memory_check(r);
+    if (mc) return mc;
     w->e = engine_new(&s->model, &p, r->be);
     r->be = NULL; /* the engine's now, freed by engine_new on failure too */
     if (!w->e) return LOOM_EXIT_FAILED;

@@ -241,8 +241,10 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
         struct model *x = p->slot[si];
         if (p->act[k].fwd) {
             if (first || last) {
+                double d0 = clock_mono_msf();
                 if (o->train.batch(o->train.user, step, i, inputs, targets, err, errlen) != 0)
                     return -2;
+                sums[3] += clock_mono_msf() - d0;
             }
             double w0 = clock_mono_msf();
             if (comm_wait(p->fwd_req[si]) != 0) rc = -1; /* the slot's output was sent */
@@ -293,6 +295,7 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
         return -1;
     }
     double total = clock_mono_msf() - t0;
+    double r0 = clock_mono_msf();
     /* every stage's figures to every stage (all p2p of the step is done) */
     memset(p->stats, 0, 3 * (size_t)P * sizeof *p->stats);
     p->stats[s] = idle;
@@ -302,6 +305,10 @@ int pp_micro_steps(void *user, struct model *m, const struct train_opts *o, int6
         snprintf(err, errlen, "pipeline statistics all-reduce failed: %s", comm_error(p->c));
         return -1;
     }
+    /* Waiting on the neighbour stages is communication, not compute, in the
+     * step's timing (train.h): the bubble plus this all-reduce, which also
+     * waits for the slowest stage. */
+    sums[2] += idle + (clock_mono_msf() - r0);
     return 0;
 }
 

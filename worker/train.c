@@ -39,8 +39,8 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     struct backend *b = e->be;
     double t0 = clock_mono_msf(), comm = 0;
     float gs = (float)(1.0 / (double)o->global_batch_tokens);
-    double sums[2] = {0, 0};
-    if (m->lora) /* the base is frozen: only the adapters have gradients */
+    double sums[4] = {0, 0, 0, 0}; /* loss sum, tokens, comm ms, data ms (train_opts) */
+    if (m->lora)                   /* the base is frozen: only the adapters have gradients */
         lora_zero_grads(m->lora);
     else
         engine_zero_grads(e);
@@ -54,8 +54,10 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         if (rc != 0) return rc;
     }
     for (int micro = 0; !o->micro_steps && micro < o->grad_accum; micro++) {
+        double d0 = clock_mono_msf();
         if (o->train.batch(o->train.user, step, micro, inputs, targets, err, errlen) != 0)
             return -2;
+        sums[3] += clock_mono_msf() - d0;
         int64_t cnt = 0;
         int last = micro == o->grad_accum - 1;
         e->micro_last = last; /* gradients added into the shard in it are final */
@@ -131,8 +133,9 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     info->tokens = o->global_batch_tokens;
     info->loss_tokens = (int64_t)sums[1];
     info->ms_step = t_end - t0;
-    info->ms_comm = comm;
-    info->ms_compute = info->ms_step - comm;
+    info->ms_comm = comm + sums[2];
+    info->ms_data = sums[3];
+    info->ms_compute = info->ms_step - info->ms_comm - info->ms_data;
     info->ms_optimizer = ms_opt;
     return 0;
 }
@@ -176,10 +179,10 @@ static void emit(FILE *out, json_t *j) {
 /* A rank other than 0: its timing only (the loss and norms are rank 0's). */
 static void emit_rank_step(const struct train_opts *o, int64_t done,
                            const struct train_step_info *in) {
-    emit(o->rank_out,
-         json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f}}", "type", "rank_step", "step",
-                   (json_int_t)done, "rank", o->rank, "ms", "step", in->ms_step, "compute",
-                   in->ms_compute, "comm_exposed", in->ms_comm, "optimizer", in->ms_optimizer));
+    emit(o->rank_out, json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f, s:f}}", "type", "rank_step",
+                                "step", (json_int_t)done, "rank", o->rank, "ms", "step",
+                                in->ms_step, "compute", in->ms_compute, "comm_exposed", in->ms_comm,
+                                "data_wait", in->ms_data, "optimizer", in->ms_optimizer));
 }
 
 static void emit_step(const struct model *m, const struct train_opts *o, int64_t done,
@@ -197,14 +200,14 @@ static void emit_step(const struct model *m, const struct train_opts *o, int64_t
         mfu = json_real(tps * o->flops_per_token / e->world / e->be->peak_flops);
     size_t total = mm->params + mm->grads + mm->optimizer + mm->activations + mm->comm;
     json_t *j = json_pack(
-        "{s:s, s:I, s:f, s:f, s:f, s:I, s:f, s:o, s:{s:f, s:f, s:f, s:f}, s:f, s:{s:f, s:f, s:f, "
-        "s:f, s:f}}",
+        "{s:s, s:I, s:f, s:f, s:f, s:I, s:f, s:o, s:{s:f, s:f, s:f, s:f, s:f}, s:f, s:{s:f, s:f, "
+        "s:f, s:f, s:f}}",
         "type", "step", "step", (json_int_t)done, "loss", in->loss, "lr", in->lr, "grad_norm",
         in->grad_norm, "tokens", (json_int_t)in->tokens, "tokens_per_s", tps, "mfu", mfu, "ms",
-        "compute", in->ms_compute, "comm_exposed", in->ms_comm, "step", in->ms_step, "optimizer",
-        in->ms_optimizer, "mem_gib", gib(total), "mem", "params", gib(mm->params), "grads",
-        gib(mm->grads), "optimizer", gib(mm->optimizer), "activations", gib(mm->activations),
-        "comm", gib(mm->comm));
+        "compute", in->ms_compute, "comm_exposed", in->ms_comm, "data_wait", in->ms_data, "step",
+        in->ms_step, "optimizer", in->ms_optimizer, "mem_gib", gib(total), "mem", "params",
+        gib(mm->params), "grads", gib(mm->grads), "optimizer", gib(mm->optimizer), "activations",
+        gib(mm->activations), "comm", gib(mm->comm));
     json_t *extra = o->step_extra ? o->step_extra(o->step_extra_user) : NULL;
     if (extra) json_object_update(j, extra);
     json_decref(extra);

@@ -10,7 +10,7 @@
  * Output (one JSON object per line on opts.out; sizes in GiB, times in ms):
  *   {"type":"step","step":N,"loss":..,"lr":..,"grad_norm":..,"tokens":..,
  *    "tokens_per_s":..,"mfu":..|null,"ms":{"compute":..,"comm_exposed":..,
- *    "step":..},"mem_gib":..,"mem":{"params":..,"grads":..,"optimizer":..,
+ *    "data_wait":..,"step":..},"mem_gib":..,"mem":{"params":..,"grads":..,"optimizer":..,
  *    "activations":..,"comm":..},"loss_tokens":..}
  *   ("loss_tokens": targets the loss counted; below "tokens" with loss-mask shards)
  *   {"type":"eval","step":N,"val_loss":..,"tokens":..}
@@ -19,7 +19,11 @@
  * The other ranks may write their own timing on opts.rank_out, one line a
  * step, for loomd's per-rank view and straggler diagnosis:
  *   {"type":"rank_step","step":N,"rank":R,"ms":{"step":..,"compute":..,
- *    "comm_exposed":..,"optimizer":..}}
+ *    "comm_exposed":..,"data_wait":..,"optimizer":..}}
+ * step = compute + comm_exposed + data_wait: comm_exposed is the gradient
+ * and parameter synchronisation left after the compute plus, with pp, the
+ * waits on the neighbour stages (the bubble); data_wait is the time spent
+ * getting batches.
  * Only the engine thread runs this. */
 #ifndef LOOM_WORKER_TRAIN_H
 #define LOOM_WORKER_TRAIN_H
@@ -67,7 +71,10 @@ struct train_opts {
     /* Optional replacement of the micro-step loop (pipeline schedules,
      * worker/pp.h): runs all grad_accum micro-steps of `step` on this rank
      * (batches, forward, backward, point-to-point) and ADDS the loss sum and
-     * token count of this rank into sums[0], sums[1]. Returns 0, -2 on a data
+     * token count of this rank into sums[0], sums[1], the ms it waited on
+     * communication (point-to-point receives and sends, its statistics
+     * all-reduce: the pipeline bubble) into sums[2] and the ms it waited for
+     * batches into sums[3]. Returns 0, -2 on a data
      * error, -1 otherwise (message in err). NULL: forward/backward per micro. */
     int (*micro_steps)(void *user, struct model *m, const struct train_opts *o, int64_t step,
                        int32_t *inputs, int32_t *targets, double *sums, char *err, size_t errlen);
@@ -96,6 +103,7 @@ struct train_step_info {
     int64_t tokens;
     int64_t loss_tokens; /* targets the loss counted (tokens minus masked ones), all dp ranks */
     double ms_compute, ms_comm, ms_step;
+    double ms_data; /* waiting for batches (the data loader); not part of ms_compute */
     double
         ms_optimizer; /* wall time of the optimizer step (part of ms_compute; offloaded or not) */
     int stop_any;     /* *o->stop was set on some dp rank when this step began its

@@ -1,7 +1,8 @@
 /* Loom web view. A single-page app over loomd's public REST API only:
  *   #/jobs          jobs with state and progress (GET /v1/jobs, /v1/jobs/{id}/metrics)
- *   #/job/ID        one job: loss, tokens/s and per-GPU utilization curves drawn on
- *                   <canvas>, events, logs with follow (GET /v1/jobs/{id}/logs?follow=1)
+ *   #/job/ID        one job: loss, tokens/s, per-GPU utilization and per-rank step time
+ *                   (compute, exposed communication, data wait) curves drawn on <canvas>,
+ *                   events, logs with follow (GET /v1/jobs/{id}/logs?follow=1)
  *   #/nodes         nodes with their GPUs (GET /v1/nodes)
  * The token is asked once and kept in sessionStorage (this tab only). No external
  * scripts, fonts or CDNs: loomd's Content-Security-Policy allows same origin only. */
@@ -426,6 +427,15 @@ function jobView(view, id) {
    * (a flat 100 % line while a rank computes): the card is hidden there. */
   const utilCard = h('section', { class: 'card', id: 'card-util' },
     h('h2', { text: 'GPU utilization (%) per rank' }), cUtil);
+  /* Every rank's step timing (step = compute + exposed communication + data
+   * wait): a straggler shows as one rank's higher compute, a communication-
+   * bound layout as exposed communication on every rank. */
+  const cCompute = h('canvas', { class: 'chart', id: 'chart-compute' });
+  const cComm = h('canvas', { class: 'chart', id: 'chart-comm' });
+  const cData = h('canvas', { class: 'chart', id: 'chart-data' });
+  const timingCard = h('section', { class: 'card', id: 'card-timing' },
+    h('h2', { text: 'Step time per rank (ms): compute · exposed communication · data wait' }),
+    h('div', { class: 'grid3' }, cCompute, cComm, cData));
   const events = h('tbody');
   const rankSel = h('select', { id: 'log-rank', 'aria-label': 'rank' });
   const streamSel = h('select', { id: 'log-stream', 'aria-label': 'stream' },
@@ -440,6 +450,7 @@ function jobView(view, id) {
     h('div', { class: 'grid' },
       h('section', { class: 'card' }, h('h2', { text: 'Tokens per second' }), cTps),
       utilCard),
+    timingCard,
     h('section', { class: 'card' }, h('h2', { text: 'Logs' }),
       h('div', { class: 'toolbar' }, rankSel, streamSel,
         h('label', {}, follow, ' follow')), logs),
@@ -518,6 +529,16 @@ function jobView(view, id) {
     lineChart(cTps, [{ name: 'tokens/s', color: COLORS[2],
       points: s0.map((r) => [r.step, r.tokens_per_s]) }],
       { xlabel: 'step', yMin: 0, empty: 'no steps yet' });
+    const part = (key) => Object.keys(series).map((r) => ({ name: 'rank ' + r,
+      color: COLORS[r % COLORS.length],
+      points: series[r].filter((x) => x.ms && Number.isFinite(x.ms[key]))
+        .map((x) => [x.step, x.ms[key]]) }));
+    lineChart(cCompute, part('compute'), { xlabel: 'step · compute', yMin: 0,
+      empty: 'no step timing yet' });
+    lineChart(cComm, part('comm_exposed'), { xlabel: 'step · exposed comm', yMin: 0,
+      empty: 'no step timing yet' });
+    lineChart(cData, part('data_wait'), { xlabel: 'step · data wait', yMin: 0,
+      empty: 'no data-wait timing (older workers report none)' });
     const cpu = ((job && job.spec && job.spec.resources) || {}).device === 'cpu';
     utilCard.hidden = cpu;
     if (cpu) return;

@@ -25,6 +25,17 @@ Scenarios (all by default, or name them):
              GET /v1/jobs/{id}/metrics has both ranks' timing rows
   commbound  dp=2 job over links throttled with tc tbf (8 mbit/s): the job
              events carry COMM_BOUND and no STRAGGLER
+  partition  dp=2 job; loomd's host cut off from the bridge for 6 s (its
+             switch port down) while the workers train: the workers go on (their
+             own step lines grow), the nodes are not lost (node timeout 30 s),
+             and when the link heals the agents' queued records reach loomd:
+             the job succeeds on its first attempt with every step recorded,
+             on the single-process curve
+  p2pcut     dp=2 job; the two worker hosts cannot reach each other
+             (blackhole routes) while both still reach loomd: no step
+             progress, so the hang timeout (5 s) ends the attempt (event "no
+             step progress ... (hang timeout)", usage cause hang) with the
+             nodes still ready; with the routes back the retry succeeds
 
 Usage: netns_cluster.py BIN_DIR [SCENARIO...]   (as root)
 Exit 0 pass, 1 fail, 77 not run (no root, no `ip netns`, no veth/bridge):
@@ -46,7 +57,7 @@ ADMIN = "admin-token-netns"
 JOIN = "join-token-netns"
 NET = "10.77.0"
 PORT = 8420
-SCENARIOS = ["dp2", "pp2", "nodeloss", "straggler", "commbound"]
+SCENARIOS = ["dp2", "pp2", "nodeloss", "straggler", "commbound", "partition", "p2pcut"]
 
 
 def sh(*args, check=True):
@@ -130,7 +141,8 @@ def preflight():
 # ---- the cluster (runs inside h0) ----
 
 class Cluster:
-    def __init__(self, bin_dir, net, agents, tmp, agent_env=None, node_timeout=3):
+    def __init__(self, bin_dir, net, agents, tmp, agent_env=None, node_timeout=3,
+                 hang_timeout=60):
         self.bin = bin_dir
         self.net = net
         self.tmp = tmp
@@ -143,7 +155,8 @@ class Cluster:
             json.dump({"cpu": 0.5}, f)
         self.spawn("loomd", None, [os.path.join(bin_dir, "loomd"), "--auto-approve", "--listen",
                                    "%s:%d" % (net["addrs"][0], PORT), "--data-dir", d,
-                                   "--node-timeout", str(node_timeout), "--hang-timeout", "60",
+                                   "--node-timeout", str(node_timeout), "--hang-timeout",
+                                   str(hang_timeout),
                                    "--heartbeat", "1", "--store-sync-full", "false"], self.env)
         self.wait(lambda: self.get("/healthz", token=None)[0] == 200, 10, "loomd up")
         aenv = dict(self.env, **(agent_env or {}))
@@ -280,10 +293,10 @@ class Run:
         self.refs[steps] = ref
         return ref
 
-    def cluster(self, name, agents, agent_env=None):
+    def cluster(self, name, agents, agent_env=None, **kw):
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
-        return Cluster(self.bin, self.net, agents, d, agent_env)
+        return Cluster(self.bin, self.net, agents, d, agent_env, **kw)
 
     def curve_matches(self, c, jid, steps, what):
         ref = self.reference(steps)
@@ -431,6 +444,15 @@ def diag_events(c, jid, code):
     return [e["reason"] for e in c.events(jid) if e["reason"].startswith(code)]
 
 
+def diag_stream(c, jid, code):
+    """The job.diagnosis events of GET /v1/events with this code: the
+    tenant's stream carries each finding the job events show."""
+    st, e = c.get("/v1/events?job=%s&type=job.diagnosis" % jid)
+    check(st == 200, "events: %s %s" % (st, e))
+    return [it["data"] for it in e["items"] if it["type"] == "job.diagnosis" and
+            it["data"].get("code") == code]
+
+
 STRAGGLER_STEPS = 12
 
 
@@ -447,6 +469,10 @@ def sc_straggler(run):
         print("  events: %s" % got)
         check(len(got) == 1 and got[0].startswith("STRAGGLER rank=1 node=%s " % node1),
               "want one STRAGGLER naming rank 1 on %s: %s" % (node1, got))
+        ev = diag_stream(c, jid, "STRAGGLER")
+        check(len(ev) == 1 and ev[0]["reason"] == got[0] and ev[0]["rank"] == 1 and
+              ev[0]["node"] == node1 and ev[0]["attempt"] == 0,
+              "GET /v1/events has the STRAGGLER as job.diagnosis: %s" % ev)
         st, m = c.get("/v1/jobs/%s/metrics" % jid)
         rows = {(r["rank"], r["step"]): r for r in m["ranks"]}
         n = STRAGGLER_STEPS
@@ -475,6 +501,9 @@ def sc_commbound(run):
         got = diag_events(c, jid, "COMM_BOUND")
         print("  events: %s" % got)
         check(len(got) == 1, "want one COMM_BOUND event: %s" % got)
+        ev = diag_stream(c, jid, "COMM_BOUND")
+        check(len(ev) == 1 and ev[0]["reason"] == got[0],
+              "GET /v1/events has the COMM_BOUND as job.diagnosis: %s" % ev)
         check(not diag_events(c, jid, "STRAGGLER"), "a STRAGGLER on a symmetric slow link")
         st, m = c.get("/v1/jobs/%s/metrics" % jid)
         fr = [r["ms"]["comm_exposed"] / r["ms"]["step"] for r in m["ranks"] if r["step"] > 1]
@@ -486,8 +515,109 @@ def sc_commbound(run):
             sh("tc", "-n", h, "qdisc", "del", "dev", "eth0", "root", check=False)
 
 
+def worker_steps(c, host, jid, attempt=0, rank=0):
+    """The last step in the worker's own stdout (the agent's task log on its
+    host), read from the file: it does not go through loomd."""
+    path = os.path.join(c.tmp, host, "tasks", "%s.%d.%d" % (jid, attempt, rank), "stdout.log")
+    last = 0
+    try:
+        with open(path) as f:
+            for ln in f:
+                if '"type":"step"' in ln:
+                    last = max(last, json.loads(ln)["step"])
+    except (OSError, ValueError):
+        pass
+    return last
+
+
+def loomd_step(c, jid):
+    st, m = c.get("/v1/jobs/%s/metrics" % jid)
+    return max([p["step"] for p in m["series"]] or [0]) if st == 200 else 0
+
+
+def sc_partition(run):
+    steps = 60
+    sw = run.net["hosts"][0].rsplit("-h0", 1)[0] + "-sw"
+    c = run.cluster("partition", [1, 2], {"LOOM_DEBUG_SLOW_RANK": "0",
+                                          "LOOM_DEBUG_SLOW_MS": "150"}, node_timeout=30)
+    try:
+        jid = run.submit(c, spec_for(run.shards, {"dp": 2}, steps, ckpt=10))
+        c.wait(lambda: loomd_step(c, jid) >= 5, 40, "step 5")
+        host0 = placement_nodes(c.job(jid))[0]
+        sh("ip", "-n", sw, "link", "set", "p0", "down")  # loomd's host off the bridge
+        cut = time.time()
+        try:
+            seen = loomd_step(c, jid)
+            time.sleep(1)
+            at_cut = worker_steps(c, host0, jid)
+            time.sleep(5)
+            during = loomd_step(c, jid)
+            trained = worker_steps(c, host0, jid)
+            nodes = {n["name"]: n["state"] for n in c.nodes()}
+        finally:
+            sh("ip", "-n", sw, "link", "set", "p0", "up")
+        print("  cut %.1f s: loomd saw step %d -> %d, the worker trained %d -> %d" % (
+            time.time() - cut, seen, during, at_cut, trained))
+        check(during <= seen + 2, "loomd kept receiving steps through the cut (%d -> %d)" % (
+            seen, during))
+        check(trained >= at_cut + 5, "the workers did not train on through the cut (%d -> %d)"
+              % (at_cut, trained))
+        check(all(v == "ready" for v in nodes.values()), "nodes during the cut: %s" % nodes)
+        j = c.wait_state(jid, ("succeeded", "failed"), 60)
+        reasons = [e["reason"] for e in c.events(jid)]
+        check(j["state"] == "succeeded" and j["attempt"] == 0,
+              "after the heal: %s attempt %s: %s" % (j["state"], j["attempt"], reasons))
+        check(not any("lost" in r or "hang" in r for r in reasons), "events: %s" % reasons)
+        run.curve_matches(c, jid, steps, "dp2 across a loomd partition")
+    finally:
+        c.close()
+        sh("ip", "-n", sw, "link", "set", "p0", "up", check=False)
+
+
+def sc_p2pcut(run):
+    steps = 40
+    h1, h2 = run.net["hosts"][1], run.net["hosts"][2]
+    a1, a2 = run.net["addrs"][1], run.net["addrs"][2]
+    c = run.cluster("p2pcut", [1, 2], {"LOOM_DEBUG_SLOW_RANK": "0",
+                                       "LOOM_DEBUG_SLOW_MS": "100"}, hang_timeout=5)
+    routes = [(h1, a2), (h2, a1)]
+    try:
+        jid = run.submit(c, spec_for(run.shards, {"dp": 2}, steps, ckpt=4))
+        c.wait(lambda: loomd_step(c, jid) >= 5, 40, "step 5")
+        for h, a in routes:
+            sh("ip", "-n", h, "route", "add", "blackhole", a + "/32")
+        t0 = time.time()
+        try:
+            def hung():
+                return [e for e in c.events(jid) if "hang timeout" in e["reason"]]
+            ev = c.wait(hung, 30, "the hang timeout to end the attempt")
+            took = time.time() - t0
+            nodes = {n["name"]: n["state"] for n in c.nodes()}
+        finally:
+            for h, a in routes:
+                sh("ip", "-n", h, "route", "del", "blackhole", a + "/32", check=False)
+        print("  worker-to-worker cut: %s after %.1f s" % (ev[0]["reason"], took))
+        check(took <= 5 + 10, "the hang was seen %.1f s after the cut (timeout 5 s)" % took)
+        check(ev[0]["reason"].startswith("attempt 0 failed") and ev[0]["to"] == "queued",
+              "attempt 0 ended by the hang timeout, the job requeued: %s" % ev[0])
+        check(all(v == "ready" for v in nodes.values()),
+              "agents still reach loomd, no node lost: %s" % nodes)
+        j = c.wait_state(jid, ("succeeded", "failed"), 60)
+        check(j["state"] == "succeeded" and j["attempt"] >= 1,
+              "the retry after the routes came back: %s attempt %s: %s" % (
+                  j["state"], j["attempt"], [e["reason"] for e in c.events(jid)]))
+        st, u = c.get("/v1/usage?group_by=cause")
+        check(st == 200 and "hang" in {r["key"] for r in u["rows"]},
+              "the hung attempt's usage has cause hang: %s" % u)
+        run.curve_matches(c, jid, steps, "dp2 after a worker-to-worker cut")
+    finally:
+        c.close()
+        for h, a in routes:
+            sh("ip", "-n", h, "route", "del", "blackhole", a + "/32", check=False)
+
+
 TABLE = {"dp2": sc_dp2, "pp2": sc_pp2, "nodeloss": sc_nodeloss, "straggler": sc_straggler,
-         "commbound": sc_commbound}
+         "commbound": sc_commbound, "partition": sc_partition, "p2pcut": sc_p2pcut}
 
 
 def inside(bin_dir, net, names):

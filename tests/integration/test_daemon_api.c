@@ -735,9 +735,15 @@ static void test_metrics(void) {
                                    "status=\"201\"}") != NULL);
     CHECK(r.body && strstr(r.body, "loom_http_request_duration_seconds_bucket") != NULL);
     CHECK(r.body && strstr(r.body, "loom_store_commit_seconds_count") != NULL);
+    /* Without a token: the aggregate view, no per-tenant series
+     * (docs/operations.md "Prometheus and the metrics token"). */
     char want[128];
     snprintf(want, sizeof want, "loom_jobs{tenant=\"%s\",state=\"cancelled\"} 2", tenant_a);
-    CHECK(r.body && strstr(r.body, want) != NULL);
+    CHECK(r.body && strstr(r.body, want) == NULL && strstr(r.body, tenant_a) == NULL);
+    CHECK(r.body && strstr(r.body, "loom_jobs_by_state{state=\"cancelled\"} 2") != NULL);
+    hresp_free(&r);
+    hreq(url, "GET", "/metrics", ADMIN, NULL, NULL, 0, NULL, &r);
+    CHECK(r.status == 200 && r.body && strstr(r.body, want) != NULL);
     hresp_free(&r);
 }
 

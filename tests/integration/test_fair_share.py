@@ -22,6 +22,11 @@ Scenarios:
               (PREEMPTED by <job>, job.preempted, no retry used), the high one
               runs, the low one resumes from that checkpoint and succeeds, and
               its losses equal an uninterrupted run's, bit for bit.
+  budget      the real cpu loom-worker on one device: a running job whose
+              tenant's gpu_hours_per_month is used up mid-job writes a final
+              checkpoint within its grace and fails with BUDGET_EXHAUSTED (not
+              requeued); queued jobs wait; with budget_warn_only a job over
+              the budget gets one BUDGET_EXHAUSTED event and succeeds.
 
 Usage: test_fair_share.py BIN_DIR SCENARIO. Exit 0 pass, 1 fail, 77 skip."""
 import json
@@ -277,6 +282,99 @@ def sc_preempt(c):
           "first differing steps %s" % diff[:5])
 
 
+def sc_budget(c):
+    st, r = patch(c, {"budget_warn_only": "yes"})
+    check(st == 422 and r["error"]["code"] == "INVALID_FIELD" and
+          "budget_warn_only" in r["error"]["message"], "budget_warn_only must be a boolean: %s %s"
+          % (st, r))
+    st, t = c.get("/v1/tenants/" + c.tenant, token=ADMIN)
+    check(st == 200 and t["budget_warn_only"] is False, "default: stop, not warn: %s" % t)
+
+    # A long job runs; its checkpoints are every 100000 steps, so any
+    # checkpoint is the one written at the stop.
+    spec = tc.real_spec(c, 1, 100000, 100000)
+    spec["max_retries"] = 3
+    st, j = c.request("POST", "/v1/jobs", spec)
+    check(st == 201, "submit: %s %s" % (st, j))
+    jid = j["id"]
+    c.wait_state(jid, ("running",), 30)
+    c.wait(lambda: len(losses(c, jid)) >= 20, 60, "the job past step 20")
+    at = max(losses(c, jid))
+    small = tc.real_spec(c, 1, 5, 0)
+    small.pop("checkpoint")
+    st, j = c.request("POST", "/v1/jobs", small)  # waits behind the running job (one device)
+    check(st == 201, "submit: %s %s" % (st, j))
+    queued = j["id"]
+    # The budget is below what the running attempt used already.
+    t0 = time.time()
+    st, r = patch(c, {"gpu_hours_per_month": 0.0001})
+    check(st == 200, "budget set: %s %s" % (st, r))
+    c.wait_state(jid, ("failed",), 30)
+    c.wait(lambda: not c.alive_workers(jid), 30, "the worker exited")
+    took = time.time() - t0
+    check(took < 20, "stopped within its grace (%.1f s after the budget was set)" % took)
+    reasons = reasons_to(c, jid, "failed")
+    check(len(reasons) == 1 and reasons[0].startswith("BUDGET_EXHAUSTED") and
+          "not retried" in reasons[0], "failed with BUDGET_EXHAUSTED: %s" % reasons)
+    j = c.job(jid)
+    check(j["attempt"] == 0 and not reasons_to(c, jid, "queued")[1:],
+          "not requeued (retries were left): attempt %s, events %s" % (j["attempt"],
+                                                                     tc.event_reasons(c, jid)))
+    # The worker's own records (its stdout, as loomd keeps it) show the
+    # checkpoint written at the stop and a summary of a stopped run.
+    def worker_records():
+        st, out = c.get("/v1/jobs/%s/logs?rank=0&stream=stdout&attempt=0" % jid)
+        recs = []
+        for ln in (out.splitlines() if st == 200 and isinstance(out, str) else []):
+            try:
+                recs.append(json.loads(ln))
+            except ValueError:
+                pass
+        return recs
+
+    def stopped():
+        return any(r.get("type") == "summary" for r in worker_records())
+    c.wait(stopped, 15, "the worker's summary in its log")
+    recs = worker_records()
+    ck = [r["step"] for r in recs if r.get("type") == "checkpoint"]
+    summ = [r for r in recs if r.get("type") == "summary"]
+    check(len(ck) == 1 and ck[0] >= at and summ and summ[0].get("stopped") is True and
+          summ[0].get("checkpoint"), "a final checkpoint at the stop (step >= %d): %s %s" %
+          (at, ck, summ))
+    check(os.path.isdir(summ[0]["checkpoint"]), "the checkpoint is on disk: %s" %
+          summ[0]["checkpoint"])
+
+    def saved():
+        st, e = c.get("/v1/events?job=%s&type=checkpoint.saved" % jid)
+        return st == 200 and [it["data"]["step"] for it in e["items"]] == ck
+    c.wait(saved, 15, "a checkpoint.saved event for step %s" % ck)
+    def held():
+        q = c.job(queued)
+        return q["state"] == "queued" and (q.get("pending_reason") or "").startswith(
+            "BUDGET_EXHAUSTED")
+    c.wait(held, 10, "the queued job waits on the budget")
+    time.sleep(2)
+    check(c.job(queued)["state"] == "queued", "the queued job does not start")
+    st, r = c.request("POST", "/v1/jobs", small)
+    check(st == 409 and r["error"]["code"] == "BUDGET_EXHAUSTED", "new jobs refused: %s %s" %
+          (st, r))
+
+    # Warn-only: submits are accepted, running jobs get one event and go on.
+    st, r = patch(c, {"budget_warn_only": True})
+    check(st == 200 and r["budget_warn_only"] is True, "warn-only set: %s %s" % (st, r))
+    c.wait_state(queued, ("succeeded",), 60)
+    spec = tc.real_spec(c, 1, 150, 0)
+    spec.pop("checkpoint")
+    st, j = c.request("POST", "/v1/jobs", spec)
+    check(st == 201, "warn-only: submit accepted over the budget: %s %s" % (st, j))
+    wid = j["id"]
+    c.wait_state(wid, ("succeeded",), 120)
+    warns = [e for e in tc.event_reasons(c, wid) if e[3].startswith("BUDGET_EXHAUSTED")]
+    check(len(warns) == 1 and "warn-only" in warns[0][3] and warns[0][0] == warns[0][1],
+          "one warn-only BUDGET_EXHAUSTED event, no state change: %s" % warns)
+    check(len(losses(c, wid)) == 150, "the warned job ran every step")
+
+
 def sc_fair_share(c):
     # acme uses the whole cluster (4 cpu devices) for a while: usage rows.
     used = submit(c, world=4, steps=10, step_ms=100)
@@ -303,7 +401,8 @@ def sc_fair_share(c):
 
 
 SCENARIOS = {"qos": sc_qos, "time_limit": sc_time_limit, "after": sc_after,
-             "fair_share": sc_fair_share, "preempt": sc_preempt, "array": sc_array}
+             "fair_share": sc_fair_share, "preempt": sc_preempt, "array": sc_array,
+             "budget": sc_budget}
 
 
 def main():
@@ -313,7 +412,7 @@ def main():
     if not os.access(tc.WORKER, os.X_OK):
         print("SKIP: %s not built" % tc.WORKER)
         return 77
-    if SCENARIO == "preempt":
+    if SCENARIO in ("preempt", "budget"):
         c = tc.Cluster(nodes=1, devices=1, hang_timeout=60,
                        worker=os.path.join(tc.BIN, "loom-worker"),
                        loomd_args=["--preempt-min-runtime", "0", "--preempt-grace", "10"])

@@ -64,6 +64,7 @@ MATRIX = {
     ("GET", "/v1/nodes"): ("shared", "/v1/nodes", None),
     ("GET", "/v1/nodes/{id}"): ("shared", "/v1/nodes/{node}", None),
     ("DELETE", "/v1/nodes/{id}"): ("admin", "/v1/nodes/{node}", None),
+    ("PATCH", "/v1/nodes/{id}"): ("admin", "/v1/nodes/{node}", {"labels": {"zone": "eu"}}),
     ("POST", "/v1/nodes/{id}/drain"): ("admin", "/v1/nodes/{node}/drain", None),
     ("POST", "/v1/nodes/{id}/undrain"): ("admin", "/v1/nodes/{node}/undrain", None),
     ("POST", "/v1/nodes/{id}/approve"): ("admin", "/v1/nodes/{node}/approve", None),

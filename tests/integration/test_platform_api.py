@@ -1141,6 +1141,10 @@ def sc_artifact_ttl(c, node_local):
     check(st == 200 and r["artifact_ttl_s"] is None, "TTL back to the default: %s %s" % (st, r))
 
 
+class PoolCluster(Cluster):
+    extra = Cluster.extra + ["--events-fanout-threads", "3"]
+
+
 class TTLCluster(Cluster):
     extra = Cluster.extra + ["--artifact-ttl", "3600", "--artifact-sweep", "1"]
 
@@ -1186,6 +1190,8 @@ def main():
         node_local = name == "artifact_ttl_node"
         fn, kw = (lambda c: sc_artifact_ttl(c, node_local)), {"nodes": 1}
         cls = TTLNodeCluster if node_local else TTLCluster
+    elif name == "sse_fanout_pool":
+        fn, kw, cls = sc_sse_fanout, {"nodes": 1}, PoolCluster
     elif name == "metrics_private":
         fn, kw, cls = sc_metrics_private, {"nodes": 0}, PrivateMetricsCluster
     elif name == "event_ring":

@@ -252,6 +252,19 @@ async function main() {
     check(drawn.blue > drawn.w / 2, 'loss curve pixels on the canvas: ' + drawn.blue);
     const tps = await page.getAttribute('#chart-tps', 'data-points');
     check(Number(tps) === STEPS, 'tokens/s chart points ' + tps);
+    // per-rank step time: a line per rank (dp 2) in each of compute, exposed comm, data wait,
+    // one point per step and rank, equal to the API's own per-rank records
+    const ranks = (await call('GET', '/v1/jobs/' + jid + '/metrics', null, TOKEN)).json.ranks;
+    for (const [id, key] of [['#chart-compute', 'compute'], ['#chart-comm', 'comm_exposed'],
+      ['#chart-data', 'data_wait']]) {
+      const want = ranks.filter((r) => Number.isFinite((r.ms || {})[key])).length;
+      const got = await page.evaluate((sel) => {
+        const c = document.querySelector(sel);
+        return c ? { series: Number(c.dataset.series), points: Number(c.dataset.points) } : null;
+      }, id);
+      check(got && got.series === 2 && got.points === 2 * STEPS && want === 2 * STEPS,
+        id + ' per-rank lines: ' + JSON.stringify(got) + ', API rows with ' + key + ': ' + want);
+    }
     await page.waitForFunction(() => document.querySelectorAll('#events tbody tr').length >= 3,
       null, { timeout: 5000 });
     const evText = await page.textContent('#events');

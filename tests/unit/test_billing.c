@@ -66,6 +66,21 @@ static int hours_cb(struct store_tx *tx, void *arg) {
     return store_tenant_gpu_hours(tx, q->tenant, q->since, &q->hours);
 }
 
+/* Two priced nodes: n3 (H100-SXM) with a monthly rate of 744 a GPU-month
+ * (its per_gpu_hour of 9 is not used), n4 (A100-SXM) hourly only, 5 a hour. */
+static int prices_cb(struct store_tx *tx, void *arg) {
+    (void)arg;
+    static const char *const sql[] = {
+        "INSERT INTO nodes (name, kind, registered_at, last_seen, gpu_type) VALUES "
+        "('n3', 'cuda', 0, 0, 'H100-SXM'), ('n4', 'cuda', 0, 0, 'A100-SXM')",
+        "INSERT INTO gpu_prices (gpu_type, per_gpu_hour, per_gpu_month, currency, updated_at) "
+        "VALUES ('H100-SXM', 9.0, 744.0, 'USD', 0), ('A100-SXM', 5.0, NULL, 'EUR', 0)",
+    };
+    for (size_t i = 0; i < sizeof sql / sizeof *sql; i++)
+        if (sqlite3_exec(store_tx_db(tx), sql[i], NULL, NULL, NULL) != SQLITE_OK) return STORE_ERR;
+    return STORE_OK;
+}
+
 static void month(struct store *s, const char *mo, const char *tenant, double gpu_h,
                   double billed_h, double cost, int rows) {
     struct month_sum m = {mo, tenant, 0, 0, 0, 0};
@@ -106,6 +121,35 @@ int main(void) {
     CHECK(store_read(s, hours_cb, &q) == STORE_OK);
     CHECK_NEAR(q.hours, 2.5, 1e-9);
 
+    /* per_gpu_month prorated: each hour row at the monthly rate over the
+     * hours of its own month. t3: 1 GPU on n3 from Nov 30 22:30 to Dec 1
+     * 02:00, 1.5 h in November (744/720 an hour) and 2 h in December (744/744
+     * = 1 an hour). t4 on n4 (no monthly rate): 2 h at 5. */
+    CHECK(store_write(s, prices_cb, NULL) == STORE_OK);
+    const struct usage_row priced[] = {
+        {"t3", "j-d", 0, "n3", "nvidia", 1, at(2026, 11, 30, 22, 30), at(2026, 12, 1, 2, 0), 3.0,
+         "user", 1},
+        {"t4", "j-e", 0, "n4", "nvidia", 1, at(2026, 12, 10, 4, 0), at(2026, 12, 10, 6, 0), 3.0,
+         "user", 1},
+        {0},
+    };
+    CHECK(store_write(s, insert_cb, (void *)priced) == STORE_OK);
+    month(s, "2026-11", "t3", 1.5, 1.5, 1.5 * 744.0 / 720.0, 2);
+    month(s, "2026-12", "t3", 2.0, 2.0, 2.0, 2);
+    month(s, "2026-12", "t4", 2.0, 2.0, 10.0, 2);
+    static const struct {
+        int y, mo;
+        double hours;
+    } mh[] = {{2026, 12, 744}, {2026, 11, 720}, {2026, 2, 672}, {2024, 2, 696}, {2027, 1, 744}};
+    for (size_t i = 0; i < sizeof mh / sizeof *mh; i++) {
+        CHECK_NEAR(usage_month_hours(at(mh[i].y, mh[i].mo, 1, 0, 0)), mh[i].hours, 1e-12);
+        CHECK_NEAR(usage_month_hours(at(mh[i].y, mh[i].mo, 1, 0, 0) + 3600000LL * 24 * 27 + 59999),
+                   mh[i].hours, 1e-12);
+    }
+    CHECK_NEAR(usage_hour_price(5.0, -1, at(2026, 2, 3, 0, 0)), 5.0, 1e-12);
+    CHECK_NEAR(usage_hour_price(5.0, 1344.0, at(2026, 2, 3, 0, 0)), 2.0, 1e-12);
+    CHECK_NEAR(usage_hour_price(5.0, 0.0, at(2026, 2, 3, 0, 0)), 0.0, 1e-12);
+
     CHECK(usage_hour_end(at(2026, 12, 1, 0, 0)) == at(2026, 12, 1, 1, 0));
     CHECK(usage_hour_end(at(2026, 12, 1, 0, 59)) == at(2026, 12, 1, 1, 0));
     CHECK(usage_cause_billed("user,preempted", "preempted") &&
@@ -119,11 +163,11 @@ int main(void) {
     static const struct {
         enum stop_cause c;
         const char *who;
-    } causes[] = {{STOP_SUCCEEDED, "user"},      {STOP_RANK_FAILED, "user"},
-                  {STOP_CANCELLED, "user"},      {STOP_TIME_LIMIT, "user"},
-                  {STOP_PREEMPTED, "preempted"}, {STOP_NODE_LOST, "node_lost"},
-                  {STOP_HANG, "hang"},           {STOP_START_TIMEOUT, "hang"},
-                  {STOP_SUPERSEDED, "infra"},    {STOP_NOT_RECORDED, "infra"}};
+    } causes[] = {
+        {STOP_SUCCEEDED, "user"},     {STOP_RANK_FAILED, "user"},    {STOP_CANCELLED, "user"},
+        {STOP_TIME_LIMIT, "user"},    {STOP_PREEMPTED, "preempted"}, {STOP_NODE_LOST, "node_lost"},
+        {STOP_HANG, "hang"},          {STOP_START_TIMEOUT, "hang"},  {STOP_SUPERSEDED, "infra"},
+        {STOP_NOT_RECORDED, "infra"}, {STOP_BUDGET, "user"}};
     for (size_t i = 0; i < sizeof causes / sizeof causes[0]; i++)
         CHECK_STR(supervise_bill_cause(causes[i].c), causes[i].who);
     store_close(s);

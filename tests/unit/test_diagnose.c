@@ -262,15 +262,101 @@ static void run_case(const struct tcase *c) {
 static void test_times(void) {
     json_t *ok = json_loads("{\"ms\":{\"step\":10,\"compute\":7.5,\"comm_exposed\":2.5}}", 0, NULL);
     json_t *bad = json_loads("{\"ms\":{\"step\":10,\"compute\":7.5}}", 0, NULL);
+    json_t *dw = json_loads(
+        "{\"ms\":{\"step\":10,\"compute\":6,\"comm_exposed\":2.5,\"data_wait\":1.5}}", 0, NULL);
     double st = 0, cp = 0, cm = 0;
     CHECK_EQ_INT(diag_times(ok, &st, &cp, &cm), 0);
     CHECK_NEAR(st, 10, 0);
     CHECK_NEAR(cp, 7.5, 0);
     CHECK_NEAR(cm, 2.5, 0);
+    CHECK_EQ_INT(diag_times(dw, &st, &cp, &cm), 0);
+    CHECK_NEAR(cp, 7.5, 0); /* own time: compute + data_wait */
+    CHECK_NEAR(cm, 2.5, 0);
+    json_decref(dw);
     CHECK_EQ_INT(diag_times(bad, &st, &cp, &cm), -1);
     CHECK_EQ_INT(diag_times(NULL, &st, &cp, &cm), -1);
     json_decref(ok);
     json_decref(bad);
+}
+
+/* Saw-tooth: series written out per case; "report" is the sample index
+ * (0-based) at which the finding must come, -1 for never. */
+struct saw_case {
+    const char *name;
+    int n;
+    double u[40];
+    int report;
+    int swings; /* counted at the report */
+};
+
+static const struct saw_case saw_cases[] = {
+    {"steady busy",
+     20,
+     {95, 96, 94, 95, 97, 95, 96, 94, 95, 95, 96, 94, 95, 97, 95, 96, 94, 95, 95, 96},
+     -1,
+     0},
+    {"steady idle", 16, {5, 3, 4, 6, 2, 5, 3, 4, 6, 2, 5, 3, 4, 6, 2, 5}, -1, 0},
+    {"saw-tooth 90/10 every sample: reported when the window fills",
+     20,
+     {90, 10, 90, 10, 90, 10, 90, 10, 90, 10, 90, 10, 90, 10, 90, 10, 90, 10, 90, 10},
+     15,
+     15},
+    {"saw-tooth of two-sample teeth: 7 swings in 16",
+     16,
+     {90, 90, 10, 10, 90, 90, 10, 10, 90, 90, 10, 10, 90, 90, 10, 10},
+     15,
+     7},
+    {"five swings only: not enough",
+     16,
+     {90, 90, 90, 10, 10, 10, 90, 90, 90, 10, 10, 10, 90, 90, 10, 10},
+     -1,
+     0},
+    {"wobble inside the band (40-60): no swing",
+     16,
+     {40, 60, 40, 60, 40, 60, 40, 60, 40, 60, 40, 60, 40, 60, 40, 60},
+     -1,
+     0},
+    {"mid values between the levels do not count as a move",
+     16,
+     {90, 50, 90, 50, 10, 50, 10, 50, 90, 50, 10, 50, 90, 50, 10, 50},
+     -1,
+     0},
+    {"exactly at the levels (70 / 30) counts",
+     16,
+     {70, 30, 70, 30, 70, 30, 70, 30, 50, 50, 50, 50, 50, 50, 50, 50},
+     15,
+     7},
+    {"8 swings in all, at most 4 in any 16 samples: not reported",
+     19,
+     {90, 10, 90, 10, 95, 95, 95, 95, 95, 95, 95, 95, 95, 95, 95, 95, 10, 90, 10},
+     -1,
+     0},
+};
+
+static void test_sawtooth(void) {
+    for (size_t i = 0; i < sizeof saw_cases / sizeof *saw_cases; i++) {
+        const struct saw_case *c = &saw_cases[i];
+        struct diag *d = diag_new(2, 2);
+        int at = -1;
+        struct diag_finding f = {0}, g;
+        for (int k = 0; k < c->n; k++) {
+            diag_util_add(d, 0, 95, &g); /* rank 0 steady: never named */
+            if (diag_util_add(d, 1, c->u[k], &g) && at < 0) {
+                at = k;
+                f = g;
+            } else if (at >= 0) {
+                CHECK(!diag_util_add(d, 1, c->u[k], &g), "%s: reported twice", c->name);
+            }
+        }
+        CHECK(at == c->report, "%s: reported at sample %d, want %d", c->name, at, c->report);
+        if (at >= 0) {
+            CHECK(f.kind == DIAG_SAWTOOTH && f.rank == 1 && (int)f.value == c->swings,
+                  "%s: kind %d rank %d swings %g", c->name, f.kind, f.rank, f.value);
+            CHECK(f.compute_ms <= DIAG_SAW_LOW && f.peer_ms >= DIAG_SAW_HIGH, "%s: range %g..%g",
+                  c->name, f.compute_ms, f.peer_ms);
+        }
+        diag_free(d);
+    }
 }
 
 static void test_advice(void) {
@@ -297,6 +383,7 @@ int main(void) {
     CHECK(diag_new(0, 0) == NULL, "world 0");
     diag_free(NULL);
     test_times();
+    test_sawtooth();
     test_advice();
     return check_summary("test_diagnose");
 }

@@ -28,7 +28,8 @@
     "'dropout':0.0,'targets':['q','k','v','o','gate','up','down']},'quantize_base':'nf4',"         \
     "'precision':'bf16','recompute':{'budget_gib':20},'micro_batch':1},"                           \
     "'export':{'hf':true,'lora':true},"                                                            \
-    "'resources':{'device':'cuda','gpu_type':'H100-SXM','gpus_per_node':8,'allow_mixed':false},"   \
+    "'resources':{'device':'cuda','gpu_type':'H100-SXM','gpus_per_node':8,'allow_mixed':false,"    \
+    "'pool':'train','labels':{'zone':'eu'}},"                                                      \
     "'max_runtime_s':86400,'after':['j-d1b9522f5b1a'],'preemptible':true,"                         \
     "'array':{'train.lr':[1e-4,3e-4]}}"
 
@@ -351,6 +352,20 @@ static const struct tcase cases[] = {
      "INVALID_GPU_TYPE", "resources.gpu_type", "gpu_type[1]"},
     {"allow_mixed string", "{" MIN ",'resources':{'allow_mixed':'no'}}", 0, 422, "WRONG_TYPE",
      "resources.allow_mixed", NULL},
+    {"pool with a space", "{" MIN ",'resources':{'pool':'gpu a'}}", 0, 422, "INVALID_VALUE",
+     "resources.pool", "not a pool name"},
+    {"pool number", "{" MIN ",'resources':{'pool':3}}", 0, 422, "WRONG_TYPE", "resources.pool",
+     NULL},
+    {"node labels not an object", "{" MIN ",'resources':{'labels':['zone=eu']}}", 0, 422,
+     "WRONG_TYPE", "resources.labels", "object of strings"},
+    {"node label value a number", "{" MIN ",'resources':{'labels':{'gpus':8}}}", 0, 422,
+     "WRONG_TYPE", "resources.labels.gpus", NULL},
+    {"node label key bad", "{" MIN ",'resources':{'labels':{'a b':'x'}}}", 0, 422, "INVALID_LABEL",
+     "resources.labels.a b", NULL},
+    {"too many node labels",
+     "{" MIN ",'resources':{'labels':{'a':'1','b':'1','c':'1','d':'1','e':'1','f':'1','g':'1',"
+     "'h':'1','i':'1'}}}",
+     0, 422, "OUT_OF_RANGE", "resources.labels", "9 entries, at most 8"},
     {"max_runtime_s negative", "{" MIN ",'max_runtime_s':-1}", 0, 422, "OUT_OF_RANGE",
      "max_runtime_s", "-1"},
     {"max_runtime_s fraction", "{" MIN ",'max_runtime_s':1.5}", 0, 422, "WRONG_TYPE",
@@ -581,6 +596,9 @@ static void test_finetune_fields(void) {
     CHECK(s.train.quantize_base == JOBSPEC_QUANT_NF4 && s.train.recompute_budget_gib == 20);
     CHECK(s.export.hf && s.export.lora && s.resources.n_gpu_types == 1 &&
           strcmp(s.resources.gpu_type[0], "H100-SXM") == 0 && !s.resources.allow_mixed);
+    CHECK(strcmp(s.resources.pool, "train") == 0 && s.resources.n_node_labels == 1 &&
+          strcmp(s.resources.node_labels[0].key, "zone") == 0 &&
+          strcmp(s.resources.node_labels[0].value, "eu") == 0 && s.n_labels == 0);
     CHECK(s.max_runtime_s == 86400 && s.n_after == 1 && strcmp(s.after[0], "j-d1b9522f5b1a") == 0 &&
           s.preemptible);
     CHECK(s.n_array == 1 && strcmp(s.array[0].key, "train.lr") == 0 && s.array[0].n_values == 2);

@@ -279,7 +279,8 @@ static void test_event_types(void) {
         CHECK(cases[i].want ? t && !strcmp(t, cases[i].want) : t == NULL);
         if (t) CHECK(events_type_valid(t));
     }
-    CHECK(events_types_count == 10);
+    CHECK(events_types_count == 11 && events_type_valid("job.diagnosis") &&
+          events_type_valid("artifacts.expired"));
     CHECK(!events_type_valid("job.nope") && !events_type_valid(NULL) && !events_type_valid("*"));
 }
 

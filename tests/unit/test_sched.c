@@ -233,6 +233,323 @@ static void format_ranks(const struct sched_cluster *c, const struct sched_decis
                                 c->nodes[d->ranks[r].node].name, d->ranks[r].device);
 }
 
+/* ---- NVLink islands and node selectors ----
+ * Nodes are cuda nodes with islands written "0246|1357" (hex device digits
+ * per island; NULL: none reported), a pool and labels "k=v k=v". */
+struct xnode {
+    const char *name;
+    int ndev;
+    uint64_t busy;
+    const char *islands, *pool, *labels;
+    enum sched_node_state state;
+};
+
+struct xjob {
+    const char *id;
+    int world, tp;
+    const char *pool, *labels;
+    const char *expect; /* placement, or "-fragment of reason" */
+    int cross;          /* expected cross_island when placed */
+};
+
+struct xcase {
+    const char *name;
+    struct xnode nodes[3];
+    struct xjob jobs[3];
+};
+
+static const struct xcase xcases[] = {
+    {"tp=4 on an 8-GPU node with two interleaved islands of 4 gets one island",
+     {{"a", 8, 0, "0246|1357", NULL, NULL, SCHED_NODE_READY}},
+     {{"j1", 4, 4, NULL, NULL, "a0 a2 a4 a6", 0}, {"j2", 4, 4, NULL, NULL, "a1 a3 a5 a7", 0}}},
+    {"one device of island 0 busy: the free island, not adjacent devices 4-7",
+     {{"a", 8, 0x01, "0246|1357", NULL, NULL, SCHED_NODE_READY}},
+     {{"j1", 4, 4, NULL, NULL, "a1 a3 a5 a7", 0}}},
+    {"6 free but 3 per island: tp=4 waits and the reason says why",
+     {{"a", 8, 0x03, "0246|1357", NULL, NULL, SCHED_NODE_READY}},
+     {{"j1", 4, 4, NULL, NULL,
+       "-needs 4 GPUs with tp=4 inside one NVLink island; most free in one island is 3 on a "
+       "(6 free in total)",
+       0}}},
+    {"tp=2 pairs stay inside islands of 4 (0123|4567); any two free devices of one island pair",
+     {{"a", 8, 0x05, "0123|4567", NULL, NULL, SCHED_NODE_READY}},
+     {{"j1", 4, 2, NULL, NULL, "a1 a3 a4 a5", 0}, {"j2", 2, 2, NULL, NULL, "a6 a7", 0}}},
+    {"tp=8 is larger than every island: placed across them, counted for the warning",
+     {{"a", 8, 0, "0123|4567", NULL, NULL, SCHED_NODE_READY}},
+     {{"j1", 8, 8, NULL, NULL, "a0 a1 a2 a3 a4 a5 a6 a7", 1}}},
+    {"an island node and a node without NVLink: tp=4 world 8 over both",
+     {{"a", 8, 0xa0, "0246|1357", NULL, NULL, SCHED_NODE_READY},
+      {"b", 4, 0, NULL, NULL, NULL, SCHED_NODE_READY}},
+     {{"j1", 8, 4, NULL, NULL, "a0 a2 a4 a6 b0 b1 b2 b3", 0},
+      {"j2", 4, 4, NULL, NULL,
+       "-needs 4 GPUs with tp=4 inside one NVLink island; most free in one island is 2 on a", 0}}},
+    {"all 8 in one island (NVSwitch): as a node without islands",
+     {{"a", 8, 0x0f, "01234567", NULL, NULL, SCHED_NODE_READY}},
+     {{"j1", 4, 4, NULL, NULL, "a4 a5 a6 a7", 0}}},
+    {"resources.pool: only the pool's node, though the other fits better",
+     {{"a", 4, 0x7, NULL, "", NULL, SCHED_NODE_READY},
+      {"b", 4, 0, NULL, "train", NULL, SCHED_NODE_READY}},
+     {{"j1", 1, 1, "train", NULL, "b0", 0}, {"j2", 1, 1, NULL, NULL, "a3", 0}}},
+    {"resources.labels: every key=value must be on the node",
+     {{"a", 4, 0, NULL, NULL, "zone=eu", SCHED_NODE_READY},
+      {"b", 4, 0, NULL, NULL, "ib=yes zone=us", SCHED_NODE_READY}},
+     {{"j1", 2, 1, NULL, "zone=us", "b0 b1", 0},
+      {"j2", 2, 1, NULL, "ib=yes zone=eu", "-no ready node matches resources.labels ib=yes zone=eu",
+       0},
+      {"j3", 2, 1, NULL, "zone=eu", "a0 a1", 0}}},
+    {"a pool no ready node has: the reason names it (the pool's node is drained)",
+     {{"a", 4, 0, NULL, "gpu-b", NULL, SCHED_NODE_DRAINED},
+      {"b", 4, 0, NULL, "gpu-a", NULL, SCHED_NODE_READY}},
+     {{"j1", 1, 1, "gpu-b", NULL, "-no ready node matches resources.pool=gpu-b (1 ready node", 0}}},
+    {"selected node busy: the shortage counts only matching nodes",
+     {{"a", 4, 0xe, NULL, "p", "zone=eu", SCHED_NODE_READY},
+      {"b", 4, 0, NULL, "q", "zone=eu", SCHED_NODE_READY}},
+     {{"j1", 2, 1, "p", "zone=eu", "-needs 2 GPUs; 1 free (a: 1)", 0}}},
+    {"selector larger than its nodes: never fits on the pool",
+     {{"a", 4, 0, NULL, "p", NULL, SCHED_NODE_READY},
+      {"b", 8, 0, NULL, "q", NULL, SCHED_NODE_READY}},
+     {{"j1", 8, 1, "p", NULL, "-the 1 ready nodes have 4 in total", 0}}},
+};
+
+static int parse_islands(const char *spec, uint64_t *out) {
+    int n = 0;
+    for (const char *p = spec; p && *p && n < 8;) {
+        uint64_t m = 0;
+        for (; *p && *p != '|'; p++)
+            m |= (uint64_t)1 << (*p <= '9' ? *p - '0' : *p - 'a' + 10);
+        out[n++] = m;
+        if (*p == '|') p++;
+    }
+    return n;
+}
+
+/* "k=v k=v" into keys/vals (buffers of 8 x 32 each). */
+static int parse_kv(const char *spec, char (*kb)[32], char (*vb)[32], const char **keys,
+                    const char **vals) {
+    int n = 0;
+    for (const char *p = spec; p && *p && n < 8;) {
+        size_t l = strcspn(p, " "), e = strcspn(p, "=");
+        snprintf(kb[n], 32, "%.*s", (int)e, p);
+        snprintf(vb[n], 32, "%.*s", (int)(l - e - 1), p + e + 1);
+        keys[n] = kb[n];
+        vals[n] = vb[n];
+        n++;
+        p += l + (p[l] == ' ');
+    }
+    return n;
+}
+
+static void run_xcases(void) {
+    for (size_t ci = 0; ci < sizeof xcases / sizeof *xcases; ci++) {
+        const struct xcase *tc = &xcases[ci];
+        struct sched_node nodes[3];
+        struct sched_job jobs[3];
+        struct sched_decision dec[3];
+        uint64_t isl[3][8];
+        char nk[3][8][32], nv[3][8][32], jk[3][8][32], jv[3][8][32];
+        const char *nkp[3][8], *nvp[3][8], *jkp[3][8], *jvp[3][8];
+        int nn = 0, nj = 0;
+        for (; nn < 3 && tc->nodes[nn].name; nn++) {
+            const struct xnode *x = &tc->nodes[nn];
+            memset(&nodes[nn], 0, sizeof nodes[nn]);
+            nodes[nn].name = x->name;
+            nodes[nn].kind = "cuda";
+            nodes[nn].ndev = x->ndev;
+            nodes[nn].busy = x->busy;
+            nodes[nn].state = x->state;
+            nodes[nn].nislands = parse_islands(x->islands, isl[nn]);
+            nodes[nn].islands = isl[nn];
+            nodes[nn].pool = x->pool;
+            nodes[nn].nlabels = parse_kv(x->labels, nk[nn], nv[nn], nkp[nn], nvp[nn]);
+            nodes[nn].label_keys = nkp[nn];
+            nodes[nn].label_vals = nvp[nn];
+        }
+        for (; nj < 3 && tc->jobs[nj].id; nj++) {
+            const struct xjob *x = &tc->jobs[nj];
+            memset(&jobs[nj], 0, sizeof jobs[nj]);
+            jobs[nj].id = x->id;
+            jobs[nj].tenant = "t1";
+            jobs[nj].kind = "cuda";
+            jobs[nj].priority = 50;
+            jobs[nj].submit_ms = nj;
+            jobs[nj].world = x->world;
+            jobs[nj].tp = x->tp;
+            jobs[nj].avoid_node = -1;
+            jobs[nj].pool = x->pool;
+            jobs[nj].nsel = parse_kv(x->labels, jk[nj], jv[nj], jkp[nj], jvp[nj]);
+            jobs[nj].sel_keys = jkp[nj];
+            jobs[nj].sel_vals = jvp[nj];
+        }
+        struct sched_cluster cl = {nodes, nn, NULL, 0};
+        if (sched_place(&cl, jobs, nj, dec) < 0) {
+            fprintf(stderr, "FAIL [%s]: sched_place failed\n", tc->name);
+            failures++;
+            continue;
+        }
+        for (int j = 0; j < nj; j++) {
+            const char *e = tc->jobs[j].expect;
+            char got[256];
+            if (dec[j].placed) {
+                format_ranks(&cl, &dec[j], jobs[j].world, got, sizeof got);
+                /* "b0 b1 b2 b3 -": the first ranks as written, the rest anywhere */
+                size_t el = strlen(e);
+                int prefix = el > 2 && !strcmp(e + el - 2, " -");
+                int ok =
+                    e[0] != '-' && (prefix ? strncmp(got, e, el - 2) == 0 : strcmp(got, e) == 0);
+                if (!ok || dec[j].cross_island != tc->jobs[j].cross) {
+                    fprintf(stderr,
+                            "FAIL [%s] job %s: placed at '%s' (cross_island %d), expected '%s' "
+                            "(%d)\n",
+                            tc->name, jobs[j].id, got, dec[j].cross_island, e, tc->jobs[j].cross);
+                    failures++;
+                }
+            } else if (e[0] != '-' || !strstr(dec[j].reason, e + 1)) {
+                fprintf(stderr, "FAIL [%s] job %s: queued with reason '%s', expected '%s'\n",
+                        tc->name, jobs[j].id, dec[j].reason, e);
+                failures++;
+            }
+        }
+        sched_decisions_free(dec, nj);
+    }
+}
+
+/* Random island layouts: every tp group sits inside one island whenever some
+ * island of its node can hold tp devices; cross_island counts the others. */
+static void run_island_random(void) {
+    unsigned seed = 777;
+    int placed = 0, crossed = 0;
+    for (int iter = 0; iter < 300; iter++) {
+        struct sched_node nodes[2];
+        uint64_t isl[2][8];
+        static const char *names[2] = {"p", "q"};
+        for (int i = 0; i < 2; i++) {
+            memset(&nodes[i], 0, sizeof nodes[i]);
+            /* assign each of 8 devices to one of k islands at random */
+            seed = seed * 1103515245 + 12345;
+            int k = 1 + (int)((seed >> 16) % 4);
+            memset(isl[i], 0, sizeof isl[i]);
+            for (int d = 0; d < 8; d++) {
+                seed = seed * 1103515245 + 12345;
+                isl[i][(seed >> 16) % (unsigned)k] |= (uint64_t)1 << d;
+            }
+            int n = 0;
+            for (int x = 0; x < k; x++)
+                if (isl[i][x]) isl[i][n++] = isl[i][x];
+            nodes[i].name = names[i];
+            nodes[i].kind = "cuda";
+            nodes[i].ndev = 8;
+            seed = seed * 1103515245 + 12345;
+            nodes[i].busy = (seed >> 8) & 0x3f & ((seed >> 20) & 0xff);
+            nodes[i].islands = isl[i];
+            nodes[i].nislands = n;
+        }
+        struct sched_job jobs[3];
+        static const char *ids[3] = {"x", "y", "z"};
+        for (int j = 0; j < 3; j++) {
+            memset(&jobs[j], 0, sizeof jobs[j]);
+            seed = seed * 1103515245 + 12345;
+            jobs[j].id = ids[j];
+            jobs[j].kind = "cuda";
+            jobs[j].tp = 1 << ((seed >> 9) % 4);
+            jobs[j].world = jobs[j].tp * (1 + (int)((seed >> 13) % 2));
+            jobs[j].submit_ms = j;
+            jobs[j].avoid_node = -1;
+        }
+        struct sched_decision dec[3];
+        struct sched_cluster cl = {nodes, 2, NULL, 0};
+        if (sched_place(&cl, jobs, 3, dec) < 0) {
+            failures++;
+            continue;
+        }
+        uint64_t used[2] = {nodes[0].busy, nodes[1].busy};
+        for (int j = 0; j < 3; j++) {
+            if (!dec[j].placed) continue;
+            int tp = jobs[j].tp, cross = 0;
+            for (int g = 0; g < jobs[j].world; g += tp) {
+                const struct sched_node *n = &nodes[dec[j].ranks[g].node];
+                uint64_t m = 0;
+                int big = 0, inside = 0;
+                for (int t = 0; t < tp; t++) {
+                    uint64_t bit = (uint64_t)1 << dec[j].ranks[g + t].device;
+                    if (dec[j].ranks[g + t].node != dec[j].ranks[g].node ||
+                        (used[dec[j].ranks[g].node] & bit)) {
+                        fprintf(stderr, "FAIL island random %d: job %d group %d split/overlap\n",
+                                iter, j, g / tp);
+                        failures++;
+                    }
+                    used[dec[j].ranks[g].node] |= bit;
+                    m |= bit;
+                }
+                for (int k = 0; k < n->nislands; k++) {
+                    int sz = __builtin_popcountll(n->islands[k]);
+                    if (sz > big) big = sz;
+                    inside |= (m & n->islands[k]) == m;
+                }
+                if (!inside && tp <= big) {
+                    fprintf(stderr,
+                            "FAIL island random %d: job %d tp=%d group spans islands "
+                            "though one holds %d\n",
+                            iter, j, tp, big);
+                    failures++;
+                }
+                cross += !inside && tp > 1;
+            }
+            placed++;
+            crossed += cross > 0;
+            if (cross != dec[j].cross_island) {
+                fprintf(stderr, "FAIL island random %d: job %d cross_island %d, counted %d\n", iter,
+                        j, dec[j].cross_island, cross);
+                failures++;
+            }
+        }
+        sched_decisions_free(dec, 3);
+    }
+    /* the layouts must exercise both rules, or the checks above prove nothing */
+    if (placed < 300 || crossed == 0) {
+        fprintf(stderr, "FAIL island random: %d placed, %d across islands\n", placed, crossed);
+        failures++;
+    }
+}
+
+/* sched_islands over link matrices as NVML reports them (agent/gpu.h
+ * topology: "NV<n>" entries are links). */
+static void run_islands_from_links(void) {
+    static const struct {
+        const char *name;
+        int n;
+        const char *links; /* pairs "ab" of linked devices, one direction */
+        int want_n;
+        uint64_t want[8];
+    } t[] = {
+        {"HGX H100: NVSwitch links all 8",
+         8,
+         "01 02 03 04 05 06 07 12 13 14 15 16 17 23 24 25 26 27 34 35 36 37 45 46 47 56 57 67",
+         1,
+         {0xff}},
+        {"two boards of 4", 8, "01 02 03 12 13 23 45 46 47 56 57 67", 2, {0x0f, 0xf0}},
+        {"interleaved islands", 8, "02 24 46 13 35 57", 2, {0x55, 0xaa}},
+        {"NVLink bridges in pairs (A100 PCIe)", 4, "01 23", 2, {0x3, 0xc}},
+        {"one bridge, two unlinked cards", 4, "10", 3, {0x3, 0x4, 0x8}},
+        {"no NVLink at all (RTX 4090 box)", 4, "", 0, {0}},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        unsigned char m[64] = {0};
+        for (const char *p = t[i].links; *p; p += p[2] ? 3 : 2)
+            m[(p[0] - '0') * t[i].n + (p[1] - '0')] = 1;
+        uint64_t out[8] = {0};
+        int n = sched_islands(t[i].n, m, out);
+        int ok = n == t[i].want_n;
+        for (int k = 0; ok && k < n; k++)
+            ok = out[k] == t[i].want[k];
+        if (!ok) {
+            fprintf(stderr, "FAIL islands [%s]: %d islands (first 0x%llx), want %d (0x%llx)\n",
+                    t[i].name, n, (unsigned long long)out[0], t[i].want_n,
+                    (unsigned long long)t[i].want[0]);
+            failures++;
+        }
+    }
+}
+
 int main(void) {
     int ncases = (int)(sizeof cases / sizeof *cases);
     for (int ci = 0; ci < ncases; ci++) {
@@ -242,6 +559,7 @@ int main(void) {
         struct sched_decision dec[MAXJ];
         int nn = 0, nj = 0, nq = 0;
         for (; nn < MAXN && tc->nodes[nn].name; nn++) {
+            memset(&nodes[nn], 0, sizeof nodes[nn]);
             nodes[nn].name = tc->nodes[nn].name;
             nodes[nn].kind = tc->nodes[nn].kind;
             nodes[nn].ndev = tc->nodes[nn].ndev;
@@ -263,9 +581,10 @@ int main(void) {
                 nt++;
                 p += l + (p[l] == ' ');
             }
-            jobs[nj] = (struct sched_job){
-                t->id,       t->tenant,     t->kind,  t->prio, t->submit, t->world, t->tp,
-                t->per_node, t->avoid1 - 1, tptr[nj], nt,      t->mixed,  0.0};
+            jobs[nj] =
+                (struct sched_job){t->id, t->tenant,   t->kind,       t->prio,  t->submit, t->world,
+                                   t->tp, t->per_node, t->avoid1 - 1, tptr[nj], nt,        t->mixed,
+                                   0.0,   NULL,        NULL,          NULL,     0};
         }
         struct sched_cluster cl = {nodes, nn, tc->quotas, nq};
         int placed = sched_place(&cl, jobs, nj, dec);
@@ -321,7 +640,13 @@ int main(void) {
                                     8,
                                     (seed >> 8) & 0xff,
                                     (seed >> 20) % 5 == 0 ? SCHED_NODE_DRAINED : SCHED_NODE_READY,
-                                    types[(seed >> 24) % 3]};
+                                    types[(seed >> 24) % 3],
+                                    NULL,
+                                    0,
+                                    NULL,
+                                    NULL,
+                                    NULL,
+                                    0};
         }
         for (int j = 0; j < MAXJ; j++) {
             seed = seed * 1103515245 + 12345;
@@ -340,7 +665,11 @@ int main(void) {
                                          (seed >> 29) % 2 ? &types[(seed >> 25) % 3] : NULL,
                                          (seed >> 29) % 2 ? 1 : 0,
                                          mixed,
-                                         0.0};
+                                         0.0,
+                                         NULL,
+                                         NULL,
+                                         NULL,
+                                         0};
         }
         struct sched_cluster cl = {nodes, MAXN, NULL, 0};
         if (sched_place(&cl, jobs, MAXJ, dec) < 0) {
@@ -385,10 +714,15 @@ int main(void) {
         }
         sched_decisions_free(dec, MAXJ);
     }
+    run_xcases();
+    run_island_random();
+    run_islands_from_links();
     if (failures) {
         fprintf(stderr, "test_sched: %d failures\n", failures);
         return 1;
     }
-    printf("test_sched: %d cases + 200 random clusters ok\n", ncases);
+    printf("test_sched: %d cases + 200 random clusters + %d island/selector cases + 300 random "
+           "island layouts ok\n",
+           ncases, (int)(sizeof xcases / sizeof *xcases));
     return 0;
 }

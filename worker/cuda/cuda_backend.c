@@ -1157,6 +1157,8 @@ int backend_cuda_mem(const struct backend *b, struct cuda_mem_report *r) {
     r->workspace_bytes = c->ws.size + (c->cda ? lcudnn_attn_bytes(c->cda) : 0);
     r->logits_bytes = (size_t)c->cls_chunk * (size_t)(c->lim.Vp > 0 ? c->lim.Vp : 8) * 2;
     r->device_used = tot - fr;
+    r->device_free = fr;
+    r->device_total = tot;
     return 0;
 }
 

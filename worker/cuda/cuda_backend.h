@@ -17,6 +17,8 @@ struct cuda_mem_report {
     size_t workspace_bytes; /* reserve() workspaces (cuBLASLt, attention, logits chunk) */
     size_t logits_bytes;    /* of which the classifier chunk */
     size_t device_used;     /* cudaMemGetInfo: total - free (all processes) */
+    size_t device_free;     /* cudaMemGetInfo: free */
+    size_t device_total;    /* cudaMemGetInfo: total */
 };
 /* Fill *r for a backend made by backend_cuda_new; returns 0, or -1 when b is
  * not a CUDA backend. */
