@@ -26,7 +26,10 @@
  * With --offload (worker/offload.h) the RESULT line adds the step's split:
  * optimizer wall ms on the engine thread, the CPU AdamW's ms, the exposed
  * copy and CPU waits, and the start-up (host state ready, process to first
- * step). */
+ * step).
+ * --ncu-step K: step K (from 0) alone between cudaProfilerStart / Stop, for
+ * `ncu --profile-from-start off` (tests/gpu/device/profile_llama.sh). */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +60,7 @@ static struct prof {
     int n;
     int on;
     double ms[C_N];
+    double span; /* first event to last of each profiled step, summed */
 } P;
 
 static void pbeg(void) {
@@ -71,6 +75,11 @@ static void pend(int c) {
 }
 static void pcollect(void) {
     cudaStreamSynchronize(P.s);
+    if (P.n >= 2) {
+        float sp = 0;
+        cudaEventElapsedTime(&sp, P.ev[0], P.ev[P.n - 1]);
+        P.span += sp;
+    }
     for (int i = 0; i < P.n; i += 2) {
         float ms = 0;
         cudaEventElapsedTime(&ms, P.ev[i], P.ev[i + 1]);
@@ -130,6 +139,20 @@ W0(layernorm_fwd, C_NORM,
    (void *x, void *o, float *m, float *r, const void *i, const void *w, const void *b, int N, int C,
     float e),
    (x, o, m, r, i, w, b, N, C, e))
+W0(rmsnorm_fwd, C_NORM,
+   (void *x, void *o, float *r, const void *i, const void *w, int N, int C, float e),
+   (x, o, r, i, w, N, C, e))
+W0(rmsnorm_bwd, C_NORM,
+   (void *x, void *di, void *dw, const void *d, const void *i, const void *w, const float *r, int N,
+    int C),
+   (x, di, dw, d, i, w, r, N, C))
+W0(swiglu_fwd, C_ELEM, (void *x, void *o, const void *i, int N, int F), (x, o, i, N, F))
+W0(swiglu_bwd, C_ELEM, (void *x, void *di, const void *i, const void *d, int N, int F),
+   (x, di, i, d, N, F))
+W0(rope_fwd, C_ELEM, (void *x, void *p, int N, int T, int s, int h, int D, float th),
+   (x, p, N, T, s, h, D, th))
+W0(rope_bwd, C_ELEM, (void *x, void *p, int N, int T, int s, int h, int D, float th),
+   (x, p, N, T, s, h, D, th))
 W0(layernorm_bwd, C_NORM,
    (void *x, void *di, void *dw, void *db, const void *d, const void *i, const void *w,
     const float *m, const float *r, int N, int C),
@@ -212,6 +235,10 @@ static void prof_install(struct backend *b) {
     if (b->dropout) SETW(dropout);
     if (b->lora_gemm) SETW(lora_gemm);
     if (b->nf4_dequant) SETW(nf4_dequant);
+    /* the Llama family's operations (before: untimed, and a matmul held
+     * before them was charged to nothing) */
+    SETW(rmsnorm_fwd), SETW(rmsnorm_bwd), SETW(swiglu_fwd), SETW(swiglu_bwd);
+    SETW(rope_fwd), SETW(rope_bwd);
 #undef SETW
 }
 
@@ -245,7 +272,7 @@ static int cmp_d(const void *a, const void *b) {
 int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
     const char *recompute = "none", *quant = "none";
-    int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0;
+    int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0, ncu_step = -1;
     int accum = 1, offload_threads = 0;
     const char *offload = "off", *pin = "register";
     double t_start = clock_mono_msf();
@@ -278,6 +305,8 @@ int main(int argc, char **argv) {
             pin = argv[i + 1];
         else if (!strcmp(argv[i], "--offload-threads"))
             offload_threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ncu-step"))
+            ncu_step = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -401,12 +430,14 @@ int main(int argc, char **argv) {
     struct train_step_info info = {0};
     for (int64_t i = 0; i < warmup + nsteps; i++) {
         e->be->sync(e->be->ctx);
+        if (i == ncu_step) cudaProfilerStart();
         double t0 = clock_mono_msf();
         if (train_step(m, &o, i, &info, in, tg, err, sizeof err)) {
             fprintf(stderr, "train_step: %s\n", err);
             return 1;
         }
         e->be->sync(e->be->ctx);
+        if (i == ncu_step) cudaProfilerStop();
         if (i >= warmup) {
             ms[i - warmup] = clock_mono_msf() - t0;
             offload_get_stats(e, &ost);
@@ -465,6 +496,10 @@ int main(int argc, char **argv) {
                     100 * P.ms[c] / nprof / med);
         fprintf(stderr, "  %-12s %8.2f ms of %.2f ms step (rest: launch gaps, host sync)\n", "sum",
                 sum, med);
+        fprintf(stderr,
+                "  %-12s %8.2f ms from the first timed call to the last: %.2f ms between calls "
+                "(idle device or untimed work)\n",
+                "span", P.span / nprof, (P.span - sum * nprof) / nprof);
     }
     printf("RESULT {\"impl\":\"loom-cuda\",\"model\":\"%s\",\"params\":%lld,\"mbs\":%d,\"T\":%d,"
            "\"step_ms_median\":%.2f,\"step_ms_min\":%.2f,\"tokens_per_s\":%.0f,"
@@ -487,7 +522,7 @@ int main(int argc, char **argv) {
         printf(",\"breakdown_ms\":{");
         for (int c = 0; c < C_N; c++)
             printf("%s\"%s\":%.2f", c ? "," : "", cat_name[c], P.ms[c] / nprof);
-        printf("}");
+        printf(",\"span\":%.2f}", P.span / nprof);
     }
     printf("}\n");
     free(in), free(tg), free(ms);

@@ -922,6 +922,26 @@ static void test_classifier(int N, int C, int V, int Vp) {
     t_free(&x), t_free(&w), t_free(&loss), t_free(&dx), t_free(&dw);
 }
 
+/* The classifier in row chunks (the xent-chunk-mib row; gpu here is a
+ * backend made with 1 MiB chunks): the reserved logits chunk must hold
+ * exactly `rows` rows (a count below N, so several chunks run, the last one
+ * partial when N is not a multiple), then the same checks as
+ * test_classifier against the cpu reference (loss, dinp, dW accumulated
+ * over the chunks). */
+static void test_classifier_chunked(int N, int C, int V, int Vp, int rows) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "N%d C%d V%d/%d rows %d", N, C, V, Vp, rows);
+    reserve_both(1, N, C, 1, 1, C, C, Vp);
+    struct cuda_mem_report mr;
+    int ok =
+        backend_cuda_mem(gpu, &mr) == 0 && mr.logits_bytes == (size_t)rows * Vp * 2 && rows < N;
+    checks++;
+    if (!ok) failures++;
+    printf("%-4s %-22s %-26s logits chunk %zu bytes, want %zu\n", ok ? "ok" : "FAIL",
+           "classifier chunk rows", shape, mr.logits_bytes, (size_t)rows * Vp * 2);
+    test_classifier(N, C, V, Vp);
+}
+
 /* matmul_residual_fwd (optional fusion) against the cpu's matmul_fwd +
  * residual_fwd, out distinct from and equal to the residual. */
 static void test_matmul_residual(int N, int IC, int OC) {
@@ -1684,7 +1704,11 @@ int main(void) {
      * which a document batch must not take */
     ct.attn_cudnn = "1", ct.elem_vec = 1, ct.attn_doc_skip = 0;
     struct backend *gpu_noskip = backend_cuda_new_tuned(0, &ct);
-    if (!cpu || !gpu || !gpu_cudnn || !gpu_scalar || !gpu_noskip) return 1;
+    /* the classifier in 1 MiB logits chunks through the persistent-grid loss
+     * kernel (xent-l2; the others: chunks of up to 2 GiB, one block per row) */
+    ct.attn_doc_skip = 1, ct.elem_vec = 1, ct.xent_chunk_mib = 1, ct.xent_l2 = 1;
+    struct backend *gpu_chunk = backend_cuda_new_tuned(0, &ct);
+    if (!cpu || !gpu || !gpu_cudnn || !gpu_scalar || !gpu_noskip || !gpu_chunk) return 1;
     /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
      * shapes of every table only. */
     int quick = getenv("LOOM_TEST_QUICK") != NULL;
@@ -1765,6 +1789,24 @@ docs:;
     test_matmul_residual(64, 64, 192);
     if (!quick) test_matmul_residual(512, 768, 768);
     if (!quick) test_classifier_vp(300, 128, 25088, 25152); /* GPT-2 vocabulary over tp 2 */
+    {
+        /* the classifier in 1 MiB row chunks (xent-chunk-mib 1, xent-l2 1): rows per
+         * chunk 1 MiB / (Vp * 2), rounded down to 64 from 64 up; N not a
+         * multiple of the chunk, V below the padded Vp */
+        struct backend *full_gpu = gpu;
+        gpu = gpu_chunk;
+        /* one chunk: rows below the SM count, and above it (blocks loop) */
+        test_classifier(64, 64, 250, 256);
+        if (!quick) test_classifier(300, 128, 1000, 1024);
+        test_classifier_chunked(16, 64, 70000, 70016, 7);                 /* 7 + 7 + 2 rows */
+        test_classifier_chunked(300, 64, 2500, 2560, 192);                /* 192 + 108 */
+        if (!quick) test_classifier_chunked(1000, 128, 4000, 4096, 128);  /* 7 x 128 + 104 */
+        if (!quick) test_classifier_chunked(300, 128, 128000, 128256, 4); /* a Llama 3 vocabulary */
+        /* tensor-parallel pieces, chunked the same way (20 rows of 25152) */
+        test_classifier_vp(64, 64, 25000, 25152);
+        if (!quick) test_classifier_vp(300, 128, 25088, 25152);
+        gpu = full_gpu;
+    }
     test_optim(1000);
     if (!quick) test_optim(1 << 20);
     test_fused(64, 128, 256);
@@ -1774,6 +1816,7 @@ docs:;
 done:
 
     backend_free(gpu_noskip);
+    backend_free(gpu_chunk);
     backend_free(gpu_scalar);
     backend_free(gpu_cudnn);
     backend_free(gpu);

@@ -55,7 +55,8 @@
 
 #define MAX_ALLOCS     1024
 #define MAX_PENDING    16
-#define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk */
+#define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk, at most */
+#define XENT_CHUNK_MIB 0                 /* the xent-chunk-mib row's default (worker/tuning.c) */
 #define CUDA_PEAK_BF16 989e12            /* MFU denominator for a device not in api/gpu_types.c */
 #ifndef LOOM_CUDA_ARCHS
 #define LOOM_CUDA_ARCHS "" /* the build's CMAKE_CUDA_ARCHITECTURES (worker/cuda/CMakeLists.txt) */
@@ -81,7 +82,13 @@ struct cuda_ctx {
     int reserved;
     float *attn_scratch, *norm_scratch, *bias_scratch, *sum_scratch;
     lbf16 *logits;
+    /* rows per classifier chunk: as many as fit in xent_mib MiB of bf16
+     * logits (the xent-chunk-mib row; 0: LOGITS_CAP), rounded down to 64 */
     int cls_chunk;
+    long xent_mib;
+    /* the xent-l2 row: the fused loss kernel on a persistent grid of nsm
+     * blocks (lk_xent_fwd_bwd_l2); 0: one block per row */
+    int xent_l2, nsm;
     int32_t *d_order, *d_starts, *d_uniq; /* token buckets (device) */
     int32_t *h_tok, *h_buf;               /* pinned host: tokens; order|starts|uniq */
     /* token ids copied to h_tok during embedding_fwd (so embedding_bwd need
@@ -258,8 +265,10 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     if (qkv > maxoc) maxoc = qkv;
     if (2 * lim->F > maxoc) maxoc = 2 * lim->F;
     if (Vp > maxoc) maxoc = Vp;
-    size_t rows = LOGITS_CAP / ((size_t)Vp * 2);
-    c->cls_chunk = rows >= (size_t)N ? N : (int)(rows / 64 * 64);
+    size_t cap = c->xent_mib > 0 ? (size_t)c->xent_mib << 20 : LOGITS_CAP;
+    if (cap > LOGITS_CAP) cap = LOGITS_CAP;
+    size_t rows = cap / ((size_t)Vp * 2);
+    c->cls_chunk = rows >= (size_t)N ? N : rows >= 64 ? (int)(rows / 64 * 64) : (int)rows;
     if (c->cls_chunk < 1) c->cls_chunk = 1;
     size_t b_attn = lk_attn_scratch_bytes(lim->B, lim->T, lim->NH, lim->NKV, lim->HD);
     size_t b_norm = lk_norm_scratch_bytes(N, C);
@@ -850,7 +859,11 @@ static void cu_classifier(void *ctx, float *losses, void *dinp, void *dW, const 
     for (int r0 = 0; r0 < N; r0 += c->cls_chunk) {
         int rows = N - r0 < c->cls_chunk ? N - r0 : c->cls_chunk;
         lk_linear_fwd(c->blas, c->logits, NULL, x + (size_t)r0 * C, W, NULL, NULL, rows, C, Vp, 0);
-        lk_xent_fwd_bwd(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale, ST);
+        if (c->xent_l2)
+            lk_xent_fwd_bwd_l2(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale,
+                               c->nsm, ST);
+        else
+            lk_xent_fwd_bwd(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale, ST);
         if (dx)
             lk_linear_bwd_data(c->blas, dx + (size_t)r0 * C, c->logits, W, NULL, rows, C, Vp,
                                !fresh);
@@ -1199,6 +1212,9 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
+    c->xent_mib = t ? t->xent_chunk_mib : XENT_CHUNK_MIB;
+    c->xent_l2 = t && t->xent_l2;
+    c->nsm = prop.multiProcessorCount;
     b->name = "cuda";
     /* k_attn.cu works on 64-position tiles (cuDNN's engines take any count) */
     b->caps = (struct backend_caps){
