@@ -279,7 +279,7 @@ static void test_gemm(void) {
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
             for (int beta = 0; beta < 2; beta++) {
-                /* op(A)[i][p] = A[i][p] (row stride lda) or A[p][i]; offset 2 */
+                /* op(A)[i][p] = A[i][p] (row stride lda) or A[p][i]; both offset PAD */
                 int lda = (ta ? M : K) + PAD, ldb = (tb ? K : N) + PAD, ldc = N + 2 * PAD;
                 float alpha = 0.625f;
                 for (size_t i = 0; i < nc; i++) {
@@ -303,7 +303,7 @@ static void test_gemm(void) {
                         double acc = 0, mag = 0;
                         for (int p = 0; p < K; p++) {
                             double x =
-                                ta ? ha[2 + (size_t)p * lda + i] : ha[2 + (size_t)i * lda + p];
+                                ta ? ha[PAD + (size_t)p * lda + i] : ha[PAD + (size_t)i * lda + p];
                             size_t c = (size_t)(j - PAD); /* op(B)[p][c]: B[p][c] or B[c][p] */
                             double y = tb ? hb[PAD + c * ldb + p] : hb[PAD + (size_t)p * ldb + c];
                             acc += x * y;
