@@ -113,7 +113,8 @@ static long long flat_bytes(const char *path) {
     while (d && (e = readdir(d))) {
         char p[PATH_MAX + 300];
         struct stat st;
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        int k = snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        if (k < 0 || (size_t)k >= sizeof p) continue;
         if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode)) n += st.st_size;
     }
     if (d) closedir(d);
