@@ -55,17 +55,26 @@ static int now_ms(void) {
 /* Sends req[0..len) on a new connection, half-closes it and reads the reply (up to cap
  * bytes, READ_MS) into out. Returns the bytes read, -1 when no connection could be made. */
 static ssize_t exchange(const char *req, size_t len, char *out, size_t cap) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    /* libFuzzer's -timeout alarm interrupts blocking calls (EINTR): a fresh
+     * socket is tried again rather than the input counted as a crash */
+    int fd = -1;
+    for (int tries = 0;; tries++) {
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) break;
+        int e = errno;
         close(fd);
-        return -1;
+        if (e != EINTR || tries >= 100) {
+            errno = e;
+            return -1;
+        }
     }
     size_t off = 0;
     while (off < len) {
         ssize_t w = send(fd, req + off, len - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
         if (w <= 0) break; /* the server may close early (431, 413): read what it said */
         off += (size_t)w;
     }
@@ -75,8 +84,12 @@ static ssize_t exchange(const char *req, size_t len, char *out, size_t cap) {
     for (;;) {
         int left = deadline - now_ms();
         struct pollfd p = {fd, POLLIN, 0};
-        if (left <= 0 || poll(&p, 1, left) <= 0) break;
+        if (left <= 0) break;
+        int pr = poll(&p, 1, left);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) break;
         ssize_t r = recv(fd, out + got, cap - 1 - got, 0);
+        if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         got += (size_t)r;
         if (got >= cap - 1) break;
@@ -183,7 +196,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char req[MAX_REQ + 4096], reply[1 << 16];
     size_t len = expand(data, size, req, MAX_REQ);
     ssize_t n = exchange(req, len, reply, sizeof reply);
-    if (n < 0) fail("cannot connect to loomd", NULL);
+    if (n < 0) fail("cannot connect to loomd", strerror(errno));
     if (n > 0) {
         int st = status_of(reply);
         if (st < 100 || st > 599) fail("a reply without an HTTP status line", reply);
