@@ -18,3 +18,18 @@ if(TARGET loom-worker AND TARGET nf4_tool)
     set_tests_properties(integration.qlora.nf4 PROPERTIES LABELS "integration;sanitize"
                          SKIP_RETURN_CODE 77 TIMEOUT 600)
 endif()
+# The fast NF4 quantizer (pthreads, threshold comparisons) against the serial reference,
+# byte for byte, on 1, 2 and 7 threads; and its benchmark (docs/perf.md "NF4
+# quantization"), run tiny as a smoke test.
+if(TARGET loom_engine)
+    add_executable(test_nf4_threads ${CMAKE_CURRENT_LIST_DIR}/unit/test_nf4_threads.c)
+    target_link_libraries(test_nf4_threads PRIVATE loom_engine)
+    loom_warnings(test_nf4_threads)
+    add_test(NAME unit.nf4.threads COMMAND test_nf4_threads)
+    set_tests_properties(unit.nf4.threads PROPERTIES LABELS "unit;sanitize" TIMEOUT 300)
+    add_executable(bench_nf4 ${CMAKE_CURRENT_LIST_DIR}/bench/bench_nf4.c)
+    target_link_libraries(bench_nf4 PRIVATE loom_engine)
+    loom_warnings(bench_nf4)
+    add_test(NAME bench.nf4.smoke COMMAND bench_nf4 --n 100003 --threads 3 --reps 1)
+    set_tests_properties(bench.nf4.smoke PROPERTIES LABELS "bench" TIMEOUT 120)
+endif()

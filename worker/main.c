@@ -795,6 +795,12 @@ static int build_engine(struct run *r) {
     w->e = engine_new(&s->model, &p, r->be);
     r->be = NULL; /* the engine's now, freed by engine_new on failure too */
     if (!w->e) return LOOM_EXIT_FAILED;
+    if (nf4) { /* the quantizer's knobs (tuning rows nf4-*), --threads when nf4-threads is 0 */
+        const struct nf4_tuning *nt = &o->tune.nf4;
+        nf4_configure(&(struct nf4_opts){.fast = nt->fast,
+                                         .threads = nt->threads ? nt->threads : o->threads,
+                                         .overlap = nt->overlap});
+    }
     if (nf4 && nf4_attach(w->e, w->err, sizeof w->err) != 0)
         return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", NULL);
     if (nf4) {

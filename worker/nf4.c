@@ -4,10 +4,13 @@
  * Written here rather than taken from bitsandbytes: it is a Python / CUDA
  * library outside Debian, and the format is a few lines of arithmetic. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/engine.h"
 #include "worker/nf4.h"
@@ -58,20 +61,36 @@ static int nearest(const float *tab, int n, float x) {
     return fabsf(x - tab[lo]) <= fabsf(tab[hi] - x) ? lo : hi;
 }
 
-void nf4_quantize(const float *w, size_t n, uint8_t *out) {
+/* ---- the quantizer ---- */
+
+static struct nf4_opts opts = {.fast = 1, .threads = 0, .overlap = 1};
+
+void nf4_configure(const struct nf4_opts *o) {
+    opts = *o;
+}
+
+int nf4_threads(void) {
+    long t = opts.threads;
+    if (t <= 0) t = sysconf(_SC_NPROCESSORS_ONLN);
+    if (t < 1) t = 1;
+    return t > NF4_MAX_THREADS ? NF4_MAX_THREADS : (int)t;
+}
+
+/* The reference: one thread, a binary search per weight (kept as the
+ * nf4-fast=0 path and as what the fast one is tested against). */
+void nf4_quantize_serial(const float *w, size_t n, uint8_t *out) {
     const float *m8 = nf4_map8();
     size_t nb = nf4_nblocks(n), nb2 = nf4_nblocks2(n);
     uint8_t *codes = out, *q8 = out + nf4_off_q8(n);
     float *scale = (float *)(void *)(out + nf4_off_scale(n));
     float *absmax = malloc((nb ? nb : 1) * sizeof *absmax);
-    if (!absmax) { /* tiny; fall back to a serial pass over a stack value */
+    if (!absmax) {
         log_error("nf4: out of host memory for %zu block maxima", nb);
         abort();
     }
     memset(out, 0, nf4_bytes(n));
-#pragma omp parallel for schedule(static)
-    for (long b = 0; b < (long)nb; b++) {
-        size_t j0 = (size_t)b * NF4_BLOCK, j1 = j0 + NF4_BLOCK < n ? j0 + NF4_BLOCK : n;
+    for (size_t b = 0; b < nb; b++) {
+        size_t j0 = b * NF4_BLOCK, j1 = j0 + NF4_BLOCK < n ? j0 + NF4_BLOCK : n;
         float m = 0;
         for (size_t j = j0; j < j1; j++)
             m = fabsf(w[j]) > m ? fabsf(w[j]) : m;
@@ -86,9 +105,8 @@ void nf4_quantize(const float *w, size_t n, uint8_t *out) {
     for (size_t b = 0; b < nb; b++)
         sum += absmax[b];
     float offset = nb ? (float)(sum / (double)nb) : 0.0f;
-#pragma omp parallel for schedule(static)
-    for (long c = 0; c < (long)nb2; c++) {
-        size_t b0 = (size_t)c * NF4_BLOCK2, b1 = b0 + NF4_BLOCK2 < nb ? b0 + NF4_BLOCK2 : nb;
+    for (size_t c = 0; c < nb2; c++) {
+        size_t b0 = c * NF4_BLOCK2, b1 = b0 + NF4_BLOCK2 < nb ? b0 + NF4_BLOCK2 : nb;
         float s = 0;
         for (size_t b = b0; b < b1; b++)
             s = fabsf(absmax[b] - offset) > s ? fabsf(absmax[b] - offset) : s;
@@ -100,6 +118,236 @@ void nf4_quantize(const float *w, size_t n, uint8_t *out) {
     memcpy(out + nf4_off_offset(n), &offset, sizeof offset);
     memcpy(out + nf4_off_map(n), m8, 256 * sizeof(float));
     free(absmax);
+}
+
+/* The fast nearest code. nearest() picks lo over hi = lo + 1 when
+ * fl(x - tab[lo]) <= fl(tab[hi] - x); over [tab[lo], tab[hi]] the left side
+ * grows and the right one shrinks with x, so the pick is lo exactly up to one
+ * float, thr[lo] (found by bisection over the floats in between, once), and
+ * the code is the number of thresholds below x. That is nearest() for every
+ * x in [-inf, 1) (ties included: they sit at or below thr); above the table
+ * nearest() compares fl(x - tab[14]) with fl(x - 1), equal for +inf (an
+ * absmax under 1 / FLT_MAX makes the scale infinite), and NaN (0 times an
+ * infinite scale) falls to code 1: two corrections, both without branches. */
+static float thr[15];
+static int thr_ready;
+
+static uint32_t f2key(float f) { /* order-preserving: floats to unsigned keys */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+static float key2f(uint32_t k) {
+    uint32_t u = k & 0x80000000u ? k & 0x7fffffffu : ~k;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static const float *nf4_thresholds(void) {
+    if (thr_ready) return thr;
+    for (int i = 0; i < 15; i++) {
+        float a = NF4_CODE[i], b = NF4_CODE[i + 1];
+        uint32_t lo = f2key(a), hi = f2key(b); /* pred(lo) holds, pred(hi) does not */
+        while (hi - lo > 1) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            float x = key2f(mid);
+            if (fabsf(x - a) <= fabsf(b - x))
+                lo = mid;
+            else
+                hi = mid;
+        }
+        thr[i] = key2f(lo);
+    }
+    thr_ready = 1; /* idempotent, as map8 */
+    return thr;
+}
+
+/* One 64-weight block: its codes (32 bytes) and its absmax. Written for the
+ * vectorizer: the maximum in 8 lanes (max ignores order, and NaN falls out
+ * of `>` in every lane as in the serial loop), the codes as 15 passes of
+ * compare-and-count over the 64 values. */
+#ifdef __GNUC__
+__attribute__((always_inline)) /* into each clone of quant_blocks */
+#endif
+static inline float
+quant_block(const float *w, uint8_t *codes, const float *t) {
+    float lane[8] = {0};
+    for (int j = 0; j < NF4_BLOCK; j += 8)
+        for (int l = 0; l < 8; l++)
+            lane[l] = fabsf(w[j + l]) > lane[l] ? fabsf(w[j + l]) : lane[l];
+    float m = 0;
+    for (int l = 0; l < 8; l++)
+        m = lane[l] > m ? lane[l] : m;
+    float inv = m > 0 ? 1.0f / m : 0.0f, x[NF4_BLOCK];
+    int32_t k[NF4_BLOCK];
+    for (int j = 0; j < NF4_BLOCK; j++) {
+        x[j] = w[j] * inv;
+        /* NaN: code 1; +inf (and any x >= 1 where fl(x - c14) <= fl(1 - x)): 14 */
+        k[j] =
+            (x[j] != x[j]) - ((x[j] >= 1.0f) & (fabsf(x[j] - NF4_CODE[14]) <= fabsf(1.0f - x[j])));
+    }
+    for (int i = 0; i < 15; i++) {
+        float ti = t[i];
+        for (int j = 0; j < NF4_BLOCK; j++)
+            k[j] += x[j] > ti;
+    }
+    for (int j = 0; j < NF4_BLOCK / 2; j++)
+        codes[j] = (uint8_t)(k[2 * j] << 4 | k[2 * j + 1]);
+    return m;
+}
+
+/* The last block when shorter: zeros after the weights change neither the
+ * absmax nor the codes kept; an odd count's last low nibble stays 0. */
+static float quant_tail(const float *w, size_t len, uint8_t *codes, const float *t) {
+    float v[NF4_BLOCK] = {0};
+    uint8_t c[NF4_BLOCK / 2];
+    memcpy(v, w, len * sizeof *v);
+    float m = quant_block(v, c, t);
+    memcpy(codes, c, (len + 1) / 2);
+    if (len % 2) codes[len / 2] &= 0xf0;
+    return m;
+}
+
+/* Blocks [b0, b1) of w[n]: codes into out, absmax values. x86-64: built for
+ * AVX2 beside the baseline, chosen at load time (the same operations in
+ * IEEE single precision either way: the same bytes). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+    !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void
+quant_blocks(const float *w, size_t n, size_t b0, size_t b1, uint8_t *out, float *absmax,
+             const float *t) {
+    for (size_t b = b0; b < b1; b++) {
+        size_t j0 = b * NF4_BLOCK;
+        absmax[b] = n - j0 >= NF4_BLOCK ? quant_block(w + j0, out + j0 / 2, t)
+                                        : quant_tail(w + j0, n - j0, out + j0 / 2, t);
+    }
+}
+
+/* A job over blocks [b0, b1) of one tensor: phase 1 codes and absmax,
+ * phase 2 (scale groups [b0, b1)) the double quantization. */
+struct qjob {
+    const float *w;
+    size_t n, b0, b1;
+    uint8_t *out;
+    float *absmax, offset;
+    int phase;
+};
+
+static void *qjob_run(void *arg) {
+    struct qjob *j = arg;
+    size_t n = j->n, nb = nf4_nblocks(n);
+    if (j->phase == 1) {
+        quant_blocks(j->w, n, j->b0, j->b1, j->out, j->absmax, nf4_thresholds());
+        return NULL;
+    }
+    const float *m8 = nf4_map8();
+    uint8_t *q8 = j->out + nf4_off_q8(n);
+    float *scale = (float *)(void *)(j->out + nf4_off_scale(n)), off = j->offset;
+    for (size_t c = j->b0; c < j->b1; c++) { /* as nf4_quantize_serial */
+        size_t b0 = c * NF4_BLOCK2, b1 = b0 + NF4_BLOCK2 < nb ? b0 + NF4_BLOCK2 : nb;
+        float s = 0;
+        for (size_t b = b0; b < b1; b++)
+            s = fabsf(j->absmax[b] - off) > s ? fabsf(j->absmax[b] - off) : s;
+        scale[c] = s;
+        float inv = s > 0 ? 1.0f / s : 0.0f;
+        for (size_t b = b0; b < b1; b++)
+            q8[b] = (uint8_t)nearest(m8, 256, (j->absmax[b] - off) * inv);
+    }
+    return NULL;
+}
+
+/* Items [lo, hi) split evenly over nt jobs (nt threads, the caller being
+ * one of them unless `own` is 0), run and joined; with `own` 0 the caller
+ * runs fn(ctx) meanwhile (an upload) and then joins. Threads that cannot be
+ * started run inline: the result never depends on how the items were split. */
+struct qpar {
+    pthread_t th[NF4_MAX_THREADS];
+    struct qjob job[NF4_MAX_THREADS];
+    int started[NF4_MAX_THREADS], nj;
+};
+
+static void qpar_start(struct qpar *p, const struct qjob *tmpl, size_t lo, size_t hi, int nt,
+                       int own) {
+    size_t items = hi - lo;
+    if ((size_t)nt > items) nt = items ? (int)items : 1;
+    p->nj = nt;
+    for (int k = 0; k < nt; k++) {
+        p->job[k] = *tmpl;
+        p->job[k].b0 = lo + items * (size_t)k / (size_t)nt;
+        p->job[k].b1 = lo + items * (size_t)(k + 1) / (size_t)nt;
+        p->started[k] = own && k == 0 ? 2 /* the caller's */ : 0;
+        if (!p->started[k])
+            p->started[k] = pthread_create(&p->th[k], NULL, qjob_run, &p->job[k]) == 0;
+    }
+    if (own) qjob_run(&p->job[0]);
+}
+
+static void qpar_join(struct qpar *p) {
+    for (int k = 0; k < p->nj; k++) {
+        if (p->started[k] == 1)
+            pthread_join(p->th[k], NULL);
+        else if (p->started[k] == 0)
+            qjob_run(&p->job[k]);
+    }
+}
+
+/* Blocks per pipeline step of nf4_quantize_pipe: 16M weights, 8 MiB of codes. */
+#define NF4_PIPE_BLOCKS ((size_t)1 << 18)
+
+void nf4_quantize_pipe(const float *w, size_t n, uint8_t *out, int threads,
+                       void (*ready)(void *ctx, size_t off, size_t len), void *ctx) {
+    if (threads <= 0) threads = nf4_threads();
+    if (threads > NF4_MAX_THREADS) threads = NF4_MAX_THREADS;
+    size_t nb = nf4_nblocks(n), nb2 = nf4_nblocks2(n);
+    float *absmax = malloc((nb ? nb : 1) * sizeof *absmax);
+    struct qpar *p = malloc(sizeof *p);
+    if (!absmax || !p) {
+        log_error("nf4: out of host memory for %zu block maxima", nb);
+        abort();
+    }
+    struct qjob tmpl = {.w = w, .n = n, .out = out, .absmax = absmax, .phase = 1};
+    /* phase 1 in steps when someone takes the codes as they are done (the
+     * upload of step s - 1 while step s is quantized), else in one */
+    size_t step = ready ? NF4_PIPE_BLOCKS : (nb ? nb : 1), done = 0;
+    for (size_t b = 0; b < nb; b += step) {
+        size_t e = b + step < nb ? b + step : nb;
+        qpar_start(p, &tmpl, b, e, threads, !ready);
+        if (ready && done < b) ready(ctx, done * NF4_BLOCK / 2, (b - done) * NF4_BLOCK / 2);
+        done = b;
+        qpar_join(p);
+    }
+    /* the offset: one sum in block order, as the reference */
+    double sum = 0;
+    for (size_t b = 0; b < nb; b++)
+        sum += absmax[b];
+    float offset = nb ? (float)(sum / (double)nb) : 0.0f;
+    tmpl.phase = 2;
+    tmpl.offset = offset;
+    int t2 = nb2 < 16 ? 1 : threads; /* a thread per >= 16 groups */
+    qpar_start(p, &tmpl, 0, nb2, t2, 1);
+    size_t q8 = nf4_off_q8(n), sc = nf4_off_scale(n);
+    memset(out + q8 + nb, 0, sc - q8 - nb); /* the padding */
+    memcpy(out + nf4_off_offset(n), &offset, sizeof offset);
+    memcpy(out + nf4_off_map(n), nf4_map8(), 256 * sizeof(float));
+    qpar_join(p);
+    if (ready) ready(ctx, done * NF4_BLOCK / 2, nf4_bytes(n) - done * NF4_BLOCK / 2);
+    free(p);
+    free(absmax);
+}
+
+void nf4_quantize_mt(const float *w, size_t n, uint8_t *out, int threads) {
+    nf4_quantize_pipe(w, n, out, threads, NULL, NULL);
+}
+
+void nf4_quantize(const float *w, size_t n, uint8_t *out) {
+    if (opts.fast)
+        nf4_quantize_mt(w, n, out, 0);
+    else
+        nf4_quantize_serial(w, n, out);
 }
 
 void nf4_dequantize(const uint8_t *q, size_t n, float *w) {
@@ -141,6 +389,13 @@ struct nf4 {
     size_t scratch_bytes, rest_bytes, q_bytes;
     size_t weights;
     int loaded; /* block in the scratch, -1 */
+    /* host buffers of quantize_one (codes) and nf4_put (bf16 widened), kept
+     * from tensor to tensor until `done` reaches nt */
+    void *hq;
+    void *hw;
+    size_t hq_bytes, hw_bytes;
+    int done;
+    double put_ms; /* time in nf4_put (widen, quantize, upload) */
 };
 
 int nf4_is_quantized(const struct engine *e, int i) {
@@ -162,6 +417,8 @@ void nf4_free(struct nf4 *q) {
     for (int i = 0; q->of && i < e->layout.n; i++)
         e->pview[i] = NULL;
     if (e->nf4 == q) e->nf4 = NULL;
+    free(q->hq);
+    free(q->hw);
     free(q->t);
     free(q->of);
     free(q);
@@ -249,32 +506,103 @@ oom:
     return -1;
 }
 
-/* Quantize t's fp32 values v and upload them. */
+/* Quantize t's fp32 values v and upload them: with nf4-overlap the codes go
+ * up in steps while the next step is quantized (nf4_quantize_pipe). The host
+ * buffer is kept for the next tensor until every tensor is done. */
+struct upload {
+    struct backend *b;
+    void *dev;
+    const uint8_t *h;
+};
+
+static void upload_ready(void *ctx, size_t off, size_t len) {
+    struct upload *u = ctx; /* the buffer is raw bytes: offsets are bytes */
+    u->b->upload(u->b->ctx, (char *)u->dev + off, u->h + off, len);
+}
+
+static void *host_buf(void **p, size_t *have, size_t want) {
+    if (*have >= want) return *p;
+    free(*p);
+    *p = malloc(want);
+    *have = *p ? want : 0;
+    return *p;
+}
+
+static void host_bufs_done(struct nf4 *q) {
+    if (++q->done < q->nt) return;
+    q->done = 0;
+    free(q->hq), free(q->hw);
+    q->hq = q->hw = NULL;
+    q->hq_bytes = q->hw_bytes = 0;
+}
+
 static int quantize_one(struct nf4 *q, struct nf4_t *t, const float *v) {
     struct backend *b = q->e->be;
     size_t nb = nf4_bytes(t->n);
-    uint8_t *h = malloc(nb);
+    uint8_t *h = host_buf(&q->hq, &q->hq_bytes, nb);
     if (!h) return -1;
-    nf4_quantize(v, t->n, h);
-    b->upload(b->ctx, t->dev, h, nb);
+    if (opts.fast && opts.overlap) {
+        struct upload u = {.b = b, .dev = t->dev, .h = h};
+        nf4_quantize_pipe(v, t->n, h, 0, upload_ready, &u);
+    } else {
+        nf4_quantize(v, t->n, h);
+        b->upload(b->ctx, t->dev, h, nb);
+    }
     b->sync(b->ctx);
-    free(h);
     return 0;
 }
 
-static void widen(float *dst, const void *src, size_t n, size_t elt) {
-    if (elt == sizeof(float)) {
-        memcpy(dst, src, n * sizeof(float));
-        return;
+/* bf16 (or fp32) src[n] as fp32 into dst, over the quantizer's threads. */
+struct widen_job {
+    float *dst;
+    const void *src;
+    size_t lo, hi, elt;
+};
+
+static void *widen_run(void *arg) {
+    const struct widen_job *j = arg;
+    if (j->elt == sizeof(float)) {
+        memcpy(j->dst + j->lo, (const float *)j->src + j->lo, (j->hi - j->lo) * sizeof(float));
+        return NULL;
     }
-    const uint16_t *s = src; /* bf16 */
-    for (size_t i = 0; i < n; i++) {
+    const uint16_t *s = j->src; /* bf16 */
+    for (size_t i = j->lo; i < j->hi; i++) {
         uint32_t u = (uint32_t)s[i] << 16;
-        memcpy(dst + i, &u, sizeof u);
+        memcpy(j->dst + i, &u, sizeof u);
+    }
+    return NULL;
+}
+
+static void widen(float *dst, const void *src, size_t n, size_t elt) {
+    int nt = opts.fast && n >= ((size_t)1 << 22) ? nf4_threads() : 1;
+    pthread_t th[NF4_MAX_THREADS];
+    struct widen_job job[NF4_MAX_THREADS];
+    int started[NF4_MAX_THREADS];
+    for (int k = 0; k < nt; k++) {
+        job[k] = (struct widen_job){.dst = dst, .src = src, .elt = elt};
+        job[k].lo = n * (size_t)k / (size_t)nt;
+        job[k].hi = n * (size_t)(k + 1) / (size_t)nt;
+        started[k] = k > 0 && pthread_create(&th[k], NULL, widen_run, &job[k]) == 0;
+    }
+    widen_run(&job[0]);
+    for (int k = 1; k < nt; k++) {
+        if (started[k])
+            pthread_join(th[k], NULL);
+        else
+            widen_run(&job[k]);
     }
 }
 
+static int put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt);
+
 int nf4_put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt) {
+    double t0 = clock_mono_msf();
+    int rc = put(q, off, src, n, elt);
+    q->put_ms += clock_mono_msf() - t0;
+    return rc;
+}
+
+static int put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt) {
     size_t covered = 0;
     const unsigned char *s = src;
     for (int k = 0; k < q->nt; k++) {
@@ -284,12 +612,15 @@ int nf4_put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt) {
         covered += z - a;
         q->loaded = -1;
         if (a == t->lo && z == t->lo + t->n && !t->pending) { /* the whole tensor */
-            float *v = elt == sizeof(float) ? NULL : malloc(t->n * sizeof *v);
-            if (elt != sizeof(float) && !v) return -1;
-            if (v) widen(v, s + (a - off) * elt, t->n, elt);
+            float *v = NULL;
+            if (elt != sizeof(float)) {
+                v = host_buf(&q->hw, &q->hw_bytes, t->n * sizeof *v);
+                if (!v) return -1;
+                widen(v, s + (a - off) * elt, t->n, elt);
+            }
             int rc = quantize_one(q, t, v ? v : (const float *)(const void *)(s + (a - off) * elt));
-            free(v);
             if (rc != 0) return -1;
+            host_bufs_done(q);
             continue;
         }
         if (!t->pending && !(t->pending = calloc(t->n, sizeof(float)))) return -1;
@@ -301,6 +632,7 @@ int nf4_put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt) {
             t->pending = NULL;
             t->got = 0;
             if (rc != 0) return -1;
+            host_bufs_done(q);
         }
     }
     return covered == n ? 1 : 0;
@@ -322,4 +654,8 @@ void nf4_stats(const struct nf4 *q, int *tensors, size_t *weights, size_t *bytes
     *tensors = q->nt;
     *weights = q->weights;
     *bytes = q->q_bytes;
+}
+
+double nf4_put_seconds(const struct nf4 *q) {
+    return q->put_ms / 1e3;
 }

@@ -34,9 +34,33 @@ struct nf4;
  * 0 and 1), ascending. */
 const float *nf4_map8(void);
 
-/* Quantize w[n] into out[nf4_bytes(n)] (OpenMP over blocks; the result
- * does not depend on the thread count). */
+/* The quantizer's knobs (loom-worker's tuning rows nf4-fast, nf4-threads,
+ * nf4-overlap; docs/engine.md "QLoRA"): process-wide, set once at start-up
+ * before any quantization. Default {1, 0, 1}. */
+struct nf4_opts {
+    int fast;     /* 0: nf4_quantize is nf4_quantize_serial (one thread) */
+    long threads; /* threads of the fast quantizer; 0: the online CPUs */
+    int overlap;  /* engine storage: upload a tensor's codes as they are done */
+};
+#define NF4_MAX_THREADS 32 /* the cap on threads (memory bandwidth bound beyond) */
+void nf4_configure(const struct nf4_opts *o);
+int nf4_threads(void); /* the fast quantizer's thread count */
+
+/* Quantize w[n] into out[nf4_bytes(n)]: nf4_quantize_mt with nf4_threads(),
+ * or the serial reference when nf4-fast is off. Every variant writes the
+ * same bytes for any thread count (tests/unit/test_nf4_threads.c). */
 void nf4_quantize(const float *w, size_t n, uint8_t *out);
+/* The reference: one thread, a binary search over the table per weight. */
+void nf4_quantize_serial(const float *w, size_t n, uint8_t *out);
+/* Blocks over `threads` pthreads (<= 0: nf4_threads()), the nearest code by
+ * comparisons with 15 exact thresholds (no branches). */
+void nf4_quantize_mt(const float *w, size_t n, uint8_t *out, int threads);
+/* nf4_quantize_mt in steps of 16M weights: ready(ctx, off, len) is called
+ * on the calling thread with out[off, off + len) final (the codes of step
+ * s - 1 while the threads quantize step s; at the end the rest of the
+ * buffer), so that the caller can upload them meanwhile. */
+void nf4_quantize_pipe(const float *w, size_t n, uint8_t *out, int threads,
+                       void (*ready)(void *ctx, size_t off, size_t len), void *ctx);
 /* w[n] from q (nf4_format.h). */
 void nf4_dequantize(const uint8_t *q, size_t n, float *w);
 
@@ -58,5 +82,7 @@ void nf4_layer(struct nf4 *q, int layer);
 
 /* Quantized tensors, their weights and bytes (tests, logs). */
 void nf4_stats(const struct nf4 *q, int *tensors, size_t *weights, size_t *bytes);
+/* Seconds spent in nf4_put so far (widening, quantization and upload). */
+double nf4_put_seconds(const struct nf4 *q);
 
 #endif

@@ -46,6 +46,15 @@ const struct config_entry worker_tuning_rows[] = {
      "output by the GEMM (beta 1); 0 the per-adapter GEMMs with a separate add pass"},
     {"nf4-vec", CONFIG_BOOL | T, AT(cuda.nf4_vec), "1", 0, 0,
      "CUDA QLoRA: dequantize NF4 weights 8 a thread with 16-byte stores; 0 one weight a thread"},
+    {"nf4-fast", CONFIG_BOOL | T, AT(nf4.fast), "1", 0, 0,
+     "QLoRA: quantize the NF4 base on several threads with branch-free code search (the same "
+     "bytes); 0 the serial reference quantizer"},
+    {"nf4-threads", CONFIG_INT | T, AT(nf4.threads), "0", 0, 32,
+     "QLoRA: threads of the NF4 quantizer; 0: --threads when set, else the online CPUs (at most "
+     "32)"},
+    {"nf4-overlap", CONFIG_BOOL | T, AT(nf4.overlap), "1", 0, 0,
+     "QLoRA: upload a tensor's NF4 codes in 16M-weight steps while the next step is quantized; "
+     "0 quantize the whole tensor, then upload it"},
     {"xent-chunk-mib", CONFIG_INT | T, AT(cuda.xent_chunk_mib), "0", 0, 2048,
      "CUDA classifier: MiB of bf16 logits per row chunk (logits GEMM, fused softmax / loss / "
      "dlogits, dX and dW GEMMs per chunk); 0: chunks of up to 2 GiB (the full logits of most "

@@ -65,11 +65,19 @@ struct offload_tuning {
     char *pin; /* offload-pin: register|alloc|off, how the transfer buffer is page-locked */
 };
 
+/* The NF4 quantizer of QLoRA's base (worker/nf4.c, struct nf4_opts). */
+struct nf4_tuning {
+    int fast;     /* nf4-fast: threaded, branch-free quantizer; 0 the serial reference */
+    long threads; /* nf4-threads: its threads; 0: --threads, else the online CPUs */
+    int overlap;  /* nf4-overlap: upload codes while the next step is quantized */
+};
+
 struct worker_tuning {
     struct cpu_tuning cpu;
     struct offload_tuning offload;
     struct cuda_tuning cuda;
     struct comm_tuning comm;
+    struct nf4_tuning nf4;
     int debug_param_hash; /* debug-param-hash: log the FNV-1a hash of the weights */
     long debug_slow_rank; /* debug-slow-rank: this rank (-1: none) sleeps ... */
     long debug_slow_ms;   /* debug-slow-ms: ... this long in every step's compute (tests) */

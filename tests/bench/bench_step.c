@@ -43,6 +43,7 @@
 #include "worker/lora.h"
 #include "worker/nf4.h"
 #include "worker/train.h"
+#include "worker/tuning.h"
 
 enum cat { C_MATMUL, C_ATTN, C_CLS, C_NORM, C_ELEM, C_OPTIM, C_MEM, C_N };
 static const char *cat_name[C_N] = {"matmul",      "attention", "classifier", "norm",
@@ -361,7 +362,12 @@ int main(int argc, char **argv) {
         if (engine_offload_enable(e, &oo) != 0 || engine_opt_init(e) != 0) return 1;
     }
     double t_init = clock_mono_msf();
-    if (nf4) {
+    if (nf4) { /* the quantizer's knobs from the environment (LOOM_NF4_FAST, ...) */
+        struct worker_tuning wt;
+        if (worker_tuning_from_env(&wt) != 0) return 2;
+        nf4_configure(&(struct nf4_opts){
+            .fast = wt.nf4.fast, .threads = wt.nf4.threads, .overlap = wt.nf4.overlap});
+        worker_tuning_free(&wt);
         char qerr[256];
         if (nf4_attach(e, qerr, sizeof qerr) != 0) {
             fprintf(stderr, "nf4_attach: %s\n", qerr);
@@ -371,13 +377,16 @@ int main(int argc, char **argv) {
     struct model_opts mo = {.B = mbs, .T = T, .recompute = rcm};
     struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 42)) return 1;
+    double nf4_init_s = (clock_mono_msf() - t_init) / 1e3;
     if (nf4) {
         int nq;
         size_t nw, nb;
         nf4_stats(e->nf4, &nq, &nw, &nb);
         fprintf(stderr,
-                "nf4: %d tensors, %zu weights, %.2f GiB (%.3f bytes a weight); init %.1f s\n", nq,
-                nw, nb / 1073741824.0, (double)nb / (double)nw, (clock_mono_msf() - t_init) / 1e3);
+                "nf4: %d tensors, %zu weights, %.2f GiB (%.3f bytes a weight); init %.1f s, of "
+                "which quantize + upload %.1f s (%d threads)\n",
+                nq, nw, nb / 1073741824.0, (double)nb / (double)nw, nf4_init_s,
+                nf4_put_seconds(e->nf4), nf4_threads());
     }
     struct lora *lo = NULL;
     if (rank > 0) { /* every projection, as the peer's --lora */
@@ -512,6 +521,9 @@ int main(int argc, char **argv) {
            (double)(mr.engine_peak + mr.workspace_bytes) / 1073741824.0, info.loss, rank,
            lo ? lora_numel(lo) : (size_t)nparam, recompute, quant);
     printf(",\"accum\":%d,\"offload\":\"%s\",\"pin\":\"%s\"", o.grad_accum, offload, pin);
+    if (nf4)
+        printf(",\"nf4_init_s\":%.2f,\"nf4_put_s\":%.2f,\"nf4_threads\":%d", nf4_init_s,
+               nf4_put_seconds(e->nf4), nf4_threads());
     if (off)
         printf(",\"optimizer_ms\":%.1f,\"compute_ms\":%.1f,\"cpu_adamw_ms\":%.1f,"
                "\"copy_wait_ms\":%.1f,\"cpu_wait_ms\":%.1f,\"host_state_s\":%.2f,"

@@ -1,7 +1,9 @@
-/* nf4_tool IN OUT_Q OUT_W: the host NF4 quantizer (worker/nf4.c) over the
- * fp32 values of file IN (raw little-endian): OUT_Q gets the quantized
- * buffer (worker/nf4_format.h), OUT_W the dequantized fp32 values. For
- * tests/qlora/test_qlora.py, which checks both against numpy. */
+/* nf4_tool IN OUT_Q OUT_W [THREADS]: the host NF4 quantizer (worker/nf4.c)
+ * over the fp32 values of file IN (raw little-endian): OUT_Q gets the
+ * quantized buffer (worker/nf4_format.h), OUT_W the dequantized fp32 values.
+ * THREADS: the fast quantizer on that many threads (nf4_quantize_mt), 0 the
+ * serial reference; default nf4_quantize. For tests/qlora/test_qlora.py,
+ * which checks both against numpy. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -14,8 +16,9 @@ static long file_size(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: nf4_tool IN OUT_Q OUT_W\n");
+    int threads = argc == 5 ? atoi(argv[4]) : -1;
+    if ((argc != 4 && argc != 5) || (argc == 5 && (threads < 0 || threads > NF4_MAX_THREADS))) {
+        fprintf(stderr, "usage: nf4_tool IN OUT_Q OUT_W [THREADS 0..%d]\n", NF4_MAX_THREADS);
         return 2;
     }
     int rc = 1;
@@ -33,7 +36,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "nf4_tool: out of memory or short read\n");
         goto out;
     }
-    nf4_quantize(w, n, q);
+    if (threads < 0)
+        nf4_quantize(w, n, q);
+    else if (threads == 0)
+        nf4_quantize_serial(w, n, q);
+    else
+        nf4_quantize_mt(w, n, q, threads);
     nf4_dequantize(q, n, d);
     oq = fopen(argv[2], "wb"), ow = fopen(argv[3], "wb");
     if (!oq || !ow || fwrite(q, 1, nf4_bytes(n), oq) != nf4_bytes(n) || fwrite(d, 4, n, ow) != n) {

@@ -84,7 +84,14 @@ def nearest(tab, x):
     return np.argmin(d, axis=1)
 
 
-def quantize(w, code, dmap):
+def nearest32(tab, x):
+    """nearest() with float32 distances (the quantizer's rule where a value sits within a
+    rounding of a midpoint; ties to the lower index)."""
+    d = np.abs(x[:, None].astype(np.float32) - tab[None, :].astype(np.float32))
+    return np.argmin(d, axis=1)
+
+
+def quantize(w, code, dmap, near=nearest):
     n = w.size
     nb = (n + 63) // 64
     pad = np.zeros(nb * 64, np.float32)
@@ -94,7 +101,7 @@ def quantize(w, code, dmap):
     inv = np.where(absmax > 0, np.float32(1) / np.where(absmax > 0, absmax, 1), 0)
     inv = inv.astype(np.float32)
     x = (blocks * inv[:, None]).astype(np.float32).reshape(-1)[:n]
-    codes = nearest(code, x)
+    codes = near(code, x)
     offset = np.float32(absmax.astype(np.float64).mean())
     nb2 = (nb + 255) // 256
     cen = (absmax - offset).astype(np.float32)
@@ -115,11 +122,13 @@ def dequantize(codes, q8, scale, offset, code, dmap):
     return (code[codes] * np.repeat(a, 64)[:codes.size]).astype(np.float32)
 
 
-def loom_quantize(tmp, w):
-    """Loom's buffer and dequantized values for w (nf4_tool)."""
+def loom_quantize(tmp, w, threads=None):
+    """Loom's buffer and dequantized values for w (nf4_tool; threads: the fast quantizer on
+    that many threads, 0 the serial reference, None the default)."""
     src, oq, ow = (os.path.join(tmp, f) for f in ("w.bin", "q.bin", "d.bin"))
     w.astype("<f4").tofile(src)
-    p = subprocess.run([TOOL, src, oq, ow], capture_output=True, text=True)
+    p = subprocess.run([TOOL, src, oq, ow] + ([] if threads is None else [str(threads)]),
+                       capture_output=True, text=True)
     if p.returncode != 0:
         return None
     n = w.size
@@ -147,6 +156,7 @@ def round_trip(tmp):
     if lq is None:
         return
     got = lq["deq"]
+    table = got[:16].copy()  # Loom's float32 table, checked against the definition here
     check(np.array_equal(lq["codes"], np.tile(np.arange(16), 4)) and
           np.abs(got - t).max() <= 1e-6,
           f"NF4 table equals the paper's definition (max diff {np.abs(got - t).max():.2g})")
@@ -174,6 +184,31 @@ def round_trip(tmp):
     check(dd <= 1e-6 * float(np.abs(w).max()),
           f"dequantized values equal numpy's (max diff {dd:.3g})")
     check(np.all(lq["deq"][64:128] == 0), "an all-zero block stays zero")
+    # the serial reference and the fast quantizer on 1, 2 and 7 threads: numpy's codes,
+    # absmax codes, scales and offset each, and one buffer between them; plus values at the
+    # midpoints of the table (blocks with absmax 1), where the nearest code is decided by
+    # float32 distances (nearest32) to Loom's float32 table (checked above within 1.8e-7 of the
+    # definition: a midpoint moves by as much, so the rounding is checked on that table)
+    ties = rng.uniform(-1, 1, 64 * 30).astype(np.float32)
+    mids = ((table[:-1].astype(np.float64) + table[1:]) / 2).astype(np.float32)
+    ties[1:1 + 15 * 3] = np.concatenate([np.nextafter(mids, -2), mids, np.nextafter(mids, 2)])
+    ties[::64] = 1.0
+    for name, v, near, tab in (("normal", w, nearest, code), ("midpoints", ties, nearest32, table)):
+        codes, q8, scale, offset = quantize(v, tab, dmap, near)
+        bufs = []
+        for th in (0, 1, 2, 7):
+            lq = loom_quantize(tmp, v, th)
+            if lq is None:
+                check(False, f"nf4_tool runs with {th} threads")
+                continue
+            bufs.append(np.fromfile(os.path.join(tmp, "q.bin"), np.uint8))
+            dc, dq = int((lq["codes"] != codes).sum()), int((lq["q8"] != q8).sum())
+            check(dc == 0 and dq == 0 and np.array_equal(lq["scale"], scale) and
+                  lq["offset"] == offset,
+                  f"{name}: {th or 'serial'} thread(s): codes, absmax codes, scales and offset "
+                  f"equal numpy's ({dc}, {dq} differ)")
+        check(len(bufs) == 4 and all(np.array_equal(b, bufs[0]) for b in bufs),
+              f"{name}: the same buffer on the serial path and 1, 2, 7 threads")
 
     # the error against bf16 (normal weights, the case NF4 is built for)
     g = rng.standard_normal(1 << 20).astype(np.float32)
