@@ -309,6 +309,8 @@ void nf4_quantize_pipe(const float *w, size_t n, uint8_t *out, int threads,
         log_error("nf4: out of host memory for %zu block maxima", nb);
         abort();
     }
+    (void)nf4_thresholds(); /* the tables, before any thread reads them */
+    (void)nf4_map8();
     struct qjob tmpl = {.w = w, .n = n, .out = out, .absmax = absmax, .phase = 1};
     /* phase 1 in steps when someone takes the codes as they are done (the
      * upload of step s - 1 while step s is quantized), else in one */
