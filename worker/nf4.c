@@ -260,10 +260,11 @@ static void *qjob_run(void *arg) {
     return NULL;
 }
 
-/* Items [lo, hi) split evenly over nt jobs (nt threads, the caller being
- * one of them unless `own` is 0), run and joined; with `own` 0 the caller
- * runs fn(ctx) meanwhile (an upload) and then joins. Threads that cannot be
- * started run inline: the result never depends on how the items were split. */
+/* Items [lo, hi) split evenly over nt jobs: qpar_start starts them (the
+ * caller runs the first itself when `own`, else it is free meanwhile: the
+ * upload of the previous step), qpar_join waits. A job whose thread could not
+ * be started runs inline in qpar_join: the result never depends on how the
+ * items were split. */
 struct qpar {
     pthread_t th[NF4_MAX_THREADS];
     struct qjob job[NF4_MAX_THREADS];
@@ -322,14 +323,14 @@ void nf4_quantize_pipe(const float *w, size_t n, uint8_t *out, int threads,
         done = b;
         qpar_join(p);
     }
-    /* the offset: one sum in block order, as the reference */
+    /* the offset: one sum in block order, as the reference (n / 64 additions) */
     double sum = 0;
     for (size_t b = 0; b < nb; b++)
         sum += absmax[b];
     float offset = nb ? (float)(sum / (double)nb) : 0.0f;
     tmpl.phase = 2;
     tmpl.offset = offset;
-    int t2 = nb2 < 16 ? 1 : threads; /* a thread per >= 16 groups */
+    int t2 = nb2 < 16 ? 1 : threads; /* small tensors: not worth a thread */
     qpar_start(p, &tmpl, 0, nb2, t2, 1);
     size_t q8 = nf4_off_q8(n), sc = nf4_off_scale(n);
     memset(out + q8 + nb, 0, sc - q8 - nb); /* the padding */
