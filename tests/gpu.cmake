@@ -35,6 +35,13 @@ if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     loom_warnings(test_lora_cuda)
     add_test(NAME gpu.lora COMMAND test_lora_cuda)
     set_tests_properties(gpu.lora PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
+    # QLoRA's NF4 storage on cuda: pipelined upload, bf16 pieces, serial quantizer
+    # (tests/gpu/test_nf4_upload.c)
+    add_executable(test_nf4_upload ${CMAKE_CURRENT_LIST_DIR}/gpu/test_nf4_upload.c)
+    target_link_libraries(test_nf4_upload PRIVATE loom_engine m)
+    loom_warnings(test_nf4_upload)
+    add_test(NAME gpu.nf4_upload COMMAND test_nf4_upload)
+    set_tests_properties(gpu.nf4_upload PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 # train.packing "document" on cuda: a packed window through loom-worker equals the documents
 # run one by one (float64 torch, bf16 bounds; tests/datasets/test_packing.py cuda)

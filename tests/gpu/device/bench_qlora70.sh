@@ -1,16 +1,22 @@
 #!/bin/bash
-# QLoRA start-up and throughput on one GPU: the host NF4 quantizer's speed on this
-# machine's cores (bench_nf4: serial reference against the threaded one, same bytes), then
-# loom-gpu-bench with rank-16 adapters over an NF4 base (--quantize-base nf4) on the Llama 2
-# 70B shape (micro-batch 1, T 2048, selective recompute: the goal is that it fits and
-# starts well inside the call) and on the Llama 3 8B shape (micro-batch 4, T 2048).
-# Prints per run: the "nf4:" line (tensors, GiB, init seconds and the share of quantization
-# and upload), one RESULT line (tokens_per_s, mem_gib, nf4_init_s, nf4_put_s) and a
-# PASS/FAIL line. Usage: tests/gpu/device/bench_qlora70.sh (BUILD: the carried build
-# folder, with bin/loom-gpu-bench and bin/bench_nf4); logs under $OUT.
+# QLoRA start-up and throughput on one GPU: the NF4 storage check (test_nf4_upload: the
+# device views equal the host reference after a pipelined upload), the host NF4
+# quantizer's speed on this machine's cores (bench_nf4: the serial reference against the
+# threaded one, same bytes), then loom-gpu-bench with rank-16 adapters over an NF4 base
+# (--quantize-base nf4) on the Llama 2 70B shape (micro-batch 1, T 2048, selective
+# recompute: the goal is that it fits and starts well inside the call) and on the Llama 3
+# 8B shape (micro-batch 4, T 2048). Prints per run: the "nf4:" line (tensors, GiB, init
+# seconds and the share of quantization and upload), one RESULT line (tokens_per_s,
+# mem_gib, nf4_init_s, nf4_put_s) and a PASS/FAIL line.
+# Usage: tests/gpu/device/bench_qlora70.sh (BUILD: the carried build folder, with
+# bin/loom-gpu-bench, bin/test_nf4_upload and bin/bench_nf4); logs under $OUT.
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 echo "cpus $(nproc)"
+# the NF4 storage path on this GPU (pipelined upload, bf16 pieces, serial quantizer)
+timeout 200 "$BIN/test_nf4_upload" >"$OUT/nf4_upload.log" 2>&1
+echo "test_nf4_upload rc=$? $(el)"
+grep -E "^(PASS|FAIL)|no GPU" "$OUT/nf4_upload.log"
 if [ -x "$BIN/bench_nf4" ]; then
     timeout 120 "$BIN/bench_nf4" --n 268435456 --reps 2 >"$OUT/nf4_host.out" 2>"$OUT/nf4_host.err"
     echo "bench_nf4 rc=$? $(el)"

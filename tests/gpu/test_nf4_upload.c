@@ -1,0 +1,139 @@
+/* QLoRA's NF4 storage on cuda (worker/nf4.c nf4_put / quantize_one): a one-block
+ * llama whose MLP weights (16.8M weights each) take two steps of the quantizer's
+ * pipeline, loaded through engine_params_from_host (fp32, whole tensors) and
+ * engine_params_from_host_raw (bf16, in two pieces), with the codes uploaded while
+ * the next step is quantized (nf4-overlap 1) and after the whole tensor (0), and
+ * with the serial quantizer (nf4-fast 0). After nf4_layer(0) each block linear
+ * weight's bf16 view on the device must equal the host reference: the serial
+ * quantizer's buffer dequantized on the host (nf4_dequantize) and rounded to bf16,
+ * which tests/gpu/test_lora_cuda.c checks the dequantization kernels against.
+ * One PASS / FAIL line per case; exits 77 without a CUDA device. `test_nf4_upload cpu`
+ * runs the same on the cpu backend (fp32 views, equal to nf4_dequantize exactly). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/backend.h"
+#include "worker/cuda/cuda_util.h"
+#include "worker/engine.h"
+#include "worker/model.h"
+#include "worker/nf4.h"
+#include "worker/safetensors.h"
+
+static int fails, on_cpu;
+
+static struct model_config config(void) {
+    struct model_config c;
+    memset(&c, 0, sizeof c);
+    model_config_family_defaults(&c, MODEL_LLAMA);
+    c.n_layer = 1;
+    c.n_head = 8;
+    c.n_kv_head = 4;
+    c.d_model = 1024;
+    c.d_ff = 16448; /* d_ff x d_model = 2^24 + 65536: two pipeline steps */
+    c.vocab_size = 64;
+    c.seq_len = 64;
+    model_config_finalize(&c);
+    return c;
+}
+
+/* Tensor i's host values: a smooth pattern with a few large and zero ones. */
+static void values(float *v, size_t n, int i) {
+    for (size_t j = 0; j < n; j++) {
+        double x = sin((double)j * 0.0137 + i) * 0.03 * (1.0 + (double)(j % 89) / 40);
+        v[j] = j % 4099 == 0 ? 0.4f : j % 1021 == 0 ? 0.0f : (float)x;
+    }
+}
+
+static const struct {
+    const char *name;
+    struct nf4_opts o;
+    int bf16; /* 1: engine_params_from_host_raw with bf16 values (cpu: fp32), in two pieces */
+} cases[] = {
+    {"fast, overlapped upload, fp32", {.fast = 1, .threads = 0, .overlap = 1}, 0},
+    {"fast, upload after quantization, fp32", {.fast = 1, .threads = 3, .overlap = 0}, 0},
+    {"serial quantizer, fp32", {.fast = 0, .threads = 0, .overlap = 0}, 0},
+    {"fast, overlapped upload, bf16 in two pieces", {.fast = 1, .threads = 0, .overlap = 1}, 1},
+};
+
+static void run_case(int k) {
+    struct model_config c = config();
+    struct engine_place pl = {
+        .rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = 1, .windows_later = 1};
+    nf4_configure(&cases[k].o);
+    struct backend *be = on_cpu ? backend_cpu_new(0) : backend_cuda_new(0);
+    struct engine *e = be ? engine_new(&c, &pl, be) : NULL;
+    char err[256] = "";
+    int ok = e && nf4_attach(e, err, sizeof err) == 0;
+    size_t checked = 0, bad = 0, big = 0;
+    for (int i = 0; ok && i < e->layout.n; i++) {
+        const struct model_tensor *t = &e->layout.t[i];
+        size_t n = (size_t)t->rank_numel, off = (size_t)t->rank_offset;
+        float *v = malloc(n * sizeof *v);
+        uint16_t *h = malloc(n * sizeof *h);
+        if (!v || !h) {
+            ok = 0;
+        } else if (cases[k].bf16) {
+            values(v, n, i);
+            for (size_t j = 0; j < n; j++)
+                h[j] = st_f32_to_bf16(v[j]);
+            size_t half = n / 2 + 17 < n ? n / 2 + 17 : n, es = e->be->elt_size;
+            const char *src = on_cpu ? (const char *)v : (const char *)h; /* the backend's dtype */
+            ok = engine_params_from_host_raw(e, off, src, half) == 0 &&
+                 (half == n ||
+                  engine_params_from_host_raw(e, off + half, src + half * es, n - half) == 0);
+        } else {
+            values(v, n, i);
+            ok = engine_params_from_host(e, off, v, n) == 0;
+        }
+        free(v), free(h);
+    }
+    if (ok) nf4_layer(e->nf4, 0);
+    for (int i = 0; ok && i < e->layout.n; i++) {
+        if (!nf4_is_quantized(e, i)) continue;
+        size_t n = (size_t)e->layout.t[i].rank_numel, nb = nf4_bytes(n);
+        float *v = malloc(n * sizeof *v), *d = malloc(n * sizeof *d);
+        uint8_t *q = malloc(nb);
+        uint16_t *got = malloc(n * sizeof(float)); /* bf16 on cuda, fp32 on cpu */
+        if (!v || !d || !q || !got) {
+            ok = 0;
+        } else {
+            values(v, n, i);
+            if (cases[k].bf16 && !on_cpu) /* what the engine got: the bf16 values, widened */
+                for (size_t j = 0; j < n; j++) {
+                    uint32_t u = (uint32_t)st_f32_to_bf16(v[j]) << 16;
+                    memcpy(v + j, &u, sizeof u);
+                }
+            nf4_quantize_serial(v, n, q);
+            nf4_dequantize(q, n, d);
+            e->be->download(e->be->ctx, got, e->pview[i], n * e->be->elt_size);
+            for (size_t j = 0; j < n; j++) {
+                float g;
+                memcpy(&g, (const float *)(const void *)got + j, sizeof g);
+                bad += on_cpu ? memcmp(&g, d + j, sizeof g) != 0 : got[j] != st_f32_to_bf16(d[j]);
+            }
+            checked += n;
+            big += n > ((size_t)1 << 24);
+        }
+        free(v), free(d), free(q), free(got);
+    }
+    ok = ok && bad == 0 && big >= 3 && checked > 0;
+    printf("%s: NF4 storage on %s, %s: the views after nf4_layer equal the host "
+           "reference (%zu of %zu weights differ, %zu tensors over 16M weights)%s%s\n",
+           ok ? "PASS" : "FAIL", on_cpu ? "cpu" : "cuda", cases[k].name, bad, checked, big,
+           err[0] ? "; " : "", err);
+    fails += !ok;
+    engine_free(e); /* engine_new frees the backend when it fails */
+}
+
+int main(int argc, char **argv) {
+    on_cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
+    int rc = on_cpu ? 0 : lcuda_probe();
+    if (rc) return rc;
+    for (int k = 0; k < (int)(sizeof cases / sizeof *cases); k++)
+        run_case(k);
+    nf4_configure(&(struct nf4_opts){.fast = 1, .threads = 0, .overlap = 1});
+    printf("%s\n", fails ? "FAILED" : "all passed");
+    return fails ? 1 : 0;
+}
