@@ -33,3 +33,12 @@ if(TARGET loom_engine)
     add_test(NAME bench.nf4.smoke COMMAND bench_nf4 --n 100003 --threads 3 --reps 1)
     set_tests_properties(bench.nf4.smoke PROPERTIES LABELS "bench" TIMEOUT 120)
 endif()
+# The NF4 storage path (nf4_put: pipelined upload, bf16 pieces, serial quantizer) on the
+# cpu backend; tests/gpu.cmake runs the same program on cuda (gpu.nf4_upload).
+if(TARGET loom_engine)
+    add_executable(test_nf4_upload_cpu ${CMAKE_CURRENT_LIST_DIR}/gpu/test_nf4_upload.c)
+    target_link_libraries(test_nf4_upload_cpu PRIVATE loom_engine m)
+    loom_warnings(test_nf4_upload_cpu)
+    add_test(NAME unit.nf4.upload_cpu COMMAND test_nf4_upload_cpu cpu)
+    set_tests_properties(unit.nf4.upload_cpu PROPERTIES LABELS "unit" TIMEOUT 300)
+endif()

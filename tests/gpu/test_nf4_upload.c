@@ -7,15 +7,18 @@
  * weight's bf16 view on the device must equal the host reference: the serial
  * quantizer's buffer dequantized on the host (nf4_dequantize) and rounded to bf16,
  * which tests/gpu/test_lora_cuda.c checks the dequantization kernels against.
- * One PASS / FAIL line per case; exits 77 without a CUDA device. `test_nf4_upload cpu`
- * runs the same on the cpu backend (fp32 views, equal to nf4_dequantize exactly). */
+ * One PASS / FAIL line per case (with the seconds spent in nf4_put); exits 77 without a
+ * CUDA device. `test_nf4_upload cpu` runs the same on the cpu backend (fp32 views, equal
+ * to nf4_dequantize exactly; also in builds without CUDA: unit.nf4.upload_cpu). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "worker/backend.h"
+#ifdef LOOM_HAVE_CUDA
 #include "worker/cuda/cuda_util.h"
+#endif
 #include "worker/engine.h"
 #include "worker/model.h"
 #include "worker/nf4.h"
@@ -62,7 +65,11 @@ static void run_case(int k) {
     struct engine_place pl = {
         .rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = 1, .windows_later = 1};
     nf4_configure(&cases[k].o);
+#ifdef LOOM_HAVE_CUDA
     struct backend *be = on_cpu ? backend_cpu_new(0) : backend_cuda_new(0);
+#else
+    struct backend *be = backend_cpu_new(0);
+#endif
     struct engine *e = be ? engine_new(&c, &pl, be) : NULL;
     char err[256] = "";
     int ok = e && nf4_attach(e, err, sizeof err) == 0;
@@ -89,6 +96,7 @@ static void run_case(int k) {
         }
         free(v), free(h);
     }
+    double put_s = ok ? nf4_put_seconds(e->nf4) : 0;
     if (ok) nf4_layer(e->nf4, 0);
     for (int i = 0; ok && i < e->layout.n; i++) {
         if (!nf4_is_quantized(e, i)) continue;
@@ -119,18 +127,29 @@ static void run_case(int k) {
         free(v), free(d), free(q), free(got);
     }
     ok = ok && bad == 0 && big >= 3 && checked > 0;
+    int threads = !cases[k].o.fast     ? 1
+                  : cases[k].o.threads ? (int)cases[k].o.threads
+                                       : nf4_threads();
     printf("%s: NF4 storage on %s, %s: the views after nf4_layer equal the host "
-           "reference (%zu of %zu weights differ, %zu tensors over 16M weights)%s%s\n",
-           ok ? "PASS" : "FAIL", on_cpu ? "cpu" : "cuda", cases[k].name, bad, checked, big,
-           err[0] ? "; " : "", err);
+           "reference (%zu of %zu weights differ, %zu tensors over 16M weights; load %.2f s, %d "
+           "threads)%s%s\n",
+           ok ? "PASS" : "FAIL", on_cpu ? "cpu" : "cuda", cases[k].name, bad, checked, big, put_s,
+           threads, err[0] ? "; " : "", err);
     fails += !ok;
     engine_free(e); /* engine_new frees the backend when it fails */
 }
 
 int main(int argc, char **argv) {
     on_cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
+#ifdef LOOM_HAVE_CUDA
     int rc = on_cpu ? 0 : lcuda_probe();
     if (rc) return rc;
+#else
+    if (!on_cpu) {
+        printf("no GPU: built without CUDA (test_nf4_upload cpu runs the cpu backend)\n");
+        return 77;
+    }
+#endif
     for (int k = 0; k < (int)(sizeof cases / sizeof *cases); k++)
         run_case(k);
     nf4_configure(&(struct nf4_opts){.fast = 1, .threads = 0, .overlap = 1});

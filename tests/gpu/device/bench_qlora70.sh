@@ -8,6 +8,7 @@
 # 8B shape (micro-batch 4, T 2048). Prints per run: the "nf4:" line (tensors, GiB, init
 # seconds and the share of quantization and upload), one RESULT line (tokens_per_s,
 # mem_gib, nf4_init_s, nf4_put_s) and a PASS/FAIL line.
+# Not run on a GPU yet (written without one; built with CUDA for sm_90).
 # Usage: tests/gpu/device/bench_qlora70.sh (BUILD: the carried build folder, with
 # bin/loom-gpu-bench, bin/test_nf4_upload and bin/bench_nf4); logs under $OUT.
 . "$(dirname "$0")/env.sh"
