@@ -30,6 +30,16 @@ if(TARGET loomd)
     add_executable(bench_events ${CMAKE_CURRENT_LIST_DIR}/bench/bench_events.c)
     target_link_libraries(bench_events PRIVATE loom_daemon_harness Threads::Threads)
     loom_warnings(bench_events)
+    # Webhook delivery throughput (docs/perf.md); the ctest runs it tiny, once with a slow
+    # receiver: it fails unless every (event, webhook) pair arrives signed.
+    add_executable(bench_webhooks ${CMAKE_CURRENT_LIST_DIR}/bench/bench_webhooks.c)
+    target_link_libraries(bench_webhooks PRIVATE loom_daemon_harness PkgConfig::CRYPTO
+                          Threads::Threads)
+    loom_warnings(bench_webhooks)
+    add_test(NAME bench.webhooks_smoke
+             COMMAND bench_webhooks $<TARGET_FILE:loomd> --receivers 3 --webhooks 4 --jobs 20
+                     --rate 50 --slow 1 --slow-ms 300 --timeout-s 60)
+    set_tests_properties(bench.webhooks_smoke PROPERTIES LABELS bench TIMEOUT 120)
 endif()
 # The API contract: api/openapi.yaml against the route table and the handlers' error statuses,
 # and against third-party tools (Debian's JSON::Validator lints it; OpenAPI::Client, generated
