@@ -75,7 +75,7 @@ struct bench {
     /* Written by the server thread only; read by main after it joined. */
     unsigned char *seen; /* [seq][webhook] receipt counts (saturating) */
     long long seen_seqs;
-    _Atomic long long unique;    /* distinct (event, webhook) pairs */
+    _Atomic long long unique;     /* distinct (event, webhook) pairs */
     _Atomic long long last_rx_ms; /* wall ms of the newest new pair */
     long long requests, dups, bad_sig, bad_req;
     struct lat fast, slowl;
@@ -107,8 +107,8 @@ static void lat_print(const char *name, struct lat *l) {
 static long long parse_ms(const char *s) {
     struct tm tm = {0};
     int ms = 0;
-    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-               &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) != 7)
+    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+               &tm.tm_min, &tm.tm_sec, &ms) != 7)
         return 0;
     tm.tm_year -= 1900;
     tm.tm_mon -= 1;
@@ -293,8 +293,8 @@ static void *server(void *arg) {
             if (!c) continue;
             ssize_t r = 1;
             int dead = 0;
-            while (c->len < sizeof c->buf && (r = read(c->fd, c->buf + c->len,
-                                                       sizeof c->buf - c->len)) != 0) {
+            while (c->len < sizeof c->buf &&
+                   (r = read(c->fd, c->buf + c->len, sizeof c->buf - c->len)) != 0) {
                 if (r < 0) {
                     dead = errno != EAGAIN && errno != EWOULDBLOCK;
                     break;
@@ -383,23 +383,33 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_webhooks: option '%s' needs a value\n", k);
             return 2;
         }
-        if (!strcmp(k, "--receivers")) b.receivers = atoi(v);
-        else if (!strcmp(k, "--webhooks")) b.webhooks = atoi(v);
-        else if (!strcmp(k, "--jobs")) b.jobs = atoi(v);
-        else if (!strcmp(k, "--rate")) b.rate = atoi(v);
-        else if (!strcmp(k, "--submitters")) b.submitters = atoi(v);
-        else if (!strcmp(k, "--slow")) b.slow = atoi(v);
-        else if (!strcmp(k, "--slow-ms")) b.slow_ms = atoi(v);
-        else if (!strcmp(k, "--timeout-s")) b.timeout_s = atoi(v);
-        else if (!strcmp(k, "--dir")) snprintf(dir, sizeof dir, "%s", v);
-        else if (!strcmp(k, "--loomd-arg") && nextra < 39) extra[nextra++] = v;
+        if (!strcmp(k, "--receivers"))
+            b.receivers = atoi(v);
+        else if (!strcmp(k, "--webhooks"))
+            b.webhooks = atoi(v);
+        else if (!strcmp(k, "--jobs"))
+            b.jobs = atoi(v);
+        else if (!strcmp(k, "--rate"))
+            b.rate = atoi(v);
+        else if (!strcmp(k, "--submitters"))
+            b.submitters = atoi(v);
+        else if (!strcmp(k, "--slow"))
+            b.slow = atoi(v);
+        else if (!strcmp(k, "--slow-ms"))
+            b.slow_ms = atoi(v);
+        else if (!strcmp(k, "--timeout-s"))
+            b.timeout_s = atoi(v);
+        else if (!strcmp(k, "--dir"))
+            snprintf(dir, sizeof dir, "%s", v);
+        else if (!strcmp(k, "--loomd-arg") && nextra < 39)
+            extra[nextra++] = v;
         else {
             fprintf(stderr, "bench_webhooks: unknown option '%s'\n", k);
             return 2;
         }
     }
-    if (b.receivers < 1 || b.receivers > 256 || b.webhooks < 1 || b.webhooks > 100 ||
-        b.jobs < 1 || b.rate < 1 || b.submitters < 1 || b.slow < 0 || b.slow > b.receivers) {
+    if (b.receivers < 1 || b.receivers > 256 || b.webhooks < 1 || b.webhooks > 100 || b.jobs < 1 ||
+        b.rate < 1 || b.submitters < 1 || b.slow < 0 || b.slow > b.receivers) {
         fprintf(stderr, "bench_webhooks: need 1 <= receivers <= 256, 1 <= webhooks <= 100 (the "
                         "per-tenant limit), jobs, rate, submitters >= 1, 0 <= slow <= "
                         "receivers\n");
@@ -432,9 +442,9 @@ int main(int argc, char **argv) {
                          "\"secret\":\"%s\"}",
                          ports[i % b.receivers], i, SECRET);
         struct hresp r;
-        int ok = hreq(p.url, "POST", "/v1/webhooks", b.token, NULL, body, (size_t)n, NULL, &r) ==
-                     0 &&
-                 r.status == 201;
+        int ok =
+            hreq(p.url, "POST", "/v1/webhooks", b.token, NULL, body, (size_t)n, NULL, &r) == 0 &&
+            r.status == 201;
         if (!ok) fprintf(stderr, "create webhook %d: %ld %s\n", i, r.status, r.body ? r.body : "");
         hresp_free(&r);
         if (!ok) goto out;
