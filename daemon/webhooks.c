@@ -237,6 +237,7 @@ struct due {
 
 struct outcome {
     int64_t id;
+    char webhook_id[32];
     int ok, give_up;
     long status;
     char error[256];
@@ -288,6 +289,26 @@ static int hook_inflight(const struct webhooks *w, const char *webhook_id) {
     return n;
 }
 
+/* The most rows one webhook holds (in slots or uncommitted outcomes). */
+static int max_held_per_hook(const struct webhooks *w) {
+    int best = 0;
+    for (int i = 0; i < w->nslots; i++) {
+        if (!w->slots[i].busy) continue;
+        const char *id = w->slots[i].d.webhook_id;
+        int n = hook_inflight(w, id);
+        for (int k = 0; k < w->nout; k++)
+            n += !strcmp(w->out[k].webhook_id, id);
+        if (n > best) best = n;
+    }
+    for (int k = 0; k < w->nout; k++) {
+        int n = hook_inflight(w, w->out[k].webhook_id);
+        for (int j = 0; j < w->nout; j++)
+            n += !strcmp(w->out[j].webhook_id, w->out[k].webhook_id);
+        if (n > best) best = n;
+    }
+    return best;
+}
+
 struct due_list {
     struct webhooks *w;
     int64_t now;
@@ -297,18 +318,19 @@ struct due_list {
     int64_t next_at; /* earliest future next_at (0: none) */
 };
 
-/* The due rows, oldest first, at most per_hook of each webhook (so one
- * webhook's backlog cannot fill the page and starve the others) and rows
- * already held are left out here, before their bodies are built. */
+/* The due rows, oldest first, at most per_hook of each webhook: each
+ * webhook's rows are read on their own through the partial index of pending
+ * rows (migration 190), so one webhook's backlog can neither fill the page
+ * nor make the read scan it. Rows already held are left out here, before
+ * their bodies are built. */
 static int read_due(struct store_tx *tx, void *arg) {
     struct due_list *l = arg;
     sqlite3_stmt *st = store_stmt(
         tx, "SELECT q.id, q.webhook_id, q.event_seq, q.attempts, q.created_at, w.url, w.secret, "
-            "e.type, e.created_at, e.data FROM (SELECT id, webhook_id, event_seq, attempts, "
-            "created_at, next_at, ROW_NUMBER() OVER (PARTITION BY webhook_id ORDER BY next_at, "
-            "id) AS rn FROM webhook_deliveries WHERE state = 'pending' AND next_at <= ?1) q "
-            "JOIN webhooks w ON w.id = q.webhook_id JOIN events e ON e.seq = q.event_seq WHERE "
-            "q.rn <= ?2 ORDER BY q.next_at, q.id LIMIT ?3");
+            "e.type, e.created_at, e.data FROM webhooks w JOIN webhook_deliveries q ON q.id IN "
+            "(SELECT p.id FROM webhook_deliveries p WHERE p.webhook_id = w.id AND p.state = "
+            "'pending' AND p.next_at <= ?1 ORDER BY p.next_at, p.id LIMIT ?2) JOIN events e ON "
+            "e.seq = q.event_seq ORDER BY q.next_at, q.id LIMIT ?3");
     if (!st) return STORE_ERR;
     sqlite3_bind_int64(st, 1, l->now);
     sqlite3_bind_int(st, 2, l->per_hook);
@@ -411,6 +433,7 @@ static void finish(struct webhooks *w, struct slot *s, int ok, long status, cons
     struct outcome *o = &w->out[w->nout++];
     memset(o, 0, sizeof *o);
     o->id = d->id;
+    snprintf(o->webhook_id, sizeof o->webhook_id, "%s", d->webhook_id);
     o->ok = ok;
     o->status = status;
     snprintf(o->error, sizeof o->error, "%s", error ? error : "");
@@ -545,8 +568,9 @@ static int64_t refill(struct webhooks *w) {
     if (free_slots <= 0) return 0;
     int nheld = w->inflight + w->nout;
     struct due_list l = {.w = w, .now = store_now_ms()};
-    /* Held rows still rank in their webhook's partition: leave room for them. */
-    l.per_hook = (int)w->ld->cfg.webhook_inflight_hook + nheld;
+    /* Held rows are still pending and come back from the read: leave room
+     * for the most that one webhook holds. */
+    l.per_hook = (int)w->ld->cfg.webhook_inflight_hook + max_held_per_hook(w);
     l.limit = free_slots + nheld;
     l.v = calloc((size_t)l.limit, sizeof *l.v);
     if (!l.v) return -1;

@@ -611,6 +611,36 @@ def sc_webhook_slow(c):
         fast.close()
 
 
+def sc_webhook_stop(c):
+    """SIGTERM while an attempt hangs on its target: loomd stops at once
+    (the attempt is abandoned, not recorded), and after the restart the
+    delivery goes out again with the same event id and is recorded as one
+    attempt."""
+    rx = Receiver(delay=8.0)
+    try:
+        w = make_hook(c, "http://127.0.0.1:%d/hang" % rx.port, ["job.queued"])
+        jid = c.submit(world=1, steps=1, step_ms=10)
+        seq = [e for e in c.all_events(query="&job=" + jid) if e["type"] == "job.queued"][0]["seq"]
+        c.wait(lambda: rx.ids() == [str(seq)], 5, "the attempt reached the target")
+        t0 = time.time()
+        c.loomd.send_signal(signal.SIGTERM)
+        c.loomd.wait(timeout=20)
+        took = time.time() - t0
+        check(took < 4, "loomd stopped %.1f s after SIGTERM with an attempt in flight" % took)
+        rx.delay = 0
+        c.start_loomd()
+        c.wait(lambda: rx.answered >= 1, 10, "delivered after the restart")
+        c.wait(lambda: c.get("/v1/webhooks/%s/deliveries" % w["id"])[1]["items"][0]["state"] ==
+               "delivered", 5, "recorded")
+        st, d = c.get("/v1/webhooks/%s/deliveries" % w["id"])
+        check(d["items"][0]["attempts"] == 1 and d["items"][0]["event_seq"] == seq,
+              "the abandoned attempt is not counted: %s" % d)
+        check(rx.ids() == [str(seq), str(seq)] and all(g[2] for g in rx.got),
+              "sent again with the same id, signed: %s" % rx.got)
+    finally:
+        rx.close()
+
+
 def sha(b):
     return hashlib.sha256(b).hexdigest()
 
@@ -1215,6 +1245,7 @@ SCENARIOS = {
     "metrics_auth": (sc_metrics_auth, {"nodes": 1}),
     "webhooks": (sc_webhooks, {"nodes": 1}),
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
+    "webhook_stop": (sc_webhook_stop, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
     "event_ring": (sc_event_ring, {"nodes": 0}),
     "cli_wait": (sc_cli_wait, {"nodes": 1}),
