@@ -226,6 +226,7 @@ int64_t webhooks_backoff_ms(int attempts, int64_t base_ms) {
  * commits (the events notify, a futex) into curl_multi_wakeup. */
 
 #define COMMIT_GAP_MS 5
+#define REFILL_GAP_MS 5 /* events while attempts are in flight: one read per 5 ms */
 #define IDLE_WAIT_MS  1000
 
 struct due {
@@ -630,6 +631,7 @@ static void *delivery_main(void *arg) {
     uint64_t gen = http_notify_gen(&ld->events->notify) - 1; /* read at once */
     int64_t next_at = 0;
     int committed = 1;
+    int64_t last_refill = 0; /* mono ms */
     while (ok && !atomic_load(&w->stopping)) {
         /* Commit the round: COMMIT_GAP_MS after its first outcome, or at
          * once when nothing else is in flight to join it. Slots freed
@@ -639,11 +641,18 @@ static void *delivery_main(void *arg) {
             commit_outcomes(w);
             committed = 1;
         }
+        /* New events are read at once when idle; while attempts are in
+         * flight, those committing within REFILL_GAP_MS of the last read
+         * wait for the next one (a read per event would cost more than the
+         * deliveries when the targets are busy). */
         uint64_t g = http_notify_gen(&ld->events->notify);
         int retry_due = next_at > 0 && next_at <= store_now_ms();
-        if (w->inflight < w->nslots && (g != gen || committed || retry_due)) {
+        int64_t since = clock_mono_ms() - last_refill;
+        int events = g != gen && (!w->inflight || since >= REFILL_GAP_MS);
+        if (w->inflight < w->nslots && (events || committed || retry_due)) {
             gen = g;
             committed = 0;
+            last_refill = clock_mono_ms();
             int64_t n = refill(w);
             next_at = n < 0 ? store_now_ms() + 1000 : n; /* a failed read: again in 1 s */
         }
@@ -659,6 +668,10 @@ static void *delivery_main(void *arg) {
         }
         if (w->nout) {
             int64_t left = w->first_out_ms + COMMIT_GAP_MS - clock_mono_ms();
+            if (left < timeout) timeout = left < 0 ? 0 : (int)left;
+        }
+        if (g != gen && w->inflight < w->nslots) { /* events deferred above */
+            int64_t left = last_refill + REFILL_GAP_MS - clock_mono_ms();
             if (left < timeout) timeout = left < 0 ? 0 : (int)left;
         }
         curl_multi_poll(w->multi, NULL, 0, timeout, NULL);
