@@ -39,6 +39,7 @@
 #include "worker/comm/comm.h"
 #include "worker/lora.h"
 #include "worker/model.h"
+#include "worker/nf4.h"
 #include "worker/safetensors.h"
 #include "worker/tp.h"
 
@@ -1409,6 +1410,11 @@ int lora_merge(struct lora *l) {
                     acc += (double)B[(size_t)o * l->r + j] * A[(size_t)j * a->in + c];
                 w[(size_t)o * a->in + c] += (float)(l->scale * acc);
             }
+        /* QLoRA: dequant(base) + (alpha/r) B A kept in fp32 for the export,
+         * not quantized again (worker/nf4.h nf4_set_merged) */
+        int held = e->nf4 ? nf4_set_merged(e->nf4, a->tensor, w) : 1;
+        if (held < 0) goto out;
+        if (held == 0) continue;
         if (engine_params_from_host(e, off, w, n) != 0) goto out;
     }
     rc = 0;

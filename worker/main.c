@@ -642,17 +642,15 @@ static int lora_check(struct run *r) {
                         "model.init_from names a PEFT adapter but the spec has no train.lora");
         return 0;
     }
-    if (s->train.quantize_base == JOBSPEC_QUANT_NF4 &&
-        (w->o.world != 1 || s->export.hf || w->o.hf.export_hf || w->o.export_path)) {
-        /* the NF4 base (worker/nf4.h) lives on one device, and a merged
-         * export would need the unquantized base */
+    if (s->train.quantize_base == JOBSPEC_QUANT_NF4 && s->parallel.tp > 1) {
+        /* dp and pp quantize whole tensors as one process does (worker/nf4.c
+         * nf4_attach); a tp rank holds shards, whose 64-weight blocks and
+         * scales are not the whole tensor's (docs/finetuning.md "QLoRA") */
         snprintf(w->err, sizeof w->err,
-                 "train.quantize_base nf4 runs on one device without a merged export; this run "
-                 "has world=%lld and %s",
-                 (long long)w->o.world,
-                 s->export.hf || w->o.hf.export_hf || w->o.export_path
-                     ? "export.hf / --export-hf / --export (use export.lora)"
-                     : "no merged export");
+                 "train.quantize_base nf4 does not run with tensor parallelism (this spec has "
+                 "tp=%d, dp=%d, pp=%d); use dp or pp (parallel.tp=1) for QLoRA on several "
+                 "devices",
+                 s->parallel.tp, s->parallel.dp, s->parallel.pp);
         return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
     }
     /* before the world is joined, so that a refused rank does not leave the

@@ -56,6 +56,20 @@ int nf4_put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt);
  * views), unless the scratch holds them already. */
 void nf4_layer(struct nf4 *q, int layer);
 
+/* Flat range [off, off + n) of this rank's base as fp32 into host dst, for
+ * the exports (engine_opt_read of the frozen "master"): a quantized tensor
+ * dequantized from its codes (the NF4 base, not the weights it was made
+ * from), or its merged values once nf4_set_merged gave them; every other
+ * tensor from its buffer; tensors this rank does not hold (another pp
+ * stage's) as zeros. 0 or -1 (out of memory). */
+int nf4_read(struct nf4 *q, size_t off, size_t n, float *dst);
+
+/* The merged export (lora_merge): quantized tensor `tensor`'s values become
+ * w (fp32 [rank_numel], dequant(base) + (alpha/r) B A), kept on the host for
+ * nf4_read; the codes, which training used, stay as they were. 0; 1 when
+ * the tensor is not held in NF4 (write it as any other); -1 out of memory. */
+int nf4_set_merged(struct nf4 *q, int tensor, const float *w);
+
 /* Quantized tensors, their weights and bytes (tests, logs). */
 void nf4_stats(const struct nf4 *q, int *tensors, size_t *weights, size_t *bytes);
 
