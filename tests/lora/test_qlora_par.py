@@ -156,7 +156,7 @@ def layouts(tmp, hf, data, seqs, tag, cases):
     spec(sp, hf, data, seqs, export={"lora": True, "hf": True})
     flat = os.path.join(tmp, f"flat-{tag}.safetensors")
     rc, out, err = worker(["--spec", sp, "--out", run1, "--export", flat])
-    check(rc == 0, f"{tag}: one-process QLoRA run with export.hf and --export rc={rc} {err[-600:]}")
+    check(rc == 0, f"{tag}: one-process QLoRA run, export.hf and --export rc={rc} {err[-600:]}")
     if rc != 0:
         return
     fl = {k: hfio.to_float(*v) for k, v in hfio.read_safetensors(flat).items()}

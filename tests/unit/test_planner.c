@@ -419,6 +419,43 @@ static void test_lora_8b(void) {
     CHECK_NEAR(z1.mem.grads, A * 2 + ceil(A / 2) * 2, 1);
 }
 
+/* ---- QLoRA over pp and dp: a stage's NF4 tensors, a dp rank's whole base ---- */
+static void test_qlora_70b_layouts(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate one, pp2, dp2;
+    struct loom_error e;
+    const char *base = "{'model':{'family':'llama','preset':'70b','seq_len':2048},%s"
+                       "'train':{'micro_batch':1,'global_batch_tokens':%d,'recompute':'full',"
+                       "'lora':{'rank':16,'alpha':32},'quantize_base':'nf4'}}";
+    char spec[640];
+    snprintf(spec, sizeof spec, base, "", 2048);
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &one, &e) == 0);
+    snprintf(spec, sizeof spec, base, "'parallel':{'pp':2},", 4096);
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &pp2, &e) == 0);
+    snprintf(spec, sizeof spec, base, "'parallel':{'dp':2},", 4096);
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &dp2, &e) == 0);
+    /* by hand: Llama 2 70B (C 8192, kv 1024, F 28672, V 32000, 80 blocks); every linear
+     * weight fills whole 64- and 256-blocks, so nf4_bytes(n) = n/2 + n/64 + 4n/16384 + 4 +
+     * 1024 (worker/nf4_format.h); pp 2: 40 blocks a stage, stage 0 the embedding, stage 1
+     * the final norm and lm_head; rank-16 adapters on the 7 projections, padded to 64 */
+    double r = 16, C = 8192, KV = 1024, F = 28672, V = 32000;
+    double mm = 2 * C * C + 2 * C * KV + 3 * C * F, lp = mm + 2 * C;
+    double q4 = mm * (0.5 + 1.0 / 64 + 4.0 / 16384) + 7 * (4 + 1024);
+    double per =
+        pad64(r * C) * 6 + pad64(r * F) + pad64(C * r) * 3 + pad64(KV * r) * 2 + pad64(F * r) * 2;
+    double P = 40 * lp + (pp2.mem.worst_stage == 0 ? V * C : V * C + C);
+    double want = 40 * q4 + (P - 40 * mm) * 2 + mm * 2 + 2 + 40 * per * 2;
+    CHECK_NEAR(pp2.mem.params, want, 1);
+    /* dp: every rank holds the whole NF4 base (the same params as one device) */
+    CHECK_NEAR(dp2.mem.params, one.mem.params, 1);
+    CHECK(pp2.mem.params < 0.55 * one.mem.params && one.fits && pp2.fits);
+    printf("70b qlora nf4 r16 on H200: one device %.1f GiB (params %.1f), pp2 %.1f GiB a GPU "
+           "(params %.1f, stage %d), dp2 %.1f GiB a GPU\n",
+           one.mem.total / GIB, one.mem.params / GIB, pp2.mem.total / GIB, pp2.mem.params / GIB,
+           pp2.mem.worst_stage, dp2.mem.total / GIB);
+}
+
 /* ---- dp2 ZeRO-0 on one node: the copy-engine receive area ---- */
 static void test_pair_area(void) {
     struct loom_spec s;
@@ -836,6 +873,7 @@ static void test_fleet_costs(void) {
 
 int main(void) {
     test_lora_8b();
+    test_qlora_70b_layouts();
     test_fleet_fit();
     test_fleet_cpu_memory();
     test_fleet_costs();
