@@ -645,7 +645,7 @@ static int lora_check(struct run *r) {
     if (s->train.quantize_base == JOBSPEC_QUANT_NF4 && s->parallel.tp > 1) {
         /* dp and pp quantize whole tensors as one process does (worker/nf4.c
          * nf4_attach); a tp rank holds shards, whose 64-weight blocks and
-         * scales are not the whole tensor's (docs/finetuning.md "QLoRA") */
+         * scales are not the whole tensor's (docs/engine.md "QLoRA") */
         snprintf(w->err, sizeof w->err,
                  "train.quantize_base nf4 does not run with tensor parallelism (this spec has "
                  "tp=%d, dp=%d, pp=%d); use dp or pp (parallel.tp=1) for QLoRA on several "

@@ -129,13 +129,15 @@ struct nf4_t {
     void *dev;      /* nf4_bytes(n), backend memory */
     float *pending; /* host fp32 [n] while pieces arrive, else NULL */
     size_t got;
-    float *merged; /* host fp32 [n] once nf4_set_merged gave its merged values, else NULL */
 };
 
 struct nf4 {
     struct engine *e;
     struct nf4_t *t;
     int nt;
+    /* nf4_set_delta: added to a weight as nf4_read dequantizes it (NULL: none) */
+    void (*delta)(void *user, int tensor, float *w);
+    void *delta_user;
     int *of;       /* [layout.n]: index into t, or -1 */
     void *scratch; /* compute dtype: one block's linear weights */
     void *rest;    /* compute dtype: every other tensor, in layout order */
@@ -156,7 +158,6 @@ void nf4_free(struct nf4 *q) {
     for (int i = 0; i < q->nt; i++) {
         b->free(b->ctx, q->t[i].dev);
         free(q->t[i].pending);
-        free(q->t[i].merged);
     }
     b->free(b->ctx, q->scratch);
     b->free(b->ctx, q->rest);
@@ -184,7 +185,7 @@ int nf4_attach(struct engine *e, char *err, size_t errlen) {
     }
     /* dp: every rank holds the whole base, quantized as one process does;
      * pp: a stage its own tensors, whole. tp would quantize shards, whose
-     * blocks and scales differ from the whole tensor's (docs/finetuning.md
+     * blocks and scales differ from the whole tensor's (docs/engine.md
      * "QLoRA"). */
     if (e->tp != 1 || !e->frozen || e->p_hi > e->p_lo) {
         snprintf(err, errlen,
@@ -340,14 +341,10 @@ void nf4_stats(const struct nf4 *q, int *tensors, size_t *weights, size_t *bytes
 
 /* ---- reading the base back (exports) ---- */
 
-/* Tensor k's values as fp32 into host dst[t->n]: its merged values, or the
- * codes dequantized on the host (nf4_dequantize: the values the cpu backend
- * computes with; the cuda kernel rounds these to bf16). 0 or -1. */
+/* Tensor t's values as fp32 into host dst[t->n]: the codes dequantized on
+ * the host (nf4_dequantize: the values the cpu backend computes with; the
+ * cuda kernel rounds these to bf16), plus the delta hook's. 0 or -1. */
 static int read_quantized(struct nf4 *q, const struct nf4_t *t, float *dst) {
-    if (t->merged) {
-        memcpy(dst, t->merged, t->n * sizeof *dst);
-        return 0;
-    }
     struct backend *b = q->e->be;
     size_t nb = nf4_bytes(t->n);
     uint8_t *h = malloc(nb);
@@ -355,19 +352,25 @@ static int read_quantized(struct nf4 *q, const struct nf4_t *t, float *dst) {
     b->download(b->ctx, h, t->dev, nb);
     nf4_dequantize(h, t->n, dst);
     free(h);
+    if (q->delta) q->delta(q->delta_user, t->tensor, dst);
     return 0;
 }
 
-/* A compute-dtype device tensor src[n] as fp32 into host dst. 0 or -1. */
+/* A compute-dtype device tensor src[n] as fp32 into host dst (bf16: in
+ * slices through a small fp32 device buffer). 0 or -1. */
 static int read_plain(struct backend *b, const void *src, float *dst, size_t n) {
     if (b->dtype == BACKEND_F32) {
         b->download(b->ctx, dst, src, n * sizeof *dst);
         return 0;
     }
-    float *f = b->alloc(b->ctx, n * sizeof *f);
+    size_t chunk = n < ((size_t)1 << 24) ? n : ((size_t)1 << 24);
+    float *f = b->alloc(b->ctx, (chunk ? chunk : 1) * sizeof *f);
     if (!f) return -1;
-    b->to_f32(b->ctx, f, src, n);
-    b->download(b->ctx, dst, f, n * sizeof *dst);
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        b->to_f32(b->ctx, f, backend_at(b, src, i), k);
+        b->download(b->ctx, dst + i, f, k * sizeof *dst);
+    }
     b->free(b->ctx, f);
     return 0;
 }
@@ -400,10 +403,7 @@ out:
     return rc;
 }
 
-int nf4_set_merged(struct nf4 *q, int tensor, const float *w) {
-    if (tensor < 0 || tensor >= q->e->layout.n || q->of[tensor] < 0) return 1;
-    struct nf4_t *t = &q->t[q->of[tensor]];
-    if (!t->merged && !(t->merged = malloc(t->n * sizeof *t->merged))) return -1;
-    memcpy(t->merged, w, t->n * sizeof *w);
-    return 0;
+void nf4_set_delta(struct nf4 *q, void (*fn)(void *user, int tensor, float *w), void *user) {
+    q->delta = fn;
+    q->delta_user = user;
 }
