@@ -876,6 +876,10 @@ int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c
                 continue;
             if (!facts[tp].tp) tp_facts_init(&facts[tp], mc, tp);
             if (!facts[tp].ok) continue;
+            /* an NF4 base runs with dp and pp only (worker/main.c lora_check,
+             * docs/engine.md "QLoRA") */
+            if (tp > 1 && sp.train.lora.enabled && sp.train.quantize_base == JOBSPEC_QUANT_NF4)
+                continue;
             /* pp runs over the divisors of n_layer (<= 1024), not of the GPU count */
             for (int pp = 1; pp <= mc->n_layer && pp <= w / tp; pp++) {
                 if ((w / tp) % pp || mc->n_layer % pp) continue;

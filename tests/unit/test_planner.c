@@ -450,6 +450,18 @@ static void test_qlora_70b_layouts(void) {
     /* dp: every rank holds the whole NF4 base (the same params as one device) */
     CHECK_NEAR(dp2.mem.params, one.mem.params, 1);
     CHECK(pp2.mem.params < 0.55 * one.mem.params && one.fits && pp2.fits);
+    /* the recommendations for QLoRA on a node of 8 never use tp (the worker refuses it) */
+    snprintf(spec, sizeof spec, base, "", 8 * 2048);
+    CHECK(load(spec, NULL, &s, &c) == 0);
+    struct planner_candidate *list;
+    int n = 0, tp_used = 0, fit = 0;
+    CHECK(planner_recommend(&s, &c, NULL, &list, &n, &e) == 0);
+    for (int i = 0; i < n; i++) {
+        tp_used += list[i].est.tp > 1;
+        fit += list[i].est.fits;
+    }
+    CHECK(n > 0 && fit > 0 && tp_used == 0);
+    free(list);
     printf("70b qlora nf4 r16 on H200: one device %.1f GiB (params %.1f), pp2 %.1f GiB a GPU "
            "(params %.1f, stage %d), dp2 %.1f GiB a GPU\n",
            one.mem.total / GIB, one.mem.params / GIB, pp2.mem.total / GIB, pp2.mem.params / GIB,
