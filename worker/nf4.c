@@ -333,12 +333,6 @@ void nf4_layer(struct nf4 *q, int layer) {
     q->loaded = layer;
 }
 
-void nf4_stats(const struct nf4 *q, int *tensors, size_t *weights, size_t *bytes) {
-    *tensors = q->nt;
-    *weights = q->weights;
-    *bytes = q->q_bytes;
-}
-
 /* ---- reading the base back (exports) ---- */
 
 /* Tensor t's values as fp32 into host dst[t->n]: the codes dequantized on
@@ -406,4 +400,10 @@ out:
 void nf4_set_delta(struct nf4 *q, void (*fn)(void *user, int tensor, float *w), void *user) {
     q->delta = fn;
     q->delta_user = user;
+}
+
+void nf4_stats(const struct nf4 *q, int *tensors, size_t *weights, size_t *bytes) {
+    *tensors = q->nt;
+    *weights = q->weights;
+    *bytes = q->q_bytes;
 }
