@@ -818,6 +818,23 @@ static int build_engine(struct run *r) {
                                              : rc == JOBSPEC_RECOMPUTE_SELECTIVE
                                                  ? MODEL_RECOMPUTE_SELECTIVE
                                                  : MODEL_RECOMPUTE_NONE};
+    if (s->train.recompute_budget_gib > 0) {
+        /* {"budget_gib": N}: as many blocks of this stage as fit keep every
+         * activation, the others recompute in full (the planner's memory
+         * model, checked against the allocations by unit.api.planner_engine) */
+        int keep = 0;
+        double floor_gib = 0;
+        struct loom_error perr;
+        if (planner_recompute_keep(s, w->e->pp_idx, &keep, &floor_gib, &perr) != 0)
+            return fail(w, LOOM_EXIT_BAD_SPEC, perr.code, perr.message);
+        r->mo.recompute = MODEL_RECOMPUTE_FULL;
+        r->mo.keep = keep;
+        int l0, l1;
+        model_stage_layers(&s->model, s->parallel.pp, w->e->pp_idx, &l0, &l1);
+        log_info("recompute budget %.2f GiB: %d of %d blocks of this stage kept, the rest "
+                 "recomputed (every block recomputed: %.2f GiB)",
+                 s->train.recompute_budget_gib, keep, l1 - l0, floor_gib);
+    }
     w->m = model_new_ex(w->e, &r->mo);
     if (!w->m)
         return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",

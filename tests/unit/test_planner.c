@@ -551,6 +551,55 @@ static void test_classifier_workspace_cpu(void) {
     CHECK(a.mem.workspace >= 64.0 * 128256 * 4 && a.mem.workspace < 64.0 * 128256 * 4 * 1.5);
 }
 
+/* train.recompute {"budget_gib": N}: the most blocks kept whole that fit N,
+ * between every block recomputed (the floor) and none; under the floor a
+ * clear error at submit. Llama 3.2 1B shape (16 blocks) on an H200. */
+static void test_recompute_budget(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate none, full, b;
+    struct loom_error e;
+    const char *gpu = "{'nodes':1,'gpus_per_node':1,'gpu':'H200'}";
+    const char *spec = "{'model':{'family':'llama','preset':'1b','seq_len':2048},"
+                       "'train':{'micro_batch':4,'global_batch_tokens':16384,'recompute':%s}}";
+    char buf[512], rc[64];
+    snprintf(buf, sizeof buf, spec, "'none'");
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &none, &e) == 0);
+    snprintf(buf, sizeof buf, spec, "'full'");
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &full, &e) == 0);
+    CHECK(none.mem.keep == -1 && full.mem.keep == -1);
+    CHECK(full.mem.total < none.mem.total);
+    double lo = full.mem.total / GIB, hi = none.mem.total / GIB;
+    /* a budget a third of the way up keeps some blocks, within the budget */
+    snprintf(rc, sizeof rc, "{'budget_gib':%.6f}", lo + (hi - lo) / 3);
+    snprintf(buf, sizeof buf, spec, rc);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    CHECK(b.mem.layers == 16 && b.mem.keep > 0 && b.mem.keep < 15);
+    CHECK(b.mem.total <= (lo + (hi - lo) / 3) * GIB + 1);
+    CHECK(fabs(b.mem.budget_floor - full.mem.total) < 1e-6 * full.mem.total);
+    /* one more kept block would not fit: each costs (none - full) / 15 or so */
+    double per = (none.mem.total - full.mem.total) / 15;
+    CHECK(b.mem.total + per > (lo + (hi - lo) / 3) * GIB);
+    CHECK(b.step_s > none.step_s && b.step_s < full.step_s);
+    int keep;
+    double floor_gib;
+    CHECK(planner_recompute_keep(&s, 0, &keep, &floor_gib, &e) == 0 && keep == b.mem.keep);
+    CHECK(fabs(floor_gib - lo) < 1e-6 * lo);
+    /* the whole model fits: every block kept, the total of no recompute */
+    snprintf(rc, sizeof rc, "{'budget_gib':%.6f}", hi + 1);
+    snprintf(buf, sizeof buf, spec, rc);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    CHECK(b.mem.keep == 16 && fabs(b.mem.total - none.mem.total) < 1e-6 * none.mem.total);
+    /* under the floor: refused, naming both numbers */
+    snprintf(rc, sizeof rc, "{'budget_gib':%.6f}", lo / 2);
+    snprintf(buf, sizeof buf, spec, rc);
+    CHECK(load(buf, gpu, &s, &c) == 0);
+    CHECK(planner_recompute_keep(&s, 0, &keep, &floor_gib, &e) != 0);
+    CHECK(!strcmp(e.code, "RECOMPUTE_BUDGET_TOO_SMALL") && strstr(e.message, "budget_gib"));
+    CHECK(planner_check_fit(&s, &c, NULL, &e) != 0 &&
+          !strcmp(e.code, "RECOMPUTE_BUDGET_TOO_SMALL"));
+}
+
 /* ---- pipeline split by work (parallel.pp_balance) ---- */
 static void test_pp_balance(void) {
     struct loom_spec s;
@@ -893,6 +942,7 @@ int main(void) {
     test_pair_area();
     test_cudnn_workspace();
     test_classifier_workspace_cpu();
+    test_recompute_budget();
     test_70b_arithmetic();
     test_bands();
     test_comm_bound();
