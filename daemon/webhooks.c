@@ -322,7 +322,8 @@ struct due_list {
 /* The due rows, oldest first, at most per_hook of each webhook: each
  * webhook's rows are read on their own through the partial index of pending
  * rows (migration 190), so one webhook's backlog can neither fill the page
- * nor make the read scan it. Rows already held are left out here, before
+ * nor make the read scan it (a deleted webhook has none: its pending rows
+ * were cancelled with it). Rows already held are left out here, before
  * their bodies are built. */
 static int read_due(struct store_tx *tx, void *arg) {
     struct due_list *l = arg;
@@ -331,7 +332,7 @@ static int read_due(struct store_tx *tx, void *arg) {
             "e.type, e.created_at, e.data FROM webhooks w JOIN webhook_deliveries q ON q.id IN "
             "(SELECT p.id FROM webhook_deliveries p WHERE p.webhook_id = w.id AND p.state = "
             "'pending' AND p.next_at <= ?1 ORDER BY p.next_at, p.id LIMIT ?2) JOIN events e ON "
-            "e.seq = q.event_seq ORDER BY q.next_at, q.id LIMIT ?3");
+            "e.seq = q.event_seq WHERE w.deleted_at IS NULL ORDER BY q.next_at, q.id LIMIT ?3");
     if (!st) return STORE_ERR;
     sqlite3_bind_int64(st, 1, l->now);
     sqlite3_bind_int(st, 2, l->per_hook);
