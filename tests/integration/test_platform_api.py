@@ -641,6 +641,39 @@ def sc_webhook_stop(c):
         rx.close()
 
 
+def sc_webhook_timeout(c):
+    """A target slower than --webhook-timeout (1 s here): the attempt times
+    out and is retried with backoff and the same Loom-Event-Id, while another
+    webhook's deliveries go on; once the target answers in time, the
+    delivery is recorded with every attempt counted."""
+    rx, fast = Receiver(delay=2.5), Receiver()
+    try:
+        w = make_hook(c, "http://127.0.0.1:%d/late" % rx.port, ["job.queued"])
+        make_hook(c, "http://127.0.0.1:%d/fast" % fast.port, ["job.queued"])
+        jid = c.submit(world=1, steps=1, step_ms=10)
+        seq = str([e for e in c.all_events(query="&job=" + jid)
+                   if e["type"] == "job.queued"][0]["seq"])
+        c.wait(lambda: fast.ids() == [seq], 2, "the other webhook is served at once")
+
+        def item():
+            return c.get("/v1/webhooks/%s/deliveries" % w["id"])[1]["items"][0]
+        c.wait(lambda: item()["attempts"] >= 2, 10, "two timed-out attempts")
+        it = item()
+        check(it["state"] == "pending" and it["last_status"] == 0 and
+              "imeout" in (it["last_error"] or ""), "timed out, pending: %s" % it)
+        check(set(rx.ids()) == {seq} and len(rx.ids()) >= 2, "retried with the same id: %s"
+              % rx.ids())
+        rx.delay = 0
+        c.wait(lambda: item()["state"] == "delivered", 15, "delivered once the target is quick")
+        it = item()
+        check(it["attempts"] == len(rx.ids()) and it["last_status"] == 204,
+              "every attempt counted: %s, %d requests" % (it, len(rx.ids())))
+        check(all(g[2] for g in rx.got), "signatures")
+    finally:
+        rx.close()
+        fast.close()
+
+
 def sha(b):
     return hashlib.sha256(b).hexdigest()
 
@@ -1221,6 +1254,10 @@ def sc_artifact_ttl(c, node_local):
     check(st == 200 and r["artifact_ttl_s"] is None, "TTL back to the default: %s %s" % (st, r))
 
 
+class TimeoutHookCluster(Cluster):
+    extra = Cluster.extra + ["--webhook-timeout", "1"]
+
+
 class SlowHookCluster(Cluster):
     extra = Cluster.extra + ["--webhook-inflight-hook", "2"]
 
@@ -1275,6 +1312,8 @@ def main():
         node_local = name == "artifact_ttl_node"
         fn, kw = (lambda c: sc_artifact_ttl(c, node_local)), {"nodes": 1}
         cls = TTLNodeCluster if node_local else TTLCluster
+    elif name == "webhook_timeout":
+        fn, kw, cls = sc_webhook_timeout, {"nodes": 0}, TimeoutHookCluster
     elif name == "webhook_slow":
         fn, kw, cls = sc_webhook_slow, {"nodes": 0}, SlowHookCluster
     elif name == "sse_fanout_pool":
