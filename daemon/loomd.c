@@ -132,6 +132,12 @@ const struct config_entry loomd_config_table[] = {
      "tuning: delay before the first webhook retry; doubles per attempt up to 1 h"},
     {"webhook-retry-for", CONFIG_INT, OFF(webhook_retry_for), "86400", 1, 2592000,
      "seconds a webhook delivery is retried before it is marked failed"},
+    {"webhook-inflight", CONFIG_INT | CONFIG_TUNING, OFF(webhook_inflight), "64", 1, 1024,
+     "webhook delivery attempts in flight at once over all targets (one delivery thread, "
+     "libcurl multi)"},
+    {"webhook-inflight-hook", CONFIG_INT | CONFIG_TUNING, OFF(webhook_inflight_hook), "4", 1, 64,
+     "webhook delivery attempts in flight at once to one webhook (its connections; a slow "
+     "target holds at most this many of --webhook-inflight)"},
     {"tls-cert", CONFIG_STR, OFF(tls_cert), NULL, UNBOUNDED,
      "PEM certificate (chain) file: serve HTTPS only, TLS 1.2+ (with --tls-key)"},
     {"tls-key", CONFIG_STR, OFF(tls_key), NULL, UNBOUNDED, "PEM private key file of --tls-cert"},

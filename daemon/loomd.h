@@ -66,6 +66,8 @@ struct loomd_config {
     long webhook_timeout;       /* s a webhook delivery may take */
     long webhook_retry_base_ms; /* first retry delay; doubles per attempt (tuning) */
     long webhook_retry_for;     /* s after which an undelivered event is given up */
+    long webhook_inflight;      /* webhook attempts in flight at once, all targets (tuning) */
+    long webhook_inflight_hook; /* webhook attempts in flight at once to one webhook (tuning) */
     char *tls_cert;             /* PEM certificate (chain): serve HTTPS (daemon/tls.h) */
     char *tls_key;              /* PEM private key of tls_cert */
     long audit_retention_days;  /* audit rows older than this are deleted (0: keep) */

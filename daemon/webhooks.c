@@ -24,7 +24,6 @@
 #include "daemon/loomd.h"
 #include "daemon/store.h"
 
-#define DUE_BATCH      16
 #define MAX_BACKOFF_MS 3600000LL
 
 /* ---------------- signatures ---------------- */
@@ -211,15 +210,24 @@ int64_t webhooks_backoff_ms(int attempts, int64_t base_ms) {
     return d < MAX_BACKOFF_MS ? d : MAX_BACKOFF_MS;
 }
 
-/* ---------------- the delivery thread ---------------- */
+/* ---------------- the delivery thread ----------------
+ *
+ * One thread drives every attempt through a libcurl multi handle: up to
+ * --webhook-inflight transfers at once, at most --webhook-inflight-hook of
+ * them to one webhook, so a slow or hanging target holds a few slots and the
+ * others keep flowing. Each slot keeps its easy handle; connections live in
+ * the multi's cache and are reused (HTTP/1.1 keep-alive) by later attempts to
+ * the same host and port. Outcomes are collected and committed together: one
+ * store_write per round (at most COMMIT_GAP_MS after the first outcome of the
+ * round, or at once when nothing else is in flight). A row stays "held" (in a
+ * slot or in the uncommitted outcomes) until its outcome committed, so it is
+ * never started twice meanwhile; a crash before the commit re-sends it once
+ * after the restart (at least once). A second thread only turns event
+ * commits (the events notify, a futex) into curl_multi_wakeup. */
 
-struct webhooks {
-    struct loomd *ld;
-    pthread_t thread;
-    int started;
-    _Atomic int stopping;
-    _Atomic uint64_t attempts_ok, attempts_failed;
-};
+#define COMMIT_GAP_MS 5
+#define REFILL_GAP_MS 5 /* events while attempts are in flight: one read per 5 ms */
+#define IDLE_WAIT_MS  1000
 
 struct due {
     int64_t id, seq, created_at;
@@ -228,27 +236,113 @@ struct due {
     char *url, *secret, *body;
 };
 
+struct outcome {
+    int64_t id;
+    char webhook_id[32];
+    int ok, give_up;
+    long status;
+    char error[256];
+    int64_t now, next_at;
+};
+
+/* A transfer slot: its easy handle and the attempt it carries. */
+struct slot {
+    CURL *easy;
+    int busy;
+    struct due d;
+    struct curl_slist *hdr, *resolve;
+};
+
+struct webhooks {
+    struct loomd *ld;
+    pthread_t thread, waker;
+    int started;
+    _Atomic int stopping;
+    _Atomic uint64_t attempts_ok, attempts_failed;
+    CURLM *multi;
+    struct slot *slots;
+    int nslots, inflight;
+    struct outcome *out; /* finished, not yet committed */
+    int nout, capout;
+    int64_t first_out_ms; /* mono ms of the oldest uncommitted outcome */
+};
+
+static void due_free(struct due *d) {
+    free(d->url);
+    free(d->secret);
+    free(d->body);
+    memset(d, 0, sizeof *d);
+}
+
+/* 1 when delivery row `id` is in a slot or among the uncommitted outcomes. */
+static int held(const struct webhooks *w, int64_t id) {
+    for (int i = 0; i < w->nslots; i++)
+        if (w->slots[i].busy && w->slots[i].d.id == id) return 1;
+    for (int i = 0; i < w->nout; i++)
+        if (w->out[i].id == id) return 1;
+    return 0;
+}
+
+static int hook_inflight(const struct webhooks *w, const char *webhook_id) {
+    int n = 0;
+    for (int i = 0; i < w->nslots; i++)
+        n += w->slots[i].busy && !strcmp(w->slots[i].d.webhook_id, webhook_id);
+    return n;
+}
+
+/* The most rows one webhook holds (in slots or uncommitted outcomes). */
+static int max_held_per_hook(const struct webhooks *w) {
+    int best = 0;
+    for (int i = 0; i < w->nslots; i++) {
+        if (!w->slots[i].busy) continue;
+        const char *id = w->slots[i].d.webhook_id;
+        int n = hook_inflight(w, id);
+        for (int k = 0; k < w->nout; k++)
+            n += !strcmp(w->out[k].webhook_id, id);
+        if (n > best) best = n;
+    }
+    for (int k = 0; k < w->nout; k++) {
+        int n = hook_inflight(w, w->out[k].webhook_id);
+        for (int j = 0; j < w->nout; j++)
+            n += !strcmp(w->out[j].webhook_id, w->out[k].webhook_id);
+        if (n > best) best = n;
+    }
+    return best;
+}
+
 struct due_list {
+    struct webhooks *w;
     int64_t now;
-    struct due v[DUE_BATCH];
+    int per_hook, limit;
+    struct due *v;
     int n;
     int64_t next_at; /* earliest future next_at (0: none) */
 };
 
+/* The due rows, oldest first, at most per_hook of each webhook: each
+ * webhook's rows are read on their own through the partial index of pending
+ * rows (migration 190), so one webhook's backlog can neither fill the page
+ * nor make the read scan it (a deleted webhook has none: its pending rows
+ * were cancelled with it). Rows already held are left out here, before
+ * their bodies are built. */
 static int read_due(struct store_tx *tx, void *arg) {
     struct due_list *l = arg;
     sqlite3_stmt *st = store_stmt(
-        tx, "SELECT d.id, d.webhook_id, d.event_seq, d.attempts, d.created_at, w.url, w.secret, "
-            "e.type, e.created_at, e.data FROM webhook_deliveries d JOIN webhooks w ON w.id = "
-            "d.webhook_id JOIN events e ON e.seq = d.event_seq WHERE d.state = 'pending' AND "
-            "d.next_at <= ?1 ORDER BY d.next_at, d.id LIMIT ?2");
+        tx, "SELECT q.id, q.webhook_id, q.event_seq, q.attempts, q.created_at, w.url, w.secret, "
+            "e.type, e.created_at, e.data FROM webhooks w JOIN webhook_deliveries q ON q.id IN "
+            "(SELECT p.id FROM webhook_deliveries p WHERE p.webhook_id = w.id AND p.state = "
+            "'pending' AND p.next_at <= ?1 ORDER BY p.next_at, p.id LIMIT ?2) JOIN events e ON "
+            "e.seq = q.event_seq WHERE w.deleted_at IS NULL ORDER BY q.next_at, q.id LIMIT ?3");
     if (!st) return STORE_ERR;
     sqlite3_bind_int64(st, 1, l->now);
-    sqlite3_bind_int(st, 2, DUE_BATCH);
-    while (sqlite3_step(st) == SQLITE_ROW && l->n < DUE_BATCH) {
+    sqlite3_bind_int(st, 2, l->per_hook);
+    sqlite3_bind_int(st, 3, l->limit);
+    while (sqlite3_step(st) == SQLITE_ROW && l->n < l->limit) {
+        int64_t id = sqlite3_column_int64(st, 0);
+        if (held(l->w, id)) continue;
         struct due *d = &l->v[l->n];
         memset(d, 0, sizeof *d);
-        d->id = sqlite3_column_int64(st, 0);
+        d->id = id;
         snprintf(d->webhook_id, sizeof d->webhook_id, "%s",
                  (const char *)sqlite3_column_text(st, 1));
         d->seq = sqlite3_column_int64(st, 2);
@@ -266,22 +360,16 @@ static int read_due(struct store_tx *tx, void *arg) {
         l->n++;
     }
     sqlite3_reset(st);
-    st = store_stmt(tx, "SELECT MIN(next_at) FROM webhook_deliveries WHERE state = 'pending'");
-    if (st && sqlite3_step(st) == SQLITE_ROW) l->next_at = sqlite3_column_int64(st, 0);
-    if (st) sqlite3_reset(st);
+    st = store_stmt(tx, "SELECT MIN(next_at) FROM webhook_deliveries WHERE state = 'pending' "
+                        "AND next_at > ?1");
+    if (!st) return STORE_ERR;
+    sqlite3_bind_int64(st, 1, l->now);
+    if (sqlite3_step(st) == SQLITE_ROW) l->next_at = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
     return STORE_OK;
 }
 
-struct outcome {
-    int64_t id;
-    int ok, give_up;
-    long status;
-    char error[256];
-    int64_t now, next_at;
-};
-
-static int record_outcome(struct store_tx *tx, void *arg) {
-    struct outcome *o = arg;
+static int record_one(struct store_tx *tx, const struct outcome *o) {
     sqlite3_stmt *st;
     if (o->ok) {
         st = store_stmt(tx, "UPDATE webhook_deliveries SET state = 'delivered', attempts = "
@@ -307,127 +395,308 @@ static int record_outcome(struct store_tx *tx, void *arg) {
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
 }
 
+/* Every outcome of the round in one transaction. */
+static int record_outcomes(struct store_tx *tx, void *arg) {
+    struct webhooks *w = arg;
+    for (int i = 0; i < w->nout; i++)
+        if (record_one(tx, &w->out[i]) != STORE_OK) return STORE_ERR;
+    return STORE_OK;
+}
+
+static void commit_outcomes(struct webhooks *w) {
+    if (!w->nout) return;
+    if (store_write(w->ld->store, record_outcomes, w) != STORE_OK)
+        log_error("webhooks: recording %d delivery outcomes failed; they are retried", w->nout);
+    w->nout = 0;
+}
+
 static size_t discard(char *p, size_t size, size_t n, void *ud) {
     (void)p;
     (void)ud;
     return size * n;
 }
 
-static int abort_on_stop(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
-    (void)dt;
-    (void)dn;
-    (void)ut;
-    (void)un;
-    struct webhooks *w = ud;
-    return atomic_load(&w->stopping) ? 1 : 0;
+/* The outcome (ok, HTTP status, error text) of the attempt in slot s, queued for the
+ * next commit; frees the slot. */
+static void finish(struct webhooks *w, struct slot *s, int ok, long status, const char *error) {
+    struct loomd *ld = w->ld;
+    struct due *d = &s->d;
+    if (w->nout == w->capout) {
+        int cap = w->capout ? w->capout * 2 : 64;
+        struct outcome *o = realloc(w->out, sizeof *o * (size_t)cap);
+        if (!o) { /* not recorded: the row stays pending and is sent again */
+            log_error("webhooks: out of memory recording event %lld", (long long)d->seq);
+            goto out;
+        }
+        w->out = o;
+        w->capout = cap;
+    }
+    if (!w->nout) w->first_out_ms = clock_mono_ms();
+    struct outcome *o = &w->out[w->nout++];
+    memset(o, 0, sizeof *o);
+    o->id = d->id;
+    snprintf(o->webhook_id, sizeof o->webhook_id, "%s", d->webhook_id);
+    o->ok = ok;
+    o->status = status;
+    snprintf(o->error, sizeof o->error, "%s", error ? error : "");
+    o->now = store_now_ms();
+    o->next_at = o->now + webhooks_backoff_ms(d->attempts + 1, ld->cfg.webhook_retry_base_ms);
+    o->give_up = !ok && o->next_at - d->created_at > ld->cfg.webhook_retry_for * 1000;
+    if (ok)
+        log_debug("webhooks: event %lld delivered to %s (%ld)", (long long)d->seq, d->webhook_id,
+                  status);
+    else
+        log_info("webhooks: event %lld to %s: attempt %d failed (%s)%s", (long long)d->seq,
+                 d->webhook_id, d->attempts + 1, o->error, o->give_up ? "; giving up" : "");
+    atomic_fetch_add(ok ? &w->attempts_ok : &w->attempts_failed, 1);
+out:
+    curl_slist_free_all(s->hdr);
+    curl_slist_free_all(s->resolve);
+    s->hdr = s->resolve = NULL;
+    due_free(d);
+    s->busy = 0;
 }
 
-/* One attempt: re-check the target, sign, POST. */
-static void deliver(struct webhooks *w, CURL *curl, const struct due *d, struct outcome *o) {
+/* The target check of one round, by URL: the rows started together share
+ * one lookup per URL (each attempt is still checked when it starts). */
+struct check {
+    const char *url;
+    int rc;
+    char pin[400], error[256];
+};
+
+/* Starts the attempt for d in a free slot (taking d's strings): re-checks
+ * the target, signs, adds the transfer. A failure before the transfer
+ * (address refused, signing) is an outcome at once. */
+static void start(struct webhooks *w, struct due *d, struct check *chk, int *nchk) {
     struct loomd *ld = w->ld;
-    char pin[400], code[64];
-    o->status = 0;
-    o->ok = 0;
-    if (!d->body) {
-        snprintf(o->error, sizeof o->error, "could not build the request body");
+    struct slot *s = NULL;
+    for (int i = 0; i < w->nslots && !s; i++)
+        if (!w->slots[i].busy) s = &w->slots[i];
+    if (!s) { /* cannot happen: callers count free slots */
+        due_free(d);
         return;
     }
-    if (webhooks_check_url(d->url, ld->cfg.webhook_allow_private, pin, sizeof pin, code,
-                           sizeof code, o->error, sizeof o->error) != 0)
+    s->busy = 1;
+    s->d = *d;
+    memset(d, 0, sizeof *d);
+    d = &s->d;
+    if (!d->body || !d->url || !d->secret) {
+        finish(w, s, 0, 0, "could not build the request body");
         return;
+    }
+    struct check *c = NULL;
+    for (int i = 0; i < *nchk && !c; i++)
+        if (!strcmp(chk[i].url, d->url)) c = &chk[i];
+    if (!c) {
+        char code[64];
+        c = &chk[(*nchk)++];
+        c->url = d->url;
+        c->rc = webhooks_check_url(d->url, ld->cfg.webhook_allow_private, c->pin, sizeof c->pin,
+                                   code, sizeof code, c->error, sizeof c->error);
+    }
+    if (c->rc != 0) {
+        finish(w, s, 0, 0, c->error);
+        return;
+    }
     long long t = (long long)time(NULL);
     char sig[65], h_sig[128], h_id[64], h_del[64];
     if (webhooks_sign(d->secret, t, d->body, strlen(d->body), sig) != 0) {
-        snprintf(o->error, sizeof o->error, "signing failed");
+        finish(w, s, 0, 0, "signing failed");
         return;
     }
     snprintf(h_sig, sizeof h_sig, "Loom-Signature: t=%lld,v1=%s", t, sig);
     snprintf(h_id, sizeof h_id, "Loom-Event-Id: %lld", (long long)d->seq);
     snprintf(h_del, sizeof h_del, "Loom-Delivery-Id: %lld", (long long)d->id);
-    struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
-    hdr = curl_slist_append(hdr, h_sig);
-    hdr = curl_slist_append(hdr, h_id);
-    hdr = curl_slist_append(hdr, h_del);
-    hdr = curl_slist_append(hdr, "Expect:");
-    struct curl_slist *resolve = curl_slist_append(NULL, pin);
+    s->hdr = curl_slist_append(NULL, "Content-Type: application/json");
+    s->hdr = curl_slist_append(s->hdr, h_sig);
+    s->hdr = curl_slist_append(s->hdr, h_id);
+    s->hdr = curl_slist_append(s->hdr, h_del);
+    s->hdr = curl_slist_append(s->hdr, "Expect:");
+    s->resolve = curl_slist_append(NULL, c->pin);
+    CURL *curl = s->easy;
     curl_easy_reset(curl);
+    curl_easy_setopt(curl, CURLOPT_PRIVATE, s);
     curl_easy_setopt(curl, CURLOPT_URL, d->url);
-    curl_easy_setopt(curl, CURLOPT_RESOLVE, resolve);
+    curl_easy_setopt(curl, CURLOPT_RESOLVE, s->resolve);
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                      ld->cfg.webhook_timeout < 5 ? ld->cfg.webhook_timeout * 1000L : 5000L);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, ld->cfg.webhook_timeout * 1000L);
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, s->hdr);
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, d->body);
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, (long)strlen(d->body));
     curl_easy_setopt(curl, CURLOPT_USERAGENT, "loomd-webhooks/1");
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard);
-    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, abort_on_stop);
-    curl_easy_setopt(curl, CURLOPT_XFERINFODATA, w);
-    CURLcode rc = curl_easy_perform(curl);
-    if (rc == CURLE_OK) {
-        curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &o->status);
-        o->ok = o->status >= 200 && o->status < 300;
-        if (!o->ok) snprintf(o->error, sizeof o->error, "HTTP %ld", o->status);
-    } else {
-        snprintf(o->error, sizeof o->error, "%s", curl_easy_strerror(rc));
+    if (!s->hdr || !s->resolve || curl_multi_add_handle(w->multi, curl) != CURLM_OK) {
+        finish(w, s, 0, 0, "libcurl could not start the request");
+        return;
     }
-    curl_slist_free_all(hdr);
-    curl_slist_free_all(resolve);
+    w->inflight++;
 }
 
-static void due_clear(struct due_list *l) {
-    for (int i = 0; i < l->n; i++) {
-        free(l->v[i].url);
-        free(l->v[i].secret);
-        free(l->v[i].body);
+/* Collects the transfers that finished. */
+static void reap(struct webhooks *w) {
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(w->multi, &left))) {
+        if (m->msg != CURLMSG_DONE) continue;
+        struct slot *s = NULL;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&s);
+        CURLcode rc = m->data.result;
+        curl_multi_remove_handle(w->multi, m->easy_handle);
+        w->inflight--;
+        if (!s) continue;
+        long status = 0;
+        char error[256];
+        int ok = 0;
+        if (rc == CURLE_OK) {
+            curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &status);
+            ok = status >= 200 && status < 300;
+            snprintf(error, sizeof error, "HTTP %ld", status);
+        } else {
+            snprintf(error, sizeof error, "%s", curl_easy_strerror(rc));
+        }
+        finish(w, s, ok, status, ok ? NULL : error);
     }
-    l->n = 0;
+}
+
+/* Fills free slots from the due rows. Returns the earliest future next_at
+ * (0: none) or -1 when the read failed. */
+static int64_t refill(struct webhooks *w) {
+    int free_slots = w->nslots - w->inflight;
+    if (free_slots <= 0) return 0;
+    int nheld = w->inflight + w->nout;
+    struct due_list l = {.w = w, .now = store_now_ms()};
+    /* Held rows are still pending and come back from the read: leave room
+     * for the most that one webhook holds. */
+    l.per_hook = (int)w->ld->cfg.webhook_inflight_hook + max_held_per_hook(w);
+    l.limit = free_slots + nheld;
+    l.v = calloc((size_t)l.limit, sizeof *l.v);
+    if (!l.v) return -1;
+    if (store_read(w->ld->store, read_due, &l) != STORE_OK) {
+        for (int i = 0; i < l.n; i++)
+            due_free(&l.v[i]);
+        free(l.v);
+        return -1;
+    }
+    struct check *chk = calloc((size_t)l.n + 1, sizeof *chk);
+    int nchk = 0;
+    for (int i = 0; i < l.n; i++) {
+        struct due *d = &l.v[i];
+        if (!chk || w->inflight >= w->nslots ||
+            hook_inflight(w, d->webhook_id) >= w->ld->cfg.webhook_inflight_hook) {
+            due_free(d); /* picked up again when a slot frees */
+            continue;
+        }
+        start(w, d, chk, &nchk);
+    }
+    free(chk);
+    free(l.v);
+    return l.next_at;
+}
+
+/* Turns event commits into curl_multi_wakeup of the delivery thread. */
+static void *waker_main(void *arg) {
+    struct webhooks *w = arg;
+    uint64_t gen = http_notify_gen(&w->ld->events->notify);
+    while (!atomic_load(&w->stopping))
+        if (http_wait(NULL, &w->ld->events->notify, &gen, 200) > 0) curl_multi_wakeup(w->multi);
+    return NULL;
 }
 
 static void *delivery_main(void *arg) {
     struct webhooks *w = arg;
     struct loomd *ld = w->ld;
-    CURL *curl = curl_easy_init();
-    uint64_t gen = http_notify_gen(&ld->events->notify);
-    while (!atomic_load(&w->stopping)) {
-        struct due_list l = {.now = store_now_ms()};
-        if (store_read(ld->store, read_due, &l) != STORE_OK) l.n = 0;
-        for (int i = 0; i < l.n && !atomic_load(&w->stopping); i++) {
-            struct due *d = &l.v[i];
-            struct outcome o = {.id = d->id};
-            if (curl)
-                deliver(w, curl, d, &o);
-            else
-                snprintf(o.error, sizeof o.error, "libcurl is unavailable");
-            if (atomic_load(&w->stopping) && !o.ok) break; /* aborted: retried on start */
-            o.now = store_now_ms();
-            o.next_at = o.now + webhooks_backoff_ms(d->attempts + 1, ld->cfg.webhook_retry_base_ms);
-            o.give_up = !o.ok && o.next_at - d->created_at > ld->cfg.webhook_retry_for * 1000;
-            if (o.ok)
-                log_debug("webhooks: event %lld delivered to %s (%ld)", (long long)d->seq,
-                          d->webhook_id, o.status);
-            else
-                log_info("webhooks: event %lld to %s: attempt %d failed (%s)%s", (long long)d->seq,
-                         d->webhook_id, d->attempts + 1, o.error, o.give_up ? "; giving up" : "");
-            store_write(ld->store, record_outcome, &o);
-            atomic_fetch_add(o.ok ? &w->attempts_ok : &w->attempts_failed, 1);
-        }
-        int full = l.n == DUE_BATCH;
-        due_clear(&l);
-        if (full) continue;
-        /* Sleep until a new event commits, the next retry is due, or 1 s. */
-        int64_t wait = 1000;
-        if (l.next_at > 0) {
-            int64_t left = l.next_at - store_now_ms();
-            if (left < wait) wait = left < 10 ? 10 : left;
-        }
-        http_wait(NULL, &ld->events->notify, &gen, (int)wait);
+    int waker = 0;
+    w->nslots = (int)ld->cfg.webhook_inflight;
+    w->slots = calloc((size_t)w->nslots, sizeof *w->slots);
+    w->multi = curl_multi_init();
+    int ok = w->slots && w->multi;
+    for (int i = 0; ok && i < w->nslots; i++)
+        ok = (w->slots[i].easy = curl_easy_init()) != NULL;
+    if (ok) {
+        /* Idle keep-alive connections kept: one per slot. */
+        curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)w->nslots);
+        ok = pthread_create(&w->waker, NULL, waker_main, w) == 0;
+        waker = ok;
     }
-    curl_easy_cleanup(curl);
+    if (!ok) {
+        /* Nothing is lost: the rows stay pending until a start that works. */
+        log_error("webhooks: libcurl is unavailable; deliveries wait in the outbox");
+        while (!atomic_load(&w->stopping))
+            clock_sleep_ms(200);
+    }
+    uint64_t gen = http_notify_gen(&ld->events->notify) - 1; /* read at once */
+    int64_t next_at = 0;
+    int committed = 1;
+    int64_t last_refill = 0; /* mono ms */
+    while (ok && !atomic_load(&w->stopping)) {
+        /* Commit the round: COMMIT_GAP_MS after its first outcome, or at
+         * once when nothing else is in flight to join it. Slots freed
+         * meanwhile are refilled after the commit (their rows are held
+         * until then anyway). */
+        if (w->nout && (!w->inflight || clock_mono_ms() - w->first_out_ms >= COMMIT_GAP_MS)) {
+            commit_outcomes(w);
+            committed = 1;
+        }
+        /* New events are read at once when idle; while attempts are in
+         * flight, those committing within REFILL_GAP_MS of the last read
+         * wait for the next one (a read per event would cost more than the
+         * deliveries when the targets are busy). */
+        uint64_t g = http_notify_gen(&ld->events->notify);
+        int retry_due = next_at > 0 && next_at <= store_now_ms();
+        int64_t since = clock_mono_ms() - last_refill;
+        int events = g != gen && (!w->inflight || since >= REFILL_GAP_MS);
+        if (w->inflight < w->nslots && (events || committed || retry_due)) {
+            gen = g;
+            committed = 0;
+            last_refill = clock_mono_ms();
+            int64_t n = refill(w);
+            next_at = n < 0 ? store_now_ms() + 1000 : n; /* a failed read: again in 1 s */
+        }
+        int running = 0;
+        if (w->inflight) curl_multi_perform(w->multi, &running);
+        int before = w->nout;
+        reap(w);
+        if (w->nout != before) continue; /* an outcome: maybe the round ends */
+        int timeout = IDLE_WAIT_MS;
+        if (next_at > 0) {
+            int64_t left = next_at - store_now_ms();
+            if (left < timeout) timeout = left < 10 ? 10 : (int)left;
+        }
+        if (w->nout) {
+            int64_t left = w->first_out_ms + COMMIT_GAP_MS - clock_mono_ms();
+            if (left < timeout) timeout = left < 0 ? 0 : (int)left;
+        }
+        if (g != gen && w->inflight < w->nslots) { /* events deferred above */
+            int64_t left = last_refill + REFILL_GAP_MS - clock_mono_ms();
+            if (left < timeout) timeout = left < 0 ? 0 : (int)left;
+        }
+        curl_multi_poll(w->multi, NULL, 0, timeout, NULL);
+    }
+    /* Stopping: what finished is recorded; attempts still in flight are
+     * abandoned unrecorded (their rows stay pending and go out after the
+     * next start, with the same Loom-Event-Id). */
+    if (ok) {
+        reap(w);
+        commit_outcomes(w);
+    }
+    atomic_store(&w->stopping, 1);
+    if (waker) pthread_join(w->waker, NULL);
+    for (int i = 0; w->slots && i < w->nslots; i++) {
+        struct slot *s = &w->slots[i];
+        if (s->busy && w->multi) curl_multi_remove_handle(w->multi, s->easy);
+        if (s->easy) curl_easy_cleanup(s->easy);
+        curl_slist_free_all(s->hdr);
+        curl_slist_free_all(s->resolve);
+        due_free(&s->d);
+    }
+    if (w->multi) curl_multi_cleanup(w->multi);
+    free(w->slots);
+    free(w->out);
     return NULL;
 }
 

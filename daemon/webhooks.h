@@ -4,13 +4,19 @@
  * Outbox: events_emit() (daemon/events.h) inserts one `webhook_deliveries`
  * row per subscribed webhook in the transaction of the event (migration 071),
  * so a committed event always has its pending deliveries, across kill -9.
- * One delivery thread walks the due rows (state pending, next_at <= now),
- * POSTs with libcurl and records the outcome in a durable write: 2xx is
+ * One delivery thread walks the due rows (state pending, next_at <= now) and
+ * POSTs them concurrently with libcurl's multi interface: at most
+ * --webhook-inflight attempts in flight, at most --webhook-inflight-hook to
+ * one webhook (so a slow target holds only its own slots), connections kept
+ * alive and reused per target. The outcomes of a round (those that finish
+ * within a few ms of each other) are recorded in one durable write: 2xx is
  * delivered; anything else is retried with exponential backoff
  * (--webhook-retry-base-ms doubling, capped at 1 h) until --webhook-retry-for
  * (24 h) has passed since the event, then failed. A crash after the target
  * answered 2xx and before that write commits re-sends the event once more:
- * receivers dedupe on Loom-Event-Id (the event seq).
+ * receivers dedupe on Loom-Event-Id (the event seq). On shutdown, outcomes
+ * already in are recorded and attempts still in flight are abandoned (sent
+ * again after the next start).
  *
  * Request: POST url, body {"id":SEQ,"type","created_at","data"}, headers
  * Content-Type: application/json, Loom-Event-Id: SEQ, Loom-Delivery-Id,
@@ -21,7 +27,11 @@
  * runs with --webhook-allow-private. The host is resolved when the webhook
  * is created and again before every delivery, and curl is pinned to the
  * address that was checked (CURLOPT_RESOLVE), so DNS rebinding cannot turn a
- * checked name into an internal address. Redirects are not followed. */
+ * checked name into an internal address. Attempts started together to the
+ * same URL share one check; a kept-alive connection is reused only for the
+ * same host and port and leads to an address that passed the check when it
+ * was opened. The lookup is synchronous on the delivery thread: a slow DNS
+ * server delays every target. Redirects are not followed. */
 #ifndef LOOM_DAEMON_WEBHOOKS_H
 #define LOOM_DAEMON_WEBHOOKS_H
 

@@ -15,7 +15,7 @@ endif()
 # Integration: loomd + loom-agents + fake_worker on loopback, one ctest per scenario.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl)
-    foreach(sc events sse sse_fanout sse_fanout_pool agent_foreign metrics_auth metrics_private artifact_ttl artifact_ttl_node webhooks webhook_private webhook_crash artifacts event_ring cli_wait artifacts_node)
+    foreach(sc events sse sse_fanout sse_fanout_pool agent_foreign metrics_auth metrics_private artifact_ttl artifact_ttl_node webhooks webhook_private webhook_crash webhook_slow webhook_stop webhook_timeout artifacts event_ring cli_wait artifacts_node)
         add_test(NAME integration.platform.${sc}
                  COMMAND ${Python3_EXECUTABLE}
                          ${CMAKE_CURRENT_LIST_DIR}/integration/test_platform_api.py
@@ -30,6 +30,16 @@ if(TARGET loomd)
     add_executable(bench_events ${CMAKE_CURRENT_LIST_DIR}/bench/bench_events.c)
     target_link_libraries(bench_events PRIVATE loom_daemon_harness Threads::Threads)
     loom_warnings(bench_events)
+    # Webhook delivery throughput (docs/perf.md); the ctest runs it tiny, once with a slow
+    # receiver: it fails unless every (event, webhook) pair arrives signed.
+    add_executable(bench_webhooks ${CMAKE_CURRENT_LIST_DIR}/bench/bench_webhooks.c)
+    target_link_libraries(bench_webhooks PRIVATE loom_daemon_harness PkgConfig::CRYPTO
+                          Threads::Threads)
+    loom_warnings(bench_webhooks)
+    add_test(NAME bench.webhooks_smoke
+             COMMAND bench_webhooks $<TARGET_FILE:loomd> --receivers 3 --webhooks 4 --jobs 20
+                     --rate 50 --slow 1 --slow-ms 300 --timeout-s 60)
+    set_tests_properties(bench.webhooks_smoke PROPERTIES LABELS bench TIMEOUT 120)
 endif()
 # The API contract: api/openapi.yaml against the route table and the handlers' error statuses,
 # and against third-party tools (Debian's JSON::Validator lints it; OpenAPI::Client, generated

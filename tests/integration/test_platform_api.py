@@ -88,9 +88,12 @@ def code_of(r):
 class Receiver:
     """Loopback HTTP server recording every POST; verifies signatures."""
 
-    def __init__(self, port=0, fail_first=0):
+    def __init__(self, port=0, fail_first=0, delay=0.0):
         self.got = []  # (event id, body dict, signature ok)
         self.fail_left = fail_first
+        self.delay = delay  # seconds before each answer
+        self.answered = 0
+        self.active = self.max_active = 0  # requests being answered at once
         self.lock = threading.Lock()
         outer = self
 
@@ -108,8 +111,15 @@ class Receiver:
                     fail = outer.fail_left > 0
                     if fail:
                         outer.fail_left -= 1
+                    outer.active += 1
+                    outer.max_active = max(outer.max_active, outer.active)
+                if outer.delay:
+                    time.sleep(outer.delay)
                 self.send_response(500 if fail else 204)
                 self.end_headers()
+                with outer.lock:
+                    outer.active -= 1
+                    outer.answered += 1
 
             def log_message(self, *a):
                 pass
@@ -559,6 +569,109 @@ def sc_webhook_crash(c):
               "delivered: %s" % d)
     finally:
         rx.close()
+
+
+def sc_webhook_slow(c):
+    """A slow target does not hold up the others: with one receiver that
+    answers after 3 s and one that answers at once, every delivery to the fast
+    one arrives while the slow one has not answered any; the slow one gets at
+    most --webhook-inflight-hook (here 2) requests at once, and all of its
+    deliveries arrive later, once each."""
+    slow, fast = Receiver(delay=3.0), Receiver()
+    try:
+        ws = make_hook(c, "http://127.0.0.1:%d/slow" % slow.port, ["job.queued"])
+        wf = make_hook(c, "http://127.0.0.1:%d/fast" % fast.port, ["job.queued"])
+        jobs = [c.submit(world=1, steps=1, step_ms=10) for _ in range(5)]
+        seqs = sorted(str(e["seq"]) for e in c.all_events(query="&type=job.queued")
+                      if e["job_id"] in jobs)
+        check(len(seqs) == 5, "5 job.queued events: %s" % seqs)
+        c.wait(lambda: sorted(fast.ids()) == seqs, 2.5, "fast receiver has every event")
+        with slow.lock:
+            answered, pending = slow.answered, len(slow.got)
+        check(answered == 0, "the fast deliveries did not wait for the slow target (it answered "
+              "%d first)" % answered)
+        check(1 <= pending <= 2, "slow target holds 1..2 requests (per-hook cap): %d" % pending)
+        st, d = c.get("/v1/webhooks/%s/deliveries" % ws["id"])
+        check(st == 200 and all(x["state"] == "pending" for x in d["items"]),
+              "slow deliveries still pending: %s" % d)
+        c.wait(lambda: all(x["state"] == "delivered" for x in
+                           c.get("/v1/webhooks/%s/deliveries" % wf["id"])[1]["items"]), 5,
+               "fast deliveries recorded")
+        c.wait(lambda: sorted(slow.ids()) == seqs, 15, "slow receiver gets every event")
+        time.sleep(1)
+        check(sorted(slow.ids()) == seqs and sorted(fast.ids()) == seqs,
+              "each once: slow %s fast %s" % (slow.ids(), fast.ids()))
+        check(slow.max_active <= 2, "at most 2 at once to the slow target: %d" % slow.max_active)
+        check(all(g[2] for g in slow.got + fast.got), "signatures")
+        c.wait(lambda: all(x["state"] == "delivered" and x["attempts"] == 1 for x in
+                           c.get("/v1/webhooks/%s/deliveries" % ws["id"])[1]["items"]), 5,
+               "slow deliveries recorded, one attempt each")
+    finally:
+        slow.close()
+        fast.close()
+
+
+def sc_webhook_stop(c):
+    """SIGTERM while an attempt hangs on its target: loomd stops at once
+    (the attempt is abandoned, not recorded), and after the restart the
+    delivery goes out again with the same event id and is recorded as one
+    attempt."""
+    rx = Receiver(delay=8.0)
+    try:
+        w = make_hook(c, "http://127.0.0.1:%d/hang" % rx.port, ["job.queued"])
+        jid = c.submit(world=1, steps=1, step_ms=10)
+        seq = [e for e in c.all_events(query="&job=" + jid) if e["type"] == "job.queued"][0]["seq"]
+        c.wait(lambda: rx.ids() == [str(seq)], 5, "the attempt reached the target")
+        t0 = time.time()
+        c.loomd.send_signal(signal.SIGTERM)
+        c.loomd.wait(timeout=20)
+        took = time.time() - t0
+        check(took < 4, "loomd stopped %.1f s after SIGTERM with an attempt in flight" % took)
+        rx.delay = 0
+        c.start_loomd()
+        c.wait(lambda: rx.answered >= 1, 10, "delivered after the restart")
+        c.wait(lambda: c.get("/v1/webhooks/%s/deliveries" % w["id"])[1]["items"][0]["state"] ==
+               "delivered", 5, "recorded")
+        st, d = c.get("/v1/webhooks/%s/deliveries" % w["id"])
+        check(d["items"][0]["attempts"] == 1 and d["items"][0]["event_seq"] == seq,
+              "the abandoned attempt is not counted: %s" % d)
+        check(rx.ids() == [str(seq), str(seq)] and all(g[2] for g in rx.got),
+              "sent again with the same id, signed: %s" % rx.got)
+    finally:
+        rx.close()
+
+
+def sc_webhook_timeout(c):
+    """A target slower than --webhook-timeout (1 s here): the attempt times
+    out and is retried with backoff and the same Loom-Event-Id, while another
+    webhook's deliveries go on; once the target answers in time, the
+    delivery is recorded with every attempt counted."""
+    rx, fast = Receiver(delay=2.5), Receiver()
+    try:
+        w = make_hook(c, "http://127.0.0.1:%d/late" % rx.port, ["job.queued"])
+        make_hook(c, "http://127.0.0.1:%d/fast" % fast.port, ["job.queued"])
+        jid = c.submit(world=1, steps=1, step_ms=10)
+        seq = str([e for e in c.all_events(query="&job=" + jid)
+                   if e["type"] == "job.queued"][0]["seq"])
+        c.wait(lambda: fast.ids() == [seq], 2, "the other webhook is served at once")
+
+        def item():
+            return c.get("/v1/webhooks/%s/deliveries" % w["id"])[1]["items"][0]
+        c.wait(lambda: item()["attempts"] >= 2, 10, "two timed-out attempts")
+        it = item()
+        check(it["state"] == "pending" and it["last_status"] == 0 and
+              "imeout" in (it["last_error"] or ""), "timed out, pending: %s" % it)
+        check(set(rx.ids()) == {seq} and len(rx.ids()) >= 2, "retried with the same id: %s"
+              % rx.ids())
+        rx.delay = 0
+        c.wait(lambda: item()["state"] == "delivered", 15, "delivered once the target is quick")
+        it = item()
+        check(it["attempts"] == len(rx.ids()) and it["last_status"] == 204,
+              "every attempt counted: %s, %d requests" % (it, len(rx.ids())))
+        check(all(g[2] for g in rx.got), "signatures")
+    finally:
+        rx.close()
+        fast.close()
 
 
 def sha(b):
@@ -1141,6 +1254,14 @@ def sc_artifact_ttl(c, node_local):
     check(st == 200 and r["artifact_ttl_s"] is None, "TTL back to the default: %s %s" % (st, r))
 
 
+class TimeoutHookCluster(Cluster):
+    extra = Cluster.extra + ["--webhook-timeout", "1"]
+
+
+class SlowHookCluster(Cluster):
+    extra = Cluster.extra + ["--webhook-inflight-hook", "2"]
+
+
 class PoolCluster(Cluster):
     extra = Cluster.extra + ["--events-fanout-threads", "3"]
 
@@ -1161,6 +1282,7 @@ SCENARIOS = {
     "metrics_auth": (sc_metrics_auth, {"nodes": 1}),
     "webhooks": (sc_webhooks, {"nodes": 1}),
     "webhook_crash": (sc_webhook_crash, {"nodes": 0}),
+    "webhook_stop": (sc_webhook_stop, {"nodes": 0}),
     "artifacts": (sc_artifacts, {"nodes": 1}),
     "event_ring": (sc_event_ring, {"nodes": 0}),
     "cli_wait": (sc_cli_wait, {"nodes": 1}),
@@ -1190,6 +1312,10 @@ def main():
         node_local = name == "artifact_ttl_node"
         fn, kw = (lambda c: sc_artifact_ttl(c, node_local)), {"nodes": 1}
         cls = TTLNodeCluster if node_local else TTLCluster
+    elif name == "webhook_timeout":
+        fn, kw, cls = sc_webhook_timeout, {"nodes": 0}, TimeoutHookCluster
+    elif name == "webhook_slow":
+        fn, kw, cls = sc_webhook_slow, {"nodes": 0}, SlowHookCluster
     elif name == "sse_fanout_pool":
         fn, kw, cls = sc_sse_fanout, {"nodes": 1}, PoolCluster
     elif name == "metrics_private":
