@@ -793,11 +793,18 @@ static int build_engine(struct run *r) {
     w->e = engine_new(&s->model, &p, r->be);
     r->be = NULL; /* the engine's now, freed by engine_new on failure too */
     if (!w->e) return LOOM_EXIT_FAILED;
-    if (nf4) { /* the quantizer's knobs (tuning rows nf4-*), --threads when nf4-threads is 0 */
+    if (nf4) { /* the quantizer's knobs (tuning rows nf4-*): its threads nf4-threads, else
+                * --threads, else the node's cores split among its ranks (dp / pp ranks each
+                * quantize their base at the same time) */
         const struct nf4_tuning *nt = &o->tune.nf4;
-        nf4_configure(&(struct nf4_opts){.fast = nt->fast,
-                                         .threads = nt->threads ? nt->threads : o->threads,
-                                         .overlap = nt->overlap});
+        long th = nt->threads ? nt->threads : o->threads;
+        if (!th) {
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            long local = s->resources.gpus_per_node > 0 ? s->resources.gpus_per_node : 1;
+            if (local > o->world) local = o->world > 0 ? o->world : 1;
+            th = cores > local ? cores / local : 1;
+        }
+        nf4_configure(&(struct nf4_opts){.fast = nt->fast, .threads = th, .overlap = nt->overlap});
     }
     if (nf4 && nf4_attach(w->e, w->err, sizeof w->err) != 0)
         return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY", NULL);

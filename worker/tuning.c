@@ -50,8 +50,8 @@ const struct config_entry worker_tuning_rows[] = {
      "QLoRA: quantize the NF4 base on several threads with branch-free code search (the same "
      "bytes); 0 the serial reference quantizer"},
     {"nf4-threads", CONFIG_INT | T, AT(nf4.threads), "0", 0, 32,
-     "QLoRA: threads of the NF4 quantizer; 0: --threads when set, else the online CPUs (at most "
-     "32)"},
+     "QLoRA: threads of the NF4 quantizer; 0: --threads when set, else the node's cores over its "
+     "ranks (at most 32)"},
     {"nf4-overlap", CONFIG_BOOL | T, AT(nf4.overlap), "1", 0, 0,
      "QLoRA: upload a tensor's NF4 codes in 16M-weight steps while the next step is quantized; "
      "0 quantize the whole tensor, then upload it"},

@@ -68,7 +68,7 @@ struct offload_tuning {
 /* The NF4 quantizer of QLoRA's base (worker/nf4.c, struct nf4_opts). */
 struct nf4_tuning {
     int fast;     /* nf4-fast: threaded, branch-free quantizer; 0 the serial reference */
-    long threads; /* nf4-threads: its threads; 0: --threads, else the online CPUs */
+    long threads; /* nf4-threads: its threads; 0: --threads, else cores / ranks */
     int overlap;  /* nf4-overlap: upload codes while the next step is quantized */
 };
 
