@@ -73,11 +73,14 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     e->micro_last = 0;
     /* The backward may be issued ahead of the device (cuda + nccl ordering):
      * wait for it here, so that the grad_sync time counts only the
-     * communication left exposed after the compute. */
+     * communication left exposed after the compute. This sync is there for
+     * the timing alone (the collectives wait on device fences, worker/zero.c
+     * comm_ready): no_timing_sync (tuning diag 0) leaves it out. The pair
+     * transport's compute_sync is a bounded wait (hang detection) and stays. */
     int csync = 0;
     if (e->hooks.grad_sync && e->hooks.compute_sync)
         csync = e->hooks.compute_sync(e, e->hooks.user);
-    else if (e->hooks.grad_sync)
+    else if (e->hooks.grad_sync && !o->no_timing_sync)
         b->sync(b->ctx);
     if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0 ||
         (m->lora && lora_grad_sync(m->lora) != 0)) {

@@ -67,6 +67,10 @@ struct train_opts {
     FILE *rank_out;
     int rank;
     long slow_ms;
+    /* 1: no device sync before grad_sync only to split the step's timing
+     * (tuning row diag 0): comm_exposed then also holds the backward still
+     * queued on the device when grad_sync began. 0 (default): the sync. */
+    int no_timing_sync;
     double flops_per_token; /* for MFU (model_flops_per_token) */
     /* Optional replacement of the micro-step loop (pipeline schedules,
      * worker/pp.h): runs all grad_accum micro-steps of `step` on this rank
