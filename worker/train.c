@@ -12,6 +12,12 @@
 #include "worker/offload.h"
 #include "worker/train.h"
 
+/* Diagnosis sampling off for this 0-based step (train.h no_timing_sync,
+ * diag_ab). */
+static int sampling_off(const struct train_opts *o, int64_t step) {
+    return o->no_timing_sync || (o->diag_ab > 0 && (step / o->diag_ab) % 2 == 1);
+}
+
 static int hook(struct engine *e, int (*fn)(struct engine *, void *), double *ms) {
     if (!fn) return 0;
     double t0 = clock_mono_msf();
@@ -80,7 +86,7 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     int csync = 0;
     if (e->hooks.grad_sync && e->hooks.compute_sync)
         csync = e->hooks.compute_sync(e, e->hooks.user);
-    else if (e->hooks.grad_sync && !o->no_timing_sync)
+    else if (e->hooks.grad_sync && !sampling_off(o, step))
         b->sync(b->ctx);
     if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0 ||
         (m->lora && lora_grad_sync(m->lora) != 0)) {
@@ -191,7 +197,7 @@ static void emit_rank_step(const struct train_opts *o, int64_t done,
 static void emit_step(const struct model *m, const struct train_opts *o, int64_t done,
                       const struct train_step_info *in) {
     if (!o->out) {
-        if (o->rank_out) emit_rank_step(o, done, in);
+        if (o->rank_out && !sampling_off(o, done - 1)) emit_rank_step(o, done, in);
         return;
     }
     const struct engine *e = m->e;

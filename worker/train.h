@@ -71,6 +71,10 @@ struct train_opts {
      * (tuning row diag 0): comm_exposed then also holds the backward still
      * queued on the device when grad_sync began. 0 (default): the sync. */
     int no_timing_sync;
+    /* > 0 (tuning diag-ab): 0-based steps s with (s / diag_ab) odd run as
+     * with no_timing_sync and write no rank_step line (on/off blocks in one
+     * process, for benchmarks). */
+    long diag_ab;
     double flops_per_token; /* for MFU (model_flops_per_token) */
     /* Optional replacement of the micro-step loop (pipeline schedules,
      * worker/pp.h): runs all grad_accum micro-steps of `step` on this rank

@@ -20,9 +20,16 @@ interval, and the off runs' own spread (the A/A noise).
 
 Options: --pairs N (on/off pairs), --steps N, --warmup N (steps left out of
 each run's median), --device cpu|cuda, --nproc N, --preset NAME (a GPT-2
-preset, e.g. 124m; default a small cpu model), --mbs N, --seq N, --smoke (2
+preset, e.g. 124m; default a small cpu model of --layers 2 --width 64, vocab
+256), --mbs N, --seq N (64; 1024 with a preset), --threads N (cpu: per rank, 1),
+--smoke (2
 pairs of short runs; checks that every run parsed and, in cluster mode, that
-sampling off leaves only rank 0's series in loomd), --json FILE.
+sampling off leaves only rank 0's series in loomd), --ab N (worker mode:
+each of --pairs runs is one process alternating sampling on N steps / off N
+steps, the worker's debug row diag-ab; each off block against its two on
+neighbours, which takes the host's slow drift out), --control (with --ab:
+as many A/A runs again, interleaved, the same blocks with sampling off
+throughout: what the block method reads when nothing differs), --json FILE.
 Prints a table and one 'RESULT {json}' line. Exit 0, 1 on a failed run or
 check. Python's standard library only."""
 import argparse
@@ -68,8 +75,8 @@ def make_spec(a, data, dp, name):
         model = {"family": "gpt2", "preset": a.preset}
         vocab = 50257
     else:
-        model = {"family": "gpt2", "n_layer": 4, "n_head": 4, "d_model": 128, "d_ff": 512,
-                 "vocab_size": 256, "seq_len": a.seq}
+        model = {"family": "gpt2", "n_layer": a.layers, "n_head": 4, "d_model": a.width,
+                 "d_ff": 4 * a.width, "vocab_size": 256, "seq_len": a.seq}
         vocab = 256
     need = (a.steps + 4) * a.mbs * a.seq * dp + 1
     if not os.path.exists(data) or os.path.getsize(data) < 1024 + 2 * need:
@@ -104,7 +111,7 @@ def loadavg():
 # ---- worker mode
 
 
-def worker_run(a, binp, tmp, on, k):
+def worker_run(a, binp, tmp, on, k, ab=0):
     dp = a.nproc
     name = "diag_%s_%d" % ("on" if on else "off", k)
     sf = os.path.join(tmp, name + ".json")
@@ -120,7 +127,8 @@ def worker_run(a, binp, tmp, on, k):
         cmd += ["--threads", str(a.threads)]
     if dp > 1:
         cmd += ["--nproc", str(dp)]
-    env = dict(os.environ, LOOM_DIAG="1" if on else "0", NCCL_NVLS_ENABLE="0")
+    env = dict(os.environ, LOOM_DIAG="1" if on else "0", NCCL_NVLS_ENABLE="0",
+               LOOM_DIAG_AB=str(ab))
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
     wall = time.time() - t0
@@ -139,7 +147,70 @@ def worker_run(a, binp, tmp, on, k):
     if len(steps) != a.steps:
         raise Failed("%s: %d step lines, want %d" % (name, len(steps), a.steps))
     shutil.rmtree(out, ignore_errors=True)
-    return {"median_ms": run_median(steps, a.warmup), "wall_s": wall, "rank_lines": rank_lines}
+    return {"median_ms": run_median(steps, a.warmup), "wall_s": wall, "rank_lines": rank_lines,
+            "step_ms": steps}
+
+
+def ab_blocks(steps, n, warmup):
+    """Blocks of n steps, on (even blocks) and off (odd) as the worker's
+    diag-ab runs them: each off block's median step against the mean of its
+    two neighbouring on blocks' medians (a linear drift cancels). Returns
+    [(on_ms, off_ms)] for the off blocks that start after the warm-up."""
+    med = [statistics.median(steps[i:i + n]) for i in range(0, len(steps) - n + 1, n)]
+    out = []
+    for b in range(1, len(med) - 1, 2):
+        if b * n >= warmup:
+            out.append((0.5 * (med[b - 1] + med[b + 1]), med[b]))
+    return out
+
+
+def median_ci(d):
+    """Distribution-free 95 % interval of the median of d (order statistics
+    of the sign test); the host's noise is heavy-tailed (a descheduled block
+    is 20-50 % slow), which widens the t interval of the mean far more."""
+    x = sorted(d)
+    n = len(x)
+    k = int((n - 1.96 * n ** 0.5) / 2)
+    if n < 6 or k < 0:
+        return [float("nan"), float("nan")]
+    return [x[k], x[n - 1 - k]]
+
+
+def summarize_ab(runs, n):
+    comp = [c for r in runs for c in r["blocks"]]
+    d = [100 * (on / off - 1) for on, off in comp]
+    k = len(d)
+    mean, sd = statistics.mean(d), statistics.stdev(d)
+    ci = (T95[k - 2] if k - 1 <= len(T95) else 1.96) * sd / k ** 0.5
+    on = [c[0] for c in comp]
+    off = [c[1] for c in comp]
+    s = {"ab_block_steps": n, "blocks": k, "runs": len(runs),
+         "on_median_ms": statistics.median(on), "off_median_ms": statistics.median(off),
+         "diff_pct": 100 * (statistics.median(on) / statistics.median(off) - 1),
+         "paired_mean_pct": mean, "paired_median_pct": statistics.median(d),
+         "paired_sd_pct": sd, "ci95_pct": [mean - ci, mean + ci],
+         "off_spread_pct": 100 * statistics.stdev(off) / statistics.mean(off),
+         "on_min_max_ms": [min(on), max(on)], "off_min_max_ms": [min(off), max(off)],
+         "pairs": k, "median_ci95_pct": median_ci(d)}
+    s["verdict"] = verdict(s)
+    return s
+
+
+def verdict(s):
+    """On the median's interval where there is one (robust to the heavy
+    tail), else the mean's."""
+    lo, hi = s["median_ci95_pct"]
+    what = "median"
+    if hi != hi:  # nan: too few pairs
+        lo, hi = s["ci95_pct"]
+        what = "mean"
+    if hi < 1.0 and lo <= 0.0:
+        return "within noise (95%% interval of the paired %s %+.2f..%+.2f %%), below 1 %%" % (
+            what, lo, hi)
+    if hi < 1.0:
+        return "below 1 %% (95%% interval of the paired %s %+.2f..%+.2f %%)" % (what, lo, hi)
+    return "NOT shown below 1 %% (95%% interval of the paired %s %+.2f..%+.2f %%)" % (
+        what, lo, hi)
 
 
 # ---- cluster mode
@@ -270,14 +341,9 @@ def summarize(runs):
          "diff_pct": 100 * (statistics.median(on) / statistics.median(off) - 1),
          "paired_mean_pct": mean, "paired_median_pct": statistics.median(d), "paired_sd_pct": sd,
          "ci95_pct": [mean - ci, mean + ci], "off_spread_pct": aa,
-         "on_min_max_ms": [min(on), max(on)], "off_min_max_ms": [min(off), max(off)]}
-    hi = mean + ci
-    if hi < 1.0 and abs(mean) <= ci:
-        s["verdict"] = "within noise (95%% interval %+.2f..%+.2f %%), below 1 %%" % (mean - ci, hi)
-    elif hi < 1.0:
-        s["verdict"] = "below 1 %% (95%% interval %+.2f..%+.2f %%)" % (mean - ci, hi)
-    else:
-        s["verdict"] = "NOT shown below 1 %% (95%% interval %+.2f..%+.2f %%)" % (mean - ci, hi)
+         "on_min_max_ms": [min(on), max(on)], "off_min_max_ms": [min(off), max(off)],
+         "median_ci95_pct": median_ci(d)}
+    s["verdict"] = verdict(s)
     for key in ("loomd_cpu_ms_per_step", "agent_cpu_ms_per_step"):
         if key in runs[0]:
             s[key] = {"on": statistics.median(r[key] for r in runs if r["on"]),
@@ -297,8 +363,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--preset", default=None)
     ap.add_argument("--mbs", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--ab", type=int, default=0)
+    ap.add_argument("--control", action="store_true")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -309,6 +379,9 @@ def main():
     if a.mode == "cluster" and (a.device != "cpu" or a.nproc != 2):
         print("cluster mode runs a dp2 cpu job", file=sys.stderr)
         return 2
+    if a.ab and (a.mode != "worker" or a.steps < 6 * a.ab):
+        print("--ab N: worker mode, and --steps of at least 6 N", file=sys.stderr)
+        return 2
     binp = os.path.abspath(a.bin)
     tmp = tempfile.mkdtemp(prefix="loom-bench-diag-")
     c = None
@@ -318,11 +391,30 @@ def main():
     try:
         if a.mode == "cluster":
             c = Cluster(binp, tmp)
-        for k in range(2 * a.pairs):
+        controls = []
+        for k in range(2 * a.pairs if a.ab else 0):
+            # with --control every other run is the A/A control: the same
+            # blocks with sampling off in all of them (LOOM_DIAG=0)
+            ctl = a.control and k % 2 == 1
+            if not a.control and k >= a.pairs:
+                break
+            r = worker_run(a, binp, tmp, not ctl, k, ab=a.ab)
+            r["blocks"] = ab_blocks(r.pop("step_ms"), a.ab, a.warmup)
+            on_steps = 0 if ctl else sum(1 for i in range(a.steps) if (i // a.ab) % 2 == 0)
+            if a.nproc > 1 and r["rank_lines"] != (a.nproc - 1) * on_steps:
+                raise Failed("diag-ab %d: %d rank_step lines, want %d" % (
+                    a.ab, r["rank_lines"], (a.nproc - 1) * on_steps))
+            (controls if ctl else runs).append(r)
+            d = [100 * (x / y - 1) for x, y in r["blocks"]]
+            print("run %2d diag-ab %d%s: %d off blocks, on/off %+.2f %% median, step %.3f ms" % (
+                k, a.ab, " A/A control (LOOM_DIAG=0)" if ctl else "", len(d),
+                statistics.median(d), r["median_ms"]), flush=True)
+        for k in range(0 if a.ab else 2 * a.pairs):
             # on/off in pair 0, off/on in pair 1, ...: ABBAABBA
             on = (k % 2 == 0) == ((k // 2) % 2 == 0)
             r = worker_run(a, binp, tmp, on, k) if c is None else cluster_run(a, c, on, k)
             r["on"] = on
+            r.pop("step_ms", None)
             runs.append(r)
             print("run %2d diag %-3s median step %8.3f ms%s" % (
                 k, "on" if on else "off", r["median_ms"],
@@ -330,7 +422,7 @@ def main():
                     r["loomd_cpu_ms_per_step"], r["agent_cpu_ms_per_step"], r["ranks"])
                 if "ranks" in r else "  rank_step lines %d" % r["rank_lines"]), flush=True)
         # the switch must do what it says
-        for r in runs:
+        for r in runs if not a.ab else []:
             if "ranks" in r:
                 want = [0, 1] if r["on"] else [0]
                 if r["ranks"] != want:
@@ -341,7 +433,12 @@ def main():
                 if r["rank_lines"] != want:
                     raise Failed("diag %s: %d rank_step lines, want %d" % (
                         "on" if r["on"] else "off", r["rank_lines"], want))
-        s = summarize(runs)
+        s = summarize_ab(runs, a.ab) if a.ab else summarize(runs)
+        if a.ab and controls:
+            cs = summarize_ab(controls, a.ab)
+            s["control"] = {k: cs[k] for k in ("blocks", "runs", "paired_mean_pct",
+                                               "paired_median_pct", "paired_sd_pct", "ci95_pct",
+                                               "median_ci95_pct")}
     except (Failed, subprocess.TimeoutExpired) as e:
         print("FAIL: %s (logs in %s)" % (e, tmp))
         if c:
@@ -357,9 +454,16 @@ def main():
         s["on_median_ms"], *s["on_min_max_ms"]))
     print("diag off: median %.3f ms a step (runs %.3f..%.3f; A/A spread %.2f %%)" % (
         s["off_median_ms"], *s["off_min_max_ms"], s["off_spread_pct"]))
-    print("on / off: %+.2f %% (medians); paired %+.2f %% mean, %+.2f %% median, sd %.2f %% over "
-          "%d pairs; %s" % (s["diff_pct"], s["paired_mean_pct"], s["paired_median_pct"],
-                            s["paired_sd_pct"], s["pairs"], s["verdict"]))
+    print("on / off: %+.2f %% (medians); paired %+.2f %% mean (95%% %+.2f..%+.2f), %+.2f %% "
+          "median (95%% %+.2f..%+.2f), sd %.2f %% over %d pairs; %s" % (
+              s["diff_pct"], s["paired_mean_pct"], *s["ci95_pct"], s["paired_median_pct"],
+              *s["median_ci95_pct"], s["paired_sd_pct"], s["pairs"], s["verdict"]))
+    if "control" in s:
+        c = s["control"]
+        print("A/A control (sampling off in every block): paired %+.2f %% mean (95%% %+.2f.."
+              "%+.2f), %+.2f %% median (95%% %+.2f..%+.2f), sd %.2f %% over %d blocks" % (
+                  c["paired_mean_pct"], *c["ci95_pct"], c["paired_median_pct"],
+                  *c["median_ci95_pct"], c["paired_sd_pct"], c["blocks"]))
     if "loomd_cpu_ms_per_step" in s:
         print("loomd cpu ms/step on %.3f off %.3f; agent cpu ms/step on %.3f off %.3f" % (
             s["loomd_cpu_ms_per_step"]["on"], s["loomd_cpu_ms_per_step"]["off"],
