@@ -24,7 +24,8 @@
  * and a streak must also cover DIAG_MIN_SPAN_MS of wall time, so the
  * consecutive steps needed are max(DIAG_STREAK, DIAG_MIN_SPAN_MS / step).
  * Each finding is reported once per attempt (per rank for STRAGGLER).
- * Cost: O(world) per record, O(world log world) per judged step; no I/O.
+ * Cost: O(log world) per record amortized (a sort per pipeline stage per
+ * judged step; tests/bench/bench_diag_cost.c); no I/O.
  *
  * The state is per attempt, owned by the caller (daemon/cluster.h keeps it
  * in the attempt, under the cluster mutex); the functions are pure

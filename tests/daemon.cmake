@@ -160,3 +160,15 @@ if(Python3_FOUND AND TARGET loom-worker)
                      ${CMAKE_BINARY_DIR}/bin --smoke --ab 2)
     set_tests_properties(bench.diag_ab_smoke PROPERTIES LABELS bench TIMEOUT 120)
 endif()
+# The pieces of that cost timed alone (bench_diag_cost: the rank_step line,
+# a clock read, the parse, diag_add at world 2..512); the smoke checks its
+# own counts.
+if(TARGET loom_engine)
+    add_executable(bench_diag_cost ${CMAKE_CURRENT_LIST_DIR}/bench/bench_diag_cost.c
+                   ${CMAKE_SOURCE_DIR}/daemon/diagnose.c)
+    target_include_directories(bench_diag_cost PRIVATE ${CMAKE_SOURCE_DIR})
+    target_link_libraries(bench_diag_cost PRIVATE loom_engine PkgConfig::JANSSON m)
+    loom_warnings(bench_diag_cost)
+    add_test(NAME bench.diag_cost_smoke COMMAND bench_diag_cost 2000)
+    set_tests_properties(bench.diag_cost_smoke PROPERTIES LABELS bench TIMEOUT 60)
+endif()

@@ -186,18 +186,18 @@ static void emit(FILE *out, json_t *j) {
 }
 
 /* A rank other than 0: its timing only (the loss and norms are rank 0's). */
-static void emit_rank_step(const struct train_opts *o, int64_t done,
-                           const struct train_step_info *in) {
-    emit(o->rank_out, json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f, s:f}}", "type", "rank_step",
-                                "step", (json_int_t)done, "rank", o->rank, "ms", "step",
-                                in->ms_step, "compute", in->ms_compute, "comm_exposed", in->ms_comm,
-                                "data_wait", in->ms_data, "optimizer", in->ms_optimizer));
+void train_emit_rank_step(FILE *out, int rank, int64_t done, const struct train_step_info *in) {
+    emit(out, json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f, s:f}}", "type", "rank_step", "step",
+                        (json_int_t)done, "rank", rank, "ms", "step", in->ms_step, "compute",
+                        in->ms_compute, "comm_exposed", in->ms_comm, "data_wait", in->ms_data,
+                        "optimizer", in->ms_optimizer));
 }
 
 static void emit_step(const struct model *m, const struct train_opts *o, int64_t done,
                       const struct train_step_info *in) {
     if (!o->out) {
-        if (o->rank_out && !sampling_off(o, done - 1)) emit_rank_step(o, done, in);
+        if (o->rank_out && !sampling_off(o, done - 1))
+            train_emit_rank_step(o->rank_out, o->rank, done, in);
         return;
     }
     const struct engine *e = m->e;

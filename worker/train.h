@@ -128,6 +128,11 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
 double train_eval(struct model *m, const struct train_opts *o, int32_t *inputs, int32_t *targets,
                   int64_t *tokens, char *err, size_t errlen, int *rc);
 
+/* Writes one {"type":"rank_step"} line of `in` (completed step `done`) on
+ * out and flushes it, as train_run does on opts.rank_out (also the unit of
+ * tests/bench/bench_diag_cost.c). out NULL: nothing. */
+void train_emit_rank_step(FILE *out, int rank, int64_t done, const struct train_step_info *in);
+
 /* Run steps [start, o->steps). Returns 0 when finished, 1 when stopped by
  * *o->stop (after saving), -2 on a data error, -1 on another failure; the
  * message is in err. Final stats in *last (may be NULL). */

@@ -36,6 +36,7 @@ import argparse
 import array
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -103,6 +104,13 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_s(pid):
+    """cutime + cstime: the CPU of a process's children it has waited for."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return [float(x) for x in f.read().split()[:3]]
@@ -130,8 +138,12 @@ def worker_run(a, binp, tmp, on, k, ab=0):
     env = dict(os.environ, LOOM_DIAG="1" if on else "0", NCCL_NVLS_ENABLE="0",
                LOOM_DIAG_AB=str(ab))
     t0 = time.time()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.time() - t0
+    # the launcher and its ranks (all waited for): CPU a step, start-up included
+    cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     if r.returncode != 0:
         raise Failed("%s: loom-worker exited %d: %s" % (name, r.returncode, r.stderr[-600:]))
     steps, rank_lines = [], 0
@@ -148,7 +160,7 @@ def worker_run(a, binp, tmp, on, k, ab=0):
         raise Failed("%s: %d step lines, want %d" % (name, len(steps), a.steps))
     shutil.rmtree(out, ignore_errors=True)
     return {"median_ms": run_median(steps, a.warmup), "wall_s": wall, "rank_lines": rank_lines,
-            "step_ms": steps}
+            "step_ms": steps, "worker_cpu_ms_per_step": 1e3 * cpu / a.steps}
 
 
 def ab_blocks(steps, n, warmup):
@@ -307,6 +319,7 @@ def cluster_run(a, c, on, k):
             return s == 200 and r.get("state") in ("succeeded", "failed", "cancelled")
         c.wait(done, a.timeout, "job %s to end" % jid)
         d1, a1 = cpu_s(c.loomd.pid), cpu_s(c.agent.pid)
+        w1 = children_cpu_s(c.agent.pid)  # the workers it started (and reaped)
         if state["job"]["state"] != "succeeded":
             raise Failed("job %s: %s" % (jid, state["job"].get("state")))
         st, m = c.req("GET", "/v1/jobs/%s/metrics" % jid, token=c.token)
@@ -318,6 +331,7 @@ def cluster_run(a, c, on, k):
             raise Failed("job %s: %d step records in loomd, want %d" % (jid, len(steps), a.steps))
         return {"median_ms": run_median(steps, a.warmup), "loomd_cpu_ms_per_step":
                 1e3 * (d1 - d0) / a.steps, "agent_cpu_ms_per_step": 1e3 * (a1 - a0) / a.steps,
+                "worker_cpu_ms_per_step": 1e3 * w1 / a.steps,
                 "ranks": ranks}
     finally:
         c.stop_agent(node)
@@ -344,10 +358,24 @@ def summarize(runs):
          "on_min_max_ms": [min(on), max(on)], "off_min_max_ms": [min(off), max(off)],
          "median_ci95_pct": median_ci(d)}
     s["verdict"] = verdict(s)
-    for key in ("loomd_cpu_ms_per_step", "agent_cpu_ms_per_step"):
-        if key in runs[0]:
-            s[key] = {"on": statistics.median(r[key] for r in runs if r["on"]),
-                      "off": statistics.median(r[key] for r in runs if not r["on"])}
+    # CPU a step, paired the same way: far less sensitive to the host's load
+    # than wall time (a descheduled rank's wait costs no CPU). The difference
+    # is also given as a share of the off runs' median step: the slowdown if
+    # every extra CPU ms were spent on a rank's critical path.
+    for key in ("worker_cpu_ms_per_step", "loomd_cpu_ms_per_step", "agent_cpu_ms_per_step"):
+        if key not in runs[0]:
+            continue
+        con = statistics.median(r[key] for r in runs if r["on"])
+        coff = statistics.median(r[key] for r in runs if not r["on"])
+        dd = [runs[i][key] - runs[i + 1][key] if runs[i]["on"] else
+              runs[i + 1][key] - runs[i][key] for i in range(0, len(runs) - 1, 2)]
+        m = statistics.mean(dd)
+        half = T95[min(n - 1, len(T95)) - 1] * statistics.stdev(dd) / n ** 0.5 if n > 1 else 0
+        s[key] = {"on": con, "off": coff, "paired_diff_ms": m,
+                  "paired_diff_ci95_ms": [m - half, m + half],
+                  "diff_pct_of_step": 100 * m / s["off_median_ms"],
+                  "diff_ci95_pct_of_step": [100 * (m - half) / s["off_median_ms"],
+                                            100 * (m + half) / s["off_median_ms"]]}
     return s
 
 
@@ -416,11 +444,11 @@ def main():
             r["on"] = on
             r.pop("step_ms", None)
             runs.append(r)
-            print("run %2d diag %-3s median step %8.3f ms%s" % (
-                k, "on" if on else "off", r["median_ms"],
-                "  loomd %.3f agent %.3f cpu ms/step ranks %s" % (
+            print("run %2d diag %-3s median step %8.3f ms, CPU ms a step: workers %.3f%s" % (
+                k, "on" if on else "off", r["median_ms"], r["worker_cpu_ms_per_step"],
+                " loomd %.3f agent %.3f; ranks in loomd %s" % (
                     r["loomd_cpu_ms_per_step"], r["agent_cpu_ms_per_step"], r["ranks"])
-                if "ranks" in r else "  rank_step lines %d" % r["rank_lines"]), flush=True)
+                if "ranks" in r else "; rank_step lines %d" % r["rank_lines"]), flush=True)
         # the switch must do what it says
         for r in runs if not a.ab else []:
             if "ranks" in r:
@@ -464,10 +492,14 @@ def main():
               "%+.2f), %+.2f %% median (95%% %+.2f..%+.2f), sd %.2f %% over %d blocks" % (
                   c["paired_mean_pct"], *c["ci95_pct"], c["paired_median_pct"],
                   *c["median_ci95_pct"], c["paired_sd_pct"], c["blocks"]))
-    if "loomd_cpu_ms_per_step" in s:
-        print("loomd cpu ms/step on %.3f off %.3f; agent cpu ms/step on %.3f off %.3f" % (
-            s["loomd_cpu_ms_per_step"]["on"], s["loomd_cpu_ms_per_step"]["off"],
-            s["agent_cpu_ms_per_step"]["on"], s["agent_cpu_ms_per_step"]["off"]))
+    for key in ("worker_cpu_ms_per_step", "loomd_cpu_ms_per_step", "agent_cpu_ms_per_step"):
+        if key in s:
+            v = s[key]
+            print("%s CPU ms a step: on %.3f off %.3f; paired on-off %+.3f ms (95%% %+.3f.."
+                  "%+.3f) = %+.2f %% of a step (95%% %+.2f..%+.2f)" % (
+                      key.split("_")[0], v["on"], v["off"], v["paired_diff_ms"],
+                      *v["paired_diff_ci95_ms"], v["diff_pct_of_step"],
+                      *v["diff_ci95_pct_of_step"]))
     print("RESULT " + json.dumps(s))
     if a.json:
         with open(a.json, "w") as f:
