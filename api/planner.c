@@ -512,8 +512,21 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     if (tp > 1) m->comm += N * C * e;
     if (pp > 1) m->comm += 2 * N * C * e;
     if (x->s->train.lora.enabled) lora_mem(x, f, L, layers, P, N, m);
-    /* workspace: classifier chunk (256 rows of logits and their gradient) */
-    if (last) m->workspace += 256.0 * mc->padded_vocab / tp * 4 * 2;
+    /* workspace: the classifier's row chunk of logits, as the backends take it:
+     * cpu 64 rows of fp32; cuda bf16, as many rows as fit in 2 GiB (512 MiB when
+     * the head is frozen, LoRA), rounded down to 64 and at most the micro-batch's
+     * N (worker/cuda/cuda_backend.c reserve, at the xent-chunk-mib row's default) */
+    if (last) {
+        double vl = (double)mc->padded_vocab / tp;
+        if (x->cuda) {
+            double cap = (x->s->train.lora.enabled ? 512.0 : 2048.0) * MIB;
+            double rows = floor(cap / (vl * 2));
+            rows = rows >= N ? N : rows >= 64 ? floor(rows / 64) * 64 : rows < 1 ? 1 : rows;
+            m->workspace += rows * vl * 2;
+        } else {
+            m->workspace += 64 * vl * 4;
+        }
+    }
     if (x->cuda) {
         m->workspace += 32 * MIB; /* cuBLAS */
         /* attention (multi-head and grouped-query) runs through cuDNN's

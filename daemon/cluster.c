@@ -1415,7 +1415,27 @@ static void *loop_main(void *arg) {
     struct cluster *c = ld->cluster;
     uint64_t gen = http_notify_gen(&c->wake);
     while (!c->stopping) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         loop_pass(ld);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        /* Pacing: a pass reads every active job and up to SCHED_QUEUE_DEPTH
+         * queued ones, and under a stream of submits each one woke the next
+         * pass at once: at 500 submits/s with a deep queue the passes were
+         * half of loomd's CPU (bench_events, docs/perf.md). So the next pass
+         * starts at least sched-min-gap-ms after this one began, and the loop
+         * spends at most a quarter of the time in passes (a gap of three
+         * times the pass just run); wake-ups meanwhile are kept, not lost. */
+        int64_t took_us =
+            (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000 + (int64_t)(t1.tv_nsec - t0.tv_nsec) / 1000;
+        int64_t hold_us = ld->cfg.sched_min_gap_ms * 1000 - took_us;
+        if (hold_us < 3 * took_us) hold_us = 3 * took_us;
+        if (hold_us > 250000) hold_us = 250000;
+        if (hold_us > 0 && !c->stopping) {
+            struct timespec hs = {(time_t)(hold_us / 1000000), (long)(hold_us % 1000000) * 1000};
+            while (nanosleep(&hs, &hs) != 0 && errno == EINTR && !c->stopping) {
+            }
+        }
         /* Woken by reports, submits and cancels; a pass at least every
          * second also covers timeouts (lost nodes, hangs, stop deadlines) and
          * routes that do not kick us. Not faster: a pass reads every active

@@ -110,10 +110,16 @@ const struct config_entry loomd_config_table[] = {
      "tenant's artifact_ttl_s, set by an admin, overrides it)"},
     {"artifact-sweep", CONFIG_INT | CONFIG_TUNING, OFF(artifact_sweep), "60", 1, 86400,
      "seconds between artifact retention sweeps"},
+    {"sched-min-gap-ms", CONFIG_INT | CONFIG_TUNING, OFF(sched_min_gap_ms), "20", 0, 1000,
+     "least milliseconds from the start of one scheduler pass to the next (wake-ups meanwhile "
+     "wait; passes also never take more than a quarter of the time)"},
     {"events-heartbeat", CONFIG_INT, OFF(events_heartbeat), "15", 1, 3600,
      "seconds between heartbeat comments on a GET /v1/events Server-Sent Events stream"},
     {"events-fanout-threads", CONFIG_INT | CONFIG_TUNING, OFF(events_fanout_threads), "1", 1, 16,
      "threads that write Server-Sent Event streams (each holds its share of the streams)"},
+    {"events-fanout-gap-ms", CONFIG_INT | CONFIG_TUNING, OFF(events_fanout_gap_ms), "10", 0, 1000,
+     "least milliseconds between two passes of a fan-out thread over its streams: events that "
+     "commit sooner after a pass go out together in the next one (0: a pass per commit)"},
     {"events-ring", CONFIG_INT | CONFIG_TUNING, OFF(events_ring), "4096", 16, 1000000,
      "newest events held in memory for streams and long-polls (older cursors read "
      "the store)"},

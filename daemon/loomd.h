@@ -60,6 +60,8 @@ struct loomd_config {
     long artifact_sweep;        /* s between retention sweeps (tuning) */
     long events_ring;           /* newest events kept in memory for streams (tuning) */
     long events_fanout_threads; /* threads that write SSE streams (tuning) */
+    long events_fanout_gap_ms;  /* least ms between a fan-out thread's passes (tuning) */
+    long sched_min_gap_ms;      /* least ms between scheduler passes (tuning) */
     int webhook_allow_private;  /* webhook targets may be loopback/private */
     long webhook_timeout;       /* s a webhook delivery may take */
     long webhook_retry_base_ms; /* first retry delay; doubles per attempt (tuning) */

@@ -65,6 +65,10 @@ struct backend_limits {
     int F;       /* MLP hidden width (this tp rank) */
     int Vp;      /* padded vocabulary rows held by this rank */
     int threads; /* CPU: OpenMP threads (0: library default); CUDA: ignored */
+    /* 1: the classifier weight takes no gradient (a frozen base, LoRA): more
+     * classifier row chunks then cost no extra dW traffic, so the cuda
+     * backend takes smaller ones by default (less workspace) */
+    int frozen_head;
 };
 
 /* Arguments of one AdamW update over a contiguous range of n elements. All

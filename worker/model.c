@@ -219,6 +219,7 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     lim.F = m->F;
     lim.Vp = m->Vp;
     lim.threads = threads;
+    lim.frozen_head = e->frozen;
     if (b->reserve(b->ctx, &lim) != 0) goto fail;
 
     size_t N = (size_t)B * T, C = (size_t)m->C;

@@ -461,7 +461,9 @@ static void test_cudnn_workspace(void) {
     CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &a, &e) == 0);
     snprintf(buf, sizeof buf, spec, 8);
     CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
-    double want = 8.0 * 12 * 1024 * 1024 * 2 + 8.0 * 12 * 1024 * 4; /* 8 more sequences */
+    /* 8 more sequences; the classifier's logits chunk (all N rows fit in 2 GiB:
+     * 8 x 1024 more rows of the 50304-wide padded vocabulary, bf16) */
+    double want = 8.0 * 12 * 1024 * 1024 * 2 + 8.0 * 12 * 1024 * 4 + 8.0 * 1024 * 50304 * 2;
     CHECK(fabs((a.mem.workspace - b.mem.workspace) - want) < 0.01 * want);
     /* grouped-query attention too (Llama 3.2 1B: 32 query heads, T 2048): per
      * query head */
@@ -471,8 +473,33 @@ static void test_cudnn_workspace(void) {
     CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &a, &e) == 0);
     snprintf(buf, sizeof buf, gqa, 2);
     CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
-    want = 2.0 * 32 * 2048 * 2048 * 2 + 2.0 * 32 * 2048 * 4; /* 2 more sequences */
+    /* 2 more sequences; logits: 8192 against 4096 rows of 128256 (both fit in 2 GiB) */
+    want = 2.0 * 32 * 2048 * 2048 * 2 + 2.0 * 32 * 2048 * 4 + 4096.0 * 128256 * 2;
     CHECK(fabs((a.mem.workspace - b.mem.workspace) - want) < 0.01 * want);
+    /* micro-batch 8: 16384 rows do not fit in 2 GiB; the chunk is 8320 rows
+     * (2^31 / (128256 x 2) = 8372, rounded down to 64), 128 more than at 4 */
+    snprintf(buf, sizeof buf, gqa, 8);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    want = 4.0 * 32 * 2048 * 2048 * 2 + 4.0 * 32 * 2048 * 4 + 128.0 * 128256 * 2;
+    CHECK(fabs((b.mem.workspace - a.mem.workspace) - want) < 0.01 * want);
+}
+
+/* The classifier chunk on cpu: 64 rows of fp32 logits whatever the batch. */
+static void test_classifier_workspace_cpu(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate a, b;
+    struct loom_error e;
+    const char *spec = "{'model':{'family':'llama','preset':'1b','seq_len':256},"
+                       "'resources':{'device':'cpu'},"
+                       "'train':{'precision':'fp32','micro_batch':%d,'global_batch_tokens':8192}}";
+    char buf[512];
+    snprintf(buf, sizeof buf, spec, 4);
+    CHECK(load(buf, NULL, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &a, &e) == 0);
+    snprintf(buf, sizeof buf, spec, 2);
+    CHECK(load(buf, NULL, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    CHECK(fabs(a.mem.workspace - b.mem.workspace) < 1);
+    CHECK(a.mem.workspace >= 64.0 * 128256 * 4 && a.mem.workspace < 64.0 * 128256 * 4 * 1.5);
 }
 
 /* ---- pipeline split by work (parallel.pp_balance) ---- */
@@ -815,6 +842,7 @@ int main(void) {
     test_pp_balance();
     test_pair_area();
     test_cudnn_workspace();
+    test_classifier_workspace_cpu();
     test_70b_arithmetic();
     test_bands();
     test_comm_bound();

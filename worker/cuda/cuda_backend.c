@@ -57,7 +57,10 @@
 #define MAX_PENDING    16
 #define LOGITS_CAP     ((size_t)2 << 30) /* bytes of bf16 logits per classifier chunk, at most */
 #define XENT_CHUNK_MIB 0                 /* the xent-chunk-mib row's default (worker/tuning.c) */
-#define CUDA_PEAK_BF16 989e12            /* MFU denominator for a device not in api/gpu_types.c */
+/* the chunk cap when the classifier weight is frozen (backend_limits.frozen_head) and the row is
+ * 0: with no dW, more chunks add no traffic (docs/perf.md, "Llama shapes II") */
+#define FROZEN_HEAD_MIB 512
+#define CUDA_PEAK_BF16  989e12 /* MFU denominator for a device not in api/gpu_types.c */
 #ifndef LOOM_CUDA_ARCHS
 #define LOOM_CUDA_ARCHS "" /* the build's CMAKE_CUDA_ARCHITECTURES (worker/cuda/CMakeLists.txt) */
 #endif
@@ -83,7 +86,8 @@ struct cuda_ctx {
     float *attn_scratch, *norm_scratch, *bias_scratch, *sum_scratch;
     lbf16 *logits;
     /* rows per classifier chunk: as many as fit in xent_mib MiB of bf16
-     * logits (the xent-chunk-mib row; 0: LOGITS_CAP), rounded down to 64 */
+     * logits (the xent-chunk-mib row; 0: LOGITS_CAP, or FROZEN_HEAD_MIB for
+     * a frozen head), rounded down to 64 */
     int cls_chunk;
     long xent_mib;
     /* the xent-l2 row: the fused loss kernel on a persistent grid of nsm
@@ -265,7 +269,9 @@ static int cu_reserve(void *ctx, const struct backend_limits *lim) {
     if (qkv > maxoc) maxoc = qkv;
     if (2 * lim->F > maxoc) maxoc = 2 * lim->F;
     if (Vp > maxoc) maxoc = Vp;
-    size_t cap = c->xent_mib > 0 ? (size_t)c->xent_mib << 20 : LOGITS_CAP;
+    size_t cap = c->xent_mib > 0    ? (size_t)c->xent_mib << 20
+                 : lim->frozen_head ? (size_t)FROZEN_HEAD_MIB << 20
+                                    : LOGITS_CAP;
     if (cap > LOGITS_CAP) cap = LOGITS_CAP;
     size_t rows = cap / ((size_t)Vp * 2);
     c->cls_chunk = rows >= (size_t)N ? N : rows >= 64 ? (int)(rows / 64 * 64) : (int)rows;
