@@ -578,14 +578,14 @@ static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, lon
                      "peers' median %.1f ms for %d consecutive steps to step %ld; rule: above "
                      "%.1fx)",
                      f[i].rank, ni >= 0 && ni < c->nnodes ? c->nodes[ni].name : "?",
-                     100 * f[i].value, f[i].compute_ms, f[i].peer_ms, DIAG_STREAK, f[i].step,
+                     100 * f[i].value, f[i].compute_ms, f[i].peer_ms, f[i].streak, f[i].step,
                      DIAG_STRAGGLER_RATIO);
             log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
         } else {
             snprintf(why, sizeof why,
                      "COMM_BOUND exposed communication is %.0f%% of the step on every rank (least: "
                      "rank %d) for %d consecutive steps to step %ld (rule: above %.0f%%); %s",
-                     100 * f[i].value, f[i].rank, DIAG_STREAK, f[i].step, 100 * DIAG_COMM_FRAC,
+                     100 * f[i].value, f[i].rank, f[i].streak, f[i].step, 100 * DIAG_COMM_FRAC,
                      diag_comm_advice(a->spec));
             log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
         }

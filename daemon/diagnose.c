@@ -158,7 +158,8 @@ static int judge(struct diag *d, const struct diag_slot *s, struct diag_finding 
                                              .rank = r,
                                              .value = peer > 0 ? c / peer - 1 : 0,
                                              .compute_ms = c,
-                                             .peer_ms = peer};
+                                             .peer_ms = peer,
+                                             .streak = d->slow_streak[r]};
         }
     }
     double least = 2, least_ms = 0;
@@ -174,8 +175,11 @@ static int judge(struct diag *d, const struct diag_slot *s, struct diag_finding 
     if (bound && d->comm_streak >= DIAG_STREAK && d->comm_span >= DIAG_MIN_SPAN_MS &&
         !d->comm_reported && n < max) {
         d->comm_reported = 1;
-        out[n++] = (struct diag_finding){
-            .kind = DIAG_COMM_BOUND, .step = s->step, .rank = who, .value = least};
+        out[n++] = (struct diag_finding){.kind = DIAG_COMM_BOUND,
+                                         .step = s->step,
+                                         .rank = who,
+                                         .value = least,
+                                         .streak = d->comm_streak};
     }
     return n;
 }

@@ -65,6 +65,8 @@ struct diag_finding {
                                  * SAWTOOTH: the swings counted in the window */
     double compute_ms, peer_ms; /* STRAGGLER: its compute, the peers' median;
                                  * SAWTOOTH: the window's lowest and highest utilization */
+    int streak;                 /* STRAGGLER, COMM_BOUND: the consecutive steps judged
+                                 * (>= DIAG_STREAK, more on short steps: DIAG_MIN_SPAN_MS) */
 };
 
 struct diag;

@@ -172,3 +172,12 @@ if(TARGET loom_engine)
     add_test(NAME bench.diag_cost_smoke COMMAND bench_diag_cost 2000)
     set_tests_properties(bench.diag_cost_smoke PROPERTIES LABELS bench TIMEOUT 60)
 endif()
+# A straggler made with SIGSTOP/SIGCONT from outside (60 ms of every 100 ms)
+# through loomd, an agent and the real worker: named once, not before.
+if(Python3_FOUND AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent)
+    add_test(NAME integration.straggler_stop
+             COMMAND ${Python3_EXECUTABLE}
+                     ${CMAKE_CURRENT_LIST_DIR}/integration/test_straggler_stop.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.straggler_stop PROPERTIES LABELS integration TIMEOUT 150)
+endif()

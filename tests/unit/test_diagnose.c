@@ -251,6 +251,8 @@ static void run_case(const struct tcase *c) {
               "%s: finding %d is kind %d rank %d step %ld, want kind %d rank %d step %ld", c->name,
               i, got[i].kind, got[i].rank, got[i].step, c->exp[i].kind, c->exp[i].rank,
               c->exp[i].step);
+        CHECK(got[i].streak >= DIAG_STREAK && got[i].streak * STEP_MS >= DIAG_MIN_SPAN_MS,
+              "%s: streak %d", c->name, got[i].streak);
         if (got[i].kind == DIAG_STRAGGLER)
             CHECK_NEAR(got[i].value, c->factor - 1, 1e-9);
         else
