@@ -133,6 +133,8 @@
     /* planner */                                                                                  \
     X(DOES_NOT_FIT, 422, "the per-GPU memory estimate is above the GPUs' memory")                  \
     X(LAYOUT_EXCEEDS_CLUSTER, 422, "dp*tp*pp above the cluster's GPUs")                            \
+    X(RECOMPUTE_BUDGET_TOO_SMALL, 422,                                                             \
+      "train.recompute.budget_gib under the memory with every block recomputed")                   \
     X(UNKNOWN_GPU, 422, "cluster.gpu is not in the GPU table (and no memory/TFLOPS given)")        \
     X(UNKNOWN_LINK, 422, "cluster link is not in the link table")                                  \
     /* GPU fleet: types, capacity, prices */                                                       \

@@ -240,6 +240,7 @@ struct ctx {
 struct lay {
     int dp, tp, pp, zero, offload, mb;
     enum jobspec_recompute rc;
+    double budget; /* bytes: train.recompute {"budget_gib": N} (rc is then full); 0: none */
 };
 
 /* Time of one collective call: ring within a node; hierarchical across
@@ -485,9 +486,14 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     int inflight = pp == 1 ? 1 : (int)((pp - st) < ga ? (pp - st) : ga);
     m->inflight = inflight;
     double k = (double)inflight * layers;
-    m->act_attention = k * attn_s + (L->rc == JOBSPEC_RECOMPUTE_FULL ? attn : 0);
-    m->act_mlp = k * mlp_s + (L->rc == JOBSPEC_RECOMPUTE_FULL ? mlp : 0);
-    m->act_norm_residual = k * normres_s + (L->rc == JOBSPEC_RECOMPUTE_FULL ? normres : 0);
+    /* full recompute: one block's buffers but its output (r2), shared by the
+     * blocks of each in-flight micro-batch's model (worker/pp.c: a model each) */
+    double full_sh = L->rc == JOBSPEC_RECOMPUTE_FULL ? inflight : 0;
+    m->act_attention = k * attn_s + full_sh * attn;
+    m->act_mlp = k * mlp_s + full_sh * mlp;
+    m->act_norm_residual = k * normres_s + full_sh * (normres - N * e * C);
+    m->keep = -1;
+    m->layers = layers;
     double wide = C;
     if (QKV / tp > wide) wide = QKV / tp;
     if (fcw / tp > wide) wide = fcw / tp;
@@ -539,6 +545,32 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     }
     m->total =
         m->params + m->grads + m->optimizer + m->activations + m->comm + m->workspace + m->reserved;
+    if (L->budget > 0 && L->rc == JOBSPEC_RECOMPUTE_FULL) {
+        /* The budget mode: the first K blocks keep every activation, the
+         * others recompute in full (worker/model.c model_opts.keep). K = L-1
+         * costs what K = L does (the shared buffers are one block's worth),
+         * so the candidates are L, then L-2 down to 0. */
+        double blk[3] = {attn, mlp, normres}, out = N * e * C;
+        double per = (m->act_attention + m->act_mlp + m->act_norm_residual);
+        double rest = m->total - per, acts[3] = {0, 0, 0};
+        int K = layers;
+        for (;;) {
+            int some = K < layers;
+            for (int i = 0; i < 3; i++)
+                acts[i] = inflight * (K * blk[i] + (some ? blk[i] : 0));
+            acts[2] += inflight * ((layers - K) * out - (some ? out : 0));
+            if (K == 0 || rest + acts[0] + acts[1] + acts[2] <= L->budget) break;
+            K = K == layers ? layers - 2 : K - 1;
+            if (K < 0) K = 0;
+        }
+        m->budget_floor = rest + per;
+        m->keep = K;
+        m->act_attention = acts[0];
+        m->act_mlp = acts[1];
+        m->act_norm_residual = acts[2];
+        m->activations = acts[0] + acts[1] + acts[2] + m->act_other;
+        m->total = rest + acts[0] + acts[1] + acts[2];
+    }
     m->gpu_bytes = x->c->gpu_mem_gib * GIB;
     m->host_bytes = x->c->host_mem_gib * GIB;
 }
@@ -581,8 +613,12 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     double fl_layer = 6 * f->layer_mm + 12 * C * T; /* per token, fwd + bwd */
     double fl_head = 6.0 * mc->padded_vocab * C;
     double extra = 0;
+    /* the budget mode recomputes the worst stage's blocks but the kept ones */
+    double rc_frac = est->mem.keep >= 0 && est->mem.layers > 0
+                         ? (double)(est->mem.layers - est->mem.keep) / est->mem.layers
+                         : 1;
     if (L->rc == JOBSPEC_RECOMPUTE_FULL)
-        extra = fl_layer / 3;
+        extra = fl_layer / 3 * rc_frac;
     else if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE)
         extra = 4 * C * T;
     /* the slowest stage sets the pace (the last one carries the head) */
@@ -610,7 +646,8 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     int cross;
     if (tp > 1) {
         double bytes = N * C * e;
-        double count = (double)ga * (layers * (L->rc == JOBSPEC_RECOMPUTE_FULL ? 6 : 4) + 2);
+        double count =
+            (double)ga * (layers * (L->rc == JOBSPEC_RECOMPUTE_FULL ? 4 + 2 * rc_frac : 4) + 2);
         t = coll_time(x, 2, tp, tp, 1, bytes, &gb, &cross);
         add_comm(est, "tp", "all_reduce", tp, cross, bytes, count, gb, t, t * count);
         exposed += t * count;
@@ -721,7 +758,19 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     if (est->bubble_fraction > 0.10)
         note(est, "pipeline bubble %.0f%% of step", 100 * est->bubble_fraction);
     if (L->offload) note(est, "optimizer offloaded to host: %.2f s/step", est->optimizer_s);
-    if (L->rc == JOBSPEC_RECOMPUTE_FULL) note(est, "full recompute: +%.0f%% compute", 100.0 / 3);
+    if (est->mem.keep >= 0 && est->n_notes < 4) {
+        char *nt = est->notes[est->n_notes++];
+        if (est->mem.budget_floor > L->budget)
+            snprintf(nt, sizeof est->notes[0],
+                     "recompute budget %.1f GiB is under the %.1f GiB of every block recomputed",
+                     L->budget / GIB, est->mem.budget_floor / GIB);
+        else
+            snprintf(nt, sizeof est->notes[0],
+                     "recompute budget %.1f GiB: %d of %d blocks kept, +%.0f%% compute",
+                     L->budget / GIB, est->mem.keep, est->mem.layers, 100.0 / 3 * rc_frac);
+    } else if (L->rc == JOBSPEC_RECOMPUTE_FULL) {
+        note(est, "full recompute: +%.0f%% compute", 100.0 / 3);
+    }
 }
 
 static int ctx_init(struct ctx *x, const struct loom_spec *s, const struct planner_cluster *c,
@@ -778,8 +827,58 @@ int planner_estimate(const struct loom_spec *s, const struct planner_cluster *ci
                     s->parallel.zero_stage,
                     s->train.offload_optimizer,
                     s->train.micro_batch,
-                    s->train.recompute};
+                    s->train.recompute,
+                    0};
+    if (s->train.recompute_budget_gib > 0) {
+        L.rc = JOBSPEC_RECOMPUTE_FULL;
+        L.budget = s->train.recompute_budget_gib * GIB;
+    }
     eval(&x, &f, &L, out);
+    return 0;
+}
+
+int planner_recompute_keep(const struct loom_spec *s, int stage, int *keep, double *floor_gib,
+                           struct loom_error *e) {
+    if (s->train.recompute_budget_gib <= 0)
+        return loom_error_set(e, 422, "OUT_OF_RANGE", "train.recompute",
+                              "train.recompute has no budget_gib");
+    int world = s->parallel.dp * s->parallel.tp * s->parallel.pp;
+    struct planner_cluster c;
+    planner_cluster_default(&c);
+    c.nodes = 1;
+    c.gpus_per_node = world > 0 ? world : 1;
+    struct planner_options o;
+    planner_options_default(&o);
+    if (planner_cluster_resolve(&c, s->resources.device, e) != 0) return -1;
+    if (jobspec_validate(s, JOBSPEC_FOR_PLAN, e) != 0) return -1;
+    struct ctx x;
+    ctx_init(&x, s, &c, &o);
+    struct tp_facts f;
+    tp_facts_init(&f, &s->model, s->parallel.tp);
+    if (!f.ok)
+        return loom_error_set(e, 422, "TP_HEADS", "parallel.tp", "tp=%d does not split the model",
+                              s->parallel.tp);
+    if (stage < 0 || stage >= s->parallel.pp)
+        return loom_error_set(e, 422, "OUT_OF_RANGE", "parallel.pp", "stage %d of pp=%d", stage,
+                              s->parallel.pp);
+    struct lay L = {s->parallel.dp,
+                    s->parallel.tp,
+                    s->parallel.pp,
+                    s->parallel.zero_stage,
+                    s->train.offload_optimizer,
+                    s->train.micro_batch,
+                    JOBSPEC_RECOMPUTE_FULL,
+                    s->train.recompute_budget_gib * GIB};
+    int64_t ga = s->train.global_batch_tokens / ((int64_t)L.mb * s->model.seq_len * s->parallel.dp);
+    struct planner_mem m;
+    stage_mem(&x, &f, &L, ga, stage, &m);
+    *keep = m.keep;
+    *floor_gib = m.budget_floor / GIB;
+    if (m.budget_floor > L.budget)
+        return loom_error_set(e, 422, "RECOMPUTE_BUDGET_TOO_SMALL", "train.recompute.budget_gib",
+                              "train.recompute.budget_gib %.2f is under the %.2f GiB this rank "
+                              "needs with every block recomputed (stage %d)",
+                              s->train.recompute_budget_gib, *floor_gib, stage);
     return 0;
 }
 
@@ -876,6 +975,10 @@ int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c
                 continue;
             if (!facts[tp].tp) tp_facts_init(&facts[tp], mc, tp);
             if (!facts[tp].ok) continue;
+            /* an NF4 base runs with dp and pp only (worker/main.c lora_check,
+             * docs/engine.md "QLoRA") */
+            if (tp > 1 && sp.train.lora.enabled && sp.train.quantize_base == JOBSPEC_QUANT_NF4)
+                continue;
             /* pp runs over the divisors of n_layer (<= 1024), not of the GPU count */
             for (int pp = 1; pp <= mc->n_layer && pp <= w / tp; pp++) {
                 if ((w / tp) % pp || mc->n_layer % pp) continue;
@@ -891,7 +994,8 @@ int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c
                                 if (sp.train.global_batch_tokens % unit) continue;
                                 int64_t ga = sp.train.global_batch_tokens / unit;
                                 if (pp > 1 && ga < pp) continue;
-                                struct lay L = {dp, tp, pp, z, off, mb, (enum jobspec_recompute)rc};
+                                struct lay L = {dp, tp, pp, z, off, mb, (enum jobspec_recompute)rc,
+                                                0};
                                 struct planner_candidate cd;
                                 memset(&cd, 0, sizeof cd);
                                 eval(&x, &facts[tp], &L, &cd.est);
@@ -962,8 +1066,21 @@ static int layout_str(char *buf, size_t n, const struct planner_estimate *est) {
                     jobspec_recompute_name(est->recompute), est->micro_batch);
 }
 
+/* The budget mode's floor on every stage (it does not depend on the GPU):
+ * 422 RECOMPUTE_BUDGET_TOO_SMALL at submit rather than at the worker. */
+static int budget_check(const struct loom_spec *s, struct loom_error *e) {
+    if (s->train.recompute_budget_gib <= 0) return 0;
+    for (int st = 0; st < s->parallel.pp; st++) {
+        int keep;
+        double floor_gib;
+        if (planner_recompute_keep(s, st, &keep, &floor_gib, e) != 0) return -1;
+    }
+    return 0;
+}
+
 int planner_check_fit(const struct loom_spec *s, const struct planner_cluster *c,
                       const struct planner_options *o, struct loom_error *e) {
+    if (budget_check(s, e) != 0) return -1;
     struct planner_estimate est;
     if (planner_estimate(s, c, o, &est, e) != 0) return -1;
     if (est.fits) return 0;
@@ -1044,6 +1161,10 @@ json_t *planner_estimate_to_json(const struct planner_estimate *est) {
         est->pp, "zero_stage", est->zero_stage, "offload_optimizer", est->offload, "recompute",
         jobspec_recompute_name(est->recompute), "micro_batch", est->micro_batch, "grad_accum",
         (json_int_t)est->grad_accum, "gpus", est->world, "nodes", est->nodes);
+    if (est->mem.keep >= 0) /* the budget mode: blocks kept whole on the worst stage */
+        json_object_set_new(layout, "recompute_keep_blocks",
+                            json_pack("{s:i, s:i, s:f}", "kept", est->mem.keep, "of",
+                                      est->mem.layers, "floor_gib", est->mem.budget_floor / GIB));
     json_t *notes = json_array();
     if (est->reason[0]) json_array_append_new(notes, json_string(est->reason));
     for (int i = 0; i < est->n_notes; i++)
@@ -1212,6 +1333,7 @@ static void fleet_summary(const struct loom_spec *s, const struct planner_fleet 
 int planner_fleet_check(const struct loom_spec *s, const struct planner_fleet *f,
                         const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int allow_mixed,
                         struct loom_error *e) {
+    if (budget_check(s, e) != 0) return -1;
     int cpu = s->resources.device == JOBSPEC_DEV_CPU;
     int world = s->parallel.dp * s->parallel.tp * s->parallel.pp, tp = s->parallel.tp;
     int idx[PLANNER_MAX_POOLS], n = planner_fleet_candidates(s, f, types, ntypes, idx);

@@ -93,6 +93,11 @@ struct planner_mem {
     double host_per_node; /* offloaded optimizer state + staging per node */
     double host_per_rank; /* of which one rank's (worker/offload.h: shard * (12 + e)) */
     double host_bytes;    /* the node's host memory */
+    /* train.recompute {"budget_gib": N}: blocks of the stage kept whole (the
+     * rest recomputed in full), the stage's blocks, and the memory with every
+     * block recomputed (the least the budget can be); keep = -1 otherwise */
+    int keep, layers;
+    double budget_floor;
 };
 
 #define PLANNER_MAX_COMM 8
@@ -133,6 +138,16 @@ struct planner_estimate {
     char notes[4][128]; /* warnings: communication share, bubble, offload, ... */
     int n_notes;
 };
+
+/* The budget mode (train.recompute {"budget_gib": N}) for the spec's own
+ * layout and pipeline stage `stage`: *keep = the most blocks of the stage that
+ * can keep every activation (the others recompute in full) with the stage's
+ * memory at most N GiB, as worker/model.c allocates them (model_opts.keep);
+ * *floor_gib = the stage's memory with every block recomputed. Returns 0, or
+ * -1 with *e set (the spec's errors, or 422 RECOMPUTE_BUDGET_TOO_SMALL when
+ * the budget is under the floor). */
+int planner_recompute_keep(const struct loom_spec *s, int stage, int *keep, double *floor_gib,
+                           struct loom_error *e);
 
 /* The offloaded optimizer step (seconds) for a shard of `shard` parameters of
  * element size e (2 bf16, 4 fp32), ranks_per_node ranks sharing the host's

@@ -23,7 +23,7 @@ if(TARGET loom_engine AND TARGET loom-worker)
     add_executable(test_par_equiv ${CMAKE_CURRENT_LIST_DIR}/integration/test_par_equiv.c)
     target_link_libraries(test_par_equiv PRIVATE loom_engine PkgConfig::JANSSON m)
     loom_warnings(test_par_equiv)
-    foreach(part tp pp mix ckpt)
+    foreach(part tp pp mix ckpt budget)
         add_test(NAME integration.par.${part} COMMAND test_par_equiv $<TARGET_FILE:loom-worker> ${part})
         set_tests_properties(integration.par.${part} PROPERTIES LABELS integration TIMEOUT 300
                              SKIP_RETURN_CODE 77)

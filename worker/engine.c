@@ -401,6 +401,11 @@ static float *opt_array(const struct engine *e, enum engine_opt which) {
 /* Frozen: the shard's parameters as fp32 into host dst (the "master"). */
 static void frozen_params_read(struct engine *e, float *dst, size_t off, size_t n) {
     struct backend *b = e->be;
+    if (e->nf4) { /* QLoRA: no window; the views and the NF4 codes (worker/nf4.h) */
+        if (nf4_read(e->nf4, e->shard_off + off, n, dst) != 0)
+            die("engine: out of memory reading %zu NF4 base parameters", n);
+        return;
+    }
     const void *src = engine_params_at(e, e->shard_off + off);
     if (b->dtype == BACKEND_F32) {
         b->download(b->ctx, dst, src, n * sizeof(float));

@@ -39,6 +39,7 @@
 #include "worker/comm/comm.h"
 #include "worker/lora.h"
 #include "worker/model.h"
+#include "worker/nf4.h"
 #include "worker/safetensors.h"
 #include "worker/tp.h"
 
@@ -131,6 +132,9 @@ struct lora {
     /* pipeline slots: [nslots][n] saved products (slot 0: each ad[i].u) */
     void **us;
     int nslots;
+    /* QLoRA's merged export: the adapter values (host fp32 [total]) that
+     * merge_delta adds as nf4_read dequantizes each weight (lora_merge) */
+    float *merge_h;
 };
 
 static uint64_t splitmix(uint64_t *s) {
@@ -188,6 +192,8 @@ void lora_free(struct lora *l) {
         if (l->ad[i].gj == 0) b->free(b->ctx, l->ad[i].u);
     free(l->us);
     free(l->fad);
+    if (e->nf4 && l->merge_h) nf4_set_delta(e->nf4, NULL, NULL);
+    free(l->merge_h);
     e->mem.params -= l->bytes[0];
     e->mem.grads -= l->bytes[1];
     e->mem.optimizer -= l->bytes[2];
@@ -1385,6 +1391,27 @@ out:
     return rc;
 }
 
+/* w[out x in] += (alpha/r) B A of adapter a, B and A from the host values h
+ * (accumulated in double). */
+static void add_delta(const struct lora *l, const struct lora_ad *a, const float *h, float *w) {
+    const float *A = h + a->offA, *B = h + a->offB;
+    for (int o = 0; o < a->out; o++)
+        for (int c = 0; c < a->in; c++) {
+            double acc = 0;
+            for (int j = 0; j < l->r; j++)
+                acc += (double)B[(size_t)o * l->r + j] * A[(size_t)j * a->in + c];
+            w[(size_t)o * a->in + c] += (float)(l->scale * acc);
+        }
+}
+
+/* nf4_set_delta's hook: the adapter of `tensor`, if any, onto its
+ * dequantized weight w. */
+static void merge_delta(void *user, int tensor, float *w) {
+    const struct lora *l = user;
+    for (int i = 0; i < l->n; i++)
+        if (l->ad[i].tensor == tensor) add_delta(l, &l->ad[i], l->merge_h, w);
+}
+
 int lora_merge(struct lora *l) {
     struct engine *e = l->m->e;
     int rc = -1;
@@ -1393,22 +1420,27 @@ int lora_merge(struct lora *l) {
         size_t n = (size_t)l->ad[i].out * l->ad[i].in;
         if (n > maxn) maxn = n;
     }
-    float *w = malloc(maxn * sizeof *w);
+    float *w = NULL;
     float *h = malloc((l->total ? l->total : 1) * sizeof *h);
-    if (!w || !h || get_values(l, h) != 0) goto out;
+    if (!h || get_values(l, h) != 0) goto out;
+    if (e->nf4) {
+        /* QLoRA: an NF4 weight's dequant(base) + (alpha/r) B A is computed as
+         * the exporter reads it (worker/nf4.h nf4_set_delta), not quantized
+         * again; the values stay for that */
+        free(l->merge_h);
+        l->merge_h = h;
+        h = NULL;
+        nf4_set_delta(e->nf4, merge_delta, l);
+    }
+    const float *vals = e->nf4 ? l->merge_h : h;
+    if (!(w = malloc(maxn * sizeof *w))) goto out;
     for (int i = 0; i < l->n; i++) {
         const struct lora_ad *a = &l->ad[i];
         const struct model_tensor *t = &e->layout.t[a->tensor];
-        const float *A = h + a->offA, *B = h + a->offB;
         size_t off = (size_t)t->rank_offset, n = (size_t)a->out * a->in;
+        if (e->nf4 && nf4_is_quantized(e, a->tensor)) continue; /* merge_delta's */
         engine_opt_read(e, ENGINE_OPT_MASTER, w, off - e->shard_off, n);
-        for (int o = 0; o < a->out; o++)
-            for (int c = 0; c < a->in; c++) {
-                double acc = 0;
-                for (int j = 0; j < l->r; j++)
-                    acc += (double)B[(size_t)o * l->r + j] * A[(size_t)j * a->in + c];
-                w[(size_t)o * a->in + c] += (float)(l->scale * acc);
-            }
+        add_delta(l, a, vals, w);
         if (engine_params_from_host(e, off, w, n) != 0) goto out;
     }
     rc = 0;

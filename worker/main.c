@@ -642,17 +642,15 @@ static int lora_check(struct run *r) {
                         "model.init_from names a PEFT adapter but the spec has no train.lora");
         return 0;
     }
-    if (s->train.quantize_base == JOBSPEC_QUANT_NF4 &&
-        (w->o.world != 1 || s->export.hf || w->o.hf.export_hf || w->o.export_path)) {
-        /* the NF4 base (worker/nf4.h) lives on one device, and a merged
-         * export would need the unquantized base */
+    if (s->train.quantize_base == JOBSPEC_QUANT_NF4 && s->parallel.tp > 1) {
+        /* dp and pp quantize whole tensors as one process does (worker/nf4.c
+         * nf4_attach); a tp rank holds shards, whose 64-weight blocks and
+         * scales are not the whole tensor's (docs/engine.md "QLoRA") */
         snprintf(w->err, sizeof w->err,
-                 "train.quantize_base nf4 runs on one device without a merged export; this run "
-                 "has world=%lld and %s",
-                 (long long)w->o.world,
-                 s->export.hf || w->o.hf.export_hf || w->o.export_path
-                     ? "export.hf / --export-hf / --export (use export.lora)"
-                     : "no merged export");
+                 "train.quantize_base nf4 does not run with tensor parallelism (this spec has "
+                 "tp=%d, dp=%d, pp=%d); use dp or pp (parallel.tp=1) for QLoRA on several "
+                 "devices",
+                 s->parallel.tp, s->parallel.dp, s->parallel.pp);
         return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
     }
     /* before the world is joined, so that a refused rank does not leave the
@@ -820,6 +818,23 @@ static int build_engine(struct run *r) {
                                              : rc == JOBSPEC_RECOMPUTE_SELECTIVE
                                                  ? MODEL_RECOMPUTE_SELECTIVE
                                                  : MODEL_RECOMPUTE_NONE};
+    if (s->train.recompute_budget_gib > 0) {
+        /* {"budget_gib": N}: as many blocks of this stage as fit keep every
+         * activation, the others recompute in full (the planner's memory
+         * model, checked against the allocations by unit.api.planner_engine) */
+        int keep = 0;
+        double floor_gib = 0;
+        struct loom_error perr;
+        if (planner_recompute_keep(s, w->e->pp_idx, &keep, &floor_gib, &perr) != 0)
+            return fail(w, LOOM_EXIT_BAD_SPEC, perr.code, perr.message);
+        r->mo.recompute = MODEL_RECOMPUTE_FULL;
+        r->mo.keep = keep;
+        int l0, l1;
+        model_stage_layers(&s->model, s->parallel.pp, w->e->pp_idx, &l0, &l1);
+        log_info("recompute budget %.2f GiB: %d of %d blocks of this stage kept, the rest "
+                 "recomputed (every block recomputed: %.2f GiB)",
+                 s->train.recompute_budget_gib, keep, l1 - l0, floor_gib);
+    }
     w->m = model_new_ex(w->e, &r->mo);
     if (!w->m)
         return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",

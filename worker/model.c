@@ -164,6 +164,10 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
         log_error("model: unknown recompute mode %d", o->recompute);
         return NULL;
     }
+    if (o->keep < 0 || (o->keep > 0 && o->recompute != MODEL_RECOMPUTE_FULL)) {
+        log_error("model: keep=%d needs full recompute (recompute mode %d)", o->keep, o->recompute);
+        return NULL;
+    }
     if (B < 1 || T < 1 || T > c->seq_len) {
         log_error("model: micro-batch B=%d T=%d invalid (seq_len=%d)", B, T, c->seq_len);
         return NULL;
@@ -184,6 +188,7 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     m->L = c->n_layer;
     m->recompute = o->recompute;
     model_stage_layers(&e->cfg, e->pp, e->pp_idx, &m->l0, &m->l1);
+    m->keep = o->keep < m->l1 - m->l0 ? o->keep : m->l1 - m->l0;
     m->first = e->pp_idx == 0;
     m->last = e->pp_idx == e->pp - 1;
     m->blk = calloc((size_t)m->L, sizeof *m->blk);
@@ -231,7 +236,7 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     if ((size_t)(m->NH * m->HD) > wide) wide = (size_t)(m->NH * m->HD);
     struct model_acts *a = m->acts;
     int sel = m->recompute == MODEL_RECOMPUTE_SELECTIVE,
-        full = m->recompute == MODEL_RECOMPUTE_FULL;
+        full = m->recompute == MODEL_RECOMPUTE_FULL && m->keep < m->l1 - m->l0;
     if (sel || full) {
         struct layer_acts *x = &a->rc;
         x->n1 = act_alloc(m, N * C);
@@ -265,7 +270,7 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
         goto oom;
     for (int l = m->l0; l < m->l1; l++) {
         struct layer_acts *x = &a->l[l];
-        if (full) { /* only the block's output is its own */
+        if (full && l - m->l0 >= m->keep) { /* only the block's output is its own */
             *x = a->rc;
             x->r2 = act_alloc(m, N * C);
             if (!x->r2) goto oom;
@@ -682,7 +687,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, l);
         nf4_layer(e->nf4, l); /* QLoRA: block l's weights into the scratch (NULL: none) */
         /* Recompute what was not kept (same kernels, same inputs: same bits). */
-        if (m->recompute == MODEL_RECOMPUTE_FULL) {
+        if (m->recompute == MODEL_RECOMPUTE_FULL && l - m->l0 >= m->keep) {
             block_fwd(m, l, x);
         } else if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {
             norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);

@@ -47,6 +47,10 @@ struct model_opts {
     int B, T;      /* micro-batch shape */
     int threads;   /* CPU backend threads (0: default) */
     int recompute; /* enum model_recompute */
+    /* with MODEL_RECOMPUTE_FULL: the first `keep` blocks of this stage keep
+     * every activation (not recomputed), the rest recompute (the budget mode,
+     * train.recompute {"budget_gib": N}; 0: every block recomputes) */
+    int keep;
 };
 
 struct model {
@@ -66,6 +70,7 @@ struct model {
      * stays the whole vocabulary). */
     int l0, l1, first, last;
     int recompute;       /* enum model_recompute */
+    int keep;            /* with full recompute: blocks [l0, l0 + keep) are not recomputed */
     struct tp_state *tp; /* NULL when tp == 1 */
     /* LoRA adapters (worker/lora.h; not owned), NULL without. When set, the
      * base tensors are frozen: the backward computes no gradient for them. */

@@ -135,6 +135,9 @@ struct nf4 {
     struct engine *e;
     struct nf4_t *t;
     int nt;
+    /* nf4_set_delta: added to a weight as nf4_read dequantizes it (NULL: none) */
+    void (*delta)(void *user, int tensor, float *w);
+    void *delta_user;
     int *of;       /* [layout.n]: index into t, or -1 */
     void *scratch; /* compute dtype: one block's linear weights */
     void *rest;    /* compute dtype: every other tensor, in layout order */
@@ -167,6 +170,12 @@ void nf4_free(struct nf4 *q) {
     free(q);
 }
 
+/* 1 when this rank uses tensor i: every tensor, or with pp its stage's
+ * (the last stage's copy of a tied embedding included). */
+static int nf4_on_stage(const struct engine *e, int i) {
+    return e->pp <= 1 || model_tensor_on_stage(&e->cfg, &e->layout.t[i], e->pp, e->pp_idx);
+}
+
 int nf4_attach(struct engine *e, char *err, size_t errlen) {
     struct backend *b = e->be;
     if (!b->nf4_dequant) {
@@ -174,11 +183,15 @@ int nf4_attach(struct engine *e, char *err, size_t errlen) {
                  b->name);
         return -1;
     }
-    if (e->world != 1 || !e->frozen || e->p_hi > e->p_lo) {
+    /* dp: every rank holds the whole base, quantized as one process does;
+     * pp: a stage its own tensors, whole. tp would quantize shards, whose
+     * blocks and scales differ from the whole tensor's (docs/engine.md
+     * "QLoRA"). */
+    if (e->tp != 1 || !e->frozen || e->p_hi > e->p_lo) {
         snprintf(err, errlen,
-                 "train.quantize_base nf4 runs on one device with a frozen base (world=%d, "
-                 "frozen=%d, resident params %zu)",
-                 e->world, e->frozen, e->p_hi - e->p_lo);
+                 "train.quantize_base nf4 needs tp=1 and a frozen base (tp=%d, frozen=%d, "
+                 "resident params %zu)",
+                 e->tp, e->frozen, e->p_hi - e->p_lo);
         return -1;
     }
     struct nf4 *q = calloc(1, sizeof *q);
@@ -194,6 +207,7 @@ int nf4_attach(struct engine *e, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         const struct model_tensor *t = &e->layout.t[i];
         q->of[i] = -1;
+        if (!nf4_on_stage(e, i)) continue; /* pp: another stage's (no view) */
         if (!nf4_is_quantized(e, i)) {
             rest += (size_t)t->rank_numel;
             continue;
@@ -228,6 +242,7 @@ int nf4_attach(struct engine *e, char *err, size_t errlen) {
     layer = -2;
     for (int i = 0; i < n; i++) {
         const struct model_tensor *t = &e->layout.t[i];
+        if (!nf4_on_stage(e, i)) continue;
         if (q->of[i] < 0) {
             e->pview[i] = backend_at(b, q->rest, ro);
             ro += (size_t)t->rank_numel;
@@ -316,6 +331,75 @@ void nf4_layer(struct nf4 *q, int layer) {
             b->nf4_dequant(b->ctx, e->pview[t->tensor], t->dev, t->n);
     }
     q->loaded = layer;
+}
+
+/* ---- reading the base back (exports) ---- */
+
+/* Tensor t's values as fp32 into host dst[t->n]: the codes dequantized on
+ * the host (nf4_dequantize: the values the cpu backend computes with; the
+ * cuda kernel rounds these to bf16), plus the delta hook's. 0 or -1. */
+static int read_quantized(struct nf4 *q, const struct nf4_t *t, float *dst) {
+    struct backend *b = q->e->be;
+    size_t nb = nf4_bytes(t->n);
+    uint8_t *h = malloc(nb);
+    if (!h) return -1;
+    b->download(b->ctx, h, t->dev, nb);
+    nf4_dequantize(h, t->n, dst);
+    free(h);
+    if (q->delta) q->delta(q->delta_user, t->tensor, dst);
+    return 0;
+}
+
+/* A compute-dtype device tensor src[n] as fp32 into host dst (bf16: in
+ * slices through a small fp32 device buffer). 0 or -1. */
+static int read_plain(struct backend *b, const void *src, float *dst, size_t n) {
+    if (b->dtype == BACKEND_F32) {
+        b->download(b->ctx, dst, src, n * sizeof *dst);
+        return 0;
+    }
+    size_t chunk = n < ((size_t)1 << 24) ? n : ((size_t)1 << 24);
+    float *f = b->alloc(b->ctx, (chunk ? chunk : 1) * sizeof *f);
+    if (!f) return -1;
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        b->to_f32(b->ctx, f, backend_at(b, src, i), k);
+        b->download(b->ctx, dst + i, f, k * sizeof *dst);
+    }
+    b->free(b->ctx, f);
+    return 0;
+}
+
+int nf4_read(struct nf4 *q, size_t off, size_t n, float *dst) {
+    struct engine *e = q->e;
+    struct backend *b = e->be;
+    float *v = NULL;
+    size_t vn = 0;
+    int rc = -1;
+    memset(dst, 0, n * sizeof *dst); /* tensors of other stages: zeros */
+    for (int i = 0; i < e->layout.n; i++) {
+        const struct model_tensor *mt = &e->layout.t[i];
+        size_t lo = (size_t)mt->rank_offset, tn = (size_t)mt->rank_numel;
+        size_t a = off > lo ? off : lo, z = off + n < lo + tn ? off + n : lo + tn;
+        if (z <= a || (q->of[i] < 0 && !e->pview[i])) continue;
+        if (tn > vn) { /* one tensor's values at a time */
+            free(v);
+            if (!(v = malloc(tn * sizeof *v))) goto out;
+            vn = tn;
+        }
+        if ((q->of[i] >= 0 ? read_quantized(q, &q->t[q->of[i]], v)
+                           : read_plain(b, e->pview[i], v, tn)) != 0)
+            goto out;
+        memcpy(dst + (a - off), v + (a - lo), (z - a) * sizeof *dst);
+    }
+    rc = 0;
+out:
+    free(v);
+    return rc;
+}
+
+void nf4_set_delta(struct nf4 *q, void (*fn)(void *user, int tensor, float *w), void *user) {
+    q->delta = fn;
+    q->delta_user = user;
 }
 
 void nf4_stats(const struct nf4 *q, int *tensors, size_t *weights, size_t *bytes) {

@@ -8,7 +8,9 @@
  *
  * Engine storage (train.quantize_base "nf4" with train.lora): nf4_attach
  * over an engine made with engine_place.frozen and windows_later (no
- * resident params window) and one rank gives every tensor a view: the
+ * resident params window) and tp = 1 gives every tensor of the rank a view
+ * (dp: every tensor, each rank quantizing the whole base as one process
+ * does; pp: the stage's tensors, whole, the others none): the
  * block linear weights ("model.layers.N.*_proj.weight", gpt2's c_attn /
  * c_proj / c_fc weights) a slot in one scratch of a block's linear weights,
  * every other tensor (embeddings, norms, biases, lm_head) its own
@@ -51,6 +53,21 @@ void nf4_free(struct nf4 *q); /* NULL ok */
 /* engine_params_from_host's hook: the quantized tensors meeting flat range
  * [off, off + n) of src (elt bytes a value: 4 fp32, 2 bf16). 0 or -1. */
 int nf4_put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt);
+
+/* Flat range [off, off + n) of this rank's base as fp32 into host dst, for
+ * the exports (engine_opt_read of the frozen "master"): a quantized tensor
+ * dequantized from its codes (the NF4 base, not the weights it was made
+ * from) plus what the delta hook adds; every other tensor from its buffer;
+ * tensors this rank does not hold (another pp stage's) as zeros. 0 or -1
+ * (out of memory). */
+int nf4_read(struct nf4 *q, size_t off, size_t n, float *dst);
+
+/* The merged export (lora_merge): from now on nf4_read passes each NF4
+ * tensor's dequantized weights (fp32 [rank_numel]) with the tensor's index
+ * to fn, which adds (alpha/r) B A in place; NULL fn: none. The codes, which training
+ * used, stay as they were, and no merged copy of the base is kept: each
+ * weight is merged as the exporter reads it. */
+void nf4_set_delta(struct nf4 *q, void (*fn)(void *user, int tensor, float *w), void *user);
 
 /* Block `layer`'s linear weights dequantized into the scratch (their
  * views), unless the scratch holds them already. */

@@ -153,7 +153,8 @@ static int ensure_slots(struct pp *p, int n) {
     if (!ns) return -1;
     p->slot = ns;
     for (int i = p->nslots; i < n; i++) {
-        struct model_opts mo = {.B = m0->B, .T = m0->T, .threads = 0, .recompute = m0->recompute};
+        struct model_opts mo = {
+            .B = m0->B, .T = m0->T, .threads = 0, .recompute = m0->recompute, .keep = m0->keep};
         p->slot[i] = model_new_ex(p->e, &mo);
         if (!p->slot[i]) return -1;
         p->slot[i]->lora = m0->lora; /* shared adapters, a set of saved products per slot */

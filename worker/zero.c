@@ -694,9 +694,12 @@ struct zero *zero_new(struct engine *e, struct comm *dp, int stage, char *err, s
     if (e->frozen) { /* LoRA: the base never changes, so none of it travels; the adapters
                       * synchronise themselves (worker/lora.c) over zero_dp_comm */
         z->stage = 0;
-        if (engine_set_windows(e, z->lo, z->hi, 0, 0) != 0 ||
+        /* an NF4 base (QLoRA) has no window: nf4_attach gave every tensor
+         * of the stage a view, the tied copy included (worker/nf4.h) */
+        int window = !e->nf4;
+        if ((window && engine_set_windows(e, z->lo, z->hi, 0, 0) != 0) ||
             engine_set_shard(e, z->lo, z->hi - z->lo) != 0 ||
-            (e->pp > 1 && frozen_extras(z) != 0)) {
+            (window && e->pp > 1 && frozen_extras(z) != 0)) {
             snprintf(err, errlen, "zero: out of memory for the frozen parameters");
             zero_free(z);
             return NULL;

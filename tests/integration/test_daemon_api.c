@@ -636,6 +636,9 @@ static void test_finetune_fields(void) {
         {"\"train\":{\"steps\":100},\"array\":{\"train.warmup_steps\":[1,500]}%.0s%.0s", 422,
          "WARMUP_TOO_LONG", "train.warmup_steps"},
         {"\"array\":{\"train.lrr\":[1]}%.0s%.0s", 422, "INVALID_ARRAY_KEY", "array.train.lrr"},
+        /* GPT-2 124M needs GiBs with every block recomputed: 0.001 is refused */
+        {"\"train\":{\"recompute\":{\"budget_gib\":0.001}}%.0s%.0s", 422,
+         "RECOMPUTE_BUDGET_TOO_SMALL", "train.recompute.budget_gib"},
         {"\"data\":{\"train\":\"/x/a.bin\",\"format\":\"csv\"}%.0s%.0s", 422, "INVALID_VALUE",
          "data.format"},
     };

@@ -31,7 +31,9 @@
 
 #include <jansson.h>
 
+#include "api/jobspec.h"
 #include "api/model.h"
+#include "api/planner.h"
 #include "worker/data.h"
 #include "worker/safetensors.h"
 #include "tests/integration/equiv_harness.h"
@@ -58,6 +60,10 @@ struct layout {
     int recompute;     /* 0 none, 1 selective, 2 full */
     int pp_balance;    /* parallel.pp_balance: blocks split by work, not n_layer/pp */
 };
+
+/* > 0: the next spec written has train.recompute {"budget_gib": N} instead
+ * of the layout's `recompute` (budget()) */
+static double spec_budget_gib;
 
 struct run {
     int ok, steps_seen;
@@ -87,6 +93,14 @@ static void model_cfg(int llama, int layers, int pp_balance, struct model_config
 static void write_spec(const char *path, const struct layout *l) {
     struct model_config c;
     model_cfg(l->llama, l->layers, l->pp_balance, &c);
+    char rc[64];
+    if (spec_budget_gib > 0)
+        snprintf(rc, sizeof rc, "{\"budget_gib\":%.12g}", spec_budget_gib);
+    else
+        snprintf(rc, sizeof rc, "\"%s\"",
+                 l->recompute == 2   ? "full"
+                 : l->recompute == 1 ? "selective"
+                                     : "none");
     FILE *f = fopen(path, "w");
     if (!f) return;
     fprintf(f,
@@ -97,16 +111,13 @@ static void write_spec(const char *path, const struct layout *l) {
             "\"train\":{\"steps\":%d,\"global_batch_tokens\":%d,\"micro_batch\":%d,"
             "\"lr\":0.003,\"min_lr\":0.0003,\"warmup_steps\":3,\"weight_decay\":0.1,"
             "\"grad_clip\":0.5,\"seed\":7,\"eval_every\":%d,\"eval_batches\":2,"
-            "\"recompute\":\"%s\"},"
+            "\"recompute\":%s},"
             "\"checkpoint\":{\"every_steps\":%d,\"keep\":5},"
             "\"resources\":{\"device\":\"cpu\"}}",
             l->llama ? "llama" : "gpt2", c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff,
             c.vocab_size, SEQ, dir, dir, l->dp, l->tp, l->pp, l->zero,
             l->pp_balance ? "true" : "false", STEPS, l->micro_total * MICRO * SEQ, MICRO, STEPS / 2,
-            l->recompute == 2   ? "full"
-            : l->recompute == 1 ? "selective"
-                                : "none",
-            STEPS / 2);
+            rc, STEPS / 2);
     fclose(f);
 }
 
@@ -379,9 +390,80 @@ static void checkpoints(void) {
     }
 }
 
+/* The planner's memory (the worst stage, bytes) of a layout's spec. */
+static double planned_total(const struct layout *l) {
+    char spec[512];
+    snprintf(spec, sizeof spec, "%s/%s.plan.json", dir, l->tag);
+    write_spec(spec, l);
+    FILE *f = fopen(spec, "r");
+    char text[4096];
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[n] = 0;
+    struct loom_spec s;
+    struct loom_error err;
+    struct planner_estimate est;
+    if (jobspec_parse_text(&s, text, n, JOBSPEC_FOR_PLAN, &err) != 0 ||
+        planner_estimate(&s, NULL, NULL, &est, &err) != 0) {
+        CHECK(0, "%s: planner: %s %s", l->tag, err.code, err.message);
+        return 0;
+    }
+    return est.mem.total;
+}
+
+/* train.recompute {"budget_gib": N} (the worker asks the planner how many
+ * blocks keep their activations, the rest recompute): a budget halfway
+ * between every block recomputed and none trains the same curve as no
+ * recompute, with activations between the two. */
+static void budget(void) {
+    for (int fam = 0; fam < 2; fam++) {
+        for (int pp = 1; pp <= 2; pp++) {
+            char tn[48], tf[48], tb[48];
+            const char *f = fam ? "llama" : "gpt2";
+            snprintf(tn, sizeof tn, "%s.pp%d.rc-none", f, pp);
+            snprintf(tf, sizeof tf, "%s.pp%d.rc-full", f, pp);
+            snprintf(tb, sizeof tb, "%s.pp%d.rc-budget", f, pp);
+            struct layout none = {tn, fam, 1, 1, pp, 0, "1f1b", 4, 8, 0, 0};
+            struct layout full = none, bud = none;
+            full.tag = tf;
+            full.recompute = 2;
+            bud.tag = tb;
+            double lo = planned_total(&full), hi = planned_total(&none);
+            CHECK(lo > 0 && hi > lo, "%s: planned %.0f (full) and %.0f (none) bytes", tb, lo, hi);
+            double gib = (lo + hi) / 2 / (1024.0 * 1024.0 * 1024.0);
+            struct run rn, rf, rb;
+            train(&none, &rn, NULL, 0);
+            train(&full, &rf, NULL, 0);
+            spec_budget_gib = gib;
+            train(&bud, &rb, NULL, 0);
+            spec_budget_gib = 0;
+            CHECK(rb.steps_seen == STEPS && rn.steps_seen == STEPS, "%s: %d and %d steps", tb,
+                  rb.steps_seen, rn.steps_seen);
+            if (rb.steps_seen != STEPS || rn.steps_seen != STEPS) continue;
+            compare(tb, &rb, &rn, 1, STEPS, 1);
+            for (int s = 1; pp == 1 && s <= STEPS; s++)
+                CHECK(rb.loss[s] == rn.loss[s], "%s step %d: loss %.17g, without recompute %.17g",
+                      tb, s, rb.loss[s], rn.loss[s]);
+            double an = rn.mem[3], af = rf.mem[3], ab = rb.mem[3];
+            fprintf(stderr, "%-22s budget %.6f GiB: activations %.6f GiB (full %.6f, none %.6f)\n",
+                    tb, gib, ab, af, an);
+            if (pp == 1)
+                CHECK(ab > af && ab < an,
+                      "%s: activations %.9g GiB not between full %.9g and none "
+                      "%.9g",
+                      tb, ab, af, an);
+            else
+                CHECK(ab >= af && ab <= an,
+                      "%s: activations %.9g GiB outside full %.9g .. none "
+                      "%.9g",
+                      tb, ab, af, an);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: test_par_equiv LOOM_WORKER tp|pp|mix|ckpt\n");
+        fprintf(stderr, "usage: test_par_equiv LOOM_WORKER tp|pp|mix|ckpt|budget\n");
         return 2;
     }
 #ifndef LOOM_HAVE_GLOO
@@ -402,6 +484,8 @@ int main(int argc, char **argv) {
         equivalence(mix_part, sizeof mix_part / sizeof *mix_part);
     else if (strcmp(argv[2], "ckpt") == 0)
         checkpoints();
+    else if (strcmp(argv[2], "budget") == 0)
+        budget();
     else
         return 2;
     if (!check_failures) {

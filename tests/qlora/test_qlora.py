@@ -14,7 +14,8 @@
    real loom-worker on cpu: its loss curve equals a torch float64 reference (llama
    forward of tests/hf/ref_forward.py, LoRA, AdamW with clipping) run over the base with
    its block linear weights quantized and dequantized by the numpy reference, within
-   1e-5 relative; the planner's params equal the allocated params; refusals.
+   1e-5 relative; the planner's params equal the allocated params; the tp refusal
+   (dp, pp and the merged export: tests/lora/test_qlora_par.py).
 """
 import json
 import math
@@ -327,9 +328,8 @@ def qlora_run(tmp):
     check(os.path.exists(os.path.join(tmp, "run", "export", "lora", "adapter_model.safetensors")),
           "the adapter is exported (export.lora)")
 
-    # refusals: a merged export, more than one process
-    for what, kw, extra in (("export.hf", {"export": {"hf": True}}, []),
-                            ("dp=2", {"parallel": {"dp": 2}}, ["--nproc", "2"])):
+    # refusals: tensor parallelism (dp, pp and the merged export: tests/lora/test_qlora_par.py)
+    for what, kw, extra in (("tp=2", {"parallel": {"tp": 2}}, ["--nproc", "2"]),):
         spr = os.path.join(tmp, "refuse.json")
         spec(spr, hf, data, steps=1, **kw)
         run = os.path.join(tmp, "run-refused-" + what)

@@ -60,14 +60,14 @@ struct result {
     size_t n, act_bytes;
 };
 
-static int train(enum model_family f, int mode, struct result *res) {
+static int train(enum model_family f, int mode, int keep, struct result *res) {
     struct model_config c = config(f);
     struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
     struct src s = {.B = 2, .T = c.seq_len, .V = c.vocab_size, .grad_accum = 2};
     struct engine *e = engine_new(&c, &p, backend_cpu_new(1));
     if (!e) return -1;
     size_t before = e->mem.activations;
-    struct model_opts mo = {.B = s.B, .T = s.T, .threads = 1, .recompute = mode};
+    struct model_opts mo = {.B = s.B, .T = s.T, .threads = 1, .recompute = mode, .keep = keep};
     struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 7) != 0) return -1;
     res->act_bytes = e->mem.activations - before;
@@ -104,8 +104,9 @@ static int train(enum model_family f, int mode, struct result *res) {
     return 0;
 }
 
-/* Activation bytes of one model (fp32, worker/model.h recompute modes). */
-static size_t expected_acts(enum model_family f, int mode, int B) {
+/* Activation bytes of one model (fp32, worker/model.h recompute modes; keep:
+ * with full recompute, the blocks that keep every activation). */
+static size_t expected_acts(enum model_family f, int mode, int keep, int B) {
     struct model_config c = config(f);
     size_t T = (size_t)c.seq_len, N = (size_t)B * T, C = (size_t)c.d_model, L = (size_t)c.n_layer;
     size_t HD = C / (size_t)c.n_head, QKV = ((size_t)c.n_head + 2 * (size_t)c.n_kv_head) * HD;
@@ -123,8 +124,9 @@ static size_t expected_acts(enum model_family f, int mode, int B) {
         return fixed + L * block;
     case MODEL_RECOMPUTE_SELECTIVE: /* n1 = n2 and fca shared */
         return fixed + L * (block - 4 * N * (2 * C + F)) + 4 * N * (C + F);
-    default: /* each block keeps r2; one block's worth (but r2) shared */
-        return fixed + L * 4 * N * C + block - 4 * N * C;
+    default: /* each recomputed block keeps r2; one block's worth (but r2) shared */
+        if ((size_t)keep >= L) return fixed + L * block;
+        return fixed + (size_t)keep * block + (L - (size_t)keep) * 4 * N * C + block - 4 * N * C;
     }
 }
 
@@ -134,10 +136,10 @@ static void test_recompute(void) {
         struct result r[3];
         memset(r, 0, sizeof r);
         for (int mode = 0; mode < 3; mode++) {
-            int rc = train((enum model_family)f, mode, &r[mode]);
+            int rc = train((enum model_family)f, mode, 0, &r[mode]);
             CHECK(rc == 0, "family %d recompute %s: training failed", f, names[mode]);
             if (rc != 0) return;
-            size_t want = expected_acts((enum model_family)f, mode, 2);
+            size_t want = expected_acts((enum model_family)f, mode, 0, 2);
             CHECK(r[mode].act_bytes == want, "family %d %s: activations %zu bytes, formula %zu", f,
                   names[mode], r[mode].act_bytes, want);
             printf("family %s recompute %-9s activations %7zu bytes, final loss %.9f\n",
@@ -158,6 +160,40 @@ static void test_recompute(void) {
         }
         CHECK(r[0].loss[STEPS - 1] < r[0].loss[0], "loss did not fall: %g -> %g", r[0].loss[0],
               r[0].loss[STEPS - 1]);
+        /* The budget mode's mix (full recompute, the first `keep` of the 3
+         * blocks not recomputed): same bits, memory between full and none. */
+        size_t last_bytes = r[2].act_bytes;
+        for (int keep = 1; keep <= 4; keep++) {
+            struct result k;
+            memset(&k, 0, sizeof k);
+            int rc = train((enum model_family)f, MODEL_RECOMPUTE_FULL, keep, &k);
+            CHECK(rc == 0, "family %d full recompute keep %d: training failed", f, keep);
+            if (rc != 0) return;
+            size_t want = expected_acts((enum model_family)f, MODEL_RECOMPUTE_FULL, keep, 2);
+            CHECK(k.act_bytes == want, "family %d keep %d: activations %zu bytes, formula %zu", f,
+                  keep, k.act_bytes, want);
+            /* keeping L-1 of L blocks costs what none does (the shared
+             * buffers are one block's worth): the budget mode never picks it */
+            if (keep < 2)
+                CHECK(k.act_bytes > last_bytes && k.act_bytes < r[0].act_bytes,
+                      "family %d keep %d: activations %zu not between keep %d's %zu and none's %zu",
+                      f, keep, k.act_bytes, keep - 1, last_bytes, r[0].act_bytes);
+            else
+                CHECK(k.act_bytes == r[0].act_bytes, "family %d keep %d: %zu, none's %zu", f, keep,
+                      k.act_bytes, r[0].act_bytes);
+            last_bytes = k.act_bytes;
+            printf("family %s full recompute keep %d activations %7zu bytes\n",
+                   f ? "llama" : "gpt2", keep, k.act_bytes);
+            for (int i = 0; i < STEPS; i++) {
+                CHECK(k.loss[i] == r[0].loss[i], "family %d keep %d step %d: loss %.17g vs %.17g",
+                      f, keep, i, k.loss[i], r[0].loss[i]);
+                CHECK(k.norm[i] == r[0].norm[i], "family %d keep %d step %d: norm %.17g vs %.17g",
+                      f, keep, i, k.norm[i], r[0].norm[i]);
+            }
+            CHECK(memcmp(k.params, r[0].params, r[0].n * sizeof(float)) == 0,
+                  "family %d keep %d: final weights differ from none", f, keep);
+            free(k.params);
+        }
         for (int mode = 0; mode < 3; mode++)
             free(r[mode].params);
     }

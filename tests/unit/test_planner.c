@@ -419,6 +419,55 @@ static void test_lora_8b(void) {
     CHECK_NEAR(z1.mem.grads, A * 2 + ceil(A / 2) * 2, 1);
 }
 
+/* ---- QLoRA over pp and dp: a stage's NF4 tensors, a dp rank's whole base ---- */
+static void test_qlora_70b_layouts(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate one, pp2, dp2;
+    struct loom_error e;
+    const char *base = "{'model':{'family':'llama','preset':'70b','seq_len':2048},%s"
+                       "'train':{'micro_batch':1,'global_batch_tokens':%d,'recompute':'full',"
+                       "'lora':{'rank':16,'alpha':32},'quantize_base':'nf4'}}";
+    char spec[640];
+    snprintf(spec, sizeof spec, base, "", 2048);
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &one, &e) == 0);
+    snprintf(spec, sizeof spec, base, "'parallel':{'pp':2},", 4096);
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &pp2, &e) == 0);
+    snprintf(spec, sizeof spec, base, "'parallel':{'dp':2},", 4096);
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &dp2, &e) == 0);
+    /* by hand: Llama 2 70B (C 8192, kv 1024, F 28672, V 32000, 80 blocks); every linear
+     * weight fills whole 64- and 256-blocks, so nf4_bytes(n) = n/2 + n/64 + 4n/16384 + 4 +
+     * 1024 (worker/nf4_format.h); pp 2: 40 blocks a stage, stage 0 the embedding, stage 1
+     * the final norm and lm_head; rank-16 adapters on the 7 projections, padded to 64 */
+    double r = 16, C = 8192, KV = 1024, F = 28672, V = 32000;
+    double mm = 2 * C * C + 2 * C * KV + 3 * C * F, lp = mm + 2 * C;
+    double q4 = mm * (0.5 + 1.0 / 64 + 4.0 / 16384) + 7 * (4 + 1024);
+    double per =
+        pad64(r * C) * 6 + pad64(r * F) + pad64(C * r) * 3 + pad64(KV * r) * 2 + pad64(F * r) * 2;
+    double P = 40 * lp + (pp2.mem.worst_stage == 0 ? V * C : V * C + C);
+    double want = 40 * q4 + (P - 40 * mm) * 2 + mm * 2 + 2 + 40 * per * 2;
+    CHECK_NEAR(pp2.mem.params, want, 1);
+    /* dp: every rank holds the whole NF4 base (the same params as one device) */
+    CHECK_NEAR(dp2.mem.params, one.mem.params, 1);
+    CHECK(pp2.mem.params < 0.55 * one.mem.params && one.fits && pp2.fits);
+    /* the recommendations for QLoRA on a node of 8 never use tp (the worker refuses it) */
+    snprintf(spec, sizeof spec, base, "", 8 * 2048);
+    CHECK(load(spec, NULL, &s, &c) == 0);
+    struct planner_candidate *list;
+    int n = 0, tp_used = 0, fit = 0;
+    CHECK(planner_recommend(&s, &c, NULL, &list, &n, &e) == 0);
+    for (int i = 0; i < n; i++) {
+        tp_used += list[i].est.tp > 1;
+        fit += list[i].est.fits;
+    }
+    CHECK(n > 0 && fit > 0 && tp_used == 0);
+    free(list);
+    printf("70b qlora nf4 r16 on H200: one device %.1f GiB (params %.1f), pp2 %.1f GiB a GPU "
+           "(params %.1f, stage %d), dp2 %.1f GiB a GPU\n",
+           one.mem.total / GIB, one.mem.params / GIB, pp2.mem.total / GIB, pp2.mem.params / GIB,
+           pp2.mem.worst_stage, dp2.mem.total / GIB);
+}
+
 /* ---- dp2 ZeRO-0 on one node: the copy-engine receive area ---- */
 static void test_pair_area(void) {
     struct loom_spec s;
@@ -500,6 +549,55 @@ static void test_classifier_workspace_cpu(void) {
     CHECK(load(buf, NULL, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
     CHECK(fabs(a.mem.workspace - b.mem.workspace) < 1);
     CHECK(a.mem.workspace >= 64.0 * 128256 * 4 && a.mem.workspace < 64.0 * 128256 * 4 * 1.5);
+}
+
+/* train.recompute {"budget_gib": N}: the most blocks kept whole that fit N,
+ * between every block recomputed (the floor) and none; under the floor a
+ * clear error at submit. Llama 3.2 1B shape (16 blocks) on an H200. */
+static void test_recompute_budget(void) {
+    struct loom_spec s;
+    struct planner_cluster c;
+    struct planner_estimate none, full, b;
+    struct loom_error e;
+    const char *gpu = "{'nodes':1,'gpus_per_node':1,'gpu':'H200'}";
+    const char *spec = "{'model':{'family':'llama','preset':'1b','seq_len':2048},"
+                       "'train':{'micro_batch':4,'global_batch_tokens':16384,'recompute':%s}}";
+    char buf[512], rc[64];
+    snprintf(buf, sizeof buf, spec, "'none'");
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &none, &e) == 0);
+    snprintf(buf, sizeof buf, spec, "'full'");
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &full, &e) == 0);
+    CHECK(none.mem.keep == -1 && full.mem.keep == -1);
+    CHECK(full.mem.total < none.mem.total);
+    double lo = full.mem.total / GIB, hi = none.mem.total / GIB;
+    /* a budget a third of the way up keeps some blocks, within the budget */
+    snprintf(rc, sizeof rc, "{'budget_gib':%.6f}", lo + (hi - lo) / 3);
+    snprintf(buf, sizeof buf, spec, rc);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    CHECK(b.mem.layers == 16 && b.mem.keep > 0 && b.mem.keep < 15);
+    CHECK(b.mem.total <= (lo + (hi - lo) / 3) * GIB + 1);
+    CHECK(fabs(b.mem.budget_floor - full.mem.total) < 1e-6 * full.mem.total);
+    /* one more kept block would not fit: each costs (none - full) / 15 or so */
+    double per = (none.mem.total - full.mem.total) / 15;
+    CHECK(b.mem.total + per > (lo + (hi - lo) / 3) * GIB);
+    CHECK(b.step_s > none.step_s && b.step_s < full.step_s);
+    int keep;
+    double floor_gib;
+    CHECK(planner_recompute_keep(&s, 0, &keep, &floor_gib, &e) == 0 && keep == b.mem.keep);
+    CHECK(fabs(floor_gib - lo) < 1e-6 * lo);
+    /* the whole model fits: every block kept, the total of no recompute */
+    snprintf(rc, sizeof rc, "{'budget_gib':%.6f}", hi + 1);
+    snprintf(buf, sizeof buf, spec, rc);
+    CHECK(load(buf, gpu, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &b, &e) == 0);
+    CHECK(b.mem.keep == 16 && fabs(b.mem.total - none.mem.total) < 1e-6 * none.mem.total);
+    /* under the floor: refused, naming both numbers */
+    snprintf(rc, sizeof rc, "{'budget_gib':%.6f}", lo / 2);
+    snprintf(buf, sizeof buf, spec, rc);
+    CHECK(load(buf, gpu, &s, &c) == 0);
+    CHECK(planner_recompute_keep(&s, 0, &keep, &floor_gib, &e) != 0);
+    CHECK(!strcmp(e.code, "RECOMPUTE_BUDGET_TOO_SMALL") && strstr(e.message, "budget_gib"));
+    CHECK(planner_check_fit(&s, &c, NULL, &e) != 0 &&
+          !strcmp(e.code, "RECOMPUTE_BUDGET_TOO_SMALL"));
 }
 
 /* ---- pipeline split by work (parallel.pp_balance) ---- */
@@ -836,6 +934,7 @@ static void test_fleet_costs(void) {
 
 int main(void) {
     test_lora_8b();
+    test_qlora_70b_layouts();
     test_fleet_fit();
     test_fleet_cpu_memory();
     test_fleet_costs();
@@ -843,6 +942,7 @@ int main(void) {
     test_pair_area();
     test_cudnn_workspace();
     test_classifier_workspace_cpu();
+    test_recompute_budget();
     test_70b_arithmetic();
     test_bands();
     test_comm_bound();

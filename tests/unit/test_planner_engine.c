@@ -117,6 +117,67 @@ int main(int argc, char **argv) {
         model_free(m);
         engine_free(e);
     }
+    /* recompute: full, and the budget mode ({"budget_gib": N} halfway between
+     * full and none: the planner's keep, allocated by the engine) */
+    static const char *const rc_fam[] = {"gpt2", "llama"};
+    for (int fi = 0; fi < 2; fi++) {
+        for (int budget = 0; budget < 2; budget++) {
+            const char *fmt = "{\"model\":{\"family\":\"%s\",\"preset\":\"mini\",\"seq_len\":"
+                              "128},\"resources\":{\"device\":\"%s\"},\"train\":{\"micro_batch\":2,"
+                              "\"recompute\":%s}}";
+            const char *dev = cuda ? "cuda" : "cpu";
+            char text[512], rcs[64] = "\"full\"";
+            struct loom_spec s;
+            struct loom_error err;
+            struct planner_estimate lo, hi, est;
+            int keep = 0;
+            if (budget) { /* the two ends first */
+                snprintf(text, sizeof text, fmt, rc_fam[fi], dev, "\"full\"");
+                CHECK(jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) == 0 &&
+                      planner_estimate(&s, NULL, NULL, &lo, &err) == 0);
+                snprintf(text, sizeof text, fmt, rc_fam[fi], dev, "\"none\"");
+                CHECK(jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) == 0 &&
+                      planner_estimate(&s, NULL, NULL, &hi, &err) == 0);
+                snprintf(rcs, sizeof rcs, "{\"budget_gib\":%.9f}",
+                         (lo.mem.total + hi.mem.total) / 2 / 1073741824.0);
+            }
+            snprintf(text, sizeof text, fmt, rc_fam[fi], dev, rcs);
+            if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0) {
+                fprintf(stderr, "recompute case: %s %s\n", err.code, err.message);
+                check_failures++;
+                continue;
+            }
+            CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
+            double floor_gib;
+            if (budget) {
+                CHECK(planner_recompute_keep(&s, 0, &keep, &floor_gib, &err) == 0);
+                CHECK(keep > 0 && keep < est.mem.layers);
+            }
+            struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
+            struct backend *be = NULL;
+#ifdef LOOM_HAVE_CUDA
+            if (cuda) be = backend_cuda_new(0);
+#endif
+            if (!cuda) be = backend_cpu_new(1);
+            CHECK(be != NULL);
+            if (!be) continue;
+            struct engine *e = engine_new(&s.model, &p, be);
+            CHECK(e != NULL);
+            if (!e) continue;
+            struct model_opts mo = {
+                .B = 2, .T = 128, .threads = 1, .recompute = MODEL_RECOMPUTE_FULL, .keep = keep};
+            struct model *m = model_new_ex(e, &mo);
+            CHECK(m != NULL);
+            const struct engine_mem *r = &e->mem;
+            printf("%s %-5s mini B=2 T=128 recompute %s (keep %d of %d): activations %zu/%.0f "
+                   "(real/estimate, bytes)\n",
+                   dev, rc_fam[fi], budget ? "budget" : "full", keep, est.mem.layers,
+                   r->activations, est.mem.activations);
+            CHECK(within(est.mem.activations, (double)r->activations, 0.10));
+            model_free(m);
+            engine_free(e);
+        }
+    }
     for (size_t i = 0; i < sizeof lora_cases / sizeof *lora_cases; i++) {
         const struct lora_case *k = &lora_cases[i];
         char text[768];
