@@ -473,6 +473,7 @@ static void start_one(struct agent *a, json_t *v, int64_t now) {
         .comm_host = a->comm.addr,
         .comm_ifname = a->comm.iface,
         .master_addr = json_string_value(json_object_get(v, "master_addr")),
+        .diag = a->cfg->diag,
     };
     if (s.out_dir && *s.out_dir) {
         char tmp[1024];
@@ -617,8 +618,18 @@ static int ship(struct agent *a) {
         if (rc != 0 || status >= 500) return -1;
         if (status != 200) /* Rejected for good (not a transient failure): drop, don't loop. */
             log_warn("metrics batch of %zu rejected (HTTP %ld); dropped", take, status);
-        for (size_t i = 0; i < take; i++)
-            json_array_remove(a->metrics, 0);
+        /* drop the shipped head in one pass (removing index 0 one item at a
+         * time moved the whole queue once per item) */
+        if (take == json_array_size(a->metrics)) {
+            json_array_clear(a->metrics);
+        } else {
+            json_t *rest = json_array();
+            if (!rest) return -1;
+            for (size_t i = take; i < json_array_size(a->metrics); i++)
+                json_array_append(rest, json_array_get(a->metrics, i));
+            json_decref(a->metrics);
+            a->metrics = rest;
+        }
     }
     for (struct task *t = a->tasks; t; t = t->next) {
         for (int s = 0; s < 2; s++) {

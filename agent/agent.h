@@ -31,6 +31,7 @@ struct agent_config {
     struct agent_cred *cred; /* set by agent_run for its threads (agent_cred_apply) */
     double cpu_peak_gflops;  /* cpu devices' peak for MFU (agent/cpupeak.h); 0: measure it */
     double token_cache_max_gib; /* loom-stage's token cache cap (LOOM_TOKEN_CACHE_MAX_GIB) */
+    int diag; /* diagnosis sampling in the workers (LOOM_RANK_STEPS=1; 0: LOOM_DIAG=0) */
 };
 
 struct client;

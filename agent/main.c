@@ -59,6 +59,10 @@ static const struct config_entry table[] = {
      "address workers listen on (default: this end of the connection to loomd)"},
     {"cpu-peak-gflops", CONFIG_DOUBLE, C(cpu_peak_gflops), "0", 0, 1e7,
      "fp32 peak GFLOP/s of one cpu device, for MFU (0: measure it at start, about 0.5 s)"},
+    {"diag", CONFIG_BOOL, C(diag), "true", 1, 0,
+     "diagnosis sampling: every rank of a job reports its step timing (LOOM_RANK_STEPS=1 to the "
+     "workers); false: the workers get LOOM_DIAG=0 (no rank_step lines, no timing sync), for "
+     "A/B runs"},
     {"token-cache-max-gib", CONFIG_DOUBLE, C(token_cache_max_gib), "50", 0, 1e9,
      "size cap of the staging step's token cache (LOOM_STAGE_DIR/tokens): least recently used "
      "entries no job is using are evicted past it; 0: no cap"},

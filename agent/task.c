@@ -100,16 +100,17 @@ static struct task *task_alloc(const char *work_dir, const char *job, int attemp
     return t;
 }
 
-/* Contract variables the agent sets: 9 always, 5 comm and timing, OMP_NUM_THREADS,
+/* Contract variables the agent sets: 9 always, 6 comm and timing, OMP_NUM_THREADS,
  * LOOM_CPU_PEAK_GFLOPS. */
-#define TASK_ENV_VARS 17
+#define TASK_ENV_VARS 18
 
 static int is_contract_var(const char *e) {
     static const char *const names[] = {
         "LOOM_JOB=",         "LOOM_ATTEMPT=",    "LOOM_RANK=",        "LOOM_WORLD=",
         "LOOM_LOCAL_RANK=",  "LOOM_RDZV=",       "LOOM_RDZV_TOKEN=",  "CUDA_VISIBLE_DEVICES=",
         "NCCL_NVLS_ENABLE=", "LOOM_JOIN_TOKEN=", "LOOM_TOKEN=",       "LOOM_ADMIN_TOKEN=",
-        "LOOM_COMM_HOST=",   "LOOM_COMM_IFACE=", "LOOM_MASTER_ADDR=", "LOOM_RANK_STEPS="};
+        "LOOM_COMM_HOST=",   "LOOM_COMM_IFACE=", "LOOM_MASTER_ADDR=", "LOOM_RANK_STEPS=",
+        "LOOM_DIAG="};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strncmp(e, names[i], strlen(names[i]))) return 1;
     return !strncmp(e, "LOOM_CPU_PEAK_GFLOPS=", 21); /* agent/cpupeak.h */
@@ -157,8 +158,10 @@ static char **task_env(const struct task_spec *s, char *vars[TASK_ENV_VARS]) {
         {cuda && s->comm_ifname && *s->comm_ifname && !(user_nccl && *user_nccl),
          "NCCL_SOCKET_IFNAME==%s", s->comm_ifname},
         {s->master_addr && *s->master_addr, "LOOM_MASTER_ADDR=%s", s->master_addr},
-        /* every rank reports its step timing (loomd's straggler diagnosis) */
-        {1, "LOOM_RANK_STEPS=%s", "1"},
+        /* every rank reports its step timing (loomd's straggler diagnosis),
+         * unless diagnosis sampling is off (A/B runs, docs/perf.md) */
+        {s->diag, "LOOM_RANK_STEPS=%s", "1"},
+        {!s->diag, "LOOM_DIAG=%s", "0"},
     };
     for (size_t i = 0; i < sizeof comm / sizeof *comm; i++) {
         if (!comm[i].on) continue;

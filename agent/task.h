@@ -60,6 +60,9 @@ struct task_spec {
      * the agent's environment has one; LOOM_MASTER_ADDR, rank 0's advertised
      * address as loomd gave it. */
     const char *comm_iface, *comm_host, *comm_ifname, *master_addr;
+    /* Diagnosis sampling (agent config diag): 1 sets LOOM_RANK_STEPS=1 (every
+     * rank reports its step timing), 0 sets LOOM_DIAG=0 (worker/tuning.c). */
+    int diag;
 };
 
 /* Path of the task directory for (job, attempt, rank) under work_dir. */

@@ -458,6 +458,8 @@ struct metric_rows {
     json_t *items; /* borrowed */
     int64_t now;
     json_t *notes; /* borrowed: diagnosis findings {job, attempt, reason, code, rank, node, step} */
+    const unsigned char *drop; /* per item: 1 leaves a rank_step record out of the store
+                                * (diag_series_keep); NULL: keep all */
 };
 
 /* Rank 0's checkpoint and export records become events (daemon/events.h),
@@ -519,6 +521,7 @@ static int insert_metrics(struct store_tx *tx, void *arg) {
     size_t i;
     json_t *it;
     json_array_foreach(m->items, i, it) {
+        if (m->drop && m->drop[i]) continue;
         json_t *rec = json_object_get(it, "record");
         const char *type = json_string_value(json_object_get(rec, "type"));
         const char *job = json_string_value(json_object_get(it, "job"));
@@ -575,14 +578,14 @@ static void diagnose(struct cluster *c, struct cluster_attempt *a, int rank, lon
                      "peers' median %.1f ms for %d consecutive steps to step %ld; rule: above "
                      "%.1fx)",
                      f[i].rank, ni >= 0 && ni < c->nnodes ? c->nodes[ni].name : "?",
-                     100 * f[i].value, f[i].compute_ms, f[i].peer_ms, DIAG_STREAK, f[i].step,
+                     100 * f[i].value, f[i].compute_ms, f[i].peer_ms, f[i].streak, f[i].step,
                      DIAG_STRAGGLER_RATIO);
             log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
         } else {
             snprintf(why, sizeof why,
                      "COMM_BOUND exposed communication is %.0f%% of the step on every rank (least: "
                      "rank %d) for %d consecutive steps to step %ld (rule: above %.0f%%); %s",
-                     100 * f[i].value, f[i].rank, DIAG_STREAK, f[i].step, 100 * DIAG_COMM_FRAC,
+                     100 * f[i].value, f[i].rank, f[i].streak, f[i].step, 100 * DIAG_COMM_FRAC,
                      diag_comm_advice(a->spec));
             log_warn("job %s attempt %d: %s", a->job_id, a->attempt, why);
         }
@@ -647,6 +650,8 @@ int agent_api_metrics(struct http_req *req) {
     }
     int64_t now = store_now_ms();
     json_t *notes = json_array();
+    /* calloc(0) may return NULL: one spare byte */
+    unsigned char *drop = calloc(json_array_size(items) + 1, 1);
     pthread_mutex_lock(&c->mu);
     int ni = name ? cluster_node_find(c, name) : -1;
     size_t i;
@@ -663,7 +668,15 @@ int agent_api_metrics(struct http_req *req) {
         if (!a || r < 0 || r >= a->world) continue;
         json_int_t step = json_integer_value(json_object_get(rec, "step"));
         diagnose(c, a, r, (long)step, rec, notes);
-        if (rank_step) continue; /* timing only: progress is rank 0's step lines */
+        if (rank_step) {
+            /* timing only: progress is rank 0's step lines; the stored
+             * per-rank series is thinned on long jobs (diagnosis above saw
+             * every step) */
+            long steps = (long)json_integer_value(
+                json_object_get(json_object_get(a->spec, "train"), "steps"));
+            if (drop && !diag_series_keep((long)step, steps)) drop[i] = 1;
+            continue;
+        }
         if (step > a->ranks[r].last_step) {
             a->ranks[r].last_step = (long)step;
             a->last_progress_ms = now;
@@ -680,9 +693,10 @@ int agent_api_metrics(struct http_req *req) {
         }
     }
     pthread_mutex_unlock(&c->mu);
-    struct metric_rows m = {items, now, notes};
+    struct metric_rows m = {items, now, notes, drop};
     int wrc = store_write(req->ld->store, insert_metrics, &m);
     json_decref(notes);
+    free(drop);
     if (wrc != STORE_OK)
         return http_error(req, 503, "STORE_UNAVAILABLE", "could not store metrics");
     cluster_kick(req->ld);

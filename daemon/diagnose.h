@@ -14,12 +14,18 @@
  *                     DIAG_MIN_GAP_FRAC of its step (scheduling noise on
  *                     millisecond steps is not a straggler), for DIAG_STREAK
  *                     consecutive steps;
- *   COMM_BOUND        comm_exposed / step > DIAG_COMM_FRAC on every rank
- *                     (the least-waiting rank included, so a straggler's
- *                     peers waiting for it do not count) for DIAG_STREAK
- *                     consecutive steps.
+ *   COMM_BOUND        comm_exposed / step > DIAG_COMM_FRAC and comm_exposed >=
+ *                     DIAG_MIN_GAP_MS on every rank (the least-waiting rank
+ *                     included, so a straggler's peers waiting for it do not
+ *                     count) for DIAG_STREAK consecutive steps.
+ * Noise floors for both (tiny jobs on a loaded host, where a rank descheduled
+ * for a few time slices looks 2x slower): a step whose median wall time over
+ * the ranks is under DIAG_MIN_STEP_MS is not judged (it breaks the streaks),
+ * and a streak must also cover DIAG_MIN_SPAN_MS of wall time, so the
+ * consecutive steps needed are max(DIAG_STREAK, DIAG_MIN_SPAN_MS / step).
  * Each finding is reported once per attempt (per rank for STRAGGLER).
- * Cost: O(world) per record, O(world log world) per judged step; no I/O.
+ * Cost: O(log world) per record amortized (a sort per pipeline stage per
+ * judged step; tests/bench/bench_diag_cost.c); no I/O.
  *
  * The state is per attempt, owned by the caller (daemon/cluster.h keeps it
  * in the attempt, under the cluster mutex); the functions are pure
@@ -30,10 +36,12 @@
 #include <jansson.h>
 
 #define DIAG_STRAGGLER_RATIO 1.3
-#define DIAG_MIN_GAP_MS      1.0
+#define DIAG_MIN_GAP_MS      5.0 /* about one scheduler time slice (CFS: 3-6 ms) */
 #define DIAG_MIN_GAP_FRAC    0.05
 #define DIAG_COMM_FRAC       0.20
 #define DIAG_STREAK          5
+#define DIAG_MIN_STEP_MS     10.0
+#define DIAG_MIN_SPAN_MS     500.0
 #define DIAG_SLOTS           16 /* steps held while waiting for every rank */
 /* Saw-tooth utilization (the agent's per-device telemetry, one sample per
  * heartbeat): within the last DIAG_SAW_WINDOW samples of a rank's device, at
@@ -57,6 +65,8 @@ struct diag_finding {
                                  * SAWTOOTH: the swings counted in the window */
     double compute_ms, peer_ms; /* STRAGGLER: its compute, the peers' median;
                                  * SAWTOOTH: the window's lowest and highest utilization */
+    int streak;                 /* STRAGGLER, COMM_BOUND: the consecutive steps judged
+                                 * (>= DIAG_STREAK, more on short steps: DIAG_MIN_SPAN_MS) */
 };
 
 struct diag;
@@ -86,6 +96,16 @@ int diag_util_add(struct diag *d, int rank, double util_pct, struct diag_finding
  * times, compute_ms being the rank's own time: compute plus data_wait (when
  * the record has it). 0, or -1 when a field is missing. */
 int diag_times(const json_t *record, double *step_ms, double *compute_ms, double *comm_ms);
+
+/* The per-rank series loomd stores (the rank_step records of ranks other
+ * than 0; rank 0's step records are all kept) is bounded: a job of up to
+ * DIAG_SERIES_POINTS steps keeps every step, a longer one every k-th step (k
+ * = ceil(steps / DIAG_SERIES_POINTS)) and its last; steps <= 0 (not known):
+ * every step up to DIAG_SERIES_POINTS, then every 2^j-th with 2^j >= step /
+ * DIAG_SERIES_POINTS (DIAG_SERIES_POINTS / 2 more per doubling). Diagnosis
+ * itself sees every record. 1: store it, 0: leave it out. */
+#define DIAG_SERIES_POINTS 2000
+int diag_series_keep(long step, long steps);
 
 /* The advice for a COMM_BOUND layout from the job spec's parallel and
  * train sections (static text). */

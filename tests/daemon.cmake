@@ -136,3 +136,48 @@ target_link_libraries(test_diagnose PRIVATE PkgConfig::JANSSON m)
 loom_warnings(test_diagnose)
 add_test(NAME unit.diagnose COMMAND test_diagnose)
 set_tests_properties(unit.diagnose PROPERTIES LABELS "unit;sanitize")
+
+# What diagnosis sampling costs (tests/bench/bench_diag.py; docs/perf.md
+# "Diagnosis cost"): two pairs of short runs with LOOM_DIAG=1 / 0, so the
+# script keeps working and the switch keeps doing what it says (rank_step
+# lines, and in the full path the per-rank series reaching loomd, only with
+# sampling on). Full runs: python3 tests/bench/bench_diag.py worker|cluster build/bin.
+if(Python3_FOUND AND TARGET loom-worker)
+    add_test(NAME bench.diag_worker_smoke
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/bench/bench_diag.py worker
+                     ${CMAKE_BINARY_DIR}/bin --smoke)
+    set_tests_properties(bench.diag_worker_smoke PROPERTIES LABELS bench TIMEOUT 180)
+endif()
+if(Python3_FOUND AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent)
+    add_test(NAME bench.diag_cluster_smoke
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/bench/bench_diag.py cluster
+                     ${CMAKE_BINARY_DIR}/bin --smoke)
+    set_tests_properties(bench.diag_cluster_smoke PROPERTIES LABELS bench TIMEOUT 240)
+endif()
+if(Python3_FOUND AND TARGET loom-worker)
+    add_test(NAME bench.diag_ab_smoke
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/bench/bench_diag.py worker
+                     ${CMAKE_BINARY_DIR}/bin --smoke --ab 2)
+    set_tests_properties(bench.diag_ab_smoke PROPERTIES LABELS bench TIMEOUT 120)
+endif()
+# The pieces of that cost timed alone (bench_diag_cost: the rank_step line,
+# a clock read, the parse, diag_add at world 2..512); the smoke checks its
+# own counts.
+if(TARGET loom_engine)
+    add_executable(bench_diag_cost ${CMAKE_CURRENT_LIST_DIR}/bench/bench_diag_cost.c
+                   ${CMAKE_SOURCE_DIR}/daemon/diagnose.c)
+    target_include_directories(bench_diag_cost PRIVATE ${CMAKE_SOURCE_DIR})
+    target_link_libraries(bench_diag_cost PRIVATE loom_engine PkgConfig::JANSSON m)
+    loom_warnings(bench_diag_cost)
+    add_test(NAME bench.diag_cost_smoke COMMAND bench_diag_cost 2000)
+    set_tests_properties(bench.diag_cost_smoke PROPERTIES LABELS bench TIMEOUT 60)
+endif()
+# A straggler made with SIGSTOP/SIGCONT from outside (60 ms of every 100 ms)
+# through loomd, an agent and the real worker: named once, not before.
+if(Python3_FOUND AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent)
+    add_test(NAME integration.straggler_stop
+             COMMAND ${Python3_EXECUTABLE}
+                     ${CMAKE_CURRENT_LIST_DIR}/integration/test_straggler_stop.py
+                     ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(integration.straggler_stop PROPERTIES LABELS integration TIMEOUT 150)
+endif()

@@ -954,7 +954,9 @@ static void make_train_opts(struct run *r) {
     to->save_every = s->checkpoint.every_steps;
     to->stop = &g_stop;
     to->out = w->e->rank == 0 ? stdout : NULL;
-    to->rank_out = w->e->rank != 0 && w->o.rank_steps ? stdout : NULL;
+    to->rank_out = w->e->rank != 0 && w->o.rank_steps && w->o.tune.diag ? stdout : NULL;
+    to->no_timing_sync = !w->o.tune.diag;
+    to->diag_ab = w->o.tune.diag_ab;
     to->rank = w->e->rank;
     to->slow_ms = w->o.tune.debug_slow_rank == w->e->rank ? w->o.tune.debug_slow_ms : 0;
     to->flops_per_token = w->der.flops_per_token;

@@ -12,6 +12,12 @@
 #include "worker/offload.h"
 #include "worker/train.h"
 
+/* Diagnosis sampling off for this 0-based step (train.h no_timing_sync,
+ * diag_ab). */
+static int sampling_off(const struct train_opts *o, int64_t step) {
+    return o->no_timing_sync || (o->diag_ab > 0 && (step / o->diag_ab) % 2 == 1);
+}
+
 static int hook(struct engine *e, int (*fn)(struct engine *, void *), double *ms) {
     if (!fn) return 0;
     double t0 = clock_mono_msf();
@@ -73,11 +79,14 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
     e->micro_last = 0;
     /* The backward may be issued ahead of the device (cuda + nccl ordering):
      * wait for it here, so that the grad_sync time counts only the
-     * communication left exposed after the compute. */
+     * communication left exposed after the compute. This sync is there for
+     * the timing alone (the collectives wait on device fences, worker/zero.c
+     * comm_ready): no_timing_sync (tuning diag 0) leaves it out. The pair
+     * transport's compute_sync is a bounded wait (hang detection) and stays. */
     int csync = 0;
     if (e->hooks.grad_sync && e->hooks.compute_sync)
         csync = e->hooks.compute_sync(e, e->hooks.user);
-    else if (e->hooks.grad_sync)
+    else if (e->hooks.grad_sync && !sampling_off(o, step))
         b->sync(b->ctx);
     if (csync != 0 || hook(e, e->hooks.grad_sync, &comm) != 0 ||
         (m->lora && lora_grad_sync(m->lora) != 0)) {
@@ -177,18 +186,18 @@ static void emit(FILE *out, json_t *j) {
 }
 
 /* A rank other than 0: its timing only (the loss and norms are rank 0's). */
-static void emit_rank_step(const struct train_opts *o, int64_t done,
-                           const struct train_step_info *in) {
-    emit(o->rank_out, json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f, s:f}}", "type", "rank_step",
-                                "step", (json_int_t)done, "rank", o->rank, "ms", "step",
-                                in->ms_step, "compute", in->ms_compute, "comm_exposed", in->ms_comm,
-                                "data_wait", in->ms_data, "optimizer", in->ms_optimizer));
+void train_emit_rank_step(FILE *out, int rank, int64_t done, const struct train_step_info *in) {
+    emit(out, json_pack("{s:s, s:I, s:i, s:{s:f, s:f, s:f, s:f, s:f}}", "type", "rank_step", "step",
+                        (json_int_t)done, "rank", rank, "ms", "step", in->ms_step, "compute",
+                        in->ms_compute, "comm_exposed", in->ms_comm, "data_wait", in->ms_data,
+                        "optimizer", in->ms_optimizer));
 }
 
 static void emit_step(const struct model *m, const struct train_opts *o, int64_t done,
                       const struct train_step_info *in) {
     if (!o->out) {
-        if (o->rank_out) emit_rank_step(o, done, in);
+        if (o->rank_out && !sampling_off(o, done - 1))
+            train_emit_rank_step(o->rank_out, o->rank, done, in);
         return;
     }
     const struct engine *e = m->e;

@@ -67,6 +67,14 @@ struct train_opts {
     FILE *rank_out;
     int rank;
     long slow_ms;
+    /* 1: no device sync before grad_sync only to split the step's timing
+     * (tuning row diag 0): comm_exposed then also holds the backward still
+     * queued on the device when grad_sync began. 0 (default): the sync. */
+    int no_timing_sync;
+    /* > 0 (tuning diag-ab): 0-based steps s with (s / diag_ab) odd run as
+     * with no_timing_sync and write no rank_step line (on/off blocks in one
+     * process, for benchmarks). */
+    long diag_ab;
     double flops_per_token; /* for MFU (model_flops_per_token) */
     /* Optional replacement of the micro-step loop (pipeline schedules,
      * worker/pp.h): runs all grad_accum micro-steps of `step` on this rank
@@ -119,6 +127,11 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
 /* Mean validation loss over o->eval_batches micro-batches (dp-averaged). */
 double train_eval(struct model *m, const struct train_opts *o, int32_t *inputs, int32_t *targets,
                   int64_t *tokens, char *err, size_t errlen, int *rc);
+
+/* Writes one {"type":"rank_step"} line of `in` (completed step `done`) on
+ * out and flushes it, as train_run does on opts.rank_out (also the unit of
+ * tests/bench/bench_diag_cost.c). out NULL: nothing. */
+void train_emit_rank_step(FILE *out, int rank, int64_t done, const struct train_step_info *in);
 
 /* Run steps [start, o->steps). Returns 0 when finished, 1 when stopped by
  * *o->stop (after saving), -2 on a data error, -1 on another failure; the

@@ -91,6 +91,13 @@ const struct config_entry worker_tuning_rows[] = {
      "tp all-reduces ordered on the compute stream (0: host sync before each)"},
     {"debug-param-hash", CONFIG_BOOL | D, AT(debug_param_hash), "0", 0, 0,
      "log the FNV-1a hash of the fp32 weights at the end (ranks holding all of them)"},
+    {"diag", CONFIG_BOOL | T, AT(diag), "1", 0, 0,
+     "diagnosis sampling: the device sync that splits a dp step into compute and exposed "
+     "communication, and the rank_step lines of ranks other than 0 (0: neither, for A/B "
+     "runs; docs/perf.md \"Diagnosis cost\")"},
+    {"diag-ab", CONFIG_INT | D, AT(diag_ab), "0", 0, 1e6,
+     "benchmarks: with diag 1, sampling on for this many steps, then off for as many, and so "
+     "on (tests/bench/bench_diag.py); 0: always on"},
     /* test knobs: a deliberately slow rank for the straggler diagnosis tests */
     {"debug-slow-rank", CONFIG_INT | D, AT(debug_slow_rank), "-1", -1, 1e6,
      "tests: the rank that sleeps debug-slow-ms in every step (a straggler); -1: none"},

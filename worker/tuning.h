@@ -79,6 +79,8 @@ struct worker_tuning {
     struct comm_tuning comm;
     struct nf4_tuning nf4;
     int debug_param_hash; /* debug-param-hash: log the FNV-1a hash of the weights */
+    int diag;             /* diag: diagnosis sampling (timing sync, rank_step lines); 0: off */
+    long diag_ab;         /* diag-ab: sampling on N steps, off N steps, ... (benchmarks) */
     long debug_slow_rank; /* debug-slow-rank: this rank (-1: none) sleeps ... */
     long debug_slow_ms;   /* debug-slow-ms: ... this long in every step's compute (tests) */
 };

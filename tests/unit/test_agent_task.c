@@ -92,7 +92,8 @@ int main(int argc, char **argv) {
                           .rdzv_token = "tok",
                           .worker = worker,
                           .threads = 3,
-                          .cpu_peak_gflops = 41.5};
+                          .cpu_peak_gflops = 41.5,
+                          .diag = 1};
     unsetenv("OMP_NUM_THREADS");            /* the agent's own setting would win */
     setenv("LOOM_CPU_PEAK_GFLOPS", "7", 1); /* the agent's override: replaced by the spec's */
     struct task *t = task_start(work, &s, clock_mono_ms());

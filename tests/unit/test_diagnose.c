@@ -251,12 +251,139 @@ static void run_case(const struct tcase *c) {
               "%s: finding %d is kind %d rank %d step %ld, want kind %d rank %d step %ld", c->name,
               i, got[i].kind, got[i].rank, got[i].step, c->exp[i].kind, c->exp[i].rank,
               c->exp[i].step);
+        CHECK(got[i].streak >= DIAG_STREAK && got[i].streak * STEP_MS >= DIAG_MIN_SPAN_MS,
+              "%s: streak %d", c->name, got[i].streak);
         if (got[i].kind == DIAG_STRAGGLER)
             CHECK_NEAR(got[i].value, c->factor - 1, 1e-9);
         else
             CHECK(got[i].value > DIAG_COMM_FRAC, "%s: comm fraction %g", c->name, got[i].value);
     }
     diag_free(d);
+}
+
+/* Noisy synchronous training, as a loaded host runs it: every step each rank
+ * computes `base` ms, plus, with probability `p`, a deschedule of 1..`slices`
+ * scheduler slices of 4 ms; rank `slow` adds `slow_ms` over steps
+ * [slow_from, slow_to]. Every rank's step is the slowest rank's time plus
+ * `comm` ms of exchange; a rank's exposed communication is its wait for the
+ * slowest plus that exchange. Fixed seed: the same series every run. */
+struct noisy {
+    const char *name;
+    int world, steps;
+    double base, comm, p;
+    int slices;
+    int slow;
+    double slow_ms;
+    int slow_from, slow_to;
+    int old_flags;      /* 1: the rules without the noise floors name something here */
+    int want_straggler; /* the rank that must be named once (-1: nobody) */
+};
+
+static const struct noisy noisy_cases[] = {
+    /* a 2 ms step with random deschedules, and a burst: rank 1 slowed 8 ms
+     * for 7 steps in a row; the exchange is 1/3 of an undisturbed step */
+    {"tiny job on a loaded host", 2, 300, 2, 1, 0.25, 6, 1, 8, 50, 56, 1, -1},
+    {"tiny job, world 4, noise only", 4, 300, 3, 1.5, 0.1, 5, -1, 0, 0, 0, 1, -1},
+    /* a real straggler (+50%) on 30 ms steps stays visible through the noise */
+    {"real straggler through the noise", 2, 80, 30, 2, 0.1, 3, 1, 15, 1, 80, 1, 1},
+};
+
+static unsigned long long noisy_rng;
+
+static double noisy_u01(void) {
+    noisy_rng = noisy_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(noisy_rng >> 11) / 9007199254740992.0;
+}
+
+/* The rules before the floors (1 ms gap, no step or span floor, streak 5)
+ * on one judged step; returns 1 when some streak reached DIAG_STREAK. */
+static int old_rules(int W, const double *own, const double *cm, const double *st, int *slow,
+                     int *bound) {
+    int hit = 0;
+    for (int r = 0; r < W; r++) {
+        double v[MAXW];
+        int k = 0;
+        for (int j = 0; j < W; j++)
+            if (j != r) v[k++] = own[j];
+        for (int a = 0; a < k; a++) /* insertion sort: k < MAXW */
+            for (int b = a; b > 0 && v[b] < v[b - 1]; b--) {
+                double t = v[b];
+                v[b] = v[b - 1], v[b - 1] = t;
+            }
+        double peer = k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+        double floor = 0.05 * st[r] > 1.0 ? 0.05 * st[r] : 1.0;
+        slow[r] = own[r] > 1.3 * peer && own[r] - peer >= floor ? slow[r] + 1 : 0;
+        if (slow[r] >= DIAG_STREAK) hit = 1;
+    }
+    double least = 2;
+    for (int r = 0; r < W; r++)
+        if (cm[r] / st[r] < least) least = cm[r] / st[r];
+    *bound = least > 0.2 ? *bound + 1 : 0;
+    return hit || *bound >= DIAG_STREAK;
+}
+
+static void run_noisy(const struct noisy *c) {
+    struct diag *d = diag_new(c->world, 0);
+    CHECK(d != NULL, "%s: diag_new", c->name);
+    if (!d) return;
+    noisy_rng = 0x9e3779b97f4a7c15ULL;
+    int slow[MAXW] = {0}, bound = 0, old = 0, n = 0;
+    struct diag_finding got[16];
+    for (int step = 1; step <= c->steps; step++) {
+        double own[MAXW], cm[MAXW], st[MAXW], wall = 0;
+        for (int r = 0; r < c->world; r++) {
+            own[r] = c->base;
+            if (noisy_u01() < c->p) own[r] += 4.0 * (1 + (int)(noisy_u01() * c->slices));
+            if (r == c->slow && step >= c->slow_from && step <= c->slow_to) own[r] += c->slow_ms;
+            if (own[r] > wall) wall = own[r];
+        }
+        for (int r = 0; r < c->world; r++) {
+            st[r] = wall + c->comm;
+            cm[r] = wall - own[r] + c->comm;
+        }
+        old |= old_rules(c->world, own, cm, st, slow, &bound);
+        for (int r = 0; r < c->world; r++)
+            n += diag_add(d, step, r, st[r], own[r], cm[r], got + n, 16 - n);
+    }
+    CHECK(old == c->old_flags, "%s: the rules without floors flag it: %d, want %d", c->name, old,
+          c->old_flags);
+    int want = c->want_straggler >= 0;
+    CHECK(n == want, "%s: %d finding(s), want %d (first: kind %d rank %d step %ld)", c->name, n,
+          want, n ? (int)got[0].kind : -1, n ? got[0].rank : -1, n ? got[0].step : -1L);
+    if (want && n == 1)
+        CHECK(got[0].kind == DIAG_STRAGGLER && got[0].rank == c->want_straggler,
+              "%s: kind %d rank %d", c->name, got[0].kind, got[0].rank);
+    diag_free(d);
+}
+
+/* The stored per-rank series: every step of a short job, about
+ * DIAG_SERIES_POINTS of a long one (its last included), and a bounded,
+ * slowly growing count when the job's steps are not known. */
+static void test_series(void) {
+    static const struct {
+        long steps, upto;
+        long lo, hi; /* kept steps of 1..upto within [lo, hi] */
+    } rows[] = {
+        {100, 100, 100, 100},
+        {DIAG_SERIES_POINTS, DIAG_SERIES_POINTS, DIAG_SERIES_POINTS, DIAG_SERIES_POINTS},
+        {DIAG_SERIES_POINTS + 1, DIAG_SERIES_POINTS + 1, DIAG_SERIES_POINTS / 2,
+         DIAG_SERIES_POINTS / 2 + 1},
+        {1000000, 1000000, DIAG_SERIES_POINTS, DIAG_SERIES_POINTS + 1},
+        {999999, 999999, DIAG_SERIES_POINTS, DIAG_SERIES_POINTS + 1},
+        {0, DIAG_SERIES_POINTS, DIAG_SERIES_POINTS, DIAG_SERIES_POINTS},
+        /* unknown length: 2000 + 1000 per doubling (2^10 x 2000 steps) */
+        {0, 1024L * DIAG_SERIES_POINTS, 12 * DIAG_SERIES_POINTS / 2, 12 * DIAG_SERIES_POINTS / 2},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        long kept = 0;
+        for (long s = 1; s <= rows[i].upto; s++)
+            kept += diag_series_keep(s, rows[i].steps);
+        CHECK(kept >= rows[i].lo && kept <= rows[i].hi, "series of %ld steps (known %ld): %ld kept",
+              rows[i].upto, rows[i].steps, kept);
+        if (rows[i].steps > 0)
+            CHECK(diag_series_keep(rows[i].steps, rows[i].steps), "the last step %ld is kept",
+                  rows[i].steps);
+    }
 }
 
 static void test_times(void) {
@@ -382,6 +509,9 @@ int main(void) {
         run_case(&cases[i]);
     CHECK(diag_new(0, 0) == NULL, "world 0");
     diag_free(NULL);
+    for (size_t i = 0; i < sizeof noisy_cases / sizeof *noisy_cases; i++)
+        run_noisy(&noisy_cases[i]);
+    test_series();
     test_times();
     test_sawtooth();
     test_advice();
