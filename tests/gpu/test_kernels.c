@@ -135,7 +135,7 @@ static void t_check(struct tens *t, const char *what, const char *shape, double 
 }
 
 static void reserve_both(int B, int T, int C, int NH, int NKV, int HD, int F, int Vp) {
-    struct backend_limits lim = {B, T, C, NH, NKV, HD, F, Vp, 0};
+    struct backend_limits lim = {B, T, C, NH, NKV, HD, F, Vp, 0, 0};
     if (cpu->reserve(cpu->ctx, &lim) || gpu->reserve(gpu->ctx, &lim)) {
         fprintf(stderr, "reserve failed\n");
         exit(1);
@@ -1583,7 +1583,7 @@ static void attention_doc_case(int B, int T, int NH, int NKV, int HD, int layout
  * off: masked only); both against the reference, and the two alike. */
 static void test_attention_doc(int B, int T, int NH, int NKV, int HD, struct backend *noskip) {
     reserve_both(B, T, NH * HD, NH, NKV, HD, 64, 64);
-    struct backend_limits lim = {B, T, NH * HD, NH, NKV, HD, 64, 64, 0};
+    struct backend_limits lim = {B, T, NH * HD, NH, NKV, HD, 64, 64, 0, 0};
     if (noskip->reserve(noskip->ctx, &lim)) {
         fprintf(stderr, "reserve failed\n");
         exit(1);

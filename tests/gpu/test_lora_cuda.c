@@ -257,7 +257,7 @@ static void test_gemm(void) {
     }
     enum { M = 40, N = 24, K = 72, PAD = 8 }; /* 16-byte aligned rows, as the model's */
     /* the cuBLASLt handle and workspace come with reserve (any small shape) */
-    struct backend_limits lim = {1, 64, 128, 4, 2, 32, 256, 64, 0};
+    struct backend_limits lim = {1, 64, 128, 4, 2, 32, 256, 64, 0, 0};
     if (gb->reserve(gb->ctx, &lim) != 0) {
         result(0, "cuda backend reserve for lora_gemm", "%g %g", 0, 0);
         backend_free(gb);
