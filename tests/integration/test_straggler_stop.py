@@ -50,8 +50,8 @@ def main():
     try:
         c = bench_diag.Cluster(binp, tmp)
         node = c.start_agent(True, 0)
-        a = bench_diag.argparse.Namespace(preset=None, layers=2, width=64, seq=64, mbs=4,
-                                          steps=100000, device="cpu")
+        a = bench_diag.argparse.Namespace(preset=None, layers=2, width=128, seq=64, mbs=4,
+                                          steps=3000, device="cpu")
         sp = bench_diag.make_spec(a, os.path.join(tmp, "train_000.bin"), 2, "stop")
         sp["resources"] = {"device": "cpu", "gpus_per_node": 2}
         st, j = c.req("POST", "/v1/jobs", sp, token=c.token)
@@ -88,6 +88,12 @@ def main():
               [("STRAGGLER", 1)], "one job.diagnosis event for rank 1: %s" % json.dumps(data))
         st, _ = c.req("POST", "/v1/jobs/%s/cancel" % jid, {}, token=c.token)
         check(st in (200, 202), "cancel: %s" % st)
+
+        def cancelled():
+            s, jj = c.req("GET", "/v1/jobs/%s" % jid, token=c.token)
+            return s == 200 and jj.get("state") == "cancelled"
+
+        c.wait(cancelled, 30, "the job cancelled (its ranks stopped)")
         ok = True
     except (Fail, bench_diag.Failed) as e:
         print("FAIL:", e)
@@ -101,6 +107,13 @@ def main():
             if c.agent:
                 c.stop_agent(node)
             c.close()
+        # ranks outlive a stopped agent by design: never leave this test's running
+        for r in (0, 1):
+            try:
+                with open(os.path.join(tmp, node, "tasks", "%s.0.%d" % (jid, r), "pid")) as f:
+                    os.kill(int(f.read().split()[0]), signal.SIGKILL)
+            except (OSError, ValueError, NameError, UnboundLocalError):
+                pass
     if ok:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
