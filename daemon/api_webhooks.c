@@ -165,6 +165,7 @@ int api_webhooks_create(struct http_req *req) {
         ret = store_unavailable(req);
         goto out;
     }
+    webhooks_kick(req->ld);
     char loc[80];
     snprintf(loc, sizeof loc, "/v1/webhooks/%s", op.id);
     http_add_header(req, "Location", loc);

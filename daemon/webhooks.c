@@ -265,6 +265,12 @@ struct webhooks {
     struct outcome *out; /* finished, not yet committed */
     int nout, capout;
     int64_t first_out_ms; /* mono ms of the oldest uncommitted outcome */
+    /* webhooks not deleted, as of the last read (-1: not read yet). With
+     * none, a committed event has no outbox rows (events_emit inserts one
+     * per subscribed webhook), so events are not read for; a new webhook
+     * forces the next read (webhooks_kick). */
+    long hooks;
+    _Atomic int force;
 };
 
 static void due_free(struct due *d) {
@@ -317,6 +323,7 @@ struct due_list {
     struct due *v;
     int n;
     int64_t next_at; /* earliest future next_at (0: none) */
+    long hooks;      /* webhooks not deleted */
 };
 
 /* The due rows, oldest first, at most per_hook of each webhook: each
@@ -365,6 +372,10 @@ static int read_due(struct store_tx *tx, void *arg) {
     if (!st) return STORE_ERR;
     sqlite3_bind_int64(st, 1, l->now);
     if (sqlite3_step(st) == SQLITE_ROW) l->next_at = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    st = store_stmt(tx, "SELECT COUNT(*) FROM webhooks WHERE deleted_at IS NULL");
+    if (!st) return STORE_ERR;
+    l->hooks = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 1;
     sqlite3_reset(st);
     return STORE_OK;
 }
@@ -568,6 +579,7 @@ static void reap(struct webhooks *w) {
 static int64_t refill(struct webhooks *w) {
     int free_slots = w->nslots - w->inflight;
     if (free_slots <= 0) return 0;
+    atomic_store(&w->force, 0); /* a kick from here on reads again */
     int nheld = w->inflight + w->nout;
     struct due_list l = {.w = w, .now = store_now_ms()};
     /* Held rows are still pending and come back from the read: leave room
@@ -582,6 +594,7 @@ static int64_t refill(struct webhooks *w) {
         free(l.v);
         return -1;
     }
+    w->hooks = l.hooks;
     struct check *chk = calloc((size_t)l.n + 1, sizeof *chk);
     int nchk = 0;
     for (int i = 0; i < l.n; i++) {
@@ -650,6 +663,11 @@ static void *delivery_main(void *arg) {
         int retry_due = next_at > 0 && next_at <= store_now_ms();
         int64_t since = clock_mono_ms() - last_refill;
         int events = g != gen && (!w->inflight || since >= REFILL_GAP_MS);
+        if (events && w->hooks == 0 && !atomic_load(&w->force)) {
+            gen = g; /* no webhook: these events made no outbox rows */
+            events = 0;
+        }
+        events |= atomic_load(&w->force);
         if (w->inflight < w->nslots && (events || committed || retry_due)) {
             gen = g;
             committed = 0;
@@ -741,10 +759,18 @@ void webhooks_metrics_write(struct loomd *ld, FILE *f) {
         fprintf(f, "loom_webhook_deliveries{state=\"%s\"} %lld\n", delivery_states[i], c.n[i]);
 }
 
+void webhooks_kick(struct loomd *ld) {
+    struct webhooks *w = ld->webhooks;
+    if (!w) return;
+    atomic_store(&w->force, 1);
+    if (w->multi) curl_multi_wakeup(w->multi);
+}
+
 int webhooks_start(struct loomd *ld) {
     struct webhooks *w = calloc(1, sizeof *w);
     if (!w) return -1;
     w->ld = ld;
+    w->hooks = -1;
     ld->webhooks = w;
     if (pthread_create(&w->thread, NULL, delivery_main, w) != 0) {
         log_error("webhooks: cannot start the delivery thread");
