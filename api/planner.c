@@ -788,6 +788,31 @@ static int ctx_init(struct ctx *x, const struct loom_spec *s, const struct plann
     return 0;
 }
 
+/* The context, tp facts and layout of the spec's own layout (the budget mode
+ * as full recompute with its budget). */
+static int spec_ctx(const struct loom_spec *s, const struct planner_cluster *c,
+                    const struct planner_options *o, struct ctx *x, struct tp_facts *f,
+                    struct lay *L, struct loom_error *e) {
+    ctx_init(x, s, c, o);
+    tp_facts_init(f, &s->model, s->parallel.tp);
+    if (!f->ok)
+        return loom_error_set(e, 422, "TP_HEADS", "parallel.tp", "tp=%d does not split the model",
+                              s->parallel.tp);
+    *L = (struct lay){s->parallel.dp,
+                      s->parallel.tp,
+                      s->parallel.pp,
+                      s->parallel.zero_stage,
+                      s->train.offload_optimizer,
+                      s->train.micro_batch,
+                      s->train.recompute,
+                      0};
+    if (s->train.recompute_budget_gib > 0) {
+        L->rc = JOBSPEC_RECOMPUTE_FULL;
+        L->budget = s->train.recompute_budget_gib * GIB;
+    }
+    return 0;
+}
+
 int planner_estimate(const struct loom_spec *s, const struct planner_cluster *cin,
                      const struct planner_options *oin, struct planner_estimate *out,
                      struct loom_error *e) {
@@ -815,24 +840,9 @@ int planner_estimate(const struct loom_spec *s, const struct planner_cluster *ci
                               "tp=%d exceeds the cluster's gpus_per_node=%d", s->parallel.tp,
                               c.gpus_per_node);
     struct ctx x;
-    ctx_init(&x, s, &c, &o);
     struct tp_facts f;
-    tp_facts_init(&f, &s->model, s->parallel.tp);
-    if (!f.ok)
-        return loom_error_set(e, 422, "TP_HEADS", "parallel.tp", "tp=%d does not split the model",
-                              s->parallel.tp);
-    struct lay L = {s->parallel.dp,
-                    s->parallel.tp,
-                    s->parallel.pp,
-                    s->parallel.zero_stage,
-                    s->train.offload_optimizer,
-                    s->train.micro_batch,
-                    s->train.recompute,
-                    0};
-    if (s->train.recompute_budget_gib > 0) {
-        L.rc = JOBSPEC_RECOMPUTE_FULL;
-        L.budget = s->train.recompute_budget_gib * GIB;
-    }
+    struct lay L;
+    if (spec_ctx(s, &c, &o, &x, &f, &L, e) != 0) return -1;
     eval(&x, &f, &L, out);
     return 0;
 }
@@ -852,23 +862,12 @@ int planner_recompute_keep(const struct loom_spec *s, int stage, int *keep, doub
     if (planner_cluster_resolve(&c, s->resources.device, e) != 0) return -1;
     if (jobspec_validate(s, JOBSPEC_FOR_PLAN, e) != 0) return -1;
     struct ctx x;
-    ctx_init(&x, s, &c, &o);
     struct tp_facts f;
-    tp_facts_init(&f, &s->model, s->parallel.tp);
-    if (!f.ok)
-        return loom_error_set(e, 422, "TP_HEADS", "parallel.tp", "tp=%d does not split the model",
-                              s->parallel.tp);
+    struct lay L;
+    if (spec_ctx(s, &c, &o, &x, &f, &L, e) != 0) return -1;
     if (stage < 0 || stage >= s->parallel.pp)
         return loom_error_set(e, 422, "OUT_OF_RANGE", "parallel.pp", "stage %d of pp=%d", stage,
                               s->parallel.pp);
-    struct lay L = {s->parallel.dp,
-                    s->parallel.tp,
-                    s->parallel.pp,
-                    s->parallel.zero_stage,
-                    s->train.offload_optimizer,
-                    s->train.micro_batch,
-                    JOBSPEC_RECOMPUTE_FULL,
-                    s->train.recompute_budget_gib * GIB};
     int64_t ga = s->train.global_batch_tokens / ((int64_t)L.mb * s->model.seq_len * s->parallel.dp);
     struct planner_mem m;
     stage_mem(&x, &f, &L, ga, stage, &m);
