@@ -22,23 +22,10 @@
 static const char *ADMIN = "bench-admin";
 static pid_t loomd_pid;
 
-/* CPU seconds (user + system) loomd has used so far: a load-independent
- * cost measure on a shared machine. */
+/* loomd's CPU time (s) so far (daemon_harness.h proc_cpu_ms): the cost
+ * measure on a shared machine. */
 static double loomd_cpu_s(void) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)loomd_pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    if (!p) return 0;
-    unsigned long ut = 0, st = 0;
-    /* fields after ')': state(3) ... utime(14) stime(15) */
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    return proc_cpu_ms(loomd_pid) / 1000.0;
 }
 static char url[128], token[128], spec[1024];
 

@@ -40,8 +40,7 @@ struct bench {
     char token[128];
     int subscribers, jobs, rate, submitters, sse;
     _Atomic int done;
-    _Atomic int submitted; /* jobs handed out to submitters */
-    _Atomic int acked;     /* 201 replies */
+    struct paced_submits ps; /* the submitters (daemon_harness.h) */
     const char *spec;
     _Atomic long long last_seq; /* set once every submit was acknowledged */
     pthread_mutex_t mu;
@@ -219,25 +218,6 @@ static int sse_run(struct bench *b, struct stream *sts) {
     return complete;
 }
 
-static void *submitter(void *arg) {
-    struct bench *b = arg;
-    double t0 = clock_mono_msf();
-    int k;
-    while ((k = atomic_fetch_add(&b->submitted, 1)) < b->jobs) {
-        double due = t0 + 1000.0 * k / b->rate;
-        while (clock_mono_msf() < due)
-            clock_sleep_us(200);
-        struct hresp r;
-        if (hreq(b->url, "POST", "/v1/jobs", b->token, NULL, b->spec, strlen(b->spec), NULL, &r) ==
-                0 &&
-            r.status == 201)
-            atomic_fetch_add(&b->acked, 1);
-        hresp_free(&r);
-    }
-    hreq_thread_done();
-    return NULL;
-}
-
 /* Joins the submitters, then publishes the last seq: the submits' events
  * are seqs 1..acked (one job.queued each; nothing else runs). */
 struct joiner_args {
@@ -249,26 +229,8 @@ static void *join_submitters(void *arg) {
     struct joiner_args *j = arg;
     for (int i = 0; i < j->n; i++)
         pthread_join(j->sub[i], NULL);
-    atomic_store(&j->b->last_seq, atomic_load(&j->b->acked));
+    atomic_store(&j->b->last_seq, atomic_load(&j->b->ps.acked));
     return NULL;
-}
-
-/* CPU time (user + system, ms) the process has used so far, from
- * /proc/PID/stat: a measure of loomd's fan-out work that does not depend on
- * how busy the machine is, unlike the latencies. */
-static double proc_cpu_ms(pid_t pid) {
-    char path[64], line[2048];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(line, 1, sizeof line - 1, f);
-    fclose(f);
-    line[n] = 0;
-    const char *p = strrchr(line, ')'); /* the command name may hold spaces */
-    unsigned long long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
 }
 
 static int cmp(const void *a, const void *b) {
@@ -336,6 +298,8 @@ int main(int argc, char **argv) {
         "\"gpus_per_node\":1}}",
         data);
     b.spec = spec;
+    b.ps = (struct paced_submits){
+        .url = b.url, .token = b.token, .spec = spec, .jobs = b.jobs, .rate = b.rate};
     pthread_t *th = calloc((size_t)b.subscribers, sizeof *th);
     struct stream *sts = calloc((size_t)b.subscribers, sizeof *sts);
     for (int i = 0; i < b.subscribers; i++) {
@@ -350,7 +314,7 @@ int main(int argc, char **argv) {
     double cpu0 = proc_cpu_ms(p.pid);
     pthread_t *sub = calloc((size_t)b.submitters, sizeof *sub);
     for (int i = 0; i < b.submitters; i++)
-        pthread_create(&sub[i], NULL, submitter, &b);
+        pthread_create(&sub[i], NULL, paced_submit_main, &b.ps);
     /* The submitters set last_seq when done; the SSE reader runs here. */
     pthread_t waiter;
     int complete = 0;
@@ -365,12 +329,12 @@ int main(int argc, char **argv) {
         for (int i = 0; i < b.submitters; i++)
             pthread_join(sub[i], NULL);
         /* The submits' events are seqs 1..ok (one job.queued each, nothing else runs). */
-        atomic_store(&b.last_seq, atomic_load(&b.acked));
+        atomic_store(&b.last_seq, atomic_load(&b.ps.acked));
         for (int i = 0; i < b.subscribers; i++)
             pthread_join(th[i], NULL);
         complete = b.subscribers;
     }
-    int ok = atomic_load(&b.acked);
+    int ok = atomic_load(&b.ps.acked);
     double cpu = proc_cpu_ms(p.pid) - cpu0;
     qsort(b.lat, b.nlat, sizeof *b.lat, cmp);
     size_t n = b.nlat;

@@ -73,7 +73,7 @@ struct bench {
     char token[128];
     int receivers, webhooks, jobs, rate, submitters, slow, slow_ms, timeout_s, backlog;
     const char *spec;
-    _Atomic int submitted, acked;
+    struct paced_submits ps; /* the submitters (daemon_harness.h) */
     _Atomic int stop;
     int lfd[256];
     /* Written by the server thread only; read by main after it joined. */
@@ -317,41 +317,6 @@ static void *server(void *arg) {
     return NULL;
 }
 
-static void *submitter(void *arg) {
-    struct bench *b = arg;
-    double t0 = clock_mono_msf();
-    int k;
-    while ((k = atomic_fetch_add(&b->submitted, 1)) < b->jobs) {
-        double due = t0 + 1000.0 * k / b->rate;
-        while (clock_mono_msf() < due)
-            clock_sleep_us(200);
-        struct hresp r;
-        if (hreq(b->url, "POST", "/v1/jobs", b->token, NULL, b->spec, strlen(b->spec), NULL, &r) ==
-                0 &&
-            r.status == 201)
-            atomic_fetch_add(&b->acked, 1);
-        hresp_free(&r);
-    }
-    hreq_thread_done();
-    return NULL;
-}
-
-/* CPU time (user + system, ms) the process has used so far (/proc/PID/stat). */
-static double proc_cpu_ms(pid_t pid) {
-    char path[64], line[2048];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(line, 1, sizeof line - 1, f);
-    fclose(f);
-    line[n] = 0;
-    const char *p = strrchr(line, ')'); /* the command name may hold spaces */
-    unsigned long long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
-}
-
 static int listen_loopback(int *port) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -470,13 +435,15 @@ int main(int argc, char **argv) {
         "\"gpus_per_node\":1}}",
         data);
     b.spec = spec;
+    b.ps = (struct paced_submits){
+        .url = b.url, .token = b.token, .spec = spec, .jobs = b.jobs, .rate = b.rate};
     pthread_t srv;
     if (!b.backlog) pthread_create(&srv, NULL, server, &b);
     double cpu0 = proc_cpu_ms(p.pid);
     long long t0 = clock_wall_ms();
     pthread_t *sub = calloc((size_t)b.submitters, sizeof *sub);
     for (int i = 0; i < b.submitters; i++)
-        pthread_create(&sub[i], NULL, submitter, &b);
+        pthread_create(&sub[i], NULL, paced_submit_main, &b.ps);
     for (int i = 0; i < b.submitters; i++)
         pthread_join(sub[i], NULL);
     free(sub);
@@ -488,7 +455,7 @@ int main(int argc, char **argv) {
         t0 = clock_wall_ms();
         pthread_create(&srv, NULL, server, &b);
     }
-    long long want = (long long)atomic_load(&b.acked) * b.webhooks;
+    long long want = (long long)atomic_load(&b.ps.acked) * b.webhooks;
     long long deadline = clock_mono_ms() + (long long)b.timeout_s * 1000;
     while (atomic_load(&b.unique) < want && clock_mono_ms() < deadline)
         clock_sleep_ms(20);
@@ -501,8 +468,8 @@ int main(int argc, char **argv) {
     printf("receivers %d (%d slow, %d ms), webhooks %d, jobs %d acknowledged of %d at %d/s: "
            "%lld of %lld (event, webhook) pairs received, %lld requests on %lld connections, "
            "%lld duplicates, %lld bad signatures, %lld bad requests\n",
-           b.receivers, b.slow, b.slow ? b.slow_ms : 0, b.webhooks, atomic_load(&b.acked), b.jobs,
-           b.rate, got, want, b.requests, b.accepted, b.dups, b.bad_sig, b.bad_req);
+           b.receivers, b.slow, b.slow ? b.slow_ms : 0, b.webhooks, atomic_load(&b.ps.acked),
+           b.jobs, b.rate, got, want, b.requests, b.accepted, b.dups, b.bad_sig, b.bad_req);
     printf("throughput: %.1f deliveries/s (%lld in %.2f s from the %s to the last new "
            "receipt; the submits took %.2f s)\n",
            secs > 0 ? (double)got / secs : 0.0, got, secs,

@@ -196,3 +196,38 @@ int make_tenant(const char *url, const char *admin, const char *name, char *tena
     hresp_free(&r);
     return 0;
 }
+
+double proc_cpu_ms(pid_t pid) {
+    char path[64], line[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(line, 1, sizeof line - 1, f);
+    fclose(f);
+    line[n] = 0;
+    const char *p = strrchr(line, ')'); /* the command name may hold spaces */
+    unsigned long long ut = 0, st = 0;
+    /* fields after ')': state(3) ... utime(14) stime(15) */
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
+
+void *paced_submit_main(void *arg) {
+    struct paced_submits *ps = arg;
+    double t0 = clock_mono_msf();
+    int k;
+    while ((k = atomic_fetch_add(&ps->submitted, 1)) < ps->jobs) {
+        double due = t0 + 1000.0 * k / ps->rate;
+        while (clock_mono_msf() < due)
+            clock_sleep_us(200);
+        struct hresp r;
+        if (hreq(ps->url, "POST", "/v1/jobs", ps->token, NULL, ps->spec, strlen(ps->spec), NULL,
+                 &r) == 0 &&
+            r.status == 201)
+            atomic_fetch_add(&ps->acked, 1);
+        hresp_free(&r);
+    }
+    hreq_thread_done();
+    return NULL;
+}

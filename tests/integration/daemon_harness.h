@@ -7,6 +7,7 @@
 #define LOOM_TESTS_DAEMON_HARNESS_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -45,6 +46,22 @@ int hreq(const char *url, const char *method, const char *path, const char *toke
          struct hresp *out);
 /* Frees this thread's curl handle (call at thread end). */
 void hreq_thread_done(void);
+
+/* CPU time (user + system, ms) process pid has used so far, from
+ * /proc/PID/stat: a cost measure that does not depend on how busy the machine
+ * is, unlike latencies. 0 when unreadable. */
+double proc_cpu_ms(pid_t pid);
+
+/* Jobs submitted by several threads at one rate: each thread runs
+ * paced_submit_main(&ps), takes the next job number k and POSTs spec to
+ * /v1/jobs at t0 + k / rate (t0: the thread's start); acked counts the 201s. */
+struct paced_submits {
+    const char *url, *token, *spec;
+    int jobs, rate;
+    _Atomic int submitted; /* jobs handed out */
+    _Atomic int acked;     /* 201 replies */
+};
+void *paced_submit_main(void *arg);
 
 /* Creates a tenant with a fresh token through the admin API; writes the
  * tenant id and token. 0 or -1. */
