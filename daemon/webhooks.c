@@ -759,11 +759,11 @@ void webhooks_metrics_write(struct loomd *ld, FILE *f) {
         fprintf(f, "loom_webhook_deliveries{state=\"%s\"} %lld\n", delivery_states[i], c.n[i]);
 }
 
+/* Only the flag: until an event commits there is nothing new to deliver,
+ * and that event's wake-up (waker_main) then finds it set. */
 void webhooks_kick(struct loomd *ld) {
     struct webhooks *w = ld->webhooks;
-    if (!w) return;
-    atomic_store(&w->force, 1);
-    if (w->multi) curl_multi_wakeup(w->multi);
+    if (w) atomic_store(&w->force, 1);
 }
 
 int webhooks_start(struct loomd *ld) {

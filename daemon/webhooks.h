@@ -72,8 +72,9 @@ void webhooks_metrics_write(struct loomd *ld, FILE *f);
 
 /* Module table entries: the delivery thread. */
 int webhooks_start(struct loomd *ld);
-/* A webhook was created: the delivery thread reads the outbox again even if
- * it saw no webhook before (it skips reads for events while there is none). */
+/* A webhook was created: the delivery thread reads the outbox for the next
+ * event even if it saw no webhook before (it skips those reads while there
+ * is none). */
 void webhooks_kick(struct loomd *ld);
 void webhooks_stop(struct loomd *ld);
 
