@@ -42,6 +42,15 @@ if(LOOM_HAVE_CUDA AND TARGET loom_engine)
     loom_warnings(test_nf4_upload)
     add_test(NAME gpu.nf4_upload COMMAND test_nf4_upload)
     set_tests_properties(gpu.nf4_upload PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
+    # train.precision fp8: E4M3 quantize kernels, GEMMs and a LoRA curve (tests/gpu/test_fp8.c;
+    # fp8_ref.cu: cuda_fp8.h's host conversions, the reference)
+    add_executable(test_fp8 ${CMAKE_CURRENT_LIST_DIR}/gpu/test_fp8.c
+                            ${CMAKE_CURRENT_LIST_DIR}/gpu/fp8_ref.cu)
+    set_target_properties(test_fp8 PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+    target_link_libraries(test_fp8 PRIVATE loom_engine CUDA::cudart_static m)
+    loom_warnings(test_fp8)
+    add_test(NAME gpu.fp8 COMMAND test_fp8)
+    set_tests_properties(gpu.fp8 PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 # train.packing "document" on cuda: a packed window through loom-worker equals the documents
 # run one by one (float64 torch, bf16 bounds; tests/datasets/test_packing.py cuda)

@@ -343,6 +343,22 @@ struct backend {
      * threads at once. host_unregister undoes one registration (by its p). */
     int (*host_register)(void *ctx, void *p, size_t bytes);
     void (*host_unregister)(void *ctx, void *p);
+
+    /* ---- optional: FP8 frozen weights (train.precision "fp8" with
+     * train.lora; docs/engine.md "FP8"). NULL on a backend without them (the
+     * CPU backend): the worker refuses fp8 there. ----
+     * fp8_freeze: make the E4M3 copies of the frozen linear weight W [OC, IC]
+     * (compute dtype, its values final: call after the weights are loaded):
+     * W8 [OC, IC] and W8^T [IC, OC] with one per-tensor scale, 2 bytes a
+     * weight of backend memory. From then on matmul_fwd and
+     * matmul_residual_fwd with this W, and matmul_bwd with this W and dW ==
+     * NULL and dbias == NULL, run their GEMM in E4M3 (the input X or the
+     * output gradient dY quantized per call with its own scale), where the
+     * shape allows (N, IC, OC multiples of 16), else as before. W must not
+     * change afterwards: the copies would be stale (call again to refresh).
+     * 0 done, 1 not taken (shape, or the fp8 tuning row off: W stays on the
+     * compute-dtype path), negative out of memory. */
+    int (*fp8_freeze)(void *ctx, const void *W, int OC, int IC);
 };
 
 /* Pointer `elems` compute elements past `base` (device pointers are plain

@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "api/jobspec.h"
 #include "common/log.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/comm.h"
@@ -426,6 +427,32 @@ out:
     free(h);
     free(full);
     return rc;
+}
+
+int lora_precision_check(const struct loom_spec *s, const char *device, char *err, size_t len) {
+    if (s->train.precision != JOBSPEC_PREC_FP8) return 0;
+    if (!s->train.lora.enabled) {
+        snprintf(err, len,
+                 "train.precision fp8 runs the frozen base of train.lora in E4M3; full "
+                 "fine-tuning in fp8 is not built yet (this spec has precision=fp8 and no "
+                 "train.lora): use precision bf16, or add train.lora");
+        return -1;
+    }
+    if (s->train.quantize_base == JOBSPEC_QUANT_NF4) {
+        snprintf(err, len,
+                 "train.precision fp8 does not run with train.quantize_base nf4 (this spec has "
+                 "precision=fp8, quantize_base=nf4): use precision bf16 with nf4, or fp8 with "
+                 "quantize_base none");
+        return -1;
+    }
+    if (!device || strcmp(device, "cuda") != 0) {
+        snprintf(err, len,
+                 "train.precision fp8 needs the cuda device (this worker runs device=%s): use "
+                 "precision fp32 on cpu",
+                 device ? device : "(none)");
+        return -1;
+    }
+    return 0;
 }
 
 struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **code, char *err,

@@ -478,6 +478,8 @@ static int load_spec(struct run *r) {
         snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", r->device);
         return fail(w, LOOM_EXIT_BAD_SPEC, "INVALID_DEVICE", NULL);
     }
+    if (lora_precision_check(s, r->device, w->err, sizeof w->err) != 0)
+        return fail(w, LOOM_EXIT_BAD_SPEC, "PRECISION_UNSUPPORTED", NULL);
     if (w->der.world != o->world) {
         snprintf(w->err, sizeof w->err,
                  "the spec's layout dp=%d x tp=%d x pp=%d needs world=%d but this worker has "
@@ -910,6 +912,25 @@ static int resume_stage(struct run *r) {
     return 0;
 }
 
+/* train.precision fp8: the frozen base's E4M3 copies, once its weights are
+ * final (initialised, or loaded from init_from above); docs/engine.md "FP8". */
+static int fp8_stage(struct run *r) {
+    struct worker *w = r->w;
+    if (w->spec.train.precision != JOBSPEC_PREC_FP8) return 0;
+    int n = 0;
+    size_t bytes = 0;
+    if (model_fp8_freeze(w->m, &n, &bytes) != 0)
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot make the fp8 copies of the frozen base (see stderr)");
+    if (n == 0)
+        log_warn("fp8: no block linear weight has a shape the FP8 GEMM takes (multiples of 16), "
+                 "or the fp8 tuning row is 0: the base runs in bf16");
+    else
+        log_info("fp8: %d frozen block linear weights with E4M3 copies (%.1f MiB, W and W^T)", n,
+                 (double)bytes / 1048576.0);
+    return 0;
+}
+
 static enum optim_schedule optim_schedule_of(enum jobspec_schedule s) {
     return s == JOBSPEC_SCHED_LINEAR     ? OPTIM_LINEAR
            : s == JOBSPEC_SCHED_CONSTANT ? OPTIM_CONSTANT
@@ -1121,8 +1142,8 @@ static int summary(struct run *r) {
 
 static int run(struct worker *w) {
     static int (*const stages[])(struct run *) = {
-        load_spec,    open_backend, open_data,    build_engine, join_world,
-        resume_stage, train,        export_model, summary,
+        load_spec,    open_backend, open_data, build_engine, join_world,
+        resume_stage, fp8_stage,    train,     export_model, summary,
     };
     struct run r;
     memset(&r, 0, sizeof r);

@@ -448,6 +448,40 @@ static int flush_batch(struct model *m, uint64_t seed, const int *idx, const siz
     return 0;
 }
 
+int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes) {
+    struct engine *e = m->e;
+    struct backend *b = e->be;
+    *n_fp8 = 0;
+    *bytes = 0;
+    if (!b->fp8_freeze || !e->frozen || e->nf4) {
+        log_error("model: fp8 needs a frozen base (train.lora) in the compute dtype on a backend "
+                  "with fp8_freeze (%s backend%s%s)",
+                  b->name, e->frozen ? "" : ", base not frozen", e->nf4 ? ", NF4 base" : "");
+        return -1;
+    }
+    int fcw = m->F * (e->cfg.act == MODEL_ACT_SWIGLU ? 2 : 1);
+    for (int l = m->l0; l < m->l1; l++) {
+        const struct model_block_idx *k = &m->blk[l];
+        /* the four block linear weights as the forward passes them: W, OC, IC */
+        const struct {
+            int t, oc, ic;
+        } w[] = {{k->qkvw, m->QKV, m->C},
+                 {k->aow, m->C, m->NH * m->HD},
+                 {k->fcw, fcw, m->C},
+                 {k->mpw, m->C, m->F}};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+            int rc = b->fp8_freeze(b->ctx, P(m, w[i].t), w[i].oc, w[i].ic);
+            if (rc < 0) return -1;
+            if (rc == 0) {
+                (*n_fp8)++;
+                *bytes += (size_t)2 * w[i].oc * w[i].ic;
+            }
+        }
+    }
+    e->mem.params += *bytes;
+    return 0;
+}
+
 int model_init_params(struct model *m, uint64_t seed) {
     struct engine *e = m->e;
     int nt = e->layout.n, rc = -1, nb = 0;

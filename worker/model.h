@@ -94,6 +94,16 @@ void model_free(struct model *m); /* NULL ok */
  * (seed, tensor name), so the values do not depend on layout or tp. */
 int model_init_params(struct model *m, uint64_t seed);
 
+/* train.precision "fp8" (docs/engine.md "FP8"): give the backend E4M3
+ * copies of this stage's frozen block linear weights (q|k|v, attention
+ * output, fc or gate|up, MLP output; backend.h fp8_freeze), after the base
+ * weights are final (loaded or initialised). Needs a frozen base (LoRA) that
+ * is not NF4 and a backend with fp8_freeze. *n_fp8: the weights that got
+ * copies (a shape the FP8 GEMM does not take stays bf16), *bytes their
+ * backend memory (2 bytes a weight, added to e->mem.params). 0 or -1
+ * (logged). */
+int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes);
+
 /* Tensors of at least this many elements are initialised in parallel. */
 #define MODEL_INIT_PAR_MIN ((size_t)1 << 26)
 /* The normal(0, std) values model_init_params draws for one tensor whose

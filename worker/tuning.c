@@ -62,6 +62,9 @@ const struct config_entry worker_tuning_rows[] = {
     {"xent-l2", CONFIG_BOOL | T, AT(cuda.xent_l2), "0", 0, 0,
      "CUDA classifier: the fused loss kernel on one 1024-thread block per SM (a row's second "
      "pass read from L2); 0: one 512-thread block per row"},
+    {"fp8", CONFIG_BOOL | T, AT(cuda.fp8), "1", 0, 0,
+     "CUDA, train.precision fp8: the frozen base's linear layers in E4M3 GEMMs; 0 keeps them "
+     "bf16 (A/B, or to switch a failing fp8 path off)"},
     {"comm-timeout-ms", CONFIG_INT | T, AT(comm.timeout_ms), "0", 0, 1e9,
      "rendezvous and per-operation timeout (0: 300000)"},
     {"comm-backend", CONFIG_STR | T, AT(comm.backend), NULL, 1, 0,

@@ -41,6 +41,7 @@ struct cuda_tuning {
     int nf4_vec;           /* nf4-vec: NF4 dequantization 8 weights a thread */
     long xent_chunk_mib;   /* xent-chunk-mib: bf16 logits per classifier chunk; 0: 2 GiB */
     int xent_l2;           /* xent-l2: the loss kernel on a persistent one-block-per-SM grid */
+    int fp8;               /* fp8: train.precision fp8 runs E4M3 GEMMs (0: bf16, for A/B) */
 };
 
 /* Communication: comm layer, NCCL/Gloo backends, dp pair transport, tp. */

@@ -27,6 +27,10 @@
  * optimizer wall ms on the engine thread, the CPU AdamW's ms, the exposed
  * copy and CPU waits, and the start-up (host state ready, process to first
  * step).
+ * --precision fp8 (with --lora): the frozen base's block linear layers in
+ * E4M3 GEMMs (model_fp8_freeze; docs/engine.md "FP8"); LOOM_FP8=0 keeps them
+ * bf16 with the copies asked for (the fp8 tuning row). The RESULT line adds
+ * the weights with copies and the GEMMs that ran in E4M3.
  * --ncu-step K: step K (from 0) alone between cudaProfilerStart / Stop, for
  * `ncu --profile-from-start off` (tests/gpu/device/profile_llama.sh). */
 #include <cuda_profiler_api.h>
@@ -272,7 +276,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
-    const char *recompute = "none", *quant = "none";
+    const char *recompute = "none", *quant = "none", *precision = "bf16";
     int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0, ncu_step = -1;
     int accum = 1, offload_threads = 0;
     const char *offload = "off", *pin = "register";
@@ -306,6 +310,8 @@ int main(int argc, char **argv) {
             pin = argv[i + 1];
         else if (!strcmp(argv[i], "--offload-threads"))
             offload_threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--precision"))
+            precision = argv[i + 1];
         else if (!strcmp(argv[i], "--ncu-step"))
             ncu_step = atoi(argv[i + 1]);
         else {
@@ -324,6 +330,16 @@ int main(int argc, char **argv) {
     }
     if (nf4 && rank < 1) {
         fprintf(stderr, "--quantize-base nf4 needs --lora R (the base is frozen)\n");
+        return 2;
+    }
+    int fp8 = !strcmp(precision, "fp8");
+    if (!fp8 && strcmp(precision, "bf16") != 0) {
+        fprintf(stderr, "bad --precision %s (bf16, fp8)\n", precision);
+        return 2;
+    }
+    if (fp8 && (rank < 1 || nf4)) {
+        fprintf(stderr, "--precision fp8 needs --lora R and no --quantize-base nf4 (the frozen "
+                        "base in E4M3; full fine-tuning in fp8 is not built)\n");
         return 2;
     }
     if (rcm < 0 || rank < 0 || nsteps < 1) {
@@ -408,6 +424,13 @@ int main(int argc, char **argv) {
         m->lora = lo;
         fprintf(stderr, "lora: %d adapters of rank %d, %zu parameters\n", lora_count(lo), rank,
                 lora_numel(lo));
+    }
+    if (fp8) {
+        int nq = 0;
+        size_t nb = 0;
+        if (model_fp8_freeze(m, &nq, &nb) != 0) return 1;
+        fprintf(stderr, "fp8: %d frozen block linear weights with E4M3 copies, %.2f GiB\n", nq,
+                nb / 1073741824.0);
     }
     double t_ready = clock_mono_msf();
     struct offload_stats ost;
@@ -521,6 +544,11 @@ int main(int argc, char **argv) {
            (double)(mr.engine_peak + mr.workspace_bytes) / 1073741824.0, info.loss, rank,
            lo ? lora_numel(lo) : (size_t)nparam, recompute, quant);
     printf(",\"accum\":%d,\"offload\":\"%s\",\"pin\":\"%s\"", o.grad_accum, offload, pin);
+    struct cuda_fp8_stats f8s;
+    if (backend_cuda_fp8_stats(e->be, &f8s) == 0)
+        printf(",\"precision\":\"%s\",\"fp8_weights\":%d,\"fp8_gemms_fwd\":%ld,"
+               "\"fp8_gemms_bwd\":%ld,\"fp8_fallback\":%ld",
+               precision, f8s.weights, f8s.fwd, f8s.bwd, f8s.fallback);
     if (nf4)
         printf(",\"nf4_init_s\":%.2f,\"nf4_put_s\":%.2f,\"nf4_threads\":%d", nf4_init_s,
                nf4_put_seconds(e->nf4), nf4_threads());

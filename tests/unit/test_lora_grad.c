@@ -4,12 +4,16 @@
  * - the base weights get no gradient (the gradient buffer stays zero);
  * - with dropout (PEFT: on the adapter input) the gradients are those of the
  *   loss under the same masks (finite differences of training forwards), and
- *   an eval forward drops nothing. */
+ *   an eval forward drops nothing;
+ * - train.precision fp8 at worker start (lora_precision_check): refused
+ *   without train.lora, with quantize_base nf4 and off cuda, each message
+ *   naming the values; taken with train.lora on cuda. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/jobspec.h"
 #include "worker/lora.h"
 #include "worker/model.h"
 #include "tests/check.h"
@@ -167,7 +171,42 @@ out:
     engine_free(e);
 }
 
+/* lora_precision_check over parsed specs: NULL want means taken */
+#define PSPEC(train)                                                                               \
+    "{\"model\":{\"family\":\"llama\",\"preset\":\"1b\"},\"data\":{\"train\":\"/d/t_*.bin\"},"     \
+    "\"train\":{" train "}}"
+static const struct {
+    const char *name, *spec, *device, *want;
+} pcases[] = {
+    {"fp8 without lora", PSPEC("\"precision\":\"fp8\""), "cuda", "precision=fp8 and no train.lora"},
+    {"fp8 with nf4", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4},\"quantize_base\":\"nf4\""),
+     "cuda", "precision=fp8, quantize_base=nf4"},
+    {"fp8 lora on cpu (--device)", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cpu",
+     "device=cpu"},
+    {"fp8 lora on cuda", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", NULL},
+    {"bf16 without lora", PSPEC("\"precision\":\"bf16\""), "cuda", NULL},
+};
+
+static void precision_checks(void) {
+    for (size_t i = 0; i < sizeof pcases / sizeof *pcases; i++) {
+        struct loom_spec s;
+        struct loom_error le;
+        memset(&le, 0, sizeof le);
+        int prc = jobspec_parse_text(&s, pcases[i].spec, strlen(pcases[i].spec), 0, &le);
+        CHECK(prc == 0, "%s: spec parses: %s", pcases[i].name, le.message);
+        if (prc != 0) continue;
+        char err[512] = "";
+        int rc = lora_precision_check(&s, pcases[i].device, err, sizeof err);
+        if (pcases[i].want)
+            CHECK(rc == -1 && strstr(err, pcases[i].want), "%s: refused naming '%s': %d %s",
+                  pcases[i].name, pcases[i].want, rc, err);
+        else
+            CHECK(rc == 0, "%s: taken: %d %s", pcases[i].name, rc, err);
+    }
+}
+
 int main(void) {
+    precision_checks();
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case(&cases[i]);
     /* refusals: dropout 1, ZeRO-3 */

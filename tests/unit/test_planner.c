@@ -409,6 +409,17 @@ static void test_lora_8b(void) {
     CHECK_NEAR(nf4.mem.params, nf4p, 1);
     CHECK(nf4.fits && nf4.mem.total < lora.mem.total - 9 * GIB);
     printf("8b qlora nf4: %.2f GiB (params %.2f GiB)\n", nf4.mem.total / GIB, nf4.mem.params / GIB);
+    /* train.precision fp8: the E4M3 W and W^T of every block linear weight (2 bytes a weight),
+     * and one E4M3 buffer of N x the widest block width (gate|up, 2F) in the workspace */
+    struct planner_estimate f8;
+    snprintf(spec, sizeof spec, base, ",'lora':{'rank':16,'alpha':32},'precision':'fp8'");
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "RTX4090", 0, &f8, &e) == 0);
+    CHECK_NEAR(f8.mem.params, lora.mem.params + 2 * lin, 1);
+    CHECK_NEAR(f8.mem.workspace, lora.mem.workspace + 2048 * 2 * F + 128, 1);
+    CHECK_NEAR(f8.mem.grads + f8.mem.optimizer + f8.mem.activations,
+               lora.mem.grads + lora.mem.optimizer + lora.mem.activations, 1);
+    printf("8b lora fp8: %.2f GiB (params %.2f GiB, %.2f GiB of E4M3 copies)\n", f8.mem.total / GIB,
+           f8.mem.params / GIB, 2 * lin / GIB);
     /* dp 2 with ZeRO 1: the adapter optimizer state halves, a gradient shard is added */
     snprintf(spec, sizeof spec,
              "{'model':{'family':'llama','preset':'8b','seq_len':2048},'parallel':{'dp':2,"

@@ -49,6 +49,7 @@
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cudnn_attn.h"
+#include "worker/cuda/k_fp8.h"
 #include "worker/cuda/k_lora.h"
 #include "worker/cuda/kernels.h"
 #include "worker/tuning.h"
@@ -178,6 +179,27 @@ struct cuda_ctx {
     int32_t *doc_h, *h_doc, *d_doc, *h_pos, *d_pos;
     int doc_n, doc_cap, doc_on, doc_noskip;
     cudaEvent_t doc_ev, pos_ev; /* h_doc / h_pos free again */
+    /* FP8 frozen weights (fp8_freeze; docs/engine.md "FP8"): per weight
+     * pointer one allocation holding W8 [OC][IC] | W8T [IC][OC] | amax,
+     * scale (fp32); q: the per-call E4M3 input / output-gradient buffer
+     * (qcap bytes, sized at freeze time for the reserved N), xs its amax and
+     * scale; off: the fp8 tuning row is 0 (every weight stays bf16) */
+    struct {
+        struct fp8_weight *w;
+        int n, cap, off;
+        uint8_t *q;
+        size_t qcap, bytes;
+        float *xs;
+        long fwd, bwd, fallback;
+    } f8;
+};
+
+struct fp8_weight {
+    const void *W;
+    int OC, IC;
+    uint8_t *w8, *w8t;
+    float *sc; /* device [2]: amax, scale */
+    int bad;   /* cuBLASLt refused its GEMM once: bf16 from then on */
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -463,6 +485,7 @@ static void cu_destroy(void *ctx) {
         if (c->allocs[i].p) cudaFree(c->allocs[i].p);
     cudaFree(c->dec_rope_inv);
     cudaFree(c->dec_scratch);
+    free(c->f8.w); /* its buffers are in allocs */
     cudaStreamDestroy(c->s);
     free(c);
 }
@@ -616,11 +639,113 @@ static void cu_rmsnorm_bwd(void *ctx, void *dinp, void *dw, const void *dout, co
     lk_norm_bwd(dinp, dw, NULL, CX->norm_scratch, dout, inp, w, NULL, rstd, N, C, 1, ST);
 }
 
+/* ---- FP8 frozen weights (backend.h fp8_freeze) ---- */
+
+static struct fp8_weight *fp8_find(struct cuda_ctx *c, const void *W, int OC, int IC) {
+    for (int i = 0; i < c->f8.n; i++)
+        if (c->f8.w[i].W == W) {
+            struct fp8_weight *f = &c->f8.w[i];
+            return f->OC == OC && f->IC == IC && !f->bad ? f : NULL;
+        }
+    return NULL;
+}
+
+static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC) {
+    struct cuda_ctx *c = CX;
+    cu_require(c, "fp8_freeze");
+    if (c->f8.off || OC <= 0 || IC <= 0 || OC % 16 || IC % 16) return 1;
+    FLUSH();
+    struct fp8_weight *f = NULL;
+    for (int i = 0; i < c->f8.n && !f; i++)
+        if (c->f8.w[i].W == W) f = &c->f8.w[i];
+    if (f && (f->OC != OC || f->IC != IC)) return 1;
+    size_t nw = (size_t)OC * IC;
+    if (!f) {
+        if (c->f8.n == c->f8.cap) {
+            int cap = c->f8.cap ? 2 * c->f8.cap : 64;
+            struct fp8_weight *nwv = realloc(c->f8.w, (size_t)cap * sizeof *nwv);
+            if (!nwv) return -1;
+            c->f8.w = nwv;
+            c->f8.cap = cap;
+        }
+        if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 64))) return -1;
+        /* the per-call buffer: the widest operand of the reserved micro-batch */
+        size_t N = (size_t)c->lim.B * c->lim.T, want = N * (size_t)(OC > IC ? OC : IC);
+        if (want > c->f8.qcap) {
+            uint8_t *q = cu_alloc(c, want);
+            if (!q) return -1;
+            cu_free(c, c->f8.q);
+            c->f8.q = q;
+            c->f8.qcap = want;
+        }
+        uint8_t *buf = cu_alloc(c, 2 * nw + 64);
+        if (!buf) return -1;
+        f = &c->f8.w[c->f8.n++];
+        *f = (struct fp8_weight){W, OC, IC, buf, buf + nw, (float *)(buf + 2 * nw), 0};
+        c->f8.bytes += 2 * nw;
+    }
+    lk_fp8_amax(f->sc, W, nw, ST);
+    lk_fp8_quant(f->w8, f->sc + 1, f->sc, W, nw, ST);
+    lk_fp8_quant_t(f->w8t, f->sc, W, OC, IC, ST);
+    return 0;
+}
+
+/* x [N][K] (bf16) into the E4M3 buffer with its own scale (f8.xs[1]); NULL
+ * when it does not fit. */
+static const uint8_t *fp8_quant_act(struct cuda_ctx *c, const void *x, int N, int K) {
+    size_t n = (size_t)N * K;
+    if (n > c->f8.qcap) return NULL;
+    lk_fp8_amax(c->f8.xs, x, n, (lcuda_stream)c->s);
+    lk_fp8_quant(c->f8.q, c->f8.xs + 1, c->f8.xs, x, n, (lcuda_stream)c->s);
+    return c->f8.q;
+}
+
+/* out [N][OC] = (acc) + inp . W^T (+ bias) in E4M3; 0, or -1: not taken
+ * (the caller runs the bf16 GEMM). Held work must be issued already. */
+static int fp8_fwd(struct cuda_ctx *c, void *out, const void *inp, const void *W, const void *bias,
+                   const void *acc, int N, int IC, int OC) {
+    struct fp8_weight *f = c->f8.n ? fp8_find(c, W, OC, IC) : NULL;
+    if (!f) return -1;
+    if (!lk_fp8_shape_ok(OC, N, IC, out, acc, bias) || (size_t)N * IC > c->f8.qcap) {
+        c->f8.fallback++;
+        return -1;
+    }
+    const uint8_t *q = fp8_quant_act(c, inp, N, IC);
+    if (lk_linear_fp8(c->blas, out, acc, bias, f->w8, f->sc + 1, q, c->f8.xs + 1, OC, N, IC)) {
+        f->bad = 1;
+        c->f8.fallback++;
+        return -1;
+    }
+    c->f8.fwd++;
+    return 0;
+}
+
+/* dinp [N][IC] (+)= dout [N][OC] . W in E4M3 (through W8T); 0 or -1 as fp8_fwd. */
+static int fp8_bwd(struct cuda_ctx *c, void *dinp, const void *dout, const void *W, int N, int IC,
+                   int OC, int accumulate) {
+    struct fp8_weight *f = fp8_find(c, W, OC, IC);
+    const void *C = accumulate ? dinp : NULL;
+    if (!lk_fp8_shape_ok(IC, N, OC, dinp, C, NULL) || (size_t)N * OC > c->f8.qcap) {
+        c->f8.fallback++;
+        return -1;
+    }
+    const uint8_t *q = fp8_quant_act(c, dout, N, OC);
+    if (lk_linear_fp8(c->blas, dinp, C, NULL, f->w8t, f->sc + 1, q, c->f8.xs + 1, IC, N, OC)) {
+        f->bad = 1;
+        c->f8.fallback++;
+        return -1;
+    }
+    c->f8.bwd++;
+    return 0;
+}
+
 static void cu_matmul_fwd(void *ctx, void *out, const void *inp, const void *W, const void *bias,
                           int N, int IC, int OC) {
     struct cuda_ctx *c = CX;
     FLUSH();
     cu_require(c, "matmul_fwd");
+    /* an fp8 weight runs at once (no GELU epilogue on the E4M3 GEMM) */
+    if (c->f8.n && fp8_fwd(c, out, inp, W, bias, NULL, N, IC, OC) == 0) return;
     c->mm.on = 1;
     c->mm.out = out, c->mm.inp = inp, c->mm.W = W, c->mm.bias = bias;
     c->mm.N = N, c->mm.IC = IC, c->mm.OC = OC;
@@ -632,6 +757,10 @@ static void cu_matmul_bwd(void *ctx, void *dinp, void *dW, void *dbias, const vo
     cu_require(c, "matmul_bwd");
     int fresh = dinp && pz_take(c, dinp, (size_t)N * IC * 2);
     if (!dinp) FLUSH();
+    /* a frozen fp8 weight: the input gradient in E4M3 (never held for DGELU) */
+    if (dinp && !dW && !dbias && c->f8.n && fp8_find(c, W, OC, IC) &&
+        fp8_bwd(c, dinp, dout, W, N, IC, OC, !fresh) == 0)
+        return;
     /* an overwriting input-gradient GEMM waits one call for a gelu_bwd of
      * its output (DGELU needs IC % 8 == 0 for the bf16 auxiliary rows) */
     int hold = dinp && fresh && IC % 8 == 0 && !c->fuse_off;
@@ -884,6 +1013,7 @@ static void cu_classifier(void *ctx, float *losses, void *dinp, void *dW, const 
 static void cu_matmul_residual_fwd(void *ctx, void *out, const void *inp, const void *W,
                                    const void *bias, const void *residual, int N, int IC, int OC) {
     FLUSH();
+    if (CX->f8.n && fp8_fwd(CX, out, inp, W, bias, residual, N, IC, OC) == 0) return;
     lk_linear_fwd(CX->blas, out, NULL, inp, W, bias, residual, N, IC, OC, 0);
 }
 
@@ -1215,6 +1345,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->elem_scalar = t && !t->elem_vec;
     c->doc_noskip = t && !t->attn_doc_skip;
     c->nf4_scalar = t && !t->nf4_vec;
+    c->f8.off = t && !t->fp8;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
@@ -1286,6 +1417,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     /* the lora-fused row off: lora.c's per-adapter path */
     if (!t || t->lora_fused) b->lora_gemm = cu_lora_gemm;
     b->nf4_dequant = cu_nf4_dequant;
+    b->fp8_freeze = cu_fp8_freeze;
     return b;
 }
 
@@ -1348,4 +1480,15 @@ void backend_cuda_issue_held(const struct backend *b, int what) {
 void backend_cuda_flush(const struct backend *b) {
     if (!is_cuda(b)) return;
     pz_flush(b->ctx);
+}
+
+int backend_cuda_fp8_stats(const struct backend *b, struct cuda_fp8_stats *st) {
+    if (!is_cuda(b)) return -1;
+    const struct cuda_ctx *c = b->ctx;
+    *st = (struct cuda_fp8_stats){.weights = c->f8.n,
+                                  .bytes = c->f8.bytes,
+                                  .fwd = c->f8.fwd,
+                                  .bwd = c->f8.bwd,
+                                  .fallback = c->f8.fallback};
+    return 0;
 }

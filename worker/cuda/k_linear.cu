@@ -59,6 +59,7 @@ extern "C" {
 #include "common/clock.h"
 #include "common/log.h"
 }
+#include "worker/cuda/k_fp8.h"
 #include "worker/cuda/kernels.h"
 
 #define LK_WS_BYTES    (64u << 20)
@@ -78,6 +79,9 @@ struct algo_key {
     /* leading dimensions of a strided call (lk_gemm_rm); 0 for the packed
      * calls, so the table file (which does not record them) still matches */
     int lda, ldb, ldc;
+    /* 1: E4M3 A and B with scale pointers (lk_linear_fp8); 0: bf16 operands.
+     * Never in the table file (fp8 calls take the heuristic's first). */
+    int fp8;
 };
 struct algo_entry {
     struct algo_key key;
@@ -751,4 +755,120 @@ extern "C" void lk_linear_bwd_weight(struct lk_blas *b, lbf16 *dw, lbf16 *dbias,
                                                               nchunk, OC);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+/* ---- FP8 (k_fp8.h): E4M3 x E4M3 -> bf16 with per-tensor scale pointers ---- */
+
+extern "C" int lk_fp8_shape_ok(int m, int n, int k, const void *D, const void *C,
+                               const void *bias) {
+    if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 16) return 0;
+    const void *p[] = {D, C, bias};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        if (p[i] && ((uintptr_t)p[i] & 15)) return 0;
+    return 1;
+}
+
+/* The TN form (column-major): A [k][m] with op T, B [k][n] with op N, C / D
+ * [m][n], ld k, k and m. Algorithms are cached like lt_matmul's (the key's
+ * fp8 field keeps them apart) but neither tuned nor written to the table:
+ * the heuristic's first. A refused or unsupported call returns -1 before
+ * anything is written. */
+extern "C" int lk_linear_fp8(struct lk_blas *b, lbf16 *D, const lbf16 *C, const lbf16 *bias,
+                             const uint8_t *A, const float *a_scale, const uint8_t *B,
+                             const float *b_scale, int m, int n, int k) {
+    if (!lk_fp8_shape_ok(m, n, k, D, C, bias)) return -1;
+    struct mm_call c;
+    memset(&c, 0, sizeof c);
+    int rc = -1;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &a_scale, sizeof a_scale));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                &b_scale, sizeof b_scale));
+    if (bias) {
+        cudaDataType bt = CUDA_R_16BF;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof bias));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &bt, sizeof bt));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.la, CUDA_R_8F_E4M3, k, m, k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.lb, CUDA_R_8F_E4M3, k, n, k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.lc, CUDA_R_16BF, m, n, m));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.ld, CUDA_R_16BF, m, n, m));
+    c.A = A, c.B = B, c.C = C ? (const void *)C : (const void *)D, c.D = D, c.bias = bias;
+    c.alpha = 1.0f, c.beta = C ? 1.0f : 0.0f, c.epi = epi;
+
+    struct algo_key key;
+    memset(&key, 0, sizeof key);
+    key.m = m, key.n = n, key.k = k, key.ta = 1, key.tb = 0, key.epi = (int)epi;
+    key.dt = CUDA_R_16BF, key.beta1 = C != NULL, key.fp8 = 1;
+    key.align[AL_A] = ptr_align(A), key.align[AL_B] = ptr_align(B);
+    key.align[AL_C] = ptr_align(c.C), key.align[AL_D] = ptr_align(D);
+    key.align[AL_BIAS] = ptr_align(bias);
+    const cublasLtMatmulAlgo_t *algo = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    for (int i = 0; i < LK_ALGO_CACHE && !algo; i++)
+        if (b->cache[i].used && !memcmp(&b->cache[i].key, &key, sizeof key))
+            algo = &b->cache[i].algo;
+    if (!algo) {
+        cublasLtMatmulPreference_t pref = NULL;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsb = LK_WS_BYTES;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+        /* the real alignments (activation rows need not sit on 256 bytes) */
+        const cublasLtMatmulPreferenceAttributes_t al[] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        const int which[] = {AL_A, AL_B, AL_C, AL_D};
+        for (int i = 0; i < 4; i++) {
+            uint32_t v = (uint32_t)key.align[which[i]];
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al[i], &v, sizeof v));
+        }
+        int nres = 0;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(b->lt, c.desc, c.la, c.lb, c.lc, c.ld,
+                                                           pref, 1, &res, &nres);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (hs != CUBLAS_STATUS_SUCCESS || nres < 1 || res.state != CUBLAS_STATUS_SUCCESS ||
+            res.workspaceSize > LK_WS_BYTES) {
+            log_warn("blas: no FP8 algorithm for m=%d n=%d k=%d (%s): bf16 instead", m, n, k,
+                     cublasLtGetStatusString(hs));
+            goto out;
+        }
+        int slot = 0;
+        while (slot < LK_ALGO_CACHE && b->cache[slot].used)
+            slot++;
+        if (slot == LK_ALGO_CACHE) slot = 0;
+        b->cache[slot].key = key;
+        b->cache[slot].algo = res.algo;
+        b->cache[slot].used = 1;
+        b->st.configs++;
+        algo = &res.algo;
+    }
+    {
+        cublasStatus_t st = lt_run(b, &c, algo, D);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            cudaGetLastError();
+            log_warn("blas: FP8 GEMM m=%d n=%d k=%d refused (%s): bf16 instead", m, n, k,
+                     cublasLtGetStatusString(st));
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    cublasLtMatrixLayoutDestroy(c.la);
+    cublasLtMatrixLayoutDestroy(c.lb);
+    cublasLtMatrixLayoutDestroy(c.lc);
+    cublasLtMatrixLayoutDestroy(c.ld);
+    cublasLtMatmulDescDestroy(c.desc);
+    return rc;
 }

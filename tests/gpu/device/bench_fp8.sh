@@ -1,0 +1,58 @@
+#!/bin/bash
+# train.precision fp8 on one GPU (docs/engine.md "FP8"): the GPU test, then
+# LoRA throughput with the frozen base's block linear layers in E4M3 against
+# the same run in bf16, in one call: rank-16 adapters on every projection of
+# the Llama 3.2 1B shape and (when time allows) the Llama 3 8B shape, micro-batch
+# 4, T 2048 (loom-gpu-bench --lora 16 with and without --precision fp8), the
+# per-class GPU time of each (--profile 1), and the fp8 run with the fp8 tuning
+# row off (LOOM_FP8=0: copies made, GEMMs bf16) as a control.
+# Usage: tests/gpu/device/bench_fp8.sh   (BUILD: the carried build folder). The
+# test's PASS / FAIL lines, one RESULT line per run, a "ratio" line per pair on
+# stdout; logs under $OUT.
+. "$(dirname "$0")/env.sh"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+timeout 300 stdbuf -oL "$BIN/test_fp8" >"$OUT/fp8_test.out" 2>"$OUT/fp8_test.err"
+echo "test_fp8 rc=$? $(el)"
+grep -E '^(PASS|FAIL)|failure' "$OUT/fp8_test.out"
+grep -E '^  step' "$OUT/fp8_test.out" | head -31
+tail -5 "$OUT/fp8_test.err"
+run() { # TAG TIMEOUT ARGS...: one loom-gpu-bench run, its RESULT line and profile
+    local tag=$1 to=$2
+    shift 2
+    timeout "$to" "$BIN/loom-gpu-bench" --family llama "$@" >"$OUT/fp8_$tag.out" \
+        2>"$OUT/fp8_$tag.err"
+    echo "loom $tag rc=$? $(el)"
+    grep -h '^RESULT' "$OUT/fp8_$tag.out" | sed "s/^RESULT {/RESULT {\"tag\":\"$tag\",/" ||
+        tail -5 "$OUT/fp8_$tag.err"
+    grep -h '^fp8:\|blas:.*FP8' "$OUT/fp8_$tag.err" | head -3
+    grep -h -A9 "GPU time per step" "$OUT/fp8_$tag.err" | head -10
+}
+ratio() { # FP8_TAG BF16_TAG: tokens/s, memory and first loss of the pair
+    python3 - "$OUT/fp8_$1.out" "$OUT/fp8_$2.out" "$1" <<'PY'
+import json, sys
+def res(p):
+    try:
+        return json.loads([l for l in open(p) if l.startswith("RESULT")][-1][7:])
+    except Exception:
+        return None
+a, b = res(sys.argv[1]), res(sys.argv[2])
+if not a or not b:
+    print("ratio %s: missing a RESULT line" % sys.argv[3])
+else:
+    print("ratio %s: tokens/s %.3fx bf16 (%.0f vs %.0f), memory %.2f vs %.2f GiB, loss %.4f vs "
+          "%.4f, fp8 GEMMs %s fwd / %s bwd, %s fallbacks"
+          % (sys.argv[3], a["tokens_per_s"] / b["tokens_per_s"], a["tokens_per_s"],
+             b["tokens_per_s"], a["mem_gib"], b["mem_gib"], a["loss"], b["loss"],
+             a.get("fp8_gemms_fwd"), a.get("fp8_gemms_bwd"), a.get("fp8_fallback")))
+PY
+}
+A1=(--model 1b --mbs 4 --T 2048 --lora 16 --steps 20 --warmup 5 --profile 1)
+run 1b_bf16 150 "${A1[@]}"
+run 1b_fp8 150 "${A1[@]}" --precision fp8
+ratio 1b_fp8 1b_bf16
+LOOM_FP8=0 run 1b_fp8_off 150 "${A1[@]}" --precision fp8 --profile 0
+ratio 1b_fp8_off 1b_bf16
+A8=(--model 8b --mbs 4 --T 2048 --lora 16 --steps 8 --warmup 2 --profile 1)
+run 8b_bf16 200 "${A8[@]}"
+run 8b_fp8 200 "${A8[@]}" --precision fp8
+ratio 8b_fp8 8b_bf16
