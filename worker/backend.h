@@ -344,21 +344,24 @@ struct backend {
     int (*host_register)(void *ctx, void *p, size_t bytes);
     void (*host_unregister)(void *ctx, void *p);
 
-    /* ---- optional: FP8 frozen weights (train.precision "fp8" with
-     * train.lora; docs/engine.md "FP8"). NULL on a backend without them (the
-     * CPU backend): the worker refuses fp8 there. ----
-     * fp8_freeze: make the E4M3 copies of the frozen linear weight W [OC, IC]
-     * (compute dtype, its values final: call after the weights are loaded):
-     * W8 [OC, IC] and W8^T [IC, OC] with one per-tensor scale, 2 bytes a
-     * weight of backend memory. From then on matmul_fwd and
-     * matmul_residual_fwd with this W, and matmul_bwd with this W and dW ==
-     * NULL and dbias == NULL, run their GEMM in E4M3 (the input X or the
-     * output gradient dY quantized per call with its own scale), where the
-     * shape allows (N, IC, OC multiples of 16), else as before. W must not
-     * change afterwards: the copies would be stale (call again to refresh).
-     * 0 done, 1 not taken (shape, or the fp8 tuning row off: W stays on the
-     * compute-dtype path), negative out of memory. */
-    int (*fp8_freeze)(void *ctx, const void *W, int OC, int IC);
+    /* ---- optional: FP8 linear layers (train.precision "fp8";
+     * docs/engine.md "FP8"). NULL on a backend without them (the CPU
+     * backend): the worker refuses fp8 there. ----
+     * fp8_freeze: make (or refresh) the E4M3 copies of the linear weight W
+     * [OC, IC] (compute dtype, its current values: call after the weights
+     * are loaded, and again after each optimizer step when W trains): W8
+     * [OC, IC] and W8^T [IC, OC] with one per-tensor scale, 2 bytes a weight
+     * of backend memory. From then on matmul_fwd and matmul_residual_fwd
+     * with this W, and matmul_bwd with this W, run their GEMMs in E4M3 (the
+     * input X and the output gradient dY quantized per call with their own
+     * scales): the input gradient through W8^T, and with wgrad = 1 the
+     * weight gradient dW += dY^T X too (from transposed E4M3 copies of dY and
+     * X; backend buffers for them are made here), where the shapes allow (N,
+     * IC, OC multiples of 16), else as before. Stale copies (W changed since)
+     * would be used as they are. 0 done, 1 not taken (shape, or the fp8
+     * tuning row off: W stays on the compute-dtype path), negative out of
+     * memory. */
+    int (*fp8_freeze)(void *ctx, const void *W, int OC, int IC, int wgrad);
 };
 
 /* Pointer `elems` compute elements past `base` (device pointers are plain

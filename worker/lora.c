@@ -429,16 +429,10 @@ out:
     return rc;
 }
 
-int lora_precision_check(const struct loom_spec *s, const char *device, char *err, size_t len) {
+int lora_precision_check(const struct loom_spec *s, const char *device, int offload, char *err,
+                         size_t len) {
     if (s->train.precision != JOBSPEC_PREC_FP8) return 0;
-    if (!s->train.lora.enabled) {
-        snprintf(err, len,
-                 "train.precision fp8 runs the frozen base of train.lora in E4M3; full "
-                 "fine-tuning in fp8 is not built yet (this spec has precision=fp8 and no "
-                 "train.lora): use precision bf16, or add train.lora");
-        return -1;
-    }
-    if (s->train.quantize_base == JOBSPEC_QUANT_NF4) {
+    if (s->train.lora.enabled && s->train.quantize_base == JOBSPEC_QUANT_NF4) {
         snprintf(err, len,
                  "train.precision fp8 does not run with train.quantize_base nf4 (this spec has "
                  "precision=fp8, quantize_base=nf4): use precision bf16 with nf4, or fp8 with "
@@ -450,6 +444,17 @@ int lora_precision_check(const struct loom_spec *s, const char *device, char *er
                  "train.precision fp8 needs the cuda device (this worker runs device=%s): use "
                  "precision fp32 on cpu",
                  device ? device : "(none)");
+        return -1;
+    }
+    if (!s->train.lora.enabled && (offload || s->parallel.zero_stage > 2)) {
+        /* the E4M3 copies are made from the resident bf16 weights after the
+         * optimizer step: ZeRO-3 holds them as per-block windows, and the
+         * offloaded update writes them back later */
+        snprintf(err, len,
+                 "train.precision fp8 for full fine-tuning needs resident weights updated on the "
+                 "device (this spec has precision=fp8, zero_stage=%d, optimizer offload %s): use "
+                 "zero_stage 0-2 without offload_optimizer, or precision bf16",
+                 s->parallel.zero_stage, offload ? "on" : "off");
         return -1;
     }
     return 0;

@@ -66,15 +66,18 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
                       size_t errlen);
 void lora_free(struct lora *l); /* NULL ok */
 
-/* train.precision "fp8" (docs/engine.md "FP8"): E4M3 GEMMs for the frozen
- * base of train.lora on the cuda device. Refused (-1, PRECISION_UNSUPPORTED,
- * a message naming the values): fp8 without train.lora (full fine-tuning in
- * fp8 is not built), with train.quantize_base nf4 (the NF4 base is
+/* train.precision "fp8" (docs/engine.md "FP8"): the block linear layers'
+ * GEMMs in E4M3 on the cuda device, the frozen base of train.lora or the
+ * trained weights of a full fine-tune. Refused (-1, PRECISION_UNSUPPORTED, a
+ * message naming the values): with train.quantize_base nf4 (the NF4 base is
  * dequantized into one shared scratch, which cannot hold per-weight fp8
- * copies), or on a device other than cuda (`device`: what the worker runs,
- * --device may override the spec). 0 otherwise (any other precision too). */
+ * copies), on a device other than cuda (`device`: what the worker runs,
+ * --device may override the spec), and a full fine-tune with zero_stage 3
+ * or the optimizer offloaded (`offload`: the spec's or the flag's). 0
+ * otherwise (any other precision too). */
 struct loom_spec;
-int lora_precision_check(const struct loom_spec *s, const char *device, char *err, size_t len);
+int lora_precision_check(const struct loom_spec *s, const char *device, int offload, char *err,
+                         size_t len);
 
 /* The dropout masks are a function of (seed, adapter, step, micro): the
  * train loop names the micro-batch (its index in the global batch, micro-step

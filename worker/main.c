@@ -478,7 +478,10 @@ static int load_spec(struct run *r) {
         snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", r->device);
         return fail(w, LOOM_EXIT_BAD_SPEC, "INVALID_DEVICE", NULL);
     }
-    if (lora_precision_check(s, r->device, w->err, sizeof w->err) != 0)
+    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
+                  strcmp(o->offload, "delayed") == 0 ||
+                  (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
+    if (lora_precision_check(s, r->device, offload, w->err, sizeof w->err) != 0)
         return fail(w, LOOM_EXIT_BAD_SPEC, "PRECISION_UNSUPPORTED", NULL);
     if (w->der.world != o->world) {
         snprintf(w->err, sizeof w->err,
@@ -912,8 +915,10 @@ static int resume_stage(struct run *r) {
     return 0;
 }
 
-/* train.precision fp8: the frozen base's E4M3 copies, once its weights are
- * final (initialised, or loaded from init_from above); docs/engine.md "FP8". */
+/* train.precision fp8: the block weights' E4M3 copies, once they are final
+ * (initialised, loaded from init_from or a checkpoint above); a full
+ * fine-tune refreshes them after every optimizer step (train_step);
+ * docs/engine.md "FP8". */
 static int fp8_stage(struct run *r) {
     struct worker *w = r->w;
     if (w->spec.train.precision != JOBSPEC_PREC_FP8) return 0;
@@ -921,13 +926,14 @@ static int fp8_stage(struct run *r) {
     size_t bytes = 0;
     if (model_fp8_freeze(w->m, &n, &bytes) != 0)
         return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
-                    "cannot make the fp8 copies of the frozen base (see stderr)");
+                    "cannot make the fp8 copies of the block weights (see stderr)");
     if (n == 0)
         log_warn("fp8: no block linear weight has a shape the FP8 GEMM takes (multiples of 16), "
                  "or the fp8 tuning row is 0: the base runs in bf16");
     else
-        log_info("fp8: %d frozen block linear weights with E4M3 copies (%.1f MiB, W and W^T)", n,
-                 (double)bytes / 1048576.0);
+        log_info("fp8: %d block linear weights with E4M3 copies (%.1f MiB, W and W^T)%s", n,
+                 (double)bytes / 1048576.0,
+                 w->lora ? "" : ", weight gradients in E4M3, copies refreshed every step");
     return 0;
 }
 

@@ -453,10 +453,10 @@ int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes) {
     struct backend *b = e->be;
     *n_fp8 = 0;
     *bytes = 0;
-    if (!b->fp8_freeze || !e->frozen || e->nf4) {
-        log_error("model: fp8 needs a frozen base (train.lora) in the compute dtype on a backend "
-                  "with fp8_freeze (%s backend%s%s)",
-                  b->name, e->frozen ? "" : ", base not frozen", e->nf4 ? ", NF4 base" : "");
+    if (!b->fp8_freeze || e->nf4) {
+        log_error("model: fp8 needs block weights in the compute dtype on a backend with "
+                  "fp8_freeze (%s backend%s)",
+                  b->name, e->nf4 ? ", NF4 base" : "");
         return -1;
     }
     int fcw = m->F * (e->cfg.act == MODEL_ACT_SWIGLU ? 2 : 1);
@@ -470,7 +470,8 @@ int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes) {
                  {k->fcw, fcw, m->C},
                  {k->mpw, m->C, m->F}};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
-            int rc = b->fp8_freeze(b->ctx, P(m, w[i].t), w[i].oc, w[i].ic);
+            /* a trained weight (no LoRA) also takes its gradient in E4M3 */
+            int rc = b->fp8_freeze(b->ctx, P(m, w[i].t), w[i].oc, w[i].ic, !e->frozen);
             if (rc < 0) return -1;
             if (rc == 0) {
                 (*n_fp8)++;
@@ -478,7 +479,8 @@ int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes) {
             }
         }
     }
-    e->mem.params += *bytes;
+    if (!m->fp8) e->mem.params += *bytes; /* the first call makes the copies */
+    m->fp8 = 1;
     return 0;
 }
 

@@ -75,6 +75,8 @@ struct model {
     /* LoRA adapters (worker/lora.h; not owned), NULL without. When set, the
      * base tensors are frozen: the backward computes no gradient for them. */
     struct lora *lora;
+    /* 1 once model_fp8_freeze made E4M3 copies (train.precision fp8) */
+    int fp8;
 };
 
 /* Build the model over engine `e` for micro-batches of B sequences of T
@@ -95,13 +97,15 @@ void model_free(struct model *m); /* NULL ok */
 int model_init_params(struct model *m, uint64_t seed);
 
 /* train.precision "fp8" (docs/engine.md "FP8"): give the backend E4M3
- * copies of this stage's frozen block linear weights (q|k|v, attention
- * output, fc or gate|up, MLP output; backend.h fp8_freeze), after the base
- * weights are final (loaded or initialised). Needs a frozen base (LoRA) that
- * is not NF4 and a backend with fp8_freeze. *n_fp8: the weights that got
- * copies (a shape the FP8 GEMM does not take stays bf16), *bytes their
- * backend memory (2 bytes a weight, added to e->mem.params). 0 or -1
- * (logged). */
+ * copies of this stage's block linear weights (q|k|v, attention output, fc
+ * or gate|up, MLP output; backend.h fp8_freeze), once the weights are final
+ * (loaded or initialised); with a trained base (no LoRA: e->frozen 0) their
+ * weight gradients run in E4M3 too and train_step calls this again after
+ * each optimizer step (the copies refreshed, m->fp8 set). Needs weights in
+ * the compute dtype (not NF4) and a backend with fp8_freeze. *n_fp8: the
+ * weights that got copies (a shape the FP8 GEMM does not take stays bf16),
+ * *bytes their backend memory (2 bytes a weight, added to e->mem.params by
+ * the first call). 0 or -1 (logged). */
 int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes);
 
 /* Tensors of at least this many elements are initialised in parallel. */

@@ -27,10 +27,11 @@
  * optimizer wall ms on the engine thread, the CPU AdamW's ms, the exposed
  * copy and CPU waits, and the start-up (host state ready, process to first
  * step).
- * --precision fp8 (with --lora): the frozen base's block linear layers in
- * E4M3 GEMMs (model_fp8_freeze; docs/engine.md "FP8"); LOOM_FP8=0 keeps them
- * bf16 with the copies asked for (the fp8 tuning row). The RESULT line adds
- * the weights with copies and the GEMMs that ran in E4M3.
+ * --precision fp8: the block linear layers' GEMMs in E4M3 (model_fp8_freeze;
+ * docs/engine.md "FP8"): with --lora the frozen base's forward and input
+ * gradient, without it also the weight gradient, the copies refreshed after
+ * every optimizer step; LOOM_FP8=0 keeps them bf16 (the fp8 tuning row). The
+ * RESULT line adds the weights with copies and the GEMMs that ran in E4M3.
  * --ncu-step K: step K (from 0) alone between cudaProfilerStart / Stop, for
  * `ncu --profile-from-start off` (tests/gpu/device/profile_llama.sh). */
 #include <cuda_profiler_api.h>
@@ -337,9 +338,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bad --precision %s (bf16, fp8)\n", precision);
         return 2;
     }
-    if (fp8 && (rank < 1 || nf4)) {
-        fprintf(stderr, "--precision fp8 needs --lora R and no --quantize-base nf4 (the frozen "
-                        "base in E4M3; full fine-tuning in fp8 is not built)\n");
+    if (fp8 && (nf4 || strcmp(offload, "off") != 0)) {
+        fprintf(stderr, "--precision fp8 runs without --quantize-base nf4 and --offload (the "
+                        "E4M3 copies come from resident bf16 weights)\n");
         return 2;
     }
     if (rcm < 0 || rank < 0 || nsteps < 1) {
@@ -429,7 +430,7 @@ int main(int argc, char **argv) {
         int nq = 0;
         size_t nb = 0;
         if (model_fp8_freeze(m, &nq, &nb) != 0) return 1;
-        fprintf(stderr, "fp8: %d frozen block linear weights with E4M3 copies, %.2f GiB\n", nq,
+        fprintf(stderr, "fp8: %d block linear weights with E4M3 copies, %.2f GiB\n", nq,
                 nb / 1073741824.0);
     }
     double t_ready = clock_mono_msf();
@@ -547,8 +548,8 @@ int main(int argc, char **argv) {
     struct cuda_fp8_stats f8s;
     if (backend_cuda_fp8_stats(e->be, &f8s) == 0)
         printf(",\"precision\":\"%s\",\"fp8_weights\":%d,\"fp8_gemms_fwd\":%ld,"
-               "\"fp8_gemms_bwd\":%ld,\"fp8_fallback\":%ld",
-               precision, f8s.weights, f8s.fwd, f8s.bwd, f8s.fallback);
+               "\"fp8_gemms_bwd\":%ld,\"fp8_gemms_wgrad\":%ld,\"fp8_fallback\":%ld",
+               precision, f8s.weights, f8s.fwd, f8s.bwd, f8s.wgrad, f8s.fallback);
     if (nf4)
         printf(",\"nf4_init_s\":%.2f,\"nf4_put_s\":%.2f,\"nf4_threads\":%d", nf4_init_s,
                nf4_put_seconds(e->nf4), nf4_threads());

@@ -6,8 +6,9 @@
  *   loss under the same masks (finite differences of training forwards), and
  *   an eval forward drops nothing;
  * - train.precision fp8 at worker start (lora_precision_check): refused
- *   without train.lora, with quantize_base nf4 and off cuda, each message
- *   naming the values; taken with train.lora on cuda. */
+ *   with quantize_base nf4, off cuda, and for a full fine-tune with ZeRO-3
+ *   or the optimizer offloaded, each message naming the values; taken for
+ *   LoRA and full fine-tuning on cuda. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,16 +176,27 @@ out:
 #define PSPEC(train)                                                                               \
     "{\"model\":{\"family\":\"llama\",\"preset\":\"1b\"},\"data\":{\"train\":\"/d/t_*.bin\"},"     \
     "\"train\":{" train "}}"
+#define PSPECP(par, train)                                                                         \
+    "{\"model\":{\"family\":\"llama\",\"preset\":\"1b\"},\"data\":{\"train\":\"/d/t_*.bin\"},"     \
+    "\"parallel\":{" par "},\"train\":{" train "}}"
 static const struct {
-    const char *name, *spec, *device, *want;
+    const char *name, *spec, *device;
+    int offload;
+    const char *want;
 } pcases[] = {
-    {"fp8 without lora", PSPEC("\"precision\":\"fp8\""), "cuda", "precision=fp8 and no train.lora"},
     {"fp8 with nf4", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4},\"quantize_base\":\"nf4\""),
-     "cuda", "precision=fp8, quantize_base=nf4"},
-    {"fp8 lora on cpu (--device)", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cpu",
+     "cuda", 0, "precision=fp8, quantize_base=nf4"},
+    {"fp8 lora on cpu (--device)", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cpu", 0,
      "device=cpu"},
-    {"fp8 lora on cuda", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", NULL},
-    {"bf16 without lora", PSPEC("\"precision\":\"bf16\""), "cuda", NULL},
+    {"fp8 full fine-tune, zero_stage 3", PSPECP("\"zero_stage\":3", "\"precision\":\"fp8\""),
+     "cuda", 0, "zero_stage=3"},
+    {"fp8 full fine-tune, optimizer offload", PSPEC("\"precision\":\"fp8\""), "cuda", 1,
+     "optimizer offload on"},
+    {"fp8 lora on cuda", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", 0, NULL},
+    {"fp8 lora with offload (the adapters' state)",
+     PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", 1, NULL},
+    {"fp8 full fine-tune on cuda", PSPEC("\"precision\":\"fp8\""), "cuda", 0, NULL},
+    {"bf16 on cpu with offload (not fp8)", PSPEC("\"precision\":\"bf16\""), "cpu", 1, NULL},
 };
 
 static void precision_checks(void) {
@@ -196,7 +208,7 @@ static void precision_checks(void) {
         CHECK(prc == 0, "%s: spec parses: %s", pcases[i].name, le.message);
         if (prc != 0) continue;
         char err[512] = "";
-        int rc = lora_precision_check(&s, pcases[i].device, err, sizeof err);
+        int rc = lora_precision_check(&s, pcases[i].device, pcases[i].offload, err, sizeof err);
         if (pcases[i].want)
             CHECK(rc == -1 && strstr(err, pcases[i].want), "%s: refused naming '%s': %d %s",
                   pcases[i].name, pcases[i].want, rc, err);

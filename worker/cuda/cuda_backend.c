@@ -179,18 +179,20 @@ struct cuda_ctx {
     int32_t *doc_h, *h_doc, *d_doc, *h_pos, *d_pos;
     int doc_n, doc_cap, doc_on, doc_noskip;
     cudaEvent_t doc_ev, pos_ev; /* h_doc / h_pos free again */
-    /* FP8 frozen weights (fp8_freeze; docs/engine.md "FP8"): per weight
+    /* FP8 linear layers (fp8_freeze; docs/engine.md "FP8"): per weight
      * pointer one allocation holding W8 [OC][IC] | W8T [IC][OC] | amax,
      * scale (fp32); q: the per-call E4M3 input / output-gradient buffer
-     * (qcap bytes, sized at freeze time for the reserved N), xs its amax and
-     * scale; off: the fp8 tuning row is 0 (every weight stays bf16) */
+     * (qcap bytes, sized at freeze time for the reserved N); qt, xt: the
+     * transposed E4M3 dY and X of a weight gradient (made when a weight is
+     * frozen with wgrad); xs: amax, scale of q / qt, then of xt; off: the
+     * fp8 tuning row is 0 (every weight stays bf16) */
     struct {
         struct fp8_weight *w;
         int n, cap, off;
-        uint8_t *q;
-        size_t qcap, bytes;
+        uint8_t *q, *qt, *xt;
+        size_t qcap, qtcap, xtcap, bytes;
         float *xs;
-        long fwd, bwd, fallback;
+        long fwd, bwd, wgrad, fallback;
     } f8;
 };
 
@@ -639,7 +641,7 @@ static void cu_rmsnorm_bwd(void *ctx, void *dinp, void *dw, const void *dout, co
     lk_norm_bwd(dinp, dw, NULL, CX->norm_scratch, dout, inp, w, NULL, rstd, N, C, 1, ST);
 }
 
-/* ---- FP8 frozen weights (backend.h fp8_freeze) ---- */
+/* ---- FP8 linear layers (backend.h fp8_freeze) ---- */
 
 static struct fp8_weight *fp8_find(struct cuda_ctx *c, const void *W, int OC, int IC) {
     for (int i = 0; i < c->f8.n; i++)
@@ -650,7 +652,18 @@ static struct fp8_weight *fp8_find(struct cuda_ctx *c, const void *W, int OC, in
     return NULL;
 }
 
-static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC) {
+/* *buf at least `want` bytes (made at freeze time, before any step) */
+static int fp8_buf(struct cuda_ctx *c, uint8_t **buf, size_t *cap, size_t want) {
+    if (want <= *cap) return 0;
+    uint8_t *q = cu_alloc(c, want);
+    if (!q) return -1;
+    cu_free(c, *buf);
+    *buf = q;
+    *cap = want;
+    return 0;
+}
+
+static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
     struct cuda_ctx *c = CX;
     cu_require(c, "fp8_freeze");
     if (c->f8.off || OC <= 0 || IC <= 0 || OC % 16 || IC % 16) return 1;
@@ -669,15 +682,12 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC) {
             c->f8.cap = cap;
         }
         if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 64))) return -1;
-        /* the per-call buffer: the widest operand of the reserved micro-batch */
+        /* the per-call buffers: the widest operand of the reserved micro-batch */
         size_t N = (size_t)c->lim.B * c->lim.T, want = N * (size_t)(OC > IC ? OC : IC);
-        if (want > c->f8.qcap) {
-            uint8_t *q = cu_alloc(c, want);
-            if (!q) return -1;
-            cu_free(c, c->f8.q);
-            c->f8.q = q;
-            c->f8.qcap = want;
-        }
+        if (fp8_buf(c, &c->f8.q, &c->f8.qcap, want) != 0) return -1;
+        if (wgrad && (fp8_buf(c, &c->f8.qt, &c->f8.qtcap, want) != 0 ||
+                      fp8_buf(c, &c->f8.xt, &c->f8.xtcap, want) != 0))
+            return -1;
         uint8_t *buf = cu_alloc(c, 2 * nw + 64);
         if (!buf) return -1;
         f = &c->f8.w[c->f8.n++];
@@ -686,7 +696,7 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC) {
     }
     lk_fp8_amax(f->sc, W, nw, ST);
     lk_fp8_quant(f->w8, f->sc + 1, f->sc, W, nw, ST);
-    lk_fp8_quant_t(f->w8t, f->sc, W, OC, IC, ST);
+    lk_fp8_quant_t(f->w8t, NULL, f->sc, W, OC, IC, ST);
     return 0;
 }
 
@@ -720,22 +730,50 @@ static int fp8_fwd(struct cuda_ctx *c, void *out, const void *inp, const void *W
     return 0;
 }
 
-/* dinp [N][IC] (+)= dout [N][OC] . W in E4M3 (through W8T); 0 or -1 as fp8_fwd. */
-static int fp8_bwd(struct cuda_ctx *c, void *dinp, const void *dout, const void *W, int N, int IC,
-                   int OC, int accumulate) {
-    struct fp8_weight *f = fp8_find(c, W, OC, IC);
+/* matmul_bwd of an fp8 weight: dinp (+)= dout . W through W8T and, when dW
+ * is given, dW += dout^T . inp from the transposed E4M3 dY (one amax for
+ * both copies) and X; each GEMM the E4M3 path cannot take runs in bf16, as
+ * does dbias always. Returns 0 (everything issued), or -1 before anything was
+ * issued (the caller takes the whole bf16 path). */
+static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *dW, void *dbias,
+                   const void *dout, const void *inp, int N, int IC, int OC, int accumulate) {
+    lcuda_stream st = (lcuda_stream)c->s;
     const void *C = accumulate ? dinp : NULL;
-    if (!lk_fp8_shape_ok(IC, N, OC, dinp, C, NULL) || (size_t)N * OC > c->f8.qcap) {
+    size_t ny = (size_t)N * OC, nx = (size_t)N * IC;
+    int d_ok = dinp && lk_fp8_shape_ok(IC, N, OC, dinp, C, NULL) && ny <= c->f8.qcap;
+    int w_ok =
+        dW && lk_fp8_shape_ok(IC, OC, N, dW, dW, NULL) && ny <= c->f8.qtcap && nx <= c->f8.xtcap;
+    if (!d_ok && !w_ok) {
         c->f8.fallback++;
         return -1;
     }
-    const uint8_t *q = fp8_quant_act(c, dout, N, OC);
-    if (lk_linear_fp8(c->blas, dinp, C, NULL, f->w8t, f->sc + 1, q, c->f8.xs + 1, IC, N, OC)) {
-        f->bad = 1;
-        c->f8.fallback++;
-        return -1;
+    lk_fp8_amax(c->f8.xs, dout, ny, st);
+    if (d_ok) {
+        lk_fp8_quant(c->f8.q, c->f8.xs + 1, c->f8.xs, dout, ny, st);
+        if (lk_linear_fp8(c->blas, dinp, C, NULL, f->w8t, f->sc + 1, c->f8.q, c->f8.xs + 1, IC, N,
+                          OC) == 0)
+            c->f8.bwd++;
+        else
+            d_ok = 0, f->bad = 1;
     }
-    c->f8.bwd++;
+    if (dinp && !d_ok) {
+        c->f8.fallback++;
+        lk_linear_bwd_data(c->blas, dinp, dout, f->W, NULL, N, IC, OC, accumulate);
+    }
+    if (w_ok) {
+        lk_fp8_quant_t(c->f8.qt, c->f8.xs + 1, c->f8.xs, dout, N, OC, st); /* dY^T [OC][N] */
+        lk_fp8_amax(c->f8.xs + 2, inp, nx, st);
+        lk_fp8_quant_t(c->f8.xt, c->f8.xs + 3, c->f8.xs + 2, inp, N, IC, st); /* X^T [IC][N] */
+        if (lk_linear_fp8(c->blas, dW, dW, NULL, c->f8.xt, c->f8.xs + 3, c->f8.qt, c->f8.xs + 1, IC,
+                          OC, N) == 0)
+            c->f8.wgrad++;
+        else
+            w_ok = 0, f->bad = 1;
+    }
+    if (dW && !w_ok) c->f8.fallback++;
+    if ((dW && !w_ok) || dbias)
+        lk_linear_bwd_weight(c->blas, w_ok ? NULL : dW, dbias, c->bias_scratch, dout, inp, N, IC,
+                             OC);
     return 0;
 }
 
@@ -757,10 +795,9 @@ static void cu_matmul_bwd(void *ctx, void *dinp, void *dW, void *dbias, const vo
     cu_require(c, "matmul_bwd");
     int fresh = dinp && pz_take(c, dinp, (size_t)N * IC * 2);
     if (!dinp) FLUSH();
-    /* a frozen fp8 weight: the input gradient in E4M3 (never held for DGELU) */
-    if (dinp && !dW && !dbias && c->f8.n && fp8_find(c, W, OC, IC) &&
-        fp8_bwd(c, dinp, dout, W, N, IC, OC, !fresh) == 0)
-        return;
+    /* an fp8 weight: its GEMMs in E4M3 (never held for DGELU) */
+    struct fp8_weight *f8 = c->f8.n && (dinp || dW) ? fp8_find(c, W, OC, IC) : NULL;
+    if (f8 && fp8_bwd(c, f8, dinp, dW, dbias, dout, inp, N, IC, OC, dinp && !fresh) == 0) return;
     /* an overwriting input-gradient GEMM waits one call for a gelu_bwd of
      * its output (DGELU needs IC % 8 == 0 for the bf16 auxiliary rows) */
     int hold = dinp && fresh && IC % 8 == 0 && !c->fuse_off;
@@ -1489,6 +1526,7 @@ int backend_cuda_fp8_stats(const struct backend *b, struct cuda_fp8_stats *st) {
                                   .bytes = c->f8.bytes,
                                   .fwd = c->f8.fwd,
                                   .bwd = c->f8.bwd,
+                                  .wgrad = c->f8.wgrad,
                                   .fallback = c->f8.fallback};
     return 0;
 }

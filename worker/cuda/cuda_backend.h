@@ -56,15 +56,15 @@ void backend_cuda_issue_held(const struct backend *b, int what);
  * nccl_order_mark) follows it. No-op when b is not a CUDA backend. */
 void backend_cuda_flush(const struct backend *b);
 
-/* FP8 frozen weights (backend.h fp8_freeze): how many weights have E4M3
+/* FP8 linear layers (backend.h fp8_freeze): how many weights have E4M3
  * copies and their bytes, and how many GEMMs ran in E4M3 so far (forward,
- * input gradient) and fell back to bf16 with a frozen fp8 weight (a shape or
- * pointer the FP8 GEMM does not take, or cuBLASLt refused it). -1 when b is
- * not a CUDA backend. */
+ * input gradient, weight gradient) and fell back to bf16 with an fp8 weight
+ * (a shape or pointer the FP8 GEMM does not take, or cuBLASLt refused it).
+ * -1 when b is not a CUDA backend. */
 struct cuda_fp8_stats {
     int weights;
     size_t bytes;
-    long fwd, bwd, fallback;
+    long fwd, bwd, wgrad, fallback;
 };
 int backend_cuda_fp8_stats(const struct backend *b, struct cuda_fp8_stats *st);
 

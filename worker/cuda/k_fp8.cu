@@ -101,10 +101,12 @@ __global__ void __launch_bounds__(FP8_THREADS)
 
 /* 32 x 32 tiles through shared memory: reads along x's rows, writes along
  * qt's rows. Block (32, 8). */
-__global__ void fp8_quant_t_kernel(uint8_t *qt, const float *amax, const __nv_bfloat16 *x, int rows,
-                                   int cols) {
+__global__ void fp8_quant_t_kernel(uint8_t *qt, float *scale_out, const float *amax,
+                                   const __nv_bfloat16 *x, int rows, int cols) {
     __shared__ float tile[32][33];
     float sc = fp8_scale_of(*amax);
+    if (scale_out && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        *scale_out = sc;
     int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
     for (int j = threadIdx.y; j < 32; j += 8) {
         int r = r0 + j, c = c0 + threadIdx.x;
@@ -135,11 +137,11 @@ extern "C" void lk_fp8_quant(uint8_t *q, float *scale_out, const float *amax, co
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void lk_fp8_quant_t(uint8_t *qt, const float *amax, const uint16_t *x, int rows,
-                               int cols, lcuda_stream s) {
+extern "C" void lk_fp8_quant_t(uint8_t *qt, float *scale_out, const float *amax, const uint16_t *x,
+                               int rows, int cols, lcuda_stream s) {
     if (rows <= 0 || cols <= 0) return;
     dim3 grid((cols + 31) / 32, (rows + 31) / 32), block(32, 8);
-    fp8_quant_t_kernel<<<grid, block, 0, (cudaStream_t)s>>>(qt, amax, (const __nv_bfloat16 *)x,
-                                                            rows, cols);
+    fp8_quant_t_kernel<<<grid, block, 0, (cudaStream_t)s>>>(qt, scale_out, amax,
+                                                            (const __nv_bfloat16 *)x, rows, cols);
     CUDA_CHECK_LAUNCH();
 }

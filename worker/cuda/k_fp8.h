@@ -31,9 +31,10 @@ void lk_fp8_amax(float *amax, const uint16_t *x, size_t n, lcuda_stream s);
 void lk_fp8_quant(uint8_t *q, float *scale_out, const float *amax, const uint16_t *x, size_t n,
                   lcuda_stream s);
 /* The transposed copy: qt[c * rows + r] = e4m3(x[r * cols + c] / scale)
- * (x [rows][cols] row-major, qt [cols][rows]), scale from *amax. */
-void lk_fp8_quant_t(uint8_t *qt, const float *amax, const uint16_t *x, int rows, int cols,
-                    lcuda_stream s);
+ * (x [rows][cols] row-major, qt [cols][rows]), scale from *amax; scale_out
+ * as lk_fp8_quant. */
+void lk_fp8_quant_t(uint8_t *qt, float *scale_out, const float *amax, const uint16_t *x, int rows,
+                    int cols, lcuda_stream s);
 
 struct lk_blas;
 /* Row-major D[n][m] (bf16) = (*a_scale * *b_scale) * B[n][k] . A[m][k]^T
