@@ -65,6 +65,9 @@ const struct config_entry worker_tuning_rows[] = {
     {"fp8", CONFIG_BOOL | T, AT(cuda.fp8), "1", 0, 0,
      "CUDA, train.precision fp8: the frozen base's linear layers in E4M3 GEMMs; 0 keeps them "
      "bf16 (A/B, or to switch a failing fp8 path off)"},
+    {"fp8-fast-accum", CONFIG_BOOL | T, AT(cuda.fp8_fast_accum), "0", 0, 0,
+     "CUDA, train.precision fp8: cuBLASLt's FP8 fast accumulation (partial sums not promoted to "
+     "fp32 along K: faster, less accurate); 0 the promoting default"},
     {"comm-timeout-ms", CONFIG_INT | T, AT(comm.timeout_ms), "0", 0, 1e9,
      "rendezvous and per-operation timeout (0: 300000)"},
     {"comm-backend", CONFIG_STR | T, AT(comm.backend), NULL, 1, 0,

@@ -42,6 +42,7 @@ struct cuda_tuning {
     long xent_chunk_mib;   /* xent-chunk-mib: bf16 logits per classifier chunk; 0: 2 GiB */
     int xent_l2;           /* xent-l2: the loss kernel on a persistent one-block-per-SM grid */
     int fp8;               /* fp8: train.precision fp8 runs E4M3 GEMMs (0: bf16, for A/B) */
+    int fp8_fast_accum;    /* fp8-fast-accum: cuBLASLt's FP8 fast accumulation */
 };
 
 /* Communication: comm layer, NCCL/Gloo backends, dp pair transport, tp. */

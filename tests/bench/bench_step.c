@@ -20,7 +20,8 @@
  *        [--steps 30] [--warmup 8] [--profile 3] [--lora R] [--accum 1]
  *        [--recompute none|selective|full] [--quantize-base nf4]
  *        [--offload off|on|sync|delayed] [--offload-threads N]
- *        [--offload-pin register|alloc|off]
+ *        [--offload-pin register|alloc|off] [--precision bf16|fp8]
+ *        [--data random|learnable]
  * --quantize-base nf4 (with --lora): QLoRA, the block linear weights in NF4
  * (worker/nf4.h), dequantized a block at a time into a bf16 scratch.
  * With --offload (worker/offload.h) the RESULT line adds the step's split:
@@ -32,6 +33,10 @@
  * gradient, without it also the weight gradient, the copies refreshed after
  * every optimizer step; LOOM_FP8=0 keeps them bf16 (the fp8 tuning row). The
  * RESULT line adds the weights with copies and the GEMMs that ran in E4M3.
+ * --data learnable: sequences the model can learn (strided walks over 4096
+ * tokens) instead of uniform random ones, each step's loss on stderr ("loss
+ * step K L") and the RESULT line's loss_last50 the mean of the last 50 timed
+ * steps: for loss curves (tests/gpu/device/bench_fp8.sh, fp8 against bf16).
  * --ncu-step K: step K (from 0) alone between cudaProfilerStart / Stop, for
  * `ncu --profile-from-start off` (tests/gpu/device/profile_llama.sh). */
 #include <cuda_profiler_api.h>
@@ -251,10 +256,34 @@ static void prof_install(struct backend *b) {
 struct rnd {
     uint64_t s;
     int B, T, V;
+    int learnable; /* --data learnable */
 };
+static uint64_t rnd_next(struct rnd *r) {
+    r->s ^= r->s << 13, r->s ^= r->s >> 7, r->s ^= r->s << 17;
+    return r->s;
+}
+/* --data learnable: each sequence walks 4096 tokens with its own stride (1-7), one position in
+ * eight a random jump: a loss that falls steadily, for comparing curves (fp8 against bf16) */
+static void learn_batch(struct rnd *r, int32_t *in, int32_t *tg) {
+    for (int b = 0; b < r->B; b++) {
+        int stride = 1 + (int)(rnd_next(r) % 7);
+        int32_t cur = (int32_t)(rnd_next(r) % 4096);
+        for (int t = 0; t < r->T; t++) {
+            uint64_t u = rnd_next(r);
+            int32_t next = u % 8 == 0 ? (int32_t)((u >> 8) % 4096) : (cur + stride) % 4096;
+            in[b * r->T + t] = cur;
+            tg[b * r->T + t] = next;
+            cur = next;
+        }
+    }
+}
 static int rnd_batch(void *user, int64_t step, int micro, int32_t *in, int32_t *tg, char *err,
                      size_t errlen) {
     struct rnd *r = user;
+    if (r->learnable) {
+        learn_batch(r, in, tg);
+        return 0;
+    }
     for (int b = 0; b < r->B; b++) {
         int32_t prev = 0;
         for (int t = 0; t <= r->T; t++) {
@@ -277,7 +306,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
-    const char *recompute = "none", *quant = "none", *precision = "bf16";
+    const char *recompute = "none", *quant = "none", *precision = "bf16", *data = "random";
     int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0, ncu_step = -1;
     int accum = 1, offload_threads = 0;
     const char *offload = "off", *pin = "register";
@@ -313,6 +342,8 @@ int main(int argc, char **argv) {
             offload_threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--precision"))
             precision = argv[i + 1];
+        else if (!strcmp(argv[i], "--data"))
+            data = argv[i + 1];
         else if (!strcmp(argv[i], "--ncu-step"))
             ncu_step = atoi(argv[i + 1]);
         else {
@@ -333,7 +364,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--quantize-base nf4 needs --lora R (the base is frozen)\n");
         return 2;
     }
-    int fp8 = !strcmp(precision, "fp8");
+    int fp8 = !strcmp(precision, "fp8"), learnable = !strcmp(data, "learnable");
+    if (!learnable && strcmp(data, "random") != 0) {
+        fprintf(stderr, "bad --data %s (random, learnable)\n", data);
+        return 2;
+    }
     if (!fp8 && strcmp(precision, "bf16") != 0) {
         fprintf(stderr, "bad --precision %s (bf16, fp8)\n", precision);
         return 2;
@@ -438,7 +473,9 @@ int main(int argc, char **argv) {
     offload_get_stats(e, &ost);
     double alloc_ms = ost.ms_alloc, pin_ms = ost.ms_pin;
     double *opt_ms = calloc((size_t)(nsteps > 0 ? nsteps : 1) * 4, sizeof(double));
-    struct rnd src = {.s = 1234, .B = mbs, .T = T, .V = cfg.vocab_size};
+    struct rnd src = {.s = 1234, .B = mbs, .T = T, .V = cfg.vocab_size, .learnable = learnable};
+    double loss_last = 0; /* the mean loss of the last (up to) 50 timed steps */
+    int n_last = 0;
     int64_t total = warmup + nsteps + nprof;
     struct train_opts o;
     memset(&o, 0, sizeof o);
@@ -478,6 +515,8 @@ int main(int argc, char **argv) {
             r[0] = info.ms_optimizer, r[1] = ost.ms_cpu, r[2] = ost.ms_copy_wait;
             r[3] = ost.ms_cpu_wait;
         }
+        if (learnable) fprintf(stderr, "loss step %lld %.6f\n", (long long)i, info.loss);
+        if (i >= warmup + nsteps - 50 && i >= warmup) loss_last += info.loss, n_last++;
         if (i < 3 || i == warmup + nsteps - 1)
             fprintf(stderr, "step %lld loss %.4f grad_norm %.3f\n", (long long)i, info.loss,
                     info.grad_norm);
@@ -544,7 +583,8 @@ int main(int argc, char **argv) {
            mr.workspace_bytes / 1073741824.0,
            (double)(mr.engine_peak + mr.workspace_bytes) / 1073741824.0, info.loss, rank,
            lo ? lora_numel(lo) : (size_t)nparam, recompute, quant);
-    printf(",\"accum\":%d,\"offload\":\"%s\",\"pin\":\"%s\"", o.grad_accum, offload, pin);
+    printf(",\"accum\":%d,\"offload\":\"%s\",\"pin\":\"%s\",\"data\":\"%s\",\"loss_last50\":%.5f",
+           o.grad_accum, offload, pin, data, n_last ? loss_last / n_last : 0.0);
     struct cuda_fp8_stats f8s;
     if (backend_cuda_fp8_stats(e->be, &f8s) == 0)
         printf(",\"precision\":\"%s\",\"fp8_weights\":%d,\"fp8_gemms_fwd\":%ld,"

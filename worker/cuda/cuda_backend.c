@@ -185,10 +185,11 @@ struct cuda_ctx {
      * (qcap bytes, sized at freeze time for the reserved N); qt, xt: the
      * transposed E4M3 dY and X of a weight gradient (made when a weight is
      * frozen with wgrad); xs: amax, scale of q / qt, then of xt; off: the
-     * fp8 tuning row is 0 (every weight stays bf16) */
+     * fp8 tuning row is 0 (every weight stays bf16); fast: the
+     * fp8-fast-accum row (cuBLASLt's FP8 fast accumulation) */
     struct {
         struct fp8_weight *w;
-        int n, cap, off;
+        int n, cap, off, fast;
         uint8_t *q, *qt, *xt;
         size_t qcap, qtcap, xtcap, bytes;
         float *xs;
@@ -721,7 +722,8 @@ static int fp8_fwd(struct cuda_ctx *c, void *out, const void *inp, const void *W
         return -1;
     }
     const uint8_t *q = fp8_quant_act(c, inp, N, IC);
-    if (lk_linear_fp8(c->blas, out, acc, bias, f->w8, f->sc + 1, q, c->f8.xs + 1, OC, N, IC)) {
+    if (lk_linear_fp8(c->blas, out, acc, bias, f->w8, f->sc + 1, q, c->f8.xs + 1, OC, N, IC,
+                      c->f8.fast)) {
         f->bad = 1;
         c->f8.fallback++;
         return -1;
@@ -751,7 +753,7 @@ static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *d
     if (d_ok) {
         lk_fp8_quant(c->f8.q, c->f8.xs + 1, c->f8.xs, dout, ny, st);
         if (lk_linear_fp8(c->blas, dinp, C, NULL, f->w8t, f->sc + 1, c->f8.q, c->f8.xs + 1, IC, N,
-                          OC) == 0)
+                          OC, c->f8.fast) == 0)
             c->f8.bwd++;
         else
             d_ok = 0, f->bad = 1;
@@ -765,7 +767,7 @@ static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *d
         lk_fp8_amax(c->f8.xs + 2, inp, nx, st);
         lk_fp8_quant_t(c->f8.xt, c->f8.xs + 3, c->f8.xs + 2, inp, N, IC, st); /* X^T [IC][N] */
         if (lk_linear_fp8(c->blas, dW, dW, NULL, c->f8.xt, c->f8.xs + 3, c->f8.qt, c->f8.xs + 1, IC,
-                          OC, N) == 0)
+                          OC, N, c->f8.fast) == 0)
             c->f8.wgrad++;
         else
             w_ok = 0, f->bad = 1;
@@ -1383,6 +1385,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->doc_noskip = t && !t->attn_doc_skip;
     c->nf4_scalar = t && !t->nf4_vec;
     c->f8.off = t && !t->fp8;
+    c->f8.fast = t && t->fp8_fast_accum;
     c->cudnn_mode = !ac || !*ac ? 1 : strcmp(ac, "0") == 0 ? 0 : strcmp(ac, "nd") == 0 ? 2 : 1;
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;

@@ -79,7 +79,8 @@ struct algo_key {
     /* leading dimensions of a strided call (lk_gemm_rm); 0 for the packed
      * calls, so the table file (which does not record them) still matches */
     int lda, ldb, ldc;
-    /* 1: E4M3 A and B with scale pointers (lk_linear_fp8); 0: bf16 operands.
+    /* 1: E4M3 A and B with scale pointers (lk_linear_fp8), 2: the same with
+     * fast accumulation; 0: bf16 operands.
      * Never in the table file (fp8 calls take the heuristic's first). */
     int fp8;
 };
@@ -775,7 +776,7 @@ extern "C" int lk_fp8_shape_ok(int m, int n, int k, const void *D, const void *C
  * anything is written. */
 extern "C" int lk_linear_fp8(struct lk_blas *b, lbf16 *D, const lbf16 *C, const lbf16 *bias,
                              const uint8_t *A, const float *a_scale, const uint8_t *B,
-                             const float *b_scale, int m, int n, int k) {
+                             const float *b_scale, int m, int n, int k, int fast_accum) {
     if (!lk_fp8_shape_ok(m, n, k, D, C, bias)) return -1;
     struct mm_call c;
     memset(&c, 0, sizeof c);
@@ -793,6 +794,11 @@ extern "C" int lk_linear_fp8(struct lk_blas *b, lbf16 *D, const lbf16 *C, const 
                                                 &a_scale, sizeof a_scale));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                 &b_scale, sizeof b_scale));
+    if (fast_accum) {
+        int8_t fa = 1;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa,
+                                                    sizeof fa));
+    }
     if (bias) {
         cudaDataType bt = CUDA_R_16BF;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -810,7 +816,7 @@ extern "C" int lk_linear_fp8(struct lk_blas *b, lbf16 *D, const lbf16 *C, const 
     struct algo_key key;
     memset(&key, 0, sizeof key);
     key.m = m, key.n = n, key.k = k, key.ta = 1, key.tb = 0, key.epi = (int)epi;
-    key.dt = CUDA_R_16BF, key.beta1 = C != NULL, key.fp8 = 1;
+    key.dt = CUDA_R_16BF, key.beta1 = C != NULL, key.fp8 = fast_accum ? 2 : 1;
     key.align[AL_A] = ptr_align(A), key.align[AL_B] = ptr_align(B);
     key.align[AL_C] = ptr_align(c.C), key.align[AL_D] = ptr_align(D);
     key.align[AL_BIAS] = ptr_align(bias);
