@@ -518,14 +518,20 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     if (tp > 1) m->comm += N * C * e;
     if (pp > 1) m->comm += 2 * N * C * e;
     if (x->s->train.lora.enabled) lora_mem(x, f, L, layers, P, N, m);
-    /* train.precision fp8 (cuda; worker/cuda fp8_freeze): the E4M3 W and
-     * W^T of each block linear weight, 2 bytes a weight, and one E4M3 buffer
-     * for the widest layer input or output gradient; a full fine-tune (weight
-     * gradients in E4M3) two more for the transposed dY and X */
+    /* train.precision fp8 (cuda; worker/cuda fp8_freeze) and one E4M3 buffer
+     * for the widest layer input or output gradient; LoRA: the E4M3 W and W^T
+     * of each frozen block linear weight, 2 bytes a weight; a full fine-tune
+     * (weights quantized at each use, weight gradients in E4M3): the largest
+     * weight's E4M3 form (at most C x the widest block width) and two more
+     * activation buffers for the transposed dY and X */
     if (x->cuda && x->s->train.precision == JOBSPEC_PREC_FP8 &&
         !(x->s->train.lora.enabled && x->s->train.quantize_base == JOBSPEC_QUANT_NF4)) {
-        m->params += 2.0 * layers * f->layer_mm / tp;
-        m->workspace += (x->s->train.lora.enabled ? 1 : 3) * N * wide + 128;
+        if (x->s->train.lora.enabled) {
+            m->params += 2.0 * layers * f->layer_mm / tp;
+            m->workspace += N * wide + 128;
+        } else {
+            m->workspace += 3 * N * wide + wide * C + 128;
+        }
     }
     /* workspace: the classifier's row chunk of logits, as the backends take it:
      * cpu 64 rows of fp32; cuda bf16, as many rows as fit in 2 GiB (512 MiB when

@@ -347,20 +347,21 @@ struct backend {
     /* ---- optional: FP8 linear layers (train.precision "fp8";
      * docs/engine.md "FP8"). NULL on a backend without them (the CPU
      * backend): the worker refuses fp8 there. ----
-     * fp8_freeze: make (or refresh) the E4M3 copies of the linear weight W
-     * [OC, IC] (compute dtype, its current values: call after the weights
-     * are loaded, and again after each optimizer step when W trains): W8
-     * [OC, IC] and W8^T [IC, OC] with one per-tensor scale, 2 bytes a weight
-     * of backend memory. From then on matmul_fwd and matmul_residual_fwd
-     * with this W, and matmul_bwd with this W, run their GEMMs in E4M3 (the
-     * input X and the output gradient dY quantized per call with their own
-     * scales): the input gradient through W8^T, and with wgrad = 1 the
-     * weight gradient dW += dY^T X too (from transposed E4M3 copies of dY and
-     * X; backend buffers for them are made here), where the shapes allow (N,
-     * IC, OC multiples of 16), else as before. Stale copies (W changed since)
-     * would be used as they are. 0 done, 1 not taken (shape, or the fp8
-     * tuning row off: W stays on the compute-dtype path), negative out of
-     * memory. */
+     * fp8_freeze: put the linear weight W [OC, IC] (compute dtype) on the
+     * E4M3 path. From then on matmul_fwd and matmul_residual_fwd with this
+     * W, and matmul_bwd with this W, run their GEMMs in E4M3 (the input X and
+     * the output gradient dY quantized per call with their own per-tensor
+     * scales; the input gradient through W8^T [IC, OC]) where the shapes
+     * allow (N, IC, OC multiples of 16), else as before. wgrad = 0 (a frozen
+     * weight): the E4M3 copies W8 [OC, IC] and W8^T are made now from W's
+     * current values, one per-tensor scale, 2 bytes a weight of backend
+     * memory; W must not change afterwards (the copies would be stale; call
+     * again to remake them). wgrad = 1 (a trained weight): nothing is kept,
+     * W8 or W8^T is made from W's current values at each use, and the weight
+     * gradient dW += dY^T X runs in E4M3 too (from transposed E4M3 copies of
+     * dY and X); the buffers for these are made here. 0 done, 1 not taken
+     * (shape, or the fp8 tuning row off: W stays on the compute-dtype path),
+     * negative out of memory. */
     int (*fp8_freeze)(void *ctx, const void *W, int OC, int IC, int wgrad);
 };
 

@@ -429,8 +429,7 @@ out:
     return rc;
 }
 
-int lora_precision_check(const struct loom_spec *s, const char *device, int offload, char *err,
-                         size_t len) {
+int lora_precision_check(const struct loom_spec *s, const char *device, char *err, size_t len) {
     if (s->train.precision != JOBSPEC_PREC_FP8) return 0;
     if (s->train.lora.enabled && s->train.quantize_base == JOBSPEC_QUANT_NF4) {
         snprintf(err, len,
@@ -446,15 +445,14 @@ int lora_precision_check(const struct loom_spec *s, const char *device, int offl
                  device ? device : "(none)");
         return -1;
     }
-    if (!s->train.lora.enabled && (offload || s->parallel.zero_stage > 2)) {
-        /* the E4M3 copies are made from the resident bf16 weights after the
-         * optimizer step: ZeRO-3 holds them as per-block windows, and the
-         * offloaded update writes them back later */
+    if (!s->train.lora.enabled && s->parallel.zero_stage > 2) {
+        /* the backend keys a weight's E4M3 path by its resident pointer;
+         * ZeRO-3 gathers each block's weights into shared windows */
         snprintf(err, len,
-                 "train.precision fp8 for full fine-tuning needs resident weights updated on the "
-                 "device (this spec has precision=fp8, zero_stage=%d, optimizer offload %s): use "
-                 "zero_stage 0-2 without offload_optimizer, or precision bf16",
-                 s->parallel.zero_stage, offload ? "on" : "off");
+                 "train.precision fp8 for full fine-tuning needs resident weights (this spec has "
+                 "precision=fp8, zero_stage=%d, which gathers them into per-block windows): use "
+                 "zero_stage 0-2, or precision bf16",
+                 s->parallel.zero_stage);
         return -1;
     }
     return 0;

@@ -73,11 +73,10 @@ void lora_free(struct lora *l); /* NULL ok */
  * dequantized into one shared scratch, which cannot hold per-weight fp8
  * copies), on a device other than cuda (`device`: what the worker runs,
  * --device may override the spec), and a full fine-tune with zero_stage 3
- * or the optimizer offloaded (`offload`: the spec's or the flag's). 0
- * otherwise (any other precision too). */
+ * (weights gathered into shared per-block windows). 0 otherwise (any other
+ * precision too). */
 struct loom_spec;
-int lora_precision_check(const struct loom_spec *s, const char *device, int offload, char *err,
-                         size_t len);
+int lora_precision_check(const struct loom_spec *s, const char *device, char *err, size_t len);
 
 /* The dropout masks are a function of (seed, adapter, step, micro): the
  * train loop names the micro-batch (its index in the global batch, micro-step

@@ -478,10 +478,7 @@ static int load_spec(struct run *r) {
         snprintf(w->err, sizeof w->err, "--device %s: expected cpu or cuda", r->device);
         return fail(w, LOOM_EXIT_BAD_SPEC, "INVALID_DEVICE", NULL);
     }
-    int offload = strcmp(o->offload, "on") == 0 || strcmp(o->offload, "sync") == 0 ||
-                  strcmp(o->offload, "delayed") == 0 ||
-                  (strcmp(o->offload, "spec") == 0 && s->train.offload_optimizer);
-    if (lora_precision_check(s, r->device, offload, w->err, sizeof w->err) != 0)
+    if (lora_precision_check(s, r->device, w->err, sizeof w->err) != 0)
         return fail(w, LOOM_EXIT_BAD_SPEC, "PRECISION_UNSUPPORTED", NULL);
     if (w->der.world != o->world) {
         snprintf(w->err, sizeof w->err,
@@ -915,9 +912,9 @@ static int resume_stage(struct run *r) {
     return 0;
 }
 
-/* train.precision fp8: the block weights' E4M3 copies, once they are final
- * (initialised, loaded from init_from or a checkpoint above); a full
- * fine-tune refreshes them after every optimizer step (train_step);
+/* train.precision fp8: the block weights on the E4M3 path once they are
+ * final (initialised, loaded from init_from or a checkpoint above): a frozen
+ * base's copies made now, trained weights quantized at each use;
  * docs/engine.md "FP8". */
 static int fp8_stage(struct run *r) {
     struct worker *w = r->w;
@@ -933,7 +930,9 @@ static int fp8_stage(struct run *r) {
     else
         log_info("fp8: %d block linear weights with E4M3 copies (%.1f MiB, W and W^T)%s", n,
                  (double)bytes / 1048576.0,
-                 w->lora ? "" : ", weight gradients in E4M3, copies refreshed every step");
+                 w->lora ? ""
+                         : " (none kept: trained weights quantized at each use, weight "
+                           "gradients in E4M3)");
     return 0;
 }
 

@@ -470,12 +470,13 @@ int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes) {
                  {k->fcw, fcw, m->C},
                  {k->mpw, m->C, m->F}};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
-            /* a trained weight (no LoRA) also takes its gradient in E4M3 */
+            /* a trained weight (no LoRA) also takes its gradient in E4M3, and is quantized
+             * at each use (no copies kept) */
             int rc = b->fp8_freeze(b->ctx, P(m, w[i].t), w[i].oc, w[i].ic, !e->frozen);
             if (rc < 0) return -1;
             if (rc == 0) {
                 (*n_fp8)++;
-                *bytes += (size_t)2 * w[i].oc * w[i].ic;
+                *bytes += e->frozen ? (size_t)2 * w[i].oc * w[i].ic : 0;
             }
         }
     }

@@ -75,7 +75,7 @@ struct model {
     /* LoRA adapters (worker/lora.h; not owned), NULL without. When set, the
      * base tensors are frozen: the backward computes no gradient for them. */
     struct lora *lora;
-    /* 1 once model_fp8_freeze made E4M3 copies (train.precision fp8) */
+    /* 1 once model_fp8_freeze put the block weights on the E4M3 path */
     int fp8;
 };
 
@@ -96,16 +96,17 @@ void model_free(struct model *m); /* NULL ok */
  * (seed, tensor name), so the values do not depend on layout or tp. */
 int model_init_params(struct model *m, uint64_t seed);
 
-/* train.precision "fp8" (docs/engine.md "FP8"): give the backend E4M3
- * copies of this stage's block linear weights (q|k|v, attention output, fc
- * or gate|up, MLP output; backend.h fp8_freeze), once the weights are final
- * (loaded or initialised); with a trained base (no LoRA: e->frozen 0) their
- * weight gradients run in E4M3 too and train_step calls this again after
- * each optimizer step (the copies refreshed, m->fp8 set). Needs weights in
- * the compute dtype (not NF4) and a backend with fp8_freeze. *n_fp8: the
- * weights that got copies (a shape the FP8 GEMM does not take stays bf16),
- * *bytes their backend memory (2 bytes a weight, added to e->mem.params by
- * the first call). 0 or -1 (logged). */
+/* train.precision "fp8" (docs/engine.md "FP8"): put this stage's block
+ * linear weights (q|k|v, attention output, fc or gate|up, MLP output) on
+ * the backend's E4M3 path (backend.h fp8_freeze; m->fp8 set). A frozen base
+ * (LoRA, e->frozen) gets E4M3 copies, made here: call once its weights are
+ * final (loaded or initialised). Trained weights (no LoRA) are quantized at
+ * each use from their current values and take their weight gradients in
+ * E4M3 too. Needs weights in the compute dtype (not NF4) and a backend with
+ * fp8_freeze. *n_fp8: the weights on the E4M3 path (a shape the FP8 GEMM
+ * does not take stays bf16), *bytes the copies' backend memory (2 bytes a
+ * frozen weight, added to e->mem.params by the first call). 0 or -1
+ * (logged). */
 int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes);
 
 /* Tensors of at least this many elements are initialised in parallel. */

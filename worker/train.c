@@ -133,16 +133,6 @@ int train_step(struct model *m, const struct train_opts *o, int64_t step,
         snprintf(err, errlen, "parameter synchronisation failed at step %lld", (long long)step);
         return -1;
     }
-    /* train.precision fp8 with trained weights: their E4M3 copies from the
-     * updated values (amax and casts on the device, queued before the sync) */
-    if (m->fp8 && !m->lora) {
-        int nq = 0;
-        size_t nb = 0;
-        if (model_fp8_freeze(m, &nq, &nb) != 0) {
-            snprintf(err, errlen, "fp8 weight copies failed at step %lld", (long long)step);
-            return -1;
-        }
-    }
     info->stop_any = red[2] > 0;
     b->sync(b->ctx);
     double t_end = clock_mono_msf();

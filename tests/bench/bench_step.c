@@ -30,8 +30,9 @@
  * step).
  * --precision fp8: the block linear layers' GEMMs in E4M3 (model_fp8_freeze;
  * docs/engine.md "FP8"): with --lora the frozen base's forward and input
- * gradient, without it also the weight gradient, the copies refreshed after
- * every optimizer step; LOOM_FP8=0 keeps them bf16 (the fp8 tuning row). The
+ * gradient (E4M3 copies made once), without it also the weight gradient
+ * (each weight quantized at each use); LOOM_FP8=0 keeps them bf16 (the fp8
+ * tuning row). The
  * RESULT line adds the weights with copies and the GEMMs that ran in E4M3.
  * --data learnable: sequences the model can learn (strided walks over 4096
  * tokens) instead of uniform random ones, each step's loss on stderr ("loss
@@ -373,9 +374,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bad --precision %s (bf16, fp8)\n", precision);
         return 2;
     }
-    if (fp8 && (nf4 || strcmp(offload, "off") != 0)) {
-        fprintf(stderr, "--precision fp8 runs without --quantize-base nf4 and --offload (the "
-                        "E4M3 copies come from resident bf16 weights)\n");
+    if (fp8 && nf4) {
+        fprintf(stderr, "--precision fp8 runs without --quantize-base nf4 (the E4M3 path takes "
+                        "weights in bf16)\n");
         return 2;
     }
     if (rcm < 0 || rank < 0 || nsteps < 1) {

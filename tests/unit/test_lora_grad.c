@@ -180,23 +180,20 @@ out:
     "{\"model\":{\"family\":\"llama\",\"preset\":\"1b\"},\"data\":{\"train\":\"/d/t_*.bin\"},"     \
     "\"parallel\":{" par "},\"train\":{" train "}}"
 static const struct {
-    const char *name, *spec, *device;
-    int offload;
-    const char *want;
+    const char *name, *spec, *device, *want;
 } pcases[] = {
     {"fp8 with nf4", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4},\"quantize_base\":\"nf4\""),
-     "cuda", 0, "precision=fp8, quantize_base=nf4"},
-    {"fp8 lora on cpu (--device)", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cpu", 0,
+     "cuda", "precision=fp8, quantize_base=nf4"},
+    {"fp8 lora on cpu (--device)", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cpu",
      "device=cpu"},
+    {"fp8 full fine-tune on cpu (--device)", PSPEC("\"precision\":\"fp8\""), "cpu", "device=cpu"},
     {"fp8 full fine-tune, zero_stage 3", PSPECP("\"zero_stage\":3", "\"precision\":\"fp8\""),
-     "cuda", 0, "zero_stage=3"},
-    {"fp8 full fine-tune, optimizer offload", PSPEC("\"precision\":\"fp8\""), "cuda", 1,
-     "optimizer offload on"},
-    {"fp8 lora on cuda", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", 0, NULL},
-    {"fp8 lora with offload (the adapters' state)",
-     PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", 1, NULL},
-    {"fp8 full fine-tune on cuda", PSPEC("\"precision\":\"fp8\""), "cuda", 0, NULL},
-    {"bf16 on cpu with offload (not fp8)", PSPEC("\"precision\":\"bf16\""), "cpu", 1, NULL},
+     "cuda", "zero_stage=3"},
+    {"fp8 lora on cuda", PSPEC("\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", NULL},
+    {"fp8 lora, zero_stage 2",
+     PSPECP("\"zero_stage\":2", "\"precision\":\"fp8\",\"lora\":{\"rank\":4}"), "cuda", NULL},
+    {"fp8 full fine-tune on cuda", PSPEC("\"precision\":\"fp8\""), "cuda", NULL},
+    {"bf16 on cpu (not fp8)", PSPEC("\"precision\":\"bf16\""), "cpu", NULL},
 };
 
 static void precision_checks(void) {
@@ -208,7 +205,7 @@ static void precision_checks(void) {
         CHECK(prc == 0, "%s: spec parses: %s", pcases[i].name, le.message);
         if (prc != 0) continue;
         char err[512] = "";
-        int rc = lora_precision_check(&s, pcases[i].device, pcases[i].offload, err, sizeof err);
+        int rc = lora_precision_check(&s, pcases[i].device, err, sizeof err);
         if (pcases[i].want)
             CHECK(rc == -1 && strstr(err, pcases[i].want), "%s: refused naming '%s': %d %s",
                   pcases[i].name, pcases[i].want, rc, err);

@@ -184,14 +184,15 @@ struct cuda_ctx {
      * scale (fp32); q: the per-call E4M3 input / output-gradient buffer
      * (qcap bytes, sized at freeze time for the reserved N); qt, xt: the
      * transposed E4M3 dY and X of a weight gradient (made when a weight is
-     * frozen with wgrad); xs: amax, scale of q / qt, then of xt; off: the
+     * frozen with wgrad); wq: a trained weight's W8 or W8T, made at each use;
+     * xs: amax, scale of q / qt, then of xt, then of wq; off: the
      * fp8 tuning row is 0 (every weight stays bf16); fast: the
      * fp8-fast-accum row (cuBLASLt's FP8 fast accumulation) */
     struct {
         struct fp8_weight *w;
         int n, cap, off, fast;
-        uint8_t *q, *qt, *xt;
-        size_t qcap, qtcap, xtcap, bytes;
+        uint8_t *q, *qt, *xt, *wq;
+        size_t qcap, qtcap, xtcap, wqcap, bytes;
         float *xs;
         long fwd, bwd, wgrad, fallback;
     } f8;
@@ -200,9 +201,9 @@ struct cuda_ctx {
 struct fp8_weight {
     const void *W;
     int OC, IC;
-    uint8_t *w8, *w8t;
-    float *sc; /* device [2]: amax, scale */
-    int bad;   /* cuBLASLt refused its GEMM once: bf16 from then on */
+    uint8_t *w8, *w8t; /* NULL for a trained weight (quantized at each use) */
+    float *sc;         /* device [2]: amax, scale (NULL for a trained weight) */
+    int bad;           /* cuBLASLt refused its GEMM once: bf16 from then on */
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -686,15 +687,21 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
         /* the per-call buffers: the widest operand of the reserved micro-batch */
         size_t N = (size_t)c->lim.B * c->lim.T, want = N * (size_t)(OC > IC ? OC : IC);
         if (fp8_buf(c, &c->f8.q, &c->f8.qcap, want) != 0) return -1;
-        if (wgrad && (fp8_buf(c, &c->f8.qt, &c->f8.qtcap, want) != 0 ||
-                      fp8_buf(c, &c->f8.xt, &c->f8.xtcap, want) != 0))
-            return -1;
+        if (wgrad) { /* a trained weight: nothing kept, its E4M3 form made at each use */
+            if (fp8_buf(c, &c->f8.qt, &c->f8.qtcap, want) != 0 ||
+                fp8_buf(c, &c->f8.xt, &c->f8.xtcap, want) != 0 ||
+                fp8_buf(c, &c->f8.wq, &c->f8.wqcap, nw) != 0)
+                return -1;
+            c->f8.w[c->f8.n++] = (struct fp8_weight){W, OC, IC, NULL, NULL, NULL, 0};
+            return 0;
+        }
         uint8_t *buf = cu_alloc(c, 2 * nw + 64);
         if (!buf) return -1;
         f = &c->f8.w[c->f8.n++];
         *f = (struct fp8_weight){W, OC, IC, buf, buf + nw, (float *)(buf + 2 * nw), 0};
         c->f8.bytes += 2 * nw;
     }
+    if (!f->w8) return 0; /* trained: quantized at each use */
     lk_fp8_amax(f->sc, W, nw, ST);
     lk_fp8_quant(f->w8, f->sc + 1, f->sc, W, nw, ST);
     lk_fp8_quant_t(f->w8t, NULL, f->sc, W, OC, IC, ST);
@@ -721,9 +728,16 @@ static int fp8_fwd(struct cuda_ctx *c, void *out, const void *inp, const void *W
         c->f8.fallback++;
         return -1;
     }
+    const uint8_t *w8 = f->w8;
+    const float *wsc = f->sc ? f->sc + 1 : NULL;
+    if (!w8) { /* a trained weight: W8 from its current values */
+        size_t nw = (size_t)OC * IC;
+        lk_fp8_amax(c->f8.xs + 4, W, nw, (lcuda_stream)c->s);
+        lk_fp8_quant(c->f8.wq, c->f8.xs + 5, c->f8.xs + 4, W, nw, (lcuda_stream)c->s);
+        w8 = c->f8.wq, wsc = c->f8.xs + 5;
+    }
     const uint8_t *q = fp8_quant_act(c, inp, N, IC);
-    if (lk_linear_fp8(c->blas, out, acc, bias, f->w8, f->sc + 1, q, c->f8.xs + 1, OC, N, IC,
-                      c->f8.fast)) {
+    if (lk_linear_fp8(c->blas, out, acc, bias, w8, wsc, q, c->f8.xs + 1, OC, N, IC, c->f8.fast)) {
         f->bad = 1;
         c->f8.fallback++;
         return -1;
@@ -751,9 +765,16 @@ static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *d
     }
     lk_fp8_amax(c->f8.xs, dout, ny, st);
     if (d_ok) {
+        const uint8_t *w8t = f->w8t;
+        const float *wsc = f->sc ? f->sc + 1 : NULL;
+        if (!w8t) { /* a trained weight: W8T from its current values */
+            lk_fp8_amax(c->f8.xs + 4, f->W, (size_t)OC * IC, st);
+            lk_fp8_quant_t(c->f8.wq, c->f8.xs + 5, c->f8.xs + 4, f->W, OC, IC, st);
+            w8t = c->f8.wq, wsc = c->f8.xs + 5;
+        }
         lk_fp8_quant(c->f8.q, c->f8.xs + 1, c->f8.xs, dout, ny, st);
-        if (lk_linear_fp8(c->blas, dinp, C, NULL, f->w8t, f->sc + 1, c->f8.q, c->f8.xs + 1, IC, N,
-                          OC, c->f8.fast) == 0)
+        if (lk_linear_fp8(c->blas, dinp, C, NULL, w8t, wsc, c->f8.q, c->f8.xs + 1, IC, N, OC,
+                          c->f8.fast) == 0)
             c->f8.bwd++;
         else
             d_ok = 0, f->bad = 1;

@@ -6,9 +6,9 @@
 # 8B shape, micro-batch 4, T 2048 (loom-gpu-bench --lora 16 with and without
 # --precision fp8), the fp8 run with the fp8 tuning row off (LOOM_FP8=0:
 # copies made, GEMMs bf16) as a control and with cuBLASLt's fast accumulation
-# (LOOM_FP8_FAST_ACCUM=1), then full fine-tunes (weight
-# gradients in E4M3 too) of the 1B shape and of the 8B shape (selective
-# recompute, micro-batch 1: what fits beside the copies), each
+# (LOOM_FP8_FAST_ACCUM=1), then full fine-tunes (weight gradients in E4M3
+# too, weights quantized at each use) of the 1B shape and of the 8B shape
+# (selective recompute, micro-batch 1), each
 # with its per-class GPU time (--profile 1). Goal (issue 22): fp8 >= 1.3x bf16
 # on the 8B shape; a 300-step full fine-tune curve of the 1B shape on learnable
 # data (--data learnable) within 1% of bf16's.
@@ -65,7 +65,7 @@ A8=(--model 8b --mbs 4 --T 2048 --lora 16 --steps 8 --warmup 2 --profile 1)
 run 8b_bf16 200 "${A8[@]}"
 run 8b_fp8 200 "${A8[@]}" --precision fp8
 ratio 8b_fp8 8b_bf16
-# full fine-tunes: weight gradients in E4M3 too, the copies refreshed after every step
+# full fine-tunes: weight gradients in E4M3 too, weights quantized at each use
 F1=(--model 1b --mbs 4 --T 2048 --steps 20 --warmup 5 --profile 1)
 run 1b_full_bf16 150 "${F1[@]}"
 run 1b_full_fp8 150 "${F1[@]}" --precision fp8
