@@ -119,7 +119,6 @@
     X(LR_ORDER, 422, "min_lr above lr")                                                            \
     X(WARMUP_TOO_LONG, 422, "warmup_steps above steps")                                            \
     X(PRECISION_DEVICE, 422, "bf16 or fp8 on the cpu device")                                      \
-    X(PRECISION_UNSUPPORTED, 422, "fp8 with quantize_base=nf4, or a full fine-tune with ZeRO-3")   \
     X(OFFLOAD_DEVICE, 422, "offload_optimizer on the cpu device")                                  \
     X(EVAL_WITHOUT_VAL, 422, "eval_every without data.val or data.val_fraction")                   \
     X(QUANTIZE_WITHOUT_LORA, 422, "quantize_base=nf4 without train.lora")                          \

@@ -17,6 +17,7 @@
 # stdout; logs under $OUT.
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+[ -x "$BIN/test_fp8" ] || echo "test_fp8: not in $BIN (build the test_fp8 target)"
 timeout 300 stdbuf -oL "$BIN/test_fp8" >"$OUT/fp8_test.out" 2>"$OUT/fp8_test.err"
 echo "test_fp8 rc=$? $(el)"
 grep -E '^(PASS|FAIL)|failure' "$OUT/fp8_test.out"
