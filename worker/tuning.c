@@ -59,11 +59,8 @@ const struct config_entry worker_tuning_rows[] = {
      "CUDA classifier: MiB of bf16 logits per row chunk (logits GEMM, fused softmax / loss / "
      "dlogits, dX and dW GEMMs per chunk); 0: chunks of up to 2 GiB (the full logits of most "
      "shapes)"},
-    {"xent-l2", CONFIG_BOOL | T, AT(cuda.xent_l2), "0", 0, 0,
-     "CUDA classifier: the fused loss kernel on one 1024-thread block per SM (a row's second "
-     "pass read from L2); 0: one 512-thread block per row"},
     {"fp8", CONFIG_BOOL | T, AT(cuda.fp8), "1", 0, 0,
-     "CUDA, train.precision fp8: the frozen base's linear layers in E4M3 GEMMs; 0 keeps them "
+     "CUDA, train.precision fp8: the block linear layers in E4M3 GEMMs; 0 keeps them "
      "bf16 (A/B, or to switch a failing fp8 path off)"},
     {"fp8-fast-accum", CONFIG_BOOL | T, AT(cuda.fp8_fast_accum), "0", 0, 0,
      "CUDA, train.precision fp8: cuBLASLt's FP8 fast accumulation (partial sums not promoted to "
