@@ -182,7 +182,9 @@ struct cuda_ctx {
      * (qcap bytes, sized at freeze time for the reserved N); qt, xt: the
      * transposed E4M3 dY and X of a weight gradient (made when a weight is
      * frozen with wgrad); wq: a trained weight's W8 or W8T, made at each use;
-     * xs: amax, scale of q / qt, then of xt, then of wq; off: the
+     * xs: amax, scale of q / qt, then of xt, then of wq (F8_AMAX, F8_SCALE:
+     * each in its own 16-byte slot, as cuBLASLt's scale pointers must be);
+     * off: the
      * fp8 tuning row is 0 (every weight stays bf16); fast: the
      * fp8-fast-accum row (cuBLASLt's FP8 fast accumulation) */
     struct {
@@ -195,11 +197,19 @@ struct cuda_ctx {
     } f8;
 };
 
+/* The fp32 amax and scale of the per-call E4M3 operand i (0: X or dY, 1: the
+ * weight gradient's X^T, 2: a trained weight): each in its own 16-byte slot,
+ * because cuBLASLt refuses an FP8 GEMM whose scale pointer
+ * (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER) is not 16-byte aligned
+ * (CUBLAS_STATUS_NOT_SUPPORTED; cuBLASLt 13.1 on an H200). */
+#define F8_AMAX(c, i)  ((c)->f8.xs + 8 * (i))
+#define F8_SCALE(c, i) ((c)->f8.xs + 8 * (i) + 4)
+
 struct fp8_weight {
     const void *W;
     int OC, IC;
     uint8_t *w8, *w8t; /* NULL for a trained weight (quantized at each use) */
-    float *sc;         /* device [2]: amax, scale (NULL for a trained weight) */
+    float *sc;         /* device: amax [0], scale [4] (16-byte slots; NULL for a trained weight) */
     int bad;           /* cuBLASLt refused its GEMM once: bf16 from then on */
 };
 
@@ -680,7 +690,7 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
             c->f8.w = nwv;
             c->f8.cap = cap;
         }
-        if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 64))) return -1;
+        if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 3 * 8 * sizeof(float)))) return -1;
         /* the per-call buffers: the widest operand of the reserved micro-batch */
         size_t N = (size_t)c->lim.B * c->lim.T, want = N * (size_t)(OC > IC ? OC : IC);
         if (fp8_buf(c, &c->f8.q, &c->f8.qcap, want) != 0) return -1;
@@ -700,18 +710,18 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
     }
     if (!f->w8) return 0; /* trained: quantized at each use */
     lk_fp8_amax(f->sc, W, nw, ST);
-    lk_fp8_quant(f->w8, f->sc + 1, f->sc, W, nw, ST);
+    lk_fp8_quant(f->w8, f->sc + 4, f->sc, W, nw, ST);
     lk_fp8_quant_t(f->w8t, NULL, f->sc, W, OC, IC, ST);
     return 0;
 }
 
-/* x [N][K] (bf16) into the E4M3 buffer with its own scale (f8.xs[1]); NULL
+/* x [N][K] (bf16) into the E4M3 buffer with its own scale (F8_SCALE(c, 0)); NULL
  * when it does not fit. */
 static const uint8_t *fp8_quant_act(struct cuda_ctx *c, const void *x, int N, int K) {
     size_t n = (size_t)N * K;
     if (n > c->f8.qcap) return NULL;
-    lk_fp8_amax(c->f8.xs, x, n, (lcuda_stream)c->s);
-    lk_fp8_quant(c->f8.q, c->f8.xs + 1, c->f8.xs, x, n, (lcuda_stream)c->s);
+    lk_fp8_amax(F8_AMAX(c, 0), x, n, (lcuda_stream)c->s);
+    lk_fp8_quant(c->f8.q, F8_SCALE(c, 0), F8_AMAX(c, 0), x, n, (lcuda_stream)c->s);
     return c->f8.q;
 }
 
@@ -726,15 +736,15 @@ static int fp8_fwd(struct cuda_ctx *c, void *out, const void *inp, const void *W
         return -1;
     }
     const uint8_t *w8 = f->w8;
-    const float *wsc = f->sc ? f->sc + 1 : NULL;
+    const float *wsc = f->sc ? f->sc + 4 : NULL;
     if (!w8) { /* a trained weight: W8 from its current values */
         size_t nw = (size_t)OC * IC;
-        lk_fp8_amax(c->f8.xs + 4, W, nw, (lcuda_stream)c->s);
-        lk_fp8_quant(c->f8.wq, c->f8.xs + 5, c->f8.xs + 4, W, nw, (lcuda_stream)c->s);
-        w8 = c->f8.wq, wsc = c->f8.xs + 5;
+        lk_fp8_amax(F8_AMAX(c, 2), W, nw, (lcuda_stream)c->s);
+        lk_fp8_quant(c->f8.wq, F8_SCALE(c, 2), F8_AMAX(c, 2), W, nw, (lcuda_stream)c->s);
+        w8 = c->f8.wq, wsc = F8_SCALE(c, 2);
     }
     const uint8_t *q = fp8_quant_act(c, inp, N, IC);
-    if (lk_linear_fp8(c->blas, out, acc, bias, w8, wsc, q, c->f8.xs + 1, OC, N, IC, c->f8.fast)) {
+    if (lk_linear_fp8(c->blas, out, acc, bias, w8, wsc, q, F8_SCALE(c, 0), OC, N, IC, c->f8.fast)) {
         f->bad = 1;
         c->f8.fallback++;
         return -1;
@@ -760,17 +770,17 @@ static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *d
         c->f8.fallback++;
         return -1;
     }
-    lk_fp8_amax(c->f8.xs, dout, ny, st);
+    lk_fp8_amax(F8_AMAX(c, 0), dout, ny, st);
     if (d_ok) {
         const uint8_t *w8t = f->w8t;
-        const float *wsc = f->sc ? f->sc + 1 : NULL;
+        const float *wsc = f->sc ? f->sc + 4 : NULL;
         if (!w8t) { /* a trained weight: W8T from its current values */
-            lk_fp8_amax(c->f8.xs + 4, f->W, (size_t)OC * IC, st);
-            lk_fp8_quant_t(c->f8.wq, c->f8.xs + 5, c->f8.xs + 4, f->W, OC, IC, st);
-            w8t = c->f8.wq, wsc = c->f8.xs + 5;
+            lk_fp8_amax(F8_AMAX(c, 2), f->W, (size_t)OC * IC, st);
+            lk_fp8_quant_t(c->f8.wq, F8_SCALE(c, 2), F8_AMAX(c, 2), f->W, OC, IC, st);
+            w8t = c->f8.wq, wsc = F8_SCALE(c, 2);
         }
-        lk_fp8_quant(c->f8.q, c->f8.xs + 1, c->f8.xs, dout, ny, st);
-        if (lk_linear_fp8(c->blas, dinp, C, NULL, w8t, wsc, c->f8.q, c->f8.xs + 1, IC, N, OC,
+        lk_fp8_quant(c->f8.q, F8_SCALE(c, 0), F8_AMAX(c, 0), dout, ny, st);
+        if (lk_linear_fp8(c->blas, dinp, C, NULL, w8t, wsc, c->f8.q, F8_SCALE(c, 0), IC, N, OC,
                           c->f8.fast) == 0)
             c->f8.bwd++;
         else
@@ -781,11 +791,11 @@ static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *d
         lk_linear_bwd_data(c->blas, dinp, dout, f->W, NULL, N, IC, OC, accumulate);
     }
     if (w_ok) {
-        lk_fp8_quant_t(c->f8.qt, c->f8.xs + 1, c->f8.xs, dout, N, OC, st); /* dY^T [OC][N] */
-        lk_fp8_amax(c->f8.xs + 2, inp, nx, st);
-        lk_fp8_quant_t(c->f8.xt, c->f8.xs + 3, c->f8.xs + 2, inp, N, IC, st); /* X^T [IC][N] */
-        if (lk_linear_fp8(c->blas, dW, dW, NULL, c->f8.xt, c->f8.xs + 3, c->f8.qt, c->f8.xs + 1, IC,
-                          OC, N, c->f8.fast) == 0)
+        lk_fp8_quant_t(c->f8.qt, F8_SCALE(c, 0), F8_AMAX(c, 0), dout, N, OC, st); /* dY^T [OC][N] */
+        lk_fp8_amax(F8_AMAX(c, 1), inp, nx, st);
+        lk_fp8_quant_t(c->f8.xt, F8_SCALE(c, 1), F8_AMAX(c, 1), inp, N, IC, st); /* X^T [IC][N] */
+        if (lk_linear_fp8(c->blas, dW, dW, NULL, c->f8.xt, F8_SCALE(c, 1), c->f8.qt, F8_SCALE(c, 0),
+                          IC, OC, N, c->f8.fast) == 0)
             c->f8.wgrad++;
         else
             w_ok = 0, f->bad = 1;

@@ -42,12 +42,14 @@ struct lk_blas;
  * C may equal D), A and B E4M3 (k contiguous in both: cuBLASLt's "TN" form,
  * the one Hopper's FP8 kernels take), fp32 accumulation, D rounded to bf16
  * once. Needs m, n, k multiples of 16 and 16-byte aligned pointers (the
- * caller checks: lk_fp8_shape_ok). fast_accum 1: cuBLASLt's FP8 fast
- * accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor cores' partial
- * sums are not promoted to fp32 along K; faster, less accurate); 0 the
- * default promotion. Returns 0, or -1 when cuBLASLt has no
- * algorithm for it or refuses it (nothing written; the caller then takes
- * the bf16 path). */
+ * caller checks: lk_fp8_shape_ok), the scale pointers included: cuBLASLt
+ * (13.1, H200) refuses the call with a scale pointer that is only 4-byte
+ * aligned, after its heuristic offered algorithms (checked here: -1).
+ * fast_accum 1: cuBLASLt's FP8 fast accumulation
+ * (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor cores' partial sums are not
+ * promoted to fp32 along K; faster, less accurate); 0 the default
+ * promotion. Returns 0, or -1 when cuBLASLt has no algorithm for it or
+ * refuses it (nothing written; the caller then takes the bf16 path). */
 int lk_linear_fp8(struct lk_blas *b, uint16_t *D, const uint16_t *C, const uint16_t *bias,
                   const uint8_t *A, const float *a_scale, const uint8_t *B, const float *b_scale,
                   int m, int n, int k, int fast_accum);

@@ -778,6 +778,14 @@ extern "C" int lk_linear_fp8(struct lk_blas *b, lbf16 *D, const lbf16 *C, const 
                              const uint8_t *A, const float *a_scale, const uint8_t *B,
                              const float *b_scale, int m, int n, int k, int fast_accum) {
     if (!lk_fp8_shape_ok(m, n, k, D, C, bias)) return -1;
+    if (((uintptr_t)a_scale | (uintptr_t)b_scale) & 15) {
+        /* cuBLASLt refuses such a GEMM at the call (NOT_SUPPORTED), after the
+         * heuristic offered algorithms for it */
+        log_warn("blas: FP8 GEMM m=%d n=%d k=%d: a scale pointer is not 16-byte aligned (%p, "
+                 "%p): bf16 instead",
+                 m, n, k, (const void *)a_scale, (const void *)b_scale);
+        return -1;
+    }
     struct mm_call c;
     memset(&c, 0, sizeof c);
     int rc = -1;
