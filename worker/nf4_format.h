@@ -140,7 +140,9 @@ static inline size_t nf4a_bytes(size_t n) {
 /* A shard's bytes (0 for NF4_SHARD_NONE). */
 static inline size_t nf4_shard_bytes(const struct nf4_shard *s) {
     size_t n = s->count * s->len;
-    return s->layout == NF4_SHARD_SLICE ? nf4_bytes(n) : s->layout == NF4_SHARD_ABSMAX ? nf4a_bytes(n) : 0;
+    return s->layout == NF4_SHARD_SLICE    ? nf4_bytes(n)
+           : s->layout == NF4_SHARD_ABSMAX ? nf4a_bytes(n)
+                                           : 0;
 }
 
 #endif

@@ -219,9 +219,14 @@ static void run_shards(void) {
                        "%d, %s layout: the backend's dequantization equals the host's (%zu of %zu "
                        "weights differ)\n",
                        ok ? "PASS" : "FAIL", on_cpu ? "cpu" : "cuda",
-                       on_cpu ? "host" : plain ? "one-a-thread" : "8-a-thread", shards[k].d0,
-                       shards[k].d1, shards[k].split == 2 ? "row" : "column", shards[k].tp, idx,
-                       lay == NF4_SHARD_SLICE ? "SLICE" : lay == NF4_SHARD_ABSMAX ? "ABSMAX" : "NONE",
+                       on_cpu  ? "host"
+                       : plain ? "one-a-thread"
+                               : "8-a-thread",
+                       shards[k].d0, shards[k].d1, shards[k].split == 2 ? "row" : "column",
+                       shards[k].tp, idx,
+                       lay == NF4_SHARD_SLICE    ? "SLICE"
+                       : lay == NF4_SHARD_ABSMAX ? "ABSMAX"
+                                                 : "NONE",
                        bad, n);
                 fails += !ok;
                 if (be) {
