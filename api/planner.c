@@ -345,8 +345,8 @@ static double nf4_block_bytes(const struct model_config *mc, int tp) {
                     model_layout_free(&l);
                     return 0;
                 }
-            nf4_shard_geom((size_t)t->shape[0], (size_t)t->shape[1], (int)t->split, t->parts, tp,
-                           0, &sh);
+            nf4_shard_geom((size_t)t->shape[0], (size_t)t->shape[1], (int)t->split, t->parts, tp, 0,
+                           &sh);
             b += (double)nf4_shard_bytes(&sh);
         }
     model_layout_free(&l);
