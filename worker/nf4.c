@@ -454,8 +454,8 @@ int nf4_tp_check(const struct model_config *c, int tp, char *err, size_t errlen)
                      "train.quantize_base nf4 with tp=%d: %s [%lld, %lld] (%s-parallel) would "
                      "put a 64-weight NF4 block on two tp ranks (tp rank %d holds %zu runs of "
                      "%zu weights starting at %zu, every %zu; an NF4 shard needs multiples of "
-                     "64); use a tp for which the split dimension's share times the row length is "
-                     "a multiple of 64, or dp / pp",
+                     "64); use a tp under which every shard is whole 64-weight blocks, or dp / pp "
+                     "(parallel.tp=1)",
                      tp, t->name, (long long)t->shape[0], (long long)t->shape[1],
                      t->split == MODEL_SPLIT_ROW ? "row" : "column", k, s.count, s.len, s.base,
                      s.stride);

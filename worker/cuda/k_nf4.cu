@@ -5,7 +5,8 @@
  * block) into one 16-byte store; the tensor's 256-entry map and the code
  * table sit in shared memory. Arithmetic as nf4_dequantize: absmax =
  * fma(map[q8], scale, offset) (one rounding), weight = code * absmax, then
- * one rounding to bf16. */
+ * one rounding to bf16. A tp shard of the ABSMAX layout (nf4_format.h) has
+ * its absmax values in fp32 already: the nf4a_ kernels below. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
