@@ -1173,6 +1173,11 @@ static void cu_nf4_dequant(void *ctx, void *out, const void *q, size_t n) {
     lk_nf4_dequant(out, q, n, !CX->nf4_scalar, ST);
 }
 
+static void cu_nf4_dequant_absmax(void *ctx, void *out, const void *q, size_t n) {
+    FLUSH(); /* as cu_nf4_dequant */
+    lk_nf4_dequant_absmax(out, q, n, !CX->nf4_scalar, ST);
+}
+
 static void cu_lora_gemm(void *ctx, int ta, int tb, int m, int n, int k, float alpha, const void *A,
                          int lda, const void *B, int ldb, float beta, void *C, int ldc) {
     FLUSH();
@@ -1479,6 +1484,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     /* the lora-fused row off: lora.c's per-adapter path */
     if (!t || t->lora_fused) b->lora_gemm = cu_lora_gemm;
     b->nf4_dequant = cu_nf4_dequant;
+    b->nf4_dequant_absmax = cu_nf4_dequant_absmax;
     b->fp8_freeze = cu_fp8_freeze;
     return b;
 }
