@@ -13,16 +13,25 @@
  *      gradient dW += dY^T X from the transposed E4M3 dY and X (beta 1 into
  *      bf16 values; a weight frozen with wgrad), for Llama-like
  *      shapes (N 256, IC 512, OC 1536; OC < IC; a smaller one). Tolerance:
- *      one bf16 rounding of D (2^-8 of |ref|) plus the accumulation, 2^-12 of
- *      the sum of |terms| (Hopper's FP8 tensor cores keep about 14 mantissa
- *      bits between cuBLASLt's promotions to fp32: 4x margin; the operands'
- *      own E4M3 rounding, were the reference to miss it, is ~2^-4 a term, far
- *      outside), the bf16 C operand added exactly. The
- *      backend's counters prove the E4M3 GEMM ran. A weight whose OC or IC is
- *      not a multiple of 16 is not taken (fp8_freeze returns 1) and a frozen
- *      weight called with N not a multiple of 16 falls back: both then match
- *      the bf16 GEMM of the bf16 operands within bf16 tolerance (tighter than
- *      E4M3's), and the counters show the fallback.
+ *      2^-8 of (|A.B| + |D|) plus 2^-10 of the sum of |terms|. Why: on an
+ *      H200 (cuBLASLt 13.1, 2026-12-01, the first version of this test with
+ *      2^-8 |D| + 2^-12 sum|terms|) the forward alone came to 1.07-1.68 of
+ *      that bound, where D is small: the FP8 tensor cores accumulate with
+ *      fewer bits than fp32 between cuBLASLt's promotions, about 2^-11 of the
+ *      sum of |terms| at worst; and the beta-1 calls (+ residual, the weight
+ *      gradient into bf16 values) to 3.9-9.2, where C nearly cancels the
+ *      product: the epilogue rounds the product (to bf16, 2^-9 |A.B|) before
+ *      adding C, so the error follows |A.B|, not |D|. Each term of the bound
+ *      is twice what was measured. A real fault stays far outside: a wrong
+ *      scale, a transposed or missing operand or a missing C are errors of
+ *      the order of |A.B| or |C| itself (a typical |A.B| is the sum of
+ *      |terms| / sqrt(K), 20 to 40 times the 2^-10 term at these K). The
+ *      widened bound has not run on a GPU yet. The backend's counters prove
+ *      the E4M3 GEMM ran. A weight whose OC or IC is not a multiple of 16 is
+ *      not taken (fp8_freeze returns 1) and a frozen weight called with N not
+ *      a multiple of 16 falls back: both then match the bf16 GEMM of the bf16
+ *      operands within the same bound, and the counters show that no E4M3
+ *      GEMM ran (the fallback counted).
  *  (c) a LoRA curve of a tiny Llama (rank 8 on every projection, 30 steps):
  *      fp8 on cuda against the cpu fp32 curve, every step within 5 %
  *      relative and the mean within 2 % (E4M3 keeps 3 mantissa bits: a
@@ -215,7 +224,7 @@ static double worst(const uint16_t *got, const double *ref, const double *mag, c
     double w = 0;
     for (size_t i = 0; i < n; i++) {
         double want = ref[i] + (base ? base[i] : 0.0);
-        double tol = rel * fabs(want) + mag[i] / 4096 + 1e-30;
+        double tol = rel * (fabs(ref[i]) + fabs(want)) + mag[i] / 1024 + 1e-30;
         double e = fabs((double)st_bf16_to_f32(got[i]) - want) / tol;
         if (!(e <= w)) w = e; /* NaN counts as a failure */
     }
@@ -353,8 +362,8 @@ out:
     free(wt), free(fq), free(fwq), free(fd), free(q), free(qw), free(ref), free(mag);
 }
 
-/* Shapes the E4M3 GEMM does not take: the bf16 path, checked against the fp64 GEMM of the
- * bf16 operands at bf16 tolerance (E4M3 would miss it). */
+/* Shapes the E4M3 GEMM does not take: the bf16 path (no E4M3 GEMM counted), its result checked
+ * against the fp64 GEMM of the bf16 operands. */
 static void test_fallback(void) {
     enum { N = 64, IC = 520, OC = 256, NB = 50 }; /* IC % 16 = 8; NB % 16 = 2 */
     size_t nx = (size_t)N * IC, nw = (size_t)OC * IC, ny = (size_t)N * OC;
