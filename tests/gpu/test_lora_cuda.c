@@ -26,7 +26,8 @@
  *    and dx += mask o (dH A) / (1 - p) against a host fp64 reference with
  *    the mask of worker/lora_mask.h (r 8 / 16 / 64, in 64 / 1000 / 2048 /
  *    5632, x a column range of wider rows, a column slice's mask index, N not
- *    a multiple of the row block, several row chunks); cells outside the
+ *    a multiple of the row block, several row chunks; the tensor-core kernels
+ *    the backend uses and the CUDA-core ones); cells outside the
  *    outputs untouched; two runs give the same bytes; the dropout-0.1 curve
  *    with those kernels off (LOOM_LORA_DROP_FUSED=0, a masked copy of the
  *    input) also follows the cpu curve and the kernels' curve;
@@ -40,7 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_util.h"
+#include "worker/cuda/k_lora.h"
 #include "worker/lora_mask.h"
 #include "worker/lora.h"
 #include "worker/nf4.h"
@@ -360,10 +363,12 @@ static const struct drop_case drop_cases[] = {
 };
 
 /* Run the forward and backward of one case on the device; H, dA, dx (host
- * bf16) hold the outputs' initial contents and receive the results. */
+ * bf16) hold the outputs' initial contents and receive the results. cores:
+ * 0 the backend's members (the tensor-core kernels), 1 the CUDA-core kernels
+ * of k_lora.cu called directly on the backend's stream. */
 static int drop_run(struct backend *gb, const struct drop_case *k, const uint16_t *x,
                     const uint16_t *A, const uint16_t *dH, uint16_t *H, uint16_t *dA, uint16_t *dx,
-                    uint64_t seed, float alpha) {
+                    uint64_t seed, float alpha, int cores) {
     size_t nx = (size_t)k->N * k->ldx, na = (size_t)k->r * k->in, nh = (size_t)k->N * k->ldh;
     size_t ndx = (size_t)k->N * k->ldx, ws = gb->lora_drop_ws(gb->ctx, k->N, k->in, k->r);
     void *dxp = gb->alloc(gb->ctx, nx * 2), *dap = gb->alloc(gb->ctx, na * 2),
@@ -379,11 +384,20 @@ static int drop_run(struct backend *gb, const struct drop_case *k, const uint16_
         gb->upload(gb->ctx, gap, dA, na * 2);
         gb->upload(gb->ctx, gxp, dx, ndx * 2);
         const uint16_t *xs = (const uint16_t *)dxp + k->xoff;
-        gb->lora_drop_fwd(gb->ctx, hp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, alpha, k->p,
-                          seed, k->mld, k->moff);
         /* dx: the same layout as x (a column range of wider rows) */
-        gb->lora_drop_bwd(gb->ctx, gap, (uint16_t *)gxp + k->xoff, k->ldx, dhp, k->ldh, xs, k->ldx,
-                          dap, k->N, k->in, k->r, k->p, seed, k->mld, k->moff, wsp);
+        uint16_t *gx = (uint16_t *)gxp + k->xoff;
+        lcuda_stream st = (lcuda_stream)backend_cuda_stream(gb);
+        if (cores) {
+            lk_lora_drop_fwd(hp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, alpha, k->p, seed,
+                             k->mld, k->moff, 0, st);
+            lk_lora_drop_bwd(gap, gx, k->ldx, dhp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, k->p,
+                             seed, k->mld, k->moff, wsp, 0, st);
+        } else {
+            gb->lora_drop_fwd(gb->ctx, hp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, alpha, k->p,
+                              seed, k->mld, k->moff);
+            gb->lora_drop_bwd(gb->ctx, gap, gx, k->ldx, dhp, k->ldh, xs, k->ldx, dap, k->N, k->in,
+                              k->r, k->p, seed, k->mld, k->moff, wsp);
+        }
         gb->download(gb->ctx, H, hp, nh * 2);
         gb->download(gb->ctx, dA, gap, na * 2);
         gb->download(gb->ctx, dx, gxp, ndx * 2);
@@ -402,7 +416,10 @@ static void test_drop_kernels(void) {
         backend_free(gb);
         return;
     }
-    for (size_t ci = 0; ci < sizeof drop_cases / sizeof *drop_cases; ci++) {
+    for (size_t cv = 0; cv < 2 * sizeof drop_cases / sizeof *drop_cases; cv++) {
+        size_t ci = cv / 2;
+        int cores = (int)(cv % 2);
+        const char *kind = cores ? "CUDA-core" : "tensor-core";
         const struct drop_case *k = &drop_cases[ci];
         int N = k->N, in = k->in, r = k->r;
         size_t nx = (size_t)N * k->ldx, na = (size_t)r * in, nh = (size_t)N * k->ldh;
@@ -433,7 +450,7 @@ static void test_drop_kernels(void) {
             memcpy(H[run], H0, nh * 2);
             memcpy(dA[run], dA0, na * 2);
             memcpy(dx[run], dx0, nx * 2);
-            ok = drop_run(gb, k, x, A, dH, H[run], dA[run], dx[run], seed, alpha) == 0;
+            ok = drop_run(gb, k, x, A, dH, H[run], dA[run], dx[run], seed, alpha, cores) == 0;
         }
         size_t kept = 0;
         for (int n = 0; ok && n < N; n++)
@@ -501,19 +518,19 @@ static void test_drop_kernels(void) {
                    !memcmp(dx[0], dx[1], nx * 2);
         char what[200];
         snprintf(what, sizeof what,
-                 "dropout kernels N=%d in=%d r=%d ldx=%d mask at n*%zu+%zu p=%.2f: forward vs host "
-                 "fp64 (worst error / tolerance, kept fraction)",
-                 N, in, r, k->ldx, k->mld, k->moff, (double)k->p);
+                 "%s dropout kernels N=%d in=%d r=%d ldx=%d mask at n*%zu+%zu p=%.2f: forward vs "
+                 "host fp64 (worst error / tolerance, kept fraction)",
+                 kind, N, in, r, k->ldx, k->mld, k->moff, (double)k->p);
         result(ok && wf <= 1.0 && fabs(frac - (1.0 - k->p)) < 0.05, what, "%.3g, %.3f", wf, frac);
         snprintf(what, sizeof what,
-                 "dropout kernels N=%d in=%d r=%d: dA and dx vs host fp64 (worst error / "
+                 "%s dropout kernels N=%d in=%d r=%d: dA and dx vs host fp64 (worst error / "
                  "tolerance)",
-                 N, in, r);
+                 kind, N, in, r);
         result(ok && wa <= 1.0 && wx <= 1.0, what, "%.3g, %.3g", wa, wx);
         snprintf(what, sizeof what,
-                 "dropout kernels N=%d in=%d r=%d: cells outside the outputs untouched, two runs "
-                 "give the same bytes (changed cells, same)",
-                 N, in, r);
+                 "%s dropout kernels N=%d in=%d r=%d: cells outside the outputs untouched, two "
+                 "runs give the same bytes (changed cells, same)",
+                 kind, N, in, r);
         result(ok && outside == 0 && same, what, "%g, %g", (double)outside, same);
         free(x), free(A), free(dH), free(H0), free(dA0), free(dx0), free(keep);
         for (int i = 0; i < 2; i++)

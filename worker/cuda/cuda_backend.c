@@ -979,14 +979,14 @@ static void cu_lora_drop_fwd(void *ctx, void *H, int ldh, const void *x, int ldx
                              int N, int in, int r, float alpha, float p, uint64_t seed, size_t mld,
                              size_t moff) {
     FLUSH();
-    lk_lora_drop_fwd(H, ldh, x, ldx, A, N, in, r, alpha, p, seed, mld, moff, ST);
+    lk_lora_drop_fwd(H, ldh, x, ldx, A, N, in, r, alpha, p, seed, mld, moff, 1, ST);
 }
 
 static void cu_lora_drop_bwd(void *ctx, void *dA, void *dx, int lddx, const void *dH, int ldh,
                              const void *x, int ldx, const void *A, int N, int in, int r, float p,
                              uint64_t seed, size_t mld, size_t moff, void *ws) {
     FLUSH();
-    lk_lora_drop_bwd(dA, dx, lddx, dH, ldh, x, ldx, A, N, in, r, p, seed, mld, moff, ws, ST);
+    lk_lora_drop_bwd(dA, dx, lddx, dH, ldh, x, ldx, A, N, in, r, p, seed, mld, moff, ws, 1, ST);
 }
 
 static size_t cu_lora_drop_ws(void *ctx, int N, int in, int r) {

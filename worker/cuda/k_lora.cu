@@ -6,6 +6,7 @@
  * deterministic. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <stdint.h>
 
 #include "worker/cuda/k_lora.h"
@@ -13,6 +14,7 @@
 #include "worker/lora_mask.h"
 
 typedef __nv_bfloat16 bf;
+using namespace nvcuda;
 
 static int lora_grid(size_t n, int threads) {
     size_t g = (n + threads - 1) / threads;
@@ -208,6 +210,189 @@ __global__ void __launch_bounds__(LD_THREADS)
         }
 }
 
+/* ---- the same products on the tensor cores (WMMA m16n16k16, bf16 operands,
+ * fp32 accumulation; sm_80 and later, every architecture Loom builds for).
+ * The masked x is staged as bf16 (x / (1 - p) rounded once, as the copy path
+ * rounds it), so the x.A and dA products cost the CUDA cores nothing but
+ * the staging and the mask; the CUDA-core kernels above remain (tc = 0).
+ * Each warp owns fixed output tiles and a fixed share of K, and shares are
+ * added in warp order: deterministic. */
+
+#define TC_THREADS 256 /* 8 warps */
+#define TC_LDB                                                                                     \
+    (LD_KC + 8)            /* bf16 row stride of the staged tiles (16-byte rows, fewer conflicts)  \
+                            */
+#define TC_LDF (LD_KC + 4) /* fp32 row stride of the staged results */
+
+/* Stage rows s0 .. s0 + LD_BM (below n1) and columns k0 .. k0 + LD_KC (below
+ * in) of drop(x) as bf16 into xs (row stride TC_LDB); keep bits into ks when
+ * not NULL. */
+__device__ static inline void tc_stage_x(bf *xs, unsigned char *ks, const bf *x, int ldx, int s0,
+                                         int n1, int k0, int in, uint64_t mld, uint64_t moff,
+                                         uint64_t seed, uint32_t thr, float k) {
+#pragma unroll
+    for (int q = 0; q < LD_BM * LD_KC / TC_THREADS; q++) {
+        int e = threadIdx.x + q * TC_THREADS, m = e / LD_KC, c = e % LD_KC, n = s0 + m;
+        float v = 0.0f;
+        int keep = 0;
+        if (n < n1 && k0 + c < in) {
+            v = __bfloat162float(x[(size_t)n * ldx + k0 + c]);
+            keep = lora_keep(seed, (uint64_t)n * mld + moff + (uint64_t)(k0 + c), thr);
+            v = keep ? v * k : 0.0f;
+        }
+        xs[m * TC_LDB + c] = __float2bfloat16(v);
+        if (ks) ks[m * LD_KC + c] = (unsigned char)keep;
+    }
+}
+
+/* Rows 0 .. RP of A's columns k0 .. k0 + LD_KC (zero past r and in) into
+ * as (row stride TC_LDB). */
+template <int RP>
+__device__ static inline void tc_stage_a(bf *as, const bf *A, int r, int k0, int in) {
+    for (int e = threadIdx.x; e < RP * LD_KC; e += TC_THREADS) {
+        int j = e / LD_KC, c = e % LD_KC;
+        as[j * TC_LDB + c] =
+            j < r && k0 + c < in ? A[(size_t)j * in + k0 + c] : __float2bfloat16(0.0f);
+    }
+}
+
+/* H = alpha drop(x) A^T for LD_BM rows a block: NT = 2 (RP / 16) output
+ * tiles; warp w computes tile w % NT over the K sub-steps w / NT, w / NT +
+ * KS, ... of each LD_KC step (KS = 8 / NT), and the KS shares are added in
+ * order at the end. */
+template <int RP>
+__global__ void __launch_bounds__(TC_THREADS)
+    lora_drop_fwd_tc(bf *H, int ldh, const bf *x, int ldx, const bf *A, int N, int in, int r,
+                     float alpha, uint64_t mld, uint64_t moff, uint64_t seed, uint32_t thr,
+                     float k) {
+    constexpr int NT = (LD_BM / 16) * (RP / 16), KS = 8 / NT, LDR = RP + 4;
+    static_assert(NT * KS == 8, "8 warps");
+    __shared__ __align__(32) bf xs[LD_BM * TC_LDB];
+    __shared__ __align__(32) bf as[RP * TC_LDB];
+    __shared__ __align__(32) float res[KS * LD_BM * LDR];
+    int w = threadIdx.x / 32, tile = w % NT, kg = w / NT;
+    int tm = tile / (RP / 16), tj = tile % (RP / 16), row0 = blockIdx.x * LD_BM;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k0 = 0; k0 < in; k0 += LD_KC) {
+        tc_stage_x(xs, NULL, x, ldx, row0, N, k0, in, mld, moff, seed, thr, k);
+        tc_stage_a<RP>(as, A, r, k0, in);
+        __syncthreads();
+        for (int kk = kg; kk < LD_KC / 16; kk += KS) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, xs + tm * 16 * TC_LDB + kk * 16, TC_LDB);
+            wmma::load_matrix_sync(fb, as + tj * 16 * TC_LDB + kk * 16, TC_LDB);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        __syncthreads();
+    }
+    wmma::store_matrix_sync(res + kg * LD_BM * LDR + tm * 16 * LDR + tj * 16, acc, LDR,
+                            wmma::mem_row_major);
+    __syncthreads();
+    for (int e = threadIdx.x; e < LD_BM * RP; e += TC_THREADS) {
+        int m = e / RP, j = e % RP, n = row0 + m;
+        if (n >= N || j >= r) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int g = 0; g < KS; g++)
+            v += res[g * LD_BM * LDR + m * LDR + j];
+        H[(size_t)n * ldh + j] = __float2bfloat16(alpha * v);
+    }
+}
+
+/* The backward for input columns c0 .. c0 + LD_CT of one chunk of rows, in
+ * steps of LD_BM rows. dA partial [RP, LD_CT] = dH^T drop(x) over the
+ * chunk: NA = (RP / 16) * 4 tiles; with NA <= 8 warp w takes tile w % NA and
+ * the row sub-steps w / NA, w / NA + KA, ... (KA = 8 / NA), with NA = 16
+ * tiles w and w + 8; the KA shares added in order at the end. dx [LD_BM,
+ * LD_CT] = dH A: 8 tiles, one a warp, through res to the masked add. */
+template <int RP>
+__global__ void __launch_bounds__(TC_THREADS)
+    lora_drop_bwd_tc(float *part, bf *dx, int lddx, const bf *dH, int ldh, const bf *x, int ldx,
+                     const bf *A, int N, int in, int r, int rows, uint64_t mld, uint64_t moff,
+                     uint64_t seed, uint32_t thr, float k) {
+    static_assert(LD_KC == LD_CT, "one staged tile shape");
+    constexpr int NA = (RP / 16) * (LD_CT / 16), KA = NA >= 8 ? 1 : 8 / NA;
+    constexpr int FA = NA > 8 ? NA / 8 : 1, LDH = RP + 8;
+    static_assert(FA * 8 == NA * KA, "8 warps");
+    __shared__ __align__(32) bf as[RP * TC_LDB];
+    __shared__ __align__(32) bf xs[LD_BM * TC_LDB];
+    __shared__ __align__(32) bf hs[LD_BM * LDH];
+    __shared__ unsigned char ks[LD_BM * LD_CT];
+    __shared__ __align__(32) float res[LD_BM * TC_LDF];
+    __shared__ __align__(32) float pa[KA * RP * TC_LDF];
+    int w = threadIdx.x / 32, c0 = blockIdx.x * LD_CT, chunk = blockIdx.y;
+    int n0 = chunk * rows, n1 = n0 + rows < N ? n0 + rows : N;
+    int kg = NA >= 8 ? 0 : w / NA;
+    tc_stage_a<RP>(as, A, r, c0, in);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FA];
+#pragma unroll
+    for (int f = 0; f < FA; f++)
+        wmma::fill_fragment(acc[f], 0.0f);
+    int dm = w / (LD_CT / 16), dc = w % (LD_CT / 16); /* this warp's dx tile */
+    for (int s0 = n0; s0 < n1; s0 += LD_BM) {
+        for (int e = threadIdx.x; e < LD_BM * RP; e += TC_THREADS) {
+            int m = e / RP, j = e % RP, n = s0 + m;
+            hs[m * LDH + j] = n < n1 && j < r ? dH[(size_t)n * ldh + j] : __float2bfloat16(0.0f);
+        }
+        tc_stage_x(xs, ks, x, ldx, s0, n1, c0, in, mld, moff, seed, thr, k);
+        __syncthreads();
+#pragma unroll
+        for (int f = 0; f < FA; f++) {
+            int tile = NA >= 8 ? w + 8 * f : w % NA, tj = tile / (LD_CT / 16),
+                tc = tile % (LD_CT / 16);
+            for (int kk = kg; kk < LD_BM / 16; kk += KA) {
+                /* dH^T: element (j, m) at hs[m * LDH + j], column-major */
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::col_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::row_major> fb;
+                wmma::load_matrix_sync(fa, hs + kk * 16 * LDH + tj * 16, LDH);
+                wmma::load_matrix_sync(fb, xs + kk * 16 * TC_LDB + tc * 16, TC_LDB);
+                wmma::mma_sync(acc[f], fa, fb, acc[f]);
+            }
+        }
+        if (dx) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> d;
+            wmma::fill_fragment(d, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < RP / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::row_major> fb;
+                wmma::load_matrix_sync(fa, hs + dm * 16 * LDH + kk * 16, LDH);
+                wmma::load_matrix_sync(fb, as + kk * 16 * TC_LDB + dc * 16, TC_LDB);
+                wmma::mma_sync(d, fa, fb, d);
+            }
+            wmma::store_matrix_sync(res + dm * 16 * TC_LDF + dc * 16, d, TC_LDF,
+                                    wmma::mem_row_major);
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < LD_BM * LD_CT / TC_THREADS; q++) {
+                int e = threadIdx.x + q * TC_THREADS, m = e / LD_CT, c = e % LD_CT, n = s0 + m;
+                if (n >= n1 || c0 + c >= in || !ks[m * LD_CT + c]) continue;
+                bf *o = dx + (size_t)n * lddx + c0 + c;
+                *o = __float2bfloat16(__bfloat162float(*o) + k * res[m * TC_LDF + c]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int f = 0; f < FA; f++) {
+        int tile = NA >= 8 ? w + 8 * f : w % NA, tj = tile / (LD_CT / 16), tc = tile % (LD_CT / 16);
+        wmma::store_matrix_sync(pa + kg * RP * TC_LDF + tj * 16 * TC_LDF + tc * 16, acc[f], TC_LDF,
+                                wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < RP * LD_CT; e += TC_THREADS) {
+        int j = e / LD_CT, c = e % LD_CT;
+        if (j >= r || c0 + c >= in) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int g = 0; g < KA; g++)
+            v += pa[g * RP * TC_LDF + j * TC_LDF + c];
+        part[((size_t)chunk * r + j) * in + c0 + c] = v;
+    }
+}
+
 /* dA[e] += sum over chunks, in order, of part[chunk][e] (e < r in). */
 __global__ void lora_drop_sum_kernel(bf *dA, const float *part, size_t n, int chunks) {
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
@@ -229,7 +414,8 @@ extern "C" size_t lk_lora_drop_ws_bytes(int N, int in, int r) {
 
 extern "C" void lk_lora_drop_fwd(uint16_t *H, int ldh, const uint16_t *x, int ldx,
                                  const uint16_t *A, int N, int in, int r, float alpha, float p,
-                                 uint64_t seed, uint64_t mld, uint64_t moff, lcuda_stream s) {
+                                 uint64_t seed, uint64_t mld, uint64_t moff, int tc,
+                                 lcuda_stream s) {
     if (N < 1 || r < 1) return;
     dim3 grid((N + LD_BM - 1) / LD_BM);
     cudaStream_t st = (cudaStream_t)s;
@@ -237,31 +423,32 @@ extern "C" void lk_lora_drop_fwd(uint16_t *H, int ldh, const uint16_t *x, int ld
     float k = 1.0f / (1.0f - p);
     bf *h = (bf *)H;
     const bf *xx = (const bf *)x, *a = (const bf *)A;
-    switch (ld_rp(r)) {
-    case 8:
-        lora_drop_fwd_kernel<8, 1, 1><<<grid, LD_THREADS, 0, st>>>(h, ldh, xx, ldx, a, N, in, r,
-                                                                   alpha, mld, moff, seed, thr, k);
-        break;
-    case 16:
-        lora_drop_fwd_kernel<16, 2, 1><<<grid, LD_THREADS, 0, st>>>(h, ldh, xx, ldx, a, N, in, r,
-                                                                    alpha, mld, moff, seed, thr, k);
-        break;
-    case 32:
-        lora_drop_fwd_kernel<32, 2, 2><<<grid, LD_THREADS, 0, st>>>(h, ldh, xx, ldx, a, N, in, r,
-                                                                    alpha, mld, moff, seed, thr, k);
-        break;
-    default:
-        lora_drop_fwd_kernel<64, 2, 4><<<grid, LD_THREADS, 0, st>>>(h, ldh, xx, ldx, a, N, in, r,
-                                                                    alpha, mld, moff, seed, thr, k);
-        break;
-    }
+#define FWD(K, ...)                                                                                \
+    K<__VA_ARGS__><<<grid, tc ? TC_THREADS : LD_THREADS, 0, st>>>(h, ldh, xx, ldx, a, N, in, r,    \
+                                                                  alpha, mld, moff, seed, thr, k)
+    int rp = ld_rp(r);
+    if (tc && rp <= 16)
+        FWD(lora_drop_fwd_tc, 16);
+    else if (tc && rp == 32)
+        FWD(lora_drop_fwd_tc, 32);
+    else if (tc)
+        FWD(lora_drop_fwd_tc, 64);
+    else if (rp == 8)
+        FWD(lora_drop_fwd_kernel, 8, 1, 1);
+    else if (rp == 16)
+        FWD(lora_drop_fwd_kernel, 16, 2, 1);
+    else if (rp == 32)
+        FWD(lora_drop_fwd_kernel, 32, 2, 2);
+    else
+        FWD(lora_drop_fwd_kernel, 64, 2, 4);
+#undef FWD
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void lk_lora_drop_bwd(uint16_t *dA, uint16_t *dx, int lddx, const uint16_t *dH, int ldh,
                                  const uint16_t *x, int ldx, const uint16_t *A, int N, int in,
                                  int r, float p, uint64_t seed, uint64_t mld, uint64_t moff,
-                                 float *ws, lcuda_stream s) {
+                                 float *ws, int tc, lcuda_stream s) {
     if (N < 1 || in < 1 || r < 1) return;
     int chunks, rows;
     lora_drop_grid(N, in, &chunks, &rows);
@@ -271,24 +458,25 @@ extern "C" void lk_lora_drop_bwd(uint16_t *dA, uint16_t *dx, int lddx, const uin
     float k = 1.0f / (1.0f - p);
     bf *d = (bf *)dx;
     const bf *h = (const bf *)dH, *xx = (const bf *)x, *a = (const bf *)A;
-    switch (ld_rp(r)) {
-    case 8:
-        lora_drop_bwd_kernel<8><<<grid, LD_THREADS, 0, st>>>(ws, d, lddx, h, ldh, xx, ldx, a, N, in,
-                                                             r, rows, mld, moff, seed, thr, k);
-        break;
-    case 16:
-        lora_drop_bwd_kernel<16><<<grid, LD_THREADS, 0, st>>>(ws, d, lddx, h, ldh, xx, ldx, a, N,
-                                                              in, r, rows, mld, moff, seed, thr, k);
-        break;
-    case 32:
-        lora_drop_bwd_kernel<32><<<grid, LD_THREADS, 0, st>>>(ws, d, lddx, h, ldh, xx, ldx, a, N,
-                                                              in, r, rows, mld, moff, seed, thr, k);
-        break;
-    default:
-        lora_drop_bwd_kernel<64><<<grid, LD_THREADS, 0, st>>>(ws, d, lddx, h, ldh, xx, ldx, a, N,
-                                                              in, r, rows, mld, moff, seed, thr, k);
-        break;
-    }
+#define BWD(K, RP)                                                                                 \
+    K<RP><<<grid, tc ? TC_THREADS : LD_THREADS, 0, st>>>(ws, d, lddx, h, ldh, xx, ldx, a, N, in,   \
+                                                         r, rows, mld, moff, seed, thr, k)
+    int rp = ld_rp(r);
+    if (tc && rp <= 16)
+        BWD(lora_drop_bwd_tc, 16);
+    else if (tc && rp == 32)
+        BWD(lora_drop_bwd_tc, 32);
+    else if (tc)
+        BWD(lora_drop_bwd_tc, 64);
+    else if (rp == 8)
+        BWD(lora_drop_bwd_kernel, 8);
+    else if (rp == 16)
+        BWD(lora_drop_bwd_kernel, 16);
+    else if (rp == 32)
+        BWD(lora_drop_bwd_kernel, 32);
+    else
+        BWD(lora_drop_bwd_kernel, 64);
+#undef BWD
     CUDA_CHECK_LAUNCH();
     size_t n = (size_t)r * in;
     lora_drop_sum_kernel<<<lora_grid(n, 256), 256, 0, st>>>((bf *)dA, ws, n, chunks);
