@@ -127,7 +127,7 @@ int api_webhooks_create(struct http_req *req) {
         return API_ERROR_FIELD(req, INVALID_WEBHOOK_URL, "url",
                                "url (an http or https URL string) is required");
     char code[64], msg[512];
-    if (webhooks_check_url(url, req->ld->cfg.webhook_allow_private, NULL, 0, code, sizeof code, msg,
+    if (webhooks_check_url(url, req->ld->cfg.webhook_allow_private, 1, code, sizeof code, msg,
                            sizeof msg) != 0)
         return http_error_field(req, loom_errdef_find(code) ? loom_errdef_find(code)->status : 400,
                                 code, "url", "%s", msg);

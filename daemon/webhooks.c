@@ -127,8 +127,8 @@ int webhooks_ip_private(const char *ip) {
 
 /* ---------------- URL checks ---------------- */
 
-int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pinlen, char *code,
-                       size_t codelen, char *msg, size_t msglen) {
+int webhooks_check_url(const char *url, int allow_private, int resolve, char *code, size_t codelen,
+                       char *msg, size_t msglen) {
     int ret = -1;
     char *scheme = NULL, *host = NULL, *port = NULL;
     struct addrinfo *res = NULL;
@@ -156,6 +156,10 @@ int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pin
         snprintf(msg, msglen, "url '%.200s' has no host", url);
         goto out;
     }
+    if (!resolve) {
+        ret = 0;
+        goto out;
+    }
     /* curl keeps IPv6 literals in brackets; getaddrinfo wants them bare. */
     char name[300];
     size_t hl = strlen(host);
@@ -171,7 +175,6 @@ int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pin
         goto out;
     }
     /* Every address must pass: curl could pick any of them. */
-    char first[INET6_ADDRSTRLEN] = "";
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         const void *a = ai->ai_family == AF_INET
                             ? (const void *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr
@@ -186,11 +189,6 @@ int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pin
                      name, text);
             goto out;
         }
-        if (!first[0]) snprintf(first, sizeof first, "%s", text);
-    }
-    if (pin) {
-        int v6 = strchr(first, ':') != NULL;
-        snprintf(pin, pinlen, "%s:%s:%s%s%s", name, port, v6 ? "[" : "", first, v6 ? "]" : "");
     }
     ret = 0;
 out:
@@ -200,6 +198,25 @@ out:
     curl_free(port);
     curl_url_cleanup(u);
     return ret;
+}
+
+curl_socket_t webhooks_open_socket(void *cp, curlsocktype purpose, struct curl_sockaddr *a) {
+    struct webhooks_sock_check *c = cp;
+    (void)purpose;
+    const void *ip = NULL;
+    if (a->family == AF_INET && a->addrlen >= sizeof(struct sockaddr_in))
+        ip = &((const struct sockaddr_in *)&a->addr)->sin_addr;
+    else if (a->family == AF_INET6 && a->addrlen >= sizeof(struct sockaddr_in6))
+        ip = &((const struct sockaddr_in6 *)&a->addr)->sin6_addr;
+    if (!ip) { /* neither IPv4 nor IPv6 (a unix socket, say): never a webhook target */
+        snprintf(c->refused, sizeof c->refused, "an address of family %d", a->family);
+        return CURL_SOCKET_BAD;
+    }
+    if (!c->allow_private && webhooks_addr_private(a->family, ip)) {
+        inet_ntop(a->family, ip, c->refused, sizeof c->refused);
+        return CURL_SOCKET_BAD;
+    }
+    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
 }
 
 int64_t webhooks_backoff_ms(int attempts, int64_t base_ms) {
@@ -250,7 +267,8 @@ struct slot {
     CURL *easy;
     int busy;
     struct due d;
-    struct curl_slist *hdr, *resolve;
+    struct curl_slist *hdr;
+    struct webhooks_sock_check sock; /* the connect-time address check */
 };
 
 struct webhooks {
@@ -462,24 +480,17 @@ static void finish(struct webhooks *w, struct slot *s, int ok, long status, cons
     atomic_fetch_add(ok ? &w->attempts_ok : &w->attempts_failed, 1);
 out:
     curl_slist_free_all(s->hdr);
-    curl_slist_free_all(s->resolve);
-    s->hdr = s->resolve = NULL;
+    s->hdr = NULL;
     due_free(d);
     s->busy = 0;
 }
 
-/* The target check of one round, by URL: the rows started together share
- * one lookup per URL (each attempt is still checked when it starts). */
-struct check {
-    const char *url;
-    int rc;
-    char pin[400], error[256];
-};
-
 /* Starts the attempt for d in a free slot (taking d's strings): re-checks
- * the target, signs, adds the transfer. A failure before the transfer
- * (address refused, signing) is an outcome at once. */
-static void start(struct webhooks *w, struct due *d, struct check *chk, int *nchk) {
+ * the URL's form, signs, adds the transfer. A failure before the transfer
+ * (a bad URL, signing) is an outcome at once. No name is looked up here:
+ * curl resolves it asynchronously and webhooks_open_socket checks each
+ * address it connects to. */
+static void start(struct webhooks *w, struct due *d) {
     struct loomd *ld = w->ld;
     struct slot *s = NULL;
     for (int i = 0; i < w->nslots && !s; i++)
@@ -496,18 +507,10 @@ static void start(struct webhooks *w, struct due *d, struct check *chk, int *nch
         finish(w, s, 0, 0, "could not build the request body");
         return;
     }
-    struct check *c = NULL;
-    for (int i = 0; i < *nchk && !c; i++)
-        if (!strcmp(chk[i].url, d->url)) c = &chk[i];
-    if (!c) {
-        char code[64];
-        c = &chk[(*nchk)++];
-        c->url = d->url;
-        c->rc = webhooks_check_url(d->url, ld->cfg.webhook_allow_private, c->pin, sizeof c->pin,
-                                   code, sizeof code, c->error, sizeof c->error);
-    }
-    if (c->rc != 0) {
-        finish(w, s, 0, 0, c->error);
+    char code[64], error[256];
+    if (webhooks_check_url(d->url, ld->cfg.webhook_allow_private, 0, code, sizeof code, error,
+                           sizeof error) != 0) {
+        finish(w, s, 0, 0, error);
         return;
     }
     long long t = (long long)time(NULL);
@@ -524,12 +527,15 @@ static void start(struct webhooks *w, struct due *d, struct check *chk, int *nch
     s->hdr = curl_slist_append(s->hdr, h_id);
     s->hdr = curl_slist_append(s->hdr, h_del);
     s->hdr = curl_slist_append(s->hdr, "Expect:");
-    s->resolve = curl_slist_append(NULL, c->pin);
+    s->sock.allow_private = ld->cfg.webhook_allow_private;
+    s->sock.refused[0] = 0;
     CURL *curl = s->easy;
     curl_easy_reset(curl);
     curl_easy_setopt(curl, CURLOPT_PRIVATE, s);
     curl_easy_setopt(curl, CURLOPT_URL, d->url);
-    curl_easy_setopt(curl, CURLOPT_RESOLVE, s->resolve);
+    curl_easy_setopt(curl, CURLOPT_OPENSOCKETFUNCTION, webhooks_open_socket);
+    curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, &s->sock);
+    curl_easy_setopt(curl, CURLOPT_PROXY, ""); /* direct: the checked address is the target's */
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
@@ -541,7 +547,7 @@ static void start(struct webhooks *w, struct due *d, struct check *chk, int *nch
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, (long)strlen(d->body));
     curl_easy_setopt(curl, CURLOPT_USERAGENT, "loomd-webhooks/1");
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard);
-    if (!s->hdr || !s->resolve || curl_multi_add_handle(w->multi, curl) != CURLM_OK) {
+    if (!s->hdr || curl_multi_add_handle(w->multi, curl) != CURLM_OK) {
         finish(w, s, 0, 0, "libcurl could not start the request");
         return;
     }
@@ -567,6 +573,11 @@ static void reap(struct webhooks *w) {
             curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &status);
             ok = status >= 200 && status < 300;
             snprintf(error, sizeof error, "HTTP %ld", status);
+        } else if (s->sock.refused[0]) {
+            snprintf(error, sizeof error,
+                     "%s: the host resolves to %s, a loopback/private/reserved address "
+                     "(loomd --webhook-allow-private permits it)",
+                     curl_easy_strerror(rc), s->sock.refused);
         } else {
             snprintf(error, sizeof error, "%s", curl_easy_strerror(rc));
         }
@@ -595,18 +606,15 @@ static int64_t refill(struct webhooks *w) {
         return -1;
     }
     w->hooks = l.hooks;
-    struct check *chk = calloc((size_t)l.n + 1, sizeof *chk);
-    int nchk = 0;
     for (int i = 0; i < l.n; i++) {
         struct due *d = &l.v[i];
-        if (!chk || w->inflight >= w->nslots ||
+        if (w->inflight >= w->nslots ||
             hook_inflight(w, d->webhook_id) >= w->ld->cfg.webhook_inflight_hook) {
             due_free(d); /* picked up again when a slot frees */
             continue;
         }
-        start(w, d, chk, &nchk);
+        start(w, d);
     }
-    free(chk);
     free(l.v);
     return l.next_at;
 }
@@ -709,7 +717,6 @@ static void *delivery_main(void *arg) {
         if (s->busy && w->multi) curl_multi_remove_handle(w->multi, s->easy);
         if (s->easy) curl_easy_cleanup(s->easy);
         curl_slist_free_all(s->hdr);
-        curl_slist_free_all(s->resolve);
         due_free(&s->d);
     }
     if (w->multi) curl_multi_cleanup(w->multi);

@@ -40,6 +40,8 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include <curl/curl.h>
+
 #include "daemon/http.h"
 
 struct loomd;
@@ -56,12 +58,26 @@ int webhooks_addr_private(int family, const void *addr);
 /* The same for an IP literal; -1 when `ip` is not one. */
 int webhooks_ip_private(const char *ip);
 
-/* Checks a target URL: scheme http/https, a host, and (unless allow_private)
- * every address the host resolves to is public. On success returns 0 and,
- * when pin is non-NULL, writes "host:port:addr" (for CURLOPT_RESOLVE) there.
- * On failure returns -1 with an upper-case code and a message. */
-int webhooks_check_url(const char *url, int allow_private, char *pin, size_t pinlen, char *code,
-                       size_t codelen, char *msg, size_t msglen);
+/* Checks a target URL: scheme http/https and a host; with `resolve`, also
+ * that the host resolves and (unless allow_private) that every address it
+ * resolves to is public (a synchronous lookup: webhook creation only).
+ * Returns 0, or -1 with an upper-case code and a message. */
+int webhooks_check_url(const char *url, int allow_private, int resolve, char *code, size_t codelen,
+                       char *msg, size_t msglen);
+
+/* The delivery-time check, on the address curl is about to connect to
+ * (CURLOPT_OPENSOCKETFUNCTION with this as its data): curl resolves names
+ * itself, asynchronously, and every address it tries passes through here,
+ * so a slow DNS server holds up only its own attempt and an answer that
+ * changes to an internal address (DNS rebinding) is still refused. */
+struct webhooks_sock_check {
+    int allow_private;
+    char refused[64]; /* the last address refused ("" none) */
+};
+/* Returns a new close-on-exec socket for `address`, or CURL_SOCKET_BAD
+ * (after noting the address in c->refused) when it is private and c does
+ * not allow that (c: a struct webhooks_sock_check). */
+curl_socket_t webhooks_open_socket(void *c, curlsocktype purpose, struct curl_sockaddr *address);
 
 /* Retry delay in ms after `attempts` failed attempts (>= 1). Pure. */
 int64_t webhooks_backoff_ms(int attempts, int64_t base_ms);

@@ -15,7 +15,7 @@ endif()
 # Integration: loomd + loom-agents + fake_worker on loopback, one ctest per scenario.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND AND TARGET loomd AND TARGET loom-agent AND TARGET loomctl)
-    foreach(sc events sse sse_fanout sse_fanout_pool agent_foreign metrics_auth metrics_private artifact_ttl artifact_ttl_node webhooks webhook_private webhook_crash webhook_slow webhook_stop webhook_timeout artifacts event_ring cli_wait artifacts_node)
+    foreach(sc events sse sse_fanout sse_fanout_pool agent_foreign metrics_auth metrics_private artifact_ttl artifact_ttl_node webhooks webhook_private webhook_connect_check webhook_crash webhook_slow webhook_stop webhook_timeout artifacts event_ring cli_wait artifacts_node)
         add_test(NAME integration.platform.${sc}
                  COMMAND ${Python3_EXECUTABLE}
                          ${CMAKE_CURRENT_LIST_DIR}/integration/test_platform_api.py

@@ -63,9 +63,6 @@ const struct config_entry worker_tuning_rows[] = {
      "CUDA classifier: MiB of bf16 logits per row chunk (logits GEMM, fused softmax / loss / "
      "dlogits, dX and dW GEMMs per chunk); 0: chunks of up to 2 GiB (the full logits of most "
      "shapes)"},
-    {"xent-l2", CONFIG_BOOL | T, AT(cuda.xent_l2), "0", 0, 0,
-     "CUDA classifier: the fused loss kernel on one 1024-thread block per SM (a row's second "
-     "pass read from L2); 0: one 512-thread block per row"},
     {"comm-timeout-ms", CONFIG_INT | T, AT(comm.timeout_ms), "0", 0, 1e9,
      "rendezvous and per-operation timeout (0: 300000)"},
     {"comm-backend", CONFIG_STR | T, AT(comm.backend), NULL, 1, 0,

@@ -41,7 +41,6 @@ struct cuda_tuning {
     int lora_drop_fused;   /* lora-drop-fused: dropout applied inside the x.A kernels */
     int nf4_vec;           /* nf4-vec: NF4 dequantization 8 weights a thread */
     long xent_chunk_mib;   /* xent-chunk-mib: bf16 logits per classifier chunk; 0: 2 GiB */
-    int xent_l2;           /* xent-l2: the loss kernel on a persistent one-block-per-SM grid */
 };
 
 /* Communication: comm layer, NCCL/Gloo backends, dp pair transport, tp. */

@@ -1704,9 +1704,8 @@ int main(void) {
      * which a document batch must not take */
     ct.attn_cudnn = "1", ct.elem_vec = 1, ct.attn_doc_skip = 0;
     struct backend *gpu_noskip = backend_cuda_new_tuned(0, &ct);
-    /* the classifier in 1 MiB logits chunks through the persistent-grid loss
-     * kernel (xent-l2; the others: chunks of up to 2 GiB, one block per row) */
-    ct.attn_doc_skip = 1, ct.elem_vec = 1, ct.xent_chunk_mib = 1, ct.xent_l2 = 1;
+    /* the classifier in 1 MiB logits chunks (the others: chunks of up to 2 GiB) */
+    ct.attn_doc_skip = 1, ct.elem_vec = 1, ct.xent_chunk_mib = 1;
     struct backend *gpu_chunk = backend_cuda_new_tuned(0, &ct);
     if (!cpu || !gpu || !gpu_cudnn || !gpu_scalar || !gpu_noskip || !gpu_chunk) return 1;
     /* LOOM_TEST_QUICK=1 (used under compute-sanitizer): the first, smaller
@@ -1790,12 +1789,12 @@ docs:;
     if (!quick) test_matmul_residual(512, 768, 768);
     if (!quick) test_classifier_vp(300, 128, 25088, 25152); /* GPT-2 vocabulary over tp 2 */
     {
-        /* the classifier in 1 MiB row chunks (xent-chunk-mib 1, xent-l2 1): rows per
+        /* the classifier in 1 MiB row chunks (xent-chunk-mib 1): rows per
          * chunk 1 MiB / (Vp * 2), rounded down to 64 from 64 up; N not a
          * multiple of the chunk, V below the padded Vp */
         struct backend *full_gpu = gpu;
         gpu = gpu_chunk;
-        /* one chunk: rows below the SM count, and above it (blocks loop) */
+        /* one chunk */
         test_classifier(64, 64, 250, 256);
         if (!quick) test_classifier(300, 128, 1000, 1024);
         test_classifier_chunked(16, 64, 70000, 70016, 7);                 /* 7 + 7 + 2 rows */

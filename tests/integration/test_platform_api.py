@@ -541,6 +541,34 @@ def sc_webhook_private(c):
     check(st == 201, "a public address literal is accepted: %s %s" % (st, r))
 
 
+def sc_webhook_connect_check(c):
+    """The address check at delivery is made on the address curl connects to:
+    a webhook to a loopback receiver, created while loomd allowed private
+    targets, gets no request once loomd runs without --webhook-allow-private;
+    its delivery records the refused address and stays pending (retried)."""
+    rx = Receiver()
+    try:
+        w = make_hook(c, "http://127.0.0.1:%d/hook" % rx.port, ["job.queued"])
+        c.loomd.send_signal(signal.SIGTERM)
+        c.loomd.wait()
+        c.extra = [x for x in c.extra if x != "--webhook-allow-private"]
+        c.start_loomd()
+        jid = c.submit(world=1, steps=1, step_ms=10)
+        c.wait(lambda: c.get("/v1/webhooks/%s/deliveries" % w["id"])[1]["items"]
+               and c.get("/v1/webhooks/%s/deliveries" % w["id"])[1]["items"][0]["attempts"] >= 2,
+               15, "two refused attempts")
+        st, d = c.get("/v1/webhooks/%s/deliveries" % w["id"])
+        item = d["items"][0]
+        check(item["state"] == "pending", "still pending (retried): %s" % item)
+        check("127.0.0.1" in item["last_error"] and "private" in item["last_error"],
+              "the refused address is named: %s" % item["last_error"])
+        check(rx.ids() == [], "no request reached the loopback receiver: %s" % rx.ids())
+        check(any(e["type"] == "job.queued" for e in c.all_events(query="&job=" + jid)),
+              "the event itself is there")
+    finally:
+        rx.close()
+
+
 def sc_webhook_crash(c):
     """kill -9 of loomd after the event committed and before it was delivered:
     after the restart the delivery arrives once, with the same event id."""
@@ -1304,7 +1332,9 @@ def main():
             print("SKIP: %s not built" % b)
             return 77
     name = tc.SCENARIO
-    if name == "webhook_private":
+    if name == "webhook_connect_check":
+        fn, kw, cls = sc_webhook_connect_check, {"nodes": 0}, Cluster
+    elif name == "webhook_private":
         fn, kw, cls = sc_webhook_private, {"nodes": 0}, PlainCluster
     elif name == "artifacts_node":
         fn, kw, cls = sc_artifacts_node, {"nodes": 1}, NodeLocalCluster

@@ -4,6 +4,9 @@
  * classifier, the transition -> event type table, and the {name*} route
  * segment. Usage: test_platform_api [openssl binary] */
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,27 +143,96 @@ static void test_urls(void) {
         {"http://no-such-host.invalid/", 1, "WEBHOOK_HOST_UNRESOLVED"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char pin[400] = "", code[64] = "", msg[512] = "";
-        int rc = webhooks_check_url(cases[i].url, cases[i].allow, pin, sizeof pin, code,
-                                    sizeof code, msg, sizeof msg);
+        char code[64] = "", msg[512] = "";
+        int rc =
+            webhooks_check_url(cases[i].url, cases[i].allow, 1, code, sizeof code, msg, sizeof msg);
         if (cases[i].code) {
             CHECK(rc == -1 && !strcmp(code, cases[i].code));
             if (rc != -1 || strcmp(code, cases[i].code))
                 fprintf(stderr, "%s: rc %d code %s (%s)\n", cases[i].url, rc, code, msg);
         } else {
-            CHECK(rc == 0 && pin[0]);
+            CHECK(rc == 0);
         }
     }
-    char pin[400], code[64], msg[512];
-    CHECK(webhooks_check_url("http://127.0.0.1:8080/x", 1, pin, sizeof pin, code, sizeof code, msg,
+    /* the delivery-time form check: no lookup, so an unresolvable or private host passes
+     * (the connect-time check below refuses private addresses), a bad URL does not */
+    char code[64], msg[512];
+    CHECK(webhooks_check_url("http://no-such-host.invalid/", 0, 0, code, sizeof code, msg,
                              sizeof msg) == 0);
-    CHECK(!strcmp(pin, "127.0.0.1:8080:127.0.0.1"));
-    CHECK(webhooks_check_url("http://[::1]:81/", 1, pin, sizeof pin, code, sizeof code, msg,
-                             sizeof msg) == 0);
-    CHECK(!strcmp(pin, "::1:81:[::1]"));
-    CHECK(webhooks_check_url("https://93.184.216.34/", 0, pin, sizeof pin, code, sizeof code, msg,
-                             sizeof msg) == 0);
-    CHECK(!strcmp(pin, "93.184.216.34:443:93.184.216.34"));
+    CHECK(webhooks_check_url("http://127.0.0.1:8080/x", 0, 0, code, sizeof code, msg, sizeof msg) ==
+          0);
+    CHECK(webhooks_check_url("ftp://93.184.216.34/h", 0, 0, code, sizeof code, msg, sizeof msg) ==
+              -1 &&
+          !strcmp(code, "INVALID_WEBHOOK_URL"));
+}
+
+/* webhooks_open_socket: the address curl is about to connect to. Private
+ * ones are refused (and named) unless allowed; public ones get a socket.
+ * curl's struct curl_sockaddr ends in a struct sockaddr that curl backs with
+ * room for any address (sockaddr_storage): so does this one. */
+union test_sockaddr {
+    struct curl_sockaddr a;
+    struct {
+        int family, socktype, protocol;
+        unsigned int addrlen;
+        struct sockaddr_storage ss;
+    } room;
+};
+
+static void sock_addr(union test_sockaddr *u, const char *ip) {
+    memset(u, 0, sizeof *u);
+    u->room.socktype = SOCK_STREAM;
+    u->room.protocol = IPPROTO_TCP;
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&u->room.ss;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&u->room.ss;
+    if (inet_pton(AF_INET, ip, &v4->sin_addr) == 1) {
+        u->room.family = v4->sin_family = AF_INET;
+        u->room.addrlen = sizeof *v4;
+    } else if (inet_pton(AF_INET6, ip, &v6->sin6_addr) == 1) {
+        u->room.family = v6->sin6_family = AF_INET6;
+        u->room.addrlen = sizeof *v6;
+    }
+}
+
+static void test_open_socket(void) {
+    static const struct {
+        const char *ip;
+        int allow, want_socket;
+    } cases[] = {
+        {"127.0.0.1", 0, 0},     {"127.0.0.1", 1, 1},
+        {"10.1.2.3", 0, 0},      {"169.254.169.254", 0, 0},
+        {"::1", 0, 0},           {"::ffff:127.0.0.1", 0, 0},
+        {"93.184.216.34", 0, 1}, {"2606:2800:220:1::", 0, 1},
+    };
+    CHECK(offsetof(struct curl_sockaddr, addr) == offsetof(union test_sockaddr, room.ss));
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        union test_sockaddr u;
+        sock_addr(&u, cases[i].ip);
+        struct webhooks_sock_check c = {.allow_private = cases[i].allow};
+        curl_socket_t fd = webhooks_open_socket(&c, CURLSOCKTYPE_IPCXN, &u.a);
+        int got = fd != CURL_SOCKET_BAD;
+        CHECK(got == cases[i].want_socket);
+        if (got != cases[i].want_socket)
+            fprintf(stderr, "%s allow %d: socket %d\n", cases[i].ip, cases[i].allow, (int)fd);
+        if (got) {
+            CHECK((fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);
+            CHECK(c.refused[0] == 0);
+            close(fd);
+        } else {
+            /* the refused address is named for the delivery's error */
+            char want[64];
+            const void *ip = u.room.family == AF_INET
+                                 ? (const void *)&((struct sockaddr_in *)&u.room.ss)->sin_addr
+                                 : (const void *)&((struct sockaddr_in6 *)&u.room.ss)->sin6_addr;
+            inet_ntop(u.room.family, ip, want, sizeof want);
+            CHECK(!strcmp(c.refused, want));
+        }
+    }
+    union test_sockaddr un;
+    memset(&un, 0, sizeof un);
+    un.room.family = AF_UNIX;
+    struct webhooks_sock_check c = {.allow_private = 1};
+    CHECK(webhooks_open_socket(&c, CURLSOCKTYPE_IPCXN, &un.a) == CURL_SOCKET_BAD && c.refused[0]);
 }
 
 static void test_backoff(void) {
@@ -359,6 +431,7 @@ int main(int argc, char **argv) {
     const char *openssl = argc > 1 ? argv[1] : "openssl";
     test_signatures(openssl);
     test_private();
+    test_open_socket();
     test_urls();
     test_backoff();
     test_ranges();

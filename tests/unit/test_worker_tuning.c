@@ -35,7 +35,7 @@ static void test_defaults(void) {
     check(streq(t.cuda.attn_cudnn, "1"), "attn-cudnn 1");
     check(t.cuda.attn_cudnn_gqa == 1, "attn-cudnn-gqa on");
     check(t.cuda.blas_tune == 0 && t.cuda.blas_algo_cache == NULL, "blas off");
-    check(t.cuda.xent_chunk_mib == 0 && t.cuda.xent_l2 == 0, "xent-chunk-mib 0, xent-l2 off");
+    check(t.cuda.xent_chunk_mib == 0, "xent-chunk-mib 0");
     check(t.comm.timeout_ms == 0 && t.comm.backend == NULL, "comm defaults");
     check(t.comm.dp_pair == 1 && t.comm.dp_emb_exchange == 1 && t.comm.tp_stream == 1,
           "pair, exchange, tp stream on");

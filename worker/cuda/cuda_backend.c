@@ -90,9 +90,6 @@ struct cuda_ctx {
      * a frozen head), rounded down to 64 */
     int cls_chunk;
     long xent_mib;
-    /* the xent-l2 row: the fused loss kernel on a persistent grid of nsm
-     * blocks (lk_xent_fwd_bwd_l2); 0: one block per row */
-    int xent_l2, nsm;
     int32_t *d_order, *d_starts, *d_uniq; /* token buckets (device) */
     int32_t *h_tok, *h_buf;               /* pinned host: tokens; order|starts|uniq */
     /* token ids copied to h_tok during embedding_fwd (so embedding_bwd need
@@ -865,11 +862,7 @@ static void cu_classifier(void *ctx, float *losses, void *dinp, void *dW, const 
     for (int r0 = 0; r0 < N; r0 += c->cls_chunk) {
         int rows = N - r0 < c->cls_chunk ? N - r0 : c->cls_chunk;
         lk_linear_fwd(c->blas, c->logits, NULL, x + (size_t)r0 * C, W, NULL, NULL, rows, C, Vp, 0);
-        if (c->xent_l2)
-            lk_xent_fwd_bwd_l2(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale,
-                               c->nsm, ST);
-        else
-            lk_xent_fwd_bwd(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale, ST);
+        lk_xent_fwd_bwd(c->logits, losses + r0, targets + r0, rows, V, Vp, grad_scale, ST);
         if (dx)
             lk_linear_bwd_data(c->blas, dx + (size_t)r0 * C, c->logits, W, NULL, rows, C, Vp,
                                !fresh);
@@ -1238,8 +1231,6 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     c->blas_tune = t && t->blas_tune;
     c->blas_cache = t && t->blas_algo_cache ? strdup(t->blas_algo_cache) : NULL;
     c->xent_mib = t ? t->xent_chunk_mib : XENT_CHUNK_MIB;
-    c->xent_l2 = t && t->xent_l2;
-    c->nsm = prop.multiProcessorCount;
     b->name = "cuda";
     /* k_attn.cu works on 64-position tiles (cuDNN's engines take any count) */
     b->caps = (struct backend_caps){

@@ -108,93 +108,11 @@ extern "C" void lk_xent_fwd_bwd(lbf16 *logits, float *losses, const int32_t *tar
      * one-pass variant measured slower on the H200 (1.78 ms vs about 1.1 ms
      * for GPT-2 124M, mbs 16): one 1024-thread block per SM could not
      * overlap loading the next row with finishing the current one. */
+    /* A persistent grid of one 1024-thread block per SM (a row per SM in
+     * flight, so the second pass reads from L2) measured no faster on the
+     * 1B shape in an A/B of three runs each (classifier 18.4-18.8 ms against
+     * 18.2-18.6 ms, docs/perf.md) and was removed. */
     xent_kernel<<<N, 512, 0, (cudaStream_t)s>>>((bf *)logits, losses, targets, V, Vp, dscale);
-    CUDA_CHECK_LAUNCH();
-}
-
-/* The same loss and gradient with a persistent grid of `blocks` blocks
- * (one per SM) of 1024 threads, each taking rows blockIdx.x, + gridDim.x,
- * ...: at most one row per SM is in flight (132 x 256 KB = 34 MB for a
- * 128256-column row on an H200, inside its 50 MB L2), so the second pass
- * reads the row back from L2 rather than HBM. Pass 1 issues four 16-byte
- * loads per thread before using any (64 KB in flight per block), enough to
- * keep HBM busy with one block per SM. Same arithmetic, same order per
- * thread-column as xent_kernel except for the wider block (its reduction
- * tree has 32 warps instead of 16). */
-#define XL2_THREADS 1024
-#define XL2_UNROLL  4
-__device__ __forceinline__ void xl2_acc(const bf8 &v, int i, int V, float &m, float &s) {
-    float f[8];
-    float lm = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float2 t = __bfloat1622float2(v.h[j]);
-        f[2 * j] = (i + 2 * j < V) ? t.x : -INFINITY;
-        f[2 * j + 1] = (i + 2 * j + 1 < V) ? t.y : -INFINITY;
-        lm = fmaxf(lm, fmaxf(f[2 * j], f[2 * j + 1]));
-    }
-    if (lm == -INFINITY) return;
-    float nm = fmaxf(m, lm);
-    s *= __expf(m - nm);
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        s += __expf(f[j] - nm);
-    m = nm;
-}
-
-__global__ void __launch_bounds__(XL2_THREADS)
-    xent_l2_kernel(bf *logits, float *losses, const int32_t *targets, int N, int V, int Vp,
-                   float dscale) {
-    __shared__ float sh[32];
-    const int step = XL2_THREADS * 8;
-    for (int row = blockIdx.x; row < N; row += gridDim.x) {
-        bf *x = logits + (size_t)row * Vp;
-        int tgt = targets[row];
-        float m = -INFINITY, s = 0.f;
-        int i = threadIdx.x * 8;
-        for (; i + (XL2_UNROLL - 1) * step < Vp; i += XL2_UNROLL * step) {
-            bf8 v[XL2_UNROLL];
-#pragma unroll
-            for (int u = 0; u < XL2_UNROLL; u++)
-                v[u] = *(const bf8 *)(x + i + u * step);
-#pragma unroll
-            for (int u = 0; u < XL2_UNROLL; u++)
-                xl2_acc(v[u], i + u * step, V, m, s);
-        }
-        for (; i < Vp; i += step)
-            xl2_acc(*(const bf8 *)(x + i), i, V, m, s);
-        float gm = block_max(m, sh);
-        s = (m == -INFINITY) ? 0.f : s * __expf(m - gm);
-        float gs = block_sum(s, sh);
-        float lse = gm + logf(gs);
-        float xt = tgt >= 0 ? __bfloat162float(x[tgt]) : 0.f;
-        __syncthreads(); /* everyone read x[tgt] before it is overwritten */
-        float scale = tgt >= 0 ? dscale : 0.f;
-        for (int k = threadIdx.x * 8; k < Vp; k += step) {
-            bf8 v = *(const bf8 *)(x + k);
-            bf8 o;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float2 t = __bfloat1622float2(v.h[j]);
-                int c0 = k + 2 * j, c1 = c0 + 1;
-                float g0 = c0 < V ? (__expf(t.x - lse) - (c0 == tgt)) * scale : 0.f;
-                float g1 = c1 < V ? (__expf(t.y - lse) - (c1 == tgt)) * scale : 0.f;
-                o.h[j] = __floats2bfloat162_rn(g0, g1);
-            }
-            *(bf8 *)(x + k) = o;
-        }
-        if (threadIdx.x == 0) losses[row] = tgt >= 0 ? lse - xt : 0.f;
-        __syncthreads(); /* sh is reused by the next row's reductions */
-    }
-}
-
-extern "C" void lk_xent_fwd_bwd_l2(lbf16 *logits, float *losses, const int32_t *targets, int N,
-                                   int V, int Vp, float dscale, int blocks, lcuda_stream s) {
-    if (Vp % 8) lcuda_fail(__FILE__, __LINE__, "lk_xent_fwd_bwd_l2", "Vp must be a multiple of 8");
-    if (N <= 0) return;
-    int g = blocks < 1 ? 1 : blocks > N ? N : blocks;
-    xent_l2_kernel<<<g, XL2_THREADS, 0, (cudaStream_t)s>>>((bf *)logits, losses, targets, N, V, Vp,
-                                                           dscale);
     CUDA_CHECK_LAUNCH();
 }
 

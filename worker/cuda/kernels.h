@@ -212,11 +212,6 @@ void lk_rope_doc(lbf16 *x, const float *tab, const float *inv, float theta,
  * loss 0 and zero gradient. No fp32 logits are written. */
 void lk_xent_fwd_bwd(lbf16 *logits, float *losses, const int32_t *targets, int N, int V, int Vp,
                      float dscale, lcuda_stream s);
-/* The same with a persistent grid of `blocks` 1024-thread blocks (the SM
- * count: one row per SM in flight, so the gradient pass reads the row from
- * L2); the xent-l2 row. */
-void lk_xent_fwd_bwd_l2(lbf16 *logits, float *losses, const int32_t *targets, int N, int V, int Vp,
-                        float dscale, int blocks, lcuda_stream s);
 /* Vocabulary-parallel pieces (tensor parallelism; backend.h classifier_vp):
  * logits [N][Vr] bf16, of which the first Vv columns are real vocabulary.
  * stats: lse[r] = logsumexp(logits[r, 0:Vv]) (-inf when Vv == 0) and tl[r] =
