@@ -38,6 +38,7 @@
  * is found. */
 #include <math.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -710,6 +711,62 @@ static void test_qlora(void) {
     run_free(&rb);
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Timings (no pass / fail: the numbers docs/perf.md quotes come from the
+ * bench): the dropout kernels on the 1B shape's adapter inputs ([8192,
+ * 2048] and [8192, 8192], rank 16), tensor-core and CUDA-core, beside the
+ * elementwise dropout pass of the copy path over the same input. */
+static void time_drop_kernels(void) {
+    struct backend *gb = cuda_backend();
+    static const int ins[] = {2048, 8192};
+    enum { N = 8192, R = 16, REP = 10 };
+    for (size_t ii = 0; gb && gb->lora_drop_fwd && ii < 2; ii++) {
+        int in = ins[ii];
+        size_t nx = (size_t)N * in, ws = gb->lora_drop_ws(gb->ctx, N, in, R);
+        void *x = gb->alloc(gb->ctx, nx * 2), *dx = gb->alloc(gb->ctx, nx * 2),
+             *y = gb->alloc(gb->ctx, nx * 2), *A = gb->alloc(gb->ctx, (size_t)R * in * 2),
+             *dA = gb->alloc(gb->ctx, (size_t)R * in * 2),
+             *H = gb->alloc(gb->ctx, (size_t)N * R * 2), *w = gb->alloc(gb->ctx, ws);
+        if (!x || !dx || !y || !A || !dA || !H || !w) break;
+        gb->zero(gb->ctx, x, nx * 2), gb->zero(gb->ctx, dx, nx * 2);
+        gb->zero(gb->ctx, A, (size_t)R * in * 2), gb->zero(gb->ctx, dA, (size_t)R * in * 2);
+        gb->zero(gb->ctx, H, (size_t)N * R * 2);
+        lcuda_stream st = (lcuda_stream)backend_cuda_stream(gb);
+        double t[5];
+        for (int v = 0; v < 5; v++) {
+            for (int rep = 0; rep <= REP; rep++) {
+                if (rep == 1) { /* the first call warms up */
+                    gb->sync(gb->ctx);
+                    t[v] = now_ms();
+                }
+                if (v == 0) lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, 1, st);
+                if (v == 1)
+                    lk_lora_drop_bwd(dA, dx, in, H, R, x, in, A, N, in, R, 0.1f, 7, in, 0, w, 1,
+                                     st);
+                if (v == 2) lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, 0, st);
+                if (v == 3)
+                    lk_lora_drop_bwd(dA, dx, in, H, R, x, in, A, N, in, R, 0.1f, 7, in, 0, w, 0,
+                                     st);
+                if (v == 4) gb->dropout(gb->ctx, y, x, nx, 0.1f, 7);
+            }
+            gb->sync(gb->ctx);
+            t[v] = (now_ms() - t[v]) / REP;
+        }
+        printf("TIME dropout kernels [%d, %d] r=%d (ms a call): tensor-core fwd %.4f bwd %.4f, "
+               "CUDA-core fwd %.4f bwd %.4f; the copy path's dropout pass %.4f\n",
+               N, in, R, t[0], t[1], t[2], t[3], t[4]);
+        void *bufs[] = {x, dx, y, A, dA, H, w};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            gb->free(gb->ctx, bufs[i]);
+    }
+    backend_free(gb);
+}
+
 int main(void) {
     int rc = lcuda_probe();
     if (rc) return rc;
@@ -722,6 +779,7 @@ int main(void) {
     test_curve(0.1);
     unfused = 0;
     test_drop_kernels();
+    time_drop_kernels();
     drop_off = 1; /* dropout 0.1 with a masked copy of the input, both paths */
     test_curve(0.1);
     unfused = 1;

@@ -224,36 +224,62 @@ __global__ void __launch_bounds__(LD_THREADS)
                             */
 #define TC_LDF (LD_KC + 4) /* fp32 row stride of the staged results */
 
-/* Stage rows s0 .. s0 + LD_BM (below n1) and columns k0 .. k0 + LD_KC (below
- * in) of drop(x) as bf16 into xs (row stride TC_LDB); keep bits into ks when
- * not NULL. */
-__device__ static inline void tc_stage_x(bf *xs, unsigned char *ks, const bf *x, int ldx, int s0,
-                                         int n1, int k0, int in, uint64_t mld, uint64_t moff,
-                                         uint64_t seed, uint32_t thr, float k) {
+/* Staging in two phases, loads into registers first and the shared-memory
+ * stores after them: a store through shared memory between two global loads
+ * would order them (the compiler cannot tell the pointers apart), and the
+ * loads of a step are then one memory latency, not one each. The next
+ * step's loads are issued before this step's products (the registers as a
+ * prefetch buffer). */
+#define TC_QX (LD_BM * LD_KC / TC_THREADS) /* x elements a thread stages per step */
+
+/* Rows s0 .. s0 + LD_BM (below n1), columns k0 .. k0 + LD_KC (below in) of
+ * x into registers (zero outside). Thread t holds column t % LD_KC of rows
+ * t / LD_KC + q TC_THREADS / LD_KC. */
+__device__ static inline void tc_load_x(bf (&rx)[TC_QX], const bf *x, int ldx, int s0, int n1,
+                                        int k0, int in) {
+    int c = threadIdx.x % LD_KC, m0 = threadIdx.x / LD_KC;
 #pragma unroll
-    for (int q = 0; q < LD_BM * LD_KC / TC_THREADS; q++) {
-        int e = threadIdx.x + q * TC_THREADS, m = e / LD_KC, c = e % LD_KC, n = s0 + m;
-        float v = 0.0f;
-        int keep = 0;
-        if (n < n1 && k0 + c < in) {
-            v = __bfloat162float(x[(size_t)n * ldx + k0 + c]);
-            keep = lora_keep(seed, (uint64_t)n * mld + moff + (uint64_t)(k0 + c), thr);
-            v = keep ? v * k : 0.0f;
-        }
-        xs[m * TC_LDB + c] = __float2bfloat16(v);
+    for (int q = 0; q < TC_QX; q++) {
+        int n = s0 + m0 + q * (TC_THREADS / LD_KC);
+        rx[q] = n < n1 && k0 + c < in ? x[(size_t)n * ldx + k0 + c] : __float2bfloat16(0.0f);
+    }
+}
+
+/* drop() of the loaded values as bf16 into xs (row stride TC_LDB); the keep
+ * bits into ks when not NULL. */
+__device__ static inline void tc_put_x(bf *xs, unsigned char *ks, const bf (&rx)[TC_QX], int s0,
+                                       int n1, int k0, int in, uint64_t mld, uint64_t moff,
+                                       uint64_t seed, uint32_t thr, float k) {
+    int c = threadIdx.x % LD_KC, m0 = threadIdx.x / LD_KC;
+#pragma unroll
+    for (int q = 0; q < TC_QX; q++) {
+        int m = m0 + q * (TC_THREADS / LD_KC), n = s0 + m;
+        int keep = n < n1 && k0 + c < in &&
+                   lora_keep(seed, (uint64_t)n * mld + moff + (uint64_t)(k0 + c), thr);
+        xs[m * TC_LDB + c] = __float2bfloat16(keep ? __bfloat162float(rx[q]) * k : 0.0f);
         if (ks) ks[m * LD_KC + c] = (unsigned char)keep;
     }
 }
 
-/* Rows 0 .. RP of A's columns k0 .. k0 + LD_KC (zero past r and in) into
- * as (row stride TC_LDB). */
+/* Rows 0 .. RP of A's columns k0 .. k0 + LD_KC (zero past r and in): into
+ * registers, then into as (row stride TC_LDB). */
 template <int RP>
-__device__ static inline void tc_stage_a(bf *as, const bf *A, int r, int k0, int in) {
-    for (int e = threadIdx.x; e < RP * LD_KC; e += TC_THREADS) {
-        int j = e / LD_KC, c = e % LD_KC;
-        as[j * TC_LDB + c] =
-            j < r && k0 + c < in ? A[(size_t)j * in + k0 + c] : __float2bfloat16(0.0f);
+__device__ static inline void tc_load_a(bf (&ra)[RP * LD_KC / TC_THREADS], const bf *A, int r,
+                                        int k0, int in) {
+    int c = threadIdx.x % LD_KC, j0 = threadIdx.x / LD_KC;
+#pragma unroll
+    for (int q = 0; q < RP * LD_KC / TC_THREADS; q++) {
+        int j = j0 + q * (TC_THREADS / LD_KC);
+        ra[q] = j < r && k0 + c < in ? A[(size_t)j * in + k0 + c] : __float2bfloat16(0.0f);
     }
+}
+
+template <int RP>
+__device__ static inline void tc_put_a(bf *as, const bf (&ra)[RP * LD_KC / TC_THREADS]) {
+    int c = threadIdx.x % LD_KC, j0 = threadIdx.x / LD_KC;
+#pragma unroll
+    for (int q = 0; q < RP * LD_KC / TC_THREADS; q++)
+        as[(j0 + q * (TC_THREADS / LD_KC)) * TC_LDB + c] = ra[q];
 }
 
 /* H = alpha drop(x) A^T for LD_BM rows a block: NT = 2 (RP / 16) output
@@ -274,10 +300,17 @@ __global__ void __launch_bounds__(TC_THREADS)
     int tm = tile / (RP / 16), tj = tile % (RP / 16), row0 = blockIdx.x * LD_BM;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     wmma::fill_fragment(acc, 0.0f);
+    bf rx[TC_QX], ra[RP * LD_KC / TC_THREADS];
+    tc_load_x(rx, x, ldx, row0, N, 0, in);
+    tc_load_a<RP>(ra, A, r, 0, in);
     for (int k0 = 0; k0 < in; k0 += LD_KC) {
-        tc_stage_x(xs, NULL, x, ldx, row0, N, k0, in, mld, moff, seed, thr, k);
-        tc_stage_a<RP>(as, A, r, k0, in);
+        tc_put_x(xs, NULL, rx, row0, N, k0, in, mld, moff, seed, thr, k);
+        tc_put_a<RP>(as, ra);
         __syncthreads();
+        if (k0 + LD_KC < in) { /* the next step's loads, in flight during the products */
+            tc_load_x(rx, x, ldx, row0, N, k0 + LD_KC, in);
+            tc_load_a<RP>(ra, A, r, k0 + LD_KC, in);
+        }
         for (int kk = kg; kk < LD_KC / 16; kk += KS) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major> fa;
             wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::col_major> fb;
@@ -306,15 +339,16 @@ __global__ void __launch_bounds__(TC_THREADS)
  * chunk: NA = (RP / 16) * 4 tiles; with NA <= 8 warp w takes tile w % NA and
  * the row sub-steps w / NA, w / NA + KA, ... (KA = 8 / NA), with NA = 16
  * tiles w and w + 8; the KA shares added in order at the end. dx [LD_BM,
- * LD_CT] = dH A: 8 tiles, one a warp, through res to the masked add. */
+ * LD_CT] = dH A: 8 tiles, one a warp, through res to the masked add. A
+ * step's x, dH and dx are loaded together (registers) before its stores. */
 template <int RP>
-__global__ void __launch_bounds__(TC_THREADS)
+__global__ void __launch_bounds__(TC_THREADS, 2)
     lora_drop_bwd_tc(float *part, bf *dx, int lddx, const bf *dH, int ldh, const bf *x, int ldx,
                      const bf *A, int N, int in, int r, int rows, uint64_t mld, uint64_t moff,
                      uint64_t seed, uint32_t thr, float k) {
     static_assert(LD_KC == LD_CT, "one staged tile shape");
     constexpr int NA = (RP / 16) * (LD_CT / 16), KA = NA >= 8 ? 1 : 8 / NA;
-    constexpr int FA = NA > 8 ? NA / 8 : 1, LDH = RP + 8;
+    constexpr int FA = NA > 8 ? NA / 8 : 1, LDH = RP + 8, QH = LD_BM * RP / TC_THREADS;
     static_assert(FA * 8 == NA * KA, "8 warps");
     __shared__ __align__(32) bf as[RP * TC_LDB];
     __shared__ __align__(32) bf xs[LD_BM * TC_LDB];
@@ -325,18 +359,37 @@ __global__ void __launch_bounds__(TC_THREADS)
     int w = threadIdx.x / 32, c0 = blockIdx.x * LD_CT, chunk = blockIdx.y;
     int n0 = chunk * rows, n1 = n0 + rows < N ? n0 + rows : N;
     int kg = NA >= 8 ? 0 : w / NA;
-    tc_stage_a<RP>(as, A, r, c0, in);
+    {
+        bf ra[RP * LD_KC / TC_THREADS];
+        tc_load_a<RP>(ra, A, r, c0, in);
+        tc_put_a<RP>(as, ra);
+    }
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FA];
 #pragma unroll
     for (int f = 0; f < FA; f++)
         wmma::fill_fragment(acc[f], 0.0f);
-    int dm = w / (LD_CT / 16), dc = w % (LD_CT / 16); /* this warp's dx tile */
+    int dm = w / (LD_CT / 16), dc = w % (LD_CT / 16);  /* this warp's dx tile */
+    int hj = threadIdx.x % RP, hm0 = threadIdx.x / RP; /* this thread's dH elements */
+    int xc = threadIdx.x % LD_CT, xm0 = threadIdx.x / LD_CT;
     for (int s0 = n0; s0 < n1; s0 += LD_BM) {
-        for (int e = threadIdx.x; e < LD_BM * RP; e += TC_THREADS) {
-            int m = e / RP, j = e % RP, n = s0 + m;
-            hs[m * LDH + j] = n < n1 && j < r ? dH[(size_t)n * ldh + j] : __float2bfloat16(0.0f);
+        bf rx[TC_QX], rh[QH], rd[TC_QX];
+        tc_load_x(rx, x, ldx, s0, n1, c0, in);
+#pragma unroll
+        for (int q = 0; q < QH; q++) {
+            int m = hm0 + q * (TC_THREADS / RP), n = s0 + m;
+            rh[q] = n < n1 && hj < r ? dH[(size_t)n * ldh + hj] : __float2bfloat16(0.0f);
         }
-        tc_stage_x(xs, ks, x, ldx, s0, n1, c0, in, mld, moff, seed, thr, k);
+        if (dx)
+#pragma unroll
+            for (int q = 0; q < TC_QX; q++) {
+                int n = s0 + xm0 + q * (TC_THREADS / LD_CT);
+                rd[q] = n < n1 && c0 + xc < in ? dx[(size_t)n * lddx + c0 + xc]
+                                               : __float2bfloat16(0.0f);
+            }
+#pragma unroll
+        for (int q = 0; q < QH; q++)
+            hs[(hm0 + q * (TC_THREADS / RP)) * LDH + hj] = rh[q];
+        tc_put_x(xs, ks, rx, s0, n1, c0, in, mld, moff, seed, thr, k);
         __syncthreads();
 #pragma unroll
         for (int f = 0; f < FA; f++) {
@@ -366,11 +419,11 @@ __global__ void __launch_bounds__(TC_THREADS)
                                     wmma::mem_row_major);
             __syncthreads();
 #pragma unroll
-            for (int q = 0; q < LD_BM * LD_CT / TC_THREADS; q++) {
-                int e = threadIdx.x + q * TC_THREADS, m = e / LD_CT, c = e % LD_CT, n = s0 + m;
-                if (n >= n1 || c0 + c >= in || !ks[m * LD_CT + c]) continue;
-                bf *o = dx + (size_t)n * lddx + c0 + c;
-                *o = __float2bfloat16(__bfloat162float(*o) + k * res[m * TC_LDF + c]);
+            for (int q = 0; q < TC_QX; q++) {
+                int m = xm0 + q * (TC_THREADS / LD_CT), n = s0 + m;
+                if (n >= n1 || c0 + xc >= in || !ks[m * LD_CT + xc]) continue;
+                dx[(size_t)n * lddx + c0 + xc] =
+                    __float2bfloat16(__bfloat162float(rd[q]) + k * res[m * TC_LDF + xc]);
             }
         }
         __syncthreads();
