@@ -316,14 +316,15 @@ struct backend {
      * lora_keep(seed, n * mld + moff + c, p) (worker/lora_mask.h: dropout's
      * mask of the [N, mld] input x is columns moff .. moff + in of), and
      * drop(x) = kept ? x / (1 - p) : 0.
-     * fwd: H[n*ldh + j] = alpha * sum_c drop(x)[n, c] A[j*in + c] (j < r).
+     * fwd: H[n*ldh + j] = alpha * sum_c drop(x)[n, c] A[j*in + c] (j < r); ws as
+     * below (the forward may sum K ranges through it).
      * bwd: dA[j*in + c] += sum_n dH[n*ldh + j] drop(x)[n, c], and, dx not
      * NULL, dx[n*lddx + c] += (kept ? 1 / (1 - p) : 0) sum_j dH[n*ldh + j]
      * A[j*in + c]; ws: lora_drop_ws(ctx, N, in, r) bytes of backend memory.
      * fp32 arithmetic, deterministic (a fixed summation order). */
     void (*lora_drop_fwd)(void *ctx, void *H, int ldh, const void *x, int ldx, const void *A, int N,
                           int in, int r, float alpha, float p, uint64_t seed, size_t mld,
-                          size_t moff);
+                          size_t moff, void *ws);
     void (*lora_drop_bwd)(void *ctx, void *dA, void *dx, int lddx, const void *dH, int ldh,
                           const void *x, int ldx, const void *A, int N, int in, int r, float p,
                           uint64_t seed, size_t mld, size_t moff, void *ws);

@@ -683,7 +683,7 @@ static void drop_fwd(struct lora *l, const struct lora_ad *a, void *H, int ldh, 
     size_t mld, moff;
     drop_index(l, a, &mld, &moff);
     b->lora_drop_fwd(b->ctx, H, ldh, x, a->in, backend_at(b, l->p, a->offA), l->N, a->in, l->r,
-                     alpha, (float)l->dropout, drop_seed(l, a), mld, moff);
+                     alpha, (float)l->dropout, drop_seed(l, a), mld, moff, l->dws);
 }
 
 /* dA += dH^T dropout(x); dx (NULL: none) += mask o (dH A) / (1 - p). */

@@ -222,8 +222,8 @@ W0(lora_gemm, C_MATMUL,
  * lora_gemm they replace */
 W0(lora_drop_fwd, C_MATMUL,
    (void *x, void *H, int ldh, const void *in, int ldx, const void *A, int N, int IC, int r,
-    float al, float p, uint64_t s, size_t mld, size_t moff),
-   (x, H, ldh, in, ldx, A, N, IC, r, al, p, s, mld, moff))
+    float al, float p, uint64_t s, size_t mld, size_t moff, void *ws),
+   (x, H, ldh, in, ldx, A, N, IC, r, al, p, s, mld, moff, ws))
 W0(lora_drop_bwd, C_MATMUL,
    (void *x, void *dA, void *dx, int lddx, const void *dH, int ldh, const void *in, int ldx,
     const void *A, int N, int IC, int r, float p, uint64_t s, size_t mld, size_t moff, void *ws),

@@ -390,12 +390,12 @@ static int drop_run(struct backend *gb, const struct drop_case *k, const uint16_
         lcuda_stream st = (lcuda_stream)backend_cuda_stream(gb);
         if (cores) {
             lk_lora_drop_fwd(hp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, alpha, k->p, seed,
-                             k->mld, k->moff, 0, st);
+                             k->mld, k->moff, wsp, 0, st);
             lk_lora_drop_bwd(gap, gx, k->ldx, dhp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, k->p,
                              seed, k->mld, k->moff, wsp, 0, st);
         } else {
             gb->lora_drop_fwd(gb->ctx, hp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, alpha, k->p,
-                              seed, k->mld, k->moff);
+                              seed, k->mld, k->moff, wsp);
             gb->lora_drop_bwd(gb->ctx, gap, gx, k->ldx, dhp, k->ldh, xs, k->ldx, dap, k->N, k->in,
                               k->r, k->p, seed, k->mld, k->moff, wsp);
         }
@@ -744,11 +744,13 @@ static void time_drop_kernels(void) {
                     gb->sync(gb->ctx);
                     t[v] = now_ms();
                 }
-                if (v == 0) lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, 1, st);
+                if (v == 0)
+                    lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, w, 1, st);
                 if (v == 1)
                     lk_lora_drop_bwd(dA, dx, in, H, R, x, in, A, N, in, R, 0.1f, 7, in, 0, w, 1,
                                      st);
-                if (v == 2) lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, 0, st);
+                if (v == 2)
+                    lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, w, 0, st);
                 if (v == 3)
                     lk_lora_drop_bwd(dA, dx, in, H, R, x, in, A, N, in, R, 0.1f, 7, in, 0, w, 0,
                                      st);

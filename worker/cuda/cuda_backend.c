@@ -970,9 +970,9 @@ static void cu_dropout(void *ctx, void *out, const void *inp, size_t n, float p,
 
 static void cu_lora_drop_fwd(void *ctx, void *H, int ldh, const void *x, int ldx, const void *A,
                              int N, int in, int r, float alpha, float p, uint64_t seed, size_t mld,
-                             size_t moff) {
+                             size_t moff, void *ws) {
     FLUSH();
-    lk_lora_drop_fwd(H, ldh, x, ldx, A, N, in, r, alpha, p, seed, mld, moff, 1, ST);
+    lk_lora_drop_fwd(H, ldh, x, ldx, A, N, in, r, alpha, p, seed, mld, moff, ws, 1, ST);
 }
 
 static void cu_lora_drop_bwd(void *ctx, void *dA, void *dx, int lddx, const void *dH, int ldh,

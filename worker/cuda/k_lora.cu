@@ -282,15 +282,17 @@ __device__ static inline void tc_put_a(bf *as, const bf (&ra)[RP * LD_KC / TC_TH
         as[(j0 + q * (TC_THREADS / LD_KC)) * TC_LDB + c] = ra[q];
 }
 
-/* H = alpha drop(x) A^T for LD_BM rows a block: NT = 2 (RP / 16) output
- * tiles; warp w computes tile w % NT over the K sub-steps w / NT, w / NT +
- * KS, ... of each LD_KC step (KS = 8 / NT), and the KS shares are added in
- * order at the end. */
+/* H = alpha drop(x) A^T for LD_BM rows a block over input columns
+ * blockIdx.y cols .. + cols: NT = 2 (RP / 16) output tiles; warp w computes
+ * tile w % NT over the K sub-steps w / NT, w / NT + KS, ... of each LD_KC
+ * step (KS = 8 / NT), and the KS shares are added in order at the end. One
+ * range (gridDim.y 1): H in bf16; several: the range's fp32 partial into
+ * part [gridDim.y][N][r], summed by lora_drop_hsum_kernel. */
 template <int RP>
 __global__ void __launch_bounds__(TC_THREADS)
-    lora_drop_fwd_tc(bf *H, int ldh, const bf *x, int ldx, const bf *A, int N, int in, int r,
-                     float alpha, uint64_t mld, uint64_t moff, uint64_t seed, uint32_t thr,
-                     float k) {
+    lora_drop_fwd_tc(bf *H, int ldh, float *part, int cols, const bf *x, int ldx, const bf *A,
+                     int N, int in, int r, float alpha, uint64_t mld, uint64_t moff, uint64_t seed,
+                     uint32_t thr, float k) {
     constexpr int NT = (LD_BM / 16) * (RP / 16), KS = 8 / NT, LDR = RP + 4;
     static_assert(NT * KS == 8, "8 warps");
     __shared__ __align__(32) bf xs[LD_BM * TC_LDB];
@@ -301,13 +303,14 @@ __global__ void __launch_bounds__(TC_THREADS)
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     wmma::fill_fragment(acc, 0.0f);
     bf rx[TC_QX], ra[RP * LD_KC / TC_THREADS];
-    tc_load_x(rx, x, ldx, row0, N, 0, in);
-    tc_load_a<RP>(ra, A, r, 0, in);
-    for (int k0 = 0; k0 < in; k0 += LD_KC) {
+    int kb = blockIdx.y * cols, ke = kb + cols < in ? kb + cols : in;
+    tc_load_x(rx, x, ldx, row0, N, kb, in);
+    tc_load_a<RP>(ra, A, r, kb, in);
+    for (int k0 = kb; k0 < ke; k0 += LD_KC) {
         tc_put_x(xs, NULL, rx, row0, N, k0, in, mld, moff, seed, thr, k);
         tc_put_a<RP>(as, ra);
         __syncthreads();
-        if (k0 + LD_KC < in) { /* the next step's loads, in flight during the products */
+        if (k0 + LD_KC < ke) { /* the next step's loads, in flight during the products */
             tc_load_x(rx, x, ldx, row0, N, k0 + LD_KC, in);
             tc_load_a<RP>(ra, A, r, k0 + LD_KC, in);
         }
@@ -330,7 +333,23 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
         for (int g = 0; g < KS; g++)
             v += res[g * LD_BM * LDR + m * LDR + j];
-        H[(size_t)n * ldh + j] = __float2bfloat16(alpha * v);
+        if (gridDim.y == 1)
+            H[(size_t)n * ldh + j] = __float2bfloat16(alpha * v);
+        else
+            part[((size_t)blockIdx.y * N + n) * r + j] = v;
+    }
+}
+
+/* H[n*ldh + j] = alpha * the sum over the K ranges, in order, of part. */
+__global__ void lora_drop_hsum_kernel(bf *H, int ldh, const float *part, int N, int r, int splits,
+                                      float alpha) {
+    size_t n = (size_t)N * r;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
+        float v = 0.0f;
+        for (int s = 0; s < splits; s++)
+            v += part[(size_t)s * n + e];
+        H[(e / r) * ldh + e % r] = __float2bfloat16(alpha * v);
     }
 }
 
@@ -467,35 +486,46 @@ extern "C" size_t lk_lora_drop_ws_bytes(int N, int in, int r) {
 
 extern "C" void lk_lora_drop_fwd(uint16_t *H, int ldh, const uint16_t *x, int ldx,
                                  const uint16_t *A, int N, int in, int r, float alpha, float p,
-                                 uint64_t seed, uint64_t mld, uint64_t moff, int tc,
+                                 uint64_t seed, uint64_t mld, uint64_t moff, float *ws, int tc,
                                  lcuda_stream s) {
     if (N < 1 || r < 1) return;
-    dim3 grid((N + LD_BM - 1) / LD_BM);
+    int splits = 1, cols = in;
+    if (tc) lora_drop_fsplit(N, in, &splits, &cols);
+    dim3 grid((N + LD_BM - 1) / LD_BM, splits);
     cudaStream_t st = (cudaStream_t)s;
     uint32_t thr = lora_drop_threshold(p);
     float k = 1.0f / (1.0f - p);
     bf *h = (bf *)H;
     const bf *xx = (const bf *)x, *a = (const bf *)A;
-#define FWD(K, ...)                                                                                \
-    K<__VA_ARGS__><<<grid, tc ? TC_THREADS : LD_THREADS, 0, st>>>(h, ldh, xx, ldx, a, N, in, r,    \
-                                                                  alpha, mld, moff, seed, thr, k)
+#define FWD_TC(RP)                                                                                 \
+    lora_drop_fwd_tc<RP><<<grid, TC_THREADS, 0, st>>>(h, ldh, ws, cols, xx, ldx, a, N, in, r,      \
+                                                      alpha, mld, moff, seed, thr, k)
+#define FWD(...)                                                                                   \
+    lora_drop_fwd_kernel<__VA_ARGS__><<<grid, LD_THREADS, 0, st>>>(h, ldh, xx, ldx, a, N, in, r,   \
+                                                                   alpha, mld, moff, seed, thr, k)
     int rp = ld_rp(r);
     if (tc && rp <= 16)
-        FWD(lora_drop_fwd_tc, 16);
+        FWD_TC(16);
     else if (tc && rp == 32)
-        FWD(lora_drop_fwd_tc, 32);
+        FWD_TC(32);
     else if (tc)
-        FWD(lora_drop_fwd_tc, 64);
+        FWD_TC(64);
     else if (rp == 8)
-        FWD(lora_drop_fwd_kernel, 8, 1, 1);
+        FWD(8, 1, 1);
     else if (rp == 16)
-        FWD(lora_drop_fwd_kernel, 16, 2, 1);
+        FWD(16, 2, 1);
     else if (rp == 32)
-        FWD(lora_drop_fwd_kernel, 32, 2, 2);
+        FWD(32, 2, 2);
     else
-        FWD(lora_drop_fwd_kernel, 64, 2, 4);
+        FWD(64, 2, 4);
 #undef FWD
+#undef FWD_TC
     CUDA_CHECK_LAUNCH();
+    if (splits > 1) {
+        size_t n = (size_t)N * r;
+        lora_drop_hsum_kernel<<<lora_grid(n, 256), 256, 0, st>>>(h, ldh, ws, N, r, splits, alpha);
+        CUDA_CHECK_LAUNCH();
+    }
 }
 
 extern "C" void lk_lora_drop_bwd(uint16_t *dA, uint16_t *dx, int lddx, const uint16_t *dH, int ldh,
