@@ -326,16 +326,35 @@ static double slowest_stage(const struct model_config *mc, int pp, double fl_blo
  * one 8-bit absmax per 64-weight block and one fp32 scale per 256 of those
  * blocks, about 0.516 bytes a weight; exactly nf4_bytes(n) a tensor
  * (worker/nf4_format.h, the engine's buffer: also the mean offset and the
- * 8-bit map), summed over one block's linear weights. */
-static double nf4_block_bytes(const struct model_config *mc) {
+ * 8-bit map), summed over one block's linear weights. tp > 1: tp rank 0's
+ * shards (nf4_shard_bytes: the whole tensor's slices, or the shard's codes
+ * with one fp32 absmax a block). A shard boundary inside a 64-weight block
+ * (the engine refuses that tp: worker/nf4.c nf4_tp_check) sets *split and
+ * counts that tensor's whole-tensor bytes / tp (an estimate; NULL split:
+ * not reported). */
+static double nf4_block_bytes(const struct model_config *mc, int tp, int *split) {
     struct model_config one = *mc;
     one.n_layer = 1;
     struct model_layout l;
     double b = 0;
     if (model_layout_init(&l, &one, 1) != 0) return 0;
     for (int i = 0; i < l.n; i++)
-        if (l.t[i].layer == 0 && l.t[i].kind == MODEL_T_LINEAR_W && l.t[i].ndim == 2)
-            b += (double)nf4_bytes((size_t)l.t[i].numel);
+        if (l.t[i].layer == 0 && l.t[i].kind == MODEL_T_LINEAR_W && l.t[i].ndim == 2) {
+            const struct model_tensor *t = &l.t[i];
+            struct nf4_shard sh;
+            int whole = 1;
+            for (int k = 0; k < tp; k++) /* every rank's shard must be whole blocks */
+                whole &= nf4_shard_geom((size_t)t->shape[0], (size_t)t->shape[1], (int)t->split,
+                                        t->parts, tp, k, &sh) != NF4_SHARD_NONE;
+            if (!whole) {
+                if (split) *split = 1;
+                b += (double)nf4_bytes((size_t)t->numel) / tp;
+                continue;
+            }
+            nf4_shard_geom((size_t)t->shape[0], (size_t)t->shape[1], (int)t->split, t->parts, tp, 0,
+                           &sh);
+            b += (double)nf4_shard_bytes(&sh);
+        }
     model_layout_free(&l);
     return b;
 }
@@ -405,11 +424,11 @@ static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct
     double A = layers * lf.arena;
     double base = P * e;
     if (s->train.quantize_base == JOBSPEC_QUANT_NF4) {
-        /* block linear weights (tp = 1) in NF4, the rest in the compute
-         * dtype, the one-block scratch (worker/nf4.c nf4_attach) and the
-         * engine's empty params window (one element) */
-        double lin = layers * f->layer_mm;
-        base = layers * nf4_block_bytes(&s->model) + (P - lin) * e + f->layer_mm * e + e;
+        /* block linear weights (tp rank 0's shards) in NF4, the rest in the
+         * compute dtype, the one-block scratch (worker/nf4.c nf4_attach) and
+         * the engine's empty params window (one element) */
+        double mm = f->layer_mm / L->tp, lin = layers * mm; /* one rank's share */
+        base = layers * nf4_block_bytes(&s->model, L->tp, NULL) + (P - lin) * e + mm * e + e;
     }
     int dp = L->dp, zs = dp > 1 ? L->zero : 0;
     double shard = zs >= 1 ? ceil(A / dp) : A;
@@ -990,10 +1009,12 @@ int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c
                 continue;
             if (!facts[tp].tp) tp_facts_init(&facts[tp], mc, tp);
             if (!facts[tp].ok) continue;
-            /* an NF4 base runs with dp and pp only (worker/main.c lora_check,
-             * docs/engine.md "QLoRA") */
+            /* an NF4 base under tp needs every shard boundary on a 64-weight
+             * block (worker/main.c lora_check, docs/engine.md "QLoRA") */
+            int split = 0;
             if (tp > 1 && sp.train.lora.enabled && sp.train.quantize_base == JOBSPEC_QUANT_NF4)
-                continue;
+                nf4_block_bytes(mc, tp, &split);
+            if (split) continue;
             /* pp runs over the divisors of n_layer (<= 1024), not of the GPU count */
             for (int pp = 1; pp <= mc->n_layer && pp <= w / tp; pp++) {
                 if ((w / tp) % pp || mc->n_layer % pp) continue;

@@ -334,6 +334,10 @@ struct backend {
      * worker/nf4_format.h (backend memory): nf4_dequantize's fp32 values,
      * rounded once to the compute dtype. */
     void (*nf4_dequant)(void *ctx, void *out, const void *q, size_t n);
+    /* nf4_dequant_absmax (optional; an NF4 tp shard of the ABSMAX layout,
+     * worker/nf4_format.h): out [n] = nf4_dequantize_absmax's fp32 values
+     * of q, rounded once to the compute dtype. */
+    void (*nf4_dequant_absmax)(void *ctx, void *out, const void *q, size_t n);
 
     /* ---- optional: host memory and asynchronous copies (optimizer offload,
      * worker/offload.h). NULL on a backend without them (the CPU backend,

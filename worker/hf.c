@@ -25,6 +25,7 @@
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "worker/nf4.h"
 
 #define HF_SHARD_DEFAULT 5000000000ull     /* 5 GB, what transformers writes by default */
 #define HF_STAGE_ELEMS   ((size_t)1 << 22) /* 16 MiB of fp32 rows per thread and pass */
@@ -449,6 +450,36 @@ static int load_threads(const struct hf_model *h) {
     return n < 1 ? 1 : n > HF_MAX_THREADS ? HF_MAX_THREADS : (int)n;
 }
 
+/* Tensor i whole (its tp = 1 rows, as one process reads them) into the NF4
+ * storage, in passes of buf[cap]. */
+static int load_whole(struct hf_model *h, struct engine *e, int i, float *buf, size_t cap, int nt,
+                      struct loom_error *err) {
+    const struct model_tensor *t = &e->layout.t[i];
+    const struct hf_tensor *ht = &h->t[i];
+    struct model_tensor w = *t; /* the tensor as tp = 1 lays it out */
+    w.split = MODEL_SPLIT_REPLICATED;
+    w.rank_shape[0] = t->shape[0];
+    w.rank_shape[1] = t->shape[1];
+    w.rank_numel = t->numel;
+    char msg[512];
+    const unsigned char *src = st_data(h->files[ht->file], ht->in, msg, sizeof msg);
+    if (!src) return loom_error_set(err, 422, "HF_IO", t->name, "%s", msg);
+    struct backend *be = e->be;
+    int raw = be->dtype == BACKEND_BF16 && ht->in->dtype == ST_BF16 && be->elt_size == 2;
+    int64_t d1 = t->shape[1], step = (int64_t)(cap / (size_t)d1);
+    int rc = 0;
+    for (int64_t q = 0; q < t->shape[0] && rc == 0; q += step) {
+        int64_t q1 = q + step < t->shape[0] ? q + step : t->shape[0];
+        fill_parallel(&w, ht, src, h->cfg.vocab_size, 1, 0, q, q1, buf, raw, nt);
+        if (nf4_put_full(e->nf4, i, (size_t)(q * d1), buf, (size_t)((q1 - q) * d1),
+                         raw ? be->elt_size : sizeof(float)) != 0)
+            rc = loom_error_set(err, 500, "HF_IO", NULL, "out of memory quantizing %s", t->name);
+    }
+    st_release(h->files[ht->file], ht->in);
+    h->bytes_read += ht->in->nbytes;
+    return rc;
+}
+
 int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
     const struct model_config *c = &h->cfg, *ec = &e->cfg;
     if (ec->family != c->family || ec->n_layer != c->n_layer || ec->d_model != c->d_model ||
@@ -468,6 +499,9 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
     for (int i = 0; i < e->layout.n; i++)
         if ((size_t)e->layout.t[i].rank_shape[1] > maxrow)
             maxrow = (size_t)e->layout.t[i].rank_shape[1];
+    for (int i = 0; i < e->layout.n; i++) /* whole rows of the tensors load_whole reads */
+        if (nf4_full_tensor(e->nf4, i) && (size_t)e->layout.t[i].shape[1] > maxrow)
+            maxrow = (size_t)e->layout.t[i].shape[1];
     int nt = load_threads(h);
     size_t cap = maxrow > HF_STAGE_ELEMS ? maxrow : HF_STAGE_ELEMS;
     cap *= (size_t)nt;
@@ -488,6 +522,11 @@ int hf_load(struct hf_model *h, struct engine *e, struct loom_error *err) {
         const struct model_tensor *t = &e->layout.t[i];
         const struct hf_tensor *ht = &h->t[i]; /* same order: the same config's layout */
         total += ht->in->nbytes;
+        if (nf4_full_tensor(e->nf4, i)) { /* QLoRA under tp: the whole tensor, quantized as one
+                                             process does (worker/nf4.h nf4_put_full) */
+            rc = load_whole(h, e, i, buf, cap, nt, err);
+            continue;
+        }
         size_t a, b;
         if (!held_range(e, i, &a, &b)) continue;
         int64_t rc1 = t->rank_shape[1];

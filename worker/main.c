@@ -642,17 +642,12 @@ static int lora_check(struct run *r) {
                         "model.init_from names a PEFT adapter but the spec has no train.lora");
         return 0;
     }
-    if (s->train.quantize_base == JOBSPEC_QUANT_NF4 && s->parallel.tp > 1) {
-        /* dp and pp quantize whole tensors as one process does (worker/nf4.c
-         * nf4_attach); a tp rank holds shards, whose 64-weight blocks and
-         * scales are not the whole tensor's (docs/engine.md "QLoRA") */
-        snprintf(w->err, sizeof w->err,
-                 "train.quantize_base nf4 does not run with tensor parallelism (this spec has "
-                 "tp=%d, dp=%d, pp=%d); use dp or pp (parallel.tp=1) for QLoRA on several "
-                 "devices",
-                 s->parallel.tp, s->parallel.dp, s->parallel.pp);
+    /* tp: every rank quantizes whole tensors and keeps its shard's part
+     * (worker/nf4.c nf4_attach); a shard boundary inside a 64-weight block
+     * is refused (docs/engine.md "QLoRA") */
+    if (s->train.quantize_base == JOBSPEC_QUANT_NF4 &&
+        nf4_tp_check(&s->model, s->parallel.tp, w->err, sizeof w->err) != 0)
         return fail(w, LOOM_EXIT_BAD_SPEC, "LORA_UNSUPPORTED", NULL);
-    }
     /* before the world is joined, so that a refused rank does not leave the
      * others waiting at the rendezvous */
     if (s->parallel.zero_stage > 2) {

@@ -430,6 +430,8 @@ static void init_tensor(const struct model *m, const struct model_tensor *t, uin
 
 /* Upload tensor t's full values v (this rank's tp share of them). */
 static int put_tensor(struct engine *e, const struct model_tensor *t, float *v, float *part) {
+    if (nf4_full_tensor(e->nf4, (int)(t - e->layout.t))) /* QLoRA under tp: quantized whole */
+        return nf4_put_full(e->nf4, (int)(t - e->layout.t), 0, v, (size_t)t->numel, sizeof *v);
     if (e->tp > 1) /* this rank's share of the full tensor (same values at any tp) */
         tp_slice(t, e->tp, e->tp_idx, v, part);
     return engine_params_from_host(e, (size_t)t->rank_offset, e->tp > 1 ? part : v,

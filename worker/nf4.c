@@ -372,14 +372,110 @@ void nf4_dequantize(const uint8_t *q, size_t n, float *w) {
     }
 }
 
+/* ---- tensor-parallel shards ---- */
+
+int nf4_tensor_quantized(const struct model_tensor *t) {
+    return t->kind == MODEL_T_LINEAR_W && t->layer >= 0 && t->ndim == 2;
+}
+
+int nf4_shard_of(const struct model_tensor *t, int tp, int idx, struct nf4_shard *s) {
+    return nf4_shard_geom((size_t)t->shape[0], (size_t)t->shape[1], (int)t->split, t->parts, tp,
+                          idx, s);
+}
+
+void nf4_shard_extract(const struct nf4_shard *s, const uint8_t *whole, uint8_t *out) {
+    size_t N = s->numel, n = s->count * s->len, L = s->len;
+    const uint8_t *wq8 = whole + nf4_off_q8(N);
+    const float *wsc = (const float *)(const void *)(whole + nf4_off_scale(N));
+    const float *m8 = (const float *)(const void *)(whole + nf4_off_map(N));
+    float offset;
+    memcpy(&offset, whole + nf4_off_offset(N), sizeof offset);
+    memset(out, 0, nf4_shard_bytes(s));
+    /* runs start on a 64-weight boundary: their codes are whole bytes, and
+     * every run but a last one at the tensor's end is whole blocks */
+    for (size_t r = 0; r < s->count; r++) {
+        size_t at = s->base + r * s->stride;
+        memcpy(out + r * L / 2, whole + at / 2, (L + 1) / 2);
+    }
+    if (s->layout == NF4_SHARD_SLICE) {
+        uint8_t *q8 = out + nf4_off_q8(n);
+        float *sc = (float *)(void *)(out + nf4_off_scale(n));
+        for (size_t r = 0; r < s->count; r++) {
+            size_t at = s->base + r * s->stride;
+            memcpy(q8 + r * L / NF4_BLOCK, wq8 + at / NF4_BLOCK, nf4_nblocks(L));
+            memcpy(sc + r * L / (NF4_BLOCK * NF4_BLOCK2), wsc + at / (NF4_BLOCK * NF4_BLOCK2),
+                   nf4_nblocks2(L) * sizeof *sc);
+        }
+        memcpy(out + nf4_off_offset(n), &offset, sizeof offset);
+        memcpy(out + nf4_off_map(n), m8, 256 * sizeof *m8);
+        return;
+    }
+    float *am = (float *)(void *)(out + nf4a_off_absmax(n));
+    for (size_t r = 0; r < s->count; r++) {
+        size_t b0 = (s->base + r * s->stride) / NF4_BLOCK, nb = nf4_nblocks(L);
+        for (size_t b = 0; b < nb; b++) /* nf4_dequantize's absmax, the same rounding */
+            am[r * L / NF4_BLOCK + b] = fmaf(m8[wq8[b0 + b]], wsc[(b0 + b) / NF4_BLOCK2], offset);
+    }
+}
+
+void nf4_dequantize_absmax(const uint8_t *q, size_t n, float *w) {
+    const float *am = (const float *)(const void *)(q + nf4a_off_absmax(n));
+    size_t nb = nf4_nblocks(n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (long b = 0; b < (long)nb; b++) {
+        float a = am[b];
+        size_t j0 = (size_t)b * NF4_BLOCK, j1 = j0 + NF4_BLOCK < n ? j0 + NF4_BLOCK : n;
+        for (size_t j = j0; j < j1; j++) {
+            int c = j % 2 ? q[j / 2] & 15 : q[j / 2] >> 4;
+            w[j] = NF4_CODE[c] * a;
+        }
+    }
+}
+
+void nf4_dequantize_layout(int layout, const uint8_t *q, size_t n, float *w) {
+    if (layout == NF4_SHARD_ABSMAX)
+        nf4_dequantize_absmax(q, n, w);
+    else
+        nf4_dequantize(q, n, w);
+}
+
+int nf4_tp_check(const struct model_config *c, int tp, char *err, size_t errlen) {
+    struct model_layout l;
+    int rc = 0;
+    if (tp <= 1) return 0;
+    if (model_layout_init(&l, c, tp) != 0) return 0; /* the layout's own check refuses it */
+    for (int i = 0; i < l.n && rc == 0; i++) {
+        const struct model_tensor *t = &l.t[i];
+        struct nf4_shard s;
+        if (!nf4_tensor_quantized(t)) continue;
+        for (int k = 0; k < tp && rc == 0; k++) {
+            if (nf4_shard_of(t, tp, k, &s) != NF4_SHARD_NONE) continue;
+            snprintf(err, errlen,
+                     "train.quantize_base nf4 with tp=%d: %s [%lld, %lld] (%s-parallel) would "
+                     "put a 64-weight NF4 block on two tp ranks (tp rank %d holds %zu runs of "
+                     "%zu weights starting at %zu, every %zu; an NF4 shard needs multiples of "
+                     "64); use a tp under which every shard is whole 64-weight blocks, or dp / pp "
+                     "(parallel.tp=1)",
+                     tp, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                     t->split == MODEL_SPLIT_ROW ? "row" : "column", k, s.count, s.len, s.base,
+                     s.stride);
+            rc = -1;
+        }
+    }
+    model_layout_free(&l);
+    return rc;
+}
+
 /* ---- engine storage ---- */
 
 struct nf4_t {
     int tensor;
     size_t lo, n;   /* flat range (rank offsets) */
-    void *dev;      /* nf4_bytes(n), backend memory */
-    float *pending; /* host fp32 [n] while pieces arrive, else NULL */
+    void *dev;      /* bytes, backend memory */
+    size_t bytes;   /* nf4_shard_bytes(&sh): nf4_bytes(n) for a SLICE */
+    float *pending; /* host fp32 [n] (tp > 1: [sh.numel]) while pieces arrive, else NULL */
     size_t got;
+    struct nf4_shard sh; /* tp = 1: the whole tensor, one run */
 };
 
 struct nf4 {
@@ -405,8 +501,7 @@ struct nf4 {
 };
 
 int nf4_is_quantized(const struct engine *e, int i) {
-    const struct model_tensor *t = &e->layout.t[i];
-    return t->kind == MODEL_T_LINEAR_W && t->layer >= 0 && t->ndim == 2;
+    return nf4_tensor_quantized(&e->layout.t[i]);
 }
 
 void nf4_free(struct nf4 *q) {
@@ -444,16 +539,16 @@ int nf4_attach(struct engine *e, char *err, size_t errlen) {
         return -1;
     }
     /* dp: every rank holds the whole base, quantized as one process does;
-     * pp: a stage its own tensors, whole. tp would quantize shards, whose
-     * blocks and scales differ from the whole tensor's (docs/engine.md
-     * "QLoRA"). */
-    if (e->tp != 1 || !e->frozen || e->p_hi > e->p_lo) {
+     * pp: a stage its own tensors, whole; tp: each rank quantizes the whole
+     * tensors and keeps its shard's part of them (nf4_put_full,
+     * nf4_shard_extract), so the weights are the one-process run's */
+    if (!e->frozen || e->p_hi > e->p_lo) {
         snprintf(err, errlen,
-                 "train.quantize_base nf4 needs tp=1 and a frozen base (tp=%d, frozen=%d, "
-                 "resident params %zu)",
-                 e->tp, e->frozen, e->p_hi - e->p_lo);
+                 "train.quantize_base nf4 needs a frozen base (frozen=%d, resident params %zu)",
+                 e->frozen, e->p_hi - e->p_lo);
         return -1;
     }
+    if (nf4_tp_check(&e->cfg, e->tp, err, errlen) != 0) return -1;
     struct nf4 *q = calloc(1, sizeof *q);
     int n = e->layout.n;
     if (!q || !(q->t = calloc((size_t)n, sizeof *q->t)) ||
@@ -476,8 +571,18 @@ int nf4_attach(struct engine *e, char *err, size_t errlen) {
         cur += (size_t)t->rank_numel;
         blk = cur > blk ? cur : blk;
         q->of[i] = q->nt;
-        q->t[q->nt++] =
-            (struct nf4_t){.tensor = i, .lo = (size_t)t->rank_offset, .n = (size_t)t->rank_numel};
+        struct nf4_t *qt = &q->t[q->nt++];
+        *qt = (struct nf4_t){.tensor = i, .lo = (size_t)t->rank_offset, .n = (size_t)t->rank_numel};
+        nf4_shard_of(t, e->tp, e->tp_idx, &qt->sh); /* nf4_tp_check: never NONE */
+        qt->bytes = nf4_shard_bytes(&qt->sh);
+        if (qt->sh.layout == NF4_SHARD_ABSMAX && !b->nf4_dequant_absmax) {
+            snprintf(err, errlen,
+                     "train.quantize_base nf4 with tp=%d: the %s backend cannot dequantize the "
+                     "shard of %s",
+                     e->tp, b->name, t->name);
+            free(q->t), free(q->of), free(q);
+            return -1;
+        }
     }
     q->scratch_bytes = (blk ? blk : 1) * es;
     q->rest_bytes = (rest ? rest : 1) * es;
@@ -488,7 +593,7 @@ int nf4_attach(struct engine *e, char *err, size_t errlen) {
     if (!q->scratch || !q->rest) goto oom;
     b->zero(b->ctx, q->rest, q->rest_bytes);
     for (int k = 0; k < q->nt; k++) {
-        size_t nb = nf4_bytes(q->t[k].n);
+        size_t nb = q->t[k].bytes;
         q->t[k].dev = engine_alloc(e, nb, &e->mem.params);
         if (!q->t[k].dev) goto oom;
         q->q_bytes += nb;
@@ -554,8 +659,23 @@ static void host_bufs_done(struct nf4 *q) {
     q->hq_bytes = q->hw_bytes = 0;
 }
 
+/* tp > 1: the whole tensor's v[sh.numel] quantized as one process does,
+ * this rank's part of it uploaded. */
+static int quantize_shard(struct nf4 *q, struct nf4_t *t, const float *v) {
+    struct backend *b = q->e->be;
+    size_t nw = nf4_bytes(t->sh.numel);
+    uint8_t *h = host_buf(&q->hq, &q->hq_bytes, nw + t->bytes);
+    if (!h) return -1;
+    nf4_quantize(v, t->sh.numel, h);
+    nf4_shard_extract(&t->sh, h, h + nw);
+    b->upload(b->ctx, t->dev, h + nw, t->bytes);
+    b->sync(b->ctx);
+    return 0;
+}
+
 static int quantize_one(struct nf4 *q, struct nf4_t *t, const float *v) {
     struct backend *b = q->e->be;
+    if (q->e->tp > 1) return quantize_shard(q, t, v);
     size_t nb = nf4_bytes(t->n);
     uint8_t *h = host_buf(&q->hq, &q->hq_bytes, nb);
     if (!h) return -1;
@@ -627,6 +747,12 @@ static int put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt)
         struct nf4_t *t = &q->t[k];
         size_t a = off > t->lo ? off : t->lo, z = off + n < t->lo + t->n ? off + n : t->lo + t->n;
         if (z <= a) continue;
+        if (q->e->tp > 1) { /* a share cannot be quantized as the whole tensor is */
+            log_error("nf4: %s got its tp share only; with tp=%d an NF4 tensor is loaded whole "
+                      "(nf4_put_full)",
+                      q->e->layout.t[t->tensor].name, q->e->tp);
+            return -1;
+        }
         covered += z - a;
         q->loaded = -1;
         if (a == t->lo && z == t->lo + t->n && !t->pending) { /* the whole tensor */
@@ -656,13 +782,57 @@ static int put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt)
     return covered == n ? 1 : 0;
 }
 
+int nf4_full_tensor(const struct nf4 *q, int tensor) {
+    return q && q->e->tp > 1 && q->of[tensor] >= 0;
+}
+
+int nf4_put_full(struct nf4 *q, int tensor, size_t off, const void *src, size_t n, size_t elt) {
+    double t0 = clock_mono_msf();
+    int rc = -1;
+    if (!nf4_full_tensor(q, tensor)) goto out;
+    struct nf4_t *t = &q->t[q->of[tensor]];
+    size_t N = t->sh.numel;
+    if (off > N || n > N - off) goto out;
+    q->loaded = -1;
+    if (off == 0 && n == N && !t->pending) { /* the whole tensor at once */
+        const float *v = src;
+        if (elt != sizeof(float)) {
+            float *w = host_buf(&q->hw, &q->hw_bytes, N * sizeof *w);
+            if (!w) goto out;
+            widen(w, src, N, elt);
+            v = w;
+        }
+        if (quantize_one(q, t, v) != 0) goto out;
+        host_bufs_done(q);
+        rc = 0;
+        goto out;
+    }
+    if (!t->pending && !(t->pending = calloc(N, sizeof(float)))) goto out;
+    widen(t->pending + off, src, n, elt);
+    t->got += n;
+    rc = 0;
+    if (t->got >= N) {
+        rc = quantize_one(q, t, t->pending);
+        free(t->pending);
+        t->pending = NULL;
+        t->got = 0;
+        if (rc == 0) host_bufs_done(q);
+    }
+out:
+    q->put_ms += clock_mono_msf() - t0;
+    return rc;
+}
+
 void nf4_layer(struct nf4 *q, int layer) {
     if (!q || q->loaded == layer) return;
     struct engine *e = q->e;
     struct backend *b = e->be;
     for (int k = 0; k < q->nt; k++) {
         const struct nf4_t *t = &q->t[k];
-        if (e->layout.t[t->tensor].layer == layer)
+        if (e->layout.t[t->tensor].layer != layer) continue;
+        if (t->sh.layout == NF4_SHARD_ABSMAX)
+            b->nf4_dequant_absmax(b->ctx, e->pview[t->tensor], t->dev, t->n);
+        else
             b->nf4_dequant(b->ctx, e->pview[t->tensor], t->dev, t->n);
     }
     q->loaded = layer;
@@ -675,11 +845,10 @@ void nf4_layer(struct nf4 *q, int layer) {
  * cuda kernel rounds these to bf16), plus the delta hook's. 0 or -1. */
 static int read_quantized(struct nf4 *q, const struct nf4_t *t, float *dst) {
     struct backend *b = q->e->be;
-    size_t nb = nf4_bytes(t->n);
-    uint8_t *h = malloc(nb);
+    uint8_t *h = malloc(t->bytes);
     if (!h) return -1;
-    b->download(b->ctx, h, t->dev, nb);
-    nf4_dequantize(h, t->n, dst);
+    b->download(b->ctx, h, t->dev, t->bytes);
+    nf4_dequantize_layout(t->sh.layout, h, t->n, dst);
     free(h);
     if (q->delta) q->delta(q->delta_user, t->tensor, dst);
     return 0;

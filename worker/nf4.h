@@ -8,9 +8,10 @@
  *
  * Engine storage (train.quantize_base "nf4" with train.lora): nf4_attach
  * over an engine made with engine_place.frozen and windows_later (no
- * resident params window) and tp = 1 gives every tensor of the rank a view
+ * resident params window) gives every tensor of the rank a view
  * (dp: every tensor, each rank quantizing the whole base as one process
- * does; pp: the stage's tensors, whole, the others none): the
+ * does; pp: the stage's tensors, whole, the others none; tp: each rank
+ * quantizes whole tensors and keeps its shard's part): the
  * block linear weights ("model.layers.N.*_proj.weight", gpt2's c_attn /
  * c_proj / c_fc weights) a slot in one scratch of a block's linear weights,
  * every other tensor (embeddings, norms, biases, lm_head) its own
@@ -29,6 +30,8 @@
 #include "worker/nf4_format.h"
 
 struct engine;
+struct model_config;
+struct model_tensor;
 struct nf4;
 
 /* The 256 values of the signed 8-bit map (bitsandbytes' dynamic map:
@@ -68,6 +71,26 @@ void nf4_dequantize(const uint8_t *q, size_t n, float *w);
 
 /* 1 when tensor `name` of a block is held in NF4 (a block linear weight). */
 int nf4_is_quantized(const struct engine *e, int tensor);
+/* The same for a layout entry (kind, layer and rank). */
+int nf4_tensor_quantized(const struct model_tensor *t);
+
+/* ---- tensor-parallel shards (nf4_format.h "tensor-parallel shards") ---- */
+
+/* Tensor t's shard for tp rank idx (nf4_shard_geom over its shape and
+ * split); returns s->layout. */
+int nf4_shard_of(const struct model_tensor *t, int tp, int idx, struct nf4_shard *s);
+/* The shard s's buffer (nf4_shard_bytes(s)) from the whole tensor's
+ * whole[nf4_bytes(s->numel)]: slices of it (SLICE) or the runs' codes and
+ * their blocks' absmax dequantized (ABSMAX). Not for NF4_SHARD_NONE. */
+void nf4_shard_extract(const struct nf4_shard *s, const uint8_t *whole, uint8_t *out);
+/* w[n] from an ABSMAX buffer q (nf4a_bytes(n)): NF4_CODE[code] * absmax. */
+void nf4_dequantize_absmax(const uint8_t *q, size_t n, float *w);
+/* w[n] from a buffer of `layout` (NF4_SHARD_SLICE: nf4_dequantize). */
+void nf4_dequantize_layout(int layout, const uint8_t *q, size_t n, float *w);
+/* 0 when every block linear weight of model c splits over tp ranks on
+ * 64-weight boundaries, else -1 with a message naming the tensor, its shape
+ * and tp (a block on two ranks is not supported: docs/engine.md "QLoRA"). */
+int nf4_tp_check(const struct model_config *c, int tp, char *err, size_t errlen);
 
 /* Storage for engine e as above; sets e->nf4 (freed by engine_free). 0, or
  * -1 with a message (unsupported place or backend, out of memory). */
@@ -75,8 +98,18 @@ int nf4_attach(struct engine *e, char *err, size_t errlen);
 void nf4_free(struct nf4 *q); /* NULL ok */
 
 /* engine_params_from_host's hook: the quantized tensors meeting flat range
- * [off, off + n) of src (elt bytes a value: 4 fp32, 2 bf16). 0 or -1. */
+ * [off, off + n) of src (elt bytes a value: 4 fp32, 2 bf16). 1 when the
+ * range is all quantized weights, 0 when not, -1 on error (out of memory, or
+ * a tp share of a tensor that nf4_put_full must be given whole). */
 int nf4_put(struct nf4 *q, size_t off, const void *src, size_t n, size_t elt);
+
+/* tp > 1: 1 when layout tensor `tensor` is one this rank holds in NF4, which
+ * the loaders hand over whole (nf4_put_full) instead of their tp share. */
+int nf4_full_tensor(const struct nf4 *q, int tensor);
+/* The whole tensor's (tp = 1 layout) weights [off, off + n) of `tensor`
+ * (elt bytes a value, as nf4_put): quantized as one process does once all
+ * have arrived, and this rank's shard kept (nf4_shard_extract). 0 or -1. */
+int nf4_put_full(struct nf4 *q, int tensor, size_t off, const void *src, size_t n, size_t elt);
 
 /* Flat range [off, off + n) of this rank's base as fp32 into host dst, for
  * the exports (engine_opt_read of the frozen "master"): a quantized tensor

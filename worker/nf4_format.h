@@ -70,4 +70,79 @@ static inline size_t nf4_bytes(size_t n) {
     return nf4_off_map(n) + 256 * 4;
 }
 
+/* ---- tensor-parallel shards (docs/engine.md "QLoRA", tp) ----
+ *
+ * tp rank idx's shard of a 2-D tensor [d0][d1] is `count` runs of `len`
+ * weights of the flat tensor (numel = d0 * d1), run r starting at base + r *
+ * stride: split 1 (column: rows cut, one run a fused part) or 2 (row:
+ * columns cut, one run a row); anything else, or tp 1, is the whole tensor.
+ * Every rank quantizes the whole tensor as one process does and keeps:
+ *
+ *   NF4_SHARD_SLICE   the runs start and end on 16384-weight boundaries (256
+ *                     blocks of 64; the last run may end at the tensor's
+ *                     end): the runs' codes, q8 bytes and scales of the whole
+ *                     buffer, concatenated, with its offset and map: a buffer
+ *                     of the format above for n = count * len
+ *   NF4_SHARD_ABSMAX  the runs start and end on 64-weight boundaries:
+ *                     codes [ceil(n / 2)] as above, zero padding to 4 bytes,
+ *                     absmax [nb] fp32, each block's absmax dequantized once
+ *                     at load, fma(map[q8], scale, offset). Weight j:
+ *                     NF4_CODE[code_j] * absmax[j / 64]
+ *
+ * A run boundary inside a 64-weight block (a block on two ranks) is not
+ * supported: NF4_SHARD_NONE. */
+enum { NF4_SHARD_NONE = -1, NF4_SHARD_SLICE = 0, NF4_SHARD_ABSMAX = 1 };
+
+struct nf4_shard {
+    size_t numel, count, len, base, stride; /* n = count * len */
+    int layout;
+};
+
+static inline int nf4_runs_aligned(const struct nf4_shard *s, size_t g) {
+    int last_at_end = s->count == 1 && s->base + s->len == s->numel;
+    return s->base % g == 0 && (s->count == 1 || s->stride % g == 0) &&
+           (s->len % g == 0 || last_at_end);
+}
+
+/* The shard of tp rank idx (0 <= idx < tp) of tensor [d0][d1] cut by split
+ * (1 column, 2 row; `parts` fused blocks along d0 for a column split);
+ * returns s->layout. */
+static inline int nf4_shard_geom(size_t d0, size_t d1, int split, int parts, int tp, int idx,
+                                 struct nf4_shard *s) {
+    s->numel = d0 * d1;
+    s->count = 1, s->len = s->numel, s->base = 0, s->stride = s->numel;
+    if (tp > 1 && split == 1) {
+        size_t blk = d0 / (size_t)(parts > 0 ? parts : 1), per = blk / (size_t)tp;
+        s->count = (size_t)(parts > 0 ? parts : 1);
+        s->len = per * d1;
+        s->base = (size_t)idx * per * d1;
+        s->stride = blk * d1;
+    } else if (tp > 1 && split == 2) {
+        size_t r1 = d1 / (size_t)tp;
+        s->count = d0;
+        s->len = r1;
+        s->base = (size_t)idx * r1;
+        s->stride = d1;
+    }
+    s->layout = nf4_runs_aligned(s, (size_t)NF4_BLOCK * NF4_BLOCK2) ? NF4_SHARD_SLICE
+                : nf4_runs_aligned(s, NF4_BLOCK)                    ? NF4_SHARD_ABSMAX
+                                                                    : NF4_SHARD_NONE;
+    return s->layout;
+}
+
+/* The ABSMAX layout's absmax offset and size for n weights. */
+static inline size_t nf4a_off_absmax(size_t n) {
+    return (nf4_off_q8(n) + 3) / 4 * 4;
+}
+static inline size_t nf4a_bytes(size_t n) {
+    return nf4a_off_absmax(n) + 4 * nf4_nblocks(n);
+}
+/* A shard's bytes (0 for NF4_SHARD_NONE). */
+static inline size_t nf4_shard_bytes(const struct nf4_shard *s) {
+    size_t n = s->count * s->len;
+    return s->layout == NF4_SHARD_SLICE    ? nf4_bytes(n)
+           : s->layout == NF4_SHARD_ABSMAX ? nf4a_bytes(n)
+                                           : 0;
+}
+
 #endif

@@ -9,7 +9,8 @@
  * which tests/gpu/test_lora_cuda.c checks the dequantization kernels against.
  * One PASS / FAIL line per case (with the seconds spent in nf4_put); exits 77 without a
  * CUDA device. `test_nf4_upload cpu` runs the same on the cpu backend (fp32 views, equal
- * to nf4_dequantize exactly; also in builds without CUDA: unit.nf4.upload_cpu). */
+ * to nf4_dequantize exactly; also in builds without CUDA: unit.nf4.upload_cpu). Then the
+ * tp shards' dequantization (run_shards). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #include "worker/model.h"
 #include "worker/nf4.h"
 #include "worker/safetensors.h"
+#include "worker/tuning.h"
 
 static int fails, on_cpu;
 
@@ -139,6 +141,103 @@ static void run_case(int k) {
     engine_free(e); /* engine_new frees the backend when it fails */
 }
 
+/* tp shards (nf4_format.h): the whole tensor quantized, rank idx's shard
+ * extracted (nf4_shard_extract), uploaded and dequantized by the backend
+ * (nf4_dequant for a SLICE, nf4_dequant_absmax for an ABSMAX shard; on cuda
+ * with the 8-a-thread and the one-a-thread kernel) must equal the host's
+ * nf4_dequantize_layout of the same buffer (cuda: rounded to bf16), bit for
+ * bit. */
+static const struct {
+    size_t d0, d1;
+    int split, parts, tp, layout;
+} shards[] = {
+    {96, 1024, 2, 1, 2, NF4_SHARD_ABSMAX},   /* row: o / down */
+    {96, 1024, 2, 1, 4, NF4_SHARD_ABSMAX},   /* row, tp 4 */
+    {512, 96, 1, 1, 2, NF4_SHARD_ABSMAX},    /* column, 24576 weights a rank */
+    {768, 64, 1, 3, 2, NF4_SHARD_ABSMAX},    /* fused column (c_attn), 3 runs */
+    {512, 128, 1, 1, 2, NF4_SHARD_SLICE},    /* column on 16384 boundaries */
+    {3 * 512, 128, 1, 3, 4, NF4_SHARD_SLICE} /* fused column, tp 4 */
+};
+
+#ifdef LOOM_HAVE_CUDA
+static struct backend *shard_backend(int plain) {
+    if (on_cpu) return backend_cpu_new(0);
+    struct worker_tuning t;
+    if (worker_tuning_from_env(&t) != 0) return NULL;
+    t.cuda.nf4_vec = plain ? 0 : t.cuda.nf4_vec;
+    struct backend *b = backend_cuda_new_tuned(0, &t.cuda);
+    worker_tuning_free(&t);
+    return b;
+}
+#else
+static struct backend *shard_backend(int plain) {
+    (void)plain;
+    return backend_cpu_new(0);
+}
+#endif
+
+static void run_shards(void) {
+    for (int plain = 0; plain < (on_cpu ? 1 : 2); plain++)
+        for (size_t k = 0; k < sizeof shards / sizeof *shards; k++)
+            for (int idx = 0; idx < shards[k].tp; idx++) {
+                struct nf4_shard sh;
+                int lay = nf4_shard_geom(shards[k].d0, shards[k].d1, shards[k].split,
+                                         shards[k].parts, shards[k].tp, idx, &sh);
+                size_t N = sh.numel, n = sh.count * sh.len, sb = nf4_shard_bytes(&sh);
+                struct backend *be = shard_backend(plain);
+                float *v = malloc(N * sizeof *v), *d = malloc(n * sizeof *d);
+                uint8_t *whole = malloc(nf4_bytes(N)), *q = malloc(sb ? sb : 1);
+                uint32_t *got = malloc(n * sizeof *got);
+                void *dq = be ? be->alloc(be->ctx, sb ? sb : 1) : NULL;
+                void *dout = be ? be->alloc(be->ctx, n * be->elt_size) : NULL;
+                size_t bad = 0;
+                int ok = lay == shards[k].layout && be && v && d && whole && q && got && dq &&
+                         dout && be->nf4_dequant_absmax;
+                if (ok) {
+                    values(v, N, (int)k);
+                    nf4_quantize(v, N, whole);
+                    nf4_shard_extract(&sh, whole, q);
+                    nf4_dequantize_layout(lay, q, n, d);
+                    be->upload(be->ctx, dq, q, sb);
+                    if (lay == NF4_SHARD_ABSMAX)
+                        be->nf4_dequant_absmax(be->ctx, dout, dq, n);
+                    else
+                        be->nf4_dequant(be->ctx, dout, dq, n);
+                    be->download(be->ctx, got, dout, n * be->elt_size);
+                    for (size_t j = 0; j < n; j++) {
+                        if (on_cpu) {
+                            bad += memcmp(got + j, d + j, sizeof *d) != 0;
+                        } else {
+                            uint16_t g;
+                            memcpy(&g, (const uint16_t *)(const void *)got + j, sizeof g);
+                            bad += g != st_f32_to_bf16(d[j]);
+                        }
+                    }
+                }
+                ok = ok && bad == 0;
+                printf("%s: NF4 tp shard on %s (%s kernel): [%zu, %zu] %s-parallel, tp %d rank "
+                       "%d, %s layout: the backend's dequantization equals the host's (%zu of %zu "
+                       "weights differ)\n",
+                       ok ? "PASS" : "FAIL", on_cpu ? "cpu" : "cuda",
+                       on_cpu  ? "host"
+                       : plain ? "one-a-thread"
+                               : "8-a-thread",
+                       shards[k].d0, shards[k].d1, shards[k].split == 2 ? "row" : "column",
+                       shards[k].tp, idx,
+                       lay == NF4_SHARD_SLICE    ? "SLICE"
+                       : lay == NF4_SHARD_ABSMAX ? "ABSMAX"
+                                                 : "NONE",
+                       bad, n);
+                fails += !ok;
+                if (be) {
+                    be->free(be->ctx, dq);
+                    be->free(be->ctx, dout);
+                }
+                backend_free(be);
+                free(v), free(d), free(whole), free(q), free(got);
+            }
+}
+
 int main(int argc, char **argv) {
     on_cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
 #ifdef LOOM_HAVE_CUDA
@@ -152,6 +251,7 @@ int main(int argc, char **argv) {
 #endif
     for (int k = 0; k < (int)(sizeof cases / sizeof *cases); k++)
         run_case(k);
+    run_shards();
     nf4_configure(&(struct nf4_opts){.fast = 1, .threads = 0, .overlap = 1});
     printf("%s\n", fails ? "FAILED" : "all passed");
     return fails ? 1 : 0;

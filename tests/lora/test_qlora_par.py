@@ -16,7 +16,14 @@ NF4 base by the real loom-worker on cpu, on a data set of exactly one global bat
    other tensor equals the base (also with adapters on q and v only: the other NF4 weights
    dequantized); `--export` holds the same tensors. The merged weights' error against the
    fp32 base's merge is printed (relative RMS).
-3. tp. tp2 is refused (LORA_UNSUPPORTED, naming tp and dp / pp) and changes nothing.
+3. tp. With d_ff 128 (every shard boundary on a 64-weight block), tp2, tp2 x dp2 and
+   tp2 x pp2 (each rank quantizes the whole tensors and keeps its shard) follow the
+   one-process QLoRA run as the layouts of 1. do (loss curve, adapters, merged export,
+   planner), and tp2 over a base drawn from the seed (no init_from) the one-process curve;
+   the dequantized shards themselves are held bit-identical to the whole
+   tensor's pieces by unit.nf4.shard. With the default d_ff 96, tp2 would cut down_proj's
+   rows into 48 weights, inside a 64-weight block: refused (LORA_UNSUPPORTED, naming the
+   tensor, tp and the sizes) and changes nothing.
 """
 import json
 import os
@@ -87,12 +94,14 @@ def planner_matches(out):
                              2**30 < 0.5 for m in mem), mem[:1]
 
 
-def model(tmp, name, tied, seed):
+def model(tmp, name, tied, seed, ffn=make_tiny_hf.F):
     hf = os.path.join(tmp, name)
     rng = np.random.default_rng(seed)
     cfg = make_tiny_hf.config("LlamaForCausalLM", "F32", tied,
                               {"rope_theta": 10000.0, "rms_norm_eps": 1e-5})
-    make_tiny_hf.write_dir(hf, cfg, make_tiny_hf.tensors("LlamaForCausalLM", tied, rng), "F32", 1)
+    cfg["intermediate_size"] = ffn
+    make_tiny_hf.write_dir(hf, cfg, make_tiny_hf.tensors("LlamaForCausalLM", tied, rng, ffn=ffn),
+                           "F32", 1)
     return hf
 
 
@@ -202,6 +211,32 @@ def some_targets(tmp, hf, data):
         merged_check(hf, run, "targets q, v")
 
 
+def seed_init_tp(tmp, data):
+    """tp2 over a base drawn from the seed (model_init_params, no init_from) against one
+    process: the other loader that hands the NF4 storage whole tensors."""
+    curves = {}
+    for name, par, nproc in (("one", None, 1), ("tp2", {"tp": 2}, 2)):
+        sp = os.path.join(tmp, f"seed-{name}.json")
+        s = {"name": "qlora-seed", "model": {"family": "llama", "preset": "mini", "seq_len": SEQ,
+                                              "d_ff": 512},
+             "data": {"train": f"{data}/train_*.bin"},
+             "train": {"steps": STEPS, "global_batch_tokens": 2 * SEQ, "micro_batch": 1,
+                       "lr": nf4ref.LR, "warmup_steps": 0, "schedule": "constant", "seed": 3,
+                       "lora": {"rank": RANK, "alpha": ALPHA, "targets": nf4ref.TARGETS},
+                       "quantize_base": "nf4"},
+             "checkpoint": {"every_steps": 0, "keep": 1}, "resources": {"device": "cpu"}}
+        if par:
+            s["parallel"] = par
+        json.dump(s, open(sp, "w"))
+        rc, out, err = worker(["--spec", sp, "--out", os.path.join(tmp, f"run-seed-{name}"),
+                               "--nproc", str(nproc)])
+        check(rc == 0, f"seed-initialised base, {name}: rc={rc} {err[-600:]}")
+        curves[name] = losses(out)
+    rel = rel_curve(curves["tp2"], curves["one"])
+    check(rel <= 1e-6, f"seed-initialised base: tp2 QLoRA loss curve equals one process's within "
+          f"1e-6 relative (max {rel:.3g})")
+
+
 def tp_refused(tmp, hf, data):
     spt = os.path.join(tmp, "tp2.json")
     spec(spt, hf, data, 2, parallel={"tp": 2})
@@ -211,9 +246,10 @@ def tp_refused(tmp, hf, data):
     msg = errs[0].get("message", "") if errs else err
     coded = (errs[0].get("code") == "LORA_UNSUPPORTED") if errs else \
         "LORA_UNSUPPORTED: train.quantize_base nf4" in err
-    check(rc != 0 and coded and "tp=2" in msg and "dp or pp" in msg,
-          f"quantize_base nf4 with tp=2 refused, naming tp and dp / pp: rc={rc} {errs[:1]} "
-          f"{err[-300:]}")
+    named = all(w in msg for w in ("tp=2", "down_proj", "[128, 96]", "48 weights", "dp / pp"))
+    check(rc != 0 and coded and named,
+          f"quantize_base nf4 with tp=2 and d_ff 96 refused, naming the tensor, its shape, the "
+          f"shard's 48-weight runs, tp and dp / pp: rc={rc} {errs[:1]} {err[-300:]}")
     check(not any(l.get("type") == "step" for l in out), "the refused tp2 run trains no step")
 
 
@@ -233,6 +269,13 @@ def main():
         hft = model(tmp, "llama-tied", True, 79)  # the last stage's copy of the embedding
         layouts(tmp, hft, data2, 2, "tied", (("pp2", {"pp": 2}, 2),))
         some_targets(tmp, hf, data2)
+        # tp: d_ff 128, so down_proj's rows split into 64 weights a rank
+        hf128 = model(tmp, "llama-ff128", False, 80, ffn=128)
+        layouts(tmp, hf128, data2, 2, "ff128",
+                (("tp2", {"tp": 2}, 2),
+                 ("tp2-dp2", {"tp": 2, "dp": 2, "zero_stage": 1}, 4),
+                 ("tp2-pp2", {"tp": 2, "pp": 2}, 4)))
+        seed_init_tp(tmp, data2)
         tp_refused(tmp, hf, data2)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

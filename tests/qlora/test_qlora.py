@@ -14,8 +14,9 @@
    real loom-worker on cpu: its loss curve equals a torch float64 reference (llama
    forward of tests/hf/ref_forward.py, LoRA, AdamW with clipping) run over the base with
    its block linear weights quantized and dequantized by the numpy reference, within
-   1e-5 relative; the planner's params equal the allocated params; the tp refusal
-   (dp, pp and the merged export: tests/lora/test_qlora_par.py).
+   1e-5 relative; the planner's params equal the allocated params; the tp2 refusal
+   (d_ff 96: down_proj's 48 columns a rank would split a 64-weight block; dp, pp, tp and
+   the merged export: tests/lora/test_qlora_par.py).
 """
 import json
 import math
@@ -363,7 +364,8 @@ def qlora_run(tmp):
     check(os.path.exists(os.path.join(tmp, "run", "export", "lora", "adapter_model.safetensors")),
           "the adapter is exported (export.lora)")
 
-    # refusals: tensor parallelism (dp, pp and the merged export: tests/lora/test_qlora_par.py)
+    # refusals: tp2 over this model's d_ff 96 (a 64-weight block on two ranks; dp, pp, tp and the
+    # merged export: tests/lora/test_qlora_par.py)
     for what, kw, extra in (("tp=2", {"parallel": {"tp": 2}}, ["--nproc", "2"]),):
         spr = os.path.join(tmp, "refuse.json")
         spec(spr, hf, data, steps=1, **kw)

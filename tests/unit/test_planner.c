@@ -450,7 +450,28 @@ static void test_qlora_70b_layouts(void) {
     /* dp: every rank holds the whole NF4 base (the same params as one device) */
     CHECK_NEAR(dp2.mem.params, one.mem.params, 1);
     CHECK(pp2.mem.params < 0.55 * one.mem.params && one.fits && pp2.fits);
-    /* the recommendations for QLoRA on a node of 8 never use tp (the worker refuses it) */
+    /* tp 2, rank 0: each rank quantizes whole tensors and keeps its shard; q, k, v, gate,
+     * up (a row range, 16384-weight aligned here) slices of the whole buffer: (n/2)(0.5 +
+     * 1/64 + 4/16384) + 4 + 1024; o and down (a column range of every row) the codes and
+     * one fp32 absmax a block: (n/2)(0.5 + 4/64). Against the same spec over a bf16 base:
+     * the NF4 tensors and the scratch replace the linear weights (the adapters cancel). */
+    struct planner_estimate tq, tb;
+    snprintf(spec, sizeof spec, base, "'parallel':{'tp':2},", 2048);
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &tq, &e) == 0);
+    char plain[640];
+    snprintf(plain, sizeof plain, "%s", spec);
+    const char *qkey = ",'quantize_base':'nf4'";
+    char *qb = strstr(plain, qkey);
+    CHECK(qb != NULL);
+    if (qb) memmove(qb, qb + strlen(qkey), strlen(qb + strlen(qkey)) + 1);
+    CHECK(load(plain, NULL, &s, &c) == 0 && planner_estimate_job(&s, "H200", 0, &tb, &e) == 0);
+    double col = C * C + 2 * C * KV + 2 * C * F, row = C * C + C * F;
+    double q4t =
+        col / 2 * (0.5 + 1.0 / 64 + 4.0 / 16384) + 5 * (4 + 1024) + row / 2 * (0.5 + 4.0 / 64);
+    double dq = 80 * q4t - 80 * mm / 2 * 2 + mm / 2 * 2 + 2;
+    CHECK_NEAR(tq.mem.params - tb.mem.params, dq, 1);
+    /* the recommendations for QLoRA on a node of 8 include tp layouts (every shard of 70B
+     * on 64-weight blocks at tp 2, 4 and 8) */
     snprintf(spec, sizeof spec, base, "", 8 * 2048);
     CHECK(load(spec, NULL, &s, &c) == 0);
     struct planner_candidate *list;
@@ -460,7 +481,25 @@ static void test_qlora_70b_layouts(void) {
         tp_used += list[i].est.tp > 1;
         fit += list[i].est.fits;
     }
-    CHECK(n > 0 && fit > 0 && tp_used == 0);
+    CHECK(n > 0 && fit > 0 && tp_used > 0);
+    free(list);
+    /* Llama 2 7B: d_ff 11008 / 8 = 1376 weights of down_proj's rows a rank, not whole
+     * 64-weight blocks: tp 8 is never recommended (the worker refuses it), tp 2 and 4 are */
+    snprintf(spec, sizeof spec,
+             "{'model':{'family':'llama','preset':'7b','seq_len':2048},'train':{'micro_batch':1,"
+             "'global_batch_tokens':%d,'recompute':'full','lora':{'rank':16,'alpha':32},"
+             "'quantize_base':'nf4'}}",
+             8 * 2048);
+    CHECK(load(spec, NULL, &s, &c) == 0);
+    int tp8 = 0, tp24 = 0;
+    n = 0;
+    CHECK(planner_recommend(&s, &c, NULL, &list, &n, &e) == 0);
+    for (int i = 0; i < n; i++) {
+        tp8 += list[i].est.tp == 8;
+        tp24 += list[i].est.tp == 2 || list[i].est.tp == 4;
+    }
+    CHECK(n > 0 && tp8 == 0 && tp24 > 0, "7b qlora: %d candidates, %d with tp 8, %d with tp 2/4", n,
+          tp8, tp24);
     free(list);
     printf("70b qlora nf4 r16 on H200: one device %.1f GiB (params %.1f), pp2 %.1f GiB a GPU "
            "(params %.1f, stage %d), dp2 %.1f GiB a GPU\n",

@@ -38,19 +38,88 @@ static const struct lcase cases[] = {
 };
 
 struct lora_case {
-    const char *family, *preset, *targets; /* JSON list body */
+    const char *family, *preset, *sizes,
+        *targets; /* sizes: more model fields; targets: a JSON list body */
     int B, T, rank;
     double dropout;
     int nf4; /* train.quantize_base nf4 (worker/nf4.h) */
+    int tp;  /* > 1: tp rank 0 of tp (an NF4 base's shards, worker/nf4.c nf4_attach) */
 };
 
 static const struct lora_case lora_cases[] = {
-    {"llama", "tiny", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0, 0},
-    {"llama", "mini", "\"q\",\"v\"", 2, 128, 16, 0.1, 0},
-    {"gpt2", "tiny", "\"attn\",\"proj\",\"fc\",\"fc2\"", 2, 64, 4, 0.05, 0},
-    {"llama", "tiny", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0, 1},
-    {"gpt2", "tiny", "\"attn\",\"fc\"", 2, 64, 4, 0, 1},
+    {"llama", "tiny", "", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0, 0, 1},
+    {"llama", "mini", "", "\"q\",\"v\"", 2, 128, 16, 0.1, 0, 1},
+    {"gpt2", "tiny", "", "\"attn\",\"proj\",\"fc\",\"fc2\"", 2, 64, 4, 0.05, 0, 1},
+    {"llama", "tiny", "", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8, 0, 1, 1},
+    {"gpt2", "tiny", "", "\"attn\",\"fc\"", 2, 64, 4, 0, 1, 1},
+    /* tp: shards on 64-weight blocks (d_ff 512: down_proj's rows 256 a rank at tp 2) */
+    {"llama", "mini", ",\"d_ff\":512", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"", 2, 64, 8,
+     0, 1, 2},
+    {"gpt2", "mini", "", "\"attn\",\"proj\",\"fc\",\"fc2\"", 2, 64, 4, 0, 1, 2},
+    {"llama", "mini", ",\"d_model\":256,\"d_ff\":512", "\"q\",\"v\",\"o\",\"down\"", 2, 64, 8, 0, 1,
+     4},
 };
+
+/* Case k's spec (nf4: with train.quantize_base nf4). 0 or -1. */
+static int lora_spec(const struct lora_case *k, int cuda, int nf4, struct loom_spec *s) {
+    char text[768];
+    snprintf(text, sizeof text,
+             "{\"model\":{\"family\":\"%s\",\"preset\":\"%s\",\"seq_len\":%d%s},"
+             "\"parallel\":{\"tp\":%d},"
+             "\"resources\":{\"device\":\"%s\"},\"train\":{\"micro_batch\":%d,"
+             "\"lora\":{\"rank\":%d,\"alpha\":16,\"dropout\":%g,\"targets\":[%s]}%s}}",
+             k->family, k->preset, k->T, k->sizes, k->tp > 1 ? k->tp : 1, cuda ? "cuda" : "cpu",
+             k->B, k->rank, k->dropout, k->targets, nf4 ? ",\"quantize_base\":\"nf4\"" : "");
+    struct loom_error err;
+    if (jobspec_parse_text(s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) == 0) return 0;
+    fprintf(stderr, "lora case %s %s: %s %s\n", k->family, k->preset, err.code, err.message);
+    return -1;
+}
+
+/* tp rank 0's params with an NF4 base (worker/nf4.c nf4_attach: its shards,
+ * the scratch and the rest) against the planner's. The adapters need the tp
+ * communicator (lora_new), which one process has not: the check is on the
+ * difference to the same spec over a plain frozen base, where the adapters'
+ * bytes cancel: planned(nf4) - planned(plain) = allocated(nf4) -
+ * allocated(plain), both allocations real engines. */
+static void nf4_tp_case(const struct lora_case *k, int cuda) {
+    struct loom_spec sq, sp;
+    struct planner_estimate eq, ep;
+    struct loom_error err;
+    if (lora_spec(k, cuda, 1, &sq) != 0 || lora_spec(k, cuda, 0, &sp) != 0) {
+        check_failures++;
+        return;
+    }
+    CHECK(planner_estimate(&sq, NULL, NULL, &eq, &err) == 0);
+    CHECK(planner_estimate(&sp, NULL, NULL, &ep, &err) == 0);
+    size_t got[2] = {0, 0};
+    for (int nf4 = 0; nf4 < 2; nf4++) {
+        struct engine_place p = {.rank = 0,
+                                 .world = k->tp,
+                                 .tp = k->tp,
+                                 .dp = 1,
+                                 .pp = 1,
+                                 .frozen = 1,
+                                 .windows_later = nf4};
+        struct backend *be = NULL;
+#ifdef LOOM_HAVE_CUDA
+        if (cuda) be = backend_cuda_new(0);
+#endif
+        if (!cuda) be = backend_cpu_new(1);
+        struct engine *e = be ? engine_new(nf4 ? &sq.model : &sp.model, &p, be) : NULL;
+        char qerr[256] = "";
+        int ok = e && (!nf4 || nf4_attach(e, qerr, sizeof qerr) == 0);
+        CHECK(ok, "nf4 tp case %s %s: %s", k->family, k->preset, qerr);
+        if (ok) got[nf4] = e->mem.params;
+        engine_free(e);
+    }
+    double want = (double)got[1] - (double)got[0], plan = eq.mem.params - ep.mem.params;
+    printf("%s lora nf4 tp%d rank 0 %-5s %-4s%s: params over plain %.0f/%.0f (real/estimate, "
+           "bytes; nf4 %zu plain %zu)\n",
+           cuda ? "cuda" : "cpu", k->tp, k->family, k->preset, k->sizes, want, plan, got[1],
+           got[0]);
+    CHECK(got[0] > 0 && got[1] > 0 && plan == want);
+}
 
 static int within(double est, double real, double tol) {
     if (real == 0) return est == 0;
@@ -180,13 +249,18 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof lora_cases / sizeof *lora_cases; i++) {
         const struct lora_case *k = &lora_cases[i];
+        if (k->tp > 1) {
+            nf4_tp_case(k, cuda);
+            continue;
+        }
         char text[768];
         snprintf(text, sizeof text,
-                 "{\"model\":{\"family\":\"%s\",\"preset\":\"%s\",\"seq_len\":%d},"
+                 "{\"model\":{\"family\":\"%s\",\"preset\":\"%s\",\"seq_len\":%d%s},"
+                 "\"parallel\":{\"tp\":%d},"
                  "\"resources\":{\"device\":\"%s\"},\"train\":{\"micro_batch\":%d,"
                  "\"lora\":{\"rank\":%d,\"alpha\":16,\"dropout\":%g,\"targets\":[%s]}%s}}",
-                 k->family, k->preset, k->T, cuda ? "cuda" : "cpu", k->B, k->rank, k->dropout,
-                 k->targets, k->nf4 ? ",\"quantize_base\":\"nf4\"" : "");
+                 k->family, k->preset, k->T, k->sizes, k->tp > 1 ? k->tp : 1, cuda ? "cuda" : "cpu",
+                 k->B, k->rank, k->dropout, k->targets, k->nf4 ? ",\"quantize_base\":\"nf4\"" : "");
         struct loom_spec s;
         struct loom_error err;
         if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0) {
@@ -196,8 +270,14 @@ int main(int argc, char **argv) {
         }
         struct planner_estimate est;
         CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
-        struct engine_place p = {
-            .rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = 1, .windows_later = k->nf4};
+        int tp = k->tp > 1 ? k->tp : 1;
+        struct engine_place p = {.rank = 0,
+                                 .world = tp,
+                                 .tp = tp,
+                                 .dp = 1,
+                                 .pp = 1,
+                                 .frozen = 1,
+                                 .windows_later = k->nf4};
         struct backend *be = NULL;
 #ifdef LOOM_HAVE_CUDA
         if (cuda) be = backend_cuda_new(0);
@@ -233,11 +313,12 @@ int main(int argc, char **argv) {
         int ok = est.mem.params == (double)r->params && est.mem.grads == (double)r->grads &&
                  est.mem.optimizer == (double)r->optimizer &&
                  within(est.mem.activations, (double)r->activations, 0.10);
-        printf("%s lora%s %-5s %-4s B=%d T=%3d r=%d dropout=%g: params %zu/%.0f grads %zu/%.0f "
-               "optimizer %zu/%.0f activations %zu/%.0f (real/estimate, bytes)\n",
-               cuda ? "cuda" : "cpu", k->nf4 ? " nf4" : "", k->family, k->preset, k->B, k->T,
-               k->rank, k->dropout, r->params, est.mem.params, r->grads, est.mem.grads,
-               r->optimizer, est.mem.optimizer, r->activations, est.mem.activations);
+        printf(
+            "%s lora%s tp%d %-5s %-4s B=%d T=%3d r=%d dropout=%g: params %zu/%.0f grads %zu/%.0f "
+            "optimizer %zu/%.0f activations %zu/%.0f (real/estimate, bytes)\n",
+            cuda ? "cuda" : "cpu", k->nf4 ? " nf4" : "", tp, k->family, k->preset, k->B, k->T,
+            k->rank, k->dropout, r->params, est.mem.params, r->grads, est.mem.grads, r->optimizer,
+            est.mem.optimizer, r->activations, est.mem.activations);
         CHECK(ok);
         lora_free(l);
         model_free(m);

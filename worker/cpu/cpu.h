@@ -129,5 +129,6 @@ void cpu_axpy_2d(void *ctx, void *dst, int ldd, const void *src, int lds, int ro
 void cpu_dropout(void *ctx, void *out, const void *inp, size_t n, float p, uint64_t seed);
 /* NF4 base weights (worker/cpu/cpu_nf4.c; struct backend nf4_dequant). */
 void cpu_nf4_dequant(void *ctx, void *out, const void *q, size_t n);
+void cpu_nf4_dequant_absmax(void *ctx, void *out, const void *q, size_t n);
 
 #endif

@@ -218,6 +218,7 @@ struct backend *backend_cpu_new_tuned(int threads, const struct cpu_tuning *t) {
         .axpy_2d = cpu_axpy_2d,
         .dropout = cpu_dropout,
         .nf4_dequant = cpu_nf4_dequant,
+        .nf4_dequant_absmax = cpu_nf4_dequant_absmax,
     };
     return b;
 }

@@ -7,3 +7,8 @@ void cpu_nf4_dequant(void *ctx, void *out, const void *q, size_t n) {
     (void)ctx;
     nf4_dequantize(q, n, out);
 }
+
+void cpu_nf4_dequant_absmax(void *ctx, void *out, const void *q, size_t n) {
+    (void)ctx;
+    nf4_dequantize_absmax(q, n, out);
+}

@@ -992,6 +992,11 @@ static void cu_nf4_dequant(void *ctx, void *out, const void *q, size_t n) {
     lk_nf4_dequant(out, q, n, !CX->nf4_scalar, ST);
 }
 
+static void cu_nf4_dequant_absmax(void *ctx, void *out, const void *q, size_t n) {
+    FLUSH(); /* as cu_nf4_dequant */
+    lk_nf4_dequant_absmax(out, q, n, !CX->nf4_scalar, ST);
+}
+
 static void cu_lora_gemm(void *ctx, int ta, int tb, int m, int n, int k, float alpha, const void *A,
                          int lda, const void *B, int ldb, float beta, void *C, int ldc) {
     FLUSH();
@@ -1302,6 +1307,7 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
         b->lora_drop_ws = cu_lora_drop_ws;
     }
     b->nf4_dequant = cu_nf4_dequant;
+    b->nf4_dequant_absmax = cu_nf4_dequant_absmax;
     return b;
 }
 

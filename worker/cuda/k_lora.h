@@ -46,6 +46,9 @@ void lk_lora_drop_bwd(uint16_t *dA, uint16_t *dx, int lddx, const uint16_t *dH, 
  * rounding to bf16. fast = 1: 8 weights a thread where n % 8 == 0 and out
  * is 16-byte aligned (the nf4-vec row), else one a thread. */
 void lk_nf4_dequant(void *out, const void *q, size_t n, int fast, lcuda_stream s);
+/* The same for an NF4 tp shard of the ABSMAX layout (nf4_format.h; one fp32
+ * absmax a block): as nf4_dequantize_absmax, one rounding to bf16. */
+void lk_nf4_dequant_absmax(void *out, const void *q, size_t n, int fast, lcuda_stream s);
 
 #ifdef __cplusplus
 }
