@@ -10,9 +10,9 @@
 
 #include <stddef.h>
 
-#define LORA_DROP_BM     32  /* rows per step of a block */
-#define LORA_DROP_CT     64  /* input columns per block */
-#define LORA_DROP_BLOCKS 512 /* the grid it aims for (column tiles x row chunks) */
+#define LORA_DROP_BM     32   /* rows per step of a block */
+#define LORA_DROP_CT     64   /* input columns per block */
+#define LORA_DROP_BLOCKS 1024 /* the grid it aims for: several waves of 2-3 blocks an SM */
 
 /* chunks of `rows` rows each covering N. */
 static inline void lora_drop_grid(int N, int in, int *chunks, int *rows) {
