@@ -8,6 +8,7 @@
  * Pure: no I/O, no globals written; any thread. */
 #include "api/planner.h"
 #include "common/buf.h"
+#include "worker/lora_drop.h"  /* the cuda dropout kernels' workspace (header only) */
 #include "worker/nf4_format.h" /* the NF4 buffer's size (header only) */
 
 #include <math.h>
@@ -370,6 +371,7 @@ struct lora_facts {
      * summed over tp through one packed buffer), and the widest whole input
      * of a row-parallel target (the dropout scratch that keeps tp = 1's masks) */
     double rep, rowin;
+    int ins[16], n_ins; /* each target's input width (this rank's share) */
 };
 
 /* (in, out) of each spec target, as lora.c places them: one tp rank's share
@@ -394,6 +396,8 @@ static void lora_facts_init(const struct loom_spec *s, int tp, struct lora_facts
                 int row = tab[k].out == 0; /* o, down, proj, fc2: the input is split */
                 double in = dim[tab[k].in] / (row ? tp : 1), out = dim[tab[k].out] / (row ? 1 : tp);
                 lf->arena += align64(r * in) + align64(out * r);
+                if (lf->n_ins < (int)(sizeof lf->ins / sizeof *lf->ins))
+                    lf->ins[lf->n_ins++] = (int)in;
                 lf->per_layer++;
                 if (tp > 1) lf->rep += row ? out * r : r * in;
                 if (tp > 1 && row && dim[tab[k].in] > lf->rowin) lf->rowin = dim[tab[k].in];
@@ -432,7 +436,19 @@ static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct
     m->grads = A * e + (zs >= 1 ? shard * e : 0) + layers * lf.rep * e;
     m->optimizer = shard * ((e < 4 ? 4 : 0) + 8) + 20; /* + the fp32 norm scalars (16 + 4) */
     double acts = (double)layers * lf.per_layer * N * r * e + N * lf.wmax * e + N * r * e;
-    if (s->train.lora.dropout > 0) acts += 2 * N * lf.imax * e + N * lf.rowin * e;
+    if (s->train.lora.dropout > 0 && x->cuda && r <= 64) {
+        /* cuda: the mask inside the x.A kernels (the lora-drop-fused row's
+         * default, BACKEND_LORA_DROP_RMAX), whose backward's workspace is
+         * the only scratch: the widest adapter's */
+        double ws = 0;
+        for (int i = 0; i < lf.n_ins; i++) {
+            double w = (double)lora_drop_ws_bytes((int)N, lf.ins[i], (int)r);
+            ws = w > ws ? w : ws;
+        }
+        acts += ws;
+    } else if (s->train.lora.dropout > 0) {
+        acts += 2 * N * lf.imax * e + N * lf.rowin * e;
+    }
     m->act_other += acts;
     m->activations += acts;
     m->comm = 0; /* adapters reduce in place (NCCL) or through the host all-reduce */

@@ -308,6 +308,27 @@ struct backend {
      * stride ldb; compute dtype, fp32 accumulation, one rounding. */
     void (*lora_gemm)(void *ctx, int ta, int tb, int m, int n, int k, float alpha, const void *A,
                       int lda, const void *B, int ldb, float beta, void *C, int ldc);
+    /* lora_drop_fwd / lora_drop_bwd / lora_drop_ws (optional, all three or
+     * none; NULL: lora.c masks a copy of the input with dropout first): the
+     * dropout of an adapter's input applied in registers, never written out.
+     * x [N, in] row stride ldx, A [r, in] and dA contiguous, r <=
+     * BACKEND_LORA_DROP_RMAX; element (n, c) of x is kept when
+     * lora_keep(seed, n * mld + moff + c, p) (worker/lora_mask.h: dropout's
+     * mask of the [N, mld] input x is columns moff .. moff + in of), and
+     * drop(x) = kept ? x / (1 - p) : 0.
+     * fwd: H[n*ldh + j] = alpha * sum_c drop(x)[n, c] A[j*in + c] (j < r); ws as
+     * below (the forward may sum K ranges through it).
+     * bwd: dA[j*in + c] += sum_n dH[n*ldh + j] drop(x)[n, c], and, dx not
+     * NULL, dx[n*lddx + c] += (kept ? 1 / (1 - p) : 0) sum_j dH[n*ldh + j]
+     * A[j*in + c]; ws: lora_drop_ws(ctx, N, in, r) bytes of backend memory.
+     * fp32 arithmetic, deterministic (a fixed summation order). */
+    void (*lora_drop_fwd)(void *ctx, void *H, int ldh, const void *x, int ldx, const void *A, int N,
+                          int in, int r, float alpha, float p, uint64_t seed, size_t mld,
+                          size_t moff, void *ws);
+    void (*lora_drop_bwd)(void *ctx, void *dA, void *dx, int lddx, const void *dH, int ldh,
+                          const void *x, int ldx, const void *A, int N, int in, int r, float p,
+                          uint64_t seed, size_t mld, size_t moff, void *ws);
+    size_t (*lora_drop_ws)(void *ctx, int N, int in, int r);
     /* nf4_dequant (optional; train.quantize_base "nf4", worker/nf4.h): out
      * [n] (compute dtype) = the n weights of q, one tensor in the format of
      * worker/nf4_format.h (backend memory): nf4_dequantize's fp32 values,
@@ -368,6 +389,9 @@ struct backend {
      * negative out of memory. */
     int (*fp8_freeze)(void *ctx, const void *W, int OC, int IC, int wgrad);
 };
+
+/* The largest adapter rank lora_drop_fwd / lora_drop_bwd take. */
+#define BACKEND_LORA_DROP_RMAX 64
 
 /* Pointer `elems` compute elements past `base` (device pointers are plain
  * addresses on every backend, so this is host arithmetic). */

@@ -117,6 +117,7 @@ struct lora {
     void *dax;           /* [N, r] scratch */
     void *xd, *yd;       /* [N, max site input] dropout scratch (NULL without dropout) */
     void *xf;            /* tp > 1 with dropout: [N, max whole row-parallel input] (drop) */
+    void *dws;           /* dropout in the x.A kernels (drop_fused): their backward's workspace */
     float *acc;          /* fp32 [1] device scalar for the norm */
     size_t bytes[4];     /* params, grads, optimizer, activations: what this holds */
     uint64_t seed;       /* train.seed */
@@ -180,7 +181,7 @@ void lora_free(struct lora *l) {
     struct engine *e = l->m->e;
     struct backend *b = e->be;
     void *bufs[] = {l->p,   l->g,  l->mom_m, l->mom_v, l->gsh, l->tmp,
-                    l->dax, l->xd, l->yd,    l->xf,    l->acc};
+                    l->dax, l->xd, l->yd,    l->xf,    l->acc, l->dws};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         b->free(b->ctx, bufs[i]);
     if (!l->master_aliased) b->free(b->ctx, l->master);
@@ -364,6 +365,8 @@ static void group_arena(struct lora *l) {
     l->total = off;
 }
 
+static int drop_fused(const struct lora *l);
+
 /* The optimizer state of [off, off + n) of the arena, master from p. */
 static int alloc_opt(struct lora *l, size_t off, size_t n) {
     struct backend *b = l->m->e->be;
@@ -514,7 +517,14 @@ struct lora *lora_new(struct model *m, const struct lora_opts *o, const char **c
     l->acc = lalloc(l, 2, sizeof(float));
     if (!l->p || !l->g || !l->tmp || !l->dax || !l->acc) goto oom;
     if (l->rep_n && !(l->rep = lalloc(l, 1, l->rep_n * es))) goto oom;
-    if (l->dropout > 0) {
+    if (l->dropout > 0 && drop_fused(l)) { /* no masked copies: the kernels' workspace */
+        size_t ws = 0;
+        for (int i = 0; i < l->n; i++) {
+            size_t w = b->lora_drop_ws(b->ctx, l->N, l->ad[i].in, l->r);
+            ws = w > ws ? w : ws;
+        }
+        if (!(l->dws = lalloc(l, 3, ws))) goto oom;
+    } else if (l->dropout > 0) {
         l->xd = lalloc(l, 3, N * imax * es);
         l->yd = lalloc(l, 3, N * imax * es);
         if (!l->xd || !l->yd) goto oom;
@@ -678,6 +688,45 @@ static int dropping(const struct lora *l) {
     return l->dropout > 0 && l->training;
 }
 
+/* Dropout applied inside the x.A kernels (backend lora_drop_fwd / _bwd, the
+ * lora-drop-fused row): no masked copy of the input is written. */
+static int drop_fused(const struct lora *l) {
+    const struct backend *b = l->m->e->be;
+    return b->lora_drop_fwd && b->lora_drop_bwd && b->lora_drop_ws &&
+           l->r <= BACKEND_LORA_DROP_RMAX;
+}
+
+/* The mask's index of element (n, c) of adapter a's input is n * mld +
+ * moff + c (drop's: a row-parallel slice at tp > 1 sits at its columns of
+ * the whole input). */
+static void drop_index(const struct lora *l, const struct lora_ad *a, size_t *mld, size_t *moff) {
+    int slice = a->ta.split == MODEL_SPLIT_ROW && l->tp > 1;
+    *mld = slice ? (size_t)a->in_full : (size_t)a->in;
+    *moff = slice ? (size_t)l->tp_idx * a->in : 0;
+}
+
+/* H [N, r] (row stride ldh) = alpha * dropout(x) A^T, the mask in the
+ * kernel. */
+static void drop_fwd(struct lora *l, const struct lora_ad *a, void *H, int ldh, const void *x,
+                     float alpha) {
+    struct backend *b = l->m->e->be;
+    size_t mld, moff;
+    drop_index(l, a, &mld, &moff);
+    b->lora_drop_fwd(b->ctx, H, ldh, x, a->in, backend_at(b, l->p, a->offA), l->N, a->in, l->r,
+                     alpha, (float)l->dropout, drop_seed(l, a), mld, moff, l->dws);
+}
+
+/* dA += dH^T dropout(x); dx (NULL: none) += mask o (dH A) / (1 - p). */
+static void drop_bwd(struct lora *l, const struct lora_ad *a, void *dx, const void *dH, int ldh,
+                     const void *x) {
+    struct backend *b = l->m->e->be;
+    size_t mld, moff;
+    drop_index(l, a, &mld, &moff);
+    b->lora_drop_bwd(b->ctx, backend_at(b, l->g, a->offA), dx, a->in, dH, ldh, x, a->in,
+                     backend_at(b, l->p, a->offA), l->N, a->in, l->r, (float)l->dropout,
+                     drop_seed(l, a), mld, moff, l->dws);
+}
+
 /* dst = dropout(src) [N, a->in] with the mask of tp = 1. A row-parallel
  * base's input is this rank's column slice of the whole [N, in_full] input,
  * and the mask is a function of the element's index in the whole input: the
@@ -733,6 +782,9 @@ static void fwd_fused(struct lora *l, int i0, int W, void *out, const void *inp)
     if (!dropping(l)) {
         b->lora_gemm(b->ctx, 0, 1, N, kr, in, (float)l->scale, inp, in,
                      backend_at(b, l->p, a0->offA), in, 0.0f, a0->u, kr);
+    } else if (drop_fused(l)) { /* each adapter's mask in its kernel: its columns of U */
+        for (int j = 0; j < a0->gk; j++)
+            drop_fwd(l, &a0[j], backend_at(b, a0->u, (size_t)j * r), kr, inp, (float)l->scale);
     } else { /* each adapter's masked input: its own columns of U */
         for (int j = 0; j < a0->gk; j++) {
             drop(l, &a0[j], l->xd, inp);
@@ -766,6 +818,11 @@ static void bwd_fused(struct lora *l, int i0, int W, void *dinp, const void *dou
         b->lora_gemm(b->ctx, 0, 0, N, r, a->out, (float)l->scale, G, W,
                      backend_at(b, l->p, a->offB), r, 0.0f, backend_at(b, l->tmp, (size_t)j * r),
                      kr);
+    }
+    if (dropping(l) && drop_fused(l)) { /* per adapter: dA and dinp in one masked pass */
+        for (int j = 0; j < a0->gk; j++)
+            drop_bwd(l, &a0[j], dinp, backend_at(b, l->tmp, (size_t)j * r), kr, inp);
+        return;
     }
     if (dropping(l)) { /* per adapter: its mask again on the input and its gradient */
         for (int j = 0; j < a0->gk; j++) {
@@ -801,13 +858,17 @@ void lora_fwd(struct lora *l, int layer, enum lora_site site, void *out, const v
         struct lora_ad *a = &l->ad[i];
         if (a->layer != layer || a->tg->site != site) continue;
         const void *x = inp;
-        if (dropping(l)) {
-            drop(l, a, l->xd, inp);
-            x = l->xd;
+        if (dropping(l) && drop_fused(l)) {
+            drop_fwd(l, a, a->u, r, inp, (float)l->scale);
+        } else {
+            if (dropping(l)) {
+                drop(l, a, l->xd, inp);
+                x = l->xd;
+            }
+            /* u = scale * A x, kept for the backward */
+            b->matmul_fwd(b->ctx, a->u, x, backend_at(b, l->p, a->offA), NULL, N, a->in, r);
+            b->scale(b->ctx, a->u, (size_t)N * r, (float)l->scale);
         }
-        /* u = scale * A x, kept for the backward */
-        b->matmul_fwd(b->ctx, a->u, x, backend_at(b, l->p, a->offA), NULL, N, a->in, r);
-        b->scale(b->ctx, a->u, (size_t)N * r, (float)l->scale);
         void *y = backend_at(b, out, (size_t)a->col);
         if (a->out == W && b->matmul_residual_fwd) { /* the whole width: add in the GEMM */
             b->matmul_residual_fwd(b->ctx, out, a->u, backend_at(b, l->p, a->offB), NULL, out, N, r,
@@ -849,6 +910,10 @@ void lora_bwd(struct lora *l, int layer, enum lora_site site, void *dinp, const 
         const void *A = backend_at(b, l->p, a->offA);
         if (!dropping(l)) {
             b->matmul_bwd(b->ctx, dinp, dA, NULL, l->dax, inp, A, N, a->in, r);
+            continue;
+        }
+        if (drop_fused(l)) { /* the mask in the kernel, on the input and its gradient */
+            drop_bwd(l, a, dinp, l->dax, r, inp);
             continue;
         }
         /* dropout: the forward's mask again, on the input and on its gradient */

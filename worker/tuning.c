@@ -44,6 +44,10 @@ const struct config_entry worker_tuning_rows[] = {
     {"lora-fused", CONFIG_BOOL | T, AT(cuda.lora_fused), "1", 0, 0,
      "CUDA LoRA: one x.A GEMM per projection group and (xA).B accumulated into the projection "
      "output by the GEMM (beta 1); 0 the per-adapter GEMMs with a separate add pass"},
+    {"lora-drop-fused", CONFIG_BOOL | T, AT(cuda.lora_drop_fused), "1", 0, 0,
+     "CUDA LoRA with dropout: the mask applied in registers by the adapter's x.A and backward "
+     "kernels (backend lora_drop_fwd / lora_drop_bwd); 0 a masked copy of the input, then "
+     "cuBLASLt"},
     {"nf4-vec", CONFIG_BOOL | T, AT(cuda.nf4_vec), "1", 0, 0,
      "CUDA QLoRA: dequantize NF4 weights 8 a thread with 16-byte stores; 0 one weight a thread"},
     {"nf4-fast", CONFIG_BOOL | T, AT(nf4.fast), "1", 0, 0,

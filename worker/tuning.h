@@ -38,6 +38,7 @@ struct cuda_tuning {
     int blas_tune;         /* blas-tune: GEMM algorithms chosen by timing */
     char *blas_algo_cache; /* blas-algo-cache: file of recorded GEMM choices; NULL: none */
     int lora_fused;        /* lora-fused: grouped, strided adapter GEMMs (backend lora_gemm) */
+    int lora_drop_fused;   /* lora-drop-fused: dropout applied inside the x.A kernels */
     int nf4_vec;           /* nf4-vec: NF4 dequantization 8 weights a thread */
     long xent_chunk_mib;   /* xent-chunk-mib: bf16 logits per classifier chunk; 0: 2 GiB */
     int fp8;               /* fp8: train.precision fp8 runs E4M3 GEMMs (0: bf16, for A/B) */

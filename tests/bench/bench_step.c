@@ -8,16 +8,17 @@
  * device memory, and a breakdown of GPU time per operation class measured
  * with CUDA events around every backend call over `profile` extra steps.
  * With --lora R the base is frozen (engine_place.frozen) and rank-R adapters
- * (alpha 32, dropout 0) sit on every projection, as llama_torch_bench.py
- * --lora does; the FLOP count is then the peer's LoRA one: 4 * N' + 12 * L *
- * C * T, N' the parameters less an untied input embedding (no weight
- * gradients of the base: its forward and dX only; the adapters' own FLOPs
- * are not counted). mem_gib is the peak of the engine's allocations plus the
- * backend workspaces (what torch.cuda.max_memory_allocated counts for the
- * peer); max_mem_gib the device's used memory (with the CUDA context).
+ * (alpha 32, dropout --lora-dropout P, default 0) sit on every projection, as
+ * llama_torch_bench.py --lora does; the FLOP count is then the peer's LoRA
+ * one: 4 * N' + 12 * L * C * T, N' the parameters less an untied input
+ * embedding (no weight gradients of the base: its forward and dX only; the
+ * adapters' own FLOPs are not counted). mem_gib is the peak of the engine's
+ * allocations plus the backend workspaces (what
+ * torch.cuda.max_memory_allocated counts for the peer); max_mem_gib the
+ * device's used memory (with the CUDA context).
  * Output: human lines on stderr, one "RESULT {json}" line on stdout.
  * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
- *        [--steps 30] [--warmup 8] [--profile 3] [--lora R] [--accum 1]
+ *        [--steps 30] [--warmup 8] [--profile 3] [--lora R] [--lora-dropout P] [--accum 1]
  *        [--recompute none|selective|full] [--quantize-base nf4]
  *        [--offload off|on|sync|delayed] [--offload-threads N]
  *        [--offload-pin register|alloc|off] [--precision bf16|fp8]
@@ -228,6 +229,16 @@ W0(lora_gemm, C_MATMUL,
    (void *x, int ta, int tb, int m, int n, int k, float al, const void *A, int lda, const void *B,
     int ldb, float be, void *C, int ldc),
    (x, ta, tb, m, n, k, al, A, lda, B, ldb, be, C, ldc))
+/* dropout inside the adapter's x.A kernels: charged to matmul, as the
+ * lora_gemm they replace */
+W0(lora_drop_fwd, C_MATMUL,
+   (void *x, void *H, int ldh, const void *in, int ldx, const void *A, int N, int IC, int r,
+    float al, float p, uint64_t s, size_t mld, size_t moff, void *ws),
+   (x, H, ldh, in, ldx, A, N, IC, r, al, p, s, mld, moff, ws))
+W0(lora_drop_bwd, C_MATMUL,
+   (void *x, void *dA, void *dx, int lddx, const void *dH, int ldh, const void *in, int ldx,
+    const void *A, int N, int IC, int r, float p, uint64_t s, size_t mld, size_t moff, void *ws),
+   (x, dA, dx, lddx, dH, ldh, in, ldx, A, N, IC, r, p, s, mld, moff, ws))
 /* NF4 dequantization of a block's weights (QLoRA): charged to elementwise */
 W0(nf4_dequant, C_ELEM, (void *x, void *o, const void *q, size_t n), (x, o, q, n))
 
@@ -246,6 +257,8 @@ static void prof_install(struct backend *b) {
     if (b->axpy_2d) SETW(axpy_2d);
     if (b->dropout) SETW(dropout);
     if (b->lora_gemm) SETW(lora_gemm);
+    if (b->lora_drop_fwd) SETW(lora_drop_fwd);
+    if (b->lora_drop_bwd) SETW(lora_drop_bwd);
     if (b->nf4_dequant) SETW(nf4_dequant);
     /* the Llama family's operations (before: untimed, and a matmul held
      * before them was charged to nothing) */
@@ -310,6 +323,7 @@ int main(int argc, char **argv) {
     const char *recompute = "none", *quant = "none", *precision = "bf16", *data = "random";
     int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0, ncu_step = -1;
     int accum = 1, offload_threads = 0;
+    double lora_dropout = 0; /* --lora-dropout: train.lora.dropout of the adapters */
     const char *offload = "off", *pin = "register";
     double t_start = clock_mono_msf();
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -329,6 +343,8 @@ int main(int argc, char **argv) {
             nprof = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--lora"))
             rank = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--lora-dropout"))
+            lora_dropout = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--recompute"))
             recompute = argv[i + 1];
         else if (!strcmp(argv[i], "--quantize-base"))
@@ -448,6 +464,7 @@ int main(int argc, char **argv) {
         int gpt2 = cfg.family == MODEL_GPT2;
         struct lora_opts lopt = {.rank = rank,
                                  .alpha = 32,
+                                 .dropout = lora_dropout,
                                  .targets = gpt2 ? tg_gpt2 : tg_llama,
                                  .n_targets = gpt2 ? 4 : 7,
                                  .seed = 42};

@@ -21,6 +21,16 @@
  *    weights in NF4, dequantized a block at a time) follows the cpu QLoRA
  *    curve, its loss falls, and its params bytes are the NF4 storage + the
  *    one-block scratch + the other tensors in bf16, below the bf16 base's;
+ *  - dropout in the x.A kernels (backend lora_drop_fwd / lora_drop_bwd, the
+ *    lora-drop-fused row): H = alpha dropout(x) A^T, dA += dH^T dropout(x)
+ *    and dx += mask o (dH A) / (1 - p) against a host fp64 reference with
+ *    the mask of worker/lora_mask.h (r 8 / 16 / 64, in 64 / 1000 / 2048 /
+ *    5632, x a column range of wider rows, a column slice's mask index, N not
+ *    a multiple of the row block, several row chunks; the tensor-core kernels
+ *    the backend uses and the CUDA-core ones); cells outside the
+ *    outputs untouched; two runs give the same bytes; the dropout-0.1 curve
+ *    with those kernels off (LOOM_LORA_DROP_FUSED=0, a masked copy of the
+ *    input) also follows the cpu curve and the kernels' curve;
  *  - memory: the frozen base holds no gradient, master or moments: a LoRA
  *    engine's grads + optimizer bytes are the adapters' alone, and full
  *    fine-tuning holds n_params * (2 + 12) bytes more.
@@ -28,10 +38,14 @@
  * is found. */
 #include <math.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_util.h"
+#include "worker/cuda/k_lora.h"
+#include "worker/lora_mask.h"
 #include "worker/lora.h"
 #include "worker/nf4.h"
 #include "worker/safetensors.h"
@@ -49,12 +63,14 @@
 static int fails;
 static int unfused;   /* 1: the cuda backend without lora_gemm (lora-fused off) */
 static int nf4_plain; /* 1: the one-weight-a-thread NF4 kernel (nf4-vec off) */
+static int drop_off;  /* 1: without lora_drop_fwd / _bwd (lora-drop-fused off) */
 
 static struct backend *cuda_backend(void) {
     struct worker_tuning t;
     if (worker_tuning_from_env(&t) != 0) return NULL;
     t.cuda.lora_fused = unfused ? 0 : t.cuda.lora_fused;
     t.cuda.nf4_vec = nf4_plain ? 0 : t.cuda.nf4_vec;
+    t.cuda.lora_drop_fused = drop_off ? 0 : t.cuda.lora_drop_fused;
     struct backend *b = backend_cuda_new_tuned(0, &t.cuda);
     worker_tuning_free(&t);
     return b;
@@ -329,6 +345,200 @@ static void test_gemm(void) {
 }
 
 static double curve_fused[2][STEPS]; /* the cuda curves of the fused path, dropout 0 / 0.1 */
+static double curve_drop[STEPS];     /* the fused path's dropout-0.1 curve, dropout kernels on */
+
+/* One shape of the dropout kernels' check. x is columns xoff .. xoff + in of
+ * rows of ldx; the mask index n * mld + moff + c. */
+struct drop_case {
+    int N, in, r, ldx, xoff, ldh;
+    size_t mld, moff;
+    float p;
+};
+
+static const struct drop_case drop_cases[] = {
+    {37, 64, 8, 72, 0, 8, 64, 0, 0.1f},
+    {100, 2048, 16, 3 * 2048, 2048, 48, 2048, 0, 0.1f},
+    {300, 5632, 64, 5632 + 64, 8, 64, 5632, 0, 0.25f},
+    {77, 1000, 16, 1000, 0, 16, 3000, 1000, 0.5f},
+    {1030, 2048, 16, 2048, 0, 16, 2048, 0, 0.1f},
+};
+
+/* Run the forward and backward of one case on the device; H, dA, dx (host
+ * bf16) hold the outputs' initial contents and receive the results. cores:
+ * 0 the backend's members (the tensor-core kernels), 1 the CUDA-core kernels
+ * of k_lora.cu called directly on the backend's stream. */
+static int drop_run(struct backend *gb, const struct drop_case *k, const uint16_t *x,
+                    const uint16_t *A, const uint16_t *dH, uint16_t *H, uint16_t *dA, uint16_t *dx,
+                    uint64_t seed, float alpha, int cores) {
+    size_t nx = (size_t)k->N * k->ldx, na = (size_t)k->r * k->in, nh = (size_t)k->N * k->ldh;
+    size_t ndx = (size_t)k->N * k->ldx, ws = gb->lora_drop_ws(gb->ctx, k->N, k->in, k->r);
+    void *dxp = gb->alloc(gb->ctx, nx * 2), *dap = gb->alloc(gb->ctx, na * 2),
+         *dhp = gb->alloc(gb->ctx, nh * 2), *hp = gb->alloc(gb->ctx, nh * 2),
+         *gap = gb->alloc(gb->ctx, na * 2), *gxp = gb->alloc(gb->ctx, ndx * 2),
+         *wsp = gb->alloc(gb->ctx, ws ? ws : 4);
+    int ok = dxp && dap && dhp && hp && gap && gxp && wsp;
+    if (ok) {
+        gb->upload(gb->ctx, dxp, x, nx * 2);
+        gb->upload(gb->ctx, dap, A, na * 2);
+        gb->upload(gb->ctx, dhp, dH, nh * 2);
+        gb->upload(gb->ctx, hp, H, nh * 2);
+        gb->upload(gb->ctx, gap, dA, na * 2);
+        gb->upload(gb->ctx, gxp, dx, ndx * 2);
+        const uint16_t *xs = (const uint16_t *)dxp + k->xoff;
+        /* dx: the same layout as x (a column range of wider rows) */
+        uint16_t *gx = (uint16_t *)gxp + k->xoff;
+        lcuda_stream st = (lcuda_stream)backend_cuda_stream(gb);
+        if (cores) {
+            lk_lora_drop_fwd(hp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, alpha, k->p, seed,
+                             k->mld, k->moff, wsp, 0, st);
+            lk_lora_drop_bwd(gap, gx, k->ldx, dhp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, k->p,
+                             seed, k->mld, k->moff, wsp, 0, st);
+        } else {
+            gb->lora_drop_fwd(gb->ctx, hp, k->ldh, xs, k->ldx, dap, k->N, k->in, k->r, alpha, k->p,
+                              seed, k->mld, k->moff, wsp);
+            gb->lora_drop_bwd(gb->ctx, gap, gx, k->ldx, dhp, k->ldh, xs, k->ldx, dap, k->N, k->in,
+                              k->r, k->p, seed, k->mld, k->moff, wsp);
+        }
+        gb->download(gb->ctx, H, hp, nh * 2);
+        gb->download(gb->ctx, dA, gap, na * 2);
+        gb->download(gb->ctx, dx, gxp, ndx * 2);
+    }
+    void *bufs[] = {dxp, dap, dhp, hp, gap, gxp, wsp};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) gb->free(gb->ctx, bufs[i]);
+    return ok ? 0 : -1;
+}
+
+static void test_drop_kernels(void) {
+    struct backend *gb = cuda_backend();
+    if (!gb || !gb->lora_drop_fwd || !gb->lora_drop_bwd || !gb->lora_drop_ws) {
+        result(0, "lora_drop_fwd / lora_drop_bwd / lora_drop_ws on the cuda backend", "%g, %g",
+               gb != NULL, gb && gb->lora_drop_fwd);
+        backend_free(gb);
+        return;
+    }
+    for (size_t cv = 0; cv < 2 * sizeof drop_cases / sizeof *drop_cases; cv++) {
+        size_t ci = cv / 2;
+        int cores = (int)(cv % 2);
+        const char *kind = cores ? "CUDA-core" : "tensor-core";
+        const struct drop_case *k = &drop_cases[ci];
+        int N = k->N, in = k->in, r = k->r;
+        size_t nx = (size_t)N * k->ldx, na = (size_t)r * in, nh = (size_t)N * k->ldh;
+        uint64_t seed = 0x5eed0000ull + ci * 7919;
+        float alpha = 1.75f, kk = 1.0f / (1.0f - k->p);
+        uint32_t thr = lora_drop_threshold(k->p);
+        uint16_t *x = malloc(nx * 2), *A = malloc(na * 2), *dH = malloc(nh * 2),
+                 *H0 = malloc(nh * 2), *dA0 = malloc(na * 2), *dx0 = malloc(nx * 2);
+        uint16_t *H[2] = {malloc(nh * 2), malloc(nh * 2)},
+                 *dA[2] = {malloc(na * 2), malloc(na * 2)},
+                 *dx[2] = {malloc(nx * 2), malloc(nx * 2)};
+        unsigned char *keep = malloc((size_t)N * in);
+        int ok = x && A && dH && H0 && dA0 && dx0 && H[0] && H[1] && dA[0] && dA[1] && dx[0] &&
+                 dx[1] && keep;
+        for (size_t i = 0; ok && i < nx; i++) {
+            x[i] = st_f32_to_bf16((float)sin((double)i * 0.0173 + 0.3) * 2.0f);
+            dx0[i] = st_f32_to_bf16((float)cos((double)i * 0.031) * 0.5f);
+        }
+        for (size_t i = 0; ok && i < na; i++) {
+            A[i] = st_f32_to_bf16((float)cos((double)i * 0.0571) * 0.1f);
+            dA0[i] = st_f32_to_bf16((float)sin((double)i * 0.013) * 0.25f);
+        }
+        for (size_t i = 0; ok && i < nh; i++) {
+            dH[i] = st_f32_to_bf16((float)sin((double)i * 0.291 + 1.0));
+            H0[i] = st_f32_to_bf16((float)(i % 5) - 2.0f);
+        }
+        for (int run = 0; ok && run < 2; run++) {
+            memcpy(H[run], H0, nh * 2);
+            memcpy(dA[run], dA0, na * 2);
+            memcpy(dx[run], dx0, nx * 2);
+            ok = drop_run(gb, k, x, A, dH, H[run], dA[run], dx[run], seed, alpha, cores) == 0;
+        }
+        size_t kept = 0;
+        for (int n = 0; ok && n < N; n++)
+            for (int c = 0; c < in; c++) {
+                keep[(size_t)n * in + c] =
+                    (unsigned char)lora_keep(seed, (uint64_t)n * k->mld + k->moff + c, thr);
+                kept += keep[(size_t)n * in + c];
+            }
+#define XV(n, c)   ((double)st_bf16_to_f32(x[(size_t)(n)*k->ldx + k->xoff + (c)]))
+#define DROP(n, c) (keep[(size_t)(n)*in + (c)] ? XV(n, c) * kk : 0.0)
+        double wf = 0, wa = 0, wx = 0;
+        size_t outside = 0;
+        for (int n = 0; ok && n < N; n++) /* forward */
+            for (int j = 0; j < k->ldh; j++) {
+                double got = st_bf16_to_f32(H[0][(size_t)n * k->ldh + j]);
+                if (j >= r) {
+                    outside += H[0][(size_t)n * k->ldh + j] != H0[(size_t)n * k->ldh + j];
+                    continue;
+                }
+                double acc = 0, mag = 0;
+                for (int c = 0; c < in; c++) {
+                    double v = DROP(n, c) * st_bf16_to_f32(A[(size_t)j * in + c]);
+                    acc += v;
+                    mag += fabs(v);
+                }
+                double d = fabs(got - alpha * acc) / (alpha * mag / 128 + 1e-6);
+                wf = d > wf ? d : wf;
+            }
+        for (int j = 0; ok && j < r; j++) /* dA */
+            for (int c = 0; c < in; c++) {
+                double old = st_bf16_to_f32(dA0[(size_t)j * in + c]), acc = 0, mag = 0;
+                for (int n = 0; n < N; n++) {
+                    double v = st_bf16_to_f32(dH[(size_t)n * k->ldh + j]) * DROP(n, c);
+                    acc += v;
+                    mag += fabs(v);
+                }
+                double got = st_bf16_to_f32(dA[0][(size_t)j * in + c]);
+                double d = fabs(got - (old + acc)) / ((mag + fabs(old)) / 128 + 1e-6);
+                wa = d > wa ? d : wa;
+            }
+        for (int n = 0; ok && n < N; n++) /* dx */
+            for (int c = 0; c < k->ldx; c++) {
+                size_t at = (size_t)n * k->ldx + c;
+                int cc = c - k->xoff;
+                if (cc < 0 || cc >= in) {
+                    outside += dx[0][at] != dx0[at];
+                    continue;
+                }
+                double old = st_bf16_to_f32(dx0[at]), acc = 0, mag = 0;
+                for (int j = 0; j < r; j++) {
+                    double v = (double)st_bf16_to_f32(dH[(size_t)n * k->ldh + j]) *
+                               st_bf16_to_f32(A[(size_t)j * in + cc]);
+                    acc += v;
+                    mag += fabs(v);
+                }
+                double want = old + (keep[(size_t)n * in + cc] ? kk * acc : 0);
+                double tol = (kk * mag + fabs(old)) / 128 + 1e-6;
+                double d = fabs(st_bf16_to_f32(dx[0][at]) - want) / tol;
+                wx = d > wx ? d : wx;
+            }
+#undef XV
+#undef DROP
+        double frac = ok ? (double)kept / ((double)N * in) : 0;
+        int same = ok && !memcmp(H[0], H[1], nh * 2) && !memcmp(dA[0], dA[1], na * 2) &&
+                   !memcmp(dx[0], dx[1], nx * 2);
+        char what[200];
+        snprintf(what, sizeof what,
+                 "%s dropout kernels N=%d in=%d r=%d ldx=%d mask at n*%zu+%zu p=%.2f: forward vs "
+                 "host fp64 (worst error / tolerance, kept fraction)",
+                 kind, N, in, r, k->ldx, k->mld, k->moff, (double)k->p);
+        result(ok && wf <= 1.0 && fabs(frac - (1.0 - k->p)) < 0.05, what, "%.3g, %.3f", wf, frac);
+        snprintf(what, sizeof what,
+                 "%s dropout kernels N=%d in=%d r=%d: dA and dx vs host fp64 (worst error / "
+                 "tolerance)",
+                 kind, N, in, r);
+        result(ok && wa <= 1.0 && wx <= 1.0, what, "%.3g, %.3g", wa, wx);
+        snprintf(what, sizeof what,
+                 "%s dropout kernels N=%d in=%d r=%d: cells outside the outputs untouched, two "
+                 "runs give the same bytes (changed cells, same)",
+                 kind, N, in, r);
+        result(ok && outside == 0 && same, what, "%g, %g", (double)outside, same);
+        free(x), free(A), free(dH), free(H0), free(dA0), free(dx0), free(keep);
+        for (int i = 0; i < 2; i++)
+            free(H[i]), free(dA[i]), free(dx[i]);
+    }
+    backend_free(gb);
+}
 
 static void test_curve(double p) {
     double lc[STEPS], lg[STEPS];
@@ -343,9 +553,25 @@ static void test_curve(double p) {
         mean += d / STEPS;
     }
     if (ok)
-        printf("%s path, dropout %.2f: cpu %.5f -> %.5f, cuda %.5f -> %.5f\n",
-               unfused ? "per-adapter" : "fused", p, lc[0], lc[STEPS - 1], lg[0], lg[STEPS - 1]);
-    const char *path = unfused ? "per-adapter path" : "fused path";
+        printf("%s path%s, dropout %.2f: cpu %.5f -> %.5f, cuda %.5f -> %.5f\n",
+               unfused ? "per-adapter" : "fused", drop_off ? " (dropout kernels off)" : "", p,
+               lc[0], lc[STEPS - 1], lg[0], lg[STEPS - 1]);
+    const char *path =
+        unfused ? (drop_off ? "per-adapter path, dropout kernels off" : "per-adapter path")
+                : (drop_off ? "fused path, dropout kernels off" : "fused path");
+    if (ok && p > 0 && !unfused && !drop_off) memcpy(curve_drop, lg, sizeof lg);
+    if (ok && p > 0 && drop_off) { /* a masked copy, then cuBLASLt: the kernels' curve */
+        double w3 = 0;
+        for (int i = 0; i < STEPS; i++) {
+            double d = fabs(lg[i] - curve_drop[i]) / fabs(lg[i]);
+            w3 = d > w3 ? d : w3;
+        }
+        snprintf(what, sizeof what,
+                 "LoRA curve cuda, %s vs the dropout kernels' (fused path), dropout %.2f (worst "
+                 "relative)",
+                 path, p);
+        result(w3 <= TOL_STEP, what, "%.3g, %g", w3, TOL_STEP);
+    }
     if (ok && !unfused) memcpy(curve_fused[p > 0], lg, sizeof lg);
     if (ok && unfused) { /* the two cuda paths: the same curve within bf16 */
         double w2 = 0;
@@ -485,6 +711,64 @@ static void test_qlora(void) {
     run_free(&rb);
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Timings (no pass / fail: the numbers docs/perf.md quotes come from the
+ * bench): the dropout kernels on the 1B shape's adapter inputs ([8192,
+ * 2048] and [8192, 8192], rank 16), tensor-core and CUDA-core, beside the
+ * elementwise dropout pass of the copy path over the same input. */
+static void time_drop_kernels(void) {
+    struct backend *gb = cuda_backend();
+    static const int ins[] = {2048, 8192};
+    enum { N = 8192, R = 16, REP = 10 };
+    for (size_t ii = 0; gb && gb->lora_drop_fwd && ii < 2; ii++) {
+        int in = ins[ii];
+        size_t nx = (size_t)N * in, ws = gb->lora_drop_ws(gb->ctx, N, in, R);
+        void *x = gb->alloc(gb->ctx, nx * 2), *dx = gb->alloc(gb->ctx, nx * 2),
+             *y = gb->alloc(gb->ctx, nx * 2), *A = gb->alloc(gb->ctx, (size_t)R * in * 2),
+             *dA = gb->alloc(gb->ctx, (size_t)R * in * 2),
+             *H = gb->alloc(gb->ctx, (size_t)N * R * 2), *w = gb->alloc(gb->ctx, ws);
+        if (!x || !dx || !y || !A || !dA || !H || !w) break;
+        gb->zero(gb->ctx, x, nx * 2), gb->zero(gb->ctx, dx, nx * 2);
+        gb->zero(gb->ctx, A, (size_t)R * in * 2), gb->zero(gb->ctx, dA, (size_t)R * in * 2);
+        gb->zero(gb->ctx, H, (size_t)N * R * 2);
+        lcuda_stream st = (lcuda_stream)backend_cuda_stream(gb);
+        double t[5];
+        for (int v = 0; v < 5; v++) {
+            for (int rep = 0; rep <= REP; rep++) {
+                if (rep == 1) { /* the first call warms up */
+                    gb->sync(gb->ctx);
+                    t[v] = now_ms();
+                }
+                if (v == 0)
+                    lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, w, 1, st);
+                if (v == 1)
+                    lk_lora_drop_bwd(dA, dx, in, H, R, x, in, A, N, in, R, 0.1f, 7, in, 0, w, 1,
+                                     st);
+                if (v == 2)
+                    lk_lora_drop_fwd(H, R, x, in, A, N, in, R, 1.0f, 0.1f, 7, in, 0, w, 0, st);
+                if (v == 3)
+                    lk_lora_drop_bwd(dA, dx, in, H, R, x, in, A, N, in, R, 0.1f, 7, in, 0, w, 0,
+                                     st);
+                if (v == 4) gb->dropout(gb->ctx, y, x, nx, 0.1f, 7);
+            }
+            gb->sync(gb->ctx);
+            t[v] = (now_ms() - t[v]) / REP;
+        }
+        printf("TIME dropout kernels [%d, %d] r=%d (ms a call): tensor-core fwd %.4f bwd %.4f, "
+               "CUDA-core fwd %.4f bwd %.4f; the copy path's dropout pass %.4f\n",
+               N, in, R, t[0], t[1], t[2], t[3], t[4]);
+        void *bufs[] = {x, dx, y, A, dA, H, w};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            gb->free(gb->ctx, bufs[i]);
+    }
+    backend_free(gb);
+}
+
 int main(void) {
     int rc = lcuda_probe();
     if (rc) return rc;
@@ -496,6 +780,14 @@ int main(void) {
     test_curve(0.0);
     test_curve(0.1);
     unfused = 0;
+    test_drop_kernels();
+    time_drop_kernels();
+    drop_off = 1; /* dropout 0.1 with a masked copy of the input, both paths */
+    test_curve(0.1);
+    unfused = 1;
+    test_curve(0.1);
+    unfused = 0;
+    drop_off = 0;
     test_nf4_kernel();
     test_qlora();
     printf("%s\n", fails ? "FAILED" : "all passed");

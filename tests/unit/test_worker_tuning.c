@@ -36,6 +36,7 @@ static void test_defaults(void) {
     check(t.cuda.attn_cudnn_gqa == 1, "attn-cudnn-gqa on");
     check(t.cuda.blas_tune == 0 && t.cuda.blas_algo_cache == NULL, "blas off");
     check(t.cuda.xent_chunk_mib == 0, "xent-chunk-mib 0");
+    check(t.cuda.lora_drop_fused == 1, "lora-drop-fused on");
     check(t.comm.timeout_ms == 0 && t.comm.backend == NULL, "comm defaults");
     check(t.comm.dp_pair == 1 && t.comm.dp_emb_exchange == 1 && t.comm.tp_stream == 1,
           "pair, exchange, tp stream on");
@@ -79,6 +80,9 @@ static int timeout_4000(const struct worker_tuning *t) {
 static int tp_stream_off(const struct worker_tuning *t) {
     return t->comm.tp_stream == 0;
 }
+static int lora_drop_off(const struct worker_tuning *t) {
+    return t->cuda.lora_drop_fused == 0;
+}
 static int xent_full(const struct worker_tuning *t) {
     return t->cuda.xent_chunk_mib == 512;
 }
@@ -94,6 +98,8 @@ static const struct env_case env_cases[] = {
     {"LOOM_COMM_TIMEOUT_MS", "4000", 1, timeout_4000},
     {"LOOM_TP_STREAM", "0", 1, tp_stream_off},
     {"LOOM_XENT_CHUNK_MIB", "512", 1, xent_full},
+    {"LOOM_LORA_DROP_FUSED", "0", 1, lora_drop_off},
+    {"LOOM_LORA_DROP_FUSED", "sometimes", 0, NULL},
     {"LOOM_XENT_CHUNK_MIB", "4096", 0, NULL}, /* past the 2 GiB cap */
     {"LOOM_PAIR_CHUNK_KIB", "abc", 0, NULL},
     {"LOOM_PAIR_CHUNK_KIB", "0", 0, NULL}, /* below the row's minimum */

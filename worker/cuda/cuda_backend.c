@@ -1168,6 +1168,25 @@ static void cu_dropout(void *ctx, void *out, const void *inp, size_t n, float p,
     lk_lora_dropout(out, inp, n, p, seed, ST);
 }
 
+static void cu_lora_drop_fwd(void *ctx, void *H, int ldh, const void *x, int ldx, const void *A,
+                             int N, int in, int r, float alpha, float p, uint64_t seed, size_t mld,
+                             size_t moff, void *ws) {
+    FLUSH();
+    lk_lora_drop_fwd(H, ldh, x, ldx, A, N, in, r, alpha, p, seed, mld, moff, ws, 1, ST);
+}
+
+static void cu_lora_drop_bwd(void *ctx, void *dA, void *dx, int lddx, const void *dH, int ldh,
+                             const void *x, int ldx, const void *A, int N, int in, int r, float p,
+                             uint64_t seed, size_t mld, size_t moff, void *ws) {
+    FLUSH();
+    lk_lora_drop_bwd(dA, dx, lddx, dH, ldh, x, ldx, A, N, in, r, p, seed, mld, moff, ws, 1, ST);
+}
+
+static size_t cu_lora_drop_ws(void *ctx, int N, int in, int r) {
+    (void)ctx;
+    return lk_lora_drop_ws_bytes(N, in, r);
+}
+
 static void cu_nf4_dequant(void *ctx, void *out, const void *q, size_t n) {
     FLUSH(); /* a held GEMM may still read the scratch this overwrites */
     lk_nf4_dequant(out, q, n, !CX->nf4_scalar, ST);
@@ -1483,6 +1502,12 @@ struct backend *backend_cuda_new_tuned(int device, const struct cuda_tuning *t) 
     b->dropout = cu_dropout;
     /* the lora-fused row off: lora.c's per-adapter path */
     if (!t || t->lora_fused) b->lora_gemm = cu_lora_gemm;
+    /* the lora-drop-fused row off: a masked copy of the input, then cuBLASLt */
+    if (!t || t->lora_drop_fused) {
+        b->lora_drop_fwd = cu_lora_drop_fwd;
+        b->lora_drop_bwd = cu_lora_drop_bwd;
+        b->lora_drop_ws = cu_lora_drop_ws;
+    }
     b->nf4_dequant = cu_nf4_dequant;
     b->nf4_dequant_absmax = cu_nf4_dequant_absmax;
     b->fp8_freeze = cu_fp8_freeze;
