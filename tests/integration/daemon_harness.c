@@ -150,6 +150,11 @@ int hreq(const char *url, const char *method, const char *path, const char *toke
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
+    /* A body over 1 MiB goes with "Expect: 100-continue": wait for the server's
+     * interim or final answer however loaded the machine is (curl's default is
+     * 1 s, after which it sends the body anyway; a server that has already
+     * refused it, 413, then closes the connection under the client's writes). */
+    curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 30000L);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
