@@ -80,8 +80,10 @@ struct http_conn {
     char method_copy[16];
     char *buf;
     size_t len, cap;
-    int too_large;
-    int replied; /* a response was queued */
+    int too_large;     /* over max_body: what arrives is dropped, then 413 */
+    long long claimed; /* Content-Length of a refused body, -1 when unknown */
+    long long dropped; /* bytes of it read and dropped */
+    int replied;       /* a response was queued */
     int status;
     struct MHD_Response *resp;
     char object_id[64]; /* "id" of a 2xx JSON reply (audit) */
@@ -657,6 +659,23 @@ static int has_body(struct MHD_Connection *mc) {
 
 /* First call: route, auth, content checks. Returns 0 to continue, -1 when a
  * reply has been prepared. */
+/* How much of a refused body is read and dropped before the 413: enough for
+ * a client that sends without waiting to see the answer, bounded so that a
+ * claimed or streamed giant costs the server little. */
+static long long drain_cap(const struct http_server *s) {
+    long long cap = 4LL * s->max_body;
+    return cap < (16LL << 20) ? (16LL << 20) : cap;
+}
+
+static void refuse_too_large(struct http_conn *c) {
+    if (c->claimed >= 0)
+        http_error(&c->req, 413, "PAYLOAD_TOO_LARGE",
+                   "body of %lld bytes is over the %ld byte limit", c->claimed, c->srv->max_body);
+    else
+        http_error(&c->req, 413, "PAYLOAD_TOO_LARGE", "body is over the %ld byte limit",
+                   c->srv->max_body);
+}
+
 static int begin_request(struct http_conn *c, const char *url, const char *method) {
     struct http_req *req = &c->req;
     c->route_idx = http_routes_count;
@@ -703,22 +722,35 @@ static int begin_request(struct http_conn *c, const char *url, const char *metho
     }
     const char *cl =
         MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    c->claimed = -1;
     if (cl && strtoll(cl, NULL, 10) > c->srv->max_body) {
-        http_error(req, 413, "PAYLOAD_TOO_LARGE", "body of %s bytes is over the %ld byte limit", cl,
-                   c->srv->max_body);
-        return -1;
+        c->too_large = 1;
+        c->claimed = strtoll(cl, NULL, 10);
+        /* A client that waits for "100 Continue" has sent nothing yet: refuse
+         * now. One that is already sending gets its body read and dropped
+         * first, up to drain_cap: answering early makes libmicrohttpd stop
+         * reading and close with the rest unread, the kernel then resets the
+         * connection, and the reset can reach the client before the 413. */
+        const char *expect =
+            MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if ((expect && strcasecmp(expect, "100-continue") == 0) || c->claimed > drain_cap(c->srv))
+            return refuse_too_large(c), -1;
     }
     return 0;
 }
 
+/* Returns 1 when a refused body has passed drain_cap: answer now. */
 static int append_body(struct http_conn *c, const char *data, size_t n) {
-    if (c->too_large) return 0;
-    if (c->len + n > (size_t)c->srv->max_body) {
+    if (!c->too_large && c->len + n > (size_t)c->srv->max_body) {
         c->too_large = 1;
+        c->dropped = (long long)c->len;
         free(c->buf);
         c->buf = NULL;
         c->len = c->cap = 0;
-        return 0;
+    }
+    if (c->too_large) {
+        c->dropped += (long long)n;
+        return c->dropped > drain_cap(c->srv);
     }
     if (buf_grow_array(&c->buf, &c->cap, c->len + n + 1, 1, 4096) != 0) return -1;
     memcpy(c->buf + c->len, data, n);
@@ -731,8 +763,7 @@ static int append_body(struct http_conn *c, const char *data, size_t n) {
 static void run_handler(struct http_conn *c) {
     struct http_req *req = &c->req;
     if (c->too_large) {
-        http_error(req, 413, "PAYLOAD_TOO_LARGE", "body is over the %ld byte limit",
-                   c->srv->max_body);
+        refuse_too_large(c);
         return;
     }
     req->body = c->len ? c->buf : NULL;
@@ -839,8 +870,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (append_body(c, upload_data, *upload_data_size) != 0) return MHD_NO;
+        int r = append_body(c, upload_data, *upload_data_size);
+        if (r < 0) return MHD_NO;
         *upload_data_size = 0;
+        if (r > 0) {
+            refuse_too_large(c);
+            return queue(c);
+        }
         return MHD_YES;
     }
     run_handler(c);

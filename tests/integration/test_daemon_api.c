@@ -5,10 +5,17 @@
  * bodies each answered with its code while the store stays unchanged, the
  * fine-tuning contract's fields (stored, job references checked per tenant,
  * bad values coded), and a graceful SIGTERM. Usage: test_daemon_api LOOMD_BINARY */
+#define _GNU_SOURCE /* strcasestr */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -730,6 +737,111 @@ static void test_hostile(void) {
     printf("hostile bodies: %zu cases\n", n);
 }
 
+/* A raw connection to loomd, for what curl cannot be made to do. */
+static int raw_connect(void) {
+    const char *colon = strrchr(url, ':');
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Reads until the reply's head and its Content-Length body are in, the peer
+ * closes, or 20 s pass. Returns the bytes read. */
+static size_t raw_read_reply(int fd, char *out, size_t cap) {
+    size_t n = 0;
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (n + 1 >= cap || poll(&pf, 1, 20000) <= 0) break;
+        ssize_t k = recv(fd, out + n, cap - 1 - n, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+        out[n] = 0;
+        const char *end = strstr(out, "\r\n\r\n");
+        const char *cl = strcasestr(out, "\r\nContent-Length:");
+        if (end && cl && cl < end && n >= (size_t)(end + 4 - out) + strtoul(cl + 17, NULL, 10))
+            break;
+    }
+    out[n] = 0;
+    return n;
+}
+
+/* Bodies over --max-body (1 MiB here) are refused with 413 in each way a
+ * client can send them. */
+static void test_refused_bodies(void) {
+    char head[1024], reply[8192];
+    /* Expect: 100-continue with a 10 MB Content-Length: the 413 comes at
+     * once, before any body byte is sent, and no "100 Continue" precedes it. */
+    int fd = raw_connect();
+    CHECK(fd >= 0);
+    int k = snprintf(head, sizeof head,
+                     "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 10485760\r\n"
+                     "Expect: 100-continue\r\n\r\n",
+                     token_a);
+    CHECK(send(fd, head, (size_t)k, MSG_NOSIGNAL) == k);
+    raw_read_reply(fd, reply, sizeof reply);
+    CHECK(strncmp(reply, "HTTP/1.1 413", 12) == 0);
+    CHECK(strstr(reply, "PAYLOAD_TOO_LARGE") && strstr(reply, "body of 10485760 bytes"));
+    close(fd);
+    /* A claimed 1 GB without Expect and nothing sent: past what loomd reads
+     * and drops, so it answers at once too. */
+    fd = raw_connect();
+    CHECK(fd >= 0);
+    k = snprintf(head, sizeof head,
+                 "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                 "Content-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n",
+                 token_a);
+    CHECK(send(fd, head, (size_t)k, MSG_NOSIGNAL) == k);
+    raw_read_reply(fd, reply, sizeof reply);
+    CHECK(strncmp(reply, "HTTP/1.1 413", 12) == 0);
+    CHECK(strstr(reply, "body of 1073741824 bytes"));
+    close(fd);
+    /* A chunked body that never ends: loomd stops reading it (some tens of
+     * MiB at most, with the kernel's buffers) rather than drop it forever. */
+    fd = raw_connect();
+    CHECK(fd >= 0);
+    k = snprintf(head, sizeof head,
+                 "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+                 token_a);
+    CHECK(send(fd, head, (size_t)k, MSG_NOSIGNAL) == k);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    static char chunk[65536 + 16];
+    int hl = snprintf(chunk, sizeof chunk, "%x\r\n", 65536);
+    memset(chunk + hl, ' ', 65536);
+    memcpy(chunk + hl + 65536, "\r\n", 2);
+    size_t clen = (size_t)hl + 65536 + 2, sent = 0, limit = 256u << 20;
+    while (sent < limit) {
+        ssize_t w = send(fd, chunk, clen, MSG_NOSIGNAL);
+        if (w > 0) {
+            sent += (size_t)w;
+            if ((size_t)w < clen) { /* keep chunks whole: finish this one */
+                size_t left = clen - (size_t)w;
+                while (left) {
+                    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+                    if (poll(&pf, 1, 20000) <= 0) goto stopped;
+                    ssize_t w2 = send(fd, chunk + (clen - left), left, MSG_NOSIGNAL);
+                    if (w2 < 0 && errno != EAGAIN) goto stopped;
+                    if (w2 > 0) left -= (size_t)w2, sent += (size_t)w2;
+                }
+            }
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN) break; /* reset: loomd answered and closed */
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (poll(&pf, 1, 20000) <= 0) break; /* loomd stopped reading */
+    }
+stopped:
+    if (sent >= limit) fprintf(stderr, "chunked flood: loomd read all %zu bytes\n", sent);
+    CHECK(sent < limit);
+    close(fd);
+}
+
 static void test_metrics(void) {
     struct hresp r;
     hreq(url, "GET", "/metrics", NULL, NULL, NULL, 0, NULL, &r);
@@ -815,6 +927,7 @@ int main(int argc, char **argv) {
     test_tenant_update();
     test_finetune_fields();
     test_hostile();
+    test_refused_bodies();
     test_metrics();
     test_rate_limit(bin);
     /* graceful stop: exit 0, and the admin token file was not written (env) */
