@@ -657,8 +657,6 @@ static int has_body(struct MHD_Connection *mc) {
     return te != NULL;
 }
 
-/* First call: route, auth, content checks. Returns 0 to continue, -1 when a
- * reply has been prepared. */
 /* How much of a refused body is read and dropped before the 413: enough for
  * a client that sends without waiting to see the answer, bounded so that a
  * claimed or streamed giant costs the server little. */
@@ -676,6 +674,8 @@ static void refuse_too_large(struct http_conn *c) {
                    c->srv->max_body);
 }
 
+/* First call: route, auth, content checks. Returns 0 to continue, -1 when a
+ * reply has been prepared. */
 static int begin_request(struct http_conn *c, const char *url, const char *method) {
     struct http_req *req = &c->req;
     c->route_idx = http_routes_count;

@@ -144,17 +144,13 @@ int hreq(const char *url, const char *method, const char *path, const char *toke
         hd = curl_slist_append(hd, ct);
     }
     if (extra_header) hd = curl_slist_append(hd, extra_header);
+    /* no "Expect: 100-continue": bodies go with the head, as from most clients */
     hd = curl_slist_append(hd, "Expect:");
     curl_easy_setopt(h, CURLOPT_URL, full);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
-    /* A body over 1 MiB goes with "Expect: 100-continue": wait for the server's
-     * interim or final answer however loaded the machine is (curl's default is
-     * 1 s, after which it sends the body anyway; a server that has already
-     * refused it, 413, then closes the connection under the client's writes). */
-    curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 30000L);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
