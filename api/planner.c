@@ -413,8 +413,8 @@ static void lora_facts_init(const struct loom_spec *s, int tp, struct lora_facts
  * moments; in NF4 with train.quantize_base, plus one block dequantized to
  * the compute dtype at a time), the adapters with values, gradients, an fp32
  * master (aliasing the values on fp32) and moments, sharded over dp with
- * ZeRO 1-2, their saved products (N x r per adapter) and scratch. As
- * lora_new and engine_place.frozen allocate. */
+ * ZeRO 1-2, their saved products (N x r per adapter, per micro-batch in
+ * flight) and scratch. As lora_new and engine_place.frozen allocate. */
 static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct lay *L, int layers,
                      double P, double N, struct planner_mem *m) {
     const struct loom_spec *s = x->s;
@@ -435,7 +435,10 @@ static void lora_mem(const struct ctx *x, const struct tp_facts *f, const struct
     m->params = base + A * e;
     m->grads = A * e + (zs >= 1 ? shard * e : 0) + layers * lf.rep * e;
     m->optimizer = shard * ((e < 4 ? 4 : 0) + 8) + 20; /* + the fp32 norm scalars (16 + 4) */
-    double acts = (double)layers * lf.per_layer * N * r * e + N * lf.wmax * e + N * r * e;
+    /* the saved products per micro-batch in flight (worker/pp.c: a set per
+     * slot, lora_reserve_slots), the scratch once */
+    double acts =
+        (double)m->inflight * layers * lf.per_layer * N * r * e + N * lf.wmax * e + N * r * e;
     if (s->train.lora.dropout > 0 && x->cuda && r <= 64) {
         /* cuda: the mask inside the x.A kernels (the lora-drop-fused row's
          * default, BACKEND_LORA_DROP_RMAX), whose backward's workspace is
