@@ -77,6 +77,14 @@ static int lora_spec(const struct lora_case *k, int cuda, int nf4, struct loom_s
     return -1;
 }
 
+/* The backend a case runs on: cuda (bf16) or cpu (one thread). */
+static struct backend *new_backend(int cuda) {
+#ifdef LOOM_HAVE_CUDA
+    if (cuda) return backend_cuda_new(0);
+#endif
+    return cuda ? NULL : backend_cpu_new(1);
+}
+
 /* tp rank 0's params with an NF4 base (worker/nf4.c nf4_attach: its shards,
  * the scratch and the rest) against the planner's. The adapters need the tp
  * communicator (lora_new), which one process has not: the check is on the
@@ -102,11 +110,7 @@ static void nf4_tp_case(const struct lora_case *k, int cuda) {
                                  .pp = 1,
                                  .frozen = 1,
                                  .windows_later = nf4};
-        struct backend *be = NULL;
-#ifdef LOOM_HAVE_CUDA
-        if (cuda) be = backend_cuda_new(0);
-#endif
-        if (!cuda) be = backend_cpu_new(1);
+        struct backend *be = new_backend(cuda);
         struct engine *e = be ? engine_new(nf4 ? &sq.model : &sp.model, &p, be) : NULL;
         char qerr[256] = "";
         int ok = e && (!nf4 || nf4_attach(e, qerr, sizeof qerr) == 0);
@@ -155,11 +159,7 @@ static void lora_pp_case(int cuda) {
     CHECK(st == 0 && slots == 2, "lora pp case: worst stage %d with %d in flight", st, slots);
     struct engine_place p = {
         .rank = st, .world = 2, .tp = 1, .dp = 1, .pp = 2, .frozen = 1, .windows_later = 1};
-    struct backend *be = NULL;
-#ifdef LOOM_HAVE_CUDA
-    if (cuda) be = backend_cuda_new(0);
-#endif
-    if (!cuda) be = backend_cpu_new(1);
+    struct backend *be = new_backend(cuda);
     struct engine *e = be ? engine_new(&s.model, &p, be) : NULL;
     size_t lo = 0, hi = 0;
     if (e) pp_stage_range(e, &lo, &hi);
@@ -243,11 +243,7 @@ int main(int argc, char **argv) {
         CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
 
         struct engine_place p = {.rank = 0, .world = k->dp, .tp = 1, .dp = k->dp, .pp = 1};
-        struct backend *be = NULL;
-#ifdef LOOM_HAVE_CUDA
-        if (cuda) be = backend_cuda_new(0);
-#endif
-        if (!cuda) be = backend_cpu_new(1);
+        struct backend *be = new_backend(cuda);
         CHECK(be != NULL);
         if (!be) continue;
         struct engine *e = engine_new(&s.model, &p, be);
@@ -310,11 +306,7 @@ int main(int argc, char **argv) {
                 CHECK(keep > 0 && keep < est.mem.layers);
             }
             struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1};
-            struct backend *be = NULL;
-#ifdef LOOM_HAVE_CUDA
-            if (cuda) be = backend_cuda_new(0);
-#endif
-            if (!cuda) be = backend_cpu_new(1);
+            struct backend *be = new_backend(cuda);
             CHECK(be != NULL);
             if (!be) continue;
             struct engine *e = engine_new(&s.model, &p, be);
@@ -365,11 +357,7 @@ int main(int argc, char **argv) {
                                  .pp = 1,
                                  .frozen = 1,
                                  .windows_later = k->nf4};
-        struct backend *be = NULL;
-#ifdef LOOM_HAVE_CUDA
-        if (cuda) be = backend_cuda_new(0);
-#endif
-        if (!cuda) be = backend_cpu_new(1);
+        struct backend *be = new_backend(cuda);
         struct engine *e = be ? engine_new(&s.model, &p, be) : NULL;
         char qerr[256] = "";
         if (e && k->nf4 && nf4_attach(e, qerr, sizeof qerr) != 0) {
