@@ -1527,6 +1527,15 @@ char *jobspec_dumps(const struct loom_spec *s) {
     return out;
 }
 
+int64_t jobspec_lora_params(const struct loom_spec *s) {
+    if (!s->train.lora.enabled) return 0;
+    const char *t[JOBSPEC_LORA_TARGETS_MAX];
+    for (int i = 0; i < s->train.lora.n_targets; i++)
+        t[i] = s->train.lora.targets[i];
+    int64_t n = model_lora_params(&s->model, s->train.lora.rank, t, s->train.lora.n_targets);
+    return n > 0 ? n : 0;
+}
+
 void jobspec_derive(const struct loom_spec *s, struct jobspec_derived *d) {
     memset(d, 0, sizeof *d);
     d->world = s->parallel.dp * s->parallel.tp * s->parallel.pp;
@@ -1540,7 +1549,12 @@ void jobspec_derive(const struct loom_spec *s, struct jobspec_derived *d) {
         s->model.seq_len > 0 ? s->train.global_batch_tokens / s->model.seq_len : 0;
     d->tokens_total = s->train.steps * s->train.global_batch_tokens;
     d->n_params = model_n_params(&s->model);
-    d->flops_per_token = model_flops_per_token(&s->model, s->model.seq_len);
+    /* LoRA: the frozen base has no weight gradients (the MFU a LoRA job
+     * reports counts the work it does) */
+    d->flops_per_token =
+        s->train.lora.enabled
+            ? model_lora_flops_per_token(&s->model, s->model.seq_len, jobspec_lora_params(s))
+            : model_flops_per_token(&s->model, s->model.seq_len);
 }
 
 json_t *jobspec_derived_to_json(const struct jobspec_derived *d) {

@@ -298,6 +298,10 @@ json_t *jobspec_to_json(const struct loom_spec *s);
  * free(). */
 char *jobspec_dumps(const struct loom_spec *s);
 
+/* Adapter parameters of a train.lora spec (model_lora_params over its
+ * targets), 0 without train.lora. */
+int64_t jobspec_lora_params(const struct loom_spec *s);
+
 void jobspec_derive(const struct loom_spec *s, struct jobspec_derived *d);
 /* {"world":..,"nodes":..,"grad_accum":..,...}. New reference. */
 json_t *jobspec_derived_to_json(const struct jobspec_derived *d);

@@ -466,3 +466,43 @@ double model_flops_per_token(const struct model_config *c, int T) {
     if (n < 0) return 0;
     return 6.0 * (double)n + 12.0 * c->n_layer * (double)c->d_model * T;
 }
+
+int model_lora_site(const struct model_config *c, const char *target, int64_t *in, int64_t *out,
+                    int *row) {
+    int64_t C = c->d_model, hd = c->d_model / c->n_head, F = c->d_ff;
+    int64_t q = c->n_head * hd, kv = c->n_kv_head * hd;
+    static const struct {
+        const char *name;
+        int family;  /* enum model_family */
+        int in, out; /* 0 C, 1 q, 2 kv, 3 F, 4 q + 2 kv */
+    } tab[] = {{"q", MODEL_LLAMA, 0, 1},    {"k", MODEL_LLAMA, 0, 2},    {"v", MODEL_LLAMA, 0, 2},
+               {"o", MODEL_LLAMA, 1, 0},    {"gate", MODEL_LLAMA, 0, 3}, {"up", MODEL_LLAMA, 0, 3},
+               {"down", MODEL_LLAMA, 3, 0}, {"attn", MODEL_GPT2, 0, 4},  {"proj", MODEL_GPT2, 1, 0},
+               {"fc", MODEL_GPT2, 0, 3},    {"fc2", MODEL_GPT2, 3, 0}};
+    int64_t dim[5] = {C, q, kv, F, q + 2 * kv};
+    for (size_t k = 0; k < sizeof tab / sizeof *tab; k++)
+        if ((int)c->family == tab[k].family && strcmp(target, tab[k].name) == 0) {
+            *in = dim[tab[k].in];
+            *out = dim[tab[k].out];
+            *row = tab[k].out == 0;
+            return 0;
+        }
+    return -1;
+}
+
+int64_t model_lora_params(const struct model_config *c, int rank, const char *const *targets,
+                          int n_targets) {
+    int64_t n = 0, in, out;
+    int row;
+    for (int i = 0; i < n_targets; i++) {
+        if (model_lora_site(c, targets[i], &in, &out, &row) != 0) return -1;
+        n += (int64_t)rank * (in + out);
+    }
+    return n * c->n_layer;
+}
+
+double model_lora_flops_per_token(const struct model_config *c, int T, int64_t n_adapter) {
+    int64_t n = model_n_matmul_params(c);
+    if (n < 0 || n_adapter < 0) return 0;
+    return 4.0 * (double)n + 6.0 * (double)n_adapter + 12.0 * c->n_layer * (double)c->d_model * T;
+}

@@ -192,4 +192,19 @@ int64_t model_n_matmul_params(const struct model_config *c);
  * 6 * N_matmul + 12 * n_layer * d_model * T (attention scores and values). */
 double model_flops_per_token(const struct model_config *c, int T);
 
+/* A LoRA target's base projection (train.lora.targets: q k v o gate up down
+ * for Llama, attn proj fc fc2 for GPT-2): its input and output widths (tp 1)
+ * and whether the base is row-parallel under tp (o, down, proj, fc2: the
+ * input is split). Returns 0, or -1 for a name the family does not have. */
+int model_lora_site(const struct model_config *c, const char *target, int64_t *in, int64_t *out,
+                    int *row);
+/* Adapter parameters of the whole model: rank x (in + out) per target per
+ * block (what PEFT reports as trainable), or -1 for an unknown target. */
+int64_t model_lora_params(const struct model_config *c, int rank, const char *const *targets,
+                          int n_targets);
+/* LoRA training FLOPs per token: the frozen base's forward and input
+ * gradient (4 * N_matmul, no weight gradients), the adapters' forward and
+ * backward (6 * n_adapter) and attention (12 * n_layer * d_model * T). */
+double model_lora_flops_per_token(const struct model_config *c, int T, int64_t n_adapter);
+
 #endif

@@ -381,27 +381,20 @@ static void lora_facts_init(const struct loom_spec *s, int tp, struct lora_facts
     double C = mc->d_model, hd = (double)mc->d_model / mc->n_head;
     double q = mc->n_head * hd, kv = mc->n_kv_head * hd, F = mc->d_ff;
     double QKV = q + 2 * kv, fcw = mc->act == MODEL_ACT_SWIGLU ? 2 * F : F;
-    static const struct {
-        const char *name;
-        int in, out; /* 0 C, 1 q, 2 kv, 3 F, 4 QKV */
-    } tab[] = {{"q", 0, 1},    {"k", 0, 2},  {"v", 0, 2},    {"o", 1, 0},
-               {"gate", 0, 3}, {"up", 0, 3}, {"down", 3, 0}, {"attn", 0, 4},
-               {"proj", 1, 0}, {"fc", 0, 3}, {"fc2", 3, 0}};
-    double dim[5] = {C, q, kv, F, QKV};
     double r = s->train.lora.rank;
     memset(lf, 0, sizeof *lf);
-    for (int i = 0; i < s->train.lora.n_targets; i++)
-        for (size_t k = 0; k < sizeof tab / sizeof *tab; k++)
-            if (strcmp(s->train.lora.targets[i], tab[k].name) == 0) {
-                int row = tab[k].out == 0; /* o, down, proj, fc2: the input is split */
-                double in = dim[tab[k].in] / (row ? tp : 1), out = dim[tab[k].out] / (row ? 1 : tp);
-                lf->arena += align64(r * in) + align64(out * r);
-                if (lf->n_ins < (int)(sizeof lf->ins / sizeof *lf->ins))
-                    lf->ins[lf->n_ins++] = (int)in;
-                lf->per_layer++;
-                if (tp > 1) lf->rep += row ? out * r : r * in;
-                if (tp > 1 && row && dim[tab[k].in] > lf->rowin) lf->rowin = dim[tab[k].in];
-            }
+    for (int i = 0; i < s->train.lora.n_targets; i++) {
+        int64_t whole_in, whole_out;
+        int row; /* o, down, proj, fc2: the input is split */
+        if (model_lora_site(mc, s->train.lora.targets[i], &whole_in, &whole_out, &row) != 0)
+            continue; /* the spec validator names it */
+        double in = (double)whole_in / (row ? tp : 1), out = (double)whole_out / (row ? 1 : tp);
+        lf->arena += align64(r * in) + align64(out * r);
+        if (lf->n_ins < (int)(sizeof lf->ins / sizeof *lf->ins)) lf->ins[lf->n_ins++] = (int)in;
+        lf->per_layer++;
+        if (tp > 1) lf->rep += row ? out * r : r * in;
+        if (tp > 1 && row && whole_in > lf->rowin) lf->rowin = (double)whole_in;
+    }
     QKV /= tp, fcw /= tp, q /= tp, F /= tp;
     lf->wmax = QKV > C ? QKV : C;
     if (fcw > lf->wmax) lf->wmax = fcw;
@@ -662,16 +655,21 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
         if (m1.total > m0.total) est->mem = m1;
     }
 
-    /* compute */
-    double fl_layer = 6 * f->layer_mm + 12 * C * T; /* per token, fwd + bwd */
-    double fl_head = 6.0 * mc->padded_vocab * C;
+    /* compute, per token, forward + backward: a full fine-tune's 6 FLOPs a
+     * matmul weight; LoRA's frozen base only its forward and input gradient
+     * (4), plus the adapters' 6 a parameter (model_lora_flops_per_token) */
+    int lora = s->train.lora.enabled;
+    double mmk = lora ? 4 : 6, ad_layer = (double)jobspec_lora_params(s) / mc->n_layer;
+    double fl_layer = mmk * f->layer_mm + 6 * ad_layer + 12 * C * T;
+    double fwd_layer = 2 * f->layer_mm + 2 * ad_layer + 4 * C * T;
+    double fl_head = mmk * mc->padded_vocab * C;
     double extra = 0;
     /* the budget mode recomputes the worst stage's blocks but the kept ones */
     double rc_frac = est->mem.keep >= 0 && est->mem.layers > 0
                          ? (double)(est->mem.layers - est->mem.keep) / est->mem.layers
                          : 1;
     if (L->rc == JOBSPEC_RECOMPUTE_FULL)
-        extra = fl_layer / 3 * rc_frac;
+        extra = fwd_layer * rc_frac;
     else if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE)
         extra = 4 * C * T;
     /* the slowest stage sets the pace (the last one carries the head) */
@@ -687,10 +685,11 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
                  100 * (1 - fb / stage_fl));
     }
     double t_mb = stage_fl * N / tp / (x->peak * o->compute_efficiency);
-    double t_bwd = t_mb * 2 / 3;
-    /* == model_flops_per_token (checked by the tests), without a layout walk */
-    est->flops_per_token =
-        6 * (mc->n_layer * f->layer_mm + (double)mc->padded_vocab * C) + 12.0 * mc->n_layer * C * T;
+    double t_bwd = t_mb * (1 - fwd_layer / fl_layer);
+    /* == model_flops_per_token or model_lora_flops_per_token (checked by the
+     * tests), without a layout walk */
+    est->flops_per_token = mmk * (mc->n_layer * f->layer_mm + (double)mc->padded_vocab * C) +
+                           6 * ad_layer * mc->n_layer + 12.0 * mc->n_layer * C * T;
     est->compute_s = ga * t_mb;
     est->bubble_s = (pp - 1) * t_mb;
 
@@ -725,8 +724,16 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
             total += te;
         }
     }
+    /* what dp reduces and the optimizer steps: the stage's parameters on one
+     * tp rank, or with LoRA its adapters (the base is frozen) */
+    double trained = est->mem.stage_params;
+    if (lora) {
+        struct lora_facts lf;
+        lora_facts_init(s, tp, &lf);
+        trained = est->mem.layers * lf.arena;
+    }
     if (dp > 1) {
-        double P = est->mem.stage_params; /* stage params per tp rank */
+        double P = trained;
         double bytes = P * e;
         int per_node = G / tp;
         if (per_node < 1) per_node = 1;
@@ -764,7 +771,7 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     est->comm_exposed_s = exposed;
 
     /* optimizer */
-    double P = est->mem.stage_params;
+    double P = trained;
     double shard = P / (L->zero >= 1 ? dp : 1);
     if (L->offload) {
         /* worker/offload.c's pipeline over 64 MiB chunks: the shard's gradients

@@ -177,6 +177,29 @@ static void test_flops(void) {
     CHECK(model_n_matmul_params(&q->config) == n - 32000LL * 4096 - norms);
 }
 
+/* Adapter counts as PEFT's print_trainable_parameters gives them for the
+ * real checkpoints of these shapes, and LoRA's FLOPs from the sizes. */
+static void test_lora_counts(void) {
+    const char *all[] = {"q", "k", "v", "o", "gate", "up", "down"}, *qv[] = {"q", "v"};
+    const char *attn[] = {"attn"}, *bad[] = {"q", "fc"};
+    const struct model_config *l3 = &model_preset_find(MODEL_LLAMA, "8b")->config;
+    const struct model_config *l2 = &model_preset_find(MODEL_LLAMA, "7b")->config;
+    const struct model_config *g2 = &model_preset_find(MODEL_GPT2, "124m")->config;
+    CHECK(model_lora_params(l3, 16, all, 7) == 41943040); /* Meta-Llama-3-8B, r 16, all linear */
+    CHECK(model_lora_params(l2, 8, qv, 2) == 4194304);    /* Llama-2-7b, r 8, q_proj v_proj */
+    CHECK(model_lora_params(g2, 8, attn, 1) == 294912);   /* gpt2, r 8, c_attn */
+    CHECK(model_lora_params(l3, 16, bad, 2) == -1);       /* fc is GPT-2's */
+    int64_t in, out;
+    int row;
+    CHECK(model_lora_site(l3, "down", &in, &out, &row) == 0 && in == 14336 && out == 4096 && row);
+    CHECK(model_lora_site(l3, "k", &in, &out, &row) == 0 && in == 4096 && out == 1024 && !row);
+    /* 4 FLOPs a frozen matmul weight (forward, input gradient), 6 an adapter
+     * parameter, 12 L C T for attention */
+    int64_t mm = 32LL * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336) + 128256LL * 4096;
+    double want = 4.0 * mm + 6.0 * 41943040 + 12.0 * 32 * 4096 * 2048;
+    CHECK(fabs(model_lora_flops_per_token(l3, 2048, 41943040) - want) < 1.0);
+}
+
 static const struct {
     const char *what;
     int n_layer, n_head, n_kv_head, d_model, d_ff, vocab, seq;
@@ -317,6 +340,7 @@ int main(void) {
     test_gpt2_layout();
     test_llama_layout();
     test_flops();
+    test_lora_counts();
     test_check();
     return check_summary("test_model");
 }
