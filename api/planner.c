@@ -691,6 +691,17 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     est->flops_per_token = mmk * (mc->n_layer * f->layer_mm + (double)mc->padded_vocab * C) +
                            6 * ad_layer * mc->n_layer + 12.0 * mc->n_layer * C * T;
     est->compute_s = ga * t_mb;
+    if (lora && s->train.quantize_base == JOBSPEC_QUANT_NF4 && layers > 0) {
+        /* QLoRA: each block's NF4 weights dequantized into the compute dtype
+         * before its forward and again before its backward (worker/nf4.c
+         * nf4_layer; the last forward block is still there when the backward
+         * starts), a pass that reads the codes and writes the weights at the
+         * HBM bandwidth */
+        double per_block = nf4_block_bytes(mc, tp, NULL) + f->layer_mm / tp * e;
+        double dq = ga * (2.0 * layers - 1) * per_block / (c->hbm_tbps * 1e12);
+        est->compute_s += dq;
+        note(est, "NF4 base: %.3f s a step dequantizing blocks", dq);
+    }
     est->bubble_s = (pp - 1) * t_mb;
 
     /* communication */

@@ -450,6 +450,20 @@ static void test_lora_8b(void) {
         (4 * mm + 6 * ad + att + 2 * lin + 2 * ad + att / 3) / (6 * mm + att + 2 * lin + att / 3);
     CHECK(fabs(lora.compute_s / full.compute_s - want) < 1e-9, "lora/full compute %.6f, want %.6f",
           lora.compute_s / full.compute_s, want);
+    /* QLoRA: on top of the same LoRA step, each block's NF4 weights (nf4p's per-block share)
+     * dequantized to bf16 (2 bytes a weight written) before its forward and its backward, the
+     * last forward block reused: 63 passes over a block at the GPU's HBM bandwidth */
+    struct planner_estimate q0, q1;
+    snprintf(spec, sizeof spec, base, ",'lora':{'rank':16,'alpha':32}");
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &q0, &e) == 0);
+    snprintf(spec, sizeof spec, base, ",'lora':{'rank':16,'alpha':32},'quantize_base':'nf4'");
+    CHECK(load(spec, NULL, &s, &c) == 0 && planner_estimate(&s, &c, NULL, &q1, &e) == 0);
+    double blk = lin / 32 * (0.5 + 1.0 / 64 + 4.0 / 16384) + 7 * (4 + 1024) + lin / 32 * 2;
+    CHECK(planner_cluster_resolve(&c, JOBSPEC_DEV_CUDA, &e) == 0);
+    double hbm = c.hbm_tbps; /* the default cluster's H100-SXM: 3.35 TB/s */
+    CHECK_NEAR(hbm, 3.35, 1e-9);
+    CHECK_NEAR(q1.compute_s - q0.compute_s, 63 * blk / (hbm * 1e12), 1e-9);
+    printf("8b qlora: %.4f s a step dequantizing (%.2f TB/s)\n", q1.compute_s - q0.compute_s, hbm);
     /* dp 8 on one node: the dp all-reduce carries the adapters' gradients (bf16), not the
      * base's 16 GB, and the optimizer steps the adapters alone */
     struct planner_estimate d8, d8f;
