@@ -120,6 +120,7 @@
     X(WARMUP_TOO_LONG, 422, "warmup_steps above steps")                                            \
     X(PRECISION_DEVICE, 422, "bf16 or fp8 on the cpu device")                                      \
     X(OFFLOAD_DEVICE, 422, "offload_optimizer on the cpu device")                                  \
+    X(PRECISION_GPU, 422, "fp8 where no GPU the job may use has FP8 tensor cores (cc < 8.9)")      \
     X(EVAL_WITHOUT_VAL, 422, "eval_every without data.val or data.val_fraction")                   \
     X(QUANTIZE_WITHOUT_LORA, 422, "quantize_base=nf4 without train.lora")                          \
     X(EXPORT_WITHOUT_LORA, 422, "export.lora without train.lora")                                  \

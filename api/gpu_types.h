@@ -15,6 +15,9 @@
 #include <stddef.h>
 
 #define GPU_TYPE_NAME_MAX 24
+/* The least compute capability (x10) with FP8 tensor cores (Ada sm_89,
+ * Hopper sm_90, Blackwell): what train.precision fp8 needs. */
+#define GPU_FP8_MIN_CC 89
 
 struct gpu_type {
     const char *name;       /* normalized gpu_type, e.g. "H100-SXM"; "cpu" for cpu devices */

@@ -1364,18 +1364,59 @@ static int pool_usable(const struct planner_pool *p) {
     return p->gpus > 0 && (gpu_type_find(p->gpu) || p->gpu_mem_gib > 0);
 }
 
+/* GPU type `name` has FP8 tensor cores (what train.precision fp8 needs). */
+static int type_fp8(const char *name) {
+    const struct gpu_type *t = gpu_type_find(name);
+    return t && t->cc >= GPU_FP8_MIN_CC;
+}
+
 int planner_fleet_candidates(const struct loom_spec *s, const struct planner_fleet *f,
                              const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int *idx) {
     int cpu = s->resources.device == JOBSPEC_DEV_CPU, n = 0;
+    int fp8 = !cpu && s->train.precision == JOBSPEC_PREC_FP8;
     if (!cpu && ntypes > 0) {
         for (int t = 0; t < ntypes; t++)
             for (int i = 0; i < f->n && n < PLANNER_MAX_POOLS; i++)
-                if (strcmp(f->pool[i].gpu, types[t]) == 0 && pool_usable(&f->pool[i])) idx[n++] = i;
+                if (strcmp(f->pool[i].gpu, types[t]) == 0 && pool_usable(&f->pool[i]) &&
+                    (!fp8 || type_fp8(f->pool[i].gpu)))
+                    idx[n++] = i;
         return n;
     }
     for (int i = 0; i < f->n && n < PLANNER_MAX_POOLS; i++)
-        if (pool_is_cpu(&f->pool[i]) == cpu && pool_usable(&f->pool[i])) idx[n++] = i;
+        if (pool_is_cpu(&f->pool[i]) == cpu && pool_usable(&f->pool[i]) &&
+            (!fp8 || type_fp8(f->pool[i].gpu)))
+            idx[n++] = i;
     return n;
+}
+
+/* train.precision fp8 with GPU types none of which has FP8 tensor cores:
+ * the listed types (ntypes > 0) or, with none listed, the fleet's pools of
+ * GPUs (none yet: nothing to judge). Returns 0, or -1 with e filled. */
+static int fp8_check(const struct loom_spec *s, const struct planner_fleet *f,
+                     const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, struct loom_error *e) {
+    if (s->resources.device == JOBSPEC_DEV_CPU || s->train.precision != JOBSPEC_PREC_FP8) return 0;
+    char have[256] = "";
+    size_t off = 0;
+    int any = 0, seen = 0;
+    for (int k = 0; k < (ntypes > 0 ? ntypes : f->n); k++) {
+        const char *name = ntypes > 0 ? types[k] : f->pool[k].gpu;
+        if (ntypes == 0 && pool_is_cpu(&f->pool[k])) continue;
+        const struct gpu_type *t = gpu_type_find(name);
+        any |= type_fp8(name);
+        seen++;
+        if (off < sizeof have && t)
+            off += (size_t)snprintf(have + off, sizeof have - off, "%s%s (%d.%d)", off ? ", " : "",
+                                    name, t->cc / 10, t->cc % 10);
+        else if (off < sizeof have)
+            off += (size_t)snprintf(have + off, sizeof have - off, "%s%s", off ? ", " : "",
+                                    *name ? name : "untyped GPUs");
+    }
+    if (any || !seen) return 0;
+    return loom_error_set(e, 422, "PRECISION_GPU", "train.precision",
+                          "train.precision fp8 needs FP8 tensor cores (compute capability %d.%d or "
+                          "newer: L4, L40S, RTX4090, H100, H200, B200); %s %s",
+                          GPU_FP8_MIN_CC / 10, GPU_FP8_MIN_CC % 10,
+                          ntypes > 0 ? "resources.gpu_type lists" : "the cluster has", have);
 }
 
 /* The pool's cluster, grown to the job when the planner would otherwise
@@ -1406,6 +1447,7 @@ int planner_fleet_check(const struct loom_spec *s, const struct planner_fleet *f
                         const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int allow_mixed,
                         struct loom_error *e) {
     if (budget_check(s, e) != 0) return -1;
+    if (fp8_check(s, f, types, ntypes, e) != 0) return -1;
     int cpu = s->resources.device == JOBSPEC_DEV_CPU;
     int world = s->parallel.dp * s->parallel.tp * s->parallel.pp, tp = s->parallel.tp;
     int idx[PLANNER_MAX_POOLS], n = planner_fleet_candidates(s, f, types, ntypes, idx);

@@ -59,6 +59,7 @@ struct jobinfo {
     char deps_reason[SCHED_REASON_LEN];
     double fair_usage;  /* the tenant's decayed GPU-hours (queued jobs; snap_fair_share) */
     struct jobsel *sel; /* resources.pool / labels (queued jobs naming one; snap_selectors) */
+    int min_cc;         /* train.precision fp8: GPU_FP8_MIN_CC (snap_fp8); 0 otherwise */
 };
 
 /* A queued job's node selector: resources.pool and resources.labels. */
@@ -165,6 +166,22 @@ static int snap_gpu_types(struct store_tx *tx, struct snapshot *s) {
         if (ji->ngpu_types < 0) ji->ngpu_types = 0; /* refused at submit; not reached */
         json_decref(tj);
         ji->allow_mixed = sqlite3_column_int(st, 2) == 1;
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
+}
+
+/* The queued fp8 jobs (train.precision), through the partial index of
+ * schema 200: they need nodes with FP8 tensor cores. */
+static int snap_fp8(struct store_tx *tx, struct snapshot *s) {
+    sqlite3_stmt *st =
+        store_stmt(tx, "SELECT id FROM jobs INDEXED BY jobs_fp8 WHERE state = "
+                       "'queued' AND json_extract(spec, '$.train.precision') = 'fp8'");
+    if (!st) return STORE_ERR;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct jobinfo *ji = snap_queued(s, (const char *)sqlite3_column_text(st, 0));
+        if (ji) ji->min_cc = GPU_FP8_MIN_CC;
     }
     sqlite3_reset(st);
     return rc == SQLITE_DONE ? STORE_OK : STORE_ERR;
@@ -340,6 +357,7 @@ static int snapshot_read(struct store_tx *tx, void *arg) {
     if (store_job_foreach(tx, &f, snap_job, s) < 0) return STORE_ERR;
     if (snap_gpu_types(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_selectors(tx, s) != STORE_OK) return STORE_ERR;
+    if (snap_fp8(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_deps(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_fair_share(tx, s) != STORE_OK) return STORE_ERR;
     if (snap_budgets(tx, s) != STORE_OK) return STORE_ERR;
@@ -1047,6 +1065,8 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
         sn[i].label_keys = n->label_kp;
         sn[i].label_vals = n->label_vp;
         sn[i].nlabels = n->nlabels;
+        const struct gpu_type *gt = gpu_type_find(n->gpu_type);
+        sn[i].cc = gt ? gt->cc : 0;
         sn[i].state = n->lost || !n->seen || n->admission != NODE_APPROVED ? SCHED_NODE_LOST
                       : n->drained || nodecheck_avoid(c->ld, n->name)      ? SCHED_NODE_DRAINED
                                                                            : SCHED_NODE_READY;
@@ -1325,7 +1345,8 @@ static void pass_place(struct pass *p) {
                                     j->sel ? j->sel->pool : NULL,
                                     j->sel ? j->sel->kp : NULL,
                                     j->sel ? j->sel->vp : NULL,
-                                    j->sel ? j->sel->n : 0};
+                                    j->sel ? j->sel->n : 0,
+                                    j->min_cc};
         qj[nq++] = j;
     }
     struct sched_cluster cl = {sn, c->nnodes, snap->quotas, snap->nq};

@@ -63,6 +63,17 @@ static int selector_ok(const struct sched_node *n, const struct sched_job *j) {
     return 1;
 }
 
+/* The node has the compute capability the job asks (min_cc). */
+static int cc_ok(const struct sched_node *n, const struct sched_job *j) {
+    return j->min_cc <= 0 || n->cc >= j->min_cc;
+}
+
+/* What a node must be for the job beside its kind and state: the selector
+ * and the compute capability. */
+static int node_ok(const struct sched_node *n, const struct sched_job *j) {
+    return selector_ok(n, j) && cc_ok(n, j);
+}
+
 static int same_kind(const struct sched_node *n, const struct sched_job *j) {
     const char *nk = n->kind ? n->kind : "cuda", *jk = j->kind ? j->kind : "cuda";
     return strcmp(nk, jk) == 0;
@@ -71,7 +82,7 @@ static int same_kind(const struct sched_node *n, const struct sched_job *j) {
 /* Ready, of the job's device kind and matching its node selector. */
 static int eligible_kind(const struct sched_node *n, const struct sched_job *j) {
     if (n->state != SCHED_NODE_READY) return 0;
-    return same_kind(n, j) && selector_ok(n, j);
+    return same_kind(n, j) && node_ok(n, j);
 }
 
 /* Under a type choice: `type` set, nodes of that type only; NULL, any type the
@@ -499,6 +510,47 @@ static int reason_selector(const struct sched_cluster *c, const struct sched_job
     return 1;
 }
 
+/* A job asking a compute capability (train.precision fp8) that no ready node
+ * of its kind matching its selector has: the reason names the capability and
+ * the types there are. Returns 0 when some node has it (or none is asked). */
+static int reason_cc(const struct sched_cluster *c, const struct sched_job *j, char *buf,
+                     size_t len) {
+    if (j->min_cc <= 0) return 0;
+    /* one node of each type there is, for its name and capability */
+    const struct sched_node **types =
+        calloc((size_t)(c->nnodes > 0 ? c->nnodes : 1), sizeof *types);
+    if (!types) return 0;
+    int nt = 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        const struct sched_node *n = &c->nodes[i];
+        if (n->state != SCHED_NODE_READY || !same_kind(n, j) || !selector_ok(n, j)) continue;
+        if (cc_ok(n, j)) {
+            free(types);
+            return 0;
+        }
+        int seen = 0;
+        for (int k = 0; k < nt && !seen; k++)
+            seen = strcmp(ntype(types[k]), ntype(n)) == 0;
+        if (!seen) types[nt++] = n;
+    }
+    int off =
+        snprintf(buf, len,
+                 "train.precision fp8 needs FP8 tensor cores (compute capability %d.%d or "
+                 "newer: L4, L40S, RTX4090, H100, H200, B200); no ready node has them (ready:",
+                 j->min_cc / 10, j->min_cc % 10);
+    for (int k = 0; k < nt && off > 0 && (size_t)off < len; k++) {
+        const char *t = ntype(types[k]);
+        off += snprintf(buf + off, len - (size_t)off, "%s%s", k ? ", " : " ", *t ? t : "untyped");
+        if (types[k]->cc > 0 && off > 0 && (size_t)off < len)
+            off += snprintf(buf + off, len - (size_t)off, " %d.%d", types[k]->cc / 10,
+                            types[k]->cc % 10);
+    }
+    if (off > 0 && (size_t)off < len)
+        snprintf(buf + off, len - (size_t)off, "%s)", nt ? "" : " none");
+    free(types);
+    return 1;
+}
+
 static void reason_unfit_now(const struct sched_cluster *c, const struct sched_job *j,
                              const uint64_t *avail, char *buf, size_t len) {
     int tp = j->tp > 0 ? j->tp : 1;
@@ -555,7 +607,7 @@ static void reason_never_fits(const struct sched_cluster *c, const struct sched_
         }
         if (n->state == SCHED_NODE_DRAINED) drained++;
         if (n->state == SCHED_NODE_LOST) lost++;
-        if (n->state != SCHED_NODE_READY || !selector_ok(n, j)) continue;
+        if (n->state != SCHED_NODE_READY || !node_ok(n, j)) continue;
         ready++;
         total += n->ndev;
         if (n->ndev > biggest) {
@@ -715,6 +767,7 @@ int sched_place(const struct sched_cluster *c, const struct sched_job *jobs, int
         if (never == -2) goto out;
         if (never != 0) {
             if (!reason_selector(c, j, d->reason, sizeof d->reason) &&
+                !reason_cc(c, j, d->reason, sizeof d->reason) &&
                 (!typed || !reason_typed_never(c, j, d->reason, sizeof d->reason)))
                 reason_never_fits(c, j, d->reason, sizeof d->reason);
         } else if (head) {

@@ -68,6 +68,7 @@ struct sched_node {
     const char *const *label_keys;
     const char *const *label_vals;
     int nlabels;
+    int cc; /* the gpu_type's compute capability x10 (api/gpu_types.h); 0: unknown, cpu */
 };
 
 struct sched_quota {
@@ -105,6 +106,9 @@ struct sched_job {
     const char *const *sel_keys;  /* resources.labels: nsel key/value pairs every node must hold */
     const char *const *sel_vals;
     int nsel;
+    /* > 0: only nodes with at least this compute capability (x10, sched_node.cc)
+     * qualify: train.precision fp8 asks GPU_FP8_MIN_CC (api/gpu_types.h) */
+    int min_cc;
 };
 
 struct sched_rank {

@@ -10,6 +10,8 @@ API only:
   - submit: UNSCHEDULABLE for more ranks than one type holds, DOES_NOT_FIT with
     an alternative for a model no GPU type holds, gpu_type restricts placement,
     ranks never mix types, pending_reason names the shortage;
+  - train.precision fp8: PRECISION_GPU for an A100-only job, placed on the
+    H100 node rather than the best-fit A100 one, planned on FP8-capable types;
   - POST /v1/plan: cost per GPU type at the set prices, the cheapest that fits;
   - usage: an attempt on the H100 node (lost: no heartbeats) is billed at the
     H100-SXM price; group_by=gpu_type.
@@ -230,14 +232,37 @@ def main():
             check(abs(v["cost"] - v["gpu_hours"] * by[k]["per_gpu_hour"]) <= 1e-9 * v["cost"],
                   "%s plan cost = gpu_hours x price" % k)
 
-        # placement: 4 ranks, any type: one type only (A100 node has exactly 4 -> best fit)
-        st, j = d.request("POST", "/v1/jobs", spec(data, 4), token=tenant)
-        check(st == 201, "4-rank job accepted")
-        jid = j["id"]
+        # train.precision fp8 needs FP8 tensor cores (compute capability 8.9+): refused on the
+        # A100 by name; planned on the H100 and RTX 4090 only
+        st, r = d.request("POST", "/v1/jobs", spec(data, 1, {"gpu_type": "A100-80GB"},
+                                                   train={"precision": "fp8"}), token=tenant)
+        err = r.get("error", {})
+        check(st == 422 and err.get("code") == "PRECISION_GPU" and
+              err.get("field") == "train.precision" and "A100-80GB (8.0)" in err.get("message", ""),
+              "fp8 on A100-80GB refused: %s" % r)
+        st, r = d.request("POST", "/v1/plan", spec(data, 1, train={"precision": "fp8"}),
+                          token=tenant)
+        f8types = {g["gpu_type"] for g in r.get("gpu_types", [])}
+        check(st == 200 and f8types == {"H100-SXM", "RTX4090"},
+              "fp8 plan prices the FP8-capable types only: %s" % sorted(f8types))
 
         def placed(jid):
             st, j = d.request("GET", "/v1/jobs/" + jid, token=tenant)
             return j if j.get("placement") else None
+
+        # 4 ranks in fp8: not on the A100 node, whose 4 free GPUs fit best, but on h1
+        st, jf = d.request("POST", "/v1/jobs", spec(data, 4, train={"precision": "fp8"}),
+                           token=tenant)
+        check(st == 201, "4-rank fp8 job accepted: %s" % jf)
+        wait(lambda: placed(jf["id"]), 10, "placement of the fp8 job")
+        check({p["node"] for p in placed(jf["id"])["placement"]} == {"h1"},
+              "fp8 ranks on the H100 node, not the best-fit A100 one: %s" %
+              placed(jf["id"])["placement"])
+
+        # placement: 4 ranks, any type: one type only (A100 node has exactly 4 -> best fit)
+        st, j = d.request("POST", "/v1/jobs", spec(data, 4), token=tenant)
+        check(st == 201, "4-rank job accepted")
+        jid = j["id"]
         wait(lambda: placed(jid), 10, "placement of the 4-rank job")
         nodes_used = {p["node"] for p in placed(jid)["placement"]}
         check(nodes_used == {"a1"}, "4 ranks on the one 4-GPU A100 node: %s" % nodes_used)
@@ -255,7 +280,7 @@ def main():
         def reason():
             st, j = d.request("GET", "/v1/jobs/" + j2["id"], token=tenant)
             return j.get("pending_reason") or ""
-        wait(lambda: "needs 8 x H100-SXM; largest free: 6" in reason(), 10,
+        wait(lambda: "needs 8 x H100-SXM; largest free: 2" in reason(), 10,
              "pending reason naming the H100 shortage")
         print("pending:", reason())
 

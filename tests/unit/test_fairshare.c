@@ -90,15 +90,15 @@ int main(void) {
     size_t no = sizeof orders / sizeof orders[0];
     for (size_t i = 0; i < no; i++) {
         const struct torder *o = &orders[i];
-        struct sched_node node = {"a",  "cuda", 2,    0, SCHED_NODE_READY, NULL, NULL, 0,
-                                  NULL, NULL,   NULL, 0};
+        struct sched_node node = {"a",  "cuda", 2, 0, SCHED_NODE_READY, NULL, NULL, 0, NULL,
+                                  NULL, NULL,   0, 0};
         static const char *const ids[3] = {"j0", "j1", "j2"}, *const tenants[3] = {"t0", "t1",
                                                                                    "t2"};
         struct sched_job jobs[3];
         for (int j = 0; j < 3; j++)
             jobs[j] = (struct sched_job){
                 ids[j], tenants[j], "cuda", o->prio[j],  o->submit[j], 1,    1,    0, -1,
-                NULL,   0,          0,      o->usage[j], NULL,         NULL, NULL, 0};
+                NULL,   0,          0,      o->usage[j], NULL,         NULL, NULL, 0, 0};
         struct sched_cluster cl = {&node, 1, NULL, 0};
         struct sched_decision d[3];
         int placed = sched_place(&cl, jobs, 3, d);

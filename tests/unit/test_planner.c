@@ -935,6 +935,36 @@ static void test_fleet_fit(void) {
     CHECK(strstr(e.message, "best feasible on 8 GPUs") && strstr(e.message, "zero_stage=3"));
     printf("fleet 8 x RTX4090: %s\n", e.message);
 
+    /* train.precision fp8 needs FP8 tensor cores (compute capability 8.9+): refused where
+     * the job may only use A100s, named by type; any fp8-capable pool lets it through, and
+     * the fit is then judged on that pool alone */
+    struct planner_fleet fa = {1, {pool("A100-80GB", 1, 8, 79.2, 0)}};
+    struct planner_fleet fah = {
+        2, {pool("A100-80GB", 1, 8, 79.2, 0), pool("H100-SXM", 1, 8, 79.2, 0)}};
+    const char *f8spec = "{'model':{'family':'llama','preset':'1b','seq_len':2048},"
+                         "'train':{'micro_batch':1,'global_batch_tokens':2048,'precision':'fp8',"
+                         "'lora':{'rank':16,'alpha':32}}}";
+    CHECK(load(f8spec, NULL, &s, &c) == 0);
+    memset(&e, 0, sizeof e);
+    CHECK(planner_fleet_check(&s, &fa, NULL, 0, 0, &e) == -1 && !strcmp(e.code, "PRECISION_GPU"));
+    CHECK(e.status == 422 && !strcmp(e.field, "train.precision"));
+    CHECK(strstr(e.message, "the cluster has A100-80GB (8.0)") != NULL, "%s", e.message);
+    printf("fp8 on A100s: %s\n", e.message);
+    CHECK(planner_fleet_check(&s, &fah, NULL, 0, 0, &e) == 0);
+    snprintf(types[0], sizeof types[0], "A100-80GB");
+    memset(&e, 0, sizeof e);
+    CHECK(planner_fleet_check(&s, &fah, (const char(*)[GPU_TYPE_NAME_MAX])types, 1, 0, &e) == -1 &&
+          !strcmp(e.code, "PRECISION_GPU"));
+    CHECK(strstr(e.message, "resources.gpu_type lists A100-80GB (8.0)") != NULL, "%s", e.message);
+    snprintf(types[1], sizeof types[1], "RTX4090");
+    CHECK(planner_fleet_check(&s, &fah, (const char(*)[GPU_TYPE_NAME_MAX])types, 2, 0, &e) == -1 &&
+          !strcmp(e.code, "UNSCHEDULABLE")); /* an RTX4090 would do, but the cluster has none */
+    int idx[PLANNER_MAX_POOLS];
+    CHECK(planner_fleet_candidates(&s, &fah, NULL, 0, idx) == 1 && idx[0] == 1);
+    s.train.precision = JOBSPEC_PREC_BF16;
+    CHECK(planner_fleet_candidates(&s, &fah, NULL, 0, idx) == 2);
+    CHECK(planner_fleet_check(&s, &fa, NULL, 0, 0, &e) == 0);
+
     /* capacity: dp=8 on 3 cpu devices is refused, naming the capacity */
     struct planner_fleet cpu3 = {1, {pool("cpu", 2, 2, 16, 0)}};
     cpu3.pool[0].gpus = 3;

@@ -163,7 +163,7 @@ static void run_case(const struct tcase *tc) {
         names[i][0] = (char)('a' + i);
         names[i][1] = 0;
         nodes[i] = (struct sched_node){
-            names[i], "cuda", tc->ndev, 0, SCHED_NODE_READY, NULL, NULL, 0, NULL, NULL, NULL, 0};
+            names[i], "cuda", tc->ndev, 0, SCHED_NODE_READY, NULL, NULL, 0, NULL, NULL, NULL, 0, 0};
     }
     struct preempt_victim v[MAXV];
     struct sched_rank ranks[MAXV][8];

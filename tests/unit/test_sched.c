@@ -32,6 +32,7 @@ struct tjob {
     int avoid1;         /* 1-based index of the node to avoid (0: none) */
     const char *types;  /* resources.gpu_type, space-separated in preference order; NULL: any */
     int mixed;          /* resources.allow_mixed */
+    int min_cc;         /* train.precision fp8: 89; 0: any node */
 };
 
 struct tcase {
@@ -53,12 +54,15 @@ struct tcase {
 #define TGPU(n, ty, d, b)                                                                          \
     { n, "cuda", d, b, SCHED_NODE_READY, ty }
 #define JOB(id, p, t, w, tp, e)                                                                    \
-    { id, "t1", "cuda", p, t, w, tp, 0, e, 0, NULL, 0 }
+    { id, "t1", "cuda", p, t, w, tp, 0, e, 0, NULL, 0, 0 }
 #define JOBA(id, w, avoid1, e)                                                                     \
-    { id, "t1", "cuda", 50, 1, w, 1, 0, e, avoid1, NULL, 0 }
+    { id, "t1", "cuda", 50, 1, w, 1, 0, e, avoid1, NULL, 0, 0 }
 /* typed job: submit order t, world w, tp, types ("A B" or NULL), allow_mixed, expect */
 #define TJOB(id, t, w, tp, ty, mx, e)                                                              \
-    { id, "t1", "cuda", 50, t, w, tp, 0, e, 0, ty, mx }
+    { id, "t1", "cuda", 50, t, w, tp, 0, e, 0, ty, mx, 0 }
+/* an fp8 job (compute capability 8.9 or newer): submit order t, world w, types, expect */
+#define FJOB(id, t, w, ty, e)                                                                      \
+    { id, "t1", "cuda", 50, t, w, 1, 0, e, 0, ty, 0, 89 }
 
 static const struct tcase cases[] = {
     {"single rank on the fullest node that fits (best fit)",
@@ -68,7 +72,7 @@ static const struct tcase cases[] = {
     {"4 ranks across two 2-device cpu nodes",
      {CPU("a", 2), CPU("b", 2)},
      {{0}},
-     {{"j1", "t1", "cpu", 50, 1, 4, 1, 0, "a0 a1 b0 b1", 0, NULL, 0}}},
+     {{"j1", "t1", "cpu", 50, 1, 4, 1, 0, "a0 a1 b0 b1", 0, NULL, 0, 0}}},
     {"pack onto the fewest nodes",
      {GPU("a", 2), GPU("b", 4), GPU("c", 2)},
      {{0}},
@@ -120,22 +124,23 @@ static const struct tcase cases[] = {
      {{"t1", 4, 2, "team-one", 0, 0}, {"t2", 0, 0, NULL, 0, 0}},
      {JOB("j1", 90, 1, 4, 1, "-tenant team-one quota: holds 2 of 4"),
       JOB("j2", 50, 2, 2, 1, "a0 a1"),
-      {"j3", "t2", "cuda", 10, 3, 6, 1, 0, "a2 a3 a4 a5 a6 a7", 0, NULL, 0}}},
+      {"j3", "t2", "cuda", 10, 3, 6, 1, 0, "a2 a3 a4 a5 a6 a7", 0, NULL, 0, 0}}},
     {"quota-blocked head does not reserve",
      {GPU("a", 2)},
      {{"t1", 1, 1, NULL, 0, 0}},
-     {JOB("j1", 90, 1, 2, 1, "-quota"), {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0, NULL, 0}}},
+     {JOB("j1", 90, 1, 2, 1, "-quota"),
+      {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0, NULL, 0, 0}}},
     {"QoS max_running_jobs: one already running, limit 2: one more starts",
      {GPU("a", 8)},
      {{"t1", 0, 0, "team-one", 2, 1}},
      {JOB("j1", 90, 1, 1, 1, "a0"),
       JOB("j2", 50, 2, 1, 1, "-tenant team-one max_running_jobs: 2 of 2 jobs running"),
-      {"j3", "t2", "cuda", 10, 3, 1, 1, 0, "a1", 0, NULL, 0}}},
+      {"j3", "t2", "cuda", 10, 3, 1, 1, 0, "a1", 0, NULL, 0, 0}}},
     {"QoS max_running_jobs reached: nothing of the tenant starts, others do",
      {GPU("a", 4)},
      {{"t1", 0, 0, NULL, 1, 1}},
      {JOB("j1", 90, 1, 1, 1, "-tenant t1 max_running_jobs: 1 of 1 jobs running"),
-      {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0, NULL, 0}}},
+      {"j2", "t2", "cuda", 10, 2, 2, 1, 0, "a0 a1", 0, NULL, 0, 0}}},
     {"QoS max_running_jobs 0 is no limit",
      {GPU("a", 4)},
      {{"t1", 0, 0, NULL, 0, 7}},
@@ -152,13 +157,28 @@ static const struct tcase cases[] = {
      {GPU("a", 4), GPU("b", 4)},
      {{0}},
      {{"j1", "t1", "cuda", 50, 1, 6, 1, 2, "-at most 2 per node (resources.gpus_per_node)", 0, NULL,
-       0}}},
+       0, 0}}},
     {"gpus_per_node caps ranks per node",
      {GPU("a", 4), GPU("b", 4)},
      {{0}},
-     {{"j1", "t1", "cuda", 50, 1, 4, 1, 2, "a0 a1 b0 b1", 0, NULL, 0}}},
+     {{"j1", "t1", "cuda", 50, 1, 4, 1, 2, "a0 a1 b0 b1", 0, NULL, 0, 0}}},
 
     /* ---- GPU types over mixed fleets ---- */
+    {"fp8 skips the A100 (no FP8 tensor cores) for the RTX4090 and H100 nodes",
+     {TGPU("a", "A100-80GB", 8, 0), TGPU("r", "RTX4090", 2, 0x1), TGPU("h", "H100-SXM", 8, 0xfe)},
+     {{0}},
+     {FJOB("j1", 1, 1, NULL, "h0"), FJOB("j2", 2, 1, NULL, "r1"), JOB("j3", 50, 3, 1, 1, "a0")}},
+    {"fp8 on a fleet of A100s and untyped nodes: the reason names the capability",
+     {TGPU("a", "A100-80GB", 8, 0), GPU("u", 4)},
+     {{0}},
+     {FJOB(
+         "j1", 1, 1, NULL,
+         "-train.precision fp8 needs FP8 tensor cores (compute capability 8.9 or newer: L4, L40S, "
+         "RTX4090, H100, H200, B200); no ready node has them (ready: A100-80GB 8.0, untyped)")}},
+    {"fp8 asking the A100 by name: never placed",
+     {TGPU("a", "A100-80GB", 8, 0), TGPU("h", "H100-SXM", 8, 0)},
+     {{0}},
+     {FJOB("j1", 1, 1, "A100-80GB", "-no ready node has gpu_type A100-80GB")}},
     {"gpu_type restricts the nodes: H100 job skips the fuller A100 node",
      {TGPU("a", "A100-80GB", 8, 0x3), TGPU("h", "H100-SXM", 8, 0)},
      {{0}},
@@ -217,7 +237,7 @@ static const struct tcase cases[] = {
     {"a typed head reserves only its type: an A100 job backfills",
      {TGPU("h", "H100-SXM", 8, 0x0f), TGPU("a", "A100-80GB", 8, 0)},
      {{0}},
-     {{"head", "t1", "cuda", 90, 1, 8, 1, 0, "-needs 8 x H100-SXM", 0, "H100-SXM", 0},
+     {{"head", "t1", "cuda", 90, 1, 8, 1, 0, "-needs 8 x H100-SXM", 0, "H100-SXM", 0, 0},
       TJOB("small", 2, 8, 1, "A100-80GB", 0, "a0 a1 a2 a3 a4 a5 a6 a7"),
       TJOB("h4", 3, 4, 1, "H100-SXM", 0, "-held for job head")}},
 };
@@ -550,6 +570,18 @@ static void run_islands_from_links(void) {
     }
 }
 
+/* The compute capability the daemon gives a node of this type (its data
+ * sheet's; cluster.c takes it from api/gpu_types.c). */
+static int test_cc(const char *type) {
+    static const struct {
+        const char *type;
+        int cc;
+    } tab[] = {{"A100-80GB", 80}, {"RTX4090", 89}, {"H100-SXM", 90}, {"H200", 90}};
+    for (size_t i = 0; type && i < sizeof tab / sizeof *tab; i++)
+        if (!strcmp(tab[i].type, type)) return tab[i].cc;
+    return 0;
+}
+
 int main(void) {
     int ncases = (int)(sizeof cases / sizeof *cases);
     for (int ci = 0; ci < ncases; ci++) {
@@ -566,6 +598,7 @@ int main(void) {
             nodes[nn].busy = tc->nodes[nn].busy;
             nodes[nn].state = tc->nodes[nn].state;
             nodes[nn].gpu_type = tc->nodes[nn].gpu_type;
+            nodes[nn].cc = test_cc(tc->nodes[nn].gpu_type);
         }
         while (nq < 2 && tc->quotas[nq].tenant)
             nq++;
@@ -581,10 +614,10 @@ int main(void) {
                 nt++;
                 p += l + (p[l] == ' ');
             }
-            jobs[nj] =
-                (struct sched_job){t->id, t->tenant,   t->kind,       t->prio,  t->submit, t->world,
-                                   t->tp, t->per_node, t->avoid1 - 1, tptr[nj], nt,        t->mixed,
-                                   0.0,   NULL,        NULL,          NULL,     0};
+            jobs[nj] = (struct sched_job){
+                t->id, t->tenant,   t->kind,       t->prio,  t->submit, t->world,
+                t->tp, t->per_node, t->avoid1 - 1, tptr[nj], nt,        t->mixed,
+                0.0,   NULL,        NULL,          NULL,     0,         t->min_cc};
         }
         struct sched_cluster cl = {nodes, nn, tc->quotas, nq};
         int placed = sched_place(&cl, jobs, nj, dec);
@@ -646,6 +679,7 @@ int main(void) {
                                     NULL,
                                     NULL,
                                     NULL,
+                                    0,
                                     0};
         }
         for (int j = 0; j < MAXJ; j++) {
@@ -669,6 +703,7 @@ int main(void) {
                                          NULL,
                                          NULL,
                                          NULL,
+                                         0,
                                          0};
         }
         struct sched_cluster cl = {nodes, MAXN, NULL, 0};

@@ -675,6 +675,13 @@ static int fp8_buf(struct cuda_ctx *c, uint8_t **buf, size_t *cap, size_t want) 
 static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
     struct cuda_ctx *c = CX;
     cu_require(c, "fp8_freeze");
+    if (c->cc <
+        GPU_FP8_MIN_CC) { /* the scheduler places fp8 jobs elsewhere; a direct run lands here */
+        log_error("fp8: this GPU (compute capability %d.%d) has no FP8 tensor cores; "
+                  "train.precision fp8 needs %d.%d or newer (Ada, Hopper, Blackwell)",
+                  c->cc / 10, c->cc % 10, GPU_FP8_MIN_CC / 10, GPU_FP8_MIN_CC % 10);
+        return -1;
+    }
     if (c->f8.off || OC <= 0 || IC <= 0 || OC % 16 || IC % 16) return 1;
     FLUSH();
     struct fp8_weight *f = NULL;
