@@ -49,7 +49,7 @@ struct loom_error {
     int status;
     char code[40];
     char field[128];
-    char message[512];
+    char message[1024];
 };
 
 /* Fill an error; returns -1 so callers can `return loom_error_set(...)`. */

@@ -1150,6 +1150,69 @@ static int budget_check(const struct loom_spec *s, struct loom_error *e) {
     return 0;
 }
 
+/* A full fine-tune that does not fit as submitted, as LoRA (rank 16, alpha
+ * 32, every projection of the family: train.lora's defaults) and as QLoRA
+ * (the same over an NF4 base, bf16 compute): each variant's estimate with the
+ * spec's layout or, where that does not fit, its recommended layout. Fills
+ * out[0..1] and returns how many were planned (0: the spec already trains
+ * adapters, or the variants are not valid specs). */
+static int lora_options(const struct loom_spec *s, const struct planner_cluster *c,
+                        const struct planner_options *o, struct planner_lora_option *out) {
+    if (s->train.lora.enabled) return 0;
+    int n = 0;
+    for (int q = 0; q < 2; q++) {
+        json_t *j = jobspec_to_json(s);
+        json_t *t = json_object_get(j, "train");
+        json_object_set_new(t, "lora", json_pack("{s:i, s:f}", "rank", 16, "alpha", 32.0));
+        if (q) {
+            json_object_set_new(t, "quantize_base", json_string("nf4"));
+            if (s->train.precision == JOBSPEC_PREC_FP8)
+                json_object_set_new(t, "precision", json_string("bf16"));
+        }
+        json_object_del(j, "export"); /* export.hf of a full fine-tune: the variant's own */
+        struct planner_lora_option *r = &out[n];
+        memset(r, 0, sizeof *r);
+        struct loom_error ign;
+        int ok = t && jobspec_parse(&r->spec, j, JOBSPEC_FOR_PLAN, &ign) == 0 &&
+                 planner_estimate(&r->spec, c, o, &r->est, &ign) == 0;
+        json_decref(j);
+        if (!ok) continue;
+        r->qlora = q;
+        r->as_submitted = r->est.fits;
+        if (!r->est.fits) {
+            struct planner_candidate *list = NULL;
+            int nl = 0;
+            if (planner_recommend(&r->spec, c, o, &list, &nl, &ign) == 0) {
+                int pick = planner_pick(list, nl);
+                if (pick >= 0) r->est = list[pick].est;
+            }
+            free(list);
+        }
+        n++;
+    }
+    return n;
+}
+
+/* "as LoRA (train.lora rank 16) it fits as submitted: 17.6 GiB/GPU, 1708
+ * tokens/s"; a recommended layout is named after the numbers. */
+static void lora_option_str(const struct planner_lora_option *r, char *buf, size_t len) {
+    const char *what =
+        r->qlora ? "QLoRA (train.lora rank 16, quantize_base nf4)" : "LoRA (train.lora rank 16)";
+    if (!r->est.fits) {
+        snprintf(buf, len, "as %s it does not fit either (%.1f GiB/GPU)", what,
+                 r->est.mem.total / GIB);
+        return;
+    }
+    int k = snprintf(buf, len, "as %s it fits%s: %.1f GiB/GPU, %.0f tokens/s", what,
+                     r->as_submitted ? " as submitted" : "", r->est.mem.total / GIB,
+                     r->est.tokens_per_s);
+    if (!r->as_submitted && k > 0 && (size_t)k < len) {
+        char ls[200];
+        layout_str(ls, sizeof ls, &r->est);
+        snprintf(buf + k, len - (size_t)k, " with %s", ls);
+    }
+}
+
 int planner_check_fit(const struct loom_spec *s, const struct planner_cluster *c,
                       const struct planner_options *o, struct loom_error *e) {
     if (budget_check(s, e) != 0) return -1;
@@ -1173,13 +1236,22 @@ int planner_check_fit(const struct loom_spec *s, const struct planner_cluster *c
         }
     }
     free(list);
+    /* a full fine-tune too big for the cluster: what adapters would need */
+    char lo[2][400] = {"", ""};
+    struct planner_lora_option opt[2];
+    int nopt = lora_options(s, c, o, opt);
+    for (int i = 0; i < nopt; i++) {
+        lo[i][0] = ';';
+        lo[i][1] = ' ';
+        lora_option_str(&opt[i], lo[i] + 2, sizeof lo[i] - 2);
+    }
     const struct planner_mem *m = &est.mem;
     return loom_error_set(e, 422, "DOES_NOT_FIT", "parallel",
                           "%s (params %.1f, grads %.1f, optimizer %.1f, activations %.1f, comm "
-                          "%.1f, workspace %.1f, reserved %.1f GiB); %s",
+                          "%.1f, workspace %.1f, reserved %.1f GiB); %s%s%s",
                           est.reason, m->params / GIB, m->grads / GIB, m->optimizer / GIB,
                           m->activations / GIB, m->comm / GIB, m->workspace / GIB,
-                          m->reserved / GIB, alt);
+                          m->reserved / GIB, alt, lo[0], lo[1]);
 }
 
 /* ---- JSON ---- */
@@ -1320,15 +1392,33 @@ int planner_plan_json(const json_t *body, const struct planner_cluster *dflt, js
         json_object_set_new(rec, "rank", json_integer(pick + 1));
         json_object_set_new(rec, "why", json_string(list[pick].why));
     }
+    /* a full fine-tune that does not fit as submitted: LoRA and QLoRA beside
+     * the layouts, each with its spec fields and its estimate */
+    json_t *lora_opts = json_array();
+    struct planner_lora_option opt[2];
+    int nopt = est.fits ? 0 : lora_options(&s, &c, &o, opt);
+    for (int i = 0; i < nopt; i++) {
+        json_t *a = planner_estimate_to_json(&opt[i].est);
+        json_t *tr = json_pack("{s:{s:i, s:f}}", "lora", "rank", 16, "alpha", 32.0);
+        if (opt[i].qlora) json_object_set_new(tr, "quantize_base", json_string("nf4"));
+        char why[400];
+        lora_option_str(&opt[i], why, sizeof why);
+        json_object_set_new(a, "kind", json_string(opt[i].qlora ? "qlora" : "lora"));
+        json_object_set_new(a, "train", tr);
+        json_object_set_new(a, "fits", json_boolean(opt[i].est.fits));
+        json_object_set_new(a, "as_submitted", json_boolean(opt[i].as_submitted));
+        json_object_set_new(a, "why", json_string(why));
+        json_array_append_new(lora_opts, a);
+    }
     json_t *reasons = json_array();
     if (!est.fits) json_array_append_new(reasons, json_string(est.reason));
     for (int i = 0; i < est.n_notes; i++)
         json_array_append_new(reasons, json_string(est.notes[i]));
-    *out = json_pack("{s:b, s:o, s:o, s:o, s:o, s:b, s:o, s:o, s:o, s:i}", "valid", 1, "spec",
+    *out = json_pack("{s:b, s:o, s:o, s:o, s:o, s:b, s:o, s:o, s:o, s:i, s:o}", "valid", 1, "spec",
                      jobspec_to_json(&s), "derived", jobspec_derived_to_json(&d), "cluster",
                      planner_cluster_to_json(&c), "estimate", planner_estimate_to_json(&est),
                      "fits", est.fits, "reasons", reasons, "recommended", rec, "alternatives", alts,
-                     "layouts_considered", n);
+                     "layouts_considered", n, "lora_options", lora_opts);
     if (!*out) {
         loom_error_set(e, 500, "INTERNAL", "", "out of memory");
         goto out;

@@ -198,9 +198,20 @@ int planner_recommend(const struct loom_spec *s, const struct planner_cluster *c
  * feasible one whose GPUs are not wasted (scaling_ok), or -1. */
 int planner_pick(const struct planner_candidate *list, int n);
 
+/* A full fine-tune's spec as LoRA or QLoRA (planner_check_fit's message and
+ * planner_plan_json's "lora_options"). */
+struct planner_lora_option {
+    int qlora;                   /* 1: train.quantize_base nf4 as well */
+    int as_submitted;            /* the spec's own layout fits */
+    struct loom_spec spec;       /* the variant */
+    struct planner_estimate est; /* its layout's, or its recommended layout's */
+};
+
 /* Submit-time check: 0 when the spec's layout fits cluster `c`'s GPUs, else
- * -1 with 422 DOES_NOT_FIT naming the estimate per category and the best
- * feasible alternative on the same number of GPUs (or any, if none). */
+ * -1 with 422 DOES_NOT_FIT naming the estimate per category, the best
+ * feasible alternative on the same number of GPUs (or any, if none) and, for
+ * a full fine-tune, what it would need as LoRA and as QLoRA (train.lora rank
+ * 16 on every projection; with quantize_base nf4). */
 int planner_check_fit(const struct loom_spec *s, const struct planner_cluster *c,
                       const struct planner_options *o, struct loom_error *e);
 
@@ -270,7 +281,10 @@ json_t *planner_estimate_to_json(const struct planner_estimate *est);
  * ({"compute_efficiency","overlap","max_alternatives"}) objects; `dflt` is the
  * cluster used when the body has none (NULL: planner_cluster_default).
  * Returns 0 with *out = {"valid":true,"spec","derived","cluster","estimate",
- * "fits","reasons","recommended","alternatives"} (caller owns), or -1 with
+ * "fits","reasons","recommended","alternatives","lora_options"} (caller owns;
+ * lora_options: a full fine-tune that does not fit as submitted planned as
+ * LoRA and as QLoRA, each an estimate with "kind", "train" (the spec fields to
+ * add), "fits", "as_submitted" and "why"; [] otherwise), or -1 with
  * `e` filled (400/422: answer with loom_error_to_json). */
 int planner_plan_json(const json_t *body, const struct planner_cluster *dflt, json_t **out,
                       struct loom_error *e);

@@ -147,6 +147,9 @@ static void print_plan(json_t *out) {
     } else {
         printf("\n%-10s no layout of this model fits the cluster\n", "recommend");
     }
+    /* a full fine-tune that does not fit as submitted: as LoRA, as QLoRA */
+    json_array_foreach(json_object_get(out, "lora_options"), i, v)
+        printf("%-10s %s\n", i ? "" : "adapters", cli_str(v, "why"));
 }
 
 /* Flags that fill the "cluster" object: flag, key, 1 = integer, 0 = number, 2 = string. */

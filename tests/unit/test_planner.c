@@ -791,9 +791,50 @@ static void test_plan_json(void) {
         CHECK(strcmp(json_string_value(json_object_get(json_object_get(out, "cluster"), "gpu")),
                      "A100-80GB") == 0);
         CHECK(json_integer_value(json_object_get(json_object_get(out, "derived"), "world")) == 8);
+        /* it fits as submitted: no adapter options */
+        CHECK(json_is_array(json_object_get(out, "lora_options")) &&
+              json_array_size(json_object_get(out, "lora_options")) == 0);
     }
     json_decref(out);
     json_decref(body);
+    /* a Llama 3 8B full fine-tune on one RTX 4090 fits no layout; as LoRA and as QLoRA it
+     * does, each with the spec fields to add; a LoRA spec gets no options */
+    for (int lora = 0; lora < 2; lora++) {
+        t = dequote(lora ? "{'model':{'family':'llama','preset':'8b','seq_len':2048},'train':{"
+                           "'micro_batch':1,'global_batch_tokens':2048,'lora':{'rank':8}},"
+                           "'cluster':{'nodes':1,'gpus_per_node':1,'gpu':'RTX4090'}}"
+                         : "{'model':{'family':'llama','preset':'8b','seq_len':2048},'train':{"
+                           "'micro_batch':1,'global_batch_tokens':2048},"
+                           "'cluster':{'nodes':1,'gpus_per_node':1,'gpu':'RTX4090'}}");
+        body = json_loads(t, 0, NULL);
+        free(t);
+        out = NULL;
+        CHECK(body && planner_plan_json(body, NULL, &out, &e) == 0 && out);
+        json_t *lo = json_object_get(out, "lora_options");
+        CHECK(json_is_array(lo) && json_array_size(lo) == (lora ? 0 : 2));
+        if (!lora && json_array_size(lo) == 2) {
+            CHECK(json_is_null(json_object_get(out, "recommended")));
+            json_t *a = json_array_get(lo, 0), *q = json_array_get(lo, 1);
+            CHECK(!strcmp(json_string_value(json_object_get(a, "kind")), "lora") &&
+                  !strcmp(json_string_value(json_object_get(q, "kind")), "qlora"));
+            CHECK(json_is_true(json_object_get(a, "fits")) &&
+                  json_is_true(json_object_get(q, "fits")));
+            json_t *qt = json_object_get(q, "train");
+            CHECK(json_integer_value(json_object_get(json_object_get(qt, "lora"), "rank")) == 16 &&
+                  !strcmp(json_string_value(json_object_get(qt, "quantize_base")), "nf4"));
+            CHECK(json_object_get(json_object_get(a, "train"), "quantize_base") == NULL);
+            double ga =
+                json_number_value(json_object_get(json_object_get(a, "memory_gib"), "total"));
+            double gq =
+                json_number_value(json_object_get(json_object_get(q, "memory_gib"), "total"));
+            CHECK(ga > 15 && ga < 24 && gq < ga, "LoRA %.2f GiB, QLoRA %.2f GiB", ga, gq);
+            printf("8b full fine-tune on an RTX4090: %s; %s\n",
+                   json_string_value(json_object_get(a, "why")),
+                   json_string_value(json_object_get(q, "why")));
+        }
+        json_decref(out);
+        json_decref(body);
+    }
 }
 
 /* ---- bad inputs ---- */
@@ -921,6 +962,13 @@ static void test_fleet_fit(void) {
     CHECK(strstr(e.message, "fits it as submitted: H200") != NULL);
     CHECK(strstr(e.message, "resources.gpu_type to \"H200\"") != NULL);
     printf("fleet RTX4090: %s\n", e.message);
+    /* what the same model needs as LoRA and QLoRA (rank 16, every projection): both fit one
+     * 24 GiB card, QLoRA in less */
+    const char *lo = strstr(e.message, "as LoRA (train.lora rank 16) it fits");
+    const char *qlo = strstr(e.message, "as QLoRA (train.lora rank 16, quantize_base nf4) it fits");
+    CHECK(lo && qlo && lo < qlo, "%s", e.message);
+    double glo = qlo ? atof(strstr(lo, ": ") + 2) : 0, gq = qlo ? atof(strstr(qlo, ": ") + 2) : 0;
+    CHECK(glo > 12.6 && glo < 24 && gq > 3 && gq < glo, "LoRA %.1f GiB, QLoRA %.1f GiB", glo, gq);
     snprintf(types[0], sizeof types[0], "H200");
     CHECK(planner_fleet_check(&s, &f, (const char(*)[GPU_TYPE_NAME_MAX])types, 1, 0, &e) == 0);
     CHECK(planner_fleet_check(&s, &f, NULL, 0, 0, &e) == 0); /* untyped: H200 holds it */
