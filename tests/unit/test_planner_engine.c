@@ -269,21 +269,23 @@ int main(int argc, char **argv) {
         model_free(m);
         engine_free(e);
     }
-    /* recompute: full, and the budget mode ({"budget_gib": N} halfway between
-     * full and none: the planner's keep, allocated by the engine) */
+    /* recompute: full, the budget mode ({"budget_gib": N} halfway between
+     * full and none: the planner's keep, allocated by the engine) and selective */
     static const char *const rc_fam[] = {"gpt2", "llama"};
     for (int fi = 0; fi < 2; fi++) {
-        for (int budget = 0; budget < 2; budget++) {
+        for (int budget = 0; budget < 3; budget++) {
+            int sel = budget == 2;
             const char *fmt = "{\"model\":{\"family\":\"%s\",\"preset\":\"mini\",\"seq_len\":"
                               "128},\"resources\":{\"device\":\"%s\"},\"train\":{\"micro_batch\":2,"
                               "\"recompute\":%s}}";
             const char *dev = cuda ? "cuda" : "cpu";
-            char text[512], rcs[64] = "\"full\"";
+            char text[512], rcs[64];
+            snprintf(rcs, sizeof rcs, "%s", sel ? "\"selective\"" : "\"full\"");
             struct loom_spec s;
             struct loom_error err;
             struct planner_estimate lo, hi, est;
             int keep = 0;
-            if (budget) { /* the two ends first */
+            if (budget == 1) { /* the two ends first */
                 snprintf(text, sizeof text, fmt, rc_fam[fi], dev, "\"full\"");
                 CHECK(jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) == 0 &&
                       planner_estimate(&s, NULL, NULL, &lo, &err) == 0);
@@ -301,7 +303,7 @@ int main(int argc, char **argv) {
             }
             CHECK(planner_estimate(&s, NULL, NULL, &est, &err) == 0);
             double floor_gib;
-            if (budget) {
+            if (budget == 1) {
                 CHECK(planner_recompute_keep(&s, 0, &keep, &floor_gib, &err) == 0);
                 CHECK(keep > 0 && keep < est.mem.layers);
             }
@@ -312,15 +314,22 @@ int main(int argc, char **argv) {
             struct engine *e = engine_new(&s.model, &p, be);
             CHECK(e != NULL);
             if (!e) continue;
-            struct model_opts mo = {
-                .B = 2, .T = 128, .threads = 1, .recompute = MODEL_RECOMPUTE_FULL, .keep = keep};
+            struct model_opts mo = {.B = 2,
+                                    .T = 128,
+                                    .threads = 1,
+                                    .recompute =
+                                        sel ? MODEL_RECOMPUTE_SELECTIVE : MODEL_RECOMPUTE_FULL,
+                                    .keep = keep};
             struct model *m = model_new_ex(e, &mo);
             CHECK(m != NULL);
             const struct engine_mem *r = &e->mem;
             printf("%s %-5s mini B=2 T=128 recompute %s (keep %d of %d): activations %zu/%.0f "
                    "(real/estimate, bytes)\n",
-                   dev, rc_fam[fi], budget ? "budget" : "full", keep, est.mem.layers,
-                   r->activations, est.mem.activations);
+                   dev, rc_fam[fi],
+                   sel      ? "selective"
+                   : budget ? "budget"
+                            : "full",
+                   keep, est.mem.layers, r->activations, est.mem.activations);
             CHECK(within(est.mem.activations, (double)r->activations, 0.10));
             model_free(m);
             engine_free(e);
