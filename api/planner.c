@@ -508,8 +508,11 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     double normres = N * (e * 4 * C + 16);                /* n1, r1, n2, r2 + fp32 stats */
     double attn_s = attn, mlp_s = mlp, normres_s = normres;
     if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE) {
-        attn_s = N * e * QKV / tp; /* core attention recomputed from qkv */
-        mlp_s = N * e * fcw / tp;  /* activation recomputed from its input */
+        /* the norms' outputs and the MLP activation recomputed in the backward
+         * from what each block keeps, into one n1 (= n2) and one activation
+         * buffer shared by the blocks (added below) */
+        mlp_s = N * e * fcw / tp;
+        normres_s = N * (e * 2 * C + 16);
     } else if (L->rc == JOBSPEC_RECOMPUTE_FULL) {
         attn_s = mlp_s = 0;
         normres_s = N * e * C; /* the block input only */
@@ -523,6 +526,10 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     m->act_attention = k * attn_s + full_sh * attn;
     m->act_mlp = k * mlp_s + full_sh * mlp;
     m->act_norm_residual = k * normres_s + full_sh * (normres - N * e * C);
+    if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE) { /* the shared n1 and activation, a set per slot */
+        m->act_mlp += inflight * N * e * F / tp;
+        m->act_norm_residual += inflight * N * e * C;
+    }
     m->keep = -1;
     m->layers = layers;
     double wide = C;
@@ -592,19 +599,24 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     m->total =
         m->params + m->grads + m->optimizer + m->activations + m->comm + m->workspace + m->reserved;
     if (L->budget > 0 && L->rc == JOBSPEC_RECOMPUTE_FULL) {
-        /* The budget mode: the first K blocks keep every activation, the
-         * others recompute in full (worker/model.c model_opts.keep). K = L-1
-         * costs what K = L does (the shared buffers are one block's worth),
-         * so the candidates are L, then L-2 down to 0. */
-        double blk[3] = {attn, mlp, normres}, out = N * e * C;
+        /* The budget mode: the first K blocks keep what selective recompute
+         * keeps (their norms' outputs and activation go into one shared n1
+         * and activation buffer), the others recompute in full, sharing one
+         * block's buffers but its output (worker/model.c model_opts.keep).
+         * K = L-1 costs more than K = L (the shared block), so the candidates
+         * are L, then L-2 down to 0. */
+        double sel[3] = {attn, N * e * fcw / tp, N * (e * 2 * C + 16)}, out = N * e * C;
         double per = (m->act_attention + m->act_mlp + m->act_norm_residual);
         double rest = m->total - per, acts[3] = {0, 0, 0};
         int K = layers;
         for (;;) {
             int some = K < layers;
+            /* shared: a whole block but its output, or (all kept) n1 and the activation */
+            double sh[3] = {some ? attn : 0, some ? mlp : N * e * F / tp,
+                            some ? normres - out : N * e * C};
             for (int i = 0; i < 3; i++)
-                acts[i] = inflight * (K * blk[i] + (some ? blk[i] : 0));
-            acts[2] += inflight * ((layers - K) * out - (some ? out : 0));
+                acts[i] = inflight * (K * sel[i] + sh[i]);
+            acts[2] += inflight * (layers - K) * out;
             if (K == 0 || rest + acts[0] + acts[1] + acts[2] <= L->budget) break;
             K = K == layers ? layers - 2 : K - 1;
             if (K < 0) K = 0;
@@ -668,10 +680,8 @@ static void eval(const struct ctx *x, const struct tp_facts *f, const struct lay
     double rc_frac = est->mem.keep >= 0 && est->mem.layers > 0
                          ? (double)(est->mem.layers - est->mem.keep) / est->mem.layers
                          : 1;
-    if (L->rc == JOBSPEC_RECOMPUTE_FULL)
-        extra = fwd_layer * rc_frac;
-    else if (L->rc == JOBSPEC_RECOMPUTE_SELECTIVE)
-        extra = 4 * C * T;
+    if (L->rc == JOBSPEC_RECOMPUTE_FULL) extra = fwd_layer * rc_frac;
+    /* selective recomputes norms and the activation: no matmul work */
     /* the slowest stage sets the pace (the last one carries the head) */
     int layers = 0;
     double stage_fl = slowest_stage(mc, pp, fl_layer + extra, fl_head, &layers);

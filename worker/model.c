@@ -235,7 +235,11 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     if (fcw > wide) wide = fcw;
     if ((size_t)(m->NH * m->HD) > wide) wide = (size_t)(m->NH * m->HD);
     struct model_acts *a = m->acts;
-    int sel = m->recompute == MODEL_RECOMPUTE_SELECTIVE,
+    /* sel: blocks that recompute their norms' outputs and activation (every
+     * block with SELECTIVE, the kept ones of the budget mode); full: some
+     * block recomputes in full */
+    int sel = m->recompute == MODEL_RECOMPUTE_SELECTIVE ||
+              (m->recompute == MODEL_RECOMPUTE_FULL && m->keep > 0),
         full = m->recompute == MODEL_RECOMPUTE_FULL && m->keep < m->l1 - m->l0;
     if (sel || full) {
         struct layer_acts *x = &a->rc;
@@ -280,7 +284,7 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
         x->qkv = act_alloc(m, N * m->QKV);
         x->atty = act_alloc(m, N * m->NH * m->HD);
         x->r1 = act_alloc(m, N * C);
-        x->n2 = sel ? a->rc.n2 : act_alloc(m, N * C);
+        x->n2 = sel ? a->rc.n1 : act_alloc(m, N * C); /* n2 in n1's buffer */
         x->fch = act_alloc(m, N * fcw);
         x->fca = sel ? a->rc.fca : act_alloc(m, N * m->F);
         x->r2 = act_alloc(m, N * C);
@@ -725,10 +729,15 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         const void *x = l > m->l0 ? a->l[l - 1].r2 : a->enc;
         if (e->hooks.layer_pre_backward) e->hooks.layer_pre_backward(e, e->hooks.user, l);
         nf4_layer(e->nf4, l); /* QLoRA: block l's weights into the scratch (NULL: none) */
-        /* Recompute what was not kept (same kernels, same inputs: same bits). */
-        if (m->recompute == MODEL_RECOMPUTE_FULL && l - m->l0 >= m->keep) {
+        /* Recompute what was not kept (same kernels, same inputs: same bits):
+         * the whole block, or its norms' outputs and activation (selective,
+         * and the budget mode's kept blocks) */
+        int full_l = m->recompute == MODEL_RECOMPUTE_FULL && l - m->l0 >= m->keep;
+        int sel_l = m->recompute == MODEL_RECOMPUTE_SELECTIVE ||
+                    (m->recompute == MODEL_RECOMPUTE_FULL && !full_l);
+        if (full_l) {
             block_fwd(m, l, x);
-        } else if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {
+        } else if (sel_l) {
             norm_fwd(m, s->n2, s->n2_mean, s->n2_rstd, s->r1, k->n2w, k->n2b);
             act_fwd(m, s);
         }
@@ -748,7 +757,7 @@ void model_backward(struct model *m, void (*on_layer)(int layer, void *user), vo
         if (m->lora) lora_bwd(m->lora, l, LORA_SITE_FC, a->s1, a->s2, s->n2);
         tp_allreduce(e, a->s1, (size_t)N * C);
         norm_bwd(m, a->dres, a->s1, s->r1, k->n2w, k->n2b, s->n2_mean, s->n2_rstd);
-        if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) /* n1 shares n2's buffer */
+        if (sel_l) /* n1 shares n2's buffer */
             norm_fwd(m, s->n1, s->n1_mean, s->n1_rstd, x, k->n1w, k->n1b);
         /* attention: r1 = x + proj(attn(qkv(norm1(x)))) */
         b->zero(b->ctx, a->s1, (size_t)N * AC * es);

@@ -39,17 +39,21 @@ struct lora;       /* LoRA adapters (worker/lora.h) */
  *   so there is nothing quadratic to drop.
  * FULL: each block keeps only its output (the next block's input); backward
  *   re-runs the block's forward first (one extra forward, incl. its tp
- *   all-reduces). Recomputation runs the same kernels on the same inputs, so
- *   losses and gradients are bit-identical to NONE. */
+ *   all-reduces). With keep > 0 (the budget mode) the first `keep` blocks
+ *   are not recomputed and keep what SELECTIVE keeps. Recomputation runs the
+ *   same kernels on the same inputs, so losses and gradients are
+ *   bit-identical to NONE. */
 enum model_recompute { MODEL_RECOMPUTE_NONE = 0, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL };
 
 struct model_opts {
     int B, T;      /* micro-batch shape */
     int threads;   /* CPU backend threads (0: default) */
     int recompute; /* enum model_recompute */
-    /* with MODEL_RECOMPUTE_FULL: the first `keep` blocks of this stage keep
-     * every activation (not recomputed), the rest recompute (the budget mode,
-     * train.recompute {"budget_gib": N}; 0: every block recomputes) */
+    /* with MODEL_RECOMPUTE_FULL: the first `keep` blocks of this stage are
+     * not recomputed but keep what SELECTIVE keeps (their norms' outputs and
+     * MLP activation are recomputed, elementwise, into buffers all blocks
+     * share), the rest recompute in full (the budget mode, train.recompute
+     * {"budget_gib": N}; 0: every block recomputes) */
     int keep;
 };
 
@@ -70,7 +74,7 @@ struct model {
      * stays the whole vocabulary). */
     int l0, l1, first, last;
     int recompute;       /* enum model_recompute */
-    int keep;            /* with full recompute: blocks [l0, l0 + keep) are not recomputed */
+    int keep;            /* with full recompute: blocks [l0, l0 + keep) recompute as selective */
     struct tp_state *tp; /* NULL when tp == 1 */
     /* LoRA adapters (worker/lora.h; not owned), NULL without. When set, the
      * base tensors are frozen: the backward computes no gradient for them. */

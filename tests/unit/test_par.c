@@ -124,9 +124,11 @@ static size_t expected_acts(enum model_family f, int mode, int keep, int B) {
         return fixed + L * block;
     case MODEL_RECOMPUTE_SELECTIVE: /* n1 = n2 and fca shared */
         return fixed + L * (block - 4 * N * (2 * C + F)) + 4 * N * (C + F);
-    default: /* each recomputed block keeps r2; one block's worth (but r2) shared */
-        if ((size_t)keep >= L) return fixed + L * block;
-        return fixed + (size_t)keep * block + (L - (size_t)keep) * 4 * N * C + block - 4 * N * C;
+    default: /* each recomputed block keeps r2; one block's worth (but r2) shared, where kept
+              * blocks (as selective) also put n1 = n2 and fca */
+        if ((size_t)keep >= L) return expected_acts(f, MODEL_RECOMPUTE_SELECTIVE, 0, B);
+        return fixed + (size_t)keep * (block - 4 * N * (2 * C + F)) +
+               (L - (size_t)keep) * 4 * N * C + block - 4 * N * C;
     }
 }
 
@@ -161,7 +163,8 @@ static void test_recompute(void) {
         CHECK(r[0].loss[STEPS - 1] < r[0].loss[0], "loss did not fall: %g -> %g", r[0].loss[0],
               r[0].loss[STEPS - 1]);
         /* The budget mode's mix (full recompute, the first `keep` of the 3
-         * blocks not recomputed): same bits, memory between full and none. */
+         * blocks recomputing only as selective does): same bits, memory
+         * between full and selective's, and keeping every block is selective */
         size_t last_bytes = r[2].act_bytes;
         for (int keep = 1; keep <= 4; keep++) {
             struct result k;
@@ -172,15 +175,20 @@ static void test_recompute(void) {
             size_t want = expected_acts((enum model_family)f, MODEL_RECOMPUTE_FULL, keep, 2);
             CHECK(k.act_bytes == want, "family %d keep %d: activations %zu bytes, formula %zu", f,
                   keep, k.act_bytes, want);
-            /* keeping L-1 of L blocks costs what none does (the shared
+            /* keeping L-1 of L blocks costs more than keeping all L (the shared
              * buffers are one block's worth): the budget mode never picks it */
             if (keep < 2)
-                CHECK(k.act_bytes > last_bytes && k.act_bytes < r[0].act_bytes,
-                      "family %d keep %d: activations %zu not between keep %d's %zu and none's %zu",
-                      f, keep, k.act_bytes, keep - 1, last_bytes, r[0].act_bytes);
+                CHECK(k.act_bytes > last_bytes && k.act_bytes < r[1].act_bytes,
+                      "family %d keep %d: activations %zu not between keep %d's %zu and "
+                      "selective's %zu",
+                      f, keep, k.act_bytes, keep - 1, last_bytes, r[1].act_bytes);
+            else if (keep == 2)
+                CHECK(k.act_bytes > r[1].act_bytes && k.act_bytes < r[0].act_bytes,
+                      "family %d keep 2: %zu, selective's %zu, none's %zu", f, k.act_bytes,
+                      r[1].act_bytes, r[0].act_bytes);
             else
-                CHECK(k.act_bytes == r[0].act_bytes, "family %d keep %d: %zu, none's %zu", f, keep,
-                      k.act_bytes, r[0].act_bytes);
+                CHECK(k.act_bytes == r[1].act_bytes, "family %d keep %d: %zu, selective's %zu", f,
+                      keep, k.act_bytes, r[1].act_bytes);
             last_bytes = k.act_bytes;
             printf("family %s full recompute keep %d activations %7zu bytes\n",
                    f ? "llama" : "gpt2", keep, k.act_bytes);
