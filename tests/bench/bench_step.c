@@ -19,10 +19,13 @@
  * Output: human lines on stderr, one "RESULT {json}" line on stdout.
  * Usage: loom-gpu-bench [--model 124m] [--family gpt2] [--mbs 16] [--T 1024]
  *        [--steps 30] [--warmup 8] [--profile 3] [--lora R] [--lora-dropout P] [--accum 1]
- *        [--recompute none|selective|full] [--quantize-base nf4]
+ *        [--recompute none|selective|full] [--keep K] [--quantize-base nf4]
  *        [--offload off|on|sync|delayed] [--offload-threads N]
  *        [--offload-pin register|alloc|off] [--precision bf16|fp8]
  *        [--data random|learnable]
+ * --keep K (with --recompute full): the budget mode's mix, the first K blocks
+ * kept as selective keeps them (worker/model.h model_opts.keep; the K a budget
+ * gives is in `loomctl plan`'s notes).
  * --quantize-base nf4 (with --lora): QLoRA, the block linear weights in NF4
  * (worker/nf4.h), dequantized a block at a time into a bf16 scratch.
  * With --offload (worker/offload.h) the RESULT line adds the step's split:
@@ -322,7 +325,7 @@ int main(int argc, char **argv) {
     const char *preset = "124m", *family = "gpt2";
     const char *recompute = "none", *quant = "none", *precision = "bf16", *data = "random";
     int mbs = 16, T = 1024, nsteps = 30, warmup = 8, nprof = 3, rank = 0, ncu_step = -1;
-    int accum = 1, offload_threads = 0;
+    int accum = 1, offload_threads = 0, keep = 0;
     double lora_dropout = 0; /* --lora-dropout: train.lora.dropout of the adapters */
     const char *offload = "off", *pin = "register";
     double t_start = clock_mono_msf();
@@ -347,6 +350,8 @@ int main(int argc, char **argv) {
             lora_dropout = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--recompute"))
             recompute = argv[i + 1];
+        else if (!strcmp(argv[i], "--keep"))
+            keep = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--quantize-base"))
             quant = argv[i + 1];
         else if (!strcmp(argv[i], "--accum"))
@@ -393,6 +398,10 @@ int main(int argc, char **argv) {
     if (fp8 && nf4) {
         fprintf(stderr, "--precision fp8 runs without --quantize-base nf4 (the E4M3 path takes "
                         "weights in bf16)\n");
+        return 2;
+    }
+    if (keep < 0 || (keep > 0 && rcm != 2)) {
+        fprintf(stderr, "--keep %d needs --recompute full (the budget mode's mix)\n", keep);
         return 2;
     }
     if (rcm < 0 || rank < 0 || nsteps < 1) {
@@ -443,7 +452,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    struct model_opts mo = {.B = mbs, .T = T, .recompute = rcm};
+    struct model_opts mo = {.B = mbs, .T = T, .recompute = rcm, .keep = keep};
     struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 42)) return 1;
     double nf4_init_s = (clock_mono_msf() - t_init) / 1e3;
@@ -601,8 +610,9 @@ int main(int argc, char **argv) {
            mr.workspace_bytes / 1073741824.0,
            (double)(mr.engine_peak + mr.workspace_bytes) / 1073741824.0, info.loss, rank,
            lo ? lora_numel(lo) : (size_t)nparam, recompute, quant);
-    printf(",\"accum\":%d,\"offload\":\"%s\",\"pin\":\"%s\",\"data\":\"%s\",\"loss_last50\":%.5f",
-           o.grad_accum, offload, pin, data, n_last ? loss_last / n_last : 0.0);
+    printf(",\"accum\":%d,\"offload\":\"%s\",\"pin\":\"%s\",\"data\":\"%s\",\"loss_last50\":%.5f"
+           ",\"keep\":%d",
+           o.grad_accum, offload, pin, data, n_last ? loss_last / n_last : 0.0, keep);
     struct cuda_fp8_stats f8s;
     if (backend_cuda_fp8_stats(e->be, &f8s) == 0)
         printf(",\"precision\":\"%s\",\"fp8_weights\":%d,\"fp8_gemms_fwd\":%ld,"

@@ -3,7 +3,8 @@
 # rank-16 adapters (alpha 32) on every projection of the Llama 3.2 1B and
 # Llama 3 8B shapes at micro-batch 4, T 2048 (loom-gpu-bench --lora 16 against
 # llama_torch_bench.py --lora 16, compiled), the 8B shape also with selective
-# and full recompute and with the unfused adapter path (LOOM_LORA_FUSED=0), and QLoRA
+# and full recompute, the budget mode at 41.7 GiB (--keep 28), fp8 with
+# selective recompute and the unfused adapter path (LOOM_LORA_FUSED=0), and QLoRA
 # (--quantize-base nf4) on the Llama 2 70B shape at micro-batch 1, T 2048.
 # Goals (docs/perf.md "LoRA"): tokens/s >= 1.3x the peer's, memory <= 0.8x
 # (8B); the 70B QLoRA run fits.
@@ -52,6 +53,11 @@ EOF
 loom 8b 200 --model 8b --mbs 4 --T 2048 --lora 16 --steps 8 --warmup 2 --profile 1
 loom 8b_selective 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute selective --steps 5 \
     --warmup 2 --profile 0
+# the budget mode at the memory goal ({"budget_gib": 41.7}: the planner keeps 28 of 32 blocks)
+loom 8b_budget 150 --model 8b --mbs 4 --T 2048 --lora 16 --recompute full --keep 28 --steps 5 \
+    --warmup 2 --profile 0
+loom 8b_fp8_selective 150 --model 8b --mbs 4 --T 2048 --lora 16 --precision fp8 --recompute \
+    selective --steps 5 --warmup 2 --profile 0
 # QLoRA on the Llama 2 70B shape (goal: fits on one GPU at micro-batch 1, T 2048)
 loom 70b_nf4 300 --model 70b --mbs 1 --T 2048 --lora 16 --quantize-base nf4 --recompute \
     selective --steps 2 --warmup 1 --profile 0
@@ -60,6 +66,8 @@ loom 1b 150 --model 1b --mbs 4 --T 2048 --lora 16 --steps 20 --warmup 5 --profil
 peer 8b
 ratio 8b 8b
 ratio 8b_selective 8b
+ratio 8b_budget 8b
+ratio 8b_fp8_selective 8b
 peer 1b
 ratio 1b 1b
 # the per-adapter path (LOOM_LORA_FUSED=0) and full recompute
