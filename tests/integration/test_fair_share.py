@@ -384,7 +384,9 @@ def sc_fair_share(c):
     other, other_token = c.new_tenant("beta")
     # A blocker holds the cluster; then acme submits first, beta second, at
     # one priority. When the blocker ends beta (no usage) must start first.
-    blocker = submit(c, world=4, steps=15, step_ms=100)
+    # The blocker runs 4 s, so that both submits land while it holds the
+    # cluster however loaded the machine is.
+    blocker = submit(c, world=4, steps=40, step_ms=100)
     c.wait_state(blocker, ("running",), 20)
     a = submit(c, world=4, steps=5, step_ms=100)
     time.sleep(0.05)
