@@ -109,7 +109,7 @@ def sc_qos(c):
     check(st == 200 and len(lst["items"]) == 0, "the refused submit stored no job")
 
     # max_running_jobs=1: the second job waits with the limit as its reason.
-    a = submit(c, priority=60, steps=15, step_ms=100)
+    a = submit(c, priority=60, steps=40, step_ms=100)  # 4 s: b is seen waiting while a runs
     b = submit(c, priority=60, steps=2, step_ms=50)
     c.wait_state(a, ("running",), 20)
 
@@ -145,7 +145,7 @@ def sc_time_limit(c):
           "max_runtime_s=2" in reasons[0], "failed with a TIME_LIMIT reason: %s" % reasons)
     c.wait(lambda: not c.alive_workers(jid), 10, "no worker left alive (SIGTERM)")
     # Without a limit the same job keeps running past 2 s.
-    free = submit(c, world=1, steps=40, step_ms=100)
+    free = submit(c, world=1, steps=150, step_ms=100)
     c.wait_state(free, ("running",), 20)
     time.sleep(3)
     check(c.job(free)["state"] == "running", "a job without max_runtime_s keeps running")
@@ -153,7 +153,7 @@ def sc_time_limit(c):
 
 
 def sc_after(c):
-    a = submit(c, steps=10, step_ms=100)
+    a = submit(c, steps=30, step_ms=100)  # 3 s: b is seen waiting while a runs
     b = submit(c, steps=2, step_ms=20, after=[a])
 
     def b_waits():
