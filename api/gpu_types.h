@@ -18,6 +18,8 @@
 /* The least compute capability (x10) with FP8 tensor cores (Ada sm_89,
  * Hopper sm_90, Blackwell): what train.precision fp8 needs. */
 #define GPU_FP8_MIN_CC 89
+/* Those types of the table, for messages. */
+#define GPU_FP8_EXAMPLES "L4, L40, L40S, RTX4090, H100, H200, B200"
 
 struct gpu_type {
     const char *name;       /* normalized gpu_type, e.g. "H100-SXM"; "cpu" for cpu devices */

@@ -1514,7 +1514,7 @@ static int fp8_check(const struct loom_spec *s, const struct planner_fleet *f,
     if (any || !seen) return 0;
     return loom_error_set(e, 422, "PRECISION_GPU", "train.precision",
                           "train.precision fp8 needs FP8 tensor cores (compute capability %d.%d or "
-                          "newer: L4, L40S, RTX4090, H100, H200, B200); %s %s",
+                          "newer: " GPU_FP8_EXAMPLES "); %s %s",
                           GPU_FP8_MIN_CC / 10, GPU_FP8_MIN_CC % 10,
                           ntypes > 0 ? "resources.gpu_type lists" : "the cluster has", have);
 }

@@ -10,6 +10,8 @@
  * island of the node could hold it. */
 #include "daemon/sched.h"
 
+#include "api/gpu_types.h" /* GPU_FP8_EXAMPLES (a macro: sched.c links nothing else) */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -533,11 +535,10 @@ static int reason_cc(const struct sched_cluster *c, const struct sched_job *j, c
             seen = strcmp(ntype(types[k]), ntype(n)) == 0;
         if (!seen) types[nt++] = n;
     }
-    int off =
-        snprintf(buf, len,
-                 "train.precision fp8 needs FP8 tensor cores (compute capability %d.%d or "
-                 "newer: L4, L40S, RTX4090, H100, H200, B200); no ready node has them (ready:",
-                 j->min_cc / 10, j->min_cc % 10);
+    int off = snprintf(buf, len,
+                       "train.precision fp8 needs FP8 tensor cores (compute capability %d.%d or "
+                       "newer: " GPU_FP8_EXAMPLES "); no ready node has them (ready:",
+                       j->min_cc / 10, j->min_cc % 10);
     for (int k = 0; k < nt && off > 0 && (size_t)off < len; k++) {
         const char *t = ntype(types[k]);
         off += snprintf(buf + off, len - (size_t)off, "%s%s", k ? ", " : " ", *t ? t : "untyped");

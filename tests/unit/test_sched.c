@@ -171,10 +171,10 @@ static const struct tcase cases[] = {
     {"fp8 on a fleet of A100s and untyped nodes: the reason names the capability",
      {TGPU("a", "A100-80GB", 8, 0), GPU("u", 4)},
      {{0}},
-     {FJOB(
-         "j1", 1, 1, NULL,
-         "-train.precision fp8 needs FP8 tensor cores (compute capability 8.9 or newer: L4, L40S, "
-         "RTX4090, H100, H200, B200); no ready node has them (ready: A100-80GB 8.0, untyped)")}},
+     {FJOB("j1", 1, 1, NULL,
+           "-train.precision fp8 needs FP8 tensor cores (compute capability 8.9 or newer: L4, L40, "
+           "L40S, RTX4090, H100, H200, B200); no ready node has them (ready: A100-80GB 8.0, "
+           "untyped)")}},
     {"fp8 asking the A100 by name: never placed",
      {TGPU("a", "A100-80GB", 8, 0), TGPU("h", "H100-SXM", 8, 0)},
      {{0}},
