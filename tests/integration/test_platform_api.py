@@ -93,7 +93,7 @@ class Receiver:
         self.fail_left = fail_first
         self.delay = delay  # seconds before each answer
         self.answered = 0
-        self.active = self.max_active = 0  # requests being answered at once
+        self.active = self.max_active = 0  # requests not yet answered, at once
         self.lock = threading.Lock()
         outer = self
 
@@ -115,11 +115,15 @@ class Receiver:
                     outer.max_active = max(outer.max_active, outer.active)
                 if outer.delay:
                     time.sleep(outer.delay)
-                self.send_response(500 if fail else 204)
-                self.end_headers()
+                # Counted as answered before the answer goes out: once loomd
+                # has it, it may open the next request at once, before this
+                # thread could run again, and `active` must count only the
+                # requests loomd still waits on.
                 with outer.lock:
                     outer.active -= 1
                     outer.answered += 1
+                self.send_response(500 if fail else 204)
+                self.end_headers()
 
             def log_message(self, *a):
                 pass
