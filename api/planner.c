@@ -1470,6 +1470,11 @@ static int type_fp8(const char *name) {
     return t && t->cc >= GPU_FP8_MIN_CC;
 }
 
+/* The pool's GPUs have them: by its type, or what its nodes report. */
+static int pool_fp8(const struct planner_pool *p) {
+    return gpu_type_find(p->gpu) ? type_fp8(p->gpu) : p->cc >= GPU_FP8_MIN_CC;
+}
+
 int planner_fleet_candidates(const struct loom_spec *s, const struct planner_fleet *f,
                              const char (*types)[GPU_TYPE_NAME_MAX], int ntypes, int *idx) {
     int cpu = s->resources.device == JOBSPEC_DEV_CPU, n = 0;
@@ -1478,13 +1483,13 @@ int planner_fleet_candidates(const struct loom_spec *s, const struct planner_fle
         for (int t = 0; t < ntypes; t++)
             for (int i = 0; i < f->n && n < PLANNER_MAX_POOLS; i++)
                 if (strcmp(f->pool[i].gpu, types[t]) == 0 && pool_usable(&f->pool[i]) &&
-                    (!fp8 || type_fp8(f->pool[i].gpu)))
+                    (!fp8 || pool_fp8(&f->pool[i])))
                     idx[n++] = i;
         return n;
     }
     for (int i = 0; i < f->n && n < PLANNER_MAX_POOLS; i++)
         if (pool_is_cpu(&f->pool[i]) == cpu && pool_usable(&f->pool[i]) &&
-            (!fp8 || type_fp8(f->pool[i].gpu)))
+            (!fp8 || pool_fp8(&f->pool[i])))
             idx[n++] = i;
     return n;
 }
@@ -1502,11 +1507,12 @@ static int fp8_check(const struct loom_spec *s, const struct planner_fleet *f,
         const char *name = ntypes > 0 ? types[k] : f->pool[k].gpu;
         if (ntypes == 0 && pool_is_cpu(&f->pool[k])) continue;
         const struct gpu_type *t = gpu_type_find(name);
-        any |= type_fp8(name);
+        any |= ntypes > 0 ? type_fp8(name) : pool_fp8(&f->pool[k]);
         seen++;
-        if (off < sizeof have && t)
+        int cc = t ? t->cc : ntypes > 0 ? 0 : f->pool[k].cc;
+        if (off < sizeof have && cc > 0)
             off += (size_t)snprintf(have + off, sizeof have - off, "%s%s (%d.%d)", off ? ", " : "",
-                                    name, t->cc / 10, t->cc % 10);
+                                    *name ? name : "untyped GPUs", cc / 10, cc % 10);
         else if (off < sizeof have)
             off += (size_t)snprintf(have + off, sizeof have - off, "%s%s", off ? ", " : "",
                                     *name ? name : "untyped GPUs");

@@ -230,6 +230,8 @@ struct planner_pool {
     char currency[8];            /* of the price ("" when none) */
     double peak_tflops;          /* one device's measured peak (cpu: the slowest node's
                                     cpu_peak_gflops / 1000); 0: the type table's */
+    int cc; /* least compute capability x10 its nodes report, for a type the table lacks
+               ("unknown"); 0: not known */
 };
 
 #define PLANNER_MAX_POOLS 16

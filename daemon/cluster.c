@@ -1049,6 +1049,23 @@ static void place_one(struct pass *p, const struct jobinfo *j, const struct sche
     cluster_changed(c);
 }
 
+int cluster_node_cc(const struct cluster_node *n) {
+    const struct gpu_type *t = gpu_type_find(n->gpu_type);
+    if (t) return t->cc;
+    json_t *gpus = json_object_get(n->inventory, "gpus"), *g;
+    size_t i;
+    int least = 0;
+    json_array_foreach(gpus, i, g) {
+        const char *s = json_string_value(json_object_get(g, "compute_capability"));
+        int major, minor;
+        if (!s || sscanf(s, "%d.%d", &major, &minor) != 2 || major < 1 || minor < 0 || minor > 9)
+            return 0;
+        int cc = major * 10 + minor;
+        if (!least || cc < least) least = cc;
+    }
+    return least;
+}
+
 /* The scheduler's view of the nodes: state, and the devices that unreleased
  * ranks hold (which also count against their tenants' quotas). */
 static void sched_nodes(struct pass *p, struct sched_node *sn) {
@@ -1065,8 +1082,7 @@ static void sched_nodes(struct pass *p, struct sched_node *sn) {
         sn[i].label_keys = n->label_kp;
         sn[i].label_vals = n->label_vp;
         sn[i].nlabels = n->nlabels;
-        const struct gpu_type *gt = gpu_type_find(n->gpu_type);
-        sn[i].cc = gt ? gt->cc : 0;
+        sn[i].cc = cluster_node_cc(n);
         sn[i].state = n->lost || !n->seen || n->admission != NODE_APPROVED ? SCHED_NODE_LOST
                       : n->drained || nodecheck_avoid(c->ld, n->name)      ? SCHED_NODE_DRAINED
                                                                            : SCHED_NODE_READY;

@@ -116,6 +116,12 @@ struct cluster_node {
     const char *label_vp[CLUSTER_NODE_LABELS];
 };
 
+/* A node's compute capability x10 for placement (train.precision fp8): its
+ * gpu_type's (api/gpu_types.h), or for a type the table lacks ("unknown",
+ * "mixed") the least the agent's inventory reports; 0 when a GPU reports
+ * none. */
+int cluster_node_cc(const struct cluster_node *n);
+
 /* Histogram with fixed buckets (seconds), for /metrics. */
 #define CLUSTER_HIST_BUCKETS 12
 struct cluster_hist {

@@ -479,6 +479,11 @@ void nodes_fleet(struct loomd *ld, struct planner_fleet *f) {
                      tp ? json_string_value(json_object_get(tp, "currency")) : "");
         }
         struct planner_pool *p = &f->pool[k];
+        int cc = cluster_node_cc(n); /* the least of its nodes; one unknown: unknown */
+        if (!p->nodes || (cc && p->cc && cc < p->cc))
+            p->cc = cc;
+        else if (!cc)
+            p->cc = 0;
         p->nodes++;
         p->gpus += n->ndev;
         if (n->ndev > p->gpus_per_node) p->gpus_per_node = n->ndev;

@@ -11,7 +11,8 @@ API only:
     an alternative for a model no GPU type holds, gpu_type restricts placement,
     ranks never mix types, pending_reason names the shortage;
   - train.precision fp8: PRECISION_GPU for an A100-only job, placed on the
-    H100 node rather than the best-fit A100 one, planned on FP8-capable types;
+    H100 node rather than the best-fit A100 one, planned on FP8-capable types,
+    and placed on a GPU the type table lacks by its reported capability;
   - POST /v1/plan: cost per GPU type at the set prices, the cheapest that fits;
   - usage: an attempt on the H100 node (lost: no heartbeats) is billed at the
     H100-SXM price; group_by=gpu_type.
@@ -301,6 +302,21 @@ def main():
         st, u = d.request("GET", "/v1/usage?group_by=cause", token=tenant)
         check(st == 200 and "node_lost" in {r["key"] for r in u["rows"]},
               "the lost attempt's usage has cause node_lost: %s" % u.get("rows"))
+
+        # ---- a GPU the type table lacks: fp8 placement by the inventory's capability ----
+        # h1 is lost, a1 busy and no FP8 there, r1 has 2: a 4-rank fp8 job can only go to u1,
+        # whose H800s (not in the table: gpu_type "unknown") report compute capability 9.0
+        h800 = devices("NVIDIA H800 80GB HBM3", 81559, 4)
+        register(d, "u1", h800, {"driver_version": "550.54.15", "cuda_version": "12.4",
+                                 "gpus": [{"index": i, "compute_capability": "9.0"}
+                                          for i in range(4)]})
+        heart.alive["u1"] = h800
+        st, ju = d.request("POST", "/v1/jobs", spec(data, 4, train={"precision": "fp8"}),
+                           token=tenant)
+        check(st == 201, "4-rank fp8 job with u1 in the fleet: %s" % ju)
+        wait(lambda: placed(ju["id"]), 10, "placement of the fp8 job on the unknown type")
+        check({p["node"] for p in placed(ju["id"])["placement"]} == {"u1"},
+              "fp8 ranks on u1 by its reported capability: %s" % placed(ju["id"])["placement"])
 
         # ---- prices survive a restart ----
         d.stop()

@@ -1014,7 +1014,16 @@ static void test_fleet_fit(void) {
     snprintf(types[1], sizeof types[1], "RTX4090");
     CHECK(planner_fleet_check(&s, &fah, (const char(*)[GPU_TYPE_NAME_MAX])types, 2, 0, &e) == -1 &&
           !strcmp(e.code, "UNSCHEDULABLE")); /* an RTX4090 would do, but the cluster has none */
+    /* a type the table lacks: judged by what its nodes report (planner_pool.cc) */
+    struct planner_fleet fu = {2,
+                               {pool("A100-80GB", 1, 8, 79.2, 0), pool("unknown", 1, 8, 79.2, 0)}};
+    fu.pool[1].cc = 80;
+    CHECK(planner_fleet_check(&s, &fu, NULL, 0, 0, &e) == -1 && !strcmp(e.code, "PRECISION_GPU"));
+    CHECK(strstr(e.message, "unknown (8.0)") != NULL, "%s", e.message);
+    fu.pool[1].cc = 90;
+    CHECK(planner_fleet_check(&s, &fu, NULL, 0, 0, &e) == 0);
     int idx[PLANNER_MAX_POOLS];
+    CHECK(planner_fleet_candidates(&s, &fu, NULL, 0, idx) == 1 && idx[0] == 1);
     CHECK(planner_fleet_candidates(&s, &fah, NULL, 0, idx) == 1 && idx[0] == 1);
     s.train.precision = JOBSPEC_PREC_BF16;
     CHECK(planner_fleet_candidates(&s, &fah, NULL, 0, idx) == 2);
