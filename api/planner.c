@@ -1577,8 +1577,10 @@ int planner_fleet_check(const struct loom_spec *s, const struct planner_fleet *f
         size_t off = 0;
         for (int t = 0; t < ntypes && off < sizeof want; t++)
             off += (size_t)snprintf(want + off, sizeof want - off, "%s%s", t ? "|" : "", types[t]);
+        int fp8 = !cpu && s->train.precision == JOBSPEC_PREC_FP8;
         return loom_error_set(e, 422, "UNSCHEDULABLE", "resources.gpu_type",
-                              "no node of gpu_type %s in the cluster (it has %s)", want, have);
+                              "no node of gpu_type %s%s in the cluster (it has %s)", want,
+                              fp8 ? " with FP8 tensor cores (train.precision fp8)" : "", have);
     }
     /* capacity: which candidate pools could ever hold the ranks */
     int hold[PLANNER_MAX_POOLS], nh = 0, total = 0, biggest_node = 0, biggest_pool = 0;

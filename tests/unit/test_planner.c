@@ -1014,6 +1014,7 @@ static void test_fleet_fit(void) {
     snprintf(types[1], sizeof types[1], "RTX4090");
     CHECK(planner_fleet_check(&s, &fah, (const char(*)[GPU_TYPE_NAME_MAX])types, 2, 0, &e) == -1 &&
           !strcmp(e.code, "UNSCHEDULABLE")); /* an RTX4090 would do, but the cluster has none */
+    CHECK(strstr(e.message, "A100-80GB|RTX4090 with FP8 tensor cores") != NULL, "%s", e.message);
     /* a type the table lacks: judged by what its nodes report (planner_pool.cc) */
     struct planner_fleet fu = {2,
                                {pool("A100-80GB", 1, 8, 79.2, 0), pool("unknown", 1, 8, 79.2, 0)}};
