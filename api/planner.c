@@ -1206,8 +1206,9 @@ static int lora_options(const struct loom_spec *s, const struct planner_cluster 
 /* "as LoRA (train.lora rank 16) it fits as submitted: 17.6 GiB/GPU, 1708
  * tokens/s"; a recommended layout is named after the numbers. */
 static void lora_option_str(const struct planner_lora_option *r, char *buf, size_t len) {
-    const char *what =
-        r->qlora ? "QLoRA (train.lora rank 16, quantize_base nf4)" : "LoRA (train.lora rank 16)";
+    char what[96];
+    snprintf(what, sizeof what, "%s (train.lora rank %d%s)", r->qlora ? "QLoRA" : "LoRA",
+             r->spec.train.lora.rank, r->qlora ? ", quantize_base nf4" : "");
     if (!r->est.fits) {
         snprintf(buf, len, "as %s it does not fit either (%.1f GiB/GPU)", what,
                  r->est.mem.total / GIB);
@@ -1409,7 +1410,9 @@ int planner_plan_json(const json_t *body, const struct planner_cluster *dflt, js
     int nopt = est.fits ? 0 : lora_options(&s, &c, &o, opt);
     for (int i = 0; i < nopt; i++) {
         json_t *a = planner_estimate_to_json(&opt[i].est);
-        json_t *tr = json_pack("{s:{s:i, s:f}}", "lora", "rank", 16, "alpha", 32.0);
+        const struct loom_spec *v = &opt[i].spec; /* the spec fields to add, from the variant */
+        json_t *tr = json_pack("{s:{s:i, s:f}}", "lora", "rank", v->train.lora.rank, "alpha",
+                               v->train.lora.alpha);
         if (opt[i].qlora) json_object_set_new(tr, "quantize_base", json_string("nf4"));
         char why[400];
         lora_option_str(&opt[i], why, sizeof why);
