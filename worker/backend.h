@@ -386,8 +386,16 @@ struct backend {
      * gradient dW += dY^T X runs in E4M3 too (from transposed E4M3 copies of
      * dY and X); the buffers for these are made here. 0 done, 1 not taken
      * (shape, or the fp8 tuning row off: W stays on the compute-dtype path),
-     * negative out of memory. */
-    int (*fp8_freeze)(void *ctx, const void *W, int OC, int IC, int wgrad);
+     * negative out of memory.
+     * handle (frozen weights only; NULL: as above): the backend keeps W8
+     * alone, 1 byte a weight, with W8^T made from it at each input-gradient
+     * GEMM, and keeps no reference to W: the caller may free W after the
+     * call, and from then on passes *handle (a device address the backend
+     * owns, set here) where it passed W. Every call with *handle, E4M3 path
+     * or not, computes with W8's values (a GEMM the E4M3 path does not take
+     * runs in bf16 on W8 dequantized into a workspace). Called again with
+     * *handle already set, W8 and its scale are made again from W. */
+    int (*fp8_freeze)(void *ctx, const void *W, int OC, int IC, int wgrad, void **handle);
 };
 
 /* The largest adapter rank lora_drop_fwd / lora_drop_bwd take. */

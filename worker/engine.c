@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "worker/engine.h"
+#include "worker/fp8base.h"
 #include "worker/nf4.h"
 #include "worker/offload.h"
 
@@ -226,6 +227,7 @@ void engine_free(struct engine *e) {
         free_opt(e);
         offload_free(e->offload);
         nf4_free(e->nf4);
+        fp8base_free(e->fp8b);
         b->free(b->ctx, e->params);
         b->free(b->ctx, e->grads);
         b->free(b->ctx, e->scalar);
@@ -275,6 +277,7 @@ int engine_params_from_host(struct engine *e, size_t off, const float *src, size
         int rc = nf4_put(e->nf4, off, src, n, sizeof(float));
         if (rc != 0) return rc < 0 ? -1 : 0;
     }
+    if (e->fp8b && fp8base_put(e->fp8b, off, src, n, sizeof(float)) != 0) return -1;
     float *stage = NULL;
     if (b->dtype != BACKEND_F32) {
         stage = b->alloc(b->ctx, n * sizeof(float));
@@ -284,7 +287,7 @@ int engine_params_from_host(struct engine *e, size_t off, const float *src, size
     put(b, e->params, e->p_lo, e->p_hi, src, stage, off, n);
     for (int i = 0; i < e->layout.n; i++) {
         size_t lo = (size_t)e->layout.t[i].rank_offset;
-        if (e->pview[i])
+        if (e->pview[i] && !fp8base_holds(e->fp8b, i))
             put(b, e->pview[i], lo, lo + (size_t)e->layout.t[i].rank_numel, src, stage, off, n);
     }
     if (e->opt_host && e->master) { /* offload: the fp32 master in host memory */
@@ -322,10 +325,11 @@ int engine_params_from_host_raw(struct engine *e, size_t off, const void *src, s
         int rc = nf4_put(e->nf4, off, src, n, b->elt_size);
         if (rc != 0) return rc < 0 ? -1 : 0;
     }
+    if (e->fp8b && fp8base_put(e->fp8b, off, src, n, b->elt_size) != 0) return -1;
     put_raw(b, e->params, e->p_lo, e->p_hi, src, off, n);
     for (int i = 0; i < e->layout.n; i++) {
         size_t lo = (size_t)e->layout.t[i].rank_offset;
-        if (e->pview[i])
+        if (e->pview[i] && !fp8base_holds(e->fp8b, i))
             put_raw(b, e->pview[i], lo, lo + (size_t)e->layout.t[i].rank_numel, src, off, n);
     }
     size_t lo = off > e->shard_off ? off : e->shard_off;
@@ -404,6 +408,10 @@ static void frozen_params_read(struct engine *e, float *dst, size_t off, size_t 
     if (e->nf4) { /* QLoRA: no window; the views and the NF4 codes (worker/nf4.h) */
         if (nf4_read(e->nf4, e->shard_off + off, n, dst) != 0)
             die("engine: out of memory reading %zu NF4 base parameters", n);
+        return;
+    }
+    if (e->fp8b) { /* fp8: the host copy (worker/fp8base.h) */
+        fp8base_read(e->fp8b, e->shard_off + off, n, dst);
         return;
     }
     const void *src = engine_params_at(e, e->shard_off + off);

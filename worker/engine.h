@@ -85,6 +85,7 @@ struct engine_mem {
 };
 
 struct offload;
+struct fp8base;
 
 struct engine {
     /* place in the layout */
@@ -143,6 +144,10 @@ struct engine {
      * views a per-block scratch (worker/nf4.h; owned: engine_free frees it).
      * NULL otherwise. engine_params_from_host(_raw) hands it their values. */
     struct nf4 *nf4;
+    /* train.precision "fp8" with the frozen base held as E4M3 alone
+     * (worker/fp8base.h; owned): no params window, the host copy of the base.
+     * NULL otherwise. */
+    struct fp8base *fp8b;
 
     /* 1 when every dp rank holds the same optimizer range (DP without ZeRO):
      * the shard's squared grad norm is then not summed over dp. */

@@ -845,6 +845,11 @@ static int build_engine(struct run *r) {
                  "recomputed (every block recomputed: %.2f GiB)",
                  s->train.recompute_budget_gib, keep, l1 - l0, floor_gib);
     }
+    /* fp8 LoRA on one GPU: the activations once fp8_stage has freed the bf16
+     * base (worker/fp8base.h), so that base and activations are never both
+     * on the device */
+    r->mo.acts_later = s->train.precision == JOBSPEC_PREC_FP8 && s->train.lora.enabled &&
+                       o->world == 1 && !o->tune.cuda.fp8_base_bf16;
     w->m = model_new_ex(w->e, &r->mo);
     if (!w->m)
         return fail(w, LOOM_EXIT_BAD_SPEC, "UNSUPPORTED",
@@ -916,18 +921,22 @@ static int fp8_stage(struct run *r) {
     if (w->spec.train.precision != JOBSPEC_PREC_FP8) return 0;
     int n = 0;
     size_t bytes = 0;
-    if (model_fp8_freeze(w->m, &n, &bytes) != 0)
+    if (model_fp8_freeze(w->m, w->o.tune.cuda.fp8_base_bf16, &n, &bytes) != 0)
         return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
                     "cannot make the fp8 copies of the block weights (see stderr)");
     if (n == 0)
         log_warn("fp8: no block linear weight has a shape the FP8 GEMM takes (multiples of 16), "
                  "or the fp8 tuning row is 0: the base runs in bf16");
     else
-        log_info("fp8: %d block linear weights with E4M3 copies (%.1f MiB, W and W^T)%s", n,
+        log_info("fp8: %d block linear weights on the E4M3 path (%.1f MiB%s)", n,
                  (double)bytes / 1048576.0,
-                 w->lora ? ""
-                         : " (none kept: trained weights quantized at each use, weight "
-                           "gradients in E4M3)");
+                 !w->lora     ? ": none kept, trained weights quantized at each use, weight "
+                                "gradients in E4M3"
+                 : w->e->fp8b ? " of W alone on the GPU; the bf16 base in host memory"
+                              : " of W and W^T beside the bf16 base");
+    if (model_alloc_acts(w->m) != 0)
+        return fail(w, LOOM_EXIT_FAILED, "OUT_OF_MEMORY",
+                    "cannot allocate the activations (see stderr)");
     return 0;
 }
 

@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "worker/lora.h"
+#include "worker/fp8base.h"
 #include "worker/nf4.h"
 #include "worker/model.h"
 #include "worker/tp.h"
@@ -227,6 +228,19 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     lim.frozen_head = e->frozen;
     if (b->reserve(b->ctx, &lim) != 0) goto fail;
 
+    if (!o->acts_later && model_alloc_acts(m) != 0) goto fail;
+    if (e->tp > 1 && !(m->tp = tp_state_new(m))) goto fail;
+    return m;
+fail:
+    model_free(m);
+    return NULL;
+}
+
+int model_alloc_acts(struct model *m) {
+    if (m->acts_ready) return 0;
+    struct engine *e = m->e;
+    const struct model_config *c = &e->cfg;
+    int B = m->B, T = m->T;
     size_t N = (size_t)B * T, C = (size_t)m->C;
     int swiglu = c->act == MODEL_ACT_SWIGLU;
     size_t fcw = (size_t)m->F * (swiglu ? 2 : 1);
@@ -302,13 +316,11 @@ struct model *model_new_ex(struct engine *e, const struct model_opts *o) {
     m->losses = f32_alloc(m, N);
     m->host_losses = malloc(N * sizeof(float));
     if (!m->tokens || !m->targets || !m->losses || !m->host_losses) goto oom;
-    if (e->tp > 1 && !(m->tp = tp_state_new(m))) goto fail;
-    return m;
+    m->acts_ready = 1;
+    return 0;
 oom:
     log_error("model: out of memory for activations (B=%d T=%d)", B, T);
-fail:
-    model_free(m);
-    return NULL;
+    return -1;
 }
 
 void model_free(struct model *m) {
@@ -454,7 +466,7 @@ static int flush_batch(struct model *m, uint64_t seed, const int *idx, const siz
     return 0;
 }
 
-int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes) {
+int model_fp8_freeze(struct model *m, int bf16_base, int *n_fp8, size_t *bytes) {
     struct engine *e = m->e;
     struct backend *b = e->be;
     *n_fp8 = 0;
@@ -465,30 +477,46 @@ int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes) {
                   b->name, e->nf4 ? ", NF4 base" : "");
         return -1;
     }
-    int fcw = m->F * (e->cfg.act == MODEL_ACT_SWIGLU ? 2 : 1);
+    if (e->fp8b) { /* held as E4M3 alone already: the handles stay */
+        *n_fp8 = m->fp8_n;
+        *bytes = m->fp8_bytes;
+        return 0;
+    }
+    int fcw = m->F * (e->cfg.act == MODEL_ACT_SWIGLU ? 2 : 1), nw = 0;
+    struct fp8base_weight *w = malloc((size_t)4 * (m->l1 - m->l0 + 1) * sizeof *w);
+    if (!w) return -1;
     for (int l = m->l0; l < m->l1; l++) {
         const struct model_block_idx *k = &m->blk[l];
         /* the four block linear weights as the forward passes them: W, OC, IC */
-        const struct {
-            int t, oc, ic;
-        } w[] = {{k->qkvw, m->QKV, m->C},
-                 {k->aow, m->C, m->NH * m->HD},
-                 {k->fcw, fcw, m->C},
-                 {k->mpw, m->C, m->F}};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        w[nw++] = (struct fp8base_weight){k->qkvw, m->QKV, m->C};
+        w[nw++] = (struct fp8base_weight){k->aow, m->C, m->NH * m->HD};
+        w[nw++] = (struct fp8base_weight){k->fcw, fcw, m->C};
+        w[nw++] = (struct fp8base_weight){k->mpw, m->C, m->F};
+    }
+    int rc = 1;
+    if (e->frozen && !bf16_base) { /* the base as E4M3 alone (worker/fp8base.h) */
+        rc = fp8base_attach(e, w, nw, n_fp8, bytes);
+        if (rc < 0) goto out;
+    }
+    if (rc == 1) /* the bf16 base stays; a frozen one gets W8 and W8^T beside it */
+        for (int i = 0; i < nw; i++) {
             /* a trained weight (no LoRA) also takes its gradient in E4M3, and is quantized
              * at each use (no copies kept) */
-            int rc = b->fp8_freeze(b->ctx, P(m, w[i].t), w[i].oc, w[i].ic, !e->frozen);
-            if (rc < 0) return -1;
+            rc = b->fp8_freeze(b->ctx, P(m, w[i].t), w[i].oc, w[i].ic, !e->frozen, NULL);
+            if (rc < 0) goto out;
             if (rc == 0) {
                 (*n_fp8)++;
                 *bytes += e->frozen ? (size_t)2 * w[i].oc * w[i].ic : 0;
             }
         }
-    }
-    if (!m->fp8) e->mem.params += *bytes; /* the first call makes the copies */
+    if (!m->fp8 && !e->fp8b) e->mem.params += *bytes; /* the first call makes the copies */
     m->fp8 = 1;
-    return 0;
+    m->fp8_n = *n_fp8;
+    m->fp8_bytes = *bytes;
+    rc = 0;
+out:
+    free(w);
+    return rc < 0 ? -1 : 0;
 }
 
 int model_init_params(struct model *m, uint64_t seed) {

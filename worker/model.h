@@ -55,6 +55,9 @@ struct model_opts {
      * share), the rest recompute in full (the budget mode, train.recompute
      * {"budget_gib": N}; 0: every block recomputes) */
     int keep;
+    /* 1: no activations yet; model_alloc_acts makes them (after
+     * model_fp8_freeze has freed the bf16 base, so that the peak is lower) */
+    int acts_later;
 };
 
 struct model {
@@ -79,8 +82,11 @@ struct model {
     /* LoRA adapters (worker/lora.h; not owned), NULL without. When set, the
      * base tensors are frozen: the backward computes no gradient for them. */
     struct lora *lora;
-    /* 1 once model_fp8_freeze put the block weights on the E4M3 path */
-    int fp8;
+    /* 1 once model_fp8_freeze put the block weights on the E4M3 path; its
+     * counts (*n_fp8, *bytes) */
+    int fp8, fp8_n;
+    size_t fp8_bytes;
+    int acts_ready; /* model_alloc_acts done */
 };
 
 /* Build the model over engine `e` for micro-batches of B sequences of T
@@ -93,6 +99,10 @@ struct model *model_new(struct engine *e, int B, int T, int threads);
 /* As model_new, with options (recompute). */
 struct model *model_new_ex(struct engine *e, const struct model_opts *o);
 void model_free(struct model *m); /* NULL ok */
+/* The activations of a model made with model_opts.acts_later (counted in
+ * e->mem.activations); nothing when they exist. Call before any forward. 0
+ * or -1 (out of memory, logged). */
+int model_alloc_acts(struct model *m);
 
 /* Deterministic initialisation from `seed` (GPT-2 scheme: N(0, 0.02),
  * residual output projections N(0, 0.02/sqrt(2L)), norms 1, biases 0,
@@ -102,16 +112,19 @@ int model_init_params(struct model *m, uint64_t seed);
 
 /* train.precision "fp8" (docs/engine.md "FP8"): put this stage's block
  * linear weights (q|k|v, attention output, fc or gate|up, MLP output) on
- * the backend's E4M3 path (backend.h fp8_freeze; m->fp8 set). A frozen base
- * (LoRA, e->frozen) gets E4M3 copies, made here: call once its weights are
- * final (loaded or initialised). Trained weights (no LoRA) are quantized at
- * each use from their current values and take their weight gradients in
- * E4M3 too. Needs weights in the compute dtype (not NF4) and a backend with
- * fp8_freeze. *n_fp8: the weights on the E4M3 path (a shape the FP8 GEMM
- * does not take stays bf16), *bytes the copies' backend memory (2 bytes a
- * frozen weight, added to e->mem.params by the first call). 0 or -1
- * (logged). */
-int model_fp8_freeze(struct model *m, int *n_fp8, size_t *bytes);
+ * the backend's E4M3 path (backend.h fp8_freeze; m->fp8 set). Call once the
+ * weights are final (loaded or initialised). A frozen base (LoRA,
+ * e->frozen) is held as E4M3 alone on the device, its bf16 values in host
+ * memory (worker/fp8base.h), where the engine's layout allows and bf16_base
+ * is 0; otherwise (bf16_base 1: the fp8-base-bf16 tuning row) it keeps the
+ * bf16 base and gets E4M3 copies W8 and W8^T beside it. Trained weights (no
+ * LoRA) are quantized at each use from their current values and take their
+ * weight gradients in E4M3 too. Needs weights in the compute dtype (not NF4)
+ * and a backend with fp8_freeze. *n_fp8: the weights on the E4M3 path (a
+ * shape the FP8 GEMM does not take stays bf16), *bytes the E4M3 bytes
+ * (1 a weight held alone, 2 a copied one; counted in e->mem.params, as is the
+ * freed bf16 base). Later calls change nothing. 0 or -1 (logged). */
+int model_fp8_freeze(struct model *m, int bf16_base, int *n_fp8, size_t *bytes);
 
 /* Tensors of at least this many elements are initialised in parallel. */
 #define MODEL_INIT_PAR_MIN ((size_t)1 << 26)

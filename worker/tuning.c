@@ -66,6 +66,10 @@ const struct config_entry worker_tuning_rows[] = {
     {"fp8", CONFIG_BOOL | T, AT(cuda.fp8), "1", 0, 0,
      "CUDA, train.precision fp8: the block linear layers in E4M3 GEMMs; 0 keeps them "
      "bf16 (A/B, or to switch a failing fp8 path off)"},
+    {"fp8-base-bf16", CONFIG_BOOL | T, AT(cuda.fp8_base_bf16), "0", 0, 0,
+     "CUDA, train.precision fp8 with LoRA: keep the bf16 base on the GPU beside its E4M3 W and "
+     "W^T (4 bytes a block weight); 0 holds the base as E4M3 W alone (1 byte a weight, W^T "
+     "made at each use) with the bf16 values in host memory, on one GPU"},
     {"fp8-fast-accum", CONFIG_BOOL | T, AT(cuda.fp8_fast_accum), "0", 0, 0,
      "CUDA, train.precision fp8: cuBLASLt's FP8 fast accumulation (partial sums not promoted to "
      "fp32 along K: faster, less accurate); 0 the promoting default"},

@@ -43,6 +43,7 @@ struct cuda_tuning {
     long xent_chunk_mib;   /* xent-chunk-mib: bf16 logits per classifier chunk; 0: 2 GiB */
     int fp8;               /* fp8: train.precision fp8 runs E4M3 GEMMs (0: bf16, for A/B) */
     int fp8_fast_accum;    /* fp8-fast-accum: cuBLASLt's FP8 fast accumulation */
+    int fp8_base_bf16;     /* fp8-base-bf16: a frozen base keeps bf16 + E4M3 copies on the GPU */
 };
 
 /* Communication: comm layer, NCCL/Gloo backends, dp pair transport, tp. */

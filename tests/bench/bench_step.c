@@ -452,7 +452,10 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    struct model_opts mo = {.B = mbs, .T = T, .recompute = rcm, .keep = keep};
+    /* fp8 LoRA: the activations after the freeze, as loom-worker does (the
+     * bf16 base is gone first when held as E4M3 alone) */
+    struct model_opts mo = {
+        .B = mbs, .T = T, .recompute = rcm, .keep = keep, .acts_later = fp8 && rank > 0};
     struct model *m = model_new_ex(e, &mo);
     if (!m || model_init_params(m, 42)) return 1;
     double nf4_init_s = (clock_mono_msf() - t_init) / 1e3;
@@ -491,10 +494,16 @@ int main(int argc, char **argv) {
     if (fp8) {
         int nq = 0;
         size_t nb = 0;
-        if (model_fp8_freeze(m, &nq, &nb) != 0) return 1;
-        fprintf(stderr, "fp8: %d block linear weights with E4M3 copies, %.2f GiB\n", nq,
-                nb / 1073741824.0);
+        struct worker_tuning wt; /* LOOM_FP8_BASE_BF16 (the fp8-base-bf16 row) */
+        if (worker_tuning_from_env(&wt) != 0) return 2;
+        int base_bf16 = wt.cuda.fp8_base_bf16;
+        worker_tuning_free(&wt);
+        if (model_fp8_freeze(m, base_bf16, &nq, &nb) != 0) return 1;
+        fprintf(stderr, "fp8: %d block linear weights on the E4M3 path, %.2f GiB (%s)\n", nq,
+                nb / 1073741824.0,
+                e->fp8b ? "W alone, the bf16 base in host memory" : "W and W^T copies, if frozen");
     }
+    if (model_alloc_acts(m) != 0) return 1;
     double t_ready = clock_mono_msf();
     struct offload_stats ost;
     offload_get_stats(e, &ost);

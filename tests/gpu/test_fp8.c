@@ -237,8 +237,10 @@ static void dequant(float *out, const uint8_t *q, size_t n, float scale) {
 }
 
 /* trained 0: a frozen weight (E4M3 copies made by fp8_freeze); 1: a trained one (quantized at
- * each use, weight gradient in E4M3 too) */
-static void test_gemm_case(const struct mm_case *k, int trained) {
+ * each use, weight gradient in E4M3 too); 2: a frozen weight held by handle (W8 alone, W8^T
+ * transposed at each use; the bf16 W zeroed after the freeze, so nothing may read it) */
+static void test_gemm_case(const struct mm_case *k, int mode) {
+    int trained = mode == 1;
     int N = k->N, IC = k->IC, OC = k->OC;
     size_t nx = (size_t)N * IC, nw = (size_t)OC * IC, ny = (size_t)N * OC;
     struct backend *b = gemm_backend(N, IC > OC ? IC : OC);
@@ -271,11 +273,16 @@ static void test_gemm_case(const struct mm_case *k, int trained) {
     b->upload(b->ctx, dw, hw, nw * 2);
     b->upload(b->ctx, dy, hy, ny * 2);
     b->upload(b->ctx, dr, hr, ny * 2);
-    int frc = b->fp8_freeze(b->ctx, dw, OC, IC, trained);
-    const char *kind = trained ? "trained" : "frozen";
+    void *handle = NULL, *W = dw;
+    int frc = b->fp8_freeze(b->ctx, dw, OC, IC, trained, mode == 2 ? &handle : NULL);
+    if (mode == 2) {
+        W = handle;
+        b->zero(b->ctx, dw, nw * 2);
+    }
+    const char *kind = mode == 2 ? "held" : trained ? "trained" : "frozen";
     snprintf(what, sizeof what, "%s N %d IC %d OC %d: fp8_freeze takes the weight", kind, N, IC,
              OC);
-    result(frc == 0, what, "rc %g, want %g", frc, 0);
+    result(frc == 0 && (mode != 2 || (handle && handle != dw)), what, "rc %g, want %g", frc, 0);
     /* the host's operands: E4M3 W and X, dequantized */
     float sw = ref_quant(fw, nw, qw);
     dequant(fwq, qw, nw, sw);
@@ -284,7 +291,7 @@ static void test_gemm_case(const struct mm_case *k, int trained) {
     memcpy(fxq, fq, nx * 4);
     struct cuda_fp8_stats st0, st1;
     backend_cuda_fp8_stats(b, &st0);
-    b->matmul_fwd(b->ctx, dout, dx, dw, NULL, N, IC, OC);
+    b->matmul_fwd(b->ctx, dout, dx, W, NULL, N, IC, OC);
     b->download(b->ctx, got, dout, ny * 2);
     backend_cuda_fp8_stats(b, &st1);
     ref_gemm(ref, mag, fq, fwq, N, IC, OC);
@@ -296,7 +303,7 @@ static void test_gemm_case(const struct mm_case *k, int trained) {
     result(w <= 1 && st1.fwd == st0.fwd + 1, what, "worst %.3g of the tolerance, %g E4M3 GEMMs", w,
            (double)(st1.fwd - st0.fwd));
     /* + residual through the bf16 C operand (beta 1), out == residual */
-    b->matmul_residual_fwd(b->ctx, dr, dx, dw, NULL, dr, N, IC, OC);
+    b->matmul_residual_fwd(b->ctx, dr, dx, W, NULL, dr, N, IC, OC);
     b->download(b->ctx, got, dr, ny * 2);
     w = worst(got, ref, mag, fr, ny, 1.0 / 256);
     snprintf(what, sizeof what, "%s N %d IC %d OC %d forward + residual (beta 1, in place)", kind,
@@ -311,7 +318,7 @@ static void test_gemm_case(const struct mm_case *k, int trained) {
     ref_gemm(ref, mag, fq, wt, N, OC, IC);
     backend_cuda_fp8_stats(b, &st0);
     b->zero(b->ctx, dd, nx * 2);
-    b->matmul_bwd(b->ctx, dd, NULL, NULL, dy, dx, dw, N, IC, OC);
+    b->matmul_bwd(b->ctx, dd, NULL, NULL, dy, dx, W, N, IC, OC);
     b->download(b->ctx, got, dd, nx * 2);
     w = worst(got, ref, mag, NULL, nx, 1.0 / 256);
     for (size_t i = 0; i < nx; i++)
@@ -322,15 +329,15 @@ static void test_gemm_case(const struct mm_case *k, int trained) {
      * the transposed E4M3 dY and X, into a dW holding bf16 values (beta 1) */
     fill(hg, fg, nw, 0.5);
     b->upload(b->ctx, dgw, hg, nw * 2);
-    b->matmul_bwd(b->ctx, dd, trained ? dgw : NULL, NULL, dy, dx, dw, N, IC, OC);
+    b->matmul_bwd(b->ctx, dd, trained ? dgw : NULL, NULL, dy, dx, W, N, IC, OC);
     backend_cuda_fp8_stats(b, &st1);
     result(w <= 1, what, "worst %.3g of the tolerance (bound %g)", w, 1);
     b->download(b->ctx, got, dd, nx * 2);
     w = worst(got, ref, mag, fd, nx, 1.0 / 256);
     snprintf(what, sizeof what, "%s N %d IC %d OC %d input gradient accumulated (beta 1)", kind, N,
              IC, OC);
-    result(w <= 1 && st1.bwd == st0.bwd + 2, what, "worst %.3g of the tolerance, %g E4M3 GEMMs", w,
-           (double)(st1.bwd - st0.bwd));
+    result(w <= 1 && st1.bwd == st0.bwd + 2 && st1.dequant == 0 && st1.held == (mode == 2), what,
+           "worst %.3g of the tolerance, %g E4M3 GEMMs", w, (double)(st1.bwd - st0.bwd));
     if (!trained) goto out;
     /* host: dW[o][i] = sum_n dYq[n][o] Xq[n][i], K = N contiguous in the transposes */
     for (int n = 0; n < N; n++) {
@@ -370,7 +377,7 @@ static void test_fallback(void) {
     struct backend *b = gemm_backend(N, IC);
     uint16_t *hx = malloc(nx * 2), *hw = malloc(nw * 2), *got = malloc(ny * 2);
     float *fx = malloc(nx * 4), *fw = malloc(nw * 4);
-    double *ref = malloc(ny * 8), *mag = malloc(ny * 8);
+    double *ref = malloc(nx * 8), *mag = malloc(nx * 8); /* nx >= ny, >= NB x 512 */
     void *dx = b ? b->alloc(b->ctx, nx * 2) : NULL, *dw = b ? b->alloc(b->ctx, nw * 2) : NULL;
     void *dy = b ? b->alloc(b->ctx, ny * 2) : NULL, *dw2 = b ? b->alloc(b->ctx, nw * 2) : NULL;
     if (!b || !hx || !hw || !got || !fx || !fw || !ref || !mag || !dx || !dw || !dy || !dw2) {
@@ -382,7 +389,7 @@ static void test_fallback(void) {
     b->upload(b->ctx, dx, hx, nx * 2);
     b->upload(b->ctx, dw, hw, nw * 2);
     struct cuda_fp8_stats st0, st1;
-    int frc = b->fp8_freeze(b->ctx, dw, OC, IC, 0);
+    int frc = b->fp8_freeze(b->ctx, dw, OC, IC, 0, NULL);
     backend_cuda_fp8_stats(b, &st0);
     b->matmul_fwd(b->ctx, dy, dx, dw, NULL, N, IC, OC);
     b->download(b->ctx, got, dy, ny * 2);
@@ -404,7 +411,7 @@ static void test_fallback(void) {
         fx[i] = st_bf16_to_f32(hx[i]);
     b->upload(b->ctx, dw2, hw, (size_t)OC * IC2 * 2);
     b->upload(b->ctx, dx, hx, (size_t)NB * IC2 * 2);
-    frc = b->fp8_freeze(b->ctx, dw2, OC, IC2, 0);
+    frc = b->fp8_freeze(b->ctx, dw2, OC, IC2, 0, NULL);
     backend_cuda_fp8_stats(b, &st0);
     b->matmul_fwd(b->ctx, dy, dx, dw2, NULL, NB, IC2, OC);
     b->download(b->ctx, got, dy, (size_t)NB * OC * 2);
@@ -415,6 +422,49 @@ static void test_fallback(void) {
            "frozen weight, N 50 (not a multiple of 16): the bf16 GEMM, counted as a fallback",
            "worst %.3g of the bf16 tolerance, %g fallbacks", w,
            (double)(st1.fallback - st0.fallback));
+    /* the same weight held by handle (its bf16 W zeroed after the freeze): the bf16 GEMM on
+     * W8 dequantized, against the fp64 GEMM of the bf16 X and the host's dequantized E4M3 W
+     * rounded to bf16 */
+    void *handle = NULL;
+    frc = b->fp8_freeze(b->ctx, dw2, OC, IC2, 0, &handle);
+    b->zero(b->ctx, dw2, (size_t)OC * IC2 * 2);
+    uint8_t *qw = malloc((size_t)OC * IC2);
+    float *fwq = malloc((size_t)OC * IC2 * 4);
+    if (!qw || !fwq || frc != 0 || !handle) {
+        result(0, "held weight, N 50: set-up", "rc %g %g", frc, 0);
+        free(qw), free(fwq);
+        goto out;
+    }
+    dequant(fwq, qw, (size_t)OC * IC2, ref_quant(fw, (size_t)OC * IC2, qw));
+    for (size_t i = 0; i < (size_t)OC * IC2; i++) /* rounded to bf16, as the workspace holds it */
+        fwq[i] = st_bf16_to_f32(st_f32_to_bf16(fwq[i]));
+    backend_cuda_fp8_stats(b, &st0);
+    b->matmul_fwd(b->ctx, dy, dx, handle, NULL, NB, IC2, OC);
+    b->download(b->ctx, got, dy, (size_t)NB * OC * 2);
+    backend_cuda_fp8_stats(b, &st1);
+    ref_gemm(ref, mag, fx, fwq, NB, IC2, OC);
+    w = worst(got, ref, mag, NULL, (size_t)NB * OC, 1.0 / 256);
+    result(st1.fwd == st0.fwd && st1.dequant == st0.dequant + 1 && st1.held == 1 && w <= 1,
+           "held weight, N 50: the bf16 GEMM on the dequantized E4M3 W",
+           "worst %.3g of the bf16 tolerance, %g dequantized", w,
+           (double)(st1.dequant - st0.dequant));
+    /* its input gradient, N 50: dX = dY . deq(W8) in bf16 (dY: the forward's output) */
+    for (size_t i = 0; i < (size_t)NB * OC; i++)
+        fx[i] = st_bf16_to_f32(got[i]);
+    for (int o = 0; o < OC; o++) /* deq(W8)^T [IC2][OC] into fw */
+        for (int i = 0; i < IC2; i++)
+            fw[(size_t)i * OC + o] = fwq[(size_t)o * IC2 + i];
+    ref_gemm(ref, mag, fx, fw, NB, OC, IC2);
+    b->zero(b->ctx, dw, (size_t)NB * IC2 * 2);
+    b->matmul_bwd(b->ctx, dw, NULL, NULL, dy, dx, handle, NB, IC2, OC);
+    b->download(b->ctx, hx, dw, (size_t)NB * IC2 * 2);
+    backend_cuda_fp8_stats(b, &st0);
+    w = worst(hx, ref, mag, NULL, (size_t)NB * IC2, 1.0 / 256);
+    result(st0.bwd == st1.bwd && st0.dequant == st1.dequant + 1 && w <= 1,
+           "held weight, N 50: the input gradient in bf16 on the dequantized E4M3 W",
+           "worst %.3g of the bf16 tolerance, %g dequantized", w,
+           (double)(st0.dequant - st1.dequant));
+    free(qw), free(fwq);
 out:
     if (b) {
         b->free(b->ctx, dx);
@@ -454,9 +504,20 @@ static int src_batch(void *user, int64_t step, int micro, int32_t *in, int32_t *
 
 static const char *const targets[] = {"q", "k", "v", "o", "gate", "up", "down"};
 
-/* device 0 cpu, 1 cuda bf16, 2 cuda fp8; lora 1: rank-8 adapters over a frozen base, 0: a
- * full fine-tune; 0 or -1 */
-static int curve(int device, int lora, double *loss, struct cuda_fp8_stats *st) {
+/* What test_held compares of a LoRA fp8 run: the engine's params bytes, its
+ * block linear weights' count, the frozen base as read for an export after
+ * training and after lora_merge (fp32 [n]). */
+struct base_out {
+    size_t params, n;
+    float *base, *merged;
+};
+
+/* device 0 cpu, 1 cuda bf16, 2 cuda fp8 with the bf16 base and E4M3 copies
+ * (fp8-base-bf16), 3 cuda fp8 with the base held as E4M3 alone; lora 1:
+ * rank-8 adapters over a frozen base, 0: a full fine-tune; bo (NULL: not
+ * wanted) as above; 0 or -1 */
+static int curve(int device, int lora, double *loss, struct cuda_fp8_stats *st,
+                 struct base_out *bo) {
     struct model_config c;
     memset(&c, 0, sizeof c);
     model_config_family_defaults(&c, MODEL_LLAMA);
@@ -484,11 +545,12 @@ static int curve(int device, int lora, double *loss, struct cuda_fp8_stats *st) 
         goto out;
     }
     m->lora = l;
-    if (device == 2) {
+    if (device >= 2) {
         int n = 0;
         size_t bytes = 0;
-        if (model_fp8_freeze(m, &n, &bytes) != 0 || n != 4 * c.n_layer || !m->fp8) {
-            printf("model_fp8_freeze: %d weights\n", n);
+        if (model_fp8_freeze(m, device == 2, &n, &bytes) != 0 || n != 4 * c.n_layer || !m->fp8 ||
+            (lora && (device == 3) != (e->fp8b != NULL))) {
+            printf("model_fp8_freeze: %d weights, held %d\n", n, e->fp8b != NULL);
             goto out;
         }
     }
@@ -517,6 +579,16 @@ static int curve(int device, int lora, double *loss, struct cuda_fp8_stats *st) 
         loss[i] = info.loss;
     }
     if (st && backend_cuda_fp8_stats(e->be, st) != 0) goto out;
+    if (bo) {
+        bo->params = e->mem.params;
+        bo->n = e->n_params;
+        bo->base = malloc(bo->n * sizeof(float));
+        bo->merged = malloc(bo->n * sizeof(float));
+        if (!bo->base || !bo->merged) goto out;
+        engine_opt_read(e, ENGINE_OPT_MASTER, bo->base, 0, bo->n);
+        if (lora_merge(l) != 0) goto out;
+        engine_opt_read(e, ENGINE_OPT_MASTER, bo->merged, 0, bo->n);
+    }
     rc = 0;
 out:
     if (m) m->lora = NULL;
@@ -532,7 +604,8 @@ static void test_curve(int lora) {
     struct cuda_fp8_stats st;
     memset(&st, 0, sizeof st);
     char msg[200];
-    if (curve(0, lora, cpu, NULL) || curve(1, lora, bf, NULL) || curve(2, lora, f8, &st)) {
+    if (curve(0, lora, cpu, NULL, NULL) || curve(1, lora, bf, NULL, NULL) ||
+        curve(2 + lora, lora, f8, &st, NULL)) {
         snprintf(msg, sizeof msg, "%s curves ran (cpu, cuda bf16, cuda fp8)", what);
         result(0, msg, "%g %g", 0, 0);
         return;
@@ -565,6 +638,44 @@ static void test_curve(int lora) {
            msg, "%g forward, %g input-gradient GEMMs", (double)st.fwd, (double)st.bwd);
 }
 
+/* (d) the LoRA base held as E4M3 alone against the bf16 base with E4M3 copies: the same
+ * curve bit for bit (W8^T is W8 transposed byte for byte), 3 bytes a block weight less
+ * device memory, every GEMM in E4M3 with nothing
+ * dequantized, and the base an export reads, before and after lora_merge, bit for bit the
+ * same (the host copy against the device's bf16 base) */
+static void test_held(void) {
+    double cp[STEPS], hd[STEPS];
+    struct cuda_fp8_stats sc, sh;
+    struct base_out bc = {0}, bh = {0};
+    if (curve(2, 1, cp, &sc, &bc) || curve(3, 1, hd, &sh, &bh) || bc.n != bh.n) {
+        result(0, "held base: both LoRA fp8 runs", "%g %g", 0, 0);
+        goto out;
+    }
+    int same = 1;
+    for (int i = 0; i < STEPS; i++)
+        same &= cp[i] == hd[i];
+    result(same, "held base: the LoRA fp8 curve equals the copies' bit for bit",
+           "last %.9f vs %.9f", cp[STEPS - 1], hd[STEPS - 1]);
+    size_t nb = sh.bytes, saved = bc.params - bh.params;
+    result(sh.held == 8 && sc.held == 0 && bh.params < bc.params && saved == 3 * nb,
+           "held base: 8 weights held, device params 3 bytes a block weight less",
+           "saved %g of %g bytes", (double)saved, (double)(3 * nb));
+    result(sh.fwd == sc.fwd && sh.bwd == sc.bwd && sh.fallback == 0 && sh.dequant == 0,
+           "held base: every GEMM in E4M3, none dequantized", "%g forward, %g input-gradient",
+           (double)sh.fwd, (double)sh.bwd);
+    size_t db = 0, dm = 0, changed = 0;
+    for (size_t i = 0; i < bc.n; i++) {
+        db += memcmp(&bc.base[i], &bh.base[i], 4) != 0;
+        dm += memcmp(&bc.merged[i], &bh.merged[i], 4) != 0;
+        changed += bh.merged[i] != bh.base[i];
+    }
+    result(db == 0 && dm == 0 && changed > 0,
+           "held base: the base and the merged base read from the host copy equal the device's",
+           "%g differ, %g merged values changed", (double)(db + dm), (double)changed);
+out:
+    free(bc.base), free(bc.merged), free(bh.base), free(bh.merged);
+}
+
 int main(void) {
     int rc = lcuda_probe();
     if (rc) return rc;
@@ -573,9 +684,12 @@ int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int trained = 0; trained < 2; trained++)
             test_gemm_case(&cases[i], trained);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        test_gemm_case(&cases[i], 2);
     test_fallback();
     test_curve(1);
     test_curve(0);
+    test_held();
     printf("test_fp8: %d failure(s)\n", fails);
     return fails ? 1 : 0;
 }

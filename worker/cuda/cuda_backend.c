@@ -186,14 +186,18 @@ struct cuda_ctx {
      * each in its own 16-byte slot, as cuBLASLt's scale pointers must be);
      * off: the
      * fp8 tuning row is 0 (every weight stays bf16); fast: the
-     * fp8-fast-accum row (cuBLASLt's FP8 fast accumulation) */
+     * fp8-fast-accum row (cuBLASLt's FP8 fast accumulation); a weight held
+     * by handle keeps W8 alone and takes its W8T in wq at each use */
     struct {
         struct fp8_weight *w;
         int n, cap, off, fast;
         uint8_t *q, *qt, *xt, *wq;
         size_t qcap, qtcap, xtcap, wqcap, bytes;
         float *xs;
-        long fwd, bwd, wgrad, fallback;
+        long fwd, bwd, wgrad, fallback, dequant;
+        uint16_t *deq; /* a handle weight's W8 dequantized for a bf16 GEMM (made on first need) */
+        size_t deqcap;
+        int n_own;
     } f8;
 };
 
@@ -211,6 +215,7 @@ struct fp8_weight {
     uint8_t *w8, *w8t; /* NULL for a trained weight (quantized at each use) */
     float *sc;         /* device: amax [0], scale [4] (16-byte slots; NULL for a trained weight) */
     int bad;           /* cuBLASLt refused its GEMM once: bf16 from then on */
+    int own;           /* held by handle (fp8_freeze's handle): W is w8's buffer, no W8T kept */
 };
 
 #define CX ((struct cuda_ctx *)ctx)
@@ -672,7 +677,70 @@ static int fp8_buf(struct cuda_ctx *c, uint8_t **buf, size_t *cap, size_t want) 
     return 0;
 }
 
-static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
+/* fp8_freeze with a handle: W8 alone in a buffer of the backend's, which is
+ * also the weight's address from now on (*handle) */
+static int fp8_freeze_own(struct cuda_ctx *c, const void *W, int OC, int IC, void **handle) {
+    size_t nw = (size_t)OC * IC;
+    struct fp8_weight *f = NULL;
+    if (*handle) {
+        for (int i = 0; i < c->f8.n && !f; i++)
+            if (c->f8.w[i].W == *handle) f = &c->f8.w[i];
+        if (!f || !f->own || f->OC != OC || f->IC != IC) {
+            log_error("fp8: no weight [%d, %d] held by handle %p", OC, IC, *handle);
+            return -1;
+        }
+    } else {
+        if (c->f8.n == c->f8.cap) {
+            int cap = c->f8.cap ? 2 * c->f8.cap : 64;
+            struct fp8_weight *nwv = realloc(c->f8.w, (size_t)cap * sizeof *nwv);
+            if (!nwv) return -1;
+            c->f8.w = nwv;
+            c->f8.cap = cap;
+        }
+        if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 3 * 8 * sizeof(float)))) return -1;
+        size_t N = (size_t)c->lim.B * c->lim.T, want = N * (size_t)(OC > IC ? OC : IC);
+        /* q: the per-call operand; wq: W8T, transposed at each input-gradient GEMM */
+        if (fp8_buf(c, &c->f8.q, &c->f8.qcap, want) != 0 ||
+            fp8_buf(c, &c->f8.wq, &c->f8.wqcap, nw) != 0)
+            return -1;
+        uint8_t *buf = cu_alloc(c, nw + 64);
+        if (!buf) return -1;
+        f = &c->f8.w[c->f8.n++];
+        *f = (struct fp8_weight){buf, OC, IC, buf, NULL, (float *)(buf + nw), 0, 1};
+        c->f8.bytes += nw;
+        c->f8.n_own++;
+        *handle = buf;
+    }
+    lk_fp8_amax(f->sc, W, nw, (lcuda_stream)c->s);
+    lk_fp8_quant(f->w8, f->sc + 4, f->sc, W, nw, (lcuda_stream)c->s);
+    CUDA_CHECK(cudaStreamSynchronize(c->s)); /* the caller may free W now */
+    return 0;
+}
+
+/* The compute-dtype weight a bf16 GEMM on W reads: W, or for a weight held
+ * by handle its W8 dequantized into the f8.deq workspace (the values its
+ * E4M3 GEMMs use). */
+static const void *fp8_plain(struct cuda_ctx *c, const void *W) {
+    if (!c->f8.n_own) return W;
+    for (int i = 0; i < c->f8.n; i++) {
+        struct fp8_weight *f = &c->f8.w[i];
+        if (f->W != W || !f->own) continue;
+        size_t nw = (size_t)f->OC * f->IC;
+        if (nw > c->f8.deqcap) {
+            cu_free(c, c->f8.deq);
+            c->f8.deq = cu_alloc(c, nw * 2);
+            if (!c->f8.deq)
+                die("fp8: out of memory for the bf16 form of a [%d, %d] weight", f->OC, f->IC);
+            c->f8.deqcap = nw;
+        }
+        lk_fp8_dequant(c->f8.deq, f->w8, f->sc + 4, nw, (lcuda_stream)c->s);
+        c->f8.dequant++;
+        return c->f8.deq;
+    }
+    return W;
+}
+
+static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad, void **handle) {
     struct cuda_ctx *c = CX;
     cu_require(c, "fp8_freeze");
     if (c->cc <
@@ -684,6 +752,13 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
     }
     if (c->f8.off || OC <= 0 || IC <= 0 || OC % 16 || IC % 16) return 1;
     FLUSH();
+    if (handle) {
+        if (wgrad) {
+            log_error("fp8: a trained weight cannot be held by handle");
+            return -1;
+        }
+        return fp8_freeze_own(c, W, OC, IC, handle);
+    }
     struct fp8_weight *f = NULL;
     for (int i = 0; i < c->f8.n && !f; i++)
         if (c->f8.w[i].W == W) f = &c->f8.w[i];
@@ -706,13 +781,13 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad) {
                 fp8_buf(c, &c->f8.xt, &c->f8.xtcap, want) != 0 ||
                 fp8_buf(c, &c->f8.wq, &c->f8.wqcap, nw) != 0)
                 return -1;
-            c->f8.w[c->f8.n++] = (struct fp8_weight){W, OC, IC, NULL, NULL, NULL, 0};
+            c->f8.w[c->f8.n++] = (struct fp8_weight){W, OC, IC, NULL, NULL, NULL, 0, 0};
             return 0;
         }
         uint8_t *buf = cu_alloc(c, 2 * nw + 64);
         if (!buf) return -1;
         f = &c->f8.w[c->f8.n++];
-        *f = (struct fp8_weight){W, OC, IC, buf, buf + nw, (float *)(buf + 2 * nw), 0};
+        *f = (struct fp8_weight){W, OC, IC, buf, buf + nw, (float *)(buf + 2 * nw), 0, 0};
         c->f8.bytes += 2 * nw;
     }
     if (!f->w8) return 0; /* trained: quantized at each use */
@@ -781,7 +856,10 @@ static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *d
     if (d_ok) {
         const uint8_t *w8t = f->w8t;
         const float *wsc = f->sc ? f->sc + 4 : NULL;
-        if (!w8t) { /* a trained weight: W8T from its current values */
+        if (f->own) { /* held by handle: W8T from W8 */
+            lk_fp8_transpose(c->f8.wq, f->w8, OC, IC, st);
+            w8t = c->f8.wq;
+        } else if (!w8t) { /* a trained weight: W8T from its current values */
             lk_fp8_amax(F8_AMAX(c, 2), f->W, (size_t)OC * IC, st);
             lk_fp8_quant_t(c->f8.wq, F8_SCALE(c, 2), F8_AMAX(c, 2), f->W, OC, IC, st);
             w8t = c->f8.wq, wsc = F8_SCALE(c, 2);
@@ -795,7 +873,7 @@ static int fp8_bwd(struct cuda_ctx *c, struct fp8_weight *f, void *dinp, void *d
     }
     if (dinp && !d_ok) {
         c->f8.fallback++;
-        lk_linear_bwd_data(c->blas, dinp, dout, f->W, NULL, N, IC, OC, accumulate);
+        lk_linear_bwd_data(c->blas, dinp, dout, fp8_plain(c, f->W), NULL, N, IC, OC, accumulate);
     }
     if (w_ok) {
         lk_fp8_quant_t(c->f8.qt, F8_SCALE(c, 0), F8_AMAX(c, 0), dout, N, OC, st); /* dY^T [OC][N] */
@@ -821,6 +899,11 @@ static void cu_matmul_fwd(void *ctx, void *out, const void *inp, const void *W, 
     cu_require(c, "matmul_fwd");
     /* an fp8 weight runs at once (no GELU epilogue on the E4M3 GEMM) */
     if (c->f8.n && fp8_fwd(c, out, inp, W, bias, NULL, N, IC, OC) == 0) return;
+    const void *Wp = fp8_plain(c, W);
+    if (Wp != W) { /* a handle weight in bf16: at once, while the workspace holds it */
+        lk_linear_fwd(c->blas, out, NULL, inp, Wp, bias, NULL, N, IC, OC, 0);
+        return;
+    }
     c->mm.on = 1;
     c->mm.out = out, c->mm.inp = inp, c->mm.W = W, c->mm.bias = bias;
     c->mm.N = N, c->mm.IC = IC, c->mm.OC = OC;
@@ -835,9 +918,12 @@ static void cu_matmul_bwd(void *ctx, void *dinp, void *dW, void *dbias, const vo
     /* an fp8 weight: its GEMMs in E4M3 (never held for DGELU) */
     struct fp8_weight *f8 = c->f8.n && (dinp || dW) ? fp8_find(c, W, OC, IC) : NULL;
     if (f8 && fp8_bwd(c, f8, dinp, dW, dbias, dout, inp, N, IC, OC, dinp && !fresh) == 0) return;
+    const void *Wp = fp8_plain(c, W);
     /* an overwriting input-gradient GEMM waits one call for a gelu_bwd of
-     * its output (DGELU needs IC % 8 == 0 for the bf16 auxiliary rows) */
-    int hold = dinp && fresh && IC % 8 == 0 && !c->fuse_off;
+     * its output (DGELU needs IC % 8 == 0 for the bf16 auxiliary rows); not
+     * a handle weight's, whose bf16 form is only in the workspace now */
+    int hold = dinp && fresh && IC % 8 == 0 && !c->fuse_off && Wp == W;
+    W = Wp;
     if (dinp && !hold) lk_linear_bwd_data(c->blas, dinp, dout, W, NULL, N, IC, OC, !fresh);
     if (dW || dbias)
         lk_linear_bwd_weight(c->blas, dW, dbias, c->bias_scratch, dout, inp, N, IC, OC);
@@ -1084,7 +1170,7 @@ static void cu_matmul_residual_fwd(void *ctx, void *out, const void *inp, const 
                                    const void *bias, const void *residual, int N, int IC, int OC) {
     FLUSH();
     if (CX->f8.n && fp8_fwd(CX, out, inp, W, bias, residual, N, IC, OC) == 0) return;
-    lk_linear_fwd(CX->blas, out, NULL, inp, W, bias, residual, N, IC, OC, 0);
+    lk_linear_fwd(CX->blas, out, NULL, inp, fp8_plain(CX, W), bias, residual, N, IC, OC, 0);
 }
 
 /* Vocabulary-parallel classifier (backend.h classifier_vp), in the same row
@@ -1590,6 +1676,8 @@ int backend_cuda_fp8_stats(const struct backend *b, struct cuda_fp8_stats *st) {
                                   .fwd = c->f8.fwd,
                                   .bwd = c->f8.bwd,
                                   .wgrad = c->f8.wgrad,
-                                  .fallback = c->f8.fallback};
+                                  .fallback = c->f8.fallback,
+                                  .held = c->f8.n_own,
+                                  .dequant = c->f8.dequant};
     return 0;
 }

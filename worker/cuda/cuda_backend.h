@@ -60,11 +60,12 @@ void backend_cuda_flush(const struct backend *b);
  * copies and their bytes, and how many GEMMs ran in E4M3 so far (forward,
  * input gradient, weight gradient) and fell back to bf16 with an fp8 weight
  * (a shape or pointer the FP8 GEMM does not take, or cuBLASLt refused it).
- * -1 when b is not a CUDA backend. */
+ * held: the weights held by handle (W8 alone), dequant: the bf16 GEMMs run
+ * on such a weight's dequantized W8. -1 when b is not a CUDA backend. */
 struct cuda_fp8_stats {
-    int weights;
+    int weights, held;
     size_t bytes;
-    long fwd, bwd, wgrad, fallback;
+    long fwd, bwd, wgrad, fallback, dequant;
 };
 int backend_cuda_fp8_stats(const struct backend *b, struct cuda_fp8_stats *st);
 

@@ -145,3 +145,59 @@ extern "C" void lk_fp8_quant_t(uint8_t *qt, float *scale_out, const float *amax,
                                                             (const __nv_bfloat16 *)x, rows, cols);
     CUDA_CHECK_LAUNCH();
 }
+
+/* 64 x 64 byte tiles: each thread reads 4 bytes along a row of q and writes
+ * 4 bytes along a row of qt, gathered from four rows of the tile. Block
+ * (16, 16); shapes are multiples of 16 (fp8_freeze), so a tile's edge rows and
+ * columns come in whole 4-byte words. */
+__global__ void fp8_transpose_kernel(uint8_t *qt, const uint8_t *q, int rows, int cols) {
+    __shared__ uint8_t tile[64][68];
+    int c0 = blockIdx.x * 64, r0 = blockIdx.y * 64;
+    int tx = threadIdx.x, ty = threadIdx.y;
+    for (int j = ty; j < 64; j += 16) {
+        int r = r0 + j, c = c0 + 4 * tx;
+        if (r < rows && c < cols) {
+            unsigned v = *(const unsigned *)(q + (size_t)r * cols + c);
+            tile[j][4 * tx] = (uint8_t)v;
+            tile[j][4 * tx + 1] = (uint8_t)(v >> 8);
+            tile[j][4 * tx + 2] = (uint8_t)(v >> 16);
+            tile[j][4 * tx + 3] = (uint8_t)(v >> 24);
+        }
+    }
+    __syncthreads();
+    for (int j = ty; j < 64; j += 16) {
+        int c = c0 + j, r = r0 + 4 * tx;
+        if (c < cols && r < rows) {
+            unsigned v = (unsigned)tile[4 * tx][j] | (unsigned)tile[4 * tx + 1][j] << 8 |
+                         (unsigned)tile[4 * tx + 2][j] << 16 | (unsigned)tile[4 * tx + 3][j] << 24;
+            *(unsigned *)(qt + (size_t)c * rows + r) = v;
+        }
+    }
+}
+
+extern "C" void lk_fp8_transpose(uint8_t *qt, const uint8_t *q, int rows, int cols,
+                                 lcuda_stream s) {
+    if (rows <= 0 || cols <= 0) return;
+    dim3 grid((cols + 63) / 64, (rows + 63) / 64), block(16, 16);
+    fp8_transpose_kernel<<<grid, block, 0, (cudaStream_t)s>>>(qt, q, rows, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void __launch_bounds__(FP8_THREADS)
+    fp8_dequant_kernel(__nv_bfloat16 *x, const uint8_t *q, const float *scale, size_t n) {
+    float sc = *scale;
+    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = tid; i < n; i += stride) {
+        __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q[i], __NV_E4M3);
+        x[i] = __float2bfloat16_rn(__half2float(__half(h)) * sc);
+    }
+}
+
+extern "C" void lk_fp8_dequant(uint16_t *x, const uint8_t *q, const float *scale, size_t n,
+                               lcuda_stream s) {
+    if (!n) return;
+    fp8_dequant_kernel<<<grid_for(n), FP8_THREADS, 0, (cudaStream_t)s>>>((__nv_bfloat16 *)x, q,
+                                                                         scale, n);
+    CUDA_CHECK_LAUNCH();
+}

@@ -36,6 +36,14 @@ void lk_fp8_quant(uint8_t *q, float *scale_out, const float *amax, const uint16_
 void lk_fp8_quant_t(uint8_t *qt, float *scale_out, const float *amax, const uint16_t *x, int rows,
                     int cols, lcuda_stream s);
 
+/* qt[c * rows + r] = q[r * cols + c]: an E4M3 matrix [rows][cols] transposed
+ * byte for byte (a frozen weight kept only as W8 gives the input-gradient GEMM
+ * its W8T this way). rows and cols multiples of 4; q and qt 4-byte aligned. */
+void lk_fp8_transpose(uint8_t *qt, const uint8_t *q, int rows, int cols, lcuda_stream s);
+/* x[i] = bf16(e4m3 q[i] * *scale) for i < n (scale device fp32): the weight
+ * the E4M3 GEMMs use, for a bf16 GEMM that the E4M3 path does not take. */
+void lk_fp8_dequant(uint16_t *x, const uint8_t *q, const float *scale, size_t n, lcuda_stream s);
+
 struct lk_blas;
 /* Row-major D[n][m] (bf16) = (*a_scale * *b_scale) * B[n][k] . A[m][k]^T
  * (+ bias[m], bf16, when not NULL) (+ C[n][m], bf16, when not NULL: beta 1;
