@@ -557,14 +557,20 @@ static void stage_mem(const struct ctx *x, const struct tp_facts *f, const struc
     if (pp > 1) m->comm += 2 * N * C * e;
     if (x->s->train.lora.enabled) lora_mem(x, f, L, layers, P, N, m);
     /* train.precision fp8 (cuda; worker/cuda fp8_freeze) and one E4M3 buffer
-     * for the widest layer input or output gradient; LoRA: the E4M3 W and W^T
-     * of each frozen block linear weight, 2 bytes a weight; a full fine-tune
+     * for the widest layer input or output gradient; LoRA on one GPU: the base
+     * held as E4M3 W alone (worker/fp8base.h), 1 byte a block linear weight in
+     * place of bf16's 2, and a buffer for the widest weight's W^T (made at each
+     * input-gradient GEMM; at most C x the widest block width); LoRA on more
+     * GPUs: the E4M3 W and W^T beside the bf16 base, 2 bytes a weight; a full fine-tune
      * (weights quantized at each use, weight gradients in E4M3): the largest
      * weight's E4M3 form (at most C x the widest block width) and two more
      * activation buffers for the transposed dY and X */
     if (x->cuda && x->s->train.precision == JOBSPEC_PREC_FP8 &&
         !(x->s->train.lora.enabled && x->s->train.quantize_base == JOBSPEC_QUANT_NF4)) {
-        if (x->s->train.lora.enabled) {
+        if (x->s->train.lora.enabled && tp * dp * pp == 1 && !L->offload) {
+            m->params -= 1.0 * layers * f->layer_mm;
+            m->workspace += N * wide + wide * C + 128;
+        } else if (x->s->train.lora.enabled) {
             m->params += 2.0 * layers * f->layer_mm / tp;
             m->workspace += N * wide + 128;
         } else {

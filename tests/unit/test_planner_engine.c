@@ -213,6 +213,57 @@ static void lora_pp_case(int cuda) {
     engine_free(e);
 }
 
+/* cuda, train.precision fp8 with LoRA on one GPU: the base held as E4M3
+ * alone (worker/fp8base.h, model_fp8_freeze): params exactly the planner's
+ * (the window less 1 byte a block linear weight), grads and optimizer the
+ * adapters'. */
+static void lora_fp8_case(const char *family, const char *targets) {
+    char text[768];
+    snprintf(text, sizeof text,
+             "{\"model\":{\"family\":\"%s\",\"preset\":\"mini\",\"seq_len\":128},"
+             "\"resources\":{\"device\":\"cuda\"},\"train\":{\"micro_batch\":2,"
+             "\"precision\":\"fp8\",\"lora\":{\"rank\":8,\"alpha\":16,\"targets\":[%s]}}}",
+             family, targets);
+    struct loom_spec s;
+    struct loom_error err;
+    struct planner_estimate est;
+    if (jobspec_parse_text(&s, text, strlen(text), JOBSPEC_FOR_PLAN, &err) != 0 ||
+        planner_estimate(&s, NULL, NULL, &est, &err) != 0) {
+        fprintf(stderr, "lora fp8 case %s: %s %s\n", family, err.code, err.message);
+        check_failures++;
+        return;
+    }
+    struct engine_place p = {.rank = 0, .world = 1, .tp = 1, .dp = 1, .pp = 1, .frozen = 1};
+    struct backend *be = new_backend(1);
+    struct engine *e = be ? engine_new(&s.model, &p, be) : NULL;
+    struct model *m = e ? model_new(e, 2, 128, 1) : NULL;
+    const char *tg[JOBSPEC_LORA_TARGETS_MAX];
+    for (int t = 0; t < s.train.lora.n_targets; t++)
+        tg[t] = s.train.lora.targets[t];
+    struct lora_opts lo = {
+        .rank = 8, .alpha = 16, .targets = tg, .n_targets = s.train.lora.n_targets, .seed = 1};
+    const char *code = NULL;
+    char lerr[256] = "";
+    struct lora *l = m ? lora_new(m, &lo, &code, lerr, sizeof lerr) : NULL;
+    int n = 0;
+    size_t bytes = 0;
+    CHECK(l != NULL && model_fp8_freeze(m, 0, &n, &bytes) == 0 && e->fp8b != NULL,
+          "lora fp8 case %s: %s", family, lerr);
+    if (l && e->fp8b) {
+        const struct engine_mem *r = &e->mem;
+        printf("cuda lora fp8 %-5s mini B=2 T=128: %d weights held (%zu bytes); params %zu/%.0f "
+               "grads %zu/%.0f optimizer %zu/%.0f (real/estimate, bytes)\n",
+               family, n, bytes, r->params, est.mem.params, r->grads, est.mem.grads, r->optimizer,
+               est.mem.optimizer);
+        CHECK(est.mem.params == (double)r->params && est.mem.grads == (double)r->grads &&
+              est.mem.optimizer == (double)r->optimizer);
+    }
+    if (m) m->lora = NULL;
+    lora_free(l);
+    model_free(m);
+    engine_free(e);
+}
+
 int main(int argc, char **argv) {
     int cuda = argc > 1 && strcmp(argv[1], "cuda") == 0;
     if (cuda) {
@@ -409,5 +460,9 @@ int main(int argc, char **argv) {
         engine_free(e);
     }
     lora_pp_case(cuda);
+    if (cuda) {
+        lora_fp8_case("llama", "\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"");
+        lora_fp8_case("gpt2", "\"attn\",\"proj\",\"fc\",\"fc2\"");
+    }
     return check_summary("test_planner_engine");
 }
