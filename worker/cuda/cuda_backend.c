@@ -677,6 +677,21 @@ static int fp8_buf(struct cuda_ctx *c, uint8_t **buf, size_t *cap, size_t want) 
     return 0;
 }
 
+/* Room for one more weight [OC, IC]: the array, the scales' slots and the
+ * per-call E4M3 buffer q (the widest operand of the reserved micro-batch). */
+static int fp8_room(struct cuda_ctx *c, int OC, int IC) {
+    if (c->f8.n == c->f8.cap) {
+        int cap = c->f8.cap ? 2 * c->f8.cap : 64;
+        struct fp8_weight *nwv = realloc(c->f8.w, (size_t)cap * sizeof *nwv);
+        if (!nwv) return -1;
+        c->f8.w = nwv;
+        c->f8.cap = cap;
+    }
+    if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 3 * 8 * sizeof(float)))) return -1;
+    size_t want = (size_t)c->lim.B * c->lim.T * (size_t)(OC > IC ? OC : IC);
+    return fp8_buf(c, &c->f8.q, &c->f8.qcap, want);
+}
+
 /* fp8_freeze with a handle: W8 alone in a buffer of the backend's, which is
  * also the weight's address from now on (*handle) */
 static int fp8_freeze_own(struct cuda_ctx *c, const void *W, int OC, int IC, void **handle) {
@@ -690,19 +705,9 @@ static int fp8_freeze_own(struct cuda_ctx *c, const void *W, int OC, int IC, voi
             return -1;
         }
     } else {
-        if (c->f8.n == c->f8.cap) {
-            int cap = c->f8.cap ? 2 * c->f8.cap : 64;
-            struct fp8_weight *nwv = realloc(c->f8.w, (size_t)cap * sizeof *nwv);
-            if (!nwv) return -1;
-            c->f8.w = nwv;
-            c->f8.cap = cap;
-        }
-        if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 3 * 8 * sizeof(float)))) return -1;
-        size_t N = (size_t)c->lim.B * c->lim.T, want = N * (size_t)(OC > IC ? OC : IC);
-        /* q: the per-call operand; wq: W8T, transposed at each input-gradient GEMM */
-        if (fp8_buf(c, &c->f8.q, &c->f8.qcap, want) != 0 ||
-            fp8_buf(c, &c->f8.wq, &c->f8.wqcap, nw) != 0)
-            return -1;
+        if (fp8_room(c, OC, IC) != 0) return -1;
+        /* wq: W8T, transposed at each input-gradient GEMM */
+        if (fp8_buf(c, &c->f8.wq, &c->f8.wqcap, nw) != 0) return -1;
         uint8_t *buf = cu_alloc(c, nw + 64);
         if (!buf) return -1;
         f = &c->f8.w[c->f8.n++];
@@ -765,17 +770,8 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad, vo
     if (f && (f->OC != OC || f->IC != IC)) return 1;
     size_t nw = (size_t)OC * IC;
     if (!f) {
-        if (c->f8.n == c->f8.cap) {
-            int cap = c->f8.cap ? 2 * c->f8.cap : 64;
-            struct fp8_weight *nwv = realloc(c->f8.w, (size_t)cap * sizeof *nwv);
-            if (!nwv) return -1;
-            c->f8.w = nwv;
-            c->f8.cap = cap;
-        }
-        if (!c->f8.xs && !(c->f8.xs = cu_alloc(c, 3 * 8 * sizeof(float)))) return -1;
-        /* the per-call buffers: the widest operand of the reserved micro-batch */
-        size_t N = (size_t)c->lim.B * c->lim.T, want = N * (size_t)(OC > IC ? OC : IC);
-        if (fp8_buf(c, &c->f8.q, &c->f8.qcap, want) != 0) return -1;
+        if (fp8_room(c, OC, IC) != 0) return -1;
+        size_t want = (size_t)c->lim.B * c->lim.T * (size_t)(OC > IC ? OC : IC);
         if (wgrad) { /* a trained weight: nothing kept, its E4M3 form made at each use */
             if (fp8_buf(c, &c->f8.qt, &c->f8.qtcap, want) != 0 ||
                 fp8_buf(c, &c->f8.xt, &c->f8.xtcap, want) != 0 ||
