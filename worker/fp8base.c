@@ -13,11 +13,12 @@
 #include "worker/safetensors.h"
 
 struct fp8base {
-    struct engine *e;  /* not owned */
-    uint16_t *host;    /* the frozen parameters [n_params], compute dtype (bf16) */
-    char *held;        /* [layout.n]: 1 for a held weight's first tensor */
-    void *rest;        /* device: every tensor that is not a held weight */
-    size_t rest_bytes; /* as counted in e->mem.params */
+    struct engine *e;    /* not owned */
+    unsigned char *host; /* the frozen parameters [n_params], compute dtype (es bytes a value) */
+    size_t es;           /* the backend element size */
+    char *held;          /* [layout.n]: 1 for a held weight's first tensor */
+    void *rest;          /* device: every tensor that is not a held weight */
+    size_t rest_bytes;   /* as counted in e->mem.params */
     struct fp8base_weight *w;
     void **handle; /* [n]: NULL for a weight the backend did not take */
     int n;
@@ -36,15 +37,14 @@ static int quantize(struct fp8base *f, int k, void *stage) {
     struct backend *b = e->be;
     const struct fp8base_weight *w = &f->w[k];
     size_t nw = (size_t)w->oc * w->ic;
-    b->upload(b->ctx, stage, f->host + span_off(e, w), nw * sizeof(uint16_t));
+    b->upload(b->ctx, stage, f->host + span_off(e, w) * f->es, nw * f->es);
     return b->fp8_freeze(b->ctx, stage, w->oc, w->ic, 0, &f->handle[k]);
 }
 
 static int taken(const struct engine *e) {
     const struct backend *b = e->be;
     if (!e->frozen || e->nf4 || e->offload || e->opt_host || e->tp != 1 || e->dp != 1 ||
-        e->pp != 1 || !b->fp8_freeze || b->elt_size != 2 || e->p_lo != 0 ||
-        e->p_hi != e->n_params || !e->params)
+        e->pp != 1 || !b->fp8_freeze || e->p_lo != 0 || e->p_hi != e->n_params || !e->params)
         return 0;
     for (int i = 0; i < e->layout.n; i++)
         if (e->pview[i]) return 0;
@@ -62,6 +62,7 @@ int fp8base_attach(struct engine *e, const struct fp8base_weight *w, int n, int 
     void *stage = NULL;
     if (!f) return -1;
     f->e = e;
+    f->es = es;
     f->n = n;
     f->host = malloc(np * es);
     f->held = calloc((size_t)e->layout.n, 1);
@@ -91,6 +92,17 @@ int fp8base_attach(struct engine *e, const struct fp8base_weight *w, int n, int 
     }
     engine_release(e, stage, f->max_span * es, NULL);
     stage = NULL;
+    if (*held == 0) { /* the backend took none (the fp8 row off): the window again */
+        void *win = engine_alloc(e, np * es, &e->mem.params);
+        if (!win) goto oom;
+        b->upload(b->ctx, win, f->host, np * es);
+        b->sync(b->ctx);
+        e->params = win;
+        e->p_hi = np;
+        e->fp8b = NULL;
+        fp8base_free(f);
+        return 1;
+    }
     /* every tensor outside a held weight at its window offset less the held
      * spans before it (each a multiple of 512 bytes: OC and IC are multiples
      * of 16), so adjacent tensors stay adjacent and aligned as in the window */
@@ -119,7 +131,7 @@ int fp8base_attach(struct engine *e, const struct fp8base_weight *w, int n, int 
         for (int k = 0; k < n; k++)
             if (f->handle[k] && span_off(e, &w[k]) < lo) before += (size_t)w[k].oc * w[k].ic;
         e->pview[i] = (char *)f->rest + (lo - before) * es;
-        b->upload(b->ctx, e->pview[i], f->host + lo, (size_t)t->rank_numel * es);
+        b->upload(b->ctx, e->pview[i], f->host + lo * es, (size_t)t->rank_numel * es);
     }
     for (int k = 0; k < n; k++)
         if (f->handle[k]) e->pview[w[k].t] = f->handle[k];
@@ -151,12 +163,13 @@ int fp8base_holds(const struct fp8base *f, int i) {
 
 int fp8base_put(struct fp8base *f, size_t off, const void *src, size_t n, size_t elt) {
     struct engine *e = f->e;
-    if (elt == sizeof(float)) {
+    if (elt == f->es) { /* the compute dtype (raw), or fp32 on an fp32 backend */
+        memcpy(f->host + off * f->es, src, n * elt);
+    } else { /* fp32 onto a bf16 copy: rounded as the backend's from_f32 rounds */
         const float *s = src;
+        uint16_t *h = (uint16_t *)f->host + off;
         for (size_t i = 0; i < n; i++)
-            f->host[off + i] = st_f32_to_bf16(s[i]);
-    } else {
-        memcpy(f->host + off, src, n * elt);
+            h[i] = st_f32_to_bf16(s[i]);
     }
     void *stage = NULL;
     int rc = 0;
@@ -171,6 +184,11 @@ int fp8base_put(struct fp8base *f, size_t off, const void *src, size_t n, size_t
 }
 
 void fp8base_read(const struct fp8base *f, size_t off, size_t n, float *dst) {
+    if (f->es == sizeof(float)) {
+        memcpy(dst, f->host + off * f->es, n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)f->host + off;
     for (size_t i = 0; i < n; i++)
-        dst[i] = st_bf16_to_f32(f->host[off + i]);
+        dst[i] = st_bf16_to_f32(h[i]);
 }

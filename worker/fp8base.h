@@ -20,10 +20,10 @@
  *   - the frozen "master" reads (exports, lora_merge) come from the host copy
  *     (fp8base_read): the weights as loaded, not their E4M3 form.
  * Taken when e is frozen, has one rank (tp, dp, pp 1), no NF4 base, no
- * offload, its whole params window resident and no views, on a bf16 backend
- * with fp8_freeze. Device memory (e->mem.params): the window's bytes less 1
- * a held weight (its 2 bf16 bytes out, its W8 byte in); the window is freed
- * before W8 is made (through a staging buffer of the widest weight), so the
+ * offload, its whole params window resident and no views, on a backend with
+ * fp8_freeze (cuda's, bf16; the host copy is in the backend's dtype). Device memory
+ * (e->mem.params): the window's bytes less 1 a held weight (its 2 bf16 bytes out, its W8 byte in);
+ * the window is freed before W8 is made (through a staging buffer of the widest weight), so the
  * peak is the window's. */
 #ifndef LOOM_WORKER_FP8BASE_H
 #define LOOM_WORKER_FP8BASE_H
@@ -41,8 +41,8 @@ struct fp8base_weight {
 
 /* As above over the n weights w. 0 done (*held: the weights on the E4M3 path,
  * *bytes their W8 bytes; a weight the backend does not take stays bf16 in its
- * own buffer), 1 not taken (e keeps its window; nothing changed), -1 failed
- * (logged; e is unusable). */
+ * own buffer), 1 not taken (e keeps its window, or has it again when the
+ * backend took no weight), -1 failed (logged; e is unusable). */
 int fp8base_attach(struct engine *e, const struct fp8base_weight *w, int n, int *held,
                    size_t *bytes);
 void fp8base_free(struct fp8base *f); /* NULL ok */
