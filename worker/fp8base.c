@@ -176,10 +176,10 @@ int fp8base_put(struct fp8base *f, size_t off, const void *src, size_t n, size_t
     for (int k = 0; k < f->n && rc == 0; k++) {
         size_t lo = span_off(e, &f->w[k]), hi = lo + (size_t)f->w[k].oc * f->w[k].ic;
         if (!f->handle[k] || hi <= off || lo >= off + n) continue;
-        if (!stage && !(stage = engine_alloc(e, f->max_span * e->be->elt_size, NULL))) return -1;
+        if (!stage && !(stage = engine_alloc(e, f->max_span * f->es, NULL))) return -1;
         rc = quantize(f, k, stage) == 0 ? 0 : -1;
     }
-    if (stage) engine_release(e, stage, f->max_span * e->be->elt_size, NULL);
+    if (stage) engine_release(e, stage, f->max_span * f->es, NULL);
     return rc;
 }
 

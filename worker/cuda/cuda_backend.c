@@ -657,13 +657,17 @@ static void cu_rmsnorm_bwd(void *ctx, void *dinp, void *dw, const void *dout, co
 
 /* ---- FP8 linear layers (backend.h fp8_freeze) ---- */
 
-static struct fp8_weight *fp8_find(struct cuda_ctx *c, const void *W, int OC, int IC) {
+/* The fp8 weight at address W (a bf16 weight, or a handle), any shape; NULL: none */
+static struct fp8_weight *fp8_entry(struct cuda_ctx *c, const void *W) {
     for (int i = 0; i < c->f8.n; i++)
-        if (c->f8.w[i].W == W) {
-            struct fp8_weight *f = &c->f8.w[i];
-            return f->OC == OC && f->IC == IC && !f->bad ? f : NULL;
-        }
+        if (c->f8.w[i].W == W) return &c->f8.w[i];
     return NULL;
+}
+
+/* ... that the E4M3 path takes for this shape */
+static struct fp8_weight *fp8_find(struct cuda_ctx *c, const void *W, int OC, int IC) {
+    struct fp8_weight *f = fp8_entry(c, W);
+    return f && f->OC == OC && f->IC == IC && !f->bad ? f : NULL;
 }
 
 /* *buf at least `want` bytes (made at freeze time, before any step) */
@@ -698,8 +702,7 @@ static int fp8_freeze_own(struct cuda_ctx *c, const void *W, int OC, int IC, voi
     size_t nw = (size_t)OC * IC;
     struct fp8_weight *f = NULL;
     if (*handle) {
-        for (int i = 0; i < c->f8.n && !f; i++)
-            if (c->f8.w[i].W == *handle) f = &c->f8.w[i];
+        f = fp8_entry(c, *handle);
         if (!f || !f->own || f->OC != OC || f->IC != IC) {
             log_error("fp8: no weight [%d, %d] held by handle %p", OC, IC, *handle);
             return -1;
@@ -726,23 +729,19 @@ static int fp8_freeze_own(struct cuda_ctx *c, const void *W, int OC, int IC, voi
  * by handle its W8 dequantized into the f8.deq workspace (the values its
  * E4M3 GEMMs use). */
 static const void *fp8_plain(struct cuda_ctx *c, const void *W) {
-    if (!c->f8.n_own) return W;
-    for (int i = 0; i < c->f8.n; i++) {
-        struct fp8_weight *f = &c->f8.w[i];
-        if (f->W != W || !f->own) continue;
-        size_t nw = (size_t)f->OC * f->IC;
-        if (nw > c->f8.deqcap) {
-            cu_free(c, c->f8.deq);
-            c->f8.deq = cu_alloc(c, nw * 2);
-            if (!c->f8.deq)
-                die("fp8: out of memory for the bf16 form of a [%d, %d] weight", f->OC, f->IC);
-            c->f8.deqcap = nw;
-        }
-        lk_fp8_dequant(c->f8.deq, f->w8, f->sc + 4, nw, (lcuda_stream)c->s);
-        c->f8.dequant++;
-        return c->f8.deq;
+    struct fp8_weight *f = c->f8.n_own ? fp8_entry(c, W) : NULL;
+    if (!f || !f->own) return W;
+    size_t nw = (size_t)f->OC * f->IC;
+    if (nw > c->f8.deqcap) {
+        cu_free(c, c->f8.deq);
+        c->f8.deq = cu_alloc(c, nw * 2);
+        if (!c->f8.deq)
+            die("fp8: out of memory for the bf16 form of a [%d, %d] weight", f->OC, f->IC);
+        c->f8.deqcap = nw;
     }
-    return W;
+    lk_fp8_dequant(c->f8.deq, f->w8, f->sc + 4, nw, (lcuda_stream)c->s);
+    c->f8.dequant++;
+    return c->f8.deq;
 }
 
 static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad, void **handle) {
@@ -764,9 +763,7 @@ static int cu_fp8_freeze(void *ctx, const void *W, int OC, int IC, int wgrad, vo
         }
         return fp8_freeze_own(c, W, OC, IC, handle);
     }
-    struct fp8_weight *f = NULL;
-    for (int i = 0; i < c->f8.n && !f; i++)
-        if (c->f8.w[i].W == W) f = &c->f8.w[i];
+    struct fp8_weight *f = fp8_entry(c, W);
     if (f && (f->OC != OC || f->IC != IC)) return 1;
     size_t nw = (size_t)OC * IC;
     if (!f) {
