@@ -172,7 +172,7 @@ if(TARGET loom_engine)
     add_test(NAME bench.diag_cost_smoke COMMAND bench_diag_cost 2000)
     set_tests_properties(bench.diag_cost_smoke PROPERTIES LABELS bench TIMEOUT 60)
 endif()
-# A straggler made with SIGSTOP/SIGCONT from outside (60 ms of every 100 ms)
+# A straggler made with SIGSTOP/SIGCONT from outside (20 ms of every 30 ms)
 # through loomd, an agent and the real worker: named once, not before.
 if(Python3_FOUND AND TARGET loom-worker AND TARGET loomd AND TARGET loom-agent)
     add_test(NAME integration.straggler_stop

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
 """A straggler made from outside: loomd and one loom-agent (--cpu-devices 2)
 run a dp2 cpu job with the real loom-worker; once it trains, this test
-pauses rank 1's worker with SIGSTOP for 60 ms of every 100 ms (SIGCONT for
-the rest), as a node whose cores are taken by something else would. Checks:
+pauses rank 1's worker with SIGSTOP for 20 ms of every 30 ms (SIGCONT for
+the rest), as a node whose cores are taken by something else would. The
+cycle is shorter than a step's compute (about 20 ms of running), so every
+step of rank 1 is stopped at least twice in its compute: with a cycle longer
+than a step (60 of every 100 ms) a stop lands in the compute of some steps,
+inside the gradient exchange of others (everyone waits then, the straggler
+too) and misses others, so a streak of slow steps comes by chance and
+several exchange-bound steps in a row can look like COMM_BOUND. Checks:
   - before the pauses, no STRAGGLER or COMM_BOUND finding (a tiny job on a
     loaded host: the noise floors of daemon/diagnose.c);
   - within 30 s of pausing, one STRAGGLER finding naming rank 1 and the node,
@@ -72,11 +78,11 @@ def main():
         end = time.time() + 30
         got = []
         while time.time() < end and not got:
-            for _ in range(20):  # 2 s of 60 ms stopped / 40 ms running
+            for _ in range(80):  # 2.4 s of 20 ms stopped / 10 ms running
                 os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.06)
+                time.sleep(0.020)
                 os.kill(pid, signal.SIGCONT)
-                time.sleep(0.04)
+                time.sleep(0.010)
             got = findings(c, jid, "STRAGGLER")
         check(len(got) == 1 and got[0].startswith("STRAGGLER rank=1 node=%s " % node),
               "rank 1 named once while paused: %s" % got)
