@@ -414,6 +414,13 @@ def main():
     if not os.access(tc.WORKER, os.X_OK):
         print("SKIP: %s not built" % tc.WORKER)
         return 77
+    if SCENARIO == "preempt":
+        # The tiny real job runs 200 steps in about 0.3 s, less than it takes
+        # the test to see step 30 (records are shipped every 300 ms) plus the
+        # preemption: it could end before the high job arrives. The worker's
+        # test knob sleeps 15 ms in each step of rank 0 (counted as compute,
+        # numerics untouched), so the low job runs at least 3 s.
+        os.environ.update(LOOM_DEBUG_SLOW_RANK="0", LOOM_DEBUG_SLOW_MS="15")
     if SCENARIO in ("preempt", "budget"):
         c = tc.Cluster(nodes=1, devices=1, hang_timeout=60,
                        worker=os.path.join(tc.BIN, "loom-worker"),
