@@ -132,7 +132,7 @@ static int judge(struct diag *d, const struct diag_slot *s, struct diag_finding 
         return 0;
     }
     int g0 = -1, G = 0; /* the group whose compute times are sorted in scratch */
-    int any_slow = 0;   /* some rank is slow in this step's compute */
+    int straggling = 0; /* some rank is a straggler by the rule at this step */
     for (int r = 0; r < W && d->group > 1; r++) {
         if (r / d->group * d->group != g0) {
             /* sorted once per group: each rank's peer median is then the
@@ -149,11 +149,11 @@ static int judge(struct diag *d, const struct diag_slot *s, struct diag_finding 
         double floor = DIAG_MIN_GAP_FRAC * s->step_ms[r];
         if (floor < DIAG_MIN_GAP_MS) floor = DIAG_MIN_GAP_MS;
         int slow = c > DIAG_STRAGGLER_RATIO * peer && c - peer >= floor;
-        any_slow |= slow;
         d->slow_streak[r] = slow ? d->slow_streak[r] + 1 : 0;
         d->slow_span[r] = slow ? d->slow_span[r] + s->step_ms[r] : 0;
-        if (slow && d->slow_streak[r] >= DIAG_STREAK && d->slow_span[r] >= DIAG_MIN_SPAN_MS &&
-            !d->slow_reported[r] && n < max) {
+        int named = slow && d->slow_streak[r] >= DIAG_STREAK && d->slow_span[r] >= DIAG_MIN_SPAN_MS;
+        straggling |= named;
+        if (named && !d->slow_reported[r] && n < max) {
             d->slow_reported[r] = 1;
             out[n++] = (struct diag_finding){.kind = DIAG_STRAGGLER,
                                              .step = s->step,
@@ -171,11 +171,13 @@ static int judge(struct diag *d, const struct diag_slot *s, struct diag_finding 
         if (f < least) least = f, who = r;
         if (r == 0 || s->comm_ms[r] < least_ms) least_ms = s->comm_ms[r];
     }
-    /* A step with a slow rank is not judged for COMM_BOUND (the streak
-     * breaks): a rank that stalls also stalls inside the exchange, where every
-     * rank, itself included, waits for it, so its own exposed time is no
-     * measure of the network. */
-    int bound = !any_slow && least > DIAG_COMM_FRAC && least_ms >= DIAG_MIN_GAP_MS;
+    /* A step at which some rank is a straggler by the rule above is not
+     * judged for COMM_BOUND (the streak breaks): a rank that stalls also
+     * stalls inside the exchange, where every rank, itself included, waits
+     * for it, so its own exposed time is no measure of the network. One slow
+     * step is not enough: on exchange-bound steps the small compute is noisy
+     * (a rank 15 ms over its peer's 2 ms, now one rank, now the other). */
+    int bound = !straggling && least > DIAG_COMM_FRAC && least_ms >= DIAG_MIN_GAP_MS;
     d->comm_streak = bound ? d->comm_streak + 1 : 0;
     d->comm_span = bound ? d->comm_span + wall : 0;
     if (bound && d->comm_streak >= DIAG_STREAK && d->comm_span >= DIAG_MIN_SPAN_MS &&

@@ -17,10 +17,11 @@
  *   COMM_BOUND        comm_exposed / step > DIAG_COMM_FRAC and comm_exposed >=
  *                     DIAG_MIN_GAP_MS on every rank (the least-waiting rank
  *                     included, so a straggler's peers waiting for it do not
- *                     count) for DIAG_STREAK consecutive steps in which no
- *                     rank is slow by the STRAGGLER test (a stalling rank
- *                     stalls inside the exchange too, and everyone, itself
- *                     included, waits for it there: that is its finding).
+ *                     count) for DIAG_STREAK consecutive steps at which no
+ *                     rank is a straggler by the rule above (its streak and
+ *                     span reached: a stalling rank stalls inside the
+ *                     exchange too, and everyone, itself included, waits for
+ *                     it there; that is its finding, not the network's).
  * Noise floors for both (tiny jobs on a loaded host, where a rank descheduled
  * for a few time slices looks 2x slower): a step whose median wall time over
  * the ranks is under DIAG_MIN_STEP_MS is not judged (it breaks the streaks),

@@ -376,6 +376,34 @@ static void run_noisy(const struct noisy *c) {
     diag_free(d);
 }
 
+/* Recorded steps (ms: step, compute, exposed communication; rank 0 then
+ * rank 1) of integration.netns.cluster's dp2 job over 8 Mbit/s links: the
+ * compute is a few ms and noisy, so at step 4, 5, 7, 10, 11 and 12 one rank
+ * or the other is slow by the STRAGGLER test for that one step; the exchange
+ * is 113-141 ms of every step on both. COMM_BOUND must be named (at step 5:
+ * 5 steps covering 645 ms), and no straggler. */
+static void test_recorded_commbound(void) {
+    static const double ms[12][2][3] = {
+        {{143, 25, 117}, {139, 18, 121}}, {{147, 26, 121}, {149, 28, 121}},
+        {{123, 2, 121}, {121, 2, 120}},   {{131, 17, 114}, {132, 2, 130}},
+        {{127, 1, 126}, {128, 15, 113}},  {{122, 2, 121}, {122, 2, 120}},
+        {{130, 2, 128}, {129, 11, 118}},  {{120, 6, 113}, {119, 3, 117}},
+        {{140, 21, 119}, {141, 18, 123}}, {{126, 2, 125}, {126, 11, 115}},
+        {{130, 18, 113}, {130, 10, 120}}, {{143, 2, 141}, {142, 24, 118}}};
+    struct diag *d = diag_new(2, 0);
+    CHECK(d != NULL, "recorded: diag_new");
+    if (!d) return;
+    struct diag_finding got[8];
+    int n = 0;
+    for (int st = 0; st < 12; st++)
+        for (int r = 0; r < 2; r++)
+            n += diag_add(d, st + 1, r, ms[st][r][0], ms[st][r][1], ms[st][r][2], got + n, 8 - n);
+    CHECK(n == 1 && got[0].kind == DIAG_COMM_BOUND && got[0].step == 5,
+          "recorded comm-bound run: %d finding(s), first kind %d step %ld", n,
+          n ? (int)got[0].kind : -1, n ? got[0].step : -1L);
+    diag_free(d);
+}
+
 /* The stored per-rank series: every step of a short job, about
  * DIAG_SERIES_POINTS of a long one (its last included), and a bounded,
  * slowly growing count when the job's steps are not known. */
@@ -531,6 +559,7 @@ int main(void) {
     diag_free(NULL);
     for (size_t i = 0; i < sizeof noisy_cases / sizeof *noisy_cases; i++)
         run_noisy(&noisy_cases[i]);
+    test_recorded_commbound();
     test_series();
     test_times();
     test_sawtooth();
